@@ -1,0 +1,360 @@
+//! Assembly of the authority identity (brief §5).
+//!
+//! The authority identity is the domain-separated digest of {policy digest, the OCI runtime
+//! binary's digest and `--version` text, the pinned image digests, the digests of the cordon
+//! binaries installed beside the running one}. It is stamped on every receipt; a stage refuses
+//! an input receipt of another authority.
+//!
+//! This module probes the host for the runtime and binary components and combines them. It does
+//! not compute the policy digest (the policy crate does, through [`crate::canonical`]) and does
+//! not decide whether a runtime version is new enough (the runtime driver does).
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::canonical::{CanonicalError, Digest, domain_digest};
+use crate::exit::ExitCode;
+
+/// The binaries whose digests enter the identity when installed beside the running one.
+pub const CORDON_BINARIES: [&str; 8] = [
+    "cordon-fetch",
+    "cordon-image",
+    "cordon-lane",
+    "cordon-materialize",
+    "cordon-policy",
+    "cordon-prebuild",
+    "cordon-reap",
+    "cordon-reference",
+];
+
+/// How long `RUNTIME --version` may take before the runtime counts as broken.
+const VERSION_DEADLINE: Duration = Duration::from_secs(10);
+
+/// The most `--version` output kept; a runtime printing more is not a runtime we trust.
+const VERSION_MAX_BYTES: u64 = 4096;
+
+/// Why a component of the identity could not be established. Every variant is a no-decision:
+/// without its identity a stage has no authority to decide anything.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum IdentityError {
+    /// The runtime binary is not at the policy's path.
+    #[error("oci runtime not found at {path}")]
+    #[diagnostic(
+        code(cordon::identity::runtime_missing),
+        help("install the runtime (Debian: apt-get install runc) or fix `runtime path=` in the policy")
+    )]
+    RuntimeMissing {
+        /// The policy's runtime path.
+        path: PathBuf,
+    },
+    /// The runtime binary exists but could not be hashed.
+    #[error("cannot hash the oci runtime")]
+    #[diagnostic(code(cordon::identity::runtime_unreadable))]
+    RuntimeUnreadable {
+        /// The hashing error.
+        #[source]
+        source: CanonicalError,
+    },
+    /// The runtime's digest differs from the policy's pin.
+    #[error("oci runtime {path} has digest {found}, the policy pins {pinned}")]
+    #[diagnostic(
+        code(cordon::identity::runtime_pin),
+        help("a changed runtime is a new authority: review it and update `runtime sha256=`")
+    )]
+    RuntimePinMismatch {
+        /// The runtime path.
+        path: PathBuf,
+        /// The digest the policy pins.
+        pinned: Digest,
+        /// The digest found on disk.
+        found: Digest,
+    },
+    /// `RUNTIME --version` could not be run or failed.
+    #[error("`{path} --version` failed: {detail}")]
+    #[diagnostic(code(cordon::identity::runtime_version))]
+    RuntimeVersion {
+        /// The runtime path.
+        path: PathBuf,
+        /// What went wrong.
+        detail: String,
+    },
+    /// The running executable's directory could not be listed or a binary hashed.
+    #[error("cannot hash the cordon binaries beside {exe}")]
+    #[diagnostic(code(cordon::identity::binaries))]
+    Binaries {
+        /// The running executable.
+        exe: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: CanonicalError,
+    },
+    /// The running executable's own path is unknown.
+    #[error("cannot find the running executable")]
+    #[diagnostic(code(cordon::identity::current_exe))]
+    CurrentExe {
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The components could not be encoded.
+    #[error("identity components cannot be encoded")]
+    #[diagnostic(code(cordon::identity::encode))]
+    Encode {
+        /// The encoder's error.
+        #[source]
+        source: CanonicalError,
+    },
+}
+
+impl IdentityError {
+    /// The exit code for this error: always no-decision.
+    #[must_use]
+    pub const fn exit_code(&self) -> ExitCode {
+        ExitCode::NoDecision
+    }
+}
+
+/// What the identity records of the OCI runtime.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RuntimeFacts {
+    /// `runc`, `crun` or `runsc`.
+    pub kind: String,
+    /// The absolute path from the policy.
+    pub path: PathBuf,
+    /// The binary's digest.
+    pub sha256: Digest,
+    /// The trimmed output of `RUNTIME --version`.
+    pub version: String,
+}
+
+/// Everything the authority identity is made of.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AuthorityComponents {
+    /// The policy's canonical digest.
+    pub policy: Digest,
+    /// The OCI runtime.
+    pub runtime: RuntimeFacts,
+    /// Image role → pinned manifest digest, from the policy.
+    pub images: BTreeMap<String, Digest>,
+    /// Binary name → digest, for each of [`CORDON_BINARIES`] installed beside the running one.
+    pub binaries: BTreeMap<String, Digest>,
+}
+
+impl AuthorityComponents {
+    /// The authority identity.
+    ///
+    /// # Errors
+    /// [`IdentityError::Encode`] (cannot happen for these types, but the encoder is fallible).
+    pub fn authority(&self) -> Result<Digest, IdentityError> {
+        domain_digest("cordon.authority", 1, self).map_err(|source| IdentityError::Encode { source })
+    }
+}
+
+/// Hash the runtime binary, check it against the policy's pin, and read its version.
+///
+/// # Errors
+/// An [`IdentityError`] for a missing, unreadable, mismatching or failing runtime.
+pub fn probe_runtime(
+    kind: &str,
+    path: &Path,
+    pin: Option<&Digest>,
+) -> Result<RuntimeFacts, IdentityError> {
+    let sha256 = match Digest::of_file(path) {
+        Ok(d) => d,
+        Err(CanonicalError::ReadFile { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            return Err(IdentityError::RuntimeMissing {
+                path: path.to_path_buf(),
+            });
+        }
+        Err(source) => return Err(IdentityError::RuntimeUnreadable { source }),
+    };
+    if let Some(pinned) = pin
+        && *pinned != sha256
+    {
+        return Err(IdentityError::RuntimePinMismatch {
+            path: path.to_path_buf(),
+            pinned: *pinned,
+            found: sha256,
+        });
+    }
+    let version = runtime_version(path)?;
+    Ok(RuntimeFacts {
+        kind: kind.to_owned(),
+        path: path.to_path_buf(),
+        sha256,
+        version,
+    })
+}
+
+fn runtime_version(path: &Path) -> Result<String, IdentityError> {
+    let fail = |detail: String| IdentityError::RuntimeVersion {
+        path: path.to_path_buf(),
+        detail,
+    };
+    // Nothing of ours is inherited: the runtime sees no environment and no stdin.
+    let mut child = Command::new(path)
+        .arg("--version")
+        .env_clear()
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| fail(format!("cannot start it: {e}")))?;
+    let deadline = Instant::now() + VERSION_DEADLINE;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() >= deadline => {
+                // Best effort: the child is ours and is being abandoned as broken.
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(fail(format!("no answer within {}s", VERSION_DEADLINE.as_secs())));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => return Err(fail(format!("cannot wait for it: {e}"))),
+        }
+    };
+    let mut text = String::new();
+    if let Some(stdout) = child.stdout.take() {
+        stdout
+            .take(VERSION_MAX_BYTES)
+            .read_to_string(&mut text)
+            .map_err(|e| fail(format!("unreadable output: {e}")))?;
+    }
+    if !status.success() {
+        return Err(fail(format!("exited with {status}")));
+    }
+    let text = text.trim();
+    if text.is_empty() {
+        return Err(fail("printed no version".to_owned()));
+    }
+    Ok(text.to_owned())
+}
+
+/// Hash each of [`CORDON_BINARIES`] present in the directory of `exe`.
+///
+/// # Errors
+/// [`IdentityError::Binaries`] when a present binary cannot be read.
+pub fn cordon_binaries(exe: &Path) -> Result<BTreeMap<String, Digest>, IdentityError> {
+    let dir = exe.parent().unwrap_or_else(|| Path::new("/"));
+    let mut out = BTreeMap::new();
+    for name in CORDON_BINARIES {
+        let path = dir.join(name);
+        if !path.exists() {
+            continue;
+        }
+        let digest = Digest::of_file(&path).map_err(|source| IdentityError::Binaries {
+            exe: exe.to_path_buf(),
+            source,
+        })?;
+        out.insert(name.to_owned(), digest);
+    }
+    Ok(out)
+}
+
+/// [`cordon_binaries`] for the running executable.
+///
+/// # Errors
+/// [`IdentityError::CurrentExe`] or [`IdentityError::Binaries`].
+pub fn installed_binaries() -> Result<BTreeMap<String, Digest>, IdentityError> {
+    let exe = std::env::current_exe().map_err(|source| IdentityError::CurrentExe { source })?;
+    cordon_binaries(&exe)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn fake_runtime(dir: &Path, script: &str) -> PathBuf {
+        let path = dir.join("runc");
+        std::fs::write(&path, format!("#!/bin/sh\n{script}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    #[test]
+    fn runtime_is_hashed_versioned_and_pinned() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = fake_runtime(dir.path(), "echo 'runc version 9.9'");
+        let facts = probe_runtime("runc", &path, None).unwrap();
+        assert_eq!(facts.version, "runc version 9.9");
+        assert_eq!(facts.sha256, Digest::of_file(&path).unwrap());
+        probe_runtime("runc", &path, Some(&facts.sha256)).unwrap();
+        let wrong = Digest::of_bytes(b"other");
+        assert!(matches!(
+            probe_runtime("runc", &path, Some(&wrong)),
+            Err(IdentityError::RuntimePinMismatch { .. })
+        ));
+    }
+
+    #[test]
+    fn missing_or_failing_runtime_is_no_decision() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = probe_runtime("runc", &dir.path().join("absent"), None).unwrap_err();
+        assert!(matches!(err, IdentityError::RuntimeMissing { .. }));
+        assert_eq!(err.exit_code(), ExitCode::NoDecision);
+        let path = fake_runtime(dir.path(), "exit 4");
+        assert!(matches!(
+            probe_runtime("runc", &path, None),
+            Err(IdentityError::RuntimeVersion { .. })
+        ));
+    }
+
+    #[test]
+    fn runtime_does_not_inherit_the_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = fake_runtime(dir.path(), "echo \"v ${HOME:-none}\"");
+        assert_eq!(probe_runtime("runc", &path, None).unwrap().version, "v none");
+    }
+
+    #[test]
+    fn every_component_moves_the_identity() {
+        let base = AuthorityComponents {
+            policy: Digest::of_bytes(b"p"),
+            runtime: RuntimeFacts {
+                kind: "runc".into(),
+                path: "/usr/sbin/runc".into(),
+                sha256: Digest::of_bytes(b"r"),
+                version: "1".into(),
+            },
+            images: BTreeMap::from([("prebuild".into(), Digest::of_bytes(b"i"))]),
+            binaries: BTreeMap::from([("cordon-policy".into(), Digest::of_bytes(b"b"))]),
+        };
+        let id = base.authority().unwrap();
+        let mut v = base.clone();
+        v.policy = Digest::of_bytes(b"p2");
+        assert_ne!(v.authority().unwrap(), id);
+        let mut v = base.clone();
+        v.runtime.version = "2".into();
+        assert_ne!(v.authority().unwrap(), id);
+        let mut v = base.clone();
+        v.images.insert("lane".into(), Digest::of_bytes(b"j"));
+        assert_ne!(v.authority().unwrap(), id);
+        let mut v = base.clone();
+        v.binaries.insert("cordon-reap".into(), Digest::of_bytes(b"c"));
+        assert_ne!(v.authority().unwrap(), id);
+        assert_eq!(base.clone().authority().unwrap(), id);
+    }
+
+    #[test]
+    fn only_known_binaries_beside_exe_are_hashed() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("cordon-policy"), b"x").unwrap();
+        std::fs::write(dir.path().join("cordon-fetch"), b"y").unwrap();
+        std::fs::write(dir.path().join("unrelated"), b"z").unwrap();
+        let got = cordon_binaries(&dir.path().join("cordon-policy")).unwrap();
+        assert_eq!(
+            got.keys().map(String::as_str).collect::<Vec<_>>(),
+            ["cordon-fetch", "cordon-policy"]
+        );
+        assert_eq!(got["cordon-fetch"], Digest::of_bytes(b"y"));
+    }
+}

@@ -1,0 +1,244 @@
+//! The receipt every stage prints on stdout and stores by digest (brief §5).
+//!
+//! A receipt is the only thing one stage hands the next. This module owns its shape, its
+//! digest, and the authority check a stage makes before it trusts an input receipt. It does
+//! not own where receipts are stored (that is the store's job).
+
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::canonical::{CanonicalError, Digest, domain_digest, to_canonical_json};
+
+/// The receipt schema this build writes and accepts.
+pub const RECEIPT_SCHEMA: u32 = 1;
+
+/// Whether a stage established its result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Outcome {
+    /// The candidate passed this stage.
+    Ok,
+    /// The candidate failed a check; `reasons` says which.
+    Rejected,
+    /// The infrastructure could not establish authority.
+    NoDecision,
+}
+
+/// One machine-readable reason behind an outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reason {
+    /// A stable dotted code such as `intake.symlink`.
+    pub code: String,
+    /// A human sentence.
+    pub message: String,
+}
+
+/// Facts about the host that produced a receipt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Host {
+    /// The kernel's hostname.
+    pub hostname: String,
+    /// The kernel release (`uname -r`).
+    pub kernel: String,
+}
+
+impl Host {
+    /// Read the host facts from `/proc/sys/kernel`. Missing files give `"unknown"`: these are
+    /// descriptive facts, never used to decide anything.
+    #[must_use]
+    pub fn probe() -> Self {
+        let read = |name: &str| {
+            std::fs::read_to_string(format!("/proc/sys/kernel/{name}"))
+                .map(|s| s.trim().to_owned())
+                .unwrap_or_else(|_| "unknown".to_owned())
+        };
+        Self {
+            hostname: read("hostname"),
+            kernel: read("osrelease"),
+        }
+    }
+}
+
+/// A stage's receipt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Receipt {
+    /// [`RECEIPT_SCHEMA`].
+    pub schema: u32,
+    /// Which stage wrote it (`policy`, `fetch`, `materialize`, …).
+    pub stage: String,
+    /// The authority identity the stage ran under.
+    pub authority: Digest,
+    /// What the stage established.
+    pub outcome: Outcome,
+    /// Why, in machine-readable form.
+    pub reasons: Vec<Reason>,
+    /// What the stage consumed.
+    pub inputs: Value,
+    /// What the stage produced.
+    pub outputs: Value,
+    /// The digest of the receipt this stage consumed, if any.
+    pub prev: Option<Digest>,
+    /// Where it ran.
+    pub host: Host,
+    /// RFC 3339 UTC, millisecond precision.
+    pub started_at: String,
+    /// RFC 3339 UTC, millisecond precision.
+    pub finished_at: String,
+}
+
+/// Why a receipt could not be used.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum ReceiptError {
+    /// The receipt was made under another authority than the one this stage runs under.
+    #[error("receipt was made under authority {found}, this stage runs under {expected}")]
+    #[diagnostic(
+        code(cordon::receipt::foreign_authority),
+        help("re-run the earlier stages under the current policy, runtime and images")
+    )]
+    ForeignAuthority {
+        /// The receipt's authority.
+        found: Digest,
+        /// This stage's authority.
+        expected: Digest,
+    },
+    /// The receipt's schema is not the one this build understands.
+    #[error("receipt schema {found} is not supported (this build reads schema {RECEIPT_SCHEMA})")]
+    #[diagnostic(code(cordon::receipt::schema))]
+    Schema {
+        /// The schema found.
+        found: u32,
+    },
+    /// The receipt text is not a receipt.
+    #[error("input is not a cordon receipt")]
+    #[diagnostic(code(cordon::receipt::parse))]
+    Parse {
+        /// What serde said.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The receipt could not be encoded.
+    #[error("receipt cannot be encoded")]
+    #[diagnostic(code(cordon::receipt::encode))]
+    Encode {
+        /// The encoder's error.
+        #[source]
+        source: CanonicalError,
+    },
+}
+
+/// The current time as RFC 3339 UTC with millisecond precision.
+#[must_use]
+pub fn now_rfc3339() -> String {
+    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+}
+
+impl Receipt {
+    /// A receipt with `started_at` and `finished_at` both now; callers set `started_at` when
+    /// the stage did work worth timing.
+    #[must_use]
+    pub fn new(stage: &str, authority: Digest, outcome: Outcome) -> Self {
+        let now = now_rfc3339();
+        Self {
+            schema: RECEIPT_SCHEMA,
+            stage: stage.to_owned(),
+            authority,
+            outcome,
+            reasons: Vec::new(),
+            inputs: Value::Object(serde_json::Map::new()),
+            outputs: Value::Object(serde_json::Map::new()),
+            prev: None,
+            host: Host::probe(),
+            started_at: now.clone(),
+            finished_at: now,
+        }
+    }
+
+    /// Parse a receipt and check its schema.
+    ///
+    /// # Errors
+    /// [`ReceiptError::Parse`] or [`ReceiptError::Schema`].
+    pub fn parse(text: &str) -> Result<Self, ReceiptError> {
+        let receipt: Self =
+            serde_json::from_str(text).map_err(|source| ReceiptError::Parse { source })?;
+        if receipt.schema != RECEIPT_SCHEMA {
+            return Err(ReceiptError::Schema {
+                found: receipt.schema,
+            });
+        }
+        Ok(receipt)
+    }
+
+    /// Refuse a receipt made under another authority.
+    ///
+    /// # Errors
+    /// [`ReceiptError::ForeignAuthority`], showing both identities.
+    pub fn require_authority(&self, expected: &Digest) -> Result<(), ReceiptError> {
+        if &self.authority == expected {
+            Ok(())
+        } else {
+            Err(ReceiptError::ForeignAuthority {
+                found: self.authority,
+                expected: *expected,
+            })
+        }
+    }
+
+    /// The canonical JSON text, as printed on stdout and stored.
+    ///
+    /// # Errors
+    /// [`ReceiptError::Encode`] when inputs or outputs hold a float.
+    pub fn to_canonical_json(&self) -> Result<String, ReceiptError> {
+        to_canonical_json(self).map_err(|source| ReceiptError::Encode { source })
+    }
+
+    /// The receipt's digest, which the next stage records as `prev`.
+    ///
+    /// # Errors
+    /// [`ReceiptError::Encode`] when inputs or outputs hold a float.
+    pub fn digest(&self) -> Result<Digest, ReceiptError> {
+        domain_digest("cordon.receipt", RECEIPT_SCHEMA, self)
+            .map_err(|source| ReceiptError::Encode { source })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn receipt_round_trips_through_canonical_json() {
+        let mut r = Receipt::new("policy", Digest::of_bytes(b"a"), Outcome::Ok);
+        r.reasons.push(Reason {
+            code: "x.y".into(),
+            message: "m".into(),
+        });
+        let text = r.to_canonical_json().unwrap();
+        let back = Receipt::parse(&text).unwrap();
+        assert_eq!(back, r);
+        assert_eq!(back.digest().unwrap(), r.digest().unwrap());
+        assert!(text.contains(r#""outcome":"ok""#));
+    }
+
+    #[test]
+    fn foreign_authority_is_refused_showing_both() {
+        let r = Receipt::new("fetch", Digest::of_bytes(b"a"), Outcome::Ok);
+        let other = Digest::of_bytes(b"b");
+        let err = r.require_authority(&other).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains(&r.authority.to_string()) && text.contains(&other.to_string()));
+        r.require_authority(&r.authority).unwrap();
+    }
+
+    #[test]
+    fn other_schema_and_unknown_fields_are_refused() {
+        let r = Receipt::new("fetch", Digest::of_bytes(b"a"), Outcome::NoDecision);
+        let text = r.to_canonical_json().unwrap();
+        let bumped = text.replace(r#""schema":1"#, r#""schema":2"#);
+        assert!(matches!(Receipt::parse(&bumped), Err(ReceiptError::Schema { found: 2 })));
+        let extra = text.replacen('{', r#"{"zzz":1,"#, 1);
+        assert!(matches!(Receipt::parse(&extra), Err(ReceiptError::Parse { .. })));
+    }
+}

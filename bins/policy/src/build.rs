@@ -1,0 +1,1274 @@
+//! The section decoders: KDL document → validated [`Policy`].
+//!
+//! Each decoder reads one section, reports every problem it finds through [`Cx`], and goes on;
+//! cross-references (stage → image, stage → seccomp profile, step → stage, step → secret) are
+//! resolved once every section has been read. A [`Policy`] is returned only when nothing at
+//! all was reported. The language itself is documented in `policy/README.md`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::str::FromStr;
+
+use cordon::Digest;
+use kdl::{KdlDocument, KdlEntry, KdlNode, KdlValue};
+use miette::SourceSpan;
+
+use crate::decode::{
+    Block, Cx, arg, boolean, choice, duration, integer, name_span, path, positional, prop, reason,
+    required_prop, shape, single, size, string, suggest,
+};
+use crate::model::*;
+use crate::syscalls::{self, BaselineEntry};
+use crate::units;
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+const TIB: u64 = 1 << 40;
+const SECOND: u64 = 1000;
+const HOUR: u64 = 3_600_000;
+
+/// Stage kinds, in pipeline order.
+pub(crate) const STAGE_KINDS: &[&str] = &["prebuild", "lane", "reference", "surface"];
+
+/// The Python AST bans no policy may drop (seed 001, "Static scanning").
+const MIN_BAN_CALL: &[&str] = &["__import__", "compile", "eval", "exec"];
+const MIN_BAN_IMPORT: &[&str] = &["builtins", "importlib"];
+const MIN_BAN_ATTRIBUTE_CALL: &[&str] = &["exec_module", "load_module", "spec_from_file_location"];
+
+/// Read a whole policy document.
+pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Option<Policy> {
+    let top = Block::read(
+        cx,
+        Some(doc),
+        "the policy file",
+        whole,
+        &[
+            "policy", "store", "run-dir", "runtime", "accounts", "secret", "intake", "tree",
+            "image", "seccomp", "stage", "step",
+        ],
+        &["secret", "image", "seccomp", "stage", "step"],
+    );
+    let header = top.required(cx, "policy").and_then(|n| header(cx, n));
+    let store = value(cx, &top, "store", None, |cx, e| path(cx, e, "store"));
+    let run_dir = value(cx, &top, "run-dir", Some("/run/cordon".to_owned()), |cx, e| {
+        path(cx, e, "run-dir")
+    });
+    if let (Some(s), Some(r)) = (&store, &run_dir) {
+        let span = |name: &str| top.one(name).map_or(whole, name_span);
+        if nested(s, r) {
+            cx.report_at(
+                "overlap",
+                vec![(span("store"), "store".into()), (span("run-dir"), "run-dir".into())],
+                format!("store {s} and run-dir {r} overlap"),
+                Some("the private store and the run directories must be disjoint trees".into()),
+            );
+        }
+    }
+    let runtime = top.required(cx, "runtime").and_then(|n| runtime(cx, n));
+    let accounts = top.required(cx, "accounts").and_then(|n| accounts(cx, n));
+    let secret = named(cx, &top.all("secret"), "secret")
+        .into_iter()
+        .filter_map(|(name, node)| {
+            shape(cx, node, 1, 1, &["path"], false);
+            let p = required_prop(cx, node, "path").and_then(|e| path(cx, e, "secret path"));
+            Some((name, Secret { path: p? }))
+        })
+        .collect::<BTreeMap<_, _>>();
+    let intake = intake(cx, top.one("intake"), whole);
+    let tree = tree(cx, top.one("tree"), whole);
+    let image = named(cx, &top.all("image"), "image role")
+        .into_iter()
+        .filter_map(|(name, node)| {
+            shape(cx, node, 1, 1, &["digest"], false);
+            let digest = required_prop(cx, node, "digest").and_then(|e| digest(cx, e));
+            Some((name, digest?))
+        })
+        .collect::<BTreeMap<_, _>>();
+    let seccomp = named(cx, &top.all("seccomp"), "seccomp profile")
+        .into_iter()
+        .filter_map(|(name, node)| Some((name, seccomp(cx, node)?)))
+        .collect::<BTreeMap<_, _>>();
+    let stage_nodes = top.all("stage");
+    let mut stages = BTreeMap::new();
+    let mut seen_kind: BTreeMap<String, SourceSpan> = BTreeMap::new();
+    for node in &stage_nodes {
+        shape(cx, node, 1, 1, &[], true);
+        let Some(kind) = arg(node, 0).and_then(|e| choice(cx, e, "stage kind", STAGE_KINDS)) else {
+            continue;
+        };
+        if let Some(first) = seen_kind.get(&kind) {
+            cx.report_at(
+                "duplicate",
+                vec![(*first, "first here".into()), (name_span(node), "again here".into())],
+                format!("stage {kind:?} is declared twice"),
+                None,
+            );
+            continue;
+        }
+        seen_kind.insert(kind.clone(), name_span(node));
+        if let Some(stage) = stage(cx, node, &kind) {
+            stages.insert(kind, stage);
+        }
+    }
+    let steps = named(cx, &top.all("step"), "step")
+        .into_iter()
+        .filter_map(|(name, node)| Some((name, step(cx, node)?)))
+        .collect::<BTreeMap<_, _>>();
+
+    resolve(cx, &top, &stage_nodes, &steps, &secret);
+
+    let policy = Policy {
+        policy: header?,
+        store: store?,
+        run_dir: run_dir?,
+        runtime: runtime?,
+        accounts: accounts?,
+        secret,
+        intake: intake?,
+        tree: tree?,
+        image,
+        seccomp,
+        stage: stages,
+        step: steps,
+    };
+    cx.problems.is_empty().then_some(policy)
+}
+
+/// A node's single value, or `default` when the node is absent (`None`: the node is required).
+fn value<T>(
+    cx: &mut Cx,
+    block: &Block<'_>,
+    name: &str,
+    default: Option<T>,
+    read: impl FnOnce(&mut Cx, &KdlEntry) -> Option<T>,
+) -> Option<T> {
+    match block.one(name) {
+        Some(node) => single(cx, node, &[], read),
+        None if default.is_some() => default,
+        None => {
+            block.required(cx, name);
+            None
+        }
+    }
+}
+
+/// Whether `a` and `b` are the same path or one lies under the other.
+fn nested(a: &str, b: &str) -> bool {
+    let under = |inner: &str, outer: &str| {
+        inner == outer || outer == "/" || inner.strip_prefix(outer).is_some_and(|r| r.starts_with('/'))
+    };
+    under(a, b) || under(b, a)
+}
+
+fn identifier(cx: &mut Cx, entry: &KdlEntry, what: &str) -> Option<String> {
+    let text = string(cx, entry)?;
+    let ok = text.len() <= 64
+        && text.starts_with(|c: char| c.is_ascii_lowercase())
+        && text.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if ok {
+        return Some(text);
+    }
+    cx.report(
+        "invalid-value",
+        entry.span(),
+        "not a name",
+        format!("{what} {text:?} is not a valid name"),
+        Some("names are 1 to 64 of a-z, 0-9 and -, starting with a letter".into()),
+    );
+    None
+}
+
+/// Nodes named by their first argument, each name once (duplicates labelled at both places).
+fn named<'a>(cx: &mut Cx, nodes: &[&'a KdlNode], what: &str) -> Vec<(String, &'a KdlNode)> {
+    let mut seen: BTreeMap<String, SourceSpan> = BTreeMap::new();
+    let mut out = Vec::new();
+    for node in nodes {
+        let Some(entry) = arg(node, 0) else {
+            shape(cx, node, 1, 1, &[], true);
+            continue;
+        };
+        let Some(name) = identifier(cx, entry, what) else { continue };
+        if let Some(first) = seen.get(&name) {
+            cx.report_at(
+                "duplicate",
+                vec![(*first, "first here".into()), (entry.span(), "again here".into())],
+                format!("{what} {name:?} is declared twice"),
+                None,
+            );
+            continue;
+        }
+        seen.insert(name.clone(), entry.span());
+        out.push((name, *node));
+    }
+    out
+}
+
+fn digest(cx: &mut Cx, entry: &KdlEntry) -> Option<Digest> {
+    let text = string(cx, entry)?;
+    match Digest::from_str(&text) {
+        Ok(d) => Some(d),
+        Err(_) => {
+            cx.report(
+                "invalid-value",
+                entry.span(),
+                "not a digest",
+                format!("{text:?} is not a digest"),
+                Some("write sha256: followed by 64 lowercase hex digits".into()),
+            );
+            None
+        }
+    }
+}
+
+fn header(cx: &mut Cx, node: &KdlNode) -> Option<Header> {
+    shape(cx, node, 1, 1, &["version"], false);
+    let name = arg(node, 0).and_then(|e| identifier(cx, e, "policy name"));
+    let version = required_prop(cx, node, "version").and_then(|e| {
+        let v = integer(cx, e, "version", 0, u64::MAX)?;
+        if v != 1 {
+            cx.report(
+                "unsupported-version",
+                e.span(),
+                "unsupported",
+                format!("policy language version {v} is not supported"),
+                Some("this build reads version=1".into()),
+            );
+            return None;
+        }
+        Some(v)
+    });
+    Some(Header {
+        name: name?,
+        version: version?,
+    })
+}
+
+fn runtime(cx: &mut Cx, node: &KdlNode) -> Option<Runtime> {
+    shape(cx, node, 1, 1, &["path", "sha256"], false);
+    let kind = arg(node, 0).and_then(|e| choice(cx, e, "runtime", &["runc", "crun", "runsc"]));
+    let p = required_prop(cx, node, "path").and_then(|e| path(cx, e, "runtime path"));
+    let sha256 = match prop(node, "sha256") {
+        Some(e) => Some(digest(cx, e)?),
+        None => None,
+    };
+    Some(Runtime {
+        kind: kind?,
+        path: p?,
+        sha256,
+    })
+}
+
+fn id_range(cx: &mut Cx, node: &KdlNode) -> Option<IdRange> {
+    shape(cx, node, 2, 2, &[], false);
+    let what = node.name().value();
+    let first = arg(node, 0).and_then(|e| integer(cx, e, what, 0, u64::from(u32::MAX - 1)));
+    let last = arg(node, 1).and_then(|e| integer(cx, e, what, 0, u64::from(u32::MAX - 1)));
+    let (first, last) = (first?, last?);
+    if first == 0 || last == 0 || first > last {
+        cx.report(
+            "invalid-range",
+            name_span(node),
+            "invalid range",
+            format!("{what} {first}..={last} is not a range of nonzero ids"),
+            Some("both ends are nonzero (id 0 is root) and the first is not above the last".into()),
+        );
+        return None;
+    }
+    Some(IdRange { first, last })
+}
+
+fn accounts(cx: &mut Cx, node: &KdlNode) -> Option<Accounts> {
+    shape(cx, node, 0, 0, &[], true);
+    let b = Block::read(
+        cx,
+        node.children(),
+        "accounts",
+        name_span(node),
+        &["uid-range", "gid-range", "shell", "cron-deny", "at-deny"],
+        &[],
+    );
+    let uid_range = b.required(cx, "uid-range").and_then(|n| id_range(cx, n));
+    let gid_range = b.required(cx, "gid-range").and_then(|n| id_range(cx, n));
+    let shell = value(cx, &b, "shell", Some("/usr/sbin/nologin".into()), |cx, e| path(cx, e, "shell"));
+    let cron_deny = value(cx, &b, "cron-deny", Some("/etc/cron.deny".into()), |cx, e| path(cx, e, "cron-deny"));
+    let at_deny = value(cx, &b, "at-deny", Some("/etc/at.deny".into()), |cx, e| path(cx, e, "at-deny"));
+    Some(Accounts {
+        uid_range: uid_range?,
+        gid_range: gid_range?,
+        shell: shell?,
+        cron_deny: cron_deny?,
+        at_deny: at_deny?,
+    })
+}
+
+fn host_name(cx: &mut Cx, entry: &KdlEntry) -> Option<String> {
+    let text = string(cx, entry)?;
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+            && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    };
+    if text.len() <= 253 && text.split('.').all(label_ok) {
+        return Some(text);
+    }
+    cx.report(
+        "invalid-value",
+        entry.span(),
+        "not a host name",
+        format!("{text:?} is not a lowercase DNS host name"),
+        Some("write the exact host, without scheme, port, path or wildcard".into()),
+    );
+    None
+}
+
+fn intake(cx: &mut Cx, node: Option<&KdlNode>, whole: SourceSpan) -> Option<Intake> {
+    if let Some(n) = node {
+        shape(cx, n, 0, 0, &[], true);
+    }
+    let span = node.map_or(whole, name_span);
+    let b = Block::read(cx, node.and_then(KdlNode::children), "intake", span, &["transport", "archive"], &[]);
+    let t_node = b.one("transport");
+    if let Some(n) = t_node {
+        shape(cx, n, 0, 0, &[], true);
+    }
+    let t = Block::read(
+        cx,
+        t_node.and_then(KdlNode::children),
+        "transport",
+        t_node.map_or(span, name_span),
+        &[
+            "allow-host", "max-redirects", "deadline", "min-tls", "trust-anchor", "allow-loopback",
+            "allow-plain-http-loopback",
+        ],
+        &["allow-host"],
+    );
+    let mut allow_host = BTreeMap::new();
+    let mut host_spans: BTreeMap<String, SourceSpan> = BTreeMap::new();
+    for n in t.all("allow-host") {
+        shape(cx, n, 1, 1, &["reason"], false);
+        let host = arg(n, 0).and_then(|e| host_name(cx, e));
+        let why = reason(cx, n);
+        if let (Some(host), Some(reason)) = (host, why) {
+            if let Some(first) = host_spans.get(&host) {
+                cx.report_at("duplicate", vec![(*first, "first here".into()), (name_span(n), "again here".into())], format!("host {host:?} is allowed twice"), None);
+            } else {
+                host_spans.insert(host.clone(), name_span(n));
+                allow_host.insert(host, Reasoned { reason });
+            }
+        }
+    }
+    let max_redirects = value(cx, &t, "max-redirects", Some(3), |cx, e| integer(cx, e, "max-redirects", 0, 10));
+    let deadline_ms = value(cx, &t, "deadline", Some(10 * 60 * SECOND), |cx, e| duration(cx, e, "deadline", SECOND, 24 * HOUR));
+    let min_tls = value(cx, &t, "min-tls", Some("1.2".into()), |cx, e| choice(cx, e, "TLS version", &["1.2", "1.3"]));
+    let trust_anchor = match t.one("trust-anchor") {
+        Some(n) => Some(single(cx, n, &[], |cx, e| path(cx, e, "trust-anchor"))?),
+        None => None,
+    };
+    let allow_loopback = value(cx, &t, "allow-loopback", Some(false), boolean);
+    let allow_plain = value(cx, &t, "allow-plain-http-loopback", Some(false), boolean);
+    if allow_plain == Some(true)
+        && allow_loopback == Some(false)
+        && let Some(n) = t.one("allow-plain-http-loopback")
+    {
+        cx.report(
+            "invalid-value",
+            name_span(n),
+            "needs allow-loopback #true",
+            "plain http is only ever allowed to loopback, and loopback is not allowed",
+            Some("set allow-loopback #true as well (tests only)".into()),
+        );
+    }
+    let a_node = b.one("archive");
+    if let Some(n) = a_node {
+        shape(cx, n, 0, 0, &[], true);
+    }
+    let a = Block::read(
+        cx,
+        a_node.and_then(KdlNode::children),
+        "archive",
+        a_node.map_or(span, name_span),
+        &[
+            "max-archive-bytes", "max-extracted-bytes", "max-members", "max-file-bytes",
+            "max-path-length", "max-depth", "max-pax-bytes", "max-compression-ratio", "exclude",
+        ],
+        &["exclude"],
+    );
+    let archive = ArchiveLimits {
+        max_archive_bytes: value(cx, &a, "max-archive-bytes", Some(GIB), |cx, e| size(cx, e, "max-archive-bytes", KIB, 64 * GIB))?,
+        max_extracted_bytes: value(cx, &a, "max-extracted-bytes", Some(4 * GIB), |cx, e| size(cx, e, "max-extracted-bytes", KIB, 256 * GIB))?,
+        max_members: value(cx, &a, "max-members", Some(100_000), |cx, e| integer(cx, e, "max-members", 1, 10_000_000))?,
+        max_file_bytes: value(cx, &a, "max-file-bytes", Some(512 * MIB), |cx, e| size(cx, e, "max-file-bytes", 1, 64 * GIB))?,
+        max_path_length: value(cx, &a, "max-path-length", Some(1024), |cx, e| integer(cx, e, "max-path-length", 16, 4096))?,
+        max_depth: value(cx, &a, "max-depth", Some(32), |cx, e| integer(cx, e, "max-depth", 1, 256))?,
+        max_pax_bytes: value(cx, &a, "max-pax-bytes", Some(64 * KIB), |cx, e| size(cx, e, "max-pax-bytes", 0, MIB))?,
+        max_compression_ratio: value(cx, &a, "max-compression-ratio", Some(200), |cx, e| integer(cx, e, "max-compression-ratio", 1, 100_000))?,
+        exclude: strings(cx, &a.all("exclude"), |cx, e| {
+            let s = string(cx, e)?;
+            if s.is_empty() || s.contains('/') || s.contains('\0') {
+                cx.report("invalid-value", e.span(), "not a name pattern", format!("{s:?} is not a member-name pattern"), Some("a pattern matches one path component, for example \".git\" or \"*.pyc\"".into()));
+                return None;
+            }
+            Some(s)
+        }),
+    };
+    Some(Intake {
+        transport: Transport {
+            allow_host,
+            max_redirects: max_redirects?,
+            deadline_ms: deadline_ms?,
+            min_tls: min_tls?,
+            trust_anchor,
+            allow_loopback: allow_loopback?,
+            allow_plain_http_loopback: allow_plain?,
+        },
+        archive,
+    })
+}
+
+/// Every argument of every node in `nodes`, read by `read`, as a set (duplicates reported).
+fn strings(
+    cx: &mut Cx,
+    nodes: &[&KdlNode],
+    mut read: impl FnMut(&mut Cx, &KdlEntry) -> Option<String>,
+) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut spans: BTreeMap<String, SourceSpan> = BTreeMap::new();
+    for node in nodes {
+        shape(cx, node, 1, usize::MAX, &[], false);
+        for entry in positional(node) {
+            let Some(s) = read(cx, entry) else { continue };
+            if let Some(first) = spans.get(&s) {
+                cx.report_at("duplicate", vec![(*first, "first here".into()), (entry.span(), "again here".into())], format!("{s:?} is listed twice"), None);
+            } else {
+                spans.insert(s.clone(), entry.span());
+                out.insert(s);
+            }
+        }
+    }
+    out
+}
+
+fn dotted(cx: &mut Cx, entry: &KdlEntry, min_parts: usize) -> Option<String> {
+    let s = string(cx, entry)?;
+    let part_ok = |p: &str| {
+        p.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    if s.split('.').count() >= min_parts && s.split('.').all(part_ok) {
+        return Some(s);
+    }
+    cx.report("invalid-value", entry.span(), "not a Python name", format!("{s:?} is not a dotted Python name of at least {min_parts} part(s)"), None);
+    None
+}
+
+fn tree(cx: &mut Cx, node: Option<&KdlNode>, whole: SourceSpan) -> Option<Tree> {
+    if let Some(n) = node {
+        shape(cx, n, 0, 0, &[], true);
+    }
+    let span = node.map_or(whole, name_span);
+    let b = Block::read(cx, node.and_then(KdlNode::children), "tree", span, &["limits", "python", "tiers"], &[]);
+    let l_node = b.one("limits");
+    if let Some(n) = l_node {
+        shape(cx, n, 0, 0, &[], true);
+    }
+    let l = Block::read(
+        cx,
+        l_node.and_then(KdlNode::children),
+        "limits",
+        l_node.map_or(span, name_span),
+        &["max-files", "max-file-bytes", "max-total-bytes", "max-depth", "max-path-length"],
+        &[],
+    );
+    let limits = TreeLimits {
+        max_files: value(cx, &l, "max-files", Some(200_000), |cx, e| integer(cx, e, "max-files", 1, 10_000_000))?,
+        max_file_bytes: value(cx, &l, "max-file-bytes", Some(256 * MIB), |cx, e| size(cx, e, "max-file-bytes", 1, 64 * GIB))?,
+        max_total_bytes: value(cx, &l, "max-total-bytes", Some(16 * GIB), |cx, e| size(cx, e, "max-total-bytes", KIB, TIB))?,
+        max_depth: value(cx, &l, "max-depth", Some(32), |cx, e| integer(cx, e, "max-depth", 1, 256))?,
+        max_path_length: value(cx, &l, "max-path-length", Some(1024), |cx, e| integer(cx, e, "max-path-length", 16, 4096))?,
+    };
+    let p_node = b.one("python");
+    if let Some(n) = p_node {
+        shape(cx, n, 0, 0, &[], true);
+    }
+    let p = Block::read(
+        cx,
+        p_node.and_then(KdlNode::children),
+        "python",
+        p_node.map_or(span, name_span),
+        &["ban-call", "ban-import", "ban-attribute-call", "jit-entry-point"],
+        &["ban-call", "ban-import", "ban-attribute-call", "jit-entry-point"],
+    );
+    let mut bans = |name: &str, minimum: &[&str], parts: usize| {
+        let nodes = p.all(name);
+        if nodes.is_empty() {
+            return minimum.iter().map(|s| (*s).to_owned()).collect();
+        }
+        let set = strings(cx, &nodes, |cx, e| dotted(cx, e, parts));
+        let missing: Vec<&str> = minimum.iter().copied().filter(|m| !set.contains(*m)).collect();
+        if !missing.is_empty() {
+            cx.report(
+                "weakened-control",
+                name_span(nodes[0]),
+                "drops a required ban",
+                format!("`{name}` must include {}", missing.join(", ")),
+                Some("these bans are the floor of the AST policy; add to them, never remove".into()),
+            );
+        }
+        set
+    };
+    let ban_call = bans("ban-call", MIN_BAN_CALL, 1);
+    let ban_import = bans("ban-import", MIN_BAN_IMPORT, 1);
+    let ban_attribute_call = bans("ban-attribute-call", MIN_BAN_ATTRIBUTE_CALL, 1);
+    let mut jit_entry_point = BTreeMap::new();
+    let mut jit_spans: BTreeMap<String, SourceSpan> = BTreeMap::new();
+    for n in p.all("jit-entry-point") {
+        shape(cx, n, 1, 1, &["reason"], false);
+        let name = arg(n, 0).and_then(|e| dotted(cx, e, 2));
+        let why = reason(cx, n);
+        let (Some(name), Some(reason)) = (name, why) else { continue };
+        if let Some(first) = jit_spans.get(&name) {
+            cx.report_at("duplicate", vec![(*first, "first here".into()), (name_span(n), "again here".into())], format!("jit-entry-point {name:?} is given twice"), None);
+        } else {
+            jit_spans.insert(name.clone(), name_span(n));
+            jit_entry_point.insert(name, Reasoned { reason });
+        }
+    }
+    let t_node = b.one("tiers");
+    if let Some(n) = t_node {
+        shape(cx, n, 0, 0, &[], true);
+    }
+    let t = Block::read(
+        cx,
+        t_node.and_then(KdlNode::children),
+        "tiers",
+        t_node.map_or(span, name_span),
+        &["executables", "cuda-sources", "dependency-patches"],
+        &[],
+    );
+    let tiers = Tiers {
+        executables: value(cx, &t, "executables", Some(false), boolean)?,
+        cuda_sources: value(cx, &t, "cuda-sources", Some(false), boolean)?,
+        dependency_patches: value(cx, &t, "dependency-patches", Some(false), boolean)?,
+    };
+    Some(Tree {
+        limits,
+        python: Python {
+            ban_call,
+            ban_import,
+            ban_attribute_call,
+            jit_entry_point,
+        },
+        tiers,
+    })
+}
+
+const ACTIONS: &[&str] = &["allow", "errno", "kill-process", "kill-thread", "trap", "log"];
+
+/// An action and its `errno=` property, as the canonical action string.
+fn action(cx: &mut Cx, node: &KdlNode, entry: &KdlEntry) -> Option<String> {
+    let kind = choice(cx, entry, "seccomp action", ACTIONS)?;
+    let errno = prop(node, "errno");
+    match (kind.as_str(), errno) {
+        ("errno", Some(e)) => Some(format!("errno:{}", integer(cx, e, "errno", 1, 4095)?)),
+        ("errno", None) => {
+            required_prop(cx, node, "errno");
+            None
+        }
+        (_, Some(e)) => {
+            cx.report("unknown-property", e.span(), "only with errno", format!("errno= is only meaningful with action \"errno\", not {kind:?}"), None);
+            None
+        }
+        (_, None) => Some(kind),
+    }
+}
+
+fn syscall_name(cx: &mut Cx, entry: &KdlEntry) -> Option<String> {
+    let name = string(cx, entry)?;
+    if syscalls::is_syscall(&name) {
+        return Some(name);
+    }
+    cx.report(
+        "unknown-syscall",
+        entry.span(),
+        "not an x86_64 syscall",
+        format!("{name:?} is not an x86_64 system call"),
+        suggest(&name, syscalls::X86_64.iter().copied()),
+    );
+    None
+}
+
+fn arg_condition(cx: &mut Cx, node: &KdlNode) -> Option<ArgCondition> {
+    shape(cx, node, 0, 0, &["index", "op", "value", "mask"], false);
+    let index = required_prop(cx, node, "index").and_then(|e| integer(cx, e, "argument index", 0, 5));
+    let op = required_prop(cx, node, "op").and_then(|e| choice(cx, e, "comparison", &["eq", "ne", "lt", "le", "gt", "ge", "masked-eq"]));
+    let v = required_prop(cx, node, "value").and_then(|e| integer(cx, e, "value", 0, u64::MAX));
+    let mask = match (op.as_deref(), prop(node, "mask")) {
+        (Some("masked-eq"), Some(e)) => Some(integer(cx, e, "mask", 0, u64::MAX)?),
+        (Some("masked-eq"), None) => {
+            required_prop(cx, node, "mask");
+            return None;
+        }
+        (_, Some(e)) => {
+            cx.report("unknown-property", e.span(), "only with masked-eq", "mask= is only meaningful with op \"masked-eq\"", None);
+            return None;
+        }
+        (_, None) => None,
+    };
+    Some(ArgCondition {
+        index: index?,
+        op: op?,
+        value: v?,
+        mask,
+    })
+}
+
+fn seccomp(cx: &mut Cx, node: &KdlNode) -> Option<SeccompProfile> {
+    shape(cx, node, 1, 1, &[], true);
+    let b = Block::read(
+        cx,
+        node.children(),
+        "seccomp",
+        name_span(node),
+        &["baseline", "default-action", "architectures", "allow", "remove", "rule"],
+        &["allow", "remove", "rule"],
+    );
+    let baseline_name = match b.one("baseline") {
+        Some(n) => Some(single(cx, n, &[], |cx, e| choice(cx, e, "seccomp baseline", syscalls::BASELINES))?),
+        None => None,
+    };
+    let default_action = b.required(cx, "default-action").and_then(|n| {
+        shape(cx, n, 1, 1, &["errno"], false);
+        let act = action(cx, n, arg(n, 0)?)?;
+        if act == "allow" || act == "log" {
+            cx.report("weakened-control", name_span(n), "filter that admits everything", format!("default-action {act:?} turns the filter into a deny-list"), Some("use errno, kill-process, kill-thread or trap, and allow what is needed".into()));
+            return None;
+        }
+        Some(act)
+    });
+    let architectures = match b.one("architectures") {
+        None => BTreeSet::from(["x86_64".to_owned()]),
+        Some(_) => strings(cx, &b.all("architectures"), |cx, e| choice(cx, e, "architecture", &["x86_64", "x86", "x32"])),
+    };
+    let base: BTreeMap<String, SyscallRule> = baseline_name
+        .as_deref()
+        .and_then(syscalls::baseline)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(name, entry)| {
+            let (action, args) = match entry {
+                BaselineEntry::Allow => ("allow".to_owned(), Vec::new()),
+                BaselineEntry::AllowIfMaskedZero { index, mask } => (
+                    "allow".to_owned(),
+                    vec![ArgCondition { index: u64::from(index), op: "masked-eq".into(), value: 0, mask: Some(mask) }],
+                ),
+                BaselineEntry::Errno(n) => (format!("errno:{n}"), Vec::new()),
+            };
+            let reason = format!("baseline {}", baseline_name.as_deref().unwrap_or_default());
+            (name.to_owned(), SyscallRule { action, args, reason })
+        })
+        .collect();
+    let mut rules = base.clone();
+    let mut touched: BTreeMap<String, SourceSpan> = BTreeMap::new();
+    let mut claim = |cx: &mut Cx, name: &str, span: SourceSpan| -> bool {
+        if let Some(first) = touched.get(name) {
+            cx.report_at("duplicate", vec![(*first, "first here".into()), (span, "again here".into())], format!("syscall {name:?} appears twice in this profile"), Some("one entry per syscall: allow, remove or rule".into()));
+            return false;
+        }
+        touched.insert(name.to_owned(), span);
+        true
+    };
+    for n in b.all("remove") {
+        shape(cx, n, 1, usize::MAX, &["reason"], false);
+        for e in positional(n) {
+            let Some(name) = syscall_name(cx, e) else { continue };
+            if !claim(cx, &name, e.span()) {
+                continue;
+            }
+            if rules.remove(&name).is_none() {
+                cx.report("redundant-entry", e.span(), "not in the baseline", format!("remove {name:?} changes nothing: the baseline does not allow it"), None);
+            }
+        }
+    }
+    let add = |cx: &mut Cx, name: String, span: SourceSpan, rule: SyscallRule, rules: &mut BTreeMap<String, SyscallRule>| {
+        let same_as_base = base.get(&name).is_some_and(|r| r.action == rule.action && r.args == rule.args);
+        if same_as_base {
+            cx.report("redundant-entry", span, "already in the baseline", format!("{name:?} is already {} in the baseline", rule.action), Some("drop this entry".into()));
+        } else {
+            rules.insert(name, rule);
+        }
+    };
+    for n in b.all("allow") {
+        shape(cx, n, 1, usize::MAX, &["reason"], false);
+        let why = reason(cx, n);
+        for e in positional(n) {
+            let Some(name) = syscall_name(cx, e) else { continue };
+            if !claim(cx, &name, e.span()) {
+                continue;
+            }
+            if let Some(reason) = why.clone() {
+                add(cx, name, e.span(), SyscallRule { action: "allow".into(), args: Vec::new(), reason }, &mut rules);
+            }
+        }
+    }
+    for n in b.all("rule") {
+        shape(cx, n, 1, 1, &["action", "errno", "reason"], true);
+        let name = arg(n, 0).and_then(|e| syscall_name(cx, e));
+        let act = required_prop(cx, n, "action").and_then(|e| action(cx, n, e));
+        let why = reason(cx, n);
+        let conds = Block::read(cx, n.children(), "rule", name_span(n), &["arg"], &["arg"]);
+        let mut args: Vec<ArgCondition> = conds.all("arg").into_iter().filter_map(|a| arg_condition(cx, a)).collect();
+        args.sort();
+        let (Some(name), Some(action), Some(reason)) = (name, act, why) else { continue };
+        let span = arg(n, 0).map_or(name_span(n), KdlEntry::span);
+        if claim(cx, &name, span) {
+            add(cx, name, span, SyscallRule { action, args, reason }, &mut rules);
+        }
+    }
+    Some(SeccompProfile {
+        baseline: baseline_name,
+        default_action: default_action?,
+        architectures,
+        syscall: rules,
+    })
+}
+
+fn not_in_stage(cx: &mut Cx, node: &KdlNode, kind: &str, what: &str) {
+    cx.report(
+        "not-allowed-in-stage",
+        name_span(node),
+        format!("not allowed in {kind}"),
+        format!("{what} is not allowed in stage {kind:?}"),
+        None,
+    );
+}
+
+fn cpuset(cx: &mut Cx, entry: &KdlEntry) -> Option<String> {
+    let s = string(cx, entry)?;
+    let item_ok = |item: &str| match item.split_once('-') {
+        Some((a, b)) => matches!((a.parse::<u32>(), b.parse::<u32>()), (Ok(a), Ok(b)) if a <= b),
+        None => item.parse::<u32>().is_ok(),
+    };
+    if !s.is_empty() && s.split(',').all(item_ok) {
+        return Some(s);
+    }
+    cx.report("invalid-value", entry.span(), "not a cpu list", format!("{s:?} is not a cpu list"), Some("for example \"0-3\" or \"0,2,4-7\"".into()));
+    None
+}
+
+fn cpus(cx: &mut Cx, entry: &KdlEntry) -> Option<u64> {
+    let millis = match entry.value() {
+        KdlValue::Integer(_) => integer(cx, entry, "cpus", 1, 1024)? * 1000,
+        KdlValue::String(s) => match units::parse_millis(s) {
+            Ok(m) => m,
+            Err(message) => {
+                cx.report("invalid-value", entry.span(), "not a CPU count", message, None);
+                return None;
+            }
+        },
+        _ => {
+            string(cx, entry);
+            return None;
+        }
+    };
+    if !(10..=1_024_000).contains(&millis) {
+        cx.out_of_range(entry.span(), "cpus", &units::format_millis(millis), "0.01..=1024");
+        return None;
+    }
+    Some(millis)
+}
+
+fn env_name_ok(name: &str) -> bool {
+    name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+fn env(cx: &mut Cx, node: Option<&KdlNode>) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let Some(node) = node else { return out };
+    shape(cx, node, 0, 0, &[], true);
+    let mut spans: BTreeMap<String, SourceSpan> = BTreeMap::new();
+    for var in node.children().map(KdlDocument::nodes).unwrap_or_default() {
+        let name = var.name().value().to_owned();
+        if !env_name_ok(&name) {
+            cx.report("invalid-value", name_span(var), "not a variable name", format!("{name:?} is not an environment variable name"), None);
+            continue;
+        }
+        let Some(value) = single(cx, var, &[], string) else { continue };
+        if let Some(first) = spans.get(&name) {
+            cx.report_at("duplicate", vec![(*first, "first here".into()), (name_span(var), "again here".into())], format!("variable {name} is set twice"), None);
+            continue;
+        }
+        spans.insert(name.clone(), name_span(var));
+        out.insert(name, value);
+    }
+    out
+}
+
+/// Which mount source roles a stage kind may have.
+fn mount_roles(kind: &str) -> &'static [&'static str] {
+    match kind {
+        "prebuild" => &["tree", "staging"],
+        "surface" => &["workspace"],
+        _ => &["tree", "publication", "model"],
+    }
+}
+
+fn mounts(cx: &mut Cx, nodes: &[&KdlNode], kind: &str) -> BTreeMap<String, Mount> {
+    let mut out = BTreeMap::new();
+    let mut dests: Vec<(String, SourceSpan)> = Vec::new();
+    let mut roles: BTreeMap<String, SourceSpan> = BTreeMap::new();
+    for n in nodes {
+        shape(cx, n, 2, 2, &["mode"], false);
+        let allowed = mount_roles(kind);
+        let role = arg(n, 0).and_then(|e| {
+            let r = choice(cx, e, "mount source", &["tree", "publication", "model", "staging", "workspace"])?;
+            if !allowed.contains(&r.as_str()) {
+                cx.report("not-allowed-in-stage", e.span(), format!("{kind} mounts: {}", allowed.join(", ")), format!("a {r:?} mount is not allowed in stage {kind:?}"), None);
+                return None;
+            }
+            Some((r, e.span()))
+        });
+        let dest = arg(n, 1).and_then(|e| Some((path(cx, e, "mount destination")?, e.span())));
+        let writable_role = matches!(role.as_ref().map(|(r, _)| r.as_str()), Some("staging" | "workspace"));
+        let mode = match prop(n, "mode") {
+            None => Some(if writable_role { "rw" } else { "ro" }.to_owned()),
+            Some(e) => choice(cx, e, "mount mode", &["ro", "rw"]).and_then(|m| {
+                if (m == "rw") == writable_role {
+                    return Some(m);
+                }
+                let help = if writable_role { "this mount is the stage's one writable place" } else { "validator inputs are always read-only binds" };
+                cx.report("invalid-value", e.span(), "wrong mode for this source", format!("mode {m:?} is not allowed for this source"), Some(help.into()));
+                None
+            }),
+        };
+        let (Some((role, role_span)), Some((dest, dest_span)), Some(mode)) = (role, dest, mode) else { continue };
+        if let Some(first) = roles.get(&role) {
+            cx.report_at("duplicate", vec![(*first, "first here".into()), (role_span, "again here".into())], format!("source {role:?} is mounted twice"), None);
+            continue;
+        }
+        roles.insert(role.clone(), role_span);
+        let reserved = dest == "/" || dest == "/tmp" || ["/proc", "/sys", "/dev"].iter().any(|r| nested(&dest, r));
+        if reserved {
+            cx.report("overlap", dest_span, "reserved", format!("mount destination {dest} is reserved for the runtime's own mounts"), Some("mount validator inputs under a path of their own, such as /engine".into()));
+            continue;
+        }
+        if let Some((other, other_span)) = dests.iter().find(|(d, _)| nested(d, &dest)) {
+            cx.report_at("overlap", vec![(*other_span, other.clone()), (dest_span, dest.clone())], format!("mount destinations {other} and {dest} are not disjoint"), Some("mount roots must be pairwise disjoint".into()));
+            continue;
+        }
+        dests.push((dest.clone(), dest_span));
+        out.insert(dest, Mount { source: role, mode });
+    }
+    out
+}
+
+fn props_block<'a>(cx: &mut Cx, node: &'a KdlNode, names: &[&str]) -> Vec<Option<&'a KdlEntry>> {
+    shape(cx, node, 0, 0, names, false);
+    names.iter().map(|n| required_prop(cx, node, n)).collect()
+}
+
+#[allow(clippy::too_many_lines)]
+fn stage(cx: &mut Cx, node: &KdlNode, kind: &str) -> Option<Stage> {
+    let b = Block::read(
+        cx,
+        node.children(),
+        &format!("stage {kind:?}"),
+        name_span(node),
+        &[
+            "image", "network", "root", "ipc", "capability", "no-new-privileges", "seccomp", "user",
+            "cpus", "cpuset", "memory", "pids", "nofile", "core", "shm", "tmp", "staging",
+            "deadline", "phase-deadline", "gpu", "env", "mount", "output", "publication", "frame",
+            "surface", "sys",
+        ],
+        &["capability", "phase-deadline", "mount"],
+    );
+    let image = value(cx, &b, "image", None, |cx, e| identifier(cx, e, "image role"));
+    let network = value(cx, &b, "network", None, |cx, e| choice(cx, e, "network", &["none", "host"]));
+    if network.as_deref() == Some("host")
+        && kind != "surface"
+        && let Some(n) = b.one("network")
+    {
+        cx.report("not-allowed-in-stage", name_span(n), "candidate stages have no network", format!("network \"host\" is not allowed in stage {kind:?}"), Some("only the surface stage may be given the host network".into()));
+    }
+    let root = value(cx, &b, "root", None, |cx, e| choice(cx, e, "root", &["read-only", "overlay"]));
+    let ipc = value(cx, &b, "ipc", None, |cx, e| choice(cx, e, "ipc", &["none", "private"]));
+    let mut capability = BTreeMap::new();
+    let mut cap_spans: BTreeMap<String, SourceSpan> = BTreeMap::new();
+    let known_caps: Vec<String> = caps::all().iter().map(ToString::to_string).collect();
+    for n in b.all("capability") {
+        shape(cx, n, 1, 1, &["reason"], false);
+        let why = reason(cx, n);
+        let Some(e) = arg(n, 0) else { continue };
+        let Some(name) = string(cx, e) else { continue };
+        if caps::Capability::from_str(&name).is_err() || !name.starts_with("CAP_") {
+            let upper = format!("CAP_{}", name.trim_start_matches("cap_").to_ascii_uppercase());
+            let help = suggest(&name, known_caps.iter().map(String::as_str))
+                .or_else(|| known_caps.contains(&upper).then(|| format!("did you mean `{upper}`?")));
+            cx.report("unknown-capability", e.span(), "not a capability", format!("{name:?} is not a Linux capability"), help);
+            continue;
+        }
+        let Some(reason) = why else { continue };
+        if let Some(first) = cap_spans.get(&name) {
+            cx.report_at("duplicate", vec![(*first, "first here".into()), (e.span(), "again here".into())], format!("{name} is granted twice"), None);
+            continue;
+        }
+        cap_spans.insert(name.clone(), e.span());
+        capability.insert(name, Reasoned { reason });
+    }
+    let no_new_privileges = value(cx, &b, "no-new-privileges", Some(true), boolean).and_then(|v| {
+        if !v && let Some(n) = b.one("no-new-privileges") {
+            cx.report("weakened-control", name_span(n), "cannot be turned off", "no-new-privileges cannot be turned off", Some("without it a setuid binary in the image regains privileges".into()));
+            return None;
+        }
+        Some(v)
+    });
+    let seccomp = value(cx, &b, "seccomp", None, |cx, e| identifier(cx, e, "seccomp profile"));
+    let user = value(cx, &b, "user", None, |cx, e| {
+        let u = string(cx, e)?;
+        if u == "per-run" {
+            return Some(u);
+        }
+        cx.report("weakened-control", e.span(), "only per-run", format!("user {u:?} is not allowed"), Some("candidate work runs only as a fresh per-run account (REQ-117): write user \"per-run\"".into()));
+        None
+    });
+    let cpus_milli = b.one("cpus").and_then(|n| single(cx, n, &[], cpus));
+    let cpuset_v = b.one("cpuset").and_then(|n| single(cx, n, &[], cpuset));
+    if b.one("cpus").is_none() && b.one("cpuset").is_none() {
+        cx.report("missing-node", name_span(node), "needs `cpus` or `cpuset`", format!("stage {kind:?} needs a CPU cap: `cpus` or `cpuset`"), None);
+    }
+    let memory = value(cx, &b, "memory", None, |cx, e| size(cx, e, "memory", 256 * MIB, 4 * TIB));
+    let pids = value(cx, &b, "pids", None, |cx, e| integer(cx, e, "pids", 32, 1_048_576));
+    let nofile = value(cx, &b, "nofile", Some(1024), |cx, e| integer(cx, e, "nofile", 16, 1_048_576));
+    let core = value(cx, &b, "core", Some(0), |cx, e| size(cx, e, "core", 0, GIB));
+    let shm = value(cx, &b, "shm", Some(64 * MIB), |cx, e| size(cx, e, "shm", MIB, 64 * GIB));
+    let tmp = b.required(cx, "tmp").and_then(|n| {
+        let p = props_block(cx, n, &["size", "exec"]);
+        let size_v = p[0].and_then(|e| size(cx, e, "tmp size", MIB, 64 * GIB));
+        let exec = p[1].and_then(|e| boolean(cx, e));
+        Some(Tmp { size_bytes: size_v?, exec: exec? })
+    });
+    let staging = match (b.one("staging"), kind) {
+        (Some(n), "prebuild") => {
+            let p = props_block(cx, n, &["size", "inodes"]);
+            let size_v = p[0].and_then(|e| size(cx, e, "staging size", MIB, TIB));
+            let inodes = p[1].and_then(|e| integer(cx, e, "staging inodes", 16, 100_000_000));
+            Some(Staging { size_bytes: size_v?, inodes: inodes? })
+        }
+        (None, "prebuild") => {
+            b.required(cx, "staging");
+            None
+        }
+        (Some(n), _) => {
+            not_in_stage(cx, n, kind, "a staging mount");
+            None
+        }
+        (None, _) => None,
+    };
+    let deadline = value(cx, &b, "deadline", None, |cx, e| duration(cx, e, "deadline", SECOND, 24 * HOUR));
+    let mut phase_deadline_ms = BTreeMap::new();
+    let mut phase_spans: BTreeMap<String, SourceSpan> = BTreeMap::new();
+    for n in b.all("phase-deadline") {
+        shape(cx, n, 2, 2, &[], false);
+        let name = arg(n, 0).and_then(|e| identifier(cx, e, "phase"));
+        let ms = arg(n, 1).and_then(|e| {
+            let ms = duration(cx, e, "phase deadline", SECOND, 24 * HOUR)?;
+            if let Some(total) = deadline
+                && ms > total
+            {
+                cx.out_of_range(e.span(), "phase deadline", &units::format_duration(ms), &format!("at most the stage deadline ({})", units::format_duration(total)));
+                return None;
+            }
+            Some(ms)
+        });
+        let (Some(name), Some(ms)) = (name, ms) else { continue };
+        if let Some(first) = phase_spans.get(&name) {
+            cx.report_at("duplicate", vec![(*first, "first here".into()), (name_span(n), "again here".into())], format!("phase {name:?} has two deadlines"), None);
+            continue;
+        }
+        phase_spans.insert(name.clone(), name_span(n));
+        phase_deadline_ms.insert(name, ms);
+    }
+    let gpu_device = gpu(cx, b.one("gpu"), kind);
+    let env = env(cx, b.one("env"));
+    let mount = mounts(cx, &b.all("mount"), kind);
+    let output = match b.one("output") {
+        None => Some(Output { stdout_bytes: MIB, stderr_bytes: MIB }),
+        Some(n) => {
+            let p = props_block(cx, n, &["stdout", "stderr"]);
+            let o = p[0].and_then(|e| size(cx, e, "stdout cap", KIB, GIB));
+            let e2 = p[1].and_then(|e| size(cx, e, "stderr cap", KIB, GIB));
+            Some(Output { stdout_bytes: o?, stderr_bytes: e2? })
+        }
+    };
+    let publication = match (b.one("publication"), kind) {
+        (Some(n), "prebuild") => {
+            let p = props_block(cx, n, &["max-files", "max-bytes", "max-file-bytes", "max-depth", "max-path-length"]);
+            let v = (
+                p[0].and_then(|e| integer(cx, e, "max-files", 1, 10_000_000)),
+                p[1].and_then(|e| size(cx, e, "max-bytes", KIB, TIB)),
+                p[2].and_then(|e| size(cx, e, "max-file-bytes", 1, 64 * GIB)),
+                p[3].and_then(|e| integer(cx, e, "max-depth", 1, 256)),
+                p[4].and_then(|e| integer(cx, e, "max-path-length", 16, 4096)),
+            );
+            Some(PublicationLimits { max_files: v.0?, max_bytes: v.1?, max_file_bytes: v.2?, max_depth: v.3?, max_path_length: v.4? })
+        }
+        (None, "prebuild") => {
+            b.required(cx, "publication");
+            None
+        }
+        (Some(n), _) => {
+            not_in_stage(cx, n, kind, "publication limits");
+            None
+        }
+        (None, _) => None,
+    };
+    let frame = match (b.one("frame"), kind) {
+        (Some(n), "lane" | "reference") => {
+            let p = props_block(cx, n, &["max-bytes", "max-frames"]);
+            let m = p[0].and_then(|e| size(cx, e, "frame max-bytes", KIB, GIB));
+            let f = p[1].and_then(|e| integer(cx, e, "max-frames", 1, 100_000_000));
+            Some(Frame { max_bytes: m?, max_frames: f? })
+        }
+        (None, "lane" | "reference") => Some(Frame { max_bytes: MIB, max_frames: 100_000 }),
+        (Some(n), _) => {
+            not_in_stage(cx, n, kind, "protocol framing");
+            None
+        }
+        (None, _) => None,
+    };
+    let surface = match (b.one("surface"), kind) {
+        (Some(n), "surface") => surface(cx, n, &mount),
+        (None, "surface") => {
+            b.required(cx, "surface");
+            None
+        }
+        (Some(n), _) => {
+            not_in_stage(cx, n, kind, "a surface block");
+            None
+        }
+        (None, _) => None,
+    };
+    let sys = value(cx, &b, "sys", Some("none".into()), |cx, e| choice(cx, e, "sys", &["none", "read-only"]));
+    Some(Stage {
+        image: image?,
+        network: network?,
+        root: root?,
+        ipc: ipc?,
+        capability,
+        no_new_privileges: no_new_privileges?,
+        seccomp: seccomp?,
+        user: user?,
+        cpus_milli,
+        cpuset: cpuset_v,
+        memory_bytes: memory?,
+        pids: pids?,
+        nofile: nofile?,
+        core_bytes: core?,
+        shm_bytes: shm?,
+        tmp: tmp?,
+        staging,
+        deadline_ms: deadline?,
+        phase_deadline_ms,
+        gpu_device,
+        env,
+        mount,
+        output: output?,
+        publication,
+        frame,
+        surface,
+        sys: sys?,
+    })
+}
+
+fn gpu(cx: &mut Cx, node: Option<&KdlNode>, kind: &str) -> BTreeMap<String, Reasoned> {
+    let mut out = BTreeMap::new();
+    let Some(node) = node else { return out };
+    shape(cx, node, 0, 1, &[], true);
+    if let Some(e) = arg(node, 0) {
+        if node.children().is_some() {
+            cx.report("unexpected-children", name_span(node), "either \"none\" or a device block", "gpu takes either \"none\" or a block of devices, not both", None);
+        }
+        choice(cx, e, "gpu", &["none"]);
+        return out;
+    }
+    if matches!(kind, "prebuild" | "surface") {
+        not_in_stage(cx, node, kind, "GPU visibility");
+        return out;
+    }
+    let b = Block::read(cx, node.children(), "gpu", name_span(node), &["device"], &["device"]);
+    let mut spans: BTreeMap<String, SourceSpan> = BTreeMap::new();
+    for n in b.all("device") {
+        shape(cx, n, 1, 1, &["reason"], false);
+        let why = reason(cx, n);
+        let dev = arg(n, 0).and_then(|e| {
+            let p = path(cx, e, "device")?;
+            if p.starts_with("/dev/") {
+                return Some((p, e.span()));
+            }
+            cx.report("invalid-path", e.span(), "not under /dev", format!("device {p} is not under /dev"), None);
+            None
+        });
+        let (Some((dev, span)), Some(reason)) = (dev, why) else { continue };
+        if let Some(first) = spans.get(&dev) {
+            cx.report_at("duplicate", vec![(*first, "first here".into()), (span, "again here".into())], format!("device {dev} is listed twice"), None);
+            continue;
+        }
+        spans.insert(dev.clone(), span);
+        out.insert(dev, Reasoned { reason });
+    }
+    if out.is_empty() && b.all("device").is_empty() {
+        cx.report("missing-node", name_span(node), "no devices", "a gpu block lists at least one device", Some("write gpu \"none\" for no GPU".into()));
+    }
+    out
+}
+
+fn surface(cx: &mut Cx, node: &KdlNode, mounts: &BTreeMap<String, Mount>) -> Option<Surface> {
+    shape(cx, node, 0, 0, &[], true);
+    let b = Block::read(
+        cx,
+        node.children(),
+        "surface",
+        name_span(node),
+        &["read", "write", "deny-env", "deny-file", "tmpdir-prefix-max"],
+        &["read", "deny-env", "deny-file"],
+    );
+    let mut read = BTreeMap::new();
+    let mut spans: BTreeMap<String, SourceSpan> = BTreeMap::new();
+    for n in b.all("read") {
+        shape(cx, n, 1, 1, &["reason"], false);
+        let why = reason(cx, n);
+        let p = arg(n, 0).and_then(|e| Some((path(cx, e, "read path")?, e.span())));
+        let (Some((p, span)), Some(reason)) = (p, why) else { continue };
+        if let Some(first) = spans.get(&p) {
+            cx.report_at("duplicate", vec![(*first, "first here".into()), (span, "again here".into())], format!("read path {p} is listed twice"), None);
+            continue;
+        }
+        spans.insert(p.clone(), span);
+        read.insert(p, Reasoned { reason });
+    }
+    let write = value(cx, &b, "write", None, |cx, e| choice(cx, e, "write scope", &["workspace"]));
+    if write.is_some() && !mounts.values().any(|m| m.source == "workspace") {
+        cx.report("missing-node", name_span(node), "no workspace mount", "write \"workspace\" needs a `mount \"workspace\" …` in this stage", None);
+    }
+    let deny_env = strings(cx, &b.all("deny-env"), |cx, e| {
+        let s = string(cx, e)?;
+        if env_name_ok(&s) {
+            return Some(s);
+        }
+        cx.report("invalid-value", e.span(), "not a variable name", format!("{s:?} is not an environment variable name"), None);
+        None
+    });
+    let deny_file = strings(cx, &b.all("deny-file"), |cx, e| path(cx, e, "deny-file"));
+    let tmpdir_prefix_max = value(cx, &b, "tmpdir-prefix-max", Some(56), |cx, e| integer(cx, e, "tmpdir-prefix-max", 8, 80));
+    Some(Surface {
+        read,
+        write: write?,
+        deny_env,
+        deny_file,
+        tmpdir_prefix_max: tmpdir_prefix_max?,
+    })
+}
+
+fn step(cx: &mut Cx, node: &KdlNode) -> Option<Step> {
+    shape(cx, node, 1, 1, &["stage"], true);
+    let stage = required_prop(cx, node, "stage").and_then(|e| choice(cx, e, "stage kind", STAGE_KINDS));
+    let b = Block::read(cx, node.children(), "step", name_span(node), &["argv", "secret"], &[]);
+    let argv = b.required(cx, "argv").and_then(|n| {
+        shape(cx, n, 1, usize::MAX, &[], false);
+        let args: Vec<Option<String>> = positional(n).into_iter().map(|e| string(cx, e)).collect();
+        if let Some(first) = arg(n, 0) {
+            path(cx, first, "argv[0]")?;
+        }
+        args.into_iter().collect::<Option<Vec<_>>>()
+    });
+    let secret = match b.one("secret") {
+        Some(n) => Some(single(cx, n, &[], |cx, e| identifier(cx, e, "secret"))?),
+        None => None,
+    };
+    Some(Step {
+        stage: stage?,
+        argv: argv?,
+        secret,
+    })
+}
+
+/// Resolve every cross-reference, and flag declarations nothing uses.
+fn resolve(
+    cx: &mut Cx,
+    top: &Block<'_>,
+    stage_nodes: &[&KdlNode],
+    steps: &BTreeMap<String, Step>,
+    secrets: &BTreeMap<String, Secret>,
+) {
+    let child_arg = |node: &KdlNode, name: &str| -> Option<SourceSpan> {
+        node.children()?
+            .nodes()
+            .iter()
+            .find(|n| n.name().value() == name)
+            .and_then(|n| arg(n, 0))
+            .map(KdlEntry::span)
+    };
+    let unresolved = |cx: &mut Cx, span: SourceSpan, what: &str, name: &str, known: Vec<&str>| {
+        let help = suggest(name, known.iter().copied()).or_else(|| {
+            Some(if known.is_empty() { format!("no {what} is declared") } else { format!("declared: {}", known.join(", ")) })
+        });
+        cx.report("unresolved-reference", span, format!("no such {what}"), format!("{what} {name:?} is not declared"), help);
+    };
+    let names = |kind: &str| -> Vec<&str> {
+        top.all(kind).into_iter().filter_map(|n| arg(n, 0)?.value().as_string()).collect()
+    };
+    let (image_names, profile_names) = (names("image"), names("seccomp"));
+    let raw_child = |node: &KdlNode, name: &str| -> Option<String> {
+        let child = node.children()?.nodes().iter().find(|n| n.name().value() == name)?;
+        Some(arg(child, 0)?.value().as_string()?.to_owned())
+    };
+    // References are read from the raw nodes too, so a stage with other problems still has
+    // its references checked.
+    for node in stage_nodes {
+        for (child, what, known) in [("image", "image", &image_names), ("seccomp", "seccomp profile", &profile_names)] {
+            if let Some(name) = raw_child(node, child)
+                && !known.contains(&name.as_str())
+                && let Some(span) = child_arg(node, child)
+            {
+                unresolved(cx, span, what, &name, known.clone());
+            }
+        }
+    }
+    // Usage is read from the raw nodes, so a stage or step that failed to decode does not
+    // make what it names look unused or undeclared.
+    let declared: BTreeSet<&str> = stage_nodes.iter().filter_map(|n| arg(n, 0)?.value().as_string()).collect();
+    let step_nodes = top.all("step");
+    for node in &step_nodes {
+        let Some(name) = arg(node, 0).and_then(|e| e.value().as_string()) else { continue };
+        let Some(step) = steps.get(name) else { continue };
+        let stage_span = prop(node, "stage").map_or(name_span(node), KdlEntry::span);
+        if step.stage != "prebuild" {
+            cx.report("not-allowed-in-stage", stage_span, "build steps belong to prebuild", format!("step {name:?} names stage {:?}; registered build steps run only in prebuild", step.stage), None);
+        } else if !declared.contains("prebuild") {
+            unresolved(cx, stage_span, "stage", &step.stage, declared.iter().copied().collect());
+        }
+        if let Some(secret) = &step.secret
+            && !secrets.contains_key(secret)
+            && let Some(span) = child_arg(node, "secret")
+        {
+            unresolved(cx, span, "secret", secret, secrets.keys().map(String::as_str).collect());
+        }
+    }
+    let used_profiles: BTreeSet<String> = stage_nodes.iter().filter_map(|n| raw_child(n, "seccomp")).collect();
+    let used_secrets: BTreeSet<String> = step_nodes.iter().filter_map(|n| raw_child(n, "secret")).collect();
+    for (kind, used, what, help) in [
+        ("seccomp", &used_profiles, "used by no stage", "remove it, or name it in a stage"),
+        ("secret", &used_secrets, "delivered to no step", "remove it, or name it in a step"),
+    ] {
+        for node in top.all(kind) {
+            if let Some(e) = arg(node, 0)
+                && let Some(name) = e.value().as_string()
+                && !used.contains(name)
+            {
+                cx.report("redundant-entry", e.span(), what, format!("{kind} {name:?} is {what}"), Some(help.into()));
+            }
+        }
+    }
+}

@@ -1,0 +1,444 @@
+//! Generic helpers for reading KDL nodes into typed values while collecting every problem.
+//!
+//! The section decoders in [`crate::build`] say what each node may hold; this module checks it
+//! and reports a [`crate::diag::Problem`] on the offending token when it does not. A getter that
+//! reports returns `None`, so decoding goes on and the next problem is found too.
+
+use std::collections::BTreeMap;
+
+use kdl::{KdlDocument, KdlEntry, KdlNode, KdlValue};
+use miette::SourceSpan;
+
+use crate::diag::{Problem, Source};
+use crate::units;
+
+/// The problems found so far, and the source they point into.
+pub(crate) struct Cx {
+    source: Source,
+    pub(crate) problems: Vec<Problem>,
+}
+
+impl Cx {
+    pub(crate) fn new(source: Source) -> Self {
+        Self {
+            source,
+            problems: Vec::new(),
+        }
+    }
+
+    /// Report a problem labelled at one place.
+    pub(crate) fn report(
+        &mut self,
+        code: &'static str,
+        span: SourceSpan,
+        label: impl Into<String>,
+        message: impl Into<String>,
+        help: Option<String>,
+    ) {
+        self.report_at(code, vec![(span, label.into())], message, help);
+    }
+
+    /// Report a problem labelled at several places (duplicates, overlaps).
+    pub(crate) fn report_at(
+        &mut self,
+        code: &'static str,
+        labels: Vec<(SourceSpan, String)>,
+        message: impl Into<String>,
+        help: Option<String>,
+    ) {
+        self.problems.push(Problem::new(
+            code,
+            message.into(),
+            labels,
+            help,
+            self.source.clone(),
+        ));
+    }
+
+    /// Report a value outside its bound, naming the bound.
+    pub(crate) fn out_of_range(&mut self, span: SourceSpan, what: &str, shown: &str, bound: &str) {
+        self.report(
+            "out-of-range",
+            span,
+            format!("allowed: {bound}"),
+            format!("{what} {shown} is out of range"),
+            Some(format!("{what} must be {bound}")),
+        );
+    }
+}
+
+/// "did you mean" for a misspelt name.
+pub(crate) fn suggest<'a>(given: &str, known: impl IntoIterator<Item = &'a str>) -> Option<String> {
+    known
+        .into_iter()
+        .map(|k| (strsim::levenshtein(given, k), k))
+        .filter(|(d, k)| *d <= 2.max(k.len() / 4))
+        .min()
+        .map(|(_, k)| format!("did you mean `{k}`?"))
+}
+
+pub(crate) fn positional(node: &KdlNode) -> Vec<&KdlEntry> {
+    node.entries().iter().filter(|e| e.name().is_none()).collect()
+}
+
+/// The node's name token, for labels.
+pub(crate) fn name_span(node: &KdlNode) -> SourceSpan {
+    node.name().span()
+}
+
+/// Check a node's shape: between `min` and `max` arguments, only `props` as properties (each
+/// once), and a children block only when `children` allows it.
+pub(crate) fn shape(
+    cx: &mut Cx,
+    node: &KdlNode,
+    min: usize,
+    max: usize,
+    props: &[&str],
+    children: bool,
+) {
+    let name = node.name().value();
+    let args = positional(node);
+    if args.len() < min {
+        cx.report(
+            "missing-argument",
+            name_span(node),
+            format!("needs {min} argument(s)"),
+            format!("`{name}` needs {min} argument(s), found {}", args.len()),
+            None,
+        );
+    }
+    for extra in args.iter().skip(max) {
+        cx.report(
+            "unexpected-argument",
+            extra.span(),
+            "not expected",
+            format!("`{name}` takes at most {max} argument(s)"),
+            None,
+        );
+    }
+    let mut seen: BTreeMap<&str, SourceSpan> = BTreeMap::new();
+    for entry in node.entries() {
+        let Some(key) = entry.name() else { continue };
+        let key_name = key.value();
+        if !props.contains(&key_name) {
+            let help = suggest(key_name, props.iter().copied()).or_else(|| {
+                (!props.is_empty()).then(|| format!("`{name}` takes: {}", props.join(", ")))
+            });
+            cx.report(
+                "unknown-property",
+                key.span(),
+                "unknown property",
+                format!("`{name}` has no property `{key_name}`"),
+                help,
+            );
+        } else if let Some(first) = seen.get(key_name) {
+            cx.report_at(
+                "duplicate",
+                vec![(*first, "first here".into()), (key.span(), "again here".into())],
+                format!("property `{key_name}` is given twice"),
+                None,
+            );
+        } else {
+            seen.insert(key_name, key.span());
+        }
+    }
+    if !children && node.children().is_some() {
+        cx.report(
+            "unexpected-children",
+            name_span(node),
+            "takes no children block",
+            format!("`{name}` takes no children block"),
+            None,
+        );
+    }
+}
+
+/// A property entry by name (the first, when duplicated; [`shape`] reports the duplicate).
+pub(crate) fn prop<'a>(node: &'a KdlNode, key: &str) -> Option<&'a KdlEntry> {
+    node.entries()
+        .iter()
+        .find(|e| e.name().is_some_and(|n| n.value() == key))
+}
+
+/// A required property; reports `missing-property` when absent.
+pub(crate) fn required_prop<'a>(cx: &mut Cx, node: &'a KdlNode, key: &str) -> Option<&'a KdlEntry> {
+    let found = prop(node, key);
+    if found.is_none() {
+        cx.report(
+            "missing-property",
+            name_span(node),
+            format!("needs {key}="),
+            format!("`{}` needs property `{key}`", node.name().value()),
+            None,
+        );
+    }
+    found
+}
+
+fn kind_of(value: &KdlValue) -> &'static str {
+    match value {
+        KdlValue::String(_) => "a string",
+        KdlValue::Integer(_) => "an integer",
+        KdlValue::Float(_) => "a float",
+        KdlValue::Bool(_) => "a boolean",
+        KdlValue::Null => "#null",
+    }
+}
+
+fn wrong_type(cx: &mut Cx, entry: &KdlEntry, want: &str) {
+    cx.report(
+        "wrong-type",
+        entry.span(),
+        format!("expected {want}"),
+        format!("expected {want}, found {}", kind_of(entry.value())),
+        None,
+    );
+}
+
+fn no_annotation(cx: &mut Cx, entry: &KdlEntry) -> bool {
+    if let Some(ty) = entry.ty() {
+        cx.report(
+            "wrong-type",
+            ty.span(),
+            "type annotations are not part of the policy language",
+            format!("unexpected type annotation `({})`", ty.value()),
+            None,
+        );
+        return false;
+    }
+    true
+}
+
+pub(crate) fn string(cx: &mut Cx, entry: &KdlEntry) -> Option<String> {
+    if !no_annotation(cx, entry) {
+        return None;
+    }
+    match entry.value() {
+        KdlValue::String(s) => Some(s.clone()),
+        _ => {
+            wrong_type(cx, entry, "a string");
+            None
+        }
+    }
+}
+
+pub(crate) fn boolean(cx: &mut Cx, entry: &KdlEntry) -> Option<bool> {
+    if !no_annotation(cx, entry) {
+        return None;
+    }
+    match entry.value() {
+        KdlValue::Bool(b) => Some(*b),
+        _ => {
+            wrong_type(cx, entry, "a boolean (#true or #false)");
+            None
+        }
+    }
+}
+
+/// An integer within `min..=max`.
+pub(crate) fn integer(cx: &mut Cx, entry: &KdlEntry, what: &str, min: u64, max: u64) -> Option<u64> {
+    if !no_annotation(cx, entry) {
+        return None;
+    }
+    let KdlValue::Integer(n) = entry.value() else {
+        wrong_type(cx, entry, "an integer");
+        return None;
+    };
+    match u64::try_from(*n) {
+        Ok(v) if (min..=max).contains(&v) => Some(v),
+        _ => {
+            cx.out_of_range(entry.span(), what, &n.to_string(), &format!("{min}..={max}"));
+            None
+        }
+    }
+}
+
+/// One of a fixed set of strings.
+pub(crate) fn choice(cx: &mut Cx, entry: &KdlEntry, what: &str, allowed: &[&str]) -> Option<String> {
+    let value = string(cx, entry)?;
+    if allowed.contains(&value.as_str()) {
+        return Some(value);
+    }
+    let help = suggest(&value, allowed.iter().copied())
+        .unwrap_or_else(|| format!("{what} is one of: {}", allowed.join(", ")));
+    cx.report(
+        "invalid-value",
+        entry.span(),
+        format!("not a valid {what}"),
+        format!("{value:?} is not a valid {what}"),
+        Some(help),
+    );
+    None
+}
+
+/// A size string within `min..=max` bytes.
+pub(crate) fn size(cx: &mut Cx, entry: &KdlEntry, what: &str, min: u64, max: u64) -> Option<u64> {
+    let text = string(cx, entry)?;
+    match units::parse_size(&text) {
+        Err(message) => {
+            cx.report("invalid-size", entry.span(), "not a size", message, Some("for example \"512MiB\" or \"4GiB\"".into()));
+            None
+        }
+        Ok(v) if (min..=max).contains(&v) => Some(v),
+        Ok(_) => {
+            let bound = format!("{}..={}", units::format_size(min), units::format_size(max));
+            cx.out_of_range(entry.span(), what, &text, &bound);
+            None
+        }
+    }
+}
+
+/// A duration string within `min..=max` milliseconds.
+pub(crate) fn duration(cx: &mut Cx, entry: &KdlEntry, what: &str, min: u64, max: u64) -> Option<u64> {
+    let text = string(cx, entry)?;
+    match units::parse_duration(&text) {
+        Err(message) => {
+            cx.report("invalid-duration", entry.span(), "not a duration", message, Some("for example \"90s\" or \"10m\"".into()));
+            None
+        }
+        Ok(v) if (min..=max).contains(&v) => Some(v),
+        Ok(_) => {
+            let bound = format!("{}..={}", units::format_duration(min), units::format_duration(max));
+            cx.out_of_range(entry.span(), what, &text, &bound);
+            None
+        }
+    }
+}
+
+/// An absolute, normalised path: starts with `/`, no empty, `.` or `..` components, no
+/// trailing slash (except `/` itself), no NUL.
+pub(crate) fn path(cx: &mut Cx, entry: &KdlEntry, what: &str) -> Option<String> {
+    let text = string(cx, entry)?;
+    let normal = text.starts_with('/')
+        && !text.contains('\0')
+        && (text == "/" || text[1..].split('/').all(|c| !c.is_empty() && c != "." && c != ".."));
+    if normal {
+        Some(text)
+    } else {
+        cx.report(
+            "invalid-path",
+            entry.span(),
+            "not an absolute normalised path",
+            format!("{what} {text:?} is not an absolute normalised path"),
+            Some("write it from `/`, without `.`, `..`, `//` or a trailing `/`".into()),
+        );
+        None
+    }
+}
+
+/// A node's `reason="…"`: required and non-empty on every allow-list entry.
+pub(crate) fn reason(cx: &mut Cx, node: &KdlNode) -> Option<String> {
+    let Some(entry) = prop(node, "reason") else {
+        cx.report(
+            "missing-reason",
+            name_span(node),
+            "allow-list entry without a reason",
+            format!("`{}` is an allow-list entry and needs reason=\"…\"", node.name().value()),
+            Some("say why this entry is needed; reviewers read it in `cordon-policy diff`".into()),
+        );
+        return None;
+    };
+    let text = string(cx, entry)?;
+    if text.trim().is_empty() {
+        cx.report("missing-reason", entry.span(), "empty reason", "reason is empty", None);
+        return None;
+    }
+    Some(text)
+}
+
+/// A positional argument by index, when present.
+pub(crate) fn arg(node: &KdlNode, index: usize) -> Option<&KdlEntry> {
+    positional(node).get(index).copied()
+}
+
+/// The children of a block, sorted by name, after checking that every name is known and that
+/// names not in `multi` appear at most once.
+pub(crate) struct Block<'a> {
+    nodes: BTreeMap<&'a str, Vec<&'a KdlNode>>,
+    span: SourceSpan,
+    owner: String,
+}
+
+impl<'a> Block<'a> {
+    pub(crate) fn read(
+        cx: &mut Cx,
+        doc: Option<&'a KdlDocument>,
+        owner: &str,
+        span: SourceSpan,
+        known: &[&str],
+        multi: &[&str],
+    ) -> Self {
+        let mut nodes: BTreeMap<&'a str, Vec<&'a KdlNode>> = BTreeMap::new();
+        for node in doc.map(KdlDocument::nodes).unwrap_or_default() {
+            let name = node.name().value();
+            if let Some(ty) = node.ty() {
+                cx.report("wrong-type", ty.span(), "type annotations are not part of the policy language", format!("unexpected type annotation `({})` on `{name}`", ty.value()), None);
+            }
+            if !known.contains(&name) {
+                let help = suggest(name, known.iter().copied())
+                    .unwrap_or_else(|| format!("{owner} holds: {}", known.join(", ")));
+                cx.report(
+                    "unknown-node",
+                    name_span(node),
+                    "unknown node",
+                    format!("{owner} has no node `{name}`"),
+                    Some(help),
+                );
+                continue;
+            }
+            let list = nodes.entry(name).or_default();
+            if !multi.contains(&name)
+                && let Some(first) = list.first()
+            {
+                cx.report_at(
+                    "duplicate",
+                    vec![(name_span(first), "first here".into()), (name_span(node), "again here".into())],
+                    format!("`{name}` is given twice in {owner}"),
+                    Some("keep one".into()),
+                );
+                continue;
+            }
+            list.push(node);
+        }
+        Self {
+            nodes,
+            span,
+            owner: owner.to_owned(),
+        }
+    }
+
+    pub(crate) fn one(&self, name: &str) -> Option<&'a KdlNode> {
+        self.nodes.get(name).and_then(|v| v.first().copied())
+    }
+
+    pub(crate) fn all(&self, name: &str) -> Vec<&'a KdlNode> {
+        self.nodes.get(name).cloned().unwrap_or_default()
+    }
+
+    /// A node that must be present; reports `missing-node` on the owner when it is not.
+    pub(crate) fn required(&self, cx: &mut Cx, name: &str) -> Option<&'a KdlNode> {
+        let found = self.one(name);
+        if found.is_none() {
+            cx.report(
+                "missing-node",
+                self.span,
+                format!("needs `{name}`"),
+                format!("{} needs a `{name}` node", self.owner),
+                None,
+            );
+        }
+        found
+    }
+}
+
+/// A singleton node's one argument read by `read`, after checking it has exactly that argument
+/// and the given properties.
+pub(crate) fn single<T>(
+    cx: &mut Cx,
+    node: &KdlNode,
+    props: &[&str],
+    read: impl FnOnce(&mut Cx, &KdlEntry) -> Option<T>,
+) -> Option<T> {
+    shape(cx, node, 1, 1, props, false);
+    arg(node, 0).and_then(|e| read(cx, e))
+}

@@ -1,0 +1,179 @@
+//! Policy diagnostics: the stable codes, the problem type, and how problems are rendered.
+//!
+//! Every problem found in a policy file is collected (never only the first) and reported as a
+//! miette diagnostic with a stable code `cordon::policy::<name>`, a label on the offending token
+//! and, where a fix is known, help. This module owns the list of codes ([`CODES`]), which
+//! `policy/README.md` documents and the golden tests cover one fixture each.
+
+use std::fmt;
+use std::sync::Arc;
+
+use miette::{
+    Diagnostic, GraphicalReportHandler, GraphicalTheme, JSONReportHandler, LabeledSpan,
+    NamedSource, SourceSpan,
+};
+
+/// Every diagnostic code, with the one-line meaning `policy/README.md` gives it.
+pub const CODES: &[(&str, &str)] = &[
+    ("syntax", "the file is not valid KDL v2"),
+    ("unknown-node", "a node this section does not define"),
+    ("unknown-property", "a property this node does not take"),
+    ("unexpected-argument", "more arguments than the node takes"),
+    ("missing-argument", "fewer arguments than the node needs"),
+    ("missing-property", "a required property is absent"),
+    ("missing-node", "a required node or section is absent"),
+    ("unexpected-children", "a children block on a node that takes none"),
+    ("wrong-type", "a value of the wrong kind (string, integer, boolean) or with a type annotation"),
+    ("invalid-value", "a value outside the node's fixed set or format"),
+    ("out-of-range", "a number, size or duration outside its bound (the bound is named)"),
+    ("invalid-size", "a size not written as an integer with an IEC suffix"),
+    ("invalid-duration", "a duration not written as an integer with ms, s, m or h"),
+    ("invalid-path", "a path that is not absolute and normalised"),
+    ("invalid-range", "an id range with a zero or inverted end"),
+    ("duplicate", "the same node, property or entry twice (both places are labelled)"),
+    ("unresolved-reference", "a name that refers to no declared image, profile, stage or secret"),
+    ("unknown-syscall", "a name that is not an x86_64 system call"),
+    ("unknown-capability", "a name that is not a Linux capability"),
+    ("missing-reason", "an allow-list entry without reason=\"…\""),
+    ("redundant-entry", "an entry that changes nothing (already allowed, or removing what is absent)"),
+    ("unsupported-version", "a policy language version this build does not read"),
+    ("not-allowed-in-stage", "a node or value that this stage kind may not have"),
+    ("weakened-control", "an attempt to turn off a control cordon never runs without"),
+    ("overlap", "paths or mount destinations that are not pairwise disjoint, or a reserved destination"),
+];
+
+/// The source a policy was read from, shared by all its problems.
+pub type Source = Arc<NamedSource<Arc<String>>>;
+
+/// One problem in a policy file.
+#[derive(Debug, Clone)]
+pub struct Problem {
+    code: &'static str,
+    message: String,
+    labels: Vec<(SourceSpan, String)>,
+    help: Option<String>,
+    source: Source,
+}
+
+impl Problem {
+    pub(crate) fn new(
+        code: &'static str,
+        message: String,
+        labels: Vec<(SourceSpan, String)>,
+        help: Option<String>,
+        source: Source,
+    ) -> Self {
+        debug_assert!(CODES.iter().any(|(c, _)| *c == code), "undocumented code {code}");
+        Self {
+            code,
+            message,
+            labels,
+            help,
+            source,
+        }
+    }
+
+    /// The short code, without the `cordon::policy::` prefix.
+    #[must_use]
+    pub fn short_code(&self) -> &'static str {
+        self.code
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Problem {}
+
+impl Diagnostic for Problem {
+    fn code<'a>(&'a self) -> Option<Box<dyn fmt::Display + 'a>> {
+        Some(Box::new(format!("cordon::policy::{}", self.code)))
+    }
+
+    fn help<'a>(&'a self) -> Option<Box<dyn fmt::Display + 'a>> {
+        self.help
+            .as_ref()
+            .map(|h| Box::new(h.clone()) as Box<dyn fmt::Display>)
+    }
+
+    fn source_code(&self) -> Option<&dyn miette::SourceCode> {
+        Some(&*self.source)
+    }
+
+    fn labels(&self) -> Option<Box<dyn Iterator<Item = LabeledSpan> + '_>> {
+        Some(Box::new(
+            self.labels
+                .iter()
+                .map(|(span, text)| LabeledSpan::new_with_span(Some(text.clone()), *span)),
+        ))
+    }
+}
+
+/// A policy file that did not validate: every problem found, in file order.
+#[derive(Debug, thiserror::Error)]
+#[error("policy {name} has {count} problem(s)", count = problems.len())]
+pub struct PolicyError {
+    name: String,
+    problems: Vec<Problem>,
+}
+
+impl Diagnostic for PolicyError {
+    fn code<'a>(&'a self) -> Option<Box<dyn fmt::Display + 'a>> {
+        Some(Box::new("cordon::policy::invalid"))
+    }
+
+    fn related<'a>(&'a self) -> Option<Box<dyn Iterator<Item = &'a dyn Diagnostic> + 'a>> {
+        Some(Box::new(self.problems.iter().map(|p| p as &dyn Diagnostic)))
+    }
+}
+
+impl PolicyError {
+    pub(crate) fn new(name: String, mut problems: Vec<Problem>) -> Self {
+        // File order reads best; ties keep discovery order (the sort is stable).
+        problems.sort_by_key(|p| p.labels.first().map_or(0, |(s, _)| s.offset()));
+        Self { name, problems }
+    }
+
+    /// The problems, in file order.
+    #[must_use]
+    pub fn problems(&self) -> &[Problem] {
+        &self.problems
+    }
+
+    /// Render every problem for a terminal: no colour, fixed width, so the output is a stable
+    /// interface that the golden tests snapshot.
+    #[must_use]
+    pub fn render_text(&self, width: usize) -> String {
+        let handler = GraphicalReportHandler::new_themed(GraphicalTheme::unicode_nocolor())
+            .with_width(width)
+            .with_links(false);
+        let mut out = String::new();
+        for problem in &self.problems {
+            // Writing to a String cannot fail.
+            let _ = handler.render_report(&mut out, problem);
+            out.push('\n');
+        }
+        out.push_str(&format!("{self}\n"));
+        out
+    }
+
+    /// Render every problem as one JSON document (`--diagnostics json`).
+    #[must_use]
+    pub fn render_json(&self) -> String {
+        let handler = JSONReportHandler::new();
+        let mut items = Vec::new();
+        for problem in &self.problems {
+            let mut one = String::new();
+            let _ = handler.render_report(&mut one, problem);
+            items.push(one);
+        }
+        format!(
+            "{{\"policy\":{},\"problems\":[{}]}}",
+            serde_json::Value::String(self.name.clone()),
+            items.join(",")
+        )
+    }
+}

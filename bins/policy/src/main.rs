@@ -1,0 +1,8 @@
+//! `cordon-policy`: check, identity, diff and explain for cordon policy files.
+
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    let args = cordon_policy::cli::Args::parse();
+    cordon_policy::cli::run(&args, &mut std::io::stdout().lock(), &mut std::io::stderr().lock()).into()
+}

@@ -1,0 +1,135 @@
+//! The `cordon-policy` commands as an interface: exit codes, stdout and stderr.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use clap::Parser;
+use cordon_policy::cli::{Args, run};
+use cordon_testkit::{require_executable, workspace_root};
+
+fn cmd(args: &[&str]) -> (u8, String, String) {
+    let parsed = Args::try_parse_from(std::iter::once("cordon-policy").chain(args.iter().copied())).unwrap();
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = run(&parsed, &mut out, &mut err).code();
+    (code, String::from_utf8(out).unwrap(), String::from_utf8(err).unwrap())
+}
+
+fn default_policy() -> String {
+    workspace_root().join("policy/evaluator.kdl").display().to_string()
+}
+
+/// A copy of the minimal policy whose runtime is a fake script printing `version`.
+fn with_fake_runtime(dir: &Path, version: &str, extra: &str) -> PathBuf {
+    let runtime = dir.join("fake-runc");
+    std::fs::write(&runtime, format!("#!/bin/sh\necho '{version}'\n")).unwrap();
+    std::fs::set_permissions(&runtime, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let text = std::fs::read_to_string(workspace_root().join("policy/examples/minimal.kdl"))
+        .unwrap()
+        .replace("path=\"/usr/sbin/runc\"", &format!("path=\"{}\"", runtime.display()))
+        .replace("    pids 256\n", &format!("    pids 256\n{extra}"));
+    let file = dir.join(format!("policy-{}.kdl", extra.len()));
+    std::fs::write(&file, text).unwrap();
+    file
+}
+
+#[test]
+fn check_exits_0_for_valid_and_2_with_every_problem() {
+    let (code, out, err) = cmd(&["check", &default_policy()]);
+    assert_eq!((code, err.as_str()), (0, ""));
+    assert!(out.ends_with(": ok\n"));
+    let bad = workspace_root().join("bins/policy/tests/fixtures/many-mistakes.kdl");
+    let (code, out, err) = cmd(&["check", &default_policy(), &bad.display().to_string()]);
+    assert_eq!(code, 2);
+    assert_eq!(out.lines().count(), 1, "only the valid file is reported ok");
+    assert!(err.contains("has 6 problem(s)"), "{err}");
+}
+
+#[test]
+fn check_json_diagnostics_and_unreadable_files() {
+    let bad = workspace_root().join("bins/policy/tests/fixtures/wrong-type.kdl");
+    let (code, _, err) = cmd(&["--diagnostics", "json", "check", &bad.display().to_string()]);
+    assert_eq!(code, 2);
+    let v: serde_json::Value = serde_json::from_str(err.trim()).unwrap();
+    assert_eq!(v["problems"][0]["code"], "cordon::policy::wrong-type");
+    let (code, _, err) = cmd(&["check", "/nonexistent/policy.kdl"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("cannot read policy file /nonexistent/policy.kdl"), "{err}");
+}
+
+#[test]
+fn identity_names_every_component_and_follows_the_runtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = with_fake_runtime(dir.path(), "fake-runc 1.0", "");
+    let file_s = file.display().to_string();
+    let (code, out, err) = cmd(&["identity", &file_s]);
+    assert_eq!(code, 0, "{err}");
+    for label in ["policy ", "file ", "runtime ", "image ", "authority "] {
+        assert!(out.lines().any(|l| l.starts_with(label)), "no {label}line in:\n{out}");
+    }
+    assert!(out.contains("fake-runc 1.0"));
+    let (code, json, _) = cmd(&["identity", &file_s, "--json"]);
+    assert_eq!(code, 0);
+    let receipt = cordon::receipt::Receipt::parse(json.trim()).unwrap();
+    assert_eq!(receipt.stage, "policy");
+    assert_eq!(receipt.outputs["authority"], receipt.authority.to_string());
+    assert!(out.contains(&receipt.authority.to_string()));
+    // A different runtime version is a different authority over the same policy.
+    let other = with_fake_runtime(dir.path(), "fake-runc 2.0", "");
+    let (_, json2, _) = cmd(&["identity", &other.display().to_string(), "--json"]);
+    let receipt2 = cordon::receipt::Receipt::parse(json2.trim()).unwrap();
+    assert_eq!(receipt2.outputs["policy_digest"], receipt.outputs["policy_digest"]);
+    assert_ne!(receipt2.authority, receipt.authority);
+}
+
+#[test]
+fn identity_without_its_runtime_is_no_decision() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = with_fake_runtime(dir.path(), "x", "");
+    std::fs::remove_file(dir.path().join("fake-runc")).unwrap();
+    let (code, out, err) = cmd(&["identity", &file.display().to_string()]);
+    assert_eq!((code, out.as_str()), (3, ""));
+    assert!(err.contains("oci runtime not found"), "{err}");
+}
+
+#[test]
+fn identity_of_the_default_policy_uses_the_real_runc() {
+    require_executable(Path::new("/usr/sbin/runc"), "apt-get install -y runc");
+    let (code, out, err) = cmd(&["identity", &default_policy()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("runc version"), "{out}");
+}
+
+#[test]
+fn diff_exits_like_diff_and_names_the_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = with_fake_runtime(dir.path(), "v", "");
+    let b = with_fake_runtime(dir.path(), "v", "    nofile 2048\n");
+    let (a, b) = (a.display().to_string(), b.display().to_string());
+    let (code, out, _) = cmd(&["diff", &a, &a]);
+    assert_eq!(code, 0);
+    assert!(out.starts_with("no semantic change (identity unchanged)"), "{out}");
+    let (code, out, err) = cmd(&["diff", &a, &b]);
+    assert_eq!(code, 1, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[..2], ["[stage]", "  stage.prebuild.nofile: 1024 → 2048"]);
+    assert!(lines[2].starts_with("policy: sha256:") && lines[3].starts_with("authority: sha256:"), "{out}");
+    let bad = workspace_root().join("bins/policy/tests/fixtures/syntax.kdl").display().to_string();
+    assert_eq!(cmd(&["diff", &a, &bad]).0, 2);
+}
+
+#[test]
+fn explain_resolves_defaults_and_refuses_unknown_stages() {
+    let (code, out, _) = cmd(&["explain", &default_policy(), "--stage", "prebuild"]);
+    assert_eq!(code, 0);
+    for line in ["stage.prebuild.memory = 8 GiB", "stage.prebuild.sys = \"none\"", "stage.prebuild.tmp.exec = false"] {
+        assert!(out.lines().any(|l| l == line), "no {line:?} in:\n{out}");
+    }
+    let (code, out, _) = cmd(&["explain", &default_policy(), "--stage", "lane", "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["stage"]["network"], "none");
+    assert!(v["seccomp"]["candidate"]["syscall"]["read"].is_object());
+    let (code, _, err) = cmd(&["explain", &default_policy(), "--stage", "surface"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("declared stages: lane, prebuild, reference"), "{err}");
+}

@@ -1,0 +1,69 @@
+//! Golden tests of the diagnostics: one fixture per code under `tests/fixtures/<code>.kdl`, its
+//! rendered text snapshotted, and a file with several mistakes reporting all of them at once.
+
+use std::path::PathBuf;
+
+use cordon_policy::CODES;
+
+fn fixture(name: &str) -> (String, String) {
+    let rel = format!("tests/fixtures/{name}.kdl");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(&rel);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("fixture {rel}: {e}"));
+    (rel, text)
+}
+
+#[test]
+fn every_code_has_a_fixture_that_produces_it() {
+    for (code, _) in CODES {
+        let (rel, text) = fixture(code);
+        let err = cordon_policy::parse(&rel, &text).expect_err(code);
+        let codes: Vec<&str> = err.problems().iter().map(|p| p.short_code()).collect();
+        assert!(codes.contains(code), "{rel} gave {codes:?}, not {code}");
+        insta::assert_snapshot!(format!("code-{code}"), err.render_text(100));
+    }
+}
+
+#[test]
+fn every_fixture_is_a_documented_code() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        let stem = name.trim_end_matches(".kdl");
+        assert!(stem == "many-mistakes" || CODES.iter().any(|(c, _)| *c == stem), "{name} names no code");
+    }
+}
+
+#[test]
+fn every_code_is_in_the_language_reference() {
+    let readme = std::fs::read_to_string(cordon_testkit::workspace_root().join("policy/README.md")).unwrap();
+    for (code, _) in CODES {
+        assert!(readme.contains(&format!("`cordon::policy::{code}`")), "policy/README.md lacks {code}");
+    }
+}
+
+#[test]
+fn several_mistakes_are_all_reported_at_once_in_file_order() {
+    let (rel, text) = fixture("many-mistakes");
+    let err = cordon_policy::parse(&rel, &text).unwrap_err();
+    let codes: Vec<&str> = err.problems().iter().map(|p| p.short_code()).collect();
+    assert_eq!(
+        codes,
+        ["redundant-entry", "invalid-value", "unresolved-reference", "unknown-node", "invalid-size", "out-of-range"]
+    );
+    let rendered = err.render_text(100);
+    for at in [":16:10]", ":18:13]", ":20:5]", ":22:12]", ":23:10]"] {
+        assert!(rendered.contains(at), "no label at {at}:\n{rendered}");
+    }
+    insta::assert_snapshot!("many-mistakes", rendered);
+}
+
+#[test]
+fn json_diagnostics_carry_code_and_span() {
+    let (rel, text) = fixture("out-of-range");
+    let json = cordon_policy::parse(&rel, &text).unwrap_err().render_json();
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let problem = &v["problems"][0];
+    assert_eq!(problem["code"], "cordon::policy::out-of-range");
+    assert!(problem["labels"][0]["span"]["offset"].as_u64().unwrap() > 0);
+    assert_eq!(v["policy"], rel);
+}

@@ -1,0 +1,45 @@
+//! Dev-only helpers shared by every cordon crate's tests.
+//!
+//! Tests that need something from the host (a runtime binary, root) call a `require_*` helper,
+//! which fails the test with what is missing and how to install it: a test that cannot run its
+//! real check never passes silently.
+
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+
+/// The workspace root (the directory holding the top-level `Cargo.toml`).
+#[must_use]
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("testkit lives two levels below the workspace root")
+        .to_path_buf()
+}
+
+/// Every `*.kdl` file under `policy/`, sorted.
+#[must_use]
+pub fn policy_files() -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "kdl") {
+                out.push(path);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&workspace_root().join("policy"), &mut out);
+    out.sort();
+    out
+}
+
+/// Fail the test unless `path` is an executable file; `install` says how to get it.
+pub fn require_executable(path: &Path, install: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let ok = std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    assert!(ok, "this test needs {} and it is missing: {install}", path.display());
+}
