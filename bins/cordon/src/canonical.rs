@@ -123,7 +123,11 @@ impl FromStr for Digest {
         };
         let hex_part = text.strip_prefix("sha256:").ok_or_else(bad)?;
         // Uppercase hex would give two spellings of one digest; only one is accepted.
-        if hex_part.len() != 64 || !hex_part.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        if hex_part.len() != 64
+            || !hex_part
+                .bytes()
+                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        {
             return Err(bad());
         }
         let mut out = [0u8; 32];
@@ -151,13 +155,18 @@ impl<'de> Deserialize<'de> for Digest {
 /// [`CanonicalError::Serialize`] when serde fails, [`CanonicalError::Float`] when the value
 /// holds a floating-point number.
 pub fn to_canonical_json<T: Serialize + ?Sized>(value: &T) -> Result<String, CanonicalError> {
-    let value = serde_json::to_value(value).map_err(|source| CanonicalError::Serialize { source })?;
+    let value =
+        serde_json::to_value(value).map_err(|source| CanonicalError::Serialize { source })?;
     let mut out = String::new();
     write_canonical(&value, &mut String::new(), &mut out)?;
     Ok(out)
 }
 
-fn write_canonical(value: &Value, path: &mut String, out: &mut String) -> Result<(), CanonicalError> {
+fn write_canonical(
+    value: &Value,
+    path: &mut String,
+    out: &mut String,
+) -> Result<(), CanonicalError> {
     match value {
         Value::Null | Value::Bool(_) | Value::String(_) => out.push_str(&value.to_string()),
         Value::Number(n) => {
@@ -243,7 +252,10 @@ mod tests {
     fn floats_are_refused_with_their_path() {
         let v = json!({"a": [1, {"b": 1.5}]});
         let err = to_canonical_json(&v).unwrap_err();
-        assert!(matches!(err, CanonicalError::Float { ref path } if path == "/a/1/b"), "{err:?}");
+        assert!(
+            matches!(err, CanonicalError::Float { ref path } if path == "/a/1/b"),
+            "{err:?}"
+        );
     }
 
     #[test]

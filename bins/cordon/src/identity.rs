@@ -46,7 +46,9 @@ pub enum IdentityError {
     #[error("oci runtime not found at {path}")]
     #[diagnostic(
         code(cordon::identity::runtime_missing),
-        help("install the runtime (Debian: apt-get install runc) or fix `runtime path=` in the policy")
+        help(
+            "install the runtime (Debian: apt-get install runc) or fix `runtime path=` in the policy"
+        )
     )]
     RuntimeMissing {
         /// The policy's runtime path.
@@ -151,7 +153,8 @@ impl AuthorityComponents {
     /// # Errors
     /// [`IdentityError::Encode`] (cannot happen for these types, but the encoder is fallible).
     pub fn authority(&self) -> Result<Digest, IdentityError> {
-        domain_digest("cordon.authority", 1, self).map_err(|source| IdentityError::Encode { source })
+        domain_digest("cordon.authority", 1, self)
+            .map_err(|source| IdentityError::Encode { source })
     }
 }
 
@@ -215,7 +218,10 @@ fn runtime_version(path: &Path) -> Result<String, IdentityError> {
                 // Best effort: the child is ours and is being abandoned as broken.
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(fail(format!("no answer within {}s", VERSION_DEADLINE.as_secs())));
+                return Err(fail(format!(
+                    "no answer within {}s",
+                    VERSION_DEADLINE.as_secs()
+                )));
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(5)),
             Err(e) => return Err(fail(format!("cannot wait for it: {e}"))),
@@ -312,7 +318,10 @@ mod tests {
     fn runtime_does_not_inherit_the_environment() {
         let dir = tempfile::tempdir().unwrap();
         let path = fake_runtime(dir.path(), "echo \"v ${HOME:-none}\"");
-        assert_eq!(probe_runtime("runc", &path, None).unwrap().version, "v none");
+        assert_eq!(
+            probe_runtime("runc", &path, None).unwrap().version,
+            "v none"
+        );
     }
 
     #[test]
@@ -339,7 +348,8 @@ mod tests {
         v.images.insert("lane".into(), Digest::of_bytes(b"j"));
         assert_ne!(v.authority().unwrap(), id);
         let mut v = base.clone();
-        v.binaries.insert("cordon-reap".into(), Digest::of_bytes(b"c"));
+        v.binaries
+            .insert("cordon-reap".into(), Digest::of_bytes(b"c"));
         assert_ne!(v.authority().unwrap(), id);
         assert_eq!(base.clone().authority().unwrap(), id);
     }

@@ -237,8 +237,14 @@ mod tests {
         let r = Receipt::new("fetch", Digest::of_bytes(b"a"), Outcome::NoDecision);
         let text = r.to_canonical_json().unwrap();
         let bumped = text.replace(r#""schema":1"#, r#""schema":2"#);
-        assert!(matches!(Receipt::parse(&bumped), Err(ReceiptError::Schema { found: 2 })));
+        assert!(matches!(
+            Receipt::parse(&bumped),
+            Err(ReceiptError::Schema { found: 2 })
+        ));
         let extra = text.replacen('{', r#"{"zzz":1,"#, 1);
-        assert!(matches!(Receipt::parse(&extra), Err(ReceiptError::Parse { .. })));
+        assert!(matches!(
+            Receipt::parse(&extra),
+            Err(ReceiptError::Parse { .. })
+        ));
     }
 }

@@ -50,15 +50,22 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
     );
     let header = top.required(cx, "policy").and_then(|n| header(cx, n));
     let store = value(cx, &top, "store", None, |cx, e| path(cx, e, "store"));
-    let run_dir = value(cx, &top, "run-dir", Some("/run/cordon".to_owned()), |cx, e| {
-        path(cx, e, "run-dir")
-    });
+    let run_dir = value(
+        cx,
+        &top,
+        "run-dir",
+        Some("/run/cordon".to_owned()),
+        |cx, e| path(cx, e, "run-dir"),
+    );
     if let (Some(s), Some(r)) = (&store, &run_dir) {
         let span = |name: &str| top.one(name).map_or(whole, name_span);
         if nested(s, r) {
             cx.report_at(
                 "overlap",
-                vec![(span("store"), "store".into()), (span("run-dir"), "run-dir".into())],
+                vec![
+                    (span("store"), "store".into()),
+                    (span("run-dir"), "run-dir".into()),
+                ],
                 format!("store {s} and run-dir {r} overlap"),
                 Some("the private store and the run directories must be disjoint trees".into()),
             );
@@ -99,7 +106,10 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
         if let Some(first) = seen_kind.get(&kind) {
             cx.report_at(
                 "duplicate",
-                vec![(*first, "first here".into()), (name_span(node), "again here".into())],
+                vec![
+                    (*first, "first here".into()),
+                    (name_span(node), "again here".into()),
+                ],
                 format!("stage {kind:?} is declared twice"),
                 None,
             );
@@ -155,7 +165,11 @@ fn value<T>(
 /// Whether `a` and `b` are the same path or one lies under the other.
 fn nested(a: &str, b: &str) -> bool {
     let under = |inner: &str, outer: &str| {
-        inner == outer || outer == "/" || inner.strip_prefix(outer).is_some_and(|r| r.starts_with('/'))
+        inner == outer
+            || outer == "/"
+            || inner
+                .strip_prefix(outer)
+                .is_some_and(|r| r.starts_with('/'))
     };
     under(a, b) || under(b, a)
 }
@@ -164,7 +178,9 @@ fn identifier(cx: &mut Cx, entry: &KdlEntry, what: &str) -> Option<String> {
     let text = string(cx, entry)?;
     let ok = text.len() <= 64
         && text.starts_with(|c: char| c.is_ascii_lowercase())
-        && text.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
     if ok {
         return Some(text);
     }
@@ -187,11 +203,16 @@ fn named<'a>(cx: &mut Cx, nodes: &[&'a KdlNode], what: &str) -> Vec<(String, &'a
             shape(cx, node, 1, 1, &[], true);
             continue;
         };
-        let Some(name) = identifier(cx, entry, what) else { continue };
+        let Some(name) = identifier(cx, entry, what) else {
+            continue;
+        };
         if let Some(first) = seen.get(&name) {
             cx.report_at(
                 "duplicate",
-                vec![(*first, "first here".into()), (entry.span(), "again here".into())],
+                vec![
+                    (*first, "first here".into()),
+                    (entry.span(), "again here".into()),
+                ],
                 format!("{what} {name:?} is declared twice"),
                 None,
             );
@@ -289,9 +310,23 @@ fn accounts(cx: &mut Cx, node: &KdlNode) -> Option<Accounts> {
     );
     let uid_range = b.required(cx, "uid-range").and_then(|n| id_range(cx, n));
     let gid_range = b.required(cx, "gid-range").and_then(|n| id_range(cx, n));
-    let shell = value(cx, &b, "shell", Some("/usr/sbin/nologin".into()), |cx, e| path(cx, e, "shell"));
-    let cron_deny = value(cx, &b, "cron-deny", Some("/etc/cron.deny".into()), |cx, e| path(cx, e, "cron-deny"));
-    let at_deny = value(cx, &b, "at-deny", Some("/etc/at.deny".into()), |cx, e| path(cx, e, "at-deny"));
+    let shell = value(
+        cx,
+        &b,
+        "shell",
+        Some("/usr/sbin/nologin".into()),
+        |cx, e| path(cx, e, "shell"),
+    );
+    let cron_deny = value(
+        cx,
+        &b,
+        "cron-deny",
+        Some("/etc/cron.deny".into()),
+        |cx, e| path(cx, e, "cron-deny"),
+    );
+    let at_deny = value(cx, &b, "at-deny", Some("/etc/at.deny".into()), |cx, e| {
+        path(cx, e, "at-deny")
+    });
     Some(Accounts {
         uid_range: uid_range?,
         gid_range: gid_range?,
@@ -308,7 +343,8 @@ fn host_name(cx: &mut Cx, entry: &KdlEntry) -> Option<String> {
             && l.len() <= 63
             && !l.starts_with('-')
             && !l.ends_with('-')
-            && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
     };
     if text.len() <= 253 && text.split('.').all(label_ok) {
         return Some(text);
@@ -328,7 +364,14 @@ fn intake(cx: &mut Cx, node: Option<&KdlNode>, whole: SourceSpan) -> Option<Inta
         shape(cx, n, 0, 0, &[], true);
     }
     let span = node.map_or(whole, name_span);
-    let b = Block::read(cx, node.and_then(KdlNode::children), "intake", span, &["transport", "archive"], &[]);
+    let b = Block::read(
+        cx,
+        node.and_then(KdlNode::children),
+        "intake",
+        span,
+        &["transport", "archive"],
+        &[],
+    );
     let t_node = b.one("transport");
     if let Some(n) = t_node {
         shape(cx, n, 0, 0, &[], true);
@@ -339,7 +382,12 @@ fn intake(cx: &mut Cx, node: Option<&KdlNode>, whole: SourceSpan) -> Option<Inta
         "transport",
         t_node.map_or(span, name_span),
         &[
-            "allow-host", "max-redirects", "deadline", "min-tls", "trust-anchor", "allow-loopback",
+            "allow-host",
+            "max-redirects",
+            "deadline",
+            "min-tls",
+            "trust-anchor",
+            "allow-loopback",
             "allow-plain-http-loopback",
         ],
         &["allow-host"],
@@ -352,16 +400,30 @@ fn intake(cx: &mut Cx, node: Option<&KdlNode>, whole: SourceSpan) -> Option<Inta
         let why = reason(cx, n);
         if let (Some(host), Some(reason)) = (host, why) {
             if let Some(first) = host_spans.get(&host) {
-                cx.report_at("duplicate", vec![(*first, "first here".into()), (name_span(n), "again here".into())], format!("host {host:?} is allowed twice"), None);
+                cx.report_at(
+                    "duplicate",
+                    vec![
+                        (*first, "first here".into()),
+                        (name_span(n), "again here".into()),
+                    ],
+                    format!("host {host:?} is allowed twice"),
+                    None,
+                );
             } else {
                 host_spans.insert(host.clone(), name_span(n));
                 allow_host.insert(host, Reasoned { reason });
             }
         }
     }
-    let max_redirects = value(cx, &t, "max-redirects", Some(3), |cx, e| integer(cx, e, "max-redirects", 0, 10));
-    let deadline_ms = value(cx, &t, "deadline", Some(10 * 60 * SECOND), |cx, e| duration(cx, e, "deadline", SECOND, 24 * HOUR));
-    let min_tls = value(cx, &t, "min-tls", Some("1.2".into()), |cx, e| choice(cx, e, "TLS version", &["1.2", "1.3"]));
+    let max_redirects = value(cx, &t, "max-redirects", Some(3), |cx, e| {
+        integer(cx, e, "max-redirects", 0, 10)
+    });
+    let deadline_ms = value(cx, &t, "deadline", Some(10 * 60 * SECOND), |cx, e| {
+        duration(cx, e, "deadline", SECOND, 24 * HOUR)
+    });
+    let min_tls = value(cx, &t, "min-tls", Some("1.2".into()), |cx, e| {
+        choice(cx, e, "TLS version", &["1.2", "1.3"])
+    });
     let trust_anchor = match t.one("trust-anchor") {
         Some(n) => Some(single(cx, n, &[], |cx, e| path(cx, e, "trust-anchor"))?),
         None => None,
@@ -390,24 +452,56 @@ fn intake(cx: &mut Cx, node: Option<&KdlNode>, whole: SourceSpan) -> Option<Inta
         "archive",
         a_node.map_or(span, name_span),
         &[
-            "max-archive-bytes", "max-extracted-bytes", "max-members", "max-file-bytes",
-            "max-path-length", "max-depth", "max-pax-bytes", "max-compression-ratio", "exclude",
+            "max-archive-bytes",
+            "max-extracted-bytes",
+            "max-members",
+            "max-file-bytes",
+            "max-path-length",
+            "max-depth",
+            "max-pax-bytes",
+            "max-compression-ratio",
+            "exclude",
         ],
         &["exclude"],
     );
     let archive = ArchiveLimits {
-        max_archive_bytes: value(cx, &a, "max-archive-bytes", Some(GIB), |cx, e| size(cx, e, "max-archive-bytes", KIB, 64 * GIB))?,
-        max_extracted_bytes: value(cx, &a, "max-extracted-bytes", Some(4 * GIB), |cx, e| size(cx, e, "max-extracted-bytes", KIB, 256 * GIB))?,
-        max_members: value(cx, &a, "max-members", Some(100_000), |cx, e| integer(cx, e, "max-members", 1, 10_000_000))?,
-        max_file_bytes: value(cx, &a, "max-file-bytes", Some(512 * MIB), |cx, e| size(cx, e, "max-file-bytes", 1, 64 * GIB))?,
-        max_path_length: value(cx, &a, "max-path-length", Some(1024), |cx, e| integer(cx, e, "max-path-length", 16, 4096))?,
-        max_depth: value(cx, &a, "max-depth", Some(32), |cx, e| integer(cx, e, "max-depth", 1, 256))?,
-        max_pax_bytes: value(cx, &a, "max-pax-bytes", Some(64 * KIB), |cx, e| size(cx, e, "max-pax-bytes", 0, MIB))?,
-        max_compression_ratio: value(cx, &a, "max-compression-ratio", Some(200), |cx, e| integer(cx, e, "max-compression-ratio", 1, 100_000))?,
+        max_archive_bytes: value(cx, &a, "max-archive-bytes", Some(GIB), |cx, e| {
+            size(cx, e, "max-archive-bytes", KIB, 64 * GIB)
+        })?,
+        max_extracted_bytes: value(cx, &a, "max-extracted-bytes", Some(4 * GIB), |cx, e| {
+            size(cx, e, "max-extracted-bytes", KIB, 256 * GIB)
+        })?,
+        max_members: value(cx, &a, "max-members", Some(100_000), |cx, e| {
+            integer(cx, e, "max-members", 1, 10_000_000)
+        })?,
+        max_file_bytes: value(cx, &a, "max-file-bytes", Some(512 * MIB), |cx, e| {
+            size(cx, e, "max-file-bytes", 1, 64 * GIB)
+        })?,
+        max_path_length: value(cx, &a, "max-path-length", Some(1024), |cx, e| {
+            integer(cx, e, "max-path-length", 16, 4096)
+        })?,
+        max_depth: value(cx, &a, "max-depth", Some(32), |cx, e| {
+            integer(cx, e, "max-depth", 1, 256)
+        })?,
+        max_pax_bytes: value(cx, &a, "max-pax-bytes", Some(64 * KIB), |cx, e| {
+            size(cx, e, "max-pax-bytes", 0, MIB)
+        })?,
+        max_compression_ratio: value(cx, &a, "max-compression-ratio", Some(200), |cx, e| {
+            integer(cx, e, "max-compression-ratio", 1, 100_000)
+        })?,
         exclude: strings(cx, &a.all("exclude"), |cx, e| {
             let s = string(cx, e)?;
             if s.is_empty() || s.contains('/') || s.contains('\0') {
-                cx.report("invalid-value", e.span(), "not a name pattern", format!("{s:?} is not a member-name pattern"), Some("a pattern matches one path component, for example \".git\" or \"*.pyc\"".into()));
+                cx.report(
+                    "invalid-value",
+                    e.span(),
+                    "not a name pattern",
+                    format!("{s:?} is not a member-name pattern"),
+                    Some(
+                        "a pattern matches one path component, for example \".git\" or \"*.pyc\""
+                            .into(),
+                    ),
+                );
                 return None;
             }
             Some(s)
@@ -440,7 +534,15 @@ fn strings(
         for entry in positional(node) {
             let Some(s) = read(cx, entry) else { continue };
             if let Some(first) = spans.get(&s) {
-                cx.report_at("duplicate", vec![(*first, "first here".into()), (entry.span(), "again here".into())], format!("{s:?} is listed twice"), None);
+                cx.report_at(
+                    "duplicate",
+                    vec![
+                        (*first, "first here".into()),
+                        (entry.span(), "again here".into()),
+                    ],
+                    format!("{s:?} is listed twice"),
+                    None,
+                );
             } else {
                 spans.insert(s.clone(), entry.span());
                 out.insert(s);
@@ -459,7 +561,13 @@ fn dotted(cx: &mut Cx, entry: &KdlEntry, min_parts: usize) -> Option<String> {
     if s.split('.').count() >= min_parts && s.split('.').all(part_ok) {
         return Some(s);
     }
-    cx.report("invalid-value", entry.span(), "not a Python name", format!("{s:?} is not a dotted Python name of at least {min_parts} part(s)"), None);
+    cx.report(
+        "invalid-value",
+        entry.span(),
+        "not a Python name",
+        format!("{s:?} is not a dotted Python name of at least {min_parts} part(s)"),
+        None,
+    );
     None
 }
 
@@ -468,7 +576,14 @@ fn tree(cx: &mut Cx, node: Option<&KdlNode>, whole: SourceSpan) -> Option<Tree> 
         shape(cx, n, 0, 0, &[], true);
     }
     let span = node.map_or(whole, name_span);
-    let b = Block::read(cx, node.and_then(KdlNode::children), "tree", span, &["limits", "python", "tiers"], &[]);
+    let b = Block::read(
+        cx,
+        node.and_then(KdlNode::children),
+        "tree",
+        span,
+        &["limits", "python", "tiers"],
+        &[],
+    );
     let l_node = b.one("limits");
     if let Some(n) = l_node {
         shape(cx, n, 0, 0, &[], true);
@@ -478,15 +593,31 @@ fn tree(cx: &mut Cx, node: Option<&KdlNode>, whole: SourceSpan) -> Option<Tree> 
         l_node.and_then(KdlNode::children),
         "limits",
         l_node.map_or(span, name_span),
-        &["max-files", "max-file-bytes", "max-total-bytes", "max-depth", "max-path-length"],
+        &[
+            "max-files",
+            "max-file-bytes",
+            "max-total-bytes",
+            "max-depth",
+            "max-path-length",
+        ],
         &[],
     );
     let limits = TreeLimits {
-        max_files: value(cx, &l, "max-files", Some(200_000), |cx, e| integer(cx, e, "max-files", 1, 10_000_000))?,
-        max_file_bytes: value(cx, &l, "max-file-bytes", Some(256 * MIB), |cx, e| size(cx, e, "max-file-bytes", 1, 64 * GIB))?,
-        max_total_bytes: value(cx, &l, "max-total-bytes", Some(16 * GIB), |cx, e| size(cx, e, "max-total-bytes", KIB, TIB))?,
-        max_depth: value(cx, &l, "max-depth", Some(32), |cx, e| integer(cx, e, "max-depth", 1, 256))?,
-        max_path_length: value(cx, &l, "max-path-length", Some(1024), |cx, e| integer(cx, e, "max-path-length", 16, 4096))?,
+        max_files: value(cx, &l, "max-files", Some(200_000), |cx, e| {
+            integer(cx, e, "max-files", 1, 10_000_000)
+        })?,
+        max_file_bytes: value(cx, &l, "max-file-bytes", Some(256 * MIB), |cx, e| {
+            size(cx, e, "max-file-bytes", 1, 64 * GIB)
+        })?,
+        max_total_bytes: value(cx, &l, "max-total-bytes", Some(16 * GIB), |cx, e| {
+            size(cx, e, "max-total-bytes", KIB, TIB)
+        })?,
+        max_depth: value(cx, &l, "max-depth", Some(32), |cx, e| {
+            integer(cx, e, "max-depth", 1, 256)
+        })?,
+        max_path_length: value(cx, &l, "max-path-length", Some(1024), |cx, e| {
+            integer(cx, e, "max-path-length", 16, 4096)
+        })?,
     };
     let p_node = b.one("python");
     if let Some(n) = p_node {
@@ -497,8 +628,18 @@ fn tree(cx: &mut Cx, node: Option<&KdlNode>, whole: SourceSpan) -> Option<Tree> 
         p_node.and_then(KdlNode::children),
         "python",
         p_node.map_or(span, name_span),
-        &["ban-call", "ban-import", "ban-attribute-call", "jit-entry-point"],
-        &["ban-call", "ban-import", "ban-attribute-call", "jit-entry-point"],
+        &[
+            "ban-call",
+            "ban-import",
+            "ban-attribute-call",
+            "jit-entry-point",
+        ],
+        &[
+            "ban-call",
+            "ban-import",
+            "ban-attribute-call",
+            "jit-entry-point",
+        ],
     );
     let mut bans = |name: &str, minimum: &[&str], parts: usize| {
         let nodes = p.all(name);
@@ -506,14 +647,20 @@ fn tree(cx: &mut Cx, node: Option<&KdlNode>, whole: SourceSpan) -> Option<Tree> 
             return minimum.iter().map(|s| (*s).to_owned()).collect();
         }
         let set = strings(cx, &nodes, |cx, e| dotted(cx, e, parts));
-        let missing: Vec<&str> = minimum.iter().copied().filter(|m| !set.contains(*m)).collect();
+        let missing: Vec<&str> = minimum
+            .iter()
+            .copied()
+            .filter(|m| !set.contains(*m))
+            .collect();
         if !missing.is_empty() {
             cx.report(
                 "weakened-control",
                 name_span(nodes[0]),
                 "drops a required ban",
                 format!("`{name}` must include {}", missing.join(", ")),
-                Some("these bans are the floor of the AST policy; add to them, never remove".into()),
+                Some(
+                    "these bans are the floor of the AST policy; add to them, never remove".into(),
+                ),
             );
         }
         set
@@ -527,9 +674,19 @@ fn tree(cx: &mut Cx, node: Option<&KdlNode>, whole: SourceSpan) -> Option<Tree> 
         shape(cx, n, 1, 1, &["reason"], false);
         let name = arg(n, 0).and_then(|e| dotted(cx, e, 2));
         let why = reason(cx, n);
-        let (Some(name), Some(reason)) = (name, why) else { continue };
+        let (Some(name), Some(reason)) = (name, why) else {
+            continue;
+        };
         if let Some(first) = jit_spans.get(&name) {
-            cx.report_at("duplicate", vec![(*first, "first here".into()), (name_span(n), "again here".into())], format!("jit-entry-point {name:?} is given twice"), None);
+            cx.report_at(
+                "duplicate",
+                vec![
+                    (*first, "first here".into()),
+                    (name_span(n), "again here".into()),
+                ],
+                format!("jit-entry-point {name:?} is given twice"),
+                None,
+            );
         } else {
             jit_spans.insert(name.clone(), name_span(n));
             jit_entry_point.insert(name, Reasoned { reason });
@@ -564,7 +721,14 @@ fn tree(cx: &mut Cx, node: Option<&KdlNode>, whole: SourceSpan) -> Option<Tree> 
     })
 }
 
-const ACTIONS: &[&str] = &["allow", "errno", "kill-process", "kill-thread", "trap", "log"];
+const ACTIONS: &[&str] = &[
+    "allow",
+    "errno",
+    "kill-process",
+    "kill-thread",
+    "trap",
+    "log",
+];
 
 /// An action and its `errno=` property, as the canonical action string.
 fn action(cx: &mut Cx, node: &KdlNode, entry: &KdlEntry) -> Option<String> {
@@ -577,7 +741,13 @@ fn action(cx: &mut Cx, node: &KdlNode, entry: &KdlEntry) -> Option<String> {
             None
         }
         (_, Some(e)) => {
-            cx.report("unknown-property", e.span(), "only with errno", format!("errno= is only meaningful with action \"errno\", not {kind:?}"), None);
+            cx.report(
+                "unknown-property",
+                e.span(),
+                "only with errno",
+                format!("errno= is only meaningful with action \"errno\", not {kind:?}"),
+                None,
+            );
             None
         }
         (_, None) => Some(kind),
@@ -601,8 +771,16 @@ fn syscall_name(cx: &mut Cx, entry: &KdlEntry) -> Option<String> {
 
 fn arg_condition(cx: &mut Cx, node: &KdlNode) -> Option<ArgCondition> {
     shape(cx, node, 0, 0, &["index", "op", "value", "mask"], false);
-    let index = required_prop(cx, node, "index").and_then(|e| integer(cx, e, "argument index", 0, 5));
-    let op = required_prop(cx, node, "op").and_then(|e| choice(cx, e, "comparison", &["eq", "ne", "lt", "le", "gt", "ge", "masked-eq"]));
+    let index =
+        required_prop(cx, node, "index").and_then(|e| integer(cx, e, "argument index", 0, 5));
+    let op = required_prop(cx, node, "op").and_then(|e| {
+        choice(
+            cx,
+            e,
+            "comparison",
+            &["eq", "ne", "lt", "le", "gt", "ge", "masked-eq"],
+        )
+    });
     let v = required_prop(cx, node, "value").and_then(|e| integer(cx, e, "value", 0, u64::MAX));
     let mask = match (op.as_deref(), prop(node, "mask")) {
         (Some("masked-eq"), Some(e)) => Some(integer(cx, e, "mask", 0, u64::MAX)?),
@@ -611,7 +789,13 @@ fn arg_condition(cx: &mut Cx, node: &KdlNode) -> Option<ArgCondition> {
             return None;
         }
         (_, Some(e)) => {
-            cx.report("unknown-property", e.span(), "only with masked-eq", "mask= is only meaningful with op \"masked-eq\"", None);
+            cx.report(
+                "unknown-property",
+                e.span(),
+                "only with masked-eq",
+                "mask= is only meaningful with op \"masked-eq\"",
+                None,
+            );
             return None;
         }
         (_, None) => None,
@@ -631,25 +815,44 @@ fn seccomp(cx: &mut Cx, node: &KdlNode) -> Option<SeccompProfile> {
         node.children(),
         "seccomp",
         name_span(node),
-        &["baseline", "default-action", "architectures", "allow", "remove", "rule"],
+        &[
+            "baseline",
+            "default-action",
+            "architectures",
+            "allow",
+            "remove",
+            "rule",
+        ],
         &["allow", "remove", "rule"],
     );
     let baseline_name = match b.one("baseline") {
-        Some(n) => Some(single(cx, n, &[], |cx, e| choice(cx, e, "seccomp baseline", syscalls::BASELINES))?),
+        Some(n) => Some(single(cx, n, &[], |cx, e| {
+            choice(cx, e, "seccomp baseline", syscalls::BASELINES)
+        })?),
         None => None,
     };
     let default_action = b.required(cx, "default-action").and_then(|n| {
         shape(cx, n, 1, 1, &["errno"], false);
         let act = action(cx, n, arg(n, 0)?)?;
         if act == "allow" || act == "log" {
-            cx.report("weakened-control", name_span(n), "filter that admits everything", format!("default-action {act:?} turns the filter into a deny-list"), Some("use errno, kill-process, kill-thread or trap, and allow what is needed".into()));
+            cx.report(
+                "weakened-control",
+                name_span(n),
+                "filter that admits everything",
+                format!("default-action {act:?} turns the filter into a deny-list"),
+                Some(
+                    "use errno, kill-process, kill-thread or trap, and allow what is needed".into(),
+                ),
+            );
             return None;
         }
         Some(act)
     });
     let architectures = match b.one("architectures") {
         None => BTreeSet::from(["x86_64".to_owned()]),
-        Some(_) => strings(cx, &b.all("architectures"), |cx, e| choice(cx, e, "architecture", &["x86_64", "x86", "x32"])),
+        Some(_) => strings(cx, &b.all("architectures"), |cx, e| {
+            choice(cx, e, "architecture", &["x86_64", "x86", "x32"])
+        }),
     };
     let base: BTreeMap<String, SyscallRule> = baseline_name
         .as_deref()
@@ -661,19 +864,36 @@ fn seccomp(cx: &mut Cx, node: &KdlNode) -> Option<SeccompProfile> {
                 BaselineEntry::Allow => ("allow".to_owned(), Vec::new()),
                 BaselineEntry::AllowIfMaskedZero { index, mask } => (
                     "allow".to_owned(),
-                    vec![ArgCondition { index: u64::from(index), op: "masked-eq".into(), value: 0, mask: Some(mask) }],
+                    vec![ArgCondition {
+                        index: u64::from(index),
+                        op: "masked-eq".into(),
+                        value: 0,
+                        mask: Some(mask),
+                    }],
                 ),
                 BaselineEntry::Errno(n) => (format!("errno:{n}"), Vec::new()),
             };
             let reason = format!("baseline {}", baseline_name.as_deref().unwrap_or_default());
-            (name.to_owned(), SyscallRule { action, args, reason })
+            (
+                name.to_owned(),
+                SyscallRule {
+                    action,
+                    args,
+                    reason,
+                },
+            )
         })
         .collect();
     let mut rules = base.clone();
     let mut touched: BTreeMap<String, SourceSpan> = BTreeMap::new();
     let mut claim = |cx: &mut Cx, name: &str, span: SourceSpan| -> bool {
         if let Some(first) = touched.get(name) {
-            cx.report_at("duplicate", vec![(*first, "first here".into()), (span, "again here".into())], format!("syscall {name:?} appears twice in this profile"), Some("one entry per syscall: allow, remove or rule".into()));
+            cx.report_at(
+                "duplicate",
+                vec![(*first, "first here".into()), (span, "again here".into())],
+                format!("syscall {name:?} appears twice in this profile"),
+                Some("one entry per syscall: allow, remove or rule".into()),
+            );
             return false;
         }
         touched.insert(name.to_owned(), span);
@@ -682,19 +902,39 @@ fn seccomp(cx: &mut Cx, node: &KdlNode) -> Option<SeccompProfile> {
     for n in b.all("remove") {
         shape(cx, n, 1, usize::MAX, &["reason"], false);
         for e in positional(n) {
-            let Some(name) = syscall_name(cx, e) else { continue };
+            let Some(name) = syscall_name(cx, e) else {
+                continue;
+            };
             if !claim(cx, &name, e.span()) {
                 continue;
             }
             if rules.remove(&name).is_none() {
-                cx.report("redundant-entry", e.span(), "not in the baseline", format!("remove {name:?} changes nothing: the baseline does not allow it"), None);
+                cx.report(
+                    "redundant-entry",
+                    e.span(),
+                    "not in the baseline",
+                    format!("remove {name:?} changes nothing: the baseline does not allow it"),
+                    None,
+                );
             }
         }
     }
-    let add = |cx: &mut Cx, name: String, span: SourceSpan, rule: SyscallRule, rules: &mut BTreeMap<String, SyscallRule>| {
-        let same_as_base = base.get(&name).is_some_and(|r| r.action == rule.action && r.args == rule.args);
+    let add = |cx: &mut Cx,
+               name: String,
+               span: SourceSpan,
+               rule: SyscallRule,
+               rules: &mut BTreeMap<String, SyscallRule>| {
+        let same_as_base = base
+            .get(&name)
+            .is_some_and(|r| r.action == rule.action && r.args == rule.args);
         if same_as_base {
-            cx.report("redundant-entry", span, "already in the baseline", format!("{name:?} is already {} in the baseline", rule.action), Some("drop this entry".into()));
+            cx.report(
+                "redundant-entry",
+                span,
+                "already in the baseline",
+                format!("{name:?} is already {} in the baseline", rule.action),
+                Some("drop this entry".into()),
+            );
         } else {
             rules.insert(name, rule);
         }
@@ -703,12 +943,24 @@ fn seccomp(cx: &mut Cx, node: &KdlNode) -> Option<SeccompProfile> {
         shape(cx, n, 1, usize::MAX, &["reason"], false);
         let why = reason(cx, n);
         for e in positional(n) {
-            let Some(name) = syscall_name(cx, e) else { continue };
+            let Some(name) = syscall_name(cx, e) else {
+                continue;
+            };
             if !claim(cx, &name, e.span()) {
                 continue;
             }
             if let Some(reason) = why.clone() {
-                add(cx, name, e.span(), SyscallRule { action: "allow".into(), args: Vec::new(), reason }, &mut rules);
+                add(
+                    cx,
+                    name,
+                    e.span(),
+                    SyscallRule {
+                        action: "allow".into(),
+                        args: Vec::new(),
+                        reason,
+                    },
+                    &mut rules,
+                );
             }
         }
     }
@@ -718,12 +970,28 @@ fn seccomp(cx: &mut Cx, node: &KdlNode) -> Option<SeccompProfile> {
         let act = required_prop(cx, n, "action").and_then(|e| action(cx, n, e));
         let why = reason(cx, n);
         let conds = Block::read(cx, n.children(), "rule", name_span(n), &["arg"], &["arg"]);
-        let mut args: Vec<ArgCondition> = conds.all("arg").into_iter().filter_map(|a| arg_condition(cx, a)).collect();
+        let mut args: Vec<ArgCondition> = conds
+            .all("arg")
+            .into_iter()
+            .filter_map(|a| arg_condition(cx, a))
+            .collect();
         args.sort();
-        let (Some(name), Some(action), Some(reason)) = (name, act, why) else { continue };
+        let (Some(name), Some(action), Some(reason)) = (name, act, why) else {
+            continue;
+        };
         let span = arg(n, 0).map_or(name_span(n), KdlEntry::span);
         if claim(cx, &name, span) {
-            add(cx, name, span, SyscallRule { action, args, reason }, &mut rules);
+            add(
+                cx,
+                name,
+                span,
+                SyscallRule {
+                    action,
+                    args,
+                    reason,
+                },
+                &mut rules,
+            );
         }
     }
     Some(SeccompProfile {
@@ -753,7 +1021,13 @@ fn cpuset(cx: &mut Cx, entry: &KdlEntry) -> Option<String> {
     if !s.is_empty() && s.split(',').all(item_ok) {
         return Some(s);
     }
-    cx.report("invalid-value", entry.span(), "not a cpu list", format!("{s:?} is not a cpu list"), Some("for example \"0-3\" or \"0,2,4-7\"".into()));
+    cx.report(
+        "invalid-value",
+        entry.span(),
+        "not a cpu list",
+        format!("{s:?} is not a cpu list"),
+        Some("for example \"0-3\" or \"0,2,4-7\"".into()),
+    );
     None
 }
 
@@ -763,7 +1037,13 @@ fn cpus(cx: &mut Cx, entry: &KdlEntry) -> Option<u64> {
         KdlValue::String(s) => match units::parse_millis(s) {
             Ok(m) => m,
             Err(message) => {
-                cx.report("invalid-value", entry.span(), "not a CPU count", message, None);
+                cx.report(
+                    "invalid-value",
+                    entry.span(),
+                    "not a CPU count",
+                    message,
+                    None,
+                );
                 return None;
             }
         },
@@ -773,7 +1053,12 @@ fn cpus(cx: &mut Cx, entry: &KdlEntry) -> Option<u64> {
         }
     };
     if !(10..=1_024_000).contains(&millis) {
-        cx.out_of_range(entry.span(), "cpus", &units::format_millis(millis), "0.01..=1024");
+        cx.out_of_range(
+            entry.span(),
+            "cpus",
+            &units::format_millis(millis),
+            "0.01..=1024",
+        );
         return None;
     }
     Some(millis)
@@ -792,12 +1077,28 @@ fn env(cx: &mut Cx, node: Option<&KdlNode>) -> BTreeMap<String, String> {
     for var in node.children().map(KdlDocument::nodes).unwrap_or_default() {
         let name = var.name().value().to_owned();
         if !env_name_ok(&name) {
-            cx.report("invalid-value", name_span(var), "not a variable name", format!("{name:?} is not an environment variable name"), None);
+            cx.report(
+                "invalid-value",
+                name_span(var),
+                "not a variable name",
+                format!("{name:?} is not an environment variable name"),
+                None,
+            );
             continue;
         }
-        let Some(value) = single(cx, var, &[], string) else { continue };
+        let Some(value) = single(cx, var, &[], string) else {
+            continue;
+        };
         if let Some(first) = spans.get(&name) {
-            cx.report_at("duplicate", vec![(*first, "first here".into()), (name_span(var), "again here".into())], format!("variable {name} is set twice"), None);
+            cx.report_at(
+                "duplicate",
+                vec![
+                    (*first, "first here".into()),
+                    (name_span(var), "again here".into()),
+                ],
+                format!("variable {name} is set twice"),
+                None,
+            );
             continue;
         }
         spans.insert(name.clone(), name_span(var));
@@ -823,39 +1124,87 @@ fn mounts(cx: &mut Cx, nodes: &[&KdlNode], kind: &str) -> BTreeMap<String, Mount
         shape(cx, n, 2, 2, &["mode"], false);
         let allowed = mount_roles(kind);
         let role = arg(n, 0).and_then(|e| {
-            let r = choice(cx, e, "mount source", &["tree", "publication", "model", "staging", "workspace"])?;
+            let r = choice(
+                cx,
+                e,
+                "mount source",
+                &["tree", "publication", "model", "staging", "workspace"],
+            )?;
             if !allowed.contains(&r.as_str()) {
-                cx.report("not-allowed-in-stage", e.span(), format!("{kind} mounts: {}", allowed.join(", ")), format!("a {r:?} mount is not allowed in stage {kind:?}"), None);
+                cx.report(
+                    "not-allowed-in-stage",
+                    e.span(),
+                    format!("{kind} mounts: {}", allowed.join(", ")),
+                    format!("a {r:?} mount is not allowed in stage {kind:?}"),
+                    None,
+                );
                 return None;
             }
             Some((r, e.span()))
         });
         let dest = arg(n, 1).and_then(|e| Some((path(cx, e, "mount destination")?, e.span())));
-        let writable_role = matches!(role.as_ref().map(|(r, _)| r.as_str()), Some("staging" | "workspace"));
+        let writable_role = matches!(
+            role.as_ref().map(|(r, _)| r.as_str()),
+            Some("staging" | "workspace")
+        );
         let mode = match prop(n, "mode") {
             None => Some(if writable_role { "rw" } else { "ro" }.to_owned()),
             Some(e) => choice(cx, e, "mount mode", &["ro", "rw"]).and_then(|m| {
                 if (m == "rw") == writable_role {
                     return Some(m);
                 }
-                let help = if writable_role { "this mount is the stage's one writable place" } else { "validator inputs are always read-only binds" };
-                cx.report("invalid-value", e.span(), "wrong mode for this source", format!("mode {m:?} is not allowed for this source"), Some(help.into()));
+                let help = if writable_role {
+                    "this mount is the stage's one writable place"
+                } else {
+                    "validator inputs are always read-only binds"
+                };
+                cx.report(
+                    "invalid-value",
+                    e.span(),
+                    "wrong mode for this source",
+                    format!("mode {m:?} is not allowed for this source"),
+                    Some(help.into()),
+                );
                 None
             }),
         };
-        let (Some((role, role_span)), Some((dest, dest_span)), Some(mode)) = (role, dest, mode) else { continue };
+        let (Some((role, role_span)), Some((dest, dest_span)), Some(mode)) = (role, dest, mode)
+        else {
+            continue;
+        };
         if let Some(first) = roles.get(&role) {
-            cx.report_at("duplicate", vec![(*first, "first here".into()), (role_span, "again here".into())], format!("source {role:?} is mounted twice"), None);
+            cx.report_at(
+                "duplicate",
+                vec![
+                    (*first, "first here".into()),
+                    (role_span, "again here".into()),
+                ],
+                format!("source {role:?} is mounted twice"),
+                None,
+            );
             continue;
         }
         roles.insert(role.clone(), role_span);
-        let reserved = dest == "/" || dest == "/tmp" || ["/proc", "/sys", "/dev"].iter().any(|r| nested(&dest, r));
+        let reserved = dest == "/"
+            || dest == "/tmp"
+            || ["/proc", "/sys", "/dev"].iter().any(|r| nested(&dest, r));
         if reserved {
-            cx.report("overlap", dest_span, "reserved", format!("mount destination {dest} is reserved for the runtime's own mounts"), Some("mount validator inputs under a path of their own, such as /engine".into()));
+            cx.report(
+                "overlap",
+                dest_span,
+                "reserved",
+                format!("mount destination {dest} is reserved for the runtime's own mounts"),
+                Some("mount validator inputs under a path of their own, such as /engine".into()),
+            );
             continue;
         }
         if let Some((other, other_span)) = dests.iter().find(|(d, _)| nested(d, &dest)) {
-            cx.report_at("overlap", vec![(*other_span, other.clone()), (dest_span, dest.clone())], format!("mount destinations {other} and {dest} are not disjoint"), Some("mount roots must be pairwise disjoint".into()));
+            cx.report_at(
+                "overlap",
+                vec![(*other_span, other.clone()), (dest_span, dest.clone())],
+                format!("mount destinations {other} and {dest} are not disjoint"),
+                Some("mount roots must be pairwise disjoint".into()),
+            );
             continue;
         }
         dests.push((dest.clone(), dest_span));
@@ -877,23 +1226,60 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: &str) -> Option<Stage> {
         &format!("stage {kind:?}"),
         name_span(node),
         &[
-            "image", "network", "root", "ipc", "capability", "no-new-privileges", "seccomp", "user",
-            "cpus", "cpuset", "memory", "pids", "nofile", "core", "shm", "tmp", "staging",
-            "deadline", "phase-deadline", "gpu", "env", "mount", "output", "publication", "frame",
-            "surface", "sys",
+            "image",
+            "network",
+            "root",
+            "ipc",
+            "capability",
+            "no-new-privileges",
+            "seccomp",
+            "user",
+            "cpus",
+            "cpuset",
+            "memory",
+            "pids",
+            "nofile",
+            "core",
+            "shm",
+            "tmp",
+            "staging",
+            "deadline",
+            "phase-deadline",
+            "gpu",
+            "env",
+            "mount",
+            "output",
+            "publication",
+            "frame",
+            "surface",
+            "sys",
         ],
         &["capability", "phase-deadline", "mount"],
     );
-    let image = value(cx, &b, "image", None, |cx, e| identifier(cx, e, "image role"));
-    let network = value(cx, &b, "network", None, |cx, e| choice(cx, e, "network", &["none", "host"]));
+    let image = value(cx, &b, "image", None, |cx, e| {
+        identifier(cx, e, "image role")
+    });
+    let network = value(cx, &b, "network", None, |cx, e| {
+        choice(cx, e, "network", &["none", "host"])
+    });
     if network.as_deref() == Some("host")
         && kind != "surface"
         && let Some(n) = b.one("network")
     {
-        cx.report("not-allowed-in-stage", name_span(n), "candidate stages have no network", format!("network \"host\" is not allowed in stage {kind:?}"), Some("only the surface stage may be given the host network".into()));
+        cx.report(
+            "not-allowed-in-stage",
+            name_span(n),
+            "candidate stages have no network",
+            format!("network \"host\" is not allowed in stage {kind:?}"),
+            Some("only the surface stage may be given the host network".into()),
+        );
     }
-    let root = value(cx, &b, "root", None, |cx, e| choice(cx, e, "root", &["read-only", "overlay"]));
-    let ipc = value(cx, &b, "ipc", None, |cx, e| choice(cx, e, "ipc", &["none", "private"]));
+    let root = value(cx, &b, "root", None, |cx, e| {
+        choice(cx, e, "root", &["read-only", "overlay"])
+    });
+    let ipc = value(cx, &b, "ipc", None, |cx, e| {
+        choice(cx, e, "ipc", &["none", "private"])
+    });
     let mut capability = BTreeMap::new();
     let mut cap_spans: BTreeMap<String, SourceSpan> = BTreeMap::new();
     let known_caps: Vec<String> = caps::all().iter().map(ToString::to_string).collect();
@@ -903,15 +1289,35 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: &str) -> Option<Stage> {
         let Some(e) = arg(n, 0) else { continue };
         let Some(name) = string(cx, e) else { continue };
         if caps::Capability::from_str(&name).is_err() || !name.starts_with("CAP_") {
-            let upper = format!("CAP_{}", name.trim_start_matches("cap_").to_ascii_uppercase());
-            let help = suggest(&name, known_caps.iter().map(String::as_str))
-                .or_else(|| known_caps.contains(&upper).then(|| format!("did you mean `{upper}`?")));
-            cx.report("unknown-capability", e.span(), "not a capability", format!("{name:?} is not a Linux capability"), help);
+            let upper = format!(
+                "CAP_{}",
+                name.trim_start_matches("cap_").to_ascii_uppercase()
+            );
+            let help = suggest(&name, known_caps.iter().map(String::as_str)).or_else(|| {
+                known_caps
+                    .contains(&upper)
+                    .then(|| format!("did you mean `{upper}`?"))
+            });
+            cx.report(
+                "unknown-capability",
+                e.span(),
+                "not a capability",
+                format!("{name:?} is not a Linux capability"),
+                help,
+            );
             continue;
         }
         let Some(reason) = why else { continue };
         if let Some(first) = cap_spans.get(&name) {
-            cx.report_at("duplicate", vec![(*first, "first here".into()), (e.span(), "again here".into())], format!("{name} is granted twice"), None);
+            cx.report_at(
+                "duplicate",
+                vec![
+                    (*first, "first here".into()),
+                    (e.span(), "again here".into()),
+                ],
+                format!("{name} is granted twice"),
+                None,
+            );
             continue;
         }
         cap_spans.insert(name.clone(), e.span());
@@ -919,12 +1325,20 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: &str) -> Option<Stage> {
     }
     let no_new_privileges = value(cx, &b, "no-new-privileges", Some(true), boolean).and_then(|v| {
         if !v && let Some(n) = b.one("no-new-privileges") {
-            cx.report("weakened-control", name_span(n), "cannot be turned off", "no-new-privileges cannot be turned off", Some("without it a setuid binary in the image regains privileges".into()));
+            cx.report(
+                "weakened-control",
+                name_span(n),
+                "cannot be turned off",
+                "no-new-privileges cannot be turned off",
+                Some("without it a setuid binary in the image regains privileges".into()),
+            );
             return None;
         }
         Some(v)
     });
-    let seccomp = value(cx, &b, "seccomp", None, |cx, e| identifier(cx, e, "seccomp profile"));
+    let seccomp = value(cx, &b, "seccomp", None, |cx, e| {
+        identifier(cx, e, "seccomp profile")
+    });
     let user = value(cx, &b, "user", None, |cx, e| {
         let u = string(cx, e)?;
         if u == "per-run" {
@@ -936,25 +1350,45 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: &str) -> Option<Stage> {
     let cpus_milli = b.one("cpus").and_then(|n| single(cx, n, &[], cpus));
     let cpuset_v = b.one("cpuset").and_then(|n| single(cx, n, &[], cpuset));
     if b.one("cpus").is_none() && b.one("cpuset").is_none() {
-        cx.report("missing-node", name_span(node), "needs `cpus` or `cpuset`", format!("stage {kind:?} needs a CPU cap: `cpus` or `cpuset`"), None);
+        cx.report(
+            "missing-node",
+            name_span(node),
+            "needs `cpus` or `cpuset`",
+            format!("stage {kind:?} needs a CPU cap: `cpus` or `cpuset`"),
+            None,
+        );
     }
-    let memory = value(cx, &b, "memory", None, |cx, e| size(cx, e, "memory", 256 * MIB, 4 * TIB));
-    let pids = value(cx, &b, "pids", None, |cx, e| integer(cx, e, "pids", 32, 1_048_576));
-    let nofile = value(cx, &b, "nofile", Some(1024), |cx, e| integer(cx, e, "nofile", 16, 1_048_576));
+    let memory = value(cx, &b, "memory", None, |cx, e| {
+        size(cx, e, "memory", 256 * MIB, 4 * TIB)
+    });
+    let pids = value(cx, &b, "pids", None, |cx, e| {
+        integer(cx, e, "pids", 32, 1_048_576)
+    });
+    let nofile = value(cx, &b, "nofile", Some(1024), |cx, e| {
+        integer(cx, e, "nofile", 16, 1_048_576)
+    });
     let core = value(cx, &b, "core", Some(0), |cx, e| size(cx, e, "core", 0, GIB));
-    let shm = value(cx, &b, "shm", Some(64 * MIB), |cx, e| size(cx, e, "shm", MIB, 64 * GIB));
+    let shm = value(cx, &b, "shm", Some(64 * MIB), |cx, e| {
+        size(cx, e, "shm", MIB, 64 * GIB)
+    });
     let tmp = b.required(cx, "tmp").and_then(|n| {
         let p = props_block(cx, n, &["size", "exec"]);
         let size_v = p[0].and_then(|e| size(cx, e, "tmp size", MIB, 64 * GIB));
         let exec = p[1].and_then(|e| boolean(cx, e));
-        Some(Tmp { size_bytes: size_v?, exec: exec? })
+        Some(Tmp {
+            size_bytes: size_v?,
+            exec: exec?,
+        })
     });
     let staging = match (b.one("staging"), kind) {
         (Some(n), "prebuild") => {
             let p = props_block(cx, n, &["size", "inodes"]);
             let size_v = p[0].and_then(|e| size(cx, e, "staging size", MIB, TIB));
             let inodes = p[1].and_then(|e| integer(cx, e, "staging inodes", 16, 100_000_000));
-            Some(Staging { size_bytes: size_v?, inodes: inodes? })
+            Some(Staging {
+                size_bytes: size_v?,
+                inodes: inodes?,
+            })
         }
         (None, "prebuild") => {
             b.required(cx, "staging");
@@ -966,7 +1400,9 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: &str) -> Option<Stage> {
         }
         (None, _) => None,
     };
-    let deadline = value(cx, &b, "deadline", None, |cx, e| duration(cx, e, "deadline", SECOND, 24 * HOUR));
+    let deadline = value(cx, &b, "deadline", None, |cx, e| {
+        duration(cx, e, "deadline", SECOND, 24 * HOUR)
+    });
     let mut phase_deadline_ms = BTreeMap::new();
     let mut phase_spans: BTreeMap<String, SourceSpan> = BTreeMap::new();
     for n in b.all("phase-deadline") {
@@ -977,14 +1413,32 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: &str) -> Option<Stage> {
             if let Some(total) = deadline
                 && ms > total
             {
-                cx.out_of_range(e.span(), "phase deadline", &units::format_duration(ms), &format!("at most the stage deadline ({})", units::format_duration(total)));
+                cx.out_of_range(
+                    e.span(),
+                    "phase deadline",
+                    &units::format_duration(ms),
+                    &format!(
+                        "at most the stage deadline ({})",
+                        units::format_duration(total)
+                    ),
+                );
                 return None;
             }
             Some(ms)
         });
-        let (Some(name), Some(ms)) = (name, ms) else { continue };
+        let (Some(name), Some(ms)) = (name, ms) else {
+            continue;
+        };
         if let Some(first) = phase_spans.get(&name) {
-            cx.report_at("duplicate", vec![(*first, "first here".into()), (name_span(n), "again here".into())], format!("phase {name:?} has two deadlines"), None);
+            cx.report_at(
+                "duplicate",
+                vec![
+                    (*first, "first here".into()),
+                    (name_span(n), "again here".into()),
+                ],
+                format!("phase {name:?} has two deadlines"),
+                None,
+            );
             continue;
         }
         phase_spans.insert(name.clone(), name_span(n));
@@ -994,17 +1448,33 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: &str) -> Option<Stage> {
     let env = env(cx, b.one("env"));
     let mount = mounts(cx, &b.all("mount"), kind);
     let output = match b.one("output") {
-        None => Some(Output { stdout_bytes: MIB, stderr_bytes: MIB }),
+        None => Some(Output {
+            stdout_bytes: MIB,
+            stderr_bytes: MIB,
+        }),
         Some(n) => {
             let p = props_block(cx, n, &["stdout", "stderr"]);
             let o = p[0].and_then(|e| size(cx, e, "stdout cap", KIB, GIB));
             let e2 = p[1].and_then(|e| size(cx, e, "stderr cap", KIB, GIB));
-            Some(Output { stdout_bytes: o?, stderr_bytes: e2? })
+            Some(Output {
+                stdout_bytes: o?,
+                stderr_bytes: e2?,
+            })
         }
     };
     let publication = match (b.one("publication"), kind) {
         (Some(n), "prebuild") => {
-            let p = props_block(cx, n, &["max-files", "max-bytes", "max-file-bytes", "max-depth", "max-path-length"]);
+            let p = props_block(
+                cx,
+                n,
+                &[
+                    "max-files",
+                    "max-bytes",
+                    "max-file-bytes",
+                    "max-depth",
+                    "max-path-length",
+                ],
+            );
             let v = (
                 p[0].and_then(|e| integer(cx, e, "max-files", 1, 10_000_000)),
                 p[1].and_then(|e| size(cx, e, "max-bytes", KIB, TIB)),
@@ -1012,7 +1482,13 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: &str) -> Option<Stage> {
                 p[3].and_then(|e| integer(cx, e, "max-depth", 1, 256)),
                 p[4].and_then(|e| integer(cx, e, "max-path-length", 16, 4096)),
             );
-            Some(PublicationLimits { max_files: v.0?, max_bytes: v.1?, max_file_bytes: v.2?, max_depth: v.3?, max_path_length: v.4? })
+            Some(PublicationLimits {
+                max_files: v.0?,
+                max_bytes: v.1?,
+                max_file_bytes: v.2?,
+                max_depth: v.3?,
+                max_path_length: v.4?,
+            })
         }
         (None, "prebuild") => {
             b.required(cx, "publication");
@@ -1029,9 +1505,15 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: &str) -> Option<Stage> {
             let p = props_block(cx, n, &["max-bytes", "max-frames"]);
             let m = p[0].and_then(|e| size(cx, e, "frame max-bytes", KIB, GIB));
             let f = p[1].and_then(|e| integer(cx, e, "max-frames", 1, 100_000_000));
-            Some(Frame { max_bytes: m?, max_frames: f? })
+            Some(Frame {
+                max_bytes: m?,
+                max_frames: f?,
+            })
         }
-        (None, "lane" | "reference") => Some(Frame { max_bytes: MIB, max_frames: 100_000 }),
+        (None, "lane" | "reference") => Some(Frame {
+            max_bytes: MIB,
+            max_frames: 100_000,
+        }),
         (Some(n), _) => {
             not_in_stage(cx, n, kind, "protocol framing");
             None
@@ -1050,7 +1532,9 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: &str) -> Option<Stage> {
         }
         (None, _) => None,
     };
-    let sys = value(cx, &b, "sys", Some("none".into()), |cx, e| choice(cx, e, "sys", &["none", "read-only"]));
+    let sys = value(cx, &b, "sys", Some("none".into()), |cx, e| {
+        choice(cx, e, "sys", &["none", "read-only"])
+    });
     Some(Stage {
         image: image?,
         network: network?,
@@ -1088,7 +1572,13 @@ fn gpu(cx: &mut Cx, node: Option<&KdlNode>, kind: &str) -> BTreeMap<String, Reas
     shape(cx, node, 0, 1, &[], true);
     if let Some(e) = arg(node, 0) {
         if node.children().is_some() {
-            cx.report("unexpected-children", name_span(node), "either \"none\" or a device block", "gpu takes either \"none\" or a block of devices, not both", None);
+            cx.report(
+                "unexpected-children",
+                name_span(node),
+                "either \"none\" or a device block",
+                "gpu takes either \"none\" or a block of devices, not both",
+                None,
+            );
         }
         choice(cx, e, "gpu", &["none"]);
         return out;
@@ -1097,7 +1587,14 @@ fn gpu(cx: &mut Cx, node: Option<&KdlNode>, kind: &str) -> BTreeMap<String, Reas
         not_in_stage(cx, node, kind, "GPU visibility");
         return out;
     }
-    let b = Block::read(cx, node.children(), "gpu", name_span(node), &["device"], &["device"]);
+    let b = Block::read(
+        cx,
+        node.children(),
+        "gpu",
+        name_span(node),
+        &["device"],
+        &["device"],
+    );
     let mut spans: BTreeMap<String, SourceSpan> = BTreeMap::new();
     for n in b.all("device") {
         shape(cx, n, 1, 1, &["reason"], false);
@@ -1107,19 +1604,38 @@ fn gpu(cx: &mut Cx, node: Option<&KdlNode>, kind: &str) -> BTreeMap<String, Reas
             if p.starts_with("/dev/") {
                 return Some((p, e.span()));
             }
-            cx.report("invalid-path", e.span(), "not under /dev", format!("device {p} is not under /dev"), None);
+            cx.report(
+                "invalid-path",
+                e.span(),
+                "not under /dev",
+                format!("device {p} is not under /dev"),
+                None,
+            );
             None
         });
-        let (Some((dev, span)), Some(reason)) = (dev, why) else { continue };
+        let (Some((dev, span)), Some(reason)) = (dev, why) else {
+            continue;
+        };
         if let Some(first) = spans.get(&dev) {
-            cx.report_at("duplicate", vec![(*first, "first here".into()), (span, "again here".into())], format!("device {dev} is listed twice"), None);
+            cx.report_at(
+                "duplicate",
+                vec![(*first, "first here".into()), (span, "again here".into())],
+                format!("device {dev} is listed twice"),
+                None,
+            );
             continue;
         }
         spans.insert(dev.clone(), span);
         out.insert(dev, Reasoned { reason });
     }
     if out.is_empty() && b.all("device").is_empty() {
-        cx.report("missing-node", name_span(node), "no devices", "a gpu block lists at least one device", Some("write gpu \"none\" for no GPU".into()));
+        cx.report(
+            "missing-node",
+            name_span(node),
+            "no devices",
+            "a gpu block lists at least one device",
+            Some("write gpu \"none\" for no GPU".into()),
+        );
     }
     out
 }
@@ -1131,7 +1647,13 @@ fn surface(cx: &mut Cx, node: &KdlNode, mounts: &BTreeMap<String, Mount>) -> Opt
         node.children(),
         "surface",
         name_span(node),
-        &["read", "write", "deny-env", "deny-file", "tmpdir-prefix-max"],
+        &[
+            "read",
+            "write",
+            "deny-env",
+            "deny-file",
+            "tmpdir-prefix-max",
+        ],
         &["read", "deny-env", "deny-file"],
     );
     let mut read = BTreeMap::new();
@@ -1140,28 +1662,51 @@ fn surface(cx: &mut Cx, node: &KdlNode, mounts: &BTreeMap<String, Mount>) -> Opt
         shape(cx, n, 1, 1, &["reason"], false);
         let why = reason(cx, n);
         let p = arg(n, 0).and_then(|e| Some((path(cx, e, "read path")?, e.span())));
-        let (Some((p, span)), Some(reason)) = (p, why) else { continue };
+        let (Some((p, span)), Some(reason)) = (p, why) else {
+            continue;
+        };
         if let Some(first) = spans.get(&p) {
-            cx.report_at("duplicate", vec![(*first, "first here".into()), (span, "again here".into())], format!("read path {p} is listed twice"), None);
+            cx.report_at(
+                "duplicate",
+                vec![(*first, "first here".into()), (span, "again here".into())],
+                format!("read path {p} is listed twice"),
+                None,
+            );
             continue;
         }
         spans.insert(p.clone(), span);
         read.insert(p, Reasoned { reason });
     }
-    let write = value(cx, &b, "write", None, |cx, e| choice(cx, e, "write scope", &["workspace"]));
+    let write = value(cx, &b, "write", None, |cx, e| {
+        choice(cx, e, "write scope", &["workspace"])
+    });
     if write.is_some() && !mounts.values().any(|m| m.source == "workspace") {
-        cx.report("missing-node", name_span(node), "no workspace mount", "write \"workspace\" needs a `mount \"workspace\" …` in this stage", None);
+        cx.report(
+            "missing-node",
+            name_span(node),
+            "no workspace mount",
+            "write \"workspace\" needs a `mount \"workspace\" …` in this stage",
+            None,
+        );
     }
     let deny_env = strings(cx, &b.all("deny-env"), |cx, e| {
         let s = string(cx, e)?;
         if env_name_ok(&s) {
             return Some(s);
         }
-        cx.report("invalid-value", e.span(), "not a variable name", format!("{s:?} is not an environment variable name"), None);
+        cx.report(
+            "invalid-value",
+            e.span(),
+            "not a variable name",
+            format!("{s:?} is not an environment variable name"),
+            None,
+        );
         None
     });
     let deny_file = strings(cx, &b.all("deny-file"), |cx, e| path(cx, e, "deny-file"));
-    let tmpdir_prefix_max = value(cx, &b, "tmpdir-prefix-max", Some(56), |cx, e| integer(cx, e, "tmpdir-prefix-max", 8, 80));
+    let tmpdir_prefix_max = value(cx, &b, "tmpdir-prefix-max", Some(56), |cx, e| {
+        integer(cx, e, "tmpdir-prefix-max", 8, 80)
+    });
     Some(Surface {
         read,
         write: write?,
@@ -1173,8 +1718,16 @@ fn surface(cx: &mut Cx, node: &KdlNode, mounts: &BTreeMap<String, Mount>) -> Opt
 
 fn step(cx: &mut Cx, node: &KdlNode) -> Option<Step> {
     shape(cx, node, 1, 1, &["stage"], true);
-    let stage = required_prop(cx, node, "stage").and_then(|e| choice(cx, e, "stage kind", STAGE_KINDS));
-    let b = Block::read(cx, node.children(), "step", name_span(node), &["argv", "secret"], &[]);
+    let stage =
+        required_prop(cx, node, "stage").and_then(|e| choice(cx, e, "stage kind", STAGE_KINDS));
+    let b = Block::read(
+        cx,
+        node.children(),
+        "step",
+        name_span(node),
+        &["argv", "secret"],
+        &[],
+    );
     let argv = b.required(cx, "argv").and_then(|n| {
         shape(cx, n, 1, usize::MAX, &[], false);
         let args: Vec<Option<String>> = positional(n).into_iter().map(|e| string(cx, e)).collect();
@@ -1212,22 +1765,42 @@ fn resolve(
     };
     let unresolved = |cx: &mut Cx, span: SourceSpan, what: &str, name: &str, known: Vec<&str>| {
         let help = suggest(name, known.iter().copied()).or_else(|| {
-            Some(if known.is_empty() { format!("no {what} is declared") } else { format!("declared: {}", known.join(", ")) })
+            Some(if known.is_empty() {
+                format!("no {what} is declared")
+            } else {
+                format!("declared: {}", known.join(", "))
+            })
         });
-        cx.report("unresolved-reference", span, format!("no such {what}"), format!("{what} {name:?} is not declared"), help);
+        cx.report(
+            "unresolved-reference",
+            span,
+            format!("no such {what}"),
+            format!("{what} {name:?} is not declared"),
+            help,
+        );
     };
     let names = |kind: &str| -> Vec<&str> {
-        top.all(kind).into_iter().filter_map(|n| arg(n, 0)?.value().as_string()).collect()
+        top.all(kind)
+            .into_iter()
+            .filter_map(|n| arg(n, 0)?.value().as_string())
+            .collect()
     };
     let (image_names, profile_names) = (names("image"), names("seccomp"));
     let raw_child = |node: &KdlNode, name: &str| -> Option<String> {
-        let child = node.children()?.nodes().iter().find(|n| n.name().value() == name)?;
+        let child = node
+            .children()?
+            .nodes()
+            .iter()
+            .find(|n| n.name().value() == name)?;
         Some(arg(child, 0)?.value().as_string()?.to_owned())
     };
     // References are read from the raw nodes too, so a stage with other problems still has
     // its references checked.
     for node in stage_nodes {
-        for (child, what, known) in [("image", "image", &image_names), ("seccomp", "seccomp profile", &profile_names)] {
+        for (child, what, known) in [
+            ("image", "image", &image_names),
+            ("seccomp", "seccomp profile", &profile_names),
+        ] {
             if let Some(name) = raw_child(node, child)
                 && !known.contains(&name.as_str())
                 && let Some(span) = child_arg(node, child)
@@ -1238,36 +1811,86 @@ fn resolve(
     }
     // Usage is read from the raw nodes, so a stage or step that failed to decode does not
     // make what it names look unused or undeclared.
-    let declared: BTreeSet<&str> = stage_nodes.iter().filter_map(|n| arg(n, 0)?.value().as_string()).collect();
+    let declared: BTreeSet<&str> = stage_nodes
+        .iter()
+        .filter_map(|n| arg(n, 0)?.value().as_string())
+        .collect();
     let step_nodes = top.all("step");
     for node in &step_nodes {
-        let Some(name) = arg(node, 0).and_then(|e| e.value().as_string()) else { continue };
-        let Some(step) = steps.get(name) else { continue };
+        let Some(name) = arg(node, 0).and_then(|e| e.value().as_string()) else {
+            continue;
+        };
+        let Some(step) = steps.get(name) else {
+            continue;
+        };
         let stage_span = prop(node, "stage").map_or(name_span(node), KdlEntry::span);
         if step.stage != "prebuild" {
-            cx.report("not-allowed-in-stage", stage_span, "build steps belong to prebuild", format!("step {name:?} names stage {:?}; registered build steps run only in prebuild", step.stage), None);
+            cx.report(
+                "not-allowed-in-stage",
+                stage_span,
+                "build steps belong to prebuild",
+                format!(
+                    "step {name:?} names stage {:?}; registered build steps run only in prebuild",
+                    step.stage
+                ),
+                None,
+            );
         } else if !declared.contains("prebuild") {
-            unresolved(cx, stage_span, "stage", &step.stage, declared.iter().copied().collect());
+            unresolved(
+                cx,
+                stage_span,
+                "stage",
+                &step.stage,
+                declared.iter().copied().collect(),
+            );
         }
         if let Some(secret) = &step.secret
             && !secrets.contains_key(secret)
             && let Some(span) = child_arg(node, "secret")
         {
-            unresolved(cx, span, "secret", secret, secrets.keys().map(String::as_str).collect());
+            unresolved(
+                cx,
+                span,
+                "secret",
+                secret,
+                secrets.keys().map(String::as_str).collect(),
+            );
         }
     }
-    let used_profiles: BTreeSet<String> = stage_nodes.iter().filter_map(|n| raw_child(n, "seccomp")).collect();
-    let used_secrets: BTreeSet<String> = step_nodes.iter().filter_map(|n| raw_child(n, "secret")).collect();
+    let used_profiles: BTreeSet<String> = stage_nodes
+        .iter()
+        .filter_map(|n| raw_child(n, "seccomp"))
+        .collect();
+    let used_secrets: BTreeSet<String> = step_nodes
+        .iter()
+        .filter_map(|n| raw_child(n, "secret"))
+        .collect();
     for (kind, used, what, help) in [
-        ("seccomp", &used_profiles, "used by no stage", "remove it, or name it in a stage"),
-        ("secret", &used_secrets, "delivered to no step", "remove it, or name it in a step"),
+        (
+            "seccomp",
+            &used_profiles,
+            "used by no stage",
+            "remove it, or name it in a stage",
+        ),
+        (
+            "secret",
+            &used_secrets,
+            "delivered to no step",
+            "remove it, or name it in a step",
+        ),
     ] {
         for node in top.all(kind) {
             if let Some(e) = arg(node, 0)
                 && let Some(name) = e.value().as_string()
                 && !used.contains(name)
             {
-                cx.report("redundant-entry", e.span(), what, format!("{kind} {name:?} is {what}"), Some(help.into()));
+                cx.report(
+                    "redundant-entry",
+                    e.span(),
+                    what,
+                    format!("{kind} {name:?} is {what}"),
+                    Some(help.into()),
+                );
             }
         }
     }

@@ -137,7 +137,9 @@ impl CliError {
         match self {
             Self::Identity(e) => e.exit_code(),
             Self::Encode { .. } | Self::Receipt { .. } => ExitCode::NoDecision,
-            Self::Read { .. } | Self::Encoding { .. } | Self::NoStage { .. } | Self::Policy(_) => ExitCode::Usage,
+            Self::Read { .. } | Self::Encoding { .. } | Self::NoStage { .. } | Self::Policy(_) => {
+                ExitCode::Usage
+            }
         }
     }
 }
@@ -149,9 +151,14 @@ struct Loaded {
 }
 
 fn load(path: &Path) -> Result<Loaded, CliError> {
-    let bytes = std::fs::read(path).map_err(|source| CliError::Read { path: path.to_path_buf(), source })?;
+    let bytes = std::fs::read(path).map_err(|source| CliError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
     let raw_sha256 = Digest::of_bytes(&bytes);
-    let text = String::from_utf8(bytes).map_err(|_| CliError::Encoding { path: path.to_path_buf() })?;
+    let text = String::from_utf8(bytes).map_err(|_| CliError::Encoding {
+        path: path.to_path_buf(),
+    })?;
     let policy = crate::parse(&path.display().to_string(), &text)?;
     Ok(Loaded { policy, raw_sha256 })
 }
@@ -160,7 +167,9 @@ fn components(policy: &Policy) -> Result<AuthorityComponents, CliError> {
     let runtime = policy.runtime();
     let facts = identity::probe_runtime(runtime.kind(), Path::new(runtime.path()), runtime.pin())?;
     Ok(AuthorityComponents {
-        policy: policy.digest().map_err(|source| CliError::Encode { source })?,
+        policy: policy
+            .digest()
+            .map_err(|source| CliError::Encode { source })?,
         runtime: facts,
         images: policy.images().clone(),
         binaries: identity::installed_binaries()?,
@@ -173,7 +182,9 @@ fn report(err: &CliError, mode: Diagnostics, stderr: &mut dyn Write) {
         (CliError::Policy(p), Diagnostics::Json) => format!("{}\n", p.render_json()),
         (other, Diagnostics::Text) => {
             let mut s = String::new();
-            let handler = GraphicalReportHandler::new_themed(GraphicalTheme::unicode_nocolor()).with_width(WIDTH).with_links(false);
+            let handler = GraphicalReportHandler::new_themed(GraphicalTheme::unicode_nocolor())
+                .with_width(WIDTH)
+                .with_links(false);
             let _ = handler.render_report(&mut s, other);
             s
         }
@@ -205,7 +216,12 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
     }
 }
 
-fn check(files: &[PathBuf], mode: Diagnostics, stdout: &mut dyn Write, stderr: &mut dyn Write) -> Result<ExitCode, CliError> {
+fn check(
+    files: &[PathBuf],
+    mode: Diagnostics,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> Result<ExitCode, CliError> {
     let mut worst = ExitCode::Ok;
     for file in files {
         match load(file) {
@@ -227,20 +243,28 @@ fn identity_cmd(file: &Path, json: bool, stdout: &mut dyn Write) -> Result<ExitC
     let authority = parts.authority()?;
     let text = if json {
         let mut receipt = Receipt::new("policy", authority, Outcome::Ok);
-        receipt.inputs = json!({ "file": file.display().to_string(), "file_sha256": loaded.raw_sha256 });
+        receipt.inputs =
+            json!({ "file": file.display().to_string(), "file_sha256": loaded.raw_sha256 });
         receipt.outputs = json!({
             "policy_digest": parts.policy,
             "file_sha256": loaded.raw_sha256,
             "authority": authority,
             "components": parts,
         });
-        let mut s = receipt.to_canonical_json().map_err(|source| CliError::Receipt { source })?;
+        let mut s = receipt
+            .to_canonical_json()
+            .map_err(|source| CliError::Receipt { source })?;
         s.push('\n');
         s
     } else {
         let mut s = format!("policy     {}  ({})\n", parts.policy, loaded.policy.name());
         s += &format!("file       {}  ({})\n", loaded.raw_sha256, file.display());
-        s += &format!("runtime    {}  ({} at {})\n", parts.runtime.sha256, parts.runtime.kind, parts.runtime.path.display());
+        s += &format!(
+            "runtime    {}  ({} at {})\n",
+            parts.runtime.sha256,
+            parts.runtime.kind,
+            parts.runtime.path.display()
+        );
         for line in parts.runtime.version.lines() {
             s += &format!("           {line}\n");
         }
@@ -257,9 +281,17 @@ fn identity_cmd(file: &Path, json: bool, stdout: &mut dyn Write) -> Result<ExitC
     Ok(ExitCode::Ok)
 }
 
-fn diff_cmd(old: &Path, new: &Path, stdout: &mut dyn Write, stderr: &mut dyn Write) -> Result<ExitCode, CliError> {
+fn diff_cmd(
+    old: &Path,
+    new: &Path,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> Result<ExitCode, CliError> {
     let (a, b) = (load(old)?, load(new)?);
-    let encode = |p: &Policy| p.canonical_value().map_err(|source| CliError::Encode { source });
+    let encode = |p: &Policy| {
+        p.canonical_value()
+            .map_err(|source| CliError::Encode { source })
+    };
     let changes = diff::diff(&encode(&a.policy)?, &encode(&b.policy)?);
     let mut s = String::new();
     for (section, lines) in diff::grouped(&changes) {
@@ -276,7 +308,10 @@ fn diff_cmd(old: &Path, new: &Path, stdout: &mut dyn Write, stderr: &mut dyn Wri
         s += &format!("policy: {da} → {db}\n");
         // The authority adds this host's runtime and binaries to each side; a reviewer's
         // machine may lack the runtime, and then says so instead of guessing.
-        match (components(&a.policy).and_then(|c| Ok(c.authority()?)), components(&b.policy).and_then(|c| Ok(c.authority()?))) {
+        match (
+            components(&a.policy).and_then(|c| Ok(c.authority()?)),
+            components(&b.policy).and_then(|c| Ok(c.authority()?)),
+        ) {
             (Ok(x), Ok(y)) => s += &format!("authority: {x} → {y}\n"),
             (Err(e), _) | (_, Err(e)) => {
                 let _ = writeln!(stderr, "note: authority not computed on this host: {e}");
@@ -284,23 +319,38 @@ fn diff_cmd(old: &Path, new: &Path, stdout: &mut dyn Write, stderr: &mut dyn Wri
         }
     }
     let _ = stdout.write_all(s.as_bytes());
-    Ok(if changes.is_empty() { ExitCode::Ok } else { ExitCode::Rejected })
+    Ok(if changes.is_empty() {
+        ExitCode::Ok
+    } else {
+        ExitCode::Rejected
+    })
 }
 
-fn explain_cmd(file: &Path, stage: &str, json: bool, stdout: &mut dyn Write) -> Result<ExitCode, CliError> {
+fn explain_cmd(
+    file: &Path,
+    stage: &str,
+    json: bool,
+    stdout: &mut dyn Write,
+) -> Result<ExitCode, CliError> {
     let loaded = load(file)?;
     let policy = &loaded.policy;
     let Some(settings) = policy.stage(stage) else {
-        return Err(CliError::NoStage { stage: stage.to_owned(), declared: policy.stage_kinds().collect::<Vec<_>>().join(", ") });
+        return Err(CliError::NoStage {
+            stage: stage.to_owned(),
+            declared: policy.stage_kinds().collect::<Vec<_>>().join(", "),
+        });
     };
-    let root = policy.canonical_value().map_err(|source| CliError::Encode { source })?;
+    let root = policy
+        .canonical_value()
+        .map_err(|source| CliError::Encode { source })?;
     let text = if json {
         let value = json!({
             "stage": root["stage"][stage],
             "image": { settings.image(): root["image"][settings.image()] },
             "seccomp": { settings.seccomp_profile(): root["seccomp"][settings.seccomp_profile()] },
         });
-        let mut s = cordon::canonical::to_canonical_json(&value).map_err(|source| CliError::Encode { source })?;
+        let mut s = cordon::canonical::to_canonical_json(&value)
+            .map_err(|source| CliError::Encode { source })?;
         s.push('\n');
         s
     } else {
@@ -309,11 +359,20 @@ fn explain_cmd(file: &Path, stage: &str, json: bool, stdout: &mut dyn Write) -> 
         let profile = &root["seccomp"][settings.seccomp_profile()];
         for key in ["baseline", "default_action", "architectures"] {
             if let Some(v) = profile.get(key) {
-                lines.push(format!("seccomp.{}.{} = {v}", settings.seccomp_profile(), key.replace('_', "-")));
+                lines.push(format!(
+                    "seccomp.{}.{} = {v}",
+                    settings.seccomp_profile(),
+                    key.replace('_', "-")
+                ));
             }
         }
-        let allowed = profile["syscall"].as_object().map_or(0, serde_json::Map::len);
-        lines.push(format!("seccomp.{}.syscall = {allowed} rules (cordon-policy explain --json lists them)", settings.seccomp_profile()));
+        let allowed = profile["syscall"]
+            .as_object()
+            .map_or(0, serde_json::Map::len);
+        lines.push(format!(
+            "seccomp.{}.syscall = {allowed} rules (cordon-policy explain --json lists them)",
+            settings.seccomp_profile()
+        ));
         lines.join("\n") + "\n"
     };
     let _ = stdout.write_all(text.as_bytes());

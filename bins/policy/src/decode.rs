@@ -78,7 +78,10 @@ pub(crate) fn suggest<'a>(given: &str, known: impl IntoIterator<Item = &'a str>)
 }
 
 pub(crate) fn positional(node: &KdlNode) -> Vec<&KdlEntry> {
-    node.entries().iter().filter(|e| e.name().is_none()).collect()
+    node.entries()
+        .iter()
+        .filter(|e| e.name().is_none())
+        .collect()
 }
 
 /// The node's name token, for labels.
@@ -134,7 +137,10 @@ pub(crate) fn shape(
         } else if let Some(first) = seen.get(key_name) {
             cx.report_at(
                 "duplicate",
-                vec![(*first, "first here".into()), (key.span(), "again here".into())],
+                vec![
+                    (*first, "first here".into()),
+                    (key.span(), "again here".into()),
+                ],
                 format!("property `{key_name}` is given twice"),
                 None,
             );
@@ -236,7 +242,13 @@ pub(crate) fn boolean(cx: &mut Cx, entry: &KdlEntry) -> Option<bool> {
 }
 
 /// An integer within `min..=max`.
-pub(crate) fn integer(cx: &mut Cx, entry: &KdlEntry, what: &str, min: u64, max: u64) -> Option<u64> {
+pub(crate) fn integer(
+    cx: &mut Cx,
+    entry: &KdlEntry,
+    what: &str,
+    min: u64,
+    max: u64,
+) -> Option<u64> {
     if !no_annotation(cx, entry) {
         return None;
     }
@@ -247,14 +259,24 @@ pub(crate) fn integer(cx: &mut Cx, entry: &KdlEntry, what: &str, min: u64, max: 
     match u64::try_from(*n) {
         Ok(v) if (min..=max).contains(&v) => Some(v),
         _ => {
-            cx.out_of_range(entry.span(), what, &n.to_string(), &format!("{min}..={max}"));
+            cx.out_of_range(
+                entry.span(),
+                what,
+                &n.to_string(),
+                &format!("{min}..={max}"),
+            );
             None
         }
     }
 }
 
 /// One of a fixed set of strings.
-pub(crate) fn choice(cx: &mut Cx, entry: &KdlEntry, what: &str, allowed: &[&str]) -> Option<String> {
+pub(crate) fn choice(
+    cx: &mut Cx,
+    entry: &KdlEntry,
+    what: &str,
+    allowed: &[&str],
+) -> Option<String> {
     let value = string(cx, entry)?;
     if allowed.contains(&value.as_str()) {
         return Some(value);
@@ -276,7 +298,13 @@ pub(crate) fn size(cx: &mut Cx, entry: &KdlEntry, what: &str, min: u64, max: u64
     let text = string(cx, entry)?;
     match units::parse_size(&text) {
         Err(message) => {
-            cx.report("invalid-size", entry.span(), "not a size", message, Some("for example \"512MiB\" or \"4GiB\"".into()));
+            cx.report(
+                "invalid-size",
+                entry.span(),
+                "not a size",
+                message,
+                Some("for example \"512MiB\" or \"4GiB\"".into()),
+            );
             None
         }
         Ok(v) if (min..=max).contains(&v) => Some(v),
@@ -289,16 +317,32 @@ pub(crate) fn size(cx: &mut Cx, entry: &KdlEntry, what: &str, min: u64, max: u64
 }
 
 /// A duration string within `min..=max` milliseconds.
-pub(crate) fn duration(cx: &mut Cx, entry: &KdlEntry, what: &str, min: u64, max: u64) -> Option<u64> {
+pub(crate) fn duration(
+    cx: &mut Cx,
+    entry: &KdlEntry,
+    what: &str,
+    min: u64,
+    max: u64,
+) -> Option<u64> {
     let text = string(cx, entry)?;
     match units::parse_duration(&text) {
         Err(message) => {
-            cx.report("invalid-duration", entry.span(), "not a duration", message, Some("for example \"90s\" or \"10m\"".into()));
+            cx.report(
+                "invalid-duration",
+                entry.span(),
+                "not a duration",
+                message,
+                Some("for example \"90s\" or \"10m\"".into()),
+            );
             None
         }
         Ok(v) if (min..=max).contains(&v) => Some(v),
         Ok(_) => {
-            let bound = format!("{}..={}", units::format_duration(min), units::format_duration(max));
+            let bound = format!(
+                "{}..={}",
+                units::format_duration(min),
+                units::format_duration(max)
+            );
             cx.out_of_range(entry.span(), what, &text, &bound);
             None
         }
@@ -311,7 +355,10 @@ pub(crate) fn path(cx: &mut Cx, entry: &KdlEntry, what: &str) -> Option<String> 
     let text = string(cx, entry)?;
     let normal = text.starts_with('/')
         && !text.contains('\0')
-        && (text == "/" || text[1..].split('/').all(|c| !c.is_empty() && c != "." && c != ".."));
+        && (text == "/"
+            || text[1..]
+                .split('/')
+                .all(|c| !c.is_empty() && c != "." && c != ".."));
     if normal {
         Some(text)
     } else {
@@ -333,14 +380,23 @@ pub(crate) fn reason(cx: &mut Cx, node: &KdlNode) -> Option<String> {
             "missing-reason",
             name_span(node),
             "allow-list entry without a reason",
-            format!("`{}` is an allow-list entry and needs reason=\"…\"", node.name().value()),
+            format!(
+                "`{}` is an allow-list entry and needs reason=\"…\"",
+                node.name().value()
+            ),
             Some("say why this entry is needed; reviewers read it in `cordon-policy diff`".into()),
         );
         return None;
     };
     let text = string(cx, entry)?;
     if text.trim().is_empty() {
-        cx.report("missing-reason", entry.span(), "empty reason", "reason is empty", None);
+        cx.report(
+            "missing-reason",
+            entry.span(),
+            "empty reason",
+            "reason is empty",
+            None,
+        );
         return None;
     }
     Some(text)
@@ -372,7 +428,13 @@ impl<'a> Block<'a> {
         for node in doc.map(KdlDocument::nodes).unwrap_or_default() {
             let name = node.name().value();
             if let Some(ty) = node.ty() {
-                cx.report("wrong-type", ty.span(), "type annotations are not part of the policy language", format!("unexpected type annotation `({})` on `{name}`", ty.value()), None);
+                cx.report(
+                    "wrong-type",
+                    ty.span(),
+                    "type annotations are not part of the policy language",
+                    format!("unexpected type annotation `({})` on `{name}`", ty.value()),
+                    None,
+                );
             }
             if !known.contains(&name) {
                 let help = suggest(name, known.iter().copied())
@@ -392,7 +454,10 @@ impl<'a> Block<'a> {
             {
                 cx.report_at(
                     "duplicate",
-                    vec![(name_span(first), "first here".into()), (name_span(node), "again here".into())],
+                    vec![
+                        (name_span(first), "first here".into()),
+                        (name_span(node), "again here".into()),
+                    ],
                     format!("`{name}` is given twice in {owner}"),
                     Some("keep one".into()),
                 );

@@ -22,24 +22,69 @@ pub const CODES: &[(&str, &str)] = &[
     ("missing-argument", "fewer arguments than the node needs"),
     ("missing-property", "a required property is absent"),
     ("missing-node", "a required node or section is absent"),
-    ("unexpected-children", "a children block on a node that takes none"),
-    ("wrong-type", "a value of the wrong kind (string, integer, boolean) or with a type annotation"),
-    ("invalid-value", "a value outside the node's fixed set or format"),
-    ("out-of-range", "a number, size or duration outside its bound (the bound is named)"),
-    ("invalid-size", "a size not written as an integer with an IEC suffix"),
-    ("invalid-duration", "a duration not written as an integer with ms, s, m or h"),
+    (
+        "unexpected-children",
+        "a children block on a node that takes none",
+    ),
+    (
+        "wrong-type",
+        "a value of the wrong kind (string, integer, boolean) or with a type annotation",
+    ),
+    (
+        "invalid-value",
+        "a value outside the node's fixed set or format",
+    ),
+    (
+        "out-of-range",
+        "a number, size or duration outside its bound (the bound is named)",
+    ),
+    (
+        "invalid-size",
+        "a size not written as an integer with an IEC suffix",
+    ),
+    (
+        "invalid-duration",
+        "a duration not written as an integer with ms, s, m or h",
+    ),
     ("invalid-path", "a path that is not absolute and normalised"),
     ("invalid-range", "an id range with a zero or inverted end"),
-    ("duplicate", "the same node, property or entry twice (both places are labelled)"),
-    ("unresolved-reference", "a name that refers to no declared image, profile, stage or secret"),
-    ("unknown-syscall", "a name that is not an x86_64 system call"),
-    ("unknown-capability", "a name that is not a Linux capability"),
+    (
+        "duplicate",
+        "the same node, property or entry twice (both places are labelled)",
+    ),
+    (
+        "unresolved-reference",
+        "a name that refers to no declared image, profile, stage or secret",
+    ),
+    (
+        "unknown-syscall",
+        "a name that is not an x86_64 system call",
+    ),
+    (
+        "unknown-capability",
+        "a name that is not a Linux capability",
+    ),
     ("missing-reason", "an allow-list entry without reason=\"…\""),
-    ("redundant-entry", "an entry that changes nothing (already allowed, or removing what is absent)"),
-    ("unsupported-version", "a policy language version this build does not read"),
-    ("not-allowed-in-stage", "a node or value that this stage kind may not have"),
-    ("weakened-control", "an attempt to turn off a control cordon never runs without"),
-    ("overlap", "paths or mount destinations that are not pairwise disjoint, or a reserved destination"),
+    (
+        "redundant-entry",
+        "an entry that changes nothing (already allowed, or removing what is absent)",
+    ),
+    (
+        "unsupported-version",
+        "a policy language version this build does not read",
+    ),
+    (
+        "not-allowed-in-stage",
+        "a node or value that this stage kind may not have",
+    ),
+    (
+        "weakened-control",
+        "an attempt to turn off a control cordon never runs without",
+    ),
+    (
+        "overlap",
+        "paths or mount destinations that are not pairwise disjoint, or a reserved destination",
+    ),
 ];
 
 /// The source a policy was read from, shared by all its problems.
@@ -63,7 +108,10 @@ impl Problem {
         help: Option<String>,
         source: Source,
     ) -> Self {
-        debug_assert!(CODES.iter().any(|(c, _)| *c == code), "undocumented code {code}");
+        debug_assert!(
+            CODES.iter().any(|(c, _)| *c == code),
+            "undocumented code {code}"
+        );
         Self {
             code,
             message,
@@ -104,11 +152,9 @@ impl Diagnostic for Problem {
     }
 
     fn labels(&self) -> Option<Box<dyn Iterator<Item = LabeledSpan> + '_>> {
-        Some(Box::new(
-            self.labels
-                .iter()
-                .map(|(span, text)| LabeledSpan::new_with_span(Some(text.clone()), *span)),
-        ))
+        Some(Box::new(self.labels.iter().map(|(span, text)| {
+            LabeledSpan::new_with_span(Some(text.clone()), *span)
+        })))
     }
 }
 

@@ -14,13 +14,30 @@ use crate::units::{format_duration, format_millis, format_size};
 
 /// Maps whose keys are names from the policy (kept as written), not field names.
 const NAMED_MAPS: &[&str] = &[
-    "secret", "image", "seccomp", "stage", "step", "syscall", "capability", "allow_host",
-    "jit_entry_point", "phase_deadline_ms", "gpu_device", "env", "mount", "read",
+    "secret",
+    "image",
+    "seccomp",
+    "stage",
+    "step",
+    "syscall",
+    "capability",
+    "allow_host",
+    "jit_entry_point",
+    "phase_deadline_ms",
+    "gpu_device",
+    "env",
+    "mount",
+    "read",
 ];
 
 /// Arrays that are sets: diffed member by member.
 const SETS: &[&str] = &[
-    "exclude", "ban_call", "ban_import", "ban_attribute_call", "architectures", "deny_env",
+    "exclude",
+    "ban_call",
+    "ban_import",
+    "ban_attribute_call",
+    "architectures",
+    "deny_env",
     "deny_file",
 ];
 
@@ -61,7 +78,10 @@ impl Path {
     }
 
     fn parent_key(&self) -> &str {
-        self.0.len().checked_sub(2).map_or("", |i| self.0[i].as_str())
+        self.0
+            .len()
+            .checked_sub(2)
+            .map_or("", |i| self.0[i].as_str())
     }
 
     fn display(&self) -> String {
@@ -76,11 +96,16 @@ impl Path {
                 let trimmed = if key.starts_with("max_") {
                     key
                 } else {
-                    ["_bytes", "_ms", "_milli"].iter().find_map(|s| key.strip_suffix(s)).unwrap_or(key)
+                    ["_bytes", "_ms", "_milli"]
+                        .iter()
+                        .find_map(|s| key.strip_suffix(s))
+                        .unwrap_or(key)
                 };
                 trimmed.replace('_', "-")
             };
-            let plain = shown.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+            let plain = shown
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
             if i > 0 && plain {
                 out.push('.');
             }
@@ -96,7 +121,11 @@ impl Path {
 
 /// A leaf value in the policy's own units.
 fn render(path: &Path, value: &Value) -> String {
-    let unit_key = if NAMED_MAPS.contains(&path.parent_key()) { path.parent_key() } else { path.last() };
+    let unit_key = if NAMED_MAPS.contains(&path.parent_key()) {
+        path.parent_key()
+    } else {
+        path.last()
+    };
     match value.as_u64() {
         Some(n) if unit_key.ends_with("_bytes") => format_size(n),
         Some(n) if unit_key.ends_with("_ms") => format_duration(n),
@@ -131,18 +160,28 @@ fn reasoned_line(path: &Path, key: &str, entry: &Value, sign: char) -> Option<St
         .map(|a| format!(" if {}", Value::Array(a.clone())))
         .unwrap_or_default();
     let owner = Path(path.0[..path.0.len() - 1].to_vec());
-    Some(format!("{}: {sign} {noun} {key}{args} (reason {})", owner.display(), Value::String(reason.to_owned())))
+    Some(format!(
+        "{}: {sign} {noun} {key}{args} (reason {})",
+        owner.display(),
+        Value::String(reason.to_owned())
+    ))
 }
 
 fn added_or_removed(path: &Path, key: &str, value: &Value, sign: char, out: &mut Vec<Change>) {
     if let Some(line) = reasoned_line(path, key, value, sign) {
-        out.push(Change { section: section(path), line });
+        out.push(Change {
+            section: section(path),
+            line,
+        });
         return;
     }
     let mut flat = Vec::new();
     leaves(&path.child(key), value, &mut flat);
     for (p, v) in flat {
-        out.push(Change { section: section(&p), line: format!("{}: {sign} {v}", p.display()) });
+        out.push(Change {
+            section: section(&p),
+            line: format!("{}: {sign} {v}", p.display()),
+        });
     }
 }
 
@@ -161,15 +200,26 @@ fn walk(path: &Path, old: &Value, new: &Value, out: &mut Vec<Change>) {
         }
         (Value::Array(a), Value::Array(b)) if SETS.contains(&path.last()) => {
             for x in a.iter().filter(|x| !b.contains(x)) {
-                out.push(Change { section: section(path), line: format!("{}: - {x}", path.display()) });
+                out.push(Change {
+                    section: section(path),
+                    line: format!("{}: - {x}", path.display()),
+                });
             }
             for y in b.iter().filter(|y| !a.contains(y)) {
-                out.push(Change { section: section(path), line: format!("{}: + {y}", path.display()) });
+                out.push(Change {
+                    section: section(path),
+                    line: format!("{}: + {y}", path.display()),
+                });
             }
         }
         _ if old != new => out.push(Change {
             section: section(path),
-            line: format!("{}: {} → {}", path.display(), render(path, old), render(path, new)),
+            line: format!(
+                "{}: {} → {}",
+                path.display(),
+                render(path, old),
+                render(path, new)
+            ),
         }),
         _ => {}
     }
@@ -189,7 +239,9 @@ pub fn diff(old: &Value, new: &Value) -> Vec<Change> {
 pub fn grouped(changes: &[Change]) -> BTreeMap<&str, Vec<&str>> {
     let mut map: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for c in changes {
-        map.entry(c.section.as_str()).or_default().push(c.line.as_str());
+        map.entry(c.section.as_str())
+            .or_default()
+            .push(c.line.as_str());
     }
     map
 }
@@ -210,7 +262,9 @@ pub fn explain(root: &Value, keys: &[&str]) -> Vec<String> {
     }
     let mut flat = Vec::new();
     leaves(&path, value, &mut flat);
-    flat.into_iter().map(|(p, v)| format!("{} = {v}", p.display())).collect()
+    flat.into_iter()
+        .map(|(p, v)| format!("{} = {v}", p.display()))
+        .collect()
 }
 
 #[cfg(test)]
@@ -223,7 +277,13 @@ mod tests {
         let old = json!({"stage": {"prebuild": {"memory_bytes": 4u64 << 30, "deadline_ms": 600_000, "cpus_milli": 1500}}});
         let new = json!({"stage": {"prebuild": {"memory_bytes": 8u64 << 30, "deadline_ms": 600_000, "cpus_milli": 2000}}});
         let lines: Vec<String> = diff(&old, &new).into_iter().map(|c| c.line).collect();
-        assert_eq!(lines, ["stage.prebuild.cpus: 1.5 → 2", "stage.prebuild.memory: 4 GiB → 8 GiB"]);
+        assert_eq!(
+            lines,
+            [
+                "stage.prebuild.cpus: 1.5 → 2",
+                "stage.prebuild.memory: 4 GiB → 8 GiB"
+            ]
+        );
     }
 
     #[test]
@@ -231,9 +291,15 @@ mod tests {
         let old = json!({"seccomp": {"default": {"syscall": {}}}});
         let new = json!({"seccomp": {"default": {"syscall": {"ptrace": {"action": "allow", "args": [], "reason": "debugger"}}}}});
         let lines: Vec<String> = diff(&old, &new).into_iter().map(|c| c.line).collect();
-        assert_eq!(lines, [r#"seccomp.default: + allow ptrace (reason "debugger")"#]);
+        assert_eq!(
+            lines,
+            [r#"seccomp.default: + allow ptrace (reason "debugger")"#]
+        );
         let back: Vec<String> = diff(&new, &old).into_iter().map(|c| c.line).collect();
-        assert_eq!(back, [r#"seccomp.default: - allow ptrace (reason "debugger")"#]);
+        assert_eq!(
+            back,
+            [r#"seccomp.default: - allow ptrace (reason "debugger")"#]
+        );
     }
 
     #[test]
@@ -241,10 +307,13 @@ mod tests {
         let old = json!({"stage": {"lane": {"env": {"HF_HUB_OFFLINE": "1"}, "mount": {"/engine": {"mode": "ro"}}}}});
         let new = json!({"stage": {"lane": {"env": {"HF_HUB_OFFLINE": "0"}, "mount": {"/engine": {"mode": "rw"}}}}});
         let lines: Vec<String> = diff(&old, &new).into_iter().map(|c| c.line).collect();
-        assert_eq!(lines, [
-            r#"stage.lane.env.HF_HUB_OFFLINE: "1" → "0""#,
-            r#"stage.lane.mount["/engine"].mode: "ro" → "rw""#,
-        ]);
+        assert_eq!(
+            lines,
+            [
+                r#"stage.lane.env.HF_HUB_OFFLINE: "1" → "0""#,
+                r#"stage.lane.mount["/engine"].mode: "ro" → "rw""#,
+            ]
+        );
     }
 
     #[test]
@@ -252,7 +321,13 @@ mod tests {
         let old = json!({"intake": {"archive": {"exclude": [".git", "*.pyc"]}}});
         let new = json!({"intake": {"archive": {"exclude": [".git", "*.so"]}}});
         let lines: Vec<String> = diff(&old, &new).into_iter().map(|c| c.line).collect();
-        assert_eq!(lines, [r#"intake.archive.exclude: - "*.pyc""#, r#"intake.archive.exclude: + "*.so""#]);
+        assert_eq!(
+            lines,
+            [
+                r#"intake.archive.exclude: - "*.pyc""#,
+                r#"intake.archive.exclude: + "*.so""#
+            ]
+        );
     }
 
     #[test]

@@ -4,5 +4,10 @@ use clap::Parser;
 
 fn main() -> std::process::ExitCode {
     let args = cordon_policy::cli::Args::parse();
-    cordon_policy::cli::run(&args, &mut std::io::stdout().lock(), &mut std::io::stderr().lock()).into()
+    cordon_policy::cli::run(
+        &args,
+        &mut std::io::stdout().lock(),
+        &mut std::io::stderr().lock(),
+    )
+    .into()
 }

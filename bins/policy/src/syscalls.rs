@@ -543,7 +543,13 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), X86_64.len());
-        for name in ["read", "clone3", "io_uring_setup", "mseal", "open_tree_attr"] {
+        for name in [
+            "read",
+            "clone3",
+            "io_uring_setup",
+            "mseal",
+            "open_tree_attr",
+        ] {
             assert!(is_syscall(name), "{name}");
         }
     }
@@ -562,12 +568,23 @@ mod tests {
         for name in ["read", "write", "openat", "execve", "exit_group", "futex"] {
             assert_eq!(get(name), Some(BaselineEntry::Allow), "{name}");
         }
-        for name in ["ptrace", "mount", "unshare", "keyctl", "bpf", "io_uring_setup", "perf_event_open"] {
+        for name in [
+            "ptrace",
+            "mount",
+            "unshare",
+            "keyctl",
+            "bpf",
+            "io_uring_setup",
+            "perf_event_open",
+        ] {
             assert_eq!(get(name), None, "{name}");
         }
         assert_eq!(
             get("clone"),
-            Some(BaselineEntry::AllowIfMaskedZero { index: 0, mask: CLONE_NAMESPACE_FLAGS })
+            Some(BaselineEntry::AllowIfMaskedZero {
+                index: 0,
+                mask: CLONE_NAMESPACE_FLAGS
+            })
         );
         assert_eq!(get("clone3"), Some(BaselineEntry::Errno(ENOSYS)));
         assert!(baseline("nope").is_none());

@@ -30,8 +30,13 @@ fn split_number(text: &str) -> Option<(u64, &str)> {
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let bad = || format!("{text:?} is not a size; write an integer with B, KiB, MiB, GiB or TiB");
     let (number, unit) = split_number(text).ok_or_else(bad)?;
-    let (_, factor) = SIZE_UNITS.iter().find(|(u, _)| *u == unit).ok_or_else(bad)?;
-    number.checked_mul(*factor).ok_or_else(|| format!("{text:?} overflows 64 bits"))
+    let (_, factor) = SIZE_UNITS
+        .iter()
+        .find(|(u, _)| *u == unit)
+        .ok_or_else(bad)?;
+    number
+        .checked_mul(*factor)
+        .ok_or_else(|| format!("{text:?} overflows 64 bits"))
 }
 
 /// Parse `"90s"` into milliseconds.
@@ -41,8 +46,13 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 pub fn parse_duration(text: &str) -> Result<u64, String> {
     let bad = || format!("{text:?} is not a duration; write an integer with ms, s, m or h");
     let (number, unit) = split_number(text).ok_or_else(bad)?;
-    let (_, factor) = DURATION_UNITS.iter().find(|(u, _)| *u == unit).ok_or_else(bad)?;
-    number.checked_mul(*factor).ok_or_else(|| format!("{text:?} overflows 64 bits"))
+    let (_, factor) = DURATION_UNITS
+        .iter()
+        .find(|(u, _)| *u == unit)
+        .ok_or_else(bad)?;
+    number
+        .checked_mul(*factor)
+        .ok_or_else(|| format!("{text:?} overflows 64 bits"))
 }
 
 /// Parse a CPU count such as `2` or `"1.5"` into thousandths of a CPU.
@@ -52,12 +62,21 @@ pub fn parse_duration(text: &str) -> Result<u64, String> {
 pub fn parse_millis(text: &str) -> Result<u64, String> {
     let bad = || format!("{text:?} is not a CPU count; write a number with at most 3 decimals");
     let (whole, frac) = text.split_once('.').unwrap_or((text, ""));
-    if whole.is_empty() || frac.len() > 3 || !(whole.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit())) {
+    if whole.is_empty()
+        || frac.len() > 3
+        || !(whole
+            .bytes()
+            .chain(frac.bytes())
+            .all(|b| b.is_ascii_digit()))
+    {
         return Err(bad());
     }
     let whole: u64 = whole.parse().map_err(|_| bad())?;
     let frac: u64 = format!("{frac:0<3}").parse().map_err(|_| bad())?;
-    whole.checked_mul(1000).and_then(|w| w.checked_add(frac)).ok_or_else(bad)
+    whole
+        .checked_mul(1000)
+        .and_then(|w| w.checked_add(frac))
+        .ok_or_else(bad)
 }
 
 /// Bytes in the largest unit that divides them exactly: `4 GiB`, `1536 KiB`, `7 B`.

@@ -1,5 +1,7 @@
 //! The `cordon-policy` commands as an interface: exit codes, stdout and stderr.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -8,14 +10,22 @@ use cordon_policy::cli::{Args, run};
 use cordon_testkit::{require_executable, workspace_root};
 
 fn cmd(args: &[&str]) -> (u8, String, String) {
-    let parsed = Args::try_parse_from(std::iter::once("cordon-policy").chain(args.iter().copied())).unwrap();
+    let parsed =
+        Args::try_parse_from(std::iter::once("cordon-policy").chain(args.iter().copied())).unwrap();
     let (mut out, mut err) = (Vec::new(), Vec::new());
     let code = run(&parsed, &mut out, &mut err).code();
-    (code, String::from_utf8(out).unwrap(), String::from_utf8(err).unwrap())
+    (
+        code,
+        String::from_utf8(out).unwrap(),
+        String::from_utf8(err).unwrap(),
+    )
 }
 
 fn default_policy() -> String {
-    workspace_root().join("policy/evaluator.kdl").display().to_string()
+    workspace_root()
+        .join("policy/evaluator.kdl")
+        .display()
+        .to_string()
 }
 
 /// A copy of the minimal policy whose runtime is a fake script printing `version`.
@@ -25,7 +35,10 @@ fn with_fake_runtime(dir: &Path, version: &str, extra: &str) -> PathBuf {
     std::fs::set_permissions(&runtime, std::fs::Permissions::from_mode(0o755)).unwrap();
     let text = std::fs::read_to_string(workspace_root().join("policy/examples/minimal.kdl"))
         .unwrap()
-        .replace("path=\"/usr/sbin/runc\"", &format!("path=\"{}\"", runtime.display()))
+        .replace(
+            "path=\"/usr/sbin/runc\"",
+            &format!("path=\"{}\"", runtime.display()),
+        )
         .replace("    pids 256\n", &format!("    pids 256\n{extra}"));
     let file = dir.join(format!("policy-{}.kdl", extra.len()));
     std::fs::write(&file, text).unwrap();
@@ -53,7 +66,10 @@ fn check_json_diagnostics_and_unreadable_files() {
     assert_eq!(v["problems"][0]["code"], "cordon::policy::wrong-type");
     let (code, _, err) = cmd(&["check", "/nonexistent/policy.kdl"]);
     assert_eq!(code, 2);
-    assert!(err.contains("cannot read policy file /nonexistent/policy.kdl"), "{err}");
+    assert!(
+        err.contains("cannot read policy file /nonexistent/policy.kdl"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -64,7 +80,10 @@ fn identity_names_every_component_and_follows_the_runtime() {
     let (code, out, err) = cmd(&["identity", &file_s]);
     assert_eq!(code, 0, "{err}");
     for label in ["policy ", "file ", "runtime ", "image ", "authority "] {
-        assert!(out.lines().any(|l| l.starts_with(label)), "no {label}line in:\n{out}");
+        assert!(
+            out.lines().any(|l| l.starts_with(label)),
+            "no {label}line in:\n{out}"
+        );
     }
     assert!(out.contains("fake-runc 1.0"));
     let (code, json, _) = cmd(&["identity", &file_s, "--json"]);
@@ -77,7 +96,10 @@ fn identity_names_every_component_and_follows_the_runtime() {
     let other = with_fake_runtime(dir.path(), "fake-runc 2.0", "");
     let (_, json2, _) = cmd(&["identity", &other.display().to_string(), "--json"]);
     let receipt2 = cordon::receipt::Receipt::parse(json2.trim()).unwrap();
-    assert_eq!(receipt2.outputs["policy_digest"], receipt.outputs["policy_digest"]);
+    assert_eq!(
+        receipt2.outputs["policy_digest"],
+        receipt.outputs["policy_digest"]
+    );
     assert_ne!(receipt2.authority, receipt.authority);
 }
 
@@ -107,13 +129,25 @@ fn diff_exits_like_diff_and_names_the_change() {
     let (a, b) = (a.display().to_string(), b.display().to_string());
     let (code, out, _) = cmd(&["diff", &a, &a]);
     assert_eq!(code, 0);
-    assert!(out.starts_with("no semantic change (identity unchanged)"), "{out}");
+    assert!(
+        out.starts_with("no semantic change (identity unchanged)"),
+        "{out}"
+    );
     let (code, out, err) = cmd(&["diff", &a, &b]);
     assert_eq!(code, 1, "{err}");
     let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines[..2], ["[stage]", "  stage.prebuild.nofile: 1024 → 2048"]);
-    assert!(lines[2].starts_with("policy: sha256:") && lines[3].starts_with("authority: sha256:"), "{out}");
-    let bad = workspace_root().join("bins/policy/tests/fixtures/syntax.kdl").display().to_string();
+    assert_eq!(
+        lines[..2],
+        ["[stage]", "  stage.prebuild.nofile: 1024 → 2048"]
+    );
+    assert!(
+        lines[2].starts_with("policy: sha256:") && lines[3].starts_with("authority: sha256:"),
+        "{out}"
+    );
+    let bad = workspace_root()
+        .join("bins/policy/tests/fixtures/syntax.kdl")
+        .display()
+        .to_string();
     assert_eq!(cmd(&["diff", &a, &bad]).0, 2);
 }
 
@@ -121,7 +155,11 @@ fn diff_exits_like_diff_and_names_the_change() {
 fn explain_resolves_defaults_and_refuses_unknown_stages() {
     let (code, out, _) = cmd(&["explain", &default_policy(), "--stage", "prebuild"]);
     assert_eq!(code, 0);
-    for line in ["stage.prebuild.memory = 8 GiB", "stage.prebuild.sys = \"none\"", "stage.prebuild.tmp.exec = false"] {
+    for line in [
+        "stage.prebuild.memory = 8 GiB",
+        "stage.prebuild.sys = \"none\"",
+        "stage.prebuild.tmp.exec = false",
+    ] {
         assert!(out.lines().any(|l| l == line), "no {line:?} in:\n{out}");
     }
     let (code, out, _) = cmd(&["explain", &default_policy(), "--stage", "lane", "--json"]);
@@ -131,5 +169,8 @@ fn explain_resolves_defaults_and_refuses_unknown_stages() {
     assert!(v["seccomp"]["candidate"]["syscall"]["read"].is_object());
     let (code, _, err) = cmd(&["explain", &default_policy(), "--stage", "surface"]);
     assert_eq!(code, 2);
-    assert!(err.contains("declared stages: lane, prebuild, reference"), "{err}");
+    assert!(
+        err.contains("declared stages: lane, prebuild, reference"),
+        "{err}"
+    );
 }

@@ -1,6 +1,8 @@
 //! Golden tests of the diagnostics: one fixture per code under `tests/fixtures/<code>.kdl`, its
 //! rendered text snapshotted, and a file with several mistakes reporting all of them at once.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::path::PathBuf;
 
 use cordon_policy::CODES;
@@ -29,15 +31,22 @@ fn every_fixture_is_a_documented_code() {
     for entry in std::fs::read_dir(dir).unwrap() {
         let name = entry.unwrap().file_name().into_string().unwrap();
         let stem = name.trim_end_matches(".kdl");
-        assert!(stem == "many-mistakes" || CODES.iter().any(|(c, _)| *c == stem), "{name} names no code");
+        assert!(
+            stem == "many-mistakes" || CODES.iter().any(|(c, _)| *c == stem),
+            "{name} names no code"
+        );
     }
 }
 
 #[test]
 fn every_code_is_in_the_language_reference() {
-    let readme = std::fs::read_to_string(cordon_testkit::workspace_root().join("policy/README.md")).unwrap();
+    let readme =
+        std::fs::read_to_string(cordon_testkit::workspace_root().join("policy/README.md")).unwrap();
     for (code, _) in CODES {
-        assert!(readme.contains(&format!("`cordon::policy::{code}`")), "policy/README.md lacks {code}");
+        assert!(
+            readme.contains(&format!("`cordon::policy::{code}`")),
+            "policy/README.md lacks {code}"
+        );
     }
 }
 
@@ -48,7 +57,14 @@ fn several_mistakes_are_all_reported_at_once_in_file_order() {
     let codes: Vec<&str> = err.problems().iter().map(|p| p.short_code()).collect();
     assert_eq!(
         codes,
-        ["redundant-entry", "invalid-value", "unresolved-reference", "unknown-node", "invalid-size", "out-of-range"]
+        [
+            "redundant-entry",
+            "invalid-value",
+            "unresolved-reference",
+            "unknown-node",
+            "invalid-size",
+            "out-of-range"
+        ]
     );
     let rendered = err.render_text(100);
     for at in [":16:10]", ":18:13]", ":20:5]", ":22:12]", ":23:10]"] {

@@ -1,6 +1,8 @@
 //! The policy digest moves with semantics and only with semantics, and `diff` names exactly
 //! the value that changed.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use cordon_policy::Policy;
 use cordon_testkit::workspace_root;
 
@@ -13,10 +15,13 @@ fn parse(text: &str) -> Policy {
 }
 
 fn lines(old: &Policy, new: &Policy) -> Vec<String> {
-    cordon_policy::diff::diff(&old.canonical_value().unwrap(), &new.canonical_value().unwrap())
-        .into_iter()
-        .map(|c| c.line)
-        .collect()
+    cordon_policy::diff::diff(
+        &old.canonical_value().unwrap(),
+        &new.canonical_value().unwrap(),
+    )
+    .into_iter()
+    .map(|c| c.line)
+    .collect()
 }
 
 #[test]
@@ -31,19 +36,35 @@ fn formatting_comments_and_order_do_not_move_the_digest() {
         .collect();
     // Set members and sibling nodes reordered; an extra comment and block comment added.
     let reordered = text
-        .replace("ban-call \"eval\" \"exec\" \"compile\"", "ban-call \"compile\" /* moved */ \"exec\" \"eval\"")
+        .replace(
+            "ban-call \"eval\" \"exec\" \"compile\"",
+            "ban-call \"compile\" /* moved */ \"exec\" \"eval\"",
+        )
         .replace(
             "remove \"pidfd_getfd\" \"process_madvise\"",
             "remove \"process_madvise\" \"pidfd_getfd\"",
         )
-        .replace("    pids 1024\n    nofile 4096\n", "    nofile 4096 // swapped\n    pids 1024\n")
+        .replace(
+            "    pids 1024\n    nofile 4096\n",
+            "    nofile 4096 // swapped\n    pids 1024\n",
+        )
         .replace("exclude \".git\" \".hg\"", "exclude \".hg\" \".git\"");
     // The same values in other spellings: 8GiB as 8192MiB, 30m as 1800s.
-    let respelt = text.replace("memory \"8GiB\"", "memory \"8192MiB\"").replace("deadline \"30m\"", "deadline \"1800s\"");
-    for (what, variant) in [("stripped", stripped), ("reordered", reordered), ("respelt", respelt)] {
+    let respelt = text
+        .replace("memory \"8GiB\"", "memory \"8192MiB\"")
+        .replace("deadline \"30m\"", "deadline \"1800s\"");
+    for (what, variant) in [
+        ("stripped", stripped),
+        ("reordered", reordered),
+        ("respelt", respelt),
+    ] {
         assert_ne!(variant, text, "{what} did not change the text");
         let other = parse(&variant);
-        assert_eq!(other.digest().unwrap(), base.digest().unwrap(), "{what} moved the digest");
+        assert_eq!(
+            other.digest().unwrap(),
+            base.digest().unwrap(),
+            "{what} moved the digest"
+        );
         assert!(lines(&base, &other).is_empty(), "{what}");
     }
 }
@@ -53,16 +74,48 @@ fn each_semantic_change_moves_the_digest_and_diff_names_it() {
     let text = default_text();
     let base = parse(&text);
     let cases = [
-        ("memory \"8GiB\"", "memory \"16GiB\"", "stage.prebuild.memory: 8 GiB → 16 GiB"),
+        (
+            "memory \"8GiB\"",
+            "memory \"16GiB\"",
+            "stage.prebuild.memory: 8 GiB → 16 GiB",
+        ),
         ("pids 1024", "pids 2048", "stage.prebuild.pids: 1024 → 2048"),
-        ("deadline \"30m\"", "deadline \"45m\"", "stage.prebuild.deadline: 30m → 45m"),
-        ("tmp size=\"1GiB\" exec=#false", "tmp size=\"1GiB\" exec=#true", "stage.prebuild.tmp.exec: false → true"),
+        (
+            "deadline \"30m\"",
+            "deadline \"45m\"",
+            "stage.prebuild.deadline: 30m → 45m",
+        ),
+        (
+            "tmp size=\"1GiB\" exec=#false",
+            "tmp size=\"1GiB\" exec=#true",
+            "stage.prebuild.tmp.exec: false → true",
+        ),
         ("cpus 4", "cpus \"4.5\"", "stage.prebuild.cpus: 4 → 4.5"),
-        ("max-redirects 3", "max-redirects 2", "intake.transport.max-redirects: 3 → 2"),
-        ("max-members 200000", "max-members 100000", "intake.archive.max-members: 200000 → 100000"),
-        ("uid-range 3000000 3099999", "uid-range 3000000 3199999", "accounts.uid-range.last: 3099999 → 3199999"),
-        ("store \"/var/lib/cordon/store\"", "store \"/srv/cordon\"", "store: \"/var/lib/cordon/store\" → \"/srv/cordon\""),
-        ("\"*.pyo\"", "\"*.pyo\" \"*.so\"", "intake.archive.exclude: + \"*.so\""),
+        (
+            "max-redirects 3",
+            "max-redirects 2",
+            "intake.transport.max-redirects: 3 → 2",
+        ),
+        (
+            "max-members 200000",
+            "max-members 100000",
+            "intake.archive.max-members: 200000 → 100000",
+        ),
+        (
+            "uid-range 3000000 3099999",
+            "uid-range 3000000 3199999",
+            "accounts.uid-range.last: 3099999 → 3199999",
+        ),
+        (
+            "store \"/var/lib/cordon/store\"",
+            "store \"/srv/cordon\"",
+            "store: \"/var/lib/cordon/store\" → \"/srv/cordon\"",
+        ),
+        (
+            "\"*.pyo\"",
+            "\"*.pyo\" \"*.so\"",
+            "intake.archive.exclude: + \"*.so\"",
+        ),
         (
             "remove \"pidfd_getfd\" \"process_madvise\"",
             "remove \"pidfd_getfd\"",
@@ -78,9 +131,11 @@ fn each_semantic_change_moves_the_digest_and_diff_names_it() {
             "    ipc \"none\"\n    capability \"CAP_CHOWN\" reason=\"fix ownership\"\n",
             "stage.prebuild: + capability CAP_CHOWN (reason \"fix ownership\")",
         ),
-        ("HF_HUB_OFFLINE \"1\"\n        TRANSFORMERS_OFFLINE \"1\"\n    }\n    mount \"tree\" \"/engine\" mode=\"ro\"\n    mount \"publication\" \"/native\" mode=\"ro\"\n    mount \"model\" \"/model\" mode=\"ro\"\n    output stdout=\"16MiB\" stderr=\"16MiB\"\n    frame max-bytes=\"4MiB\" max-frames=1000000\n}\n\n// Pristine",
-         "HF_HUB_OFFLINE \"0\"\n        TRANSFORMERS_OFFLINE \"1\"\n    }\n    mount \"tree\" \"/engine\" mode=\"ro\"\n    mount \"publication\" \"/native\" mode=\"ro\"\n    mount \"model\" \"/model\" mode=\"ro\"\n    output stdout=\"16MiB\" stderr=\"16MiB\"\n    frame max-bytes=\"4MiB\" max-frames=1000000\n}\n\n// Pristine",
-         "stage.lane.env.HF_HUB_OFFLINE: \"1\" → \"0\""),
+        (
+            "HF_HUB_OFFLINE \"1\"\n        TRANSFORMERS_OFFLINE \"1\"\n    }\n    mount \"tree\" \"/engine\" mode=\"ro\"\n    mount \"publication\" \"/native\" mode=\"ro\"\n    mount \"model\" \"/model\" mode=\"ro\"\n    output stdout=\"16MiB\" stderr=\"16MiB\"\n    frame max-bytes=\"4MiB\" max-frames=1000000\n}\n\n// Pristine",
+            "HF_HUB_OFFLINE \"0\"\n        TRANSFORMERS_OFFLINE \"1\"\n    }\n    mount \"tree\" \"/engine\" mode=\"ro\"\n    mount \"publication\" \"/native\" mode=\"ro\"\n    mount \"model\" \"/model\" mode=\"ro\"\n    output stdout=\"16MiB\" stderr=\"16MiB\"\n    frame max-bytes=\"4MiB\" max-frames=1000000\n}\n\n// Pristine",
+            "stage.lane.env.HF_HUB_OFFLINE: \"1\" → \"0\"",
+        ),
         (
             "argv \"/bin/sh\" \"/engine/build.sh\" \"/staging\"",
             "argv \"/bin/sh\" \"/engine/build.sh\" \"/staging\" \"-j4\"",
@@ -88,9 +143,17 @@ fn each_semantic_change_moves_the_digest_and_diff_names_it() {
         ),
     ];
     for (from, to, expected) in cases {
-        assert_eq!(text.matches(from).count(), 1, "{from:?} is not unique in the default policy");
+        assert_eq!(
+            text.matches(from).count(),
+            1,
+            "{from:?} is not unique in the default policy"
+        );
         let changed = parse(&text.replacen(from, to, 1));
-        assert_ne!(changed.digest().unwrap(), base.digest().unwrap(), "{from} → {to} kept the digest");
+        assert_ne!(
+            changed.digest().unwrap(),
+            base.digest().unwrap(),
+            "{from} → {to} kept the digest"
+        );
         assert_eq!(lines(&base, &changed), [expected], "{from} → {to}");
     }
 }

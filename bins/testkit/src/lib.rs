@@ -40,6 +40,11 @@ pub fn policy_files() -> Vec<PathBuf> {
 /// Fail the test unless `path` is an executable file; `install` says how to get it.
 pub fn require_executable(path: &Path, install: &str) {
     use std::os::unix::fs::PermissionsExt;
-    let ok = std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
-    assert!(ok, "this test needs {} and it is missing: {install}", path.display());
+    let ok =
+        std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    assert!(
+        ok,
+        "this test needs {} and it is missing: {install}",
+        path.display()
+    );
 }
