@@ -13,8 +13,8 @@ use kdl::{KdlDocument, KdlEntry, KdlNode, KdlValue};
 use miette::SourceSpan;
 
 use crate::decode::{
-    Block, Cx, arg, boolean, choice, duration, integer, name_span, path, positional, prop, reason,
-    required_prop, shape, single, size, string, suggest,
+    Block, Cx, Seen, arg, boolean, choice, duration, integer, name_span, path, positional, prop,
+    reason, required_prop, shape, single, size, string, suggest,
 };
 use crate::model::*;
 use crate::syscalls::{self, BaselineEntry};
@@ -97,25 +97,17 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
         .collect::<BTreeMap<_, _>>();
     let stage_nodes = top.all("stage");
     let mut stages = BTreeMap::new();
-    let mut seen_kind: BTreeMap<String, SourceSpan> = BTreeMap::new();
+    let mut seen_kind = Seen::default();
     for node in &stage_nodes {
         shape(cx, node, 1, 1, &[], true);
         let Some(kind) = arg(node, 0).and_then(|e| choice(cx, e, "stage kind", STAGE_KINDS)) else {
             continue;
         };
-        if let Some(first) = seen_kind.get(&kind) {
-            cx.report_at(
-                "duplicate",
-                vec![
-                    (*first, "first here".into()),
-                    (name_span(node), "again here".into()),
-                ],
-                format!("stage {kind:?} is declared twice"),
-                None,
-            );
+        if !seen_kind.first(cx, &kind, name_span(node), || {
+            format!("stage {kind:?} is declared twice")
+        }) {
             continue;
         }
-        seen_kind.insert(kind.clone(), name_span(node));
         if let Some(stage) = stage(cx, node, &kind) {
             stages.insert(kind, stage);
         }
@@ -196,7 +188,7 @@ fn identifier(cx: &mut Cx, entry: &KdlEntry, what: &str) -> Option<String> {
 
 /// Nodes named by their first argument, each name once (duplicates labelled at both places).
 fn named<'a>(cx: &mut Cx, nodes: &[&'a KdlNode], what: &str) -> Vec<(String, &'a KdlNode)> {
-    let mut seen: BTreeMap<String, SourceSpan> = BTreeMap::new();
+    let mut seen = Seen::default();
     let mut out = Vec::new();
     for node in nodes {
         let Some(entry) = arg(node, 0) else {
@@ -206,19 +198,11 @@ fn named<'a>(cx: &mut Cx, nodes: &[&'a KdlNode], what: &str) -> Vec<(String, &'a
         let Some(name) = identifier(cx, entry, what) else {
             continue;
         };
-        if let Some(first) = seen.get(&name) {
-            cx.report_at(
-                "duplicate",
-                vec![
-                    (*first, "first here".into()),
-                    (entry.span(), "again here".into()),
-                ],
-                format!("{what} {name:?} is declared twice"),
-                None,
-            );
+        if !seen.first(cx, &name, entry.span(), || {
+            format!("{what} {name:?} is declared twice")
+        }) {
             continue;
         }
-        seen.insert(name.clone(), entry.span());
         out.push((name, *node));
     }
     out
@@ -393,24 +377,15 @@ fn intake(cx: &mut Cx, node: Option<&KdlNode>, whole: SourceSpan) -> Option<Inta
         &["allow-host"],
     );
     let mut allow_host = BTreeMap::new();
-    let mut host_spans: BTreeMap<String, SourceSpan> = BTreeMap::new();
+    let mut host_spans = Seen::default();
     for n in t.all("allow-host") {
         shape(cx, n, 1, 1, &["reason"], false);
         let host = arg(n, 0).and_then(|e| host_name(cx, e));
         let why = reason(cx, n);
         if let (Some(host), Some(reason)) = (host, why) {
-            if let Some(first) = host_spans.get(&host) {
-                cx.report_at(
-                    "duplicate",
-                    vec![
-                        (*first, "first here".into()),
-                        (name_span(n), "again here".into()),
-                    ],
-                    format!("host {host:?} is allowed twice"),
-                    None,
-                );
-            } else {
-                host_spans.insert(host.clone(), name_span(n));
+            if host_spans.first(cx, &host, name_span(n), || {
+                format!("host {host:?} is allowed twice")
+            }) {
                 allow_host.insert(host, Reasoned { reason });
             }
         }
@@ -528,23 +503,12 @@ fn strings(
     mut read: impl FnMut(&mut Cx, &KdlEntry) -> Option<String>,
 ) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
-    let mut spans: BTreeMap<String, SourceSpan> = BTreeMap::new();
+    let mut spans = Seen::default();
     for node in nodes {
         shape(cx, node, 1, usize::MAX, &[], false);
         for entry in positional(node) {
             let Some(s) = read(cx, entry) else { continue };
-            if let Some(first) = spans.get(&s) {
-                cx.report_at(
-                    "duplicate",
-                    vec![
-                        (*first, "first here".into()),
-                        (entry.span(), "again here".into()),
-                    ],
-                    format!("{s:?} is listed twice"),
-                    None,
-                );
-            } else {
-                spans.insert(s.clone(), entry.span());
+            if spans.first(cx, &s, entry.span(), || format!("{s:?} is listed twice")) {
                 out.insert(s);
             }
         }
@@ -669,7 +633,7 @@ fn tree(cx: &mut Cx, node: Option<&KdlNode>, whole: SourceSpan) -> Option<Tree> 
     let ban_import = bans("ban-import", MIN_BAN_IMPORT, 1);
     let ban_attribute_call = bans("ban-attribute-call", MIN_BAN_ATTRIBUTE_CALL, 1);
     let mut jit_entry_point = BTreeMap::new();
-    let mut jit_spans: BTreeMap<String, SourceSpan> = BTreeMap::new();
+    let mut jit_spans = Seen::default();
     for n in p.all("jit-entry-point") {
         shape(cx, n, 1, 1, &["reason"], false);
         let name = arg(n, 0).and_then(|e| dotted(cx, e, 2));
@@ -677,18 +641,9 @@ fn tree(cx: &mut Cx, node: Option<&KdlNode>, whole: SourceSpan) -> Option<Tree> 
         let (Some(name), Some(reason)) = (name, why) else {
             continue;
         };
-        if let Some(first) = jit_spans.get(&name) {
-            cx.report_at(
-                "duplicate",
-                vec![
-                    (*first, "first here".into()),
-                    (name_span(n), "again here".into()),
-                ],
-                format!("jit-entry-point {name:?} is given twice"),
-                None,
-            );
-        } else {
-            jit_spans.insert(name.clone(), name_span(n));
+        if jit_spans.first(cx, &name, name_span(n), || {
+            format!("jit-entry-point {name:?} is given twice")
+        }) {
             jit_entry_point.insert(name, Reasoned { reason });
         }
     }
@@ -885,19 +840,11 @@ fn seccomp(cx: &mut Cx, node: &KdlNode) -> Option<SeccompProfile> {
         })
         .collect();
     let mut rules = base.clone();
-    let mut touched: BTreeMap<String, SourceSpan> = BTreeMap::new();
-    let mut claim = |cx: &mut Cx, name: &str, span: SourceSpan| -> bool {
-        if let Some(first) = touched.get(name) {
-            cx.report_at(
-                "duplicate",
-                vec![(*first, "first here".into()), (span, "again here".into())],
-                format!("syscall {name:?} appears twice in this profile"),
-                Some("one entry per syscall: allow, remove or rule".into()),
-            );
-            return false;
-        }
-        touched.insert(name.to_owned(), span);
-        true
+    let mut touched = Seen::default();
+    let mut claim = |cx: &mut Cx, name: &str, span: SourceSpan| {
+        touched.first(cx, name, span, || {
+            format!("syscall {name:?} appears twice in this profile (one entry per syscall: allow, remove or rule)")
+        })
     };
     for n in b.all("remove") {
         shape(cx, n, 1, usize::MAX, &["reason"], false);
@@ -1073,7 +1020,7 @@ fn env(cx: &mut Cx, node: Option<&KdlNode>) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     let Some(node) = node else { return out };
     shape(cx, node, 0, 0, &[], true);
-    let mut spans: BTreeMap<String, SourceSpan> = BTreeMap::new();
+    let mut spans = Seen::default();
     for var in node.children().map(KdlDocument::nodes).unwrap_or_default() {
         let name = var.name().value().to_owned();
         if !env_name_ok(&name) {
@@ -1089,19 +1036,11 @@ fn env(cx: &mut Cx, node: Option<&KdlNode>) -> BTreeMap<String, String> {
         let Some(value) = single(cx, var, &[], string) else {
             continue;
         };
-        if let Some(first) = spans.get(&name) {
-            cx.report_at(
-                "duplicate",
-                vec![
-                    (*first, "first here".into()),
-                    (name_span(var), "again here".into()),
-                ],
-                format!("variable {name} is set twice"),
-                None,
-            );
+        if !spans.first(cx, &name, name_span(var), || {
+            format!("variable {name} is set twice")
+        }) {
             continue;
         }
-        spans.insert(name.clone(), name_span(var));
         out.insert(name, value);
     }
     out
@@ -1119,7 +1058,7 @@ fn mount_roles(kind: &str) -> &'static [&'static str] {
 fn mounts(cx: &mut Cx, nodes: &[&KdlNode], kind: &str) -> BTreeMap<String, Mount> {
     let mut out = BTreeMap::new();
     let mut dests: Vec<(String, SourceSpan)> = Vec::new();
-    let mut roles: BTreeMap<String, SourceSpan> = BTreeMap::new();
+    let mut roles = Seen::default();
     for n in nodes {
         shape(cx, n, 2, 2, &["mode"], false);
         let allowed = mount_roles(kind);
@@ -1172,19 +1111,11 @@ fn mounts(cx: &mut Cx, nodes: &[&KdlNode], kind: &str) -> BTreeMap<String, Mount
         else {
             continue;
         };
-        if let Some(first) = roles.get(&role) {
-            cx.report_at(
-                "duplicate",
-                vec![
-                    (*first, "first here".into()),
-                    (role_span, "again here".into()),
-                ],
-                format!("source {role:?} is mounted twice"),
-                None,
-            );
+        if !roles.first(cx, &role, role_span, || {
+            format!("source {role:?} is mounted twice")
+        }) {
             continue;
         }
-        roles.insert(role.clone(), role_span);
         let reserved = dest == "/"
             || dest == "/tmp"
             || ["/proc", "/sys", "/dev"].iter().any(|r| nested(&dest, r));
@@ -1281,7 +1212,7 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: &str) -> Option<Stage> {
         choice(cx, e, "ipc", &["none", "private"])
     });
     let mut capability = BTreeMap::new();
-    let mut cap_spans: BTreeMap<String, SourceSpan> = BTreeMap::new();
+    let mut cap_spans = Seen::default();
     let known_caps: Vec<String> = caps::all().iter().map(ToString::to_string).collect();
     for n in b.all("capability") {
         shape(cx, n, 1, 1, &["reason"], false);
@@ -1308,19 +1239,9 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: &str) -> Option<Stage> {
             continue;
         }
         let Some(reason) = why else { continue };
-        if let Some(first) = cap_spans.get(&name) {
-            cx.report_at(
-                "duplicate",
-                vec![
-                    (*first, "first here".into()),
-                    (e.span(), "again here".into()),
-                ],
-                format!("{name} is granted twice"),
-                None,
-            );
+        if !cap_spans.first(cx, &name, e.span(), || format!("{name} is granted twice")) {
             continue;
         }
-        cap_spans.insert(name.clone(), e.span());
         capability.insert(name, Reasoned { reason });
     }
     let no_new_privileges = value(cx, &b, "no-new-privileges", Some(true), boolean).and_then(|v| {
@@ -1404,7 +1325,7 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: &str) -> Option<Stage> {
         duration(cx, e, "deadline", SECOND, 24 * HOUR)
     });
     let mut phase_deadline_ms = BTreeMap::new();
-    let mut phase_spans: BTreeMap<String, SourceSpan> = BTreeMap::new();
+    let mut phase_spans = Seen::default();
     for n in b.all("phase-deadline") {
         shape(cx, n, 2, 2, &[], false);
         let name = arg(n, 0).and_then(|e| identifier(cx, e, "phase"));
@@ -1429,19 +1350,11 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: &str) -> Option<Stage> {
         let (Some(name), Some(ms)) = (name, ms) else {
             continue;
         };
-        if let Some(first) = phase_spans.get(&name) {
-            cx.report_at(
-                "duplicate",
-                vec![
-                    (*first, "first here".into()),
-                    (name_span(n), "again here".into()),
-                ],
-                format!("phase {name:?} has two deadlines"),
-                None,
-            );
+        if !phase_spans.first(cx, &name, name_span(n), || {
+            format!("phase {name:?} has two deadlines")
+        }) {
             continue;
         }
-        phase_spans.insert(name.clone(), name_span(n));
         phase_deadline_ms.insert(name, ms);
     }
     let gpu_device = gpu(cx, b.one("gpu"), kind);
@@ -1595,7 +1508,7 @@ fn gpu(cx: &mut Cx, node: Option<&KdlNode>, kind: &str) -> BTreeMap<String, Reas
         &["device"],
         &["device"],
     );
-    let mut spans: BTreeMap<String, SourceSpan> = BTreeMap::new();
+    let mut spans = Seen::default();
     for n in b.all("device") {
         shape(cx, n, 1, 1, &["reason"], false);
         let why = reason(cx, n);
@@ -1616,16 +1529,9 @@ fn gpu(cx: &mut Cx, node: Option<&KdlNode>, kind: &str) -> BTreeMap<String, Reas
         let (Some((dev, span)), Some(reason)) = (dev, why) else {
             continue;
         };
-        if let Some(first) = spans.get(&dev) {
-            cx.report_at(
-                "duplicate",
-                vec![(*first, "first here".into()), (span, "again here".into())],
-                format!("device {dev} is listed twice"),
-                None,
-            );
+        if !spans.first(cx, &dev, span, || format!("device {dev} is listed twice")) {
             continue;
         }
-        spans.insert(dev.clone(), span);
         out.insert(dev, Reasoned { reason });
     }
     if out.is_empty() && b.all("device").is_empty() {
@@ -1657,7 +1563,7 @@ fn surface(cx: &mut Cx, node: &KdlNode, mounts: &BTreeMap<String, Mount>) -> Opt
         &["read", "deny-env", "deny-file"],
     );
     let mut read = BTreeMap::new();
-    let mut spans: BTreeMap<String, SourceSpan> = BTreeMap::new();
+    let mut spans = Seen::default();
     for n in b.all("read") {
         shape(cx, n, 1, 1, &["reason"], false);
         let why = reason(cx, n);
@@ -1665,16 +1571,9 @@ fn surface(cx: &mut Cx, node: &KdlNode, mounts: &BTreeMap<String, Mount>) -> Opt
         let (Some((p, span)), Some(reason)) = (p, why) else {
             continue;
         };
-        if let Some(first) = spans.get(&p) {
-            cx.report_at(
-                "duplicate",
-                vec![(*first, "first here".into()), (span, "again here".into())],
-                format!("read path {p} is listed twice"),
-                None,
-            );
+        if !spans.first(cx, &p, span, || format!("read path {p} is listed twice")) {
             continue;
         }
-        spans.insert(p.clone(), span);
         read.insert(p, Reasoned { reason });
     }
     let write = value(cx, &b, "write", None, |cx, e| {

@@ -67,6 +67,33 @@ impl Cx {
     }
 }
 
+/// Names seen so far in one scope; a second sighting is a `duplicate` labelled at both places.
+#[derive(Default)]
+pub(crate) struct Seen(BTreeMap<String, SourceSpan>);
+
+impl Seen {
+    /// Whether `key` is new here; reports the duplicate (built by `message`) when it is not.
+    pub(crate) fn first(
+        &mut self,
+        cx: &mut Cx,
+        key: &str,
+        span: SourceSpan,
+        message: impl FnOnce() -> String,
+    ) -> bool {
+        if let Some(first) = self.0.get(key) {
+            cx.report_at(
+                "duplicate",
+                vec![(*first, "first here".into()), (span, "again here".into())],
+                message(),
+                None,
+            );
+            return false;
+        }
+        self.0.insert(key.to_owned(), span);
+        true
+    }
+}
+
 /// "did you mean" for a misspelt name.
 pub(crate) fn suggest<'a>(given: &str, known: impl IntoIterator<Item = &'a str>) -> Option<String> {
     known
@@ -119,7 +146,7 @@ pub(crate) fn shape(
             None,
         );
     }
-    let mut seen: BTreeMap<&str, SourceSpan> = BTreeMap::new();
+    let mut seen = Seen::default();
     for entry in node.entries() {
         let Some(key) = entry.name() else { continue };
         let key_name = key.value();
@@ -134,18 +161,10 @@ pub(crate) fn shape(
                 format!("`{name}` has no property `{key_name}`"),
                 help,
             );
-        } else if let Some(first) = seen.get(key_name) {
-            cx.report_at(
-                "duplicate",
-                vec![
-                    (*first, "first here".into()),
-                    (key.span(), "again here".into()),
-                ],
-                format!("property `{key_name}` is given twice"),
-                None,
-            );
         } else {
-            seen.insert(key_name, key.span());
+            seen.first(cx, key_name, key.span(), || {
+                format!("property `{key_name}` is given twice")
+            });
         }
     }
     if !children && node.children().is_some() {
