@@ -344,27 +344,12 @@ fn host_name(cx: &mut Cx, entry: &KdlEntry) -> Option<String> {
 }
 
 fn intake(cx: &mut Cx, node: Option<&KdlNode>, whole: SourceSpan) -> Option<Intake> {
-    if let Some(n) = node {
-        shape(cx, n, 0, 0, &[], true);
-    }
-    let span = node.map_or(whole, name_span);
-    let b = Block::read(
+    let b = Block::section(cx, node, "intake", whole, &["transport", "archive"], &[]);
+    let t = Block::section(
         cx,
-        node.and_then(KdlNode::children),
-        "intake",
-        span,
-        &["transport", "archive"],
-        &[],
-    );
-    let t_node = b.one("transport");
-    if let Some(n) = t_node {
-        shape(cx, n, 0, 0, &[], true);
-    }
-    let t = Block::read(
-        cx,
-        t_node.and_then(KdlNode::children),
+        b.one("transport"),
         "transport",
-        t_node.map_or(span, name_span),
+        b.span(),
         &[
             "allow-host",
             "max-redirects",
@@ -417,15 +402,11 @@ fn intake(cx: &mut Cx, node: Option<&KdlNode>, whole: SourceSpan) -> Option<Inta
             Some("set allow-loopback #true as well (tests only)".into()),
         );
     }
-    let a_node = b.one("archive");
-    if let Some(n) = a_node {
-        shape(cx, n, 0, 0, &[], true);
-    }
-    let a = Block::read(
+    let a = Block::section(
         cx,
-        a_node.and_then(KdlNode::children),
+        b.one("archive"),
         "archive",
-        a_node.map_or(span, name_span),
+        b.span(),
         &[
             "max-archive-bytes",
             "max-extracted-bytes",
@@ -536,27 +517,12 @@ fn dotted(cx: &mut Cx, entry: &KdlEntry, min_parts: usize) -> Option<String> {
 }
 
 fn tree(cx: &mut Cx, node: Option<&KdlNode>, whole: SourceSpan) -> Option<Tree> {
-    if let Some(n) = node {
-        shape(cx, n, 0, 0, &[], true);
-    }
-    let span = node.map_or(whole, name_span);
-    let b = Block::read(
+    let b = Block::section(cx, node, "tree", whole, &["limits", "python", "tiers"], &[]);
+    let l = Block::section(
         cx,
-        node.and_then(KdlNode::children),
-        "tree",
-        span,
-        &["limits", "python", "tiers"],
-        &[],
-    );
-    let l_node = b.one("limits");
-    if let Some(n) = l_node {
-        shape(cx, n, 0, 0, &[], true);
-    }
-    let l = Block::read(
-        cx,
-        l_node.and_then(KdlNode::children),
+        b.one("limits"),
         "limits",
-        l_node.map_or(span, name_span),
+        b.span(),
         &[
             "max-files",
             "max-file-bytes",
@@ -583,15 +549,11 @@ fn tree(cx: &mut Cx, node: Option<&KdlNode>, whole: SourceSpan) -> Option<Tree> 
             integer(cx, e, "max-path-length", 16, 4096)
         })?,
     };
-    let p_node = b.one("python");
-    if let Some(n) = p_node {
-        shape(cx, n, 0, 0, &[], true);
-    }
-    let p = Block::read(
+    let p = Block::section(
         cx,
-        p_node.and_then(KdlNode::children),
+        b.one("python"),
         "python",
-        p_node.map_or(span, name_span),
+        b.span(),
         &[
             "ban-call",
             "ban-import",
@@ -647,15 +609,11 @@ fn tree(cx: &mut Cx, node: Option<&KdlNode>, whole: SourceSpan) -> Option<Tree> 
             jit_entry_point.insert(name, Reasoned { reason });
         }
     }
-    let t_node = b.one("tiers");
-    if let Some(n) = t_node {
-        shape(cx, n, 0, 0, &[], true);
-    }
-    let t = Block::read(
+    let t = Block::section(
         cx,
-        t_node.and_then(KdlNode::children),
+        b.one("tiers"),
         "tiers",
-        t_node.map_or(span, name_span),
+        b.span(),
         &["executables", "cuda-sources", "dependency-patches"],
         &[],
     );

@@ -312,27 +312,54 @@ pub(crate) fn choice(
     None
 }
 
-/// A size string within `min..=max` bytes.
-pub(crate) fn size(cx: &mut Cx, entry: &KdlEntry, what: &str, min: u64, max: u64) -> Option<u64> {
+/// How a measured quantity is written and read back.
+struct Measure {
+    code: &'static str,
+    label: &'static str,
+    example: &'static str,
+    parse: fn(&str) -> Result<u64, String>,
+    format: fn(u64) -> String,
+}
+
+fn measured(
+    cx: &mut Cx,
+    entry: &KdlEntry,
+    what: &str,
+    min: u64,
+    max: u64,
+    m: &Measure,
+) -> Option<u64> {
     let text = string(cx, entry)?;
-    match units::parse_size(&text) {
+    match (m.parse)(&text) {
         Err(message) => {
             cx.report(
-                "invalid-size",
+                m.code,
                 entry.span(),
-                "not a size",
+                m.label,
                 message,
-                Some("for example \"512MiB\" or \"4GiB\"".into()),
+                Some(m.example.into()),
             );
             None
         }
         Ok(v) if (min..=max).contains(&v) => Some(v),
         Ok(_) => {
-            let bound = format!("{}..={}", units::format_size(min), units::format_size(max));
+            let bound = format!("{}..={}", (m.format)(min), (m.format)(max));
             cx.out_of_range(entry.span(), what, &text, &bound);
             None
         }
     }
+}
+
+/// A size string within `min..=max` bytes.
+pub(crate) fn size(cx: &mut Cx, entry: &KdlEntry, what: &str, min: u64, max: u64) -> Option<u64> {
+    const SIZE: Measure = Measure {
+        code: "invalid-size",
+        label: "not a size",
+        example: "for example \"512MiB\" or \"4GiB\"",
+        parse: units::parse_size,
+        format: units::format_size,
+    };
+    measured(cx, entry, what, min, max, &SIZE)
 }
 
 /// A duration string within `min..=max` milliseconds.
@@ -343,29 +370,14 @@ pub(crate) fn duration(
     min: u64,
     max: u64,
 ) -> Option<u64> {
-    let text = string(cx, entry)?;
-    match units::parse_duration(&text) {
-        Err(message) => {
-            cx.report(
-                "invalid-duration",
-                entry.span(),
-                "not a duration",
-                message,
-                Some("for example \"90s\" or \"10m\"".into()),
-            );
-            None
-        }
-        Ok(v) if (min..=max).contains(&v) => Some(v),
-        Ok(_) => {
-            let bound = format!(
-                "{}..={}",
-                units::format_duration(min),
-                units::format_duration(max)
-            );
-            cx.out_of_range(entry.span(), what, &text, &bound);
-            None
-        }
-    }
+    const DURATION: Measure = Measure {
+        code: "invalid-duration",
+        label: "not a duration",
+        example: "for example \"90s\" or \"10m\"",
+        parse: units::parse_duration,
+        format: units::format_duration,
+    };
+    measured(cx, entry, what, min, max, &DURATION)
 }
 
 /// An absolute, normalised path: starts with `/`, no empty, `.` or `..` components, no
@@ -489,6 +501,35 @@ impl<'a> Block<'a> {
             span,
             owner: owner.to_owned(),
         }
+    }
+
+    /// An optional section node (no arguments, a children block) read as a block; when it is
+    /// absent the block is empty and problems about it point at `fallback`.
+    pub(crate) fn section(
+        cx: &mut Cx,
+        node: Option<&'a KdlNode>,
+        owner: &str,
+        fallback: SourceSpan,
+        known: &[&str],
+        multi: &[&str],
+    ) -> Self {
+        if let Some(n) = node {
+            shape(cx, n, 0, 0, &[], true);
+        }
+        let span = node.map_or(fallback, name_span);
+        Self::read(
+            cx,
+            node.and_then(KdlNode::children),
+            owner,
+            span,
+            known,
+            multi,
+        )
+    }
+
+    /// The span problems about this block point at.
+    pub(crate) fn span(&self) -> SourceSpan {
+        self.span
     }
 
     pub(crate) fn one(&self, name: &str) -> Option<&'a KdlNode> {

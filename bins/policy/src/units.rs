@@ -23,20 +23,26 @@ fn split_number(text: &str) -> Option<(u64, &str)> {
     Some((number, text[digits..].trim_start_matches(' ')))
 }
 
+fn parse_with(
+    text: &str,
+    units: &[(&str, u64)],
+    kind: &str,
+    suffixes: &str,
+) -> Result<u64, String> {
+    let bad = || format!("{text:?} is not a {kind}; write an integer with {suffixes}");
+    let (number, unit) = split_number(text).ok_or_else(bad)?;
+    let (_, factor) = units.iter().find(|(u, _)| *u == unit).ok_or_else(bad)?;
+    number
+        .checked_mul(*factor)
+        .ok_or_else(|| format!("{text:?} overflows 64 bits"))
+}
+
 /// Parse `"512MiB"` into bytes.
 ///
 /// # Errors
 /// A message saying what a size looks like.
 pub fn parse_size(text: &str) -> Result<u64, String> {
-    let bad = || format!("{text:?} is not a size; write an integer with B, KiB, MiB, GiB or TiB");
-    let (number, unit) = split_number(text).ok_or_else(bad)?;
-    let (_, factor) = SIZE_UNITS
-        .iter()
-        .find(|(u, _)| *u == unit)
-        .ok_or_else(bad)?;
-    number
-        .checked_mul(*factor)
-        .ok_or_else(|| format!("{text:?} overflows 64 bits"))
+    parse_with(text, &SIZE_UNITS, "size", "B, KiB, MiB, GiB or TiB")
 }
 
 /// Parse `"90s"` into milliseconds.
@@ -44,15 +50,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 /// # Errors
 /// A message saying what a duration looks like.
 pub fn parse_duration(text: &str) -> Result<u64, String> {
-    let bad = || format!("{text:?} is not a duration; write an integer with ms, s, m or h");
-    let (number, unit) = split_number(text).ok_or_else(bad)?;
-    let (_, factor) = DURATION_UNITS
-        .iter()
-        .find(|(u, _)| *u == unit)
-        .ok_or_else(bad)?;
-    number
-        .checked_mul(*factor)
-        .ok_or_else(|| format!("{text:?} overflows 64 bits"))
+    parse_with(text, &DURATION_UNITS, "duration", "ms, s, m or h")
 }
 
 /// Parse a CPU count such as `2` or `"1.5"` into thousandths of a CPU.
@@ -79,26 +77,26 @@ pub fn parse_millis(text: &str) -> Result<u64, String> {
         .ok_or_else(bad)
 }
 
+fn format_with(n: u64, units: &[(&str, u64)], sep: &str) -> String {
+    for (unit, factor) in units {
+        if n >= *factor && n % factor == 0 {
+            return format!("{}{sep}{unit}", n / factor);
+        }
+    }
+    let (smallest, _) = units[units.len() - 1];
+    format!("{n}{sep}{smallest}")
+}
+
 /// Bytes in the largest unit that divides them exactly: `4 GiB`, `1536 KiB`, `7 B`.
 #[must_use]
 pub fn format_size(bytes: u64) -> String {
-    for (unit, factor) in SIZE_UNITS {
-        if bytes >= factor && bytes % factor == 0 {
-            return format!("{} {unit}", bytes / factor);
-        }
-    }
-    format!("{bytes} B")
+    format_with(bytes, &SIZE_UNITS, " ")
 }
 
 /// Milliseconds in the largest unit that divides them exactly: `10m`, `90s`, `1500ms`.
 #[must_use]
 pub fn format_duration(ms: u64) -> String {
-    for (unit, factor) in DURATION_UNITS {
-        if ms >= factor && ms % factor == 0 {
-            return format!("{}{unit}", ms / factor);
-        }
-    }
-    format!("{ms}ms")
+    format_with(ms, &DURATION_UNITS, "")
 }
 
 /// Thousandths as a decimal: `1500` → `1.5`.
