@@ -166,14 +166,39 @@ fn load(path: &Path) -> Result<Loaded, CliError> {
 fn components(policy: &Policy) -> Result<AuthorityComponents, CliError> {
     let runtime = policy.runtime();
     let facts = identity::probe_runtime(runtime.kind(), Path::new(runtime.path()), runtime.pin())?;
+    with_runtime(policy, facts, identity::installed_binaries()?)
+}
+
+fn with_runtime(
+    policy: &Policy,
+    runtime: identity::RuntimeFacts,
+    binaries: std::collections::BTreeMap<String, Digest>,
+) -> Result<AuthorityComponents, CliError> {
     Ok(AuthorityComponents {
         policy: policy
             .digest()
             .map_err(|source| CliError::Encode { source })?,
-        runtime: facts,
+        runtime,
         images: policy.images().clone(),
-        binaries: identity::installed_binaries()?,
+        binaries,
     })
+}
+
+/// Both sides' authorities, hashing the installed binaries once and the runtime once when both
+/// policies name the same one.
+fn authorities(a: &Policy, b: &Policy) -> Result<(Digest, Digest), CliError> {
+    let binaries = identity::installed_binaries()?;
+    let probe =
+        |r: &crate::Runtime| identity::probe_runtime(r.kind(), Path::new(r.path()), r.pin());
+    let ra = probe(a.runtime())?;
+    let rb = if b.runtime() == a.runtime() {
+        ra.clone()
+    } else {
+        probe(b.runtime())?
+    };
+    let x = with_runtime(a, ra, binaries.clone())?.authority()?;
+    let y = with_runtime(b, rb, binaries)?.authority()?;
+    Ok((x, y))
 }
 
 fn report(err: &CliError, mode: Diagnostics, stderr: &mut dyn Write) {
@@ -308,12 +333,9 @@ fn diff_cmd(
         s += &format!("policy: {da} → {db}\n");
         // The authority adds this host's runtime and binaries to each side; a reviewer's
         // machine may lack the runtime, and then says so instead of guessing.
-        match (
-            components(&a.policy).and_then(|c| Ok(c.authority()?)),
-            components(&b.policy).and_then(|c| Ok(c.authority()?)),
-        ) {
-            (Ok(x), Ok(y)) => s += &format!("authority: {x} → {y}\n"),
-            (Err(e), _) | (_, Err(e)) => {
+        match authorities(&a.policy, &b.policy) {
+            Ok((x, y)) => s += &format!("authority: {x} → {y}\n"),
+            Err(e) => {
                 let _ = writeln!(stderr, "note: authority not computed on this host: {e}");
             }
         }
