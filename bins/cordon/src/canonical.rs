@@ -82,17 +82,33 @@ impl Digest {
             path: path.to_path_buf(),
             source,
         };
-        let mut file = std::fs::File::open(path).map_err(read_err)?;
+        let file = std::fs::File::open(path).map_err(read_err)?;
+        Self::of_reader(file).map(|(d, _)| d).map_err(read_err)
+    }
+
+    /// The digest of everything a reader yields, and how many bytes that was.
+    ///
+    /// # Errors
+    /// The reader's error.
+    pub fn of_reader(mut reader: impl Read) -> std::io::Result<(Self, u64)> {
         let mut hasher = Sha256::new();
-        let mut buf = vec![0u8; 1 << 16];
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut total = 0u64;
         loop {
-            let n = file.read(&mut buf).map_err(read_err)?;
+            let n = reader.read(&mut buf)?;
             if n == 0 {
                 break;
             }
             hasher.update(&buf[..n]);
+            total += n as u64;
         }
-        Ok(Self(hasher.finalize().into()))
+        Ok((Self(hasher.finalize().into()), total))
+    }
+
+    /// A digest from a finished SHA-256 state (for hashes computed while streaming).
+    #[must_use]
+    pub fn from_hasher(hasher: Sha256) -> Self {
+        Self(hasher.finalize().into())
     }
 
     /// The lowercase hex digits, without the `sha256:` prefix.

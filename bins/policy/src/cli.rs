@@ -133,7 +133,9 @@ pub enum CliError {
 }
 
 impl CliError {
-    fn exit_code(&self) -> ExitCode {
+    /// The exit code this failure maps to.
+    #[must_use]
+    pub fn exit_code(&self) -> ExitCode {
         match self {
             Self::Identity(e) => e.exit_code(),
             Self::Encode { .. } | Self::Receipt { .. } => ExitCode::NoDecision,
@@ -145,12 +147,19 @@ impl CliError {
 }
 
 /// A policy read from disk, with the sha256 of its raw bytes.
-struct Loaded {
-    policy: Policy,
-    raw_sha256: Digest,
+#[derive(Debug)]
+pub struct Loaded {
+    /// The validated policy.
+    pub policy: Policy,
+    /// sha256 of the file's bytes (formatting included; not part of the authority).
+    pub raw_sha256: Digest,
 }
 
-fn load(path: &Path) -> Result<Loaded, CliError> {
+/// Read and validate a policy file: what every stage binary does first.
+///
+/// # Errors
+/// The file is unreadable, not UTF-8, or not a valid policy (exit 2).
+pub fn load(path: &Path) -> Result<Loaded, CliError> {
     let bytes = std::fs::read(path).map_err(|source| CliError::Read {
         path: path.to_path_buf(),
         source,
@@ -163,7 +172,12 @@ fn load(path: &Path) -> Result<Loaded, CliError> {
     Ok(Loaded { policy, raw_sha256 })
 }
 
-fn components(policy: &Policy) -> Result<AuthorityComponents, CliError> {
+/// The authority components of a policy on this host: its digest, the probed runtime, the
+/// pinned images and the installed cordon binaries.
+///
+/// # Errors
+/// The runtime or the binaries could not be established (no-decision), or encoding failed.
+pub fn components(policy: &Policy) -> Result<AuthorityComponents, CliError> {
     let runtime = policy.runtime();
     let facts = identity::probe_runtime(runtime.kind(), Path::new(runtime.path()), runtime.pin())?;
     with_runtime(policy, facts, identity::installed_binaries()?)
@@ -201,21 +215,36 @@ fn authorities(a: &Policy, b: &Policy) -> Result<(Digest, Digest), CliError> {
     Ok((x, y))
 }
 
-fn report(err: &CliError, mode: Diagnostics, stderr: &mut dyn Write) {
-    let text = match (err, mode) {
-        (CliError::Policy(p), Diagnostics::Text) => p.render_text(WIDTH),
-        (CliError::Policy(p), Diagnostics::Json) => format!("{}\n", p.render_json()),
-        (other, Diagnostics::Text) => {
+/// Print a failure on stderr: policy problems each labelled on the source, anything else as a
+/// miette report, in text or JSON.
+pub fn report(err: &CliError, mode: Diagnostics, stderr: &mut dyn Write) {
+    match err {
+        CliError::Policy(p) => {
+            let text = match mode {
+                Diagnostics::Text => p.render_text(WIDTH),
+                Diagnostics::Json => format!("{}\n", p.render_json()),
+            };
+            // A closed stderr leaves nothing better to do; the exit code still tells.
+            let _ = stderr.write_all(text.as_bytes());
+        }
+        other => report_diagnostic(other, mode, stderr),
+    }
+}
+
+/// Print any diagnostic on stderr, in text (fixed width, no colour) or JSON.
+pub fn report_diagnostic(err: &dyn Diagnostic, mode: Diagnostics, stderr: &mut dyn Write) {
+    let text = match mode {
+        Diagnostics::Text => {
             let mut s = String::new();
             let handler = GraphicalReportHandler::new_themed(GraphicalTheme::unicode_nocolor())
                 .with_width(WIDTH)
                 .with_links(false);
-            let _ = handler.render_report(&mut s, other);
+            let _ = handler.render_report(&mut s, err);
             s
         }
-        (other, Diagnostics::Json) => {
+        Diagnostics::Json => {
             let mut s = String::new();
-            let _ = JSONReportHandler::new().render_report(&mut s, other);
+            let _ = JSONReportHandler::new().render_report(&mut s, err);
             s.push('\n');
             s
         }

@@ -319,3 +319,124 @@ impl Stage {
         &self.seccomp
     }
 }
+
+/// How intake may reach a remote source (policy `intake { transport { … } }`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransportRules<'a> {
+    /// Hosts an `https://` source may name, exactly.
+    pub allow_hosts: Vec<&'a str>,
+    /// Redirects followed at most.
+    pub max_redirects: u64,
+    /// One deadline for the whole transfer, redirects included, in milliseconds.
+    pub deadline_ms: u64,
+    /// `"1.2"` or `"1.3"`.
+    pub min_tls: &'a str,
+    /// A PEM file whose certificates are the only trust anchors, when set.
+    pub trust_anchor: Option<&'a str>,
+    /// Whether loopback addresses may be connected to (tests only).
+    pub allow_loopback: bool,
+    /// Whether plain `http://` to a loopback address is accepted (tests only).
+    pub allow_plain_http_loopback: bool,
+}
+
+/// The static checks on a materialized tree (policy `tree { … }`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreeRules {
+    /// Files in the tree at most.
+    pub max_files: u64,
+    /// Bytes of one file at most.
+    pub max_file_bytes: u64,
+    /// Bytes of the whole tree at most.
+    pub max_total_bytes: u64,
+    /// Path components at most.
+    pub max_depth: u64,
+    /// Path bytes at most.
+    pub max_path_length: u64,
+    /// Names that may not be called (`eval(…)`, and `x.eval(…)`).
+    pub ban_call: BTreeSet<String>,
+    /// Modules that may not be imported (a name bans its submodules too).
+    pub ban_import: BTreeSet<String>,
+    /// Attribute names that may not be called (`x.exec_module(…)`).
+    pub ban_attribute_call: BTreeSet<String>,
+    /// Admitted JIT entry points, `module.function` (the CuTe DSL carve-out).
+    pub jit_entry_points: BTreeSet<String>,
+    /// Whether a delta may declare executables.
+    pub executables: bool,
+    /// Whether a delta may declare CUDA sources.
+    pub cuda_sources: bool,
+    /// Whether a delta may declare dependency patches.
+    pub dependency_patches: bool,
+}
+
+impl Policy {
+    /// The store directory.
+    #[must_use]
+    pub fn store(&self) -> &str {
+        &self.store
+    }
+
+    /// The archive bounds, in the form the safe tar reader takes.
+    #[must_use]
+    pub fn archive_limits(&self) -> cordon::archive::ArchiveLimits {
+        let a = &self.intake.archive;
+        cordon::archive::ArchiveLimits {
+            max_archive_bytes: a.max_archive_bytes,
+            max_extracted_bytes: a.max_extracted_bytes,
+            max_members: a.max_members,
+            max_file_bytes: a.max_file_bytes,
+            max_path_length: a.max_path_length,
+            max_depth: a.max_depth,
+            max_pax_bytes: a.max_pax_bytes,
+            max_compression_ratio: a.max_compression_ratio,
+            exclude: a.exclude.iter().cloned().collect(),
+        }
+    }
+
+    /// The transport rules for remote intake.
+    #[must_use]
+    pub fn transport(&self) -> TransportRules<'_> {
+        let t = &self.intake.transport;
+        TransportRules {
+            allow_hosts: t.allow_host.keys().map(String::as_str).collect(),
+            max_redirects: t.max_redirects,
+            deadline_ms: t.deadline_ms,
+            min_tls: &t.min_tls,
+            trust_anchor: t.trust_anchor.as_deref(),
+            allow_loopback: t.allow_loopback,
+            allow_plain_http_loopback: t.allow_plain_http_loopback,
+        }
+    }
+
+    /// The tree guard's bounds and the Python AST policy.
+    #[must_use]
+    pub fn tree_rules(&self) -> TreeRules {
+        let t = &self.tree;
+        TreeRules {
+            max_files: t.limits.max_files,
+            max_file_bytes: t.limits.max_file_bytes,
+            max_total_bytes: t.limits.max_total_bytes,
+            max_depth: t.limits.max_depth,
+            max_path_length: t.limits.max_path_length,
+            ban_call: t.python.ban_call.clone(),
+            ban_import: t.python.ban_import.clone(),
+            ban_attribute_call: t.python.ban_attribute_call.clone(),
+            jit_entry_points: t.python.jit_entry_point.keys().cloned().collect(),
+            executables: t.tiers.executables,
+            cuda_sources: t.tiers.cuda_sources,
+            dependency_patches: t.tiers.dependency_patches,
+        }
+    }
+
+    /// The names of the registered build steps.
+    pub fn step_names(&self) -> impl Iterator<Item = &str> {
+        self.step.keys().map(String::as_str)
+    }
+
+    /// The registered build step `name`: its stage kind and exact argv.
+    #[must_use]
+    pub fn step(&self, name: &str) -> Option<(&str, &[String])> {
+        self.step
+            .get(name)
+            .map(|s| (s.stage.as_str(), s.argv.as_slice()))
+    }
+}

@@ -1,0 +1,795 @@
+//! The one safe tar reader: every archive cordon admits (a candidate delta at intake, an image
+//! layer at unpack) goes through [`scan`].
+//!
+//! It owns the shape rules: only regular files and directories; clean, relative, UTF-8 paths
+//! within the length and depth bounds; no duplicates (also after Unicode NFC normalisation,
+//! also a file against a directory); no setuid, setgid or sticky bits; PAX and GNU long-name
+//! headers bounded and only where they are legal; member, size, extracted-byte and
+//! compression-ratio bounds checked while streaming, so a bomb is refused before its bytes are
+//! written; a complete end-of-archive marker with nothing but zeros after it, and nothing at all
+//! after the compressed stream. The archive's sha256 is computed over exactly the bytes read.
+//!
+//! Owners, groups and times in the archive are ignored; of the mode only "executable or not"
+//! survives. Compression is recognised by magic number: gzip and zstd, else plain tar.
+//!
+//! It does not decide where file contents go: the caller's [`Sink`] receives them. It never
+//! creates a link, a device or a special file, because it never admits one.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::rc::Rc;
+
+use sha2::{Digest as _, Sha256};
+use tar::EntryType;
+use unicode_normalization::UnicodeNormalization;
+
+use crate::canonical::Digest;
+
+/// The bounds an archive must stay within (policy `intake { archive { … } }`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArchiveLimits {
+    /// Bytes of the (compressed) archive as read from the source.
+    pub max_archive_bytes: u64,
+    /// Sum of the sizes of the regular files.
+    pub max_extracted_bytes: u64,
+    /// Members, directories included, extension headers not.
+    pub max_members: u64,
+    /// Size of one regular file.
+    pub max_file_bytes: u64,
+    /// Length of a member path in bytes.
+    pub max_path_length: u64,
+    /// Components of a member path.
+    pub max_depth: u64,
+    /// Size of one PAX extended header's data.
+    pub max_pax_bytes: u64,
+    /// Decompressed bytes per compressed byte (after a 1 MiB allowance).
+    pub max_compression_ratio: u64,
+    /// Component names refused anywhere in a path: exact names, or `*suffix` patterns.
+    pub exclude: Vec<String>,
+}
+
+/// Decompressed bytes always allowed before the compression ratio is enforced, so that a small
+/// archive whose tar padding compresses to nothing is not mistaken for a bomb.
+pub const RATIO_ALLOWANCE: u64 = 1 << 20;
+
+/// A candidate-attributable reason an archive is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// Stable reason code, `intake.<rule>`.
+    pub code: &'static str,
+    /// The member path concerned (lossily decoded when it is not UTF-8).
+    pub path: Option<String>,
+    /// A human sentence.
+    pub message: String,
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.path {
+            Some(p) => write!(f, "{}: {p:?}: {}", self.code, self.message),
+            None => write!(f, "{}: {}", self.code, self.message),
+        }
+    }
+}
+
+fn reject(code: &'static str, path: Option<&str>, message: impl Into<String>) -> Rejection {
+    Rejection {
+        code,
+        path: path.map(str::to_owned),
+        message: message.into(),
+    }
+}
+
+/// Why [`scan`] did not produce a result.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum ArchiveError {
+    /// The archive breaks a rule (the candidate's fault).
+    #[error("archive rejected: {0}")]
+    #[diagnostic(code(cordon::archive::rejected))]
+    Rejected(Rejection),
+    /// The source could not be read (transport or local I/O; not the candidate's fault).
+    #[error("cannot read the archive source")]
+    #[diagnostic(code(cordon::archive::source))]
+    Source {
+        /// The reader's error.
+        #[source]
+        source: io::Error,
+    },
+    /// The sink could not store a member.
+    #[error("cannot store member {path:?}")]
+    #[diagnostic(code(cordon::archive::sink))]
+    Sink {
+        /// The member.
+        path: String,
+        /// The sink's error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Where [`scan`] puts what it admits.
+pub trait Sink {
+    /// A writer for the contents of the next regular file (`size` bytes will be written).
+    ///
+    /// # Errors
+    /// The file cannot be stored.
+    fn file(&mut self, path: &str, executable: bool, size: u64) -> io::Result<Box<dyn Write + '_>>;
+
+    /// A directory member (implicit parents are not reported).
+    ///
+    /// # Errors
+    /// The directory cannot be stored.
+    fn dir(&mut self, path: &str) -> io::Result<()>;
+}
+
+/// One admitted regular file.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Member {
+    /// Relative, clean, UTF-8 path.
+    pub path: String,
+    /// Whether any executable bit was set.
+    pub executable: bool,
+    /// Bytes.
+    pub size: u64,
+    /// sha256 of the contents.
+    pub sha256: Digest,
+}
+
+/// What a successful scan established.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scanned {
+    /// sha256 of every byte read from the source.
+    pub archive_sha256: Digest,
+    /// How many bytes that was.
+    pub archive_bytes: u64,
+    /// The regular files, in archive order.
+    pub files: Vec<Member>,
+    /// The directories named explicitly or implicitly, sorted.
+    pub dirs: Vec<String>,
+}
+
+/// State shared by the reader layers: a limit tripped deep inside a decoder is reported as
+/// itself, not as whatever error the decoder wraps it in.
+#[derive(Default)]
+struct Shared {
+    raw_bytes: Cell<u64>,
+    tripped: RefCell<Option<Rejection>>,
+    source_failed: Cell<bool>,
+}
+
+/// The bottom layer: counts and hashes what the source yields and enforces the archive cap.
+struct Raw<R> {
+    inner: R,
+    hasher: Sha256,
+    cap: u64,
+    shared: Rc<Shared>,
+}
+
+impl<R: Read> Read for Raw<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf).inspect_err(|_| {
+            self.shared.source_failed.set(true);
+        })?;
+        self.hasher.update(&buf[..n]);
+        let total = self.shared.raw_bytes.get() + n as u64;
+        self.shared.raw_bytes.set(total);
+        if total > self.cap {
+            let r = reject(
+                "intake.archive-too-big",
+                None,
+                format!("the archive exceeds {} bytes", self.cap),
+            );
+            *self.shared.tripped.borrow_mut() = Some(r);
+            return Err(io::Error::other("archive byte cap"));
+        }
+        Ok(n)
+    }
+}
+
+/// The decompressed stream, whichever format it is.
+enum Decoder<R: Read> {
+    Plain(BufReader<Raw<R>>),
+    Gzip(flate2::bufread::GzDecoder<BufReader<Raw<R>>>),
+    Zstd(zstd::stream::read::Decoder<'static, BufReader<Raw<R>>>),
+}
+
+impl<R: Read> Read for Decoder<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Self::Plain(r) => r.read(buf),
+            Self::Gzip(r) => r.read(buf),
+            Self::Zstd(r) => r.read(buf),
+        }
+    }
+}
+
+impl<R: Read> Decoder<R> {
+    fn into_raw(self) -> BufReader<Raw<R>> {
+        match self {
+            Self::Plain(r) => r,
+            Self::Gzip(r) => r.into_inner(),
+            Self::Zstd(r) => r.finish(),
+        }
+    }
+}
+
+/// The top layer, read by the tar parser: counts decompressed bytes and enforces the ratio.
+struct Expanded<R: Read> {
+    inner: Decoder<R>,
+    pos: u64,
+    ratio: u64,
+    shared: Rc<Shared>,
+}
+
+impl<R: Read> Read for Expanded<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.pos += n as u64;
+        let allowed = self
+            .shared
+            .raw_bytes
+            .get()
+            .saturating_mul(self.ratio)
+            .saturating_add(RATIO_ALLOWANCE);
+        if self.pos > allowed {
+            let r = reject(
+                "intake.compression-ratio",
+                None,
+                format!(
+                    "{} bytes expanded from {} compressed, above the ratio {}",
+                    self.pos,
+                    self.shared.raw_bytes.get(),
+                    self.ratio
+                ),
+            );
+            *self.shared.tripped.borrow_mut() = Some(r);
+            return Err(io::Error::other("compression ratio"));
+        }
+        Ok(n)
+    }
+}
+
+/// Classify an I/O error met while reading the archive: a tripped limit, a failed source, a
+/// truncation, or a malformed archive.
+fn classify(shared: &Shared, err: io::Error, path: Option<&str>) -> ArchiveError {
+    if let Some(r) = shared.tripped.borrow_mut().take() {
+        return ArchiveError::Rejected(r);
+    }
+    if shared.source_failed.get() {
+        return ArchiveError::Source { source: err };
+    }
+    if err.kind() == io::ErrorKind::UnexpectedEof {
+        return ArchiveError::Rejected(reject(
+            "intake.truncated",
+            path,
+            "the archive ends inside a member",
+        ));
+    }
+    ArchiveError::Rejected(reject("intake.corrupt", path, err.to_string()))
+}
+
+/// The kind an admitted path has, for duplicate detection.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    File,
+    Dir,
+    ImplicitDir,
+}
+
+/// Validate a member path and return its clean form (a directory's one trailing `/` removed).
+///
+/// # Errors
+/// The specific rule it breaks.
+pub fn check_path(bytes: &[u8], is_dir: bool, limits: &ArchiveLimits) -> Result<String, Rejection> {
+    let lossy = String::from_utf8_lossy(bytes).into_owned();
+    let p = Some(lossy.as_str());
+    if bytes.contains(&0) {
+        return Err(reject("intake.nul", p, "the path contains a NUL byte"));
+    }
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        return Err(reject("intake.non-utf8", p, "the path is not UTF-8"));
+    };
+    let text = if is_dir {
+        text.strip_suffix('/').unwrap_or(text)
+    } else {
+        text
+    };
+    if text.len() as u64 > limits.max_path_length {
+        return Err(reject(
+            "intake.path-too-long",
+            p,
+            format!("the path is longer than {} bytes", limits.max_path_length),
+        ));
+    }
+    if text.starts_with('/') {
+        return Err(reject("intake.absolute-path", p, "the path is absolute"));
+    }
+    let mut depth = 0u64;
+    for component in text.split('/') {
+        depth += 1;
+        match component {
+            "" => {
+                return Err(reject(
+                    "intake.empty-component",
+                    p,
+                    "the path has an empty component",
+                ));
+            }
+            "." => {
+                return Err(reject(
+                    "intake.dot-component",
+                    p,
+                    "the path has a `.` component",
+                ));
+            }
+            ".." => return Err(reject("intake.dotdot", p, "the path has a `..` component")),
+            name => {
+                if let Some(pattern) = limits.exclude.iter().find(|pat| excluded(pat, name)) {
+                    return Err(reject(
+                        "intake.excluded",
+                        p,
+                        format!("the policy excludes {pattern:?}"),
+                    ));
+                }
+            }
+        }
+    }
+    if depth > limits.max_depth {
+        return Err(reject(
+            "intake.too-deep",
+            p,
+            format!("the path has more than {} components", limits.max_depth),
+        ));
+    }
+    Ok(text.to_owned())
+}
+
+/// Whether a path component matches an exclusion: an exact name, or `*suffix`.
+fn excluded(pattern: &str, name: &str) -> bool {
+    match pattern.strip_prefix('*') {
+        Some(suffix) => name.ends_with(suffix),
+        None => name == pattern,
+    }
+}
+
+/// Record `path` as `kind`, with implicit parent directories, refusing duplicates and
+/// file-against-directory clashes. Keys are NFC-normalised so two spellings of one name clash.
+fn admit(seen: &mut BTreeMap<String, Kind>, path: &str, kind: Kind) -> Result<(), Rejection> {
+    let key: String = path.nfc().collect();
+    let p = Some(path);
+    let mut end = 0;
+    while let Some(i) = key[end..].find('/') {
+        let parent = &key[..end + i];
+        match seen.get(parent) {
+            Some(Kind::File) => {
+                return Err(reject(
+                    "intake.duplicate",
+                    p,
+                    format!("{parent:?} is a file and also a directory"),
+                ));
+            }
+            Some(_) => {}
+            None => {
+                seen.insert(parent.to_owned(), Kind::ImplicitDir);
+            }
+        }
+        end += i + 1;
+    }
+    match (seen.get(&key).copied(), kind) {
+        (None, _) => {}
+        (Some(Kind::ImplicitDir), Kind::Dir) => {}
+        (Some(Kind::File), Kind::File) | (Some(Kind::Dir), Kind::Dir) => {
+            return Err(reject(
+                "intake.duplicate",
+                p,
+                "the path appears twice (after Unicode normalisation)",
+            ));
+        }
+        _ => {
+            return Err(reject(
+                "intake.duplicate",
+                p,
+                "the path is both a file and a directory",
+            ));
+        }
+    }
+    seen.insert(key, kind);
+    Ok(())
+}
+
+/// Overrides that extension headers set for the next member.
+#[derive(Default)]
+struct Pending {
+    pax_path: Option<Vec<u8>>,
+    pax_seen: bool,
+    long_name: Option<Vec<u8>>,
+}
+
+/// Keys a PAX header may carry; their values are ignored (owners, times) or applied (`path`).
+const PAX_IGNORED: [&str; 8] = [
+    "mtime", "atime", "ctime", "uid", "gid", "uname", "gname", "comment",
+];
+
+/// Read an extension header's data, refusing more than `cap` bytes.
+fn read_extension(
+    entry: &mut dyn Read,
+    size: u64,
+    cap: u64,
+    code: &'static str,
+    what: &str,
+) -> Result<Vec<u8>, io::Result<Rejection>> {
+    if size > cap {
+        return Err(Ok(reject(
+            code,
+            None,
+            format!("a {what} of {size} bytes exceeds {cap}"),
+        )));
+    }
+    let mut data = Vec::new();
+    entry.read_to_end(&mut data).map_err(Err)?;
+    Ok(data)
+}
+
+fn apply_pax(data: &[u8], global: bool, pending: &mut Pending) -> Result<(), Rejection> {
+    for ext in tar::PaxExtensions::new(data) {
+        let Ok(ext) = ext else {
+            return Err(reject("intake.pax-key", None, "a PAX record is malformed"));
+        };
+        let Ok(key) = ext.key() else {
+            return Err(reject("intake.pax-key", None, "a PAX key is not UTF-8"));
+        };
+        if key.starts_with("GNU.sparse.") {
+            return Err(reject(
+                "intake.sparse",
+                None,
+                "a PAX header describes a sparse file",
+            ));
+        }
+        if global {
+            if key != "comment" {
+                return Err(reject(
+                    "intake.pax-key",
+                    None,
+                    format!("the global PAX key {key:?} is not admitted"),
+                ));
+            }
+        } else if key == "path" {
+            pending.pax_path = Some(ext.value_bytes().to_vec());
+        } else if !PAX_IGNORED.contains(&key) {
+            return Err(reject(
+                "intake.pax-key",
+                None,
+                format!("the PAX key {key:?} is not admitted"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Read an archive from `source`, check every rule, hand admitted files to `sink`.
+///
+/// # Errors
+/// [`ArchiveError::Rejected`] with the first rule broken; [`ArchiveError::Source`] when the
+/// source failed; [`ArchiveError::Sink`] when the sink did.
+pub fn scan(
+    source: impl Read,
+    limits: &ArchiveLimits,
+    sink: &mut dyn Sink,
+) -> Result<Scanned, ArchiveError> {
+    let shared = Rc::new(Shared::default());
+    let raw = Raw {
+        inner: source,
+        hasher: Sha256::new(),
+        cap: limits.max_archive_bytes,
+        shared: shared.clone(),
+    };
+    let mut buffered = BufReader::with_capacity(256 * 1024, raw);
+    let magic = buffered
+        .fill_buf()
+        .map_err(|e| classify(&shared, e, None))?
+        .to_vec();
+    let decoder = if magic.starts_with(&[0x1f, 0x8b]) {
+        Decoder::Gzip(flate2::bufread::GzDecoder::new(buffered))
+    } else if magic.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+        let d = zstd::stream::read::Decoder::with_buffer(buffered)
+            .map_err(|e| classify(&shared, e, None))?
+            .single_frame();
+        Decoder::Zstd(d)
+    } else if magic.starts_with(&[0xfd, b'7', b'z', b'X', b'Z', 0]) || magic.starts_with(b"BZh") {
+        return Err(ArchiveError::Rejected(reject(
+            "intake.format",
+            None,
+            "xz and bzip2 are not admitted; use tar, tar+gzip or tar+zstd",
+        )));
+    } else {
+        Decoder::Plain(buffered)
+    };
+    let expanded = Expanded {
+        inner: decoder,
+        pos: 0,
+        ratio: limits.max_compression_ratio,
+        shared: shared.clone(),
+    };
+    let mut archive = tar::Archive::new(expanded);
+    let mut seen = BTreeMap::new();
+    let mut files = Vec::new();
+    let mut extracted = 0u64;
+    let mut members = 0u64;
+    let mut pending = Pending::default();
+    let mut buf = vec![0u8; 256 * 1024];
+    {
+        let entries = archive
+            .entries()
+            .map_err(|e| classify(&shared, e, None))?
+            .raw(true);
+        for entry in entries {
+            let mut entry = entry.map_err(|e| classify(&shared, e, None))?;
+            let header = entry.header();
+            let entry_type = header.entry_type();
+            let size = header
+                .entry_size()
+                .map_err(|e| classify(&shared, e, None))?;
+            let ext_err = |e: io::Result<Rejection>| match e {
+                Ok(r) => ArchiveError::Rejected(r),
+                Err(e) => classify(&shared, e, None),
+            };
+            match entry_type {
+                EntryType::XHeader => {
+                    if pending.pax_seen {
+                        return Err(ArchiveError::Rejected(reject(
+                            "intake.pax-path",
+                            None,
+                            "two PAX headers precede one member",
+                        )));
+                    }
+                    let data = read_extension(
+                        &mut entry,
+                        size,
+                        limits.max_pax_bytes,
+                        "intake.pax-too-big",
+                        "PAX header",
+                    )
+                    .map_err(ext_err)?;
+                    apply_pax(&data, false, &mut pending).map_err(ArchiveError::Rejected)?;
+                    pending.pax_seen = true;
+                    continue;
+                }
+                EntryType::XGlobalHeader => {
+                    let data = read_extension(
+                        &mut entry,
+                        size,
+                        limits.max_pax_bytes,
+                        "intake.pax-too-big",
+                        "global PAX header",
+                    )
+                    .map_err(ext_err)?;
+                    apply_pax(&data, true, &mut pending).map_err(ArchiveError::Rejected)?;
+                    continue;
+                }
+                EntryType::GNULongName => {
+                    if pending.long_name.is_some() {
+                        return Err(ArchiveError::Rejected(reject(
+                            "intake.pax-path",
+                            None,
+                            "two GNU long names precede one member",
+                        )));
+                    }
+                    let mut data = read_extension(
+                        &mut entry,
+                        size,
+                        limits.max_path_length + 1,
+                        "intake.path-too-long",
+                        "GNU long name",
+                    )
+                    .map_err(ext_err)?;
+                    while data.last() == Some(&0) {
+                        data.pop();
+                    }
+                    pending.long_name = Some(data);
+                    continue;
+                }
+                _ => {}
+            }
+            let path_bytes = match (pending.pax_path.take(), pending.long_name.take()) {
+                (Some(_), Some(_)) => {
+                    return Err(ArchiveError::Rejected(reject(
+                        "intake.pax-path",
+                        None,
+                        "a PAX path and a GNU long name both rename one member",
+                    )));
+                }
+                (Some(p), None) | (None, Some(p)) => p,
+                (None, None) => header.path_bytes().into_owned(),
+            };
+            pending.pax_seen = false;
+            let lossy = String::from_utf8_lossy(&path_bytes).into_owned();
+            let at = Some(lossy.as_str());
+            let kind = match entry_type {
+                EntryType::Regular => Kind::File,
+                EntryType::Directory => Kind::Dir,
+                EntryType::Symlink => {
+                    return Err(ArchiveError::Rejected(reject(
+                        "intake.symlink",
+                        at,
+                        "symbolic links are not admitted",
+                    )));
+                }
+                EntryType::Link | EntryType::GNULongLink => {
+                    return Err(ArchiveError::Rejected(reject(
+                        "intake.hardlink",
+                        at,
+                        "hard links are not admitted",
+                    )));
+                }
+                EntryType::Char | EntryType::Block => {
+                    return Err(ArchiveError::Rejected(reject(
+                        "intake.device",
+                        at,
+                        "device nodes are not admitted",
+                    )));
+                }
+                EntryType::Fifo => {
+                    return Err(ArchiveError::Rejected(reject(
+                        "intake.fifo",
+                        at,
+                        "fifos are not admitted",
+                    )));
+                }
+                EntryType::GNUSparse => {
+                    return Err(ArchiveError::Rejected(reject(
+                        "intake.sparse",
+                        at,
+                        "sparse files are not admitted",
+                    )));
+                }
+                other => {
+                    return Err(ArchiveError::Rejected(reject(
+                        "intake.entry-type",
+                        at,
+                        format!(
+                            "member type {:?} is not admitted (only regular files and directories)",
+                            other.as_byte() as char
+                        ),
+                    )));
+                }
+            };
+            members += 1;
+            if members > limits.max_members {
+                return Err(ArchiveError::Rejected(reject(
+                    "intake.too-many-members",
+                    at,
+                    format!("the archive has more than {} members", limits.max_members),
+                )));
+            }
+            let mode = header.mode().map_err(|e| classify(&shared, e, at))?;
+            if mode & 0o7000 != 0 {
+                return Err(ArchiveError::Rejected(reject(
+                    "intake.special-mode",
+                    at,
+                    format!("mode {mode:o} has a setuid, setgid or sticky bit"),
+                )));
+            }
+            let path = check_path(&path_bytes, kind == Kind::Dir, limits)
+                .map_err(ArchiveError::Rejected)?;
+            admit(&mut seen, &path, kind).map_err(ArchiveError::Rejected)?;
+            if kind == Kind::Dir {
+                if size != 0 {
+                    return Err(ArchiveError::Rejected(reject(
+                        "intake.corrupt",
+                        at,
+                        "a directory member carries data",
+                    )));
+                }
+                sink.dir(&path).map_err(|source| ArchiveError::Sink {
+                    path: path.clone(),
+                    source,
+                })?;
+                continue;
+            }
+            if size > limits.max_file_bytes {
+                return Err(ArchiveError::Rejected(reject(
+                    "intake.file-too-big",
+                    at,
+                    format!("{size} bytes exceeds {}", limits.max_file_bytes),
+                )));
+            }
+            extracted += size;
+            if extracted > limits.max_extracted_bytes {
+                return Err(ArchiveError::Rejected(reject(
+                    "intake.extracted-too-big",
+                    at,
+                    format!(
+                        "the files add up to more than {} bytes",
+                        limits.max_extracted_bytes
+                    ),
+                )));
+            }
+            let executable = mode & 0o111 != 0;
+            let mut hasher = Sha256::new();
+            let sink_err = |source| ArchiveError::Sink {
+                path: path.clone(),
+                source,
+            };
+            let mut out = sink.file(&path, executable, size).map_err(sink_err)?;
+            loop {
+                let n = entry.read(&mut buf).map_err(|e| classify(&shared, e, at))?;
+                if n == 0 {
+                    break;
+                }
+                hasher.update(&buf[..n]);
+                out.write_all(&buf[..n]).map_err(sink_err)?;
+            }
+            out.flush().map_err(sink_err)?;
+            drop(out);
+            files.push(Member {
+                path,
+                executable,
+                size,
+                sha256: Digest::from_hasher(hasher),
+            });
+        }
+    }
+    if pending.pax_path.is_some() || pending.long_name.is_some() || pending.pax_seen {
+        return Err(ArchiveError::Rejected(reject(
+            "intake.pax-path",
+            None,
+            "an extension header is followed by no member",
+        )));
+    }
+    let mut expanded = archive.into_inner();
+    let end_seen = expanded.pos;
+    // The parser stopped at a zero block or at EOF. What follows must be the second zero block
+    // and nothing but zero padding; a stream that just stops has lost its end marker.
+    let mut rest = 0u64;
+    loop {
+        let n = expanded
+            .read(&mut buf)
+            .map_err(|e| classify(&shared, e, None))?;
+        if n == 0 {
+            break;
+        }
+        if buf[..n].iter().any(|b| *b != 0) {
+            return Err(ArchiveError::Rejected(reject(
+                "intake.trailing-data",
+                None,
+                "non-zero data follows the end-of-archive marker",
+            )));
+        }
+        rest += n as u64;
+    }
+    if end_seen % 512 != 0 || rest < 512 {
+        return Err(ArchiveError::Rejected(reject(
+            "intake.truncated",
+            None,
+            "the archive has no complete end-of-archive marker",
+        )));
+    }
+    let mut raw = expanded.inner.into_raw();
+    let mut tail = [0u8; 1];
+    match raw.read(&mut tail) {
+        Ok(0) => {}
+        Ok(_) => {
+            return Err(ArchiveError::Rejected(reject(
+                "intake.trailing-data",
+                None,
+                "bytes follow the end of the compressed stream",
+            )));
+        }
+        Err(e) => return Err(classify(&shared, e, None)),
+    }
+    let raw = raw.into_inner();
+    let mut dirs: Vec<String> = seen
+        .into_iter()
+        .filter(|(_, k)| *k != Kind::File)
+        .map(|(p, _)| p)
+        .collect();
+    dirs.sort();
+    Ok(Scanned {
+        archive_sha256: Digest::from_hasher(raw.hasher),
+        archive_bytes: shared.raw_bytes.get(),
+        files,
+        dirs,
+    })
+}

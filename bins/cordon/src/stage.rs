@@ -1,0 +1,138 @@
+//! What every stage binary does around its own work: read the input receipt, print exactly one
+//! receipt on stdout, and keep the receipts of established results in the store.
+//!
+//! Only `ok` receipts are stored (under `receipts/<hex>.json`): a rejection or a no-decision
+//! leaves the store byte-for-byte as it was, which is what the "nothing changed" tests check,
+//! and its receipt still reaches the operator on stdout.
+
+use std::io::{Read, Write};
+use std::path::Path;
+
+use crate::canonical::Digest;
+use crate::receipt::{Outcome, Receipt, ReceiptError};
+use crate::store::{Store, StoreError};
+
+/// The policy file a stage reads when `--policy` is not given (the NixOS module installs it).
+pub const DEFAULT_POLICY: &str = "/etc/cordon/policy.kdl";
+
+/// Why the receipt plumbing failed.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum StageError {
+    /// The input receipt could not be read.
+    #[error("cannot read the input receipt from {from}")]
+    #[diagnostic(code(cordon::stage::read_receipt))]
+    ReadReceipt {
+        /// `stdin` or the file.
+        from: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The input receipt is not usable.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Receipt(#[from] ReceiptError),
+    /// The input receipt does not record an established result.
+    #[error("the input receipt's outcome is {outcome:?}, not ok")]
+    #[diagnostic(
+        code(cordon::stage::not_ok),
+        help("a stage only continues from an ok receipt of the stage before it")
+    )]
+    NotOk {
+        /// Its outcome.
+        outcome: Outcome,
+    },
+    /// The input receipt comes from another stage than the one expected.
+    #[error("the input receipt is from stage {found:?}, expected {expected:?}")]
+    #[diagnostic(code(cordon::stage::wrong_stage))]
+    WrongStage {
+        /// Its stage.
+        found: String,
+        /// The stage this one consumes.
+        expected: String,
+    },
+    /// The receipt could not be stored.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Store(#[from] StoreError),
+    /// stdout could not be written.
+    #[error("cannot write the receipt to stdout")]
+    #[diagnostic(code(cordon::stage::stdout))]
+    Stdout {
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Read an input receipt from `file`, or from `stdin` when none is given, and check that it is
+/// an `ok` receipt of `expected_stage` made under `authority`. Returns it and its digest.
+///
+/// # Errors
+/// Unreadable, not a receipt, another stage, not ok, or another authority.
+pub fn read_input(
+    file: Option<&Path>,
+    stdin: &mut dyn Read,
+    expected_stage: &str,
+    authority: &Digest,
+) -> Result<(Receipt, Digest), StageError> {
+    let mut text = String::new();
+    let from = file.map_or_else(|| "stdin".to_owned(), |p| p.display().to_string());
+    let read = match file {
+        Some(p) => std::fs::read_to_string(p).map(|t| text = t),
+        None => stdin.read_to_string(&mut text).map(|_| ()),
+    };
+    read.map_err(|source| StageError::ReadReceipt { from, source })?;
+    let receipt = Receipt::parse(text.trim_end())?;
+    if receipt.stage != expected_stage {
+        return Err(StageError::WrongStage {
+            found: receipt.stage,
+            expected: expected_stage.to_owned(),
+        });
+    }
+    receipt.require_authority(authority)?;
+    if receipt.outcome != Outcome::Ok {
+        return Err(StageError::NotOk {
+            outcome: receipt.outcome,
+        });
+    }
+    let digest = receipt.digest()?;
+    Ok((receipt, digest))
+}
+
+/// Finish a receipt (set `finished_at`), store it when it is `ok`, print it as one line of
+/// canonical JSON on `stdout`. Returns its digest.
+///
+/// # Errors
+/// Encoding, storing or printing failed.
+pub fn emit(
+    store: Option<&Store>,
+    receipt: &mut Receipt,
+    stdout: &mut dyn Write,
+) -> Result<Digest, StageError> {
+    receipt.finished_at = crate::receipt::now_rfc3339();
+    let text = receipt.to_canonical_json()?;
+    let digest = receipt.digest()?;
+    if let (Some(store), Outcome::Ok) = (store, receipt.outcome) {
+        store.put_document(
+            "receipts",
+            &format!("{}.json", digest.hex()),
+            text.as_bytes(),
+        )?;
+    }
+    writeln!(stdout, "{text}").map_err(|source| StageError::Stdout { source })?;
+    Ok(digest)
+}
+
+/// An error and its causes on one line, for a receipt's reason.
+#[must_use]
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        out.push_str(": ");
+        out.push_str(&e.to_string());
+        cur = e.source();
+    }
+    out
+}

@@ -1,0 +1,554 @@
+//! The validator-owned store: one directory (root-owned, mode 0700) holding content-addressed
+//! file objects, intake records, trees, publications, receipts and leases.
+//!
+//! This module owns the store's layout and its durable-write discipline (brief §5): every entry
+//! is first written under `tmp/` (create-exclusive, no-follow, explicit mode), fsynced, then
+//! published by hard link or rename-no-replace, its parent fsynced, and reopened and re-hashed.
+//! A published name is never replaced: two writers of the same content race to one name and the
+//! loser checks that what won is what it meant to write.
+//!
+//! Crash safety: only entries under `tmp/` are ever incomplete. Each writer holds an exclusive
+//! `flock` on `tmp/<token>.lock` for as long as its scratch directory `tmp/<token>/` lives; the
+//! next [`Store::open`] removes every scratch directory whose lock it can take, so a writer that
+//! died is cleaned up and a live one is left alone. Content objects published before a crash are
+//! valid objects (their name is their hash); nothing refers to them until a record is published,
+//! so they cannot be mistaken for a completed intake.
+//!
+//! It does not decide what is admissible (intake and materialization do) and never follows a
+//! symbolic link inside the store.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::{Flock, FlockArg, OFlag, RenameFlags, renameat2};
+use nix::sys::stat::{UtimensatFlags, utimensat};
+use nix::sys::time::TimeSpec;
+
+use crate::canonical::Digest;
+
+/// The subdirectories of a store, created by [`Store::open`].
+pub const LAYOUT: [&str; 7] = [
+    "objects",
+    "intake",
+    "trees",
+    "publications",
+    "receipts",
+    "leases",
+    "tmp",
+];
+
+/// Why a store operation failed. Every variant is an infrastructure failure: the stage could
+/// not establish its result (no-decision), never a verdict on a candidate.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum StoreError {
+    /// A filesystem call on a store path failed.
+    #[error("store operation {op} failed on {path}")]
+    #[diagnostic(code(cordon::store::io))]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The path it was done to.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// The store root, or an entry in it, is not what the store itself writes.
+    #[error("store entry {path} is unsafe: {why}")]
+    #[diagnostic(
+        code(cordon::store::unsafe_entry),
+        help(
+            "the store must be a directory owned by the running user (root in production), mode 0700, with no symbolic links; inspect it by hand, cordon never repairs it"
+        )
+    )]
+    Unsafe {
+        /// The offending path.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// A published entry differs from what was meant to be written under its name.
+    #[error("store entry {path} does not match its name: expected {expected}, found {found}")]
+    #[diagnostic(
+        code(cordon::store::mismatch),
+        help("the store has been tampered with or the disk is failing; quarantine it")
+    )]
+    Mismatch {
+        /// The entry.
+        path: PathBuf,
+        /// What its name promises.
+        expected: String,
+        /// What is there.
+        found: String,
+    },
+}
+
+fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StoreError + use<> {
+    let path = path.to_path_buf();
+    move |source| StoreError::Io { op, path, source }
+}
+
+fn nix_err(op: &'static str, path: &Path) -> impl FnOnce(nix::Error) -> StoreError + use<> {
+    let path = path.to_path_buf();
+    move |e| StoreError::Io {
+        op,
+        path,
+        source: io::Error::from(e),
+    }
+}
+
+/// An opened store.
+#[derive(Debug, Clone)]
+pub struct Store {
+    root: PathBuf,
+}
+
+/// A writer's private scratch directory under `tmp/`, removed when dropped. While it lives its
+/// lock is held, so [`Store::open`] in another process leaves it alone.
+#[derive(Debug)]
+pub struct Scratch {
+    dir: PathBuf,
+    lock_path: PathBuf,
+    _lock: Flock<File>,
+    next: u64,
+}
+
+impl Scratch {
+    /// The directory itself.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Create a new empty file in the scratch directory: create-exclusive, no-follow, mode 0600.
+    ///
+    /// # Errors
+    /// The file could not be created.
+    pub fn create_file(&mut self) -> Result<(PathBuf, File), StoreError> {
+        self.next += 1;
+        let path = self.dir.join(format!("f{}", self.next));
+        let file = create_exclusive(&path, 0o600)?;
+        Ok((path, file))
+    }
+
+    /// A fresh name in the scratch directory that does not exist yet.
+    #[must_use]
+    pub fn fresh_name(&mut self, stem: &str) -> PathBuf {
+        self.next += 1;
+        self.dir.join(format!("{stem}{}", self.next))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        // Best effort: anything left here is removed by the next Store::open, because the lock
+        // is released with this value.
+        let _ = remove_tree(&self.dir);
+        let _ = fs::remove_file(&self.lock_path);
+    }
+}
+
+/// Create `path` exclusively (never following a link, never reusing an existing file) with an
+/// explicit mode.
+///
+/// # Errors
+/// The file exists, or the call failed.
+pub fn create_exclusive(path: &Path, mode: u32) -> Result<File, StoreError> {
+    let file = OpenOptions::new()
+        .write(true)
+        .read(true)
+        .create_new(true)
+        .mode(mode)
+        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
+        .open(path)
+        .map_err(io_err("create", path))?;
+    // The umask may have cleared bits of `mode`; set it exactly.
+    file.set_permissions(fs::Permissions::from_mode(mode))
+        .map_err(io_err("chmod", path))?;
+    Ok(file)
+}
+
+/// Open an existing regular file for reading without following a final symbolic link.
+///
+/// # Errors
+/// The file is missing, a link, or not regular.
+pub fn open_nofollow(path: &Path) -> Result<File, StoreError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
+        .open(path)
+        .map_err(io_err("open", path))?;
+    let meta = file.metadata().map_err(io_err("stat", path))?;
+    if !meta.file_type().is_file() {
+        return Err(StoreError::Unsafe {
+            path: path.to_path_buf(),
+            why: "not a regular file".to_owned(),
+        });
+    }
+    Ok(file)
+}
+
+/// fsync a directory so that a name created or removed in it is durable.
+///
+/// # Errors
+/// The directory could not be opened or synced.
+pub fn fsync_dir(dir: &Path) -> Result<(), StoreError> {
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags((OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
+        .open(dir)
+        .map_err(io_err("open directory", dir))?;
+    f.sync_all().map_err(io_err("fsync directory", dir))
+}
+
+/// Set a path's access and modification times to the epoch without following a link: store
+/// entries carry no time, so two stores holding the same content are byte- and stat-identical.
+///
+/// # Errors
+/// The call failed.
+pub fn zero_mtime(path: &Path) -> Result<(), StoreError> {
+    let zero = TimeSpec::new(0, 0);
+    utimensat(
+        nix::fcntl::AT_FDCWD,
+        path,
+        &zero,
+        &zero,
+        UtimensatFlags::NoFollowSymlink,
+    )
+    .map_err(nix_err("set times", path))
+}
+
+/// Rename `from` to `to`, failing if `to` exists (never replacing a published entry).
+///
+/// # Errors
+/// `to` exists ([`io::ErrorKind::AlreadyExists`] inside [`StoreError::Io`]) or the call failed.
+pub fn rename_noreplace(from: &Path, to: &Path) -> Result<(), StoreError> {
+    renameat2(
+        nix::fcntl::AT_FDCWD,
+        from,
+        nix::fcntl::AT_FDCWD,
+        to,
+        RenameFlags::RENAME_NOREPLACE,
+    )
+    .map_err(nix_err("rename without replace", to))
+}
+
+/// Whether a store error is "the name is already taken".
+#[must_use]
+pub fn is_exists(err: &StoreError) -> bool {
+    matches!(err, StoreError::Io { source, .. } if source.kind() == io::ErrorKind::AlreadyExists)
+}
+
+/// Remove a directory tree without following links out of it.
+///
+/// # Errors
+/// Something could not be removed.
+pub fn remove_tree(path: &Path) -> io::Result<()> {
+    match fs::symlink_metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+        Ok(m) if !m.is_dir() => return fs::remove_file(path),
+        Ok(_) => {}
+    }
+    // A tree published read-only (0555 directories) must be made writable before its entries can
+    // be unlinked by a non-root owner; root ignores the mode but the chmod is harmless.
+    let _ = fs::set_permissions(path, fs::Permissions::from_mode(0o700));
+    for entry in fs::read_dir(path)? {
+        remove_tree(&entry?.path())?;
+    }
+    fs::remove_dir(path)
+}
+
+impl Store {
+    /// Open the store at `root`, creating it (mode 0700) and its layout if missing, checking
+    /// that it is a directory owned by the running user with mode exactly 0700, and removing
+    /// scratch entries left by writers that died.
+    ///
+    /// # Errors
+    /// The root is unsafe or cannot be created.
+    pub fn open(root: &Path) -> Result<Self, StoreError> {
+        match fs::symlink_metadata(root) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if let Some(parent) = root.parent().filter(|p| !p.as_os_str().is_empty()) {
+                    fs::create_dir_all(parent).map_err(io_err("create parent", parent))?;
+                }
+                fs::DirBuilder::new()
+                    .mode(0o700)
+                    .create(root)
+                    .map_err(io_err("create store", root))?;
+                fs::set_permissions(root, fs::Permissions::from_mode(0o700))
+                    .map_err(io_err("chmod", root))?;
+            }
+            Err(e) => return Err(io_err("stat", root)(e)),
+            Ok(_) => {}
+        }
+        let store = Self {
+            root: root.to_path_buf(),
+        };
+        store.check_dir(root, 0o700)?;
+        for sub in LAYOUT {
+            let path = root.join(sub);
+            match fs::DirBuilder::new().mode(0o700).create(&path) {
+                Ok(()) => fsync_dir(root)?,
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(io_err("create", &path)(e)),
+            }
+            store.check_dir(&path, 0o700)?;
+        }
+        store.clean_stale()?;
+        Ok(store)
+    }
+
+    fn check_dir(&self, path: &Path, mode: u32) -> Result<(), StoreError> {
+        let meta = fs::symlink_metadata(path).map_err(io_err("stat", path))?;
+        let unsafe_because = |why: String| StoreError::Unsafe {
+            path: path.to_path_buf(),
+            why,
+        };
+        if !meta.is_dir() {
+            return Err(unsafe_because("not a directory".to_owned()));
+        }
+        let euid = nix::unistd::geteuid().as_raw();
+        if meta.uid() != euid {
+            return Err(unsafe_because(format!(
+                "owned by uid {}, not by the running uid {euid}",
+                meta.uid()
+            )));
+        }
+        if meta.mode() & 0o7777 != mode {
+            return Err(unsafe_because(format!(
+                "mode {:o}, must be {mode:o}",
+                meta.mode() & 0o7777
+            )));
+        }
+        Ok(())
+    }
+
+    /// The store's root directory.
+    #[must_use]
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// A path inside the store, by layout section and name.
+    #[must_use]
+    pub fn path(&self, section: &str, name: &str) -> PathBuf {
+        self.root.join(section).join(name)
+    }
+
+    /// Remove the scratch directories of writers that no longer hold their lock.
+    fn clean_stale(&self) -> Result<(), StoreError> {
+        let tmp = self.root.join("tmp");
+        for entry in fs::read_dir(&tmp).map_err(io_err("list", &tmp))? {
+            let entry = entry.map_err(io_err("list", &tmp))?;
+            let path = entry.path();
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            let token = name.strip_suffix(".lock").unwrap_or(name);
+            let lock_path = tmp.join(format!("{token}.lock"));
+            let lock = OpenOptions::new()
+                .read(true)
+                .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
+                .open(&lock_path);
+            let held_elsewhere = match lock {
+                Ok(f) => Flock::lock(f, FlockArg::LockExclusiveNonblock).is_err(),
+                // No lock file: a scratch entry whose writer died between creating the lock's
+                // removal and the directory's, or a stray lock-less entry: stale either way.
+                Err(_) => false,
+            };
+            if !held_elsewhere {
+                remove_tree(&path).map_err(io_err("remove stale scratch", &path))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A new scratch directory under `tmp/`, locked for this writer.
+    ///
+    /// # Errors
+    /// It could not be created.
+    pub fn scratch(&self) -> Result<Scratch, StoreError> {
+        let tmp = self.root.join("tmp");
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let token = format!("{}-{nanos:x}", std::process::id());
+        let lock_path = tmp.join(format!("{token}.lock"));
+        let file = create_exclusive(&lock_path, 0o600)?;
+        let lock = Flock::lock(file, FlockArg::LockExclusiveNonblock)
+            .map_err(|(_, e)| nix_err("lock scratch", &lock_path)(e))?;
+        let dir = tmp.join(&token);
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(io_err("create scratch", &dir))?;
+        Ok(Scratch {
+            dir,
+            lock_path,
+            _lock: lock,
+            next: 0,
+        })
+    }
+
+    /// The path of a content object: `objects/<2 hex>/<hex>` for mode 0444, with `.x` for the
+    /// executable (0555) variant. Modes live in the inode, which hard links share, so each mode
+    /// has its own object.
+    #[must_use]
+    pub fn object_path(&self, sha256: &Digest, executable: bool) -> PathBuf {
+        let hex = sha256.hex();
+        let suffix = if executable { ".x" } else { "" };
+        self.root
+            .join("objects")
+            .join(&hex[..2])
+            .join(format!("{hex}{suffix}"))
+    }
+
+    /// Publish a staged, fully written file as the content object `sha256`: set its mode and
+    /// times, fsync it, hard-link it into place (never replacing), fsync the parent, then
+    /// reopen what is at the name and re-hash it.
+    ///
+    /// # Errors
+    /// Any step failed, or the object at the name does not hash to `sha256`.
+    pub fn publish_object(
+        &self,
+        staged: &Path,
+        sha256: &Digest,
+        executable: bool,
+    ) -> Result<PathBuf, StoreError> {
+        let mode = if executable { 0o555 } else { 0o444 };
+        let file = open_nofollow(staged)?;
+        file.set_permissions(fs::Permissions::from_mode(mode))
+            .map_err(io_err("chmod", staged))?;
+        zero_mtime(staged)?;
+        file.sync_all().map_err(io_err("fsync", staged))?;
+        let target = self.object_path(sha256, executable);
+        let parent = target.parent().unwrap_or(&self.root).to_path_buf();
+        match fs::DirBuilder::new().mode(0o700).create(&parent) {
+            Ok(()) => fsync_dir(&self.root.join("objects"))?,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io_err("create", &parent)(e)),
+        }
+        match fs::hard_link(staged, &target) {
+            Ok(()) => fsync_dir(&parent)?,
+            // Already published by this or another writer: the re-hash below decides.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io_err("link", &target)(e)),
+        }
+        self.verify_object(&target, sha256, mode)?;
+        Ok(target)
+    }
+
+    /// Reopen a content object and check it: a regular file owned by the store's owner, the
+    /// expected mode, and contents hashing to its name.
+    ///
+    /// # Errors
+    /// It is missing, unsafe, or does not match.
+    pub fn verify_object(&self, path: &Path, sha256: &Digest, mode: u32) -> Result<(), StoreError> {
+        let file = open_nofollow(path)?;
+        let meta = file.metadata().map_err(io_err("stat", path))?;
+        if meta.mode() & 0o7777 != mode || meta.uid() != nix::unistd::geteuid().as_raw() {
+            return Err(StoreError::Unsafe {
+                path: path.to_path_buf(),
+                why: format!("mode {:o} uid {}", meta.mode() & 0o7777, meta.uid()),
+            });
+        }
+        let (found, _) = Digest::of_reader(file).map_err(io_err("read", path))?;
+        if &found != sha256 {
+            return Err(StoreError::Mismatch {
+                path: path.to_path_buf(),
+                expected: sha256.to_string(),
+                found: found.to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Publish a small document (a record or receipt) at `section/name` with mode 0444: written
+    /// to scratch, fsynced, hard-linked without replacing, re-read and compared. Publishing the
+    /// same bytes twice is not an error; different bytes under a taken name is a mismatch.
+    ///
+    /// # Errors
+    /// Any step failed, or the name holds other bytes.
+    pub fn put_document(
+        &self,
+        section: &str,
+        name: &str,
+        bytes: &[u8],
+    ) -> Result<PathBuf, StoreError> {
+        let mut scratch = self.scratch()?;
+        let (staged, mut file) = scratch.create_file()?;
+        file.write_all(bytes).map_err(io_err("write", &staged))?;
+        file.set_permissions(fs::Permissions::from_mode(0o444))
+            .map_err(io_err("chmod", &staged))?;
+        file.sync_all().map_err(io_err("fsync", &staged))?;
+        let target = self.path(section, name);
+        match fs::hard_link(&staged, &target) {
+            Ok(()) => fsync_dir(&self.root.join(section))?,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io_err("link", &target)(e)),
+        }
+        let mut found = Vec::new();
+        open_nofollow(&target)?
+            .read_to_end(&mut found)
+            .map_err(io_err("read", &target))?;
+        if found != bytes {
+            return Err(StoreError::Mismatch {
+                path: target,
+                expected: Digest::of_bytes(bytes).to_string(),
+                found: Digest::of_bytes(&found).to_string(),
+            });
+        }
+        Ok(target)
+    }
+
+    /// Read a published document.
+    ///
+    /// # Errors
+    /// It is missing or unsafe.
+    pub fn read_document(&self, section: &str, name: &str) -> Result<Vec<u8>, StoreError> {
+        let path = self.path(section, name);
+        let mut out = Vec::new();
+        open_nofollow(&path)?
+            .read_to_end(&mut out)
+            .map_err(io_err("read", &path))?;
+        Ok(out)
+    }
+
+    /// Every path in the store with its kind, mode, size and link target, sorted: what tests
+    /// compare before and after an operation that must leave the store unchanged.
+    ///
+    /// # Errors
+    /// The store could not be listed.
+    pub fn listing(&self) -> Result<Vec<String>, StoreError> {
+        let mut out = Vec::new();
+        list_into(&self.root, &self.root, &mut out)?;
+        out.sort();
+        Ok(out)
+    }
+}
+
+fn list_into(root: &Path, dir: &Path, out: &mut Vec<String>) -> Result<(), StoreError> {
+    for entry in fs::read_dir(dir).map_err(io_err("list", dir))? {
+        let entry = entry.map_err(io_err("list", dir))?;
+        let path = entry.path();
+        let meta = fs::symlink_metadata(&path).map_err(io_err("stat", &path))?;
+        let rel = path
+            .strip_prefix(root)
+            .unwrap_or(&path)
+            .display()
+            .to_string();
+        out.push(format!(
+            "{rel} {:o} {}",
+            meta.mode(),
+            if meta.is_dir() { 0 } else { meta.len() }
+        ));
+        if meta.is_dir() {
+            list_into(root, &path, out)?;
+        }
+    }
+    Ok(())
+}

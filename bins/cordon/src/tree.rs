@@ -1,0 +1,363 @@
+//! Content-addressed, read-only engine trees in the store: `trees/<hex>/` holds `manifest.json`
+//! (the tree record) and `root/`, the tree itself, whose files are hard links to content
+//! objects.
+//!
+//! This module owns the tree digest (domain `cordon.tree` over the materializer version and the
+//! sorted `(path, mode, size, sha256)` list), publication (built in scratch, published by
+//! rename-no-replace, so a tree is either whole or absent) and [`verify`], the one check every
+//! stage runs before it mounts a tree: reopen the record, recompute the digest, walk `root/`
+//! without following links and re-hash every file.
+//!
+//! Files are 0444 (0555 when declared executable), directories 0555, times 0, owned by the
+//! store's owner (root). A tree has no empty directories and no links. The module does not
+//! decide what goes into a tree; materialization does.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::io;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::canonical::{CanonicalError, Digest, domain_digest, to_canonical_json};
+use crate::store::{self, Store, StoreError};
+
+/// The schema of tree records and of the tree digest's payload.
+pub const TREE_SCHEMA: u32 = 1;
+
+/// One file of a tree.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Entry {
+    /// Relative, clean, UTF-8 path.
+    pub path: String,
+    /// 0o444 or 0o555.
+    pub mode: u32,
+    /// Bytes.
+    pub size: u64,
+    /// sha256 of the contents: also the content object's name.
+    pub sha256: Digest,
+}
+
+impl Entry {
+    /// Whether the entry is executable (mode 0555).
+    #[must_use]
+    pub fn executable(&self) -> bool {
+        self.mode == 0o555
+    }
+}
+
+/// A tree record, `trees/<hex>/manifest.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TreeRecord {
+    /// [`TREE_SCHEMA`].
+    pub schema: u32,
+    /// The materializer version the digest binds.
+    pub materializer: String,
+    /// The tree digest.
+    pub digest: Digest,
+    /// The files, sorted by path.
+    pub entries: Vec<Entry>,
+    /// Where the tree came from (incumbent registration or a delta); descriptive, not hashed.
+    pub origin: Value,
+}
+
+/// Why a tree could not be published or verified.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum TreeError {
+    /// The store failed.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Store(#[from] StoreError),
+    /// The record could not be encoded.
+    #[error("cannot encode the tree record")]
+    #[diagnostic(code(cordon::tree::encode))]
+    Encode(#[from] CanonicalError),
+    /// No tree with this digest is in the store.
+    #[error("no tree {digest} in the store")]
+    #[diagnostic(
+        code(cordon::tree::missing),
+        help("register the incumbent with `cordon-materialize incumbent DIR` first")
+    )]
+    Missing {
+        /// The digest asked for.
+        digest: Digest,
+    },
+    /// The tree on disk is not the tree its record and name promise.
+    #[error("tree {digest} fails verification: {why}")]
+    #[diagnostic(
+        code(cordon::tree::corrupt),
+        help("the store has been tampered with or the disk is failing; quarantine it")
+    )]
+    Corrupt {
+        /// The tree.
+        digest: Digest,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+/// The materializer version bound into every tree digest.
+pub const MATERIALIZER: &str = concat!("cordon-materialize ", env!("CARGO_PKG_VERSION"));
+
+/// The tree digest of a sorted entry list.
+///
+/// # Errors
+/// As [`domain_digest`].
+pub fn digest(entries: &[Entry]) -> Result<Digest, CanonicalError> {
+    #[derive(Serialize)]
+    struct Payload<'a> {
+        materializer: &'a str,
+        entries: &'a [Entry],
+    }
+    domain_digest(
+        "cordon.tree",
+        TREE_SCHEMA,
+        &Payload {
+            materializer: MATERIALIZER,
+            entries,
+        },
+    )
+}
+
+/// The directory of tree `digest` in the store.
+#[must_use]
+pub fn tree_dir(store: &Store, digest: &Digest) -> PathBuf {
+    store.path("trees", &digest.hex())
+}
+
+/// The directory a stage mounts: `trees/<hex>/root`.
+#[must_use]
+pub fn root_dir(store: &Store, digest: &Digest) -> PathBuf {
+    tree_dir(store, digest).join("root")
+}
+
+/// Load a tree record, checking that it parses and that its entries hash to its name. This is
+/// cheap (no file is re-hashed); [`verify`] is the full check.
+///
+/// # Errors
+/// Missing or corrupt.
+pub fn load(store: &Store, digest: &Digest) -> Result<TreeRecord, TreeError> {
+    let path = tree_dir(store, digest).join("manifest.json");
+    if fs::symlink_metadata(&path).is_err() {
+        return Err(TreeError::Missing { digest: *digest });
+    }
+    let corrupt = |why: String| TreeError::Corrupt {
+        digest: *digest,
+        why,
+    };
+    let mut text = Vec::new();
+    io::Read::read_to_end(&mut store::open_nofollow(&path)?, &mut text)
+        .map_err(|e| corrupt(format!("cannot read the record: {e}")))?;
+    let record: TreeRecord =
+        serde_json::from_slice(&text).map_err(|e| corrupt(format!("record: {e}")))?;
+    if record.schema != TREE_SCHEMA {
+        return Err(corrupt(format!("record schema {}", record.schema)));
+    }
+    if record.materializer != MATERIALIZER {
+        return Err(corrupt(format!(
+            "made by {:?}, this is {MATERIALIZER:?}",
+            record.materializer
+        )));
+    }
+    if &self::digest(&record.entries)? != digest || &record.digest != digest {
+        return Err(corrupt(
+            "the record's entries do not hash to its name".into(),
+        ));
+    }
+    if record.entries.windows(2).any(|w| w[0].path >= w[1].path) {
+        return Err(corrupt(
+            "the record's entries are not sorted and unique".into(),
+        ));
+    }
+    Ok(record)
+}
+
+/// Publish a tree whose files are already content objects in the store. Builds
+/// `tmp/…/tree/{manifest.json,root/}` with hard links, sets modes and times, fsyncs, renames it
+/// to `trees/<hex>` without replacing, and re-checks what is there. Publishing a tree that is
+/// already present is not an error (its record must match).
+///
+/// # Errors
+/// A content object is missing or wrong, or the store failed.
+pub fn publish(store: &Store, entries: Vec<Entry>, origin: Value) -> Result<TreeRecord, TreeError> {
+    let mut entries = entries;
+    entries.sort();
+    let digest = digest(&entries)?;
+    let record = TreeRecord {
+        schema: TREE_SCHEMA,
+        materializer: MATERIALIZER.to_owned(),
+        digest,
+        entries,
+        origin,
+    };
+    let target = tree_dir(store, &digest);
+    if fs::symlink_metadata(&target).is_ok() {
+        check_existing(store, &record)?;
+        return Ok(record);
+    }
+    let mut scratch = store.scratch()?;
+    let staged = scratch.fresh_name("tree");
+    let root = staged.join("root");
+    let io_err = |op: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| StoreError::Io { op, path, source }
+    };
+    fs::create_dir_all(&root).map_err(io_err("create", &root))?;
+    let mut dirs: BTreeSet<PathBuf> = BTreeSet::new();
+    for entry in &record.entries {
+        let dest = root.join(&entry.path);
+        let parent = dest.parent().unwrap_or(&root);
+        if parent != root && !dirs.contains(parent) {
+            fs::create_dir_all(parent).map_err(io_err("create", parent))?;
+            let mut p = Some(parent);
+            while let Some(d) = p.filter(|d| *d != root) {
+                if !dirs.insert(d.to_path_buf()) {
+                    break;
+                }
+                p = d.parent();
+            }
+        }
+        let object = store.object_path(&entry.sha256, entry.executable());
+        // The object's inode carries the mode, the zero times and the size: a link is the file.
+        let meta = fs::symlink_metadata(&object).map_err(io_err("stat object", &object))?;
+        if !meta.is_file() || meta.mode() & 0o7777 != entry.mode || meta.len() != entry.size {
+            return Err(TreeError::Corrupt {
+                digest,
+                why: format!(
+                    "content object for {:?} is not what the record says",
+                    entry.path
+                ),
+            });
+        }
+        fs::hard_link(&object, &dest).map_err(io_err("link", &dest))?;
+    }
+    let text = to_canonical_json(&record)?;
+    let manifest = staged.join("manifest.json");
+    {
+        let mut f = store::create_exclusive(&manifest, 0o444)?;
+        io::Write::write_all(&mut f, text.as_bytes()).map_err(io_err("write", &manifest))?;
+        f.sync_all().map_err(io_err("fsync", &manifest))?;
+    }
+    // Deepest first, so that a directory is sealed after everything in it.
+    let mut all_dirs: Vec<PathBuf> = dirs.into_iter().collect();
+    all_dirs.push(root.clone());
+    all_dirs.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for dir in &all_dirs {
+        store::fsync_dir(dir)?;
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o555))
+            .map_err(io_err("chmod", dir))?;
+        store::zero_mtime(dir)?;
+    }
+    fs::set_permissions(&staged, fs::Permissions::from_mode(0o555))
+        .map_err(io_err("chmod", &staged))?;
+    store::fsync_dir(&staged)?;
+    match store::rename_noreplace(&staged, &target) {
+        Ok(()) => store::fsync_dir(&store.root().join("trees"))?,
+        // Another writer published the same tree first: check theirs below.
+        Err(e) if store::is_exists(&e) => {}
+        Err(e) => return Err(e.into()),
+    }
+    drop(scratch);
+    check_existing(store, &record)?;
+    Ok(record)
+}
+
+/// After publication: the record at the name is ours and every link points at an object of
+/// the right size and mode. Files are not re-hashed here (their objects were, when written);
+/// [`verify`] re-hashes.
+fn check_existing(store: &Store, record: &TreeRecord) -> Result<(), TreeError> {
+    let found = load(store, &record.digest)?;
+    if found.entries != record.entries {
+        return Err(TreeError::Corrupt {
+            digest: record.digest,
+            why: "a tree with this name holds other entries".into(),
+        });
+    }
+    walk(store, record, false)
+}
+
+/// Reopen tree `digest` and re-check every entry: the record hashes to the name, `root/` holds
+/// exactly the record's files (regular, owned by the store's owner, right mode and size,
+/// contents re-hashed) and directories (0555), and nothing else — no link, no extra file.
+///
+/// # Errors
+/// Missing or corrupt.
+pub fn verify(store: &Store, digest: &Digest) -> Result<TreeRecord, TreeError> {
+    let record = load(store, digest)?;
+    walk(store, &record, true)?;
+    Ok(record)
+}
+
+fn walk(store: &Store, record: &TreeRecord, rehash: bool) -> Result<(), TreeError> {
+    let root = root_dir(store, &record.digest);
+    let corrupt = |why: String| TreeError::Corrupt {
+        digest: record.digest,
+        why,
+    };
+    let owner = nix::unistd::geteuid().as_raw();
+    let mut expected: BTreeMap<&str, &Entry> = record
+        .entries
+        .iter()
+        .map(|e| (e.path.as_str(), e))
+        .collect();
+    let mut stack = vec![(root.clone(), String::new())];
+    while let Some((dir, rel)) = stack.pop() {
+        let meta = fs::symlink_metadata(&dir).map_err(|e| corrupt(format!("{dir:?}: {e}")))?;
+        if !meta.is_dir() || meta.mode() & 0o7777 != 0o555 || meta.uid() != owner {
+            return Err(corrupt(format!(
+                "directory {rel:?} is not a 0555 directory of the store's owner"
+            )));
+        }
+        let listing = fs::read_dir(&dir).map_err(|e| corrupt(format!("{dir:?}: {e}")))?;
+        for item in listing {
+            let item = item.map_err(|e| corrupt(format!("{dir:?}: {e}")))?;
+            let name = item.file_name();
+            let Some(name) = name.to_str() else {
+                return Err(corrupt(format!("a non-UTF-8 name under {rel:?}")));
+            };
+            let path = if rel.is_empty() {
+                name.to_owned()
+            } else {
+                format!("{rel}/{name}")
+            };
+            let meta =
+                fs::symlink_metadata(item.path()).map_err(|e| corrupt(format!("{path:?}: {e}")))?;
+            if meta.is_dir() {
+                stack.push((item.path(), path));
+                continue;
+            }
+            let Some(entry) = expected.remove(path.as_str()) else {
+                return Err(corrupt(format!("{path:?} is not in the record")));
+            };
+            if !meta.is_file()
+                || meta.mode() & 0o7777 != entry.mode
+                || meta.len() != entry.size
+                || meta.uid() != owner
+            {
+                return Err(corrupt(format!(
+                    "{path:?} is not a regular file of mode {:o} and size {}",
+                    entry.mode, entry.size
+                )));
+            }
+            if rehash {
+                let file = store::open_nofollow(&item.path())?;
+                let (sha, _) =
+                    Digest::of_reader(file).map_err(|e| corrupt(format!("{path:?}: {e}")))?;
+                if sha != entry.sha256 {
+                    return Err(corrupt(format!(
+                        "{path:?} does not hash to {}",
+                        entry.sha256
+                    )));
+                }
+            }
+        }
+    }
+    if let Some((path, _)) = expected.into_iter().next() {
+        return Err(corrupt(format!("{path:?} is missing")));
+    }
+    Ok(())
+}

@@ -1,0 +1,276 @@
+//! The `cordon-fetch` command: `cordon-fetch [--policy P] [--store S] --sha256 HEX SOURCE`.
+//!
+//! Order: parse the policy (exit 2 on any problem), establish the authority (exit 3 when the
+//! runtime or binaries cannot be measured), check the source against the transport rules (exit
+//! 2), open the store (exit 3), then stream the source through intake. The receipt says `ok`
+//! (exit 0), `rejected` with a reason code and member path (exit 1), or `no-decision` (exit 3).
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use clap::Parser;
+use cordon::ExitCode;
+use cordon::canonical::Digest;
+use cordon::intake::{self, IntakeError};
+use cordon::receipt::{Outcome, Reason, Receipt};
+use cordon::stage::{self, DEFAULT_POLICY};
+use cordon::store::Store;
+use cordon_policy::cli::{CliError, Diagnostics, report, report_diagnostic};
+use serde_json::json;
+
+use crate::transport::{self, Body, Rules, TransportError};
+
+/// Admit an archive into the validator's private store.
+#[derive(Debug, Parser)]
+#[command(name = "cordon-fetch", version, about)]
+pub struct Args {
+    /// The policy file.
+    #[arg(long, default_value = DEFAULT_POLICY)]
+    pub policy: PathBuf,
+    /// The store directory (default: the policy's `store`).
+    #[arg(long)]
+    pub store: Option<PathBuf>,
+    /// The committed sha256 of the archive bytes: 64 hex digits, `sha256:` prefix optional.
+    #[arg(long)]
+    pub sha256: String,
+    /// How errors are printed on stderr.
+    #[arg(long, value_enum, default_value_t = Diagnostics::Text)]
+    pub diagnostics: Diagnostics,
+    /// A local path, or an `https://` URL.
+    pub source: String,
+}
+
+/// Failures before a receipt can be written.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum FetchError {
+    /// The committed digest is malformed.
+    #[error("--sha256 {given:?} is not 64 lowercase hex digits")]
+    #[diagnostic(code(cordon::fetch::digest))]
+    Digest {
+        /// What was given.
+        given: String,
+    },
+    /// A local source cannot be opened.
+    #[error("cannot open the source {path}")]
+    #[diagnostic(code(cordon::fetch::open_source))]
+    OpenSource {
+        /// The path.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A local source is not a regular file.
+    #[error("the source {path} is not a regular file")]
+    #[diagnostic(code(cordon::fetch::source_kind))]
+    SourceKind {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The policy's trust anchor cannot be read.
+    #[error("cannot read the policy's trust anchor {path}")]
+    #[diagnostic(code(cordon::fetch::trust_anchor))]
+    TrustAnchor {
+        /// The path.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The source breaks the transport rules, or the client cannot start.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Transport(#[from] TransportError),
+    /// The store cannot be opened.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Store(#[from] cordon::store::StoreError),
+    /// The receipt cannot be written.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Stage(#[from] stage::StageError),
+}
+
+impl FetchError {
+    fn exit_code(&self) -> ExitCode {
+        match self {
+            Self::Digest { .. }
+            | Self::OpenSource { .. }
+            | Self::SourceKind { .. }
+            | Self::TrustAnchor { .. }
+            | Self::Transport(TransportError::Refused { .. }) => ExitCode::Usage,
+            Self::Transport(_) | Self::Store(_) | Self::Stage(_) => ExitCode::NoDecision,
+        }
+    }
+}
+
+fn parse_digest(given: &str) -> Result<Digest, FetchError> {
+    let text = if given.starts_with("sha256:") {
+        given.to_owned()
+    } else {
+        format!("sha256:{given}")
+    };
+    Digest::from_str(&text).map_err(|_| FetchError::Digest {
+        given: given.to_owned(),
+    })
+}
+
+/// The transport rules of a policy, with the trust anchor read and the byte cap applied.
+fn rules(policy: &cordon_policy::Policy) -> Result<Rules, FetchError> {
+    let t = policy.transport();
+    let trust_anchor = match t.trust_anchor {
+        Some(path) => Some(
+            std::fs::read(path).map_err(|source| FetchError::TrustAnchor {
+                path: PathBuf::from(path),
+                source,
+            })?,
+        ),
+        None => None,
+    };
+    Ok(Rules {
+        allow_hosts: t.allow_hosts.iter().map(|h| (*h).to_owned()).collect(),
+        max_redirects: t.max_redirects,
+        deadline: Duration::from_millis(t.deadline_ms),
+        tls13_only: t.min_tls == "1.3",
+        trust_anchor,
+        allow_loopback: t.allow_loopback,
+        allow_plain_http_loopback: t.allow_plain_http_loopback,
+        max_bytes: policy.archive_limits().max_archive_bytes,
+    })
+}
+
+/// The source, opened: a local file or a remote body.
+enum Source {
+    Local(std::fs::File),
+    Remote(Body),
+}
+
+impl Read for Source {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Self::Local(f) => f.read(buf),
+            Self::Remote(b) => b.read(buf),
+        }
+    }
+}
+
+fn open_source(given: &str, policy: &cordon_policy::Policy) -> Result<Source, FetchError> {
+    if given.contains("://") {
+        return Ok(Source::Remote(transport::open(given, &rules(policy)?)?));
+    }
+    let path = Path::new(given);
+    let file = std::fs::File::open(path).map_err(|source| FetchError::OpenSource {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let meta = file.metadata().map_err(|source| FetchError::OpenSource {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if !meta.is_file() {
+        return Err(FetchError::SourceKind {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(Source::Local(file))
+}
+
+/// Run the tool: the whole of `main`.
+pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitCode {
+    let fail_policy = |e: CliError, stderr: &mut dyn Write| {
+        report(&e, args.diagnostics, stderr);
+        e.exit_code()
+    };
+    let loaded = match cordon_policy::cli::load(&args.policy) {
+        Ok(l) => l,
+        Err(e) => return fail_policy(e, stderr),
+    };
+    let authority = match cordon_policy::cli::components(&loaded.policy).and_then(|c| {
+        c.authority()
+            .map_err(cordon_policy::cli::CliError::Identity)
+    }) {
+        Ok(a) => a,
+        Err(e) => return fail_policy(e, stderr),
+    };
+    match fetch(args, &loaded.policy, authority, stdout) {
+        Ok(code) => code,
+        Err(e) => {
+            report_diagnostic(&e, args.diagnostics, stderr);
+            e.exit_code()
+        }
+    }
+}
+
+fn fetch(
+    args: &Args,
+    policy: &cordon_policy::Policy,
+    authority: Digest,
+    stdout: &mut dyn Write,
+) -> Result<ExitCode, FetchError> {
+    let committed = parse_digest(&args.sha256)?;
+    let mut source = open_source(&args.source, policy)?;
+    let store_root = args
+        .store
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(policy.store()));
+    let store = Store::open(&store_root)?;
+    let mut receipt = Receipt::new("fetch", authority, Outcome::Ok);
+    receipt.inputs = json!({ "source": args.source, "sha256": committed });
+    let result = intake::ingest(&store, &mut source, &committed, &policy.archive_limits());
+    let transport_failure = match &mut source {
+        Source::Remote(body) => body.take_failure(),
+        Source::Local(_) => None,
+    };
+    let (outcome, reason) = match (result, transport_failure) {
+        (Ok(record), _) => {
+            receipt.outputs = json!({
+                "archive_sha256": record.archive_sha256,
+                "content_digest": record.content_digest,
+                "files": record.files.len(),
+                "bytes": record.bytes,
+            });
+            (Outcome::Ok, None)
+        }
+        (Err(_), Some(TransportError::Rejected { code, why })) => (
+            Outcome::Rejected,
+            Some(Reason {
+                code: code.to_owned(),
+                message: why,
+            }),
+        ),
+        (Err(_), Some(other)) => (
+            Outcome::NoDecision,
+            Some(Reason {
+                code: "transport.failed".to_owned(),
+                message: other.to_string(),
+            }),
+        ),
+        (Err(IntakeError::Rejected(r)), None) => (
+            Outcome::Rejected,
+            Some(Reason {
+                code: r.code.to_owned(),
+                message: match r.path {
+                    Some(p) => format!("{p}: {}", r.message),
+                    None => r.message,
+                },
+            }),
+        ),
+        (Err(other), None) => (
+            Outcome::NoDecision,
+            Some(Reason {
+                code: "intake.infrastructure".to_owned(),
+                message: stage::error_chain(&other),
+            }),
+        ),
+    };
+    receipt.outcome = outcome;
+    receipt.reasons.extend(reason);
+    stage::emit(Some(&store), &mut receipt, stdout)?;
+    Ok(match outcome {
+        Outcome::Ok => ExitCode::Ok,
+        Outcome::Rejected => ExitCode::Rejected,
+        Outcome::NoDecision => ExitCode::NoDecision,
+    })
+}

@@ -1,0 +1,10 @@
+//! `cordon-fetch`: private intake. A local archive or an `https://` source becomes content
+//! objects and an intake record in the store, or nothing at all.
+//!
+//! [`cli::run`] is the whole binary; [`transport`] is the remote side. Archive shape rules and
+//! the store discipline live in the `cordon` library ([`cordon::archive`], [`cordon::intake`]).
+
+#![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod transport;

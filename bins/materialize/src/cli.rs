@@ -1,0 +1,328 @@
+//! The `cordon-materialize` command.
+//!
+//! - `cordon-materialize incumbent DIR`: register an incumbent tree.
+//! - `cordon-materialize --incumbent sha256:TREE [--receipt FILE]`: materialize the delta of a
+//!   fetch receipt (stdin by default) over that incumbent.
+//! - `cordon-materialize verify sha256:TREE`: reopen a tree and re-check every entry.
+//!
+//! Exit codes: 0 ok; 1 the delta is rejected (findings on stderr as diagnostics on the
+//! candidate's own source, and in the receipt); 2 usage, policy or input-wiring error; 3 the
+//! store or a tree could not be established.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use cordon::ExitCode;
+use cordon::canonical::Digest;
+use cordon::intake;
+use cordon::receipt::{Outcome, Reason, Receipt};
+use cordon::stage::{self, DEFAULT_POLICY, StageError};
+use cordon::store::Store;
+use cordon::tree;
+use cordon_policy::Policy;
+use cordon_policy::cli::{CliError, Diagnostics, report, report_diagnostic};
+use miette::{Diagnostic, LabeledSpan, NamedSource, SourceCode};
+use serde_json::{Value, json};
+
+use crate::guard::Finding;
+use crate::materialize::{self, MaterializeError};
+
+/// Materialize engine trees.
+#[derive(Debug, Parser)]
+#[command(name = "cordon-materialize", version, about)]
+pub struct Args {
+    /// The policy file.
+    #[arg(long, default_value = DEFAULT_POLICY, global = true)]
+    pub policy: PathBuf,
+    /// The store directory (default: the policy's `store`).
+    #[arg(long, global = true)]
+    pub store: Option<PathBuf>,
+    /// How errors are printed on stderr.
+    #[arg(long, value_enum, default_value_t = Diagnostics::Text, global = true)]
+    pub diagnostics: Diagnostics,
+    /// The incumbent tree the delta is materialized over.
+    #[arg(long)]
+    pub incumbent: Option<String>,
+    /// The fetch receipt of the delta (default: stdin).
+    #[arg(long)]
+    pub receipt: Option<PathBuf>,
+    /// A subcommand instead of materializing.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// The other things the tool does.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Register an incumbent engine tree (its root carries `cordon-incumbent.kdl`).
+    Incumbent {
+        /// The incumbent directory.
+        dir: PathBuf,
+    },
+    /// Reopen a tree and re-check every entry.
+    Verify {
+        /// The tree digest.
+        tree: String,
+    },
+}
+
+/// Failures before a receipt can be written.
+#[derive(Debug, thiserror::Error, Diagnostic)]
+pub enum CommandError {
+    /// A digest argument is malformed.
+    #[error("{given:?} is not a digest")]
+    #[diagnostic(
+        code(cordon::materialize::digest),
+        help("write sha256:<64 lowercase hex>")
+    )]
+    Digest {
+        /// What was given.
+        given: String,
+    },
+    /// Neither `--incumbent` nor a subcommand.
+    #[error("give either --incumbent sha256:TREE or a subcommand, not both and not neither")]
+    #[diagnostic(code(cordon::materialize::usage))]
+    Usage,
+    /// The fetch receipt has no usable content digest.
+    #[error("the fetch receipt names no content_digest")]
+    #[diagnostic(code(cordon::materialize::receipt))]
+    NoContent,
+    /// The input receipt is not usable.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Input(StageError),
+    /// The receipt could not be written.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Output(StageError),
+    /// The store cannot be opened.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Store(#[from] cordon::store::StoreError),
+}
+
+impl CommandError {
+    fn exit_code(&self) -> ExitCode {
+        match self {
+            Self::Digest { .. } | Self::Usage | Self::NoContent | Self::Input(_) => ExitCode::Usage,
+            Self::Output(_) | Self::Store(_) => ExitCode::NoDecision,
+        }
+    }
+}
+
+/// One finding as a diagnostic on the candidate's own source.
+#[derive(Debug)]
+struct SourceFinding {
+    finding: Finding,
+    source: Option<NamedSource<Arc<String>>>,
+}
+
+impl fmt::Display for SourceFinding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.finding.one_line())
+    }
+}
+
+impl std::error::Error for SourceFinding {}
+
+impl Diagnostic for SourceFinding {
+    fn code<'a>(&'a self) -> Option<Box<dyn fmt::Display + 'a>> {
+        Some(Box::new(self.finding.code))
+    }
+
+    fn source_code(&self) -> Option<&dyn SourceCode> {
+        self.source.as_ref().map(|s| s as &dyn SourceCode)
+    }
+
+    fn labels(&self) -> Option<Box<dyn Iterator<Item = LabeledSpan> + '_>> {
+        let at = self.finding.at?;
+        self.source.as_ref()?;
+        Some(Box::new(std::iter::once(LabeledSpan::new(
+            Some(self.finding.label.clone()),
+            at.start,
+            at.end - at.start,
+        ))))
+    }
+}
+
+fn parse_digest(given: &str) -> Result<Digest, CommandError> {
+    Digest::from_str(given).map_err(|_| CommandError::Digest {
+        given: given.to_owned(),
+    })
+}
+
+fn finding_json(f: &Finding) -> Value {
+    json!({
+        "code": f.code,
+        "path": f.path,
+        "line": f.at.map(|p| p.line),
+        "col": f.at.map(|p| p.col),
+        "message": f.message,
+    })
+}
+
+/// Run the tool: the whole of `main`.
+pub fn run(
+    args: &Args,
+    stdin: &mut dyn Read,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> ExitCode {
+    let fail_policy = |e: CliError, stderr: &mut dyn Write| {
+        report(&e, args.diagnostics, stderr);
+        e.exit_code()
+    };
+    let loaded = match cordon_policy::cli::load(&args.policy) {
+        Ok(l) => l,
+        Err(e) => return fail_policy(e, stderr),
+    };
+    let authority = match cordon_policy::cli::components(&loaded.policy)
+        .and_then(|c| c.authority().map_err(CliError::Identity))
+    {
+        Ok(a) => a,
+        Err(e) => return fail_policy(e, stderr),
+    };
+    match dispatch(args, &loaded.policy, authority, stdin, stdout, stderr) {
+        Ok(code) => code,
+        Err(e) => {
+            report_diagnostic(&e, args.diagnostics, stderr);
+            e.exit_code()
+        }
+    }
+}
+
+fn dispatch(
+    args: &Args,
+    policy: &Policy,
+    authority: Digest,
+    stdin: &mut dyn Read,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> Result<ExitCode, CommandError> {
+    let store_root = args
+        .store
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(policy.store()));
+    let rules = policy.tree_rules();
+    let mut receipt = Receipt::new("materialize", authority, Outcome::Ok);
+    // Parse every argument before the store is touched.
+    let result = match (&args.command, &args.incumbent) {
+        (Some(_), Some(_)) | (None, None) => return Err(CommandError::Usage),
+        (Some(Command::Incumbent { dir }), None) => {
+            let store = Store::open(&store_root)?;
+            receipt.inputs = json!({ "incumbent_dir": dir });
+            materialize::register_incumbent(&store, dir, &rules).map(|record| {
+                receipt.outputs = json!({
+                    "tree_digest": record.digest,
+                    "kind": "incumbent",
+                    "files": record.entries.len(),
+                    "bytes": record.entries.iter().map(|e| e.size).sum::<u64>(),
+                });
+            })
+        }
+        (Some(Command::Verify { tree: t }), None) => {
+            let digest = parse_digest(t)?;
+            let store = Store::open(&store_root)?;
+            receipt.inputs = json!({ "tree": digest });
+            tree::verify(&store, &digest)
+                .map(|record| {
+                    receipt.outputs = json!({
+                        "tree_digest": record.digest,
+                        "files": record.entries.len(),
+                    });
+                })
+                .map_err(MaterializeError::Tree)
+        }
+        (None, Some(inc)) => {
+            let incumbent = parse_digest(inc)?;
+            let (input, prev) =
+                stage::read_input(args.receipt.as_deref(), stdin, "fetch", &authority)
+                    .map_err(CommandError::Input)?;
+            let content = input
+                .outputs
+                .get("content_digest")
+                .and_then(Value::as_str)
+                .and_then(|s| Digest::from_str(s).ok())
+                .ok_or(CommandError::NoContent)?;
+            let store = Store::open(&store_root)?;
+            receipt.prev = Some(prev);
+            receipt.inputs = json!({ "incumbent": incumbent, "delta": content });
+            let steps: BTreeSet<String> = policy
+                .step_names()
+                .filter(|s| policy.step(s).is_some_and(|(stage, _)| stage == "prebuild"))
+                .map(str::to_owned)
+                .collect();
+            intake::load(&store, &content)
+                .map_err(|e| {
+                    MaterializeError::Store(cordon::store::StoreError::Unsafe {
+                        path: store.path("intake", &format!("{}.json", content.hex())),
+                        why: stage::error_chain(&e),
+                    })
+                })
+                .and_then(|record| {
+                    materialize::materialize(&store, &incumbent, &record, &rules, &steps)
+                })
+                .map(|m| {
+                    receipt.outputs = json!({
+                        "tree_digest": m.record.digest,
+                        "delta_digest": m.delta,
+                        "incumbent": incumbent,
+                        "target": m.target,
+                        "namespace": m.namespace,
+                        "step": m.step,
+                        "findings": [],
+                    });
+                })
+        }
+    };
+    let store = Store::open(&store_root)?;
+    let code = match result {
+        Ok(()) => ExitCode::Ok,
+        Err(MaterializeError::Rejected(findings, sources)) => {
+            for f in &findings {
+                let source = f.at.and_then(|_| {
+                    sources
+                        .iter()
+                        .find(|(p, _)| *p == f.path)
+                        .map(|(p, text)| NamedSource::new(p, text.clone()).with_language("python"))
+                });
+                let diag = SourceFinding {
+                    finding: f.clone(),
+                    source,
+                };
+                report_diagnostic(&diag, args.diagnostics, stderr);
+            }
+            receipt.outcome = Outcome::Rejected;
+            receipt.reasons = findings
+                .iter()
+                .map(|f| Reason {
+                    code: f.code.to_owned(),
+                    message: f.one_line(),
+                })
+                .collect();
+            receipt.outputs =
+                json!({ "findings": findings.iter().map(finding_json).collect::<Vec<_>>() });
+            ExitCode::Rejected
+        }
+        Err(e @ MaterializeError::Incumbent { .. }) => {
+            report_diagnostic(&e, args.diagnostics, stderr);
+            return Ok(ExitCode::Usage);
+        }
+        Err(e) => {
+            report_diagnostic(&e, args.diagnostics, stderr);
+            receipt.outcome = Outcome::NoDecision;
+            receipt.reasons.push(Reason {
+                code: "materialize.infrastructure".into(),
+                message: stage::error_chain(&e),
+            });
+            ExitCode::NoDecision
+        }
+    };
+    stage::emit(Some(&store), &mut receipt, stdout).map_err(CommandError::Output)?;
+    Ok(code)
+}

@@ -1,0 +1,542 @@
+//! Registration of incumbents and materialization of one delta over one incumbent.
+//!
+//! Materialization is parse → plan → apply: read the incumbent's record and manifest and the
+//! delta's intake record and manifest; run the tree guard and the Python AST policy on every
+//! delta file, collecting every finding; only when there are none, write the rewritten files
+//! and the target shim as content objects and publish the tree. The result is the incumbent
+//! with exactly the one target replaced: every other entry is the incumbent's own, linked, not
+//! copied, so the cost grows with the delta, not with the incumbent.
+//!
+//! For a Python target the candidate's package lives at the top-level namespace
+//! `cordon_c_<12 hex of the delta digest>` (so it can never shadow an incumbent or standard
+//! module), its own absolute imports are renamed to it, and the target's path holds a generated
+//! `__init__.py` that makes the registered import name resolve to it.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::io::{Read, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cordon::canonical::Digest;
+use cordon::intake::IntakeRecord;
+use cordon::store::{self, Store, StoreError};
+use cordon::tree::{self, Entry, TreeError, TreeRecord};
+use cordon_policy::TreeRules;
+use serde_json::json;
+use sha2::{Digest as _, Sha256};
+
+use crate::guard::{self, FileFacts, Finding, Position};
+use crate::manifest::{self, DELTA_MANIFEST, INCUMBENT_MANIFEST, Target};
+use crate::python::{self, PyRules, Rename};
+
+/// Why materialization or registration produced no tree.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum MaterializeError {
+    /// The delta breaks a rule: the candidate's fault (exit 1). Every finding is listed.
+    #[error("the delta is rejected with {} finding(s)", .0.len())]
+    #[diagnostic(code(cordon::materialize::rejected))]
+    Rejected(Vec<Finding>, Vec<(String, Arc<String>)>),
+    /// The incumbent directory given by the operator is not admissible (exit 2).
+    #[error("incumbent {path}: {why}")]
+    #[diagnostic(code(cordon::materialize::incumbent))]
+    Incumbent {
+        /// The path concerned.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
+    /// The store failed (exit 3).
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Store(#[from] StoreError),
+    /// A tree is missing or corrupt (exit 3).
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Tree(#[from] TreeError),
+}
+
+/// A published candidate tree and what it is made of.
+#[derive(Debug, Clone)]
+pub struct Materialized {
+    /// The tree record.
+    pub record: TreeRecord,
+    /// The delta's content digest.
+    pub delta: Digest,
+    /// The target replaced.
+    pub target: String,
+    /// The namespace, for Python targets.
+    pub namespace: Option<String>,
+    /// The build step the delta asks for.
+    pub step: Option<String>,
+}
+
+fn read_object(store: &Store, sha: &Digest, executable: bool) -> Result<Vec<u8>, StoreError> {
+    let path = store.object_path(sha, executable);
+    let mut out = Vec::new();
+    store::open_nofollow(&path)?
+        .read_to_end(&mut out)
+        .map_err(|source| StoreError::Io {
+            op: "read object",
+            path,
+            source,
+        })?;
+    Ok(out)
+}
+
+/// Write bytes as a content object (mode 0444 or 0555) and return its sha256.
+fn put_object(store: &Store, bytes: &[u8], executable: bool) -> Result<Digest, StoreError> {
+    let sha = Digest::of_bytes(bytes);
+    if store.object_path(&sha, executable).exists() {
+        return Ok(sha);
+    }
+    let mut scratch = store.scratch()?;
+    let (staged, mut file) = scratch.create_file()?;
+    file.write_all(bytes).map_err(|source| StoreError::Io {
+        op: "write",
+        path: staged.clone(),
+        source,
+    })?;
+    drop(file);
+    store.publish_object(&staged, &sha, executable)?;
+    Ok(sha)
+}
+
+/// Make sure the object exists in the requested mode variant, copying the other variant.
+fn ensure_variant(store: &Store, sha: &Digest, executable: bool) -> Result<(), StoreError> {
+    if store.object_path(sha, executable).exists() {
+        return Ok(());
+    }
+    let bytes = read_object(store, sha, !executable)?;
+    put_object(store, &bytes, executable).map(|_| ())
+}
+
+/// Register an incumbent tree from a directory: walk it without following links, copy every
+/// file into the store as a content object, publish the tree.
+///
+/// # Errors
+/// The directory or its manifest is not admissible, or the store failed.
+pub fn register_incumbent(
+    store: &Store,
+    dir: &Path,
+    rules: &TreeRules,
+) -> Result<TreeRecord, MaterializeError> {
+    let bad = |path: &Path, why: String| MaterializeError::Incumbent {
+        path: path.to_path_buf(),
+        why,
+    };
+    let manifest_path = dir.join(INCUMBENT_MANIFEST);
+    let text = fs::read_to_string(&manifest_path)
+        .map_err(|e| bad(&manifest_path, format!("cannot read the manifest: {e}")))?;
+    let incumbent = manifest::incumbent(&text).map_err(|e| bad(&manifest_path, e.to_string()))?;
+    let mut files = Vec::new();
+    walk_dir(dir, String::new(), &mut files).map_err(|(p, why)| bad(&p, why))?;
+    files.sort();
+    if files.len() as u64 > rules.max_files {
+        return Err(bad(dir, format!("more than {} files", rules.max_files)));
+    }
+    for target in incumbent.targets.values() {
+        let p = dir.join(&target.path);
+        if !fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir()) {
+            return Err(bad(
+                &p,
+                format!("target {:?} is not a directory", target.name),
+            ));
+        }
+    }
+    let mut entries = Vec::new();
+    let mut total = 0u64;
+    for rel in files {
+        let path = dir.join(&rel);
+        let mut src = fs::File::open(&path).map_err(|e| bad(&path, e.to_string()))?;
+        let meta = src.metadata().map_err(|e| bad(&path, e.to_string()))?;
+        if meta.len() > rules.max_file_bytes {
+            return Err(bad(
+                &path,
+                format!("larger than {} bytes", rules.max_file_bytes),
+            ));
+        }
+        total += meta.len();
+        if total > rules.max_total_bytes {
+            return Err(bad(
+                dir,
+                format!("larger than {} bytes", rules.max_total_bytes),
+            ));
+        }
+        let executable = meta.mode() & 0o111 != 0;
+        let mut scratch = store.scratch()?;
+        let (staged, mut file) = scratch.create_file()?;
+        let mut hasher = Sha256::new();
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut size = 0u64;
+        loop {
+            let n = src.read(&mut buf).map_err(|e| bad(&path, e.to_string()))?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+            size += n as u64;
+            file.write_all(&buf[..n]).map_err(|source| StoreError::Io {
+                op: "write",
+                path: staged.clone(),
+                source,
+            })?;
+        }
+        drop(file);
+        let sha = Digest::from_hasher(hasher);
+        store.publish_object(&staged, &sha, executable)?;
+        entries.push(Entry {
+            path: rel,
+            mode: if executable { 0o555 } else { 0o444 },
+            size,
+            sha256: sha,
+        });
+    }
+    let origin = json!({
+        "kind": "incumbent",
+        "name": incumbent.name,
+        "targets": incumbent.targets.values().collect::<Vec<_>>(),
+    });
+    Ok(tree::publish(store, entries, origin)?)
+}
+
+/// Collect the regular files under `dir`, refusing links, special files and non-UTF-8 names.
+fn walk_dir(dir: &Path, rel: String, out: &mut Vec<String>) -> Result<(), (PathBuf, String)> {
+    let listing = fs::read_dir(dir).map_err(|e| (dir.to_path_buf(), e.to_string()))?;
+    for item in listing {
+        let item = item.map_err(|e| (dir.to_path_buf(), e.to_string()))?;
+        let path = item.path();
+        let Some(name) = item.file_name().to_str().map(str::to_owned) else {
+            return Err((path, "a name is not UTF-8".into()));
+        };
+        let child = if rel.is_empty() {
+            name
+        } else {
+            format!("{rel}/{name}")
+        };
+        let meta = fs::symlink_metadata(&path).map_err(|e| (path.clone(), e.to_string()))?;
+        if meta.is_dir() {
+            walk_dir(&path, child, out)?;
+        } else if meta.is_file() {
+            if meta.mode() & 0o7000 != 0 {
+                return Err((path, "a setuid, setgid or sticky bit is set".into()));
+            }
+            out.push(child);
+        } else {
+            return Err((
+                path,
+                "only regular files and directories are admitted".into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The namespace of a delta: a name no incumbent or standard module has.
+#[must_use]
+pub fn namespace(delta: &Digest) -> String {
+    format!("cordon_c_{}", &delta.hex()[..12])
+}
+
+/// The generated module at a Python target's path.
+fn shim(target: &Target, namespace: &str) -> String {
+    format!(
+        "# Generated by cordon-materialize; not candidate code.\n\
+         # The registered import name {:?} of target {:?} resolves to the candidate's package,\n\
+         # renamed to {namespace}.\n\
+         import sys\n\
+         import {namespace} as _cordon_candidate\n\
+         sys.modules[__name__] = _cordon_candidate\n",
+        target.python.as_deref().unwrap_or(""),
+        target.name
+    )
+}
+
+fn under(path: &str, dir: &str) -> bool {
+    path.len() > dir.len() && path.starts_with(dir) && path.as_bytes()[dir.len()] == b'/'
+}
+
+/// Materialize the delta of `intake` over the incumbent tree `incumbent`.
+///
+/// # Errors
+/// [`MaterializeError::Rejected`] with every finding; the other variants for infrastructure.
+pub fn materialize(
+    store: &Store,
+    incumbent: &Digest,
+    intake: &IntakeRecord,
+    rules: &TreeRules,
+    registered_steps: &BTreeSet<String>,
+) -> Result<Materialized, MaterializeError> {
+    let base = tree::load(store, incumbent)?;
+    let reject = |f: Finding| MaterializeError::Rejected(vec![f], Vec::new());
+    let incumbent_manifest = base
+        .entries
+        .iter()
+        .find(|e| e.path == INCUMBENT_MANIFEST)
+        .ok_or_else(|| TreeError::Corrupt {
+            digest: *incumbent,
+            why: format!("it has no {INCUMBENT_MANIFEST}"),
+        })?;
+    let text = read_object(
+        store,
+        &incumbent_manifest.sha256,
+        incumbent_manifest.executable(),
+    )?;
+    let registered = String::from_utf8(text)
+        .ok()
+        .and_then(|t| manifest::incumbent(&t).ok())
+        .ok_or_else(|| TreeError::Corrupt {
+            digest: *incumbent,
+            why: format!("its {INCUMBENT_MANIFEST} does not parse"),
+        })?;
+
+    // The delta's manifest: candidate-written, so every problem is a rejection.
+    let Some(delta_file) = intake.files.iter().find(|f| f.path == DELTA_MANIFEST) else {
+        return Err(reject(Finding::file(
+            "tree.manifest",
+            DELTA_MANIFEST,
+            "the delta carries no manifest",
+        )));
+    };
+    let delta_text = String::from_utf8(read_object(
+        store,
+        &delta_file.sha256,
+        delta_file.executable,
+    )?)
+    .map_err(|_| reject(Finding::file("tree.manifest", DELTA_MANIFEST, "not UTF-8")))?;
+    let delta = manifest::delta(&delta_text)
+        .map_err(|e| reject(Finding::file("tree.manifest", DELTA_MANIFEST, e.message)))?;
+    let Some(target) = registered.targets.get(&delta.target) else {
+        return Err(reject(Finding::file(
+            "tree.unknown-target",
+            DELTA_MANIFEST,
+            format!(
+                "target {:?} is not registered by the incumbent (registered: {})",
+                delta.target,
+                registered
+                    .targets
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )));
+    };
+    let mut findings = Vec::new();
+    if let Some(step) = &delta.step
+        && !registered_steps.contains(step)
+    {
+        findings.push(Finding::file(
+            "tree.unknown-step",
+            DELTA_MANIFEST,
+            format!("step {step:?} is not a registered prebuild step of the policy"),
+        ));
+    }
+    let rename = match (&target.python, &delta.package) {
+        (Some(_), Some(p)) if !p.contains('.') => Some(p.clone()),
+        (Some(_), _) => {
+            findings.push(Finding::file(
+                "tree.manifest",
+                DELTA_MANIFEST,
+                format!(
+                    "target {:?} is a Python target: package= must name the delta's package (one identifier)",
+                    target.name
+                ),
+            ));
+            None
+        }
+        (None, Some(_)) => {
+            findings.push(Finding::file(
+                "tree.manifest",
+                DELTA_MANIFEST,
+                format!(
+                    "target {:?} is not a Python target; package= does not apply",
+                    target.name
+                ),
+            ));
+            None
+        }
+        (None, None) => None,
+    };
+    let ns = namespace(&intake.content_digest);
+    let files: Vec<_> = intake
+        .files
+        .iter()
+        .filter(|f| f.path != DELTA_MANIFEST)
+        .collect();
+    let carried: BTreeSet<&str> = files.iter().map(|f| f.path.as_str()).collect();
+    guard::check_declarations(&delta, &|p| carried.contains(p), rules, &mut findings);
+    let local_cutlass = files.iter().any(|f| {
+        f.path
+            .split('/')
+            .any(|c| c == "cutlass" || c == "cutlass.py")
+    });
+    let py_rules = PyRules {
+        ban_call: rules.ban_call.clone(),
+        ban_import: rules.ban_import.clone(),
+        ban_attribute_call: rules.ban_attribute_call.clone(),
+        jit_entry_points: rules
+            .jit_entry_points
+            .iter()
+            .filter_map(|e| e.rsplit_once('.'))
+            .map(|(m, f)| (m.to_owned(), f.to_owned()))
+            .collect(),
+        local_cutlass,
+    };
+    let mut sources: Vec<(String, Arc<String>)> = Vec::new();
+    // (tree path, mode, sha256, size) for the delta's part of the new tree, or new contents.
+    let mut planned: Vec<(String, bool, Digest, u64, Option<String>)> = Vec::new();
+    for f in &files {
+        if !under(&f.path, &target.path) {
+            findings.push(Finding::file(
+                "tree.outside-target",
+                &f.path,
+                format!(
+                    "the delta may only change target {:?} ({}/)",
+                    target.name, target.path
+                ),
+            ));
+            continue;
+        }
+        let bytes = read_object(store, &f.sha256, f.executable)?;
+        guard::check_file(
+            &FileFacts {
+                path: &f.path,
+                executable: f.executable,
+                size: f.size,
+                head: &bytes[..bytes.len().min(16)],
+            },
+            &delta,
+            rules,
+            &mut findings,
+        );
+        let executable = delta.executables.contains(&f.path);
+        let rel = &f.path[target.path.len() + 1..];
+        let dest = match (&target.python, rename.is_some()) {
+            (Some(_), true) => format!("{ns}/{rel}"),
+            _ => f.path.clone(),
+        };
+        let mut rewritten = None;
+        if f.path.ends_with(".py") {
+            let Ok(text) = String::from_utf8(bytes) else {
+                findings.push(Finding::file(
+                    "python.encoding",
+                    &f.path,
+                    "the file is not UTF-8",
+                ));
+                continue;
+            };
+            let ren = rename.as_deref().map(|package| Rename {
+                package,
+                namespace: &ns,
+            });
+            let checked = python::check(&text, &f.path, &py_rules, ren);
+            let source = Arc::new(text);
+            if !checked.findings.is_empty() {
+                sources.push((f.path.clone(), source.clone()));
+            }
+            for pf in checked.findings {
+                findings.push(Finding {
+                    code: pf.code,
+                    path: f.path.clone(),
+                    at: Some(Position::of(&source, pf.start, pf.end)),
+                    label: pf.label,
+                    message: pf.message,
+                });
+            }
+            rewritten = checked.rewritten;
+        }
+        planned.push((dest, executable, f.sha256, f.size, rewritten));
+    }
+    if files.is_empty() {
+        findings.push(Finding::file(
+            "tree.empty-delta",
+            DELTA_MANIFEST,
+            format!("the delta carries no file for target {:?}", target.name),
+        ));
+    }
+    // Bounds over the resulting tree.
+    let kept: Vec<&Entry> = base
+        .entries
+        .iter()
+        .filter(|e| !under(&e.path, &target.path) && e.path != target.path)
+        .collect();
+    if kept.iter().any(|e| e.path == ns || under(&e.path, &ns)) {
+        return Err(TreeError::Corrupt {
+            digest: *incumbent,
+            why: format!("the incumbent already holds {ns}"),
+        }
+        .into());
+    }
+    let count = kept.len() + planned.len() + 1;
+    if count as u64 > rules.max_files {
+        findings.push(Finding::file(
+            "tree.too-many-files",
+            &target.path,
+            format!("the tree would hold more than {} files", rules.max_files),
+        ));
+    }
+    let total: u64 =
+        kept.iter().map(|e| e.size).sum::<u64>() + planned.iter().map(|p| p.3).sum::<u64>();
+    if total > rules.max_total_bytes {
+        findings.push(Finding::file(
+            "tree.too-big",
+            &target.path,
+            format!("the tree would exceed {} bytes", rules.max_total_bytes),
+        ));
+    }
+    if !findings.is_empty() {
+        return Err(MaterializeError::Rejected(findings, sources));
+    }
+
+    // Apply: new objects for rewritten files, mode variants, the shim; then the tree.
+    let mut entries: Vec<Entry> = kept.into_iter().cloned().collect();
+    for (dest, executable, sha, size, rewritten) in planned {
+        let (sha, size) = match rewritten {
+            Some(text) => (
+                put_object(store, text.as_bytes(), executable)?,
+                text.len() as u64,
+            ),
+            None => {
+                ensure_variant(store, &sha, executable)?;
+                (sha, size)
+            }
+        };
+        entries.push(Entry {
+            path: dest,
+            mode: if executable { 0o555 } else { 0o444 },
+            size,
+            sha256: sha,
+        });
+    }
+    let namespace = if target.python.is_some() {
+        let text = shim(target, &ns);
+        let sha = put_object(store, text.as_bytes(), false)?;
+        entries.push(Entry {
+            path: format!("{}/__init__.py", target.path),
+            mode: 0o444,
+            size: text.len() as u64,
+            sha256: sha,
+        });
+        Some(ns)
+    } else {
+        None
+    };
+    let origin = json!({
+        "kind": "candidate",
+        "incumbent": incumbent,
+        "delta": intake.content_digest,
+        "target": target.name,
+        "namespace": namespace,
+        "step": delta.step,
+    });
+    let record = tree::publish(store, entries, origin)?;
+    Ok(Materialized {
+        record,
+        delta: intake.content_digest,
+        target: target.name.clone(),
+        namespace,
+        step: delta.step,
+    })
+}

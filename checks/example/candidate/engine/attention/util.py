@@ -1,0 +1,2 @@
+def scale(query, k):
+    return [q * k for q in query]
