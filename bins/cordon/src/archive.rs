@@ -260,7 +260,7 @@ fn classify(shared: &Shared, err: io::Error, path: Option<&str>) -> ArchiveError
     if shared.source_failed.get() {
         return ArchiveError::Source { source: err };
     }
-    if err.kind() == io::ErrorKind::UnexpectedEof {
+    if err.kind() == io::ErrorKind::UnexpectedEof || err.to_string().contains("unexpected EOF") {
         return ArchiveError::Rejected(reject(
             "intake.truncated",
             path,
@@ -713,13 +713,23 @@ pub fn scan(
                 source,
             };
             let mut out = sink.file(&path, executable, size).map_err(sink_err)?;
+            let mut copied = 0u64;
             loop {
                 let n = entry.read(&mut buf).map_err(|e| classify(&shared, e, at))?;
                 if n == 0 {
                     break;
                 }
                 hasher.update(&buf[..n]);
+                copied += n as u64;
                 out.write_all(&buf[..n]).map_err(sink_err)?;
+            }
+            // The parser hands out at most `size` bytes and stops quietly at EOF.
+            if copied != size {
+                return Err(ArchiveError::Rejected(reject(
+                    "intake.truncated",
+                    at,
+                    format!("the archive ends after {copied} of the member's {size} bytes"),
+                )));
             }
             out.flush().map_err(sink_err)?;
             drop(out);

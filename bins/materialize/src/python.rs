@@ -379,14 +379,10 @@ fn import_findings(facts: &Facts, rules: &PyRules, findings: &mut Vec<Finding>) 
     }
 }
 
-/// Why the JIT admission does not hold for a receiver in this file, or `None` when it holds.
-fn jit_withdrawn(facts: &Facts, rules: &PyRules, receiver: &str, module: &str) -> Option<String> {
-    if rules.local_cutlass {
-        return Some("the contribution ships its own `cutlass` package".into());
-    }
-    if facts.star_import.is_some() {
-        return Some("a star import could rebind any name".into());
-    }
+/// Whether `receiver` is bound by a plain absolute alias of `module` somewhere in the file
+/// (`import cutlass.cute as cute`, `from cutlass import cute [as c]`): the carve-out is being
+/// attempted. Returns how many imports of the module the file has in all.
+fn alias_of(facts: &Facts, receiver: &str, module: &str) -> (bool, usize) {
     let (parent, last) = module.rsplit_once('.').unwrap_or(("", module));
     let mut imports_of_module = 0;
     let mut alias_binds = false;
@@ -394,11 +390,10 @@ fn jit_withdrawn(facts: &Facts, rules: &PyRules, receiver: &str, module: &str) -
         for (name, asname, _) in &imp.aliases {
             let hit = match (&imp.from_level, &imp.module) {
                 (None, _) => {
-                    let hit = name == module || name.starts_with(&format!("{module}."));
                     if name == module && asname.as_deref() == Some(receiver) {
                         alias_binds = true;
                     }
-                    hit
+                    name == module || name.starts_with(&format!("{module}."))
                 }
                 (Some(0), Some(m)) if m == module || m.starts_with(&format!("{module}.")) => true,
                 (Some(0), Some(m)) if m == parent && name == last => {
@@ -414,13 +409,26 @@ fn jit_withdrawn(facts: &Facts, rules: &PyRules, receiver: &str, module: &str) -
             }
         }
     }
-    if !alias_binds {
-        return Some(format!(
-            "{receiver:?} is not bound by a plain absolute alias of {module}"
-        ));
+    (alias_binds, imports_of_module)
+}
+
+/// Why the JIT admission does not hold for a receiver that aliases the entry point's module,
+/// or `None` when it holds.
+fn jit_withdrawn(
+    facts: &Facts,
+    rules: &PyRules,
+    receiver: &str,
+    module: &str,
+    imports: usize,
+) -> Option<String> {
+    if rules.local_cutlass {
+        return Some("the contribution ships its own `cutlass` package".into());
     }
-    if imports_of_module != 1 {
-        return Some(format!("{module} is imported {imports_of_module} times"));
+    if facts.star_import.is_some() {
+        return Some("a star import could rebind any name".into());
+    }
+    if imports != 1 {
+        return Some(format!("{module} is imported {imports} times"));
     }
     let binds = facts.bindings.get(receiver).copied().unwrap_or(0);
     if binds != 1 {
@@ -449,9 +457,16 @@ fn call_findings(facts: &Facts, rules: &PyRules, findings: &mut Vec<Finding>) {
             .jit_entry_points
             .iter()
             .find(|(_, f)| call.attribute && *f == call.name);
-        let verdict = match (entry, &call.receiver) {
-            (Some((module, _)), Some(receiver)) => {
-                match jit_withdrawn(facts, rules, receiver, module) {
+        let attempt = match (entry, &call.receiver) {
+            (Some((module, _)), Some(receiver)) => match alias_of(facts, receiver, module) {
+                (true, imports) => Some((module, receiver, imports)),
+                (false, _) => None,
+            },
+            _ => None,
+        };
+        let verdict = match attempt {
+            Some((module, receiver, imports)) => {
+                match jit_withdrawn(facts, rules, receiver, module, imports) {
                     None if call.no_positional => {
                         Some("the entry point is called without a positional argument".into())
                     }

@@ -1,0 +1,460 @@
+//! Materialization end to end through the library and the binary: determinism across store
+//! roots, exactly one target replaced, the tree guard, and verification of published trees.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::Command;
+
+use cordon::canonical::Digest;
+use cordon::intake;
+use cordon::store::Store;
+use cordon::tree;
+use cordon_materialize::materialize::{MaterializeError, materialize, register_incumbent};
+use cordon_policy::TreeRules;
+use cordon_testkit::workspace_root;
+
+fn policy() -> cordon_policy::Policy {
+    let path = workspace_root().join("policy/evaluator.kdl");
+    cordon_policy::parse("evaluator.kdl", &std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn rules() -> TreeRules {
+    policy().tree_rules()
+}
+
+fn steps() -> BTreeSet<String> {
+    ["build-native".to_owned()].into()
+}
+
+/// A delta archive from (path, contents, mode) triples, deterministic.
+fn delta_tar(files: &[(&str, &[u8], u32)]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (path, data, mode) in files {
+        let mut h = tar::Header::new_ustar();
+        h.set_size(data.len() as u64);
+        h.set_mode(*mode);
+        h.set_mtime(0);
+        b.append_data(&mut h, path, *data).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+const MANIFEST: &[u8] = b"delta target=\"attention\" package=\"fast_attn\" step=\"build-native\"\n";
+
+fn example_delta() -> Vec<u8> {
+    let dir = workspace_root().join("checks/example/candidate");
+    let read = |p: &str| std::fs::read(dir.join(p)).unwrap();
+    let init = read("engine/attention/__init__.py");
+    let kernel = read("engine/attention/kernel.py");
+    let util = read("engine/attention/util.py");
+    delta_tar(&[
+        ("cordon-delta.kdl", MANIFEST, 0o644),
+        ("engine/attention/__init__.py", &init, 0o644),
+        ("engine/attention/kernel.py", &kernel, 0o644),
+        ("engine/attention/util.py", &util, 0o644),
+    ])
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    store: Store,
+    incumbent: Digest,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("store")).unwrap();
+    let incumbent = register_incumbent(
+        &store,
+        &workspace_root().join("checks/example/incumbent"),
+        &rules(),
+    )
+    .unwrap()
+    .digest;
+    Fixture {
+        _dir: dir,
+        store,
+        incumbent,
+    }
+}
+
+fn ingest(store: &Store, bytes: &[u8]) -> intake::IntakeRecord {
+    intake::ingest(
+        store,
+        bytes,
+        &Digest::of_bytes(bytes),
+        &policy().archive_limits(),
+    )
+    .unwrap()
+}
+
+fn rejected_codes(files: &[(&str, &[u8], u32)], rules: &TreeRules) -> Vec<&'static str> {
+    let f = fixture();
+    let record = ingest(&f.store, &delta_tar(files));
+    let before = f.store.listing().unwrap();
+    let err = materialize(&f.store, &f.incumbent, &record, rules, &steps()).unwrap_err();
+    assert_eq!(
+        f.store.listing().unwrap(),
+        before,
+        "a rejected delta changed the store"
+    );
+    match err {
+        MaterializeError::Rejected(findings, _) => findings.iter().map(|f| f.code).collect(),
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+}
+
+#[test]
+fn the_same_inputs_give_the_same_tree_digest_in_two_stores() {
+    let a = fixture();
+    let b = fixture();
+    assert_eq!(a.incumbent, b.incumbent);
+    let delta = example_delta();
+    let ra = materialize(
+        &a.store,
+        &a.incumbent,
+        &ingest(&a.store, &delta),
+        &rules(),
+        &steps(),
+    )
+    .unwrap();
+    let rb = materialize(
+        &b.store,
+        &b.incumbent,
+        &ingest(&b.store, &delta),
+        &rules(),
+        &steps(),
+    )
+    .unwrap();
+    assert_eq!(ra.record.digest, rb.record.digest);
+    // Materializing again reopens the published tree instead of failing.
+    let again = materialize(
+        &a.store,
+        &a.incumbent,
+        &ingest(&a.store, &delta),
+        &rules(),
+        &steps(),
+    )
+    .unwrap();
+    assert_eq!(again.record.digest, ra.record.digest);
+    tree::verify(&a.store, &ra.record.digest).unwrap();
+}
+
+#[test]
+fn exactly_the_one_target_is_replaced_and_its_package_renamed() {
+    let f = fixture();
+    let m = materialize(
+        &f.store,
+        &f.incumbent,
+        &ingest(&f.store, &example_delta()),
+        &rules(),
+        &steps(),
+    )
+    .unwrap();
+    let ns = m.namespace.clone().unwrap();
+    assert!(ns.starts_with("cordon_c_") && ns.len() == "cordon_c_".len() + 12);
+    let base = tree::load(&f.store, &f.incumbent).unwrap();
+    let outside = |p: &str| !p.starts_with("engine/attention/");
+    let kept: Vec<_> = base.entries.iter().filter(|e| outside(&e.path)).collect();
+    let now: Vec<_> = m
+        .record
+        .entries
+        .iter()
+        .filter(|e| outside(&e.path) && !e.path.starts_with(&format!("{ns}/")))
+        .collect();
+    assert_eq!(
+        kept, now,
+        "everything outside the target is the incumbent's own"
+    );
+    let root = tree::root_dir(&f.store, &m.record.digest);
+    let init = std::fs::read_to_string(root.join(&ns).join("__init__.py")).unwrap();
+    assert!(
+        init.contains(&format!("from {ns}.kernel import attend")),
+        "{init}"
+    );
+    assert!(!init.contains("from fast_attn"), "{init}");
+    let shim = std::fs::read_to_string(root.join("engine/attention/__init__.py")).unwrap();
+    assert!(shim.contains(&format!("import {ns} as _cordon_candidate")));
+    // The registered import name really resolves to the candidate, in a real interpreter.
+    let out = Command::new("python3")
+        .current_dir(&root)
+        .args([
+            "-I",
+            "-c",
+            "import sys; sys.path.insert(0, '.'); import engine.serve as s; print(s.handle([1, 2]))",
+        ])
+        .output()
+        .expect("python3 is needed to import the materialized tree (apt-get install python3)");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "[3, 6]",
+        "{out:?}"
+    );
+    // Read-only: files 0444, directories 0555, times zero.
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(root.join("engine/serve.py")).unwrap();
+    assert_eq!(meta.mode() & 0o7777, 0o444);
+    assert_eq!(meta.mtime(), 0);
+    assert_eq!(std::fs::metadata(&root).unwrap().mode() & 0o7777, 0o555);
+}
+
+#[test]
+fn a_delta_that_touches_anything_outside_its_target_is_rejected() {
+    let codes = rejected_codes(
+        &[
+            ("cordon-delta.kdl", MANIFEST, 0o644),
+            ("engine/attention/__init__.py", b"x = 1\n", 0o644),
+            ("engine/serve.py", b"x = 2\n", 0o644),
+        ],
+        &rules(),
+    );
+    assert_eq!(codes, ["tree.outside-target"]);
+}
+
+#[test]
+fn the_tree_guard_rejects_each_undeclared_or_binary_file() {
+    let m = MANIFEST;
+    let ok = ("engine/attention/__init__.py", b"x = 1\n".as_slice(), 0o644);
+    let cases: Vec<(Vec<(&str, &[u8], u32)>, &str)> = vec![
+        (
+            vec![ok, ("engine/attention/run.sh", b"#!/bin/sh\n", 0o755)],
+            "tree.executable",
+        ),
+        (
+            vec![ok, ("engine/attention/blob", b"\x7fELF\x02\x01\x01", 0o644)],
+            "tree.binary",
+        ),
+        (
+            vec![ok, ("engine/attention/lib.so", b"text", 0o644)],
+            "tree.binary",
+        ),
+        (
+            vec![
+                ok,
+                ("engine/attention/k.cu", b"__global__ void k(){}", 0o644),
+            ],
+            "tree.cuda-undeclared",
+        ),
+        (
+            vec![ok, ("engine/attention/fix.patch", b"--- a\n+++ b\n", 0o644)],
+            "tree.patch-undeclared",
+        ),
+        (
+            vec![ok, ("engine/attention/.gitmodules", b"[submodule]", 0o644)],
+            "tree.submodule",
+        ),
+        (
+            vec![ok, ("engine/attention/bad.py", b"eval(s)\n", 0o644)],
+            "python.ban-call",
+        ),
+        (
+            vec![ok, ("engine/attention/bad.py", b"\xff\xfe", 0o644)],
+            "python.encoding",
+        ),
+    ];
+    for (files, code) in cases {
+        let mut all = vec![("cordon-delta.kdl", m, 0o644)];
+        all.extend(files);
+        assert_eq!(rejected_codes(&all, &rules()), [code], "{code}");
+    }
+}
+
+#[test]
+fn declarations_must_be_carried_allowed_and_registered() {
+    let ok = ("engine/attention/__init__.py", b"x = 1\n".as_slice(), 0o644);
+    let declared = b"delta target=\"attention\" package=\"fast_attn\"\ncuda-source \"engine/attention/k.cu\"\n";
+    // Declared and carried: admitted.
+    let f = fixture();
+    let record = ingest(
+        &f.store,
+        &delta_tar(&[
+            ("cordon-delta.kdl", declared, 0o644),
+            ok,
+            ("engine/attention/k.cu", b"__global__ void k(){}", 0o644),
+        ]),
+    );
+    materialize(&f.store, &f.incumbent, &record, &rules(), &steps()).unwrap();
+    // Declared but not carried.
+    assert_eq!(
+        rejected_codes(&[("cordon-delta.kdl", declared, 0o644), ok], &rules()),
+        ["tree.declared-missing"]
+    );
+    // A tier the policy does not admit.
+    let mut strict = rules();
+    strict.cuda_sources = false;
+    assert_eq!(
+        rejected_codes(
+            &[
+                ("cordon-delta.kdl", declared, 0o644),
+                ok,
+                ("engine/attention/k.cu", b"__global__ void k(){}", 0o644),
+            ],
+            &strict
+        ),
+        ["tree.tier-disabled"]
+    );
+    // An unregistered target, an unregistered step, a missing manifest.
+    assert_eq!(
+        rejected_codes(
+            &[("cordon-delta.kdl", b"delta target=\"nope\"\n", 0o644), ok],
+            &rules()
+        ),
+        ["tree.unknown-target"]
+    );
+    assert_eq!(
+        rejected_codes(
+            &[
+                (
+                    "cordon-delta.kdl",
+                    b"delta target=\"attention\" package=\"p\" step=\"rm-rf\"\n",
+                    0o644
+                ),
+                ok
+            ],
+            &rules()
+        ),
+        ["tree.unknown-step"]
+    );
+    assert_eq!(rejected_codes(&[ok], &rules()), ["tree.manifest"]);
+    assert_eq!(
+        rejected_codes(
+            &[
+                (
+                    "cordon-delta.kdl",
+                    b"delta target=\"attention\" sneaky=\"1\"\n",
+                    0o644
+                ),
+                ok
+            ],
+            &rules()
+        ),
+        ["tree.manifest"]
+    );
+}
+
+#[test]
+fn verify_finds_a_modified_an_extra_and_a_missing_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let f = fixture();
+    tree::verify(&f.store, &f.incumbent).unwrap();
+    let root = tree::root_dir(&f.store, &f.incumbent);
+    let victim = root.join("engine/serve.py");
+    // Tampering through the hard link changes the shared object too: verify must notice.
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::write(&victim, b"import os\n").unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let err = tree::verify(&f.store, &f.incumbent).unwrap_err();
+    assert!(err.to_string().contains("engine/serve.py"), "{err}");
+
+    let g = fixture();
+    let root = tree::root_dir(&g.store, &g.incumbent);
+    let engine = root.join("engine");
+    std::fs::set_permissions(&engine, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(engine.join("extra.py"), b"").unwrap();
+    std::fs::set_permissions(&engine, std::fs::Permissions::from_mode(0o555)).unwrap();
+    let err = tree::verify(&g.store, &g.incumbent).unwrap_err();
+    assert!(err.to_string().contains("not in the record"), "{err}");
+
+    let h = fixture();
+    let root = tree::root_dir(&h.store, &h.incumbent);
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::remove_file(root.join("build.sh")).unwrap();
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o555)).unwrap();
+    let err = tree::verify(&h.store, &h.incumbent).unwrap_err();
+    assert!(err.to_string().contains("missing"), "{err}");
+}
+
+fn bin(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_cordon-materialize"))
+        .with_file_name(name)
+        .to_path_buf()
+}
+
+#[test]
+fn the_binary_reports_findings_on_the_candidates_source_and_exits_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let policy = workspace_root().join("policy/evaluator.kdl");
+    let run = |args: &[&str], stdin: Option<&Path>| {
+        let mut c = Command::new(bin("cordon-materialize"));
+        c.arg("--policy")
+            .arg(&policy)
+            .arg("--store")
+            .arg(&store)
+            .args(args);
+        if let Some(p) = stdin {
+            c.stdin(std::fs::File::open(p).unwrap());
+        }
+        c.output().unwrap()
+    };
+    let out = run(
+        &[
+            "incumbent",
+            workspace_root()
+                .join("checks/example/incumbent")
+                .to_str()
+                .unwrap(),
+        ],
+        None,
+    );
+    assert!(out.status.success(), "{out:?}");
+    let receipt: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let incumbent = receipt["outputs"]["tree_digest"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let archive = dir.path().join("bad.tar");
+    std::fs::write(
+        &archive,
+        delta_tar(&[
+            ("cordon-delta.kdl", MANIFEST, 0o644),
+            (
+                "engine/attention/__init__.py",
+                b"import os\n\nx = eval(os.environ['X'])\n",
+                0o644,
+            ),
+        ]),
+    )
+    .unwrap();
+    let sha = Digest::of_file(&archive).unwrap();
+    let fetched = Command::new(bin("cordon-fetch"))
+        .arg("--policy")
+        .arg(&policy)
+        .arg("--store")
+        .arg(&store)
+        .args(["--sha256", &sha.to_string()])
+        .arg(&archive)
+        .output()
+        .expect("cordon-fetch is built beside cordon-materialize (cargo build --workspace)");
+    assert!(fetched.status.success(), "{fetched:?}");
+    let receipt_file = dir.path().join("fetch.json");
+    std::fs::write(&receipt_file, &fetched.stdout).unwrap();
+
+    let out = run(&["--incumbent", &incumbent], Some(&receipt_file));
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("python.ban-call"), "{stderr}");
+    assert!(
+        stderr.contains("engine/attention/__init__.py:3:5"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("x = eval(os.environ['X'])"),
+        "the source line is shown: {stderr}"
+    );
+    let receipt: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(receipt["outcome"], "rejected");
+    assert_eq!(receipt["reasons"][0]["code"], "python.ban-call");
+    assert_eq!(receipt["outputs"]["findings"][0]["line"], 3);
+
+    // A receipt of another authority is refused as an input-wiring error.
+    let mut foreign: serde_json::Value = serde_json::from_slice(&fetched.stdout).unwrap();
+    foreign["authority"] = serde_json::json!(Digest::of_bytes(b"other").to_string());
+    std::fs::write(&receipt_file, foreign.to_string()).unwrap();
+    let out = run(&["--incumbent", &incumbent], Some(&receipt_file));
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("authority"));
+}
