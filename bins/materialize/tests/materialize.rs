@@ -28,8 +28,11 @@ fn steps() -> BTreeSet<String> {
     ["build-native".to_owned()].into()
 }
 
-/// A delta archive from (path, contents, mode) triples, deterministic.
-fn delta_tar(files: &[(&str, &[u8], u32)]) -> Vec<u8> {
+/// (path, contents, mode) of one delta member.
+type Member<'a> = (&'a str, &'a [u8], u32);
+
+/// A delta archive from its members, deterministic.
+fn delta_tar(files: &[Member<'_>]) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
     for (path, data, mode) in files {
         let mut h = tar::Header::new_ustar();
@@ -90,7 +93,7 @@ fn ingest(store: &Store, bytes: &[u8]) -> intake::IntakeRecord {
     .unwrap()
 }
 
-fn rejected_codes(files: &[(&str, &[u8], u32)], rules: &TreeRules) -> Vec<&'static str> {
+fn rejected_codes(files: &[Member<'_>], rules: &TreeRules) -> Vec<&'static str> {
     let f = fixture();
     let record = ingest(&f.store, &delta_tar(files));
     let before = f.store.listing().unwrap();
@@ -217,7 +220,7 @@ fn a_delta_that_touches_anything_outside_its_target_is_rejected() {
 fn the_tree_guard_rejects_each_undeclared_or_binary_file() {
     let m = MANIFEST;
     let ok = ("engine/attention/__init__.py", b"x = 1\n".as_slice(), 0o644);
-    let cases: Vec<(Vec<(&str, &[u8], u32)>, &str)> = vec![
+    let cases: Vec<(Vec<Member<'_>>, &str)> = vec![
         (
             vec![ok, ("engine/attention/run.sh", b"#!/bin/sh\n", 0o755)],
             "tree.executable",
