@@ -1,0 +1,381 @@
+//! cordon-fetch against real servers on loopback — an HTTPS one with a test CA that the policy
+//! names as its only trust anchor, and a plain one — and against local files.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cordon::ExitCode;
+use cordon::canonical::Digest;
+use cordon::store::Store;
+use cordon_fetch::cli::{Args, run};
+use cordon_policy::cli::Diagnostics;
+
+/// What the test server answers for a path.
+#[derive(Clone)]
+enum Reply {
+    Body(Vec<u8>),
+    Redirect(String),
+    /// Sends the body a few bytes at a time, sleeping between.
+    Slow(Vec<u8>),
+    /// Declares a Content-Length smaller than what it sends.
+    Lying(Vec<u8>),
+    Status(u16),
+}
+
+type Routes = Arc<dyn Fn(&str) -> Reply + Send + Sync>;
+
+fn respond(stream: &mut dyn ReadWrite, routes: &Routes) {
+    let mut req = Vec::new();
+    let mut byte = [0u8; 1];
+    while !req.ends_with(b"\r\n\r\n") {
+        if stream.read(&mut byte).unwrap_or(0) == 0 {
+            return;
+        }
+        req.push(byte[0]);
+    }
+    let text = String::from_utf8_lossy(&req);
+    let path = text.split_whitespace().nth(1).unwrap_or("/").to_owned();
+    let head = |status: &str, extra: &str, len: usize| {
+        format!("HTTP/1.1 {status}\r\nContent-Length: {len}\r\nConnection: close\r\n{extra}\r\n")
+    };
+    let _ = match routes(&path) {
+        Reply::Body(b) => stream
+            .write_all(head("200 OK", "", b.len()).as_bytes())
+            .and_then(|()| stream.write_all(&b)),
+        Reply::Redirect(to) => stream.write_all(head("302 Found", &format!("Location: {to}\r\n"), 0).as_bytes()),
+        Reply::Status(code) => stream.write_all(head(&format!("{code} No"), "", 0).as_bytes()),
+        Reply::Lying(b) => stream
+            .write_all(head("200 OK", "", 10).as_bytes())
+            .and_then(|()| stream.write_all(&b)),
+        Reply::Slow(b) => {
+            let mut r = stream.write_all(head("200 OK", "", b.len()).as_bytes());
+            for chunk in b.chunks(64) {
+                std::thread::sleep(Duration::from_millis(200));
+                r = r.and_then(|()| stream.write_all(chunk)).and_then(|()| stream.flush());
+                if r.is_err() {
+                    break;
+                }
+            }
+            r
+        }
+    };
+    let _ = stream.flush();
+}
+
+trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}
+
+/// A server on 127.0.0.1: TLS with `tls`, plain otherwise. Returns its port.
+fn serve(tls: Option<Arc<rustls::ServerConfig>>, routes: Routes) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(tcp) = conn else { continue };
+            let routes = routes.clone();
+            let tls = tls.clone();
+            std::thread::spawn(move || handle(tcp, tls, &routes));
+        }
+    });
+    port
+}
+
+fn handle(tcp: TcpStream, tls: Option<Arc<rustls::ServerConfig>>, routes: &Routes) {
+    match tls {
+        Some(cfg) => {
+            let conn = rustls::ServerConnection::new(cfg).unwrap();
+            let mut s = rustls::StreamOwned::new(conn, tcp);
+            respond(&mut s, routes);
+            s.conn.send_close_notify();
+            let _ = s.flush();
+        }
+        None => {
+            let mut tcp = tcp;
+            respond(&mut tcp, routes);
+        }
+    }
+}
+
+struct Pki {
+    ca_pem: String,
+    server: Arc<rustls::ServerConfig>,
+}
+
+fn pki() -> Pki {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let leaf_key = rcgen::KeyPair::generate().unwrap();
+    let leaf = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+        .unwrap()
+        .signed_by(&leaf_key, &ca, &ca_key)
+        .unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into());
+    let server = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(vec![leaf.der().clone()], key)
+    .unwrap();
+    Pki {
+        ca_pem: ca.pem(),
+        server: Arc::new(server),
+    }
+}
+
+/// A policy for these tests: the minimal example plus an intake section.
+fn policy(dir: &Path, transport: &str) -> PathBuf {
+    let base = std::fs::read_to_string(
+        cordon_testkit::workspace_root().join("policy/examples/minimal.kdl"),
+    )
+    .unwrap();
+    let text = format!(
+        "{base}\nintake {{\n    transport {{\n{transport}\n    }}\n    archive {{\n        max-archive-bytes \"1MiB\"\n    }}\n}}\n"
+    );
+    let path = dir.join("policy.kdl");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn archive() -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_ustar();
+    h.set_size(6);
+    h.set_mode(0o644);
+    b.append_data(&mut h, "pkg/a.py", &b"x = 1\n"[..]).unwrap();
+    b.into_inner().unwrap()
+}
+
+struct Outcome {
+    code: ExitCode,
+    receipt: Option<serde_json::Value>,
+    stderr: String,
+}
+
+fn fetch(policy: &Path, store: &Path, sha: &Digest, source: &str) -> Outcome {
+    let args = Args {
+        policy: policy.to_path_buf(),
+        store: Some(store.to_path_buf()),
+        sha256: sha.hex(),
+        diagnostics: Diagnostics::Text,
+        source: source.to_owned(),
+    };
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = run(&args, &mut out, &mut err);
+    Outcome {
+        code,
+        receipt: serde_json::from_slice(&out).ok(),
+        stderr: String::from_utf8_lossy(&err).into_owned(),
+    }
+}
+
+fn reason(o: &Outcome) -> String {
+    o.receipt.as_ref().map_or_else(
+        || format!("no receipt; stderr: {}", o.stderr),
+        |r| r["reasons"][0]["code"].as_str().unwrap_or("").to_owned(),
+    )
+}
+
+struct Setup {
+    dir: tempfile::TempDir,
+    pki: Pki,
+    port: u16,
+}
+
+fn https(routes: Routes) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki();
+    std::fs::write(dir.path().join("ca.pem"), &pki.ca_pem).unwrap();
+    let port = serve(Some(pki.server.clone()), routes);
+    Setup { dir, pki, port }
+}
+
+fn loopback_policy(s: &Setup, extra: &str) -> PathBuf {
+    let anchor = s.dir.path().join("ca.pem");
+    policy(
+        s.dir.path(),
+        &format!(
+            "        allow-host \"localhost\" reason=\"the test server\"\n        trust-anchor \"{}\"\n        allow-loopback #true\n        max-redirects 2\n        deadline \"3s\"\n{extra}",
+            anchor.display()
+        ),
+    )
+}
+
+fn routes_for(port: u16, body: Vec<u8>) -> Routes {
+    Arc::new(move |path: &str| match path {
+        "/a.tar" => Reply::Body(body.clone()),
+        "/hop" => Reply::Redirect(format!("https://localhost:{port}/a.tar")),
+        "/loop" => Reply::Redirect("/loop".to_owned()),
+        "/away" => Reply::Redirect("https://example.com/a.tar".to_owned()),
+        "/slow" => Reply::Slow(body.clone()),
+        "/lie" => Reply::Lying(body.clone()),
+        "/big" => Reply::Body(vec![0u8; 2 << 20]),
+        _ => Reply::Status(404),
+    })
+}
+
+/// Bind the routes after the port is known.
+fn https_with_archive() -> (Setup, Vec<u8>) {
+    let body = archive();
+    let port_cell = Arc::new(std::sync::OnceLock::<u16>::new());
+    let pc = port_cell.clone();
+    let b = body.clone();
+    let routes: Routes = Arc::new(move |path: &str| routes_for(*pc.get().unwrap(), b.clone())(path));
+    let s = https(routes);
+    port_cell.set(s.port).unwrap();
+    (s, body)
+}
+
+#[test]
+fn an_https_fetch_under_the_policys_trust_anchor_is_admitted() {
+    let (s, body) = https_with_archive();
+    let policy = loopback_policy(&s, "");
+    let store = s.dir.path().join("store");
+    let sha = Digest::of_bytes(&body);
+    let url = format!("https://localhost:{}/a.tar", s.port);
+    let o = fetch(&policy, &store, &sha, &url);
+    assert_eq!(o.code, ExitCode::Ok, "{}", o.stderr);
+    let r = o.receipt.unwrap();
+    assert_eq!(r["outputs"]["archive_sha256"], sha.to_string());
+    assert_eq!(r["outputs"]["files"], 1);
+    // A bounded redirect to the same allowed host is followed.
+    let o = fetch(&policy, &store, &sha, &format!("https://localhost:{}/hop", s.port));
+    assert_eq!(o.code, ExitCode::Ok, "{}", o.stderr);
+    drop(s.pki);
+}
+
+#[test]
+fn transfers_that_break_a_transport_rule_are_rejected_and_store_nothing() {
+    let (s, body) = https_with_archive();
+    let policy = loopback_policy(&s, "");
+    let store_dir = s.dir.path().join("store");
+    let store = Store::open(&store_dir).unwrap();
+    let before = store.listing().unwrap();
+    let sha = Digest::of_bytes(&body);
+    let at = |p: &str| format!("https://localhost:{}{p}", s.port);
+    for (path, code) in [
+        ("/loop", "transport.too-many-redirects"),
+        ("/away", "transport.redirect"),
+        ("/big", "transport.too-big"),
+    ] {
+        let o = fetch(&policy, &store_dir, &sha, &at(path));
+        assert_eq!(o.code, ExitCode::Rejected, "{path}: {}", o.stderr);
+        assert_eq!(reason(&o), code, "{path}");
+        assert_eq!(store.listing().unwrap(), before, "{path}: the store changed");
+    }
+    // A Content-Length that lies is not trusted: the bytes received are what count.
+    let o = fetch(&policy, &store_dir, &sha, &at("/lie"));
+    assert_ne!(o.code, ExitCode::Ok, "a lying Content-Length must not pass");
+    assert_eq!(store.listing().unwrap(), before);
+}
+
+#[test]
+fn failures_cordon_cannot_attribute_are_no_decisions() {
+    let (s, body) = https_with_archive();
+    let store = s.dir.path().join("store");
+    let sha = Digest::of_bytes(&body);
+    let policy = loopback_policy(&s, "");
+    // The deadline covers the whole transfer, however slowly the bytes drip.
+    let o = fetch(&policy, &store, &sha, &format!("https://localhost:{}/slow", s.port));
+    assert_eq!(o.code, ExitCode::NoDecision, "{}", o.stderr);
+    assert!(o.receipt.unwrap()["reasons"][0]["message"].as_str().unwrap().contains("deadline"));
+    // A server whose certificate does not chain to the trust anchor.
+    std::fs::write(s.dir.path().join("ca.pem"), pki().ca_pem).unwrap();
+    let o = fetch(&policy, &store, &sha, &format!("https://localhost:{}/a.tar", s.port));
+    assert_eq!(o.code, ExitCode::NoDecision, "{}", o.stderr);
+    // A 404.
+    let o = fetch(&policy, &store, &sha, &format!("https://localhost:{}/missing", s.port));
+    assert_eq!(o.code, ExitCode::NoDecision, "{}", o.stderr);
+}
+
+#[test]
+fn loopback_is_refused_unless_the_policy_allows_it() {
+    let (s, body) = https_with_archive();
+    let anchor = s.dir.path().join("ca.pem");
+    let policy = policy(
+        s.dir.path(),
+        &format!(
+            "        allow-host \"localhost\" reason=\"the test server\"\n        trust-anchor \"{}\"",
+            anchor.display()
+        ),
+    );
+    let store = s.dir.path().join("store");
+    let sha = Digest::of_bytes(&body);
+    let o = fetch(&policy, &store, &sha, &format!("https://localhost:{}/a.tar", s.port));
+    assert_eq!(o.code, ExitCode::Rejected, "{}", o.stderr);
+    assert_eq!(reason(&o), "transport.non-public-address");
+    // A literal loopback address is refused before any connection: the operator's input.
+    let o = fetch(&policy, &store, &sha, &format!("https://127.0.0.1:{}/a.tar", s.port));
+    assert_eq!(o.code, ExitCode::Usage, "{}", o.stderr);
+    // A host that is not on the allow-list, and a scheme that is not https.
+    let o = fetch(&policy, &store, &sha, "https://example.com/a.tar");
+    assert_eq!(o.code, ExitCode::Usage);
+    assert!(o.stderr.contains("allow-list"), "{}", o.stderr);
+    let o = fetch(&policy, &store, &sha, "ftp://localhost/a.tar");
+    assert_eq!(o.code, ExitCode::Usage);
+}
+
+#[test]
+fn plain_http_is_accepted_only_to_loopback_and_only_when_the_policy_allows_it() {
+    let body = archive();
+    let b = body.clone();
+    let port = serve(None, Arc::new(move |_: &str| Reply::Body(b.clone())));
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let sha = Digest::of_bytes(&body);
+    let url = format!("http://127.0.0.1:{port}/a.tar");
+    let strict = policy(dir.path(), "        allow-host \"127.0.0.1\" reason=\"the test server\"\n        allow-loopback #true");
+    let o = fetch(&strict, &store, &sha, &url);
+    assert_eq!(o.code, ExitCode::Usage, "{}", o.stderr);
+    assert!(o.stderr.contains("plain http"), "{}", o.stderr);
+    let open = policy(
+        dir.path(),
+        "        allow-host \"127.0.0.1\" reason=\"the test server\"\n        allow-loopback #true\n        allow-plain-http-loopback #true",
+    );
+    let o = fetch(&open, &store, &sha, &url);
+    assert_eq!(o.code, ExitCode::Ok, "{}", o.stderr);
+}
+
+#[test]
+fn a_local_archive_is_admitted_and_a_wrong_digest_rejected_with_the_store_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = policy(dir.path(), "");
+    let store_dir = dir.path().join("store");
+    let file = dir.path().join("a.tar");
+    std::fs::write(&file, archive()).unwrap();
+    let sha = Digest::of_file(&file).unwrap();
+    let o = fetch(&policy, &store_dir, &sha, file.to_str().unwrap());
+    assert_eq!(o.code, ExitCode::Ok, "{}", o.stderr);
+    let receipt = o.receipt.unwrap();
+    let stored = Store::open(&store_dir).unwrap();
+    let before = stored.listing().unwrap();
+    assert!(
+        before.iter().any(|l| l.starts_with("receipts/")),
+        "the ok receipt is stored by digest"
+    );
+    let wrong = Digest::of_bytes(b"not it");
+    let o = fetch(&policy, &store_dir, &wrong, file.to_str().unwrap());
+    assert_eq!(o.code, ExitCode::Rejected);
+    assert_eq!(reason(&o), "intake.hash-mismatch");
+    assert_eq!(stored.listing().unwrap(), before, "a rejection leaves the store as it was");
+    assert_eq!(o.receipt.unwrap()["authority"], receipt["authority"]);
+    // A malformed digest and a missing file are usage errors, before the store is touched.
+    let args = Args {
+        policy: policy.clone(),
+        store: Some(store_dir.clone()),
+        sha256: "abc".into(),
+        diagnostics: Diagnostics::Json,
+        source: file.to_str().unwrap().into(),
+    };
+    assert_eq!(run(&args, &mut Vec::new(), &mut Vec::new()), ExitCode::Usage);
+    let o = fetch(&policy, &store_dir, &sha, "/nonexistent/a.tar");
+    assert_eq!(o.code, ExitCode::Usage);
+}
