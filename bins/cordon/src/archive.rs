@@ -159,10 +159,55 @@ struct Shared {
     source_failed: Cell<bool>,
 }
 
+/// The archive hash, computed on its own thread: the archive and the files inside it are both
+/// hashed, and on two cores the two passes then cost about one.
+struct ArchiveHasher {
+    tx: Option<std::sync::mpsc::SyncSender<Vec<u8>>>,
+    done: Option<std::thread::JoinHandle<Sha256>>,
+}
+
+impl ArchiveHasher {
+    fn start() -> Self {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(8);
+        let done = std::thread::Builder::new()
+            .name("cordon-archive-sha256".into())
+            .spawn(move || {
+                let mut hasher = Sha256::new();
+                for chunk in rx {
+                    hasher.update(&chunk);
+                }
+                hasher
+            })
+            .ok();
+        Self { tx: Some(tx), done }
+    }
+
+    fn update(&mut self, bytes: &[u8]) -> io::Result<()> {
+        let sent = match (&self.tx, &self.done) {
+            (Some(tx), Some(_)) => tx.send(bytes.to_vec()).is_ok(),
+            _ => false,
+        };
+        if sent {
+            Ok(())
+        } else {
+            Err(io::Error::other("the archive hashing thread is gone"))
+        }
+    }
+
+    fn finish(mut self) -> io::Result<Digest> {
+        drop(self.tx.take());
+        self.done
+            .take()
+            .and_then(|h| h.join().ok())
+            .map(Digest::from_hasher)
+            .ok_or_else(|| io::Error::other("the archive hashing thread failed"))
+    }
+}
+
 /// The bottom layer: counts and hashes what the source yields and enforces the archive cap.
 struct Raw<R> {
     inner: R,
-    hasher: Sha256,
+    hasher: ArchiveHasher,
     cap: u64,
     shared: Rc<Shared>,
 }
@@ -172,7 +217,7 @@ impl<R: Read> Read for Raw<R> {
         let n = self.inner.read(buf).inspect_err(|_| {
             self.shared.source_failed.set(true);
         })?;
-        self.hasher.update(&buf[..n]);
+        self.hasher.update(&buf[..n])?;
         let total = self.shared.raw_bytes.get() + n as u64;
         self.shared.raw_bytes.set(total);
         if total > self.cap {
@@ -481,7 +526,7 @@ pub fn scan(
     let shared = Rc::new(Shared::default());
     let raw = Raw {
         inner: source,
-        hasher: Sha256::new(),
+        hasher: ArchiveHasher::start(),
         cap: limits.max_archive_bytes,
         shared: shared.clone(),
     };
@@ -790,6 +835,10 @@ pub fn scan(
         Err(e) => return Err(classify(&shared, e, None)),
     }
     let raw = raw.into_inner();
+    let archive_sha256 = raw
+        .hasher
+        .finish()
+        .map_err(|source| ArchiveError::Source { source })?;
     let mut dirs: Vec<String> = seen
         .into_iter()
         .filter(|(_, k)| *k != Kind::File)
@@ -797,7 +846,7 @@ pub fn scan(
         .collect();
     dirs.sort();
     Ok(Scanned {
-        archive_sha256: Digest::from_hasher(raw.hasher),
+        archive_sha256,
         archive_bytes: shared.raw_bytes.get(),
         files,
         dirs,

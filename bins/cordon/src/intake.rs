@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::archive::{self, ArchiveError, ArchiveLimits, Member, Rejection, Sink};
 use crate::canonical::{CanonicalError, Digest, domain_digest, to_canonical_json};
-use crate::store::{Scratch, Store, StoreError};
+use crate::store::{Scratch, Staged, Store, StoreError};
 
 /// The schema of intake records and of the content-digest payload.
 pub const INTAKE_SCHEMA: u32 = 1;
@@ -142,9 +142,17 @@ pub fn ingest(
             ),
         }));
     }
-    for (member, staged) in scanned.files.iter().zip(&staged) {
-        store.publish_object(staged, &member.sha256, member.executable)?;
-    }
+    let batch: Vec<Staged> = scanned
+        .files
+        .iter()
+        .zip(staged)
+        .map(|(m, path)| Staged {
+            path,
+            sha256: m.sha256,
+            executable: m.executable,
+        })
+        .collect();
+    store.publish_objects(&batch)?;
     let mut files = scanned.files;
     files.sort_by(|a, b| a.path.cmp(&b.path));
     let record = IntakeRecord {

@@ -99,6 +99,17 @@ fn nix_err(op: &'static str, path: &Path) -> impl FnOnce(nix::Error) -> StoreErr
     }
 }
 
+/// A fully written file in a scratch directory, ready to become a content object.
+#[derive(Debug, Clone)]
+pub struct Staged {
+    /// Where it is.
+    pub path: PathBuf,
+    /// The sha256 of its contents, computed while it was written.
+    pub sha256: Digest,
+    /// Whether it becomes the executable (0555) variant.
+    pub executable: bool,
+}
+
 /// An opened store.
 #[derive(Debug, Clone)]
 pub struct Store {
@@ -407,9 +418,8 @@ impl Store {
             .join(format!("{hex}{suffix}"))
     }
 
-    /// Publish a staged, fully written file as the content object `sha256`: set its mode and
-    /// times, fsync it, hard-link it into place (never replacing), fsync the parent, then
-    /// reopen what is at the name and re-hash it.
+    /// Publish a staged, fully written file as the content object `sha256`; see
+    /// [`Store::publish_objects`].
     ///
     /// # Errors
     /// Any step failed, or the object at the name does not hash to `sha256`.
@@ -419,27 +429,74 @@ impl Store {
         sha256: &Digest,
         executable: bool,
     ) -> Result<PathBuf, StoreError> {
-        let mode = if executable { 0o555 } else { 0o444 };
-        let file = open_nofollow(staged)?;
-        file.set_permissions(fs::Permissions::from_mode(mode))
-            .map_err(io_err("chmod", staged))?;
-        zero_mtime(staged)?;
-        file.sync_all().map_err(io_err("fsync", staged))?;
-        let target = self.object_path(sha256, executable);
-        let parent = target.parent().unwrap_or(&self.root).to_path_buf();
-        match fs::DirBuilder::new().mode(0o700).create(&parent) {
-            Ok(()) => fsync_dir(&self.root.join("objects"))?,
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(io_err("create", &parent)(e)),
+        self.publish_objects(&[Staged {
+            path: staged.to_path_buf(),
+            sha256: *sha256,
+            executable,
+        }])?;
+        Ok(self.object_path(sha256, executable))
+    }
+
+    /// Publish staged, fully written files as content objects: set each one's mode and times,
+    /// make all their data durable, hard-link each into place (never replacing), make the new
+    /// names durable, then reopen every object at its name and re-hash it (on two threads).
+    ///
+    /// Durability uses one `syncfs` of the store's filesystem before the links and one after,
+    /// rather than an fsync of every file and every parent: the same guarantee (data before
+    /// name, name before return) for a batch, at two flushes instead of two per file.
+    ///
+    /// # Errors
+    /// Any step failed, or an object at its name does not hash to its digest.
+    pub fn publish_objects(&self, items: &[Staged]) -> Result<(), StoreError> {
+        for item in items {
+            let mode = if item.executable { 0o555 } else { 0o444 };
+            let file = open_nofollow(&item.path)?;
+            file.set_permissions(fs::Permissions::from_mode(mode))
+                .map_err(io_err("chmod", &item.path))?;
+            zero_mtime(&item.path)?;
         }
-        match fs::hard_link(staged, &target) {
-            Ok(()) => fsync_dir(&parent)?,
-            // Already published by this or another writer: the re-hash below decides.
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(io_err("link", &target)(e)),
+        self.sync()?;
+        for item in items {
+            let target = self.object_path(&item.sha256, item.executable);
+            let parent = target.parent().unwrap_or(&self.root).to_path_buf();
+            match fs::DirBuilder::new().mode(0o700).create(&parent) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(io_err("create", &parent)(e)),
+            }
+            match fs::hard_link(&item.path, &target) {
+                Ok(()) => {}
+                // Already published by this or another writer: the re-hash below decides.
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(io_err("link", &target)(e)),
+            }
         }
-        self.verify_object(&target, sha256, mode)?;
-        Ok(target)
+        self.sync()?;
+        let half = items.len().div_ceil(2);
+        let (a, b) = items.split_at(half);
+        let verify = |part: &[Staged]| {
+            part.iter().try_for_each(|i| {
+                let mode = if i.executable { 0o555 } else { 0o444 };
+                self.verify_object(&self.object_path(&i.sha256, i.executable), &i.sha256, mode)
+            })
+        };
+        std::thread::scope(|scope| {
+            let other = scope.spawn(|| verify(b));
+            let mine = verify(a);
+            let theirs = other.join().unwrap_or_else(|_| {
+                Err(StoreError::Unsafe {
+                    path: self.root.clone(),
+                    why: "a verifying thread panicked".to_owned(),
+                })
+            });
+            mine.and(theirs)
+        })
+    }
+
+    /// Flush the store's filesystem (`syncfs`).
+    fn sync(&self) -> Result<(), StoreError> {
+        let dir = File::open(&self.root).map_err(io_err("open", &self.root))?;
+        nix::unistd::syncfs(&dir).map_err(nix_err("syncfs", &self.root))
     }
 
     /// Reopen a content object and check it: a regular file owned by the store's owner, the

@@ -47,7 +47,9 @@ fn respond(stream: &mut dyn ReadWrite, routes: &Routes) {
         Reply::Body(b) => stream
             .write_all(head("200 OK", "", b.len()).as_bytes())
             .and_then(|()| stream.write_all(&b)),
-        Reply::Redirect(to) => stream.write_all(head("302 Found", &format!("Location: {to}\r\n"), 0).as_bytes()),
+        Reply::Redirect(to) => {
+            stream.write_all(head("302 Found", &format!("Location: {to}\r\n"), 0).as_bytes())
+        }
         Reply::Status(code) => stream.write_all(head(&format!("{code} No"), "", 0).as_bytes()),
         Reply::Lying(b) => stream
             .write_all(head("200 OK", "", 10).as_bytes())
@@ -56,7 +58,9 @@ fn respond(stream: &mut dyn ReadWrite, routes: &Routes) {
             let mut r = stream.write_all(head("200 OK", "", b.len()).as_bytes());
             for chunk in b.chunks(64) {
                 std::thread::sleep(Duration::from_millis(200));
-                r = r.and_then(|()| stream.write_all(chunk)).and_then(|()| stream.flush());
+                r = r
+                    .and_then(|()| stream.write_all(chunk))
+                    .and_then(|()| stream.flush());
                 if r.is_err() {
                     break;
                 }
@@ -228,7 +232,8 @@ fn https_with_archive() -> (Setup, Vec<u8>) {
     let port_cell = Arc::new(std::sync::OnceLock::<u16>::new());
     let pc = port_cell.clone();
     let b = body.clone();
-    let routes: Routes = Arc::new(move |path: &str| routes_for(*pc.get().unwrap(), b.clone())(path));
+    let routes: Routes =
+        Arc::new(move |path: &str| routes_for(*pc.get().unwrap(), b.clone())(path));
     let s = https(routes);
     port_cell.set(s.port).unwrap();
     (s, body)
@@ -247,7 +252,12 @@ fn an_https_fetch_under_the_policys_trust_anchor_is_admitted() {
     assert_eq!(r["outputs"]["archive_sha256"], sha.to_string());
     assert_eq!(r["outputs"]["files"], 1);
     // A bounded redirect to the same allowed host is followed.
-    let o = fetch(&policy, &store, &sha, &format!("https://localhost:{}/hop", s.port));
+    let o = fetch(
+        &policy,
+        &store,
+        &sha,
+        &format!("https://localhost:{}/hop", s.port),
+    );
     assert_eq!(o.code, ExitCode::Ok, "{}", o.stderr);
     drop(s.pki);
 }
@@ -269,7 +279,11 @@ fn transfers_that_break_a_transport_rule_are_rejected_and_store_nothing() {
         let o = fetch(&policy, &store_dir, &sha, &at(path));
         assert_eq!(o.code, ExitCode::Rejected, "{path}: {}", o.stderr);
         assert_eq!(reason(&o), code, "{path}");
-        assert_eq!(store.listing().unwrap(), before, "{path}: the store changed");
+        assert_eq!(
+            store.listing().unwrap(),
+            before,
+            "{path}: the store changed"
+        );
     }
     // A Content-Length that lies is not trusted: the bytes received are what count.
     let o = fetch(&policy, &store_dir, &sha, &at("/lie"));
@@ -284,15 +298,35 @@ fn failures_cordon_cannot_attribute_are_no_decisions() {
     let sha = Digest::of_bytes(&body);
     let policy = loopback_policy(&s, "");
     // The deadline covers the whole transfer, however slowly the bytes drip.
-    let o = fetch(&policy, &store, &sha, &format!("https://localhost:{}/slow", s.port));
+    let o = fetch(
+        &policy,
+        &store,
+        &sha,
+        &format!("https://localhost:{}/slow", s.port),
+    );
     assert_eq!(o.code, ExitCode::NoDecision, "{}", o.stderr);
-    assert!(o.receipt.unwrap()["reasons"][0]["message"].as_str().unwrap().contains("deadline"));
+    assert!(
+        o.receipt.unwrap()["reasons"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("deadline")
+    );
     // A server whose certificate does not chain to the trust anchor.
     std::fs::write(s.dir.path().join("ca.pem"), pki().ca_pem).unwrap();
-    let o = fetch(&policy, &store, &sha, &format!("https://localhost:{}/a.tar", s.port));
+    let o = fetch(
+        &policy,
+        &store,
+        &sha,
+        &format!("https://localhost:{}/a.tar", s.port),
+    );
     assert_eq!(o.code, ExitCode::NoDecision, "{}", o.stderr);
     // A 404.
-    let o = fetch(&policy, &store, &sha, &format!("https://localhost:{}/missing", s.port));
+    let o = fetch(
+        &policy,
+        &store,
+        &sha,
+        &format!("https://localhost:{}/missing", s.port),
+    );
     assert_eq!(o.code, ExitCode::NoDecision, "{}", o.stderr);
 }
 
@@ -309,11 +343,21 @@ fn loopback_is_refused_unless_the_policy_allows_it() {
     );
     let store = s.dir.path().join("store");
     let sha = Digest::of_bytes(&body);
-    let o = fetch(&policy, &store, &sha, &format!("https://localhost:{}/a.tar", s.port));
+    let o = fetch(
+        &policy,
+        &store,
+        &sha,
+        &format!("https://localhost:{}/a.tar", s.port),
+    );
     assert_eq!(o.code, ExitCode::Rejected, "{}", o.stderr);
     assert_eq!(reason(&o), "transport.non-public-address");
     // A literal loopback address is refused before any connection: the operator's input.
-    let o = fetch(&policy, &store, &sha, &format!("https://127.0.0.1:{}/a.tar", s.port));
+    let o = fetch(
+        &policy,
+        &store,
+        &sha,
+        &format!("https://127.0.0.1:{}/a.tar", s.port),
+    );
     assert_eq!(o.code, ExitCode::Usage, "{}", o.stderr);
     // A host that is not on the allow-list, and a scheme that is not https.
     let o = fetch(&policy, &store, &sha, "https://example.com/a.tar");
@@ -332,7 +376,10 @@ fn plain_http_is_accepted_only_to_loopback_and_only_when_the_policy_allows_it() 
     let store = dir.path().join("store");
     let sha = Digest::of_bytes(&body);
     let url = format!("http://127.0.0.1:{port}/a.tar");
-    let strict = policy(dir.path(), "        allow-host \"127.0.0.1\" reason=\"the test server\"\n        allow-loopback #true");
+    let strict = policy(
+        dir.path(),
+        "        allow-host \"127.0.0.1\" reason=\"the test server\"\n        allow-loopback #true",
+    );
     let o = fetch(&strict, &store, &sha, &url);
     assert_eq!(o.code, ExitCode::Usage, "{}", o.stderr);
     assert!(o.stderr.contains("plain http"), "{}", o.stderr);
@@ -365,7 +412,11 @@ fn a_local_archive_is_admitted_and_a_wrong_digest_rejected_with_the_store_unchan
     let o = fetch(&policy, &store_dir, &wrong, file.to_str().unwrap());
     assert_eq!(o.code, ExitCode::Rejected);
     assert_eq!(reason(&o), "intake.hash-mismatch");
-    assert_eq!(stored.listing().unwrap(), before, "a rejection leaves the store as it was");
+    assert_eq!(
+        stored.listing().unwrap(),
+        before,
+        "a rejection leaves the store as it was"
+    );
     assert_eq!(o.receipt.unwrap()["authority"], receipt["authority"]);
     // A malformed digest and a missing file are usage errors, before the store is touched.
     let args = Args {
@@ -375,7 +426,10 @@ fn a_local_archive_is_admitted_and_a_wrong_digest_rejected_with_the_store_unchan
         diagnostics: Diagnostics::Json,
         source: file.to_str().unwrap().into(),
     };
-    assert_eq!(run(&args, &mut Vec::new(), &mut Vec::new()), ExitCode::Usage);
+    assert_eq!(
+        run(&args, &mut Vec::new(), &mut Vec::new()),
+        ExitCode::Usage
+    );
     let o = fetch(&policy, &store_dir, &sha, "/nonexistent/a.tar");
     assert_eq!(o.code, ExitCode::Usage);
 }

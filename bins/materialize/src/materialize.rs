@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use cordon::canonical::Digest;
 use cordon::intake::IntakeRecord;
-use cordon::store::{self, Store, StoreError};
+use cordon::store::{self, Staged, Store, StoreError};
 use cordon::tree::{self, Entry, TreeError, TreeRecord};
 use cordon_policy::TreeRules;
 use serde_json::json;
@@ -85,31 +85,82 @@ fn read_object(store: &Store, sha: &Digest, executable: bool) -> Result<Vec<u8>,
     Ok(out)
 }
 
-/// Write bytes as a content object (mode 0444 or 0555) and return its sha256.
-fn put_object(store: &Store, bytes: &[u8], executable: bool) -> Result<Digest, StoreError> {
-    let sha = Digest::of_bytes(bytes);
-    if store.object_path(&sha, executable).exists() {
-        return Ok(sha);
-    }
-    let mut scratch = store.scratch()?;
-    let (staged, mut file) = scratch.create_file()?;
-    file.write_all(bytes).map_err(|source| StoreError::Io {
-        op: "write",
-        path: staged.clone(),
-        source,
-    })?;
-    drop(file);
-    store.publish_object(&staged, &sha, executable)?;
-    Ok(sha)
+/// Content objects to publish together (one scratch directory, one batch publication).
+struct Batch<'s> {
+    store: &'s Store,
+    scratch: store::Scratch,
+    items: Vec<Staged>,
+    queued: BTreeSet<(Digest, bool)>,
 }
 
-/// Make sure the object exists in the requested mode variant, copying the other variant.
-fn ensure_variant(store: &Store, sha: &Digest, executable: bool) -> Result<(), StoreError> {
-    if store.object_path(sha, executable).exists() {
-        return Ok(());
+impl<'s> Batch<'s> {
+    fn new(store: &'s Store) -> Result<Self, StoreError> {
+        Ok(Self {
+            store,
+            scratch: store.scratch()?,
+            items: Vec::new(),
+            queued: BTreeSet::new(),
+        })
     }
-    let bytes = read_object(store, sha, !executable)?;
-    put_object(store, &bytes, executable).map(|_| ())
+
+    fn present(&self, sha: &Digest, executable: bool) -> bool {
+        self.queued.contains(&(*sha, executable))
+            || self.store.object_path(sha, executable).exists()
+    }
+
+    /// Copy a reader into a new object; returns its sha256 and size.
+    fn add_reader(
+        &mut self,
+        mut src: impl Read,
+        executable: bool,
+    ) -> Result<(Digest, u64), MaterializeError> {
+        let (staged, mut file) = self.scratch.create_file()?;
+        let mut hasher = Sha256::new();
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut size = 0u64;
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| StoreError::Io {
+                op: "copy into scratch",
+                path,
+                source,
+            }
+        };
+        loop {
+            let n = src.read(&mut buf).map_err(io(&staged))?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+            size += n as u64;
+            file.write_all(&buf[..n]).map_err(io(&staged))?;
+        }
+        let sha = Digest::from_hasher(hasher);
+        if self.present(&sha, executable) {
+            fs::remove_file(&staged).map_err(io(&staged))?;
+        } else {
+            self.queued.insert((sha, executable));
+            self.items.push(Staged {
+                path: staged,
+                sha256: sha,
+                executable,
+            });
+        }
+        Ok((sha, size))
+    }
+
+    /// Make sure the object exists in the requested mode variant, copying the other variant.
+    fn ensure_variant(&mut self, sha: &Digest, executable: bool) -> Result<(), MaterializeError> {
+        if self.present(sha, executable) {
+            return Ok(());
+        }
+        let bytes = read_object(self.store, sha, !executable)?;
+        self.add_reader(bytes.as_slice(), executable).map(|_| ())
+    }
+
+    fn commit(self) -> Result<(), StoreError> {
+        self.store.publish_objects(&self.items)
+    }
 }
 
 /// Register an incumbent tree from a directory: walk it without following links, copy every
@@ -147,6 +198,7 @@ pub fn register_incumbent(
     }
     let mut entries = Vec::new();
     let mut total = 0u64;
+    let mut batch = Batch::new(store)?;
     for rel in files {
         let path = dir.join(&rel);
         let mut src = fs::File::open(&path).map_err(|e| bad(&path, e.to_string()))?;
@@ -165,27 +217,7 @@ pub fn register_incumbent(
             ));
         }
         let executable = meta.mode() & 0o111 != 0;
-        let mut scratch = store.scratch()?;
-        let (staged, mut file) = scratch.create_file()?;
-        let mut hasher = Sha256::new();
-        let mut buf = vec![0u8; 256 * 1024];
-        let mut size = 0u64;
-        loop {
-            let n = src.read(&mut buf).map_err(|e| bad(&path, e.to_string()))?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buf[..n]);
-            size += n as u64;
-            file.write_all(&buf[..n]).map_err(|source| StoreError::Io {
-                op: "write",
-                path: staged.clone(),
-                source,
-            })?;
-        }
-        drop(file);
-        let sha = Digest::from_hasher(hasher);
-        store.publish_object(&staged, &sha, executable)?;
+        let (sha, size) = batch.add_reader(&mut src, executable)?;
         entries.push(Entry {
             path: rel,
             mode: if executable { 0o555 } else { 0o444 },
@@ -193,6 +225,7 @@ pub fn register_incumbent(
             sha256: sha,
         });
     }
+    batch.commit()?;
     let origin = json!({
         "kind": "incumbent",
         "name": incumbent.name,
@@ -387,6 +420,8 @@ pub fn materialize(
     let mut sources: Vec<(String, Arc<String>)> = Vec::new();
     // (tree path, mode, sha256, size) for the delta's part of the new tree, or new contents.
     let mut planned: Vec<(String, bool, Digest, u64, Option<String>)> = Vec::new();
+    // (index into planned, path, text) of every Python file, checked after the loop.
+    let mut py_jobs: Vec<(usize, String, String)> = Vec::new();
     for f in &files {
         if !under(&f.path, &target.path) {
             findings.push(Finding::file(
@@ -417,37 +452,56 @@ pub fn materialize(
             (Some(_), true) => format!("{ns}/{rel}"),
             _ => f.path.clone(),
         };
-        let mut rewritten = None;
         if f.path.ends_with(".py") {
-            let Ok(text) = String::from_utf8(bytes) else {
-                findings.push(Finding::file(
+            match String::from_utf8(bytes) {
+                Ok(text) => py_jobs.push((planned.len(), f.path.clone(), text)),
+                Err(_) => findings.push(Finding::file(
                     "python.encoding",
                     &f.path,
                     "the file is not UTF-8",
-                ));
-                continue;
-            };
-            let ren = rename.as_deref().map(|package| Rename {
-                package,
-                namespace: &ns,
-            });
-            let checked = python::check(&text, &f.path, &py_rules, ren);
-            let source = Arc::new(text);
-            if !checked.findings.is_empty() {
-                sources.push((f.path.clone(), source.clone()));
+                )),
             }
-            for pf in checked.findings {
-                findings.push(Finding {
-                    code: pf.code,
-                    path: f.path.clone(),
-                    at: Some(Position::of(&source, pf.start, pf.end)),
-                    label: pf.label,
-                    message: pf.message,
-                });
-            }
-            rewritten = checked.rewritten;
         }
-        planned.push((dest, executable, f.sha256, f.size, rewritten));
+        planned.push((dest, executable, f.sha256, f.size, None));
+    }
+    // The AST policy, on two threads: parsing dominates the cost of a Python-heavy delta, and
+    // files are independent.
+    let ren = rename.as_deref().map(|package| Rename {
+        package,
+        namespace: &ns,
+    });
+    let check_all = |jobs: &[(usize, String, String)]| -> Vec<python::Checked> {
+        jobs.iter()
+            .map(|(_, path, text)| python::check(text, path, &py_rules, ren))
+            .collect()
+    };
+    let (first, second) = py_jobs.split_at(py_jobs.len().div_ceil(2));
+    let results: Vec<python::Checked> = std::thread::scope(|scope| {
+        let other = scope.spawn(|| check_all(second));
+        let mut mine = check_all(first);
+        // A panicking parser thread is a bug in the parser, not a verdict on the candidate.
+        mine.extend(
+            other
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p)),
+        );
+        mine
+    });
+    for ((idx, path, text), checked) in py_jobs.into_iter().zip(results) {
+        let source = Arc::new(text);
+        if !checked.findings.is_empty() {
+            sources.push((path.clone(), source.clone()));
+        }
+        for pf in checked.findings {
+            findings.push(Finding {
+                code: pf.code,
+                path: path.clone(),
+                at: Some(Position::of(&source, pf.start, pf.end)),
+                label: pf.label,
+                message: pf.message,
+            });
+        }
+        planned[idx].4 = checked.rewritten;
     }
     if files.is_empty() {
         findings.push(Finding::file(
@@ -492,14 +546,12 @@ pub fn materialize(
 
     // Apply: new objects for rewritten files, mode variants, the shim; then the tree.
     let mut entries: Vec<Entry> = kept.into_iter().cloned().collect();
+    let mut batch = Batch::new(store)?;
     for (dest, executable, sha, size, rewritten) in planned {
         let (sha, size) = match rewritten {
-            Some(text) => (
-                put_object(store, text.as_bytes(), executable)?,
-                text.len() as u64,
-            ),
+            Some(text) => batch.add_reader(text.as_bytes(), executable)?,
             None => {
-                ensure_variant(store, &sha, executable)?;
+                batch.ensure_variant(&sha, executable)?;
                 (sha, size)
             }
         };
@@ -512,17 +564,18 @@ pub fn materialize(
     }
     let namespace = if target.python.is_some() {
         let text = shim(target, &ns);
-        let sha = put_object(store, text.as_bytes(), false)?;
+        let (sha, size) = batch.add_reader(text.as_bytes(), false)?;
         entries.push(Entry {
             path: format!("{}/__init__.py", target.path),
             mode: 0o444,
-            size: text.len() as u64,
+            size,
             sha256: sha,
         });
         Some(ns)
     } else {
         None
     };
+    batch.commit()?;
     let origin = json!({
         "kind": "candidate",
         "incumbent": incumbent,

@@ -83,3 +83,39 @@ fn json_diagnostics_carry_code_and_span() {
     assert!(problem["labels"][0]["span"]["offset"].as_u64().unwrap() > 0);
     assert_eq!(v["policy"], rel);
 }
+
+#[test]
+fn every_receipt_reason_code_the_stages_emit_is_documented() {
+    let root = cordon_testkit::workspace_root();
+    let readme = std::fs::read_to_string(root.join("policy/README.md")).unwrap();
+    let mut found = 0;
+    for dir in ["bins/cordon/src", "bins/fetch/src", "bins/materialize/src"] {
+        for entry in std::fs::read_dir(root.join(dir)).unwrap() {
+            let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+            for (i, _) in text.match_indices('"') {
+                let rest = &text[i + 1..];
+                let Some(end) = rest.find('"') else { continue };
+                let word = &rest[..end];
+                let is_code = ["intake.", "transport.", "tree.", "python.", "materialize."]
+                    .iter()
+                    .any(|p| word.starts_with(p))
+                    && word[word.find('.').unwrap() + 1..]
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                    && !word.ends_with('.')
+                    && word.len() > word.find('.').unwrap() + 1;
+                if is_code {
+                    found += 1;
+                    assert!(
+                        readme.contains(&format!("`{word}`")),
+                        "policy/README.md does not document the reason code {word}"
+                    );
+                }
+            }
+        }
+    }
+    assert!(
+        found > 50,
+        "the scan found only {found} codes: is it still reading the sources?"
+    );
+}
