@@ -15,6 +15,7 @@ pub mod archive;
 pub mod canonical;
 pub mod exit;
 pub mod identity;
+pub mod image;
 pub mod intake;
 pub mod receipt;
 pub mod stage;

@@ -29,8 +29,9 @@ use nix::sys::time::TimeSpec;
 use crate::canonical::Digest;
 
 /// The subdirectories of a store, created by [`Store::open`].
-pub const LAYOUT: [&str; 7] = [
+pub const LAYOUT: [&str; 8] = [
     "objects",
+    "images",
     "intake",
     "trees",
     "publications",

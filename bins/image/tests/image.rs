@@ -1,0 +1,145 @@
+//! cordon-image: byte-reproducible layouts that umoci and skopeo accept, verification that
+//! refuses a tampered blob, and the read-only unpacked root filesystem.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use cordon::canonical::Digest;
+use cordon::image;
+use cordon_testkit::{require_executable, workspace_root};
+
+fn build(out: &Path) -> Digest {
+    require_executable(
+        Path::new("/bin/busybox"),
+        "apt-get install -y busybox-static",
+    );
+    let spec = cordon_image::spec::load(&workspace_root().join("images/prebuild.kdl")).unwrap();
+    image::build(&spec, out).unwrap()
+}
+
+fn files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push((
+                    p.strip_prefix(dir).unwrap().to_path_buf(),
+                    std::fs::read(&p).unwrap(),
+                ));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn two_builds_are_byte_identical_and_match_the_policy_pin() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = build(&dir.path().join("a"));
+    let b = build(&dir.path().join("b"));
+    assert_eq!(a, b);
+    assert_eq!(files(&dir.path().join("a")), files(&dir.path().join("b")));
+    let policy = cordon_policy_pin();
+    assert_eq!(
+        a, policy,
+        "images/prebuild.kdl builds {a}, but policy/evaluator.kdl pins {policy}: \
+         rebuild with `cordon-image build images/prebuild.kdl --out DIR` and re-pin after review \
+         (the digest covers Debian's busybox-static bytes)"
+    );
+}
+
+fn cordon_policy_pin() -> Digest {
+    let text = std::fs::read_to_string(workspace_root().join("policy/evaluator.kdl")).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("image \"prebuild\""))
+        .unwrap();
+    let d = line
+        .split("digest=\"")
+        .nth(1)
+        .unwrap()
+        .trim_end_matches('"');
+    d.parse().unwrap()
+}
+
+#[test]
+fn umoci_and_skopeo_accept_the_layout() {
+    require_executable(Path::new("/usr/bin/umoci"), "apt-get install -y umoci");
+    require_executable(Path::new("/usr/bin/skopeo"), "apt-get install -y skopeo");
+    let dir = tempfile::tempdir().unwrap();
+    let layout = dir.path().join("layout");
+    let digest = build(&layout);
+    let out = Command::new("skopeo")
+        .arg("inspect")
+        .arg(format!("oci:{}", layout.display()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let inspected: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(inspected["Digest"], digest.to_string());
+    let bundle = dir.path().join("bundle");
+    let out = Command::new("umoci")
+        .args(["unpack", "--image"])
+        .arg(format!("{}:cordon-prebuild", layout.display()))
+        .arg(&bundle)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(bundle.join("rootfs/bin/sh").is_file());
+}
+
+#[test]
+fn a_tampered_blob_or_index_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = dir.path().join("layout");
+    let digest = build(&layout);
+    image::verify(&layout, &digest).unwrap();
+    // Every blob, flipped in turn: the layer, the config and the manifest.
+    for (path, _) in files(&layout.join("blobs/sha256")) {
+        let copy = dir.path().join("copy");
+        let _ = std::fs::remove_dir_all(&copy);
+        Command::new("cp")
+            .arg("-a")
+            .arg(&layout)
+            .arg(&copy)
+            .status()
+            .unwrap();
+        let blob = copy.join("blobs/sha256").join(&path);
+        let mut bytes = std::fs::read(&blob).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        std::fs::write(&blob, bytes).unwrap();
+        let err = image::verify(&copy, &digest).unwrap_err();
+        assert!(err.to_string().contains("verification"), "{path:?}: {err}");
+    }
+    // A manifest the index does not name.
+    let other = Digest::of_bytes(b"another image");
+    assert!(image::verify(&layout, &other).is_err());
+}
+
+#[test]
+fn unpack_gives_a_read_only_root_filesystem_cached_by_digest() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let layout = dir.path().join("layout");
+    let digest = build(&layout);
+    let store = cordon::store::Store::open(&dir.path().join("store")).unwrap();
+    let rootfs = image::unpack(&store, &layout, &digest).unwrap();
+    assert!(rootfs.ends_with(format!("images/{}/rootfs", digest.hex())));
+    let sh = std::fs::metadata(rootfs.join("bin/sh")).unwrap();
+    assert_eq!(sh.mode() & 0o7777, 0o555);
+    assert_eq!(sh.mtime(), 0);
+    assert_eq!(
+        std::fs::metadata(rootfs.join("tmp")).unwrap().mode() & 0o7777,
+        0o555
+    );
+    let again = image::unpack(&store, &layout, &digest).unwrap();
+    assert_eq!(again, rootfs);
+}
