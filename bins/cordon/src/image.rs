@@ -347,7 +347,7 @@ pub fn verify(dir: &Path, manifest: &Digest) -> Result<Verified, ImageError> {
     let m: ImageManifest =
         serde_json::from_slice(&manifest_bytes).map_err(|e| bad(format!("manifest: {e}")))?;
     let c = m.config();
-    let config_bytes = read_blob(dir, &c.digest().to_string(), c.size())?;
+    let config_bytes = read_blob(dir, c.digest().as_ref(), c.size())?;
     let config: ImageConfiguration =
         serde_json::from_slice(&config_bytes).map_err(|e| bad(format!("config: {e}")))?;
     if config.rootfs().diff_ids().len() != m.layers().len() {
@@ -361,7 +361,7 @@ pub fn verify(dir: &Path, manifest: &Digest) -> Result<Verified, ImageError> {
                 layer.media_type()
             )));
         }
-        let bytes = read_blob(dir, &layer.digest().to_string(), layer.size())?;
+        let bytes = read_blob(dir, layer.digest().as_ref(), layer.size())?;
         let (uncompressed, _) = Digest::of_reader(flate2::read::GzDecoder::new(bytes.as_slice()))
             .map_err(|e| bad(format!("layer: {e}")))?;
         if uncompressed.to_string() != *diff_id {
