@@ -12,6 +12,7 @@
 //! hashed in cordon goes through the one encoder in [`canonical`].
 
 pub mod archive;
+pub mod bundle;
 pub mod canonical;
 pub mod exit;
 pub mod identity;

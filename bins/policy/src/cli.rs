@@ -75,6 +75,10 @@ pub enum Command {
         /// Print the stage's canonical JSON instead of text.
         #[arg(long)]
         json: bool,
+        /// Print the OCI config.json the stage would run with (placeholder run inputs: the
+        /// first ids of the range, `TREE`, `LEASE`, …).
+        #[arg(long, conflicts_with = "json")]
+        bundle: bool,
     },
 }
 
@@ -130,6 +134,14 @@ pub enum CliError {
     /// The policy did not validate.
     #[error(transparent)]
     Policy(#[from] PolicyError),
+    /// The stage cannot be planned.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Plan(#[from] crate::plan::PlanError),
+    /// The bundle cannot be planned.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Bundle(#[from] cordon::bundle::BundleError),
 }
 
 impl CliError {
@@ -139,9 +151,12 @@ impl CliError {
         match self {
             Self::Identity(e) => e.exit_code(),
             Self::Encode { .. } | Self::Receipt { .. } => ExitCode::NoDecision,
-            Self::Read { .. } | Self::Encoding { .. } | Self::NoStage { .. } | Self::Policy(_) => {
-                ExitCode::Usage
-            }
+            Self::Read { .. }
+            | Self::Encoding { .. }
+            | Self::NoStage { .. }
+            | Self::Policy(_)
+            | Self::Plan(_)
+            | Self::Bundle(_) => ExitCode::Usage,
         }
     }
 }
@@ -259,7 +274,18 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
         Command::Check { files } => check(files, args.diagnostics, stdout, stderr),
         Command::Identity { file, json } => identity_cmd(file, *json, stdout),
         Command::Diff { old, new } => diff_cmd(old, new, stdout, stderr),
-        Command::Explain { file, stage, json } => explain_cmd(file, stage, *json, stdout),
+        Command::Explain {
+            file,
+            stage,
+            json,
+            bundle: false,
+        } => explain_cmd(file, stage, *json, stdout),
+        Command::Explain {
+            file,
+            stage,
+            bundle: true,
+            ..
+        } => bundle_cmd(file, stage, stdout),
     };
     match result {
         Ok(code) => code,
@@ -375,6 +401,23 @@ fn diff_cmd(
     } else {
         ExitCode::Rejected
     })
+}
+
+/// The planned config.json of one stage, pretty-printed with sorted keys.
+fn bundle_cmd(file: &Path, stage: &str, stdout: &mut dyn Write) -> Result<ExitCode, CliError> {
+    let loaded = load(file)?;
+    let policy = &loaded.policy;
+    let plan = policy.bundle_plan(stage, &policy.example_inputs(stage))?;
+    let spec = cordon::bundle::plan(&plan)?;
+    let canonical = cordon::canonical::to_canonical_json(&spec)
+        .map_err(|source| CliError::Encode { source })?;
+    let value: serde_json::Value =
+        serde_json::from_str(&canonical).map_err(|e| CliError::Encode {
+            source: cordon::canonical::CanonicalError::Serialize { source: e },
+        })?;
+    let text = serde_json::to_string_pretty(&value).unwrap_or(canonical);
+    let _ = writeln!(stdout, "{text}");
+    Ok(ExitCode::Ok)
 }
 
 fn explain_cmd(

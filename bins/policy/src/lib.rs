@@ -20,6 +20,7 @@ mod decode;
 pub mod diag;
 pub mod diff;
 mod model;
+pub mod plan;
 pub mod syscalls;
 pub mod units;
 

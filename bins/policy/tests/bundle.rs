@@ -1,0 +1,145 @@
+//! The planned config.json of every stage of the default policy (golden), and the mount rules
+//! that are checked before anything starts.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::PathBuf;
+
+use cordon_policy::cli::{Args, run};
+
+fn policy() -> cordon_policy::Policy {
+    let path = cordon_testkit::workspace_root().join("policy/evaluator.kdl");
+    cordon_policy::parse("evaluator.kdl", &std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn every_stage_plans_to_its_golden_config_json() {
+    let file = cordon_testkit::workspace_root().join("policy/evaluator.kdl");
+    for stage in ["prebuild", "lane", "reference"] {
+        let args = <Args as clap::Parser>::parse_from([
+            "cordon-policy",
+            "explain",
+            file.to_str().unwrap(),
+            "--stage",
+            stage,
+            "--bundle",
+        ]);
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let code = run(&args, &mut out, &mut err);
+        assert_eq!(
+            code,
+            cordon::ExitCode::Ok,
+            "{}",
+            String::from_utf8_lossy(&err)
+        );
+        let text = String::from_utf8(out).unwrap();
+        insta::assert_snapshot!(format!("bundle-{stage}"), text);
+    }
+}
+
+#[test]
+fn the_prebuild_bundle_carries_every_control() {
+    let p = policy();
+    let spec = cordon::bundle::plan(
+        &p.bundle_plan("prebuild", &p.example_inputs("prebuild"))
+            .unwrap(),
+    )
+    .unwrap();
+    let v = serde_json::to_value(&spec).unwrap();
+    let process = &v["process"];
+    assert_eq!(process["noNewPrivileges"], true);
+    assert_eq!(process["user"]["uid"], 3_000_000);
+    for set in [
+        "bounding",
+        "effective",
+        "inheritable",
+        "permitted",
+        "ambient",
+    ] {
+        assert_eq!(process["capabilities"][set], serde_json::json!([]), "{set}");
+    }
+    assert_eq!(v["root"]["readonly"], true);
+    let mounts = v["mounts"].as_array().unwrap();
+    let tmp = mounts.iter().find(|m| m["destination"] == "/tmp").unwrap();
+    assert!(
+        tmp["options"]
+            .as_array()
+            .unwrap()
+            .contains(&"noexec".into())
+    );
+    assert!(
+        mounts.iter().all(|m| m["destination"] != "/sys"),
+        "no /sys unless asked for"
+    );
+    let engine = mounts
+        .iter()
+        .find(|m| m["destination"] == "/engine")
+        .unwrap();
+    for o in ["ro", "rprivate", "nosuid", "nodev"] {
+        assert!(
+            engine["options"].as_array().unwrap().contains(&o.into()),
+            "{o}"
+        );
+    }
+    let ns: Vec<_> = v["linux"]["namespaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["type"].as_str().unwrap())
+        .collect();
+    for n in ["pid", "network", "ipc", "uts", "mount", "cgroup"] {
+        assert!(ns.contains(&n), "{n}");
+    }
+    let masked = v["linux"]["maskedPaths"].as_array().unwrap();
+    for m in [
+        "/proc/kcore",
+        "/proc/keys",
+        "/proc/timer_list",
+        "/sys/firmware",
+    ] {
+        assert!(masked.contains(&m.into()), "{m}");
+    }
+    assert!(
+        v["linux"]["readonlyPaths"]
+            .as_array()
+            .unwrap()
+            .contains(&"/proc/sysrq-trigger".into())
+    );
+    assert_eq!(
+        v["linux"]["resources"]["memory"]["limit"],
+        v["linux"]["resources"]["memory"]["swap"]
+    );
+    assert_eq!(v["linux"]["seccomp"]["defaultAction"], "SCMP_ACT_ERRNO");
+}
+
+#[test]
+fn overlapping_or_protected_mount_sources_are_refused_before_anything_starts() {
+    let p = policy();
+    let mut inputs = p.example_inputs("prebuild");
+    // Staging inside the tree: not disjoint.
+    inputs.sources.insert(
+        "staging".into(),
+        PathBuf::from("/var/lib/cordon/store/trees/TREE/root/out"),
+    );
+    let err = cordon::bundle::plan(&p.bundle_plan("prebuild", &inputs).unwrap()).unwrap_err();
+    assert!(err.to_string().contains("not pairwise disjoint"), "{err}");
+    // The store's private objects.
+    let mut inputs = p.example_inputs("prebuild");
+    inputs.sources.insert(
+        "tree".into(),
+        PathBuf::from("/var/lib/cordon/store/objects"),
+    );
+    let err = cordon::bundle::plan(&p.bundle_plan("prebuild", &inputs).unwrap()).unwrap_err();
+    assert!(err.to_string().contains("protected"), "{err}");
+    // A source above the run directory's protected files.
+    let mut inputs = p.example_inputs("prebuild");
+    inputs
+        .sources
+        .insert("staging".into(), PathBuf::from("/run/cordon/LEASE"));
+    let err = cordon::bundle::plan(&p.bundle_plan("prebuild", &inputs).unwrap()).unwrap_err();
+    assert!(err.to_string().contains("protected"), "{err}");
+    // A missing source for a declared mount.
+    let mut inputs = p.example_inputs("prebuild");
+    inputs.sources.remove("tree");
+    assert!(p.bundle_plan("prebuild", &inputs).is_err());
+}
