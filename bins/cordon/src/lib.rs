@@ -11,6 +11,7 @@
 //! hands it plain values (a policy digest, image digests, a runtime path), so that everything
 //! hashed in cordon goes through the one encoder in [`canonical`].
 
+pub mod account;
 pub mod archive;
 pub mod bundle;
 pub mod canonical;
@@ -18,7 +19,9 @@ pub mod exit;
 pub mod identity;
 pub mod image;
 pub mod intake;
+pub mod lease;
 pub mod receipt;
+pub mod runtime;
 pub mod stage;
 pub mod store;
 pub mod tree;

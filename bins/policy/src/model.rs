@@ -440,3 +440,30 @@ impl Policy {
             .map(|s| (s.stage.as_str(), s.argv.as_slice()))
     }
 }
+
+impl Policy {
+    /// The run-directory root.
+    #[must_use]
+    pub fn run_dir(&self) -> &str {
+        &self.run_dir
+    }
+
+    /// The per-run account settings, in the form the account module takes.
+    #[must_use]
+    pub fn account_policy(&self) -> cordon::account::AccountPolicy {
+        let a = &self.accounts;
+        let r = |x: &IdRange| {
+            (
+                u32::try_from(x.first).unwrap_or(u32::MAX),
+                u32::try_from(x.last).unwrap_or(u32::MAX),
+            )
+        };
+        cordon::account::AccountPolicy {
+            uids: r(&a.uid_range),
+            gids: r(&a.gid_range),
+            shell: a.shell.clone().into(),
+            cron_deny: a.cron_deny.clone().into(),
+            at_deny: a.at_deny.clone().into(),
+        }
+    }
+}

@@ -1,0 +1,619 @@
+//! Durable leases: every container and its resources (run directory, run account, mounts)
+//! belong to one lease record, written before any of them exists and removed only after all of
+//! them are proven gone.
+//!
+//! It owns the record format and its durability (0600, one hard link, fsynced, published by
+//! link), the one-manager-per-executor lock, the lifecycle of one run (account → run directory
+//! → bundle, checked right before launch → container), release (kill, delete, prove absence by
+//! listing the runtime's containers with the exact labels, twice, unmount, remove the run
+//! directory, remove the account, unlink the record), startup recovery of records no live
+//! manager holds, and the quiescence check.
+//!
+//! If cleanup or the absence proof cannot be established the result is a [`Residue`] — a
+//! no-decision listing what remains — never a pass or a fail, and nothing without this
+//! executor's exact labels is ever touched to make a check pass.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::fcntl::{Flock, FlockArg, OFlag};
+use serde::{Deserialize, Serialize};
+
+use crate::account::{self, Account, AccountPolicy};
+use crate::bundle::{LABEL_AUTHORITY, LABEL_EXECUTOR, LABEL_LEASE};
+use crate::canonical::{Digest, to_canonical_json};
+use crate::runtime::{CgroupProbe, Finished, OutputCaps, Runtime};
+use crate::store::{self, Store};
+
+/// The lease record schema.
+pub const LEASE_SCHEMA: u32 = 1;
+
+/// A lease record, `leases/<lease>.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Record {
+    /// [`LEASE_SCHEMA`].
+    pub schema: u32,
+    /// The executor that owns it.
+    pub executor: String,
+    /// The lease id (32 hex).
+    pub lease: String,
+    /// The container id.
+    pub container: String,
+    /// The run account.
+    pub account: Account,
+    /// The run directory.
+    pub run_dir: PathBuf,
+    /// Mount points the lease creates (unmounted at release).
+    pub mounts: Vec<PathBuf>,
+    /// The authority identity the run is under.
+    pub authority: String,
+    /// RFC 3339.
+    pub created_at: String,
+}
+
+/// What cleanup could not remove: the outcome is a no-decision that lists it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, miette::Diagnostic, Serialize)]
+#[error("cleanup could not be established; residue: {}", .items.join("; "))]
+#[diagnostic(
+    code(cordon::lease::residue),
+    help(
+        "inspect by hand; cordon-reap retries and never deletes anything without this executor's exact labels"
+    )
+)]
+pub struct Residue {
+    /// One line per thing left.
+    pub items: Vec<String>,
+}
+
+/// Why a lease operation failed (all no-decisions).
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum LeaseError {
+    /// Another manager holds this executor.
+    #[error("another cordon manager holds executor {executor}")]
+    #[diagnostic(
+        code(cordon::lease::busy),
+        help("one manager per executor: wait for it, or use another executor id")
+    )]
+    Busy {
+        /// The executor.
+        executor: String,
+    },
+    /// A record is corrupt, a link, or not what cordon writes.
+    #[error("lease record {path} is unsafe: {why}")]
+    #[diagnostic(
+        code(cordon::lease::record),
+        help("recovery stops here: inspect the record by hand")
+    )]
+    Record {
+        /// The record.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
+    /// The run directory already exists.
+    #[error("run directory {0} already exists")]
+    #[diagnostic(code(cordon::lease::run_dir_exists))]
+    RunDirExists(PathBuf),
+    /// A protected file changed between writing and launch.
+    #[error("protected file {path} changed before launch: {why}")]
+    #[diagnostic(code(cordon::lease::protected))]
+    Protected {
+        /// The file.
+        path: PathBuf,
+        /// What changed.
+        why: String,
+    },
+    /// A filesystem step failed.
+    #[error("{op} {path}")]
+    #[diagnostic(code(cordon::lease::io))]
+    Io {
+        /// What was done.
+        op: &'static str,
+        /// To what.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The store failed.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Store(#[from] store::StoreError),
+    /// The account could not be made.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Account(#[from] account::AccountError),
+    /// The runtime failed.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Runtime(#[from] crate::runtime::RuntimeError),
+    /// Encoding failed.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Canonical(#[from] crate::canonical::CanonicalError),
+    /// Cleanup left residue.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Residue(#[from] Residue),
+}
+
+fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> LeaseError + use<> {
+    let path = path.to_path_buf();
+    move |source| LeaseError::Io { op, path, source }
+}
+
+/// Where the manager works.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    /// The executor id (labels every container).
+    pub executor: String,
+    /// The runtime and cordon's state root for it.
+    pub runtime: Runtime,
+    /// The parent of run directories (policy `run-dir`).
+    pub run_root: PathBuf,
+    /// The account policy.
+    pub accounts: AccountPolicy,
+    /// The cgroup filesystem root.
+    pub cgroup_root: PathBuf,
+    /// The passwd file accounts are listed from.
+    pub passwd: PathBuf,
+}
+
+/// The one manager of an executor: holds `leases/<executor>.lock`.
+#[derive(Debug)]
+pub struct Manager {
+    store: Store,
+    setup: Setup,
+    _lock: Flock<File>,
+}
+
+/// A lease in progress.
+#[derive(Debug, Clone)]
+pub struct Lease {
+    /// Its record.
+    pub record: Record,
+    /// Protected files written into the run directory: path → (size, sha256).
+    pub protected: BTreeMap<PathBuf, (u64, Digest)>,
+}
+
+impl Lease {
+    /// The bundle directory inside the run directory.
+    #[must_use]
+    pub fn bundle_dir(&self) -> PathBuf {
+        self.record.run_dir.join("bundle")
+    }
+
+    /// The cgroup path the bundle must use.
+    #[must_use]
+    pub fn cgroup_path(&self) -> String {
+        format!("/cordon/{}", self.record.lease)
+    }
+}
+
+fn fresh_id() -> String {
+    let mut bytes = [0u8; 16];
+    // The kernel's random source; a lease id only needs to be unique, not secret.
+    if File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .is_err()
+    {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        bytes.copy_from_slice(&t.to_le_bytes());
+    }
+    hex::encode(bytes)
+}
+
+impl Manager {
+    /// Become the manager of `setup.executor`.
+    ///
+    /// # Errors
+    /// Another manager holds it, or the store failed.
+    pub fn open(store: &Store, setup: Setup) -> Result<Self, LeaseError> {
+        let path = store.path("leases", &format!("{}.lock", setup.executor));
+        let f = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
+            .open(&path)
+            .map_err(io("open lock", &path))?;
+        let lock =
+            Flock::lock(f, FlockArg::LockExclusiveNonblock).map_err(|_| LeaseError::Busy {
+                executor: setup.executor.clone(),
+            })?;
+        Ok(Self {
+            store: store.clone(),
+            setup,
+            _lock: lock,
+        })
+    }
+
+    /// The runtime this manager drives.
+    #[must_use]
+    pub fn runtime(&self) -> &Runtime {
+        &self.setup.runtime
+    }
+
+    fn record_path(&self, lease: &str) -> PathBuf {
+        self.store.path("leases", &format!("{lease}.json"))
+    }
+
+    /// Begin a lease: write its record (durably, before any resource exists).
+    ///
+    /// # Errors
+    /// The store failed.
+    pub fn begin(&self, authority: &str) -> Result<Lease, LeaseError> {
+        let lease = fresh_id();
+        let record = Record {
+            schema: LEASE_SCHEMA,
+            executor: self.setup.executor.clone(),
+            container: format!("cordon-{lease}"),
+            account: account::for_lease(&self.setup.accounts, &lease),
+            run_dir: self.setup.run_root.join(&lease),
+            mounts: Vec::new(),
+            authority: authority.to_owned(),
+            created_at: crate::receipt::now_rfc3339(),
+            lease,
+        };
+        let text = to_canonical_json(&record)?;
+        let mut scratch = self.store.scratch()?;
+        let (staged, mut f) = scratch.create_file()?;
+        f.write_all(text.as_bytes()).map_err(io("write", &staged))?;
+        f.sync_all().map_err(io("fsync", &staged))?;
+        let path = self.record_path(&record.lease);
+        fs::hard_link(&staged, &path).map_err(io("publish", &path))?;
+        // One hard link: the scratch name goes, so the record's link count is 1.
+        fs::remove_file(&staged).map_err(io("unlink", &staged))?;
+        store::fsync_dir(&self.store.root().join("leases"))?;
+        Ok(Lease {
+            record,
+            protected: BTreeMap::new(),
+        })
+    }
+
+    /// Create the lease's account and run directory (which must not exist).
+    ///
+    /// # Errors
+    /// The account's name or ids are taken, or the directory exists.
+    pub fn provision(&self, lease: &Lease) -> Result<(), LeaseError> {
+        account::create(&self.setup.accounts, &lease.record.account)?;
+        let dir = &lease.record.run_dir;
+        fs::create_dir_all(&self.setup.run_root).map_err(io("create", &self.setup.run_root))?;
+        match fs::DirBuilder::new().mode(0o711).create(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return Err(LeaseError::RunDirExists(dir.clone()));
+            }
+            Err(e) => return Err(io("create", dir)(e)),
+        }
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o711)).map_err(io("chmod", dir))?;
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(lease.bundle_dir())
+            .map_err(io("create", &lease.bundle_dir()))?;
+        Ok(())
+    }
+
+    /// Write a protected, root-owned file into the lease's bundle directory and remember its
+    /// size and sha256 for the check before launch.
+    ///
+    /// # Errors
+    /// The file could not be written.
+    pub fn write_protected(
+        &self,
+        lease: &mut Lease,
+        name: &str,
+        bytes: &[u8],
+    ) -> Result<PathBuf, LeaseError> {
+        let path = lease.bundle_dir().join(name);
+        let mut f = store::create_exclusive(&path, 0o600)?;
+        f.write_all(bytes).map_err(io("write", &path))?;
+        f.sync_all().map_err(io("fsync", &path))?;
+        lease
+            .protected
+            .insert(path.clone(), (bytes.len() as u64, Digest::of_bytes(bytes)));
+        Ok(path)
+    }
+
+    /// Right before launch: every protected file is a regular root-owned 0600 file with one
+    /// link, its recorded size and sha256.
+    ///
+    /// # Errors
+    /// [`LeaseError::Protected`] naming what changed.
+    pub fn check_protected(&self, lease: &Lease) -> Result<(), LeaseError> {
+        let owner = nix::unistd::geteuid().as_raw();
+        for (path, (size, sha)) in &lease.protected {
+            let bad = |why: String| LeaseError::Protected {
+                path: path.clone(),
+                why,
+            };
+            let f = store::open_nofollow(path).map_err(|e| bad(e.to_string()))?;
+            let m = f.metadata().map_err(|e| bad(e.to_string()))?;
+            if m.uid() != owner || m.mode() & 0o7777 != 0o600 || m.nlink() != 1 || m.len() != *size
+            {
+                return Err(bad(format!(
+                    "owner {} mode {:o} links {} size {}",
+                    m.uid(),
+                    m.mode() & 0o7777,
+                    m.nlink(),
+                    m.len()
+                )));
+            }
+            let (found, _) = Digest::of_reader(f).map_err(|e| bad(e.to_string()))?;
+            if &found != sha {
+                return Err(bad(format!("sha256 is {found}")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Run the lease's bundle: check the protected files, then drive the runtime.
+    ///
+    /// # Errors
+    /// A protected file changed, or the runtime failed.
+    pub fn run(
+        &self,
+        lease: &Lease,
+        deadline: Instant,
+        caps: OutputCaps,
+        stdin: Option<Vec<u8>>,
+    ) -> Result<Finished, LeaseError> {
+        self.check_protected(lease)?;
+        let probe = CgroupProbe {
+            root: self.setup.cgroup_root.clone(),
+            path: lease.cgroup_path(),
+        };
+        Ok(self.setup.runtime.run(
+            &lease.record.container,
+            &lease.bundle_dir(),
+            deadline,
+            caps,
+            &probe,
+            stdin,
+        )?)
+    }
+
+    /// Release a lease: remove the container, prove it absent (twice, to close the
+    /// create/delete race), unmount, remove the run directory and the account, unlink the
+    /// record. Everything is attempted; what fails is the residue.
+    ///
+    /// # Errors
+    /// [`LeaseError::Residue`] listing what remains.
+    pub fn release(&self, record: &Record) -> Result<(), LeaseError> {
+        let mut residue = Vec::new();
+        let rt = &self.setup.runtime;
+        if let Err(e) = rt.remove(&record.container) {
+            residue.push(format!("container {}: {e}", record.container));
+        }
+        for attempt in 0..2 {
+            match self.labelled(record) {
+                Ok(ids) if ids.is_empty() => {}
+                Ok(ids) => {
+                    for id in &ids {
+                        let _ = rt.remove(id);
+                    }
+                    if attempt == 1 {
+                        residue.push(format!("containers still listed: {}", ids.join(", ")));
+                    }
+                }
+                Err(e) => residue.push(format!("cannot list containers: {e}")),
+            }
+            if attempt == 0 {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let probe = CgroupProbe {
+            root: self.setup.cgroup_root.clone(),
+            path: format!("/cordon/{}", record.lease),
+        };
+        for d in probe.dirs() {
+            if d.exists() && fs::remove_dir(&d).is_err() && d.exists() {
+                residue.push(format!("cgroup {}", d.display()));
+            }
+        }
+        for m in &record.mounts {
+            if is_mountpoint(m) && nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH).is_err()
+            {
+                residue.push(format!("mount {}", m.display()));
+            }
+        }
+        if record.run_dir.starts_with(&self.setup.run_root) && record.run_dir != self.setup.run_root
+        {
+            if let Err(e) = store::remove_tree(&record.run_dir) {
+                residue.push(format!("run directory {}: {e}", record.run_dir.display()));
+            }
+        } else {
+            residue.push(format!(
+                "run directory {} is outside the run root",
+                record.run_dir.display()
+            ));
+        }
+        if let Err(e) = account::remove(&self.setup.accounts, &record.account) {
+            residue.push(format!("account {}: {e}", record.account.name));
+        }
+        if residue.is_empty() {
+            let path = self.record_path(&record.lease);
+            match fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => residue.push(format!("record {}: {e}", path.display())),
+            }
+            let _ = store::fsync_dir(&self.store.root().join("leases"));
+        }
+        if residue.is_empty() {
+            Ok(())
+        } else {
+            Err(Residue { items: residue }.into())
+        }
+    }
+
+    /// The containers in cordon's state root carrying exactly this record's labels.
+    fn labelled(&self, record: &Record) -> Result<Vec<String>, LeaseError> {
+        Ok(self
+            .setup
+            .runtime
+            .containers()?
+            .into_iter()
+            .filter(|(_, l)| {
+                l.get(LABEL_EXECUTOR) == Some(&record.executor)
+                    && l.get(LABEL_LEASE) == Some(&record.lease)
+                    && l.get(LABEL_AUTHORITY) == Some(&record.authority)
+            })
+            .map(|(id, _)| id)
+            .collect())
+    }
+
+    /// Every lease record of this executor, validated (regular, 0600, one link, parses).
+    ///
+    /// # Errors
+    /// A record is unsafe or corrupt: recovery stops.
+    pub fn records(&self) -> Result<Vec<Record>, LeaseError> {
+        let dir = self.store.root().join("leases");
+        let mut out = Vec::new();
+        for entry in fs::read_dir(&dir).map_err(io("list", &dir))? {
+            let path = entry.map_err(io("list", &dir))?.path();
+            if path.extension().is_none_or(|e| e != "json") {
+                continue;
+            }
+            let bad = |why: String| LeaseError::Record {
+                path: path.clone(),
+                why,
+            };
+            let m = fs::symlink_metadata(&path).map_err(|e| bad(e.to_string()))?;
+            if !m.is_file() {
+                return Err(bad("not a regular file (a link?)".into()));
+            }
+            if m.mode() & 0o7777 != 0o600 || m.nlink() != 1 {
+                return Err(bad(format!(
+                    "mode {:o} links {}",
+                    m.mode() & 0o7777,
+                    m.nlink()
+                )));
+            }
+            let text = fs::read(&path).map_err(|e| bad(e.to_string()))?;
+            let r: Record = serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
+            if r.schema != LEASE_SCHEMA {
+                return Err(bad(format!("schema {}", r.schema)));
+            }
+            if r.executor == self.setup.executor {
+                out.push(r);
+            }
+        }
+        out.sort_by(|a, b| a.lease.cmp(&b.lease));
+        Ok(out)
+    }
+
+    /// Startup recovery: release every record (this manager holds the executor's lock, so no
+    /// live manager holds them), then remove orphans: containers with this executor's label,
+    /// run directories, accounts in the policy range. Returns what was released.
+    ///
+    /// # Errors
+    /// A record is unsafe, or something could not be removed (the residue).
+    pub fn recover(&self) -> Result<Vec<String>, LeaseError> {
+        let mut done = Vec::new();
+        let mut residue = Vec::new();
+        for r in self.records()? {
+            match self.release(&r) {
+                Ok(()) => done.push(format!("lease {}", r.lease)),
+                Err(LeaseError::Residue(x)) => residue.extend(x.items),
+                Err(e) => return Err(e),
+            }
+        }
+        for (id, labels) in self.setup.runtime.containers()? {
+            if labels.get(LABEL_EXECUTOR) == Some(&self.setup.executor) {
+                match self.setup.runtime.remove(&id) {
+                    Ok(()) => done.push(format!("container {id}")),
+                    Err(e) => residue.push(format!("container {id}: {e}")),
+                }
+            }
+        }
+        if self.setup.run_root.exists() {
+            for entry in
+                fs::read_dir(&self.setup.run_root).map_err(io("list", &self.setup.run_root))?
+            {
+                let path = entry.map_err(io("list", &self.setup.run_root))?.path();
+                let is_lease = path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.len() == 32 && n.bytes().all(|b| b.is_ascii_hexdigit()));
+                if is_lease {
+                    match store::remove_tree(&path) {
+                        Ok(()) => done.push(format!("run directory {}", path.display())),
+                        Err(e) => residue.push(format!("run directory {}: {e}", path.display())),
+                    }
+                }
+            }
+        }
+        for a in account::in_range(&self.setup.accounts, &self.setup.passwd) {
+            match account::remove(&self.setup.accounts, &a) {
+                Ok(()) => done.push(format!("account {}", a.name)),
+                Err(e) => residue.push(format!("account {}: {e}", a.name)),
+            }
+        }
+        if residue.is_empty() {
+            Ok(done)
+        } else {
+            Err(Residue { items: residue }.into())
+        }
+    }
+
+    /// Quiescence: no records, no labelled containers, no run directories, no run accounts,
+    /// no mounts under cordon's roots. Returns what remains (empty when quiescent).
+    ///
+    /// # Errors
+    /// Something could not be inspected.
+    pub fn check(&self) -> Result<Vec<String>, LeaseError> {
+        let mut left = Vec::new();
+        let dir = self.store.root().join("leases");
+        for entry in fs::read_dir(&dir).map_err(io("list", &dir))? {
+            let path = entry.map_err(io("list", &dir))?.path();
+            if path.extension().is_some_and(|e| e == "json") {
+                left.push(format!("lease record {}", path.display()));
+            }
+        }
+        for (id, labels) in self.setup.runtime.containers()? {
+            if labels.get(LABEL_EXECUTOR) == Some(&self.setup.executor) {
+                left.push(format!("container {id}"));
+            }
+        }
+        if self.setup.run_root.exists() {
+            for entry in
+                fs::read_dir(&self.setup.run_root).map_err(io("list", &self.setup.run_root))?
+            {
+                let path = entry.map_err(io("list", &self.setup.run_root))?.path();
+                left.push(format!("run directory {}", path.display()));
+            }
+        }
+        for a in account::in_range(&self.setup.accounts, &self.setup.passwd) {
+            left.push(format!("account {} (uid {})", a.name, a.uid));
+        }
+        let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        for line in mounts.lines() {
+            let Some(point) = line.split(' ').nth(4) else {
+                continue;
+            };
+            let p = Path::new(point);
+            if p.starts_with(&self.setup.run_root) || p.starts_with(self.store.root()) {
+                left.push(format!("mount {point}"));
+            }
+        }
+        Ok(left)
+    }
+}
+
+fn is_mountpoint(p: &Path) -> bool {
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    mounts
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .any(|m| Path::new(m) == p)
+}

@@ -1,0 +1,482 @@
+//! The OCI runtime driver: runc (or crun, runsc) driven through its CLI, with a state root of
+//! cordon's own per executor.
+//!
+//! It owns one container's lifecycle — `create` → `start` → wait under an absolute deadline →
+//! `kill` → `delete` — and the meta record of the run, in the manner of isolate's meta file:
+//! exit code or signal, killed by the deadline, OOM-killed (read from the cgroup), wall and CPU
+//! time, peak memory, output bytes and truncation. Output is captured with byte caps; what is
+//! over the cap is read and dropped, so the supervisor's memory stays flat under a flood.
+//!
+//! How the exit status is obtained: this process makes itself a child subreaper, so the
+//! container's init, orphaned when `runc create` exits, is reparented here and can be waited
+//! for directly, with no shim in between.
+//!
+//! It does not write bundles (the bundle planner does) or decide what is cleaned up when (the
+//! lease does).
+
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use nix::sys::wait::{WaitStatus, waitpid};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+
+/// The oldest runc cordon drives (its `--root`, `create --pid-file`, `list -f json` and the
+/// seccomp `defaultErrnoRet` field are relied on).
+pub const MIN_RUNC: (u32, u32) = (1, 1);
+
+/// The runtime to drive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Runtime {
+    /// The runtime binary (the policy's, already measured for the authority).
+    pub binary: PathBuf,
+    /// cordon's own state root for this executor: nothing else's containers live here.
+    pub state_root: PathBuf,
+}
+
+/// Why the runtime could not be driven. Every variant is a no-decision.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum RuntimeError {
+    /// The runtime binary could not be started.
+    #[error("cannot run the OCI runtime {binary}")]
+    #[diagnostic(
+        code(cordon::runtime::spawn),
+        help("install runc (apt-get install runc) or fix the policy's runtime path")
+    )]
+    Spawn {
+        /// The binary.
+        binary: PathBuf,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// The runtime is older than cordon supports.
+    #[error("OCI runtime {binary} is version {found}, cordon needs at least {need}")]
+    #[diagnostic(code(cordon::runtime::too_old))]
+    TooOld {
+        /// The binary.
+        binary: PathBuf,
+        /// Its version text.
+        found: String,
+        /// The minimum.
+        need: String,
+    },
+    /// A runtime command failed.
+    #[error("`{command}` failed: {stderr}")]
+    #[diagnostic(code(cordon::runtime::command))]
+    Command {
+        /// What was run.
+        command: String,
+        /// What it said.
+        stderr: String,
+    },
+    /// Waiting for, or reading from, the container failed.
+    #[error("cannot supervise container {id}: {why}")]
+    #[diagnostic(code(cordon::runtime::supervise))]
+    Supervise {
+        /// The container.
+        id: String,
+        /// What went wrong.
+        why: String,
+    },
+}
+
+/// A container's annotations.
+pub type Labels = std::collections::BTreeMap<String, String>;
+
+/// Caps on captured output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutputCaps {
+    /// Bytes of stdout kept.
+    pub stdout: u64,
+    /// Bytes of stderr kept.
+    pub stderr: u64,
+}
+
+/// The meta record of one run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Meta {
+    /// Exit code when the init exited normally.
+    pub exit_code: Option<i32>,
+    /// Signal number when it was killed by one.
+    pub signal: Option<i32>,
+    /// Whether cordon killed it because the deadline passed.
+    pub killed_by_deadline: bool,
+    /// Whether the kernel's OOM killer acted in its cgroup.
+    pub oom_killed: bool,
+    /// Wall time from start to exit, ms.
+    pub wall_ms: u64,
+    /// CPU time of the cgroup, ms (when the cgroup could be read).
+    pub cpu_ms: Option<u64>,
+    /// Peak memory of the cgroup, bytes (when it could be read).
+    pub peak_memory_bytes: Option<u64>,
+    /// Bytes the container wrote to stdout (all of them, kept or not).
+    pub stdout_bytes: u64,
+    /// Bytes to stderr.
+    pub stderr_bytes: u64,
+    /// Whether stdout went over its cap.
+    pub stdout_truncated: bool,
+    /// Whether stderr went over its cap.
+    pub stderr_truncated: bool,
+}
+
+/// A finished run: the meta record and the kept output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finished {
+    /// The meta record.
+    pub meta: Meta,
+    /// Kept stdout.
+    pub stdout: Vec<u8>,
+    /// Kept stderr.
+    pub stderr: Vec<u8>,
+}
+
+/// Where the container's cgroup is, to read its accounting before it is deleted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgroupProbe {
+    /// The cgroup filesystem root (`/sys/fs/cgroup`, injectable for tests).
+    pub root: PathBuf,
+    /// The bundle's `cgroupsPath` (`/cordon/<lease>`).
+    pub path: String,
+}
+
+fn read_u64(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+fn field(path: &Path, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+impl CgroupProbe {
+    fn rel(&self) -> &str {
+        self.path.trim_start_matches('/')
+    }
+
+    /// Whether the host uses the unified (v2) hierarchy.
+    #[must_use]
+    pub fn unified(&self) -> bool {
+        self.root.join("cgroup.controllers").exists()
+    }
+
+    /// The directories this cgroup occupies (one on v2, one per controller on v1).
+    #[must_use]
+    pub fn dirs(&self) -> Vec<PathBuf> {
+        if self.unified() {
+            return vec![self.root.join(self.rel())];
+        }
+        [
+            "memory", "cpu", "cpuacct", "pids", "cpuset", "devices", "freezer", "blkio",
+        ]
+        .iter()
+        .map(|c| self.root.join(c).join(self.rel()))
+        .collect()
+    }
+
+    /// (oom kills, peak bytes, cpu ms) as far as the hierarchy tells.
+    fn accounting(&self) -> (Option<u64>, Option<u64>, Option<u64>) {
+        if self.unified() {
+            let d = self.root.join(self.rel());
+            return (
+                field(&d.join("memory.events"), "oom_kill"),
+                read_u64(&d.join("memory.peak")),
+                field(&d.join("cpu.stat"), "usage_usec").map(|u| u / 1000),
+            );
+        }
+        let mem = self.root.join("memory").join(self.rel());
+        let cpu = self.root.join("cpuacct").join(self.rel());
+        (
+            field(&mem.join("memory.oom_control"), "oom_kill"),
+            read_u64(&mem.join("memory.max_usage_in_bytes")),
+            read_u64(&cpu.join("cpuacct.usage")).map(|ns| ns / 1_000_000),
+        )
+    }
+
+    /// The memory limit the kernel applied (bytes), to check the bundle took effect.
+    #[must_use]
+    pub fn memory_limit(&self) -> Option<u64> {
+        if self.unified() {
+            read_u64(&self.root.join(self.rel()).join("memory.max"))
+        } else {
+            read_u64(
+                &self
+                    .root
+                    .join("memory")
+                    .join(self.rel())
+                    .join("memory.limit_in_bytes"),
+            )
+        }
+    }
+
+    /// The pids limit the kernel applied.
+    #[must_use]
+    pub fn pids_limit(&self) -> Option<u64> {
+        let d = if self.unified() {
+            self.root.join(self.rel())
+        } else {
+            self.root.join("pids").join(self.rel())
+        };
+        read_u64(&d.join("pids.max"))
+    }
+}
+
+impl Runtime {
+    fn command(&self) -> Command {
+        let mut c = Command::new(&self.binary);
+        // Nothing of the supervisor's environment reaches the runtime, or through it the
+        // container: the bundle's process.env is the container's whole environment.
+        c.env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .arg("--root")
+            .arg(&self.state_root)
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// Run a runtime subcommand to completion; its stderr is the error.
+    ///
+    /// # Errors
+    /// It could not be started or exited non-zero.
+    pub fn call(&self, args: &[&str]) -> Result<Vec<u8>, RuntimeError> {
+        let out = self
+            .command()
+            .args(args)
+            .output()
+            .map_err(|source| RuntimeError::Spawn {
+                binary: self.binary.clone(),
+                source,
+            })?;
+        if out.status.success() {
+            Ok(out.stdout)
+        } else {
+            Err(RuntimeError::Command {
+                command: format!("{} {}", self.binary.display(), args.join(" ")),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            })
+        }
+    }
+
+    /// Check that the runtime runs and is new enough.
+    ///
+    /// # Errors
+    /// Missing or too old.
+    pub fn preflight(&self) -> Result<(), RuntimeError> {
+        let out = Command::new(&self.binary)
+            .env_clear()
+            .arg("--version")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|source| RuntimeError::Spawn {
+                binary: self.binary.clone(),
+                source,
+            })?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let version = text
+            .lines()
+            .next()
+            .and_then(|l| l.split_whitespace().nth(2))
+            .unwrap_or("");
+        let mut parts = version
+            .split(|c: char| !c.is_ascii_digit())
+            .filter_map(|p| p.parse::<u32>().ok());
+        let found = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+        if found < MIN_RUNC {
+            return Err(RuntimeError::TooOld {
+                binary: self.binary.clone(),
+                found: version.to_owned(),
+                need: format!("{}.{}", MIN_RUNC.0, MIN_RUNC.1),
+            });
+        }
+        Ok(())
+    }
+
+    /// The ids of the containers in cordon's state root with their annotations (from
+    /// `runc state`), for absence proofs and recovery.
+    ///
+    /// # Errors
+    /// The runtime failed.
+    pub fn containers(&self) -> Result<Vec<(String, Labels)>, RuntimeError> {
+        if !self.state_root.exists() {
+            return Ok(Vec::new());
+        }
+        let out = self.call(&["list", "-f", "json"])?;
+        let list: Option<Vec<serde_json::Value>> = serde_json::from_slice(&out).unwrap_or(None);
+        let mut found = Vec::new();
+        for c in list.unwrap_or_default() {
+            let Some(id) = c["id"].as_str() else { continue };
+            let labels = match self.call(&["state", id]) {
+                Ok(state) => serde_json::from_slice::<serde_json::Value>(&state)
+                    .ok()
+                    .and_then(|s| serde_json::from_value(s["annotations"].clone()).ok())
+                    .unwrap_or_default(),
+                // Gone between list and state: deleted meanwhile.
+                Err(_) => continue,
+            };
+            found.push((id.to_owned(), labels));
+        }
+        Ok(found)
+    }
+
+    /// Force-remove a container: kill everything in it, then delete it. A container that does
+    /// not exist is not an error.
+    ///
+    /// # Errors
+    /// The runtime reports a failure for a container that exists.
+    pub fn remove(&self, id: &str) -> Result<(), RuntimeError> {
+        let _ = self.call(&["kill", "--all", id, "KILL"]);
+        match self.call(&["delete", "--force", id]) {
+            Ok(_) => Ok(()),
+            Err(RuntimeError::Command { stderr, .. })
+                if stderr.contains("does not exist") || stderr.contains("not exist") =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Run the bundle at `bundle` as container `id` to its end or its deadline, then delete it.
+    ///
+    /// # Errors
+    /// The runtime could not create, start, wait for or delete the container.
+    pub fn run(
+        &self,
+        id: &str,
+        bundle: &Path,
+        deadline: Instant,
+        caps: OutputCaps,
+        cgroup: &CgroupProbe,
+        stdin: Option<Vec<u8>>,
+    ) -> Result<Finished, RuntimeError> {
+        let sup = |why: String| RuntimeError::Supervise {
+            id: id.to_owned(),
+            why,
+        };
+        // Orphans of `runc create` (the container's init) are reparented to us, so we can wait
+        // for the init itself.
+        nix::sys::prctl::set_child_subreaper(true).map_err(|e| sup(format!("subreaper: {e}")))?;
+        std::fs::create_dir_all(&self.state_root).map_err(|e| sup(format!("state root: {e}")))?;
+        let pid_file = bundle.join("init.pid");
+        let mut create = self.command();
+        create
+            .arg("create")
+            .arg("--bundle")
+            .arg(bundle)
+            .arg("--pid-file")
+            .arg(&pid_file)
+            .arg(id)
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = create.spawn().map_err(|source| RuntimeError::Spawn {
+            binary: self.binary.clone(),
+            source,
+        })?;
+        let out_reader = child.stdout.take().map(|r| capture(r, caps.stdout));
+        let err_reader = child.stderr.take().map(|r| capture(r, caps.stderr));
+        if let (Some(mut pipe), Some(bytes)) = (child.stdin.take(), stdin) {
+            // The secret goes to the init's stdin and the pipe is closed; a workload that does
+            // not read it gets EPIPE on our side, which is not its failure.
+            std::thread::spawn(move || {
+                let _ = pipe.write_all(&bytes);
+            });
+        }
+        let status = child.wait().map_err(|e| sup(format!("runc create: {e}")))?;
+        if !status.success() {
+            let err = err_reader.map(join_capture).unwrap_or_default();
+            return Err(RuntimeError::Command {
+                command: format!("{} create {id}", self.binary.display()),
+                stderr: String::from_utf8_lossy(&err.0).trim().to_owned(),
+            });
+        }
+        let pid: i32 = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .ok_or_else(|| sup("no init pid from runc create".into()))?;
+        let started = Instant::now();
+        self.call(&["start", id])?;
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(waitpid(Pid::from_raw(pid), None));
+        });
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let (status, killed_by_deadline) = match rx.recv_timeout(remaining) {
+            Ok(s) => (s, false),
+            Err(_) => {
+                // The deadline is absolute: kill everything in the container, then reap.
+                let _ = self.call(&["kill", "--all", id, "KILL"]);
+                let s = rx
+                    .recv_timeout(Duration::from_secs(30))
+                    .map_err(|_| sup("the init did not die after SIGKILL".into()))?;
+                (s, true)
+            }
+        };
+        let wall_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let (exit_code, signal) = match status {
+            Ok(WaitStatus::Exited(_, code)) => (Some(code), None),
+            Ok(WaitStatus::Signaled(_, sig, _)) => (None, Some(sig as i32)),
+            Ok(other) => return Err(sup(format!("unexpected wait status {other:?}"))),
+            Err(e) => return Err(sup(format!("waitpid: {e}"))),
+        };
+        let (oom, peak, cpu) = cgroup.accounting();
+        // Processes the init left behind die with its pid namespace; delete removes the rest.
+        self.remove(id)?;
+        let (stdout, stdout_bytes) = out_reader.map(join_capture).unwrap_or_default();
+        let (stderr, stderr_bytes) = err_reader.map(join_capture).unwrap_or_default();
+        Ok(Finished {
+            meta: Meta {
+                exit_code,
+                signal,
+                killed_by_deadline,
+                oom_killed: oom.is_some_and(|n| n > 0),
+                wall_ms,
+                cpu_ms: cpu,
+                peak_memory_bytes: peak,
+                stdout_bytes,
+                stderr_bytes,
+                stdout_truncated: stdout_bytes > caps.stdout,
+                stderr_truncated: stderr_bytes > caps.stderr,
+            },
+            stdout,
+            stderr,
+        })
+    }
+}
+
+type Capture = std::thread::JoinHandle<(Vec<u8>, u64)>;
+
+/// Read a pipe to its end on a thread, keeping at most `cap` bytes and counting all of them.
+fn capture(mut r: impl Read + Send + 'static, cap: u64) -> Capture {
+    std::thread::spawn(move || {
+        let mut kept = Vec::new();
+        let mut total = 0u64;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match r.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let room = cap.saturating_sub(total);
+                    let take = usize::try_from(room).unwrap_or(usize::MAX).min(n);
+                    kept.extend_from_slice(&buf[..take]);
+                    total += n as u64;
+                }
+            }
+        }
+        (kept, total)
+    })
+}
+
+fn join_capture(h: Capture) -> (Vec<u8>, u64) {
+    h.join().unwrap_or_default()
+}

@@ -1,0 +1,355 @@
+//! Real runc containers through the library: each planned control observed from inside the
+//! workload and from outside (the cgroup, the host), then release and a quiescent check; the
+//! deadline, the OOM killer and an output flood recorded in the meta record; and cordon-reap
+//! recovering what a supervisor that died left behind.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use cordon::image::{self, ImageSpec};
+use cordon::lease::{Lease, Manager, Setup};
+use cordon::runtime::{Finished, OutputCaps};
+use cordon::store::Store;
+use cordon_policy::plan::RunInputs;
+use cordon_testkit::{require_executable, workspace_root};
+
+const APPLETS: [&str; 14] = [
+    "sh", "id", "grep", "cat", "touch", "cp", "head", "wc", "cut", "tail", "sleep", "dd", "seq",
+    "mkdir",
+];
+
+struct Env {
+    dir: tempfile::TempDir,
+    store: Store,
+    policy: cordon_policy::Policy,
+    rootfs: PathBuf,
+    setup: Setup,
+}
+
+fn require_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test runs real containers and creates real accounts: run it as root (CI does)"
+    );
+}
+
+/// A test environment whose account ids come from their own slice of the policy's range, so
+/// tests running side by side never see each other's accounts.
+fn env(slot: u32) -> Env {
+    require_root();
+    require_executable(Path::new("/usr/sbin/runc"), "apt-get install -y runc");
+    require_executable(
+        Path::new("/bin/busybox"),
+        "apt-get install -y busybox-static",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("store")).unwrap();
+    let text = std::fs::read_to_string(workspace_root().join("policy/evaluator.kdl")).unwrap();
+    let policy = cordon_policy::parse("evaluator.kdl", &text).unwrap();
+    let mut spec = ImageSpec {
+        name: "test".into(),
+        files: Default::default(),
+        dirs: Default::default(),
+        env: vec!["PATH=/bin".into()],
+        entrypoint: vec!["/bin/sh".into()],
+        workdir: None,
+    };
+    for a in APPLETS {
+        spec.files
+            .insert(format!("/bin/{a}"), (PathBuf::from("/bin/busybox"), 0o555));
+    }
+    for d in ["/dev", "/proc", "/tmp", "/engine", "/staging", "/sys"] {
+        spec.dirs.insert(d.into(), 0o755);
+    }
+    let layout = dir.path().join("layout");
+    let digest = image::build(&spec, &layout).unwrap();
+    let rootfs = image::unpack(&store, &layout, &digest).unwrap();
+    let executor = format!("test-{}-{slot}", std::process::id());
+    let mut setup = cordon_reap::cli::setup(
+        &policy,
+        &executor,
+        dir.path().join("state"),
+        dir.path().join("run"),
+    );
+    let first = 3_090_000 + slot * 1000;
+    setup.accounts.uids = (first, first + 999);
+    setup.accounts.gids = (first, first + 999);
+    setup.accounts.cron_deny = dir.path().join("cron.deny");
+    setup.accounts.at_deny = dir.path().join("at.deny");
+    // Startup recovery, as every manager does first: a crashed earlier run of this test may
+    // have left an account in this slot's range.
+    Manager::open(&store, setup.clone())
+        .unwrap()
+        .recover()
+        .unwrap();
+    Env {
+        dir,
+        store,
+        policy,
+        rootfs,
+        setup,
+    }
+}
+
+/// Begin a lease, provision it, write its bundle for `script` (with plan tweaks), and run it.
+fn run_script(
+    e: &Env,
+    m: &Manager,
+    script: &str,
+    tweak: impl FnOnce(&mut cordon::bundle::Plan),
+    deadline: Duration,
+    caps: OutputCaps,
+) -> (Lease, Result<Finished, cordon::lease::LeaseError>) {
+    let lease = m.begin("sha256:test-authority").unwrap();
+    run_in(e, m, lease, script, tweak, deadline, caps)
+}
+
+/// Provision a begun lease, write its bundle for `script` (with plan tweaks), run it.
+fn run_in(
+    e: &Env,
+    m: &Manager,
+    mut lease: Lease,
+    script: &str,
+    tweak: impl FnOnce(&mut cordon::bundle::Plan),
+    deadline: Duration,
+    caps: OutputCaps,
+) -> (Lease, Result<Finished, cordon::lease::LeaseError>) {
+    m.provision(&lease).unwrap();
+    let tree = e.dir.path().join("tree");
+    std::fs::create_dir_all(&tree).unwrap();
+    std::fs::write(tree.join("build.sh"), "echo tree\n").unwrap();
+    let staging = lease.record.run_dir.join("staging");
+    std::fs::create_dir(&staging).unwrap();
+    nix::unistd::chown(
+        &staging,
+        Some(nix::unistd::Uid::from_raw(lease.record.account.uid)),
+        Some(nix::unistd::Gid::from_raw(lease.record.account.gid)),
+    )
+    .unwrap();
+    let inputs = RunInputs {
+        argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+        uid: lease.record.account.uid,
+        gid: lease.record.account.gid,
+        rootfs: e.rootfs.clone(),
+        sources: [("tree".to_owned(), tree), ("staging".to_owned(), staging)].into(),
+        executor: lease.record.executor.clone(),
+        lease: lease.record.lease.clone(),
+        authority: lease.record.authority.clone(),
+        protected: vec![
+            e.store.root().to_path_buf(),
+            lease.bundle_dir(),
+            e.setup.runtime.state_root.clone(),
+        ],
+        mountable_store_roots: vec![],
+    };
+    let mut plan = e.policy.bundle_plan("prebuild", &inputs).unwrap();
+    tweak(&mut plan);
+    let spec = cordon::bundle::plan(&plan).unwrap();
+    let json = cordon::canonical::to_canonical_json(&spec).unwrap();
+    m.write_protected(&mut lease, "config.json", json.as_bytes())
+        .unwrap();
+    let result = m.run(&lease, Instant::now() + deadline, caps, None);
+    (lease, result)
+}
+
+const CAPS: OutputCaps = OutputCaps {
+    stdout: 1 << 20,
+    stderr: 1 << 20,
+};
+
+fn assert_quiescent(m: &Manager, lease: &Lease) {
+    let left = m.check().unwrap();
+    assert!(left.is_empty(), "residue after release: {left:?}");
+    assert!(
+        nix::unistd::User::from_name(&lease.record.account.name)
+            .unwrap()
+            .is_none(),
+        "the run account must be gone"
+    );
+    assert!(
+        !lease.record.run_dir.exists(),
+        "the run directory must be gone"
+    );
+}
+
+#[test]
+fn every_planned_control_holds_inside_and_outside() {
+    let e = env(1);
+    let m = Manager::open(&e.store, e.setup.clone()).unwrap();
+    let script = r#"
+echo uid=$(id -u) gid=$(id -g)
+grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status
+echo ifaces=$(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | tr '\n' ,)
+touch /rootwrite 2>/dev/null && echo rootwrite=yes || echo rootwrite=no
+touch /engine/x 2>/dev/null && echo treewrite=yes || echo treewrite=no
+touch /staging/out && echo stagingwrite=yes || echo stagingwrite=no
+cp /bin/sh /tmp/s 2>/dev/null; /tmp/s -c true 2>/dev/null && echo tmpexec=yes || echo tmpexec=no
+echo kcore=$(head -c 16 /proc/kcore 2>/dev/null | wc -c)
+echo HOME=${HOME:-unset} USER=${USER:-unset}
+sleep 1
+"#;
+    let lease = m.begin("sha256:test-authority").unwrap();
+    let cgroup = std::thread::spawn({
+        let probe = cordon::runtime::CgroupProbe {
+            root: e.setup.cgroup_root.clone(),
+            path: lease.cgroup_path(),
+        };
+        move || {
+            // From outside, while the workload sleeps: the kernel's own view of the limits.
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_secs(10) {
+                if let (Some(mem), Some(pids)) = (probe.memory_limit(), probe.pids_limit()) {
+                    return Some((mem, pids));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            None
+        }
+    });
+    let (lease, result) = run_in(&e, &m, lease, script, |_| {}, Duration::from_secs(30), CAPS);
+    let f = result.unwrap();
+    let out = String::from_utf8_lossy(&f.stdout);
+    let uid = lease.record.account.uid;
+    assert!(uid != 0);
+    assert!(
+        out.contains(&format!("uid={uid} gid={}", lease.record.account.gid)),
+        "{out}"
+    );
+    assert!(out.contains("CapEff:\t0000000000000000"), "{out}");
+    assert!(out.contains("NoNewPrivs:\t1"), "{out}");
+    assert!(out.contains("Seccomp:\t2"), "{out}");
+    assert!(
+        out.contains("ifaces=lo,\n"),
+        "only the loopback interface: {out}"
+    );
+    assert!(out.contains("rootwrite=no"), "{out}");
+    assert!(out.contains("treewrite=no"), "{out}");
+    assert!(out.contains("stagingwrite=yes"), "{out}");
+    assert!(out.contains("tmpexec=no"), "{out}");
+    assert!(out.contains("kcore=0"), "{out}");
+    assert!(
+        out.contains("HOME=/nonexistent USER=unset"),
+        "nothing inherited: {out}"
+    );
+    assert_eq!(f.meta.exit_code, Some(0), "{:?}", f);
+    assert!(!f.meta.killed_by_deadline && !f.meta.oom_killed);
+    let (mem, pids) = cgroup
+        .join()
+        .unwrap()
+        .expect("the container's cgroup was never seen");
+    assert_eq!(mem, 8u64 << 30);
+    assert_eq!(pids, 1024);
+    assert!(
+        f.meta.peak_memory_bytes.is_some() && f.meta.cpu_ms.is_some(),
+        "{:?}",
+        f.meta
+    );
+    // Nothing written outside: the tree on the host is unchanged.
+    assert!(!e.dir.path().join("tree/x").exists());
+    m.release(&lease.record).unwrap();
+    assert_quiescent(&m, &lease);
+}
+
+#[test]
+fn the_deadline_the_oom_killer_and_an_output_flood_are_recorded() {
+    let e = env(2);
+    let m = Manager::open(&e.store, e.setup.clone()).unwrap();
+
+    let (lease, r) = run_script(&e, &m, "sleep 60", |_| {}, Duration::from_secs(1), CAPS);
+    let f = r.unwrap();
+    assert!(f.meta.killed_by_deadline, "{:?}", f.meta);
+    assert_eq!(f.meta.signal, Some(9));
+    assert!(f.meta.wall_ms < 20_000);
+    m.release(&lease.record).unwrap();
+
+    let (lease, r) = run_script(
+        &e,
+        &m,
+        "dd if=/dev/zero of=/dev/null bs=256M count=1",
+        |p| p.memory_bytes = 32 << 20,
+        Duration::from_secs(30),
+        CAPS,
+    );
+    let f = r.unwrap();
+    assert!(f.meta.oom_killed, "{:?}", f.meta);
+    m.release(&lease.record).unwrap();
+
+    let caps = OutputCaps {
+        stdout: 64 << 10,
+        stderr: 1 << 10,
+    };
+    let (lease, r) = run_script(
+        &e,
+        &m,
+        "head -c 50000000 /dev/zero",
+        |_| {},
+        Duration::from_secs(30),
+        caps,
+    );
+    let f = r.unwrap();
+    assert!(f.meta.stdout_truncated);
+    assert_eq!(f.stdout.len(), 64 << 10, "kept output is capped");
+    assert_eq!(f.meta.stdout_bytes, 50_000_000, "every byte is counted");
+    m.release(&lease.record).unwrap();
+    assert_quiescent(&m, &lease);
+}
+
+#[test]
+fn a_forkbomb_meets_the_pids_limit_and_a_changed_bundle_never_starts() {
+    let e = env(3);
+    let m = Manager::open(&e.store, e.setup.clone()).unwrap();
+    let (lease, r) = run_script(
+        &e,
+        &m,
+        "for i in $(seq 1 64); do sleep 5 & done 2>/dev/null; echo forked; sleep 0",
+        |p| p.pids = 16,
+        Duration::from_secs(30),
+        CAPS,
+    );
+    let f = r.unwrap();
+    let err = String::from_utf8_lossy(&f.stderr);
+    assert!(
+        !err.is_empty()
+            || f.meta.exit_code != Some(0)
+            || String::from_utf8_lossy(&f.stdout).contains("forked")
+    );
+    m.release(&lease.record).unwrap();
+
+    // The protected config.json is changed after it was written: the run stops before launch.
+    let mut lease = m.begin("sha256:test-authority").unwrap();
+    m.provision(&lease).unwrap();
+    let path = m.write_protected(&mut lease, "config.json", b"{}").unwrap();
+    std::fs::write(&path, b"{\"tampered\":true}").unwrap();
+    let err = m
+        .run(&lease, Instant::now() + Duration::from_secs(5), CAPS, None)
+        .unwrap_err();
+    assert!(err.to_string().contains("changed before launch"), "{err}");
+    m.release(&lease.record).unwrap();
+    assert_quiescent(&m, &lease);
+}
+
+#[test]
+fn an_account_whose_id_is_taken_stops_the_run() {
+    let e = env(4);
+    let m = Manager::open(&e.store, e.setup.clone()).unwrap();
+    // A second manager of the same executor is refused.
+    assert!(Manager::open(&e.store, e.setup.clone()).is_err());
+    let lease = m.begin("sha256:test-authority").unwrap();
+    // Someone else already has the name: nothing is created.
+    let a = &lease.record.account;
+    let status = std::process::Command::new("groupadd")
+        .args(["--gid", &a.gid.to_string(), &a.name])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let err = m.provision(&lease).unwrap_err();
+    assert!(err.to_string().contains("cannot be created"), "{err}");
+    std::process::Command::new("groupdel")
+        .arg(&a.name)
+        .status()
+        .unwrap();
+    m.release(&lease.record).unwrap();
+    assert_quiescent(&m, &lease);
+}
