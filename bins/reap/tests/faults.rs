@@ -1,0 +1,223 @@
+//! Fault injection: the supervising process is SIGKILLed at each lifecycle point — after the
+//! record, after the account, after create, after start, while waiting, during release — and
+//! every time startup recovery then leaves the executor quiescent. Also: a runtime whose delete
+//! fails, and a record that is a symbolic link, give a no-decision.
+//!
+//! The supervisor is this test binary itself, re-executed with `CORDON_FAULT_AT` naming the
+//! point: the child does the lifecycle up to that point and kills itself with SIGKILL, so no
+//! destructor and no cleanup runs — exactly what a crash leaves.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use cordon::lease::{Lease, Manager, Setup};
+use cordon::runtime::OutputCaps;
+use cordon::store::Store;
+use cordon_testkit::{require_executable, workspace_root};
+
+const POINTS: [&str; 6] = [
+    "after-record",
+    "after-account",
+    "after-create",
+    "after-start",
+    "while-waiting",
+    "during-release",
+];
+
+fn policy() -> cordon_policy::Policy {
+    let text = std::fs::read_to_string(workspace_root().join("policy/evaluator.kdl")).unwrap();
+    cordon_policy::parse("evaluator.kdl", &text).unwrap()
+}
+
+fn setup(dir: &Path) -> Setup {
+    let mut s = cordon_reap::cli::setup(&policy(), "faults", dir.join("state"), dir.join("run"));
+    s.accounts.uids = (3_098_000, 3_098_999);
+    s.accounts.gids = (3_098_000, 3_098_999);
+    s.accounts.cron_deny = dir.join("cron.deny");
+    s.accounts.at_deny = dir.join("at.deny");
+    s
+}
+
+/// A minimal bundle: busybox as the root, `sleep` as the workload.
+fn write_bundle(dir: &Path, m: &Manager, lease: &mut Lease, script: &str) {
+    let rootfs = dir.join("rootfs");
+    if !rootfs.exists() {
+        std::fs::create_dir_all(rootfs.join("bin")).unwrap();
+        for d in ["proc", "dev", "tmp", "engine", "staging"] {
+            std::fs::create_dir_all(rootfs.join(d)).unwrap();
+        }
+        for a in ["sh", "sleep"] {
+            std::fs::copy("/bin/busybox", rootfs.join("bin").join(a)).unwrap();
+        }
+    }
+    let tree = dir.join("tree");
+    std::fs::create_dir_all(&tree).unwrap();
+    let staging = lease.record.run_dir.join("staging");
+    std::fs::create_dir_all(&staging).unwrap();
+    let p = policy();
+    let inputs = cordon_policy::plan::RunInputs {
+        argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+        uid: lease.record.account.uid,
+        gid: lease.record.account.gid,
+        rootfs,
+        sources: [("tree".to_owned(), tree), ("staging".to_owned(), staging)].into(),
+        executor: lease.record.executor.clone(),
+        lease: lease.record.lease.clone(),
+        authority: lease.record.authority.clone(),
+        protected: vec![],
+        mountable_store_roots: vec![],
+    };
+    let spec = cordon::bundle::plan(&p.bundle_plan("prebuild", &inputs).unwrap()).unwrap();
+    let json = cordon::canonical::to_canonical_json(&spec).unwrap();
+    m.write_protected(lease, "config.json", json.as_bytes()).unwrap();
+}
+
+fn die() -> ! {
+    nix::sys::signal::kill(nix::unistd::getpid(), nix::sys::signal::Signal::SIGKILL).unwrap();
+    unreachable!("SIGKILL cannot be caught")
+}
+
+const CAPS: OutputCaps = OutputCaps {
+    stdout: 4096,
+    stderr: 4096,
+};
+
+/// The child: run the lifecycle up to `point`, then die without cleaning up.
+fn child(point: &str, dir: &Path) -> ! {
+    let store = Store::open(&dir.join("store")).unwrap();
+    let m = Manager::open(&store, setup(dir)).unwrap();
+    let mut lease = m.begin("sha256:faults").unwrap();
+    if point == "after-record" {
+        die();
+    }
+    m.provision(&lease).unwrap();
+    if point == "after-account" {
+        die();
+    }
+    write_bundle(dir, &m, &mut lease, "sleep 60");
+    if point == "after-create" {
+        // stdio to /dev/null: the created init inherits runc's stdio and would hold a pipe.
+        let rt = m.runtime();
+        let ok = Command::new(&rt.binary)
+            .arg("--root")
+            .arg(&rt.state_root)
+            .args(["create", "--bundle"])
+            .arg(lease.bundle_dir())
+            .arg(&lease.record.container)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        die();
+    }
+    if point == "during-release" {
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(150));
+            die();
+        });
+        let r = lease.record.clone();
+        let _ = m.run(&lease, Instant::now() + Duration::from_millis(100), CAPS, None);
+        let _ = m.release(&r);
+        die();
+    }
+    // after-start and while-waiting: the parent kills this process once the container runs.
+    let _ = m.run(&lease, Instant::now() + Duration::from_secs(60), CAPS, None);
+    die();
+}
+
+fn container_status(setup: &Setup) -> Option<String> {
+    let out = setup.runtime.call(&["list", "-f", "json"]).ok()?;
+    let list: Option<Vec<serde_json::Value>> = serde_json::from_slice(&out).ok()?;
+    list?.first().and_then(|c| c["status"].as_str().map(str::to_owned))
+}
+
+#[test]
+fn a_supervisor_killed_at_any_point_leaves_nothing_recovery_cannot_remove() {
+    let dir_env = std::env::var_os("CORDON_FAULT_DIR");
+    if let (Ok(point), Some(dir)) = (std::env::var("CORDON_FAULT_AT"), dir_env) {
+        child(&point, Path::new(&dir));
+    }
+    assert!(nix::unistd::geteuid().is_root(), "needs root: real containers and accounts");
+    require_executable(Path::new("/usr/sbin/runc"), "apt-get install -y runc");
+    require_executable(Path::new("/bin/busybox"), "apt-get install -y busybox-static");
+    for point in POINTS {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        let s = setup(dir.path());
+        // Clear what an earlier crashed run of this very test may have left in the range.
+        Manager::open(&store, s.clone()).unwrap().recover().unwrap();
+        let mut c = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "a_supervisor_killed_at_any_point_leaves_nothing_recovery_cannot_remove", "--nocapture"])
+            .env("CORDON_FAULT_AT", point)
+            .env("CORDON_FAULT_DIR", dir.path())
+            .spawn()
+            .unwrap();
+        if matches!(point, "after-start" | "while-waiting") {
+            let t = Instant::now();
+            while container_status(&s).as_deref() != Some("running") {
+                assert!(t.elapsed() < Duration::from_secs(30), "{point}: the container never ran");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if point == "while-waiting" {
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            c.kill().unwrap();
+        }
+        let status = c.wait().unwrap();
+        assert!(!status.success(), "{point}: the supervisor must have died, not finished");
+        let m = Manager::open(&store, s.clone()).unwrap();
+        let before = m.check().unwrap();
+        if point != "during-release" {
+            assert!(!before.is_empty(), "{point}: the crash should have left something to recover");
+        }
+        m.recover().unwrap_or_else(|e| panic!("{point}: recovery failed: {e}"));
+        let left = m.check().unwrap();
+        assert!(left.is_empty(), "{point}: not quiescent after recovery: {left:?}");
+    }
+}
+
+#[test]
+fn a_linked_or_corrupt_record_stops_recovery_and_a_failing_delete_is_residue() {
+    assert!(nix::unistd::geteuid().is_root(), "needs root: real accounts");
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("store")).unwrap();
+    let mut s = setup(dir.path());
+    s.accounts.uids = (3_097_000, 3_097_999);
+    s.accounts.gids = (3_097_000, 3_097_999);
+    let m = Manager::open(&store, s.clone()).unwrap();
+    let lease = m.begin("sha256:faults").unwrap();
+    let record = store.path("leases", &format!("{}.json", lease.record.lease));
+    let elsewhere: PathBuf = dir.path().join("elsewhere.json");
+    std::fs::rename(&record, &elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &record).unwrap();
+    let err = m.recover().unwrap_err();
+    assert!(err.to_string().contains("unsafe"), "{err}");
+    std::fs::remove_file(&record).unwrap();
+    std::fs::write(&record, b"{not json").unwrap();
+    std::fs::set_permissions(&record, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    assert!(m.recover().is_err(), "a corrupt record stops recovery");
+    std::fs::remove_file(&record).unwrap();
+
+    // A runtime whose delete fails: release reports residue (a no-decision), and keeps the
+    // record so that recovery can try again.
+    let fake = dir.path().join("fake-runc");
+    std::fs::write(&fake, "#!/bin/sh\ncase \"$3\" in list) echo '[]';; delete) echo 'delete failed' >&2; exit 1;; *) exit 0;; esac\n").unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut broken = s.clone();
+    broken.runtime.binary = fake;
+    drop(m);
+    let m = Manager::open(&store, broken).unwrap();
+    let lease = m.begin("sha256:faults").unwrap();
+    let err = m.release(&lease.record).unwrap_err();
+    assert!(err.to_string().contains("delete failed"), "{err}");
+    assert!(store.path("leases", &format!("{}.json", lease.record.lease)).exists());
+    drop(m);
+    let m = Manager::open(&store, s).unwrap();
+    m.recover().unwrap();
+    assert!(m.check().unwrap().is_empty());
+}
