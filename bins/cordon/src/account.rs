@@ -151,6 +151,9 @@ fn remove_line(path: &Path, line: &str) -> Result<(), AccountError> {
     let Ok(text) = std::fs::read_to_string(path) else {
         return Ok(());
     };
+    if !text.lines().any(|l| l.trim() == line) {
+        return Ok(());
+    }
     let kept: String = text
         .lines()
         .filter(|l| l.trim() != line)

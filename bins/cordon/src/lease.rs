@@ -389,20 +389,46 @@ impl Manager {
     /// # Errors
     /// [`LeaseError::Residue`] listing what remains.
     pub fn release(&self, record: &Record) -> Result<(), LeaseError> {
+        self.release_all(std::slice::from_ref(record))
+    }
+
+    /// Release many leases with one container listing before and two after (the absence
+    /// proof), so recovery of many records costs a few runtime calls, not a few per record.
+    fn release_all(&self, records: &[Record]) -> Result<(), LeaseError> {
         let mut residue = Vec::new();
         let rt = &self.setup.runtime;
-        if let Err(e) = rt.remove(&record.container) {
-            residue.push(format!("container {}: {e}", record.container));
+        let mine = |labels: &crate::runtime::Labels| {
+            labels.get(LABEL_EXECUTOR) == Some(&self.setup.executor)
+                && records.iter().any(|r| {
+                    labels.get(LABEL_LEASE) == Some(&r.lease)
+                        && labels.get(LABEL_AUTHORITY) == Some(&r.authority)
+                })
+        };
+        let listed: Option<Vec<String>> = rt
+            .containers()
+            .ok()
+            .map(|l| l.into_iter().map(|(id, _)| id).collect());
+        for r in records {
+            // A container the runtime does not list was never created or is gone; one it lists,
+            // or any when listing failed, is killed and deleted.
+            let present = listed.as_ref().is_none_or(|ids| ids.contains(&r.container));
+            if present && let Err(e) = rt.remove(&r.container) {
+                residue.push(format!("container {}: {e}", r.container));
+            }
         }
         for attempt in 0..2 {
-            match self.labelled(record) {
-                Ok(ids) if ids.is_empty() => {}
-                Ok(ids) => {
-                    for id in &ids {
+            match rt.containers() {
+                Ok(all) => {
+                    let left: Vec<String> = all
+                        .into_iter()
+                        .filter(|(_, l)| mine(l))
+                        .map(|(id, _)| id)
+                        .collect();
+                    for id in &left {
                         let _ = rt.remove(id);
                     }
-                    if attempt == 1 {
-                        residue.push(format!("containers still listed: {}", ids.join(", ")));
+                    if attempt == 1 && !left.is_empty() {
+                        residue.push(format!("containers still listed: {}", left.join(", ")));
                     }
                 }
                 Err(e) => residue.push(format!("cannot list containers: {e}")),
@@ -411,6 +437,30 @@ impl Manager {
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
+        let proof_failed = !residue.is_empty();
+        for record in records {
+            let mut own = self.release_resources(record);
+            if own.is_empty() && !proof_failed {
+                let path = self.record_path(&record.lease);
+                match fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => own.push(format!("record {}: {e}", path.display())),
+                }
+            }
+            residue.extend(own);
+        }
+        let _ = store::fsync_dir(&self.store.root().join("leases"));
+        if residue.is_empty() {
+            Ok(())
+        } else {
+            Err(Residue { items: residue }.into())
+        }
+    }
+
+    /// The host resources of one lease: its cgroup, mounts, run directory and account.
+    fn release_resources(&self, record: &Record) -> Vec<String> {
+        let mut residue = Vec::new();
         let probe = CgroupProbe {
             root: self.setup.cgroup_root.clone(),
             path: format!("/cordon/{}", record.lease),
@@ -440,36 +490,7 @@ impl Manager {
         if let Err(e) = account::remove(&self.setup.accounts, &record.account) {
             residue.push(format!("account {}: {e}", record.account.name));
         }
-        if residue.is_empty() {
-            let path = self.record_path(&record.lease);
-            match fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => residue.push(format!("record {}: {e}", path.display())),
-            }
-            let _ = store::fsync_dir(&self.store.root().join("leases"));
-        }
-        if residue.is_empty() {
-            Ok(())
-        } else {
-            Err(Residue { items: residue }.into())
-        }
-    }
-
-    /// The containers in cordon's state root carrying exactly this record's labels.
-    fn labelled(&self, record: &Record) -> Result<Vec<String>, LeaseError> {
-        Ok(self
-            .setup
-            .runtime
-            .containers()?
-            .into_iter()
-            .filter(|(_, l)| {
-                l.get(LABEL_EXECUTOR) == Some(&record.executor)
-                    && l.get(LABEL_LEASE) == Some(&record.lease)
-                    && l.get(LABEL_AUTHORITY) == Some(&record.authority)
-            })
-            .map(|(id, _)| id)
-            .collect())
+        residue
     }
 
     /// Every lease record of this executor, validated (regular, 0600, one link, parses).
@@ -521,12 +542,11 @@ impl Manager {
     pub fn recover(&self) -> Result<Vec<String>, LeaseError> {
         let mut done = Vec::new();
         let mut residue = Vec::new();
-        for r in self.records()? {
-            match self.release(&r) {
-                Ok(()) => done.push(format!("lease {}", r.lease)),
-                Err(LeaseError::Residue(x)) => residue.extend(x.items),
-                Err(e) => return Err(e),
-            }
+        let records = self.records()?;
+        match self.release_all(&records) {
+            Ok(()) => done.extend(records.iter().map(|r| format!("lease {}", r.lease))),
+            Err(LeaseError::Residue(x)) => residue.extend(x.items),
+            Err(e) => return Err(e),
         }
         for (id, labels) in self.setup.runtime.containers()? {
             if labels.get(LABEL_EXECUTOR) == Some(&self.setup.executor) {

@@ -17,8 +17,14 @@ fn policy(dir: &Path) -> std::path::PathBuf {
     let text = text
         .replace("uid-range 3000000 3099999", "uid-range 3200000 3200999")
         .replace("gid-range 3000000 3099999", "gid-range 3200000 3200999")
-        .replace("\"/etc/cron.deny\"", &format!("{:?}", dir.join("cron.deny").display().to_string()))
-        .replace("\"/etc/at.deny\"", &format!("{:?}", dir.join("at.deny").display().to_string()));
+        .replace(
+            "\"/etc/cron.deny\"",
+            &format!("{:?}", dir.join("cron.deny").display().to_string()),
+        )
+        .replace(
+            "\"/etc/at.deny\"",
+            &format!("{:?}", dir.join("at.deny").display().to_string()),
+        );
     let path = dir.join("policy.kdl");
     std::fs::write(&path, text).unwrap();
     path
@@ -46,7 +52,10 @@ fn reap(dir: &Path, policy: &Path, check: bool) -> (Option<i32>, serde_json::Val
 
 #[test]
 fn check_is_a_quiescence_receipt_and_recovery_releases_a_stale_lease() {
-    assert!(nix::unistd::geteuid().is_root(), "needs root: recovery removes real accounts");
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "needs root: recovery removes real accounts"
+    );
     let dir = tempfile::tempdir().unwrap();
     let policy = policy(dir.path());
     let (code, r) = reap(dir.path(), &policy, true);
@@ -58,7 +67,12 @@ fn check_is_a_quiescence_receipt_and_recovery_releases_a_stale_lease() {
     let text = std::fs::read_to_string(&policy).unwrap();
     let p = cordon_policy::parse("policy.kdl", &text).unwrap();
     let store = Store::open(&dir.path().join("store")).unwrap();
-    let setup = cordon_reap::cli::setup(&p, "cli-test", dir.path().join("state"), dir.path().join("run"));
+    let setup = cordon_reap::cli::setup(
+        &p,
+        "cli-test",
+        dir.path().join("state"),
+        dir.path().join("run"),
+    );
     {
         let m = Manager::open(&store, setup).unwrap();
         let lease = m.begin("sha256:stale").unwrap();
@@ -68,7 +82,10 @@ fn check_is_a_quiescence_receipt_and_recovery_releases_a_stale_lease() {
     assert_eq!(code, Some(3), "{r}");
     assert_eq!(r["outcome"], "no-decision");
     let remaining = r["outputs"]["remaining"].to_string();
-    assert!(remaining.contains("lease record") && remaining.contains("account cordon-"), "{remaining}");
+    assert!(
+        remaining.contains("lease record") && remaining.contains("account cordon-"),
+        "{remaining}"
+    );
 
     let (code, r) = reap(dir.path(), &policy, false);
     assert_eq!(code, Some(0), "{r}");

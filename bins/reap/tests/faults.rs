@@ -72,7 +72,8 @@ fn write_bundle(dir: &Path, m: &Manager, lease: &mut Lease, script: &str) {
     };
     let spec = cordon::bundle::plan(&p.bundle_plan("prebuild", &inputs).unwrap()).unwrap();
     let json = cordon::canonical::to_canonical_json(&spec).unwrap();
-    m.write_protected(lease, "config.json", json.as_bytes()).unwrap();
+    m.write_protected(lease, "config.json", json.as_bytes())
+        .unwrap();
 }
 
 fn die() -> ! {
@@ -121,7 +122,12 @@ fn child(point: &str, dir: &Path) -> ! {
             die();
         });
         let r = lease.record.clone();
-        let _ = m.run(&lease, Instant::now() + Duration::from_millis(100), CAPS, None);
+        let _ = m.run(
+            &lease,
+            Instant::now() + Duration::from_millis(100),
+            CAPS,
+            None,
+        );
         let _ = m.release(&r);
         die();
     }
@@ -133,7 +139,9 @@ fn child(point: &str, dir: &Path) -> ! {
 fn container_status(setup: &Setup) -> Option<String> {
     let out = setup.runtime.call(&["list", "-f", "json"]).ok()?;
     let list: Option<Vec<serde_json::Value>> = serde_json::from_slice(&out).ok()?;
-    list?.first().and_then(|c| c["status"].as_str().map(str::to_owned))
+    list?
+        .first()
+        .and_then(|c| c["status"].as_str().map(str::to_owned))
 }
 
 #[test]
@@ -142,9 +150,15 @@ fn a_supervisor_killed_at_any_point_leaves_nothing_recovery_cannot_remove() {
     if let (Ok(point), Some(dir)) = (std::env::var("CORDON_FAULT_AT"), dir_env) {
         child(&point, Path::new(&dir));
     }
-    assert!(nix::unistd::geteuid().is_root(), "needs root: real containers and accounts");
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "needs root: real containers and accounts"
+    );
     require_executable(Path::new("/usr/sbin/runc"), "apt-get install -y runc");
-    require_executable(Path::new("/bin/busybox"), "apt-get install -y busybox-static");
+    require_executable(
+        Path::new("/bin/busybox"),
+        "apt-get install -y busybox-static",
+    );
     for point in POINTS {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("store")).unwrap();
@@ -152,7 +166,11 @@ fn a_supervisor_killed_at_any_point_leaves_nothing_recovery_cannot_remove() {
         // Clear what an earlier crashed run of this very test may have left in the range.
         Manager::open(&store, s.clone()).unwrap().recover().unwrap();
         let mut c = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "a_supervisor_killed_at_any_point_leaves_nothing_recovery_cannot_remove", "--nocapture"])
+            .args([
+                "--exact",
+                "a_supervisor_killed_at_any_point_leaves_nothing_recovery_cannot_remove",
+                "--nocapture",
+            ])
             .env("CORDON_FAULT_AT", point)
             .env("CORDON_FAULT_DIR", dir.path())
             .spawn()
@@ -160,7 +178,10 @@ fn a_supervisor_killed_at_any_point_leaves_nothing_recovery_cannot_remove() {
         if matches!(point, "after-start" | "while-waiting") {
             let t = Instant::now();
             while container_status(&s).as_deref() != Some("running") {
-                assert!(t.elapsed() < Duration::from_secs(30), "{point}: the container never ran");
+                assert!(
+                    t.elapsed() < Duration::from_secs(30),
+                    "{point}: the container never ran"
+                );
                 std::thread::sleep(Duration::from_millis(20));
             }
             if point == "while-waiting" {
@@ -169,21 +190,34 @@ fn a_supervisor_killed_at_any_point_leaves_nothing_recovery_cannot_remove() {
             c.kill().unwrap();
         }
         let status = c.wait().unwrap();
-        assert!(!status.success(), "{point}: the supervisor must have died, not finished");
+        assert!(
+            !status.success(),
+            "{point}: the supervisor must have died, not finished"
+        );
         let m = Manager::open(&store, s.clone()).unwrap();
         let before = m.check().unwrap();
         if point != "during-release" {
-            assert!(!before.is_empty(), "{point}: the crash should have left something to recover");
+            assert!(
+                !before.is_empty(),
+                "{point}: the crash should have left something to recover"
+            );
         }
-        m.recover().unwrap_or_else(|e| panic!("{point}: recovery failed: {e}"));
+        m.recover()
+            .unwrap_or_else(|e| panic!("{point}: recovery failed: {e}"));
         let left = m.check().unwrap();
-        assert!(left.is_empty(), "{point}: not quiescent after recovery: {left:?}");
+        assert!(
+            left.is_empty(),
+            "{point}: not quiescent after recovery: {left:?}"
+        );
     }
 }
 
 #[test]
 fn a_linked_or_corrupt_record_stops_recovery_and_a_failing_delete_is_residue() {
-    assert!(nix::unistd::geteuid().is_root(), "needs root: real accounts");
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "needs root: real accounts"
+    );
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("store")).unwrap();
     let mut s = setup(dir.path());
@@ -203,19 +237,24 @@ fn a_linked_or_corrupt_record_stops_recovery_and_a_failing_delete_is_residue() {
     assert!(m.recover().is_err(), "a corrupt record stops recovery");
     std::fs::remove_file(&record).unwrap();
 
-    // A runtime whose delete fails: release reports residue (a no-decision), and keeps the
-    // record so that recovery can try again.
+    // A runtime whose list and delete fail: release cannot prove absence, reports residue (a
+    // no-decision), and keeps the record so that recovery can try again.
     let fake = dir.path().join("fake-runc");
-    std::fs::write(&fake, "#!/bin/sh\ncase \"$3\" in list) echo '[]';; delete) echo 'delete failed' >&2; exit 1;; *) exit 0;; esac\n").unwrap();
+    std::fs::write(&fake, "#!/bin/sh\ncase \"$3\" in list) echo 'list failed' >&2; exit 1;; delete) echo 'delete failed' >&2; exit 1;; *) exit 0;; esac\n").unwrap();
     std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let mut broken = s.clone();
     broken.runtime.binary = fake;
+    std::fs::create_dir_all(&broken.runtime.state_root).unwrap();
     drop(m);
     let m = Manager::open(&store, broken).unwrap();
     let lease = m.begin("sha256:faults").unwrap();
     let err = m.release(&lease.record).unwrap_err();
     assert!(err.to_string().contains("delete failed"), "{err}");
-    assert!(store.path("leases", &format!("{}.json", lease.record.lease)).exists());
+    assert!(
+        store
+            .path("leases", &format!("{}.json", lease.record.lease))
+            .exists()
+    );
     drop(m);
     let m = Manager::open(&store, s).unwrap();
     m.recover().unwrap();

@@ -1,0 +1,155 @@
+//! A stage running `/bin/true` through the library (lease, account, run directory, bundle,
+//! create/start/wait, release with absence proof) vs bare `runc run` of the same bundle, side by
+//! side in one run; and recovery of 10,000 stale lease records. Prints times and ratios.
+//!
+//! `cargo bench -p cordon-reap --bench lifecycle` (as root; `CORDON_BENCH_RUNS`, default 10).
+//! Goals: ≤ 1.05× bare runc + 25 ms; recovery of 10,000 records ≤ 2 s.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cordon::lease::Manager;
+use cordon::runtime::OutputCaps;
+use cordon::store::Store;
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn main() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "the lifecycle benchmark runs real containers: run it as root"
+    );
+    let runs: usize = std::env::var("CORDON_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let dir = tempfile::tempdir().unwrap();
+    let text =
+        std::fs::read_to_string(cordon_testkit::workspace_root().join("policy/evaluator.kdl"))
+            .unwrap();
+    let policy = cordon_policy::parse("evaluator.kdl", &text).unwrap();
+    let store = Store::open(&dir.path().join("store")).unwrap();
+    let mut setup = cordon_reap::cli::setup(
+        &policy,
+        "bench",
+        dir.path().join("state"),
+        dir.path().join("run"),
+    );
+    setup.accounts.uids = (3_096_000, 3_096_999);
+    setup.accounts.gids = (3_096_000, 3_096_999);
+    setup.accounts.cron_deny = dir.path().join("cron.deny");
+    setup.accounts.at_deny = dir.path().join("at.deny");
+    let rootfs = dir.path().join("rootfs");
+    std::fs::create_dir_all(rootfs.join("bin")).unwrap();
+    for d in ["proc", "dev", "tmp", "engine", "staging"] {
+        std::fs::create_dir_all(rootfs.join(d)).unwrap();
+    }
+    std::fs::copy("/bin/busybox", rootfs.join("bin/true")).unwrap();
+    let tree = dir.path().join("tree");
+    std::fs::create_dir_all(&tree).unwrap();
+    let m = Manager::open(&store, setup.clone()).unwrap();
+    m.recover().unwrap();
+    let caps = OutputCaps {
+        stdout: 4096,
+        stderr: 4096,
+    };
+    let mut lib = Vec::new();
+    let mut bare = Vec::new();
+    for i in 0..runs {
+        let t = Instant::now();
+        let mut lease = m.begin("sha256:bench").unwrap();
+        m.provision(&lease).unwrap();
+        let staging = lease.record.run_dir.join("staging");
+        std::fs::create_dir_all(&staging).unwrap();
+        let inputs = cordon_policy::plan::RunInputs {
+            argv: vec!["/bin/true".into()],
+            uid: lease.record.account.uid,
+            gid: lease.record.account.gid,
+            rootfs: rootfs.clone(),
+            sources: [
+                ("tree".to_owned(), tree.clone()),
+                ("staging".to_owned(), staging.clone()),
+            ]
+            .into(),
+            executor: lease.record.executor.clone(),
+            lease: lease.record.lease.clone(),
+            authority: lease.record.authority.clone(),
+            protected: vec![],
+            mountable_store_roots: vec![],
+        };
+        let spec = cordon::bundle::plan(&policy.bundle_plan("prebuild", &inputs).unwrap()).unwrap();
+        let json = cordon::canonical::to_canonical_json(&spec).unwrap();
+        m.write_protected(&mut lease, "config.json", json.as_bytes())
+            .unwrap();
+        // The same bundle, for the baseline: copied before the lease is released.
+        let bundle = dir.path().join(format!("bare{i}"));
+        std::fs::create_dir_all(&bundle).unwrap();
+        std::fs::write(bundle.join("config.json"), &json).unwrap();
+        let f = m
+            .run(&lease, Instant::now() + Duration::from_secs(30), caps, None)
+            .unwrap();
+        assert_eq!(f.meta.exit_code, Some(0));
+        m.release(&lease.record).unwrap();
+        lib.push(t.elapsed());
+
+        // Bare runc run needs the staging path and account to exist as the lease had them.
+        std::fs::create_dir_all(&staging).unwrap();
+        let t = Instant::now();
+        let ok = Command::new("/usr/sbin/runc")
+            .arg("--root")
+            .arg(dir.path().join("bare-state"))
+            .args(["run", "--bundle"])
+            .arg(&bundle)
+            .arg(format!("bare{i}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        bare.push(t.elapsed());
+        assert!(ok.success(), "bare runc run failed");
+        let _ = std::fs::remove_dir_all(&lease.record.run_dir);
+    }
+    let (l, b) = (median(lib), median(bare));
+    println!(
+        "/bin/true through the library (median of {runs}): {:>7.1} ms",
+        l.as_secs_f64() * 1e3
+    );
+    println!(
+        "bare runc run of the same bundle:            {:>7.1} ms",
+        b.as_secs_f64() * 1e3
+    );
+    println!(
+        "library / bare: {:.2}x, overhead {:+.1} ms (goal <= 1.05x + 25 ms)",
+        l.as_secs_f64() / b.as_secs_f64(),
+        (l.as_secs_f64() - b.as_secs_f64()) * 1e3
+    );
+
+    // 10,000 stale records, as 10,000 dead supervisors would leave them (record only).
+    let template = m.begin("sha256:bench").unwrap().record;
+    let leases = store.root().join("leases");
+    for i in 0..10_000u32 {
+        let mut r = template.clone();
+        r.lease = format!("{i:08x}{}", &template.lease[8..]);
+        r.container = format!("cordon-{}", r.lease);
+        r.run_dir = setup.run_root.join(&r.lease);
+        let path = leases.join(format!("{}.json", r.lease));
+        std::fs::write(&path, cordon::canonical::to_canonical_json(&r).unwrap()).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+    }
+    let t = Instant::now();
+    let done = m.recover().unwrap();
+    let took = t.elapsed();
+    assert!(m.check().unwrap().is_empty());
+    println!(
+        "recovery of {} stale records: {:>7.1} ms (goal <= 2000 ms)",
+        done.len(),
+        took.as_secs_f64() * 1e3
+    );
+}
