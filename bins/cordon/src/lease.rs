@@ -252,14 +252,24 @@ impl Manager {
     /// # Errors
     /// The store failed.
     pub fn begin(&self, authority: &str) -> Result<Lease, LeaseError> {
+        self.begin_with(authority, &[])
+    }
+
+    /// [`Manager::begin`], naming the mount points (relative to the run directory) the lease
+    /// will create, so that a crash after mounting leaves a record that says what to unmount.
+    ///
+    /// # Errors
+    /// The store failed.
+    pub fn begin_with(&self, authority: &str, mounts: &[&str]) -> Result<Lease, LeaseError> {
         let lease = fresh_id();
+        let run_dir = self.setup.run_root.join(&lease);
         let record = Record {
             schema: LEASE_SCHEMA,
             executor: self.setup.executor.clone(),
             container: format!("cordon-{lease}"),
             account: account::for_lease(&self.setup.accounts, &lease),
-            run_dir: self.setup.run_root.join(&lease),
-            mounts: Vec::new(),
+            mounts: mounts.iter().map(|m| run_dir.join(m)).collect(),
+            run_dir,
             authority: authority.to_owned(),
             created_at: crate::receipt::now_rfc3339(),
             lease,
@@ -301,6 +311,35 @@ impl Manager {
             .create(lease.bundle_dir())
             .map_err(io("create", &lease.bundle_dir()))?;
         Ok(())
+    }
+
+    /// Mount the lease's writable staging area: a private tmpfs at `run_dir/<name>` bounded in
+    /// bytes and inodes, owned by the run account, `nosuid,nodev`. The kernel enforces the
+    /// bounds, so a full staging area is the workload's ENOSPC, never the host's disk.
+    ///
+    /// # Errors
+    /// The mount point is not one the record names, or the mount failed.
+    pub fn mount_staging(&self, lease: &Lease, name: &str, bytes: u64, inodes: u64) -> Result<PathBuf, LeaseError> {
+        use nix::mount::{MsFlags, mount};
+        let point = lease.record.run_dir.join(name);
+        if !lease.record.mounts.contains(&point) {
+            return Err(LeaseError::Protected {
+                path: point,
+                why: "the lease record does not name this mount point".into(),
+            });
+        }
+        fs::DirBuilder::new().mode(0o700).create(&point).map_err(io("create", &point))?;
+        let a = &lease.record.account;
+        let options = format!("size={bytes},nr_inodes={inodes},mode=0700,uid={},gid={}", a.uid, a.gid);
+        mount(
+            Some("tmpfs"),
+            &point,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some(options.as_str()),
+        )
+        .map_err(|e| io("mount tmpfs on", &point)(std::io::Error::from(e)))?;
+        Ok(point)
     }
 
     /// Write a protected, root-owned file into the lease's bundle directory and remember its

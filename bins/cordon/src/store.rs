@@ -111,6 +111,77 @@ pub struct Staged {
     pub executable: bool,
 }
 
+/// Content objects written into one scratch directory and published together by
+/// [`Store::publish_objects`] when committed; dropping it uncommitted publishes nothing.
+#[derive(Debug)]
+pub struct Batch<'s> {
+    store: &'s Store,
+    scratch: Scratch,
+    items: Vec<Staged>,
+    queued: std::collections::BTreeSet<(Digest, bool)>,
+}
+
+impl Batch<'_> {
+    fn present(&self, sha: &Digest, executable: bool) -> bool {
+        self.queued.contains(&(*sha, executable))
+            || self.store.object_path(sha, executable).exists()
+    }
+
+    /// Copy a reader into a new object (hashing as it goes); returns its sha256 and size. An
+    /// object already in the store or the batch is not written twice.
+    ///
+    /// # Errors
+    /// Reading or writing failed.
+    pub fn add_reader(&mut self, mut src: impl Read, executable: bool) -> Result<(Digest, u64), StoreError> {
+        use sha2::Digest as _;
+        let (staged, mut file) = self.scratch.create_file()?;
+        let mut hasher = sha2::Sha256::new();
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut size = 0u64;
+        loop {
+            let n = src.read(&mut buf).map_err(io_err("copy into scratch", &staged))?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+            size += n as u64;
+            file.write_all(&buf[..n]).map_err(io_err("copy into scratch", &staged))?;
+        }
+        let sha = Digest::from_hasher(hasher);
+        if self.present(&sha, executable) {
+            fs::remove_file(&staged).map_err(io_err("unlink", &staged))?;
+        } else {
+            self.queued.insert((sha, executable));
+            self.items.push(Staged {
+                path: staged,
+                sha256: sha,
+                executable,
+            });
+        }
+        Ok((sha, size))
+    }
+
+    /// Make sure the object exists in the requested mode variant, copying the other variant.
+    ///
+    /// # Errors
+    /// The other variant is missing, or writing failed.
+    pub fn ensure_variant(&mut self, sha: &Digest, executable: bool) -> Result<(), StoreError> {
+        if self.present(sha, executable) {
+            return Ok(());
+        }
+        let bytes = self.store.read_object(sha, !executable)?;
+        self.add_reader(bytes.as_slice(), executable).map(|_| ())
+    }
+
+    /// Publish everything added.
+    ///
+    /// # Errors
+    /// As [`Store::publish_objects`].
+    pub fn commit(self) -> Result<(), StoreError> {
+        self.store.publish_objects(&self.items)
+    }
+}
+
 /// An opened store.
 #[derive(Debug, Clone)]
 pub struct Store {
@@ -561,6 +632,32 @@ impl Store {
             });
         }
         Ok(target)
+    }
+
+    /// Read a content object's bytes.
+    ///
+    /// # Errors
+    /// It is missing or unreadable.
+    pub fn read_object(&self, sha: &Digest, executable: bool) -> Result<Vec<u8>, StoreError> {
+        let path = self.object_path(sha, executable);
+        let mut out = Vec::new();
+        open_nofollow(&path)?
+            .read_to_end(&mut out)
+            .map_err(io_err("read object", &path))?;
+        Ok(out)
+    }
+
+    /// A batch of content objects to write and publish together.
+    ///
+    /// # Errors
+    /// Its scratch directory cannot be made.
+    pub fn batch(&self) -> Result<Batch<'_>, StoreError> {
+        Ok(Batch {
+            store: self,
+            scratch: self.scratch()?,
+            items: Vec::new(),
+            queued: std::collections::BTreeSet::new(),
+        })
     }
 
     /// Read a published document.

@@ -103,18 +103,49 @@ pub enum TreeError {
 /// The materializer version bound into every tree digest.
 pub const MATERIALIZER: &str = concat!("cordon-materialize ", env!("CARGO_PKG_VERSION"));
 
+/// Where a kind of content-addressed tree lives in the store, and the digest domain that names
+/// it: engine trees (`trees`, `cordon.tree`) and native publications (`publications`,
+/// `cordon.publication`) share one format, one publication and one verification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Section {
+    /// The store section.
+    pub dir: &'static str,
+    /// The digest domain.
+    pub domain: &'static str,
+}
+
+/// Materialized engine trees.
+pub const TREES: Section = Section {
+    dir: "trees",
+    domain: "cordon.tree",
+};
+
+/// Sealed native publications.
+pub const PUBLICATIONS: Section = Section {
+    dir: "publications",
+    domain: "cordon.publication",
+};
+
 /// The tree digest of a sorted entry list.
 ///
 /// # Errors
 /// As [`domain_digest`].
 pub fn digest(entries: &[Entry]) -> Result<Digest, CanonicalError> {
+    digest_in(TREES, entries)
+}
+
+/// The digest of a sorted entry list in a section's domain.
+///
+/// # Errors
+/// As [`domain_digest`].
+pub fn digest_in(section: Section, entries: &[Entry]) -> Result<Digest, CanonicalError> {
     #[derive(Serialize)]
     struct Payload<'a> {
         materializer: &'a str,
         entries: &'a [Entry],
     }
     domain_digest(
-        "cordon.tree",
+        section.domain,
         TREE_SCHEMA,
         &Payload {
             materializer: MATERIALIZER,
@@ -126,13 +157,23 @@ pub fn digest(entries: &[Entry]) -> Result<Digest, CanonicalError> {
 /// The directory of tree `digest` in the store.
 #[must_use]
 pub fn tree_dir(store: &Store, digest: &Digest) -> PathBuf {
-    store.path("trees", &digest.hex())
+    dir_in(store, TREES, digest)
+}
+
+fn dir_in(store: &Store, section: Section, digest: &Digest) -> PathBuf {
+    store.path(section.dir, &digest.hex())
 }
 
 /// The directory a stage mounts: `trees/<hex>/root`.
 #[must_use]
 pub fn root_dir(store: &Store, digest: &Digest) -> PathBuf {
-    tree_dir(store, digest).join("root")
+    root_in(store, TREES, digest)
+}
+
+/// The mountable root of a section's entry: `<section>/<hex>/root`.
+#[must_use]
+pub fn root_in(store: &Store, section: Section, digest: &Digest) -> PathBuf {
+    dir_in(store, section, digest).join("root")
 }
 
 /// Load a tree record, checking that it parses and that its entries hash to its name. This is
@@ -141,7 +182,15 @@ pub fn root_dir(store: &Store, digest: &Digest) -> PathBuf {
 /// # Errors
 /// Missing or corrupt.
 pub fn load(store: &Store, digest: &Digest) -> Result<TreeRecord, TreeError> {
-    let path = tree_dir(store, digest).join("manifest.json");
+    load_in(store, TREES, digest)
+}
+
+/// [`load`] in a section.
+///
+/// # Errors
+/// Missing or corrupt.
+pub fn load_in(store: &Store, section: Section, digest: &Digest) -> Result<TreeRecord, TreeError> {
+    let path = dir_in(store, section, digest).join("manifest.json");
     if fs::symlink_metadata(&path).is_err() {
         return Err(TreeError::Missing { digest: *digest });
     }
@@ -163,7 +212,7 @@ pub fn load(store: &Store, digest: &Digest) -> Result<TreeRecord, TreeError> {
             record.materializer
         )));
     }
-    if &self::digest(&record.entries)? != digest || &record.digest != digest {
+    if &digest_in(section, &record.entries)? != digest || &record.digest != digest {
         return Err(corrupt(
             "the record's entries do not hash to its name".into(),
         ));
@@ -184,9 +233,22 @@ pub fn load(store: &Store, digest: &Digest) -> Result<TreeRecord, TreeError> {
 /// # Errors
 /// A content object is missing or wrong, or the store failed.
 pub fn publish(store: &Store, entries: Vec<Entry>, origin: Value) -> Result<TreeRecord, TreeError> {
+    publish_in(store, TREES, entries, origin)
+}
+
+/// [`publish`] in a section.
+///
+/// # Errors
+/// A content object is missing or wrong, or the store failed.
+pub fn publish_in(
+    store: &Store,
+    section: Section,
+    entries: Vec<Entry>,
+    origin: Value,
+) -> Result<TreeRecord, TreeError> {
     let mut entries = entries;
     entries.sort();
-    let digest = digest(&entries)?;
+    let digest = digest_in(section, &entries)?;
     let record = TreeRecord {
         schema: TREE_SCHEMA,
         materializer: MATERIALIZER.to_owned(),
@@ -194,9 +256,9 @@ pub fn publish(store: &Store, entries: Vec<Entry>, origin: Value) -> Result<Tree
         entries,
         origin,
     };
-    let target = tree_dir(store, &digest);
+    let target = dir_in(store, section, &digest);
     if fs::symlink_metadata(&target).is_ok() {
-        check_existing(store, &record)?;
+        check_existing(store, section, &record)?;
         return Ok(record);
     }
     let mut scratch = store.scratch()?;
@@ -256,28 +318,28 @@ pub fn publish(store: &Store, entries: Vec<Entry>, origin: Value) -> Result<Tree
         .map_err(io_err("chmod", &staged))?;
     store::fsync_dir(&staged)?;
     match store::rename_noreplace(&staged, &target) {
-        Ok(()) => store::fsync_dir(&store.root().join("trees"))?,
+        Ok(()) => store::fsync_dir(&store.root().join(section.dir))?,
         // Another writer published the same tree first: check theirs below.
         Err(e) if store::is_exists(&e) => {}
         Err(e) => return Err(e.into()),
     }
     drop(scratch);
-    check_existing(store, &record)?;
+    check_existing(store, section, &record)?;
     Ok(record)
 }
 
 /// After publication: the record at the name is ours and every link points at an object of
 /// the right size and mode. Files are not re-hashed here (their objects were, when written);
 /// [`verify`] re-hashes.
-fn check_existing(store: &Store, record: &TreeRecord) -> Result<(), TreeError> {
-    let found = load(store, &record.digest)?;
+fn check_existing(store: &Store, section: Section, record: &TreeRecord) -> Result<(), TreeError> {
+    let found = load_in(store, section, &record.digest)?;
     if found.entries != record.entries {
         return Err(TreeError::Corrupt {
             digest: record.digest,
             why: "a tree with this name holds other entries".into(),
         });
     }
-    walk(store, record, false)
+    walk(store, section, record, false)
 }
 
 /// Reopen tree `digest` and re-check every entry: the record hashes to the name, `root/` holds
@@ -287,13 +349,21 @@ fn check_existing(store: &Store, record: &TreeRecord) -> Result<(), TreeError> {
 /// # Errors
 /// Missing or corrupt.
 pub fn verify(store: &Store, digest: &Digest) -> Result<TreeRecord, TreeError> {
-    let record = load(store, digest)?;
-    walk(store, &record, true)?;
+    verify_in(store, TREES, digest)
+}
+
+/// [`verify`] in a section: what every stage calls before it mounts a tree or a publication.
+///
+/// # Errors
+/// Missing or corrupt.
+pub fn verify_in(store: &Store, section: Section, digest: &Digest) -> Result<TreeRecord, TreeError> {
+    let record = load_in(store, section, digest)?;
+    walk(store, section, &record, true)?;
     Ok(record)
 }
 
-fn walk(store: &Store, record: &TreeRecord, rehash: bool) -> Result<(), TreeError> {
-    let root = root_dir(store, &record.digest);
+fn walk(store: &Store, section: Section, record: &TreeRecord, rehash: bool) -> Result<(), TreeError> {
+    let root = root_in(store, section, &record.digest);
     let corrupt = |why: String| TreeError::Corrupt {
         digest: record.digest,
         why,

@@ -14,18 +14,16 @@
 
 use std::collections::BTreeSet;
 use std::fs;
-use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cordon::canonical::Digest;
 use cordon::intake::IntakeRecord;
-use cordon::store::{self, Staged, Store, StoreError};
+use cordon::store::{Store, StoreError};
 use cordon::tree::{self, Entry, TreeError, TreeRecord};
 use cordon_policy::TreeRules;
 use serde_json::json;
-use sha2::{Digest as _, Sha256};
 
 use crate::guard::{self, FileFacts, Finding, Position};
 use crate::manifest::{self, DELTA_MANIFEST, INCUMBENT_MANIFEST, Target};
@@ -72,97 +70,6 @@ pub struct Materialized {
     pub step: Option<String>,
 }
 
-fn read_object(store: &Store, sha: &Digest, executable: bool) -> Result<Vec<u8>, StoreError> {
-    let path = store.object_path(sha, executable);
-    let mut out = Vec::new();
-    store::open_nofollow(&path)?
-        .read_to_end(&mut out)
-        .map_err(|source| StoreError::Io {
-            op: "read object",
-            path,
-            source,
-        })?;
-    Ok(out)
-}
-
-/// Content objects to publish together (one scratch directory, one batch publication).
-struct Batch<'s> {
-    store: &'s Store,
-    scratch: store::Scratch,
-    items: Vec<Staged>,
-    queued: BTreeSet<(Digest, bool)>,
-}
-
-impl<'s> Batch<'s> {
-    fn new(store: &'s Store) -> Result<Self, StoreError> {
-        Ok(Self {
-            store,
-            scratch: store.scratch()?,
-            items: Vec::new(),
-            queued: BTreeSet::new(),
-        })
-    }
-
-    fn present(&self, sha: &Digest, executable: bool) -> bool {
-        self.queued.contains(&(*sha, executable))
-            || self.store.object_path(sha, executable).exists()
-    }
-
-    /// Copy a reader into a new object; returns its sha256 and size.
-    fn add_reader(
-        &mut self,
-        mut src: impl Read,
-        executable: bool,
-    ) -> Result<(Digest, u64), MaterializeError> {
-        let (staged, mut file) = self.scratch.create_file()?;
-        let mut hasher = Sha256::new();
-        let mut buf = vec![0u8; 256 * 1024];
-        let mut size = 0u64;
-        let io = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| StoreError::Io {
-                op: "copy into scratch",
-                path,
-                source,
-            }
-        };
-        loop {
-            let n = src.read(&mut buf).map_err(io(&staged))?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buf[..n]);
-            size += n as u64;
-            file.write_all(&buf[..n]).map_err(io(&staged))?;
-        }
-        let sha = Digest::from_hasher(hasher);
-        if self.present(&sha, executable) {
-            fs::remove_file(&staged).map_err(io(&staged))?;
-        } else {
-            self.queued.insert((sha, executable));
-            self.items.push(Staged {
-                path: staged,
-                sha256: sha,
-                executable,
-            });
-        }
-        Ok((sha, size))
-    }
-
-    /// Make sure the object exists in the requested mode variant, copying the other variant.
-    fn ensure_variant(&mut self, sha: &Digest, executable: bool) -> Result<(), MaterializeError> {
-        if self.present(sha, executable) {
-            return Ok(());
-        }
-        let bytes = read_object(self.store, sha, !executable)?;
-        self.add_reader(bytes.as_slice(), executable).map(|_| ())
-    }
-
-    fn commit(self) -> Result<(), StoreError> {
-        self.store.publish_objects(&self.items)
-    }
-}
-
 /// Register an incumbent tree from a directory: walk it without following links, copy every
 /// file into the store as a content object, publish the tree.
 ///
@@ -198,7 +105,7 @@ pub fn register_incumbent(
     }
     let mut entries = Vec::new();
     let mut total = 0u64;
-    let mut batch = Batch::new(store)?;
+    let mut batch = store.batch()?;
     for rel in files {
         let path = dir.join(&rel);
         let mut src = fs::File::open(&path).map_err(|e| bad(&path, e.to_string()))?;
@@ -311,9 +218,7 @@ pub fn materialize(
             digest: *incumbent,
             why: format!("it has no {INCUMBENT_MANIFEST}"),
         })?;
-    let text = read_object(
-        store,
-        &incumbent_manifest.sha256,
+    let text = store.read_object(&incumbent_manifest.sha256,
         incumbent_manifest.executable(),
     )?;
     let registered = String::from_utf8(text)
@@ -332,9 +237,7 @@ pub fn materialize(
             "the delta carries no manifest",
         )));
     };
-    let delta_text = String::from_utf8(read_object(
-        store,
-        &delta_file.sha256,
+    let delta_text = String::from_utf8(store.read_object(&delta_file.sha256,
         delta_file.executable,
     )?)
     .map_err(|_| reject(Finding::file("tree.manifest", DELTA_MANIFEST, "not UTF-8")))?;
@@ -434,7 +337,7 @@ pub fn materialize(
             ));
             continue;
         }
-        let bytes = read_object(store, &f.sha256, f.executable)?;
+        let bytes = store.read_object(&f.sha256, f.executable)?;
         guard::check_file(
             &FileFacts {
                 path: &f.path,
@@ -546,7 +449,7 @@ pub fn materialize(
 
     // Apply: new objects for rewritten files, mode variants, the shim; then the tree.
     let mut entries: Vec<Entry> = kept.into_iter().cloned().collect();
-    let mut batch = Batch::new(store)?;
+    let mut batch = store.batch()?;
     for (dest, executable, sha, size, rewritten) in planned {
         let (sha, size) = match rewritten {
             Some(text) => batch.add_reader(text.as_bytes(), executable)?,

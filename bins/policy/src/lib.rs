@@ -30,7 +30,7 @@ use miette::{NamedSource, SourceSpan};
 
 pub use canonical::POLICY_SCHEMA;
 pub use diag::{CODES, PolicyError, Problem};
-pub use model::{Policy, Runtime, Stage, TransportRules, TreeRules};
+pub use model::{Policy, Runtime, Stage, StageRun, TransportRules, TreeRules};
 
 /// Parse and validate a policy. `name` labels diagnostics (normally the file's path).
 ///

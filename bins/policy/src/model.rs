@@ -467,3 +467,42 @@ impl Policy {
         }
     }
 }
+
+/// What one stage kind runs with, beyond its bundle: the plain values a stage binary needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StageRun {
+    /// The image role, and its pinned manifest digest.
+    pub image: (String, Option<Digest>),
+    /// The absolute deadline of the whole stage, ms.
+    pub deadline_ms: u64,
+    /// Output caps (stdout, stderr), bytes.
+    pub output: (u64, u64),
+    /// The staging bounds (bytes, inodes), for stages that have staging.
+    pub staging: Option<(u64, u64)>,
+    /// The publication bounds (files, bytes, per-file bytes, depth, path length).
+    pub publication: Option<(u64, u64, u64, u64, u64)>,
+}
+
+impl Policy {
+    /// The run settings of stage `kind`.
+    #[must_use]
+    pub fn stage_run(&self, kind: &str) -> Option<StageRun> {
+        let s = self.stage.get(kind)?;
+        Some(StageRun {
+            image: (s.image.clone(), self.image.get(&s.image).copied()),
+            deadline_ms: s.deadline_ms,
+            output: (s.output.stdout_bytes, s.output.stderr_bytes),
+            staging: s.staging.as_ref().map(|st| (st.size_bytes, st.inodes)),
+            publication: s.publication.as_ref().map(|p| {
+                (p.max_files, p.max_bytes, p.max_file_bytes, p.max_depth, p.max_path_length)
+            }),
+        })
+    }
+
+    /// The secret file a registered step receives on standard input, if it declares one.
+    #[must_use]
+    pub fn step_secret(&self, step: &str) -> Option<&str> {
+        let name = self.step.get(step)?.secret.as_ref()?;
+        self.secret.get(name).map(|s| s.path.as_str())
+    }
+}

@@ -1,0 +1,147 @@
+//! The `cordon-prebuild` command: `cordon-prebuild [--policy P] [--store S] [--receipt FILE]`.
+//!
+//! It consumes a materialize receipt (stdin by default; another authority's is refused, exit
+//! 2, both identities shown) and prints one receipt: `ok` with the publication digest and the
+//! build's meta record (exit 0), `rejected` with a reason code (exit 1), or `no-decision`
+//! (exit 3: image missing, runtime failure, cleanup or absence proof failed).
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use clap::Parser;
+use cordon::ExitCode;
+use cordon::canonical::Digest;
+use cordon::receipt::{Outcome as ReceiptOutcome, Reason, Receipt};
+use cordon::stage::{self, DEFAULT_POLICY};
+use cordon::store::Store;
+use cordon_policy::cli::{CliError, Diagnostics, report, report_diagnostic};
+use serde_json::{Value, json};
+
+use crate::prebuild::{Config, Outcome, prebuild};
+
+/// Build a materialized tree's native publication in a disposable container.
+#[derive(Debug, Parser)]
+#[command(name = "cordon-prebuild", version, about)]
+pub struct Args {
+    /// The policy file.
+    #[arg(long, default_value = DEFAULT_POLICY)]
+    pub policy: PathBuf,
+    /// The store directory (default: the policy's `store`).
+    #[arg(long)]
+    pub store: Option<PathBuf>,
+    /// The materialize receipt (default: stdin).
+    #[arg(long)]
+    pub receipt: Option<PathBuf>,
+    /// The directory of image layouts, one per role (`<dir>/prebuild`).
+    #[arg(long, default_value = "/var/lib/cordon/images")]
+    pub images: PathBuf,
+    /// cordon's runtime state root.
+    #[arg(long, default_value = cordon_reap::cli::DEFAULT_STATE_ROOT)]
+    pub state_root: PathBuf,
+    /// The run-directory root (default: the policy's `run-dir`).
+    #[arg(long)]
+    pub run_dir: Option<PathBuf>,
+    /// The executor id (default: the policy's name).
+    #[arg(long)]
+    pub executor: Option<String>,
+    /// How errors are printed on stderr.
+    #[arg(long, value_enum, default_value_t = Diagnostics::Text)]
+    pub diagnostics: Diagnostics,
+}
+
+/// Run the tool: the whole of `main`.
+pub fn run(args: &Args, stdin: &mut dyn Read, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitCode {
+    let fail_policy = |e: CliError, stderr: &mut dyn Write| {
+        report(&e, args.diagnostics, stderr);
+        e.exit_code()
+    };
+    let loaded = match cordon_policy::cli::load(&args.policy) {
+        Ok(l) => l,
+        Err(e) => return fail_policy(e, stderr),
+    };
+    let policy = &loaded.policy;
+    let authority = match cordon_policy::cli::components(policy)
+        .and_then(|c| c.authority().map_err(CliError::Identity))
+    {
+        Ok(a) => a,
+        Err(e) => return fail_policy(e, stderr),
+    };
+    let (input, prev) = match stage::read_input(args.receipt.as_deref(), stdin, "materialize", &authority) {
+        Ok(x) => x,
+        Err(e) => {
+            report_diagnostic(&e, args.diagnostics, stderr);
+            return ExitCode::Usage;
+        }
+    };
+    let tree = input.outputs.get("tree_digest").and_then(Value::as_str).and_then(|s| Digest::from_str(s).ok());
+    let step = input.outputs.get("step").and_then(Value::as_str).map(str::to_owned);
+    let Some(tree) = tree else {
+        let _ = writeln!(stderr, "error: the materialize receipt names no tree_digest");
+        return ExitCode::Usage;
+    };
+    let store_root = args.store.clone().unwrap_or_else(|| PathBuf::from(policy.store()));
+    let store = match Store::open(&store_root) {
+        Ok(s) => s,
+        Err(e) => {
+            report_diagnostic(&e, args.diagnostics, stderr);
+            return ExitCode::NoDecision;
+        }
+    };
+    let executor = args.executor.clone().unwrap_or_else(|| policy.name().to_owned());
+    let run_dir = args.run_dir.clone().unwrap_or_else(|| PathBuf::from(policy.run_dir()));
+    let cfg = Config {
+        store: store.clone(),
+        images: args.images.clone(),
+        setup: cordon_reap::cli::setup(policy, &executor, args.state_root.clone(), run_dir),
+        authority,
+    };
+    let mut receipt = Receipt::new("prebuild", authority, ReceiptOutcome::Ok);
+    receipt.prev = Some(prev);
+    receipt.inputs = json!({ "tree": tree, "step": step });
+    let result = match &step {
+        Some(step) => prebuild(policy, &cfg, &tree, step),
+        None => Ok(Outcome::Rejected {
+            code: "prebuild.unknown-step",
+            message: "the delta names no build step".into(),
+            meta: None,
+        }),
+    };
+    let code = match result {
+        Ok(Outcome::Published { publication, meta, cached }) => {
+            receipt.outputs = json!({
+                "publication": publication.digest,
+                "files": publication.entries.len(),
+                "bytes": publication.entries.iter().map(|e| e.size).sum::<u64>(),
+                "cached": cached,
+                "meta": meta,
+            });
+            ExitCode::Ok
+        }
+        Ok(Outcome::Rejected { code, message, meta }) => {
+            receipt.outcome = ReceiptOutcome::Rejected;
+            receipt.reasons.push(Reason {
+                code: code.to_owned(),
+                message,
+            });
+            receipt.outputs = json!({ "meta": meta });
+            ExitCode::Rejected
+        }
+        Err(e) => {
+            report_diagnostic(&e, args.diagnostics, stderr);
+            receipt.outcome = ReceiptOutcome::NoDecision;
+            receipt.reasons.push(Reason {
+                code: "prebuild.infrastructure".into(),
+                message: stage::error_chain(&e),
+            });
+            ExitCode::NoDecision
+        }
+    };
+    match stage::emit(Some(&store), &mut receipt, stdout) {
+        Ok(_) => code,
+        Err(e) => {
+            report_diagnostic(&e, args.diagnostics, stderr);
+            ExitCode::NoDecision
+        }
+    }
+}

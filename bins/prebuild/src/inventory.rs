@@ -1,0 +1,176 @@
+//! The inventory of a staging area after the build container has exited: a walk by file
+//! descriptors (`openat` with `O_NOFOLLOW`, `fstatat` with `AT_SYMLINK_NOFOLLOW`), so nothing
+//! the candidate left — a symbolic link, a rename race — can steer the host outside it.
+//!
+//! Only regular files and directories are admitted. Refused: symbolic links, hard links (a
+//! link count above one), fifos, sockets, devices, setuid/setgid bits, sparse files (fewer
+//! blocks than bytes), non-UTF-8 names, and anything over the policy's bounds (files, total
+//! bytes, bytes per file, depth, path length). Every file is opened once, checked to be the
+//! inode that was listed, and handed on as an open descriptor, so what is copied is what was
+//! checked. Nothing is ever executed or loaded.
+
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+
+use nix::dir::Dir;
+use nix::fcntl::{AtFlags, OFlag, openat};
+use nix::sys::stat::{FileStat, Mode, SFlag, fstat, fstatat};
+
+/// The publication bounds (policy `publication …`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// Files at most.
+    pub max_files: u64,
+    /// Total bytes at most.
+    pub max_bytes: u64,
+    /// Bytes of one file at most.
+    pub max_file_bytes: u64,
+    /// Path components at most.
+    pub max_depth: u64,
+    /// Path bytes at most.
+    pub max_path_length: u64,
+}
+
+/// Why a publication is refused (the candidate's build produced it: a rejection).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {path}: {message}")]
+pub struct Refused {
+    /// Stable reason code, `publication.<rule>`.
+    pub code: &'static str,
+    /// The path in the staging area.
+    pub path: String,
+    /// The sentence.
+    pub message: String,
+}
+
+/// An inventoried file, open.
+#[derive(Debug)]
+pub struct Item {
+    /// Relative path.
+    pub path: String,
+    /// Whether any executable bit is set.
+    pub executable: bool,
+    /// Bytes.
+    pub size: u64,
+    /// The open file (the inode that was checked).
+    pub file: File,
+}
+
+fn refuse(code: &'static str, path: &str, message: impl Into<String>) -> Refused {
+    Refused {
+        code,
+        path: path.to_owned(),
+        message: message.into(),
+    }
+}
+
+fn failed(path: &str, e: nix::Error) -> Refused {
+    refuse("publication.unreadable", path, format!("cannot inspect: {e}"))
+}
+
+fn kind(st: &FileStat) -> SFlag {
+    SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits())
+}
+
+/// Inventory the staging area at `root`.
+///
+/// # Errors
+/// The first rule broken.
+pub fn inventory(root: &Path, b: &Bounds) -> Result<Vec<Item>, Refused> {
+    let top = nix::fcntl::open(
+        root,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| failed("", e))?;
+    let mut items = Vec::new();
+    let mut total = 0u64;
+    let mut stack: Vec<(OwnedFd, String, u64)> = vec![(top, String::new(), 0)];
+    while let Some((fd, rel, depth)) = stack.pop() {
+        let dup = fd.try_clone().map_err(|e| refuse("publication.unreadable", &rel, e.to_string()))?;
+        let mut dir = Dir::from_fd(dup).map_err(|e| failed(&rel, e))?;
+        let mut names = Vec::new();
+        for entry in dir.iter() {
+            let entry = entry.map_err(|e| failed(&rel, e))?;
+            let name = entry.file_name().to_bytes();
+            if name != b"." && name != b".." {
+                names.push(name.to_vec());
+            }
+        }
+        names.sort();
+        for raw in names {
+            let Ok(name) = String::from_utf8(raw.clone()) else {
+                return Err(refuse("publication.non-utf8", &rel, "a name is not UTF-8"));
+            };
+            let path = if rel.is_empty() { name.clone() } else { format!("{rel}/{name}") };
+            if path.len() as u64 > b.max_path_length {
+                return Err(refuse("publication.path-too-long", &path, format!("longer than {} bytes", b.max_path_length)));
+            }
+            let st = fstatat(fd.as_fd(), name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+                .map_err(|e| failed(&path, e))?;
+            if st.st_mode & 0o6000 != 0 {
+                return Err(refuse("publication.special-mode", &path, format!("mode {:o} has a setuid or setgid bit", st.st_mode & 0o7777)));
+            }
+            let k = kind(&st);
+            if k == SFlag::S_IFDIR {
+                if depth + 1 >= b.max_depth {
+                    return Err(refuse("publication.too-deep", &path, format!("deeper than {} components", b.max_depth)));
+                }
+                let sub = openat(
+                    fd.as_fd(),
+                    name.as_str(),
+                    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(|e| failed(&path, e))?;
+                stack.push((sub, path, depth + 1));
+                continue;
+            }
+            let code = match k {
+                SFlag::S_IFREG => None,
+                SFlag::S_IFLNK => Some(("publication.symlink", "symbolic links are not admitted")),
+                SFlag::S_IFIFO => Some(("publication.fifo", "fifos are not admitted")),
+                SFlag::S_IFSOCK => Some(("publication.socket", "sockets are not admitted")),
+                SFlag::S_IFCHR | SFlag::S_IFBLK => Some(("publication.device", "devices are not admitted")),
+                _ => Some(("publication.entry-type", "only regular files and directories are admitted")),
+            };
+            if let Some((code, msg)) = code {
+                return Err(refuse(code, &path, msg));
+            }
+            if st.st_nlink > 1 {
+                return Err(refuse("publication.hardlink", &path, format!("{} links to one file", st.st_nlink)));
+            }
+            let size = u64::try_from(st.st_size).unwrap_or(u64::MAX);
+            let allocated = u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512);
+            if allocated < size {
+                return Err(refuse("publication.sparse", &path, format!("{size} bytes in {allocated} allocated")));
+            }
+            if size > b.max_file_bytes {
+                return Err(refuse("publication.file-too-big", &path, format!("{size} bytes exceeds {}", b.max_file_bytes)));
+            }
+            total += size;
+            if total > b.max_bytes {
+                return Err(refuse("publication.too-big", &path, format!("the publication exceeds {} bytes", b.max_bytes)));
+            }
+            if items.len() as u64 >= b.max_files {
+                return Err(refuse("publication.too-many-files", &path, format!("more than {} files", b.max_files)));
+            }
+            let file = openat(fd.as_fd(), name.as_str(), OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty())
+                .map_err(|e| failed(&path, e))?;
+            let again = fstat(file.as_fd()).map_err(|e| failed(&path, e))?;
+            // The inode opened is the inode listed: nothing swapped it in between.
+            if again.st_ino != st.st_ino || again.st_dev != st.st_dev || again.st_nlink > 1 {
+                return Err(refuse("publication.changed", &path, "the file changed while it was inventoried"));
+            }
+            items.push(Item {
+                path,
+                executable: st.st_mode & 0o111 != 0,
+                size,
+                file: File::from(file),
+            });
+        }
+    }
+    items.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(items)
+}

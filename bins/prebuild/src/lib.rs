@@ -1,0 +1,12 @@
+//! `cordon-prebuild`: one disposable build container per materialized tree and registered
+//! step, then a sealed native publication.
+//!
+//! [`inventory`] walks the staging area after the container exits (fd-based, no-follow) and
+//! enforces the publication rules; [`prebuild`] is the stage (parse → plan → apply); [`cli`] is
+//! the binary. Containers, leases and accounts are the `cordon` library's.
+
+#![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod inventory;
+pub mod prebuild;
