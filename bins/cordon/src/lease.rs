@@ -319,7 +319,13 @@ impl Manager {
     ///
     /// # Errors
     /// The mount point is not one the record names, or the mount failed.
-    pub fn mount_staging(&self, lease: &Lease, name: &str, bytes: u64, inodes: u64) -> Result<PathBuf, LeaseError> {
+    pub fn mount_staging(
+        &self,
+        lease: &Lease,
+        name: &str,
+        bytes: u64,
+        inodes: u64,
+    ) -> Result<PathBuf, LeaseError> {
         use nix::mount::{MsFlags, mount};
         let point = lease.record.run_dir.join(name);
         if !lease.record.mounts.contains(&point) {
@@ -328,9 +334,15 @@ impl Manager {
                 why: "the lease record does not name this mount point".into(),
             });
         }
-        fs::DirBuilder::new().mode(0o700).create(&point).map_err(io("create", &point))?;
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&point)
+            .map_err(io("create", &point))?;
         let a = &lease.record.account;
-        let options = format!("size={bytes},nr_inodes={inodes},mode=0700,uid={},gid={}", a.uid, a.gid);
+        let options = format!(
+            "size={bytes},nr_inodes={inodes},mode=0700,uid={},gid={}",
+            a.uid, a.gid
+        );
         mount(
             Some("tmpfs"),
             &point,

@@ -132,20 +132,27 @@ impl Batch<'_> {
     ///
     /// # Errors
     /// Reading or writing failed.
-    pub fn add_reader(&mut self, mut src: impl Read, executable: bool) -> Result<(Digest, u64), StoreError> {
+    pub fn add_reader(
+        &mut self,
+        mut src: impl Read,
+        executable: bool,
+    ) -> Result<(Digest, u64), StoreError> {
         use sha2::Digest as _;
         let (staged, mut file) = self.scratch.create_file()?;
         let mut hasher = sha2::Sha256::new();
         let mut buf = vec![0u8; 256 * 1024];
         let mut size = 0u64;
         loop {
-            let n = src.read(&mut buf).map_err(io_err("copy into scratch", &staged))?;
+            let n = src
+                .read(&mut buf)
+                .map_err(io_err("copy into scratch", &staged))?;
             if n == 0 {
                 break;
             }
             hasher.update(&buf[..n]);
             size += n as u64;
-            file.write_all(&buf[..n]).map_err(io_err("copy into scratch", &staged))?;
+            file.write_all(&buf[..n])
+                .map_err(io_err("copy into scratch", &staged))?;
         }
         let sha = Digest::from_hasher(hasher);
         if self.present(&sha, executable) {

@@ -356,13 +356,22 @@ pub fn verify(store: &Store, digest: &Digest) -> Result<TreeRecord, TreeError> {
 ///
 /// # Errors
 /// Missing or corrupt.
-pub fn verify_in(store: &Store, section: Section, digest: &Digest) -> Result<TreeRecord, TreeError> {
+pub fn verify_in(
+    store: &Store,
+    section: Section,
+    digest: &Digest,
+) -> Result<TreeRecord, TreeError> {
     let record = load_in(store, section, digest)?;
     walk(store, section, &record, true)?;
     Ok(record)
 }
 
-fn walk(store: &Store, section: Section, record: &TreeRecord, rehash: bool) -> Result<(), TreeError> {
+fn walk(
+    store: &Store,
+    section: Section,
+    record: &TreeRecord,
+    rehash: bool,
+) -> Result<(), TreeError> {
     let root = root_in(store, section, &record.digest);
     let corrupt = |why: String| TreeError::Corrupt {
         digest: record.digest,

@@ -218,9 +218,7 @@ pub fn materialize(
             digest: *incumbent,
             why: format!("it has no {INCUMBENT_MANIFEST}"),
         })?;
-    let text = store.read_object(&incumbent_manifest.sha256,
-        incumbent_manifest.executable(),
-    )?;
+    let text = store.read_object(&incumbent_manifest.sha256, incumbent_manifest.executable())?;
     let registered = String::from_utf8(text)
         .ok()
         .and_then(|t| manifest::incumbent(&t).ok())
@@ -237,10 +235,9 @@ pub fn materialize(
             "the delta carries no manifest",
         )));
     };
-    let delta_text = String::from_utf8(store.read_object(&delta_file.sha256,
-        delta_file.executable,
-    )?)
-    .map_err(|_| reject(Finding::file("tree.manifest", DELTA_MANIFEST, "not UTF-8")))?;
+    let delta_text =
+        String::from_utf8(store.read_object(&delta_file.sha256, delta_file.executable)?)
+            .map_err(|_| reject(Finding::file("tree.manifest", DELTA_MANIFEST, "not UTF-8")))?;
     let delta = manifest::delta(&delta_text)
         .map_err(|e| reject(Finding::file("tree.manifest", DELTA_MANIFEST, e.message)))?;
     let Some(target) = registered.targets.get(&delta.target) else {

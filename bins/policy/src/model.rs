@@ -494,7 +494,13 @@ impl Policy {
             output: (s.output.stdout_bytes, s.output.stderr_bytes),
             staging: s.staging.as_ref().map(|st| (st.size_bytes, st.inodes)),
             publication: s.publication.as_ref().map(|p| {
-                (p.max_files, p.max_bytes, p.max_file_bytes, p.max_depth, p.max_path_length)
+                (
+                    p.max_files,
+                    p.max_bytes,
+                    p.max_file_bytes,
+                    p.max_depth,
+                    p.max_path_length,
+                )
             }),
         })
     }

@@ -89,16 +89,31 @@ fn every_receipt_reason_code_the_stages_emit_is_documented() {
     let root = cordon_testkit::workspace_root();
     let readme = std::fs::read_to_string(root.join("policy/README.md")).unwrap();
     let mut found = 0;
-    for dir in ["bins/cordon/src", "bins/fetch/src", "bins/materialize/src"] {
+    for dir in [
+        "bins/cordon/src",
+        "bins/fetch/src",
+        "bins/materialize/src",
+        "bins/prebuild/src",
+        "bins/reap/src",
+    ] {
         for entry in std::fs::read_dir(root.join(dir)).unwrap() {
             let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
             for (i, _) in text.match_indices('"') {
                 let rest = &text[i + 1..];
                 let Some(end) = rest.find('"') else { continue };
                 let word = &rest[..end];
-                let is_code = ["intake.", "transport.", "tree.", "python.", "materialize."]
-                    .iter()
-                    .any(|p| word.starts_with(p))
+                let is_code = [
+                    "intake.",
+                    "transport.",
+                    "tree.",
+                    "python.",
+                    "materialize.",
+                    "prebuild.",
+                    "publication.",
+                    "reap.",
+                ]
+                .iter()
+                .any(|p| word.starts_with(p))
                     && word[word.find('.').unwrap() + 1..]
                         .chars()
                         .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')

@@ -51,7 +51,12 @@ pub struct Args {
 }
 
 /// Run the tool: the whole of `main`.
-pub fn run(args: &Args, stdin: &mut dyn Read, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitCode {
+pub fn run(
+    args: &Args,
+    stdin: &mut dyn Read,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> ExitCode {
     let fail_policy = |e: CliError, stderr: &mut dyn Write| {
         report(&e, args.diagnostics, stderr);
         e.exit_code()
@@ -67,20 +72,35 @@ pub fn run(args: &Args, stdin: &mut dyn Read, stdout: &mut dyn Write, stderr: &m
         Ok(a) => a,
         Err(e) => return fail_policy(e, stderr),
     };
-    let (input, prev) = match stage::read_input(args.receipt.as_deref(), stdin, "materialize", &authority) {
-        Ok(x) => x,
-        Err(e) => {
-            report_diagnostic(&e, args.diagnostics, stderr);
-            return ExitCode::Usage;
-        }
-    };
-    let tree = input.outputs.get("tree_digest").and_then(Value::as_str).and_then(|s| Digest::from_str(s).ok());
-    let step = input.outputs.get("step").and_then(Value::as_str).map(str::to_owned);
+    let (input, prev) =
+        match stage::read_input(args.receipt.as_deref(), stdin, "materialize", &authority) {
+            Ok(x) => x,
+            Err(e) => {
+                report_diagnostic(&e, args.diagnostics, stderr);
+                return ExitCode::Usage;
+            }
+        };
+    let tree = input
+        .outputs
+        .get("tree_digest")
+        .and_then(Value::as_str)
+        .and_then(|s| Digest::from_str(s).ok());
+    let step = input
+        .outputs
+        .get("step")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
     let Some(tree) = tree else {
-        let _ = writeln!(stderr, "error: the materialize receipt names no tree_digest");
+        let _ = writeln!(
+            stderr,
+            "error: the materialize receipt names no tree_digest"
+        );
         return ExitCode::Usage;
     };
-    let store_root = args.store.clone().unwrap_or_else(|| PathBuf::from(policy.store()));
+    let store_root = args
+        .store
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(policy.store()));
     let store = match Store::open(&store_root) {
         Ok(s) => s,
         Err(e) => {
@@ -88,8 +108,14 @@ pub fn run(args: &Args, stdin: &mut dyn Read, stdout: &mut dyn Write, stderr: &m
             return ExitCode::NoDecision;
         }
     };
-    let executor = args.executor.clone().unwrap_or_else(|| policy.name().to_owned());
-    let run_dir = args.run_dir.clone().unwrap_or_else(|| PathBuf::from(policy.run_dir()));
+    let executor = args
+        .executor
+        .clone()
+        .unwrap_or_else(|| policy.name().to_owned());
+    let run_dir = args
+        .run_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(policy.run_dir()));
     let cfg = Config {
         store: store.clone(),
         images: args.images.clone(),
@@ -108,7 +134,11 @@ pub fn run(args: &Args, stdin: &mut dyn Read, stdout: &mut dyn Write, stderr: &m
         }),
     };
     let code = match result {
-        Ok(Outcome::Published { publication, meta, cached }) => {
+        Ok(Outcome::Published {
+            publication,
+            meta,
+            cached,
+        }) => {
             receipt.outputs = json!({
                 "publication": publication.digest,
                 "files": publication.entries.len(),
@@ -118,7 +148,11 @@ pub fn run(args: &Args, stdin: &mut dyn Read, stdout: &mut dyn Write, stderr: &m
             });
             ExitCode::Ok
         }
-        Ok(Outcome::Rejected { code, message, meta }) => {
+        Ok(Outcome::Rejected {
+            code,
+            message,
+            meta,
+        }) => {
             receipt.outcome = ReceiptOutcome::Rejected;
             receipt.reasons.push(Reason {
                 code: code.to_owned(),

@@ -66,7 +66,11 @@ fn refuse(code: &'static str, path: &str, message: impl Into<String>) -> Refused
 }
 
 fn failed(path: &str, e: nix::Error) -> Refused {
-    refuse("publication.unreadable", path, format!("cannot inspect: {e}"))
+    refuse(
+        "publication.unreadable",
+        path,
+        format!("cannot inspect: {e}"),
+    )
 }
 
 fn kind(st: &FileStat) -> SFlag {
@@ -88,7 +92,9 @@ pub fn inventory(root: &Path, b: &Bounds) -> Result<Vec<Item>, Refused> {
     let mut total = 0u64;
     let mut stack: Vec<(OwnedFd, String, u64)> = vec![(top, String::new(), 0)];
     while let Some((fd, rel, depth)) = stack.pop() {
-        let dup = fd.try_clone().map_err(|e| refuse("publication.unreadable", &rel, e.to_string()))?;
+        let dup = fd
+            .try_clone()
+            .map_err(|e| refuse("publication.unreadable", &rel, e.to_string()))?;
         let mut dir = Dir::from_fd(dup).map_err(|e| failed(&rel, e))?;
         let mut names = Vec::new();
         for entry in dir.iter() {
@@ -103,19 +109,35 @@ pub fn inventory(root: &Path, b: &Bounds) -> Result<Vec<Item>, Refused> {
             let Ok(name) = String::from_utf8(raw.clone()) else {
                 return Err(refuse("publication.non-utf8", &rel, "a name is not UTF-8"));
             };
-            let path = if rel.is_empty() { name.clone() } else { format!("{rel}/{name}") };
+            let path = if rel.is_empty() {
+                name.clone()
+            } else {
+                format!("{rel}/{name}")
+            };
             if path.len() as u64 > b.max_path_length {
-                return Err(refuse("publication.path-too-long", &path, format!("longer than {} bytes", b.max_path_length)));
+                return Err(refuse(
+                    "publication.path-too-long",
+                    &path,
+                    format!("longer than {} bytes", b.max_path_length),
+                ));
             }
             let st = fstatat(fd.as_fd(), name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
                 .map_err(|e| failed(&path, e))?;
             if st.st_mode & 0o6000 != 0 {
-                return Err(refuse("publication.special-mode", &path, format!("mode {:o} has a setuid or setgid bit", st.st_mode & 0o7777)));
+                return Err(refuse(
+                    "publication.special-mode",
+                    &path,
+                    format!("mode {:o} has a setuid or setgid bit", st.st_mode & 0o7777),
+                ));
             }
             let k = kind(&st);
             if k == SFlag::S_IFDIR {
                 if depth + 1 >= b.max_depth {
-                    return Err(refuse("publication.too-deep", &path, format!("deeper than {} components", b.max_depth)));
+                    return Err(refuse(
+                        "publication.too-deep",
+                        &path,
+                        format!("deeper than {} components", b.max_depth),
+                    ));
                 }
                 let sub = openat(
                     fd.as_fd(),
@@ -132,36 +154,70 @@ pub fn inventory(root: &Path, b: &Bounds) -> Result<Vec<Item>, Refused> {
                 SFlag::S_IFLNK => Some(("publication.symlink", "symbolic links are not admitted")),
                 SFlag::S_IFIFO => Some(("publication.fifo", "fifos are not admitted")),
                 SFlag::S_IFSOCK => Some(("publication.socket", "sockets are not admitted")),
-                SFlag::S_IFCHR | SFlag::S_IFBLK => Some(("publication.device", "devices are not admitted")),
-                _ => Some(("publication.entry-type", "only regular files and directories are admitted")),
+                SFlag::S_IFCHR | SFlag::S_IFBLK => {
+                    Some(("publication.device", "devices are not admitted"))
+                }
+                _ => Some((
+                    "publication.entry-type",
+                    "only regular files and directories are admitted",
+                )),
             };
             if let Some((code, msg)) = code {
                 return Err(refuse(code, &path, msg));
             }
             if st.st_nlink > 1 {
-                return Err(refuse("publication.hardlink", &path, format!("{} links to one file", st.st_nlink)));
+                return Err(refuse(
+                    "publication.hardlink",
+                    &path,
+                    format!("{} links to one file", st.st_nlink),
+                ));
             }
             let size = u64::try_from(st.st_size).unwrap_or(u64::MAX);
             let allocated = u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512);
             if allocated < size {
-                return Err(refuse("publication.sparse", &path, format!("{size} bytes in {allocated} allocated")));
+                return Err(refuse(
+                    "publication.sparse",
+                    &path,
+                    format!("{size} bytes in {allocated} allocated"),
+                ));
             }
             if size > b.max_file_bytes {
-                return Err(refuse("publication.file-too-big", &path, format!("{size} bytes exceeds {}", b.max_file_bytes)));
+                return Err(refuse(
+                    "publication.file-too-big",
+                    &path,
+                    format!("{size} bytes exceeds {}", b.max_file_bytes),
+                ));
             }
             total += size;
             if total > b.max_bytes {
-                return Err(refuse("publication.too-big", &path, format!("the publication exceeds {} bytes", b.max_bytes)));
+                return Err(refuse(
+                    "publication.too-big",
+                    &path,
+                    format!("the publication exceeds {} bytes", b.max_bytes),
+                ));
             }
             if items.len() as u64 >= b.max_files {
-                return Err(refuse("publication.too-many-files", &path, format!("more than {} files", b.max_files)));
+                return Err(refuse(
+                    "publication.too-many-files",
+                    &path,
+                    format!("more than {} files", b.max_files),
+                ));
             }
-            let file = openat(fd.as_fd(), name.as_str(), OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty())
-                .map_err(|e| failed(&path, e))?;
+            let file = openat(
+                fd.as_fd(),
+                name.as_str(),
+                OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| failed(&path, e))?;
             let again = fstat(file.as_fd()).map_err(|e| failed(&path, e))?;
             // The inode opened is the inode listed: nothing swapped it in between.
             if again.st_ino != st.st_ino || again.st_dev != st.st_dev || again.st_nlink > 1 {
-                return Err(refuse("publication.changed", &path, "the file changed while it was inventoried"));
+                return Err(refuse(
+                    "publication.changed",
+                    &path,
+                    "the file changed while it was inventoried",
+                ));
             }
             items.push(Item {
                 path,

@@ -114,7 +114,12 @@ fn cache_name(key: &Digest) -> String {
 ///
 /// # Errors
 /// Anything cordon could not establish.
-pub fn prebuild(policy: &Policy, cfg: &Config, tree_digest: &Digest, step: &str) -> Result<Outcome, PrebuildError> {
+pub fn prebuild(
+    policy: &Policy,
+    cfg: &Config,
+    tree_digest: &Digest,
+    step: &str,
+) -> Result<Outcome, PrebuildError> {
     let started = Instant::now();
     let argv = match policy.step(step) {
         Some(("prebuild", argv)) => argv.to_vec(),
@@ -130,13 +135,15 @@ pub fn prebuild(policy: &Policy, cfg: &Config, tree_digest: &Digest, step: &str)
         .stage_run("prebuild")
         .ok_or_else(|| PrebuildError::Policy("no stage \"prebuild\"".into()))?;
     let (role, pin) = run.image.clone();
-    let pin = pin.ok_or_else(|| PrebuildError::Policy(format!("image role {role:?} is not pinned")))?;
+    let pin =
+        pin.ok_or_else(|| PrebuildError::Policy(format!("image role {role:?} is not pinned")))?;
     let (bytes, inodes) = run
         .staging
         .ok_or_else(|| PrebuildError::Policy("the prebuild stage has no staging".into()))?;
-    let (max_files, max_bytes, max_file_bytes, max_depth, max_path_length) = run
-        .publication
-        .ok_or_else(|| PrebuildError::Policy("the prebuild stage has no publication bounds".into()))?;
+    let (max_files, max_bytes, max_file_bytes, max_depth, max_path_length) =
+        run.publication.ok_or_else(|| {
+            PrebuildError::Policy("the prebuild stage has no publication bounds".into())
+        })?;
     let bounds = Bounds {
         max_files,
         max_bytes,
@@ -172,7 +179,20 @@ pub fn prebuild(policy: &Policy, cfg: &Config, tree_digest: &Digest, step: &str)
     // Apply.
     let manager = Manager::open(&cfg.store, cfg.setup.clone())?;
     let lease = manager.begin_with(&cfg.authority.to_string(), &["staging"])?;
-    let result = build(policy, cfg, &manager, lease.clone(), &argv, step, rootfs, (bytes, inodes), &bounds, deadline, tree_digest, &key);
+    let result = build(
+        policy,
+        cfg,
+        &manager,
+        lease.clone(),
+        &argv,
+        step,
+        rootfs,
+        (bytes, inodes),
+        &bounds,
+        deadline,
+        tree_digest,
+        &key,
+    );
     // Release whatever happened; a release that cannot be established overrides the result.
     manager.release(&lease.record)?;
     result
@@ -202,7 +222,10 @@ fn build(
         gid: lease.record.account.gid,
         rootfs,
         sources: [
-            ("tree".to_owned(), tree::root_in(&cfg.store, TREES, tree_digest)),
+            (
+                "tree".to_owned(),
+                tree::root_in(&cfg.store, TREES, tree_digest),
+            ),
             ("staging".to_owned(), staging.clone()),
         ]
         .into(),
@@ -231,7 +254,10 @@ fn build(
         })?),
         None => None,
     };
-    let run = policy.stage_run("prebuild").map(|r| r.output).unwrap_or((1 << 20, 1 << 20));
+    let run = policy
+        .stage_run("prebuild")
+        .map(|r| r.output)
+        .unwrap_or((1 << 20, 1 << 20));
     let caps = OutputCaps {
         stdout: run.0,
         stderr: run.1,
@@ -239,13 +265,22 @@ fn build(
     let finished = manager.run(&lease, deadline, caps, stdin)?;
     let meta = finished.meta.clone();
     let failure = if meta.killed_by_deadline {
-        Some(("prebuild.deadline", "the build step ran past the stage's deadline".to_owned()))
+        Some((
+            "prebuild.deadline",
+            "the build step ran past the stage's deadline".to_owned(),
+        ))
     } else if meta.oom_killed {
-        Some(("prebuild.oom", "the build step was killed for memory".to_owned()))
+        Some((
+            "prebuild.oom",
+            "the build step was killed for memory".to_owned(),
+        ))
     } else if meta.exit_code != Some(0) {
         Some((
             "prebuild.exit",
-            format!("the build step ended with exit code {:?}, signal {:?}", meta.exit_code, meta.signal),
+            format!(
+                "the build step ended with exit code {:?}, signal {:?}",
+                meta.exit_code, meta.signal
+            ),
         ))
     } else {
         None
@@ -284,7 +319,8 @@ fn build(
     // Reopened and re-verified before it is named anywhere.
     let publication = tree::verify_in(&cfg.store, PUBLICATIONS, &record.digest)?;
     let doc = cordon::canonical::to_canonical_json(&json!({ "publication": publication.digest }))?;
-    cfg.store.put_document("publications", &cache_name(key), doc.as_bytes())?;
+    cfg.store
+        .put_document("publications", &cache_name(key), doc.as_bytes())?;
     Ok(Outcome::Published {
         publication,
         meta: Some(meta),

@@ -1,0 +1,208 @@
+//! A prebuild of a trivial step through `cordon-prebuild`'s library vs bare `runc run` of an
+//! equivalent bundle (same policy, image, tree and controls), side by side in one run; and the
+//! demo pipeline's time by stage. Prints times and the ratio; asserts nothing about time.
+//!
+//! `cargo bench -p cordon-prebuild --bench prebuild_vs_runc` (as root; `CORDON_BENCH_RUNS`,
+//! default 10). Goal: ≤ 1.05× bare runc + 25 ms.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cordon::canonical::Digest;
+use cordon::lease::Manager;
+use cordon::store::Store;
+use cordon_prebuild::prebuild::{Config, Outcome, prebuild};
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn main() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "the prebuild benchmark runs real containers: run it as root"
+    );
+    let runs: usize = std::env::var("CORDON_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let root = cordon_testkit::workspace_root();
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(root.join("policy/evaluator.kdl"))
+        .unwrap()
+        .replace("uid-range 3000000 3099999", "uid-range 3070000 3070999")
+        .replace("gid-range 3000000 3099999", "gid-range 3070000 3070999")
+        .replace(
+            "\"/etc/cron.deny\"",
+            &format!("{:?}", dir.path().join("cron.deny").display().to_string()),
+        )
+        .replace(
+            "\"/etc/at.deny\"",
+            &format!("{:?}", dir.path().join("at.deny").display().to_string()),
+        );
+    let policy = cordon_policy::parse("bench.kdl", &text).unwrap();
+    let store = Store::open(&dir.path().join("store")).unwrap();
+    let spec = cordon_image::spec::load(&root.join("images/prebuild.kdl")).unwrap();
+    cordon::image::build(&spec, &dir.path().join("images/prebuild")).unwrap();
+
+    // The demo pipeline, stage by stage, in process.
+    let t = Instant::now();
+    let incumbent = cordon_materialize::materialize::register_incumbent(
+        &store,
+        &root.join("checks/example/incumbent"),
+        &policy.tree_rules(),
+    )
+    .unwrap()
+    .digest;
+    let t_inc = t.elapsed();
+    let tar = Command::new("tar")
+        .args([
+            "--sort=name",
+            "--owner=0",
+            "--group=0",
+            "--numeric-owner",
+            "--mtime=@0",
+            "--format=ustar",
+            "-C",
+        ])
+        .arg(root.join("checks/example/candidate"))
+        .args(["-cf", "-", "cordon-delta.kdl", "engine"])
+        .output()
+        .unwrap()
+        .stdout;
+    let t = Instant::now();
+    let record = cordon::intake::ingest(
+        &store,
+        tar.as_slice(),
+        &Digest::of_bytes(&tar),
+        &policy.archive_limits(),
+    )
+    .unwrap();
+    let t_fetch = t.elapsed();
+    let t = Instant::now();
+    let steps = ["build-native".to_owned()].into();
+    let tree = cordon_materialize::materialize::materialize(
+        &store,
+        &incumbent,
+        &record,
+        &policy.tree_rules(),
+        &steps,
+    )
+    .unwrap()
+    .record
+    .digest;
+    let t_mat = t.elapsed();
+    let setup = cordon_reap::cli::setup(
+        &policy,
+        "bench",
+        dir.path().join("state"),
+        dir.path().join("run"),
+    );
+    Manager::open(&store, setup.clone())
+        .unwrap()
+        .recover()
+        .unwrap();
+    let cfg = |i: usize| Config {
+        store: store.clone(),
+        images: dir.path().join("images"),
+        setup: setup.clone(),
+        // A fresh authority per run, so the cache never answers and a container always runs.
+        authority: Digest::of_bytes(format!("bench-{i}").as_bytes()),
+    };
+    let mut lib = Vec::new();
+    for i in 0..runs {
+        let t = Instant::now();
+        let o = prebuild(&policy, &cfg(i), &tree, "build-native").unwrap();
+        lib.push(t.elapsed());
+        assert!(matches!(o, Outcome::Published { cached: false, .. }));
+    }
+    let t = Instant::now();
+    let left = Manager::open(&store, setup.clone())
+        .unwrap()
+        .check()
+        .unwrap();
+    let t_reap = t.elapsed();
+    assert!(left.is_empty());
+
+    // The baseline: bare runc run of the same plan (image rootfs, tree, a staging directory).
+    let pin = policy.images()["prebuild"];
+    let rootfs = store.path("images", &pin.hex()).join("rootfs");
+    let mut bare = Vec::new();
+    for i in 0..runs {
+        let staging = dir.path().join(format!("staging{i}"));
+        std::fs::create_dir_all(&staging).unwrap();
+        let inputs = cordon_policy::plan::RunInputs {
+            argv: policy.step("build-native").unwrap().1.to_vec(),
+            uid: 3_070_999,
+            gid: 3_070_999,
+            rootfs: rootfs.clone(),
+            sources: [
+                ("tree".to_owned(), cordon::tree::root_dir(&store, &tree)),
+                ("staging".to_owned(), staging.clone()),
+            ]
+            .into(),
+            executor: "bare".into(),
+            lease: format!("bare{i}"),
+            authority: "bare".into(),
+            protected: vec![],
+            mountable_store_roots: vec![],
+        };
+        let spec = cordon::bundle::plan(&policy.bundle_plan("prebuild", &inputs).unwrap()).unwrap();
+        let bundle = dir.path().join(format!("bundle{i}"));
+        std::fs::create_dir_all(&bundle).unwrap();
+        std::fs::write(
+            bundle.join("config.json"),
+            cordon::canonical::to_canonical_json(&spec).unwrap(),
+        )
+        .unwrap();
+        nix::unistd::chown(
+            &staging,
+            Some(nix::unistd::Uid::from_raw(3_070_999)),
+            Some(nix::unistd::Gid::from_raw(3_070_999)),
+        )
+        .unwrap();
+        let t = Instant::now();
+        let ok = Command::new("/usr/sbin/runc")
+            .arg("--root")
+            .arg(dir.path().join("bare-state"))
+            .args(["run", "--bundle"])
+            .arg(&bundle)
+            .arg(format!("bare{i}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        bare.push(t.elapsed());
+        assert!(ok.success());
+    }
+    let (l, b) = (median(lib), median(bare));
+    println!(
+        "prebuild of the example step (median of {runs}): {:>7.1} ms",
+        ms(l)
+    );
+    println!(
+        "bare runc run of the same bundle:              {:>7.1} ms",
+        ms(b)
+    );
+    println!(
+        "prebuild / bare: {:.2}x, overhead {:+.1} ms (goal <= 1.05x + 25 ms)",
+        ms(l) / ms(b),
+        ms(l) - ms(b)
+    );
+    println!(
+        "pipeline by stage: incumbent {:.1} ms, fetch {:.1} ms, materialize {:.1} ms, prebuild {:.1} ms, reap --check {:.1} ms",
+        ms(t_inc),
+        ms(t_fetch),
+        ms(t_mat),
+        ms(l),
+        ms(t_reap)
+    );
+}
