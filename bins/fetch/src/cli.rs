@@ -17,7 +17,7 @@ use cordon::intake::{self, IntakeError};
 use cordon::receipt::{Outcome, Reason, Receipt};
 use cordon::stage::{self, DEFAULT_POLICY};
 use cordon::store::Store;
-use cordon_policy::cli::{CliError, Diagnostics, report, report_diagnostic};
+use cordon_policy::cli::{Diagnostics, report_diagnostic};
 use serde_json::json;
 
 use crate::transport::{self, Body, Rules, TransportError};
@@ -179,21 +179,11 @@ fn open_source(given: &str, policy: &cordon_policy::Policy) -> Result<Source, Fe
 
 /// Run the tool: the whole of `main`.
 pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitCode {
-    let fail_policy = |e: CliError, stderr: &mut dyn Write| {
-        report(&e, args.diagnostics, stderr);
-        e.exit_code()
-    };
-    let loaded = match cordon_policy::cli::load(&args.policy) {
-        Ok(l) => l,
-        Err(e) => return fail_policy(e, stderr),
-    };
-    let authority = match cordon_policy::cli::components(&loaded.policy).and_then(|c| {
-        c.authority()
-            .map_err(cordon_policy::cli::CliError::Identity)
-    }) {
-        Ok(a) => a,
-        Err(e) => return fail_policy(e, stderr),
-    };
+    let (loaded, authority) =
+        match cordon_policy::cli::stage_start(&args.policy, args.diagnostics, stderr) {
+            Ok(x) => x,
+            Err(code) => return code,
+        };
     match fetch(args, &loaded.policy, authority, stdout) {
         Ok(code) => code,
         Err(e) => {

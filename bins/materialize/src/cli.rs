@@ -25,7 +25,7 @@ use cordon::stage::{self, DEFAULT_POLICY, StageError};
 use cordon::store::Store;
 use cordon::tree;
 use cordon_policy::Policy;
-use cordon_policy::cli::{CliError, Diagnostics, report, report_diagnostic};
+use cordon_policy::cli::{Diagnostics, report_diagnostic};
 use miette::{Diagnostic, LabeledSpan, NamedSource, SourceCode};
 use serde_json::{Value, json};
 
@@ -173,20 +173,11 @@ pub fn run(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> ExitCode {
-    let fail_policy = |e: CliError, stderr: &mut dyn Write| {
-        report(&e, args.diagnostics, stderr);
-        e.exit_code()
-    };
-    let loaded = match cordon_policy::cli::load(&args.policy) {
-        Ok(l) => l,
-        Err(e) => return fail_policy(e, stderr),
-    };
-    let authority = match cordon_policy::cli::components(&loaded.policy)
-        .and_then(|c| c.authority().map_err(CliError::Identity))
-    {
-        Ok(a) => a,
-        Err(e) => return fail_policy(e, stderr),
-    };
+    let (loaded, authority) =
+        match cordon_policy::cli::stage_start(&args.policy, args.diagnostics, stderr) {
+            Ok(x) => x,
+            Err(code) => return code,
+        };
     match dispatch(args, &loaded.policy, authority, stdin, stdout, stderr) {
         Ok(code) => code,
         Err(e) => {

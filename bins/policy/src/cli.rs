@@ -187,6 +187,28 @@ pub fn load(path: &Path) -> Result<Loaded, CliError> {
     Ok(Loaded { policy, raw_sha256 })
 }
 
+/// What every stage binary does first: read and validate its policy and establish the
+/// authority identity on this host. On failure the problem is already reported on `stderr` and
+/// the exit code is returned (2 for a policy problem, 3 for an identity that cannot be
+/// established).
+///
+/// # Errors
+/// The exit code to end with.
+pub fn stage_start(
+    path: &Path,
+    mode: Diagnostics,
+    stderr: &mut dyn Write,
+) -> Result<(Loaded, Digest), ExitCode> {
+    let authority = load(path).and_then(|loaded| {
+        let a = components(&loaded.policy)?.authority()?;
+        Ok((loaded, a))
+    });
+    authority.map_err(|e| {
+        report(&e, mode, stderr);
+        e.exit_code()
+    })
+}
+
 /// The authority components of a policy on this host: its digest, the probed runtime, the
 /// pinned images and the installed cordon binaries.
 ///

@@ -35,18 +35,7 @@ fn main() {
         .unwrap_or(10);
     let root = cordon_testkit::workspace_root();
     let dir = tempfile::tempdir().unwrap();
-    let text = std::fs::read_to_string(root.join("policy/evaluator.kdl"))
-        .unwrap()
-        .replace("uid-range 3000000 3099999", "uid-range 3070000 3070999")
-        .replace("gid-range 3000000 3099999", "gid-range 3070000 3070999")
-        .replace(
-            "\"/etc/cron.deny\"",
-            &format!("{:?}", dir.path().join("cron.deny").display().to_string()),
-        )
-        .replace(
-            "\"/etc/at.deny\"",
-            &format!("{:?}", dir.path().join("at.deny").display().to_string()),
-        );
+    let text = cordon_testkit::isolated_policy(dir.path(), 3_070_000);
     let policy = cordon_policy::parse("bench.kdl", &text).unwrap();
     let store = Store::open(&dir.path().join("store")).unwrap();
     let spec = cordon_image::spec::load(&root.join("images/prebuild.kdl")).unwrap();

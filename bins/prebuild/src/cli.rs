@@ -15,7 +15,7 @@ use cordon::canonical::Digest;
 use cordon::receipt::{Outcome as ReceiptOutcome, Reason, Receipt};
 use cordon::stage::{self, DEFAULT_POLICY};
 use cordon::store::Store;
-use cordon_policy::cli::{CliError, Diagnostics, report, report_diagnostic};
+use cordon_policy::cli::{Diagnostics, report_diagnostic};
 use serde_json::{Value, json};
 
 use crate::prebuild::{Config, Outcome, prebuild};
@@ -57,21 +57,12 @@ pub fn run(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> ExitCode {
-    let fail_policy = |e: CliError, stderr: &mut dyn Write| {
-        report(&e, args.diagnostics, stderr);
-        e.exit_code()
-    };
-    let loaded = match cordon_policy::cli::load(&args.policy) {
-        Ok(l) => l,
-        Err(e) => return fail_policy(e, stderr),
-    };
+    let (loaded, authority) =
+        match cordon_policy::cli::stage_start(&args.policy, args.diagnostics, stderr) {
+            Ok(x) => x,
+            Err(code) => return code,
+        };
     let policy = &loaded.policy;
-    let authority = match cordon_policy::cli::components(policy)
-        .and_then(|c| c.authority().map_err(CliError::Identity))
-    {
-        Ok(a) => a,
-        Err(e) => return fail_policy(e, stderr),
-    };
     let (input, prev) =
         match stage::read_input(args.receipt.as_deref(), stdin, "materialize", &authority) {
             Ok(x) => x,

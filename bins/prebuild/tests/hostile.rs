@@ -44,24 +44,7 @@ fn env(slot: u32) -> Env {
     let first = 3_080_000 + slot * 1000;
     let secret = dir.path().join("secret");
     std::fs::write(&secret, "TOPSECRET-KEY\n").unwrap();
-    let text = std::fs::read_to_string(workspace_root().join("policy/evaluator.kdl"))
-        .unwrap()
-        .replace(
-            "uid-range 3000000 3099999",
-            &format!("uid-range {first} {}", first + 999),
-        )
-        .replace(
-            "gid-range 3000000 3099999",
-            &format!("gid-range {first} {}", first + 999),
-        )
-        .replace(
-            "\"/etc/cron.deny\"",
-            &format!("{:?}", dir.path().join("cron.deny").display().to_string()),
-        )
-        .replace(
-            "\"/etc/at.deny\"",
-            &format!("{:?}", dir.path().join("at.deny").display().to_string()),
-        )
+    let text = cordon_testkit::isolated_policy(dir.path(), first)
         .replace("memory \"8GiB\"", "memory \"256MiB\"")
         .replace("pids 1024", "pids 64")
         .replace("deadline \"30m\"", "deadline \"8s\"")
@@ -206,7 +189,9 @@ fn writes_outside_staging_exec_from_tmp_and_setuid_are_refused() {
         echo 1 > /proc/sys/kernel/sysrq 2>/dev/null && echo procsys=yes >> $out/r || echo procsys=no >> $out/r\n\
         echo kcore=$(busybox head -c 16 /proc/kcore 2>/dev/null | busybox wc -c) >> $out/r\n\
         busybox ls /sys/firmware >/dev/null 2>&1 && echo firmware=yes >> $out/r || echo firmware=no >> $out/r\n\
-        echo uid=$(busybox id -u) >> $out/r";
+        echo uid=$(busybox id -u) >> $out/r\n\
+        for p in /dev/nvidia0 /dev/nvidiactl /model /root /home /var/run/docker.sock /run/docker.sock /run/containerd /nonexistent; do [ -e $p ] && echo present=$p >> $out/r; done\n\
+        busybox cut -d' ' -f5 /proc/self/mountinfo | busybox sort -u | busybox tr '\\n' ' ' > $out/mounts";
     let (tree, o) = build(&e, script, &[]);
     let r = published(&e, &o, "r");
     for want in [
@@ -220,6 +205,36 @@ fn writes_outside_staging_exec_from_tmp_and_setuid_are_refused() {
         assert!(r.contains(want), "{want}: {r}");
     }
     assert!(!r.contains("uid=0"), "the step ran as root: {r}");
+    assert!(
+        !r.contains("present="),
+        "no GPU, model, home, wallet or runtime socket: {r}"
+    );
+    // The mount table holds exactly the planned mounts (and runc's masks over /proc, /sys).
+    let mounts = published(&e, &o, "mounts");
+    assert!(
+        mounts.contains("/engine ") && mounts.contains("/staging "),
+        "{mounts}"
+    );
+    for m in mounts.split_whitespace() {
+        let planned = [
+            "/",
+            "/proc",
+            "/dev",
+            "/dev/shm",
+            "/dev/mqueue",
+            "/dev/pts",
+            "/tmp",
+            "/engine",
+            "/staging",
+        ];
+        assert!(
+            planned.contains(&m)
+                || m.starts_with("/proc/")
+                || m.starts_with("/sys/")
+                || m.starts_with("/dev/"),
+            "an unplanned mount {m}: {mounts}"
+        );
+    }
     // Outside: the tree is exactly what was published.
     tree::verify(&e.store, &tree).unwrap();
 

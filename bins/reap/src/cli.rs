@@ -20,7 +20,7 @@ use cordon::receipt::{Outcome, Reason, Receipt};
 use cordon::runtime::Runtime;
 use cordon::stage::{self, DEFAULT_POLICY};
 use cordon::store::Store;
-use cordon_policy::cli::{CliError, Diagnostics, report, report_diagnostic};
+use cordon_policy::cli::{Diagnostics, report_diagnostic};
 use serde_json::json;
 
 /// cordon's runtime state root when `--state-root` is not given: no other tool's containers
@@ -77,21 +77,12 @@ pub fn setup(
 
 /// Run the tool: the whole of `main`.
 pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitCode {
-    let fail_policy = |e: CliError, stderr: &mut dyn Write| {
-        report(&e, args.diagnostics, stderr);
-        e.exit_code()
-    };
-    let loaded = match cordon_policy::cli::load(&args.policy) {
-        Ok(l) => l,
-        Err(e) => return fail_policy(e, stderr),
-    };
+    let (loaded, authority) =
+        match cordon_policy::cli::stage_start(&args.policy, args.diagnostics, stderr) {
+            Ok(x) => x,
+            Err(code) => return code,
+        };
     let policy = &loaded.policy;
-    let authority = match cordon_policy::cli::components(policy)
-        .and_then(|c| c.authority().map_err(CliError::Identity))
-    {
-        Ok(a) => a,
-        Err(e) => return fail_policy(e, stderr),
-    };
     let store_root = args
         .store
         .clone()

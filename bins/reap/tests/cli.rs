@@ -8,23 +8,11 @@ use std::process::Command;
 
 use cordon::lease::Manager;
 use cordon::store::Store;
-use cordon_testkit::workspace_root;
 
 /// The default policy with an account range of its own, so that recovery here can never touch
 /// the accounts of tests running beside it.
 fn policy(dir: &Path) -> std::path::PathBuf {
-    let text = std::fs::read_to_string(workspace_root().join("policy/evaluator.kdl")).unwrap();
-    let text = text
-        .replace("uid-range 3000000 3099999", "uid-range 3200000 3200999")
-        .replace("gid-range 3000000 3099999", "gid-range 3200000 3200999")
-        .replace(
-            "\"/etc/cron.deny\"",
-            &format!("{:?}", dir.join("cron.deny").display().to_string()),
-        )
-        .replace(
-            "\"/etc/at.deny\"",
-            &format!("{:?}", dir.join("at.deny").display().to_string()),
-        );
+    let text = cordon_testkit::isolated_policy(dir, 3_200_000);
     let path = dir.join("policy.kdl");
     std::fs::write(&path, text).unwrap();
     path

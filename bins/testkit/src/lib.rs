@@ -48,3 +48,22 @@ pub fn require_executable(path: &Path, install: &str) {
         path.display()
     );
 }
+
+/// The default policy's text with its per-run account range moved to `first..=first + 999` and
+/// its cron/at deny files into `dir`, so that a test's accounts — and the recovery that removes
+/// orphans in the range — never meet another test's or the host's.
+#[must_use]
+pub fn isolated_policy(dir: &Path, first: u32) -> String {
+    let text = std::fs::read_to_string(workspace_root().join("policy/evaluator.kdl")).unwrap();
+    let quoted = |name: &str| format!("{:?}", dir.join(name).display().to_string());
+    text.replace(
+        "uid-range 3000000 3099999",
+        &format!("uid-range {first} {}", first + 999),
+    )
+    .replace(
+        "gid-range 3000000 3099999",
+        &format!("gid-range {first} {}", first + 999),
+    )
+    .replace("\"/etc/cron.deny\"", &quoted("cron.deny"))
+    .replace("\"/etc/at.deny\"", &quoted("at.deny"))
+}
