@@ -176,7 +176,9 @@ pub fn prebuild(
         });
     }
 
-    // Apply.
+    // Apply, on a runtime that runs and is new enough (its digest and version are already part
+    // of the authority).
+    cfg.setup.runtime.preflight().map_err(LeaseError::from)?;
     let manager = Manager::open(&cfg.store, cfg.setup.clone())?;
     let lease = manager.begin_with(&cfg.authority.to_string(), &["staging"])?;
     let result = build(

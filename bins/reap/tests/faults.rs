@@ -260,3 +260,56 @@ fn a_linked_or_corrupt_record_stops_recovery_and_a_failing_delete_is_residue() {
     m.recover().unwrap();
     assert!(m.check().unwrap().is_empty());
 }
+
+#[test]
+fn a_container_that_will_not_disappear_and_a_runtime_too_old_are_no_decisions() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "needs root: real accounts"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("store")).unwrap();
+    let mut s = setup(dir.path());
+    s.accounts.uids = (3_096_500, 3_096_999);
+    s.accounts.gids = (3_096_500, 3_096_999);
+    let m = Manager::open(&store, s.clone()).unwrap();
+    let lease = m.begin("sha256:faults").unwrap();
+    drop(m);
+    // A runtime that keeps listing the lease's container with its exact labels after delete.
+    let fake = dir.path().join("sticky-runc");
+    let r = &lease.record;
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\n[ \"$1\" = --version ] && {{ echo 'runc version 1.0.0'; exit 0; }}\ncase \"$3\" in\n list) echo '[{{\"id\":\"{c}\"}}]';;\n state) echo '{{\"annotations\":{{\"org.cordon.executor\":\"{e}\",\"org.cordon.lease\":\"{l}\",\"org.cordon.authority\":\"{a}\"}}}}';;\n *) exit 0;;\nesac\n",
+            c = r.container,
+            e = r.executor,
+            l = r.lease,
+            a = r.authority
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut sticky = s.clone();
+    sticky.runtime.binary = fake.clone();
+    std::fs::create_dir_all(&sticky.runtime.state_root).unwrap();
+    let m = Manager::open(&store, sticky.clone()).unwrap();
+    let err = m.release(&lease.record).unwrap_err();
+    assert!(err.to_string().contains("still listed"), "{err}");
+    assert!(
+        store.path("leases", &format!("{}.json", r.lease)).exists(),
+        "the record stays for a retry"
+    );
+    // The same fake is older than cordon supports: a clear no-decision before anything runs.
+    let v = std::process::Command::new(&fake)
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&v.stdout).contains("1.0.0"));
+    let err = sticky.runtime.preflight().unwrap_err();
+    assert!(err.to_string().contains("needs at least 1.1"), "{err}");
+    drop(m);
+    let m = Manager::open(&store, s).unwrap();
+    m.recover().unwrap();
+    assert!(m.check().unwrap().is_empty());
+}
