@@ -248,7 +248,26 @@ sleep 1
     );
     // Nothing written outside: the tree on the host is unchanged.
     assert!(!e.dir.path().join("tree/x").exists());
+    // The run account may not schedule cron or at jobs: it is in both deny files while it
+    // exists, and out of them after release.
+    let name = &lease.record.account.name;
+    for f in [&e.setup.accounts.cron_deny, &e.setup.accounts.at_deny] {
+        let text = std::fs::read_to_string(f).unwrap();
+        assert!(
+            text.lines().any(|l| l == name),
+            "{name} not in {}",
+            f.display()
+        );
+    }
     m.release(&lease.record).unwrap();
+    for f in [&e.setup.accounts.cron_deny, &e.setup.accounts.at_deny] {
+        let text = std::fs::read_to_string(f).unwrap();
+        assert!(
+            !text.lines().any(|l| l == name),
+            "{name} still in {}",
+            f.display()
+        );
+    }
     assert_quiescent(&m, &lease);
 }
 
