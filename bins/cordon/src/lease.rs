@@ -29,6 +29,9 @@ use crate::canonical::{Digest, to_canonical_json};
 use crate::runtime::{CgroupProbe, Finished, OutputCaps, Runtime};
 use crate::store::{self, Store};
 
+/// cordon's runtime state root when none is given: no other tool's containers live under it.
+pub const DEFAULT_STATE_ROOT: &str = "/run/cordon-runc";
+
 /// The lease record schema.
 pub const LEASE_SCHEMA: u32 = 1;
 
@@ -667,24 +670,25 @@ impl Manager {
         for a in account::in_range(&self.setup.accounts, &self.setup.passwd) {
             left.push(format!("account {} (uid {})", a.name, a.uid));
         }
-        let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        for line in mounts.lines() {
-            let Some(point) = line.split(' ').nth(4) else {
-                continue;
-            };
-            let p = Path::new(point);
+        for p in mount_points() {
             if p.starts_with(&self.setup.run_root) || p.starts_with(self.store.root()) {
-                left.push(format!("mount {point}"));
+                left.push(format!("mount {}", p.display()));
             }
         }
         Ok(left)
     }
 }
 
-fn is_mountpoint(p: &Path) -> bool {
-    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    mounts
+/// The mount points of this mount namespace (`/proc/self/mountinfo`, field 5).
+fn mount_points() -> Vec<PathBuf> {
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
-        .any(|m| Path::new(m) == p)
+        .map(PathBuf::from)
+        .collect()
+}
+
+fn is_mountpoint(p: &Path) -> bool {
+    mount_points().iter().any(|m| m == p)
 }

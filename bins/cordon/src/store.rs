@@ -497,25 +497,6 @@ impl Store {
             .join(format!("{hex}{suffix}"))
     }
 
-    /// Publish a staged, fully written file as the content object `sha256`; see
-    /// [`Store::publish_objects`].
-    ///
-    /// # Errors
-    /// Any step failed, or the object at the name does not hash to `sha256`.
-    pub fn publish_object(
-        &self,
-        staged: &Path,
-        sha256: &Digest,
-        executable: bool,
-    ) -> Result<PathBuf, StoreError> {
-        self.publish_objects(&[Staged {
-            path: staged.to_path_buf(),
-            sha256: *sha256,
-            executable,
-        }])?;
-        Ok(self.object_path(sha256, executable))
-    }
-
     /// Publish staged, fully written files as content objects: set each one's mode and times,
     /// make all their data durable, hard-link each into place (never replacing), make the new
     /// names durable, then reopen every object at its name and re-hash it (on two threads).

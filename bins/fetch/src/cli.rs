@@ -15,9 +15,9 @@ use cordon::ExitCode;
 use cordon::canonical::Digest;
 use cordon::intake::{self, IntakeError};
 use cordon::receipt::{Outcome, Reason, Receipt};
-use cordon::stage::{self, DEFAULT_POLICY};
+use cordon::stage;
 use cordon::store::Store;
-use cordon_policy::cli::{Diagnostics, report_diagnostic};
+use cordon_policy::cli::{StageArgs, report_diagnostic};
 use serde_json::json;
 
 use crate::transport::{self, Body, Rules, TransportError};
@@ -26,18 +26,12 @@ use crate::transport::{self, Body, Rules, TransportError};
 #[derive(Debug, Parser)]
 #[command(name = "cordon-fetch", version, about)]
 pub struct Args {
-    /// The policy file.
-    #[arg(long, default_value = DEFAULT_POLICY)]
-    pub policy: PathBuf,
-    /// The store directory (default: the policy's `store`).
-    #[arg(long)]
-    pub store: Option<PathBuf>,
+    /// The options every stage shares.
+    #[command(flatten)]
+    pub stage: StageArgs,
     /// The committed sha256 of the archive bytes: 64 hex digits, `sha256:` prefix optional.
     #[arg(long)]
     pub sha256: String,
-    /// How errors are printed on stderr.
-    #[arg(long, value_enum, default_value_t = Diagnostics::Text)]
-    pub diagnostics: Diagnostics,
     /// A local path, or an `https://` URL.
     pub source: String,
 }
@@ -180,14 +174,14 @@ fn open_source(given: &str, policy: &cordon_policy::Policy) -> Result<Source, Fe
 /// Run the tool: the whole of `main`.
 pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitCode {
     let (loaded, authority) =
-        match cordon_policy::cli::stage_start(&args.policy, args.diagnostics, stderr) {
+        match cordon_policy::cli::stage_start(&args.stage.policy, args.stage.diagnostics, stderr) {
             Ok(x) => x,
             Err(code) => return code,
         };
     match fetch(args, &loaded.policy, authority, stdout) {
         Ok(code) => code,
         Err(e) => {
-            report_diagnostic(&e, args.diagnostics, stderr);
+            report_diagnostic(&e, args.stage.diagnostics, stderr);
             e.exit_code()
         }
     }
@@ -201,10 +195,7 @@ fn fetch(
 ) -> Result<ExitCode, FetchError> {
     let committed = parse_digest(&args.sha256)?;
     let mut source = open_source(&args.source, policy)?;
-    let store_root = args
-        .store
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(policy.store()));
+    let store_root = args.stage.store_root(policy);
     let store = Store::open(&store_root)?;
     let mut receipt = Receipt::new("fetch", authority, Outcome::Ok);
     receipt.inputs = json!({ "source": args.source, "sha256": committed });

@@ -13,7 +13,7 @@ use cordon::ExitCode;
 use cordon::canonical::Digest;
 use cordon::store::Store;
 use cordon_fetch::cli::{Args, run};
-use cordon_policy::cli::Diagnostics;
+use cordon_policy::cli::{Diagnostics, StageArgs};
 
 /// What the test server answers for a path.
 #[derive(Clone)]
@@ -166,10 +166,8 @@ struct Outcome {
 
 fn fetch(policy: &Path, store: &Path, sha: &Digest, source: &str) -> Outcome {
     let args = Args {
-        policy: policy.to_path_buf(),
-        store: Some(store.to_path_buf()),
+        stage: StageArgs::new(policy, Some(store)),
         sha256: sha.hex(),
-        diagnostics: Diagnostics::Text,
         source: source.to_owned(),
     };
     let (mut out, mut err) = (Vec::new(), Vec::new());
@@ -419,11 +417,11 @@ fn a_local_archive_is_admitted_and_a_wrong_digest_rejected_with_the_store_unchan
     );
     assert_eq!(o.receipt.unwrap()["authority"], receipt["authority"]);
     // A malformed digest and a missing file are usage errors, before the store is touched.
+    let mut stage = StageArgs::new(&policy, Some(&store_dir));
+    stage.diagnostics = Diagnostics::Json;
     let args = Args {
-        policy: policy.clone(),
-        store: Some(store_dir.clone()),
+        stage,
         sha256: "abc".into(),
-        diagnostics: Diagnostics::Json,
         source: file.to_str().unwrap().into(),
     };
     assert_eq!(

@@ -21,11 +21,11 @@ use cordon::ExitCode;
 use cordon::canonical::Digest;
 use cordon::intake;
 use cordon::receipt::{Outcome, Reason, Receipt};
-use cordon::stage::{self, DEFAULT_POLICY, StageError};
+use cordon::stage::{self, StageError};
 use cordon::store::Store;
 use cordon::tree;
 use cordon_policy::Policy;
-use cordon_policy::cli::{Diagnostics, report_diagnostic};
+use cordon_policy::cli::{StageArgs, report_diagnostic};
 use miette::{Diagnostic, LabeledSpan, NamedSource, SourceCode};
 use serde_json::{Value, json};
 
@@ -36,15 +36,9 @@ use crate::materialize::{self, MaterializeError};
 #[derive(Debug, Parser)]
 #[command(name = "cordon-materialize", version, about)]
 pub struct Args {
-    /// The policy file.
-    #[arg(long, default_value = DEFAULT_POLICY, global = true)]
-    pub policy: PathBuf,
-    /// The store directory (default: the policy's `store`).
-    #[arg(long, global = true)]
-    pub store: Option<PathBuf>,
-    /// How errors are printed on stderr.
-    #[arg(long, value_enum, default_value_t = Diagnostics::Text, global = true)]
-    pub diagnostics: Diagnostics,
+    /// The options every stage shares.
+    #[command(flatten)]
+    pub stage: StageArgs,
     /// The incumbent tree the delta is materialized over.
     #[arg(long)]
     pub incumbent: Option<String>,
@@ -174,14 +168,14 @@ pub fn run(
     stderr: &mut dyn Write,
 ) -> ExitCode {
     let (loaded, authority) =
-        match cordon_policy::cli::stage_start(&args.policy, args.diagnostics, stderr) {
+        match cordon_policy::cli::stage_start(&args.stage.policy, args.stage.diagnostics, stderr) {
             Ok(x) => x,
             Err(code) => return code,
         };
     match dispatch(args, &loaded.policy, authority, stdin, stdout, stderr) {
         Ok(code) => code,
         Err(e) => {
-            report_diagnostic(&e, args.diagnostics, stderr);
+            report_diagnostic(&e, args.stage.diagnostics, stderr);
             e.exit_code()
         }
     }
@@ -195,39 +189,25 @@ fn dispatch(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> Result<ExitCode, CommandError> {
-    let store_root = args
-        .store
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(policy.store()));
+    let store_root = args.stage.store_root(policy);
     let rules = policy.tree_rules();
     let mut receipt = Receipt::new("materialize", authority, Outcome::Ok);
-    // Parse every argument before the store is touched.
-    let result = match (&args.command, &args.incumbent) {
+    // Parse every argument (and the input receipt) before the store is touched.
+    enum Job<'a> {
+        Incumbent(&'a std::path::Path),
+        Verify(Digest),
+        Delta { incumbent: Digest, content: Digest },
+    }
+    let job = match (&args.command, &args.incumbent) {
         (Some(_), Some(_)) | (None, None) => return Err(CommandError::Usage),
         (Some(Command::Incumbent { dir }), None) => {
-            let store = Store::open(&store_root)?;
             receipt.inputs = json!({ "incumbent_dir": dir });
-            materialize::register_incumbent(&store, dir, &rules).map(|record| {
-                receipt.outputs = json!({
-                    "tree_digest": record.digest,
-                    "kind": "incumbent",
-                    "files": record.entries.len(),
-                    "bytes": record.entries.iter().map(|e| e.size).sum::<u64>(),
-                });
-            })
+            Job::Incumbent(dir)
         }
         (Some(Command::Verify { tree: t }), None) => {
             let digest = parse_digest(t)?;
-            let store = Store::open(&store_root)?;
             receipt.inputs = json!({ "tree": digest });
-            tree::verify(&store, &digest)
-                .map(|record| {
-                    receipt.outputs = json!({
-                        "tree_digest": record.digest,
-                        "files": record.entries.len(),
-                    });
-                })
-                .map_err(MaterializeError::Tree)
+            Job::Verify(digest)
         }
         (None, Some(inc)) => {
             let incumbent = parse_digest(inc)?;
@@ -240,21 +220,37 @@ fn dispatch(
                 .and_then(Value::as_str)
                 .and_then(|s| Digest::from_str(s).ok())
                 .ok_or(CommandError::NoContent)?;
-            let store = Store::open(&store_root)?;
             receipt.prev = Some(prev);
             receipt.inputs = json!({ "incumbent": incumbent, "delta": content });
+            Job::Delta { incumbent, content }
+        }
+    };
+    let store = Store::open(&store_root)?;
+    let result = match job {
+        Job::Incumbent(dir) => materialize::register_incumbent(&store, dir, &rules).map(|record| {
+            receipt.outputs = json!({
+                "tree_digest": record.digest,
+                "kind": "incumbent",
+                "files": record.entries.len(),
+                "bytes": record.entries.iter().map(|e| e.size).sum::<u64>(),
+            });
+        }),
+        Job::Verify(digest) => tree::verify(&store, &digest)
+            .map(|record| {
+                receipt.outputs = json!({
+                    "tree_digest": record.digest,
+                    "files": record.entries.len(),
+                });
+            })
+            .map_err(MaterializeError::Tree),
+        Job::Delta { incumbent, content } => {
             let steps: BTreeSet<String> = policy
                 .step_names()
                 .filter(|s| policy.step(s).is_some_and(|(stage, _)| stage == "prebuild"))
                 .map(str::to_owned)
                 .collect();
             intake::load(&store, &content)
-                .map_err(|e| {
-                    MaterializeError::Store(cordon::store::StoreError::Unsafe {
-                        path: store.path("intake", &format!("{}.json", content.hex())),
-                        why: stage::error_chain(&e),
-                    })
-                })
+                .map_err(MaterializeError::Intake)
                 .and_then(|record| {
                     materialize::materialize(&store, &incumbent, &record, &rules, &steps)
                 })
@@ -271,7 +267,6 @@ fn dispatch(
                 })
         }
     };
-    let store = Store::open(&store_root)?;
     let code = match result {
         Ok(()) => ExitCode::Ok,
         Err(MaterializeError::Rejected(findings, sources)) => {
@@ -286,7 +281,7 @@ fn dispatch(
                     finding: f.clone(),
                     source,
                 };
-                report_diagnostic(&diag, args.diagnostics, stderr);
+                report_diagnostic(&diag, args.stage.diagnostics, stderr);
             }
             receipt.outcome = Outcome::Rejected;
             receipt.reasons = findings
@@ -301,11 +296,11 @@ fn dispatch(
             ExitCode::Rejected
         }
         Err(e @ MaterializeError::Incumbent { .. }) => {
-            report_diagnostic(&e, args.diagnostics, stderr);
+            report_diagnostic(&e, args.stage.diagnostics, stderr);
             return Ok(ExitCode::Usage);
         }
         Err(e) => {
-            report_diagnostic(&e, args.diagnostics, stderr);
+            report_diagnostic(&e, args.stage.diagnostics, stderr);
             receipt.outcome = Outcome::NoDecision;
             receipt.reasons.push(Reason {
                 code: "materialize.infrastructure".into(),

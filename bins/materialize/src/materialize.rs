@@ -49,6 +49,10 @@ pub enum MaterializeError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Store(#[from] StoreError),
+    /// The delta's intake record is missing or corrupt (exit 3).
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Intake(#[from] cordon::intake::IntakeError),
     /// A tree is missing or corrupt (exit 3).
     #[error(transparent)]
     #[diagnostic(transparent)]

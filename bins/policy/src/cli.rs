@@ -82,6 +82,74 @@ pub enum Command {
     },
 }
 
+/// The options every stage binary shares.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StageArgs {
+    /// The policy file.
+    #[arg(long, default_value = cordon::stage::DEFAULT_POLICY, global = true)]
+    pub policy: PathBuf,
+    /// The store directory (default: the policy's `store`).
+    #[arg(long, global = true)]
+    pub store: Option<PathBuf>,
+    /// How errors are printed on stderr.
+    #[arg(long, value_enum, default_value_t = Diagnostics::Text, global = true)]
+    pub diagnostics: Diagnostics,
+}
+
+impl StageArgs {
+    /// These options for a policy file, the store given, text diagnostics.
+    #[must_use]
+    pub fn new(policy: &Path, store: Option<&Path>) -> Self {
+        Self {
+            policy: policy.to_path_buf(),
+            store: store.map(Path::to_path_buf),
+            diagnostics: Diagnostics::Text,
+        }
+    }
+
+    /// The store directory: `--store`, else the policy's.
+    #[must_use]
+    pub fn store_root(&self, policy: &Policy) -> PathBuf {
+        self.store
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(policy.store()))
+    }
+}
+
+/// The options of stage binaries that hold leases.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LeaseArgs {
+    /// cordon's runtime state root.
+    #[arg(long, default_value = cordon::lease::DEFAULT_STATE_ROOT)]
+    pub state_root: PathBuf,
+    /// The run-directory root (default: the policy's `run-dir`).
+    #[arg(long)]
+    pub run_dir: Option<PathBuf>,
+    /// The executor id (default: the policy's name).
+    #[arg(long)]
+    pub executor: Option<String>,
+}
+
+impl LeaseArgs {
+    /// The executor id these options name.
+    #[must_use]
+    pub fn executor(&self, policy: &Policy) -> String {
+        self.executor
+            .clone()
+            .unwrap_or_else(|| policy.name().to_owned())
+    }
+
+    /// The lease manager's setup these options and the policy describe.
+    #[must_use]
+    pub fn setup(&self, policy: &Policy) -> cordon::lease::Setup {
+        let run_dir = self
+            .run_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(policy.run_dir()));
+        policy.lease_setup(&self.executor(policy), &self.state_root, run_dir)
+    }
+}
+
 /// A failure of the tool itself, as opposed to a policy problem.
 #[derive(Debug, thiserror::Error, Diagnostic)]
 pub enum CliError {

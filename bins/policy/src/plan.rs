@@ -138,6 +138,28 @@ impl Policy {
         })
     }
 
+    /// The lease manager's setup for `executor` under this policy: its runtime with cordon's
+    /// state root for the executor, its run-directory root, its account rules.
+    #[must_use]
+    pub fn lease_setup(
+        &self,
+        executor: &str,
+        state_root: &std::path::Path,
+        run_root: PathBuf,
+    ) -> cordon::lease::Setup {
+        cordon::lease::Setup {
+            executor: executor.to_owned(),
+            runtime: cordon::runtime::Runtime {
+                binary: PathBuf::from(&self.runtime.path),
+                state_root: state_root.join(executor),
+            },
+            run_root,
+            accounts: self.account_policy(),
+            cgroup_root: PathBuf::from("/sys/fs/cgroup"),
+            passwd: PathBuf::from("/etc/passwd"),
+        }
+    }
+
     /// Placeholder run inputs for `explain`: the first ids of the range, the pinned image's
     /// cache path, store paths with `TREE`/`LEASE` placeholders.
     #[must_use]

@@ -7,18 +7,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cordon::canonical::Digest;
 use cordon::lease::Manager;
 use cordon::store::Store;
 use cordon_prebuild::prebuild::{Config, Outcome, prebuild};
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
@@ -88,12 +83,7 @@ fn main() {
     .record
     .digest;
     let t_mat = t.elapsed();
-    let setup = cordon_reap::cli::setup(
-        &policy,
-        "bench",
-        dir.path().join("state"),
-        dir.path().join("run"),
-    );
+    let setup = policy.lease_setup("bench", &dir.path().join("state"), dir.path().join("run"));
     Manager::open(&store, setup.clone())
         .unwrap()
         .recover()
@@ -157,22 +147,13 @@ fn main() {
             Some(nix::unistd::Gid::from_raw(3_070_999)),
         )
         .unwrap();
-        let t = Instant::now();
-        let ok = Command::new("/usr/sbin/runc")
-            .arg("--root")
-            .arg(dir.path().join("bare-state"))
-            .args(["run", "--bundle"])
-            .arg(&bundle)
-            .arg(format!("bare{i}"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .unwrap();
-        bare.push(t.elapsed());
-        assert!(ok.success());
+        bare.push(cordon_testkit::bare_runc_run(
+            &dir.path().join("bare-state"),
+            &bundle,
+            &format!("bare{i}"),
+        ));
     }
-    let (l, b) = (median(lib), median(bare));
+    let (l, b) = (cordon_testkit::median(lib), cordon_testkit::median(bare));
     println!(
         "prebuild of the example step (median of {runs}): {:>7.1} ms",
         ms(l)

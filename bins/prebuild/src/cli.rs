@@ -13,9 +13,9 @@ use clap::Parser;
 use cordon::ExitCode;
 use cordon::canonical::Digest;
 use cordon::receipt::{Outcome as ReceiptOutcome, Reason, Receipt};
-use cordon::stage::{self, DEFAULT_POLICY};
+use cordon::stage;
 use cordon::store::Store;
-use cordon_policy::cli::{Diagnostics, report_diagnostic};
+use cordon_policy::cli::{LeaseArgs, StageArgs, report_diagnostic};
 use serde_json::{Value, json};
 
 use crate::prebuild::{Config, Outcome, prebuild};
@@ -24,30 +24,18 @@ use crate::prebuild::{Config, Outcome, prebuild};
 #[derive(Debug, Parser)]
 #[command(name = "cordon-prebuild", version, about)]
 pub struct Args {
-    /// The policy file.
-    #[arg(long, default_value = DEFAULT_POLICY)]
-    pub policy: PathBuf,
-    /// The store directory (default: the policy's `store`).
-    #[arg(long)]
-    pub store: Option<PathBuf>,
+    /// The options every stage shares.
+    #[command(flatten)]
+    pub stage: StageArgs,
     /// The materialize receipt (default: stdin).
     #[arg(long)]
     pub receipt: Option<PathBuf>,
     /// The directory of image layouts, one per role (`<dir>/prebuild`).
     #[arg(long, default_value = "/var/lib/cordon/images")]
     pub images: PathBuf,
-    /// cordon's runtime state root.
-    #[arg(long, default_value = cordon_reap::cli::DEFAULT_STATE_ROOT)]
-    pub state_root: PathBuf,
-    /// The run-directory root (default: the policy's `run-dir`).
-    #[arg(long)]
-    pub run_dir: Option<PathBuf>,
-    /// The executor id (default: the policy's name).
-    #[arg(long)]
-    pub executor: Option<String>,
-    /// How errors are printed on stderr.
-    #[arg(long, value_enum, default_value_t = Diagnostics::Text)]
-    pub diagnostics: Diagnostics,
+    /// Where leases live.
+    #[command(flatten)]
+    pub lease: LeaseArgs,
 }
 
 /// Run the tool: the whole of `main`.
@@ -58,7 +46,7 @@ pub fn run(
     stderr: &mut dyn Write,
 ) -> ExitCode {
     let (loaded, authority) =
-        match cordon_policy::cli::stage_start(&args.policy, args.diagnostics, stderr) {
+        match cordon_policy::cli::stage_start(&args.stage.policy, args.stage.diagnostics, stderr) {
             Ok(x) => x,
             Err(code) => return code,
         };
@@ -67,7 +55,7 @@ pub fn run(
         match stage::read_input(args.receipt.as_deref(), stdin, "materialize", &authority) {
             Ok(x) => x,
             Err(e) => {
-                report_diagnostic(&e, args.diagnostics, stderr);
+                report_diagnostic(&e, args.stage.diagnostics, stderr);
                 return ExitCode::Usage;
             }
         };
@@ -88,29 +76,18 @@ pub fn run(
         );
         return ExitCode::Usage;
     };
-    let store_root = args
-        .store
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(policy.store()));
+    let store_root = args.stage.store_root(policy);
     let store = match Store::open(&store_root) {
         Ok(s) => s,
         Err(e) => {
-            report_diagnostic(&e, args.diagnostics, stderr);
+            report_diagnostic(&e, args.stage.diagnostics, stderr);
             return ExitCode::NoDecision;
         }
     };
-    let executor = args
-        .executor
-        .clone()
-        .unwrap_or_else(|| policy.name().to_owned());
-    let run_dir = args
-        .run_dir
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(policy.run_dir()));
     let cfg = Config {
         store: store.clone(),
         images: args.images.clone(),
-        setup: cordon_reap::cli::setup(policy, &executor, args.state_root.clone(), run_dir),
+        setup: args.lease.setup(policy),
         authority,
     };
     let mut receipt = Receipt::new("prebuild", authority, ReceiptOutcome::Ok);
@@ -153,7 +130,7 @@ pub fn run(
             ExitCode::Rejected
         }
         Err(e) => {
-            report_diagnostic(&e, args.diagnostics, stderr);
+            report_diagnostic(&e, args.stage.diagnostics, stderr);
             receipt.outcome = ReceiptOutcome::NoDecision;
             receipt.reasons.push(Reason {
                 code: "prebuild.infrastructure".into(),
@@ -165,7 +142,7 @@ pub fn run(
     match stage::emit(Some(&store), &mut receipt, stdout) {
         Ok(_) => code,
         Err(e) => {
-            report_diagnostic(&e, args.diagnostics, stderr);
+            report_diagnostic(&e, args.stage.diagnostics, stderr);
             ExitCode::NoDecision
         }
     }

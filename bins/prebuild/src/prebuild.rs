@@ -181,48 +181,57 @@ pub fn prebuild(
     cfg.setup.runtime.preflight().map_err(LeaseError::from)?;
     let manager = Manager::open(&cfg.store, cfg.setup.clone())?;
     let lease = manager.begin_with(&cfg.authority.to_string(), &["staging"])?;
-    let result = build(
-        policy,
-        cfg,
-        &manager,
-        lease.clone(),
-        &argv,
+    let job = Job {
+        argv,
         step,
         rootfs,
-        (bytes, inodes),
-        &bounds,
+        staging: (bytes, inodes),
+        bounds,
+        caps: OutputCaps {
+            stdout: run.output.0,
+            stderr: run.output.1,
+        },
         deadline,
-        tree_digest,
-        &key,
-    );
+        tree: tree_digest,
+        key,
+    };
+    let result = build(policy, cfg, &manager, lease.clone(), &job);
     // Release whatever happened; a release that cannot be established overrides the result.
     manager.release(&lease.record)?;
     result
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Everything one build needs, established before the lease exists.
+struct Job<'a> {
+    argv: Vec<String>,
+    step: &'a str,
+    rootfs: PathBuf,
+    /// Staging bounds: bytes, inodes.
+    staging: (u64, u64),
+    bounds: Bounds,
+    caps: OutputCaps,
+    deadline: Instant,
+    tree: &'a Digest,
+    key: Digest,
+}
+
 fn build(
     policy: &Policy,
     cfg: &Config,
     manager: &Manager,
     mut lease: Lease,
-    argv: &[String],
-    step: &str,
-    rootfs: PathBuf,
-    (bytes, inodes): (u64, u64),
-    bounds: &Bounds,
-    deadline: Instant,
-    tree_digest: &Digest,
-    key: &Digest,
+    job: &Job<'_>,
 ) -> Result<Outcome, PrebuildError> {
+    let (argv, step, tree_digest, key, bounds) =
+        (&job.argv, job.step, job.tree, &job.key, &job.bounds);
     manager.provision(&lease)?;
-    let staging = manager.mount_staging(&lease, "staging", bytes, inodes)?;
+    let staging = manager.mount_staging(&lease, "staging", job.staging.0, job.staging.1)?;
     let store_root = cfg.store.root().to_path_buf();
     let inputs = RunInputs {
-        argv: argv.to_vec(),
+        argv: argv.clone(),
         uid: lease.record.account.uid,
         gid: lease.record.account.gid,
-        rootfs,
+        rootfs: job.rootfs.clone(),
         sources: [
             (
                 "tree".to_owned(),
@@ -256,15 +265,7 @@ fn build(
         })?),
         None => None,
     };
-    let run = policy
-        .stage_run("prebuild")
-        .map(|r| r.output)
-        .unwrap_or((1 << 20, 1 << 20));
-    let caps = OutputCaps {
-        stdout: run.0,
-        stderr: run.1,
-    };
-    let finished = manager.run(&lease, deadline, caps, stdin)?;
+    let finished = manager.run(&lease, job.deadline, job.caps, stdin)?;
     let meta = finished.meta.clone();
     let failure = if meta.killed_by_deadline {
         Some((

@@ -73,10 +73,9 @@ fn env(slot: u32) -> Env {
     let spec = cordon_image::spec::load(&workspace_root().join("images/prebuild.kdl")).unwrap();
     cordon::image::build(&spec, &dir.path().join("images/prebuild")).unwrap();
     let authority = Digest::of_bytes(format!("hostile-{slot}").as_bytes());
-    let setup = cordon_reap::cli::setup(
-        &policy,
+    let setup = policy.lease_setup(
         &format!("hostile-{slot}"),
-        dir.path().join("state"),
+        &dir.path().join("state"),
         dir.path().join("run"),
     );
     Manager::open(&store, setup.clone())

@@ -7,17 +7,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cordon::lease::Manager;
 use cordon::runtime::OutputCaps;
 use cordon::store::Store;
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
 
 fn main() {
     assert!(
@@ -34,12 +28,7 @@ fn main() {
             .unwrap();
     let policy = cordon_policy::parse("evaluator.kdl", &text).unwrap();
     let store = Store::open(&dir.path().join("store")).unwrap();
-    let mut setup = cordon_reap::cli::setup(
-        &policy,
-        "bench",
-        dir.path().join("state"),
-        dir.path().join("run"),
-    );
+    let mut setup = policy.lease_setup("bench", &dir.path().join("state"), dir.path().join("run"));
     setup.accounts.uids = (3_096_000, 3_096_999);
     setup.accounts.gids = (3_096_000, 3_096_999);
     setup.accounts.cron_deny = dir.path().join("cron.deny");
@@ -99,23 +88,14 @@ fn main() {
 
         // Bare runc run needs the staging path and account to exist as the lease had them.
         std::fs::create_dir_all(&staging).unwrap();
-        let t = Instant::now();
-        let ok = Command::new("/usr/sbin/runc")
-            .arg("--root")
-            .arg(dir.path().join("bare-state"))
-            .args(["run", "--bundle"])
-            .arg(&bundle)
-            .arg(format!("bare{i}"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .unwrap();
-        bare.push(t.elapsed());
-        assert!(ok.success(), "bare runc run failed");
+        bare.push(cordon_testkit::bare_runc_run(
+            &dir.path().join("bare-state"),
+            &bundle,
+            &format!("bare{i}"),
+        ));
         let _ = std::fs::remove_dir_all(&lease.record.run_dir);
     }
-    let (l, b) = (median(lib), median(bare));
+    let (l, b) = (cordon_testkit::median(lib), cordon_testkit::median(bare));
     println!(
         "/bin/true through the library (median of {runs}): {:>7.1} ms",
         l.as_secs_f64() * 1e3

@@ -11,104 +11,51 @@
 //! established (a corrupt or linked record stops recovery), with what remains in the receipt.
 
 use std::io::Write;
-use std::path::PathBuf;
 
 use clap::Parser;
 use cordon::ExitCode;
-use cordon::lease::{LeaseError, Manager, Setup};
+use cordon::lease::{LeaseError, Manager};
 use cordon::receipt::{Outcome, Reason, Receipt};
-use cordon::runtime::Runtime;
-use cordon::stage::{self, DEFAULT_POLICY};
+use cordon::stage;
 use cordon::store::Store;
-use cordon_policy::cli::{Diagnostics, report_diagnostic};
+use cordon_policy::cli::{LeaseArgs, StageArgs, report_diagnostic};
 use serde_json::json;
-
-/// cordon's runtime state root when `--state-root` is not given: no other tool's containers
-/// live under it.
-pub const DEFAULT_STATE_ROOT: &str = "/run/cordon-runc";
 
 /// Recover and prove quiescence.
 #[derive(Debug, Parser)]
 #[command(name = "cordon-reap", version, about)]
 pub struct Args {
-    /// The policy file.
-    #[arg(long, default_value = DEFAULT_POLICY)]
-    pub policy: PathBuf,
-    /// The store directory (default: the policy's `store`).
-    #[arg(long)]
-    pub store: Option<PathBuf>,
-    /// The executor id (default: the policy's name).
-    #[arg(long)]
-    pub executor: Option<String>,
-    /// cordon's runtime state root.
-    #[arg(long, default_value = DEFAULT_STATE_ROOT)]
-    pub state_root: PathBuf,
-    /// The run-directory root (default: the policy's `run-dir`).
-    #[arg(long)]
-    pub run_dir: Option<PathBuf>,
+    /// The options every stage shares.
+    #[command(flatten)]
+    pub stage: StageArgs,
+    /// Where leases live.
+    #[command(flatten)]
+    pub lease: LeaseArgs,
     /// Only check quiescence; change nothing.
     #[arg(long)]
     pub check: bool,
-    /// How errors are printed on stderr.
-    #[arg(long, value_enum, default_value_t = Diagnostics::Text)]
-    pub diagnostics: Diagnostics,
-}
-
-/// The manager setup a policy and these arguments describe (shared with the stages' tests).
-#[must_use]
-pub fn setup(
-    policy: &cordon_policy::Policy,
-    executor: &str,
-    state_root: PathBuf,
-    run_dir: PathBuf,
-) -> Setup {
-    Setup {
-        executor: executor.to_owned(),
-        runtime: Runtime {
-            binary: PathBuf::from(policy.runtime().path()),
-            state_root: state_root.join(executor),
-        },
-        run_root: run_dir,
-        accounts: policy.account_policy(),
-        cgroup_root: PathBuf::from("/sys/fs/cgroup"),
-        passwd: PathBuf::from("/etc/passwd"),
-    }
 }
 
 /// Run the tool: the whole of `main`.
 pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitCode {
     let (loaded, authority) =
-        match cordon_policy::cli::stage_start(&args.policy, args.diagnostics, stderr) {
+        match cordon_policy::cli::stage_start(&args.stage.policy, args.stage.diagnostics, stderr) {
             Ok(x) => x,
             Err(code) => return code,
         };
     let policy = &loaded.policy;
-    let store_root = args
-        .store
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(policy.store()));
-    let executor = args
-        .executor
-        .clone()
-        .unwrap_or_else(|| policy.name().to_owned());
-    let run_dir = args
-        .run_dir
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(policy.run_dir()));
+    let store_root = args.stage.store_root(policy);
+    let executor = args.lease.executor(policy);
     let store = match Store::open(&store_root) {
         Ok(s) => s,
         Err(e) => {
-            report_diagnostic(&e, args.diagnostics, stderr);
+            report_diagnostic(&e, args.stage.diagnostics, stderr);
             return ExitCode::NoDecision;
         }
     };
     let mut receipt = Receipt::new("reap", authority, Outcome::Ok);
     receipt.inputs = json!({ "executor": executor, "check": args.check });
-    let result = Manager::open(
-        &store,
-        setup(policy, &executor, args.state_root.clone(), run_dir),
-    )
-    .and_then(|m| {
+    let result = Manager::open(&store, args.lease.setup(policy)).and_then(|m| {
         if args.check {
             m.check().map(|left| (Vec::new(), left))
         } else {
@@ -134,7 +81,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             ExitCode::NoDecision
         }
         Err(e) => {
-            report_diagnostic(&e, args.diagnostics, stderr);
+            report_diagnostic(&e, args.stage.diagnostics, stderr);
             receipt.outcome = Outcome::NoDecision;
             let items = match &e {
                 LeaseError::Residue(r) => r.items.clone(),
@@ -154,7 +101,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
     match stage::emit(Some(&store), &mut receipt, stdout) {
         Ok(_) => code,
         Err(e) => {
-            report_diagnostic(&e, args.diagnostics, stderr);
+            report_diagnostic(&e, args.stage.diagnostics, stderr);
             ExitCode::NoDecision
         }
     }

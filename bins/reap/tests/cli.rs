@@ -55,10 +55,9 @@ fn check_is_a_quiescence_receipt_and_recovery_releases_a_stale_lease() {
     let text = std::fs::read_to_string(&policy).unwrap();
     let p = cordon_policy::parse("policy.kdl", &text).unwrap();
     let store = Store::open(&dir.path().join("store")).unwrap();
-    let setup = cordon_reap::cli::setup(
-        &p,
+    let setup = p.lease_setup(
         "cli-test",
-        dir.path().join("state"),
+        &dir.path().join("state"),
         dir.path().join("run"),
     );
     {

@@ -67,12 +67,8 @@ fn env(slot: u32) -> Env {
     let digest = image::build(&spec, &layout).unwrap();
     let rootfs = image::unpack(&store, &layout, &digest).unwrap();
     let executor = format!("test-{}-{slot}", std::process::id());
-    let mut setup = cordon_reap::cli::setup(
-        &policy,
-        &executor,
-        dir.path().join("state"),
-        dir.path().join("run"),
-    );
+    let mut setup =
+        policy.lease_setup(&executor, &dir.path().join("state"), dir.path().join("run"));
     let first = 3_090_000 + slot * 1000;
     setup.accounts.uids = (first, first + 999);
     setup.accounts.gids = (first, first + 999);

@@ -33,7 +33,7 @@ fn policy() -> cordon_policy::Policy {
 }
 
 fn setup(dir: &Path) -> Setup {
-    let mut s = cordon_reap::cli::setup(&policy(), "faults", dir.join("state"), dir.join("run"));
+    let mut s = policy().lease_setup("faults", &dir.join("state"), dir.join("run"));
     s.accounts.uids = (3_098_000, 3_098_999);
     s.accounts.gids = (3_098_000, 3_098_999);
     s.accounts.cron_deny = dir.join("cron.deny");

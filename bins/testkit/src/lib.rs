@@ -67,3 +67,36 @@ pub fn isolated_policy(dir: &Path, first: u32) -> String {
     .replace("\"/etc/cron.deny\"", &quoted("cron.deny"))
     .replace("\"/etc/at.deny\"", &quoted("at.deny"))
 }
+
+/// One bare `runc run` of `bundle` as container `id` under `state_root`, stdio to /dev/null,
+/// timed: the baseline the container benchmarks print their ratios against.
+#[must_use]
+pub fn bare_runc_run(state_root: &Path, bundle: &Path, id: &str) -> std::time::Duration {
+    use std::process::{Command, Stdio};
+    let t = std::time::Instant::now();
+    let status = Command::new("/usr/sbin/runc")
+        .arg("--root")
+        .arg(state_root)
+        .args(["run", "--bundle"])
+        .arg(bundle)
+        .arg(id)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    let took = t.elapsed();
+    assert!(
+        status.success(),
+        "bare runc run of {} failed",
+        bundle.display()
+    );
+    took
+}
+
+/// The median of some durations.
+#[must_use]
+pub fn median(mut v: Vec<std::time::Duration>) -> std::time::Duration {
+    v.sort();
+    v[v.len() / 2]
+}
