@@ -24,10 +24,22 @@ use nix::fcntl::{Flock, FlockArg, OFlag};
 use serde::{Deserialize, Serialize};
 
 use crate::account::{self, Account, AccountPolicy};
-use crate::bundle::{LABEL_AUTHORITY, LABEL_EXECUTOR, LABEL_LEASE};
 use crate::canonical::{Digest, to_canonical_json};
 use crate::runtime::{CgroupProbe, Finished, OutputCaps, Runtime};
 use crate::store::{self, Store};
+
+/// The annotation keys that carry a lease's exact labels on its container.
+pub const LABEL_EXECUTOR: &str = "org.cordon.executor";
+/// The lease id label.
+pub const LABEL_LEASE: &str = "org.cordon.lease";
+/// The authority label.
+pub const LABEL_AUTHORITY: &str = "org.cordon.authority";
+
+/// The cgroup path (the bundle's `cgroupsPath`) of a lease's container.
+#[must_use]
+pub fn cgroup_path(lease: &str) -> String {
+    format!("/cordon/{lease}")
+}
 
 /// cordon's runtime state root when none is given: no other tool's containers live under it.
 pub const DEFAULT_STATE_ROOT: &str = "/run/cordon-runc";
@@ -194,7 +206,7 @@ impl Lease {
     /// The cgroup path the bundle must use.
     #[must_use]
     pub fn cgroup_path(&self) -> String {
-        format!("/cordon/{}", self.record.lease)
+        cgroup_path(&self.record.lease)
     }
 }
 
@@ -316,7 +328,7 @@ impl Manager {
         Ok(())
     }
 
-    /// Mount the lease's writable staging area: a private tmpfs at `run_dir/<name>` bounded in
+    /// Mount the lease's writable staging area: a private tmpfs at `point` bounded in
     /// bytes and inodes, owned by the run account, `nosuid,nodev`. The kernel enforces the
     /// bounds, so a full staging area is the workload's ENOSPC, never the host's disk.
     ///
@@ -325,12 +337,12 @@ impl Manager {
     pub fn mount_staging(
         &self,
         lease: &Lease,
-        name: &str,
+        point: &Path,
         bytes: u64,
         inodes: u64,
     ) -> Result<PathBuf, LeaseError> {
         use nix::mount::{MsFlags, mount};
-        let point = lease.record.run_dir.join(name);
+        let point = point.to_path_buf();
         if !lease.record.mounts.contains(&point) {
             return Err(LeaseError::Protected {
                 path: point,
@@ -517,7 +529,7 @@ impl Manager {
         let mut residue = Vec::new();
         let probe = CgroupProbe {
             root: self.setup.cgroup_root.clone(),
-            path: format!("/cordon/{}", record.lease),
+            path: cgroup_path(&record.lease),
         };
         for d in probe.dirs() {
             if d.exists() && fs::remove_dir(&d).is_err() && d.exists() {

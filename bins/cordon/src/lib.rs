@@ -1,30 +1,25 @@
-//! The library every cordon stage links.
+//! The mechanism library: everything cordon does to a host, policy-agnostic.
 //!
-//! It owns the contracts that all stages share (brief §5): the exit-code enum, canonical JSON
-//! and domain-separated digests, the receipt type, and the assembly of the authority identity.
-//! It also owns the validator's private storage ([`store`]), the one safe tar reader
-//! ([`archive`]) and intake into the store ([`intake`]), and the receipt plumbing every stage
-//! binary shares ([`stage`]). Later stages add the OCI bundle and runtime driver, leases and
-//! accounts here.
+//! It owns the validator's private storage ([`store`]), the one safe tar reader ([`archive`])
+//! and intake into the store ([`intake`]), content-addressed trees ([`tree`]), OCI image layouts
+//! ([`image`]), the OCI runtime driver ([`runtime`]), durable leases ([`lease`]), per-run
+//! accounts ([`account`]), the receipt type ([`receipt`]) and the host components of the
+//! authority identity ([`identity`]). It re-exports the leaf crate's canonical JSON, digests and
+//! exit codes.
 //!
-//! It deliberately does not know the policy language: `cordon-policy` depends on this crate and
-//! hands it plain values (a policy digest, image digests, a runtime path), so that everything
-//! hashed in cordon goes through the one encoder in [`canonical`].
+//! It deliberately does not know the policy language: callers (the `cordon-stage` glue) hand it
+//! plain values — limits, paths, ids — so the language can sit beside it rather than above or
+//! below it, and everything hashed goes through the one encoder in [`canonical`].
 
 pub mod account;
 pub mod archive;
-pub mod bundle;
-pub mod canonical;
-pub mod exit;
 pub mod identity;
 pub mod image;
 pub mod intake;
 pub mod lease;
 pub mod receipt;
 pub mod runtime;
-pub mod stage;
 pub mod store;
 pub mod tree;
 
-pub use canonical::Digest;
-pub use exit::ExitCode;
+pub use cordon_canon::{Digest, ExitCode, canonical, exit};

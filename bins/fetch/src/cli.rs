@@ -15,9 +15,9 @@ use cordon::ExitCode;
 use cordon::canonical::Digest;
 use cordon::intake::{self, IntakeError};
 use cordon::receipt::{Outcome, Reason, Receipt};
-use cordon::stage;
 use cordon::store::Store;
-use cordon_policy::cli::{StageArgs, report_diagnostic};
+use cordon_stage::args::{StageArgs, report_diagnostic};
+use cordon_stage::receipt_io as stage;
 use serde_json::json;
 
 use crate::transport::{self, Body, Rules, TransportError};
@@ -112,7 +112,7 @@ fn parse_digest(given: &str) -> Result<Digest, FetchError> {
 }
 
 /// The transport rules of a policy, with the trust anchor read and the byte cap applied.
-fn rules(policy: &cordon_policy::Policy) -> Result<Rules, FetchError> {
+fn rules(policy: &cordon_policy_lang::Policy) -> Result<Rules, FetchError> {
     let t = policy.transport();
     let trust_anchor = match t.trust_anchor {
         Some(path) => Some(
@@ -131,7 +131,7 @@ fn rules(policy: &cordon_policy::Policy) -> Result<Rules, FetchError> {
         trust_anchor,
         allow_loopback: t.allow_loopback,
         allow_plain_http_loopback: t.allow_plain_http_loopback,
-        max_bytes: policy.archive_limits().max_archive_bytes,
+        max_bytes: cordon_stage::settings::archive_limits(policy).max_archive_bytes,
     })
 }
 
@@ -150,7 +150,7 @@ impl Read for Source {
     }
 }
 
-fn open_source(given: &str, policy: &cordon_policy::Policy) -> Result<Source, FetchError> {
+fn open_source(given: &str, policy: &cordon_policy_lang::Policy) -> Result<Source, FetchError> {
     if given.contains("://") {
         return Ok(Source::Remote(transport::open(given, &rules(policy)?)?));
     }
@@ -173,11 +173,14 @@ fn open_source(given: &str, policy: &cordon_policy::Policy) -> Result<Source, Fe
 
 /// Run the tool: the whole of `main`.
 pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitCode {
-    let (loaded, authority) =
-        match cordon_policy::cli::stage_start(&args.stage.policy, args.stage.diagnostics, stderr) {
-            Ok(x) => x,
-            Err(code) => return code,
-        };
+    let (loaded, authority) = match cordon_stage::start::stage_start(
+        &args.stage.policy,
+        args.stage.diagnostics,
+        stderr,
+    ) {
+        Ok(x) => x,
+        Err(code) => return code,
+    };
     match fetch(args, &loaded.policy, authority, stdout) {
         Ok(code) => code,
         Err(e) => {
@@ -189,7 +192,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
 
 fn fetch(
     args: &Args,
-    policy: &cordon_policy::Policy,
+    policy: &cordon_policy_lang::Policy,
     authority: Digest,
     stdout: &mut dyn Write,
 ) -> Result<ExitCode, FetchError> {
@@ -199,7 +202,12 @@ fn fetch(
     let store = Store::open(&store_root)?;
     let mut receipt = Receipt::new("fetch", authority, Outcome::Ok);
     receipt.inputs = json!({ "source": args.source, "sha256": committed });
-    let result = intake::ingest(&store, &mut source, &committed, &policy.archive_limits());
+    let result = intake::ingest(
+        &store,
+        &mut source,
+        &committed,
+        &cordon_stage::settings::archive_limits(policy),
+    );
     let transport_failure = match &mut source {
         Source::Remote(body) => body.take_failure(),
         Source::Local(_) => None,

@@ -332,7 +332,7 @@ pub fn open(source: &str, rules: &Rules) -> Result<Body, TransportError> {
         .https_only(!rules.allow_plain_http_loopback)
         .build()
         .map_err(|e| TransportError::Failed {
-            why: cordon::stage::error_chain(&e),
+            why: cordon_stage::receipt_io::error_chain(&e),
         })?;
     let (tx, rx) = channel::<Chunk>(16);
     let rules = rules.clone();
@@ -393,7 +393,7 @@ async fn stream(
             why: format!("the source resolves to the non-public address {ip}"),
         },
         None => TransportError::Failed {
-            why: cordon::stage::error_chain(&e),
+            why: cordon_stage::receipt_io::error_chain(&e),
         },
     };
     let mut redirects = 0u64;

@@ -13,7 +13,7 @@ use cordon::ExitCode;
 use cordon::canonical::Digest;
 use cordon::store::Store;
 use cordon_fetch::cli::{Args, run};
-use cordon_policy::cli::{Diagnostics, StageArgs};
+use cordon_stage::args::{Diagnostics, StageArgs};
 
 /// What the test server answers for a path.
 #[derive(Clone)]

@@ -79,10 +79,10 @@ fn main() {
     let text =
         std::fs::read_to_string(cordon_testkit::workspace_root().join("policy/evaluator.kdl"))
             .unwrap();
-    let policy = cordon_policy::parse("evaluator.kdl", &text).unwrap();
+    let policy = cordon_policy_lang::parse("evaluator.kdl", &text).unwrap();
     let mut rules = policy.tree_rules();
     rules.max_total_bytes = u64::MAX;
-    let limits = policy.archive_limits();
+    let limits = cordon_stage::settings::archive_limits(&policy);
     let steps = BTreeSet::new();
     let mut results = Vec::new();
     for gib in sizes {

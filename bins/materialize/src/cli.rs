@@ -21,11 +21,11 @@ use cordon::ExitCode;
 use cordon::canonical::Digest;
 use cordon::intake;
 use cordon::receipt::{Outcome, Reason, Receipt};
-use cordon::stage::{self, StageError};
 use cordon::store::Store;
 use cordon::tree;
-use cordon_policy::Policy;
-use cordon_policy::cli::{StageArgs, report_diagnostic};
+use cordon_policy_lang::Policy;
+use cordon_stage::args::{StageArgs, report_diagnostic};
+use cordon_stage::receipt_io::{self as stage, StageError};
 use miette::{Diagnostic, LabeledSpan, NamedSource, SourceCode};
 use serde_json::{Value, json};
 
@@ -167,11 +167,14 @@ pub fn run(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> ExitCode {
-    let (loaded, authority) =
-        match cordon_policy::cli::stage_start(&args.stage.policy, args.stage.diagnostics, stderr) {
-            Ok(x) => x,
-            Err(code) => return code,
-        };
+    let (loaded, authority) = match cordon_stage::start::stage_start(
+        &args.stage.policy,
+        args.stage.diagnostics,
+        stderr,
+    ) {
+        Ok(x) => x,
+        Err(code) => return code,
+    };
     match dispatch(args, &loaded.policy, authority, stdin, stdout, stderr) {
         Ok(code) => code,
         Err(e) => {
@@ -246,7 +249,11 @@ fn dispatch(
         Job::Delta { incumbent, content } => {
             let steps: BTreeSet<String> = policy
                 .step_names()
-                .filter(|s| policy.step(s).is_some_and(|(stage, _)| stage == "prebuild"))
+                .filter(|s| {
+                    policy
+                        .step(s)
+                        .is_some_and(|(stage, _)| stage == cordon_policy_lang::StageKind::Prebuild)
+                })
                 .map(str::to_owned)
                 .collect();
             intake::load(&store, &content)

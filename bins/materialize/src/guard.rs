@@ -9,7 +9,7 @@
 //! writes a binary at prebuild time — they keep the reviewed tiers honest. The OCI boundary is
 //! what contains the code.
 
-use cordon_policy::TreeRules;
+use cordon_policy_lang::TreeRules;
 
 use crate::manifest::Delta;
 

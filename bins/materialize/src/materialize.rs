@@ -22,7 +22,7 @@ use cordon::canonical::Digest;
 use cordon::intake::IntakeRecord;
 use cordon::store::{Store, StoreError};
 use cordon::tree::{self, Entry, TreeError, TreeRecord};
-use cordon_policy::TreeRules;
+use cordon_policy_lang::TreeRules;
 use serde_json::json;
 
 use crate::guard::{self, FileFacts, Finding, Position};

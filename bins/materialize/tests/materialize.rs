@@ -12,12 +12,12 @@ use cordon::intake;
 use cordon::store::Store;
 use cordon::tree;
 use cordon_materialize::materialize::{MaterializeError, materialize, register_incumbent};
-use cordon_policy::TreeRules;
+use cordon_policy_lang::TreeRules;
 use cordon_testkit::workspace_root;
 
-fn policy() -> cordon_policy::Policy {
+fn policy() -> cordon_policy_lang::Policy {
     let path = workspace_root().join("policy/evaluator.kdl");
-    cordon_policy::parse("evaluator.kdl", &std::fs::read_to_string(path).unwrap()).unwrap()
+    cordon_policy_lang::parse("evaluator.kdl", &std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 fn rules() -> TreeRules {
@@ -88,7 +88,7 @@ fn ingest(store: &Store, bytes: &[u8]) -> intake::IntakeRecord {
         store,
         bytes,
         &Digest::of_bytes(bytes),
-        &policy().archive_limits(),
+        &cordon_stage::settings::archive_limits(&policy()),
     )
     .unwrap()
 }

@@ -48,12 +48,12 @@ fn main() {
     let bin = env!("CARGO_BIN_EXE_cordon-policy");
 
     let parse_digest = median(|| {
-        let policy = cordon_policy::parse(file_s, &text).unwrap();
+        let policy = cordon_policy_lang::parse(file_s, &text).unwrap();
         policy.digest().unwrap();
     });
     let baseline = median(|| spawn("openssl", &["dgst", "-sha256", file_s]));
     // What identity must hash besides the policy: the runtime and the cordon binaries.
-    let runtime = cordon_policy::parse(file_s, &text)
+    let runtime = cordon_policy_lang::parse(file_s, &text)
         .unwrap()
         .runtime()
         .path()

@@ -7,18 +7,17 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 use cordon::ExitCode;
 use cordon::canonical::Digest;
-use cordon::identity::{self, AuthorityComponents};
+use cordon::identity;
 use cordon::receipt::{Outcome, Receipt};
-use miette::{Diagnostic, GraphicalReportHandler, GraphicalTheme, JSONReportHandler};
+use cordon_policy_lang::{Keyword, Policy, StageKind, diff};
+use cordon_stage::args::{Diagnostics, report_diagnostic};
+use cordon_stage::bundle;
+use cordon_stage::start::{StartError, components, load, with_runtime};
+use miette::Diagnostic;
 use serde_json::json;
-
-use crate::{Policy, PolicyError, diff};
-
-/// Width diagnostics are wrapped at: fixed, so the text is a stable, tested interface.
-const WIDTH: usize = 100;
 
 /// Review cordon policy files.
 #[derive(Debug, Parser)]
@@ -30,15 +29,6 @@ pub struct Args {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
-}
-
-/// How errors are printed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Diagnostics {
-    /// Human-readable, labelled on the source.
-    Text,
-    /// One JSON document per error.
-    Json,
 }
 
 /// The reviewer commands.
@@ -82,94 +72,13 @@ pub enum Command {
     },
 }
 
-/// The options every stage binary shares.
-#[derive(Debug, Clone, clap::Args)]
-pub struct StageArgs {
-    /// The policy file.
-    #[arg(long, default_value = cordon::stage::DEFAULT_POLICY, global = true)]
-    pub policy: PathBuf,
-    /// The store directory (default: the policy's `store`).
-    #[arg(long, global = true)]
-    pub store: Option<PathBuf>,
-    /// How errors are printed on stderr.
-    #[arg(long, value_enum, default_value_t = Diagnostics::Text, global = true)]
-    pub diagnostics: Diagnostics,
-}
-
-impl StageArgs {
-    /// These options for a policy file, the store given, text diagnostics.
-    #[must_use]
-    pub fn new(policy: &Path, store: Option<&Path>) -> Self {
-        Self {
-            policy: policy.to_path_buf(),
-            store: store.map(Path::to_path_buf),
-            diagnostics: Diagnostics::Text,
-        }
-    }
-
-    /// The store directory: `--store`, else the policy's.
-    #[must_use]
-    pub fn store_root(&self, policy: &Policy) -> PathBuf {
-        self.store
-            .clone()
-            .unwrap_or_else(|| PathBuf::from(policy.store()))
-    }
-}
-
-/// The options of stage binaries that hold leases.
-#[derive(Debug, Clone, clap::Args)]
-pub struct LeaseArgs {
-    /// cordon's runtime state root.
-    #[arg(long, default_value = cordon::lease::DEFAULT_STATE_ROOT)]
-    pub state_root: PathBuf,
-    /// The run-directory root (default: the policy's `run-dir`).
-    #[arg(long)]
-    pub run_dir: Option<PathBuf>,
-    /// The executor id (default: the policy's name).
-    #[arg(long)]
-    pub executor: Option<String>,
-}
-
-impl LeaseArgs {
-    /// The executor id these options name.
-    #[must_use]
-    pub fn executor(&self, policy: &Policy) -> String {
-        self.executor
-            .clone()
-            .unwrap_or_else(|| policy.name().to_owned())
-    }
-
-    /// The lease manager's setup these options and the policy describe.
-    #[must_use]
-    pub fn setup(&self, policy: &Policy) -> cordon::lease::Setup {
-        let run_dir = self
-            .run_dir
-            .clone()
-            .unwrap_or_else(|| PathBuf::from(policy.run_dir()));
-        policy.lease_setup(&self.executor(policy), &self.state_root, run_dir)
-    }
-}
-
 /// A failure of the tool itself, as opposed to a policy problem.
 #[derive(Debug, thiserror::Error, Diagnostic)]
 pub enum CliError {
-    /// The policy file could not be read.
-    #[error("cannot read policy file {path}")]
-    #[diagnostic(code(cordon::policy::read))]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The policy file is not UTF-8.
-    #[error("policy file {path} is not UTF-8")]
-    #[diagnostic(code(cordon::policy::encoding))]
-    Encoding {
-        /// The file.
-        path: PathBuf,
-    },
+    /// The policy could not be loaded, or the identity established.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Start(#[from] StartError),
     /// `explain` was asked for a stage the policy does not declare.
     #[error("policy declares no stage {stage:?}")]
     #[diagnostic(code(cordon::policy::no_stage), help("declared stages: {declared}"))]
@@ -195,21 +104,16 @@ pub enum CliError {
         #[source]
         source: cordon::receipt::ReceiptError,
     },
-    /// A host component of the identity could not be established.
-    #[error(transparent)]
-    #[diagnostic(transparent)]
-    Identity(#[from] identity::IdentityError),
-    /// The policy did not validate.
-    #[error(transparent)]
-    Policy(#[from] PolicyError),
     /// The stage cannot be planned.
     #[error(transparent)]
     #[diagnostic(transparent)]
-    Plan(#[from] crate::plan::PlanError),
-    /// The bundle cannot be planned.
-    #[error(transparent)]
-    #[diagnostic(transparent)]
-    Bundle(#[from] cordon::bundle::BundleError),
+    Plan(#[from] cordon_stage::bundle::PlanError),
+}
+
+impl From<identity::IdentityError> for CliError {
+    fn from(e: identity::IdentityError) -> Self {
+        Self::Start(e.into())
+    }
 }
 
 impl CliError {
@@ -217,98 +121,28 @@ impl CliError {
     #[must_use]
     pub fn exit_code(&self) -> ExitCode {
         match self {
-            Self::Identity(e) => e.exit_code(),
+            Self::Start(e) => e.exit_code(),
             Self::Encode { .. } | Self::Receipt { .. } => ExitCode::NoDecision,
-            Self::Read { .. }
-            | Self::Encoding { .. }
-            | Self::NoStage { .. }
-            | Self::Policy(_)
-            | Self::Plan(_)
-            | Self::Bundle(_) => ExitCode::Usage,
+            Self::NoStage { .. } | Self::Plan(_) => ExitCode::Usage,
         }
     }
 }
 
-/// A policy read from disk, with the sha256 of its raw bytes.
-#[derive(Debug)]
-pub struct Loaded {
-    /// The validated policy.
-    pub policy: Policy,
-    /// sha256 of the file's bytes (formatting included; not part of the authority).
-    pub raw_sha256: Digest,
-}
-
-/// Read and validate a policy file: what every stage binary does first.
-///
-/// # Errors
-/// The file is unreadable, not UTF-8, or not a valid policy (exit 2).
-pub fn load(path: &Path) -> Result<Loaded, CliError> {
-    let bytes = std::fs::read(path).map_err(|source| CliError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let raw_sha256 = Digest::of_bytes(&bytes);
-    let text = String::from_utf8(bytes).map_err(|_| CliError::Encoding {
-        path: path.to_path_buf(),
-    })?;
-    let policy = crate::parse(&path.display().to_string(), &text)?;
-    Ok(Loaded { policy, raw_sha256 })
-}
-
-/// What every stage binary does first: read and validate its policy and establish the
-/// authority identity on this host. On failure the problem is already reported on `stderr` and
-/// the exit code is returned (2 for a policy problem, 3 for an identity that cannot be
-/// established).
-///
-/// # Errors
-/// The exit code to end with.
-pub fn stage_start(
-    path: &Path,
-    mode: Diagnostics,
-    stderr: &mut dyn Write,
-) -> Result<(Loaded, Digest), ExitCode> {
-    let authority = load(path).and_then(|loaded| {
-        let a = components(&loaded.policy)?.authority()?;
-        Ok((loaded, a))
-    });
-    authority.map_err(|e| {
-        report(&e, mode, stderr);
-        e.exit_code()
-    })
-}
-
-/// The authority components of a policy on this host: its digest, the probed runtime, the
-/// pinned images and the installed cordon binaries.
-///
-/// # Errors
-/// The runtime or the binaries could not be established (no-decision), or encoding failed.
-pub fn components(policy: &Policy) -> Result<AuthorityComponents, CliError> {
-    let runtime = policy.runtime();
-    let facts = identity::probe_runtime(runtime.kind(), Path::new(runtime.path()), runtime.pin())?;
-    with_runtime(policy, facts, identity::installed_binaries()?)
-}
-
-fn with_runtime(
-    policy: &Policy,
-    runtime: identity::RuntimeFacts,
-    binaries: std::collections::BTreeMap<String, Digest>,
-) -> Result<AuthorityComponents, CliError> {
-    Ok(AuthorityComponents {
-        policy: policy
-            .digest()
-            .map_err(|source| CliError::Encode { source })?,
-        runtime,
-        images: policy.images().clone(),
-        binaries,
-    })
+/// Print a failure on stderr.
+fn report(err: &CliError, mode: Diagnostics, stderr: &mut dyn Write) {
+    match err {
+        CliError::Start(e) => e.report(mode, stderr),
+        other => report_diagnostic(other, mode, stderr),
+    }
 }
 
 /// Both sides' authorities, hashing the installed binaries once and the runtime once when both
 /// policies name the same one.
-fn authorities(a: &Policy, b: &Policy) -> Result<(Digest, Digest), CliError> {
+fn authorities(a: &Policy, b: &Policy) -> Result<(Digest, Digest), StartError> {
     let binaries = identity::installed_binaries()?;
-    let probe =
-        |r: &crate::Runtime| identity::probe_runtime(r.kind(), Path::new(r.path()), r.pin());
+    let probe = |r: &cordon_policy_lang::Runtime| {
+        identity::probe_runtime(r.kind().as_str(), Path::new(r.path()), r.pin())
+    };
     let ra = probe(a.runtime())?;
     let rb = if b.runtime() == a.runtime() {
         ra.clone()
@@ -318,44 +152,6 @@ fn authorities(a: &Policy, b: &Policy) -> Result<(Digest, Digest), CliError> {
     let x = with_runtime(a, ra, binaries.clone())?.authority()?;
     let y = with_runtime(b, rb, binaries)?.authority()?;
     Ok((x, y))
-}
-
-/// Print a failure on stderr: policy problems each labelled on the source, anything else as a
-/// miette report, in text or JSON.
-pub fn report(err: &CliError, mode: Diagnostics, stderr: &mut dyn Write) {
-    match err {
-        CliError::Policy(p) => {
-            let text = match mode {
-                Diagnostics::Text => p.render_text(WIDTH),
-                Diagnostics::Json => format!("{}\n", p.render_json()),
-            };
-            // A closed stderr leaves nothing better to do; the exit code still tells.
-            let _ = stderr.write_all(text.as_bytes());
-        }
-        other => report_diagnostic(other, mode, stderr),
-    }
-}
-
-/// Print any diagnostic on stderr, in text (fixed width, no colour) or JSON.
-pub fn report_diagnostic(err: &dyn Diagnostic, mode: Diagnostics, stderr: &mut dyn Write) {
-    let text = match mode {
-        Diagnostics::Text => {
-            let mut s = String::new();
-            let handler = GraphicalReportHandler::new_themed(GraphicalTheme::unicode_nocolor())
-                .with_width(WIDTH)
-                .with_links(false);
-            let _ = handler.render_report(&mut s, err);
-            s
-        }
-        Diagnostics::Json => {
-            let mut s = String::new();
-            let _ = JSONReportHandler::new().render_report(&mut s, err);
-            s.push('\n');
-            s
-        }
-    };
-    // A closed stderr leaves nothing better to do; the exit code still tells.
-    let _ = stderr.write_all(text.as_bytes());
 }
 
 /// Run the tool: the whole of `main`.
@@ -399,7 +195,7 @@ fn check(
                 let _ = writeln!(stdout, "{}: ok", file.display());
             }
             Err(err) => {
-                report(&err, mode, stderr);
+                err.report(mode, stderr);
                 worst = ExitCode::Usage;
             }
         }
@@ -493,13 +289,27 @@ fn diff_cmd(
     })
 }
 
+/// The stage kind `stage` names, when the policy declares it.
+fn declared_stage(policy: &Policy, stage: &str) -> Result<StageKind, CliError> {
+    StageKind::from_keyword(stage)
+        .filter(|k| policy.stage(*k).is_some())
+        .ok_or_else(|| CliError::NoStage {
+            stage: stage.to_owned(),
+            declared: policy
+                .stage_kinds()
+                .map(StageKind::as_str)
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+}
+
 /// The planned config.json of one stage, pretty-printed with sorted keys.
 fn bundle_cmd(file: &Path, stage: &str, stdout: &mut dyn Write) -> Result<ExitCode, CliError> {
     let loaded = load(file)?;
     let policy = &loaded.policy;
-    let plan = policy.bundle_plan(stage, &policy.example_inputs(stage))?;
-    let spec = cordon::bundle::plan(&plan)?;
-    let canonical = cordon::canonical::to_canonical_json(&spec)
+    let kind = declared_stage(policy, stage)?;
+    let planned = bundle::plan(policy, kind, &bundle::example_inputs(policy, kind))?;
+    let canonical = cordon::canonical::to_canonical_json(&planned.spec)
         .map_err(|source| CliError::Encode { source })?;
     let value: serde_json::Value =
         serde_json::from_str(&canonical).map_err(|e| CliError::Encode {
@@ -518,20 +328,22 @@ fn explain_cmd(
 ) -> Result<ExitCode, CliError> {
     let loaded = load(file)?;
     let policy = &loaded.policy;
-    let Some(settings) = policy.stage(stage) else {
+    let kind = declared_stage(policy, stage)?;
+    let Some(settings) = policy.stage(kind) else {
         return Err(CliError::NoStage {
             stage: stage.to_owned(),
-            declared: policy.stage_kinds().collect::<Vec<_>>().join(", "),
+            declared: String::new(),
         });
     };
+    let (image, profile_name) = (settings.image.as_str(), settings.seccomp.as_str());
     let root = policy
         .canonical_value()
         .map_err(|source| CliError::Encode { source })?;
     let text = if json {
         let value = json!({
             "stage": root["stage"][stage],
-            "image": { settings.image(): root["image"][settings.image()] },
-            "seccomp": { settings.seccomp_profile(): root["seccomp"][settings.seccomp_profile()] },
+            "image": { image: root["image"][image] },
+            "seccomp": { profile_name: root["seccomp"][profile_name] },
         });
         let mut s = cordon::canonical::to_canonical_json(&value)
             .map_err(|source| CliError::Encode { source })?;
@@ -539,13 +351,12 @@ fn explain_cmd(
         s
     } else {
         let mut lines = diff::explain(&root, &["stage", stage]);
-        lines.extend(diff::explain(&root, &["image", settings.image()]));
-        let profile = &root["seccomp"][settings.seccomp_profile()];
+        lines.extend(diff::explain(&root, &["image", image]));
+        let profile = &root["seccomp"][profile_name];
         for key in ["baseline", "default_action", "architectures"] {
             if let Some(v) = profile.get(key) {
                 lines.push(format!(
-                    "seccomp.{}.{} = {v}",
-                    settings.seccomp_profile(),
+                    "seccomp.{profile_name}.{} = {v}",
                     key.replace('_', "-")
                 ));
             }
@@ -554,8 +365,7 @@ fn explain_cmd(
             .as_object()
             .map_or(0, serde_json::Map::len);
         lines.push(format!(
-            "seccomp.{}.syscall = {allowed} rules (cordon-policy explain --json lists them)",
-            settings.seccomp_profile()
+            "seccomp.{profile_name}.syscall = {allowed} rules (cordon-policy explain --json lists them)"
         ));
         lines.join("\n") + "\n"
     };

@@ -1,59 +1,7 @@
-//! The cordon policy language.
-//!
-//! One KDL v2 file describes one evaluator host's authority: where its store is, which OCI
-//! runtime it trusts, how intake and materialization are bounded, which images and seccomp
-//! profiles exist, and what each stage (prebuild, lane, reference, surface) may do. This crate
-//! parses such a file into a validated [`Policy`] (reporting every problem at once, each on its
-//! token), gives it one canonical form and digest, and compares two policies semantically for
-//! reviewers. `policy/README.md` is the language reference.
-//!
-//! It is pure: no I/O beyond what the caller hands it, no kernel, no runtime. The authority
-//! identity that combines the policy digest with host facts is assembled by the `cordon`
-//! library; the `cordon-policy` binary ([`cli`]) joins the two.
+//! The `cordon-policy` reviewer tool over the policy language: `check`, `identity`, `diff` and
+//! `explain` (with `--bundle`, the OCI `config.json` a stage would run with). Everything the
+//! binary does is in [`cli`]; the language itself is `cordon-policy-lang`.
 
 #![forbid(unsafe_code)]
 
-mod build;
-mod canonical;
 pub mod cli;
-mod decode;
-pub mod diag;
-pub mod diff;
-mod model;
-pub mod plan;
-pub mod syscalls;
-pub mod units;
-
-use std::sync::Arc;
-
-use miette::{NamedSource, SourceSpan};
-
-pub use canonical::POLICY_SCHEMA;
-pub use diag::{CODES, PolicyError, Problem};
-pub use model::{Policy, Runtime, Stage, StageRun, TransportRules, TreeRules};
-
-/// Parse and validate a policy. `name` labels diagnostics (normally the file's path).
-///
-/// # Errors
-/// A [`PolicyError`] holding every problem found, KDL syntax errors included.
-pub fn parse(name: &str, text: &str) -> Result<Policy, PolicyError> {
-    let shared = Arc::new(text.to_owned());
-    let source = Arc::new(NamedSource::new(name, shared).with_language("kdl"));
-    let mut cx = decode::Cx::new(source.clone());
-    let doc = match kdl::KdlDocument::parse(text) {
-        Ok(doc) => doc,
-        Err(err) => {
-            for d in err.diagnostics {
-                let label = d.label.unwrap_or_else(|| "here".to_owned());
-                let message = d.message.unwrap_or_else(|| "invalid KDL".to_owned());
-                cx.report("syntax", d.span, label, message, d.help);
-            }
-            return Err(PolicyError::new(name.to_owned(), cx.problems));
-        }
-    };
-    let whole = SourceSpan::from((0, 0));
-    match build::policy(&mut cx, &doc, whole) {
-        Some(policy) if cx.problems.is_empty() => Ok(policy),
-        _ => Err(PolicyError::new(name.to_owned(), cx.problems)),
-    }
-}

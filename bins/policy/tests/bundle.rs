@@ -6,10 +6,12 @@
 use std::path::PathBuf;
 
 use cordon_policy::cli::{Args, run};
+use cordon_policy_lang::{MountSource, StageKind};
+use cordon_stage::bundle;
 
-fn policy() -> cordon_policy::Policy {
+fn policy() -> cordon_policy_lang::Policy {
     let path = cordon_testkit::workspace_root().join("policy/evaluator.kdl");
-    cordon_policy::parse("evaluator.kdl", &std::fs::read_to_string(path).unwrap()).unwrap()
+    cordon_policy_lang::parse("evaluator.kdl", &std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 #[test]
@@ -40,11 +42,13 @@ fn every_stage_plans_to_its_golden_config_json() {
 #[test]
 fn the_prebuild_bundle_carries_every_control() {
     let p = policy();
-    let spec = cordon::bundle::plan(
-        &p.bundle_plan("prebuild", &p.example_inputs("prebuild"))
-            .unwrap(),
+    let spec = bundle::plan(
+        &p,
+        StageKind::Prebuild,
+        &bundle::example_inputs(&p, StageKind::Prebuild),
     )
-    .unwrap();
+    .unwrap()
+    .spec;
     let v = serde_json::to_value(&spec).unwrap();
     let process = &v["process"];
     assert_eq!(process["noNewPrivileges"], true);
@@ -115,31 +119,32 @@ fn the_prebuild_bundle_carries_every_control() {
 #[test]
 fn overlapping_or_protected_mount_sources_are_refused_before_anything_starts() {
     let p = policy();
-    let mut inputs = p.example_inputs("prebuild");
-    // Staging inside the tree: not disjoint.
-    inputs.sources.insert(
-        "staging".into(),
-        PathBuf::from("/var/lib/cordon/store/trees/TREE/root/out"),
-    );
-    let err = cordon::bundle::plan(&p.bundle_plan("prebuild", &inputs).unwrap()).unwrap_err();
+    let plan = |inputs: &bundle::RunInputs| bundle::plan(&p, StageKind::Prebuild, inputs);
+    // Staging (in the run directory) inside the tree: not disjoint.
+    let mut inputs = bundle::example_inputs(&p, StageKind::Prebuild);
+    inputs.run_dir = PathBuf::from("/var/lib/cordon/store/trees/TREE/root/out");
+    let err = plan(&inputs).unwrap_err();
     assert!(err.to_string().contains("not pairwise disjoint"), "{err}");
     // The store's private objects.
-    let mut inputs = p.example_inputs("prebuild");
+    let mut inputs = bundle::example_inputs(&p, StageKind::Prebuild);
     inputs.sources.insert(
-        "tree".into(),
+        MountSource::Tree,
         PathBuf::from("/var/lib/cordon/store/objects"),
     );
-    let err = cordon::bundle::plan(&p.bundle_plan("prebuild", &inputs).unwrap()).unwrap_err();
+    let err = plan(&inputs).unwrap_err();
     assert!(err.to_string().contains("protected"), "{err}");
-    // A source above the run directory's protected files.
-    let mut inputs = p.example_inputs("prebuild");
+    // A source above a protected path (the store).
+    let mut inputs = bundle::example_inputs(&p, StageKind::Prebuild);
     inputs
         .sources
-        .insert("staging".into(), PathBuf::from("/run/cordon/LEASE"));
-    let err = cordon::bundle::plan(&p.bundle_plan("prebuild", &inputs).unwrap()).unwrap_err();
+        .insert(MountSource::Tree, PathBuf::from("/var/lib/cordon"));
+    let err = plan(&inputs).unwrap_err();
     assert!(err.to_string().contains("protected"), "{err}");
     // A missing source for a declared mount.
-    let mut inputs = p.example_inputs("prebuild");
-    inputs.sources.remove("tree");
-    assert!(p.bundle_plan("prebuild", &inputs).is_err());
+    let mut inputs = bundle::example_inputs(&p, StageKind::Prebuild);
+    inputs.sources.remove(&MountSource::Tree);
+    assert!(matches!(
+        plan(&inputs),
+        Err(bundle::PlanError::NoSource { .. })
+    ));
 }

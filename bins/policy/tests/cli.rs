@@ -170,7 +170,7 @@ fn explain_resolves_defaults_and_refuses_unknown_stages() {
     let (code, _, err) = cmd(&["explain", &default_policy(), "--stage", "surface"]);
     assert_eq!(code, 2);
     assert!(
-        err.contains("declared stages: lane, prebuild, reference"),
+        err.contains("declared stages: prebuild, lane, reference"),
         "{err}"
     );
 }

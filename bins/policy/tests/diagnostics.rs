@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use cordon_policy::CODES;
+use cordon_policy_lang::CODES;
 
 fn fixture(name: &str) -> (String, String) {
     let rel = format!("tests/fixtures/{name}.kdl");
@@ -18,7 +18,7 @@ fn fixture(name: &str) -> (String, String) {
 fn every_code_has_a_fixture_that_produces_it() {
     for (code, _) in CODES {
         let (rel, text) = fixture(code);
-        let err = cordon_policy::parse(&rel, &text).expect_err(code);
+        let err = cordon_policy_lang::parse(&rel, &text).expect_err(code);
         let codes: Vec<&str> = err.problems().iter().map(|p| p.short_code()).collect();
         assert!(codes.contains(code), "{rel} gave {codes:?}, not {code}");
         insta::assert_snapshot!(format!("code-{code}"), err.render_text(100));
@@ -53,7 +53,7 @@ fn every_code_is_in_the_language_reference() {
 #[test]
 fn several_mistakes_are_all_reported_at_once_in_file_order() {
     let (rel, text) = fixture("many-mistakes");
-    let err = cordon_policy::parse(&rel, &text).unwrap_err();
+    let err = cordon_policy_lang::parse(&rel, &text).unwrap_err();
     let codes: Vec<&str> = err.problems().iter().map(|p| p.short_code()).collect();
     assert_eq!(
         codes,
@@ -76,7 +76,9 @@ fn several_mistakes_are_all_reported_at_once_in_file_order() {
 #[test]
 fn json_diagnostics_carry_code_and_span() {
     let (rel, text) = fixture("out-of-range");
-    let json = cordon_policy::parse(&rel, &text).unwrap_err().render_json();
+    let json = cordon_policy_lang::parse(&rel, &text)
+        .unwrap_err()
+        .render_json();
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     let problem = &v["problems"][0];
     assert_eq!(problem["code"], "cordon::policy::out-of-range");

@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use cordon_policy::Policy;
+use cordon_policy_lang::Policy;
 use cordon_testkit::workspace_root;
 
 fn default_text() -> String {
@@ -11,11 +11,11 @@ fn default_text() -> String {
 }
 
 fn parse(text: &str) -> Policy {
-    cordon_policy::parse("test.kdl", text).unwrap_or_else(|e| panic!("{}", e.render_text(100)))
+    cordon_policy_lang::parse("test.kdl", text).unwrap_or_else(|e| panic!("{}", e.render_text(100)))
 }
 
 fn lines(old: &Policy, new: &Policy) -> Vec<String> {
-    cordon_policy::diff::diff(
+    cordon_policy_lang::diff::diff(
         &old.canonical_value().unwrap(),
         &new.canonical_value().unwrap(),
     )

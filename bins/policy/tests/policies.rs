@@ -13,7 +13,7 @@ fn every_policy_file_parses() {
     );
     for file in files {
         let text = std::fs::read_to_string(&file).unwrap();
-        if let Err(err) = cordon_policy::parse(&file.display().to_string(), &text) {
+        if let Err(err) = cordon_policy_lang::parse(&file.display().to_string(), &text) {
             panic!("{}", err.render_text(100));
         }
     }
@@ -23,7 +23,8 @@ fn every_policy_file_parses() {
 fn default_policy_is_the_reviewed_evaluator() {
     let path = workspace_root().join("policy/evaluator.kdl");
     let policy =
-        cordon_policy::parse("evaluator.kdl", &std::fs::read_to_string(path).unwrap()).unwrap();
+        cordon_policy_lang::parse("evaluator.kdl", &std::fs::read_to_string(path).unwrap())
+            .unwrap();
     let v = policy.canonical_value().unwrap();
     let prebuild = &v["stage"]["prebuild"];
     assert_eq!(prebuild["network"], "none");

@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 use cordon::canonical::Digest;
 use cordon::lease::Manager;
 use cordon::store::Store;
+use cordon_policy_lang::{MountSource, StageKind};
 use cordon_prebuild::prebuild::{Config, Outcome, prebuild};
+use cordon_stage::bundle::{self, RunInputs};
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
@@ -31,7 +33,7 @@ fn main() {
     let root = cordon_testkit::workspace_root();
     let dir = tempfile::tempdir().unwrap();
     let text = cordon_testkit::isolated_policy(dir.path(), 3_070_000);
-    let policy = cordon_policy::parse("bench.kdl", &text).unwrap();
+    let policy = cordon_policy_lang::parse("bench.kdl", &text).unwrap();
     let store = Store::open(&dir.path().join("store")).unwrap();
     let spec = cordon_image::spec::load(&root.join("images/prebuild.kdl")).unwrap();
     cordon::image::build(&spec, &dir.path().join("images/prebuild")).unwrap();
@@ -66,7 +68,7 @@ fn main() {
         &store,
         tar.as_slice(),
         &Digest::of_bytes(&tar),
-        &policy.archive_limits(),
+        &cordon_stage::settings::archive_limits(&policy),
     )
     .unwrap();
     let t_fetch = t.elapsed();
@@ -83,7 +85,12 @@ fn main() {
     .record
     .digest;
     let t_mat = t.elapsed();
-    let setup = policy.lease_setup("bench", &dir.path().join("state"), dir.path().join("run"));
+    let setup = cordon_stage::settings::lease_setup(
+        &policy,
+        "bench",
+        &dir.path().join("state"),
+        dir.path().join("run"),
+    );
     Manager::open(&store, setup.clone())
         .unwrap()
         .recover()
@@ -115,25 +122,26 @@ fn main() {
     let rootfs = store.path("images", &pin.hex()).join("rootfs");
     let mut bare = Vec::new();
     for i in 0..runs {
-        let staging = dir.path().join(format!("staging{i}"));
+        let run_dir = dir.path().join(format!("run{i}"));
+        let staging = run_dir.join("staging");
         std::fs::create_dir_all(&staging).unwrap();
-        let inputs = cordon_policy::plan::RunInputs {
+        let inputs = RunInputs {
             argv: policy.step("build-native").unwrap().1.to_vec(),
             uid: 3_070_999,
             gid: 3_070_999,
-            rootfs: rootfs.clone(),
-            sources: [
-                ("tree".to_owned(), cordon::tree::root_dir(&store, &tree)),
-                ("staging".to_owned(), staging.clone()),
-            ]
-            .into(),
+            image_rootfs: rootfs.clone(),
+            run_dir,
+            sources: [(MountSource::Tree, cordon::tree::root_dir(&store, &tree))].into(),
+            devices: Default::default(),
             executor: "bare".into(),
             lease: format!("bare{i}"),
             authority: "bare".into(),
             protected: vec![],
             mountable_store_roots: vec![],
         };
-        let spec = cordon::bundle::plan(&policy.bundle_plan("prebuild", &inputs).unwrap()).unwrap();
+        let spec = bundle::plan(&policy, StageKind::Prebuild, &inputs)
+            .unwrap()
+            .spec;
         let bundle = dir.path().join(format!("bundle{i}"));
         std::fs::create_dir_all(&bundle).unwrap();
         std::fs::write(

@@ -13,9 +13,9 @@ use clap::Parser;
 use cordon::ExitCode;
 use cordon::canonical::Digest;
 use cordon::receipt::{Outcome as ReceiptOutcome, Reason, Receipt};
-use cordon::stage;
 use cordon::store::Store;
-use cordon_policy::cli::{LeaseArgs, StageArgs, report_diagnostic};
+use cordon_stage::args::{LeaseArgs, StageArgs, report_diagnostic};
+use cordon_stage::receipt_io as stage;
 use serde_json::{Value, json};
 
 use crate::prebuild::{Config, Outcome, prebuild};
@@ -45,11 +45,14 @@ pub fn run(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> ExitCode {
-    let (loaded, authority) =
-        match cordon_policy::cli::stage_start(&args.stage.policy, args.stage.diagnostics, stderr) {
-            Ok(x) => x,
-            Err(code) => return code,
-        };
+    let (loaded, authority) = match cordon_stage::start::stage_start(
+        &args.stage.policy,
+        args.stage.diagnostics,
+        stderr,
+    ) {
+        Ok(x) => x,
+        Err(code) => return code,
+    };
     let policy = &loaded.policy;
     let (input, prev) =
         match stage::read_input(args.receipt.as_deref(), stdin, "materialize", &authority) {

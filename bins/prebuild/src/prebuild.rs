@@ -17,8 +17,8 @@ use cordon::lease::{Lease, LeaseError, Manager, Setup};
 use cordon::runtime::{Meta, OutputCaps};
 use cordon::store::{Store, StoreError};
 use cordon::tree::{self, Entry, PUBLICATIONS, TREES, TreeRecord};
-use cordon_policy::Policy;
-use cordon_policy::plan::RunInputs;
+use cordon_policy_lang::{MountSource, Policy, PublicationLimits, StageKind, Staging};
+use cordon_stage::bundle::{self, HostMount, RunInputs};
 use serde_json::json;
 
 use crate::inventory::{self, Bounds};
@@ -85,11 +85,7 @@ pub enum PrebuildError {
     /// The stage cannot be planned.
     #[error(transparent)]
     #[diagnostic(transparent)]
-    Plan(#[from] cordon_policy::plan::PlanError),
-    /// The bundle cannot be planned.
-    #[error(transparent)]
-    #[diagnostic(transparent)]
-    Bundle(#[from] cordon::bundle::BundleError),
+    Plan(#[from] bundle::PlanError),
     /// Encoding failed.
     #[error(transparent)]
     #[diagnostic(transparent)]
@@ -122,7 +118,7 @@ pub fn prebuild(
 ) -> Result<Outcome, PrebuildError> {
     let started = Instant::now();
     let argv = match policy.step(step) {
-        Some(("prebuild", argv)) => argv.to_vec(),
+        Some((StageKind::Prebuild, argv)) => argv.to_vec(),
         _ => {
             return Ok(Outcome::Rejected {
                 code: "prebuild.unknown-step",
@@ -132,18 +128,29 @@ pub fn prebuild(
         }
     };
     let run = policy
-        .stage_run("prebuild")
+        .stage(StageKind::Prebuild)
         .ok_or_else(|| PrebuildError::Policy("no stage \"prebuild\"".into()))?;
-    let (role, pin) = run.image.clone();
-    let pin =
-        pin.ok_or_else(|| PrebuildError::Policy(format!("image role {role:?} is not pinned")))?;
-    let (bytes, inodes) = run
-        .staging
-        .ok_or_else(|| PrebuildError::Policy("the prebuild stage has no staging".into()))?;
-    let (max_files, max_bytes, max_file_bytes, max_depth, max_path_length) =
-        run.publication.ok_or_else(|| {
-            PrebuildError::Policy("the prebuild stage has no publication bounds".into())
-        })?;
+    let role = run.image.clone();
+    let pin = *policy
+        .image_pin(&role)
+        .ok_or_else(|| PrebuildError::Policy(format!("image role {role:?} is not pinned")))?;
+    let Some(Staging { .. }) = run.staging else {
+        return Err(PrebuildError::Policy(
+            "the prebuild stage has no staging".into(),
+        ));
+    };
+    let Some(PublicationLimits {
+        max_files,
+        max_bytes,
+        max_file_bytes,
+        max_depth,
+        max_path_length,
+    }) = run.publication
+    else {
+        return Err(PrebuildError::Policy(
+            "the prebuild stage has no publication bounds".into(),
+        ));
+    };
     let bounds = Bounds {
         max_files,
         max_bytes,
@@ -180,16 +187,15 @@ pub fn prebuild(
     // of the authority).
     cfg.setup.runtime.preflight().map_err(LeaseError::from)?;
     let manager = Manager::open(&cfg.store, cfg.setup.clone())?;
-    let lease = manager.begin_with(&cfg.authority.to_string(), &["staging"])?;
+    let lease = manager.begin_with(&cfg.authority.to_string(), &bundle::lease_mount_points(run))?;
     let job = Job {
         argv,
         step,
         rootfs,
-        staging: (bytes, inodes),
         bounds,
         caps: OutputCaps {
-            stdout: run.output.0,
-            stderr: run.output.1,
+            stdout: run.output.stdout_bytes,
+            stderr: run.output.stderr_bytes,
         },
         deadline,
         tree: tree_digest,
@@ -206,8 +212,6 @@ struct Job<'a> {
     argv: Vec<String>,
     step: &'a str,
     rootfs: PathBuf,
-    /// Staging bounds: bytes, inodes.
-    staging: (u64, u64),
     bounds: Bounds,
     caps: OutputCaps,
     deadline: Instant,
@@ -225,21 +229,19 @@ fn build(
     let (argv, step, tree_digest, key, bounds) =
         (&job.argv, job.step, job.tree, &job.key, &job.bounds);
     manager.provision(&lease)?;
-    let staging = manager.mount_staging(&lease, "staging", job.staging.0, job.staging.1)?;
     let store_root = cfg.store.root().to_path_buf();
     let inputs = RunInputs {
         argv: argv.clone(),
         uid: lease.record.account.uid,
         gid: lease.record.account.gid,
-        rootfs: job.rootfs.clone(),
-        sources: [
-            (
-                "tree".to_owned(),
-                tree::root_in(&cfg.store, TREES, tree_digest),
-            ),
-            ("staging".to_owned(), staging.clone()),
-        ]
+        image_rootfs: job.rootfs.clone(),
+        run_dir: lease.record.run_dir.clone(),
+        sources: [(
+            MountSource::Tree,
+            tree::root_in(&cfg.store, TREES, tree_digest),
+        )]
         .into(),
+        devices: Default::default(),
         executor: lease.record.executor.clone(),
         lease: lease.record.lease.clone(),
         authority: lease.record.authority.clone(),
@@ -254,8 +256,28 @@ fn build(
         .collect(),
         mountable_store_roots: vec![store_root.join("trees")],
     };
-    let spec = cordon::bundle::plan(&policy.bundle_plan("prebuild", &inputs)?)?;
-    let config = cordon::canonical::to_canonical_json(&spec)?;
+    let planned = bundle::plan(policy, StageKind::Prebuild, &inputs)?;
+    let mut staging = None;
+    for m in &planned.host_mounts {
+        match m {
+            HostMount::Tmpfs {
+                target,
+                bytes,
+                inodes,
+                ..
+            } => {
+                staging = Some(manager.mount_staging(&lease, target, *bytes, *inodes)?);
+            }
+            HostMount::Overlay { .. } => {
+                return Err(PrebuildError::Policy(
+                    "the prebuild stage runs on a read-only root".into(),
+                ));
+            }
+        }
+    }
+    let staging =
+        staging.ok_or_else(|| PrebuildError::Policy("the prebuild stage has no staging".into()))?;
+    let config = cordon::canonical::to_canonical_json(&planned.spec)?;
     manager.write_protected(&mut lease, "config.json", config.as_bytes())?;
     // A secret reaches the declared step on standard input only: never an env var or a mount.
     let stdin = match policy.step_secret(step) {

@@ -24,7 +24,7 @@ use cordon_testkit::{require_executable, workspace_root};
 struct Env {
     dir: tempfile::TempDir,
     store: Store,
-    policy: cordon_policy::Policy,
+    policy: cordon_policy_lang::Policy,
     cfg: Config,
 }
 
@@ -68,12 +68,13 @@ fn env(slot: u32) -> Env {
             "\nsecret \"build-key\" path={:?}\n",
             secret.display().to_string()
         );
-    let policy = cordon_policy::parse("hostile.kdl", &text).unwrap();
+    let policy = cordon_policy_lang::parse("hostile.kdl", &text).unwrap();
     let store = Store::open(&dir.path().join("store")).unwrap();
     let spec = cordon_image::spec::load(&workspace_root().join("images/prebuild.kdl")).unwrap();
     cordon::image::build(&spec, &dir.path().join("images/prebuild")).unwrap();
     let authority = Digest::of_bytes(format!("hostile-{slot}").as_bytes());
-    let setup = policy.lease_setup(
+    let setup = cordon_stage::settings::lease_setup(
+        &policy,
         &format!("hostile-{slot}"),
         &dir.path().join("state"),
         dir.path().join("run"),
@@ -214,12 +215,16 @@ fn writes_outside_staging_exec_from_tmp_and_setuid_are_refused() {
         mounts.contains("/engine ") && mounts.contains("/staging "),
         "{mounts}"
     );
+    // ipc "none": a private IPC namespace and no /dev/shm to share anything through.
+    assert!(
+        !mounts.split_whitespace().any(|m| m == "/dev/shm"),
+        "ipc \"none\" must mount no /dev/shm: {mounts}"
+    );
     for m in mounts.split_whitespace() {
         let planned = [
             "/",
             "/proc",
             "/dev",
-            "/dev/shm",
             "/dev/mqueue",
             "/dev/pts",
             "/tmp",

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use cordon::lease::Manager;
 use cordon::runtime::OutputCaps;
 use cordon::store::Store;
+use cordon_policy_lang::{MountSource, StageKind};
+use cordon_stage::bundle::{self, RunInputs};
 
 fn main() {
     assert!(
@@ -26,9 +28,14 @@ fn main() {
     let text =
         std::fs::read_to_string(cordon_testkit::workspace_root().join("policy/evaluator.kdl"))
             .unwrap();
-    let policy = cordon_policy::parse("evaluator.kdl", &text).unwrap();
+    let policy = cordon_policy_lang::parse("evaluator.kdl", &text).unwrap();
     let store = Store::open(&dir.path().join("store")).unwrap();
-    let mut setup = policy.lease_setup("bench", &dir.path().join("state"), dir.path().join("run"));
+    let mut setup = cordon_stage::settings::lease_setup(
+        &policy,
+        "bench",
+        &dir.path().join("state"),
+        dir.path().join("run"),
+    );
     setup.accounts.uids = (3_096_000, 3_096_999);
     setup.accounts.gids = (3_096_000, 3_096_999);
     setup.accounts.cron_deny = dir.path().join("cron.deny");
@@ -55,24 +62,11 @@ fn main() {
         m.provision(&lease).unwrap();
         let staging = lease.record.run_dir.join("staging");
         std::fs::create_dir_all(&staging).unwrap();
-        let inputs = cordon_policy::plan::RunInputs {
-            argv: vec!["/bin/true".into()],
-            uid: lease.record.account.uid,
-            gid: lease.record.account.gid,
-            rootfs: rootfs.clone(),
-            sources: [
-                ("tree".to_owned(), tree.clone()),
-                ("staging".to_owned(), staging.clone()),
-            ]
-            .into(),
-            executor: lease.record.executor.clone(),
-            lease: lease.record.lease.clone(),
-            authority: lease.record.authority.clone(),
-            protected: vec![],
-            mountable_store_roots: vec![],
-        };
-        let spec = cordon::bundle::plan(&policy.bundle_plan("prebuild", &inputs).unwrap()).unwrap();
-        let json = cordon::canonical::to_canonical_json(&spec).unwrap();
+        let mut inputs =
+            RunInputs::for_lease(&lease.record, vec!["/bin/true".into()], rootfs.clone());
+        inputs.sources.insert(MountSource::Tree, tree.clone());
+        let planned = bundle::plan(&policy, StageKind::Prebuild, &inputs).unwrap();
+        let json = cordon::canonical::to_canonical_json(&planned.spec).unwrap();
         m.write_protected(&mut lease, "config.json", json.as_bytes())
             .unwrap();
         // The same bundle, for the baseline: copied before the lease is released.

@@ -16,9 +16,9 @@ use clap::Parser;
 use cordon::ExitCode;
 use cordon::lease::{LeaseError, Manager};
 use cordon::receipt::{Outcome, Reason, Receipt};
-use cordon::stage;
 use cordon::store::Store;
-use cordon_policy::cli::{LeaseArgs, StageArgs, report_diagnostic};
+use cordon_stage::args::{LeaseArgs, StageArgs, report_diagnostic};
+use cordon_stage::receipt_io as stage;
 use serde_json::json;
 
 /// Recover and prove quiescence.
@@ -38,11 +38,14 @@ pub struct Args {
 
 /// Run the tool: the whole of `main`.
 pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitCode {
-    let (loaded, authority) =
-        match cordon_policy::cli::stage_start(&args.stage.policy, args.stage.diagnostics, stderr) {
-            Ok(x) => x,
-            Err(code) => return code,
-        };
+    let (loaded, authority) = match cordon_stage::start::stage_start(
+        &args.stage.policy,
+        args.stage.diagnostics,
+        stderr,
+    ) {
+        Ok(x) => x,
+        Err(code) => return code,
+    };
     let policy = &loaded.policy;
     let store_root = args.stage.store_root(policy);
     let executor = args.lease.executor(policy);

@@ -53,9 +53,10 @@ fn check_is_a_quiescence_receipt_and_recovery_releases_a_stale_lease() {
 
     // A supervisor that died after writing its record and creating its account.
     let text = std::fs::read_to_string(&policy).unwrap();
-    let p = cordon_policy::parse("policy.kdl", &text).unwrap();
+    let p = cordon_policy_lang::parse("policy.kdl", &text).unwrap();
     let store = Store::open(&dir.path().join("store")).unwrap();
-    let setup = p.lease_setup(
+    let setup = cordon_stage::settings::lease_setup(
+        &p,
         "cli-test",
         &dir.path().join("state"),
         dir.path().join("run"),

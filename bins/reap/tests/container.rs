@@ -12,7 +12,8 @@ use cordon::image::{self, ImageSpec};
 use cordon::lease::{Lease, Manager, Setup};
 use cordon::runtime::{Finished, OutputCaps};
 use cordon::store::Store;
-use cordon_policy::plan::RunInputs;
+use cordon_policy_lang::{MountSource, StageKind};
+use cordon_stage::bundle::{self, RunInputs};
 use cordon_testkit::{require_executable, workspace_root};
 
 const APPLETS: [&str; 14] = [
@@ -23,7 +24,7 @@ const APPLETS: [&str; 14] = [
 struct Env {
     dir: tempfile::TempDir,
     store: Store,
-    policy: cordon_policy::Policy,
+    policy: cordon_policy_lang::Policy,
     rootfs: PathBuf,
     setup: Setup,
 }
@@ -47,7 +48,7 @@ fn env(slot: u32) -> Env {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("store")).unwrap();
     let text = std::fs::read_to_string(workspace_root().join("policy/evaluator.kdl")).unwrap();
-    let policy = cordon_policy::parse("evaluator.kdl", &text).unwrap();
+    let policy = cordon_policy_lang::parse("evaluator.kdl", &text).unwrap();
     let mut spec = ImageSpec {
         name: "test".into(),
         files: Default::default(),
@@ -67,8 +68,12 @@ fn env(slot: u32) -> Env {
     let digest = image::build(&spec, &layout).unwrap();
     let rootfs = image::unpack(&store, &layout, &digest).unwrap();
     let executor = format!("test-{}-{slot}", std::process::id());
-    let mut setup =
-        policy.lease_setup(&executor, &dir.path().join("state"), dir.path().join("run"));
+    let mut setup = cordon_stage::settings::lease_setup(
+        &policy,
+        &executor,
+        &dir.path().join("state"),
+        dir.path().join("run"),
+    );
     let first = 3_090_000 + slot * 1000;
     setup.accounts.uids = (first, first + 999);
     setup.accounts.gids = (first, first + 999);
@@ -94,7 +99,7 @@ fn run_script(
     e: &Env,
     m: &Manager,
     script: &str,
-    tweak: impl FnOnce(&mut cordon::bundle::Plan),
+    tweak: impl FnOnce(&mut serde_json::Value),
     deadline: Duration,
     caps: OutputCaps,
 ) -> (Lease, Result<Finished, cordon::lease::LeaseError>) {
@@ -108,7 +113,7 @@ fn run_in(
     m: &Manager,
     mut lease: Lease,
     script: &str,
-    tweak: impl FnOnce(&mut cordon::bundle::Plan),
+    tweak: impl FnOnce(&mut serde_json::Value),
     deadline: Duration,
     caps: OutputCaps,
 ) -> (Lease, Result<Finished, cordon::lease::LeaseError>) {
@@ -124,26 +129,19 @@ fn run_in(
         Some(nix::unistd::Gid::from_raw(lease.record.account.gid)),
     )
     .unwrap();
-    let inputs = RunInputs {
-        argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
-        uid: lease.record.account.uid,
-        gid: lease.record.account.gid,
-        rootfs: e.rootfs.clone(),
-        sources: [("tree".to_owned(), tree), ("staging".to_owned(), staging)].into(),
-        executor: lease.record.executor.clone(),
-        lease: lease.record.lease.clone(),
-        authority: lease.record.authority.clone(),
-        protected: vec![
-            e.store.root().to_path_buf(),
-            lease.bundle_dir(),
-            e.setup.runtime.state_root.clone(),
-        ],
-        mountable_store_roots: vec![],
-    };
-    let mut plan = e.policy.bundle_plan("prebuild", &inputs).unwrap();
-    tweak(&mut plan);
-    let spec = cordon::bundle::plan(&plan).unwrap();
-    let json = cordon::canonical::to_canonical_json(&spec).unwrap();
+    let argv = vec!["/bin/sh".into(), "-c".into(), script.into()];
+    let mut inputs = RunInputs::for_lease(&lease.record, argv, e.rootfs.clone());
+    inputs.sources.insert(MountSource::Tree, tree);
+    inputs.protected = vec![
+        e.store.root().to_path_buf(),
+        lease.bundle_dir(),
+        e.setup.runtime.state_root.clone(),
+    ];
+    let planned = bundle::plan(&e.policy, StageKind::Prebuild, &inputs).unwrap();
+    // A test-only transformation of config.json (an ablation or a tighter bound).
+    let mut config = serde_json::to_value(&planned.spec).unwrap();
+    tweak(&mut config);
+    let json = cordon::canonical::to_canonical_json(&config).unwrap();
     m.write_protected(&mut lease, "config.json", json.as_bytes())
         .unwrap();
     let result = m.run(&lease, Instant::now() + deadline, caps, None);
@@ -283,7 +281,10 @@ fn the_deadline_the_oom_killer_and_an_output_flood_are_recorded() {
         &e,
         &m,
         "dd if=/dev/zero of=/dev/null bs=256M count=1",
-        |p| p.memory_bytes = 32 << 20,
+        |c| {
+            c["linux"]["resources"]["memory"] =
+                serde_json::json!({"limit": 32 << 20, "swap": 32 << 20})
+        },
         Duration::from_secs(30),
         CAPS,
     );
@@ -319,7 +320,7 @@ fn a_forkbomb_meets_the_pids_limit_and_a_changed_bundle_never_starts() {
         &e,
         &m,
         "for i in $(seq 1 64); do sleep 5 & done 2>/dev/null; echo forked; sleep 0",
-        |p| p.pids = 16,
+        |c| c["linux"]["resources"]["pids"]["limit"] = serde_json::json!(16),
         Duration::from_secs(30),
         CAPS,
     );

@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 use cordon::lease::{Lease, Manager, Setup};
 use cordon::runtime::OutputCaps;
 use cordon::store::Store;
+use cordon_policy_lang::{MountSource, StageKind};
+use cordon_stage::bundle::{self, RunInputs};
 use cordon_testkit::{require_executable, workspace_root};
 
 const POINTS: [&str; 6] = [
@@ -27,13 +29,18 @@ const POINTS: [&str; 6] = [
     "during-release",
 ];
 
-fn policy() -> cordon_policy::Policy {
+fn policy() -> cordon_policy_lang::Policy {
     let text = std::fs::read_to_string(workspace_root().join("policy/evaluator.kdl")).unwrap();
-    cordon_policy::parse("evaluator.kdl", &text).unwrap()
+    cordon_policy_lang::parse("evaluator.kdl", &text).unwrap()
 }
 
 fn setup(dir: &Path) -> Setup {
-    let mut s = policy().lease_setup("faults", &dir.join("state"), dir.join("run"));
+    let mut s = cordon_stage::settings::lease_setup(
+        &policy(),
+        "faults",
+        &dir.join("state"),
+        dir.join("run"),
+    );
     s.accounts.uids = (3_098_000, 3_098_999);
     s.accounts.gids = (3_098_000, 3_098_999);
     s.accounts.cron_deny = dir.join("cron.deny");
@@ -58,20 +65,11 @@ fn write_bundle(dir: &Path, m: &Manager, lease: &mut Lease, script: &str) {
     let staging = lease.record.run_dir.join("staging");
     std::fs::create_dir_all(&staging).unwrap();
     let p = policy();
-    let inputs = cordon_policy::plan::RunInputs {
-        argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
-        uid: lease.record.account.uid,
-        gid: lease.record.account.gid,
-        rootfs,
-        sources: [("tree".to_owned(), tree), ("staging".to_owned(), staging)].into(),
-        executor: lease.record.executor.clone(),
-        lease: lease.record.lease.clone(),
-        authority: lease.record.authority.clone(),
-        protected: vec![],
-        mountable_store_roots: vec![],
-    };
-    let spec = cordon::bundle::plan(&p.bundle_plan("prebuild", &inputs).unwrap()).unwrap();
-    let json = cordon::canonical::to_canonical_json(&spec).unwrap();
+    let argv = vec!["/bin/sh".into(), "-c".into(), script.into()];
+    let mut inputs = RunInputs::for_lease(&lease.record, argv, rootfs);
+    inputs.sources.insert(MountSource::Tree, tree);
+    let planned = bundle::plan(&p, StageKind::Prebuild, &inputs).unwrap();
+    let json = cordon::canonical::to_canonical_json(&planned.spec).unwrap();
     m.write_protected(lease, "config.json", json.as_bytes())
         .unwrap();
 }

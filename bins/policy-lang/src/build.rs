@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::str::FromStr;
 
-use cordon::Digest;
+use cordon_canon::Digest;
 use kdl::{KdlDocument, KdlEntry, KdlNode, KdlValue};
 use miette::SourceSpan;
 
@@ -27,8 +27,10 @@ const TIB: u64 = 1 << 40;
 const SECOND: u64 = 1000;
 const HOUR: u64 = 3_600_000;
 
-/// Stage kinds, in pipeline order.
-pub(crate) const STAGE_KINDS: &[&str] = &["prebuild", "lane", "reference", "surface"];
+/// A keyword of type `T`, reported like any other choice when it is not one.
+fn keyword<T: Keyword>(cx: &mut Cx, entry: &KdlEntry, what: &str) -> Option<T> {
+    choice(cx, entry, what, &T::keywords()).and_then(|s| T::from_keyword(&s))
+}
 
 /// The Python AST bans no policy may drop (seed 001, "Static scanning").
 const MIN_BAN_CALL: &[&str] = &["__import__", "compile", "eval", "exec"];
@@ -100,15 +102,16 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
     let mut seen_kind = Seen::default();
     for node in &stage_nodes {
         shape(cx, node, 1, 1, &[], true);
-        let Some(kind) = arg(node, 0).and_then(|e| choice(cx, e, "stage kind", STAGE_KINDS)) else {
+        let Some(kind) = arg(node, 0).and_then(|e| keyword::<StageKind>(cx, e, "stage kind"))
+        else {
             continue;
         };
-        if !seen_kind.first(cx, &kind, name_span(node), || {
-            format!("stage {kind:?} is declared twice")
+        if !seen_kind.first(cx, kind.as_str(), name_span(node), || {
+            format!("stage {:?} is declared twice", kind.as_str())
         }) {
             continue;
         }
-        if let Some(stage) = stage(cx, node, &kind) {
+        if let Some(stage) = stage(cx, node, kind) {
             stages.insert(kind, stage);
         }
     }
@@ -250,7 +253,7 @@ fn header(cx: &mut Cx, node: &KdlNode) -> Option<Header> {
 
 fn runtime(cx: &mut Cx, node: &KdlNode) -> Option<Runtime> {
     shape(cx, node, 1, 1, &["path", "sha256"], false);
-    let kind = arg(node, 0).and_then(|e| choice(cx, e, "runtime", &["runc", "crun", "runsc"]));
+    let kind = arg(node, 0).and_then(|e| keyword::<RuntimeKind>(cx, e, "runtime"));
     let p = required_prop(cx, node, "path").and_then(|e| path(cx, e, "runtime path"));
     let sha256 = match prop(node, "sha256") {
         Some(e) => Some(digest(cx, e)?),
@@ -279,7 +282,11 @@ fn id_range(cx: &mut Cx, node: &KdlNode) -> Option<IdRange> {
         );
         return None;
     }
-    Some(IdRange { first, last })
+    // Both ends are at most u32::MAX - 1 (checked above), so the conversions hold.
+    Some(IdRange {
+        first: u32::try_from(first).ok()?,
+        last: u32::try_from(last).ok()?,
+    })
 }
 
 fn accounts(cx: &mut Cx, node: &KdlNode) -> Option<Accounts> {
@@ -643,12 +650,15 @@ const ACTIONS: &[&str] = &[
     "log",
 ];
 
-/// An action and its `errno=` property, as the canonical action string.
-fn action(cx: &mut Cx, node: &KdlNode, entry: &KdlEntry) -> Option<String> {
+/// An action and its `errno=` property.
+fn action(cx: &mut Cx, node: &KdlNode, entry: &KdlEntry) -> Option<SeccompAction> {
     let kind = choice(cx, entry, "seccomp action", ACTIONS)?;
     let errno = prop(node, "errno");
     match (kind.as_str(), errno) {
-        ("errno", Some(e)) => Some(format!("errno:{}", integer(cx, e, "errno", 1, 4095)?)),
+        ("errno", Some(e)) => {
+            let n = integer(cx, e, "errno", 1, 4095)?;
+            Some(SeccompAction::Errno(u32::try_from(n).ok()?))
+        }
         ("errno", None) => {
             required_prop(cx, node, "errno");
             None
@@ -663,7 +673,15 @@ fn action(cx: &mut Cx, node: &KdlNode, entry: &KdlEntry) -> Option<String> {
             );
             None
         }
-        (_, None) => Some(kind),
+        (_, None) => match kind.as_str() {
+            "allow" => Some(SeccompAction::Allow),
+            "kill-process" => Some(SeccompAction::KillProcess),
+            "kill-thread" => Some(SeccompAction::KillThread),
+            "trap" => Some(SeccompAction::Trap),
+            "log" => Some(SeccompAction::Log),
+            // `choice` admitted only ACTIONS, and errno is handled above.
+            _ => None,
+        },
     }
 }
 
@@ -686,18 +704,11 @@ fn arg_condition(cx: &mut Cx, node: &KdlNode) -> Option<ArgCondition> {
     shape(cx, node, 0, 0, &["index", "op", "value", "mask"], false);
     let index =
         required_prop(cx, node, "index").and_then(|e| integer(cx, e, "argument index", 0, 5));
-    let op = required_prop(cx, node, "op").and_then(|e| {
-        choice(
-            cx,
-            e,
-            "comparison",
-            &["eq", "ne", "lt", "le", "gt", "ge", "masked-eq"],
-        )
-    });
+    let op = required_prop(cx, node, "op").and_then(|e| keyword::<ArgOp>(cx, e, "comparison"));
     let v = required_prop(cx, node, "value").and_then(|e| integer(cx, e, "value", 0, u64::MAX));
-    let mask = match (op.as_deref(), prop(node, "mask")) {
-        (Some("masked-eq"), Some(e)) => Some(integer(cx, e, "mask", 0, u64::MAX)?),
-        (Some("masked-eq"), None) => {
+    let mask = match (op, prop(node, "mask")) {
+        (Some(ArgOp::MaskedEq), Some(e)) => Some(integer(cx, e, "mask", 0, u64::MAX)?),
+        (Some(ArgOp::MaskedEq), None) => {
             required_prop(cx, node, "mask");
             return None;
         }
@@ -747,12 +758,15 @@ fn seccomp(cx: &mut Cx, node: &KdlNode) -> Option<SeccompProfile> {
     let default_action = b.required(cx, "default-action").and_then(|n| {
         shape(cx, n, 1, 1, &["errno"], false);
         let act = action(cx, n, arg(n, 0)?)?;
-        if act == "allow" || act == "log" {
+        if matches!(act, SeccompAction::Allow | SeccompAction::Log) {
             cx.report(
                 "weakened-control",
                 name_span(n),
                 "filter that admits everything",
-                format!("default-action {act:?} turns the filter into a deny-list"),
+                format!(
+                    "default-action {:?} turns the filter into a deny-list",
+                    act.spelling()
+                ),
                 Some(
                     "use errno, kill-process, kill-thread or trap, and allow what is needed".into(),
                 ),
@@ -762,10 +776,13 @@ fn seccomp(cx: &mut Cx, node: &KdlNode) -> Option<SeccompProfile> {
         Some(act)
     });
     let architectures = match b.one("architectures") {
-        None => BTreeSet::from(["x86_64".to_owned()]),
+        None => BTreeSet::from([Arch::X86_64]),
         Some(_) => strings(cx, &b.all("architectures"), |cx, e| {
-            choice(cx, e, "architecture", &["x86_64", "x86", "x32"])
-        }),
+            choice(cx, e, "architecture", &Arch::keywords())
+        })
+        .iter()
+        .filter_map(|a| Arch::from_keyword(a))
+        .collect(),
     };
     let base: BTreeMap<String, SyscallRule> = baseline_name
         .as_deref()
@@ -774,17 +791,17 @@ fn seccomp(cx: &mut Cx, node: &KdlNode) -> Option<SeccompProfile> {
         .into_iter()
         .map(|(name, entry)| {
             let (action, args) = match entry {
-                BaselineEntry::Allow => ("allow".to_owned(), Vec::new()),
+                BaselineEntry::Allow => (SeccompAction::Allow, Vec::new()),
                 BaselineEntry::AllowIfMaskedZero { index, mask } => (
-                    "allow".to_owned(),
+                    SeccompAction::Allow,
                     vec![ArgCondition {
                         index: u64::from(index),
-                        op: "masked-eq".into(),
+                        op: ArgOp::MaskedEq,
                         value: 0,
                         mask: Some(mask),
                     }],
                 ),
-                BaselineEntry::Errno(n) => (format!("errno:{n}"), Vec::new()),
+                BaselineEntry::Errno(n) => (SeccompAction::Errno(n), Vec::new()),
             };
             let reason = format!("baseline {}", baseline_name.as_deref().unwrap_or_default());
             (
@@ -860,7 +877,7 @@ fn seccomp(cx: &mut Cx, node: &KdlNode) -> Option<SeccompProfile> {
                     name,
                     e.span(),
                     SyscallRule {
-                        action: "allow".into(),
+                        action: SeccompAction::Allow,
                         args: Vec::new(),
                         reason,
                     },
@@ -907,12 +924,12 @@ fn seccomp(cx: &mut Cx, node: &KdlNode) -> Option<SeccompProfile> {
     })
 }
 
-fn not_in_stage(cx: &mut Cx, node: &KdlNode, kind: &str, what: &str) {
+fn not_in_stage(cx: &mut Cx, node: &KdlNode, kind: StageKind, what: &str) {
     cx.report(
         "not-allowed-in-stage",
         name_span(node),
         format!("not allowed in {kind}"),
-        format!("{what} is not allowed in stage {kind:?}"),
+        format!("{what} is not allowed in stage \"{kind}\""),
         None,
     );
 }
@@ -1005,15 +1022,19 @@ fn env(cx: &mut Cx, node: Option<&KdlNode>) -> BTreeMap<String, String> {
 }
 
 /// Which mount source roles a stage kind may have.
-fn mount_roles(kind: &str) -> &'static [&'static str] {
+fn mount_roles(kind: StageKind) -> &'static [MountSource] {
     match kind {
-        "prebuild" => &["tree", "staging"],
-        "surface" => &["workspace"],
-        _ => &["tree", "publication", "model"],
+        StageKind::Prebuild => &[MountSource::Tree, MountSource::Staging],
+        StageKind::Surface => &[MountSource::Workspace],
+        StageKind::Lane | StageKind::Reference => &[
+            MountSource::Tree,
+            MountSource::Publication,
+            MountSource::Model,
+        ],
     }
 }
 
-fn mounts(cx: &mut Cx, nodes: &[&KdlNode], kind: &str) -> BTreeMap<String, Mount> {
+fn mounts(cx: &mut Cx, nodes: &[&KdlNode], kind: StageKind) -> BTreeMap<String, Mount> {
     let mut out = BTreeMap::new();
     let mut dests: Vec<(String, SourceSpan)> = Vec::new();
     let mut roles = Seen::default();
@@ -1021,18 +1042,18 @@ fn mounts(cx: &mut Cx, nodes: &[&KdlNode], kind: &str) -> BTreeMap<String, Mount
         shape(cx, n, 2, 2, &["mode"], false);
         let allowed = mount_roles(kind);
         let role = arg(n, 0).and_then(|e| {
-            let r = choice(
-                cx,
-                e,
-                "mount source",
-                &["tree", "publication", "model", "staging", "workspace"],
-            )?;
-            if !allowed.contains(&r.as_str()) {
+            let r = keyword::<MountSource>(cx, e, "mount source")?;
+            if !allowed.contains(&r) {
+                let names: Vec<&str> = allowed.iter().map(|a| a.as_str()).collect();
                 cx.report(
                     "not-allowed-in-stage",
                     e.span(),
-                    format!("{kind} mounts: {}", allowed.join(", ")),
-                    format!("a {r:?} mount is not allowed in stage {kind:?}"),
+                    format!("{kind} mounts: {}", names.join(", ")),
+                    format!(
+                        "a {:?} mount is not allowed in stage {:?}",
+                        r.as_str(),
+                        kind.as_str()
+                    ),
                     None,
                 );
                 return None;
@@ -1041,13 +1062,17 @@ fn mounts(cx: &mut Cx, nodes: &[&KdlNode], kind: &str) -> BTreeMap<String, Mount
         });
         let dest = arg(n, 1).and_then(|e| Some((path(cx, e, "mount destination")?, e.span())));
         let writable_role = matches!(
-            role.as_ref().map(|(r, _)| r.as_str()),
-            Some("staging" | "workspace")
+            role.as_ref().map(|(r, _)| r),
+            Some(MountSource::Staging | MountSource::Workspace)
         );
         let mode = match prop(n, "mode") {
-            None => Some(if writable_role { "rw" } else { "ro" }.to_owned()),
-            Some(e) => choice(cx, e, "mount mode", &["ro", "rw"]).and_then(|m| {
-                if (m == "rw") == writable_role {
+            None => Some(if writable_role {
+                MountMode::Rw
+            } else {
+                MountMode::Ro
+            }),
+            Some(e) => keyword::<MountMode>(cx, e, "mount mode").and_then(|m| {
+                if (m == MountMode::Rw) == writable_role {
                     return Some(m);
                 }
                 let help = if writable_role {
@@ -1059,7 +1084,7 @@ fn mounts(cx: &mut Cx, nodes: &[&KdlNode], kind: &str) -> BTreeMap<String, Mount
                     "invalid-value",
                     e.span(),
                     "wrong mode for this source",
-                    format!("mode {m:?} is not allowed for this source"),
+                    format!("mode {:?} is not allowed for this source", m.as_str()),
                     Some(help.into()),
                 );
                 None
@@ -1069,8 +1094,8 @@ fn mounts(cx: &mut Cx, nodes: &[&KdlNode], kind: &str) -> BTreeMap<String, Mount
         else {
             continue;
         };
-        if !roles.first(cx, &role, role_span, || {
-            format!("source {role:?} is mounted twice")
+        if !roles.first(cx, role.as_str(), role_span, || {
+            format!("source {:?} is mounted twice", role.as_str())
         }) {
             continue;
         }
@@ -1108,11 +1133,11 @@ fn props_block<'a>(cx: &mut Cx, node: &'a KdlNode, names: &[&str]) -> Vec<Option
 }
 
 #[allow(clippy::too_many_lines)]
-fn stage(cx: &mut Cx, node: &KdlNode, kind: &str) -> Option<Stage> {
+fn stage(cx: &mut Cx, node: &KdlNode, kind: StageKind) -> Option<Stage> {
     let b = Block::read(
         cx,
         node.children(),
-        &format!("stage {kind:?}"),
+        &format!("stage \"{kind}\""),
         name_span(node),
         &[
             "image",
@@ -1149,26 +1174,24 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: &str) -> Option<Stage> {
         identifier(cx, e, "image role")
     });
     let network = value(cx, &b, "network", None, |cx, e| {
-        choice(cx, e, "network", &["none", "host"])
+        keyword::<Network>(cx, e, "network")
     });
-    if network.as_deref() == Some("host")
-        && kind != "surface"
+    if network == Some(Network::Host)
+        && kind != StageKind::Surface
         && let Some(n) = b.one("network")
     {
         cx.report(
             "not-allowed-in-stage",
             name_span(n),
             "candidate stages have no network",
-            format!("network \"host\" is not allowed in stage {kind:?}"),
+            format!("network \"host\" is not allowed in stage \"{kind}\""),
             Some("only the surface stage may be given the host network".into()),
         );
     }
     let root = value(cx, &b, "root", None, |cx, e| {
-        choice(cx, e, "root", &["read-only", "overlay"])
+        keyword::<RootMode>(cx, e, "root")
     });
-    let ipc = value(cx, &b, "ipc", None, |cx, e| {
-        choice(cx, e, "ipc", &["none", "private"])
-    });
+    let ipc = value(cx, &b, "ipc", None, |cx, e| keyword::<Ipc>(cx, e, "ipc"));
     let mut capability = BTreeMap::new();
     let mut cap_spans = Seen::default();
     let known_caps: Vec<String> = caps::all().iter().map(ToString::to_string).collect();
@@ -1220,8 +1243,8 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: &str) -> Option<Stage> {
     });
     let user = value(cx, &b, "user", None, |cx, e| {
         let u = string(cx, e)?;
-        if u == "per-run" {
-            return Some(u);
+        if let Some(user) = User::from_keyword(&u) {
+            return Some(user);
         }
         cx.report("weakened-control", e.span(), "only per-run", format!("user {u:?} is not allowed"), Some("candidate work runs only as a fresh per-run account (REQ-117): write user \"per-run\"".into()));
         None
@@ -1233,7 +1256,7 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: &str) -> Option<Stage> {
             "missing-node",
             name_span(node),
             "needs `cpus` or `cpuset`",
-            format!("stage {kind:?} needs a CPU cap: `cpus` or `cpuset`"),
+            format!("stage \"{kind}\" needs a CPU cap: `cpus` or `cpuset`"),
             None,
         );
     }
@@ -1247,9 +1270,24 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: &str) -> Option<Stage> {
         integer(cx, e, "nofile", 16, 1_048_576)
     });
     let core = value(cx, &b, "core", Some(0), |cx, e| size(cx, e, "core", 0, GIB));
-    let shm = value(cx, &b, "shm", Some(64 * MIB), |cx, e| {
-        size(cx, e, "shm", MIB, 64 * GIB)
-    });
+    // /dev/shm exists only in a private IPC namespace; with ipc "none" there is none to size.
+    let shm = match (ipc, b.one("shm")) {
+        (Some(Ipc::None), Some(n)) => {
+            cx.report(
+                "redundant-entry",
+                name_span(n),
+                "no /dev/shm with ipc \"none\"",
+                "shm changes nothing: ipc \"none\" mounts no /dev/shm",
+                Some("drop shm, or write ipc \"private\"".into()),
+            );
+            None
+        }
+        (Some(Ipc::None), None) => Some(None),
+        _ => value(cx, &b, "shm", Some(64 * MIB), |cx, e| {
+            size(cx, e, "shm", MIB, 64 * GIB)
+        })
+        .map(Some),
+    };
     let tmp = b.required(cx, "tmp").and_then(|n| {
         let p = props_block(cx, n, &["size", "exec"]);
         let size_v = p[0].and_then(|e| size(cx, e, "tmp size", MIB, 64 * GIB));
@@ -1260,7 +1298,7 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: &str) -> Option<Stage> {
         })
     });
     let staging = match (b.one("staging"), kind) {
-        (Some(n), "prebuild") => {
+        (Some(n), StageKind::Prebuild) => {
             let p = props_block(cx, n, &["size", "inodes"]);
             let size_v = p[0].and_then(|e| size(cx, e, "staging size", MIB, TIB));
             let inodes = p[1].and_then(|e| integer(cx, e, "staging inodes", 16, 100_000_000));
@@ -1269,7 +1307,7 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: &str) -> Option<Stage> {
                 inodes: inodes?,
             })
         }
-        (None, "prebuild") => {
+        (None, StageKind::Prebuild) => {
             b.required(cx, "staging");
             None
         }
@@ -1334,7 +1372,7 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: &str) -> Option<Stage> {
         }
     };
     let publication = match (b.one("publication"), kind) {
-        (Some(n), "prebuild") => {
+        (Some(n), StageKind::Prebuild) => {
             let p = props_block(
                 cx,
                 n,
@@ -1361,7 +1399,7 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: &str) -> Option<Stage> {
                 max_path_length: v.4?,
             })
         }
-        (None, "prebuild") => {
+        (None, StageKind::Prebuild) => {
             b.required(cx, "publication");
             None
         }
@@ -1372,7 +1410,7 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: &str) -> Option<Stage> {
         (None, _) => None,
     };
     let frame = match (b.one("frame"), kind) {
-        (Some(n), "lane" | "reference") => {
+        (Some(n), StageKind::Lane | StageKind::Reference) => {
             let p = props_block(cx, n, &["max-bytes", "max-frames"]);
             let m = p[0].and_then(|e| size(cx, e, "frame max-bytes", KIB, GIB));
             let f = p[1].and_then(|e| integer(cx, e, "max-frames", 1, 100_000_000));
@@ -1381,7 +1419,7 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: &str) -> Option<Stage> {
                 max_frames: f?,
             })
         }
-        (None, "lane" | "reference") => Some(Frame {
+        (None, StageKind::Lane | StageKind::Reference) => Some(Frame {
             max_bytes: MIB,
             max_frames: 100_000,
         }),
@@ -1392,8 +1430,8 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: &str) -> Option<Stage> {
         (None, _) => None,
     };
     let surface = match (b.one("surface"), kind) {
-        (Some(n), "surface") => surface(cx, n, &mount),
-        (None, "surface") => {
+        (Some(n), StageKind::Surface) => surface(cx, n, &mount),
+        (None, StageKind::Surface) => {
             b.required(cx, "surface");
             None
         }
@@ -1403,8 +1441,8 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: &str) -> Option<Stage> {
         }
         (None, _) => None,
     };
-    let sys = value(cx, &b, "sys", Some("none".into()), |cx, e| {
-        choice(cx, e, "sys", &["none", "read-only"])
+    let sys = value(cx, &b, "sys", Some(Sys::None), |cx, e| {
+        keyword::<Sys>(cx, e, "sys")
     });
     Some(Stage {
         image: image?,
@@ -1437,7 +1475,7 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: &str) -> Option<Stage> {
     })
 }
 
-fn gpu(cx: &mut Cx, node: Option<&KdlNode>, kind: &str) -> BTreeMap<String, Reasoned> {
+fn gpu(cx: &mut Cx, node: Option<&KdlNode>, kind: StageKind) -> BTreeMap<String, Reasoned> {
     let mut out = BTreeMap::new();
     let Some(node) = node else { return out };
     shape(cx, node, 0, 1, &[], true);
@@ -1454,7 +1492,7 @@ fn gpu(cx: &mut Cx, node: Option<&KdlNode>, kind: &str) -> BTreeMap<String, Reas
         choice(cx, e, "gpu", &["none"]);
         return out;
     }
-    if matches!(kind, "prebuild" | "surface") {
+    if matches!(kind, StageKind::Prebuild | StageKind::Surface) {
         not_in_stage(cx, node, kind, "GPU visibility");
         return out;
     }
@@ -1535,9 +1573,9 @@ fn surface(cx: &mut Cx, node: &KdlNode, mounts: &BTreeMap<String, Mount>) -> Opt
         read.insert(p, Reasoned { reason });
     }
     let write = value(cx, &b, "write", None, |cx, e| {
-        choice(cx, e, "write scope", &["workspace"])
+        keyword::<WriteScope>(cx, e, "write scope")
     });
-    if write.is_some() && !mounts.values().any(|m| m.source == "workspace") {
+    if write.is_some() && !mounts.values().any(|m| m.source == MountSource::Workspace) {
         cx.report(
             "missing-node",
             name_span(node),
@@ -1576,7 +1614,7 @@ fn surface(cx: &mut Cx, node: &KdlNode, mounts: &BTreeMap<String, Mount>) -> Opt
 fn step(cx: &mut Cx, node: &KdlNode) -> Option<Step> {
     shape(cx, node, 1, 1, &["stage"], true);
     let stage =
-        required_prop(cx, node, "stage").and_then(|e| choice(cx, e, "stage kind", STAGE_KINDS));
+        required_prop(cx, node, "stage").and_then(|e| keyword::<StageKind>(cx, e, "stage kind"));
     let b = Block::read(
         cx,
         node.children(),
@@ -1681,14 +1719,14 @@ fn resolve(
             continue;
         };
         let stage_span = prop(node, "stage").map_or(name_span(node), KdlEntry::span);
-        if step.stage != "prebuild" {
+        if step.stage != StageKind::Prebuild {
             cx.report(
                 "not-allowed-in-stage",
                 stage_span,
                 "build steps belong to prebuild",
                 format!(
                     "step {name:?} names stage {:?}; registered build steps run only in prebuild",
-                    step.stage
+                    step.stage.as_str()
                 ),
                 None,
             );
@@ -1697,7 +1735,7 @@ fn resolve(
                 cx,
                 stage_span,
                 "stage",
-                &step.stage,
+                step.stage.as_str(),
                 declared.iter().copied().collect(),
             );
         }

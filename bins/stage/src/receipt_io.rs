@@ -8,12 +8,9 @@
 use std::io::{Read, Write};
 use std::path::Path;
 
-use crate::canonical::Digest;
-use crate::receipt::{Outcome, Receipt, ReceiptError};
-use crate::store::{Store, StoreError};
-
-/// The policy file a stage reads when `--policy` is not given (the NixOS module installs it).
-pub const DEFAULT_POLICY: &str = "/etc/cordon/policy.kdl";
+use cordon::receipt::{Outcome, Receipt, ReceiptError};
+use cordon::store::{Store, StoreError};
+use cordon_canon::Digest;
 
 /// Why the receipt plumbing failed.
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
@@ -110,7 +107,7 @@ pub fn emit(
     receipt: &mut Receipt,
     stdout: &mut dyn Write,
 ) -> Result<Digest, StageError> {
-    receipt.finished_at = crate::receipt::now_rfc3339();
+    receipt.finished_at = cordon::receipt::now_rfc3339();
     let text = receipt.to_canonical_json()?;
     let digest = receipt.digest()?;
     if let (Some(store), Outcome::Ok) = (store, receipt.outcome) {

@@ -4,7 +4,7 @@
 //! encoder: formatting, comments, node order and set-member order do not appear in it; every
 //! semantic value does. The policy digest is its domain-separated digest.
 
-use cordon::canonical::{CanonicalError, Digest, domain_digest, to_canonical_json};
+use cordon_canon::canonical::{CanonicalError, Digest, domain_digest, to_canonical_json};
 
 use crate::model::Policy;
 

@@ -1,0 +1,66 @@
+//! The cordon policy language.
+//!
+//! One KDL v2 file describes one evaluator host's authority: where its store is, which OCI
+//! runtime it trusts, how intake and materialization are bounded, which images and seccomp
+//! profiles exist, and what each stage (prebuild, lane, reference, surface) may do. This crate
+//! parses such a file into a validated [`Policy`] (reporting every problem at once, each on its
+//! token), gives it one canonical form and digest, and compares two policies semantically for
+//! reviewers. `policy/README.md` is the language reference.
+//!
+//! It is pure: no I/O (the caller hands it the text), no kernel, no runtime, and no dependency
+//! on the mechanism library — only on the leaf `cordon-canon` for digests. The model is typed:
+//! every choice of the language (stage kind, network, root, ipc, user, mount source and mode,
+//! seccomp action and operator, architecture, runtime) is an enum, so the planner in
+//! `cordon-stage` matches exhaustively and a new value is a compile error there, never a silent
+//! fall-through. The authority identity that combines the policy digest with host facts is
+//! assembled by `cordon-stage`; the `cordon-policy` tool is its reviewer front end.
+
+#![forbid(unsafe_code)]
+
+mod build;
+mod canonical;
+mod decode;
+pub mod diag;
+pub mod diff;
+mod model;
+pub mod syscalls;
+pub mod units;
+
+use std::sync::Arc;
+
+use miette::{NamedSource, SourceSpan};
+
+pub use canonical::POLICY_SCHEMA;
+pub use diag::{CODES, PolicyError, Problem};
+pub use model::{
+    Accounts, Arch, ArchiveLimits, ArgCondition, ArgOp, Frame, IdRange, Ipc, Keyword, Mount,
+    MountMode, MountSource, Network, Output, Policy, PublicationLimits, Reasoned, RootMode,
+    Runtime, RuntimeKind, SeccompAction, SeccompProfile, Stage, StageKind, Staging, Surface, Sys,
+    SyscallRule, Tmp, TransportRules, TreeRules, User, WriteScope,
+};
+
+/// Parse and validate a policy. `name` labels diagnostics (normally the file's path).
+///
+/// # Errors
+/// A [`PolicyError`] holding every problem found, KDL syntax errors included.
+pub fn parse(name: &str, text: &str) -> Result<Policy, PolicyError> {
+    let shared = Arc::new(text.to_owned());
+    let source = Arc::new(NamedSource::new(name, shared).with_language("kdl"));
+    let mut cx = decode::Cx::new(source.clone());
+    let doc = match kdl::KdlDocument::parse(text) {
+        Ok(doc) => doc,
+        Err(err) => {
+            for d in err.diagnostics {
+                let label = d.label.unwrap_or_else(|| "here".to_owned());
+                let message = d.message.unwrap_or_else(|| "invalid KDL".to_owned());
+                cx.report("syntax", d.span, label, message, d.help);
+            }
+            return Err(PolicyError::new(name.to_owned(), cx.problems));
+        }
+    };
+    let whole = SourceSpan::from((0, 0));
+    match build::policy(&mut cx, &doc, whole) {
+        Some(policy) if cx.problems.is_empty() => Ok(policy),
+        _ => Err(PolicyError::new(name.to_owned(), cx.problems)),
+    }
+}

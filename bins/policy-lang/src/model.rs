@@ -1,0 +1,772 @@
+//! The validated policy: what one evaluator host's authority is.
+//!
+//! Values only, no spans: a [`Policy`] exists only after every check in [`crate::build`] has
+//! passed, and its fields are private to this crate so nothing can build or change one that
+//! skipped validation. Its `Serialize` form is the canonical form (sets are `BTreeSet`s and
+//! named entries `BTreeMap`s, sizes are `*_bytes`, durations `*_ms`, CPU counts `*_milli`);
+//! [`crate::canonical`] hashes it and [`crate::diff`] compares it leaf by leaf.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use cordon_canon::Digest;
+use serde::Serialize;
+
+/// A validated policy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Policy {
+    pub(crate) policy: Header,
+    pub(crate) store: String,
+    pub(crate) run_dir: String,
+    pub(crate) runtime: Runtime,
+    pub(crate) accounts: Accounts,
+    pub(crate) secret: BTreeMap<String, Secret>,
+    pub(crate) intake: Intake,
+    pub(crate) tree: Tree,
+    pub(crate) image: BTreeMap<String, Digest>,
+    pub(crate) seccomp: BTreeMap<String, SeccompProfile>,
+    pub(crate) stage: BTreeMap<StageKind, Stage>,
+    pub(crate) step: BTreeMap<String, Step>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct Header {
+    pub(crate) name: String,
+    pub(crate) version: u64,
+}
+
+/// The OCI runtime the policy names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Runtime {
+    pub(crate) kind: RuntimeKind,
+    pub(crate) path: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) sha256: Option<Digest>,
+}
+
+impl Runtime {
+    /// `runc`, `crun` or `runsc`.
+    #[must_use]
+    pub fn kind(&self) -> RuntimeKind {
+        self.kind
+    }
+
+    /// The runtime binary's absolute path.
+    #[must_use]
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The digest the binary must have, when the policy pins one.
+    #[must_use]
+    pub fn pin(&self) -> Option<&Digest> {
+        self.sha256.as_ref()
+    }
+}
+
+/// An inclusive range of nonzero ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct IdRange {
+    /// The first id.
+    pub first: u32,
+    /// The last id.
+    pub last: u32,
+}
+
+/// The per-run account rules (REQ-117).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Accounts {
+    /// Where uids come from.
+    pub uid_range: IdRange,
+    /// Where gids come from.
+    pub gid_range: IdRange,
+    /// The no-login shell.
+    pub shell: String,
+    /// cron's deny file.
+    pub cron_deny: String,
+    /// at's deny file.
+    pub at_deny: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct Secret {
+    pub(crate) path: String,
+}
+
+/// An allow-list entry's justification.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Reasoned {
+    /// Why the entry is there.
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct Intake {
+    pub(crate) transport: Transport,
+    pub(crate) archive: ArchiveLimits,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct Transport {
+    pub(crate) allow_host: BTreeMap<String, Reasoned>,
+    pub(crate) max_redirects: u64,
+    pub(crate) deadline_ms: u64,
+    pub(crate) min_tls: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) trust_anchor: Option<String>,
+    pub(crate) allow_loopback: bool,
+    pub(crate) allow_plain_http_loopback: bool,
+}
+
+/// The bounds of the safe tar reader.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ArchiveLimits {
+    /// Archive bytes at most.
+    pub max_archive_bytes: u64,
+    /// Extracted bytes at most.
+    pub max_extracted_bytes: u64,
+    /// Members at most.
+    pub max_members: u64,
+    /// Bytes of one member at most.
+    pub max_file_bytes: u64,
+    /// Path bytes at most.
+    pub max_path_length: u64,
+    /// Path components at most.
+    pub max_depth: u64,
+    /// PAX header bytes at most.
+    pub max_pax_bytes: u64,
+    /// Extracted-to-archive ratio at most.
+    pub max_compression_ratio: u64,
+    /// Names (or `*.ext` patterns) dropped from every archive.
+    pub exclude: BTreeSet<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct Tree {
+    pub(crate) limits: TreeLimits,
+    pub(crate) python: Python,
+    pub(crate) tiers: Tiers,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct TreeLimits {
+    pub(crate) max_files: u64,
+    pub(crate) max_file_bytes: u64,
+    pub(crate) max_total_bytes: u64,
+    pub(crate) max_depth: u64,
+    pub(crate) max_path_length: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct Python {
+    pub(crate) ban_call: BTreeSet<String>,
+    pub(crate) ban_import: BTreeSet<String>,
+    pub(crate) ban_attribute_call: BTreeSet<String>,
+    pub(crate) jit_entry_point: BTreeMap<String, Reasoned>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct Tiers {
+    pub(crate) executables: bool,
+    pub(crate) cuda_sources: bool,
+    pub(crate) dependency_patches: bool,
+}
+
+/// A seccomp profile, as its effective rule set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SeccompProfile {
+    /// The baseline it started from, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<String>,
+    /// What a call no rule matches gets (never allow or log).
+    pub default_action: SeccompAction,
+    /// The architectures the filter covers.
+    pub architectures: BTreeSet<Arch>,
+    /// The effective rule set: the baseline's entries with the policy's removals and additions
+    /// applied, so two spellings of the same filter have one canonical form.
+    pub syscall: BTreeMap<String, SyscallRule>,
+}
+
+/// One ANDed argument condition.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct ArgCondition {
+    /// The argument's index (0 to 5).
+    pub index: u64,
+    /// The comparison.
+    pub op: ArgOp,
+    /// The value compared with.
+    pub value: u64,
+    /// The mask, exactly when `op` is `masked-eq`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mask: Option<u64>,
+}
+
+/// One system call's rule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SyscallRule {
+    /// What the call gets.
+    pub action: SeccompAction,
+    /// ANDed conditions, sorted: their order does not matter to the kernel.
+    pub args: Vec<ArgCondition>,
+    /// Why.
+    pub reason: String,
+}
+
+/// A keyword of the language: an enum whose values are spelled as in the policy file, and
+/// serialized the same way, so the canonical form reads like the policy.
+pub trait Keyword: Sized + Copy + 'static {
+    /// Every value with its spelling, in declaration order.
+    const ALL: &'static [(&'static str, Self)];
+
+    /// The value spelled `text`.
+    fn from_keyword(text: &str) -> Option<Self> {
+        Self::ALL.iter().find(|(k, _)| *k == text).map(|(_, v)| *v)
+    }
+
+    /// Every spelling.
+    fn keywords() -> Vec<&'static str> {
+        Self::ALL.iter().map(|(k, _)| *k).collect()
+    }
+}
+
+macro_rules! keyword {
+    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident = $text:literal,)+ }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum $name {
+            $($(#[$vmeta])* $variant,)+
+        }
+
+        impl Keyword for $name {
+            const ALL: &'static [(&'static str, Self)] = &[$(($text, Self::$variant),)+];
+        }
+
+        impl $name {
+            /// The spelling in the policy file.
+            #[must_use]
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $text,)+
+                }
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+keyword! {
+    /// The stage kinds, in pipeline order.
+    StageKind {
+        /// The disposable native build container.
+        Prebuild = "prebuild",
+        /// The GPU runtime container.
+        Lane = "lane",
+        /// The pristine reference session.
+        Reference = "reference",
+        /// The workspace-bounded agent surface.
+        Surface = "surface",
+    }
+}
+
+keyword! {
+    /// The container's network.
+    Network {
+        /// A new, empty network namespace (loopback only).
+        None = "none",
+        /// The host's network (the surface stage only).
+        Host = "host",
+    }
+}
+
+keyword! {
+    /// The container's root filesystem.
+    RootMode {
+        /// The image rootfs, mounted read-only.
+        ReadOnly = "read-only",
+        /// A per-lease disposable overlay over the read-only image rootfs.
+        Overlay = "overlay",
+    }
+}
+
+keyword! {
+    /// System V IPC and POSIX shared memory.
+    Ipc {
+        /// A new IPC namespace and no `/dev/shm` at all.
+        None = "none",
+        /// A new IPC namespace with a bounded private `/dev/shm`.
+        Private = "private",
+    }
+}
+
+keyword! {
+    /// Whom the workload runs as.
+    User {
+        /// A fresh per-run account (REQ-117).
+        PerRun = "per-run",
+    }
+}
+
+keyword! {
+    /// A bind's writability.
+    MountMode {
+        /// Read-only.
+        Ro = "ro",
+        /// Writable (staging and workspace only).
+        Rw = "rw",
+    }
+}
+
+keyword! {
+    /// What a bind mounts: a role whose host path only the host knows at run time.
+    MountSource {
+        /// The materialized engine tree.
+        Tree = "tree",
+        /// The sealed native publication.
+        Publication = "publication",
+        /// The model weights.
+        Model = "model",
+        /// The lease's bounded staging tmpfs.
+        Staging = "staging",
+        /// The agent's workspace.
+        Workspace = "workspace",
+    }
+}
+
+keyword! {
+    /// `/sys` in the container.
+    Sys {
+        /// No `/sys`.
+        None = "none",
+        /// A read-only `/sys`.
+        ReadOnly = "read-only",
+    }
+}
+
+keyword! {
+    /// A seccomp argument comparison.
+    ArgOp {
+        /// Equal.
+        Eq = "eq",
+        /// Not equal.
+        Ne = "ne",
+        /// Less than.
+        Lt = "lt",
+        /// Less or equal.
+        Le = "le",
+        /// Greater than.
+        Gt = "gt",
+        /// Greater or equal.
+        Ge = "ge",
+        /// `(arg & mask) == value`.
+        MaskedEq = "masked-eq",
+    }
+}
+
+keyword! {
+    /// A seccomp filter architecture.
+    Arch {
+        /// x32 (declared first so that sets sort as their spellings do).
+        X32 = "x32",
+        /// i386.
+        X86 = "x86",
+        /// amd64.
+        X86_64 = "x86_64",
+    }
+}
+
+keyword! {
+    /// The OCI runtime's kind.
+    RuntimeKind {
+        /// runc.
+        Runc = "runc",
+        /// crun.
+        Crun = "crun",
+        /// gVisor's runsc.
+        Runsc = "runsc",
+    }
+}
+
+keyword! {
+    /// What the surface may write.
+    WriteScope {
+        /// Its workspace only.
+        Workspace = "workspace",
+    }
+}
+
+/// What a seccomp rule (or the default) does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SeccompAction {
+    /// Let the call through.
+    Allow,
+    /// Fail it with this errno.
+    Errno(u32),
+    /// Kill the whole process.
+    KillProcess,
+    /// Kill the calling thread.
+    KillThread,
+    /// Send SIGSYS.
+    Trap,
+    /// Let it through and log it.
+    Log,
+}
+
+impl SeccompAction {
+    /// The canonical spelling: `allow`, `errno:N`, `kill-process`, `kill-thread`, `trap`, `log`.
+    #[must_use]
+    pub fn spelling(self) -> String {
+        match self {
+            Self::Allow => "allow".into(),
+            Self::Errno(n) => format!("errno:{n}"),
+            Self::KillProcess => "kill-process".into(),
+            Self::KillThread => "kill-thread".into(),
+            Self::Trap => "trap".into(),
+            Self::Log => "log".into(),
+        }
+    }
+}
+
+impl std::fmt::Display for SeccompAction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.spelling())
+    }
+}
+
+impl Serialize for SeccompAction {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.spelling())
+    }
+}
+
+/// One stage's settings, defaults filled in. Fields are public so that the planner can
+/// destructure a stage exhaustively (a new field is a compile error there); a stage that counts
+/// is only ever read out of a validated [`Policy`], whose own fields are private.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Stage {
+    /// The image role it runs.
+    pub image: String,
+    /// Its network.
+    pub network: Network,
+    /// Its root filesystem.
+    pub root: RootMode,
+    /// Its IPC namespace.
+    pub ipc: Ipc,
+    /// Capabilities granted (usually none), each with its reason.
+    pub capability: BTreeMap<String, Reasoned>,
+    /// `no_new_privileges` (validated to be true).
+    pub no_new_privileges: bool,
+    /// The seccomp profile's name (validated to exist).
+    pub seccomp: String,
+    /// Whom the workload runs as.
+    pub user: User,
+    /// CPU quota in thousandths of a CPU.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpus_milli: Option<u64>,
+    /// Or a cpuset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpuset: Option<String>,
+    /// Memory (and memory+swap) limit.
+    pub memory_bytes: u64,
+    /// PID limit.
+    pub pids: u64,
+    /// RLIMIT_NOFILE.
+    pub nofile: u64,
+    /// RLIMIT_CORE.
+    pub core_bytes: u64,
+    /// `/dev/shm` size: present exactly when `ipc` is `private`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shm_bytes: Option<u64>,
+    /// The private `/tmp`.
+    pub tmp: Tmp,
+    /// The lease-scoped staging tmpfs (prebuild).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub staging: Option<Staging>,
+    /// The whole stage's deadline.
+    pub deadline_ms: u64,
+    /// Named phases' deadlines (each at most the stage's).
+    pub phase_deadline_ms: BTreeMap<String, u64>,
+    /// GPU device nodes the container may open, each with its reason.
+    pub gpu_device: BTreeMap<String, Reasoned>,
+    /// The exact environment.
+    pub env: BTreeMap<String, String>,
+    /// Binds, keyed by destination inside the container.
+    pub mount: BTreeMap<String, Mount>,
+    /// Output caps.
+    pub output: Output,
+    /// Publication bounds (prebuild).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub publication: Option<PublicationLimits>,
+    /// Protocol framing bounds (lane, reference).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frame: Option<Frame>,
+    /// The agent surface's bounds (surface).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub surface: Option<Surface>,
+    /// `/sys` in the container.
+    pub sys: Sys,
+}
+
+/// The private `/tmp`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Tmp {
+    /// Its size.
+    pub size_bytes: u64,
+    /// Whether it allows exec.
+    pub exec: bool,
+}
+
+/// The staging tmpfs bounds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Staging {
+    /// Bytes.
+    pub size_bytes: u64,
+    /// Inodes.
+    pub inodes: u64,
+}
+
+/// One bind.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Mount {
+    /// Its source role.
+    pub source: MountSource,
+    /// Its mode.
+    pub mode: MountMode,
+}
+
+/// Output caps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Output {
+    /// Bytes of stdout kept.
+    pub stdout_bytes: u64,
+    /// Bytes of stderr kept.
+    pub stderr_bytes: u64,
+}
+
+/// Bounds on a sealed publication.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PublicationLimits {
+    /// Files at most.
+    pub max_files: u64,
+    /// Bytes at most.
+    pub max_bytes: u64,
+    /// Bytes of one file at most.
+    pub max_file_bytes: u64,
+    /// Path depth at most.
+    pub max_depth: u64,
+    /// Path bytes at most.
+    pub max_path_length: u64,
+}
+
+/// Protocol framing bounds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Frame {
+    /// Bytes of one frame at most.
+    pub max_bytes: u64,
+    /// Frames of one session at most.
+    pub max_frames: u64,
+}
+
+/// The agent surface's bounds (seed 002).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Surface {
+    /// Host paths readable beside the workspace, each with its reason.
+    pub read: BTreeMap<String, Reasoned>,
+    /// What may be written.
+    pub write: WriteScope,
+    /// Environment variables that never cross.
+    pub deny_env: BTreeSet<String>,
+    /// Files that are never readable.
+    pub deny_file: BTreeSet<String>,
+    /// The longest temporary-directory prefix.
+    pub tmpdir_prefix_max: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct Step {
+    pub(crate) stage: StageKind,
+    pub(crate) argv: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) secret: Option<String>,
+}
+
+impl Policy {
+    /// The policy's name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.policy.name
+    }
+
+    /// The OCI runtime.
+    #[must_use]
+    pub fn runtime(&self) -> &Runtime {
+        &self.runtime
+    }
+
+    /// Image role → pinned manifest digest.
+    #[must_use]
+    pub fn images(&self) -> &BTreeMap<String, Digest> {
+        &self.image
+    }
+
+    /// The stage of this kind, when the policy declares one.
+    #[must_use]
+    pub fn stage(&self, kind: StageKind) -> Option<&Stage> {
+        self.stage.get(&kind)
+    }
+
+    /// The declared stage kinds.
+    pub fn stage_kinds(&self) -> impl Iterator<Item = StageKind> + '_ {
+        self.stage.keys().copied()
+    }
+
+    /// The seccomp profile `name` (every stage's profile is validated to exist).
+    #[must_use]
+    pub fn seccomp_profile(&self, name: &str) -> Option<&SeccompProfile> {
+        self.seccomp.get(name)
+    }
+}
+
+/// How intake may reach a remote source (policy `intake { transport { … } }`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransportRules<'a> {
+    /// Hosts an `https://` source may name, exactly.
+    pub allow_hosts: Vec<&'a str>,
+    /// Redirects followed at most.
+    pub max_redirects: u64,
+    /// One deadline for the whole transfer, redirects included, in milliseconds.
+    pub deadline_ms: u64,
+    /// `"1.2"` or `"1.3"`.
+    pub min_tls: &'a str,
+    /// A PEM file whose certificates are the only trust anchors, when set.
+    pub trust_anchor: Option<&'a str>,
+    /// Whether loopback addresses may be connected to (tests only).
+    pub allow_loopback: bool,
+    /// Whether plain `http://` to a loopback address is accepted (tests only).
+    pub allow_plain_http_loopback: bool,
+}
+
+/// The static checks on a materialized tree (policy `tree { … }`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreeRules {
+    /// Files in the tree at most.
+    pub max_files: u64,
+    /// Bytes of one file at most.
+    pub max_file_bytes: u64,
+    /// Bytes of the whole tree at most.
+    pub max_total_bytes: u64,
+    /// Path components at most.
+    pub max_depth: u64,
+    /// Path bytes at most.
+    pub max_path_length: u64,
+    /// Names that may not be called (`eval(…)`, and `x.eval(…)`).
+    pub ban_call: BTreeSet<String>,
+    /// Modules that may not be imported (a name bans its submodules too).
+    pub ban_import: BTreeSet<String>,
+    /// Attribute names that may not be called (`x.exec_module(…)`).
+    pub ban_attribute_call: BTreeSet<String>,
+    /// Admitted JIT entry points, `module.function` (the CuTe DSL carve-out).
+    pub jit_entry_points: BTreeSet<String>,
+    /// Whether a delta may declare executables.
+    pub executables: bool,
+    /// Whether a delta may declare CUDA sources.
+    pub cuda_sources: bool,
+    /// Whether a delta may declare dependency patches.
+    pub dependency_patches: bool,
+}
+
+impl Policy {
+    /// The store directory.
+    #[must_use]
+    pub fn store(&self) -> &str {
+        &self.store
+    }
+
+    /// The archive bounds.
+    #[must_use]
+    pub fn archive(&self) -> &ArchiveLimits {
+        &self.intake.archive
+    }
+
+    /// The transport rules for remote intake.
+    #[must_use]
+    pub fn transport(&self) -> TransportRules<'_> {
+        let t = &self.intake.transport;
+        TransportRules {
+            allow_hosts: t.allow_host.keys().map(String::as_str).collect(),
+            max_redirects: t.max_redirects,
+            deadline_ms: t.deadline_ms,
+            min_tls: &t.min_tls,
+            trust_anchor: t.trust_anchor.as_deref(),
+            allow_loopback: t.allow_loopback,
+            allow_plain_http_loopback: t.allow_plain_http_loopback,
+        }
+    }
+
+    /// The tree guard's bounds and the Python AST policy.
+    #[must_use]
+    pub fn tree_rules(&self) -> TreeRules {
+        let t = &self.tree;
+        TreeRules {
+            max_files: t.limits.max_files,
+            max_file_bytes: t.limits.max_file_bytes,
+            max_total_bytes: t.limits.max_total_bytes,
+            max_depth: t.limits.max_depth,
+            max_path_length: t.limits.max_path_length,
+            ban_call: t.python.ban_call.clone(),
+            ban_import: t.python.ban_import.clone(),
+            ban_attribute_call: t.python.ban_attribute_call.clone(),
+            jit_entry_points: t.python.jit_entry_point.keys().cloned().collect(),
+            executables: t.tiers.executables,
+            cuda_sources: t.tiers.cuda_sources,
+            dependency_patches: t.tiers.dependency_patches,
+        }
+    }
+
+    /// The names of the registered build steps.
+    pub fn step_names(&self) -> impl Iterator<Item = &str> {
+        self.step.keys().map(String::as_str)
+    }
+
+    /// The registered build step `name`: its stage kind and exact argv.
+    #[must_use]
+    pub fn step(&self, name: &str) -> Option<(StageKind, &[String])> {
+        self.step.get(name).map(|s| (s.stage, s.argv.as_slice()))
+    }
+}
+
+impl Policy {
+    /// The run-directory root.
+    #[must_use]
+    pub fn run_dir(&self) -> &str {
+        &self.run_dir
+    }
+
+    /// The per-run account rules.
+    #[must_use]
+    pub fn accounts(&self) -> &Accounts {
+        &self.accounts
+    }
+
+    /// The digest pinned for image role `role`.
+    #[must_use]
+    pub fn image_pin(&self, role: &str) -> Option<&Digest> {
+        self.image.get(role)
+    }
+
+    /// The secret file a registered step receives on standard input, if it declares one.
+    #[must_use]
+    pub fn step_secret(&self, step: &str) -> Option<&str> {
+        let name = self.step.get(step)?.secret.as_ref()?;
+        self.secret.get(name).map(|s| s.path.as_str())
+    }
+}

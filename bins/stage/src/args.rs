@@ -1,0 +1,117 @@
+//! The command-line options every stage binary shares (flattened into each binary's own
+//! arguments, in the manner of youki's `liboci-cli`), and how diagnostics are printed.
+//!
+//! It owns option names, defaults and the stderr rendering of errors (fixed width, no colour,
+//! or one JSON document per error). It does not decide exit codes (each error type does).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use clap::ValueEnum;
+use cordon_policy_lang::Policy;
+use miette::{Diagnostic, GraphicalReportHandler, GraphicalTheme, JSONReportHandler};
+
+/// The policy file a stage reads when `--policy` is not given (the NixOS module installs it).
+pub const DEFAULT_POLICY: &str = "/etc/cordon/policy.kdl";
+
+/// Width diagnostics are wrapped at: fixed, so the text is a stable, tested interface.
+pub const WIDTH: usize = 100;
+
+/// How errors are printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Diagnostics {
+    /// Human-readable, labelled on the source.
+    Text,
+    /// One JSON document per error.
+    Json,
+}
+
+/// The options every stage binary shares.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StageArgs {
+    /// The policy file.
+    #[arg(long, default_value = DEFAULT_POLICY, global = true)]
+    pub policy: PathBuf,
+    /// The store directory (default: the policy's `store`).
+    #[arg(long, global = true)]
+    pub store: Option<PathBuf>,
+    /// How errors are printed on stderr.
+    #[arg(long, value_enum, default_value_t = Diagnostics::Text, global = true)]
+    pub diagnostics: Diagnostics,
+}
+
+impl StageArgs {
+    /// These options for a policy file, the store given, text diagnostics.
+    #[must_use]
+    pub fn new(policy: &Path, store: Option<&Path>) -> Self {
+        Self {
+            policy: policy.to_path_buf(),
+            store: store.map(Path::to_path_buf),
+            diagnostics: Diagnostics::Text,
+        }
+    }
+
+    /// The store directory: `--store`, else the policy's.
+    #[must_use]
+    pub fn store_root(&self, policy: &Policy) -> PathBuf {
+        self.store
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(policy.store()))
+    }
+}
+
+/// The options of stage binaries that hold leases.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LeaseArgs {
+    /// cordon's runtime state root.
+    #[arg(long, default_value = cordon::lease::DEFAULT_STATE_ROOT)]
+    pub state_root: PathBuf,
+    /// The run-directory root (default: the policy's `run-dir`).
+    #[arg(long)]
+    pub run_dir: Option<PathBuf>,
+    /// The executor id (default: the policy's name).
+    #[arg(long)]
+    pub executor: Option<String>,
+}
+
+impl LeaseArgs {
+    /// The executor id these options name.
+    #[must_use]
+    pub fn executor(&self, policy: &Policy) -> String {
+        self.executor
+            .clone()
+            .unwrap_or_else(|| policy.name().to_owned())
+    }
+
+    /// The lease manager's setup these options and the policy describe.
+    #[must_use]
+    pub fn setup(&self, policy: &Policy) -> cordon::lease::Setup {
+        let run_dir = self
+            .run_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(policy.run_dir()));
+        crate::settings::lease_setup(policy, &self.executor(policy), &self.state_root, run_dir)
+    }
+}
+
+/// Print any diagnostic on stderr, in text (fixed width, no colour) or JSON.
+pub fn report_diagnostic(err: &dyn Diagnostic, mode: Diagnostics, stderr: &mut dyn Write) {
+    let text = match mode {
+        Diagnostics::Text => {
+            let mut s = String::new();
+            let handler = GraphicalReportHandler::new_themed(GraphicalTheme::unicode_nocolor())
+                .with_width(WIDTH)
+                .with_links(false);
+            let _ = handler.render_report(&mut s, err);
+            s
+        }
+        Diagnostics::Json => {
+            let mut s = String::new();
+            let _ = JSONReportHandler::new().render_report(&mut s, err);
+            s.push('\n');
+            s
+        }
+    };
+    // A closed stderr leaves nothing better to do; the exit code still tells.
+    let _ = stderr.write_all(text.as_bytes());
+}

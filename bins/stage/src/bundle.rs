@@ -1,0 +1,1161 @@
+//! Bundle planning: a validated policy stage and the host's run-time facts become the OCI
+//! `config.json`, the host mounts the lease must make first, and the session settings the stage
+//! runs under. Pure: no filesystem, no kernel — it is unit- and snapshot-tested, and
+//! `cordon-policy explain --stage S --bundle` prints its result.
+//!
+//! Planning is an exhaustive destructuring of the typed [`Stage`] and an exhaustive `match` over
+//! every enum in it: a value is planned, carried into [`SessionSettings`] for the session to
+//! enforce, or refused with a named [`PlanError`] — never hashed into the authority and then
+//! dropped. A field or an enum value added to the language is a compile error here.
+//!
+//! It owns every control that lives in the bundle: the exact argv and environment (nothing
+//! inherited), the per-run uid/gid, `no_new_privileges`, empty capability sets unless the
+//! policy lists some, rlimits, the root (the image rootfs read-only, or a per-lease overlay whose
+//! upper and work directories live in the lease's run directory — never a writable shared
+//! cache), the mount table (proc; a minimal `/dev`; a private `/tmp` tmpfs, noexec unless the
+//! stage allows exec; a sized `/dev/shm` only with `ipc "private"` — `ipc "none"` has none;
+//! read-only `rprivate nosuid nodev` binds for validator inputs and the one writable staging
+//! bind; `/sys` only when asked for, and then read-only), masked and read-only paths, the
+//! namespaces, resources, the device allow-list (deny all, then each policy GPU device), the
+//! seccomp profile in OCI form, and the lease labels as annotations. It refuses mount sources
+//! that are not pairwise disjoint or that would expose a protected path, before anything starts.
+//!
+//! It does not create the run directory, the account or the mounts (the lease does, from
+//! [`Planned::host_mounts`]), nor run anything (the runtime driver does).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use cordon::lease::{LABEL_AUTHORITY, LABEL_EXECUTOR, LABEL_LEASE};
+use cordon_canon::Digest;
+use cordon_policy_lang::{
+    Arch, ArgCondition, ArgOp, Frame, Ipc, Mount as PolicyMount, MountMode, MountSource, Network,
+    Output, Policy, PublicationLimits, RootMode, SeccompAction, SeccompProfile, Stage, StageKind,
+    Staging, Sys, Tmp, User,
+};
+use oci_spec::runtime::{
+    Arch as OciArch, Capability, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxCpuBuilder,
+    LinuxDeviceBuilder, LinuxDeviceCgroupBuilder, LinuxDeviceType, LinuxMemoryBuilder,
+    LinuxNamespaceBuilder, LinuxNamespaceType, LinuxPidsBuilder, LinuxResourcesBuilder,
+    LinuxSeccompAction, LinuxSeccompArgBuilder, LinuxSeccompBuilder, LinuxSeccompOperator,
+    LinuxSyscallBuilder, Mount, MountBuilder, PosixRlimitBuilder, PosixRlimitType, ProcessBuilder,
+    RootBuilder, Spec, SpecBuilder, UserBuilder,
+};
+
+/// Paths runc masks by default, plus the ones cordon adds (kernel memory, keys, timers).
+pub const MASKED_PATHS: [&str; 12] = [
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+    "/proc/interrupts",
+];
+
+/// Paths runc makes read-only by default, plus `/proc/sysrq-trigger`.
+pub const READONLY_PATHS: [&str; 5] = [
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+];
+
+/// Destinations the bundle itself mounts; a bind may not land on or under them.
+const RESERVED: [&str; 5] = ["/proc", "/dev", "/sys", "/tmp", "/dev/shm"];
+
+/// The run-directory name of the staging tmpfs.
+pub const STAGING_DIR: &str = "staging";
+/// The run-directory name of the overlay root's mount point.
+pub const OVERLAY_ROOT_DIR: &str = "rootfs";
+/// The run-directory name of the overlay's upper and work directories' parent.
+pub const OVERLAY_STATE_DIR: &str = "overlay";
+
+/// A device node as the host found it (`stat` of the path), for a GPU device the policy names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceNode {
+    /// Character (`true`) or block device.
+    pub char: bool,
+    /// Major number.
+    pub major: u64,
+    /// Minor number.
+    pub minor: u64,
+}
+
+/// What only the host knows at run time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunInputs {
+    /// The exact argv (a registered step's, or cordon's own worker's).
+    pub argv: Vec<String>,
+    /// The per-run uid.
+    pub uid: u32,
+    /// The per-run gid.
+    pub gid: u32,
+    /// The unpacked image rootfs (a shared read-only cache).
+    pub image_rootfs: PathBuf,
+    /// The lease's run directory (staging and overlay state live in it).
+    pub run_dir: PathBuf,
+    /// Mount role → host source, for the roles the host supplies (`tree`, `publication`,
+    /// `model`, `workspace`); `staging` is the lease's own tmpfs and is planned here.
+    pub sources: BTreeMap<MountSource, PathBuf>,
+    /// The GPU device nodes the host found, by path.
+    pub devices: BTreeMap<String, DeviceNode>,
+    /// The executor label.
+    pub executor: String,
+    /// The lease id.
+    pub lease: String,
+    /// The authority identity (the lease record's).
+    pub authority: String,
+    /// Paths no mount may expose.
+    pub protected: Vec<PathBuf>,
+    /// Store subtrees that may be mounted despite the store being protected.
+    pub mountable_store_roots: Vec<PathBuf>,
+}
+
+impl RunInputs {
+    /// The inputs of one run under the lease `record`: its account, run directory and labels,
+    /// with no sources, devices or protected paths yet (the caller adds what the stage needs).
+    #[must_use]
+    pub fn for_lease(
+        record: &cordon::lease::Record,
+        argv: Vec<String>,
+        image_rootfs: PathBuf,
+    ) -> Self {
+        Self {
+            argv,
+            uid: record.account.uid,
+            gid: record.account.gid,
+            image_rootfs,
+            run_dir: record.run_dir.clone(),
+            sources: BTreeMap::new(),
+            devices: BTreeMap::new(),
+            executor: record.executor.clone(),
+            lease: record.lease.clone(),
+            authority: record.authority.clone(),
+            protected: Vec::new(),
+            mountable_store_roots: Vec::new(),
+        }
+    }
+}
+
+/// A mount the host makes in the lease's run directory before the container is created.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostMount {
+    /// A private tmpfs bounded in bytes and inodes, owned by the run account, `nosuid,nodev`.
+    Tmpfs {
+        /// The mount point.
+        target: PathBuf,
+        /// Its size.
+        bytes: u64,
+        /// Its inode bound.
+        inodes: u64,
+        /// The owner.
+        uid: u32,
+        /// The owner's group.
+        gid: u32,
+    },
+    /// An overlay whose lower layer is the read-only image rootfs and whose upper and work
+    /// directories belong to this lease alone.
+    Overlay {
+        /// The mount point (the container's root).
+        target: PathBuf,
+        /// The image rootfs.
+        lower: PathBuf,
+        /// The lease's upper directory.
+        upper: PathBuf,
+        /// The lease's work directory.
+        work: PathBuf,
+    },
+}
+
+impl HostMount {
+    /// The mount point.
+    #[must_use]
+    pub fn target(&self) -> &Path {
+        match self {
+            Self::Tmpfs { target, .. } | Self::Overlay { target, .. } => target,
+        }
+    }
+}
+
+/// What the session enforces beyond the bundle: values of the stage that are not OCI settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionSettings {
+    /// The image role and its pinned digest.
+    pub image: (String, Digest),
+    /// The whole stage's deadline, ms.
+    pub deadline_ms: u64,
+    /// Named phases' deadlines, ms (the lane's session drives them).
+    pub phase_deadline_ms: BTreeMap<String, u64>,
+    /// Output caps.
+    pub output: Output,
+    /// Publication bounds (prebuild).
+    pub publication: Option<PublicationLimits>,
+    /// Framing bounds (lane, reference).
+    pub frame: Option<Frame>,
+    /// The staging bounds (prebuild).
+    pub staging: Option<Staging>,
+}
+
+/// A planned run: the bundle, the host mounts it needs, the session settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Planned {
+    /// The OCI `config.json`.
+    pub spec: Spec,
+    /// Mounts the lease makes first, in order.
+    pub host_mounts: Vec<HostMount>,
+    /// What the session enforces.
+    pub session: SessionSettings,
+}
+
+/// Why a stage could not be planned. All are wiring or policy errors (exit 2), found before
+/// anything touches the host.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum PlanError {
+    /// The stage kind is not declared.
+    #[error("the policy declares no stage {kind}")]
+    #[diagnostic(code(cordon::plan::no_stage))]
+    NoStage {
+        /// The kind.
+        kind: StageKind,
+    },
+    /// The stage kind (or one of its values) has no planner yet: refused, not half-planned.
+    #[error("stage {kind} cannot be planned: {what} is not implemented by this build")]
+    #[diagnostic(
+        code(cordon::plan::unimplemented),
+        help("a value cordon cannot enforce is refused rather than ignored")
+    )]
+    Unimplemented {
+        /// The kind.
+        kind: StageKind,
+        /// What has no planner.
+        what: &'static str,
+    },
+    /// The stage's image role has no pinned digest.
+    #[error("image role {role:?} of stage {kind} is not pinned")]
+    #[diagnostic(code(cordon::plan::unpinned))]
+    Unpinned {
+        /// The kind.
+        kind: StageKind,
+        /// The role.
+        role: String,
+    },
+    /// The stage's seccomp profile does not exist (the validator checks this; a missing one is
+    /// never replaced by a default).
+    #[error("stage {kind} names seccomp profile {name:?}, which the policy does not define")]
+    #[diagnostic(code(cordon::plan::no_seccomp))]
+    NoSeccomp {
+        /// The kind.
+        kind: StageKind,
+        /// The profile.
+        name: String,
+    },
+    /// A mount role has no source.
+    #[error("stage {kind} mounts {role} at {dest}, but no source was given for it")]
+    #[diagnostic(code(cordon::plan::no_source))]
+    NoSource {
+        /// The kind.
+        kind: StageKind,
+        /// The role.
+        role: MountSource,
+        /// Where it mounts.
+        dest: String,
+    },
+    /// A GPU device the policy names is not on this host.
+    #[error("stage {kind} allows GPU device {path}, which this host does not have")]
+    #[diagnostic(
+        code(cordon::plan::no_device),
+        help("the lane runs only on a host with the devices its policy names")
+    )]
+    NoDevice {
+        /// The kind.
+        kind: StageKind,
+        /// The device path.
+        path: String,
+    },
+    /// Two mount sources overlap, or two destinations do.
+    #[error("mounts are not pairwise disjoint: {a} and {b}")]
+    #[diagnostic(code(cordon::plan::overlap))]
+    Overlap {
+        /// One path.
+        a: String,
+        /// The other.
+        b: String,
+    },
+    /// A mount would expose a protected path.
+    #[error("mount source {source_path} would expose the protected path {protected}")]
+    #[diagnostic(
+        code(cordon::plan::protected),
+        help(
+            "only published trees, publications and the lease's staging directory may be mounted"
+        )
+    )]
+    Protected {
+        /// The source.
+        source_path: String,
+        /// What it would expose.
+        protected: String,
+    },
+    /// A value has no OCI form.
+    #[error("cannot build the bundle: {why}")]
+    #[diagnostic(code(cordon::plan::invalid))]
+    Invalid {
+        /// What is wrong.
+        why: String,
+    },
+}
+
+fn invalid(e: impl std::fmt::Display) -> PlanError {
+    PlanError::Invalid { why: e.to_string() }
+}
+
+/// The run-directory entries a stage's host mounts occupy: what a lease record names before
+/// any of them exists, so a crash after mounting leaves a record that says what to unmount.
+#[must_use]
+pub fn lease_mount_points(stage: &Stage) -> Vec<&'static str> {
+    let mut points = Vec::new();
+    if stage.staging.is_some() {
+        points.push(STAGING_DIR);
+    }
+    match stage.root {
+        RootMode::ReadOnly => {}
+        RootMode::Overlay => points.push(OVERLAY_ROOT_DIR),
+    }
+    points
+}
+
+/// A bind in plain form, before the OCI mount is built.
+struct Bind {
+    source: PathBuf,
+    destination: PathBuf,
+    writable: bool,
+}
+
+/// `a` is `b` or inside it.
+fn within(a: &Path, b: &Path) -> bool {
+    a.starts_with(b)
+}
+
+fn check_mounts(binds: &[Bind], run: &RunInputs) -> Result<(), PlanError> {
+    for (i, x) in binds.iter().enumerate() {
+        if !x.source.is_absolute() || !x.destination.is_absolute() {
+            return Err(invalid(format!(
+                "bind {} is not absolute",
+                x.source.display()
+            )));
+        }
+        for y in &binds[i + 1..] {
+            if within(&x.source, &y.source) || within(&y.source, &x.source) {
+                return Err(PlanError::Overlap {
+                    a: x.source.display().to_string(),
+                    b: y.source.display().to_string(),
+                });
+            }
+            if within(&x.destination, &y.destination) || within(&y.destination, &x.destination) {
+                return Err(PlanError::Overlap {
+                    a: x.destination.display().to_string(),
+                    b: y.destination.display().to_string(),
+                });
+            }
+        }
+        for r in RESERVED {
+            let r = Path::new(r);
+            if within(&x.destination, r) || within(r, &x.destination) {
+                return Err(PlanError::Overlap {
+                    a: x.destination.display().to_string(),
+                    b: r.display().to_string(),
+                });
+            }
+        }
+        let allowed = run
+            .mountable_store_roots
+            .iter()
+            .any(|m| within(&x.source, m));
+        for p in &run.protected {
+            // A source inside a protected path exposes it (unless it is a mountable store root);
+            // a source above one exposes it always.
+            if within(p, &x.source) || (within(&x.source, p) && !allowed) {
+                return Err(PlanError::Protected {
+                    source_path: x.source.display().to_string(),
+                    protected: p.display().to_string(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+fn mount(dest: &str, typ: &str, source: &str, options: &[&str]) -> Result<Mount, PlanError> {
+    MountBuilder::default()
+        .destination(dest)
+        .typ(typ)
+        .source(source)
+        .options(options.iter().map(|o| (*o).to_owned()).collect::<Vec<_>>())
+        .build()
+        .map_err(invalid)
+}
+
+fn action(a: SeccompAction) -> (LinuxSeccompAction, Option<u32>) {
+    match a {
+        SeccompAction::Allow => (LinuxSeccompAction::ScmpActAllow, None),
+        SeccompAction::Errno(n) => (LinuxSeccompAction::ScmpActErrno, Some(n)),
+        SeccompAction::KillProcess => (LinuxSeccompAction::ScmpActKillProcess, None),
+        SeccompAction::KillThread => (LinuxSeccompAction::ScmpActKillThread, None),
+        SeccompAction::Trap => (LinuxSeccompAction::ScmpActTrap, None),
+        SeccompAction::Log => (LinuxSeccompAction::ScmpActLog, None),
+    }
+}
+
+fn arch(a: Arch) -> OciArch {
+    match a {
+        Arch::X86_64 => OciArch::ScmpArchX86_64,
+        Arch::X86 => OciArch::ScmpArchX86,
+        Arch::X32 => OciArch::ScmpArchX32,
+    }
+}
+
+fn operator(op: ArgOp) -> LinuxSeccompOperator {
+    match op {
+        ArgOp::Eq => LinuxSeccompOperator::ScmpCmpEq,
+        ArgOp::Ne => LinuxSeccompOperator::ScmpCmpNe,
+        ArgOp::Lt => LinuxSeccompOperator::ScmpCmpLt,
+        ArgOp::Le => LinuxSeccompOperator::ScmpCmpLe,
+        ArgOp::Gt => LinuxSeccompOperator::ScmpCmpGt,
+        ArgOp::Ge => LinuxSeccompOperator::ScmpCmpGe,
+        ArgOp::MaskedEq => LinuxSeccompOperator::ScmpCmpMaskedEq,
+    }
+}
+
+fn seccomp_arg(c: &ArgCondition) -> Result<oci_spec::runtime::LinuxSeccompArg, PlanError> {
+    let ArgCondition {
+        index,
+        op,
+        value,
+        mask,
+    } = c;
+    // For masked-eq the OCI form is value = mask, valueTwo = the compared value.
+    let (value, two) = match (op, mask) {
+        (ArgOp::MaskedEq, Some(m)) => (*m, Some(*value)),
+        (ArgOp::MaskedEq, None) => return Err(invalid("masked-eq without a mask")),
+        (_, Some(_)) => return Err(invalid("a mask on an operator other than masked-eq")),
+        (_, None) => (*value, None),
+    };
+    let mut b = LinuxSeccompArgBuilder::default()
+        .index(usize::try_from(*index).map_err(invalid)?)
+        .value(value)
+        .op(operator(*op));
+    if let Some(t) = two {
+        b = b.value_two(t);
+    }
+    b.build().map_err(invalid)
+}
+
+fn seccomp(p: &SeccompProfile) -> Result<oci_spec::runtime::LinuxSeccomp, PlanError> {
+    let SeccompProfile {
+        baseline: _,
+        default_action,
+        architectures,
+        syscall,
+    } = p;
+    let (default, default_errno) = action(*default_action);
+    // Rules with the same action and no arguments share one entry, as Moby's profile does.
+    let mut plain: BTreeMap<SeccompAction, Vec<String>> = BTreeMap::new();
+    let mut syscalls = Vec::new();
+    for (name, r) in syscall {
+        if r.args.is_empty() {
+            plain.entry(r.action).or_default().push(name.clone());
+            continue;
+        }
+        let (act, errno) = action(r.action);
+        let args = r
+            .args
+            .iter()
+            .map(seccomp_arg)
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut b = LinuxSyscallBuilder::default()
+            .names(vec![name.clone()])
+            .action(act)
+            .args(args);
+        if let Some(e) = errno {
+            b = b.errno_ret(e);
+        }
+        syscalls.push(b.build().map_err(invalid)?);
+    }
+    for (a, names) in plain {
+        let (act, errno) = action(a);
+        let mut b = LinuxSyscallBuilder::default().names(names).action(act);
+        if let Some(e) = errno {
+            b = b.errno_ret(e);
+        }
+        syscalls.insert(0, b.build().map_err(invalid)?);
+    }
+    let mut b = LinuxSeccompBuilder::default()
+        .default_action(default)
+        .architectures(architectures.iter().map(|a| arch(*a)).collect::<Vec<_>>())
+        .syscalls(syscalls);
+    if let Some(e) = default_errno {
+        b = b.default_errno_ret(e);
+    }
+    b.build().map_err(invalid)
+}
+
+/// Plan stage `kind` of `policy` for one run.
+///
+/// # Errors
+/// The stage is missing or not implemented, a value has no source or device on this host, or
+/// the mounts are not disjoint or would expose a protected path.
+#[allow(clippy::too_many_lines)]
+pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned, PlanError> {
+    let stage = policy.stage(kind).ok_or(PlanError::NoStage { kind })?;
+    match kind {
+        StageKind::Prebuild | StageKind::Lane | StageKind::Reference => {}
+        StageKind::Surface => {
+            return Err(PlanError::Unimplemented {
+                kind,
+                what: "the surface stage",
+            });
+        }
+    }
+    // Every field, by name: a field added to the language does not compile here until it is
+    // planned, carried into the session settings, or refused.
+    let Stage {
+        image,
+        network,
+        root,
+        ipc,
+        capability,
+        no_new_privileges,
+        seccomp: seccomp_name,
+        user,
+        cpus_milli,
+        cpuset,
+        memory_bytes,
+        pids,
+        nofile,
+        core_bytes,
+        shm_bytes,
+        tmp,
+        staging,
+        deadline_ms,
+        phase_deadline_ms,
+        gpu_device,
+        env,
+        mount: binds_by_dest,
+        output,
+        publication,
+        frame,
+        surface,
+        sys,
+    } = stage;
+    if surface.is_some() {
+        return Err(PlanError::Unimplemented {
+            kind,
+            what: "a surface block",
+        });
+    }
+    let pin = policy.image_pin(image).ok_or_else(|| PlanError::Unpinned {
+        kind,
+        role: image.clone(),
+    })?;
+    let profile = policy
+        .seccomp_profile(seccomp_name)
+        .ok_or_else(|| PlanError::NoSeccomp {
+            kind,
+            name: seccomp_name.clone(),
+        })?;
+    let (uid, gid) = match user {
+        User::PerRun => (run.uid, run.gid),
+    };
+    if uid == 0 || gid == 0 {
+        return Err(invalid("the per-run account has id 0"));
+    }
+
+    let mut host_mounts = Vec::new();
+    let staging_dir = run.run_dir.join(STAGING_DIR);
+    if let Some(Staging { size_bytes, inodes }) = staging {
+        host_mounts.push(HostMount::Tmpfs {
+            target: staging_dir.clone(),
+            bytes: *size_bytes,
+            inodes: *inodes,
+            uid,
+            gid,
+        });
+    }
+    let (root_path, root_readonly) = match root {
+        RootMode::ReadOnly => (run.image_rootfs.clone(), true),
+        RootMode::Overlay => {
+            let target = run.run_dir.join(OVERLAY_ROOT_DIR);
+            let state = run.run_dir.join(OVERLAY_STATE_DIR);
+            host_mounts.push(HostMount::Overlay {
+                target: target.clone(),
+                lower: run.image_rootfs.clone(),
+                upper: state.join("upper"),
+                work: state.join("work"),
+            });
+            (target, false)
+        }
+    };
+
+    let mut binds = Vec::new();
+    for (dest, PolicyMount { source, mode }) in binds_by_dest {
+        let host = match source {
+            MountSource::Staging if staging.is_some() => staging_dir.clone(),
+            MountSource::Staging => return Err(invalid("a staging mount without staging bounds")),
+            MountSource::Tree
+            | MountSource::Publication
+            | MountSource::Model
+            | MountSource::Workspace => {
+                run.sources
+                    .get(source)
+                    .cloned()
+                    .ok_or_else(|| PlanError::NoSource {
+                        kind,
+                        role: *source,
+                        dest: dest.clone(),
+                    })?
+            }
+        };
+        binds.push(Bind {
+            source: host,
+            destination: PathBuf::from(dest),
+            writable: match mode {
+                MountMode::Ro => false,
+                MountMode::Rw => true,
+            },
+        });
+    }
+    check_mounts(&binds, run)?;
+
+    let caps: HashSet<Capability> = capability
+        .keys()
+        .map(|c| Capability::from_str(c).map_err(invalid))
+        .collect::<Result<_, _>>()?;
+    let capabilities = LinuxCapabilitiesBuilder::default()
+        .bounding(caps.clone())
+        .effective(caps.clone())
+        .inheritable(HashSet::new())
+        .permitted(caps)
+        .ambient(HashSet::new())
+        .build()
+        .map_err(invalid)?;
+    let rlimit = |typ, n: u64| {
+        PosixRlimitBuilder::default()
+            .typ(typ)
+            .hard(n)
+            .soft(n)
+            .build()
+            .map_err(invalid)
+    };
+    let process = ProcessBuilder::default()
+        .terminal(false)
+        .user(
+            UserBuilder::default()
+                .uid(uid)
+                .gid(gid)
+                .additional_gids(Vec::<u32>::new())
+                .build()
+                .map_err(invalid)?,
+        )
+        .args(run.argv.clone())
+        .env(
+            env.iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>(),
+        )
+        .cwd("/")
+        .capabilities(capabilities)
+        .rlimits(vec![
+            rlimit(PosixRlimitType::RlimitNofile, *nofile)?,
+            rlimit(PosixRlimitType::RlimitCore, *core_bytes)?,
+        ])
+        .no_new_privileges(*no_new_privileges)
+        .build()
+        .map_err(invalid)?;
+
+    let Tmp { size_bytes, exec } = tmp;
+    let tmp_size = format!("size={size_bytes}");
+    let mut tmp_opts = vec!["nosuid", "nodev", "mode=1777", tmp_size.as_str()];
+    if !exec {
+        tmp_opts.push("noexec");
+    }
+    let mut mounts = vec![
+        mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"])?,
+        mount(
+            "/dev",
+            "tmpfs",
+            "tmpfs",
+            &["nosuid", "noexec", "strictatime", "mode=755", "size=65536k"],
+        )?,
+    ];
+    let mut namespaces = vec![
+        LinuxNamespaceType::Pid,
+        LinuxNamespaceType::Uts,
+        LinuxNamespaceType::Mount,
+        LinuxNamespaceType::Cgroup,
+        // Both IPC settings are a new IPC namespace; they differ in /dev/shm.
+        LinuxNamespaceType::Ipc,
+    ];
+    match (ipc, shm_bytes) {
+        // Docker's --ipc=none: a private namespace and no /dev/shm to share anything through.
+        (Ipc::None, None) => {}
+        (Ipc::Private, Some(bytes)) => {
+            let shm_size = format!("size={bytes}");
+            mounts.push(mount(
+                "/dev/shm",
+                "tmpfs",
+                "shm",
+                &["nosuid", "noexec", "nodev", "mode=1777", shm_size.as_str()],
+            )?);
+        }
+        (Ipc::None, Some(_)) | (Ipc::Private, None) => {
+            return Err(invalid("shm is sized exactly when ipc is private"));
+        }
+    }
+    mounts.push(mount("/tmp", "tmpfs", "tmpfs", &tmp_opts)?);
+    match sys {
+        Sys::None => {}
+        Sys::ReadOnly => mounts.push(mount(
+            "/sys",
+            "sysfs",
+            "sysfs",
+            &["nosuid", "noexec", "nodev", "ro"],
+        )?),
+    }
+    for b in &binds {
+        let mode = if b.writable { "rw" } else { "ro" };
+        mounts.push(
+            MountBuilder::default()
+                .destination(&b.destination)
+                .typ("bind")
+                .source(&b.source)
+                .options(
+                    ["rbind", mode, "rprivate", "nosuid", "nodev"]
+                        .iter()
+                        .map(|o| (*o).to_owned())
+                        .collect::<Vec<_>>(),
+                )
+                .build()
+                .map_err(invalid)?,
+        );
+    }
+    match network {
+        Network::None => namespaces.push(LinuxNamespaceType::Network),
+        Network::Host => {
+            return Err(PlanError::Unimplemented {
+                kind,
+                what: "network \"host\"",
+            });
+        }
+    }
+    let namespaces = namespaces
+        .into_iter()
+        .map(|t| {
+            LinuxNamespaceBuilder::default()
+                .typ(t)
+                .build()
+                .map_err(invalid)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+
+    // Devices: deny everything, then allow exactly the GPU nodes the policy names (runc adds
+    // its default pseudo-devices — null, zero, full, random, urandom, tty — after these rules).
+    let mut devices = Vec::new();
+    let mut device_rules = vec![
+        LinuxDeviceCgroupBuilder::default()
+            .allow(false)
+            .access("rwm")
+            .build()
+            .map_err(invalid)?,
+    ];
+    for path in gpu_device.keys() {
+        let node = run.devices.get(path).ok_or_else(|| PlanError::NoDevice {
+            kind,
+            path: path.clone(),
+        })?;
+        let typ = if node.char {
+            LinuxDeviceType::C
+        } else {
+            LinuxDeviceType::B
+        };
+        let major = i64::try_from(node.major).map_err(invalid)?;
+        let minor = i64::try_from(node.minor).map_err(invalid)?;
+        devices.push(
+            LinuxDeviceBuilder::default()
+                .path(PathBuf::from(path))
+                .typ(typ)
+                .major(major)
+                .minor(minor)
+                .file_mode(0o660u32)
+                .uid(0u32)
+                .gid(gid)
+                .build()
+                .map_err(invalid)?,
+        );
+        device_rules.push(
+            LinuxDeviceCgroupBuilder::default()
+                .allow(true)
+                .typ(typ)
+                .major(major)
+                .minor(minor)
+                .access("rw")
+                .build()
+                .map_err(invalid)?,
+        );
+    }
+
+    let memory = i64::try_from(*memory_bytes).map_err(invalid)?;
+    let mut cpu = LinuxCpuBuilder::default();
+    if let Some(m) = cpus_milli {
+        cpu = cpu
+            .period(100_000u64)
+            .quota(i64::try_from(m * 100).map_err(invalid)?);
+    }
+    if let Some(set) = cpuset {
+        cpu = cpu.cpus(set.clone());
+    }
+    let resources = LinuxResourcesBuilder::default()
+        .memory(
+            LinuxMemoryBuilder::default()
+                .limit(memory)
+                .swap(memory)
+                .build()
+                .map_err(invalid)?,
+        )
+        .cpu(cpu.build().map_err(invalid)?)
+        .pids(
+            LinuxPidsBuilder::default()
+                .limit(i64::try_from(*pids).map_err(invalid)?)
+                .build()
+                .map_err(invalid)?,
+        )
+        .devices(device_rules)
+        .build()
+        .map_err(invalid)?;
+    let linux = LinuxBuilder::default()
+        .namespaces(namespaces)
+        .devices(devices)
+        .masked_paths(
+            MASKED_PATHS
+                .iter()
+                .map(|s| (*s).to_owned())
+                .collect::<Vec<_>>(),
+        )
+        .readonly_paths(
+            READONLY_PATHS
+                .iter()
+                .map(|s| (*s).to_owned())
+                .collect::<Vec<_>>(),
+        )
+        .resources(resources)
+        .seccomp(seccomp(profile)?)
+        .cgroups_path(PathBuf::from(cordon::lease::cgroup_path(&run.lease)))
+        .rootfs_propagation("private")
+        .build()
+        .map_err(invalid)?;
+    let annotations: HashMap<String, String> = [
+        (LABEL_EXECUTOR.to_owned(), run.executor.clone()),
+        (LABEL_LEASE.to_owned(), run.lease.clone()),
+        (LABEL_AUTHORITY.to_owned(), run.authority.clone()),
+    ]
+    .into_iter()
+    .collect();
+    let spec = SpecBuilder::default()
+        .version("1.0.2")
+        .root(
+            RootBuilder::default()
+                .path(&root_path)
+                .readonly(root_readonly)
+                .build()
+                .map_err(invalid)?,
+        )
+        .hostname("cordon")
+        .process(process)
+        .mounts(mounts)
+        .linux(linux)
+        .annotations(annotations)
+        .build()
+        .map_err(invalid)?;
+    Ok(Planned {
+        spec,
+        host_mounts,
+        session: SessionSettings {
+            image: (image.clone(), *pin),
+            deadline_ms: *deadline_ms,
+            phase_deadline_ms: phase_deadline_ms.clone(),
+            output: output.clone(),
+            publication: publication.clone(),
+            frame: frame.clone(),
+            staging: staging.clone(),
+        },
+    })
+}
+
+/// Placeholder run inputs for `explain --bundle`: the first ids of the range, the pinned
+/// image's cache path, store paths with `TREE`/`LEASE` placeholders, and placeholder device
+/// numbers (the session stats the real nodes).
+#[must_use]
+pub fn example_inputs(policy: &Policy, kind: StageKind) -> RunInputs {
+    let store = PathBuf::from(policy.store());
+    let stage = policy.stage(kind);
+    let image = stage
+        .and_then(|s| policy.image_pin(&s.image))
+        .map_or_else(|| "IMAGE".to_owned(), Digest::hex);
+    let run_dir = PathBuf::from(policy.run_dir()).join("LEASE");
+    let sources: BTreeMap<MountSource, PathBuf> = [
+        (MountSource::Tree, store.join("trees/TREE/root")),
+        (
+            MountSource::Publication,
+            store.join("publications/PUBLICATION/root"),
+        ),
+        (
+            MountSource::Model,
+            PathBuf::from("/var/lib/cordon/models/MODEL"),
+        ),
+        (
+            MountSource::Workspace,
+            PathBuf::from("/var/lib/cordon/workspaces/WORKSPACE"),
+        ),
+    ]
+    .into_iter()
+    .collect();
+    let devices = stage
+        .map(|s| {
+            s.gpu_device
+                .keys()
+                .zip(0u64..)
+                .map(|(p, i)| {
+                    (
+                        p.clone(),
+                        DeviceNode {
+                            char: true,
+                            major: 195,
+                            minor: i,
+                        },
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let argv = policy
+        .step_names()
+        .filter_map(|n| policy.step(n))
+        .find(|(k, _)| *k == kind)
+        .map_or_else(|| vec!["/bin/sh".to_owned()], |(_, argv)| argv.to_vec());
+    let accounts = policy.accounts();
+    RunInputs {
+        argv,
+        uid: accounts.uid_range.first,
+        gid: accounts.gid_range.first,
+        image_rootfs: store.join("images").join(image).join("rootfs"),
+        run_dir: run_dir.clone(),
+        sources,
+        devices,
+        executor: "EXECUTOR".into(),
+        lease: "LEASE".into(),
+        authority: "AUTHORITY".into(),
+        protected: vec![
+            store.clone(),
+            run_dir.join("bundle"),
+            PathBuf::from(cordon::lease::DEFAULT_STATE_ROOT),
+        ],
+        mountable_store_roots: vec![store.join("trees"), store.join("publications")],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(edit: impl Fn(String) -> String) -> Policy {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../policy/evaluator.kdl");
+        let text = edit(std::fs::read_to_string(path).unwrap());
+        cordon_policy_lang::parse("evaluator.kdl", &text).unwrap()
+    }
+
+    fn spec_json(p: &Planned) -> serde_json::Value {
+        serde_json::to_value(&p.spec).unwrap()
+    }
+
+    #[test]
+    fn overlay_root_is_per_lease_over_the_read_only_image() {
+        let p = policy(|t| t);
+        let run = example_inputs(&p, StageKind::Lane);
+        let planned = plan(&p, StageKind::Lane, &run).unwrap();
+        let root = spec_json(&planned)["root"].clone();
+        assert_eq!(root["path"], "/run/cordon/LEASE/rootfs");
+        assert_ne!(root["path"].as_str(), run.image_rootfs.to_str());
+        assert_eq!(
+            planned.host_mounts,
+            vec![HostMount::Overlay {
+                target: run.run_dir.join("rootfs"),
+                lower: run.image_rootfs.clone(),
+                upper: run.run_dir.join("overlay/upper"),
+                work: run.run_dir.join("overlay/work"),
+            }]
+        );
+    }
+
+    #[test]
+    fn ipc_none_has_no_dev_shm_and_ipc_private_has_a_bounded_one() {
+        let p = policy(|t| t);
+        let prebuild = plan(
+            &p,
+            StageKind::Prebuild,
+            &example_inputs(&p, StageKind::Prebuild),
+        )
+        .unwrap();
+        let j = spec_json(&prebuild);
+        let dests: Vec<&str> = j["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["destination"].as_str().unwrap())
+            .collect();
+        assert!(!dests.contains(&"/dev/shm"), "{dests:?}");
+        assert!(j["linux"]["namespaces"].to_string().contains("\"ipc\""));
+        let lane = plan(&p, StageKind::Lane, &example_inputs(&p, StageKind::Lane)).unwrap();
+        let shm = spec_json(&lane)["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["destination"] == "/dev/shm")
+            .cloned()
+            .unwrap();
+        assert!(shm["options"].to_string().contains("size=17179869184"));
+    }
+
+    #[test]
+    fn gpu_devices_are_planned_and_a_missing_one_is_refused() {
+        let p = policy(|t| t);
+        let mut run = example_inputs(&p, StageKind::Lane);
+        let planned = plan(&p, StageKind::Lane, &run).unwrap();
+        let j = spec_json(&planned);
+        let paths: Vec<&str> = j["linux"]["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(paths, ["/dev/nvidia-uvm", "/dev/nvidia0", "/dev/nvidiactl"]);
+        let rules = j["linux"]["resources"]["devices"].as_array().unwrap();
+        assert_eq!(rules[0]["allow"], false);
+        assert_eq!(rules.len(), 4);
+        run.devices.remove("/dev/nvidia0");
+        assert!(matches!(
+            plan(&p, StageKind::Lane, &run),
+            Err(PlanError::NoDevice { .. })
+        ));
+        // The prebuild stage has no GPU: only the deny-all rule.
+        let prebuild = plan(
+            &p,
+            StageKind::Prebuild,
+            &example_inputs(&p, StageKind::Prebuild),
+        )
+        .unwrap();
+        let j = spec_json(&prebuild);
+        assert_eq!(
+            j["linux"]["resources"]["devices"].as_array().unwrap().len(),
+            1
+        );
+    }
+
+    #[test]
+    fn the_surface_stage_is_refused_not_half_planned() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../policy/examples/surface.kdl"
+        ))
+        .unwrap();
+        let p = cordon_policy_lang::parse("surface.kdl", &text).unwrap();
+        let run = example_inputs(&p, StageKind::Surface);
+        assert!(matches!(
+            plan(&p, StageKind::Surface, &run),
+            Err(PlanError::Unimplemented { .. })
+        ));
+    }
+
+    #[test]
+    fn a_missing_source_and_an_undeclared_stage_are_named_errors() {
+        let p = policy(|t| t);
+        let mut run = example_inputs(&p, StageKind::Lane);
+        run.sources.remove(&MountSource::Model);
+        assert!(matches!(
+            plan(&p, StageKind::Lane, &run),
+            Err(PlanError::NoSource {
+                role: MountSource::Model,
+                ..
+            })
+        ));
+        let minimal = cordon_policy_lang::parse(
+            "minimal.kdl",
+            &std::fs::read_to_string(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../policy/examples/minimal.kdl"
+            ))
+            .unwrap(),
+        )
+        .unwrap();
+        if minimal.stage(StageKind::Lane).is_none() {
+            assert!(matches!(
+                plan(&minimal, StageKind::Lane, &run),
+                Err(PlanError::NoStage { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn protected_and_overlapping_sources_are_refused() {
+        let p = policy(|t| t);
+        let mut run = example_inputs(&p, StageKind::Lane);
+        run.sources.insert(
+            MountSource::Model,
+            PathBuf::from("/var/lib/cordon/store/objects"),
+        );
+        assert!(matches!(
+            plan(&p, StageKind::Lane, &run),
+            Err(PlanError::Protected { .. })
+        ));
+        let mut run = example_inputs(&p, StageKind::Lane);
+        let tree = run.sources[&MountSource::Tree].clone();
+        run.sources.insert(MountSource::Model, tree.join("sub"));
+        assert!(matches!(
+            plan(&p, StageKind::Lane, &run),
+            Err(PlanError::Overlap { .. })
+        ));
+    }
+
+    #[test]
+    fn every_seccomp_action_and_architecture_has_its_oci_form() {
+        let p = policy(|t| {
+            t.replace(
+                "    architectures \"x86_64\"\n",
+                "    architectures \"x86_64\" \"x86\" \"x32\"\n",
+            )
+            .replace(
+                "remove \"pidfd_getfd\" \"process_madvise\" reason=\"cross-process fd and memory access\"",
+                "remove \"pidfd_getfd\" reason=\"cross-process fd access\"\n    rule \"process_madvise\" action=\"kill-thread\" reason=\"t\"",
+            )
+        });
+        let planned = plan(
+            &p,
+            StageKind::Prebuild,
+            &example_inputs(&p, StageKind::Prebuild),
+        )
+        .unwrap();
+        let j = spec_json(&planned);
+        let s = j["linux"]["seccomp"].to_string();
+        assert!(
+            s.contains("SCMP_ARCH_X86\"") && s.contains("SCMP_ARCH_X32"),
+            "{s}"
+        );
+        assert!(s.contains("SCMP_ACT_KILL_THREAD"), "{s}");
+        assert_eq!(j["linux"]["seccomp"]["defaultErrnoRet"], 1);
+    }
+}

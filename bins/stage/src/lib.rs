@@ -1,0 +1,22 @@
+//! Where the policy language meets the mechanisms.
+//!
+//! `cordon-policy-lang` knows what a policy says and nothing of hosts; `cordon` knows how to do
+//! things to a host and nothing of policies. This crate is the one place that joins them:
+//!
+//! - [`args`]: the command-line options every stage binary flattens, and diagnostics output;
+//! - [`start`]: the stage prologue — read and validate the policy, establish the authority
+//!   identity on this host;
+//! - [`settings`]: policy values → the mechanism library's settings (archive limits, account
+//!   rules, the lease manager's setup), in one place;
+//! - [`bundle`]: planning a typed policy stage into an OCI bundle, host mounts and session
+//!   settings (pure, exhaustive);
+//! - [`receipt_io`]: reading an input receipt and emitting the one output receipt.
+//!
+//! It does not parse KDL (the language crate does) or touch the kernel itself (the mechanism
+//! library does, behind its host seam).
+
+pub mod args;
+pub mod bundle;
+pub mod receipt_io;
+pub mod settings;
+pub mod start;

@@ -1,0 +1,162 @@
+//! The stage prologue: read and validate the policy, then establish the authority identity on
+//! this host (the policy digest, the probed runtime, the pinned images, the installed cordon
+//! binaries). Every stage binary and the reviewer tool start here.
+//!
+//! It owns the mapping of those failures to exit codes: a policy problem is a usage error (2),
+//! an identity that cannot be established is a no-decision (3).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use cordon::identity::{self, AuthorityComponents};
+use cordon_canon::{Digest, ExitCode};
+use cordon_policy_lang::{Policy, PolicyError};
+
+use crate::args::{Diagnostics, WIDTH, report_diagnostic};
+
+/// Why a stage could not start.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum StartError {
+    /// The policy file could not be read.
+    #[error("cannot read policy file {path}")]
+    #[diagnostic(code(cordon::policy::read))]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The policy file is not UTF-8.
+    #[error("policy file {path} is not UTF-8")]
+    #[diagnostic(code(cordon::policy::encoding))]
+    Encoding {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The policy did not validate.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// A host component of the identity could not be established.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Identity(#[from] identity::IdentityError),
+    /// The canonical form could not be produced.
+    #[error("cannot encode the canonical form")]
+    #[diagnostic(code(cordon::policy::encode))]
+    Encode {
+        /// The encoder's error.
+        #[source]
+        source: cordon_canon::canonical::CanonicalError,
+    },
+}
+
+impl StartError {
+    /// The exit code this failure maps to.
+    #[must_use]
+    pub fn exit_code(&self) -> ExitCode {
+        match self {
+            Self::Identity(e) => e.exit_code(),
+            Self::Encode { .. } => ExitCode::NoDecision,
+            Self::Read { .. } | Self::Encoding { .. } | Self::Policy(_) => ExitCode::Usage,
+        }
+    }
+
+    /// Print it on stderr: policy problems each labelled on the source, anything else as a
+    /// miette report, in text or JSON.
+    pub fn report(&self, mode: Diagnostics, stderr: &mut dyn Write) {
+        match self {
+            Self::Policy(p) => {
+                let text = match mode {
+                    Diagnostics::Text => p.render_text(WIDTH),
+                    Diagnostics::Json => format!("{}\n", p.render_json()),
+                };
+                // A closed stderr leaves nothing better to do; the exit code still tells.
+                let _ = stderr.write_all(text.as_bytes());
+            }
+            other => report_diagnostic(other, mode, stderr),
+        }
+    }
+}
+
+/// A policy read from disk, with the sha256 of its raw bytes.
+#[derive(Debug)]
+pub struct Loaded {
+    /// The validated policy.
+    pub policy: Policy,
+    /// sha256 of the file's bytes (formatting included; not part of the authority).
+    pub raw_sha256: Digest,
+}
+
+/// Read and validate a policy file.
+///
+/// # Errors
+/// The file is unreadable, not UTF-8, or not a valid policy (exit 2).
+pub fn load(path: &Path) -> Result<Loaded, StartError> {
+    let bytes = std::fs::read(path).map_err(|source| StartError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let raw_sha256 = Digest::of_bytes(&bytes);
+    let text = String::from_utf8(bytes).map_err(|_| StartError::Encoding {
+        path: path.to_path_buf(),
+    })?;
+    let policy = cordon_policy_lang::parse(&path.display().to_string(), &text)?;
+    Ok(Loaded { policy, raw_sha256 })
+}
+
+/// What every stage binary does first: read and validate its policy and establish the
+/// authority identity on this host. On failure the problem is already reported on `stderr` and
+/// the exit code is returned (2 for a policy problem, 3 for an identity that cannot be
+/// established).
+///
+/// # Errors
+/// The exit code to end with.
+pub fn stage_start(
+    path: &Path,
+    mode: Diagnostics,
+    stderr: &mut dyn Write,
+) -> Result<(Loaded, Digest), ExitCode> {
+    let authority = load(path).and_then(|loaded| {
+        let a = components(&loaded.policy)?.authority()?;
+        Ok((loaded, a))
+    });
+    authority.map_err(|e| {
+        e.report(mode, stderr);
+        e.exit_code()
+    })
+}
+
+/// The authority components of a policy on this host: its digest, the probed runtime, the
+/// pinned images and the installed cordon binaries.
+///
+/// # Errors
+/// The runtime or the binaries could not be established (no-decision), or encoding failed.
+pub fn components(policy: &Policy) -> Result<AuthorityComponents, StartError> {
+    let runtime = policy.runtime();
+    let facts = identity::probe_runtime(
+        runtime.kind().as_str(),
+        Path::new(runtime.path()),
+        runtime.pin(),
+    )?;
+    with_runtime(policy, facts, identity::installed_binaries()?)
+}
+
+/// The authority components of a policy with runtime facts and binaries already probed.
+///
+/// # Errors
+/// Encoding failed.
+pub fn with_runtime(
+    policy: &Policy,
+    runtime: identity::RuntimeFacts,
+    binaries: std::collections::BTreeMap<String, Digest>,
+) -> Result<AuthorityComponents, StartError> {
+    Ok(AuthorityComponents {
+        policy: policy
+            .digest()
+            .map_err(|source| StartError::Encode { source })?,
+        runtime,
+        images: policy.images().clone(),
+        binaries,
+    })
+}
