@@ -5,12 +5,16 @@
 //! (Debian's `passwd` package), so `/etc/passwd`, `/etc/shadow` and `/etc/group` are edited by
 //! the tools that own their locking. If the name or either id already exists, nothing is
 //! created and the run stops: an id in use may own files the run could then reach.
+//!
+//! Everything goes through the host seam: the tools, the reads of passwd and group (an
+//! unreadable database is an error, never "no such account"), and the cron/at deny edits, which
+//! are crash-safe and serialised ([`crate::host::Host::edit_file`]).
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
+
+use crate::host::{Host, Tool};
 
 /// The policy's account settings, in plain form.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +29,10 @@ pub struct AccountPolicy {
     pub cron_deny: PathBuf,
     /// at's deny file.
     pub at_deny: PathBuf,
+    /// The user database accounts are checked and listed in.
+    pub passwd: PathBuf,
+    /// The group database.
+    pub group: PathBuf,
 }
 
 /// One per-run account.
@@ -66,23 +74,31 @@ pub enum AccountError {
         /// What it said.
         why: String,
     },
+    /// An account database or deny file could not be read or edited.
+    #[error("cannot {op} {path}")]
+    #[diagnostic(code(cordon::account::database))]
+    Database {
+        /// What was done.
+        op: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
-fn tool(cmd: &str, args: &[&str]) -> Result<(), AccountError> {
-    let out = Command::new(cmd)
-        .args(args)
-        .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .output()
-        .map_err(|e| AccountError::Tool {
-            command: cmd.to_owned(),
-            why: e.to_string(),
-        })?;
-    if out.status.success() {
+fn tool(host: &dyn Host, cmd: &str, args: &[&str]) -> Result<(), AccountError> {
+    let t = Tool::new(cmd, args);
+    let out = host.run(&t).map_err(|e| AccountError::Tool {
+        command: t.display(),
+        why: e.to_string(),
+    })?;
+    if out.success() {
         Ok(())
     } else {
         Err(AccountError::Tool {
-            command: format!("{cmd} {}", args.join(" ")),
+            command: t.display(),
             why: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
         })
     }
@@ -106,70 +122,90 @@ pub fn for_lease(policy: &AccountPolicy, lease: &str) -> Account {
     }
 }
 
-/// Whether a name, uid or gid is in the host's account databases.
-fn taken(a: &Account) -> Option<String> {
-    use nix::unistd::{Gid, Group, Uid, User};
-    if User::from_name(&a.name).ok().flatten().is_some() {
-        return Some("the name exists".into());
-    }
-    if Group::from_name(&a.name).ok().flatten().is_some() {
-        return Some("a group of that name exists".into());
-    }
-    if User::from_uid(Uid::from_raw(a.uid))
-        .ok()
-        .flatten()
-        .is_some()
-    {
-        return Some("the uid exists".into());
-    }
-    if Group::from_gid(Gid::from_raw(a.gid))
-        .ok()
-        .flatten()
-        .is_some()
-    {
-        return Some("the gid exists".into());
-    }
-    None
-}
-
-fn append_line(path: &Path, line: &str) -> Result<(), AccountError> {
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(|e| AccountError::Tool {
-            command: format!("append to {}", path.display()),
-            why: e.to_string(),
-        })?;
-    writeln!(f, "{line}").map_err(|e| AccountError::Tool {
-        command: format!("append to {}", path.display()),
-        why: e.to_string(),
-    })
-}
-
-fn remove_line(path: &Path, line: &str) -> Result<(), AccountError> {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return Ok(());
-    };
-    if !text.lines().any(|l| l.trim() == line) {
-        return Ok(());
-    }
-    let kept: String = text
+/// (name, id, gid) of each entry of a passwd- or group-format file, read through the seam.
+fn entries(
+    host: &dyn Host,
+    path: &std::path::Path,
+) -> Result<Vec<(String, u32, Option<u32>)>, AccountError> {
+    let bytes = host.read(path).map_err(|source| AccountError::Database {
+        op: "read",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(String::from_utf8_lossy(&bytes)
         .lines()
-        .filter(|l| l.trim() != line)
-        .map(|l| format!("{l}\n"))
-        .collect();
-    std::fs::write(path, kept).map_err(|e| AccountError::Tool {
-        command: format!("rewrite {}", path.display()),
-        why: e.to_string(),
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            let id = f.get(2)?.parse().ok()?;
+            Some((
+                (*f.first()?).to_owned(),
+                id,
+                f.get(3).and_then(|g| g.parse().ok()),
+            ))
+        })
+        .collect())
+}
+
+/// What of a name, uid or gid is already in the host's account databases.
+fn taken(
+    host: &dyn Host,
+    policy: &AccountPolicy,
+    a: &Account,
+) -> Result<Option<String>, AccountError> {
+    let users = entries(host, &policy.passwd)?;
+    let groups = entries(host, &policy.group)?;
+    Ok(if users.iter().any(|(n, _, _)| *n == a.name) {
+        Some("the name exists".into())
+    } else if groups.iter().any(|(n, _, _)| *n == a.name) {
+        Some("a group of that name exists".into())
+    } else if users.iter().any(|(_, id, _)| *id == a.uid) {
+        Some("the uid exists".into())
+    } else if groups.iter().any(|(_, id, _)| *id == a.gid) {
+        Some("the gid exists".into())
+    } else {
+        None
     })
+}
+
+/// Add or remove `name`'s line in a deny file, crash-safely and under a lock.
+fn deny(
+    host: &dyn Host,
+    path: &std::path::Path,
+    name: &str,
+    present: bool,
+) -> Result<(), AccountError> {
+    let edit = |text: &str| -> Option<String> {
+        let has = text.lines().any(|l| l.trim() == name);
+        match (present, has) {
+            (true, false) => {
+                let mut t = text.to_owned();
+                if !t.is_empty() && !t.ends_with('\n') {
+                    t.push('\n');
+                }
+                Some(format!("{t}{name}\n"))
+            }
+            (false, true) => Some(
+                text.lines()
+                    .filter(|l| l.trim() != name)
+                    .map(|l| format!("{l}\n"))
+                    .collect(),
+            ),
+            _ => None,
+        }
+    };
+    host.edit_file(path, &edit)
+        .map_err(|source| AccountError::Database {
+            op: "edit",
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
 /// Create the account: its group, the user (no home, no login shell), and cron/at denials.
 ///
 /// # Errors
-/// The name or an id is taken, or a tool failed.
-pub fn create(policy: &AccountPolicy, a: &Account) -> Result<(), AccountError> {
+/// The name or an id is taken, a database is unreadable, or a tool failed.
+pub fn create(host: &dyn Host, policy: &AccountPolicy, a: &Account) -> Result<(), AccountError> {
     if a.uid == 0 || a.gid == 0 {
         return Err(AccountError::Taken {
             name: a.name.clone(),
@@ -178,7 +214,7 @@ pub fn create(policy: &AccountPolicy, a: &Account) -> Result<(), AccountError> {
             why: "id 0 is root".into(),
         });
     }
-    if let Some(why) = taken(a) {
+    if let Some(why) = taken(host, policy, a)? {
         return Err(AccountError::Taken {
             name: a.name.clone(),
             uid: a.uid,
@@ -187,9 +223,10 @@ pub fn create(policy: &AccountPolicy, a: &Account) -> Result<(), AccountError> {
         });
     }
     let (uid, gid) = (a.uid.to_string(), a.gid.to_string());
-    tool("groupadd", &["--gid", &gid, &a.name])?;
+    tool(host, "groupadd", &["--gid", &gid, &a.name])?;
     let shell = policy.shell.display().to_string();
     tool(
+        host,
         "useradd",
         &[
             "--uid",
@@ -207,45 +244,158 @@ pub fn create(policy: &AccountPolicy, a: &Account) -> Result<(), AccountError> {
             &a.name,
         ],
     )?;
-    append_line(&policy.cron_deny, &a.name)?;
-    append_line(&policy.at_deny, &a.name)
+    deny(host, &policy.cron_deny, &a.name, true)?;
+    deny(host, &policy.at_deny, &a.name, true)
 }
 
 /// Remove the account, its group and its cron/at lines. Removing what is already gone is not
-/// an error.
+/// an error; a database that cannot be read is.
 ///
 /// # Errors
-/// A tool failed on an account that exists.
-pub fn remove(policy: &AccountPolicy, a: &Account) -> Result<(), AccountError> {
-    use nix::unistd::{Group, User};
-    if User::from_name(&a.name).ok().flatten().is_some() {
-        tool("userdel", &[&a.name])?;
+/// A database is unreadable, or a tool failed on an account that exists.
+pub fn remove(host: &dyn Host, policy: &AccountPolicy, a: &Account) -> Result<(), AccountError> {
+    if entries(host, &policy.passwd)?
+        .iter()
+        .any(|(n, _, _)| *n == a.name)
+    {
+        tool(host, "userdel", &[&a.name])?;
     }
-    if Group::from_name(&a.name).ok().flatten().is_some() {
-        tool("groupdel", &[&a.name])?;
+    if entries(host, &policy.group)?
+        .iter()
+        .any(|(n, _, _)| *n == a.name)
+    {
+        tool(host, "groupdel", &[&a.name])?;
     }
-    remove_line(&policy.cron_deny, &a.name)?;
-    remove_line(&policy.at_deny, &a.name)
+    deny(host, &policy.cron_deny, &a.name, false)?;
+    deny(host, &policy.at_deny, &a.name, false)
 }
 
 /// Accounts named `cordon-…` with a uid in the policy's range: what recovery may remove.
 /// Anything else is never touched.
-#[must_use]
-pub fn in_range(policy: &AccountPolicy, passwd: &Path) -> Vec<Account> {
-    let Ok(text) = std::fs::read_to_string(passwd) else {
-        return Vec::new();
-    };
-    text.lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split(':').collect();
-            let (name, uid, gid) = (f.first()?, f.get(2)?.parse().ok()?, f.get(3)?.parse().ok()?);
+///
+/// # Errors
+/// The user database cannot be read: then nothing is known to be absent.
+pub fn in_range(host: &dyn Host, policy: &AccountPolicy) -> Result<Vec<Account>, AccountError> {
+    Ok(entries(host, &policy.passwd)?
+        .into_iter()
+        .filter_map(|(name, uid, gid)| {
             (name.starts_with("cordon-") && (policy.uids.0..=policy.uids.1).contains(&uid)).then(
                 || Account {
-                    name: (*name).to_owned(),
+                    name,
                     uid,
-                    gid,
+                    gid: gid.unwrap_or(uid),
                 },
             )
         })
-        .collect()
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::ToolOutput;
+    use crate::host::fake::{Call, Fake};
+
+    fn policy() -> AccountPolicy {
+        AccountPolicy {
+            uids: (5000, 5999),
+            gids: (5000, 5999),
+            shell: "/usr/sbin/nologin".into(),
+            cron_deny: "/etc/cron.deny".into(),
+            at_deny: "/etc/at.deny".into(),
+            passwd: "/etc/passwd".into(),
+            group: "/etc/group".into(),
+        }
+    }
+
+    fn account() -> Account {
+        Account {
+            name: "cordon-00000001".into(),
+            uid: 5001,
+            gid: 5001,
+        }
+    }
+
+    #[test]
+    fn an_unreadable_passwd_is_an_error_never_nothing_left() {
+        let f = Fake::new();
+        f.unreadable("/etc/passwd").file("/etc/group", "");
+        assert!(matches!(
+            in_range(&f, &policy()),
+            Err(AccountError::Database { .. })
+        ));
+        assert!(create(&f, &policy(), &account()).is_err());
+        assert!(remove(&f, &policy(), &account()).is_err());
+        // Nothing was created on the strength of an unread database.
+        assert!(!f.calls().iter().any(|c| matches!(c, Call::Run(_))));
+    }
+
+    #[test]
+    fn create_then_remove_edits_both_deny_files_and_runs_the_tools_in_order() {
+        let f = Fake::new();
+        f.file("/etc/passwd", "root:x:0:0::/root:/bin/sh\n")
+            .file("/etc/group", "root:x:0:\n")
+            .file("/etc/cron.deny", "alice");
+        create(&f, &policy(), &account()).unwrap();
+        assert_eq!(
+            f.text(std::path::Path::new("/etc/cron.deny")).unwrap(),
+            "alice\ncordon-00000001\n"
+        );
+        assert_eq!(
+            f.text(std::path::Path::new("/etc/at.deny")).unwrap(),
+            "cordon-00000001\n"
+        );
+        let runs: Vec<String> = f
+            .calls()
+            .into_iter()
+            .filter_map(|c| match c {
+                Call::Run(l) => Some(l),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            runs[0].starts_with("groupadd") && runs[1].starts_with("useradd"),
+            "{runs:?}"
+        );
+        f.file(
+            "/etc/passwd",
+            "root:x:0:0::/root:/bin/sh\ncordon-00000001:x:5001:5001::/nonexistent:/usr/sbin/nologin\n",
+        );
+        remove(&f, &policy(), &account()).unwrap();
+        assert_eq!(
+            f.text(std::path::Path::new("/etc/cron.deny")).unwrap(),
+            "alice\n"
+        );
+        assert!(
+            f.calls()
+                .iter()
+                .any(|c| matches!(c, Call::Run(l) if l.starts_with("userdel")))
+        );
+    }
+
+    #[test]
+    fn a_taken_id_or_a_failing_tool_or_deny_edit_is_an_error() {
+        let f = Fake::new();
+        f.file("/etc/passwd", "x:x:5001:1::/:/bin/sh\n")
+            .file("/etc/group", "");
+        assert!(matches!(
+            create(&f, &policy(), &account()),
+            Err(AccountError::Taken { .. })
+        ));
+        let f = Fake::new();
+        f.file("/etc/passwd", "").file("/etc/group", "");
+        f.reply("useradd", ToolOutput::failed("useradd: boom"));
+        assert!(matches!(
+            create(&f, &policy(), &account()),
+            Err(AccountError::Tool { .. })
+        ));
+        let f = Fake::new();
+        f.file("/etc/passwd", "")
+            .file("/etc/group", "")
+            .fail(false, false, true);
+        assert!(matches!(
+            create(&f, &policy(), &account()),
+            Err(AccountError::Database { op: "edit", .. })
+        ));
+    }
 }

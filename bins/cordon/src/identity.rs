@@ -10,15 +10,14 @@
 //! not decide whether a runtime version is new enough (the runtime driver does).
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::Serialize;
 
 use crate::canonical::{CanonicalError, Digest, domain_digest};
 use crate::exit::ExitCode;
+use crate::host::{Host, Tool};
 
 /// The binaries whose digests enter the identity when installed beside the running one.
 pub const CORDON_BINARIES: [&str; 8] = [
@@ -163,6 +162,7 @@ impl AuthorityComponents {
 /// # Errors
 /// An [`IdentityError`] for a missing, unreadable, mismatching or failing runtime.
 pub fn probe_runtime(
+    host: &dyn Host,
     kind: &str,
     path: &Path,
     pin: Option<&Digest>,
@@ -187,7 +187,7 @@ pub fn probe_runtime(
             found: sha256,
         });
     }
-    let version = runtime_version(path)?;
+    let version = runtime_version(host, path)?;
     Ok(RuntimeFacts {
         kind: kind.to_owned(),
         path: path.to_path_buf(),
@@ -196,52 +196,27 @@ pub fn probe_runtime(
     })
 }
 
-fn runtime_version(path: &Path) -> Result<String, IdentityError> {
+fn runtime_version(host: &dyn Host, path: &Path) -> Result<String, IdentityError> {
     let fail = |detail: String| IdentityError::RuntimeVersion {
         path: path.to_path_buf(),
         detail,
     };
-    // Nothing of ours is inherited: the runtime sees no environment and no stdin.
-    let mut child = Command::new(path)
-        .arg("--version")
-        .env_clear()
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| fail(format!("cannot start it: {e}")))?;
-    let deadline = Instant::now() + VERSION_DEADLINE;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if Instant::now() >= deadline => {
-                // Best effort: the child is ours and is being abandoned as broken.
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(fail(format!(
-                    "no answer within {}s",
-                    VERSION_DEADLINE.as_secs()
-                )));
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-            Err(e) => return Err(fail(format!("cannot wait for it: {e}"))),
-        }
-    };
-    let mut text = String::new();
-    if let Some(stdout) = child.stdout.take() {
-        stdout
-            .take(VERSION_MAX_BYTES)
-            .read_to_string(&mut text)
-            .map_err(|e| fail(format!("unreadable output: {e}")))?;
+    // Through the seam: no environment but PATH, no stdin, bounded in time and output.
+    let mut tool = Tool::new(path, &["--version"]);
+    tool.timeout = VERSION_DEADLINE;
+    tool.max_output = VERSION_MAX_BYTES;
+    let out = host.run(&tool).map_err(|e| fail(e.to_string()))?;
+    if out.truncated {
+        return Err(fail(format!("printed more than {VERSION_MAX_BYTES} bytes")));
     }
-    if !status.success() {
-        return Err(fail(format!("exited with {status}")));
+    if !out.success() {
+        return Err(fail(format!("exited with {:?}", out.code)));
     }
-    let text = text.trim();
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
     if text.is_empty() {
         return Err(fail("printed no version".to_owned()));
     }
-    Ok(text.to_owned())
+    Ok(text)
 }
 
 /// Hash each of [`CORDON_BINARIES`] present in the directory of `exe`.
@@ -290,13 +265,13 @@ mod tests {
     fn runtime_is_hashed_versioned_and_pinned() {
         let dir = tempfile::tempdir().unwrap();
         let path = fake_runtime(dir.path(), "echo 'runc version 9.9'");
-        let facts = probe_runtime("runc", &path, None).unwrap();
+        let facts = probe_runtime(&crate::host::Linux, "runc", &path, None).unwrap();
         assert_eq!(facts.version, "runc version 9.9");
         assert_eq!(facts.sha256, Digest::of_file(&path).unwrap());
-        probe_runtime("runc", &path, Some(&facts.sha256)).unwrap();
+        probe_runtime(&crate::host::Linux, "runc", &path, Some(&facts.sha256)).unwrap();
         let wrong = Digest::of_bytes(b"other");
         assert!(matches!(
-            probe_runtime("runc", &path, Some(&wrong)),
+            probe_runtime(&crate::host::Linux, "runc", &path, Some(&wrong)),
             Err(IdentityError::RuntimePinMismatch { .. })
         ));
     }
@@ -304,12 +279,18 @@ mod tests {
     #[test]
     fn missing_or_failing_runtime_is_no_decision() {
         let dir = tempfile::tempdir().unwrap();
-        let err = probe_runtime("runc", &dir.path().join("absent"), None).unwrap_err();
+        let err = probe_runtime(
+            &crate::host::Linux,
+            "runc",
+            &dir.path().join("absent"),
+            None,
+        )
+        .unwrap_err();
         assert!(matches!(err, IdentityError::RuntimeMissing { .. }));
         assert_eq!(err.exit_code(), ExitCode::NoDecision);
         let path = fake_runtime(dir.path(), "exit 4");
         assert!(matches!(
-            probe_runtime("runc", &path, None),
+            probe_runtime(&crate::host::Linux, "runc", &path, None),
             Err(IdentityError::RuntimeVersion { .. })
         ));
     }
@@ -319,7 +300,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = fake_runtime(dir.path(), "echo \"v ${HOME:-none}\"");
         assert_eq!(
-            probe_runtime("runc", &path, None).unwrap().version,
+            probe_runtime(&crate::host::Linux, "runc", &path, None)
+                .unwrap()
+                .version,
             "v none"
         );
     }

@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::account::{self, Account, AccountPolicy};
 use crate::canonical::{Digest, to_canonical_json};
+use crate::host::MountRequest;
 use crate::runtime::{CgroupProbe, Finished, OutputCaps, Runtime};
 use crate::store::{self, Store};
 
@@ -175,8 +176,41 @@ pub struct Setup {
     pub accounts: AccountPolicy,
     /// The cgroup filesystem root.
     pub cgroup_root: PathBuf,
-    /// The passwd file accounts are listed from.
-    pub passwd: PathBuf,
+    /// This mount namespace's mount table (`/proc/self/mountinfo`).
+    pub mountinfo: PathBuf,
+}
+
+impl Setup {
+    /// The host seam (the runtime's).
+    #[must_use]
+    pub fn host(&self) -> &dyn crate::host::Host {
+        &*self.runtime.host
+    }
+
+    fn probe(&self, lease: &str) -> CgroupProbe {
+        CgroupProbe {
+            host: self.runtime.host.clone(),
+            root: self.cgroup_root.clone(),
+            path: cgroup_path(lease),
+        }
+    }
+
+    /// The mount points of this mount namespace (mountinfo field 5); an unreadable table is an
+    /// error, never "no mounts".
+    ///
+    /// # Errors
+    /// The table cannot be read.
+    pub fn mount_points(&self) -> Result<Vec<PathBuf>, LeaseError> {
+        let bytes = self
+            .host()
+            .read(&self.mountinfo)
+            .map_err(io("read", &self.mountinfo))?;
+        Ok(String::from_utf8_lossy(&bytes)
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .map(PathBuf::from)
+            .collect())
+    }
 }
 
 /// The one manager of an executor: holds `leases/<executor>.lock`.
@@ -310,7 +344,11 @@ impl Manager {
     /// # Errors
     /// The account's name or ids are taken, or the directory exists.
     pub fn provision(&self, lease: &Lease) -> Result<(), LeaseError> {
-        account::create(&self.setup.accounts, &lease.record.account)?;
+        account::create(
+            self.setup.host(),
+            &self.setup.accounts,
+            &lease.record.account,
+        )?;
         let dir = &lease.record.run_dir;
         fs::create_dir_all(&self.setup.run_root).map_err(io("create", &self.setup.run_root))?;
         match fs::DirBuilder::new().mode(0o711).create(dir) {
@@ -341,7 +379,6 @@ impl Manager {
         bytes: u64,
         inodes: u64,
     ) -> Result<PathBuf, LeaseError> {
-        use nix::mount::{MsFlags, mount};
         let point = point.to_path_buf();
         if !lease.record.mounts.contains(&point) {
             return Err(LeaseError::Protected {
@@ -358,14 +395,60 @@ impl Manager {
             "size={bytes},nr_inodes={inodes},mode=0700,uid={},gid={}",
             a.uid, a.gid
         );
-        mount(
-            Some("tmpfs"),
-            &point,
-            Some("tmpfs"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-            Some(options.as_str()),
-        )
-        .map_err(|e| io("mount tmpfs on", &point)(std::io::Error::from(e)))?;
+        self.setup
+            .host()
+            .mount(&MountRequest::Tmpfs {
+                target: point.clone(),
+                options,
+            })
+            .map_err(io("mount tmpfs on", &point))?;
+        Ok(point)
+    }
+
+    /// Mount the lease's disposable root: an overlay at `point` whose lower layer is the
+    /// read-only image rootfs and whose upper and work directories (created here, root-owned)
+    /// belong to this lease alone, so nothing written reaches the shared image cache or
+    /// outlives the lease.
+    ///
+    /// # Errors
+    /// The mount point is not one the record names, or a directory or the mount failed.
+    pub fn mount_overlay(
+        &self,
+        lease: &Lease,
+        point: &Path,
+        lower: &Path,
+        upper: &Path,
+        work: &Path,
+    ) -> Result<PathBuf, LeaseError> {
+        let point = point.to_path_buf();
+        if !lease.record.mounts.contains(&point) {
+            return Err(LeaseError::Protected {
+                path: point,
+                why: "the lease record does not name this mount point".into(),
+            });
+        }
+        for d in [&point, upper, work] {
+            if !d.starts_with(&lease.record.run_dir) {
+                return Err(LeaseError::Protected {
+                    path: d.to_path_buf(),
+                    why: "outside the lease's run directory".into(),
+                });
+            }
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(d)
+                .map_err(io("create", d))?;
+        }
+        self.setup
+            .host()
+            .mount(&MountRequest::Overlay {
+                target: point.clone(),
+                lower: lower.to_path_buf(),
+                upper: upper.to_path_buf(),
+                work: work.to_path_buf(),
+            })
+            .map_err(io("mount overlay on", &point))?;
         Ok(point)
     }
 
@@ -434,10 +517,7 @@ impl Manager {
         stdin: Option<Vec<u8>>,
     ) -> Result<Finished, LeaseError> {
         self.check_protected(lease)?;
-        let probe = CgroupProbe {
-            root: self.setup.cgroup_root.clone(),
-            path: lease.cgroup_path(),
-        };
+        let probe = self.setup.probe(&lease.record.lease);
         Ok(self.setup.runtime.run(
             &lease.record.container,
             &lease.bundle_dir(),
@@ -527,20 +607,24 @@ impl Manager {
     /// The host resources of one lease: its cgroup, mounts, run directory and account.
     fn release_resources(&self, record: &Record) -> Vec<String> {
         let mut residue = Vec::new();
-        let probe = CgroupProbe {
-            root: self.setup.cgroup_root.clone(),
-            path: cgroup_path(&record.lease),
-        };
-        for d in probe.dirs() {
-            if d.exists() && fs::remove_dir(&d).is_err() && d.exists() {
-                residue.push(format!("cgroup {}", d.display()));
+        for d in self.setup.probe(&record.lease).dirs() {
+            match fs::remove_dir(&d) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => residue.push(format!("cgroup {}: {e}", d.display())),
             }
         }
-        for m in &record.mounts {
-            if is_mountpoint(m) && nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH).is_err()
-            {
-                residue.push(format!("mount {}", m.display()));
+        match self.setup.mount_points() {
+            Ok(points) => {
+                for m in &record.mounts {
+                    if points.contains(m)
+                        && let Err(e) = self.setup.host().unmount(m)
+                    {
+                        residue.push(format!("mount {}: {e}", m.display()));
+                    }
+                }
             }
+            Err(e) => residue.push(format!("mounts: {e}")),
         }
         if record.run_dir.starts_with(&self.setup.run_root) && record.run_dir != self.setup.run_root
         {
@@ -553,7 +637,7 @@ impl Manager {
                 record.run_dir.display()
             ));
         }
-        if let Err(e) = account::remove(&self.setup.accounts, &record.account) {
+        if let Err(e) = account::remove(self.setup.host(), &self.setup.accounts, &record.account) {
             residue.push(format!("account {}: {e}", record.account.name));
         }
         residue
@@ -639,8 +723,8 @@ impl Manager {
                 }
             }
         }
-        for a in account::in_range(&self.setup.accounts, &self.setup.passwd) {
-            match account::remove(&self.setup.accounts, &a) {
+        for a in account::in_range(self.setup.host(), &self.setup.accounts)? {
+            match account::remove(self.setup.host(), &self.setup.accounts, &a) {
                 Ok(()) => done.push(format!("account {}", a.name)),
                 Err(e) => residue.push(format!("account {}: {e}", a.name)),
             }
@@ -679,10 +763,10 @@ impl Manager {
                 left.push(format!("run directory {}", path.display()));
             }
         }
-        for a in account::in_range(&self.setup.accounts, &self.setup.passwd) {
+        for a in account::in_range(self.setup.host(), &self.setup.accounts)? {
             left.push(format!("account {} (uid {})", a.name, a.uid));
         }
-        for p in mount_points() {
+        for p in self.setup.mount_points()? {
             if p.starts_with(&self.setup.run_root) || p.starts_with(self.store.root()) {
                 left.push(format!("mount {}", p.display()));
             }
@@ -691,16 +775,201 @@ impl Manager {
     }
 }
 
-/// The mount points of this mount namespace (`/proc/self/mountinfo`, field 5).
-fn mount_points() -> Vec<PathBuf> {
-    fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(PathBuf::from)
-        .collect()
-}
+#[cfg(test)]
+mod tests {
+    //! Every "cannot establish" of release, recovery and the quiescence check, driven through
+    //! the recording fake host: each must be residue or an error, never "nothing left".
 
-fn is_mountpoint(p: &Path) -> bool {
-    mount_points().iter().any(|m| m == p)
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::host::ToolOutput;
+    use crate::host::fake::{Call, Fake};
+
+    struct World {
+        _dir: tempfile::TempDir,
+        fake: Arc<Fake>,
+        manager: Manager,
+    }
+
+    fn world() -> World {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        let fake = Arc::new(Fake::new());
+        fake.file("/etc/passwd", "root:x:0:0::/root:/bin/sh\n")
+            .file("/etc/group", "root:x:0:\n")
+            .file(
+                "/proc/self/mountinfo",
+                "22 1 0:21 / / rw - ext4 /dev/vda rw\n",
+            )
+            .reply("list", ToolOutput::ok(b"null"));
+        let setup = Setup {
+            executor: "fake".into(),
+            runtime: Runtime {
+                binary: "/usr/sbin/runc".into(),
+                state_root: dir.path().join("state"),
+                host: fake.clone(),
+            },
+            run_root: dir.path().join("run"),
+            accounts: AccountPolicy {
+                uids: (5000, 5999),
+                gids: (5000, 5999),
+                shell: "/usr/sbin/nologin".into(),
+                cron_deny: "/etc/cron.deny".into(),
+                at_deny: "/etc/at.deny".into(),
+                passwd: "/etc/passwd".into(),
+                group: "/etc/group".into(),
+            },
+            cgroup_root: dir.path().join("cgroup"),
+            mountinfo: "/proc/self/mountinfo".into(),
+        };
+        let manager = Manager::open(&store, setup).unwrap();
+        World {
+            _dir: dir,
+            fake,
+            manager,
+        }
+    }
+
+    fn residue(r: Result<(), LeaseError>) -> Vec<String> {
+        match r {
+            Err(LeaseError::Residue(x)) => x.items,
+            other => panic!("expected residue, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_clean_release_lists_twice_and_unlinks_the_record() {
+        let w = world();
+        let lease = w.manager.begin("sha256:a").unwrap();
+        w.manager.release(&lease.record).unwrap();
+        assert!(w.manager.records().unwrap().is_empty());
+        let lists = w
+            .fake
+            .calls()
+            .iter()
+            .filter(|c| matches!(c, Call::Run(l) if l.contains(" list ")))
+            .count();
+        assert_eq!(
+            lists,
+            3,
+            "one listing before, two after: {:?}",
+            w.fake.calls()
+        );
+    }
+
+    #[test]
+    fn a_listing_that_does_not_parse_is_residue_and_keeps_the_record() {
+        let w = world();
+        let f = Arc::new(Fake::new());
+        f.file("/etc/passwd", "")
+            .file("/etc/group", "")
+            .file("/proc/self/mountinfo", "")
+            .reply("list", ToolOutput::ok(b"not json"));
+        let m = with_host(&w, f);
+        let lease = m.begin("sha256:a").unwrap();
+        let items = residue(m.release(&lease.record));
+        assert!(items.iter().any(|i| i.contains("cannot list")), "{items:?}");
+        assert_eq!(
+            m.records().unwrap().len(),
+            1,
+            "the record stays for a retry"
+        );
+        assert!(
+            m.check().is_err(),
+            "check cannot establish quiescence either"
+        );
+    }
+
+    fn with_host(w: &World, fake: Arc<Fake>) -> Manager {
+        let mut setup = w.manager.setup.clone();
+        setup.runtime.host = fake;
+        let store = w.manager.store.clone();
+        // Same executor: the lock is per process-open file, so take it for this test's manager.
+        Manager {
+            store,
+            setup,
+            _lock: Flock::lock(
+                File::open(w.manager.store.root()).unwrap(),
+                FlockArg::LockSharedNonblock,
+            )
+            .unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_state_that_fails_is_an_error_but_a_vanished_container_is_not() {
+        let w = world();
+        let f = Arc::new(Fake::new());
+        f.reply(
+            "state gone",
+            ToolOutput::failed("container gone does not exist"),
+        )
+        .reply("state broken", ToolOutput::failed("permission denied"))
+        .reply(
+            "list",
+            ToolOutput::ok(br#"[{"id":"gone"},{"id":"broken"}]"#),
+        );
+        let m = with_host(&w, f.clone());
+        let e = m.runtime().containers().unwrap_err();
+        assert!(e.to_string().contains("state broken"), "{e}");
+        let f = Arc::new(Fake::new());
+        f.reply(
+            "state gone",
+            ToolOutput::failed("container gone does not exist"),
+        )
+        .reply("list", ToolOutput::ok(br#"[{"id":"gone"}]"#));
+        let m = with_host(&w, f);
+        assert!(m.runtime().containers().unwrap().is_empty());
+        let f = Arc::new(Fake::new());
+        f.reply("list", ToolOutput::ok(br#"[{"name":"no id"}]"#));
+        assert!(with_host(&w, f).runtime().containers().is_err());
+    }
+
+    #[test]
+    fn unreadable_passwd_group_or_mountinfo_is_never_quiescence() {
+        for broken in ["/etc/passwd", "/etc/group", "/proc/self/mountinfo"] {
+            let w = world();
+            let f = Arc::new(Fake::new());
+            f.file("/etc/passwd", "")
+                .file("/etc/group", "")
+                .file("/proc/self/mountinfo", "")
+                .reply("list", ToolOutput::ok(b"[]"))
+                .unreadable(broken);
+            let m = with_host(&w, f);
+            let lease = m.begin("sha256:a").unwrap();
+            let items = residue(m.release(&lease.record));
+            assert!(!items.is_empty(), "{broken}");
+            if broken != "/etc/group" {
+                assert!(m.check().is_err(), "check with {broken} unreadable");
+            }
+            assert!(m.recover().is_err(), "recover with {broken} unreadable");
+        }
+    }
+
+    #[test]
+    fn a_mount_that_will_not_unmount_is_residue() {
+        let w = world();
+        let f = Arc::new(Fake::new());
+        let lease = w.manager.begin_with("sha256:a", &["staging"]).unwrap();
+        let point = lease.record.run_dir.join("staging");
+        f.file("/etc/passwd", "")
+            .file("/etc/group", "")
+            .file(
+                "/proc/self/mountinfo",
+                &format!("40 22 0:50 / {} rw - tmpfs tmpfs rw\n", point.display()),
+            )
+            .reply("list", ToolOutput::ok(b"[]"))
+            .fail(false, true, false);
+        let m = with_host(&w, f.clone());
+        let items = residue(m.release(&lease.record));
+        assert!(items.iter().any(|i| i.starts_with("mount ")), "{items:?}");
+        assert!(f.calls().contains(&Call::Unmount(point)));
+        assert!(
+            m.check()
+                .unwrap()
+                .iter()
+                .any(|l| l.starts_with("lease record"))
+        );
+    }
 }

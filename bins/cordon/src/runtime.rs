@@ -17,6 +17,8 @@
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+
+use crate::host::{HostRef, Tool};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -29,12 +31,14 @@ use serde::{Deserialize, Serialize};
 pub const MIN_RUNC: (u32, u32) = (1, 1);
 
 /// The runtime to drive.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Runtime {
     /// The runtime binary (the policy's, already measured for the authority).
     pub binary: PathBuf,
     /// cordon's own state root for this executor: nothing else's containers live here.
     pub state_root: PathBuf,
+    /// The host seam every runtime call and host read goes through.
+    pub host: HostRef,
 }
 
 /// Why the runtime could not be driven. Every variant is a no-decision.
@@ -72,6 +76,13 @@ pub enum RuntimeError {
         command: String,
         /// What it said.
         stderr: String,
+    },
+    /// The runtime's listing or state could not be read: nothing is known to be absent.
+    #[error("cannot establish the runtime's containers: {why}")]
+    #[diagnostic(code(cordon::runtime::listing))]
+    Listing {
+        /// What could not be read.
+        why: String,
     },
     /// Waiting for, or reading from, the container failed.
     #[error("cannot supervise container {id}: {why}")]
@@ -135,24 +146,14 @@ pub struct Finished {
 }
 
 /// Where the container's cgroup is, to read its accounting before it is deleted.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct CgroupProbe {
+    /// The host seam its files are read through.
+    pub host: HostRef,
     /// The cgroup filesystem root (`/sys/fs/cgroup`, injectable for tests).
     pub root: PathBuf,
     /// The bundle's `cgroupsPath` (`/cordon/<lease>`).
     pub path: String,
-}
-
-fn read_u64(path: &Path) -> Option<u64> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
-}
-
-fn field(path: &Path, key: &str) -> Option<u64> {
-    let text = std::fs::read_to_string(path).ok()?;
-    text.lines().find_map(|l| {
-        let (k, v) = l.split_once(' ')?;
-        (k == key).then(|| v.trim().parse().ok()).flatten()
-    })
 }
 
 impl CgroupProbe {
@@ -160,10 +161,28 @@ impl CgroupProbe {
         self.path.trim_start_matches('/')
     }
 
+    fn text(&self, path: &Path) -> Option<String> {
+        let bytes = self.host.read(path).ok()?;
+        Some(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    fn read_u64(&self, path: &Path) -> Option<u64> {
+        self.text(path)?.trim().parse().ok()
+    }
+
+    fn field(&self, path: &Path, key: &str) -> Option<u64> {
+        self.text(path)?.lines().find_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            (k == key).then(|| v.trim().parse().ok()).flatten()
+        })
+    }
+
     /// Whether the host uses the unified (v2) hierarchy.
     #[must_use]
     pub fn unified(&self) -> bool {
-        self.root.join("cgroup.controllers").exists()
+        self.host
+            .read(&self.root.join("cgroup.controllers"))
+            .is_ok()
     }
 
     /// The directories this cgroup occupies (one on v2, one per controller on v1).
@@ -185,17 +204,19 @@ impl CgroupProbe {
         if self.unified() {
             let d = self.root.join(self.rel());
             return (
-                field(&d.join("memory.events"), "oom_kill"),
-                read_u64(&d.join("memory.peak")),
-                field(&d.join("cpu.stat"), "usage_usec").map(|u| u / 1000),
+                self.field(&d.join("memory.events"), "oom_kill"),
+                self.read_u64(&d.join("memory.peak")),
+                self.field(&d.join("cpu.stat"), "usage_usec")
+                    .map(|u| u / 1000),
             );
         }
         let mem = self.root.join("memory").join(self.rel());
         let cpu = self.root.join("cpuacct").join(self.rel());
         (
-            field(&mem.join("memory.oom_control"), "oom_kill"),
-            read_u64(&mem.join("memory.max_usage_in_bytes")),
-            read_u64(&cpu.join("cpuacct.usage")).map(|ns| ns / 1_000_000),
+            self.field(&mem.join("memory.oom_control"), "oom_kill"),
+            self.read_u64(&mem.join("memory.max_usage_in_bytes")),
+            self.read_u64(&cpu.join("cpuacct.usage"))
+                .map(|ns| ns / 1_000_000),
         )
     }
 
@@ -203,9 +224,9 @@ impl CgroupProbe {
     #[must_use]
     pub fn memory_limit(&self) -> Option<u64> {
         if self.unified() {
-            read_u64(&self.root.join(self.rel()).join("memory.max"))
+            self.read_u64(&self.root.join(self.rel()).join("memory.max"))
         } else {
-            read_u64(
+            self.read_u64(
                 &self
                     .root
                     .join("memory")
@@ -223,37 +244,33 @@ impl CgroupProbe {
         } else {
             self.root.join("pids").join(self.rel())
         };
-        read_u64(&d.join("pids.max"))
+        self.read_u64(&d.join("pids.max"))
     }
 }
 
 impl Runtime {
+    /// The `runtime create` command with live pipes (spawned through the host seam, which
+    /// clears its environment).
     fn command(&self) -> Command {
         let mut c = Command::new(&self.binary);
-        // Nothing of the supervisor's environment reaches the runtime, or through it the
-        // container: the bundle's process.env is the container's whole environment.
-        c.env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .arg("--root")
-            .arg(&self.state_root)
-            .stdin(Stdio::null());
+        c.arg("--root").arg(&self.state_root).stdin(Stdio::null());
         c
     }
 
-    /// Run a runtime subcommand to completion; its stderr is the error.
+    /// Run a runtime subcommand to completion through the host seam (bounded in time and
+    /// output); its stderr is the error.
     ///
     /// # Errors
-    /// It could not be started or exited non-zero.
+    /// It could not be started, ran past its timeout, or exited non-zero.
     pub fn call(&self, args: &[&str]) -> Result<Vec<u8>, RuntimeError> {
-        let out = self
-            .command()
-            .args(args)
-            .output()
-            .map_err(|source| RuntimeError::Spawn {
-                binary: self.binary.clone(),
-                source,
-            })?;
-        if out.status.success() {
+        let mut tool = Tool::new(&self.binary, &["--root"]);
+        tool.args.push(self.state_root.clone().into_os_string());
+        tool.args.extend(args.iter().map(std::ffi::OsString::from));
+        let out = self.host.run(&tool).map_err(|source| RuntimeError::Spawn {
+            binary: self.binary.clone(),
+            source,
+        })?;
+        if out.success() {
             Ok(out.stdout)
         } else {
             Err(RuntimeError::Command {
@@ -263,20 +280,18 @@ impl Runtime {
         }
     }
 
-    /// Check that the runtime runs and is new enough.
+    /// Check that the runtime runs and is new enough (`--version`, bounded in time and output).
     ///
     /// # Errors
     /// Missing or too old.
     pub fn preflight(&self) -> Result<(), RuntimeError> {
-        let out = Command::new(&self.binary)
-            .env_clear()
-            .arg("--version")
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|source| RuntimeError::Spawn {
-                binary: self.binary.clone(),
-                source,
-            })?;
+        let mut tool = Tool::new(&self.binary, &["--version"]);
+        tool.timeout = Duration::from_secs(10);
+        tool.max_output = 4096;
+        let out = self.host.run(&tool).map_err(|source| RuntimeError::Spawn {
+            binary: self.binary.clone(),
+            source,
+        })?;
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         let version = text
             .lines()
@@ -300,24 +315,37 @@ impl Runtime {
     /// The ids of the containers in cordon's state root with their annotations (from
     /// `runc state`), for absence proofs and recovery.
     ///
+    /// Fails closed: a listing that does not parse, an entry without an id, or a `state` that
+    /// fails for any reason but "does not exist" (deleted between list and state) is an error,
+    /// never "no containers".
+    ///
     /// # Errors
-    /// The runtime failed.
+    /// [`RuntimeError::Listing`], or the runtime failed.
     pub fn containers(&self) -> Result<Vec<(String, Labels)>, RuntimeError> {
-        if !self.state_root.exists() {
-            return Ok(Vec::new());
-        }
+        let listing = |why: String| RuntimeError::Listing { why };
         let out = self.call(&["list", "-f", "json"])?;
-        let list: Option<Vec<serde_json::Value>> = serde_json::from_slice(&out).unwrap_or(None);
+        // runc prints `null` for an empty (or not yet created) state root.
+        let list: Option<Vec<serde_json::Value>> = serde_json::from_slice(&out)
+            .map_err(|e| listing(format!("`list -f json` is not a JSON list: {e}")))?;
         let mut found = Vec::new();
         for c in list.unwrap_or_default() {
-            let Some(id) = c["id"].as_str() else { continue };
-            let labels = match self.call(&["state", id]) {
-                Ok(state) => serde_json::from_slice::<serde_json::Value>(&state)
-                    .ok()
-                    .and_then(|s| serde_json::from_value(s["annotations"].clone()).ok())
-                    .unwrap_or_default(),
-                // Gone between list and state: deleted meanwhile.
-                Err(_) => continue,
+            let id = c["id"]
+                .as_str()
+                .ok_or_else(|| listing(format!("a listed container has no id: {c}")))?;
+            let state = match self.call(&["state", id]) {
+                Ok(state) => state,
+                // Gone between list and state: the runtime itself says it no longer exists.
+                Err(RuntimeError::Command { stderr, .. }) if stderr.contains("does not exist") => {
+                    continue;
+                }
+                Err(e) => return Err(listing(format!("`state {id}`: {e}"))),
+            };
+            let state: serde_json::Value = serde_json::from_slice(&state)
+                .map_err(|e| listing(format!("`state {id}` is not JSON: {e}")))?;
+            let labels: Labels = match &state["annotations"] {
+                serde_json::Value::Null => Labels::new(),
+                a => serde_json::from_value(a.clone())
+                    .map_err(|e| listing(format!("`state {id}` annotations: {e}")))?,
             };
             found.push((id.to_owned(), labels));
         }
@@ -362,7 +390,6 @@ impl Runtime {
         // Orphans of `runc create` (the container's init) are reparented to us, so we can wait
         // for the init itself.
         nix::sys::prctl::set_child_subreaper(true).map_err(|e| sup(format!("subreaper: {e}")))?;
-        std::fs::create_dir_all(&self.state_root).map_err(|e| sup(format!("state root: {e}")))?;
         let pid_file = bundle.join("init.pid");
         let mut create = self.command();
         create
@@ -379,10 +406,13 @@ impl Runtime {
             })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = create.spawn().map_err(|source| RuntimeError::Spawn {
-            binary: self.binary.clone(),
-            source,
-        })?;
+        let mut child = self
+            .host
+            .spawn(create)
+            .map_err(|source| RuntimeError::Spawn {
+                binary: self.binary.clone(),
+                source,
+            })?;
         let out_reader = child.stdout.take().map(|r| capture(r, caps.stdout));
         let err_reader = child.stderr.take().map(|r| capture(r, caps.stderr));
         if let (Some(mut pipe), Some(bytes)) = (child.stdin.take(), stdin) {
@@ -400,9 +430,11 @@ impl Runtime {
                 stderr: String::from_utf8_lossy(&err.0).trim().to_owned(),
             });
         }
-        let pid: i32 = std::fs::read_to_string(&pid_file)
+        let pid: i32 = self
+            .host
+            .read(&pid_file)
             .ok()
-            .and_then(|t| t.trim().parse().ok())
+            .and_then(|t| String::from_utf8_lossy(&t).trim().parse().ok())
             .ok_or_else(|| sup("no init pid from runc create".into()))?;
         let started = Instant::now();
         self.call(&["start", id])?;

@@ -141,7 +141,12 @@ fn report(err: &CliError, mode: Diagnostics, stderr: &mut dyn Write) {
 fn authorities(a: &Policy, b: &Policy) -> Result<(Digest, Digest), StartError> {
     let binaries = identity::installed_binaries()?;
     let probe = |r: &cordon_policy_lang::Runtime| {
-        identity::probe_runtime(r.kind().as_str(), Path::new(r.path()), r.pin())
+        identity::probe_runtime(
+            &cordon::host::Linux,
+            r.kind().as_str(),
+            Path::new(r.path()),
+            r.pin(),
+        )
     };
     let ra = probe(a.runtime())?;
     let rb = if b.runtime() == a.runtime() {

@@ -187,6 +187,7 @@ sleep 1
     let lease = m.begin("sha256:test-authority").unwrap();
     let cgroup = std::thread::spawn({
         let probe = cordon::runtime::CgroupProbe {
+            host: e.setup.runtime.host.clone(),
             root: e.setup.cgroup_root.clone(),
             path: lease.cgroup_path(),
         };

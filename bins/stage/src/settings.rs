@@ -1,7 +1,8 @@
 //! Policy values → the mechanism library's settings, in one place: the archive bounds of the
 //! safe tar reader, the per-run account rules, the lease manager's setup. Each function reads
 //! the typed policy and builds the plain type the mechanism takes, so no policy value is parsed
-//! twice or lives in two shapes.
+//! twice or lives in two shapes. The host paths the mechanisms read (passwd, group, mountinfo,
+//! the cgroup root) and the real host seam are injected here, and only here.
 
 use std::path::{Path, PathBuf};
 
@@ -38,6 +39,8 @@ pub fn account_policy(policy: &Policy) -> AccountPolicy {
         shell: PathBuf::from(&a.shell),
         cron_deny: PathBuf::from(&a.cron_deny),
         at_deny: PathBuf::from(&a.at_deny),
+        passwd: PathBuf::from("/etc/passwd"),
+        group: PathBuf::from("/etc/group"),
     }
 }
 
@@ -50,10 +53,11 @@ pub fn lease_setup(policy: &Policy, executor: &str, state_root: &Path, run_root:
         runtime: Runtime {
             binary: PathBuf::from(policy.runtime().path()),
             state_root: state_root.join(executor),
+            host: cordon::host::Linux::shared(),
         },
         run_root,
         accounts: account_policy(policy),
         cgroup_root: PathBuf::from("/sys/fs/cgroup"),
-        passwd: PathBuf::from("/etc/passwd"),
+        mountinfo: PathBuf::from("/proc/self/mountinfo"),
     }
 }

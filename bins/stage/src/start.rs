@@ -135,6 +135,7 @@ pub fn stage_start(
 pub fn components(policy: &Policy) -> Result<AuthorityComponents, StartError> {
     let runtime = policy.runtime();
     let facts = identity::probe_runtime(
+        &cordon::host::Linux,
         runtime.kind().as_str(),
         Path::new(runtime.path()),
         runtime.pin(),

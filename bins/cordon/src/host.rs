@@ -1,0 +1,613 @@
+//! The one seam between cordon's mechanisms and the host: every host tool run (the OCI
+//! runtime's CLI, the account tools), every process spawned with live pipes (a container's
+//! `runtime create`), every read of a host file that a decision rests on (passwd, group,
+//! mountinfo, cgroup files), every mount and unmount, and every crash-safe edit of a host file
+//! (cron and at deny lists) goes through [`Host`].
+//!
+//! Two implementations: [`Linux`], the real one, and [`fake::Fake`], a recording,
+//! failure-injecting fake in the manner of youki's `Syscall`/`TestHelperSyscall`, which tests of
+//! this crate and of the crates above use to drive every failure path (a listing that does not
+//! parse, a `state` that fails, an unreadable passwd) without a kernel.
+//!
+//! Write discipline of [`Host::edit_file`]: take an exclusive lock on a sibling lock file (so
+//! two cordon processes never interleave their edits), read the file, write the new text to a
+//! scratch file in the same directory, fsync it, rename it over the file, fsync the directory.
+//! A crash leaves the old file or the new one, never an empty or truncated one, and at most a
+//! scratch file the next edit replaces.
+//!
+//! It does not decide anything: callers interpret what it returns, and an error from it is
+//! always something the caller could not establish.
+
+use std::ffi::OsString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::fcntl::{Flock, FlockArg};
+
+/// The `PATH` every host tool runs with (its environment is otherwise empty).
+pub const TOOL_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// A host tool to run to completion.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tool {
+    /// The program.
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<OsString>,
+    /// How long it may take.
+    pub timeout: Duration,
+    /// The most bytes of stdout and of stderr kept (the rest is read and dropped).
+    pub max_output: u64,
+}
+
+impl Tool {
+    /// `program args…` with a 60 s timeout and 16 MiB of output at most.
+    #[must_use]
+    pub fn new(program: impl Into<PathBuf>, args: &[&str]) -> Self {
+        Self {
+            program: program.into(),
+            args: args.iter().map(OsString::from).collect(),
+            timeout: Duration::from_secs(60),
+            max_output: 16 << 20,
+        }
+    }
+
+    /// The command line, for messages.
+    #[must_use]
+    pub fn display(&self) -> String {
+        let mut s = self.program.display().to_string();
+        for a in &self.args {
+            s.push(' ');
+            s.push_str(&a.to_string_lossy());
+        }
+        s
+    }
+}
+
+/// What a tool left behind.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ToolOutput {
+    /// Its exit code; `None` when a signal ended it.
+    pub code: Option<i32>,
+    /// Kept stdout.
+    pub stdout: Vec<u8>,
+    /// Kept stderr.
+    pub stderr: Vec<u8>,
+    /// Whether either stream went over `max_output`.
+    pub truncated: bool,
+}
+
+impl ToolOutput {
+    /// Whether it exited 0.
+    #[must_use]
+    pub fn success(&self) -> bool {
+        self.code == Some(0)
+    }
+
+    /// A successful output with this stdout (for fakes and tests).
+    #[must_use]
+    pub fn ok(stdout: &[u8]) -> Self {
+        Self {
+            code: Some(0),
+            stdout: stdout.to_vec(),
+            ..Self::default()
+        }
+    }
+
+    /// A failed output with this stderr (for fakes and tests).
+    #[must_use]
+    pub fn failed(stderr: &str) -> Self {
+        Self {
+            code: Some(1),
+            stderr: stderr.as_bytes().to_vec(),
+            ..Self::default()
+        }
+    }
+}
+
+/// A mount the host makes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MountRequest {
+    /// A tmpfs with these options (`size=…,nr_inodes=…,mode=…,uid=…,gid=…`), `nosuid,nodev`.
+    Tmpfs {
+        /// The mount point.
+        target: PathBuf,
+        /// The tmpfs options.
+        options: String,
+    },
+    /// An overlay, `nosuid,nodev`.
+    Overlay {
+        /// The mount point.
+        target: PathBuf,
+        /// The read-only lower directory.
+        lower: PathBuf,
+        /// The upper directory.
+        upper: PathBuf,
+        /// The work directory.
+        work: PathBuf,
+    },
+}
+
+impl MountRequest {
+    /// The mount point.
+    #[must_use]
+    pub fn target(&self) -> &Path {
+        match self {
+            Self::Tmpfs { target, .. } | Self::Overlay { target, .. } => target,
+        }
+    }
+}
+
+/// Everything cordon does to a host, in one trait.
+pub trait Host: std::fmt::Debug + Send + Sync {
+    /// Run a tool to completion under its timeout, with an empty environment but [`TOOL_PATH`],
+    /// stdin from `/dev/null`, output capped.
+    ///
+    /// # Errors
+    /// It could not be started, or ran past its timeout (then it is killed).
+    fn run(&self, tool: &Tool) -> io::Result<ToolOutput>;
+
+    /// Spawn a process with live pipes (a container's `runtime create`), its environment
+    /// cleared to [`TOOL_PATH`].
+    ///
+    /// # Errors
+    /// It could not be started.
+    fn spawn(&self, command: Command) -> io::Result<Child>;
+
+    /// Read a host file a decision rests on.
+    ///
+    /// # Errors
+    /// It could not be read: the caller reports that, never "empty".
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>>;
+
+    /// Make a mount.
+    ///
+    /// # Errors
+    /// The kernel refused it.
+    fn mount(&self, request: &MountRequest) -> io::Result<()>;
+
+    /// Detach a mount.
+    ///
+    /// # Errors
+    /// The kernel refused it.
+    fn unmount(&self, target: &Path) -> io::Result<()>;
+
+    /// Rewrite a host file crash-safely under a lock: `edit` gets the current text (empty when
+    /// the file does not exist) and returns the new text, or `None` to leave it as it is.
+    ///
+    /// # Errors
+    /// Locking, reading, writing, syncing or renaming failed; the file is then unchanged.
+    fn edit_file(&self, path: &Path, edit: &dyn Fn(&str) -> Option<String>) -> io::Result<()>;
+}
+
+/// A shared handle to the host.
+pub type HostRef = Arc<dyn Host>;
+
+/// The real host.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Linux;
+
+impl Linux {
+    /// The real host, shared.
+    #[must_use]
+    pub fn shared() -> HostRef {
+        Arc::new(Self)
+    }
+}
+
+/// Read a pipe to its end on a thread, keeping at most `cap` bytes and counting all of them.
+fn capped(mut r: impl Read + Send + 'static, cap: u64) -> std::thread::JoinHandle<(Vec<u8>, u64)> {
+    std::thread::spawn(move || {
+        let mut kept = Vec::new();
+        let mut total = 0u64;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match r.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let room = cap.saturating_sub(total);
+                    let take = usize::try_from(room).unwrap_or(usize::MAX).min(n);
+                    kept.extend_from_slice(&buf[..take]);
+                    total += n as u64;
+                }
+            }
+        }
+        (kept, total)
+    })
+}
+
+impl Host for Linux {
+    fn run(&self, tool: &Tool) -> io::Result<ToolOutput> {
+        let mut child = Command::new(&tool.program)
+            .args(&tool.args)
+            .env_clear()
+            .env("PATH", TOOL_PATH)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let out = child.stdout.take().map(|r| capped(r, tool.max_output));
+        let err = child.stderr.take().map(|r| capped(r, tool.max_output));
+        let deadline = Instant::now() + tool.timeout;
+        let status = loop {
+            if let Some(s) = child.try_wait()? {
+                break s;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("`{}` ran past {:?}", tool.display(), tool.timeout),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        let join = |h: Option<std::thread::JoinHandle<(Vec<u8>, u64)>>| {
+            h.and_then(|h| h.join().ok()).unwrap_or_default()
+        };
+        let (stdout, out_total) = join(out);
+        let (stderr, err_total) = join(err);
+        Ok(ToolOutput {
+            code: status.code(),
+            stdout,
+            stderr,
+            truncated: out_total > tool.max_output || err_total > tool.max_output,
+        })
+    }
+
+    fn spawn(&self, mut command: Command) -> io::Result<Child> {
+        // Nothing of the supervisor's environment reaches the runtime, or through it the
+        // container: the bundle's process.env is the container's whole environment.
+        command.env_clear().env("PATH", TOOL_PATH).spawn()
+    }
+
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+        fs::read(path)
+    }
+
+    fn mount(&self, request: &MountRequest) -> io::Result<()> {
+        use nix::mount::{MsFlags, mount};
+        let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+        let r = match request {
+            MountRequest::Tmpfs { target, options } => mount(
+                Some("tmpfs"),
+                target,
+                Some("tmpfs"),
+                flags,
+                Some(options.as_str()),
+            ),
+            MountRequest::Overlay {
+                target,
+                lower,
+                upper,
+                work,
+            } => {
+                let options = format!(
+                    "lowerdir={},upperdir={},workdir={}",
+                    lower.display(),
+                    upper.display(),
+                    work.display()
+                );
+                mount(
+                    Some("overlay"),
+                    target,
+                    Some("overlay"),
+                    flags,
+                    Some(options.as_str()),
+                )
+            }
+        };
+        r.map_err(io::Error::from)
+    }
+
+    fn unmount(&self, target: &Path) -> io::Result<()> {
+        nix::mount::umount2(target, nix::mount::MntFlags::MNT_DETACH).map_err(io::Error::from)
+    }
+
+    fn edit_file(&self, path: &Path, edit: &dyn Fn(&str) -> Option<String>) -> io::Result<()> {
+        let dir = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let name = path
+            .file_name()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?
+            .to_string_lossy()
+            .into_owned();
+        // The lock lives beside the file, not on it: the rename replaces the file's inode.
+        let lock_file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+            .open(dir.join(format!(".{name}.cordon-lock")))?;
+        let _lock = Flock::lock(lock_file, FlockArg::LockExclusive).map_err(|(_, e)| e)?;
+        let (text, mode) = match fs::read(path) {
+            Ok(bytes) => {
+                let mode = fs::metadata(path)?.permissions().mode() & 0o7777;
+                (String::from_utf8_lossy(&bytes).into_owned(), mode)
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => (String::new(), 0o644),
+            Err(e) => return Err(e),
+        };
+        let Some(new) = edit(&text) else {
+            return Ok(());
+        };
+        let scratch = dir.join(format!(".{name}.cordon-new"));
+        // A scratch file a crashed earlier edit left is ours to replace (we hold the lock).
+        match fs::remove_file(&scratch) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        let mut f: File = OpenOptions::new()
+            .create_new(true)
+            .write(true)
+            .mode(mode)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+            .open(&scratch)?;
+        f.write_all(new.as_bytes())?;
+        f.sync_all()?;
+        drop(f);
+        fs::rename(&scratch, path)?;
+        File::open(dir)?.sync_all()
+    }
+}
+
+pub mod fake {
+    //! A recording, failure-injecting [`Host`] for tests: it answers tool runs from a script of
+    //! replies, reads from an in-memory file table, records every call in order, and fails the
+    //! call that a test names — so every "cannot establish" path can be driven without a kernel.
+
+    use std::collections::BTreeMap;
+    use std::io;
+    use std::path::{Path, PathBuf};
+    use std::process::{Child, Command};
+    use std::sync::Mutex;
+
+    use super::{Host, MountRequest, Tool, ToolOutput};
+
+    /// One recorded call.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub enum Call {
+        /// A tool run: its command line.
+        Run(String),
+        /// A spawn: the program.
+        Spawn(String),
+        /// A read.
+        Read(PathBuf),
+        /// A mount.
+        Mount(MountRequest),
+        /// An unmount.
+        Unmount(PathBuf),
+        /// A file edit.
+        Edit(PathBuf),
+    }
+
+    #[derive(Debug, Default)]
+    struct State {
+        calls: Vec<Call>,
+        files: BTreeMap<PathBuf, Vec<u8>>,
+        unreadable: Vec<PathBuf>,
+        replies: Vec<(String, ToolOutput)>,
+        fail_mounts: bool,
+        fail_unmounts: bool,
+        fail_edits: bool,
+    }
+
+    /// The fake host.
+    #[derive(Debug, Default)]
+    pub struct Fake {
+        state: Mutex<State>,
+    }
+
+    fn broken() -> io::Error {
+        io::Error::other("injected failure")
+    }
+
+    impl Fake {
+        /// An empty host: no files, every tool succeeds with empty output.
+        #[must_use]
+        pub fn new() -> Self {
+            Self::default()
+        }
+
+        fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
+            // A poisoned lock means a test already panicked; its state is still what it was.
+            let mut s = self
+                .state
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            f(&mut s)
+        }
+
+        /// Put a file in the table.
+        pub fn file(&self, path: impl Into<PathBuf>, text: &str) -> &Self {
+            self.with(|s| s.files.insert(path.into(), text.as_bytes().to_vec()));
+            self
+        }
+
+        /// Make a path unreadable (reads fail with an I/O error).
+        pub fn unreadable(&self, path: impl Into<PathBuf>) -> &Self {
+            self.with(|s| s.unreadable.push(path.into()));
+            self
+        }
+
+        /// Answer tool runs whose command line contains `needle` with `output` (the first
+        /// matching reply wins; later replies for the same needle are used once earlier ones
+        /// are consumed only if the first was registered with [`Fake::reply_once`]).
+        pub fn reply(&self, needle: &str, output: ToolOutput) -> &Self {
+            self.with(|s| s.replies.push((needle.to_owned(), output)));
+            self
+        }
+
+        /// Make every mount (or unmount, or file edit) fail.
+        pub fn fail(&self, mounts: bool, unmounts: bool, edits: bool) -> &Self {
+            self.with(|s| {
+                s.fail_mounts = mounts;
+                s.fail_unmounts = unmounts;
+                s.fail_edits = edits;
+            });
+            self
+        }
+
+        /// Every call so far, in order.
+        #[must_use]
+        pub fn calls(&self) -> Vec<Call> {
+            self.with(|s| s.calls.clone())
+        }
+
+        /// The current text of a file in the table.
+        #[must_use]
+        pub fn text(&self, path: &Path) -> Option<String> {
+            self.with(|s| {
+                s.files
+                    .get(path)
+                    .map(|b| String::from_utf8_lossy(b).into_owned())
+            })
+        }
+    }
+
+    impl Host for Fake {
+        fn run(&self, tool: &Tool) -> io::Result<ToolOutput> {
+            let line = tool.display();
+            self.with(|s| {
+                s.calls.push(Call::Run(line.clone()));
+                Ok(s.replies
+                    .iter()
+                    .find(|(needle, _)| line.contains(needle.as_str()))
+                    .map(|(_, out)| out.clone())
+                    .unwrap_or_else(|| ToolOutput::ok(b"")))
+            })
+        }
+
+        fn spawn(&self, command: Command) -> io::Result<Child> {
+            let program = command.get_program().to_string_lossy().into_owned();
+            self.with(|s| s.calls.push(Call::Spawn(program)));
+            Err(io::Error::other("the fake host runs no processes"))
+        }
+
+        fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+            self.with(|s| {
+                s.calls.push(Call::Read(path.to_path_buf()));
+                if s.unreadable.iter().any(|p| p == path) {
+                    return Err(broken());
+                }
+                s.files
+                    .get(path)
+                    .cloned()
+                    .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
+            })
+        }
+
+        fn mount(&self, request: &MountRequest) -> io::Result<()> {
+            self.with(|s| {
+                s.calls.push(Call::Mount(request.clone()));
+                if s.fail_mounts { Err(broken()) } else { Ok(()) }
+            })
+        }
+
+        fn unmount(&self, target: &Path) -> io::Result<()> {
+            self.with(|s| {
+                s.calls.push(Call::Unmount(target.to_path_buf()));
+                if s.fail_unmounts {
+                    Err(broken())
+                } else {
+                    Ok(())
+                }
+            })
+        }
+
+        fn edit_file(&self, path: &Path, edit: &dyn Fn(&str) -> Option<String>) -> io::Result<()> {
+            self.with(|s| {
+                s.calls.push(Call::Edit(path.to_path_buf()));
+                if s.fail_edits || s.unreadable.iter().any(|p| p == path) {
+                    return Err(broken());
+                }
+                let old = s
+                    .files
+                    .get(path)
+                    .map(|b| String::from_utf8_lossy(b).into_owned())
+                    .unwrap_or_default();
+                if let Some(new) = edit(&old) {
+                    s.files.insert(path.to_path_buf(), new.into_bytes());
+                }
+                Ok(())
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tool_past_its_timeout_is_killed_and_an_error() {
+        let mut t = Tool::new("/bin/sleep", &["5"]);
+        t.timeout = Duration::from_millis(100);
+        let e = Linux.run(&t).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+    }
+
+    #[test]
+    fn tool_output_is_capped_and_the_environment_is_empty() {
+        let mut t = Tool::new("/bin/sh", &["-c", "env; head -c 100000 /dev/zero"]);
+        t.max_output = 1000;
+        let out = Linux.run(&t).unwrap();
+        assert!(out.success() && out.truncated);
+        assert_eq!(out.stdout.len(), 1000);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(!text.contains("HOME="), "{text}");
+    }
+
+    #[test]
+    fn edit_file_replaces_whole_and_leaves_no_scratch() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cron.deny");
+        fs::write(&path, "alice\n").unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o640)).unwrap();
+        Linux
+            .edit_file(&path, &|t| Some(format!("{t}bob\n")))
+            .unwrap();
+        assert_eq!(fs::read_to_string(&path).unwrap(), "alice\nbob\n");
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o7777,
+            0o640
+        );
+        // A scratch file a crash left is replaced, never read as the file.
+        fs::write(dir.path().join(".cron.deny.cordon-new"), "").unwrap();
+        Linux.edit_file(&path, &|_| Some(String::new())).unwrap();
+        assert_eq!(fs::read_to_string(&path).unwrap(), "");
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            !names.iter().any(|n| n.ends_with("cordon-new")),
+            "{names:?}"
+        );
+        // No change asked for: the file is untouched.
+        Linux.edit_file(&path, &|_| None).unwrap();
+    }
+
+    #[test]
+    fn the_fake_records_answers_and_fails_as_told() {
+        let f = fake::Fake::new();
+        f.file("/etc/passwd", "root:x:0:0::/root:/bin/sh\n")
+            .unreadable("/etc/group")
+            .reply("list", ToolOutput::ok(b"[]"));
+        assert_eq!(f.read(Path::new("/etc/passwd")).unwrap().len(), 26);
+        assert!(f.read(Path::new("/etc/group")).is_err());
+        let out = f.run(&Tool::new("runc", &["list", "-f", "json"])).unwrap();
+        assert_eq!(out.stdout, b"[]");
+        assert_eq!(f.calls().len(), 3);
+    }
+}
