@@ -201,7 +201,10 @@ impl Linux {
 }
 
 /// Read a pipe to its end on a thread, keeping at most `cap` bytes and counting all of them.
-fn capped(mut r: impl Read + Send + 'static, cap: u64) -> std::thread::JoinHandle<(Vec<u8>, u64)> {
+pub(crate) fn capped(
+    mut r: impl Read + Send + 'static,
+    cap: u64,
+) -> std::thread::JoinHandle<(Vec<u8>, u64)> {
     std::thread::spawn(move || {
         let mut kept = Vec::new();
         let mut total = 0u64;

@@ -231,6 +231,19 @@ pub struct Lease {
 }
 
 impl Lease {
+    /// `point`, when the lease record names it as a mount point: a crash after mounting must
+    /// leave a record that says what to unmount.
+    fn named_mount_point(&self, point: &Path) -> Result<PathBuf, LeaseError> {
+        if self.record.mounts.iter().any(|m| m == point) {
+            Ok(point.to_path_buf())
+        } else {
+            Err(LeaseError::Protected {
+                path: point.to_path_buf(),
+                why: "the lease record does not name this mount point".into(),
+            })
+        }
+    }
+
     /// The bundle directory inside the run directory.
     #[must_use]
     pub fn bundle_dir(&self) -> PathBuf {
@@ -379,13 +392,7 @@ impl Manager {
         bytes: u64,
         inodes: u64,
     ) -> Result<PathBuf, LeaseError> {
-        let point = point.to_path_buf();
-        if !lease.record.mounts.contains(&point) {
-            return Err(LeaseError::Protected {
-                path: point,
-                why: "the lease record does not name this mount point".into(),
-            });
-        }
+        let point = lease.named_mount_point(point)?;
         fs::DirBuilder::new()
             .mode(0o700)
             .create(&point)
@@ -420,13 +427,7 @@ impl Manager {
         upper: &Path,
         work: &Path,
     ) -> Result<PathBuf, LeaseError> {
-        let point = point.to_path_buf();
-        if !lease.record.mounts.contains(&point) {
-            return Err(LeaseError::Protected {
-                path: point,
-                why: "the lease record does not name this mount point".into(),
-            });
-        }
+        let point = lease.named_mount_point(point)?;
         for d in [&point, upper, work] {
             if !d.starts_with(&lease.record.run_dir) {
                 return Err(LeaseError::Protected {
@@ -971,5 +972,89 @@ mod tests {
                 .iter()
                 .any(|l| l.starts_with("lease record"))
         );
+    }
+}
+
+#[cfg(test)]
+mod root_tests {
+    //! The per-lease overlay root on the real kernel (root, as CI runs): writes land in the
+    //! lease's upper directory, never in the shared lower image, and release unmounts it.
+
+    use super::*;
+
+    #[test]
+    fn the_overlay_root_is_per_lease_and_release_removes_it() {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "this test mounts an overlay: run it as root (CI does)"
+        );
+        assert!(
+            Path::new("/usr/sbin/runc").exists(),
+            "this test lists the runtime's containers: apt-get install -y runc"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        for f in ["passwd", "group"] {
+            fs::write(dir.path().join(f), "").unwrap();
+        }
+        let setup = Setup {
+            executor: "overlay-test".into(),
+            runtime: Runtime {
+                binary: "/usr/sbin/runc".into(),
+                state_root: dir.path().join("state"),
+                host: crate::host::Linux::shared(),
+            },
+            run_root: dir.path().join("run"),
+            accounts: AccountPolicy {
+                uids: (3_098_000, 3_098_999),
+                gids: (3_098_000, 3_098_999),
+                shell: "/usr/sbin/nologin".into(),
+                cron_deny: dir.path().join("cron.deny"),
+                at_deny: dir.path().join("at.deny"),
+                passwd: dir.path().join("passwd"),
+                group: dir.path().join("group"),
+            },
+            cgroup_root: dir.path().join("cgroup"),
+            mountinfo: "/proc/self/mountinfo".into(),
+        };
+        let lower = dir.path().join("image");
+        fs::create_dir_all(lower.join("etc")).unwrap();
+        fs::write(lower.join("etc/base"), "image").unwrap();
+        let m = Manager::open(&store, setup).unwrap();
+        let lease = m.begin_with("sha256:a", &["rootfs"]).unwrap();
+        fs::create_dir_all(&lease.record.run_dir).unwrap();
+        let run = &lease.record.run_dir;
+        // A mount point the record does not name is refused before anything is mounted.
+        assert!(
+            m.mount_overlay(
+                &lease,
+                &run.join("other"),
+                &lower,
+                &run.join("overlay/upper"),
+                &run.join("overlay/work")
+            )
+            .is_err()
+        );
+        let root = m
+            .mount_overlay(
+                &lease,
+                &run.join("rootfs"),
+                &lower,
+                &run.join("overlay/upper"),
+                &run.join("overlay/work"),
+            )
+            .unwrap();
+        fs::write(root.join("etc/written"), "lease").unwrap();
+        fs::write(root.join("etc/base"), "changed").unwrap();
+        assert_eq!(fs::read_to_string(lower.join("etc/base")).unwrap(), "image");
+        assert!(
+            !lower.join("etc/written").exists(),
+            "the shared image is untouched"
+        );
+        assert!(run.join("overlay/upper/etc/written").exists());
+        m.release(&lease.record).unwrap();
+        assert!(!run.exists(), "the run directory and its overlay are gone");
+        assert!(m.check().unwrap().is_empty());
+        assert_eq!(fs::read_to_string(lower.join("etc/base")).unwrap(), "image");
     }
 }

@@ -489,24 +489,8 @@ impl Runtime {
 type Capture = std::thread::JoinHandle<(Vec<u8>, u64)>;
 
 /// Read a pipe to its end on a thread, keeping at most `cap` bytes and counting all of them.
-fn capture(mut r: impl Read + Send + 'static, cap: u64) -> Capture {
-    std::thread::spawn(move || {
-        let mut kept = Vec::new();
-        let mut total = 0u64;
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            match r.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    let room = cap.saturating_sub(total);
-                    let take = usize::try_from(room).unwrap_or(usize::MAX).min(n);
-                    kept.extend_from_slice(&buf[..take]);
-                    total += n as u64;
-                }
-            }
-        }
-        (kept, total)
-    })
+fn capture(r: impl Read + Send + 'static, cap: u64) -> Capture {
+    crate::host::capped(r, cap)
 }
 
 fn join_capture(h: Capture) -> (Vec<u8>, u64) {
