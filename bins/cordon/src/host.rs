@@ -143,6 +143,17 @@ impl MountRequest {
     }
 }
 
+/// A device node's type and numbers, as `stat` reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceNode {
+    /// Character (`true`) or block device.
+    pub char: bool,
+    /// Major number.
+    pub major: u64,
+    /// Minor number.
+    pub minor: u64,
+}
+
 /// Everything cordon does to a host, in one trait.
 pub trait Host: std::fmt::Debug + Send + Sync {
     /// Run a tool to completion under its timeout, with an empty environment but [`TOOL_PATH`],
@@ -176,6 +187,12 @@ pub trait Host: std::fmt::Debug + Send + Sync {
     /// # Errors
     /// The kernel refused it.
     fn unmount(&self, target: &Path) -> io::Result<()>;
+
+    /// The device node at `path` (following no link).
+    ///
+    /// # Errors
+    /// It does not exist, or is not a character or block device.
+    fn device(&self, path: &Path) -> io::Result<DeviceNode>;
 
     /// Rewrite a host file crash-safely under a lock: `edit` gets the current text (empty when
     /// the file does not exist) and returns the new text, or `None` to leave it as it is.
@@ -313,6 +330,27 @@ impl Host for Linux {
         nix::mount::umount2(target, nix::mount::MntFlags::MNT_DETACH).map_err(io::Error::from)
     }
 
+    fn device(&self, path: &Path) -> io::Result<DeviceNode> {
+        use nix::sys::stat::{SFlag, lstat, major, minor};
+        let st = lstat(path).map_err(io::Error::from)?;
+        let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
+        let char = if kind == SFlag::S_IFCHR {
+            true
+        } else if kind == SFlag::S_IFBLK {
+            false
+        } else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is not a device node", path.display()),
+            ));
+        };
+        Ok(DeviceNode {
+            char,
+            major: major(st.st_rdev),
+            minor: minor(st.st_rdev),
+        })
+    }
+
     fn edit_file(&self, path: &Path, edit: &dyn Fn(&str) -> Option<String>) -> io::Result<()> {
         let dir = path
             .parent()
@@ -375,7 +413,7 @@ pub mod fake {
     use std::process::{Child, Command};
     use std::sync::Mutex;
 
-    use super::{Host, MountRequest, Tool, ToolOutput};
+    use super::{DeviceNode, Host, MountRequest, Tool, ToolOutput};
 
     /// One recorded call.
     #[derive(Debug, Clone, PartialEq, Eq)]
@@ -392,12 +430,15 @@ pub mod fake {
         Unmount(PathBuf),
         /// A file edit.
         Edit(PathBuf),
+        /// A device lookup.
+        Device(PathBuf),
     }
 
     #[derive(Debug, Default)]
     struct State {
         calls: Vec<Call>,
         files: BTreeMap<PathBuf, Vec<u8>>,
+        devices: BTreeMap<PathBuf, DeviceNode>,
         unreadable: Vec<PathBuf>,
         replies: Vec<(String, ToolOutput)>,
         fail_mounts: bool,
@@ -437,6 +478,12 @@ pub mod fake {
             self
         }
 
+        /// Put a device node in the table.
+        pub fn device_node(&self, path: impl Into<PathBuf>, node: DeviceNode) -> &Self {
+            self.with(|s| s.devices.insert(path.into(), node));
+            self
+        }
+
         /// Make a path unreadable (reads fail with an I/O error).
         pub fn unreadable(&self, path: impl Into<PathBuf>) -> &Self {
             self.with(|s| s.unreadable.push(path.into()));
@@ -444,8 +491,7 @@ pub mod fake {
         }
 
         /// Answer tool runs whose command line contains `needle` with `output` (the first
-        /// matching reply wins; later replies for the same needle are used once earlier ones
-        /// are consumed only if the first was registered with [`Fake::reply_once`]).
+        /// registered reply that matches wins).
         pub fn reply(&self, needle: &str, output: ToolOutput) -> &Self {
             self.with(|s| s.replies.push((needle.to_owned(), output)));
             self
@@ -525,6 +571,16 @@ pub mod fake {
                 } else {
                     Ok(())
                 }
+            })
+        }
+
+        fn device(&self, path: &Path) -> io::Result<DeviceNode> {
+            self.with(|s| {
+                s.calls.push(Call::Device(path.to_path_buf()));
+                s.devices
+                    .get(path)
+                    .copied()
+                    .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
             })
         }
 

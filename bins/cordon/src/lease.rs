@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::account::{self, Account, AccountPolicy};
 use crate::canonical::{Digest, to_canonical_json};
+use crate::container::{Created, Stdio3};
 use crate::host::MountRequest;
 use crate::runtime::{CgroupProbe, Finished, OutputCaps, Runtime};
 use crate::store::{self, Store};
@@ -506,7 +507,26 @@ impl Manager {
         Ok(())
     }
 
-    /// Run the lease's bundle: check the protected files, then drive the runtime.
+    /// The cgroup probe of a lease's container.
+    #[must_use]
+    pub fn cgroup(&self, lease: &Lease) -> CgroupProbe {
+        self.setup.probe(&lease.record.lease)
+    }
+
+    /// Create the lease's container from its bundle, right after checking the protected files.
+    ///
+    /// # Errors
+    /// A protected file changed, or the runtime failed.
+    pub fn create(&self, lease: &Lease, stdio: Stdio3) -> Result<Created, LeaseError> {
+        self.check_protected(lease)?;
+        Ok(self
+            .setup
+            .runtime
+            .create(&lease.record.container, &lease.bundle_dir(), stdio)?)
+    }
+
+    /// Run the lease's bundle to its end or its deadline with captured output: check the
+    /// protected files, create, start, wait, delete.
     ///
     /// # Errors
     /// A protected file changed, or the runtime failed.
@@ -517,16 +537,12 @@ impl Manager {
         caps: OutputCaps,
         stdin: Option<Vec<u8>>,
     ) -> Result<Finished, LeaseError> {
-        self.check_protected(lease)?;
-        let probe = self.setup.probe(&lease.record.lease);
-        Ok(self.setup.runtime.run(
-            &lease.record.container,
-            &lease.bundle_dir(),
-            deadline,
-            caps,
-            &probe,
-            stdin,
-        )?)
+        let probe = self.cgroup(lease);
+        Ok(self
+            .create(lease, Stdio3::captured(stdin, caps))?
+            .start()?
+            .wait(deadline, &probe)?
+            .delete()?)
     }
 
     /// Release a lease: remove the container, prove it absent (twice, to close the

@@ -13,6 +13,7 @@
 
 pub mod account;
 pub mod archive;
+pub mod container;
 pub mod host;
 pub mod identity;
 pub mod image;

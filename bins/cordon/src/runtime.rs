@@ -1,29 +1,22 @@
 //! The OCI runtime driver: runc (or crun, runsc) driven through its CLI, with a state root of
 //! cordon's own per executor.
 //!
-//! It owns one container's lifecycle — `create` → `start` → wait under an absolute deadline →
-//! `kill` → `delete` — and the meta record of the run, in the manner of isolate's meta file:
-//! exit code or signal, killed by the deadline, OOM-killed (read from the cgroup), wall and CPU
-//! time, peak memory, output bytes and truncation. Output is captured with byte caps; what is
-//! over the cap is read and dropped, so the supervisor's memory stays flat under a flood.
+//! It owns the runtime's CLI (every call bounded in time and output, through the host seam),
+//! the version preflight, the fail-closed listing of cordon's containers with their labels,
+//! force removal, and the meta record of a run, in the manner of isolate's meta file: exit code
+//! or signal, killed by the deadline, OOM-killed (read from the cgroup), wall and CPU time, peak
+//! memory, output bytes and truncation. One container's step-by-step lifecycle is
+//! [`crate::container`].
 //!
-//! How the exit status is obtained: this process makes itself a child subreaper, so the
-//! container's init, orphaned when `runc create` exits, is reparented here and can be waited
-//! for directly, with no shim in between.
-//!
-//! It does not write bundles (the bundle planner does) or decide what is cleaned up when (the
-//! lease does).
+//! It does not write bundles (the planner does) or decide what is cleaned up when (the lease
+//! does).
 
-use std::io::{self, Read, Write};
+use std::io;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use crate::host::{HostRef, Tool};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use nix::sys::wait::{WaitStatus, waitpid};
-use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
 /// The oldest runc cordon drives (its `--root`, `create --pid-file`, `list -f json` and the
@@ -200,7 +193,7 @@ impl CgroupProbe {
     }
 
     /// (oom kills, peak bytes, cpu ms) as far as the hierarchy tells.
-    fn accounting(&self) -> (Option<u64>, Option<u64>, Option<u64>) {
+    pub(crate) fn accounting(&self) -> (Option<u64>, Option<u64>, Option<u64>) {
         if self.unified() {
             let d = self.root.join(self.rel());
             return (
@@ -249,14 +242,6 @@ impl CgroupProbe {
 }
 
 impl Runtime {
-    /// The `runtime create` command with live pipes (spawned through the host seam, which
-    /// clears its environment).
-    fn command(&self) -> Command {
-        let mut c = Command::new(&self.binary);
-        c.arg("--root").arg(&self.state_root).stdin(Stdio::null());
-        c
-    }
-
     /// Run a runtime subcommand to completion through the host seam (bounded in time and
     /// output); its stderr is the error.
     ///
@@ -369,130 +354,4 @@ impl Runtime {
             Err(e) => Err(e),
         }
     }
-
-    /// Run the bundle at `bundle` as container `id` to its end or its deadline, then delete it.
-    ///
-    /// # Errors
-    /// The runtime could not create, start, wait for or delete the container.
-    pub fn run(
-        &self,
-        id: &str,
-        bundle: &Path,
-        deadline: Instant,
-        caps: OutputCaps,
-        cgroup: &CgroupProbe,
-        stdin: Option<Vec<u8>>,
-    ) -> Result<Finished, RuntimeError> {
-        let sup = |why: String| RuntimeError::Supervise {
-            id: id.to_owned(),
-            why,
-        };
-        // Orphans of `runc create` (the container's init) are reparented to us, so we can wait
-        // for the init itself.
-        nix::sys::prctl::set_child_subreaper(true).map_err(|e| sup(format!("subreaper: {e}")))?;
-        let pid_file = bundle.join("init.pid");
-        let mut create = self.command();
-        create
-            .arg("create")
-            .arg("--bundle")
-            .arg(bundle)
-            .arg("--pid-file")
-            .arg(&pid_file)
-            .arg(id)
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = self
-            .host
-            .spawn(create)
-            .map_err(|source| RuntimeError::Spawn {
-                binary: self.binary.clone(),
-                source,
-            })?;
-        let out_reader = child.stdout.take().map(|r| capture(r, caps.stdout));
-        let err_reader = child.stderr.take().map(|r| capture(r, caps.stderr));
-        if let (Some(mut pipe), Some(bytes)) = (child.stdin.take(), stdin) {
-            // The secret goes to the init's stdin and the pipe is closed; a workload that does
-            // not read it gets EPIPE on our side, which is not its failure.
-            std::thread::spawn(move || {
-                let _ = pipe.write_all(&bytes);
-            });
-        }
-        let status = child.wait().map_err(|e| sup(format!("runc create: {e}")))?;
-        if !status.success() {
-            let err = err_reader.map(join_capture).unwrap_or_default();
-            return Err(RuntimeError::Command {
-                command: format!("{} create {id}", self.binary.display()),
-                stderr: String::from_utf8_lossy(&err.0).trim().to_owned(),
-            });
-        }
-        let pid: i32 = self
-            .host
-            .read(&pid_file)
-            .ok()
-            .and_then(|t| String::from_utf8_lossy(&t).trim().parse().ok())
-            .ok_or_else(|| sup("no init pid from runc create".into()))?;
-        let started = Instant::now();
-        self.call(&["start", id])?;
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(waitpid(Pid::from_raw(pid), None));
-        });
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        let (status, killed_by_deadline) = match rx.recv_timeout(remaining) {
-            Ok(s) => (s, false),
-            Err(_) => {
-                // The deadline is absolute: kill everything in the container, then reap.
-                let _ = self.call(&["kill", "--all", id, "KILL"]);
-                let s = rx
-                    .recv_timeout(Duration::from_secs(30))
-                    .map_err(|_| sup("the init did not die after SIGKILL".into()))?;
-                (s, true)
-            }
-        };
-        let wall_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let (exit_code, signal) = match status {
-            Ok(WaitStatus::Exited(_, code)) => (Some(code), None),
-            Ok(WaitStatus::Signaled(_, sig, _)) => (None, Some(sig as i32)),
-            Ok(other) => return Err(sup(format!("unexpected wait status {other:?}"))),
-            Err(e) => return Err(sup(format!("waitpid: {e}"))),
-        };
-        let (oom, peak, cpu) = cgroup.accounting();
-        // Processes the init left behind die with its pid namespace; delete removes the rest.
-        self.remove(id)?;
-        let (stdout, stdout_bytes) = out_reader.map(join_capture).unwrap_or_default();
-        let (stderr, stderr_bytes) = err_reader.map(join_capture).unwrap_or_default();
-        Ok(Finished {
-            meta: Meta {
-                exit_code,
-                signal,
-                killed_by_deadline,
-                oom_killed: oom.is_some_and(|n| n > 0),
-                wall_ms,
-                cpu_ms: cpu,
-                peak_memory_bytes: peak,
-                stdout_bytes,
-                stderr_bytes,
-                stdout_truncated: stdout_bytes > caps.stdout,
-                stderr_truncated: stderr_bytes > caps.stderr,
-            },
-            stdout,
-            stderr,
-        })
-    }
-}
-
-type Capture = std::thread::JoinHandle<(Vec<u8>, u64)>;
-
-/// Read a pipe to its end on a thread, keeping at most `cap` bytes and counting all of them.
-fn capture(r: impl Read + Send + 'static, cap: u64) -> Capture {
-    crate::host::capped(r, cap)
-}
-
-fn join_capture(h: Capture) -> (Vec<u8>, u64) {
-    h.join().unwrap_or_default()
 }

@@ -1,24 +1,27 @@
-//! The native prebuild stage: parse → plan → apply.
+//! The native prebuild stage: its own concern only — the registered step, the cache, the
+//! inventory bounds and the sealed publication.
 //!
 //! Parse: the registered step the delta asked for (an unregistered or non-prebuild step is a
-//! rejection), the stage's settings, the pinned image. Plan: reopen and verify the tree,
-//! verify and unpack the image, look the (tree, step, image, authority) key up in the cache.
-//! Apply: one lease — record, account, run directory, a tmpfs staging mount bounded in bytes
-//! and inodes — one disposable container under every control of the policy's `prebuild` stage,
-//! the inventory of staging, the sealed publication (published without replace, reopened and
-//! re-verified), and release with its absence proof. Release runs whatever happened before it;
-//! if it cannot be established, the outcome is a no-decision whatever the build did.
+//! rejection), the stage's publication bounds, the pinned image. Plan: reopen and verify the
+//! tree, verify and unpack the image, look the (tree, step, image, authority) key up in the
+//! cache. Apply: one [`Session`] (lease, account, the planned staging tmpfs bounded in bytes and
+//! inodes, one disposable container under every control of the `prebuild` stage, release with
+//! its absence proof — a release that cannot be established overrides the result), whose
+//! inspection inventories staging and seals the publication (published without replace,
+//! reopened and re-verified) while the staging mount still exists.
 
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use cordon::canonical::{Digest, domain_digest};
-use cordon::lease::{Lease, LeaseError, Manager, Setup};
-use cordon::runtime::{Meta, OutputCaps};
+use cordon::container::Input;
+use cordon::lease::Setup;
+use cordon::runtime::{Finished, Meta};
 use cordon::store::{Store, StoreError};
 use cordon::tree::{self, Entry, PUBLICATIONS, TREES, TreeRecord};
-use cordon_policy_lang::{MountSource, Policy, PublicationLimits, StageKind, Staging};
-use cordon_stage::bundle::{self, HostMount, RunInputs};
+use cordon_policy_lang::{MountSource, Policy, PublicationLimits, StageKind};
+use cordon_stage::bundle::{HostMount, PlanError, Planned};
+use cordon_stage::session::{Job, Session, SessionError};
 use serde_json::json;
 
 use crate::inventory::{self, Bounds};
@@ -74,18 +77,14 @@ pub enum PrebuildError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Image(#[from] cordon::image::ImageError),
-    /// The lease, account, mounts, runtime or cleanup failed.
-    #[error(transparent)]
-    #[diagnostic(transparent)]
-    Lease(#[from] LeaseError),
     /// The store failed.
     #[error(transparent)]
     #[diagnostic(transparent)]
     Store(#[from] StoreError),
-    /// The stage cannot be planned.
+    /// The session could not establish its run.
     #[error(transparent)]
     #[diagnostic(transparent)]
-    Plan(#[from] bundle::PlanError),
+    Session(#[from] SessionError),
     /// Encoding failed.
     #[error(transparent)]
     #[diagnostic(transparent)]
@@ -106,6 +105,15 @@ fn cache_name(key: &Digest) -> String {
     format!("{}.cache.json", key.hex())
 }
 
+/// A rejection, with the build's meta record when a container ran.
+fn rejected(code: &'static str, message: String, meta: Option<Meta>) -> Outcome {
+    Outcome::Rejected {
+        code,
+        message,
+        meta,
+    }
+}
+
 /// Run the prebuild of `tree` with registered step `step`.
 ///
 /// # Errors
@@ -120,32 +128,23 @@ pub fn prebuild(
     let argv = match policy.step(step) {
         Some((StageKind::Prebuild, argv)) => argv.to_vec(),
         _ => {
-            return Ok(Outcome::Rejected {
-                code: "prebuild.unknown-step",
-                message: format!("{step:?} is not a registered prebuild step of the policy"),
-                meta: None,
-            });
+            let why = format!("{step:?} is not a registered prebuild step of the policy");
+            return Ok(rejected("prebuild.unknown-step", why, None));
         }
     };
-    let run = policy
-        .stage(StageKind::Prebuild)
-        .ok_or_else(|| PrebuildError::Policy("no stage \"prebuild\"".into()))?;
-    let role = run.image.clone();
-    let pin = *policy
-        .image_pin(&role)
-        .ok_or_else(|| PrebuildError::Policy(format!("image role {role:?} is not pinned")))?;
-    let Some(Staging { .. }) = run.staging else {
-        return Err(PrebuildError::Policy(
-            "the prebuild stage has no staging".into(),
-        ));
-    };
+    let stage =
+        policy
+            .stage(StageKind::Prebuild)
+            .ok_or(SessionError::Plan(PlanError::NoStage {
+                kind: StageKind::Prebuild,
+            }))?;
     let Some(PublicationLimits {
         max_files,
         max_bytes,
         max_file_bytes,
         max_depth,
         max_path_length,
-    }) = run.publication
+    }) = stage.publication
     else {
         return Err(PrebuildError::Policy(
             "the prebuild stage has no publication bounds".into(),
@@ -158,11 +157,16 @@ pub fn prebuild(
         max_depth,
         max_path_length,
     };
-    let deadline = started + Duration::from_millis(run.deadline_ms);
+    let pin = *policy.image_pin(&stage.image).ok_or_else(|| {
+        SessionError::Plan(PlanError::Unpinned {
+            kind: StageKind::Prebuild,
+            role: stage.image.clone(),
+        })
+    })?;
 
     // Plan: everything is verified before anything runs.
     tree::verify(&cfg.store, tree_digest)?;
-    let rootfs = cordon::image::unpack(&cfg.store, &cfg.images.join(&role), &pin)?;
+    let rootfs = cordon::image::unpack(&cfg.store, &cfg.images.join(&stage.image), &pin)?;
     let key = domain_digest(
         "cordon.prebuild-cache",
         1,
@@ -183,111 +187,53 @@ pub fn prebuild(
         });
     }
 
-    // Apply, on a runtime that runs and is new enough (its digest and version are already part
-    // of the authority).
-    cfg.setup.runtime.preflight().map_err(LeaseError::from)?;
-    let manager = Manager::open(&cfg.store, cfg.setup.clone())?;
-    let lease = manager.begin_with(&cfg.authority.to_string(), &bundle::lease_mount_points(run))?;
+    // A secret reaches the declared step on standard input only: never an env var or a mount.
+    let stdin = match policy.step_secret(step) {
+        Some(p) => Input::Bytes(std::fs::read(p).map_err(|source| PrebuildError::Secret {
+            path: PathBuf::from(p),
+            source,
+        })?),
+        None => Input::Null,
+    };
+    let session = Session {
+        policy,
+        kind: StageKind::Prebuild,
+        store: cfg.store.clone(),
+        setup: cfg.setup.clone(),
+        authority: cfg.authority,
+    };
     let job = Job {
         argv,
-        step,
-        rootfs,
-        bounds,
-        caps: OutputCaps {
-            stdout: run.output.stdout_bytes,
-            stderr: run.output.stderr_bytes,
-        },
-        deadline,
-        tree: tree_digest,
-        key,
-    };
-    let result = build(policy, cfg, &manager, lease.clone(), &job);
-    // Release whatever happened; a release that cannot be established overrides the result.
-    manager.release(&lease.record)?;
-    result
-}
-
-/// Everything one build needs, established before the lease exists.
-struct Job<'a> {
-    argv: Vec<String>,
-    step: &'a str,
-    rootfs: PathBuf,
-    bounds: Bounds,
-    caps: OutputCaps,
-    deadline: Instant,
-    tree: &'a Digest,
-    key: Digest,
-}
-
-fn build(
-    policy: &Policy,
-    cfg: &Config,
-    manager: &Manager,
-    mut lease: Lease,
-    job: &Job<'_>,
-) -> Result<Outcome, PrebuildError> {
-    let (argv, step, tree_digest, key, bounds) =
-        (&job.argv, job.step, job.tree, &job.key, &job.bounds);
-    manager.provision(&lease)?;
-    let store_root = cfg.store.root().to_path_buf();
-    let inputs = RunInputs {
-        argv: argv.clone(),
-        uid: lease.record.account.uid,
-        gid: lease.record.account.gid,
-        image_rootfs: job.rootfs.clone(),
-        run_dir: lease.record.run_dir.clone(),
+        image_rootfs: rootfs,
         sources: [(
             MountSource::Tree,
             tree::root_in(&cfg.store, TREES, tree_digest),
         )]
         .into(),
-        devices: Default::default(),
-        executor: lease.record.executor.clone(),
-        lease: lease.record.lease.clone(),
-        authority: lease.record.authority.clone(),
-        protected: [
-            Some(store_root.clone()),
-            Some(lease.bundle_dir()),
-            Some(cfg.setup.runtime.state_root.clone()),
-            std::env::current_dir().ok(),
-        ]
-        .into_iter()
-        .flatten()
-        .collect(),
-        mountable_store_roots: vec![store_root.join("trees")],
+        stdin,
+        live_stdout: false,
+        started,
     };
-    let planned = bundle::plan(policy, StageKind::Prebuild, &inputs)?;
-    let mut staging = None;
-    for m in &planned.host_mounts {
-        match m {
-            HostMount::Tmpfs {
-                target,
-                bytes,
-                inodes,
-                ..
-            } => {
-                staging = Some(manager.mount_staging(&lease, target, *bytes, *inodes)?);
-            }
-            HostMount::Overlay { .. } => {
-                return Err(PrebuildError::Policy(
-                    "the prebuild stage runs on a read-only root".into(),
-                ));
-            }
-        }
-    }
-    let staging =
-        staging.ok_or_else(|| PrebuildError::Policy("the prebuild stage has no staging".into()))?;
-    let config = cordon::canonical::to_canonical_json(&planned.spec)?;
-    manager.write_protected(&mut lease, "config.json", config.as_bytes())?;
-    // A secret reaches the declared step on standard input only: never an env var or a mount.
-    let stdin = match policy.step_secret(step) {
-        Some(p) => Some(std::fs::read(p).map_err(|source| PrebuildError::Secret {
-            path: PathBuf::from(p),
-            source,
-        })?),
-        None => None,
-    };
-    let finished = manager.run(&lease, job.deadline, job.caps, stdin)?;
+    let ran = session.run(
+        &job,
+        |_| Ok::<(), PrebuildError>(()),
+        |lease, planned, finished| {
+            let origin = json!({ "kind": "publication", "tree": tree_digest, "step": step, "lease": lease.record.lease });
+            publish(cfg, planned, finished, &bounds, &key, origin)
+        },
+    )?;
+    Ok(ran.inspected)
+}
+
+/// What the build left: a rejection, or the sealed publication of staging.
+fn publish(
+    cfg: &Config,
+    planned: &Planned,
+    finished: &Finished,
+    bounds: &Bounds,
+    key: &Digest,
+    origin: serde_json::Value,
+) -> Result<Outcome, PrebuildError> {
     let meta = finished.meta.clone();
     let failure = if meta.killed_by_deadline {
         Some((
@@ -311,20 +257,21 @@ fn build(
         None
     };
     if let Some((code, message)) = failure {
-        return Ok(Outcome::Rejected {
-            code,
-            message,
-            meta: Some(meta),
-        });
+        return Ok(rejected(code, message, Some(meta)));
     }
-    let items = match inventory::inventory(&staging, bounds) {
+    let staging: &Path = planned
+        .host_mounts
+        .iter()
+        .find_map(|m| match m {
+            HostMount::Tmpfs { target, .. } => Some(target.as_path()),
+            HostMount::Overlay { .. } => None,
+        })
+        .ok_or_else(|| PrebuildError::Policy("the prebuild stage has no staging".into()))?;
+    let items = match inventory::inventory(staging, bounds) {
         Ok(items) => items,
         Err(r) => {
-            return Ok(Outcome::Rejected {
-                code: r.code,
-                message: format!("{}: {}", r.path, r.message),
-                meta: Some(meta),
-            });
+            let why = format!("{}: {}", r.path, r.message);
+            return Ok(rejected(r.code, why, Some(meta)));
         }
     };
     let mut batch = cfg.store.batch()?;
@@ -339,7 +286,6 @@ fn build(
         });
     }
     batch.commit()?;
-    let origin = json!({ "kind": "publication", "tree": tree_digest, "step": step, "lease": lease.record.lease });
     let record = tree::publish_in(&cfg.store, PUBLICATIONS, entries, origin)?;
     // Reopened and re-verified before it is named anywhere.
     let publication = tree::verify_in(&cfg.store, PUBLICATIONS, &record.digest)?;

@@ -78,16 +78,9 @@ pub const OVERLAY_ROOT_DIR: &str = "rootfs";
 /// The run-directory name of the overlay's upper and work directories' parent.
 pub const OVERLAY_STATE_DIR: &str = "overlay";
 
-/// A device node as the host found it (`stat` of the path), for a GPU device the policy names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DeviceNode {
-    /// Character (`true`) or block device.
-    pub char: bool,
-    /// Major number.
-    pub major: u64,
-    /// Minor number.
-    pub minor: u64,
-}
+/// A device node as the host found it (through the host seam), for a GPU device the policy
+/// names.
+pub use cordon::host::DeviceNode;
 
 /// What only the host knows at run time.
 #[derive(Debug, Clone, PartialEq, Eq)]

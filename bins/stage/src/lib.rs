@@ -10,6 +10,8 @@
 //!   rules, the lease manager's setup), in one place;
 //! - [`bundle`]: planning a typed policy stage into an OCI bundle, host mounts and session
 //!   settings (pure, exhaustive);
+//! - [`session`]: one container of one stage under one lease, from validation to the absence
+//!   proof — the sequence every container stage runs instead of copying it;
 //! - [`receipt_io`]: reading an input receipt and emitting the one output receipt.
 //!
 //! It does not parse KDL (the language crate does) or touch the kernel itself (the mechanism
@@ -18,5 +20,6 @@
 pub mod args;
 pub mod bundle;
 pub mod receipt_io;
+pub mod session;
 pub mod settings;
 pub mod start;

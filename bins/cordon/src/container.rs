@@ -1,0 +1,357 @@
+//! One container's lifecycle, step by step, as a typestate: [`Runtime::create`] gives a
+//! [`Created`] container, [`Created::start`] a [`Running`] one whose stdin and stdout a caller
+//! may hold live (to exchange frames with a worker), [`Running::wait`] an [`Exited`] one under an
+//! absolute deadline (killing everything in it when the deadline passes), and [`Exited::delete`]
+//! the [`Finished`] record. [`Runtime::run`] is the four steps in a row.
+//!
+//! How the exit status is obtained: this process makes itself a child subreaper, so the
+//! container's init, orphaned when `runtime create` exits, is reparented here and waited for
+//! directly, with no shim in between. Output not held live is captured with byte caps; what is
+//! over the cap is read and dropped, so the supervisor's memory stays flat under a flood.
+//!
+//! Crash story: a value dropped before `delete` (a supervisor error, a panic) leaves the
+//! container behind; it carries its lease's labels, and the lease's release or `cordon-reap`
+//! removes it and proves it absent. Nothing here decides cleanup.
+//!
+//! It does not write bundles (the planner does) or hold leases (the lease does). Every spawn,
+//! runtime call and file read goes through the host seam.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{ChildStdin, ChildStdout, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use nix::sys::wait::{WaitStatus, waitpid};
+use nix::unistd::Pid;
+
+use crate::runtime::{CgroupProbe, Finished, Meta, OutputCaps, Runtime, RuntimeError};
+
+type Capture = std::thread::JoinHandle<(Vec<u8>, u64)>;
+
+fn join(h: Capture) -> (Vec<u8>, u64) {
+    h.join().unwrap_or_default()
+}
+
+/// What the container's init reads on stdin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Input {
+    /// Nothing (`/dev/null`).
+    Null,
+    /// These bytes, then end of file (a declared secret).
+    Bytes(Vec<u8>),
+    /// A live pipe the caller takes with [`Running::take_stdin`].
+    Live,
+}
+
+/// How the container's stdout is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    /// Captured on a thread, at most this many bytes kept.
+    Captured(u64),
+    /// A live pipe the caller takes with [`Running::take_stdout`].
+    Live,
+}
+
+/// The container's stdio.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stdio3 {
+    /// stdin.
+    pub stdin: Input,
+    /// stdout.
+    pub stdout: Output,
+    /// stderr is always captured, at most this many bytes kept.
+    pub stderr_cap: u64,
+}
+
+impl Stdio3 {
+    /// stdin as given, stdout and stderr captured under `caps`.
+    #[must_use]
+    pub fn captured(stdin: Option<Vec<u8>>, caps: OutputCaps) -> Self {
+        Self {
+            stdin: stdin.map_or(Input::Null, Input::Bytes),
+            stdout: Output::Captured(caps.stdout),
+            stderr_cap: caps.stderr,
+        }
+    }
+}
+
+enum Stdout {
+    Captured(Capture, u64),
+    Live(Option<ChildStdout>),
+}
+
+/// A created container: its init exists and waits for `start`.
+pub struct Created {
+    runtime: Runtime,
+    id: String,
+    pid: i32,
+    stdin: Option<ChildStdin>,
+    stdout: Stdout,
+    stderr: (Capture, u64),
+}
+
+impl std::fmt::Debug for Created {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Created")
+            .field("id", &self.id)
+            .field("pid", &self.pid)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A running container.
+#[derive(Debug)]
+pub struct Running {
+    created: Created,
+    started: Instant,
+    exit: mpsc::Receiver<nix::Result<WaitStatus>>,
+}
+
+/// A container whose init has exited (or was killed at the deadline), not yet deleted.
+#[derive(Debug)]
+pub struct Exited {
+    runtime: Runtime,
+    id: String,
+    finished: Finished,
+}
+
+impl Runtime {
+    /// `runtime create` the bundle at `bundle` as container `id`, with `stdio`.
+    ///
+    /// # Errors
+    /// The runtime could not be spawned, create failed, or no init pid was reported.
+    pub fn create(&self, id: &str, bundle: &Path, stdio: Stdio3) -> Result<Created, RuntimeError> {
+        let sup = |why: String| RuntimeError::Supervise {
+            id: id.to_owned(),
+            why,
+        };
+        // Orphans of `runtime create` (the container's init) are reparented to us, so we can
+        // wait for the init itself.
+        nix::sys::prctl::set_child_subreaper(true).map_err(|e| sup(format!("subreaper: {e}")))?;
+        let pid_file = bundle.join("init.pid");
+        let mut create = std::process::Command::new(&self.binary);
+        create
+            .arg("--root")
+            .arg(&self.state_root)
+            .arg("create")
+            .arg("--bundle")
+            .arg(bundle)
+            .arg("--pid-file")
+            .arg(&pid_file)
+            .arg(id)
+            .stdin(match stdio.stdin {
+                Input::Null => Stdio::null(),
+                Input::Bytes(_) | Input::Live => Stdio::piped(),
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = self
+            .host
+            .spawn(create)
+            .map_err(|source| RuntimeError::Spawn {
+                binary: self.binary.clone(),
+                source,
+            })?;
+        let stdout = match (stdio.stdout, child.stdout.take()) {
+            (Output::Captured(cap), Some(r)) => Stdout::Captured(crate::host::capped(r, cap), cap),
+            (Output::Live, r) => Stdout::Live(r),
+            (Output::Captured(_), None) => return Err(sup("no stdout pipe".into())),
+        };
+        let stderr = child
+            .stderr
+            .take()
+            .map(|r| (crate::host::capped(r, stdio.stderr_cap), stdio.stderr_cap))
+            .ok_or_else(|| sup("no stderr pipe".into()))?;
+        let mut stdin = child.stdin.take();
+        if let (Input::Bytes(bytes), Some(mut pipe)) = (stdio.stdin, stdin.take()) {
+            // The bytes go to the init's stdin and the pipe is closed; a workload that does not
+            // read them gets EPIPE on our side, which is not its failure.
+            std::thread::spawn(move || {
+                let _ = pipe.write_all(&bytes);
+            });
+        }
+        let status = child.wait().map_err(|e| sup(format!("create: {e}")))?;
+        if !status.success() {
+            let (err, _) = join(stderr.0);
+            return Err(RuntimeError::Command {
+                command: format!("{} create {id}", self.binary.display()),
+                stderr: String::from_utf8_lossy(&err).trim().to_owned(),
+            });
+        }
+        let pid: i32 = self
+            .host
+            .read(&pid_file)
+            .ok()
+            .and_then(|t| String::from_utf8_lossy(&t).trim().parse().ok())
+            .ok_or_else(|| sup("no init pid from the runtime's create".into()))?;
+        Ok(Created {
+            runtime: self.clone(),
+            id: id.to_owned(),
+            pid,
+            stdin,
+            stdout,
+            stderr,
+        })
+    }
+
+    /// Run the bundle at `bundle` as container `id` to its end or its deadline, then delete it:
+    /// create → start → wait → delete.
+    ///
+    /// # Errors
+    /// The runtime could not create, start, wait for or delete the container.
+    pub fn run(
+        &self,
+        id: &str,
+        bundle: &Path,
+        deadline: Instant,
+        caps: OutputCaps,
+        cgroup: &CgroupProbe,
+        stdin: Option<Vec<u8>>,
+    ) -> Result<Finished, RuntimeError> {
+        self.create(id, bundle, Stdio3::captured(stdin, caps))?
+            .start()?
+            .wait(deadline, cgroup)?
+            .delete()
+    }
+}
+
+impl Created {
+    /// The container id.
+    #[must_use]
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// `runtime start`: the init execs the workload.
+    ///
+    /// # Errors
+    /// The runtime refused.
+    pub fn start(self) -> Result<Running, RuntimeError> {
+        let started = Instant::now();
+        self.runtime.call(&["start", &self.id])?;
+        let (tx, rx) = mpsc::channel();
+        let pid = self.pid;
+        std::thread::spawn(move || {
+            let _ = tx.send(waitpid(Pid::from_raw(pid), None));
+        });
+        Ok(Running {
+            created: self,
+            started,
+            exit: rx,
+        })
+    }
+}
+
+impl Running {
+    /// The live stdin, when it was asked for (once).
+    pub fn take_stdin(&mut self) -> Option<ChildStdin> {
+        self.created.stdin.take()
+    }
+
+    /// The live stdout, when it was asked for (once).
+    pub fn take_stdout(&mut self) -> Option<ChildStdout> {
+        match &mut self.created.stdout {
+            Stdout::Live(out) => out.take(),
+            Stdout::Captured(..) => None,
+        }
+    }
+
+    /// Kill everything in the container.
+    ///
+    /// # Errors
+    /// The runtime refused.
+    pub fn kill(&self) -> Result<(), RuntimeError> {
+        self.created
+            .runtime
+            .call(&["kill", "--all", &self.created.id, "KILL"])
+            .map(|_| ())
+    }
+
+    /// Wait for the init under the absolute `deadline`; past it, kill everything and reap.
+    /// Reads the cgroup's accounting before anything is deleted.
+    ///
+    /// # Errors
+    /// The init could not be waited for, or did not die after SIGKILL.
+    pub fn wait(self, deadline: Instant, cgroup: &CgroupProbe) -> Result<Exited, RuntimeError> {
+        let id = self.created.id.clone();
+        let sup = |why: String| RuntimeError::Supervise {
+            id: id.clone(),
+            why,
+        };
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let (status, killed_by_deadline) = match self.exit.recv_timeout(remaining) {
+            Ok(s) => (s, false),
+            Err(_) => {
+                // The deadline is absolute: kill everything in the container, then reap.
+                let _ = self.kill();
+                let s = self
+                    .exit
+                    .recv_timeout(Duration::from_secs(30))
+                    .map_err(|_| sup("the init did not die after SIGKILL".into()))?;
+                (s, true)
+            }
+        };
+        let wall_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let (exit_code, signal) = match status {
+            Ok(WaitStatus::Exited(_, code)) => (Some(code), None),
+            Ok(WaitStatus::Signaled(_, sig, _)) => (None, Some(sig as i32)),
+            Ok(other) => return Err(sup(format!("unexpected wait status {other:?}"))),
+            Err(e) => return Err(sup(format!("waitpid: {e}"))),
+        };
+        let (oom, peak, cpu) = cgroup.accounting();
+        let Created {
+            runtime,
+            stdout,
+            stderr,
+            ..
+        } = self.created;
+        // Processes the init left behind die with its pid namespace: the pipes close.
+        let (stdout, stdout_bytes, stdout_cap) = match stdout {
+            Stdout::Captured(h, cap) => {
+                let (kept, total) = join(h);
+                (kept, total, cap)
+            }
+            Stdout::Live(_) => (Vec::new(), 0, u64::MAX),
+        };
+        let (stderr_kept, stderr_bytes) = join(stderr.0);
+        Ok(Exited {
+            runtime,
+            id,
+            finished: Finished {
+                meta: Meta {
+                    exit_code,
+                    signal,
+                    killed_by_deadline,
+                    oom_killed: oom.is_some_and(|n| n > 0),
+                    wall_ms,
+                    cpu_ms: cpu,
+                    peak_memory_bytes: peak,
+                    stdout_bytes,
+                    stderr_bytes,
+                    stdout_truncated: stdout_bytes > stdout_cap,
+                    stderr_truncated: stderr_bytes > stderr.1,
+                },
+                stdout,
+                stderr: stderr_kept,
+            },
+        })
+    }
+}
+
+impl Exited {
+    /// What the run left: its meta record and kept output.
+    #[must_use]
+    pub fn finished(&self) -> &Finished {
+        &self.finished
+    }
+
+    /// `runtime delete` (after killing whatever is left).
+    ///
+    /// # Errors
+    /// The runtime failed on a container that exists.
+    pub fn delete(self) -> Result<Finished, RuntimeError> {
+        self.runtime.remove(&self.id)?;
+        Ok(self.finished)
+    }
+}

@@ -1,0 +1,262 @@
+//! A [`Session`]: one container of one policy stage under one lease, from validation to the
+//! absence proof. Every container stage (prebuild today; the lane, the reference session and
+//! the surface next) runs through it instead of copying the sequence.
+//!
+//! The sequence, in order (each step's why is on the step):
+//! 1. validate before touching anything: the stage is declared, the runtime runs and is new
+//!    enough, every GPU device the stage names exists on this host;
+//! 2. become the executor's one manager and begin a lease whose record names every mount point
+//!    the plan will make (written before any resource exists);
+//! 3. provision the account and the run directory, plan the bundle from the typed stage and the
+//!    lease's facts, make the planned host mounts (staging tmpfs, overlay root);
+//! 4. write `config.json` as a protected file, re-checked right before `create`;
+//! 5. create, start (stdin, stdout held live when asked for), let the caller drive the running
+//!    container, wait under the absolute deadline, delete;
+//! 6. let the caller inspect what the run left while the lease's mounts still exist;
+//! 7. release — always, whatever happened — with its absence proof; a release that cannot be
+//!    established overrides the result: residue is a no-decision.
+//!
+//! Crash story: the lease record is durable before step 3; a supervisor killed anywhere after it
+//! leaves a record from which `cordon-reap` removes the container, mounts, run directory and
+//! account. What the session does not own: what the workload is (the caller's argv and
+//! sources), what its result means (the caller's `inspect`), and the receipt.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use cordon::container::{Running, Stdio3};
+use cordon::lease::{Lease, LeaseError, Manager, Setup};
+use cordon::runtime::{Finished, RuntimeError};
+use cordon::store::Store;
+use cordon_canon::Digest;
+use cordon_policy_lang::{MountSource, Policy, StageKind};
+
+use crate::bundle::{self, HostMount, PlanError, Planned, RunInputs};
+
+/// Why a session could not establish its run. A wiring error is exit 2; everything else is a
+/// no-decision (exit 3).
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum SessionError {
+    /// The stage cannot be planned from the policy and this host.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Plan(#[from] PlanError),
+    /// A device the stage names is not on this host.
+    #[error("stage {kind} needs device {path}, which cannot be found on this host")]
+    #[diagnostic(
+        code(cordon::session::device),
+        help("the stage runs only on a host with every device its policy names")
+    )]
+    Device {
+        /// The stage.
+        kind: StageKind,
+        /// The device.
+        path: String,
+        /// What the host said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The lease, account, mounts, runtime or cleanup failed.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Lease(#[from] LeaseError),
+    /// Encoding the bundle failed.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Canonical(#[from] cordon_canon::canonical::CanonicalError),
+}
+
+impl From<RuntimeError> for SessionError {
+    fn from(e: RuntimeError) -> Self {
+        Self::Lease(e.into())
+    }
+}
+
+impl SessionError {
+    /// Whether this is a wiring error (exit 2) rather than a no-decision (exit 3).
+    #[must_use]
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Self::Plan(p) if !matches!(p, PlanError::NoDevice { .. }))
+    }
+}
+
+/// What one run is: the workload and the host paths only the caller knows.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// The exact argv (a registered step's, or cordon's own worker's).
+    pub argv: Vec<String>,
+    /// The unpacked, verified image rootfs.
+    pub image_rootfs: PathBuf,
+    /// Mount role → host source (`tree`, `publication`, `model`, `workspace`).
+    pub sources: BTreeMap<MountSource, PathBuf>,
+    /// What the workload reads on stdin: nothing, a declared secret, or a live pipe.
+    pub stdin: cordon::container::Input,
+    /// Hold stdout live for the driver instead of capturing it.
+    pub live_stdout: bool,
+    /// When the stage started: the absolute deadline counts from here.
+    pub started: Instant,
+}
+
+/// One stage's sessions on this host.
+#[derive(Debug, Clone)]
+pub struct Session<'a> {
+    /// The policy.
+    pub policy: &'a Policy,
+    /// The stage kind.
+    pub kind: StageKind,
+    /// The store.
+    pub store: Store,
+    /// The lease manager's setup.
+    pub setup: Setup,
+    /// The authority every lease and container is labelled with.
+    pub authority: Digest,
+}
+
+/// What a run left, with what the caller's inspection made of it.
+#[derive(Debug)]
+pub struct Ran<T> {
+    /// The meta record and kept output.
+    pub finished: Finished,
+    /// The lease id.
+    pub lease: String,
+    /// What `inspect` returned.
+    pub inspected: T,
+}
+
+impl Session<'_> {
+    /// Run `job` in one container of this stage under one lease: `drive` may exchange data
+    /// with the running container (it returns when the caller is done driving), `inspect`
+    /// reads what the run left while the lease's mounts still exist. Release always runs; if it
+    /// cannot be established its residue is the result.
+    ///
+    /// # Errors
+    /// Anything the session could not establish, or what `drive`/`inspect` returned.
+    pub fn run<T, E: From<SessionError>>(
+        &self,
+        job: &Job,
+        drive: impl FnOnce(&mut Running) -> Result<(), E>,
+        inspect: impl FnOnce(&Lease, &Planned, &Finished) -> Result<T, E>,
+    ) -> Result<Ran<T>, E> {
+        // 1. Validate everything before touching anything.
+        let stage = self
+            .policy
+            .stage(self.kind)
+            .ok_or(SessionError::Plan(PlanError::NoStage { kind: self.kind }))?;
+        self.setup.runtime.preflight().map_err(SessionError::from)?;
+        let mut devices = BTreeMap::new();
+        for path in stage.gpu_device.keys() {
+            let node = self
+                .setup
+                .host()
+                .device(std::path::Path::new(path))
+                .map_err(|source| SessionError::Device {
+                    kind: self.kind,
+                    path: path.clone(),
+                    source,
+                })?;
+            devices.insert(path.clone(), node);
+        }
+        // 2. The lease record names every mount point before any exists.
+        let manager = Manager::open(&self.store, self.setup.clone()).map_err(SessionError::from)?;
+        let lease = manager
+            .begin_with(
+                &self.authority.to_string(),
+                &bundle::lease_mount_points(stage),
+            )
+            .map_err(SessionError::from)?;
+        let result = self.inside(&manager, lease.clone(), job, devices, drive, inspect);
+        // 7. Release whatever happened; a release that cannot be established overrides.
+        manager.release(&lease.record).map_err(SessionError::from)?;
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn inside<T, E: From<SessionError>>(
+        &self,
+        manager: &Manager,
+        mut lease: Lease,
+        job: &Job,
+        devices: BTreeMap<String, bundle::DeviceNode>,
+        drive: impl FnOnce(&mut Running) -> Result<(), E>,
+        inspect: impl FnOnce(&Lease, &Planned, &Finished) -> Result<T, E>,
+    ) -> Result<Ran<T>, E> {
+        // 3. Provision, plan from the lease's facts, make the planned host mounts.
+        manager.provision(&lease).map_err(SessionError::from)?;
+        let store_root = self.store.root().to_path_buf();
+        let mut inputs =
+            RunInputs::for_lease(&lease.record, job.argv.clone(), job.image_rootfs.clone());
+        inputs.sources.clone_from(&job.sources);
+        inputs.devices = devices;
+        // No mount may expose the store's private parts, the protected bundle, the runtime's
+        // state or the controller's working directory; published trees and publications may be
+        // mounted (read-only, by the plan).
+        inputs.protected = [
+            Some(store_root.clone()),
+            Some(lease.bundle_dir()),
+            Some(self.setup.runtime.state_root.clone()),
+            std::env::current_dir().ok(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        inputs.mountable_store_roots = vec![
+            store_root.join(cordon::tree::TREES.dir),
+            store_root.join(cordon::tree::PUBLICATIONS.dir),
+        ];
+        let planned = bundle::plan(self.policy, self.kind, &inputs).map_err(SessionError::from)?;
+        for m in &planned.host_mounts {
+            let made = match m {
+                HostMount::Tmpfs {
+                    target,
+                    bytes,
+                    inodes,
+                    ..
+                } => manager.mount_staging(&lease, target, *bytes, *inodes),
+                HostMount::Overlay {
+                    target,
+                    lower,
+                    upper,
+                    work,
+                } => manager.mount_overlay(&lease, target, lower, upper, work),
+            };
+            made.map_err(SessionError::from)?;
+        }
+        // 4. The bundle is a protected file, re-checked right before create.
+        let config = cordon_canon::canonical::to_canonical_json(&planned.spec)
+            .map_err(SessionError::from)?;
+        manager
+            .write_protected(&mut lease, "config.json", config.as_bytes())
+            .map_err(SessionError::from)?;
+        // 5. Create → start → drive → wait under the absolute deadline → delete.
+        let deadline = job.started + Duration::from_millis(planned.session.deadline_ms);
+        let output = &planned.session.output;
+        let stdio = Stdio3 {
+            stdin: job.stdin.clone(),
+            stdout: if job.live_stdout {
+                cordon::container::Output::Live
+            } else {
+                cordon::container::Output::Captured(output.stdout_bytes)
+            },
+            stderr_cap: output.stderr_bytes,
+        };
+        let mut running = manager
+            .create(&lease, stdio)
+            .map_err(SessionError::from)?
+            .start()
+            .map_err(SessionError::from)?;
+        drive(&mut running)?;
+        let finished = running
+            .wait(deadline, &manager.cgroup(&lease))
+            .map_err(SessionError::from)?
+            .delete()
+            .map_err(SessionError::from)?;
+        // 6. The caller reads what the run left while the mounts exist.
+        let inspected = inspect(&lease, &planned, &finished)?;
+        Ok(Ran {
+            finished,
+            lease: lease.record.lease.clone(),
+            inspected,
+        })
+    }
+}
