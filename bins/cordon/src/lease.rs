@@ -1004,10 +1004,6 @@ mod root_tests {
             nix::unistd::geteuid().is_root(),
             "this test mounts an overlay: run it as root (CI does)"
         );
-        assert!(
-            Path::new("/usr/sbin/runc").exists(),
-            "this test lists the runtime's containers: apt-get install -y runc"
-        );
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("store")).unwrap();
         for f in ["passwd", "group"] {
@@ -1016,14 +1012,14 @@ mod root_tests {
         let setup = Setup {
             executor: "overlay-test".into(),
             runtime: Runtime {
-                binary: "/usr/sbin/runc".into(),
+                binary: cordon_testkit::runc(),
                 state_root: dir.path().join("state"),
                 host: crate::host::Linux::shared(),
             },
             run_root: dir.path().join("run"),
             accounts: AccountPolicy {
-                uids: (3_098_000, 3_098_999),
-                gids: (3_098_000, 3_098_999),
+                uids: cordon_testkit::account_range("cordon-lease", 0),
+                gids: cordon_testkit::account_range("cordon-lease", 0),
                 shell: "/usr/sbin/nologin".into(),
                 cron_deny: dir.path().join("cron.deny"),
                 at_deny: dir.path().join("at.deny"),

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Parser;
 use cordon_policy::cli::{Args, run};
+use cordon_testkit::EditOnce as _;
 use cordon_testkit::{require_executable, workspace_root};
 
 fn cmd(args: &[&str]) -> (u8, String, String) {
@@ -35,11 +36,11 @@ fn with_fake_runtime(dir: &Path, version: &str, extra: &str) -> PathBuf {
     std::fs::set_permissions(&runtime, std::fs::Permissions::from_mode(0o755)).unwrap();
     let text = std::fs::read_to_string(workspace_root().join("policy/examples/minimal.kdl"))
         .unwrap()
-        .replace(
+        .replace_once(
             "path=\"/usr/sbin/runc\"",
             &format!("path=\"{}\"", runtime.display()),
         )
-        .replace("    pids 256\n", &format!("    pids 256\n{extra}"));
+        .replace_once("    pids 256\n", &format!("    pids 256\n{extra}"));
     let file = dir.join(format!("policy-{}.kdl", extra.len()));
     std::fs::write(&file, text).unwrap();
     file

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use cordon_policy_lang::Policy;
+use cordon_testkit::EditOnce as _;
 use cordon_testkit::workspace_root;
 
 fn default_text() -> String {
@@ -36,23 +37,23 @@ fn formatting_comments_and_order_do_not_move_the_digest() {
         .collect();
     // Set members and sibling nodes reordered; an extra comment and block comment added.
     let reordered = text
-        .replace(
+        .replace_once(
             "ban-call \"eval\" \"exec\" \"compile\"",
             "ban-call \"compile\" /* moved */ \"exec\" \"eval\"",
         )
-        .replace(
+        .replace_once(
             "remove \"pidfd_getfd\" \"process_madvise\"",
             "remove \"process_madvise\" \"pidfd_getfd\"",
         )
-        .replace(
+        .replace_once(
             "    pids 1024\n    nofile 4096\n",
             "    nofile 4096 // swapped\n    pids 1024\n",
         )
-        .replace("exclude \".git\" \".hg\"", "exclude \".hg\" \".git\"");
+        .replace_once("exclude \".git\" \".hg\"", "exclude \".hg\" \".git\"");
     // The same values in other spellings: 8GiB as 8192MiB, 30m as 1800s.
     let respelt = text
-        .replace("memory \"8GiB\"", "memory \"8192MiB\"")
-        .replace("deadline \"30m\"", "deadline \"1800s\"");
+        .replace_once("memory \"8GiB\"", "memory \"8192MiB\"")
+        .replace_once("deadline \"30m\"", "deadline \"1800s\"");
     for (what, variant) in [
         ("stripped", stripped),
         ("reordered", reordered),

@@ -32,7 +32,10 @@ fn main() {
         .unwrap_or(10);
     let root = cordon_testkit::workspace_root();
     let dir = tempfile::tempdir().unwrap();
-    let text = cordon_testkit::isolated_policy(dir.path(), 3_070_000);
+    // The bare baseline runs as the last id of the block, which no lease of the range is given
+    // while the benchmark runs fewer leases than the block holds.
+    let ids = cordon_testkit::account_range("prebuild-bench", 0);
+    let text = cordon_testkit::isolated_policy(dir.path(), ids);
     let policy = cordon_policy_lang::parse("bench.kdl", &text).unwrap();
     let store = Store::open(&dir.path().join("store")).unwrap();
     let spec = cordon_image::spec::load(&root.join("images/prebuild.kdl")).unwrap();
@@ -127,8 +130,8 @@ fn main() {
         std::fs::create_dir_all(&staging).unwrap();
         let inputs = RunInputs {
             argv: policy.step("build-native").unwrap().1.to_vec(),
-            uid: 3_070_999,
-            gid: 3_070_999,
+            uid: ids.1,
+            gid: ids.1,
             image_rootfs: rootfs.clone(),
             run_dir,
             sources: [(MountSource::Tree, cordon::tree::root_dir(&store, &tree))].into(),
@@ -151,8 +154,8 @@ fn main() {
         .unwrap();
         nix::unistd::chown(
             &staging,
-            Some(nix::unistd::Uid::from_raw(3_070_999)),
-            Some(nix::unistd::Gid::from_raw(3_070_999)),
+            Some(nix::unistd::Uid::from_raw(ids.1)),
+            Some(nix::unistd::Gid::from_raw(ids.1)),
         )
         .unwrap();
         bare.push(cordon_testkit::bare_runc_run(

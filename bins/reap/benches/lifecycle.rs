@@ -36,8 +36,8 @@ fn main() {
         &dir.path().join("state"),
         dir.path().join("run"),
     );
-    setup.accounts.uids = (3_096_000, 3_096_999);
-    setup.accounts.gids = (3_096_000, 3_096_999);
+    setup.accounts.uids = cordon_testkit::account_range("reap-bench", 0);
+    setup.accounts.gids = setup.accounts.uids;
     setup.accounts.cron_deny = dir.path().join("cron.deny");
     setup.accounts.at_deny = dir.path().join("at.deny");
     let rootfs = dir.path().join("rootfs");
@@ -45,7 +45,7 @@ fn main() {
     for d in ["proc", "dev", "tmp", "engine", "staging"] {
         std::fs::create_dir_all(rootfs.join(d)).unwrap();
     }
-    std::fs::copy("/bin/busybox", rootfs.join("bin/true")).unwrap();
+    std::fs::copy(cordon_testkit::busybox(), rootfs.join("bin/true")).unwrap();
     let tree = dir.path().join("tree");
     std::fs::create_dir_all(&tree).unwrap();
     let m = Manager::open(&store, setup.clone()).unwrap();

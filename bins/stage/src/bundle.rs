@@ -965,6 +965,7 @@ pub fn example_inputs(policy: &Policy, kind: StageKind) -> RunInputs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cordon_testkit::EditOnce as _;
 
     fn policy(edit: impl Fn(String) -> String) -> Policy {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../policy/evaluator.kdl");
@@ -1127,11 +1128,11 @@ mod tests {
     #[test]
     fn every_seccomp_action_and_architecture_has_its_oci_form() {
         let p = policy(|t| {
-            t.replace(
+            t.replace_once(
                 "    architectures \"x86_64\"\n",
                 "    architectures \"x86_64\" \"x86\" \"x32\"\n",
             )
-            .replace(
+            .replace_once(
                 "remove \"pidfd_getfd\" \"process_madvise\" reason=\"cross-process fd and memory access\"",
                 "remove \"pidfd_getfd\" reason=\"cross-process fd access\"\n    rule \"process_madvise\" action=\"kill-thread\" reason=\"t\"",
             )

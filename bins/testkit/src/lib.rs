@@ -49,23 +49,102 @@ pub fn require_executable(path: &Path, install: &str) {
     );
 }
 
-/// The default policy's text with its per-run account range moved to `first..=first + 999` and
-/// its cron/at deny files into `dir`, so that a test's accounts — and the recovery that removes
-/// orphans in the range — never meet another test's or the host's.
+/// Every test crate (and benchmark) that creates real per-run accounts, in one table: each owner
+/// gets its own block of ids, so tests running side by side — and the recovery that removes
+/// orphans in a range — never meet each other's accounts or the host's (the blocks lie above the
+/// default policy's 3000000..=3099999).
+const ACCOUNT_OWNERS: [&str; 8] = [
+    "cordon-lease",
+    "prebuild-hostile",
+    "prebuild-bench",
+    "reap-container",
+    "reap-faults",
+    "reap-cli",
+    "reap-bench",
+    "stage-session",
+];
+
+/// The first id of the account blocks.
+const ACCOUNT_BASE: u32 = 3_100_000;
+
+/// The inclusive id range (1000 ids) of slot `slot` (0..10) of `owner`'s block: the one
+/// account-range allocator for every test crate.
+///
+/// # Panics
+/// An owner not in the table, or a slot past 9: add the owner to `ACCOUNT_OWNERS`.
 #[must_use]
-pub fn isolated_policy(dir: &Path, first: u32) -> String {
+pub fn account_range(owner: &str, slot: u32) -> (u32, u32) {
+    let index = ACCOUNT_OWNERS
+        .iter()
+        .position(|o| *o == owner)
+        .unwrap_or_else(|| panic!("{owner:?} is not in testkit's ACCOUNT_OWNERS"));
+    assert!(slot < 10, "account slots are 0..10, not {slot}");
+    let first = ACCOUNT_BASE + u32::try_from(index).unwrap() * 10_000 + slot * 1000;
+    (first, first + 999)
+}
+
+/// `text` with exactly one occurrence of `from` replaced by `to`. A policy edit whose pattern
+/// no longer matches fails the test, instead of silently testing the unedited policy.
+///
+/// # Panics
+/// `from` occurs zero or several times.
+#[must_use]
+pub fn replace_once(text: &str, from: &str, to: &str) -> String {
+    let n = text.matches(from).count();
+    assert_eq!(
+        n, 1,
+        "the edit pattern {from:?} occurs {n} times, expected once"
+    );
+    text.replacen(from, to, 1)
+}
+
+/// The default policy's text with its per-run account range moved to `range` and its cron/at
+/// deny files into `dir`.
+#[must_use]
+pub fn isolated_policy(dir: &Path, (first, last): (u32, u32)) -> String {
     let text = std::fs::read_to_string(workspace_root().join("policy/evaluator.kdl")).unwrap();
     let quoted = |name: &str| format!("{:?}", dir.join(name).display().to_string());
-    text.replace(
+    let text = replace_once(
+        &text,
         "uid-range 3000000 3099999",
-        &format!("uid-range {first} {}", first + 999),
-    )
-    .replace(
+        &format!("uid-range {first} {last}"),
+    );
+    let text = replace_once(
+        &text,
         "gid-range 3000000 3099999",
-        &format!("gid-range {first} {}", first + 999),
+        &format!("gid-range {first} {last}"),
+    );
+    let text = replace_once(&text, "\"/etc/cron.deny\"", &quoted("cron.deny"));
+    replace_once(&text, "\"/etc/at.deny\"", &quoted("at.deny"))
+}
+
+/// A host tool the tests run, from the environment variable `var` (default `default`), which
+/// must be an executable file: the test fails saying how to install it otherwise.
+#[must_use]
+pub fn tool(var: &str, default: &str, install: &str) -> PathBuf {
+    let path = std::env::var_os(var).map_or_else(|| PathBuf::from(default), PathBuf::from);
+    require_executable(&path, install);
+    path
+}
+
+/// The OCI runtime the tests drive (`CORDON_TEST_RUNC`, default `/usr/sbin/runc`).
+#[must_use]
+pub fn runc() -> PathBuf {
+    tool(
+        "CORDON_TEST_RUNC",
+        "/usr/sbin/runc",
+        "apt-get install -y runc",
     )
-    .replace("\"/etc/cron.deny\"", &quoted("cron.deny"))
-    .replace("\"/etc/at.deny\"", &quoted("at.deny"))
+}
+
+/// The static busybox the test images copy (`CORDON_TEST_BUSYBOX`, default `/bin/busybox`).
+#[must_use]
+pub fn busybox() -> PathBuf {
+    tool(
+        "CORDON_TEST_BUSYBOX",
+        "/bin/busybox",
+        "apt-get install -y busybox-static",
+    )
 }
 
 /// One bare `runc run` of `bundle` as container `id` under `state_root`, stdio to /dev/null,
@@ -74,7 +153,7 @@ pub fn isolated_policy(dir: &Path, first: u32) -> String {
 pub fn bare_runc_run(state_root: &Path, bundle: &Path, id: &str) -> std::time::Duration {
     use std::process::{Command, Stdio};
     let t = std::time::Instant::now();
-    let status = Command::new("/usr/sbin/runc")
+    let status = Command::new(runc())
         .arg("--root")
         .arg(state_root)
         .args(["run", "--bundle"])
@@ -99,4 +178,20 @@ pub fn bare_runc_run(state_root: &Path, bundle: &Path, id: &str) -> std::time::D
 pub fn median(mut v: Vec<std::time::Duration>) -> std::time::Duration {
     v.sort();
     v[v.len() / 2]
+}
+
+/// [`replace_once`] as a method, for chains of policy edits.
+pub trait EditOnce {
+    /// `self` with exactly one occurrence of `from` replaced by `to`.
+    ///
+    /// # Panics
+    /// `from` occurs zero or several times.
+    #[must_use]
+    fn replace_once(&self, from: &str, to: &str) -> String;
+}
+
+impl EditOnce for str {
+    fn replace_once(&self, from: &str, to: &str) -> String {
+        replace_once(self, from, to)
+    }
 }

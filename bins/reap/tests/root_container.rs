@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use cordon::image::{self, ImageSpec};
@@ -14,7 +14,7 @@ use cordon::runtime::{Finished, OutputCaps};
 use cordon::store::Store;
 use cordon_policy_lang::{MountSource, StageKind};
 use cordon_stage::bundle::{self, RunInputs};
-use cordon_testkit::{require_executable, workspace_root};
+use cordon_testkit::workspace_root;
 
 const APPLETS: [&str; 14] = [
     "sh", "id", "grep", "cat", "touch", "cp", "head", "wc", "cut", "tail", "sleep", "dd", "seq",
@@ -40,11 +40,8 @@ fn require_root() {
 /// tests running side by side never see each other's accounts.
 fn env(slot: u32) -> Env {
     require_root();
-    require_executable(Path::new("/usr/sbin/runc"), "apt-get install -y runc");
-    require_executable(
-        Path::new("/bin/busybox"),
-        "apt-get install -y busybox-static",
-    );
+    let _ = cordon_testkit::runc();
+    let _ = cordon_testkit::busybox();
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("store")).unwrap();
     let text = std::fs::read_to_string(workspace_root().join("policy/evaluator.kdl")).unwrap();
@@ -59,7 +56,7 @@ fn env(slot: u32) -> Env {
     };
     for a in APPLETS {
         spec.files
-            .insert(format!("/bin/{a}"), (PathBuf::from("/bin/busybox"), 0o555));
+            .insert(format!("/bin/{a}"), (cordon_testkit::busybox(), 0o555));
     }
     for d in ["/dev", "/proc", "/tmp", "/engine", "/staging", "/sys"] {
         spec.dirs.insert(d.into(), 0o755);
@@ -74,9 +71,9 @@ fn env(slot: u32) -> Env {
         &dir.path().join("state"),
         dir.path().join("run"),
     );
-    let first = 3_090_000 + slot * 1000;
-    setup.accounts.uids = (first, first + 999);
-    setup.accounts.gids = (first, first + 999);
+    setup.runtime.binary = cordon_testkit::runc();
+    setup.accounts.uids = cordon_testkit::account_range("reap-container", slot);
+    setup.accounts.gids = setup.accounts.uids;
     setup.accounts.cron_deny = dir.path().join("cron.deny");
     setup.accounts.at_deny = dir.path().join("at.deny");
     // Startup recovery, as every manager does first: a crashed earlier run of this test may

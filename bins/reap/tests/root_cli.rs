@@ -12,7 +12,7 @@ use cordon::store::Store;
 /// The default policy with an account range of its own, so that recovery here can never touch
 /// the accounts of tests running beside it.
 fn policy(dir: &Path) -> std::path::PathBuf {
-    let text = cordon_testkit::isolated_policy(dir, 3_200_000);
+    let text = cordon_testkit::isolated_policy(dir, cordon_testkit::account_range("reap-cli", 0));
     let path = dir.join("policy.kdl");
     std::fs::write(&path, text).unwrap();
     path

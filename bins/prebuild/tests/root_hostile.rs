@@ -19,6 +19,7 @@ use cordon::lease::Manager;
 use cordon::store::Store;
 use cordon::tree::{self, PUBLICATIONS};
 use cordon_prebuild::prebuild::{Config, Outcome, prebuild};
+use cordon_testkit::EditOnce as _;
 use cordon_testkit::{require_executable, workspace_root};
 
 struct Env {
@@ -35,50 +36,49 @@ fn env(slot: u32) -> Env {
         nix::unistd::geteuid().is_root(),
         "hostile prebuild tests run real containers: run as root"
     );
-    require_executable(Path::new("/usr/sbin/runc"), "apt-get install -y runc");
-    require_executable(
-        Path::new("/bin/busybox"),
-        "apt-get install -y busybox-static",
-    );
+    let _ = cordon_testkit::runc();
+    let _ = cordon_testkit::busybox();
     let dir = tempfile::tempdir().unwrap();
-    let first = 3_080_000 + slot * 1000;
     let secret = dir.path().join("secret");
     std::fs::write(&secret, "TOPSECRET-KEY\n").unwrap();
-    let text = cordon_testkit::isolated_policy(dir.path(), first)
-        .replace("memory \"8GiB\"", "memory \"256MiB\"")
-        .replace("pids 1024", "pids 64")
-        .replace("deadline \"30m\"", "deadline \"8s\"")
-        .replace(
-            "staging size=\"4GiB\" inodes=200000",
-            "staging size=\"1MiB\" inodes=64",
-        )
-        .replace(
-            "tmp size=\"1GiB\" exec=#false",
-            "tmp size=\"8MiB\" exec=#false",
-        )
-        .replace(
-            "output stdout=\"4MiB\" stderr=\"4MiB\"",
-            "output stdout=\"64KiB\" stderr=\"64KiB\"",
-        )
-        .replace(
-            "argv \"/bin/sh\" \"/engine/build.sh\" \"/staging\"",
-            "argv \"/bin/sh\" \"/engine/build.sh\" \"/staging\"\n    secret \"build-key\"",
-        )
-        + &format!(
-            "\nsecret \"build-key\" path={:?}\n",
-            secret.display().to_string()
-        );
+    let text = cordon_testkit::isolated_policy(
+        dir.path(),
+        cordon_testkit::account_range("prebuild-hostile", slot),
+    )
+    .replace_once("memory \"8GiB\"", "memory \"256MiB\"")
+    .replace_once("pids 1024", "pids 64")
+    .replace_once("deadline \"30m\"", "deadline \"8s\"")
+    .replace_once(
+        "staging size=\"4GiB\" inodes=200000",
+        "staging size=\"1MiB\" inodes=64",
+    )
+    .replace_once(
+        "tmp size=\"1GiB\" exec=#false",
+        "tmp size=\"8MiB\" exec=#false",
+    )
+    .replace_once(
+        "output stdout=\"4MiB\" stderr=\"4MiB\"",
+        "output stdout=\"64KiB\" stderr=\"64KiB\"",
+    )
+    .replace_once(
+        "argv \"/bin/sh\" \"/engine/build.sh\" \"/staging\"",
+        "argv \"/bin/sh\" \"/engine/build.sh\" \"/staging\"\n    secret \"build-key\"",
+    ) + &format!(
+        "\nsecret \"build-key\" path={:?}\n",
+        secret.display().to_string()
+    );
     let policy = cordon_policy_lang::parse("hostile.kdl", &text).unwrap();
     let store = Store::open(&dir.path().join("store")).unwrap();
     let spec = cordon_image::spec::load(&workspace_root().join("images/prebuild.kdl")).unwrap();
     cordon::image::build(&spec, &dir.path().join("images/prebuild")).unwrap();
     let authority = Digest::of_bytes(format!("hostile-{slot}").as_bytes());
-    let setup = cordon_stage::settings::lease_setup(
+    let mut setup = cordon_stage::settings::lease_setup(
         &policy,
         &format!("hostile-{slot}"),
         &dir.path().join("state"),
         dir.path().join("run"),
     );
+    setup.runtime.binary = cordon_testkit::runc();
     Manager::open(&store, setup.clone())
         .unwrap()
         .recover()

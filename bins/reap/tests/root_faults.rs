@@ -18,7 +18,7 @@ use cordon::runtime::OutputCaps;
 use cordon::store::Store;
 use cordon_policy_lang::{MountSource, StageKind};
 use cordon_stage::bundle::{self, RunInputs};
-use cordon_testkit::{require_executable, workspace_root};
+use cordon_testkit::workspace_root;
 
 const POINTS: [&str; 6] = [
     "after-record",
@@ -41,8 +41,9 @@ fn setup(dir: &Path) -> Setup {
         &dir.join("state"),
         dir.join("run"),
     );
-    s.accounts.uids = (3_098_000, 3_098_999);
-    s.accounts.gids = (3_098_000, 3_098_999);
+    s.runtime.binary = cordon_testkit::runc();
+    s.accounts.uids = cordon_testkit::account_range("reap-faults", 0);
+    s.accounts.gids = s.accounts.uids;
     s.accounts.cron_deny = dir.join("cron.deny");
     s.accounts.at_deny = dir.join("at.deny");
     s
@@ -57,7 +58,7 @@ fn write_bundle(dir: &Path, m: &Manager, lease: &mut Lease, script: &str) {
             std::fs::create_dir_all(rootfs.join(d)).unwrap();
         }
         for a in ["sh", "sleep"] {
-            std::fs::copy("/bin/busybox", rootfs.join("bin").join(a)).unwrap();
+            std::fs::copy(cordon_testkit::busybox(), rootfs.join("bin").join(a)).unwrap();
         }
     }
     let tree = dir.join("tree");
@@ -152,11 +153,8 @@ fn a_supervisor_killed_at_any_point_leaves_nothing_recovery_cannot_remove() {
         nix::unistd::geteuid().is_root(),
         "needs root: real containers and accounts"
     );
-    require_executable(Path::new("/usr/sbin/runc"), "apt-get install -y runc");
-    require_executable(
-        Path::new("/bin/busybox"),
-        "apt-get install -y busybox-static",
-    );
+    let _ = cordon_testkit::runc();
+    let _ = cordon_testkit::busybox();
     for point in POINTS {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("store")).unwrap();
@@ -219,8 +217,8 @@ fn a_linked_or_corrupt_record_stops_recovery_and_a_failing_delete_is_residue() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("store")).unwrap();
     let mut s = setup(dir.path());
-    s.accounts.uids = (3_097_000, 3_097_999);
-    s.accounts.gids = (3_097_000, 3_097_999);
+    s.accounts.uids = cordon_testkit::account_range("reap-faults", 1);
+    s.accounts.gids = s.accounts.uids;
     let m = Manager::open(&store, s.clone()).unwrap();
     let lease = m.begin("sha256:faults").unwrap();
     let record = store.path("leases", &format!("{}.json", lease.record.lease));
