@@ -16,7 +16,7 @@ use cordon::store::Store;
 use cordon_policy_lang::{MountSource, StageKind};
 use cordon_stage::bundle::HostMount;
 use cordon_stage::session::{Job, Session, SessionError};
-use cordon_testkit::{EditOnce as _, workspace_root};
+use cordon_testkit::EditOnce as _;
 
 const APPLETS: [&str; 6] = ["sh", "cat", "grep", "touch", "mkdir", "echo"];
 
