@@ -13,6 +13,7 @@
 
 pub mod account;
 pub mod archive;
+pub mod chain;
 pub mod container;
 pub mod host;
 pub mod identity;

@@ -1,8 +1,12 @@
 //! The receipt every stage prints on stdout and stores by digest (brief §5).
 //!
-//! A receipt is the only thing one stage hands the next. This module owns its shape, its
-//! digest, and the authority check a stage makes before it trusts an input receipt. It does
-//! not own where receipts are stored (that is the store's job).
+//! A receipt is the only thing one stage hands the next. This module owns its shape (the stage
+//! that wrote it is a [`StageName`], never free text), its digest, the authority check a stage
+//! makes before it trusts an input receipt, the one rejection shape ([`Decision`]: accepted, or
+//! rejected with [`Reason`]s — infrastructure failures are errors, never decisions), and the
+//! typed outputs a later stage reads ([`FetchOutputs`], [`MaterializeOutputs`],
+//! [`PrebuildOutputs`]). It does not own where receipts are stored or how a chain of them is
+//! walked ([`crate::chain`] does).
 
 use std::time::SystemTime;
 
@@ -13,6 +17,143 @@ use crate::canonical::{CanonicalError, Digest, domain_digest, to_canonical_json}
 
 /// The receipt schema this build writes and accepts.
 pub const RECEIPT_SCHEMA: u32 = 1;
+
+/// The stage that wrote a receipt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StageName {
+    /// `cordon-policy identity --json`.
+    Policy,
+    /// Private intake: the start of every candidate chain.
+    Fetch,
+    /// Materialization (a delta, an incumbent's registration, or a verification).
+    Materialize,
+    /// Native prebuild.
+    Prebuild,
+    /// The runtime lane.
+    Lane,
+    /// The pristine reference session.
+    Reference,
+    /// The agent surface.
+    Surface,
+    /// Hygiene: recovery and quiescence.
+    Reap,
+}
+
+impl StageName {
+    /// The stage whose receipt this stage consumes in a candidate chain (`None`: it starts a
+    /// chain, or stands alone).
+    #[must_use]
+    pub const fn predecessor(self) -> Option<Self> {
+        match self {
+            Self::Materialize => Some(Self::Fetch),
+            Self::Prebuild => Some(Self::Materialize),
+            Self::Lane => Some(Self::Prebuild),
+            Self::Reference => Some(Self::Lane),
+            Self::Policy | Self::Fetch | Self::Surface | Self::Reap => None,
+        }
+    }
+
+    /// The name as written in receipts.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Policy => "policy",
+            Self::Fetch => "fetch",
+            Self::Materialize => "materialize",
+            Self::Prebuild => "prebuild",
+            Self::Lane => "lane",
+            Self::Reference => "reference",
+            Self::Surface => "surface",
+            Self::Reap => "reap",
+        }
+    }
+}
+
+impl std::fmt::Display for StageName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a stage decided about the candidate: its established value, or a rejection with the
+/// findings behind it. What the infrastructure could not establish is never a decision: it is
+/// an error, and becomes a no-decision receipt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision<T> {
+    /// The candidate passed this stage.
+    Accepted(T),
+    /// The candidate failed; every finding says why.
+    Rejected(Vec<Reason>),
+}
+
+/// What `cordon-fetch` established (an `ok` receipt's outputs).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FetchOutputs {
+    /// The archive's own sha256 (the committed hash).
+    pub archive_sha256: Digest,
+    /// The intake record's content digest.
+    pub content_digest: Digest,
+    /// Files admitted.
+    pub files: u64,
+    /// Bytes admitted.
+    pub bytes: u64,
+}
+
+/// What `cordon-materialize` established for a delta (an `ok` receipt's outputs).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MaterializeOutputs {
+    /// The materialized tree.
+    pub tree_digest: Digest,
+    /// The delta's content digest.
+    pub delta_digest: Digest,
+    /// The incumbent tree it replaced one target of.
+    pub incumbent: Digest,
+    /// The target.
+    pub target: String,
+    /// The candidate's namespace.
+    pub namespace: Option<String>,
+    /// The registered build step the delta names.
+    pub step: Option<String>,
+    /// Findings (empty on `ok`).
+    pub findings: Vec<serde_json::Value>,
+}
+
+/// What `cordon-prebuild` established (an `ok` receipt's outputs).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrebuildOutputs {
+    /// The sealed publication.
+    pub publication: Digest,
+    /// Its files.
+    pub files: u64,
+    /// Its bytes.
+    pub bytes: u64,
+    /// Whether the cache answered and no container ran.
+    pub cached: bool,
+    /// The build's meta record (none when cached).
+    pub meta: Option<crate::runtime::Meta>,
+}
+
+/// Typed outputs of one stage's `ok` receipt.
+pub trait StageOutputs: Serialize + for<'de> Deserialize<'de> {
+    /// The stage that writes them.
+    const STAGE: StageName;
+}
+
+impl StageOutputs for FetchOutputs {
+    const STAGE: StageName = StageName::Fetch;
+}
+
+impl StageOutputs for MaterializeOutputs {
+    const STAGE: StageName = StageName::Materialize;
+}
+
+impl StageOutputs for PrebuildOutputs {
+    const STAGE: StageName = StageName::Prebuild;
+}
 
 /// Whether a stage established its result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,8 +208,8 @@ impl Host {
 pub struct Receipt {
     /// [`RECEIPT_SCHEMA`].
     pub schema: u32,
-    /// Which stage wrote it (`policy`, `fetch`, `materialize`, …).
-    pub stage: String,
+    /// Which stage wrote it.
+    pub stage: StageName,
     /// The authority identity the stage ran under.
     pub authority: Digest,
     /// What the stage established.
@@ -119,6 +260,25 @@ pub enum ReceiptError {
         #[source]
         source: serde_json::Error,
     },
+    /// The receipt's outputs are not what its stage writes.
+    #[error("the {stage} receipt's outputs are not {stage} outputs")]
+    #[diagnostic(code(cordon::receipt::outputs))]
+    Outputs {
+        /// The stage.
+        stage: StageName,
+        /// What serde said.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The receipt is another stage's than the outputs asked for.
+    #[error("the receipt is from stage {found}, not {expected}")]
+    #[diagnostic(code(cordon::receipt::stage))]
+    Stage {
+        /// Its stage.
+        found: StageName,
+        /// The stage asked for.
+        expected: StageName,
+    },
     /// The receipt could not be encoded.
     #[error("receipt cannot be encoded")]
     #[diagnostic(code(cordon::receipt::encode))]
@@ -139,11 +299,11 @@ impl Receipt {
     /// A receipt with `started_at` and `finished_at` both now; callers set `started_at` when
     /// the stage did work worth timing.
     #[must_use]
-    pub fn new(stage: &str, authority: Digest, outcome: Outcome) -> Self {
+    pub fn new(stage: StageName, authority: Digest, outcome: Outcome) -> Self {
         let now = now_rfc3339();
         Self {
             schema: RECEIPT_SCHEMA,
-            stage: stage.to_owned(),
+            stage,
             authority,
             outcome,
             reasons: Vec::new(),
@@ -194,6 +354,35 @@ impl Receipt {
         to_canonical_json(self).map_err(|source| ReceiptError::Encode { source })
     }
 
+    /// The outputs of this receipt as its stage's typed outputs.
+    ///
+    /// # Errors
+    /// Another stage's receipt, or outputs of another shape.
+    pub fn outputs_as<T: StageOutputs>(&self) -> Result<T, ReceiptError> {
+        if self.stage != T::STAGE {
+            return Err(ReceiptError::Stage {
+                found: self.stage,
+                expected: T::STAGE,
+            });
+        }
+        serde_json::from_value(self.outputs.clone()).map_err(|source| ReceiptError::Outputs {
+            stage: self.stage,
+            source,
+        })
+    }
+
+    /// Set the outputs from a stage's typed outputs.
+    ///
+    /// # Errors
+    /// The outputs do not serialize.
+    pub fn set_outputs<T: StageOutputs>(&mut self, outputs: &T) -> Result<(), ReceiptError> {
+        self.outputs = serde_json::to_value(outputs).map_err(|source| ReceiptError::Outputs {
+            stage: T::STAGE,
+            source,
+        })?;
+        Ok(())
+    }
+
     /// The receipt's digest, which the next stage records as `prev`.
     ///
     /// # Errors
@@ -210,7 +399,7 @@ mod tests {
 
     #[test]
     fn receipt_round_trips_through_canonical_json() {
-        let mut r = Receipt::new("policy", Digest::of_bytes(b"a"), Outcome::Ok);
+        let mut r = Receipt::new(StageName::Policy, Digest::of_bytes(b"a"), Outcome::Ok);
         r.reasons.push(Reason {
             code: "x.y".into(),
             message: "m".into(),
@@ -224,7 +413,7 @@ mod tests {
 
     #[test]
     fn foreign_authority_is_refused_showing_both() {
-        let r = Receipt::new("fetch", Digest::of_bytes(b"a"), Outcome::Ok);
+        let r = Receipt::new(StageName::Fetch, Digest::of_bytes(b"a"), Outcome::Ok);
         let other = Digest::of_bytes(b"b");
         let err = r.require_authority(&other).unwrap_err();
         let text = err.to_string();
@@ -234,7 +423,11 @@ mod tests {
 
     #[test]
     fn other_schema_and_unknown_fields_are_refused() {
-        let r = Receipt::new("fetch", Digest::of_bytes(b"a"), Outcome::NoDecision);
+        let r = Receipt::new(
+            StageName::Fetch,
+            Digest::of_bytes(b"a"),
+            Outcome::NoDecision,
+        );
         let text = r.to_canonical_json().unwrap();
         let bumped = text.replace(r#""schema":1"#, r#""schema":2"#);
         assert!(matches!(

@@ -14,7 +14,7 @@ use clap::Parser;
 use cordon::ExitCode;
 use cordon::canonical::Digest;
 use cordon::intake::{self, IntakeError};
-use cordon::receipt::{Outcome, Reason, Receipt};
+use cordon::receipt::{FetchOutputs, Outcome, Reason, Receipt, StageName};
 use cordon::store::Store;
 use cordon_stage::args::{StageArgs, report_diagnostic};
 use cordon_stage::receipt_io as stage;
@@ -200,7 +200,7 @@ fn fetch(
     let mut source = open_source(&args.source, policy)?;
     let store_root = args.stage.store_root(policy);
     let store = Store::open(&store_root)?;
-    let mut receipt = Receipt::new("fetch", authority, Outcome::Ok);
+    let mut receipt = Receipt::new(StageName::Fetch, authority, Outcome::Ok);
     receipt.inputs = json!({ "source": args.source, "sha256": committed });
     let result = intake::ingest(
         &store,
@@ -214,13 +214,22 @@ fn fetch(
     };
     let (outcome, reason) = match (result, transport_failure) {
         (Ok(record), _) => {
-            receipt.outputs = json!({
-                "archive_sha256": record.archive_sha256,
-                "content_digest": record.content_digest,
-                "files": record.files.len(),
-                "bytes": record.bytes,
-            });
-            (Outcome::Ok, None)
+            let outputs = FetchOutputs {
+                archive_sha256: record.archive_sha256,
+                content_digest: record.content_digest,
+                files: record.files.len() as u64,
+                bytes: record.bytes,
+            };
+            match receipt.set_outputs(&outputs) {
+                Ok(()) => (Outcome::Ok, None),
+                Err(e) => (
+                    Outcome::NoDecision,
+                    Some(Reason {
+                        code: "intake.infrastructure".to_owned(),
+                        message: stage::error_chain(&e),
+                    }),
+                ),
+            }
         }
         (Err(_), Some(TransportError::Rejected { code, why })) => (
             Outcome::Rejected,

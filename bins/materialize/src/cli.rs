@@ -20,7 +20,7 @@ use clap::{Parser, Subcommand};
 use cordon::ExitCode;
 use cordon::canonical::Digest;
 use cordon::intake;
-use cordon::receipt::{Outcome, Reason, Receipt};
+use cordon::receipt::{FetchOutputs, MaterializeOutputs, Outcome, Reason, Receipt, StageName};
 use cordon::store::Store;
 use cordon::tree;
 use cordon_policy_lang::Policy;
@@ -82,10 +82,6 @@ pub enum CommandError {
     #[error("give either --incumbent sha256:TREE or a subcommand, not both and not neither")]
     #[diagnostic(code(cordon::materialize::usage))]
     Usage,
-    /// The fetch receipt has no usable content digest.
-    #[error("the fetch receipt names no content_digest")]
-    #[diagnostic(code(cordon::materialize::receipt))]
-    NoContent,
     /// The input receipt is not usable.
     #[error(transparent)]
     #[diagnostic(transparent)]
@@ -103,7 +99,7 @@ pub enum CommandError {
 impl CommandError {
     fn exit_code(&self) -> ExitCode {
         match self {
-            Self::Digest { .. } | Self::Usage | Self::NoContent | Self::Input(_) => ExitCode::Usage,
+            Self::Digest { .. } | Self::Usage | Self::Input(_) => ExitCode::Usage,
             Self::Output(_) | Self::Store(_) => ExitCode::NoDecision,
         }
     }
@@ -194,7 +190,7 @@ fn dispatch(
 ) -> Result<ExitCode, CommandError> {
     let store_root = args.stage.store_root(policy);
     let rules = policy.tree_rules();
-    let mut receipt = Receipt::new("materialize", authority, Outcome::Ok);
+    let mut receipt = Receipt::new(StageName::Materialize, authority, Outcome::Ok);
     // Parse every argument (and the input receipt) before the store is touched.
     enum Job<'a> {
         Incumbent(&'a std::path::Path),
@@ -215,20 +211,23 @@ fn dispatch(
         (None, Some(inc)) => {
             let incumbent = parse_digest(inc)?;
             let (input, prev) =
-                stage::read_input(args.receipt.as_deref(), stdin, "fetch", &authority)
+                stage::read_input(args.receipt.as_deref(), stdin, StageName::Fetch, &authority)
                     .map_err(CommandError::Input)?;
             let content = input
-                .outputs
-                .get("content_digest")
-                .and_then(Value::as_str)
-                .and_then(|s| Digest::from_str(s).ok())
-                .ok_or(CommandError::NoContent)?;
+                .outputs_as::<FetchOutputs>()
+                .map_err(|e| CommandError::Input(e.into()))?
+                .content_digest;
             receipt.prev = Some(prev);
             receipt.inputs = json!({ "incumbent": incumbent, "delta": content });
             Job::Delta { incumbent, content }
         }
     };
     let store = Store::open(&store_root)?;
+    // A delta's fetch receipt must be this store's own, and start its chain under this
+    // authority: a receipt written by hand names nothing the store established.
+    if let (Job::Delta { .. }, Some(prev)) = (&job, receipt.prev) {
+        stage::require_chain(&store, &prev, &authority).map_err(CommandError::Input)?;
+    }
     let result = match job {
         Job::Incumbent(dir) => materialize::register_incumbent(&store, dir, &rules).map(|record| {
             receipt.outputs = json!({
@@ -261,16 +260,18 @@ fn dispatch(
                 .and_then(|record| {
                     materialize::materialize(&store, &incumbent, &record, &rules, &steps)
                 })
-                .map(|m| {
-                    receipt.outputs = json!({
-                        "tree_digest": m.record.digest,
-                        "delta_digest": m.delta,
-                        "incumbent": incumbent,
-                        "target": m.target,
-                        "namespace": m.namespace,
-                        "step": m.step,
-                        "findings": [],
-                    });
+                .and_then(|m| {
+                    receipt
+                        .set_outputs(&MaterializeOutputs {
+                            tree_digest: m.record.digest,
+                            delta_digest: m.delta,
+                            incumbent,
+                            target: m.target,
+                            namespace: m.namespace,
+                            step: m.step,
+                            findings: Vec::new(),
+                        })
+                        .map_err(MaterializeError::Receipt)
                 })
         }
     };

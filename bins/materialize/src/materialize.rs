@@ -57,6 +57,10 @@ pub enum MaterializeError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Tree(#[from] TreeError),
+    /// The receipt's outputs could not be encoded (exit 3).
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Receipt(#[from] cordon::receipt::ReceiptError),
 }
 
 /// A published candidate tree and what it is made of.

@@ -460,4 +460,14 @@ fn the_binary_reports_findings_on_the_candidates_source_and_exits_1() {
     let out = run(&["--incumbent", &incumbent], Some(&receipt_file));
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("authority"));
+
+    // A receipt written by hand under the right authority names nothing the store established:
+    // the store does not hold it, so its chain cannot be walked, and it is refused.
+    let mut forged: serde_json::Value = serde_json::from_slice(&fetched.stdout).unwrap();
+    forged["outputs"]["files"] = serde_json::json!(999);
+    std::fs::write(&receipt_file, forged.to_string()).unwrap();
+    let out = run(&["--incumbent", &incumbent], Some(&receipt_file));
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cordon::chain::missing"), "{stderr}");
 }

@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand};
 use cordon::ExitCode;
 use cordon::canonical::Digest;
 use cordon::identity;
-use cordon::receipt::{Outcome, Receipt};
+use cordon::receipt::{Outcome, Receipt, StageName};
 use cordon_policy_lang::{Keyword, Policy, StageKind, diff};
 use cordon_stage::args::{Diagnostics, report_diagnostic};
 use cordon_stage::bundle;
@@ -213,7 +213,7 @@ fn identity_cmd(file: &Path, json: bool, stdout: &mut dyn Write) -> Result<ExitC
     let parts = components(&loaded.policy)?;
     let authority = parts.authority()?;
     let text = if json {
-        let mut receipt = Receipt::new("policy", authority, Outcome::Ok);
+        let mut receipt = Receipt::new(StageName::Policy, authority, Outcome::Ok);
         receipt.inputs =
             json!({ "file": file.display().to_string(), "file_sha256": loaded.raw_sha256 });
         receipt.outputs = json!({

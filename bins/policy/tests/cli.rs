@@ -90,7 +90,7 @@ fn identity_names_every_component_and_follows_the_runtime() {
     let (code, json, _) = cmd(&["identity", &file_s, "--json"]);
     assert_eq!(code, 0);
     let receipt = cordon::receipt::Receipt::parse(json.trim()).unwrap();
-    assert_eq!(receipt.stage, "policy");
+    assert_eq!(receipt.stage, cordon::receipt::StageName::Policy);
     assert_eq!(receipt.outputs["authority"], receipt.authority.to_string());
     assert!(out.contains(&receipt.authority.to_string()));
     // A different runtime version is a different authority over the same policy.

@@ -7,16 +7,16 @@
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::str::FromStr;
 
 use clap::Parser;
 use cordon::ExitCode;
-use cordon::canonical::Digest;
-use cordon::receipt::{Outcome as ReceiptOutcome, Reason, Receipt};
+use cordon::receipt::{
+    MaterializeOutputs, Outcome as ReceiptOutcome, PrebuildOutputs, Reason, Receipt, StageName,
+};
 use cordon::store::Store;
 use cordon_stage::args::{LeaseArgs, StageArgs, report_diagnostic};
 use cordon_stage::receipt_io as stage;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::prebuild::{Config, Outcome, prebuild};
 
@@ -54,30 +54,28 @@ pub fn run(
         Err(code) => return code,
     };
     let policy = &loaded.policy;
-    let (input, prev) =
-        match stage::read_input(args.receipt.as_deref(), stdin, "materialize", &authority) {
-            Ok(x) => x,
-            Err(e) => {
-                report_diagnostic(&e, args.stage.diagnostics, stderr);
-                return ExitCode::Usage;
-            }
-        };
-    let tree = input
-        .outputs
-        .get("tree_digest")
-        .and_then(Value::as_str)
-        .and_then(|s| Digest::from_str(s).ok());
-    let step = input
-        .outputs
-        .get("step")
-        .and_then(Value::as_str)
-        .map(str::to_owned);
-    let Some(tree) = tree else {
-        let _ = writeln!(
-            stderr,
-            "error: the materialize receipt names no tree_digest"
-        );
-        return ExitCode::Usage;
+    let (input, prev) = match stage::read_input(
+        args.receipt.as_deref(),
+        stdin,
+        StageName::Materialize,
+        &authority,
+    ) {
+        Ok(x) => x,
+        Err(e) => {
+            report_diagnostic(&e, args.stage.diagnostics, stderr);
+            return ExitCode::Usage;
+        }
+    };
+    let MaterializeOutputs {
+        tree_digest: tree,
+        step,
+        ..
+    } = match input.outputs_as::<MaterializeOutputs>() {
+        Ok(o) => o,
+        Err(e) => {
+            report_diagnostic(&e, args.stage.diagnostics, stderr);
+            return ExitCode::Usage;
+        }
     };
     let store_root = args.stage.store_root(policy);
     let store = match Store::open(&store_root) {
@@ -87,13 +85,19 @@ pub fn run(
             return ExitCode::NoDecision;
         }
     };
+    // The input must be this store's own, and its chain must walk back to intake under this
+    // authority: a receipt written by hand names nothing the store established.
+    if let Err(e) = stage::require_chain(&store, &prev, &authority) {
+        report_diagnostic(&e, args.stage.diagnostics, stderr);
+        return ExitCode::Usage;
+    }
     let cfg = Config {
         store: store.clone(),
         images: args.images.clone(),
         setup: args.lease.setup(policy),
         authority,
     };
-    let mut receipt = Receipt::new("prebuild", authority, ReceiptOutcome::Ok);
+    let mut receipt = Receipt::new(StageName::Prebuild, authority, ReceiptOutcome::Ok);
     receipt.prev = Some(prev);
     receipt.inputs = json!({ "tree": tree, "step": step });
     let result = match &step {
@@ -110,14 +114,21 @@ pub fn run(
             meta,
             cached,
         }) => {
-            receipt.outputs = json!({
-                "publication": publication.digest,
-                "files": publication.entries.len(),
-                "bytes": publication.entries.iter().map(|e| e.size).sum::<u64>(),
-                "cached": cached,
-                "meta": meta,
-            });
-            ExitCode::Ok
+            let outputs = PrebuildOutputs {
+                publication: publication.digest,
+                files: publication.entries.len() as u64,
+                bytes: publication.entries.iter().map(|e| e.size).sum::<u64>(),
+                cached,
+                meta,
+            };
+            match receipt.set_outputs(&outputs) {
+                Ok(()) => ExitCode::Ok,
+                Err(e) => {
+                    report_diagnostic(&e, args.stage.diagnostics, stderr);
+                    receipt.outcome = ReceiptOutcome::NoDecision;
+                    ExitCode::NoDecision
+                }
+            }
         }
         Ok(Outcome::Rejected {
             code,

@@ -56,7 +56,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             return ExitCode::NoDecision;
         }
     };
-    let mut receipt = Receipt::new("reap", authority, Outcome::Ok);
+    let mut receipt = Receipt::new(cordon::receipt::StageName::Reap, authority, Outcome::Ok);
     receipt.inputs = json!({ "executor": executor, "check": args.check });
     let result = Manager::open(&store, args.lease.setup(policy)).and_then(|m| {
         if args.check {

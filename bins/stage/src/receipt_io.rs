@@ -1,5 +1,6 @@
-//! What every stage binary does around its own work: read the input receipt, print exactly one
-//! receipt on stdout, and keep the receipts of established results in the store.
+//! What every stage binary does around its own work: read the input receipt (and prove that the
+//! store holds it and that its chain walks back to intake under this authority), print exactly
+//! one receipt on stdout, and keep the receipts of established results in the store.
 //!
 //! Only `ok` receipts are stored (under `receipts/<hex>.json`): a rejection or a no-decision
 //! leaves the store byte-for-byte as it was, which is what the "nothing changed" tests check,
@@ -8,7 +9,8 @@
 use std::io::{Read, Write};
 use std::path::Path;
 
-use cordon::receipt::{Outcome, Receipt, ReceiptError};
+use cordon::chain::{self, ChainError};
+use cordon::receipt::{Outcome, Receipt, ReceiptError, StageName};
 use cordon::store::{Store, StoreError};
 use cordon_canon::Digest;
 
@@ -44,10 +46,14 @@ pub enum StageError {
     #[diagnostic(code(cordon::stage::wrong_stage))]
     WrongStage {
         /// Its stage.
-        found: String,
+        found: StageName,
         /// The stage this one consumes.
-        expected: String,
+        expected: StageName,
     },
+    /// The input receipt's chain could not be established in this store.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Chain(#[from] ChainError),
     /// The receipt could not be stored.
     #[error(transparent)]
     #[diagnostic(transparent)]
@@ -70,7 +76,7 @@ pub enum StageError {
 pub fn read_input(
     file: Option<&Path>,
     stdin: &mut dyn Read,
-    expected_stage: &str,
+    expected_stage: StageName,
     authority: &Digest,
 ) -> Result<(Receipt, Digest), StageError> {
     let mut text = String::new();
@@ -84,7 +90,7 @@ pub fn read_input(
     if receipt.stage != expected_stage {
         return Err(StageError::WrongStage {
             found: receipt.stage,
-            expected: expected_stage.to_owned(),
+            expected: expected_stage,
         });
     }
     receipt.require_authority(authority)?;
@@ -95,6 +101,19 @@ pub fn read_input(
     }
     let digest = receipt.digest()?;
     Ok((receipt, digest))
+}
+
+/// Prove that the store holds the input receipt `digest` and that its chain walks back to
+/// intake under `authority`, each hop from the stage its successor consumes.
+///
+/// # Errors
+/// [`StageError::Chain`] naming the first hop that cannot be established.
+pub fn require_chain(
+    store: &Store,
+    digest: &Digest,
+    authority: &Digest,
+) -> Result<Vec<Receipt>, StageError> {
+    Ok(chain::walk(store, digest, authority)?)
 }
 
 /// Finish a receipt (set `finished_at`), store it when it is `ok`, print it as one line of

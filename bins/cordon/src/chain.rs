@@ -1,0 +1,324 @@
+//! Receipts in the store, and the chains they form.
+//!
+//! It owns loading a receipt by its digest (the stored text is re-hashed: a receipt whose bytes
+//! do not hash to the name it is stored under is refused) and walking a chain from its head back
+//! along `prev`: at every hop the receipt must be in the store, be `ok`, carry the one authority
+//! the walk was asked for, and come from the stage that its successor consumes
+//! ([`StageName::predecessor`]); the walk ends at a stage that starts a chain (intake), and
+//! nowhere else. A stage accepts an input receipt only when this walk succeeds; the reference
+//! session and the offline replay build on it.
+//!
+//! It does not store receipts (the stage's receipt wrapper does, and only `ok` ones) and does
+//! not interpret their outputs.
+
+use crate::canonical::Digest;
+use crate::receipt::{Outcome, Receipt, ReceiptError, StageName};
+use crate::store::{Store, StoreError};
+
+/// The longest chain walked; a longer one is refused rather than followed.
+pub const MAX_CHAIN: usize = 64;
+
+/// Why a receipt or a chain could not be established. A stage refuses such an input (exit 2).
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum ChainError {
+    /// The store does not hold the receipt (or cannot read it).
+    #[error("the store holds no receipt {digest}")]
+    #[diagnostic(
+        code(cordon::chain::missing),
+        help("only receipts a stage of this store established can continue a chain")
+    )]
+    Missing {
+        /// The receipt.
+        digest: Digest,
+        /// The store's error.
+        #[source]
+        source: StoreError,
+    },
+    /// The stored text is not a receipt.
+    #[error("stored receipt {digest} is unreadable")]
+    #[diagnostic(code(cordon::chain::unreadable))]
+    Unreadable {
+        /// The receipt.
+        digest: Digest,
+        /// Why.
+        #[source]
+        source: ReceiptError,
+    },
+    /// The stored text hashes to another digest than its name.
+    #[error("stored receipt {digest} hashes to {found}")]
+    #[diagnostic(code(cordon::chain::tampered))]
+    Tampered {
+        /// Its name.
+        digest: Digest,
+        /// What it hashes to.
+        found: Digest,
+    },
+    /// A receipt in the chain is not an established result.
+    #[error("receipt {digest} ({stage}) is {outcome:?}, not ok")]
+    #[diagnostic(code(cordon::chain::not_ok))]
+    NotOk {
+        /// The receipt.
+        digest: Digest,
+        /// Its stage.
+        stage: StageName,
+        /// Its outcome.
+        outcome: Outcome,
+    },
+    /// A receipt in the chain was made under another authority.
+    #[error(
+        "receipt {digest} ({stage}) was made under authority {found}, the chain is under {expected}"
+    )]
+    #[diagnostic(code(cordon::chain::foreign_authority))]
+    ForeignAuthority {
+        /// The receipt.
+        digest: Digest,
+        /// Its stage.
+        stage: StageName,
+        /// Its authority.
+        found: Digest,
+        /// The chain's.
+        expected: Digest,
+    },
+    /// A hop goes to the wrong stage, or a chain ends (or goes on) where it may not.
+    #[error("receipt {digest} ({stage}) {why}")]
+    #[diagnostic(code(cordon::chain::order))]
+    Order {
+        /// The receipt.
+        digest: Digest,
+        /// Its stage.
+        stage: StageName,
+        /// What is out of order.
+        why: String,
+    },
+    /// The chain is longer than [`MAX_CHAIN`].
+    #[error("the chain from {head} is longer than {MAX_CHAIN} receipts")]
+    #[diagnostic(code(cordon::chain::too_long))]
+    TooLong {
+        /// Its head.
+        head: Digest,
+    },
+}
+
+/// Load the receipt stored as `digest`, re-hashing it.
+///
+/// # Errors
+/// Not in the store, not a receipt, or its bytes hash to another digest.
+pub fn load(store: &Store, digest: &Digest) -> Result<Receipt, ChainError> {
+    let bytes = store
+        .read_document("receipts", &format!("{}.json", digest.hex()))
+        .map_err(|source| ChainError::Missing {
+            digest: *digest,
+            source,
+        })?;
+    let unreadable = |source| ChainError::Unreadable {
+        digest: *digest,
+        source,
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let receipt = Receipt::parse(text.trim_end()).map_err(unreadable)?;
+    let found = receipt.digest().map_err(unreadable)?;
+    if found != *digest {
+        return Err(ChainError::Tampered {
+            digest: *digest,
+            found,
+        });
+    }
+    Ok(receipt)
+}
+
+/// Walk the chain whose head is `head` back to its start under `authority`: the receipts from
+/// the head to the chain's first, each checked at its hop.
+///
+/// # Errors
+/// The first hop that cannot be established.
+pub fn walk(store: &Store, head: &Digest, authority: &Digest) -> Result<Vec<Receipt>, ChainError> {
+    let mut out: Vec<Receipt> = Vec::new();
+    let mut next = Some(*head);
+    while let Some(digest) = next {
+        if out.len() == MAX_CHAIN {
+            return Err(ChainError::TooLong { head: *head });
+        }
+        let r = load(store, &digest)?;
+        if r.outcome != Outcome::Ok {
+            return Err(ChainError::NotOk {
+                digest,
+                stage: r.stage,
+                outcome: r.outcome,
+            });
+        }
+        if r.authority != *authority {
+            return Err(ChainError::ForeignAuthority {
+                digest,
+                stage: r.stage,
+                found: r.authority,
+                expected: *authority,
+            });
+        }
+        if let Some(successor) = out.last()
+            && successor.stage.predecessor() != Some(r.stage)
+        {
+            return Err(ChainError::Order {
+                digest,
+                stage: r.stage,
+                why: format!("cannot precede a {} receipt", successor.stage),
+            });
+        }
+        next = match (r.stage.predecessor(), r.prev) {
+            (Some(_), Some(prev)) => Some(prev),
+            (None, None) => None,
+            (Some(p), None) => {
+                return Err(ChainError::Order {
+                    digest,
+                    stage: r.stage,
+                    why: format!("names no {p} receipt before it"),
+                });
+            }
+            (None, Some(_)) => {
+                return Err(ChainError::Order {
+                    digest,
+                    stage: r.stage,
+                    why: "starts a chain but names a receipt before it".into(),
+                });
+            }
+        };
+        out.push(r);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(store: &Store, r: &Receipt) -> Digest {
+        let d = r.digest().unwrap();
+        let text = r.to_canonical_json().unwrap();
+        store
+            .put_document("receipts", &format!("{}.json", d.hex()), text.as_bytes())
+            .unwrap();
+        d
+    }
+
+    fn receipt(stage: StageName, authority: Digest, prev: Option<Digest>) -> Receipt {
+        let mut r = Receipt::new(stage, authority, Outcome::Ok);
+        r.prev = prev;
+        r
+    }
+
+    /// fetch → materialize → prebuild under `a`, stored; returns the digests.
+    fn chain(store: &Store, a: Digest) -> [Digest; 3] {
+        let f = put(store, &receipt(StageName::Fetch, a, None));
+        let m = put(store, &receipt(StageName::Materialize, a, Some(f)));
+        let p = put(store, &receipt(StageName::Prebuild, a, Some(m)));
+        [f, m, p]
+    }
+
+    #[test]
+    fn a_whole_chain_walks_back_to_intake() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        let a = Digest::of_bytes(b"a");
+        let [f, _, p] = chain(&store, a);
+        let walked = walk(&store, &p, &a).unwrap();
+        let stages: Vec<StageName> = walked.iter().map(|r| r.stage).collect();
+        assert_eq!(
+            stages,
+            [
+                StageName::Prebuild,
+                StageName::Materialize,
+                StageName::Fetch
+            ]
+        );
+        assert_eq!(walk(&store, &f, &a).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn every_broken_hop_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        let a = Digest::of_bytes(b"a");
+        let b = Digest::of_bytes(b"b");
+        let [f, m, p] = chain(&store, a);
+        // Another authority, at the head or in the middle.
+        assert!(matches!(
+            walk(&store, &p, &b),
+            Err(ChainError::ForeignAuthority { .. })
+        ));
+        let foreign_m = put(&store, &receipt(StageName::Materialize, b, Some(f)));
+        let head = put(&store, &receipt(StageName::Prebuild, a, Some(foreign_m)));
+        assert!(matches!(
+            walk(&store, &head, &a),
+            Err(ChainError::ForeignAuthority {
+                stage: StageName::Materialize,
+                ..
+            })
+        ));
+        // A prebuild directly over a fetch: out of order.
+        let skip = put(&store, &receipt(StageName::Prebuild, a, Some(f)));
+        assert!(matches!(
+            walk(&store, &skip, &a),
+            Err(ChainError::Order { .. })
+        ));
+        // A materialize that names nothing before it does not reach intake.
+        let orphan = put(&store, &receipt(StageName::Materialize, a, None));
+        let head = put(&store, &receipt(StageName::Prebuild, a, Some(orphan)));
+        assert!(matches!(
+            walk(&store, &head, &a),
+            Err(ChainError::Order { .. })
+        ));
+        // A fetch that names a predecessor.
+        let odd = put(&store, &receipt(StageName::Fetch, a, Some(m)));
+        assert!(matches!(
+            walk(&store, &odd, &a),
+            Err(ChainError::Order { .. })
+        ));
+        // A receipt the store does not hold.
+        let absent = receipt(StageName::Prebuild, a, Some(m)).digest().unwrap();
+        let missing = walk(&store, &Digest::of_bytes(b"nothing"), &a);
+        assert!(matches!(missing, Err(ChainError::Missing { .. })));
+        assert!(matches!(
+            walk(&store, &absent, &a),
+            Err(ChainError::Missing { .. })
+        ));
+        // A rejected receipt (were one ever stored) does not continue a chain.
+        let mut rejected = receipt(StageName::Materialize, a, Some(f));
+        rejected.outcome = Outcome::Rejected;
+        let rejected = put(&store, &rejected);
+        let head = put(&store, &receipt(StageName::Prebuild, a, Some(rejected)));
+        assert!(matches!(
+            walk(&store, &head, &a),
+            Err(ChainError::NotOk { .. })
+        ));
+    }
+
+    #[test]
+    fn a_stored_receipt_that_does_not_hash_to_its_name_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        let a = Digest::of_bytes(b"a");
+        let real = receipt(StageName::Fetch, a, None);
+        let other = Digest::of_bytes(b"not its digest");
+        store
+            .put_document(
+                "receipts",
+                &format!("{}.json", other.hex()),
+                real.to_canonical_json().unwrap().as_bytes(),
+            )
+            .unwrap();
+        assert!(matches!(
+            load(&store, &other),
+            Err(ChainError::Tampered { .. })
+        ));
+        store
+            .put_document(
+                "receipts",
+                &format!("{}.json", Digest::of_bytes(b"x").hex()),
+                b"{",
+            )
+            .unwrap();
+        assert!(matches!(
+            load(&store, &Digest::of_bytes(b"x")),
+            Err(ChainError::Unreadable { .. })
+        ));
+    }
+}
