@@ -79,12 +79,42 @@ impl std::fmt::Display for StageName {
 /// What a stage decided about the candidate: its established value, or a rejection with the
 /// findings behind it. What the infrastructure could not establish is never a decision: it is
 /// an error, and becomes a no-decision receipt.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Decision<T> {
     /// The candidate passed this stage.
     Accepted(T),
-    /// The candidate failed; every finding says why.
-    Rejected(Vec<Reason>),
+    /// The candidate failed.
+    Rejected(Rejection),
+}
+
+/// Why the candidate failed: every finding (each with its stable code), and the evidence the
+/// rejection receipt carries as its outputs (a meta record, located findings).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rejection {
+    /// The findings, at least one.
+    pub findings: Vec<Reason>,
+    /// The rejection receipt's outputs.
+    pub evidence: Value,
+}
+
+impl Rejection {
+    /// A rejection with one finding.
+    #[must_use]
+    pub fn one(code: &str, message: String, evidence: Value) -> Self {
+        Self {
+            findings: vec![Reason {
+                code: code.to_owned(),
+                message,
+            }],
+            evidence,
+        }
+    }
+
+    /// The first finding's code.
+    #[must_use]
+    pub fn code(&self) -> &str {
+        self.findings.first().map_or("", |f| f.code.as_str())
+    }
 }
 
 /// What `cordon-fetch` established (an `ok` receipt's outputs).

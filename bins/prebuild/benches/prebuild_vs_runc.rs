@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 
 use cordon::canonical::Digest;
 use cordon::lease::Manager;
+use cordon::receipt::Decision;
 use cordon::store::Store;
 use cordon_policy_lang::{MountSource, StageKind};
-use cordon_prebuild::prebuild::{Config, Outcome, prebuild};
+use cordon_prebuild::prebuild::{Config, Published, prebuild};
 use cordon_stage::bundle::{self, RunInputs};
 
 fn ms(d: Duration) -> f64 {
@@ -110,7 +111,10 @@ fn main() {
         let t = Instant::now();
         let o = prebuild(&policy, &cfg(i), &tree, "build-native").unwrap();
         lib.push(t.elapsed());
-        assert!(matches!(o, Outcome::Published { cached: false, .. }));
+        assert!(matches!(
+            o,
+            Decision::Accepted(Published { cached: false, .. })
+        ));
     }
     let t = Instant::now();
     let left = Manager::open(&store, setup.clone())

@@ -10,15 +10,13 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use cordon::ExitCode;
-use cordon::receipt::{
-    MaterializeOutputs, Outcome as ReceiptOutcome, PrebuildOutputs, Reason, Receipt, StageName,
-};
+use cordon::receipt::{Decision, MaterializeOutputs, Outcome, PrebuildOutputs, Receipt, StageName};
 use cordon::store::Store;
 use cordon_stage::args::{LeaseArgs, StageArgs, report_diagnostic};
 use cordon_stage::receipt_io as stage;
 use serde_json::json;
 
-use crate::prebuild::{Config, Outcome, prebuild};
+use crate::prebuild::{Config, prebuild, rejected};
 
 /// Build a materialized tree's native publication in a disposable container.
 #[derive(Debug, Parser)]
@@ -97,67 +95,34 @@ pub fn run(
         setup: args.lease.setup(policy),
         authority,
     };
-    let mut receipt = Receipt::new(StageName::Prebuild, authority, ReceiptOutcome::Ok);
+    let mut receipt = Receipt::new(StageName::Prebuild, authority, Outcome::Ok);
     receipt.prev = Some(prev);
     receipt.inputs = json!({ "tree": tree, "step": step });
     let result = match &step {
         Some(step) => prebuild(policy, &cfg, &tree, step),
-        None => Ok(Outcome::Rejected {
-            code: "prebuild.unknown-step",
-            message: "the delta names no build step".into(),
-            meta: None,
+        None => Ok(rejected(
+            "prebuild.unknown-step",
+            "the delta names no build step".into(),
+            None,
+        )),
+    };
+    let result = result.map(|d| match d {
+        Decision::Accepted(p) => Decision::Accepted(PrebuildOutputs {
+            publication: p.publication.digest,
+            files: p.publication.entries.len() as u64,
+            bytes: p.publication.entries.iter().map(|e| e.size).sum::<u64>(),
+            cached: p.cached,
+            meta: p.meta,
         }),
-    };
-    let code = match result {
-        Ok(Outcome::Published {
-            publication,
-            meta,
-            cached,
-        }) => {
-            let outputs = PrebuildOutputs {
-                publication: publication.digest,
-                files: publication.entries.len() as u64,
-                bytes: publication.entries.iter().map(|e| e.size).sum::<u64>(),
-                cached,
-                meta,
-            };
-            match receipt.set_outputs(&outputs) {
-                Ok(()) => ExitCode::Ok,
-                Err(e) => {
-                    report_diagnostic(&e, args.stage.diagnostics, stderr);
-                    receipt.outcome = ReceiptOutcome::NoDecision;
-                    ExitCode::NoDecision
-                }
-            }
-        }
-        Ok(Outcome::Rejected {
-            code,
-            message,
-            meta,
-        }) => {
-            receipt.outcome = ReceiptOutcome::Rejected;
-            receipt.reasons.push(Reason {
-                code: code.to_owned(),
-                message,
-            });
-            receipt.outputs = json!({ "meta": meta });
-            ExitCode::Rejected
-        }
-        Err(e) => {
-            report_diagnostic(&e, args.stage.diagnostics, stderr);
-            receipt.outcome = ReceiptOutcome::NoDecision;
-            receipt.reasons.push(Reason {
-                code: "prebuild.infrastructure".into(),
-                message: stage::error_chain(&e),
-            });
-            ExitCode::NoDecision
-        }
-    };
-    match stage::emit(Some(&store), &mut receipt, stdout) {
-        Ok(_) => code,
-        Err(e) => {
-            report_diagnostic(&e, args.stage.diagnostics, stderr);
-            ExitCode::NoDecision
-        }
-    }
+        Decision::Rejected(r) => Decision::Rejected(r),
+    });
+    stage::finish(
+        &store,
+        &mut receipt,
+        result,
+        "prebuild.infrastructure",
+        args.stage.diagnostics,
+        stdout,
+        stderr,
+    )
 }

@@ -16,6 +16,7 @@ use std::time::Instant;
 use cordon::canonical::{Digest, domain_digest};
 use cordon::container::Input;
 use cordon::lease::Setup;
+use cordon::receipt::{Decision, Rejection};
 use cordon::runtime::{Finished, Meta};
 use cordon::store::{Store, StoreError};
 use cordon::tree::{self, Entry, PUBLICATIONS, TREES, TreeRecord};
@@ -39,28 +40,20 @@ pub struct Config {
     pub authority: Digest,
 }
 
-/// What the stage established.
-#[derive(Debug, Clone)]
-pub enum Outcome {
-    /// A sealed publication.
-    Published {
-        /// Its record.
-        publication: TreeRecord,
-        /// The build's meta record (none when the cache answered).
-        meta: Option<Meta>,
-        /// Whether the cache answered and no container ran.
-        cached: bool,
-    },
-    /// The candidate's build failed a rule.
-    Rejected {
-        /// Stable reason code.
-        code: &'static str,
-        /// The sentence.
-        message: String,
-        /// The build's meta record, when a container ran.
-        meta: Option<Meta>,
-    },
+/// A sealed publication the stage established.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Published {
+    /// Its record.
+    pub publication: TreeRecord,
+    /// The build's meta record (none when the cache answered).
+    pub meta: Option<Meta>,
+    /// Whether the cache answered and no container ran.
+    pub cached: bool,
 }
+
+/// What the stage decided: a publication, or a rejection whose evidence is the build's meta
+/// record (when a container ran).
+pub type Outcome = Decision<Published>;
 
 /// What cordon itself could not establish (exit 3), or a wiring error (exit 2).
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
@@ -106,12 +99,9 @@ fn cache_name(key: &Digest) -> String {
 }
 
 /// A rejection, with the build's meta record when a container ran.
-fn rejected(code: &'static str, message: String, meta: Option<Meta>) -> Outcome {
-    Outcome::Rejected {
-        code,
-        message,
-        meta,
-    }
+#[must_use]
+pub fn rejected(code: &str, message: String, meta: Option<Meta>) -> Outcome {
+    Decision::Rejected(Rejection::one(code, message, json!({ "meta": meta })))
 }
 
 /// Run the prebuild of `tree` with registered step `step`.
@@ -180,11 +170,11 @@ pub fn prebuild(
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| PrebuildError::Policy("cache entry names no publication".into()))?;
         let publication = tree::verify_in(&cfg.store, PUBLICATIONS, &digest)?;
-        return Ok(Outcome::Published {
+        return Ok(Decision::Accepted(Published {
             publication,
             meta: None,
             cached: true,
-        });
+        }));
     }
 
     // A secret reaches the declared step on standard input only: never an env var or a mount.
@@ -292,9 +282,9 @@ fn publish(
     let doc = cordon::canonical::to_canonical_json(&json!({ "publication": publication.digest }))?;
     cfg.store
         .put_document("publications", &cache_name(key), doc.as_bytes())?;
-    Ok(Outcome::Published {
+    Ok(Decision::Accepted(Published {
         publication,
         meta: Some(meta),
         cached: false,
-    })
+    }))
 }

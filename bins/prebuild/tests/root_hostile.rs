@@ -16,9 +16,10 @@ use std::process::Command;
 
 use cordon::canonical::Digest;
 use cordon::lease::Manager;
+use cordon::receipt::Decision;
 use cordon::store::Store;
 use cordon::tree::{self, PUBLICATIONS};
-use cordon_prebuild::prebuild::{Config, Outcome, prebuild};
+use cordon_prebuild::prebuild::{Config, Outcome, Published, prebuild};
 use cordon_testkit::EditOnce as _;
 use cordon_testkit::{require_executable, workspace_root};
 
@@ -131,20 +132,18 @@ fn build(e: &Env, script: &str, extra: &[(&str, &Path)]) -> (Digest, Outcome) {
 /// The text of `path` in a published outcome.
 fn published(e: &Env, o: &Outcome, path: &str) -> String {
     match o {
-        Outcome::Published { publication, .. } => {
+        Decision::Accepted(Published { publication, .. }) => {
             let root = tree::root_in(&e.store, PUBLICATIONS, &publication.digest);
             std::fs::read_to_string(root.join(path)).unwrap_or_default()
         }
-        Outcome::Rejected { code, message, .. } => {
-            panic!("expected a publication, got {code}: {message}")
-        }
+        Decision::Rejected(r) => panic!("expected a publication, got {:?}", r.findings),
     }
 }
 
-fn rejected(o: &Outcome) -> &'static str {
+fn rejected(o: &Outcome) -> &str {
     match o {
-        Outcome::Rejected { code, .. } => code,
-        Outcome::Published { .. } => panic!("expected a rejection, got a publication"),
+        Decision::Rejected(r) => r.code(),
+        Decision::Accepted(_) => panic!("expected a rejection, got a publication"),
     }
 }
 
@@ -274,11 +273,11 @@ fn every_forbidden_leftover_in_staging_is_refused() {
         "busybox mkdir -p $out/lib; echo ok > $out/lib/a; printf '#!/bin/sh\\n' > $out/tool; busybox chmod 755 $out/tool",
         &[],
     );
-    let Outcome::Published {
+    let Decision::Accepted(Published {
         publication,
         cached,
         ..
-    } = &o
+    }) = &o
     else {
         panic!("{o:?}")
     };
@@ -294,11 +293,11 @@ fn every_forbidden_leftover_in_staging_is_refused() {
         0o555
     );
     let again = prebuild(&e.policy, &e.cfg, &tree, "build-native").unwrap();
-    let Outcome::Published {
+    let Decision::Accepted(Published {
         publication: p2,
         cached: true,
         meta: None,
-    } = again
+    }) = again
     else {
         panic!("{again:?}")
     };
@@ -318,7 +317,7 @@ fn resource_bounds_hold_and_failures_are_rejections() {
         &[],
     );
     // The shell gives up when a fork fails (exit 2) or finishes: either way, nothing survives.
-    assert!(matches!(o, Outcome::Published { .. }) || rejected(&o) == "prebuild.exit");
+    assert!(matches!(o, Decision::Accepted(_)) || rejected(&o) == "prebuild.exit");
     let ps = Command::new("ps").args(["-eo", "args"]).output().unwrap();
     assert!(
         !String::from_utf8_lossy(&ps.stdout).contains("sleep 31"),
@@ -337,7 +336,7 @@ fn resource_bounds_hold_and_failures_are_rejections() {
         "busybox dd if=/dev/zero of=$out/big bs=64K count=64 2>/dev/null; echo $? > $out/rc",
         &[],
     );
-    if let Outcome::Published { publication, .. } = &o {
+    if let Decision::Accepted(Published { publication, .. }) = &o {
         assert!(publication.entries.iter().map(|x| x.size).sum::<u64>() <= 1 << 20);
     }
     let (_, o) = build(
@@ -345,7 +344,7 @@ fn resource_bounds_hold_and_failures_are_rejections() {
         "i=0; while [ $i -lt 200 ]; do : > $out/f$i || break; i=$((i+1)); done; exit 0",
         &[],
     );
-    if let Outcome::Published { publication, .. } = &o {
+    if let Decision::Accepted(Published { publication, .. }) = &o {
         assert!(publication.entries.len() < 64, "the inode bound held");
     }
     // Sleeping past the deadline.
@@ -360,7 +359,7 @@ fn resource_bounds_hold_and_failures_are_rejections() {
         "busybox setsid sh -c 'busybox sleep 313 &' ; exit 0",
         &[],
     );
-    assert!(matches!(o, Outcome::Published { .. }));
+    assert!(matches!(o, Decision::Accepted(_)));
     let ps = Command::new("ps").args(["-eo", "args"]).output().unwrap();
     assert!(
         !String::from_utf8_lossy(&ps.stdout).contains("sleep 313"),
@@ -368,7 +367,7 @@ fn resource_bounds_hold_and_failures_are_rejections() {
     );
     // A stdout flood is capped and counted.
     let (_, o) = build(&e, "busybox head -c 10000000 /dev/zero", &[]);
-    let Outcome::Published { meta: Some(m), .. } = o else {
+    let Decision::Accepted(Published { meta: Some(m), .. }) = o else {
         panic!()
     };
     assert!(m.stdout_truncated && m.stdout_bytes == 10_000_000, "{m:?}");

@@ -10,7 +10,10 @@ use std::io::{Read, Write};
 use std::path::Path;
 
 use cordon::chain::{self, ChainError};
-use cordon::receipt::{Outcome, Receipt, ReceiptError, StageName};
+use cordon::receipt::{Decision, Outcome, Reason, Receipt, ReceiptError, StageName, StageOutputs};
+use cordon_canon::ExitCode;
+
+use crate::args::{Diagnostics, report_diagnostic};
 use cordon::store::{Store, StoreError};
 use cordon_canon::Digest;
 
@@ -138,6 +141,58 @@ pub fn emit(
     }
     writeln!(stdout, "{text}").map_err(|source| StageError::Stdout { source })?;
     Ok(digest)
+}
+
+/// The one wrapper from a stage's result to its receipt and exit code: an accepted value is an
+/// `ok` receipt with the stage's typed outputs (exit 0), a rejection a `rejected` receipt with
+/// its findings and evidence (exit 1), an error a `no-decision` receipt whose reason is the
+/// error's chain under `infrastructure_code` (exit 3, the error also reported on stderr). The
+/// receipt is then emitted (stored when `ok`); a failure to emit is a no-decision.
+pub fn finish<T: StageOutputs, E: miette::Diagnostic>(
+    store: &Store,
+    receipt: &mut Receipt,
+    result: Result<Decision<T>, E>,
+    infrastructure_code: &str,
+    mode: Diagnostics,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> ExitCode {
+    let code = match result {
+        Ok(Decision::Accepted(outputs)) => match receipt.set_outputs(&outputs) {
+            Ok(()) => ExitCode::Ok,
+            Err(e) => no_decision(receipt, &e, infrastructure_code, mode, stderr),
+        },
+        Ok(Decision::Rejected(r)) => {
+            receipt.outcome = Outcome::Rejected;
+            receipt.reasons.extend(r.findings);
+            receipt.outputs = r.evidence;
+            ExitCode::Rejected
+        }
+        Err(e) => no_decision(receipt, &e, infrastructure_code, mode, stderr),
+    };
+    match emit(Some(store), receipt, stdout) {
+        Ok(_) => code,
+        Err(e) => {
+            report_diagnostic(&e, mode, stderr);
+            ExitCode::NoDecision
+        }
+    }
+}
+
+fn no_decision(
+    receipt: &mut Receipt,
+    e: &dyn miette::Diagnostic,
+    infrastructure_code: &str,
+    mode: Diagnostics,
+    stderr: &mut dyn Write,
+) -> ExitCode {
+    report_diagnostic(e, mode, stderr);
+    receipt.outcome = Outcome::NoDecision;
+    receipt.reasons.push(Reason {
+        code: infrastructure_code.to_owned(),
+        message: error_chain(e),
+    });
+    ExitCode::NoDecision
 }
 
 /// An error and its causes on one line, for a receipt's reason.
