@@ -355,3 +355,53 @@ impl Exited {
         Ok(self.finished)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::host::fake::{Call, Fake};
+
+    #[test]
+    fn create_spawns_through_the_seam_and_a_failed_spawn_is_an_error() {
+        let fake = Arc::new(Fake::new());
+        let rt = Runtime {
+            binary: "/usr/sbin/runc".into(),
+            state_root: "/run/cordon-runc/x".into(),
+            host: fake.clone(),
+        };
+        let stdio = Stdio3::captured(
+            Some(b"secret".to_vec()),
+            OutputCaps {
+                stdout: 10,
+                stderr: 10,
+            },
+        );
+        let e = rt.create("c1", Path::new("/b"), stdio).unwrap_err();
+        assert!(matches!(e, RuntimeError::Spawn { .. }), "{e}");
+        assert_eq!(fake.calls(), vec![Call::Spawn("/usr/sbin/runc".into())]);
+    }
+
+    #[test]
+    fn captured_stdio_keeps_the_caps_and_the_secret() {
+        let s = Stdio3::captured(
+            Some(b"k".to_vec()),
+            OutputCaps {
+                stdout: 1,
+                stderr: 2,
+            },
+        );
+        assert_eq!(s.stdin, Input::Bytes(b"k".to_vec()));
+        assert_eq!(s.stdout, Output::Captured(1));
+        assert_eq!(s.stderr_cap, 2);
+        let s = Stdio3::captured(
+            None,
+            OutputCaps {
+                stdout: 1,
+                stderr: 2,
+            },
+        );
+        assert_eq!(s.stdin, Input::Null);
+    }
+}

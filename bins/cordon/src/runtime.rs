@@ -15,7 +15,6 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::host::{HostRef, Tool};
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -265,19 +264,12 @@ impl Runtime {
         }
     }
 
-    /// Check that the runtime runs and is new enough (`--version`, bounded in time and output).
+    /// Check that the runtime is new enough, from its `--version` text (the one the authority
+    /// identity read, bounded in time and output, so the runtime is not run twice).
     ///
     /// # Errors
-    /// Missing or too old.
-    pub fn preflight(&self) -> Result<(), RuntimeError> {
-        let mut tool = Tool::new(&self.binary, &["--version"]);
-        tool.timeout = Duration::from_secs(10);
-        tool.max_output = 4096;
-        let out = self.host.run(&tool).map_err(|source| RuntimeError::Spawn {
-            binary: self.binary.clone(),
-            source,
-        })?;
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    /// Too old, or a version that cannot be read.
+    pub fn check_version(&self, text: &str) -> Result<(), RuntimeError> {
         let version = text
             .lines()
             .next()
@@ -353,5 +345,84 @@ impl Runtime {
             }
             Err(e) => Err(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::host::ToolOutput;
+    use crate::host::fake::{Call, Fake};
+
+    fn runtime(fake: &Arc<Fake>) -> Runtime {
+        Runtime {
+            binary: "/usr/sbin/runc".into(),
+            state_root: "/run/cordon-runc/x".into(),
+            host: fake.clone(),
+        }
+    }
+
+    #[test]
+    fn versions_below_the_minimum_or_unreadable_are_too_old() {
+        let r = runtime(&Arc::new(Fake::new()));
+        r.check_version("runc version 1.1.12\ncommit: v1.1.12\nspec: 1.0.2-dev")
+            .unwrap();
+        r.check_version("runc version 1.2.0").unwrap();
+        for old in ["runc version 1.0.0-rc93", "runc version 0.9", "garbage", ""] {
+            assert!(
+                matches!(r.check_version(old), Err(RuntimeError::TooOld { .. })),
+                "{old:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_call_names_cordons_state_root_and_a_failure_carries_stderr() {
+        let fake = Arc::new(Fake::new());
+        fake.reply("delete", ToolOutput::failed("permission denied"));
+        let r = runtime(&fake);
+        r.call(&["start", "c1"]).unwrap();
+        let e = r.remove("c1").unwrap_err();
+        assert!(e.to_string().contains("permission denied"), "{e}");
+        let calls = fake.calls();
+        assert_eq!(
+            calls[0],
+            Call::Run("/usr/sbin/runc --root /run/cordon-runc/x start c1".into())
+        );
+        // A container that does not exist is removed already.
+        let fake = Arc::new(Fake::new());
+        fake.reply("delete", ToolOutput::failed("container c2 does not exist"));
+        runtime(&fake).remove("c2").unwrap();
+    }
+
+    #[test]
+    fn cgroup_accounting_reads_v2_and_v1_through_the_seam() {
+        let fake = Arc::new(Fake::new());
+        fake.file("/cg/cgroup.controllers", "memory pids")
+            .file("/cg/cordon/l/memory.events", "low 0\noom 1\noom_kill 2\n")
+            .file("/cg/cordon/l/memory.peak", "4096\n")
+            .file("/cg/cordon/l/cpu.stat", "usage_usec 5000\n")
+            .file("/cg/cordon/l/memory.max", "1048576\n");
+        let p = CgroupProbe {
+            host: fake.clone(),
+            root: "/cg".into(),
+            path: "/cordon/l".into(),
+        };
+        assert!(p.unified());
+        assert_eq!(p.accounting(), (Some(2), Some(4096), Some(5)));
+        assert_eq!(p.memory_limit(), Some(1_048_576));
+        assert_eq!(p.dirs(), vec![PathBuf::from("/cg/cordon/l")]);
+        let fake = Arc::new(Fake::new());
+        fake.file("/cg/pids/cordon/l/pids.max", "64\n");
+        let p = CgroupProbe {
+            host: fake,
+            root: "/cg".into(),
+            path: "/cordon/l".into(),
+        };
+        assert!(!p.unified());
+        assert_eq!(p.pids_limit(), Some(64));
+        assert_eq!(p.dirs().len(), 8);
     }
 }

@@ -178,7 +178,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
         args.stage.diagnostics,
         stderr,
     ) {
-        Ok(x) => x,
+        Ok(s) => (s.loaded, s.authority),
         Err(code) => return code,
     };
     match fetch(args, &loaded.policy, authority, stdout) {

@@ -168,7 +168,7 @@ pub fn run(
         args.stage.diagnostics,
         stderr,
     ) {
-        Ok(x) => x,
+        Ok(s) => (s.loaded, s.authority),
         Err(code) => return code,
     };
     match dispatch(args, &loaded.policy, authority, stdin, stdout, stderr) {

@@ -99,12 +99,17 @@ fn main() {
         .unwrap()
         .recover()
         .unwrap();
+    let runtime_version =
+        cordon::identity::probe_runtime(&cordon::host::Linux, "runc", &setup.runtime.binary, None)
+            .unwrap()
+            .version;
     let cfg = |i: usize| Config {
         store: store.clone(),
         images: dir.path().join("images"),
         setup: setup.clone(),
         // A fresh authority per run, so the cache never answers and a container always runs.
         authority: Digest::of_bytes(format!("bench-{i}").as_bytes()),
+        runtime_version: runtime_version.clone(),
     };
     let mut lib = Vec::new();
     for i in 0..runs {

@@ -43,12 +43,12 @@ pub fn run(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> ExitCode {
-    let (loaded, authority) = match cordon_stage::start::stage_start(
+    let (loaded, authority, runtime_version) = match cordon_stage::start::stage_start(
         &args.stage.policy,
         args.stage.diagnostics,
         stderr,
     ) {
-        Ok(x) => x,
+        Ok(s) => (s.loaded, s.authority, s.runtime.version),
         Err(code) => return code,
     };
     let policy = &loaded.policy;
@@ -94,6 +94,7 @@ pub fn run(
         images: args.images.clone(),
         setup: args.lease.setup(policy),
         authority,
+        runtime_version,
     };
     let mut receipt = Receipt::new(StageName::Prebuild, authority, Outcome::Ok);
     receipt.prev = Some(prev);

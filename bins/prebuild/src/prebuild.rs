@@ -38,6 +38,8 @@ pub struct Config {
     pub setup: Setup,
     /// The authority identity.
     pub authority: Digest,
+    /// The runtime's `--version` text, as the identity read it.
+    pub runtime_version: String,
 }
 
 /// A sealed publication the stage established.
@@ -191,6 +193,7 @@ pub fn prebuild(
         store: cfg.store.clone(),
         setup: cfg.setup.clone(),
         authority: cfg.authority,
+        runtime_version: cfg.runtime_version.clone(),
     };
     let job = Job {
         argv,

@@ -84,11 +84,16 @@ fn env(slot: u32) -> Env {
         .unwrap()
         .recover()
         .unwrap();
+    let runtime_version =
+        cordon::identity::probe_runtime(&cordon::host::Linux, "runc", &setup.runtime.binary, None)
+            .unwrap()
+            .version;
     let cfg = Config {
         store: store.clone(),
         images: dir.path().join("images"),
         setup,
         authority,
+        runtime_version,
     };
     Env {
         dir,

@@ -302,7 +302,10 @@ fn a_container_that_will_not_disappear_and_a_runtime_too_old_are_no_decisions() 
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&v.stdout).contains("1.0.0"));
-    let err = sticky.runtime.preflight().unwrap_err();
+    let facts =
+        cordon::identity::probe_runtime(&cordon::host::Linux, "runc", &sticky.runtime.binary, None)
+            .unwrap();
+    let err = sticky.runtime.check_version(&facts.version).unwrap_err();
     assert!(err.to_string().contains("needs at least 1.1"), "{err}");
     drop(m);
     let m = Manager::open(&store, s).unwrap();

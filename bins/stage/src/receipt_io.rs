@@ -207,3 +207,97 @@ pub fn error_chain(err: &dyn std::error::Error) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use cordon::receipt::{FetchOutputs, Rejection};
+
+    use super::*;
+
+    #[derive(Debug, thiserror::Error, miette::Diagnostic)]
+    #[error("the disk is on fire")]
+    struct Broken;
+
+    fn outputs() -> FetchOutputs {
+        FetchOutputs {
+            archive_sha256: Digest::of_bytes(b"a"),
+            content_digest: Digest::of_bytes(b"c"),
+            files: 1,
+            bytes: 2,
+        }
+    }
+
+    fn finish_with(result: Result<Decision<FetchOutputs>, Broken>) -> (ExitCode, Receipt, usize) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        let mut r = Receipt::new(StageName::Fetch, Digest::of_bytes(b"x"), Outcome::Ok);
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let code = finish(
+            &store,
+            &mut r,
+            result,
+            "fetch.infrastructure",
+            Diagnostics::Text,
+            &mut out,
+            &mut err,
+        );
+        let printed = Receipt::parse(String::from_utf8(out).unwrap().trim_end()).unwrap();
+        assert_eq!(printed, r);
+        let stored = std::fs::read_dir(store.root().join("receipts"))
+            .unwrap()
+            .count();
+        (code, printed, stored)
+    }
+
+    #[test]
+    fn accepted_rejected_and_errors_each_have_one_receipt_shape() {
+        let (code, r, stored) = finish_with(Ok(Decision::Accepted(outputs())));
+        assert_eq!((code, r.outcome, stored), (ExitCode::Ok, Outcome::Ok, 1));
+        assert_eq!(r.outputs_as::<FetchOutputs>().unwrap(), outputs());
+
+        let rejection = Rejection::one("intake.symlink", "a link".into(), serde_json::json!({}));
+        let (code, r, stored) = finish_with(Ok(Decision::Rejected(rejection)));
+        assert_eq!(
+            (code, r.outcome, stored),
+            (ExitCode::Rejected, Outcome::Rejected, 0)
+        );
+        assert_eq!(r.reasons[0].code, "intake.symlink");
+
+        let (code, r, stored) = finish_with(Err(Broken));
+        assert_eq!(
+            (code, r.outcome, stored),
+            (ExitCode::NoDecision, Outcome::NoDecision, 0)
+        );
+        assert_eq!(r.reasons[0].code, "fetch.infrastructure");
+        assert_eq!(r.reasons[0].message, "the disk is on fire");
+    }
+
+    #[test]
+    fn an_input_of_another_stage_authority_or_outcome_is_refused() {
+        let a = Digest::of_bytes(b"a");
+        let mut stdin: &[u8] = b"";
+        let read = |r: &Receipt, stage: StageName, authority: &Digest| {
+            let text = r.to_canonical_json().unwrap();
+            read_input(None, &mut text.as_bytes(), stage, authority)
+        };
+        let fetch = Receipt::new(StageName::Fetch, a, Outcome::Ok);
+        read(&fetch, StageName::Fetch, &a).unwrap();
+        assert!(matches!(
+            read(&fetch, StageName::Materialize, &a),
+            Err(StageError::WrongStage { .. })
+        ));
+        assert!(matches!(
+            read(&fetch, StageName::Fetch, &Digest::of_bytes(b"b")),
+            Err(StageError::Receipt(ReceiptError::ForeignAuthority { .. }))
+        ));
+        let rejected = Receipt::new(StageName::Fetch, a, Outcome::Rejected);
+        assert!(matches!(
+            read(&rejected, StageName::Fetch, &a),
+            Err(StageError::NotOk { .. })
+        ));
+        assert!(matches!(
+            read_input(None, &mut stdin, StageName::Fetch, &a),
+            Err(StageError::Receipt(ReceiptError::Parse { .. }))
+        ));
+    }
+}

@@ -3,8 +3,9 @@
 //! the surface next) runs through it instead of copying the sequence.
 //!
 //! The sequence, in order (each step's why is on the step):
-//! 1. validate before touching anything: the stage is declared, the runtime runs and is new
-//!    enough, every GPU device the stage names exists on this host;
+//! 1. validate before touching anything: the stage is declared, the runtime is new enough (from
+//!    the version text the authority identity already read), every GPU device the stage names
+//!    exists on this host;
 //! 2. become the executor's one manager and begin a lease whose record names every mount point
 //!    the plan will make (written before any resource exists);
 //! 3. provision the account and the run directory, plan the bundle from the typed stage and the
@@ -111,6 +112,8 @@ pub struct Session<'a> {
     pub setup: Setup,
     /// The authority every lease and container is labelled with.
     pub authority: Digest,
+    /// The runtime's `--version` text, as the identity read it.
+    pub runtime_version: String,
 }
 
 /// What a run left, with what the caller's inspection made of it.
@@ -143,7 +146,10 @@ impl Session<'_> {
             .policy
             .stage(self.kind)
             .ok_or(SessionError::Plan(PlanError::NoStage { kind: self.kind }))?;
-        self.setup.runtime.preflight().map_err(SessionError::from)?;
+        self.setup
+            .runtime
+            .check_version(&self.runtime_version)
+            .map_err(SessionError::from)?;
         let mut devices = BTreeMap::new();
         for path in stage.gpu_device.keys() {
             let node = self
@@ -258,5 +264,100 @@ impl Session<'_> {
             lease: lease.record.lease.clone(),
             inspected,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Validation happens before anything is touched: driven through the fake host, a runtime
+    //! too old or a missing GPU device ends the session before a lease record exists.
+
+    use std::sync::Arc;
+
+    use cordon::host::fake::{Call, Fake};
+
+    use super::*;
+
+    fn policy() -> Policy {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../policy/evaluator.kdl"
+        ))
+        .unwrap();
+        cordon_policy_lang::parse("evaluator.kdl", &text).unwrap()
+    }
+
+    fn try_run(kind: StageKind, version: &str) -> (SessionError, Vec<Call>, usize) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        let policy = policy();
+        let fake = Arc::new(Fake::new());
+        let mut setup = crate::settings::lease_setup(
+            &policy,
+            "session-unit",
+            &dir.path().join("state"),
+            dir.path().join("run"),
+        );
+        setup.runtime.host = fake.clone();
+        let session = Session {
+            policy: &policy,
+            kind,
+            store: store.clone(),
+            setup,
+            authority: Digest::of_bytes(b"a"),
+            runtime_version: version.to_owned(),
+        };
+        let job = Job {
+            argv: vec!["/bin/true".into()],
+            image_rootfs: dir.path().join("rootfs"),
+            sources: BTreeMap::new(),
+            stdin: cordon::container::Input::Null,
+            live_stdout: false,
+            started: Instant::now(),
+        };
+        let e = session
+            .run(&job, |_| Ok::<(), SessionError>(()), |_, _, _| Ok(()))
+            .unwrap_err();
+        let leases = std::fs::read_dir(store.root().join("leases"))
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .path()
+                    .extension()
+                    .is_some_and(|x| x == "json")
+            })
+            .count();
+        (e, fake.calls(), leases)
+    }
+
+    #[test]
+    fn a_runtime_too_old_stops_before_anything_is_touched() {
+        let (e, calls, leases) = try_run(StageKind::Prebuild, "runc version 1.0.0");
+        assert!(
+            matches!(
+                e,
+                SessionError::Lease(LeaseError::Runtime(RuntimeError::TooOld { .. }))
+            ),
+            "{e}"
+        );
+        assert!(calls.is_empty(), "{calls:?}");
+        assert_eq!(leases, 0);
+    }
+
+    #[test]
+    fn a_missing_gpu_device_stops_before_any_lease_exists() {
+        let (e, calls, leases) = try_run(StageKind::Lane, "runc version 1.1.12");
+        assert!(matches!(e, SessionError::Device { .. }), "{e}");
+        assert!(!e.is_usage(), "a host without the device is a no-decision");
+        assert!(matches!(calls[0], Call::Device(_)), "{calls:?}");
+        assert_eq!(leases, 0);
+    }
+
+    #[test]
+    fn an_undeclared_stage_is_a_wiring_error() {
+        let (e, _, leases) = try_run(StageKind::Surface, "runc version 1.1.12");
+        assert!(e.is_usage(), "{e}");
+        assert_eq!(leases, 0);
     }
 }

@@ -105,6 +105,19 @@ pub fn load(path: &Path) -> Result<Loaded, StartError> {
     Ok(Loaded { policy, raw_sha256 })
 }
 
+/// A stage that has started: its policy, its authority on this host, and the runtime facts the
+/// authority was computed from (the session's runtime preflight reuses their version text
+/// rather than running the runtime again).
+#[derive(Debug)]
+pub struct Started {
+    /// The policy read from disk.
+    pub loaded: Loaded,
+    /// The authority identity.
+    pub authority: Digest,
+    /// The probed runtime.
+    pub runtime: identity::RuntimeFacts,
+}
+
 /// What every stage binary does first: read and validate its policy and establish the
 /// authority identity on this host. On failure the problem is already reported on `stderr` and
 /// the exit code is returned (2 for a policy problem, 3 for an identity that cannot be
@@ -116,12 +129,16 @@ pub fn stage_start(
     path: &Path,
     mode: Diagnostics,
     stderr: &mut dyn Write,
-) -> Result<(Loaded, Digest), ExitCode> {
-    let authority = load(path).and_then(|loaded| {
-        let a = components(&loaded.policy)?.authority()?;
-        Ok((loaded, a))
+) -> Result<Started, ExitCode> {
+    let started = load(path).and_then(|loaded| {
+        let parts = components(&loaded.policy)?;
+        Ok(Started {
+            authority: parts.authority()?,
+            runtime: parts.runtime,
+            loaded,
+        })
     });
-    authority.map_err(|e| {
+    started.map_err(|e| {
         e.report(mode, stderr);
         e.exit_code()
     })

@@ -94,6 +94,14 @@ fn run(w: &World, slot: u32, edits: &[(&str, &str)], script: &str) -> (String, V
         store: w.store.clone(),
         setup: setup.clone(),
         authority: cordon::Digest::of_bytes(b"session-test"),
+        runtime_version: cordon::identity::probe_runtime(
+            &cordon::host::Linux,
+            "runc",
+            &setup.runtime.binary,
+            None,
+        )
+        .unwrap()
+        .version,
     };
     let job = Job {
         argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
