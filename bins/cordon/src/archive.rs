@@ -852,3 +852,49 @@ pub fn scan(
         dirs,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    //! The path rules in isolation (the 50-case hostile corpus drives `scan` end to end in
+    //! `tests/archive_corpus.rs`).
+
+    use super::*;
+
+    fn limits() -> ArchiveLimits {
+        ArchiveLimits {
+            max_archive_bytes: 1 << 20,
+            max_extracted_bytes: 1 << 20,
+            max_members: 100,
+            max_file_bytes: 1 << 20,
+            max_path_length: 64,
+            max_depth: 4,
+            max_pax_bytes: 4096,
+            max_compression_ratio: 100,
+            exclude: vec![".git".into(), "*.pyc".into()],
+        }
+    }
+
+    #[test]
+    fn clean_relative_utf8_paths_pass_and_each_escape_has_its_code() {
+        let l = limits();
+        assert_eq!(check_path(b"a/b.py", false, &l).unwrap(), "a/b.py");
+        for (path, code) in [
+            (&b"/etc/passwd"[..], "intake.absolute-path"),
+            (b"a/../../x", "intake.dotdot"),
+            (b"./a", "intake.dot-component"),
+            (b"a//b", "intake.empty-component"),
+            (b"a/\xff", "intake.non-utf8"),
+            (b"a/\0b", "intake.nul"),
+            (b"a/.git/config", "intake.excluded"),
+            (b"a/b/c/d/e/f", "intake.too-deep"),
+        ] {
+            let r = check_path(path, false, &l).unwrap_err();
+            assert_eq!(r.code, code, "{}", String::from_utf8_lossy(path));
+        }
+        let long = "a".repeat(65);
+        assert_eq!(
+            check_path(long.as_bytes(), false, &l).unwrap_err().code,
+            "intake.path-too-long"
+        );
+    }
+}

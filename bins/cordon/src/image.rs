@@ -459,3 +459,53 @@ fn seal(root: &Path) -> Result<(), ImageError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(dir: &Path) -> ImageSpec {
+        let file = dir.join("tool");
+        fs::write(&file, b"#!/bin/sh\necho tool\n").unwrap();
+        ImageSpec {
+            name: "unit".into(),
+            files: [("/bin/tool".to_owned(), (file, 0o555))].into(),
+            dirs: [("/tmp".to_owned(), 0o755)].into(),
+            env: vec!["PATH=/bin".into()],
+            entrypoint: vec!["/bin/tool".into()],
+            workdir: None,
+        }
+    }
+
+    #[test]
+    fn layouts_are_byte_reproducible_verified_and_unpacked_read_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = spec(dir.path());
+        let a = build(&s, &dir.path().join("a")).unwrap();
+        let b = build(&s, &dir.path().join("b")).unwrap();
+        assert_eq!(a, b, "the same spec is the same manifest digest");
+        verify(&dir.path().join("a"), &a).unwrap();
+        assert!(verify(&dir.path().join("a"), &Digest::of_bytes(b"other")).is_err());
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        let root = unpack(&store, &dir.path().join("a"), &a).unwrap();
+        let m = fs::metadata(root.join("bin/tool")).unwrap();
+        assert_eq!(m.permissions().mode() & 0o7777, 0o555);
+        // A flipped byte in a blob is refused.
+        let blobs = dir.path().join("b/blobs/sha256");
+        let mut flipped = false;
+        for e in fs::read_dir(&blobs).unwrap() {
+            let p = e.unwrap().path();
+            let mut bytes = fs::read(&p).unwrap();
+            if bytes.len() > 100 && !flipped {
+                bytes[50] ^= 1;
+                let mut perm = fs::metadata(&p).unwrap().permissions();
+                perm.set_mode(0o644);
+                fs::set_permissions(&p, perm).unwrap();
+                fs::write(&p, bytes).unwrap();
+                flipped = true;
+            }
+        }
+        assert!(flipped);
+        assert!(verify(&dir.path().join("b"), &b).is_err());
+    }
+}

@@ -695,3 +695,78 @@ fn list_into(root: &Path, dir: &Path, out: &mut Vec<String>) -> Result<(), Store
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
+
+    use super::*;
+
+    fn store() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        (dir, store)
+    }
+
+    #[test]
+    fn a_root_that_is_not_private_or_is_a_link_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("open");
+        fs::create_dir(&root).unwrap();
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(Store::open(&root).is_err(), "a 0755 root is not private");
+        let link = dir.path().join("link");
+        Store::open(&dir.path().join("real")).unwrap();
+        symlink(dir.path().join("real"), &link).unwrap();
+        assert!(Store::open(&link).is_err(), "a root reached through a link");
+    }
+
+    #[test]
+    fn objects_are_content_addressed_read_only_and_re_verified() {
+        let (_d, s) = store();
+        let mut batch = s.batch().unwrap();
+        let (sha, size) = batch.add_reader(&b"hello"[..], false).unwrap();
+        batch.commit().unwrap();
+        assert_eq!((sha, size), (Digest::of_bytes(b"hello"), 5));
+        let path = s.object_path(&sha, false);
+        let m = fs::metadata(&path).unwrap();
+        assert_eq!(m.mode() & 0o7777, 0o444);
+        assert_eq!(s.read_object(&sha, false).unwrap(), b"hello");
+        s.verify_object(&path, &sha, 0o444).unwrap();
+        assert!(
+            s.verify_object(&path, &Digest::of_bytes(b"x"), 0o444)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn documents_are_never_replaced_and_scratch_of_the_dead_is_swept() {
+        let (d, s) = store();
+        s.put_document("receipts", "a.json", b"one").unwrap();
+        assert!(s.put_document("receipts", "a.json", b"two").is_err());
+        assert_eq!(s.read_document("receipts", "a.json").unwrap(), b"one");
+        // Scratch no live writer holds is removed by the next open.
+        let stale = s.root().join("tmp").join("stale-token");
+        fs::create_dir(&stale).unwrap();
+        drop(s);
+        let s = Store::open(&d.path().join("store")).unwrap();
+        assert!(!stale.exists());
+        assert!(create_exclusive(&s.root().join("tmp/x"), 0o600).is_ok());
+        assert!(create_exclusive(&s.root().join("tmp/x"), 0o600).is_err());
+    }
+
+    #[test]
+    fn rename_noreplace_and_nofollow_refuse_what_they_must() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        fs::write(&a, "a").unwrap();
+        fs::write(&b, "b").unwrap();
+        assert!(rename_noreplace(&a, &b).is_err());
+        assert_eq!(fs::read_to_string(&b).unwrap(), "b");
+        let l = dir.path().join("l");
+        symlink(&a, &l).unwrap();
+        assert!(open_nofollow(&l).is_err());
+        remove_tree(dir.path()).unwrap();
+        assert!(!dir.path().exists());
+    }
+}

@@ -440,3 +440,48 @@ fn walk(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(store: &Store, path: &str, text: &[u8], executable: bool) -> Entry {
+        let mut batch = store.batch().unwrap();
+        let (sha256, size) = batch.add_reader(text, executable).unwrap();
+        batch.commit().unwrap();
+        Entry {
+            path: path.into(),
+            mode: if executable { 0o555 } else { 0o444 },
+            size,
+            sha256,
+        }
+    }
+
+    #[test]
+    fn a_tree_is_named_by_its_entries_published_once_and_re_verified() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        let entries = vec![
+            entry(&store, "a/run.sh", b"#!/bin/sh\n", true),
+            entry(&store, "b.txt", b"b", false),
+        ];
+        let record = publish(&store, entries.clone(), serde_json::json!({"kind": "test"})).unwrap();
+        assert_eq!(record.digest, digest(&record.entries).unwrap());
+        // The same entries in another section are another digest (domain separation).
+        assert_ne!(
+            digest_in(PUBLICATIONS, &record.entries).unwrap(),
+            record.digest
+        );
+        verify(&store, &record.digest).unwrap();
+        let root = root_dir(&store, &record.digest);
+        assert_eq!(std::fs::read(root.join("b.txt")).unwrap(), b"b");
+        // A file changed behind the store's back is found by verify.
+        let object = store.object_path(&record.entries[1].sha256, false);
+        let mut p = std::fs::metadata(&object).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut p, 0o644);
+        std::fs::set_permissions(&object, p).unwrap();
+        std::fs::write(&object, b"B").unwrap();
+        assert!(verify(&store, &record.digest).is_err());
+        assert!(load(&store, &Digest::of_bytes(b"absent")).is_err());
+    }
+}

@@ -1790,3 +1790,63 @@ fn resolve(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn default_policy() -> String {
+        std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../policy/evaluator.kdl"
+        ))
+        .unwrap()
+    }
+
+    fn codes(text: &str) -> Vec<String> {
+        crate::parse("t.kdl", text)
+            .err()
+            .map(|e| {
+                e.problems()
+                    .iter()
+                    .map(|p| p.short_code().to_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn the_default_policy_decodes_to_typed_values() {
+        let p = crate::parse("evaluator.kdl", &default_policy()).unwrap();
+        let prebuild = p.stage(StageKind::Prebuild).unwrap();
+        assert_eq!(prebuild.network, Network::None);
+        assert_eq!(prebuild.root, RootMode::ReadOnly);
+        assert_eq!((prebuild.ipc, prebuild.shm_bytes), (Ipc::None, None));
+        let lane = p.stage(StageKind::Lane).unwrap();
+        assert_eq!(lane.root, RootMode::Overlay);
+        assert_eq!((lane.ipc, lane.shm_bytes), (Ipc::Private, Some(16 << 30)));
+        assert_eq!(lane.gpu_device.len(), 3);
+        let profile = p.seccomp_profile(&prebuild.seccomp).unwrap();
+        assert_eq!(profile.default_action, SeccompAction::Errno(1));
+        let socket = &profile.syscall["socket"];
+        assert_eq!(socket.args[0].op, ArgOp::Ne);
+    }
+
+    #[test]
+    fn shm_is_sized_only_for_a_private_ipc_namespace() {
+        let text = default_policy().replacen(
+            "    ipc \"none\"\n",
+            "    ipc \"none\"\n    shm \"64MiB\"\n",
+            1,
+        );
+        assert_ne!(text, default_policy(), "the edit must apply");
+        assert_eq!(codes(&text), ["redundant-entry"]);
+        let text = default_policy().replacen("    ipc \"none\"\n", "    ipc \"private\"\n", 1);
+        let p = crate::parse("t.kdl", &text).unwrap();
+        assert_eq!(
+            p.stage(StageKind::Prebuild).unwrap().shm_bytes,
+            Some(64 << 20),
+            "a private namespace without shm gets the 64MiB default"
+        );
+    }
+}

@@ -567,3 +567,18 @@ pub(crate) fn single<T>(
     shape(cx, node, 1, 1, props, false);
     arg(node, 0).and_then(|e| read(cx, e))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suggestions_name_the_nearest_known_word_or_nothing() {
+        let known = ["network", "root", "ipc"];
+        assert_eq!(
+            suggest("netwrok", known).as_deref(),
+            Some("did you mean `network`?")
+        );
+        assert_eq!(suggest("zzzzzzzz", known), None);
+    }
+}

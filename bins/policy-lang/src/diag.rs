@@ -223,3 +223,20 @@ impl PolicyError {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_problem_renders_in_text_and_json_with_its_code_and_place() {
+        let text = "policy \"p\" version=2\n";
+        let err = crate::parse("p.kdl", text).unwrap_err();
+        let rendered = err.render_text(100);
+        assert!(
+            rendered.contains("cordon::policy::unsupported-version"),
+            "{rendered}"
+        );
+        assert!(rendered.contains("p.kdl:1:"), "{rendered}");
+        let json: serde_json::Value = serde_json::from_str(&err.render_json()).unwrap();
+        assert!(json.to_string().contains("unsupported-version"), "{json}");
+    }
+}

@@ -770,3 +770,52 @@ impl Policy {
         self.secret.get(name).map(|s| s.path.as_str())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip<T: Keyword + Serialize + PartialEq + std::fmt::Debug>() {
+        for (text, value) in T::ALL {
+            assert_eq!(T::from_keyword(text), Some(*value));
+            assert_eq!(serde_json::to_value(value).unwrap(), *text);
+        }
+        assert_eq!(T::from_keyword("no-such-keyword"), None);
+    }
+
+    #[test]
+    fn every_keyword_is_spelled_as_in_the_policy_and_serialized_the_same() {
+        round_trip::<StageKind>();
+        round_trip::<Network>();
+        round_trip::<RootMode>();
+        round_trip::<Ipc>();
+        round_trip::<User>();
+        round_trip::<MountMode>();
+        round_trip::<MountSource>();
+        round_trip::<Sys>();
+        round_trip::<ArgOp>();
+        round_trip::<Arch>();
+        round_trip::<RuntimeKind>();
+        round_trip::<WriteScope>();
+        assert_eq!(StageKind::Prebuild.as_str(), "prebuild");
+    }
+
+    #[test]
+    fn seccomp_actions_keep_their_canonical_spelling_and_sets_sort_as_text() {
+        for (a, text) in [
+            (SeccompAction::Allow, "allow"),
+            (SeccompAction::Errno(38), "errno:38"),
+            (SeccompAction::KillProcess, "kill-process"),
+            (SeccompAction::KillThread, "kill-thread"),
+            (SeccompAction::Trap, "trap"),
+            (SeccompAction::Log, "log"),
+        ] {
+            assert_eq!(serde_json::to_value(a).unwrap(), text);
+        }
+        let set: BTreeSet<Arch> = [Arch::X86_64, Arch::X86, Arch::X32].into();
+        assert_eq!(
+            serde_json::to_value(&set).unwrap(),
+            serde_json::json!(["x32", "x86", "x86_64"])
+        );
+    }
+}
