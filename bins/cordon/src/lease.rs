@@ -46,8 +46,50 @@ pub fn cgroup_path(lease: &str) -> String {
 /// cordon's runtime state root when none is given: no other tool's containers live under it.
 pub const DEFAULT_STATE_ROOT: &str = "/run/cordon-runc";
 
-/// The lease record schema.
-pub const LEASE_SCHEMA: u32 = 1;
+/// The lease record schema (2: resources are one typed list).
+pub const LEASE_SCHEMA: u32 = 2;
+
+/// One host resource a lease owns. A record lists them in the order they are created; release
+/// undoes them in reverse, one loop over this list, each kind with its own undo step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Resource {
+    /// The per-run account (REQ-117).
+    Account {
+        /// `cordon-<8 hex>`.
+        name: String,
+        /// Its uid.
+        uid: u32,
+        /// Its gid.
+        gid: u32,
+    },
+    /// The run directory (must not pre-exist; root-owned).
+    RunDir {
+        /// Its path, under the run root.
+        path: PathBuf,
+    },
+    /// A mount point inside the run directory (staging tmpfs, overlay root).
+    Mount {
+        /// The mount point.
+        path: PathBuf,
+    },
+    /// The container's cgroup (the runtime creates it from the bundle's `cgroupsPath`).
+    Cgroup {
+        /// The cgroup path.
+        path: String,
+    },
+    /// The container.
+    Container {
+        /// Its id in cordon's state root.
+        id: String,
+    },
+    /// A device handed to the container (the lane's GPUs): released by a device drain, which
+    /// this build does not implement, so a record that names one is residue until it does.
+    Device {
+        /// The device node.
+        path: PathBuf,
+    },
+}
 
 /// A lease record, `leases/<lease>.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,18 +101,76 @@ pub struct Record {
     pub executor: String,
     /// The lease id (32 hex).
     pub lease: String,
-    /// The container id.
-    pub container: String,
-    /// The run account.
-    pub account: Account,
-    /// The run directory.
-    pub run_dir: PathBuf,
-    /// Mount points the lease creates (unmounted at release).
-    pub mounts: Vec<PathBuf>,
     /// The authority identity the run is under.
     pub authority: String,
     /// RFC 3339.
     pub created_at: String,
+    /// What the lease owns, in creation order.
+    pub resources: Vec<Resource>,
+}
+
+impl Record {
+    /// The run account.
+    #[must_use]
+    pub fn account(&self) -> Option<Account> {
+        self.resources.iter().find_map(|r| match r {
+            Resource::Account { name, uid, gid } => Some(Account {
+                name: name.clone(),
+                uid: *uid,
+                gid: *gid,
+            }),
+            _ => None,
+        })
+    }
+
+    /// The run directory.
+    #[must_use]
+    pub fn run_dir(&self) -> Option<&Path> {
+        self.resources.iter().find_map(|r| match r {
+            Resource::RunDir { path } => Some(path.as_path()),
+            _ => None,
+        })
+    }
+
+    /// The container id.
+    #[must_use]
+    pub fn container(&self) -> Option<&str> {
+        self.resources.iter().find_map(|r| match r {
+            Resource::Container { id } => Some(id.as_str()),
+            _ => None,
+        })
+    }
+
+    /// The mount points.
+    pub fn mounts(&self) -> impl Iterator<Item = &Path> {
+        self.resources.iter().filter_map(|r| match r {
+            Resource::Mount { path } => Some(path.as_path()),
+            _ => None,
+        })
+    }
+
+    /// Exactly one account, run directory, cgroup and container: what every record cordon
+    /// writes names, and what a record must name for its resources to be found again.
+    fn check_shape(&self) -> Result<(), String> {
+        let count = |f: fn(&Resource) -> bool| self.resources.iter().filter(|r| f(r)).count();
+        for (what, n) in [
+            ("account", count(|r| matches!(r, Resource::Account { .. }))),
+            (
+                "run directory",
+                count(|r| matches!(r, Resource::RunDir { .. })),
+            ),
+            ("cgroup", count(|r| matches!(r, Resource::Cgroup { .. }))),
+            (
+                "container",
+                count(|r| matches!(r, Resource::Container { .. })),
+            ),
+        ] {
+            if n != 1 {
+                return Err(format!("it names {n} {what} resources, not one"));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// What cleanup could not remove: the outcome is a no-decision that lists it.
@@ -227,6 +327,9 @@ pub struct Manager {
 pub struct Lease {
     /// Its record.
     pub record: Record,
+    run_dir: PathBuf,
+    account: Account,
+    container: String,
     /// Protected files written into the run directory: path → (size, sha256).
     pub protected: BTreeMap<PathBuf, (u64, Digest)>,
 }
@@ -235,7 +338,7 @@ impl Lease {
     /// `point`, when the lease record names it as a mount point: a crash after mounting must
     /// leave a record that says what to unmount.
     fn named_mount_point(&self, point: &Path) -> Result<PathBuf, LeaseError> {
-        if self.record.mounts.iter().any(|m| m == point) {
+        if self.record.mounts().any(|m| m == point) {
             Ok(point.to_path_buf())
         } else {
             Err(LeaseError::Protected {
@@ -248,7 +351,25 @@ impl Lease {
     /// The bundle directory inside the run directory.
     #[must_use]
     pub fn bundle_dir(&self) -> PathBuf {
-        self.record.run_dir.join("bundle")
+        self.run_dir().join("bundle")
+    }
+
+    /// The run directory (every lease cordon begins names one).
+    #[must_use]
+    pub fn run_dir(&self) -> &Path {
+        &self.run_dir
+    }
+
+    /// The run account.
+    #[must_use]
+    pub fn account(&self) -> &Account {
+        &self.account
+    }
+
+    /// The container id.
+    #[must_use]
+    pub fn container(&self) -> &str {
+        &self.container
     }
 
     /// The cgroup path the bundle must use.
@@ -326,16 +447,36 @@ impl Manager {
     pub fn begin_with(&self, authority: &str, mounts: &[&str]) -> Result<Lease, LeaseError> {
         let lease = fresh_id();
         let run_dir = self.setup.run_root.join(&lease);
+        let account = account::for_lease(&self.setup.accounts, &lease);
+        let container = format!("cordon-{lease}");
+        // Creation order: account, run directory, mounts, then the runtime's cgroup and the
+        // container; release walks this list backwards.
+        let mut resources = vec![
+            Resource::Account {
+                name: account.name.clone(),
+                uid: account.uid,
+                gid: account.gid,
+            },
+            Resource::RunDir {
+                path: run_dir.clone(),
+            },
+        ];
+        resources.extend(mounts.iter().map(|m| Resource::Mount {
+            path: run_dir.join(m),
+        }));
+        resources.push(Resource::Cgroup {
+            path: cgroup_path(&lease),
+        });
+        resources.push(Resource::Container {
+            id: container.clone(),
+        });
         let record = Record {
             schema: LEASE_SCHEMA,
             executor: self.setup.executor.clone(),
-            container: format!("cordon-{lease}"),
-            account: account::for_lease(&self.setup.accounts, &lease),
-            mounts: mounts.iter().map(|m| run_dir.join(m)).collect(),
-            run_dir,
             authority: authority.to_owned(),
             created_at: crate::receipt::now_rfc3339(),
             lease,
+            resources,
         };
         let text = to_canonical_json(&record)?;
         let mut scratch = self.store.scratch()?;
@@ -349,6 +490,9 @@ impl Manager {
         store::fsync_dir(&self.store.root().join("leases"))?;
         Ok(Lease {
             record,
+            run_dir,
+            account,
+            container,
             protected: BTreeMap::new(),
         })
     }
@@ -358,17 +502,13 @@ impl Manager {
     /// # Errors
     /// The account's name or ids are taken, or the directory exists.
     pub fn provision(&self, lease: &Lease) -> Result<(), LeaseError> {
-        account::create(
-            self.setup.host(),
-            &self.setup.accounts,
-            &lease.record.account,
-        )?;
-        let dir = &lease.record.run_dir;
+        account::create(self.setup.host(), &self.setup.accounts, lease.account())?;
+        let dir = lease.run_dir();
         fs::create_dir_all(&self.setup.run_root).map_err(io("create", &self.setup.run_root))?;
         match fs::DirBuilder::new().mode(0o711).create(dir) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                return Err(LeaseError::RunDirExists(dir.clone()));
+                return Err(LeaseError::RunDirExists(dir.to_path_buf()));
             }
             Err(e) => return Err(io("create", dir)(e)),
         }
@@ -398,7 +538,7 @@ impl Manager {
             .mode(0o700)
             .create(&point)
             .map_err(io("create", &point))?;
-        let a = &lease.record.account;
+        let a = lease.account();
         let options = format!(
             "size={bytes},nr_inodes={inodes},mode=0700,uid={},gid={}",
             a.uid, a.gid
@@ -430,7 +570,7 @@ impl Manager {
     ) -> Result<PathBuf, LeaseError> {
         let point = lease.named_mount_point(point)?;
         for d in [&point, upper, work] {
-            if !d.starts_with(&lease.record.run_dir) {
+            if !d.starts_with(lease.run_dir()) {
                 return Err(LeaseError::Protected {
                     path: d.to_path_buf(),
                     why: "outside the lease's run directory".into(),
@@ -522,7 +662,7 @@ impl Manager {
         Ok(self
             .setup
             .runtime
-            .create(&lease.record.container, &lease.bundle_dir(), stdio)?)
+            .create(lease.container(), &lease.bundle_dir(), stdio)?)
     }
 
     /// Run the lease's bundle to its end or its deadline with captured output: check the
@@ -571,12 +711,19 @@ impl Manager {
             .containers()
             .ok()
             .map(|l| l.into_iter().map(|(id, _)| id).collect());
-        for r in records {
+        for id in records
+            .iter()
+            .flat_map(|r| &r.resources)
+            .filter_map(|r| match r {
+                Resource::Container { id } => Some(id),
+                _ => None,
+            })
+        {
             // A container the runtime does not list was never created or is gone; one it lists,
             // or any when listing failed, is killed and deleted.
-            let present = listed.as_ref().is_none_or(|ids| ids.contains(&r.container));
-            if present && let Err(e) = rt.remove(&r.container) {
-                residue.push(format!("container {}: {e}", r.container));
+            let present = listed.as_ref().is_none_or(|ids| ids.contains(id));
+            if present && let Err(e) = rt.remove(id) {
+                residue.push(format!("container {id}: {e}"));
             }
         }
         for attempt in 0..2 {
@@ -621,41 +768,67 @@ impl Manager {
         }
     }
 
-    /// The host resources of one lease: its cgroup, mounts, run directory and account.
+    /// The host resources of one lease, undone in reverse creation order, one step per kind.
+    /// The container is not among them: the batch before removed it and proved it absent.
     fn release_resources(&self, record: &Record) -> Vec<String> {
         let mut residue = Vec::new();
-        for d in self.setup.probe(&record.lease).dirs() {
-            match fs::remove_dir(&d) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => residue.push(format!("cgroup {}: {e}", d.display())),
-            }
-        }
-        match self.setup.mount_points() {
-            Ok(points) => {
-                for m in &record.mounts {
-                    if points.contains(m)
-                        && let Err(e) = self.setup.host().unmount(m)
-                    {
-                        residue.push(format!("mount {}: {e}", m.display()));
+        let points = self.setup.mount_points();
+        for resource in record.resources.iter().rev() {
+            let undone: Result<(), String> = match resource {
+                Resource::Container { .. } => Ok(()),
+                Resource::Cgroup { path } => {
+                    let probe = CgroupProbe {
+                        host: self.setup.runtime.host.clone(),
+                        root: self.setup.cgroup_root.clone(),
+                        path: path.clone(),
+                    };
+                    probe
+                        .dirs()
+                        .iter()
+                        .try_for_each(|d| match fs::remove_dir(d) {
+                            Ok(()) => Ok(()),
+                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                            Err(e) => Err(format!("cgroup {}: {e}", d.display())),
+                        })
+                }
+                Resource::Mount { path } => match &points {
+                    Ok(p) if p.contains(path) => self
+                        .setup
+                        .host()
+                        .unmount(path)
+                        .map_err(|e| format!("mount {}: {e}", path.display())),
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(format!("mount {}: {e}", path.display())),
+                },
+                Resource::RunDir { path } => {
+                    // Only a lease directory strictly inside the run root is ever removed.
+                    if path.starts_with(&self.setup.run_root) && *path != self.setup.run_root {
+                        store::remove_tree(path)
+                            .map_err(|e| format!("run directory {}: {e}", path.display()))
+                    } else {
+                        Err(format!(
+                            "run directory {} is outside the run root",
+                            path.display()
+                        ))
                     }
                 }
+                Resource::Account { name, uid, gid } => {
+                    let a = Account {
+                        name: name.clone(),
+                        uid: *uid,
+                        gid: *gid,
+                    };
+                    account::remove(self.setup.host(), &self.setup.accounts, &a)
+                        .map_err(|e| format!("account {name}: {e}"))
+                }
+                Resource::Device { path } => Err(format!(
+                    "device {}: this build cannot drain devices",
+                    path.display()
+                )),
+            };
+            if let Err(item) = undone {
+                residue.push(item);
             }
-            Err(e) => residue.push(format!("mounts: {e}")),
-        }
-        if record.run_dir.starts_with(&self.setup.run_root) && record.run_dir != self.setup.run_root
-        {
-            if let Err(e) = store::remove_tree(&record.run_dir) {
-                residue.push(format!("run directory {}: {e}", record.run_dir.display()));
-            }
-        } else {
-            residue.push(format!(
-                "run directory {} is outside the run root",
-                record.run_dir.display()
-            ));
-        }
-        if let Err(e) = account::remove(self.setup.host(), &self.setup.accounts, &record.account) {
-            residue.push(format!("account {}: {e}", record.account.name));
         }
         residue
     }
@@ -692,6 +865,7 @@ impl Manager {
             if r.schema != LEASE_SCHEMA {
                 return Err(bad(format!("schema {}", r.schema)));
             }
+            r.check_shape().map_err(bad)?;
             if r.executor == self.setup.executor {
                 out.push(r);
             }
@@ -954,7 +1128,8 @@ mod tests {
                 .reply("list", ToolOutput::ok(b"[]"))
                 .unreadable(broken);
             let m = with_host(&w, f);
-            let lease = m.begin("sha256:a").unwrap();
+            // A lease with a mount point, so its release must read the mount table.
+            let lease = m.begin_with("sha256:a", &["staging"]).unwrap();
             let items = residue(m.release(&lease.record));
             assert!(!items.is_empty(), "{broken}");
             if broken != "/etc/group" {
@@ -965,11 +1140,60 @@ mod tests {
     }
 
     #[test]
+    fn resources_are_released_in_reverse_and_a_device_is_residue_until_drains_exist() {
+        let w = world();
+        let mut lease = w.manager.begin_with("sha256:a", &["staging"]).unwrap();
+        let kinds: Vec<&str> = lease
+            .record
+            .resources
+            .iter()
+            .map(|r| match r {
+                Resource::Account { .. } => "account",
+                Resource::RunDir { .. } => "run-dir",
+                Resource::Mount { .. } => "mount",
+                Resource::Cgroup { .. } => "cgroup",
+                Resource::Container { .. } => "container",
+                Resource::Device { .. } => "device",
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            ["account", "run-dir", "mount", "cgroup", "container"]
+        );
+        lease.record.resources.push(Resource::Device {
+            path: "/dev/nvidia0".into(),
+        });
+        let items = residue(w.manager.release(&lease.record));
+        assert_eq!(items.len(), 1, "{items:?}");
+        assert!(items[0].starts_with("device /dev/nvidia0"), "{items:?}");
+        // The account (created first) was still released: every step is attempted.
+        assert!(w.fake.calls().iter().any(|c| matches!(c, Call::Edit(_))));
+    }
+
+    #[test]
+    fn a_record_without_exactly_one_of_each_required_resource_stops_recovery() {
+        let w = world();
+        let lease = w.manager.begin("sha256:a").unwrap();
+        let mut broken = lease.record.clone();
+        broken
+            .resources
+            .retain(|r| !matches!(r, Resource::Container { .. }));
+        let path = w.manager.record_path(&broken.lease);
+        let mut p = fs::metadata(&path).unwrap().permissions();
+        p.set_mode(0o600);
+        fs::remove_file(&path).unwrap();
+        fs::write(&path, to_canonical_json(&broken).unwrap()).unwrap();
+        fs::set_permissions(&path, p).unwrap();
+        let e = w.manager.records().unwrap_err();
+        assert!(e.to_string().contains("container"), "{e}");
+    }
+
+    #[test]
     fn a_mount_that_will_not_unmount_is_residue() {
         let w = world();
         let f = Arc::new(Fake::new());
         let lease = w.manager.begin_with("sha256:a", &["staging"]).unwrap();
-        let point = lease.record.run_dir.join("staging");
+        let point = lease.run_dir().join("staging");
         f.file("/etc/passwd", "")
             .file("/etc/group", "")
             .file(
@@ -1034,8 +1258,8 @@ mod root_tests {
         fs::write(lower.join("etc/base"), "image").unwrap();
         let m = Manager::open(&store, setup).unwrap();
         let lease = m.begin_with("sha256:a", &["rootfs"]).unwrap();
-        fs::create_dir_all(&lease.record.run_dir).unwrap();
-        let run = &lease.record.run_dir;
+        fs::create_dir_all(lease.run_dir()).unwrap();
+        let run = &lease.run_dir();
         // A mount point the record does not name is refused before anything is mounted.
         assert!(
             m.mount_overlay(

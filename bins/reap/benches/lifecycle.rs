@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use cordon::lease::Manager;
+use cordon::lease::{Manager, Resource};
 use cordon::runtime::OutputCaps;
 use cordon::store::Store;
 use cordon_policy_lang::{MountSource, StageKind};
@@ -60,10 +60,9 @@ fn main() {
         let t = Instant::now();
         let mut lease = m.begin("sha256:bench").unwrap();
         m.provision(&lease).unwrap();
-        let staging = lease.record.run_dir.join("staging");
+        let staging = lease.run_dir().join("staging");
         std::fs::create_dir_all(&staging).unwrap();
-        let mut inputs =
-            RunInputs::for_lease(&lease.record, vec!["/bin/true".into()], rootfs.clone());
+        let mut inputs = RunInputs::for_lease(&lease, vec!["/bin/true".into()], rootfs.clone());
         inputs.sources.insert(MountSource::Tree, tree.clone());
         let planned = bundle::plan(&policy, StageKind::Prebuild, &inputs).unwrap();
         let json = cordon::canonical::to_canonical_json(&planned.spec).unwrap();
@@ -87,7 +86,7 @@ fn main() {
             &bundle,
             &format!("bare{i}"),
         ));
-        let _ = std::fs::remove_dir_all(&lease.record.run_dir);
+        let _ = std::fs::remove_dir_all(lease.run_dir());
     }
     let (l, b) = (cordon_testkit::median(lib), cordon_testkit::median(bare));
     println!(
@@ -110,8 +109,14 @@ fn main() {
     for i in 0..10_000u32 {
         let mut r = template.clone();
         r.lease = format!("{i:08x}{}", &template.lease[8..]);
-        r.container = format!("cordon-{}", r.lease);
-        r.run_dir = setup.run_root.join(&r.lease);
+        for res in &mut r.resources {
+            match res {
+                Resource::Container { id } => *id = format!("cordon-{}", r.lease),
+                Resource::RunDir { path } => *path = setup.run_root.join(&r.lease),
+                Resource::Cgroup { path } => *path = cordon::lease::cgroup_path(&r.lease),
+                _ => {}
+            }
+        }
         let path = leases.join(format!("{}.json", r.lease));
         std::fs::write(&path, cordon::canonical::to_canonical_json(&r).unwrap()).unwrap();
         std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))

@@ -118,16 +118,16 @@ fn run_in(
     let tree = e.dir.path().join("tree");
     std::fs::create_dir_all(&tree).unwrap();
     std::fs::write(tree.join("build.sh"), "echo tree\n").unwrap();
-    let staging = lease.record.run_dir.join("staging");
+    let staging = lease.run_dir().join("staging");
     std::fs::create_dir(&staging).unwrap();
     nix::unistd::chown(
         &staging,
-        Some(nix::unistd::Uid::from_raw(lease.record.account.uid)),
-        Some(nix::unistd::Gid::from_raw(lease.record.account.gid)),
+        Some(nix::unistd::Uid::from_raw(lease.account().uid)),
+        Some(nix::unistd::Gid::from_raw(lease.account().gid)),
     )
     .unwrap();
     let argv = vec!["/bin/sh".into(), "-c".into(), script.into()];
-    let mut inputs = RunInputs::for_lease(&lease.record, argv, e.rootfs.clone());
+    let mut inputs = RunInputs::for_lease(&lease, argv, e.rootfs.clone());
     inputs.sources.insert(MountSource::Tree, tree);
     inputs.protected = vec![
         e.store.root().to_path_buf(),
@@ -154,15 +154,12 @@ fn assert_quiescent(m: &Manager, lease: &Lease) {
     let left = m.check().unwrap();
     assert!(left.is_empty(), "residue after release: {left:?}");
     assert!(
-        nix::unistd::User::from_name(&lease.record.account.name)
+        nix::unistd::User::from_name(&lease.account().name)
             .unwrap()
             .is_none(),
         "the run account must be gone"
     );
-    assert!(
-        !lease.record.run_dir.exists(),
-        "the run directory must be gone"
-    );
+    assert!(!lease.run_dir().exists(), "the run directory must be gone");
 }
 
 #[test]
@@ -203,10 +200,10 @@ sleep 1
     let (lease, result) = run_in(&e, &m, lease, script, |_| {}, Duration::from_secs(30), CAPS);
     let f = result.unwrap();
     let out = String::from_utf8_lossy(&f.stdout);
-    let uid = lease.record.account.uid;
+    let uid = lease.account().uid;
     assert!(uid != 0);
     assert!(
-        out.contains(&format!("uid={uid} gid={}", lease.record.account.gid)),
+        out.contains(&format!("uid={uid} gid={}", lease.account().gid)),
         "{out}"
     );
     assert!(out.contains("CapEff:\t0000000000000000"), "{out}");
@@ -242,7 +239,7 @@ sleep 1
     assert!(!e.dir.path().join("tree/x").exists());
     // The run account may not schedule cron or at jobs: it is in both deny files while it
     // exists, and out of them after release.
-    let name = &lease.record.account.name;
+    let name = &lease.account().name;
     for f in [&e.setup.accounts.cron_deny, &e.setup.accounts.at_deny] {
         let text = std::fs::read_to_string(f).unwrap();
         assert!(
@@ -352,7 +349,7 @@ fn an_account_whose_id_is_taken_stops_the_run() {
     assert!(Manager::open(&e.store, e.setup.clone()).is_err());
     let lease = m.begin("sha256:test-authority").unwrap();
     // Someone else already has the name: nothing is created.
-    let a = &lease.record.account;
+    let a = &lease.account();
     let status = std::process::Command::new("groupadd")
         .args(["--gid", &a.gid.to_string(), &a.name])
         .status()

@@ -63,11 +63,11 @@ fn write_bundle(dir: &Path, m: &Manager, lease: &mut Lease, script: &str) {
     }
     let tree = dir.join("tree");
     std::fs::create_dir_all(&tree).unwrap();
-    let staging = lease.record.run_dir.join("staging");
+    let staging = lease.run_dir().join("staging");
     std::fs::create_dir_all(&staging).unwrap();
     let p = policy();
     let argv = vec!["/bin/sh".into(), "-c".into(), script.into()];
-    let mut inputs = RunInputs::for_lease(&lease.record, argv, rootfs);
+    let mut inputs = RunInputs::for_lease(lease, argv, rootfs);
     inputs.sources.insert(MountSource::Tree, tree);
     let planned = bundle::plan(&p, StageKind::Prebuild, &inputs).unwrap();
     let json = cordon::canonical::to_canonical_json(&planned.spec).unwrap();
@@ -106,7 +106,7 @@ fn child(point: &str, dir: &Path) -> ! {
             .arg(&rt.state_root)
             .args(["create", "--bundle"])
             .arg(lease.bundle_dir())
-            .arg(&lease.record.container)
+            .arg(lease.container())
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
@@ -266,8 +266,8 @@ fn a_container_that_will_not_disappear_and_a_runtime_too_old_are_no_decisions() 
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("store")).unwrap();
     let mut s = setup(dir.path());
-    s.accounts.uids = (3_096_500, 3_096_999);
-    s.accounts.gids = (3_096_500, 3_096_999);
+    s.accounts.uids = cordon_testkit::account_range("reap-faults", 2);
+    s.accounts.gids = s.accounts.uids;
     let m = Manager::open(&store, s.clone()).unwrap();
     let lease = m.begin("sha256:faults").unwrap();
     drop(m);
@@ -278,7 +278,7 @@ fn a_container_that_will_not_disappear_and_a_runtime_too_old_are_no_decisions() 
         &fake,
         format!(
             "#!/bin/sh\n[ \"$1\" = --version ] && {{ echo 'runc version 1.0.0'; exit 0; }}\ncase \"$3\" in\n list) echo '[{{\"id\":\"{c}\"}}]';;\n state) echo '{{\"annotations\":{{\"org.cordon.executor\":\"{e}\",\"org.cordon.lease\":\"{l}\",\"org.cordon.authority\":\"{a}\"}}}}';;\n *) exit 0;;\nesac\n",
-            c = r.container,
+            c = lease.container(),
             e = r.executor,
             l = r.lease,
             a = r.authority

@@ -113,25 +113,25 @@ pub struct RunInputs {
 }
 
 impl RunInputs {
-    /// The inputs of one run under the lease `record`: its account, run directory and labels,
-    /// with no sources, devices or protected paths yet (the caller adds what the stage needs).
+    /// The inputs of one run under `lease`: its account, run directory and labels, with no
+    /// sources, devices or protected paths yet (the caller adds what the stage needs).
     #[must_use]
     pub fn for_lease(
-        record: &cordon::lease::Record,
+        lease: &cordon::lease::Lease,
         argv: Vec<String>,
         image_rootfs: PathBuf,
     ) -> Self {
         Self {
             argv,
-            uid: record.account.uid,
-            gid: record.account.gid,
+            uid: lease.account().uid,
+            gid: lease.account().gid,
             image_rootfs,
-            run_dir: record.run_dir.clone(),
+            run_dir: lease.run_dir().to_path_buf(),
             sources: BTreeMap::new(),
             devices: BTreeMap::new(),
-            executor: record.executor.clone(),
-            lease: record.lease.clone(),
-            authority: record.authority.clone(),
+            executor: lease.record.executor.clone(),
+            lease: lease.record.lease.clone(),
+            authority: lease.record.authority.clone(),
             protected: Vec::new(),
             mountable_store_roots: Vec::new(),
         }

@@ -190,8 +190,7 @@ impl Session<'_> {
         // 3. Provision, plan from the lease's facts, make the planned host mounts.
         manager.provision(&lease).map_err(SessionError::from)?;
         let store_root = self.store.root().to_path_buf();
-        let mut inputs =
-            RunInputs::for_lease(&lease.record, job.argv.clone(), job.image_rootfs.clone());
+        let mut inputs = RunInputs::for_lease(&lease, job.argv.clone(), job.image_rootfs.clone());
         inputs.sources.clone_from(&job.sources);
         inputs.devices = devices;
         // No mount may expose the store's private parts, the protected bundle, the runtime's

@@ -117,8 +117,8 @@ fn run(w: &World, slot: u32, edits: &[(&str, &str)], script: &str) -> (String, V
             |_| Ok::<(), SessionError>(()),
             |lease, planned, finished| {
                 assert_eq!(finished.meta.exit_code, Some(0), "{finished:?}");
-                assert!(lease.record.run_dir.exists());
-                let staging = lease.record.run_dir.join("staging");
+                assert!(lease.run_dir().exists());
+                let staging = lease.run_dir().join("staging");
                 Ok::<_, SessionError>((
                     std::fs::read_to_string(staging.join("r")).unwrap(),
                     planned.host_mounts.clone(),
