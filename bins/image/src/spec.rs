@@ -9,112 +9,160 @@
 //! workdir "/"
 //! ```
 //!
-//! Unknown nodes and properties are errors. Relative `from=` paths are relative to the spec.
+//! Decoded with the policy language's collect-all kit: every problem at once, each labelled on
+//! its token with a `cordon::image-spec::…` code ([`CODES`]). Unknown nodes and properties are
+//! errors. Relative `from=` paths are relative to the spec.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use cordon::image::ImageSpec;
-use kdl::{KdlDocument, KdlNode};
+use cordon_policy_lang::kit::{
+    Block, Cx, Seen, arg, integer, name_span, path, positional, required_prop, shape, single,
+    string,
+};
+use cordon_policy_lang::{KdlError, Language};
+use kdl::KdlNode;
+use miette::SourceSpan;
 
-/// A spec problem.
+/// Every image-spec diagnostic code, with its meaning.
+pub const CODES: &[(&str, &str)] = &[
+    ("syntax", "the file is not valid KDL v2"),
+    ("unknown-node", "a node the spec does not define"),
+    ("unknown-property", "a property this node does not take"),
+    ("unexpected-argument", "more arguments than the node takes"),
+    ("missing-argument", "fewer arguments than the node needs"),
+    ("missing-property", "a required property is absent"),
+    ("missing-node", "the `image` node is absent"),
+    (
+        "unexpected-children",
+        "a children block on a node that takes none",
+    ),
+    (
+        "wrong-type",
+        "a value of the wrong kind, or a type annotation",
+    ),
+    ("duplicate", "the same node, file or directory twice"),
+    (
+        "invalid-path",
+        "an image path that is not absolute and normalised",
+    ),
+    ("out-of-range", "a mode with bits beyond 0o777"),
+];
+
+/// The image-spec language.
+pub static IMAGE_SPEC: Language = Language {
+    prefix: "cordon::image-spec",
+    noun: "image spec",
+    codes: CODES,
+};
+
+/// Why a spec could not be read or decoded.
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
-#[error("{file}: {why}")]
-#[diagnostic(code(cordon::image::spec))]
-pub struct SpecError {
-    /// The spec file.
-    pub file: String,
-    /// What is wrong.
-    pub why: String,
+pub enum SpecError {
+    /// The file could not be read.
+    #[error("cannot read image spec {file}")]
+    #[diagnostic(code(cordon::image::spec_read))]
+    Read {
+        /// The spec file.
+        file: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The spec does not decode: every problem, labelled.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Invalid(#[from] KdlError),
 }
 
-fn strings(node: &KdlNode) -> Vec<String> {
-    node.entries()
-        .iter()
-        .filter(|e| e.name().is_none())
-        .filter_map(|e| e.value().as_string().map(str::to_owned))
-        .collect()
+/// A permission mode: no bits beyond 0o777 (no setuid, setgid or sticky bit), shown in octal.
+fn mode(cx: &mut Cx, node: &KdlNode) -> Option<u32> {
+    let e = required_prop(cx, node, "mode")?;
+    let m = integer(cx, e, "mode", 0, u64::from(u32::MAX))?;
+    if m & !0o777 != 0 {
+        cx.out_of_range(e.span(), "mode", &format!("0o{m:o}"), "0o0..=0o777");
+        return None;
+    }
+    u32::try_from(m).ok()
 }
 
 /// Parse a spec; `base` resolves relative `from=` paths.
 ///
 /// # Errors
-/// Any problem, as a sentence.
+/// Every problem, each labelled on its token.
 pub fn parse(file: &str, text: &str, base: &Path) -> Result<ImageSpec, SpecError> {
-    let err = |why: String| SpecError {
-        file: file.to_owned(),
-        why,
-    };
-    let doc = KdlDocument::parse(text).map_err(|e| err(format!("not valid KDL: {e}")))?;
-    let mut spec = ImageSpec {
-        name: String::new(),
-        files: BTreeMap::new(),
-        dirs: BTreeMap::new(),
-        env: Vec::new(),
-        entrypoint: Vec::new(),
-        workdir: None,
-    };
-    for node in doc.nodes() {
-        let name = node.name().value();
-        let args = strings(node);
-        let props: BTreeMap<&str, &kdl::KdlValue> = node
-            .entries()
-            .iter()
-            .filter_map(|e| e.name().map(|n| (n.value(), e.value())))
-            .collect();
-        let allowed: &[&str] = match name {
-            "file" => &["from", "mode"],
-            "dir" => &["mode"],
-            _ => &[],
-        };
-        if let Some(k) = props.keys().find(|k| !allowed.contains(k)) {
-            return Err(err(format!("node {name:?}: unknown property {k:?}")));
+    let spec = cordon_policy_lang::kit::decode(&IMAGE_SPEC, file, text, |cx, doc| {
+        let b = Block::read(
+            cx,
+            Some(doc),
+            "the image spec",
+            SourceSpan::from((0, 0)),
+            &["image", "file", "dir", "env", "entrypoint", "workdir"],
+            &["file", "dir", "env"],
+        );
+        let name = b
+            .required(cx, "image")
+            .and_then(|n| single(cx, n, &[], string));
+        let mut files = BTreeMap::new();
+        let mut seen = Seen::default();
+        for n in b.all("file") {
+            shape(cx, n, 1, 1, &["from", "mode"], false);
+            let to = arg(n, 0).and_then(|e| path(cx, e, "image path"));
+            let from = required_prop(cx, n, "from").and_then(|e| string(cx, e));
+            let m = mode(cx, n);
+            let (Some(to), Some(from), Some(m)) = (to, from, m) else {
+                continue;
+            };
+            if seen.first(cx, &to, name_span(n), || {
+                format!("file {to} is given twice")
+            }) {
+                files.insert(to, (base.join(from), m));
+            }
         }
-        let mode = || -> Result<u32, SpecError> {
-            let v = props
-                .get("mode")
-                .and_then(|v| v.as_integer())
-                .ok_or_else(|| err(format!("node {name:?} needs an integer mode=, e.g. 0o755")))?;
-            u32::try_from(v)
-                .ok()
-                .filter(|m| *m & !0o777 == 0)
-                .ok_or_else(|| err(format!("mode {v:o} has bits beyond 0o777")))
-        };
-        let one = || -> Result<String, SpecError> {
-            match args.as_slice() {
-                [a] => Ok(a.clone()),
-                _ => Err(err(format!("node {name:?} takes one string"))),
+        let mut dirs = BTreeMap::new();
+        let mut seen = Seen::default();
+        for n in b.all("dir") {
+            shape(cx, n, 1, 1, &["mode"], false);
+            let d = arg(n, 0).and_then(|e| path(cx, e, "image directory"));
+            let m = mode(cx, n);
+            let (Some(d), Some(m)) = (d, m) else { continue };
+            if seen.first(cx, &d, name_span(n), || format!("dir {d} is given twice")) {
+                dirs.insert(d, m);
             }
-        };
-        match name {
-            "image" => spec.name = one()?,
-            "file" => {
-                let from = props
-                    .get("from")
-                    .and_then(|v| v.as_string())
-                    .ok_or_else(|| err("file needs from=\"HOST PATH\"".into()))?;
-                let from = base.join(from);
-                if spec.files.insert(one()?, (from, mode()?)).is_some() {
-                    return Err(err(format!("file {:?} twice", args[0])));
-                }
-            }
-            "dir" => {
-                if spec.dirs.insert(one()?, mode()?).is_some() {
-                    return Err(err(format!("dir {:?} twice", args[0])));
-                }
-            }
-            "env" => match args.as_slice() {
-                [k, v] => spec.env.push(format!("{k}={v}")),
-                _ => return Err(err("env takes a name and a value".into())),
-            },
-            "entrypoint" => spec.entrypoint = args,
-            "workdir" => spec.workdir = Some(one()?),
-            other => return Err(err(format!("unknown node {other:?}"))),
         }
-    }
-    if spec.name.is_empty() {
-        return Err(err("missing \"image\"".into()));
-    }
+        let mut env = Vec::new();
+        for n in b.all("env") {
+            shape(cx, n, 2, 2, &[], false);
+            let k = arg(n, 0).and_then(|e| string(cx, e));
+            let v = arg(n, 1).and_then(|e| string(cx, e));
+            if let (Some(k), Some(v)) = (k, v) {
+                env.push(format!("{k}={v}"));
+            }
+        }
+        let entrypoint = match b.one("entrypoint") {
+            Some(n) => {
+                shape(cx, n, 1, usize::MAX, &[], false);
+                positional(n)
+                    .into_iter()
+                    .map(|e| string(cx, e))
+                    .collect::<Option<Vec<_>>>()?
+            }
+            None => Vec::new(),
+        };
+        let workdir = match b.one("workdir") {
+            Some(n) => Some(single(cx, n, &[], |cx, e| path(cx, e, "workdir"))?),
+            None => None,
+        };
+        Some(ImageSpec {
+            name: name?,
+            files,
+            dirs,
+            env,
+            entrypoint,
+            workdir,
+        })
+    })?;
     Ok(spec)
 }
 
@@ -122,11 +170,39 @@ pub fn parse(file: &str, text: &str, base: &Path) -> Result<ImageSpec, SpecError
 ///
 /// # Errors
 /// Unreadable or invalid.
-pub fn load(path: &Path) -> Result<ImageSpec, SpecError> {
-    let text = std::fs::read_to_string(path).map_err(|e| SpecError {
-        file: path.display().to_string(),
-        why: e.to_string(),
+pub fn load(file: &Path) -> Result<ImageSpec, SpecError> {
+    let text = std::fs::read_to_string(file).map_err(|source| SpecError::Read {
+        file: file.display().to_string(),
+        source,
     })?;
-    let base: PathBuf = path.parent().map(Path::to_path_buf).unwrap_or_default();
-    parse(&path.display().to_string(), &text, &base)
+    let base: PathBuf = file.parent().map(Path::to_path_buf).unwrap_or_default();
+    parse(&file.display().to_string(), &text, &base)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bundled_spec_decodes_and_mistakes_are_all_reported() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../images/prebuild.kdl");
+        let spec = load(&root).unwrap();
+        assert!(spec.files.contains_key("/bin/sh"));
+        let text = "image \"x\"\nfile \"bin/sh\" from=\"/bin/busybox\" mode=0o4755\ndir \"/tmp\"\nenv \"PATH\"\nlayer \"x\"\n";
+        let SpecError::Invalid(e) = parse("t.kdl", text, Path::new("/")).unwrap_err() else {
+            panic!("expected a decoding error");
+        };
+        let codes: Vec<&str> = e.problems().iter().map(|p| p.short_code()).collect();
+        assert_eq!(
+            codes,
+            [
+                "invalid-path",
+                "out-of-range",
+                "missing-property",
+                "missing-argument",
+                "unknown-node"
+            ]
+        );
+        insta::assert_snapshot!("image-spec-mistakes", e.render_text(100));
+    }
 }

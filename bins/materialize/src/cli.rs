@@ -303,7 +303,7 @@ fn dispatch(
                 json!({ "findings": findings.iter().map(finding_json).collect::<Vec<_>>() });
             ExitCode::Rejected
         }
-        Err(e @ MaterializeError::Incumbent { .. }) => {
+        Err(e @ (MaterializeError::Incumbent { .. } | MaterializeError::IncumbentManifest(_))) => {
             report_diagnostic(&e, args.stage.diagnostics, stderr);
             return Ok(ExitCode::Usage);
         }

@@ -19,11 +19,18 @@
 //! dependency-patch "engine/attention/patches/triton.patch"
 //! ```
 //!
+//! Both are decoded with the policy language's collect-all kit: every problem is reported at
+//! once, labelled on its token, with a stable code `cordon::manifest::<name>` ([`CODES`]).
 //! Unknown nodes and properties are errors; so is a missing or repeated required one.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kdl::{KdlDocument, KdlNode};
+use cordon_policy_lang::kit::{
+    Block, Cx, Seen, arg, name_span, positional, prop, required_prop, shape, single, string,
+};
+use cordon_policy_lang::{KdlError, Language};
+use kdl::{KdlEntry, KdlNode};
+use miette::SourceSpan;
 
 /// The file name of the incumbent manifest.
 pub const INCUMBENT_MANIFEST: &str = "cordon-incumbent.kdl";
@@ -67,85 +74,70 @@ pub struct Delta {
     pub dependency_patches: BTreeSet<String>,
 }
 
-/// A manifest problem, as a sentence.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{file}: {message}")]
-pub struct ManifestError {
-    /// Which manifest.
-    pub file: &'static str,
-    /// What is wrong.
-    pub message: String,
-}
+/// Every manifest diagnostic code, with its meaning.
+pub const CODES: &[(&str, &str)] = &[
+    ("syntax", "the file is not valid KDL v2"),
+    ("unknown-node", "a node the manifest does not define"),
+    ("unknown-property", "a property this node does not take"),
+    ("unexpected-argument", "more arguments than the node takes"),
+    ("missing-argument", "fewer arguments than the node needs"),
+    ("missing-property", "a required property is absent"),
+    (
+        "missing-node",
+        "a required node is absent, or no target is registered",
+    ),
+    (
+        "unexpected-children",
+        "a children block on a node that takes none",
+    ),
+    (
+        "wrong-type",
+        "a value that is not a string, or a type annotation",
+    ),
+    (
+        "duplicate",
+        "the same node, target or declared path twice (both places are labelled)",
+    ),
+    ("invalid-path", "a path that is not clean and relative"),
+    (
+        "invalid-value",
+        "a package or import name that is not a dotted Python name",
+    ),
+    ("overlap", "two targets whose paths nest"),
+];
 
-fn err(file: &'static str, message: impl Into<String>) -> ManifestError {
-    ManifestError {
-        file,
-        message: message.into(),
-    }
-}
-
-/// The positional string arguments and string properties of a node, refusing anything else.
-fn read_node(
-    file: &'static str,
-    node: &KdlNode,
-    allowed: &[&str],
-    positional: usize,
-) -> Result<(Vec<String>, BTreeMap<String, String>), ManifestError> {
-    let name = node.name().value();
-    if node.children().is_some() {
-        return Err(err(file, format!("node {name:?} takes no children")));
-    }
-    let mut args = Vec::new();
-    let mut props = BTreeMap::new();
-    for entry in node.entries() {
-        let Some(value) = entry.value().as_string() else {
-            return Err(err(file, format!("node {name:?}: every value is a string")));
-        };
-        match entry.name() {
-            None => args.push(value.to_owned()),
-            Some(key) => {
-                let key = key.value();
-                if !allowed.contains(&key) {
-                    return Err(err(
-                        file,
-                        format!("node {name:?}: unknown property {key:?}"),
-                    ));
-                }
-                if props.insert(key.to_owned(), value.to_owned()).is_some() {
-                    return Err(err(file, format!("node {name:?}: property {key:?} twice")));
-                }
-            }
-        }
-    }
-    if args.len() != positional {
-        return Err(err(
-            file,
-            format!("node {name:?} takes {positional} positional value(s)"),
-        ));
-    }
-    Ok((args, props))
-}
-
-fn parse_doc(file: &'static str, text: &str) -> Result<KdlDocument, ManifestError> {
-    KdlDocument::parse(text).map_err(|e| err(file, format!("not valid KDL: {e}")))
-}
+/// The manifest language.
+pub static MANIFEST: Language = Language {
+    prefix: "cordon::manifest",
+    noun: "manifest",
+    codes: CODES,
+};
 
 /// A clean relative directory or file path: no empty, `.` or `..` components, not absolute.
-fn clean_path(file: &'static str, p: &str) -> Result<String, ManifestError> {
-    let trimmed = p.strip_suffix('/').unwrap_or(p);
-    if trimmed.is_empty()
+fn clean_path(cx: &mut Cx, entry: &KdlEntry) -> Option<String> {
+    let p = string(cx, entry)?;
+    let trimmed = p.strip_suffix('/').unwrap_or(&p);
+    let bad = trimmed.is_empty()
         || trimmed.starts_with('/')
         || trimmed
             .split('/')
-            .any(|c| c.is_empty() || c == "." || c == "..")
-    {
-        return Err(err(file, format!("{p:?} is not a clean relative path")));
+            .any(|c| c.is_empty() || c == "." || c == "..");
+    if bad {
+        cx.report(
+            "invalid-path",
+            entry.span(),
+            "not a clean relative path",
+            format!("{p:?} is not a clean relative path"),
+            Some("write it relative to the tree root, without `.`, `..` or `//`".into()),
+        );
+        return None;
     }
-    Ok(trimmed.to_owned())
+    Some(trimmed.to_owned())
 }
 
 /// A dotted Python name: identifiers joined by dots.
-fn python_name(file: &'static str, n: &str) -> Result<String, ManifestError> {
+fn python_name(cx: &mut Cx, entry: &KdlEntry) -> Option<String> {
+    let n = string(cx, entry)?;
     let ok = !n.is_empty()
         && n.split('.').all(|part| {
             let mut chars = part.chars();
@@ -155,109 +147,153 @@ fn python_name(file: &'static str, n: &str) -> Result<String, ManifestError> {
                 && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
         });
     if ok {
-        Ok(n.to_owned())
-    } else {
-        Err(err(file, format!("{n:?} is not a dotted Python name")))
+        return Some(n);
+    }
+    cx.report(
+        "invalid-value",
+        entry.span(),
+        "not a dotted Python name",
+        format!("{n:?} is not a dotted Python name"),
+        None,
+    );
+    None
+}
+
+/// An optional property read by `read`: `Some(None)` when absent, `None` when it is bad.
+fn optional(
+    cx: &mut Cx,
+    node: &KdlNode,
+    key: &str,
+    read: impl FnOnce(&mut Cx, &KdlEntry) -> Option<String>,
+) -> Option<Option<String>> {
+    match prop(node, key) {
+        Some(e) => read(cx, e).map(Some),
+        None => Some(None),
     }
 }
 
 /// Parse an incumbent manifest.
 ///
 /// # Errors
-/// Any problem, as a sentence.
-pub fn incumbent(text: &str) -> Result<Incumbent, ManifestError> {
-    let file = INCUMBENT_MANIFEST;
-    let doc = parse_doc(file, text)?;
-    let mut name = None;
-    let mut targets = BTreeMap::new();
-    for node in doc.nodes() {
-        match node.name().value() {
-            "incumbent" => {
-                let (args, _) = read_node(file, node, &[], 1)?;
-                if name.replace(args[0].clone()).is_some() {
-                    return Err(err(file, "\"incumbent\" appears twice"));
-                }
+/// Every problem, each labelled on its token.
+pub fn incumbent(text: &str) -> Result<Incumbent, KdlError> {
+    cordon_policy_lang::kit::decode(&MANIFEST, INCUMBENT_MANIFEST, text, |cx, doc| {
+        let whole = SourceSpan::from((0, 0));
+        let b = Block::read(
+            cx,
+            Some(doc),
+            "the incumbent manifest",
+            whole,
+            &["incumbent", "target"],
+            &["target"],
+        );
+        let name = b
+            .required(cx, "incumbent")
+            .and_then(|n| single(cx, n, &[], string));
+        let mut targets = BTreeMap::new();
+        let mut spans: Vec<(String, SourceSpan)> = Vec::new();
+        let mut seen = Seen::default();
+        for n in b.all("target") {
+            shape(cx, n, 1, 1, &["path", "python"], false);
+            let tname = arg(n, 0).and_then(|e| string(cx, e));
+            let path = required_prop(cx, n, "path").and_then(|e| clean_path(cx, e));
+            let python = optional(cx, n, "python", python_name);
+            let (Some(tname), Some(path), Some(python)) = (tname, path, python) else {
+                continue;
+            };
+            if !seen.first(cx, &tname, name_span(n), || {
+                format!("target {tname:?} appears twice")
+            }) {
+                continue;
             }
-            "target" => {
-                let (args, props) = read_node(file, node, &["path", "python"], 1)?;
-                let path = props
-                    .get("path")
-                    .ok_or_else(|| err(file, format!("target {:?} needs path=", args[0])))?;
-                let target = Target {
-                    name: args[0].clone(),
-                    path: clean_path(file, path)?,
-                    python: props
-                        .get("python")
-                        .map(|p| python_name(file, p))
-                        .transpose()?,
-                };
-                if targets.insert(args[0].clone(), target).is_some() {
-                    return Err(err(file, format!("target {:?} appears twice", args[0])));
-                }
+            let span = prop(n, "path").map_or(name_span(n), KdlEntry::span);
+            if let Some((other, other_span)) = spans.iter().find(|(p, _)| {
+                path.starts_with(&format!("{p}/"))
+                    || p.starts_with(&format!("{path}/"))
+                    || *p == path
+            }) {
+                cx.report_at(
+                    "overlap",
+                    vec![(*other_span, other.clone()), (span, path.clone())],
+                    format!("targets {other:?} and {path:?} overlap"),
+                    Some("each target occupies a subtree of its own".into()),
+                );
+                continue;
             }
-            other => return Err(err(file, format!("unknown node {other:?}"))),
+            spans.push((path.clone(), span));
+            targets.insert(
+                tname.clone(),
+                Target {
+                    name: tname,
+                    path,
+                    python,
+                },
+            );
         }
-    }
-    let name = name.ok_or_else(|| err(file, "missing \"incumbent\""))?;
-    if targets.is_empty() {
-        return Err(err(file, "no target is registered"));
-    }
-    let paths: Vec<&String> = targets.values().map(|t| &t.path).collect();
-    for a in &paths {
-        for b in &paths {
-            if a != b && b.starts_with(&format!("{a}/")) {
-                return Err(err(file, format!("targets {a:?} and {b:?} overlap")));
-            }
+        if b.all("target").is_empty() {
+            cx.report(
+                "missing-node",
+                whole,
+                "no target",
+                "no target is registered",
+                Some("register each replaceable subtree: target \"NAME\" path=\"…\"".into()),
+            );
         }
-    }
-    Ok(Incumbent { name, targets })
+        Some(Incumbent {
+            name: name?,
+            targets,
+        })
+    })
 }
 
 /// Parse a delta manifest.
 ///
 /// # Errors
-/// Any problem, as a sentence.
-pub fn delta(text: &str) -> Result<Delta, ManifestError> {
-    let file = DELTA_MANIFEST;
-    let doc = parse_doc(file, text)?;
-    let mut head: Option<BTreeMap<String, String>> = None;
-    let mut executables = BTreeSet::new();
-    let mut cuda_sources = BTreeSet::new();
-    let mut dependency_patches = BTreeSet::new();
-    for node in doc.nodes() {
-        let set = match node.name().value() {
-            "delta" => {
-                let (_, props) = read_node(file, node, &["target", "package", "step"], 0)?;
-                if head.replace(props).is_some() {
-                    return Err(err(file, "\"delta\" appears twice"));
+/// Every problem, each labelled on its token.
+pub fn delta(text: &str) -> Result<Delta, KdlError> {
+    cordon_policy_lang::kit::decode(&MANIFEST, DELTA_MANIFEST, text, |cx, doc| {
+        let whole = SourceSpan::from((0, 0));
+        let b = Block::read(
+            cx,
+            Some(doc),
+            "the delta manifest",
+            whole,
+            &["delta", "executable", "cuda-source", "dependency-patch"],
+            &["executable", "cuda-source", "dependency-patch"],
+        );
+        let head = b.required(cx, "delta").and_then(|n| {
+            shape(cx, n, 0, 0, &["target", "package", "step"], false);
+            let target = required_prop(cx, n, "target").and_then(|e| string(cx, e));
+            let package = optional(cx, n, "package", python_name);
+            let step = optional(cx, n, "step", string);
+            Some((target?, package?, step?))
+        });
+        let mut declared = |kind: &str| -> BTreeSet<String> {
+            let mut out = BTreeSet::new();
+            let mut seen = Seen::default();
+            for n in b.all(kind) {
+                shape(cx, n, 1, 1, &[], false);
+                let Some(e) = positional(n).first().copied() else {
+                    continue;
+                };
+                let Some(p) = clean_path(cx, e) else { continue };
+                if seen.first(cx, &p, e.span(), || format!("{p:?} is declared twice")) {
+                    out.insert(p);
                 }
-                continue;
             }
-            "executable" => &mut executables,
-            "cuda-source" => &mut cuda_sources,
-            "dependency-patch" => &mut dependency_patches,
-            other => return Err(err(file, format!("unknown node {other:?}"))),
+            out
         };
-        let (args, _) = read_node(file, node, &[], 1)?;
-        let p = clean_path(file, &args[0])?;
-        if !set.insert(p.clone()) {
-            return Err(err(file, format!("{p:?} is declared twice")));
-        }
-    }
-    let head = head.ok_or_else(|| err(file, "missing \"delta\""))?;
-    let target = head
-        .get("target")
-        .ok_or_else(|| err(file, "\"delta\" needs target="))?
-        .clone();
-    Ok(Delta {
-        target,
-        package: head
-            .get("package")
-            .map(|p| python_name(file, p))
-            .transpose()?,
-        step: head.get("step").cloned(),
-        executables,
-        cuda_sources,
-        dependency_patches,
+        let executables = declared("executable");
+        let cuda_sources = declared("cuda-source");
+        let dependency_patches = declared("dependency-patch");
+        let (target, package, step) = head?;
+        Some(Delta {
+            target,
+            package,
+            step,
+            executables,
+            cuda_sources,
+            dependency_patches,
+        })
     })
 }

@@ -45,6 +45,11 @@ pub enum MaterializeError {
         /// What is wrong.
         why: String,
     },
+    /// The incumbent's manifest, given by the operator, does not decode (exit 2): every
+    /// problem, labelled on the manifest.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    IncumbentManifest(cordon_policy_lang::KdlError),
     /// The store failed (exit 3).
     #[error(transparent)]
     #[diagnostic(transparent)]
@@ -95,7 +100,7 @@ pub fn register_incumbent(
     let manifest_path = dir.join(INCUMBENT_MANIFEST);
     let text = fs::read_to_string(&manifest_path)
         .map_err(|e| bad(&manifest_path, format!("cannot read the manifest: {e}")))?;
-    let incumbent = manifest::incumbent(&text).map_err(|e| bad(&manifest_path, e.to_string()))?;
+    let incumbent = manifest::incumbent(&text).map_err(MaterializeError::IncumbentManifest)?;
     let mut files = Vec::new();
     walk_dir(dir, String::new(), &mut files).map_err(|(p, why)| bad(&p, why))?;
     files.sort();
@@ -246,8 +251,30 @@ pub fn materialize(
     let delta_text =
         String::from_utf8(store.read_object(&delta_file.sha256, delta_file.executable)?)
             .map_err(|_| reject(Finding::file("tree.manifest", DELTA_MANIFEST, "not UTF-8")))?;
-    let delta = manifest::delta(&delta_text)
-        .map_err(|e| reject(Finding::file("tree.manifest", DELTA_MANIFEST, e.message)))?;
+    let delta = manifest::delta(&delta_text).map_err(|e| {
+        // Each problem is a finding located on the candidate's own manifest.
+        let findings = e
+            .problems()
+            .iter()
+            .map(|p| {
+                let (at, label) = p.primary().map_or((None, String::new()), |(span, label)| {
+                    let at = Position::of(&delta_text, span.offset(), span.offset() + span.len());
+                    (Some(at), label.to_owned())
+                });
+                Finding {
+                    code: "tree.manifest",
+                    path: DELTA_MANIFEST.to_owned(),
+                    at,
+                    label,
+                    message: format!("{} (cordon::manifest::{})", p.message(), p.short_code()),
+                }
+            })
+            .collect();
+        MaterializeError::Rejected(
+            findings,
+            vec![(DELTA_MANIFEST.to_owned(), Arc::new(delta_text.clone()))],
+        )
+    })?;
     let Some(target) = registered.targets.get(&delta.target) else {
         return Err(reject(Finding::file(
             "tree.unknown-target",

@@ -12,7 +12,7 @@ use cordon_canon::Digest;
 use kdl::{KdlDocument, KdlEntry, KdlNode, KdlValue};
 use miette::SourceSpan;
 
-use crate::decode::{
+use crate::kit::{
     Block, Cx, Seen, arg, boolean, choice, duration, integer, name_span, path, positional, prop,
     reason, required_prop, shape, single, size, string, suggest,
 };

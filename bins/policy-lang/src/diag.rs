@@ -1,9 +1,11 @@
-//! Policy diagnostics: the stable codes, the problem type, and how problems are rendered.
+//! Diagnostics of every KDL input: the languages and their stable codes, the problem type, and
+//! how problems are rendered.
 //!
-//! Every problem found in a policy file is collected (never only the first) and reported as a
-//! miette diagnostic with a stable code `cordon::policy::<name>`, a label on the offending token
-//! and, where a fix is known, help. This module owns the list of codes ([`CODES`]), which
-//! `policy/README.md` documents and the golden tests cover one fixture each.
+//! Every problem found in a KDL file is collected (never only the first) and reported as a
+//! miette diagnostic with a stable code `<language prefix>::<name>` (`cordon::policy::…` for
+//! policies), a label on the offending token and, where a fix is known, help. This module owns
+//! the policy's list of codes ([`CODES`]), which `policy/README.md` documents and the golden
+//! tests cover one fixture each; other inputs declare their own [`Language`].
 
 use std::fmt;
 use std::sync::Arc;
@@ -87,12 +89,32 @@ pub const CODES: &[(&str, &str)] = &[
     ),
 ];
 
-/// The source a policy was read from, shared by all its problems.
+/// One KDL input language: the prefix of its diagnostic codes, the noun its files are called
+/// by, and its codes with their meanings.
+#[derive(Debug)]
+pub struct Language {
+    /// `cordon::policy`, `cordon::manifest`, …
+    pub prefix: &'static str,
+    /// `policy`, `manifest`, … (used in summaries and as the JSON key of the file's name).
+    pub noun: &'static str,
+    /// Every code a problem of this language may carry, with its meaning.
+    pub codes: &'static [(&'static str, &'static str)],
+}
+
+/// The policy language.
+pub static POLICY: Language = Language {
+    prefix: "cordon::policy",
+    noun: "policy",
+    codes: CODES,
+};
+
+/// The source a KDL file was read from, shared by all its problems.
 pub type Source = Arc<NamedSource<Arc<String>>>;
 
-/// One problem in a policy file.
+/// One problem in a KDL file.
 #[derive(Debug, Clone)]
 pub struct Problem {
+    language: &'static Language,
     code: &'static str,
     message: String,
     labels: Vec<(SourceSpan, String)>,
@@ -102,6 +124,7 @@ pub struct Problem {
 
 impl Problem {
     pub(crate) fn new(
+        language: &'static Language,
         code: &'static str,
         message: String,
         labels: Vec<(SourceSpan, String)>,
@@ -109,10 +132,11 @@ impl Problem {
         source: Source,
     ) -> Self {
         debug_assert!(
-            CODES.iter().any(|(c, _)| *c == code),
+            language.codes.iter().any(|(c, _)| *c == code),
             "undocumented code {code}"
         );
         Self {
+            language,
             code,
             message,
             labels,
@@ -121,10 +145,22 @@ impl Problem {
         }
     }
 
-    /// The short code, without the `cordon::policy::` prefix.
+    /// The short code, without the language's prefix.
     #[must_use]
     pub fn short_code(&self) -> &'static str {
         self.code
+    }
+
+    /// The sentence.
+    #[must_use]
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The first label: where the problem is, and what is said there.
+    #[must_use]
+    pub fn primary(&self) -> Option<(SourceSpan, &str)> {
+        self.labels.first().map(|(s, l)| (*s, l.as_str()))
     }
 }
 
@@ -138,7 +174,7 @@ impl std::error::Error for Problem {}
 
 impl Diagnostic for Problem {
     fn code<'a>(&'a self) -> Option<Box<dyn fmt::Display + 'a>> {
-        Some(Box::new(format!("cordon::policy::{}", self.code)))
+        Some(Box::new(format!("{}::{}", self.language.prefix, self.code)))
     }
 
     fn help<'a>(&'a self) -> Option<Box<dyn fmt::Display + 'a>> {
@@ -158,17 +194,21 @@ impl Diagnostic for Problem {
     }
 }
 
-/// A policy file that did not validate: every problem found, in file order.
+/// A KDL file that did not decode: every problem found, in file order.
 #[derive(Debug, thiserror::Error)]
-#[error("policy {name} has {count} problem(s)", count = problems.len())]
-pub struct PolicyError {
+#[error("{} {name} has {count} problem(s)", language.noun, count = problems.len())]
+pub struct KdlError {
+    language: &'static Language,
     name: String,
     problems: Vec<Problem>,
 }
 
-impl Diagnostic for PolicyError {
+/// A policy file that did not validate.
+pub type PolicyError = KdlError;
+
+impl Diagnostic for KdlError {
     fn code<'a>(&'a self) -> Option<Box<dyn fmt::Display + 'a>> {
-        Some(Box::new("cordon::policy::invalid"))
+        Some(Box::new(format!("{}::invalid", self.language.prefix)))
     }
 
     fn related<'a>(&'a self) -> Option<Box<dyn Iterator<Item = &'a dyn Diagnostic> + 'a>> {
@@ -176,11 +216,19 @@ impl Diagnostic for PolicyError {
     }
 }
 
-impl PolicyError {
-    pub(crate) fn new(name: String, mut problems: Vec<Problem>) -> Self {
+impl KdlError {
+    pub(crate) fn new(
+        language: &'static Language,
+        name: String,
+        mut problems: Vec<Problem>,
+    ) -> Self {
         // File order reads best; ties keep discovery order (the sort is stable).
         problems.sort_by_key(|p| p.labels.first().map_or(0, |(s, _)| s.offset()));
-        Self { name, problems }
+        Self {
+            language,
+            name,
+            problems,
+        }
     }
 
     /// The problems, in file order.
@@ -217,7 +265,8 @@ impl PolicyError {
             items.push(one);
         }
         format!(
-            "{{\"policy\":{},\"problems\":[{}]}}",
+            "{{{}:{},\"problems\":[{}]}}",
+            serde_json::Value::String(self.language.noun.to_owned()),
             serde_json::Value::String(self.name.clone()),
             items.join(",")
         )

@@ -19,19 +19,17 @@
 
 mod build;
 mod canonical;
-mod decode;
 pub mod diag;
 pub mod diff;
+pub mod kit;
 mod model;
 pub mod syscalls;
 pub mod units;
 
-use std::sync::Arc;
-
-use miette::{NamedSource, SourceSpan};
+use miette::SourceSpan;
 
 pub use canonical::POLICY_SCHEMA;
-pub use diag::{CODES, PolicyError, Problem};
+pub use diag::{CODES, KdlError, Language, PolicyError, Problem};
 pub use model::{
     Accounts, Arch, ArchiveLimits, ArgCondition, ArgOp, Frame, IdRange, Ipc, Keyword, Mount,
     MountMode, MountSource, Network, Output, Policy, PublicationLimits, Reasoned, RootMode,
@@ -44,23 +42,7 @@ pub use model::{
 /// # Errors
 /// A [`PolicyError`] holding every problem found, KDL syntax errors included.
 pub fn parse(name: &str, text: &str) -> Result<Policy, PolicyError> {
-    let shared = Arc::new(text.to_owned());
-    let source = Arc::new(NamedSource::new(name, shared).with_language("kdl"));
-    let mut cx = decode::Cx::new(source.clone());
-    let doc = match kdl::KdlDocument::parse(text) {
-        Ok(doc) => doc,
-        Err(err) => {
-            for d in err.diagnostics {
-                let label = d.label.unwrap_or_else(|| "here".to_owned());
-                let message = d.message.unwrap_or_else(|| "invalid KDL".to_owned());
-                cx.report("syntax", d.span, label, message, d.help);
-            }
-            return Err(PolicyError::new(name.to_owned(), cx.problems));
-        }
-    };
-    let whole = SourceSpan::from((0, 0));
-    match build::policy(&mut cx, &doc, whole) {
-        Some(policy) if cx.problems.is_empty() => Ok(policy),
-        _ => Err(PolicyError::new(name.to_owned(), cx.problems)),
-    }
+    kit::decode(&diag::POLICY, name, text, |cx, doc| {
+        build::policy(cx, doc, SourceSpan::from((0, 0)))
+    })
 }

@@ -1,33 +1,75 @@
-//! Generic helpers for reading KDL nodes into typed values while collecting every problem.
+//! The collect-all KDL decoding kit every cordon KDL input uses: the policy, the incumbent and
+//! delta manifests (candidate-written: they get the same labelled diagnostics), the image specs.
 //!
-//! The section decoders in [`crate::build`] say what each node may hold; this module checks it
-//! and reports a [`crate::diag::Problem`] on the offending token when it does not. A getter that
-//! reports returns `None`, so decoding goes on and the next problem is found too.
+//! A decoder says what each node may hold; the kit checks it and reports a
+//! [`crate::diag::Problem`] on the offending token when it does not. A getter that reports
+//! returns `None`, so decoding goes on and the next problem is found too; [`decode`] returns the
+//! value only when nothing at all was reported, and otherwise every problem in file order, each
+//! with its language's stable code (`cordon::policy::…`, `cordon::manifest::…`, …).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use kdl::{KdlDocument, KdlEntry, KdlNode, KdlValue};
-use miette::SourceSpan;
+use miette::{NamedSource, SourceSpan};
 
-use crate::diag::{Problem, Source};
+use crate::diag::{KdlError, Language, Problem, Source};
 use crate::units;
 
-/// The problems found so far, and the source they point into.
-pub(crate) struct Cx {
+/// The problems found so far, the language they are reported in, and the source they point
+/// into.
+pub struct Cx {
     source: Source,
-    pub(crate) problems: Vec<Problem>,
+    language: &'static Language,
+    /// The problems, in discovery order.
+    pub problems: Vec<Problem>,
+}
+
+/// Decode `text` (named `name` in diagnostics) as a document of `language` with `decoder`:
+/// KDL syntax errors and every problem the decoder reports are collected; the value is
+/// returned only when there are none.
+///
+/// # Errors
+/// A [`KdlError`] holding every problem, each labelled on its token.
+pub fn decode<T>(
+    language: &'static Language,
+    name: &str,
+    text: &str,
+    decoder: impl FnOnce(&mut Cx, &KdlDocument) -> Option<T>,
+) -> Result<T, KdlError> {
+    let shared = Arc::new(text.to_owned());
+    let source = Arc::new(NamedSource::new(name, shared).with_language("kdl"));
+    let mut cx = Cx::new(source, language);
+    let value = match KdlDocument::parse(text) {
+        Ok(doc) => decoder(&mut cx, &doc),
+        Err(err) => {
+            for d in err.diagnostics {
+                let label = d.label.unwrap_or_else(|| "here".to_owned());
+                let message = d.message.unwrap_or_else(|| "invalid KDL".to_owned());
+                cx.report("syntax", d.span, label, message, d.help);
+            }
+            None
+        }
+    };
+    match value {
+        Some(v) if cx.problems.is_empty() => Ok(v),
+        _ => Err(KdlError::new(language, name.to_owned(), cx.problems)),
+    }
 }
 
 impl Cx {
-    pub(crate) fn new(source: Source) -> Self {
+    /// An empty collection of problems in `language` about `source`.
+    #[must_use]
+    pub fn new(source: Source, language: &'static Language) -> Self {
         Self {
             source,
+            language,
             problems: Vec::new(),
         }
     }
 
     /// Report a problem labelled at one place.
-    pub(crate) fn report(
+    pub fn report(
         &mut self,
         code: &'static str,
         span: SourceSpan,
@@ -39,7 +81,7 @@ impl Cx {
     }
 
     /// Report a problem labelled at several places (duplicates, overlaps).
-    pub(crate) fn report_at(
+    pub fn report_at(
         &mut self,
         code: &'static str,
         labels: Vec<(SourceSpan, String)>,
@@ -47,6 +89,7 @@ impl Cx {
         help: Option<String>,
     ) {
         self.problems.push(Problem::new(
+            self.language,
             code,
             message.into(),
             labels,
@@ -56,7 +99,7 @@ impl Cx {
     }
 
     /// Report a value outside its bound, naming the bound.
-    pub(crate) fn out_of_range(&mut self, span: SourceSpan, what: &str, shown: &str, bound: &str) {
+    pub fn out_of_range(&mut self, span: SourceSpan, what: &str, shown: &str, bound: &str) {
         self.report(
             "out-of-range",
             span,
@@ -69,11 +112,11 @@ impl Cx {
 
 /// Names seen so far in one scope; a second sighting is a `duplicate` labelled at both places.
 #[derive(Default)]
-pub(crate) struct Seen(BTreeMap<String, SourceSpan>);
+pub struct Seen(BTreeMap<String, SourceSpan>);
 
 impl Seen {
     /// Whether `key` is new here; reports the duplicate (built by `message`) when it is not.
-    pub(crate) fn first(
+    pub fn first(
         &mut self,
         cx: &mut Cx,
         key: &str,
@@ -95,7 +138,7 @@ impl Seen {
 }
 
 /// "did you mean" for a misspelt name.
-pub(crate) fn suggest<'a>(given: &str, known: impl IntoIterator<Item = &'a str>) -> Option<String> {
+pub fn suggest<'a>(given: &str, known: impl IntoIterator<Item = &'a str>) -> Option<String> {
     known
         .into_iter()
         .map(|k| (strsim::levenshtein(given, k), k))
@@ -104,7 +147,8 @@ pub(crate) fn suggest<'a>(given: &str, known: impl IntoIterator<Item = &'a str>)
         .map(|(_, k)| format!("did you mean `{k}`?"))
 }
 
-pub(crate) fn positional(node: &KdlNode) -> Vec<&KdlEntry> {
+/// A node's positional (unnamed) entries, in order.
+pub fn positional(node: &KdlNode) -> Vec<&KdlEntry> {
     node.entries()
         .iter()
         .filter(|e| e.name().is_none())
@@ -112,20 +156,13 @@ pub(crate) fn positional(node: &KdlNode) -> Vec<&KdlEntry> {
 }
 
 /// The node's name token, for labels.
-pub(crate) fn name_span(node: &KdlNode) -> SourceSpan {
+pub fn name_span(node: &KdlNode) -> SourceSpan {
     node.name().span()
 }
 
 /// Check a node's shape: between `min` and `max` arguments, only `props` as properties (each
 /// once), and a children block only when `children` allows it.
-pub(crate) fn shape(
-    cx: &mut Cx,
-    node: &KdlNode,
-    min: usize,
-    max: usize,
-    props: &[&str],
-    children: bool,
-) {
+pub fn shape(cx: &mut Cx, node: &KdlNode, min: usize, max: usize, props: &[&str], children: bool) {
     let name = node.name().value();
     let args = positional(node);
     if args.len() < min {
@@ -179,14 +216,14 @@ pub(crate) fn shape(
 }
 
 /// A property entry by name (the first, when duplicated; [`shape`] reports the duplicate).
-pub(crate) fn prop<'a>(node: &'a KdlNode, key: &str) -> Option<&'a KdlEntry> {
+pub fn prop<'a>(node: &'a KdlNode, key: &str) -> Option<&'a KdlEntry> {
     node.entries()
         .iter()
         .find(|e| e.name().is_some_and(|n| n.value() == key))
 }
 
 /// A required property; reports `missing-property` when absent.
-pub(crate) fn required_prop<'a>(cx: &mut Cx, node: &'a KdlNode, key: &str) -> Option<&'a KdlEntry> {
+pub fn required_prop<'a>(cx: &mut Cx, node: &'a KdlNode, key: &str) -> Option<&'a KdlEntry> {
     let found = prop(node, key);
     if found.is_none() {
         cx.report(
@@ -234,7 +271,8 @@ fn no_annotation(cx: &mut Cx, entry: &KdlEntry) -> bool {
     true
 }
 
-pub(crate) fn string(cx: &mut Cx, entry: &KdlEntry) -> Option<String> {
+/// An entry's value as a string; reports `wrong-type` otherwise.
+pub fn string(cx: &mut Cx, entry: &KdlEntry) -> Option<String> {
     if !no_annotation(cx, entry) {
         return None;
     }
@@ -247,7 +285,8 @@ pub(crate) fn string(cx: &mut Cx, entry: &KdlEntry) -> Option<String> {
     }
 }
 
-pub(crate) fn boolean(cx: &mut Cx, entry: &KdlEntry) -> Option<bool> {
+/// An entry's value as a boolean; reports `wrong-type` otherwise.
+pub fn boolean(cx: &mut Cx, entry: &KdlEntry) -> Option<bool> {
     if !no_annotation(cx, entry) {
         return None;
     }
@@ -261,13 +300,7 @@ pub(crate) fn boolean(cx: &mut Cx, entry: &KdlEntry) -> Option<bool> {
 }
 
 /// An integer within `min..=max`.
-pub(crate) fn integer(
-    cx: &mut Cx,
-    entry: &KdlEntry,
-    what: &str,
-    min: u64,
-    max: u64,
-) -> Option<u64> {
+pub fn integer(cx: &mut Cx, entry: &KdlEntry, what: &str, min: u64, max: u64) -> Option<u64> {
     if !no_annotation(cx, entry) {
         return None;
     }
@@ -290,12 +323,7 @@ pub(crate) fn integer(
 }
 
 /// One of a fixed set of strings.
-pub(crate) fn choice(
-    cx: &mut Cx,
-    entry: &KdlEntry,
-    what: &str,
-    allowed: &[&str],
-) -> Option<String> {
+pub fn choice(cx: &mut Cx, entry: &KdlEntry, what: &str, allowed: &[&str]) -> Option<String> {
     let value = string(cx, entry)?;
     if allowed.contains(&value.as_str()) {
         return Some(value);
@@ -351,7 +379,7 @@ fn measured(
 }
 
 /// A size string within `min..=max` bytes.
-pub(crate) fn size(cx: &mut Cx, entry: &KdlEntry, what: &str, min: u64, max: u64) -> Option<u64> {
+pub fn size(cx: &mut Cx, entry: &KdlEntry, what: &str, min: u64, max: u64) -> Option<u64> {
     const SIZE: Measure = Measure {
         code: "invalid-size",
         label: "not a size",
@@ -363,13 +391,7 @@ pub(crate) fn size(cx: &mut Cx, entry: &KdlEntry, what: &str, min: u64, max: u64
 }
 
 /// A duration string within `min..=max` milliseconds.
-pub(crate) fn duration(
-    cx: &mut Cx,
-    entry: &KdlEntry,
-    what: &str,
-    min: u64,
-    max: u64,
-) -> Option<u64> {
+pub fn duration(cx: &mut Cx, entry: &KdlEntry, what: &str, min: u64, max: u64) -> Option<u64> {
     const DURATION: Measure = Measure {
         code: "invalid-duration",
         label: "not a duration",
@@ -382,7 +404,7 @@ pub(crate) fn duration(
 
 /// An absolute, normalised path: starts with `/`, no empty, `.` or `..` components, no
 /// trailing slash (except `/` itself), no NUL.
-pub(crate) fn path(cx: &mut Cx, entry: &KdlEntry, what: &str) -> Option<String> {
+pub fn path(cx: &mut Cx, entry: &KdlEntry, what: &str) -> Option<String> {
     let text = string(cx, entry)?;
     let normal = text.starts_with('/')
         && !text.contains('\0')
@@ -405,7 +427,7 @@ pub(crate) fn path(cx: &mut Cx, entry: &KdlEntry, what: &str) -> Option<String> 
 }
 
 /// A node's `reason="…"`: required and non-empty on every allow-list entry.
-pub(crate) fn reason(cx: &mut Cx, node: &KdlNode) -> Option<String> {
+pub fn reason(cx: &mut Cx, node: &KdlNode) -> Option<String> {
     let Some(entry) = prop(node, "reason") else {
         cx.report(
             "missing-reason",
@@ -434,20 +456,22 @@ pub(crate) fn reason(cx: &mut Cx, node: &KdlNode) -> Option<String> {
 }
 
 /// A positional argument by index, when present.
-pub(crate) fn arg(node: &KdlNode, index: usize) -> Option<&KdlEntry> {
+pub fn arg(node: &KdlNode, index: usize) -> Option<&KdlEntry> {
     positional(node).get(index).copied()
 }
 
 /// The children of a block, sorted by name, after checking that every name is known and that
 /// names not in `multi` appear at most once.
-pub(crate) struct Block<'a> {
+pub struct Block<'a> {
     nodes: BTreeMap<&'a str, Vec<&'a KdlNode>>,
     span: SourceSpan,
     owner: String,
 }
 
 impl<'a> Block<'a> {
-    pub(crate) fn read(
+    /// Read a block's children, reporting unknown names, type annotations and repeats of
+    /// names not in `multi`.
+    pub fn read(
         cx: &mut Cx,
         doc: Option<&'a KdlDocument>,
         owner: &str,
@@ -462,7 +486,7 @@ impl<'a> Block<'a> {
                 cx.report(
                     "wrong-type",
                     ty.span(),
-                    "type annotations are not part of the policy language",
+                    "type annotations are not part of this language",
                     format!("unexpected type annotation `({})` on `{name}`", ty.value()),
                     None,
                 );
@@ -505,7 +529,7 @@ impl<'a> Block<'a> {
 
     /// An optional section node (no arguments, a children block) read as a block; when it is
     /// absent the block is empty and problems about it point at `fallback`.
-    pub(crate) fn section(
+    pub fn section(
         cx: &mut Cx,
         node: Option<&'a KdlNode>,
         owner: &str,
@@ -528,20 +552,22 @@ impl<'a> Block<'a> {
     }
 
     /// The span problems about this block point at.
-    pub(crate) fn span(&self) -> SourceSpan {
+    pub fn span(&self) -> SourceSpan {
         self.span
     }
 
-    pub(crate) fn one(&self, name: &str) -> Option<&'a KdlNode> {
+    /// The node `name`, if present.
+    pub fn one(&self, name: &str) -> Option<&'a KdlNode> {
         self.nodes.get(name).and_then(|v| v.first().copied())
     }
 
-    pub(crate) fn all(&self, name: &str) -> Vec<&'a KdlNode> {
+    /// Every node `name`, in file order.
+    pub fn all(&self, name: &str) -> Vec<&'a KdlNode> {
         self.nodes.get(name).cloned().unwrap_or_default()
     }
 
     /// A node that must be present; reports `missing-node` on the owner when it is not.
-    pub(crate) fn required(&self, cx: &mut Cx, name: &str) -> Option<&'a KdlNode> {
+    pub fn required(&self, cx: &mut Cx, name: &str) -> Option<&'a KdlNode> {
         let found = self.one(name);
         if found.is_none() {
             cx.report(
@@ -558,7 +584,7 @@ impl<'a> Block<'a> {
 
 /// A singleton node's one argument read by `read`, after checking it has exactly that argument
 /// and the given properties.
-pub(crate) fn single<T>(
+pub fn single<T>(
     cx: &mut Cx,
     node: &KdlNode,
     props: &[&str],
