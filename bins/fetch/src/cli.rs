@@ -14,7 +14,7 @@ use clap::Parser;
 use cordon::ExitCode;
 use cordon::canonical::Digest;
 use cordon::intake::{self, IntakeError};
-use cordon::receipt::{FetchOutputs, Outcome, Reason, Receipt, StageName};
+use cordon::receipt::{Decision, FetchOutputs, Outcome, Receipt, Rejection, StageName};
 use cordon::store::Store;
 use cordon_stage::args::{StageArgs, report_diagnostic};
 use cordon_stage::receipt_io as stage;
@@ -81,10 +81,6 @@ pub enum FetchError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Store(#[from] cordon::store::StoreError),
-    /// The receipt cannot be written.
-    #[error(transparent)]
-    #[diagnostic(transparent)]
-    Stage(#[from] stage::StageError),
 }
 
 impl FetchError {
@@ -95,7 +91,7 @@ impl FetchError {
             | Self::SourceKind { .. }
             | Self::TrustAnchor { .. }
             | Self::Transport(TransportError::Refused { .. }) => ExitCode::Usage,
-            Self::Transport(_) | Self::Store(_) | Self::Stage(_) => ExitCode::NoDecision,
+            Self::Transport(_) | Self::Store(_) => ExitCode::NoDecision,
         }
     }
 }
@@ -181,11 +177,33 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
         Ok(s) => (s.loaded, s.authority),
         Err(code) => return code,
     };
-    match fetch(args, &loaded.policy, authority, stdout) {
+    match fetch(args, &loaded.policy, authority, stdout, stderr) {
         Ok(code) => code,
         Err(e) => {
             report_diagnostic(&e, args.stage.diagnostics, stderr);
             e.exit_code()
+        }
+    }
+}
+
+/// What intake could not establish (exit 3), with its reason code.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+enum FetchFailure {
+    /// The transfer failed: DNS, connection, TLS, deadline or a server error.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Transport(TransportError),
+    /// The store or the local source failed.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Intake(IntakeError),
+}
+
+impl stage::Infrastructure for FetchFailure {
+    fn reason_code(&self) -> &'static str {
+        match self {
+            Self::Transport(_) => "transport.failed",
+            Self::Intake(_) => "intake.infrastructure",
         }
     }
 }
@@ -195,6 +213,7 @@ fn fetch(
     policy: &cordon_policy_lang::Policy,
     authority: Digest,
     stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
 ) -> Result<ExitCode, FetchError> {
     let committed = parse_digest(&args.sha256)?;
     let mut source = open_source(&args.source, policy)?;
@@ -212,63 +231,37 @@ fn fetch(
         Source::Remote(body) => body.take_failure(),
         Source::Local(_) => None,
     };
-    let (outcome, reason) = match (result, transport_failure) {
-        (Ok(record), _) => {
-            let outputs = FetchOutputs {
-                archive_sha256: record.archive_sha256,
-                content_digest: record.content_digest,
-                files: record.files.len() as u64,
-                bytes: record.bytes,
-            };
-            match receipt.set_outputs(&outputs) {
-                Ok(()) => (Outcome::Ok, None),
-                Err(e) => (
-                    Outcome::NoDecision,
-                    Some(Reason {
-                        code: "intake.infrastructure".to_owned(),
-                        message: stage::error_chain(&e),
-                    }),
-                ),
-            }
+    // A failed transfer explains a failed ingest: its verdict wins.
+    let decision = match (result, transport_failure) {
+        (Ok(record), _) => Ok(Decision::Accepted(FetchOutputs {
+            archive_sha256: record.archive_sha256,
+            content_digest: record.content_digest,
+            files: record.files.len() as u64,
+            bytes: record.bytes,
+        })),
+        (Err(_), Some(TransportError::Rejected { code, why })) => {
+            Ok(Decision::Rejected(Rejection::one(code, why, json!({}))))
         }
-        (Err(_), Some(TransportError::Rejected { code, why })) => (
-            Outcome::Rejected,
-            Some(Reason {
-                code: code.to_owned(),
-                message: why,
-            }),
-        ),
-        (Err(_), Some(other)) => (
-            Outcome::NoDecision,
-            Some(Reason {
-                code: "transport.failed".to_owned(),
-                message: other.to_string(),
-            }),
-        ),
-        (Err(IntakeError::Rejected(r)), None) => (
-            Outcome::Rejected,
-            Some(Reason {
-                code: r.code.to_owned(),
-                message: match r.path {
-                    Some(p) => format!("{p}: {}", r.message),
-                    None => r.message,
-                },
-            }),
-        ),
-        (Err(other), None) => (
-            Outcome::NoDecision,
-            Some(Reason {
-                code: "intake.infrastructure".to_owned(),
-                message: stage::error_chain(&other),
-            }),
-        ),
+        (Err(_), Some(other)) => Err(FetchFailure::Transport(other)),
+        (Err(IntakeError::Rejected(r)), None) => {
+            let message = match r.path {
+                Some(p) => format!("{p}: {}", r.message),
+                None => r.message,
+            };
+            Ok(Decision::Rejected(Rejection::one(
+                r.code,
+                message,
+                json!({}),
+            )))
+        }
+        (Err(other), None) => Err(FetchFailure::Intake(other)),
     };
-    receipt.outcome = outcome;
-    receipt.reasons.extend(reason);
-    stage::emit(Some(&store), &mut receipt, stdout)?;
-    Ok(match outcome {
-        Outcome::Ok => ExitCode::Ok,
-        Outcome::Rejected => ExitCode::Rejected,
-        Outcome::NoDecision => ExitCode::NoDecision,
-    })
+    Ok(stage::finish(
+        &store,
+        &mut receipt,
+        decision,
+        args.stage.diagnostics,
+        stdout,
+        stderr,
+    ))
 }

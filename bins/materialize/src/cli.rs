@@ -20,7 +20,9 @@ use clap::{Parser, Subcommand};
 use cordon::ExitCode;
 use cordon::canonical::Digest;
 use cordon::intake;
-use cordon::receipt::{FetchOutputs, MaterializeOutputs, Outcome, Reason, Receipt, StageName};
+use cordon::receipt::{
+    Decision, FetchOutputs, MaterializeOutputs, Outcome, Reason, Receipt, Rejection, StageName,
+};
 use cordon::store::Store;
 use cordon::tree;
 use cordon_policy_lang::Policy;
@@ -86,10 +88,6 @@ pub enum CommandError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Input(StageError),
-    /// The receipt could not be written.
-    #[error(transparent)]
-    #[diagnostic(transparent)]
-    Output(StageError),
     /// The store cannot be opened.
     #[error(transparent)]
     #[diagnostic(transparent)]
@@ -100,7 +98,7 @@ impl CommandError {
     fn exit_code(&self) -> ExitCode {
         match self {
             Self::Digest { .. } | Self::Usage | Self::Input(_) => ExitCode::Usage,
-            Self::Output(_) | Self::Store(_) => ExitCode::NoDecision,
+            Self::Store(_) => ExitCode::NoDecision,
         }
     }
 }
@@ -228,21 +226,21 @@ fn dispatch(
     if let (Job::Delta { .. }, Some(prev)) = (&job, receipt.prev) {
         stage::require_chain(&store, &prev, &authority).map_err(CommandError::Input)?;
     }
-    let result = match job {
+    let result: Result<Value, MaterializeError> = match job {
         Job::Incumbent(dir) => materialize::register_incumbent(&store, dir, &rules).map(|record| {
-            receipt.outputs = json!({
+            json!({
                 "tree_digest": record.digest,
                 "kind": "incumbent",
                 "files": record.entries.len(),
                 "bytes": record.entries.iter().map(|e| e.size).sum::<u64>(),
-            });
+            })
         }),
         Job::Verify(digest) => tree::verify(&store, &digest)
             .map(|record| {
-                receipt.outputs = json!({
+                json!({
                     "tree_digest": record.digest,
                     "files": record.entries.len(),
-                });
+                })
             })
             .map_err(MaterializeError::Tree),
         Job::Delta { incumbent, content } => {
@@ -261,29 +259,34 @@ fn dispatch(
                     materialize::materialize(&store, &incumbent, &record, &rules, &steps)
                 })
                 .and_then(|m| {
-                    receipt
-                        .set_outputs(&MaterializeOutputs {
-                            tree_digest: m.record.digest,
-                            delta_digest: m.delta,
-                            incumbent,
-                            target: m.target,
-                            namespace: m.namespace,
-                            step: m.step,
-                            findings: Vec::new(),
+                    serde_json::to_value(MaterializeOutputs {
+                        tree_digest: m.record.digest,
+                        delta_digest: m.delta,
+                        incumbent,
+                        target: m.target,
+                        namespace: m.namespace,
+                        step: m.step,
+                        findings: Vec::new(),
+                    })
+                    .map_err(|source| {
+                        MaterializeError::Receipt(cordon::receipt::ReceiptError::Outputs {
+                            stage: StageName::Materialize,
+                            source,
                         })
-                        .map_err(MaterializeError::Receipt)
+                    })
                 })
         }
     };
-    let code = match result {
-        Ok(()) => ExitCode::Ok,
+    let decision = match result {
+        Ok(outputs) => Ok(Decision::Accepted(outputs)),
         Err(MaterializeError::Rejected(findings, sources)) => {
+            // Every finding is shown on the candidate's own source, then recorded.
             for f in &findings {
                 let source = f.at.and_then(|_| {
-                    sources
-                        .iter()
-                        .find(|(p, _)| *p == f.path)
-                        .map(|(p, text)| NamedSource::new(p, text.clone()).with_language("python"))
+                    sources.iter().find(|(p, _)| *p == f.path).map(|(p, text)| {
+                        let language = if p.ends_with(".kdl") { "kdl" } else { "python" };
+                        NamedSource::new(p, text.clone()).with_language(language)
+                    })
                 });
                 let diag = SourceFinding {
                     finding: f.clone(),
@@ -291,32 +294,29 @@ fn dispatch(
                 };
                 report_diagnostic(&diag, args.stage.diagnostics, stderr);
             }
-            receipt.outcome = Outcome::Rejected;
-            receipt.reasons = findings
-                .iter()
-                .map(|f| Reason {
-                    code: f.code.to_owned(),
-                    message: f.one_line(),
-                })
-                .collect();
-            receipt.outputs =
-                json!({ "findings": findings.iter().map(finding_json).collect::<Vec<_>>() });
-            ExitCode::Rejected
+            Ok(Decision::Rejected(Rejection {
+                findings: findings
+                    .iter()
+                    .map(|f| Reason {
+                        code: f.code.to_owned(),
+                        message: f.one_line(),
+                    })
+                    .collect(),
+                evidence: json!({ "findings": findings.iter().map(finding_json).collect::<Vec<_>>() }),
+            }))
         }
         Err(e @ (MaterializeError::Incumbent { .. } | MaterializeError::IncumbentManifest(_))) => {
             report_diagnostic(&e, args.stage.diagnostics, stderr);
             return Ok(ExitCode::Usage);
         }
-        Err(e) => {
-            report_diagnostic(&e, args.stage.diagnostics, stderr);
-            receipt.outcome = Outcome::NoDecision;
-            receipt.reasons.push(Reason {
-                code: "materialize.infrastructure".into(),
-                message: stage::error_chain(&e),
-            });
-            ExitCode::NoDecision
-        }
+        Err(e) => Err(e),
     };
-    stage::emit(Some(&store), &mut receipt, stdout).map_err(CommandError::Output)?;
-    Ok(code)
+    Ok(stage::finish(
+        &store,
+        &mut receipt,
+        decision,
+        args.stage.diagnostics,
+        stdout,
+        stderr,
+    ))
 }

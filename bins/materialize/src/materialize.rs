@@ -68,6 +68,12 @@ pub enum MaterializeError {
     Receipt(#[from] cordon::receipt::ReceiptError),
 }
 
+impl cordon_stage::receipt_io::Infrastructure for MaterializeError {
+    fn reason_code(&self) -> &'static str {
+        "materialize.infrastructure"
+    }
+}
+
 /// A published candidate tree and what it is made of.
 #[derive(Debug, Clone)]
 pub struct Materialized {

@@ -97,6 +97,7 @@ fn every_receipt_reason_code_the_stages_emit_is_documented() {
         "bins/materialize/src",
         "bins/prebuild/src",
         "bins/reap/src",
+        "bins/stage/src",
     ] {
         for entry in std::fs::read_dir(root.join(dir)).unwrap() {
             let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
@@ -113,6 +114,7 @@ fn every_receipt_reason_code_the_stages_emit_is_documented() {
                     "prebuild.",
                     "publication.",
                     "reap.",
+                    "receipt.",
                 ]
                 .iter()
                 .any(|p| word.starts_with(p))

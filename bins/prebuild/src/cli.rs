@@ -121,7 +121,6 @@ pub fn run(
         &store,
         &mut receipt,
         result,
-        "prebuild.infrastructure",
         args.stage.diagnostics,
         stdout,
         stderr,

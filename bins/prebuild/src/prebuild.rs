@@ -96,6 +96,12 @@ pub enum PrebuildError {
     },
 }
 
+impl cordon_stage::receipt_io::Infrastructure for PrebuildError {
+    fn reason_code(&self) -> &'static str {
+        "prebuild.infrastructure"
+    }
+}
+
 fn cache_name(key: &Digest) -> String {
     format!("{}.cache.json", key.hex())
 }

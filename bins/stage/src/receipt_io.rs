@@ -10,7 +10,7 @@ use std::io::{Read, Write};
 use std::path::Path;
 
 use cordon::chain::{self, ChainError};
-use cordon::receipt::{Decision, Outcome, Reason, Receipt, ReceiptError, StageName, StageOutputs};
+use cordon::receipt::{Decision, Outcome, Reason, Receipt, ReceiptError, StageName};
 use cordon_canon::ExitCode;
 
 use crate::args::{Diagnostics, report_diagnostic};
@@ -143,24 +143,39 @@ pub fn emit(
     Ok(digest)
 }
 
+/// What a stage could not establish its result through: a diagnostic that also names the
+/// stable reason code its no-decision receipt carries.
+pub trait Infrastructure: miette::Diagnostic {
+    /// The reason code (`<stage>.infrastructure`, `transport.failed`, …).
+    fn reason_code(&self) -> &'static str;
+}
+
 /// The one wrapper from a stage's result to its receipt and exit code: an accepted value is an
-/// `ok` receipt with the stage's typed outputs (exit 0), a rejection a `rejected` receipt with
-/// its findings and evidence (exit 1), an error a `no-decision` receipt whose reason is the
-/// error's chain under `infrastructure_code` (exit 3, the error also reported on stderr). The
-/// receipt is then emitted (stored when `ok`); a failure to emit is a no-decision.
-pub fn finish<T: StageOutputs, E: miette::Diagnostic>(
+/// `ok` receipt with the stage's outputs (exit 0), a rejection a `rejected` receipt with its
+/// findings and evidence (exit 1), an error a `no-decision` receipt whose reason is the error's
+/// chain under its reason code (exit 3, the error also reported on stderr). The receipt is then
+/// emitted (stored when `ok`); a failure to emit is a no-decision.
+pub fn finish<T: serde::Serialize, E: Infrastructure>(
     store: &Store,
     receipt: &mut Receipt,
     result: Result<Decision<T>, E>,
-    infrastructure_code: &str,
     mode: Diagnostics,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> ExitCode {
     let code = match result {
-        Ok(Decision::Accepted(outputs)) => match receipt.set_outputs(&outputs) {
-            Ok(()) => ExitCode::Ok,
-            Err(e) => no_decision(receipt, &e, infrastructure_code, mode, stderr),
+        Ok(Decision::Accepted(outputs)) => match serde_json::to_value(&outputs) {
+            Ok(v) => {
+                receipt.outputs = v;
+                ExitCode::Ok
+            }
+            Err(e) => {
+                let e = ReceiptError::Outputs {
+                    stage: receipt.stage,
+                    source: e,
+                };
+                no_decision(receipt, &e, "receipt.outputs", mode, stderr)
+            }
         },
         Ok(Decision::Rejected(r)) => {
             receipt.outcome = Outcome::Rejected;
@@ -168,7 +183,7 @@ pub fn finish<T: StageOutputs, E: miette::Diagnostic>(
             receipt.outputs = r.evidence;
             ExitCode::Rejected
         }
-        Err(e) => no_decision(receipt, &e, infrastructure_code, mode, stderr),
+        Err(e) => no_decision(receipt, &e, e.reason_code(), mode, stderr),
     };
     match emit(Some(store), receipt, stdout) {
         Ok(_) => code,
@@ -218,6 +233,12 @@ mod tests {
     #[error("the disk is on fire")]
     struct Broken;
 
+    impl Infrastructure for Broken {
+        fn reason_code(&self) -> &'static str {
+            "fetch.infrastructure"
+        }
+    }
+
     fn outputs() -> FetchOutputs {
         FetchOutputs {
             archive_sha256: Digest::of_bytes(b"a"),
@@ -236,7 +257,6 @@ mod tests {
             &store,
             &mut r,
             result,
-            "fetch.infrastructure",
             Diagnostics::Text,
             &mut out,
             &mut err,
