@@ -18,13 +18,14 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::process::{ChildStdin, ChildStdout, Stdio};
+use std::process::{ChildStdin, ChildStdout};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::Pid;
 
+use crate::host::Tool;
 use crate::runtime::{CgroupProbe, Finished, Meta, OutputCaps, Runtime, RuntimeError};
 
 type Capture = std::thread::JoinHandle<(Vec<u8>, u64)>;
@@ -130,29 +131,27 @@ impl Runtime {
         // wait for the init itself.
         nix::sys::prctl::set_child_subreaper(true).map_err(|e| sup(format!("subreaper: {e}")))?;
         let pid_file = bundle.join("init.pid");
-        let mut create = std::process::Command::new(&self.binary);
-        create
-            .arg("--root")
-            .arg(&self.state_root)
-            .arg("create")
-            .arg("--bundle")
-            .arg(bundle)
-            .arg("--pid-file")
-            .arg(&pid_file)
-            .arg(id)
-            .stdin(match stdio.stdin {
-                Input::Null => Stdio::null(),
-                Input::Bytes(_) | Input::Live => Stdio::piped(),
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = self
-            .host
-            .spawn(create)
-            .map_err(|source| RuntimeError::Spawn {
-                binary: self.binary.clone(),
-                source,
-            })?;
+        let mut create = Tool::new(&self.binary, &["--root"]);
+        create.args.extend([
+            self.state_root.clone().into_os_string(),
+            "create".into(),
+            "--bundle".into(),
+            bundle.as_os_str().to_owned(),
+            "--pid-file".into(),
+            pid_file.clone().into_os_string(),
+            id.into(),
+        ]);
+        let piped_stdin = match stdio.stdin {
+            Input::Null => false,
+            Input::Bytes(_) | Input::Live => true,
+        };
+        let mut child =
+            self.host
+                .spawn(&create, piped_stdin)
+                .map_err(|source| RuntimeError::Spawn {
+                    binary: self.binary.clone(),
+                    source,
+                })?;
         let stdout = match (stdio.stdout, child.stdout.take()) {
             (Output::Captured(cap), Some(r)) => Stdout::Captured(crate::host::capped(r, cap), cap),
             (Output::Live, r) => Stdout::Live(r),
@@ -380,7 +379,13 @@ mod tests {
         );
         let e = rt.create("c1", Path::new("/b"), stdio).unwrap_err();
         assert!(matches!(e, RuntimeError::Spawn { .. }), "{e}");
-        assert_eq!(fake.calls(), vec![Call::Spawn("/usr/sbin/runc".into())]);
+        assert_eq!(
+            fake.calls(),
+            vec![Call::Spawn(
+                "/usr/sbin/runc --root /run/cordon-runc/x create --bundle /b --pid-file /b/init.pid c1"
+                    .into()
+            )]
+        );
     }
 
     #[test]

@@ -163,12 +163,14 @@ pub trait Host: std::fmt::Debug + Send + Sync {
     /// It could not be started, or ran past its timeout (then it is killed).
     fn run(&self, tool: &Tool) -> io::Result<ToolOutput>;
 
-    /// Spawn a process with live pipes (a container's `runtime create`), its environment
-    /// cleared to [`TOOL_PATH`].
+    /// Spawn `tool` (its timeout and output cap unused: the caller supervises it) with piped
+    /// stdout and stderr, stdin piped when `stdin` is set (else `/dev/null`), its environment
+    /// cleared to [`TOOL_PATH`]: a container's `runtime create`, whose pipes the container
+    /// inherits.
     ///
     /// # Errors
     /// It could not be started.
-    fn spawn(&self, command: Command) -> io::Result<Child>;
+    fn spawn(&self, tool: &Tool, stdin: bool) -> io::Result<Child>;
 
     /// Read a host file a decision rests on.
     ///
@@ -281,10 +283,17 @@ impl Host for Linux {
         })
     }
 
-    fn spawn(&self, mut command: Command) -> io::Result<Child> {
+    fn spawn(&self, tool: &Tool, stdin: bool) -> io::Result<Child> {
         // Nothing of the supervisor's environment reaches the runtime, or through it the
         // container: the bundle's process.env is the container's whole environment.
-        command.env_clear().env("PATH", TOOL_PATH).spawn()
+        Command::new(&tool.program)
+            .args(&tool.args)
+            .env_clear()
+            .env("PATH", TOOL_PATH)
+            .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
     }
 
     fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
@@ -410,7 +419,7 @@ pub mod fake {
     use std::collections::BTreeMap;
     use std::io;
     use std::path::{Path, PathBuf};
-    use std::process::{Child, Command};
+    use std::process::Child;
     use std::sync::Mutex;
 
     use super::{DeviceNode, Host, MountRequest, Tool, ToolOutput};
@@ -420,7 +429,7 @@ pub mod fake {
     pub enum Call {
         /// A tool run: its command line.
         Run(String),
-        /// A spawn: the program.
+        /// A spawn: its command line.
         Spawn(String),
         /// A read.
         Read(PathBuf),
@@ -537,9 +546,8 @@ pub mod fake {
             })
         }
 
-        fn spawn(&self, command: Command) -> io::Result<Child> {
-            let program = command.get_program().to_string_lossy().into_owned();
-            self.with(|s| s.calls.push(Call::Spawn(program)));
+        fn spawn(&self, tool: &Tool, _stdin: bool) -> io::Result<Child> {
+            self.with(|s| s.calls.push(Call::Spawn(tool.display())));
             Err(io::Error::other("the fake host runs no processes"))
         }
 
