@@ -128,7 +128,8 @@ impl Runtime {
             why,
         };
         // Orphans of `runtime create` (the container's init) are reparented to us, so we can
-        // wait for the init itself.
+        // wait for the init itself. The stage prologue already did this before any thread
+        // started; it is repeated (idempotently) for library callers without a prologue.
         nix::sys::prctl::set_child_subreaper(true).map_err(|e| sup(format!("subreaper: {e}")))?;
         let pid_file = bundle.join("init.pid");
         let mut create = Tool::new(&self.binary, &["--root"]);

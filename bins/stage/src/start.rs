@@ -1,6 +1,7 @@
-//! The stage prologue: read and validate the policy, then establish the authority identity on
-//! this host (the policy digest, the probed runtime, the pinned images, the installed cordon
-//! binaries). Every stage binary and the reviewer tool start here.
+//! The stage prologue: process-wide settings first (before any thread exists), then read and
+//! validate the policy and establish the authority identity on this host (the policy digest,
+//! the probed runtime, the pinned images, the installed cordon binaries). Every stage binary
+//! starts here.
 //!
 //! It owns the mapping of those failures to exit codes: a policy problem is a usage error (2),
 //! an identity that cannot be established is a no-decision (3).
@@ -105,6 +106,26 @@ pub fn load(path: &Path) -> Result<Loaded, StartError> {
     Ok(Loaded { policy, raw_sha256 })
 }
 
+/// Why the process-wide settings could not be made.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+#[error("cannot make this process a child subreaper")]
+#[diagnostic(code(cordon::stage::prologue))]
+pub struct PrologueError {
+    /// The kernel's error.
+    #[source]
+    source: nix::Error,
+}
+
+/// Process-wide settings, made before any thread starts (brief §6): this process becomes a
+/// child subreaper, so a container's init — orphaned when `runtime create` exits — is reparented
+/// here and waited for directly, and so are any processes that escape it.
+///
+/// # Errors
+/// The kernel refused.
+pub fn prologue() -> Result<(), PrologueError> {
+    nix::sys::prctl::set_child_subreaper(true).map_err(|source| PrologueError { source })
+}
+
 /// A stage that has started: its policy, its authority on this host, and the runtime facts the
 /// authority was computed from (the session's runtime preflight reuses their version text
 /// rather than running the runtime again).
@@ -130,6 +151,10 @@ pub fn stage_start(
     mode: Diagnostics,
     stderr: &mut dyn Write,
 ) -> Result<Started, ExitCode> {
+    if let Err(e) = prologue() {
+        report_diagnostic(&e, mode, stderr);
+        return Err(ExitCode::NoDecision);
+    }
     let started = load(path).and_then(|loaded| {
         let parts = components(&loaded.policy)?;
         Ok(Started {
@@ -177,4 +202,14 @@ pub fn with_runtime(
         images: policy.images().clone(),
         binaries,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_prologue_makes_this_process_a_child_subreaper() {
+        // nextest runs each test in a process of its own, so the change stays in this one.
+        super::prologue().unwrap();
+        assert!(nix::sys::prctl::get_child_subreaper().unwrap());
+    }
 }
