@@ -190,6 +190,13 @@ pub trait Host: std::fmt::Debug + Send + Sync {
     /// The kernel refused it.
     fn unmount(&self, target: &Path) -> io::Result<()>;
 
+    /// Remove an empty directory of a kernel filesystem (a cgroup); one that does not exist is
+    /// already gone.
+    ///
+    /// # Errors
+    /// It exists and could not be removed (a cgroup with processes left in it).
+    fn remove_dir(&self, path: &Path) -> io::Result<()>;
+
     /// The device node at `path` (following no link).
     ///
     /// # Errors
@@ -339,6 +346,13 @@ impl Host for Linux {
         nix::mount::umount2(target, nix::mount::MntFlags::MNT_DETACH).map_err(io::Error::from)
     }
 
+    fn remove_dir(&self, path: &Path) -> io::Result<()> {
+        match fs::remove_dir(path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            other => other,
+        }
+    }
+
     fn device(&self, path: &Path) -> io::Result<DeviceNode> {
         use nix::sys::stat::{SFlag, lstat, major, minor};
         let st = lstat(path).map_err(io::Error::from)?;
@@ -441,6 +455,8 @@ pub mod fake {
         Edit(PathBuf),
         /// A device lookup.
         Device(PathBuf),
+        /// A directory removal.
+        RemoveDir(PathBuf),
     }
 
     #[derive(Debug, Default)]
@@ -575,6 +591,17 @@ pub mod fake {
             self.with(|s| {
                 s.calls.push(Call::Unmount(target.to_path_buf()));
                 if s.fail_unmounts {
+                    Err(broken())
+                } else {
+                    Ok(())
+                }
+            })
+        }
+
+        fn remove_dir(&self, path: &Path) -> io::Result<()> {
+            self.with(|s| {
+                s.calls.push(Call::RemoveDir(path.to_path_buf()));
+                if s.unreadable.iter().any(|p| p == path) {
                     Err(broken())
                 } else {
                     Ok(())

@@ -782,14 +782,12 @@ impl Manager {
                         root: self.setup.cgroup_root.clone(),
                         path: path.clone(),
                     };
-                    probe
-                        .dirs()
-                        .iter()
-                        .try_for_each(|d| match fs::remove_dir(d) {
-                            Ok(()) => Ok(()),
-                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                            Err(e) => Err(format!("cgroup {}: {e}", d.display())),
-                        })
+                    probe.dirs().iter().try_for_each(|d| {
+                        self.setup
+                            .host()
+                            .remove_dir(d)
+                            .map_err(|e| format!("cgroup {}: {e}", d.display()))
+                    })
                 }
                 Resource::Mount { path } => match &points {
                     Ok(p) if p.contains(path) => self
@@ -1186,6 +1184,33 @@ mod tests {
         fs::set_permissions(&path, p).unwrap();
         let e = w.manager.records().unwrap_err();
         assert!(e.to_string().contains("container"), "{e}");
+    }
+
+    #[test]
+    fn a_cgroup_that_cannot_be_removed_is_residue() {
+        let w = world();
+        let lease = w.manager.begin("sha256:a").unwrap();
+        let f = Arc::new(Fake::new());
+        let cgroup = w
+            .manager
+            .setup
+            .cgroup_root
+            .join("memory")
+            .join(cgroup_path(&lease.record.lease).trim_start_matches('/'));
+        f.file("/etc/passwd", "")
+            .file("/etc/group", "")
+            .file("/proc/self/mountinfo", "")
+            .reply("list", ToolOutput::ok(b"[]"))
+            .unreadable(cgroup.clone());
+        let m = with_host(&w, f.clone());
+        let items = residue(m.release(&lease.record));
+        assert!(items.iter().any(|i| i.starts_with("cgroup ")), "{items:?}");
+        assert!(f.calls().contains(&Call::RemoveDir(cgroup)));
+        assert_eq!(
+            m.records().unwrap().len(),
+            1,
+            "the record stays for a retry"
+        );
     }
 
     #[test]
