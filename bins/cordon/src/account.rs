@@ -132,18 +132,29 @@ fn entries(
         path: path.to_path_buf(),
         source,
     })?;
-    Ok(String::from_utf8_lossy(&bytes)
-        .lines()
-        .filter_map(|l| {
+    let bad = |why: String| AccountError::Database {
+        op: "parse",
+        path: path.to_path_buf(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, why),
+    };
+    let text = String::from_utf8(bytes).map_err(|_| bad("not UTF-8".into()))?;
+    // A line that does not parse is an error, not a line to skip: an entry cordon cannot read
+    // may be the very name or id it is looking for.
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
             let f: Vec<&str> = l.split(':').collect();
-            let id = f.get(2)?.parse().ok()?;
-            Some((
-                (*f.first()?).to_owned(),
+            let id = f
+                .get(2)
+                .and_then(|i| i.parse().ok())
+                .ok_or_else(|| bad(format!("unreadable entry {l:?}")))?;
+            Ok((
+                f.first().copied().unwrap_or_default().to_owned(),
                 id,
                 f.get(3).and_then(|g| g.parse().ok()),
             ))
         })
-        .collect())
+        .collect()
 }
 
 /// What of a name, uid or gid is already in the host's account databases.
@@ -270,13 +281,14 @@ pub fn remove(host: &dyn Host, policy: &AccountPolicy, a: &Account) -> Result<()
     deny(host, &policy.at_deny, &a.name, false)
 }
 
-/// Accounts named `cordon-…` with a uid in the policy's range: what recovery may remove.
-/// Anything else is never touched.
+/// Accounts named `cordon-…` with a uid in the policy's range, and groups named `cordon-…`
+/// with a gid in the range that no such account owns (the leftovers of a crash between
+/// `groupadd` and `useradd`): what recovery may remove. Anything else is never touched.
 ///
 /// # Errors
-/// The user database cannot be read: then nothing is known to be absent.
+/// The user or group database cannot be read: then nothing is known to be absent.
 pub fn in_range(host: &dyn Host, policy: &AccountPolicy) -> Result<Vec<Account>, AccountError> {
-    Ok(entries(host, &policy.passwd)?
+    let mut out: Vec<Account> = entries(host, &policy.passwd)?
         .into_iter()
         .filter_map(|(name, uid, gid)| {
             (name.starts_with("cordon-") && (policy.uids.0..=policy.uids.1).contains(&uid)).then(
@@ -287,7 +299,20 @@ pub fn in_range(host: &dyn Host, policy: &AccountPolicy) -> Result<Vec<Account>,
                 },
             )
         })
-        .collect())
+        .collect();
+    for (name, gid, _) in entries(host, &policy.group)? {
+        if name.starts_with("cordon-")
+            && (policy.gids.0..=policy.gids.1).contains(&gid)
+            && !out.iter().any(|a| a.name == name)
+        {
+            out.push(Account {
+                name,
+                uid: gid,
+                gid,
+            });
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -99,6 +99,29 @@ pub enum ChainError {
     },
 }
 
+impl ChainError {
+    /// The exit code: a receipt the store does not hold, or a chain out of order, under
+    /// another authority or not `ok`, is an input-wiring error (2); a store that cannot be
+    /// read, or a stored receipt that is unreadable or does not hash to its name, is a
+    /// no-decision (3): the store itself is in doubt.
+    #[must_use]
+    pub fn exit_code(&self) -> crate::ExitCode {
+        match self {
+            Self::Missing {
+                source: StoreError::Io { source, .. },
+                ..
+            } if source.kind() == std::io::ErrorKind::NotFound => crate::ExitCode::Usage,
+            Self::Missing { .. } | Self::Unreadable { .. } | Self::Tampered { .. } => {
+                crate::ExitCode::NoDecision
+            }
+            Self::NotOk { .. }
+            | Self::ForeignAuthority { .. }
+            | Self::Order { .. }
+            | Self::TooLong { .. } => crate::ExitCode::Usage,
+        }
+    }
+}
+
 /// Load the receipt stored as `digest`, re-hashing it.
 ///
 /// # Errors
@@ -305,10 +328,11 @@ mod tests {
                 real.to_canonical_json().unwrap().as_bytes(),
             )
             .unwrap();
-        assert!(matches!(
-            load(&store, &other),
-            Err(ChainError::Tampered { .. })
-        ));
+        let tampered = load(&store, &other).unwrap_err();
+        assert!(matches!(tampered, ChainError::Tampered { .. }));
+        assert_eq!(tampered.exit_code(), crate::ExitCode::NoDecision);
+        let missing = load(&store, &Digest::of_bytes(b"absent")).unwrap_err();
+        assert_eq!(missing.exit_code(), crate::ExitCode::Usage);
         store
             .put_document(
                 "receipts",

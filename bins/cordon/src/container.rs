@@ -300,6 +300,9 @@ impl Running {
             Err(e) => return Err(sup(format!("waitpid: {e}"))),
         };
         let (oom, peak, cpu) = cgroup.accounting();
+        // An OOM kill is the candidate's failure only when the kernel's count says so; a count
+        // that cannot be read decides nothing.
+        let oom = oom.ok_or_else(|| sup("cannot read the cgroup's OOM-kill count".into()))?;
         let Created {
             runtime,
             stdout,
@@ -323,7 +326,7 @@ impl Running {
                     exit_code,
                     signal,
                     killed_by_deadline,
-                    oom_killed: oom.is_some_and(|n| n > 0),
+                    oom_killed: oom > 0,
                     wall_ms,
                     cpu_ms: cpu,
                     peak_memory_bytes: peak,

@@ -396,7 +396,11 @@ impl Host for Linux {
         let (text, mode) = match fs::read(path) {
             Ok(bytes) => {
                 let mode = fs::metadata(path)?.permissions().mode() & 0o7777;
-                (String::from_utf8_lossy(&bytes).into_owned(), mode)
+                // Never rewrite bytes we could not read back exactly.
+                let text = String::from_utf8(bytes).map_err(|_| {
+                    io::Error::new(io::ErrorKind::InvalidData, "the file is not UTF-8")
+                })?;
+                (text, mode)
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => (String::new(), 0o644),
             Err(e) => return Err(e),

@@ -170,30 +170,41 @@ impl CgroupProbe {
     }
 
     /// Whether the host uses the unified (v2) hierarchy.
-    #[must_use]
-    pub fn unified(&self) -> bool {
-        self.host
-            .read(&self.root.join("cgroup.controllers"))
-            .is_ok()
+    ///
+    /// # Errors
+    /// `cgroup.controllers` exists but cannot be read: the hierarchy is not known, and a guess
+    /// would look for (and "remove") cgroups where they are not.
+    pub fn unified(&self) -> io::Result<bool> {
+        match self.host.read(&self.root.join("cgroup.controllers")) {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// The directories this cgroup occupies (one on v2, one per controller on v1).
-    #[must_use]
-    pub fn dirs(&self) -> Vec<PathBuf> {
-        if self.unified() {
-            return vec![self.root.join(self.rel())];
+    ///
+    /// # Errors
+    /// The hierarchy is not known ([`CgroupProbe::unified`]).
+    pub fn dirs(&self) -> io::Result<Vec<PathBuf>> {
+        if self.unified()? {
+            return Ok(vec![self.root.join(self.rel())]);
         }
-        [
+        Ok([
             "memory", "cpu", "cpuacct", "pids", "cpuset", "devices", "freezer", "blkio",
         ]
         .iter()
         .map(|c| self.root.join(c).join(self.rel()))
-        .collect()
+        .collect())
     }
 
-    /// (oom kills, peak bytes, cpu ms) as far as the hierarchy tells.
+    /// (oom kills, peak bytes, cpu ms) as far as the hierarchy tells; the OOM count is what a
+    /// verdict rests on, so the caller refuses a run whose count cannot be read.
     pub(crate) fn accounting(&self) -> (Option<u64>, Option<u64>, Option<u64>) {
-        if self.unified() {
+        let Ok(unified) = self.unified() else {
+            return (None, None, None);
+        };
+        if unified {
             let d = self.root.join(self.rel());
             return (
                 self.field(&d.join("memory.events"), "oom_kill"),
@@ -215,7 +226,7 @@ impl CgroupProbe {
     /// The memory limit the kernel applied (bytes), to check the bundle took effect.
     #[must_use]
     pub fn memory_limit(&self) -> Option<u64> {
-        if self.unified() {
+        if self.unified().ok()? {
             self.read_u64(&self.root.join(self.rel()).join("memory.max"))
         } else {
             self.read_u64(
@@ -231,7 +242,7 @@ impl CgroupProbe {
     /// The pids limit the kernel applied.
     #[must_use]
     pub fn pids_limit(&self) -> Option<u64> {
-        let d = if self.unified() {
+        let d = if self.unified().ok()? {
             self.root.join(self.rel())
         } else {
             self.root.join("pids").join(self.rel())
@@ -410,10 +421,10 @@ mod tests {
             root: "/cg".into(),
             path: "/cordon/l".into(),
         };
-        assert!(p.unified());
+        assert!(p.unified().unwrap());
         assert_eq!(p.accounting(), (Some(2), Some(4096), Some(5)));
         assert_eq!(p.memory_limit(), Some(1_048_576));
-        assert_eq!(p.dirs(), vec![PathBuf::from("/cg/cordon/l")]);
+        assert_eq!(p.dirs().unwrap(), vec![PathBuf::from("/cg/cordon/l")]);
         let fake = Arc::new(Fake::new());
         fake.file("/cg/pids/cordon/l/pids.max", "64\n");
         let p = CgroupProbe {
@@ -421,8 +432,17 @@ mod tests {
             root: "/cg".into(),
             path: "/cordon/l".into(),
         };
-        assert!(!p.unified());
+        assert!(!p.unified().unwrap());
         assert_eq!(p.pids_limit(), Some(64));
-        assert_eq!(p.dirs().len(), 8);
+        assert_eq!(p.dirs().unwrap().len(), 8);
+        // A hierarchy that cannot be told is an error, never a guess.
+        let fake = Arc::new(Fake::new());
+        fake.unreadable("/cg/cgroup.controllers");
+        let p = CgroupProbe {
+            host: fake,
+            root: "/cg".into(),
+            path: "/cordon/l".into(),
+        };
+        assert!(p.unified().is_err() && p.dirs().is_err());
     }
 }

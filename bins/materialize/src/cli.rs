@@ -97,7 +97,8 @@ pub enum CommandError {
 impl CommandError {
     fn exit_code(&self) -> ExitCode {
         match self {
-            Self::Digest { .. } | Self::Usage | Self::Input(_) => ExitCode::Usage,
+            Self::Digest { .. } | Self::Usage => ExitCode::Usage,
+            Self::Input(e) => e.exit_code(),
             Self::Store(_) => ExitCode::NoDecision,
         }
     }

@@ -61,7 +61,7 @@ pub fn run(
         Ok(x) => x,
         Err(e) => {
             report_diagnostic(&e, args.stage.diagnostics, stderr);
-            return ExitCode::Usage;
+            return e.exit_code();
         }
     };
     let MaterializeOutputs {
@@ -87,7 +87,7 @@ pub fn run(
     // authority: a receipt written by hand names nothing the store established.
     if let Err(e) = stage::require_chain(&store, &prev, &authority) {
         report_diagnostic(&e, args.stage.diagnostics, stderr);
-        return ExitCode::Usage;
+        return e.exit_code();
     }
     let cfg = Config {
         store: store.clone(),

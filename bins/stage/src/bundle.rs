@@ -1116,6 +1116,14 @@ mod tests {
             plan(&p, StageKind::Lane, &run),
             Err(PlanError::Protected { .. })
         ));
+        // A source above the lease's protected bundle directory.
+        let mut run = example_inputs(&p, StageKind::Lane);
+        let above = run.run_dir.clone();
+        run.sources.insert(MountSource::Model, above);
+        assert!(matches!(
+            plan(&p, StageKind::Lane, &run),
+            Err(PlanError::Protected { .. })
+        ));
         let mut run = example_inputs(&p, StageKind::Lane);
         let tree = run.sources[&MountSource::Tree].clone();
         run.sources.insert(MountSource::Model, tree.join("sub"));

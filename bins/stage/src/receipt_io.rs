@@ -119,6 +119,23 @@ pub fn require_chain(
     Ok(chain::walk(store, digest, authority)?)
 }
 
+impl StageError {
+    /// The exit code: an input that is not a usable receipt is a wiring error (2), except a
+    /// chain the store cannot establish because the store itself is in doubt, or a receipt
+    /// that cannot be stored or printed (3).
+    #[must_use]
+    pub fn exit_code(&self) -> ExitCode {
+        match self {
+            Self::Chain(e) => e.exit_code(),
+            Self::Store(_) | Self::Stdout { .. } => ExitCode::NoDecision,
+            Self::ReadReceipt { .. }
+            | Self::Receipt(_)
+            | Self::NotOk { .. }
+            | Self::WrongStage { .. } => ExitCode::Usage,
+        }
+    }
+}
+
 /// Finish a receipt (set `finished_at`), store it when it is `ok`, print it as one line of
 /// canonical JSON on `stdout`. Returns its digest.
 ///

@@ -62,6 +62,14 @@ pub enum SessionError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Lease(#[from] LeaseError),
+    /// The controller's working directory cannot be established, so it cannot be protected.
+    #[error("cannot establish the working directory to keep it out of every mount")]
+    #[diagnostic(code(cordon::session::cwd))]
+    WorkingDirectory {
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
     /// Encoding the bundle failed.
     #[error(transparent)]
     #[diagnostic(transparent)]
@@ -163,6 +171,15 @@ impl Session<'_> {
                 })?;
             devices.insert(path.clone(), node);
         }
+        // Values this session cannot enforce are refused, never planned and then ignored:
+        // protocol framing and phase deadlines belong to the lane's session, not built yet.
+        if stage.frame.is_some() || !stage.phase_deadline_ms.is_empty() {
+            return Err(SessionError::Plan(PlanError::Unimplemented {
+                kind: self.kind,
+                what: "protocol framing and phase deadlines (the lane session)",
+            })
+            .into());
+        }
         // 2. The lease record names every mount point before any exists.
         let manager = Manager::open(&self.store, self.setup.clone()).map_err(SessionError::from)?;
         let lease = manager
@@ -196,20 +213,20 @@ impl Session<'_> {
         // No mount may expose the store's private parts, the protected bundle, the runtime's
         // state or the controller's working directory; published trees and publications may be
         // mounted (read-only, by the plan).
-        inputs.protected = [
-            Some(store_root.clone()),
-            Some(lease.bundle_dir()),
-            Some(self.setup.runtime.state_root.clone()),
-            std::env::current_dir().ok(),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
+        let cwd =
+            std::env::current_dir().map_err(|source| SessionError::WorkingDirectory { source })?;
+        inputs.protected = vec![
+            store_root.clone(),
+            lease.bundle_dir(),
+            self.setup.runtime.state_root.clone(),
+            cwd,
+        ];
         inputs.mountable_store_roots = vec![
             store_root.join(cordon::tree::TREES.dir),
             store_root.join(cordon::tree::PUBLICATIONS.dir),
         ];
         let planned = bundle::plan(self.policy, self.kind, &inputs).map_err(SessionError::from)?;
+
         for m in &planned.host_mounts {
             let made = match m {
                 HostMount::Tmpfs {
@@ -287,10 +304,28 @@ mod tests {
     }
 
     fn try_run(kind: StageKind, version: &str) -> (SessionError, Vec<Call>, usize) {
+        try_run_with(kind, version, &[])
+    }
+
+    fn try_run_with(
+        kind: StageKind,
+        version: &str,
+        devices: &[&str],
+    ) -> (SessionError, Vec<Call>, usize) {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("store")).unwrap();
         let policy = policy();
         let fake = Arc::new(Fake::new());
+        for d in devices {
+            fake.device_node(
+                *d,
+                cordon::host::DeviceNode {
+                    char: true,
+                    major: 195,
+                    minor: 0,
+                },
+            );
+        }
         let mut setup = crate::settings::lease_setup(
             &policy,
             "session-unit",
@@ -350,6 +385,17 @@ mod tests {
         assert!(matches!(e, SessionError::Device { .. }), "{e}");
         assert!(!e.is_usage(), "a host without the device is a no-decision");
         assert!(matches!(calls[0], Call::Device(_)), "{calls:?}");
+        assert_eq!(leases, 0);
+    }
+
+    #[test]
+    fn a_lane_whose_framing_and_phases_no_session_enforces_yet_is_refused_before_a_lease() {
+        let devices = ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm"];
+        let (e, _, leases) = try_run_with(StageKind::Lane, "runc version 1.1.12", &devices);
+        assert!(
+            matches!(e, SessionError::Plan(PlanError::Unimplemented { .. })),
+            "{e}"
+        );
         assert_eq!(leases, 0);
     }
 
