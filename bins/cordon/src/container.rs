@@ -18,7 +18,7 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::process::{ChildStdin, ChildStdout};
+use std::process::{ChildStderr, ChildStdin, ChildStdout};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -45,12 +45,13 @@ pub enum Input {
     Live,
 }
 
-/// How the container's stdout is read.
+/// How the container's stdout or stderr is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Output {
     /// Captured on a thread, at most this many bytes kept.
     Captured(u64),
-    /// A live pipe the caller takes with [`Running::take_stdout`].
+    /// A live pipe the caller takes with [`Running::take_stdout`] or
+    /// [`Running::take_stderr`].
     Live,
 }
 
@@ -61,8 +62,8 @@ pub struct Stdio3 {
     pub stdin: Input,
     /// stdout.
     pub stdout: Output,
-    /// stderr is always captured, at most this many bytes kept.
-    pub stderr_cap: u64,
+    /// stderr.
+    pub stderr: Output,
 }
 
 impl Stdio3 {
@@ -72,14 +73,48 @@ impl Stdio3 {
         Self {
             stdin: stdin.map_or(Input::Null, Input::Bytes),
             stdout: Output::Captured(caps.stdout),
-            stderr_cap: caps.stderr,
+            stderr: Output::Captured(caps.stderr),
         }
     }
 }
 
-enum Stdout {
+/// One output stream: captured on a thread under a cap, or a live pipe for the caller.
+enum Stream<R> {
     Captured(Capture, u64),
-    Live(Option<ChildStdout>),
+    Live(Option<R>),
+}
+
+impl<R: std::io::Read + Send + 'static> Stream<R> {
+    fn new(mode: Output, pipe: Option<R>) -> Option<Self> {
+        match (mode, pipe) {
+            (Output::Captured(cap), Some(r)) => {
+                Some(Self::Captured(crate::host::capped(r, cap), cap))
+            }
+            (Output::Live, r) => Some(Self::Live(r)),
+            (Output::Captured(_), None) => None,
+        }
+    }
+
+    /// What was kept, how much was written in all, and the cap (a live stream's bytes are the
+    /// caller's to count).
+    fn finish(self) -> (Vec<u8>, u64, u64) {
+        match self {
+            Self::Captured(h, cap) => {
+                let (kept, total) = join(h);
+                (kept, total, cap)
+            }
+            Self::Live(_) => (Vec::new(), 0, u64::MAX),
+        }
+    }
+
+    /// Read what is left of a live pipe that was never handed out, at most `cap` bytes (the
+    /// runtime's own error text, when create failed).
+    fn drain(self, cap: u64) -> Vec<u8> {
+        match self {
+            Self::Live(Some(r)) => join(crate::host::capped(r, cap)).0,
+            other => other.finish().0,
+        }
+    }
 }
 
 /// A created container: its init exists and waits for `start`.
@@ -88,8 +123,8 @@ pub struct Created {
     id: String,
     pid: i32,
     stdin: Option<ChildStdin>,
-    stdout: Stdout,
-    stderr: (Capture, u64),
+    stdout: Stream<ChildStdout>,
+    stderr: Stream<ChildStderr>,
 }
 
 impl std::fmt::Debug for Created {
@@ -153,27 +188,26 @@ impl Runtime {
                     binary: self.binary.clone(),
                     source,
                 })?;
-        let stdout = match (stdio.stdout, child.stdout.take()) {
-            (Output::Captured(cap), Some(r)) => Stdout::Captured(crate::host::capped(r, cap), cap),
-            (Output::Live, r) => Stdout::Live(r),
-            (Output::Captured(_), None) => return Err(sup("no stdout pipe".into())),
-        };
-        let stderr = child
-            .stderr
-            .take()
-            .map(|r| (crate::host::capped(r, stdio.stderr_cap), stdio.stderr_cap))
+        let stdout = Stream::new(stdio.stdout, child.stdout.take())
+            .ok_or_else(|| sup("no stdout pipe".into()))?;
+        let stderr = Stream::new(stdio.stderr, child.stderr.take())
             .ok_or_else(|| sup("no stderr pipe".into()))?;
-        let mut stdin = child.stdin.take();
-        if let (Input::Bytes(bytes), Some(mut pipe)) = (stdio.stdin, stdin.take()) {
-            // The bytes go to the init's stdin and the pipe is closed; a workload that does not
-            // read them gets EPIPE on our side, which is not its failure.
-            std::thread::spawn(move || {
-                let _ = pipe.write_all(&bytes);
-            });
-        }
+        let stdin = match (stdio.stdin, child.stdin.take()) {
+            (Input::Bytes(bytes), Some(mut pipe)) => {
+                // The bytes go to the init's stdin and the pipe is closed; a workload that does
+                // not read them gets EPIPE on our side, which is not its failure.
+                std::thread::spawn(move || {
+                    let _ = pipe.write_all(&bytes);
+                });
+                None
+            }
+            (Input::Live, Some(pipe)) => Some(pipe),
+            (Input::Live | Input::Bytes(_), None) => return Err(sup("no stdin pipe".into())),
+            (Input::Null, _) => None,
+        };
         let status = child.wait().map_err(|e| sup(format!("create: {e}")))?;
         if !status.success() {
-            let (err, _) = join(stderr.0);
+            let err = stderr.drain(64 * 1024);
             return Err(RuntimeError::Command {
                 command: format!("{} create {id}", self.binary.display()),
                 stderr: String::from_utf8_lossy(&err).trim().to_owned(),
@@ -252,8 +286,16 @@ impl Running {
     /// The live stdout, when it was asked for (once).
     pub fn take_stdout(&mut self) -> Option<ChildStdout> {
         match &mut self.created.stdout {
-            Stdout::Live(out) => out.take(),
-            Stdout::Captured(..) => None,
+            Stream::Live(out) => out.take(),
+            Stream::Captured(..) => None,
+        }
+    }
+
+    /// The live stderr, when it was asked for (once).
+    pub fn take_stderr(&mut self) -> Option<ChildStderr> {
+        match &mut self.created.stderr {
+            Stream::Live(err) => err.take(),
+            Stream::Captured(..) => None,
         }
     }
 
@@ -310,14 +352,8 @@ impl Running {
             ..
         } = self.created;
         // Processes the init left behind die with its pid namespace: the pipes close.
-        let (stdout, stdout_bytes, stdout_cap) = match stdout {
-            Stdout::Captured(h, cap) => {
-                let (kept, total) = join(h);
-                (kept, total, cap)
-            }
-            Stdout::Live(_) => (Vec::new(), 0, u64::MAX),
-        };
-        let (stderr_kept, stderr_bytes) = join(stderr.0);
+        let (stdout, stdout_bytes, stdout_cap) = stdout.finish();
+        let (stderr_kept, stderr_bytes, stderr_cap) = stderr.finish();
         Ok(Exited {
             runtime,
             id,
@@ -333,7 +369,7 @@ impl Running {
                     stdout_bytes,
                     stderr_bytes,
                     stdout_truncated: stdout_bytes > stdout_cap,
-                    stderr_truncated: stderr_bytes > stderr.1,
+                    stderr_truncated: stderr_bytes > stderr_cap,
                 },
                 stdout,
                 stderr: stderr_kept,
@@ -403,7 +439,7 @@ mod tests {
         );
         assert_eq!(s.stdin, Input::Bytes(b"k".to_vec()));
         assert_eq!(s.stdout, Output::Captured(1));
-        assert_eq!(s.stderr_cap, 2);
+        assert_eq!(s.stderr, Output::Captured(2));
         let s = Stdio3::captured(
             None,
             OutputCaps {

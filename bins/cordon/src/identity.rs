@@ -167,16 +167,22 @@ pub fn probe_runtime(
     path: &Path,
     pin: Option<&Digest>,
 ) -> Result<RuntimeFacts, IdentityError> {
-    let sha256 = match Digest::of_file(path) {
-        Ok(d) => d,
-        Err(CanonicalError::ReadFile { source, .. })
-            if source.kind() == std::io::ErrorKind::NotFound =>
-        {
+    // Through the seam: the bytes hashed are the bytes the host has.
+    let sha256 = match host.read(path) {
+        Ok(bytes) => Digest::of_bytes(&bytes),
+        Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
             return Err(IdentityError::RuntimeMissing {
                 path: path.to_path_buf(),
             });
         }
-        Err(source) => return Err(IdentityError::RuntimeUnreadable { source }),
+        Err(source) => {
+            return Err(IdentityError::RuntimeUnreadable {
+                source: CanonicalError::ReadFile {
+                    path: path.to_path_buf(),
+                    source,
+                },
+            });
+        }
     };
     if let Some(pinned) = pin
         && *pinned != sha256
@@ -219,23 +225,32 @@ fn runtime_version(host: &dyn Host, path: &Path) -> Result<String, IdentityError
     Ok(text)
 }
 
-/// Hash each of [`CORDON_BINARIES`] present in the directory of `exe`.
+/// Hash each of [`CORDON_BINARIES`] present in the directory of `exe`, through the seam. A
+/// binary that is not there is not part of this installation (the later stages are not built
+/// yet); one that is there but cannot be read is an error, never left out.
 ///
 /// # Errors
 /// [`IdentityError::Binaries`] when a present binary cannot be read.
-pub fn cordon_binaries(exe: &Path) -> Result<BTreeMap<String, Digest>, IdentityError> {
+pub fn cordon_binaries(
+    host: &dyn Host,
+    exe: &Path,
+) -> Result<BTreeMap<String, Digest>, IdentityError> {
     let dir = exe.parent().unwrap_or_else(|| Path::new("/"));
     let mut out = BTreeMap::new();
     for name in CORDON_BINARIES {
         let path = dir.join(name);
-        if !path.exists() {
-            continue;
+        match host.read(&path) {
+            Ok(bytes) => {
+                out.insert(name.to_owned(), Digest::of_bytes(&bytes));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(IdentityError::Binaries {
+                    exe: exe.to_path_buf(),
+                    source: CanonicalError::ReadFile { path, source },
+                });
+            }
         }
-        let digest = Digest::of_file(&path).map_err(|source| IdentityError::Binaries {
-            exe: exe.to_path_buf(),
-            source,
-        })?;
-        out.insert(name.to_owned(), digest);
     }
     Ok(out)
 }
@@ -244,9 +259,9 @@ pub fn cordon_binaries(exe: &Path) -> Result<BTreeMap<String, Digest>, IdentityE
 ///
 /// # Errors
 /// [`IdentityError::CurrentExe`] or [`IdentityError::Binaries`].
-pub fn installed_binaries() -> Result<BTreeMap<String, Digest>, IdentityError> {
+pub fn installed_binaries(host: &dyn Host) -> Result<BTreeMap<String, Digest>, IdentityError> {
     let exe = std::env::current_exe().map_err(|source| IdentityError::CurrentExe { source })?;
-    cordon_binaries(&exe)
+    cordon_binaries(host, &exe)
 }
 
 #[cfg(test)]
@@ -343,11 +358,27 @@ mod tests {
         std::fs::write(dir.path().join("cordon-policy"), b"x").unwrap();
         std::fs::write(dir.path().join("cordon-fetch"), b"y").unwrap();
         std::fs::write(dir.path().join("unrelated"), b"z").unwrap();
-        let got = cordon_binaries(&dir.path().join("cordon-policy")).unwrap();
+        let got = cordon_binaries(&crate::host::Linux, &dir.path().join("cordon-policy")).unwrap();
         assert_eq!(
             got.keys().map(String::as_str).collect::<Vec<_>>(),
             ["cordon-fetch", "cordon-policy"]
         );
         assert_eq!(got["cordon-fetch"], Digest::of_bytes(b"y"));
+    }
+
+    #[test]
+    fn a_binary_that_is_there_but_unreadable_is_an_error_never_left_out() {
+        let fake = crate::host::fake::Fake::new();
+        fake.file("/opt/cordon/bin/cordon-policy", "x")
+            .unreadable("/opt/cordon/bin/cordon-fetch");
+        let e = cordon_binaries(&fake, Path::new("/opt/cordon/bin/cordon-policy")).unwrap_err();
+        assert!(matches!(e, IdentityError::Binaries { .. }), "{e}");
+        assert_eq!(e.exit_code(), ExitCode::NoDecision);
+        // The runtime is read through the seam as well.
+        fake.unreadable("/usr/sbin/runc");
+        assert!(matches!(
+            probe_runtime(&fake, "runc", Path::new("/usr/sbin/runc"), None),
+            Err(IdentityError::RuntimeUnreadable { .. })
+        ));
     }
 }

@@ -139,7 +139,7 @@ fn report(err: &CliError, mode: Diagnostics, stderr: &mut dyn Write) {
 /// Both sides' authorities, hashing the installed binaries once and the runtime once when both
 /// policies name the same one.
 fn authorities(a: &Policy, b: &Policy) -> Result<(Digest, Digest), StartError> {
-    let binaries = identity::installed_binaries()?;
+    let binaries = identity::installed_binaries(&cordon::host::Linux)?;
     let probe = |r: &cordon_policy_lang::Runtime| {
         identity::probe_runtime(
             &cordon::host::Linux,

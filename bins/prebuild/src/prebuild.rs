@@ -211,11 +211,12 @@ pub fn prebuild(
         .into(),
         stdin,
         live_stdout: false,
+        live_stderr: false,
         started,
     };
     let ran = session.run(
         &job,
-        |_| Ok::<(), PrebuildError>(()),
+        |_, _| Ok::<(), PrebuildError>(()),
         |lease, planned, finished| {
             let origin = json!({ "kind": "publication", "tree": tree_digest, "step": step, "lease": lease.record.lease });
             publish(cfg, planned, finished, &bounds, &key, origin)

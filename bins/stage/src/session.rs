@@ -103,6 +103,8 @@ pub struct Job {
     pub stdin: cordon::container::Input,
     /// Hold stdout live for the driver instead of capturing it.
     pub live_stdout: bool,
+    /// Hold stderr live for the driver instead of capturing it.
+    pub live_stderr: bool,
     /// When the stage started: the absolute deadline counts from here.
     pub started: Instant,
 }
@@ -137,7 +139,9 @@ pub struct Ran<T> {
 
 impl Session<'_> {
     /// Run `job` in one container of this stage under one lease: `drive` may exchange data
-    /// with the running container (it returns when the caller is done driving), `inspect`
+    /// with the running container until the stage's absolute deadline, which it is given and
+    /// must honour (it returns when the caller is done driving; the wait that follows kills
+    /// whatever runs past the deadline), `inspect`
     /// reads what the run left while the lease's mounts still exist. Release always runs; if it
     /// cannot be established its residue is the result.
     ///
@@ -146,7 +150,7 @@ impl Session<'_> {
     pub fn run<T, E: From<SessionError>>(
         &self,
         job: &Job,
-        drive: impl FnOnce(&mut Running) -> Result<(), E>,
+        drive: impl FnOnce(&mut Running, Instant) -> Result<(), E>,
         inspect: impl FnOnce(&Lease, &Planned, &Finished) -> Result<T, E>,
     ) -> Result<Ran<T>, E> {
         // 1. Validate everything before touching anything.
@@ -201,7 +205,7 @@ impl Session<'_> {
         mut lease: Lease,
         job: &Job,
         devices: BTreeMap<String, bundle::DeviceNode>,
-        drive: impl FnOnce(&mut Running) -> Result<(), E>,
+        drive: impl FnOnce(&mut Running, Instant) -> Result<(), E>,
         inspect: impl FnOnce(&Lease, &Planned, &Finished) -> Result<T, E>,
     ) -> Result<Ran<T>, E> {
         // 3. Provision, plan from the lease's facts, make the planned host mounts.
@@ -260,14 +264,18 @@ impl Session<'_> {
             } else {
                 cordon::container::Output::Captured(output.stdout_bytes)
             },
-            stderr_cap: output.stderr_bytes,
+            stderr: if job.live_stderr {
+                cordon::container::Output::Live
+            } else {
+                cordon::container::Output::Captured(output.stderr_bytes)
+            },
         };
         let mut running = manager
             .create(&lease, stdio)
             .map_err(SessionError::from)?
             .start()
             .map_err(SessionError::from)?;
-        drive(&mut running)?;
+        drive(&mut running, deadline)?;
         let finished = running
             .wait(deadline, &manager.cgroup(&lease))
             .map_err(SessionError::from)?
@@ -347,10 +355,11 @@ mod tests {
             sources: BTreeMap::new(),
             stdin: cordon::container::Input::Null,
             live_stdout: false,
+            live_stderr: false,
             started: Instant::now(),
         };
         let e = session
-            .run(&job, |_| Ok::<(), SessionError>(()), |_, _, _| Ok(()))
+            .run(&job, |_, _| Ok::<(), SessionError>(()), |_, _, _| Ok(()))
             .unwrap_err();
         let leases = std::fs::read_dir(store.root().join("leases"))
             .unwrap()

@@ -182,7 +182,11 @@ pub fn components(policy: &Policy) -> Result<AuthorityComponents, StartError> {
         Path::new(runtime.path()),
         runtime.pin(),
     )?;
-    with_runtime(policy, facts, identity::installed_binaries()?)
+    with_runtime(
+        policy,
+        facts,
+        identity::installed_binaries(&cordon::host::Linux)?,
+    )
 }
 
 /// The authority components of a policy with runtime facts and binaries already probed.

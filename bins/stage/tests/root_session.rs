@@ -9,7 +9,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use cordon::container::Input;
+use std::io::{BufRead, Write};
+
+use cordon::container::{Input, Running};
 use cordon::image::{self, ImageSpec};
 use cordon::lease::Manager;
 use cordon::store::Store;
@@ -65,6 +67,18 @@ fn world() -> World {
 /// pin moved to the test image, accounts and deny files isolated), and return what it wrote to
 /// `/staging/r`, the planned host mounts and the image rootfs.
 fn run(w: &World, slot: u32, edits: &[(&str, &str)], script: &str) -> (String, Vec<HostMount>) {
+    run_driven(w, slot, edits, script, false, |_, _| Ok(()))
+}
+
+/// [`run`], with stdin and stdout held live for `drive` when `live` is set.
+fn run_driven(
+    w: &World,
+    slot: u32,
+    edits: &[(&str, &str)],
+    script: &str,
+    live: bool,
+    drive: impl FnOnce(&mut Running, Instant) -> Result<(), SessionError>,
+) -> (String, Vec<HostMount>) {
     let ids = cordon_testkit::account_range("stage-session", slot);
     let mut text = cordon_testkit::isolated_policy(w.dir.path(), ids).replace_once(
         "image \"prebuild\" digest=\"sha256:eb9d9913990dd68bf78f0fe0da976659e3072bacc4d2282e9036695608a8ad2e\"",
@@ -107,24 +121,21 @@ fn run(w: &World, slot: u32, edits: &[(&str, &str)], script: &str) -> (String, V
         argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
         image_rootfs: rootfs.clone(),
         sources: [(MountSource::Tree, tree)].into(),
-        stdin: Input::Null,
-        live_stdout: false,
+        stdin: if live { Input::Live } else { Input::Null },
+        live_stdout: live,
+        live_stderr: false,
         started: Instant::now(),
     };
     let ran = session
-        .run(
-            &job,
-            |_| Ok::<(), SessionError>(()),
-            |lease, planned, finished| {
-                assert_eq!(finished.meta.exit_code, Some(0), "{finished:?}");
-                assert!(lease.run_dir().exists());
-                let staging = lease.run_dir().join("staging");
-                Ok::<_, SessionError>((
-                    std::fs::read_to_string(staging.join("r")).unwrap(),
-                    planned.host_mounts.clone(),
-                ))
-            },
-        )
+        .run(&job, drive, |lease, planned, finished| {
+            assert_eq!(finished.meta.exit_code, Some(0), "{finished:?}");
+            assert!(lease.run_dir().exists());
+            let staging = lease.run_dir().join("staging");
+            Ok::<_, SessionError>((
+                std::fs::read_to_string(staging.join("r")).unwrap(),
+                planned.host_mounts.clone(),
+            ))
+        })
         .unwrap();
     // Outside, after release: nothing of the lease is left, and the shared image is unchanged.
     let m = Manager::open(&w.store, setup).unwrap();
@@ -206,4 +217,37 @@ fn an_overlay_root_is_the_leases_own_and_read_only_is_the_images() {
         options.split(',').any(|o| o == "ro"),
         "a read-only root: {root}"
     );
+}
+
+#[test]
+fn a_driver_exchanges_lines_with_the_running_container_over_live_pipes() {
+    let w = world();
+    let (r, _) = run_driven(
+        &w,
+        4,
+        &[],
+        "read line; echo \"pong:$line\"; echo done > /staging/r",
+        true,
+        |running, deadline| {
+            assert!(
+                deadline > Instant::now(),
+                "the driver is given the stage deadline"
+            );
+            let mut stdin = running.take_stdin().expect("stdin was asked live");
+            let stdout = running.take_stdout().expect("stdout was asked live");
+            assert!(
+                running.take_stdout().is_none(),
+                "a live pipe is handed out once"
+            );
+            stdin.write_all(b"ping\n").unwrap();
+            drop(stdin);
+            let mut line = String::new();
+            std::io::BufReader::new(stdout)
+                .read_line(&mut line)
+                .unwrap();
+            assert_eq!(line, "pong:ping\n");
+            Ok(())
+        },
+    );
+    assert_eq!(r.trim(), "done");
 }
