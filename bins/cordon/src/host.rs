@@ -197,6 +197,12 @@ pub trait Host: std::fmt::Debug + Send + Sync {
     /// It exists and could not be removed (a cgroup with processes left in it).
     fn remove_dir(&self, path: &Path) -> io::Result<()>;
 
+    /// The names in a directory of a kernel filesystem (a cgroup parent), sorted.
+    ///
+    /// # Errors
+    /// It cannot be listed (`NotFound` when it does not exist).
+    fn list_dir(&self, path: &Path) -> io::Result<Vec<String>>;
+
     /// The device node at `path` (following no link).
     ///
     /// # Errors
@@ -353,6 +359,19 @@ impl Host for Linux {
         }
     }
 
+    fn list_dir(&self, path: &Path) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in fs::read_dir(path)? {
+            let entry = entry?;
+            // Only directories are cgroups; the controller files beside them are not.
+            if entry.file_type()?.is_dir() {
+                names.push(entry.file_name().to_string_lossy().into_owned());
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
     fn device(&self, path: &Path) -> io::Result<DeviceNode> {
         use nix::sys::stat::{SFlag, lstat, major, minor};
         let st = lstat(path).map_err(io::Error::from)?;
@@ -461,12 +480,15 @@ pub mod fake {
         Device(PathBuf),
         /// A directory removal.
         RemoveDir(PathBuf),
+        /// A directory listing.
+        ListDir(PathBuf),
     }
 
     #[derive(Debug, Default)]
     struct State {
         calls: Vec<Call>,
         files: BTreeMap<PathBuf, Vec<u8>>,
+        dirs: BTreeMap<PathBuf, Vec<String>>,
         devices: BTreeMap<PathBuf, DeviceNode>,
         unreadable: Vec<PathBuf>,
         replies: Vec<(String, ToolOutput)>,
@@ -504,6 +526,13 @@ pub mod fake {
         /// Put a file in the table.
         pub fn file(&self, path: impl Into<PathBuf>, text: &str) -> &Self {
             self.with(|s| s.files.insert(path.into(), text.as_bytes().to_vec()));
+            self
+        }
+
+        /// Put a directory with these subdirectories in the table.
+        pub fn dir(&self, path: impl Into<PathBuf>, names: &[&str]) -> &Self {
+            let names = names.iter().map(|n| (*n).to_owned()).collect();
+            self.with(|s| s.dirs.insert(path.into(), names));
             self
         }
 
@@ -599,6 +628,19 @@ pub mod fake {
                 } else {
                     Ok(())
                 }
+            })
+        }
+
+        fn list_dir(&self, path: &Path) -> io::Result<Vec<String>> {
+            self.with(|s| {
+                s.calls.push(Call::ListDir(path.to_path_buf()));
+                if s.unreadable.iter().any(|p| p == path) {
+                    return Err(broken());
+                }
+                s.dirs
+                    .get(path)
+                    .cloned()
+                    .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
             })
         }
 

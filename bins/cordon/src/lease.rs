@@ -37,10 +37,27 @@ pub const LABEL_LEASE: &str = "org.cordon.lease";
 /// The authority label.
 pub const LABEL_AUTHORITY: &str = "org.cordon.authority";
 
+/// The cgroup parent of an executor's containers: everything under it is this executor's, so
+/// the quiescence check and recovery can list it without touching anyone else's.
+#[must_use]
+pub fn cgroup_parent(executor: &str) -> String {
+    format!("/cordon/{executor}")
+}
+
 /// The cgroup path (the bundle's `cgroupsPath`) of a lease's container.
 #[must_use]
-pub fn cgroup_path(lease: &str) -> String {
-    format!("/cordon/{lease}")
+pub fn cgroup_path(executor: &str, lease: &str) -> String {
+    format!("{}/{lease}", cgroup_parent(executor))
+}
+
+/// Whether `executor` is a safe name: it becomes a file name in the store and a cgroup path.
+fn executor_ok(executor: &str) -> bool {
+    !executor.is_empty()
+        && executor.len() <= 64
+        && !executor.starts_with('.')
+        && executor
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 /// cordon's runtime state root when none is given: no other tool's containers live under it.
@@ -212,6 +229,13 @@ pub enum LeaseError {
         /// What is wrong.
         why: String,
     },
+    /// The executor id is not a safe name.
+    #[error("executor id {executor:?} is not 1 to 64 of A-Z, a-z, 0-9, '-', '_', '.'")]
+    #[diagnostic(code(cordon::lease::executor))]
+    Executor {
+        /// The id given.
+        executor: String,
+    },
     /// The run directory already exists.
     #[error("run directory {0} already exists")]
     #[diagnostic(code(cordon::lease::run_dir_exists))]
@@ -292,8 +316,33 @@ impl Setup {
         CgroupProbe {
             host: self.runtime.host.clone(),
             root: self.cgroup_root.clone(),
-            path: cgroup_path(lease),
+            path: cgroup_path(&self.executor, lease),
         }
+    }
+
+    /// The cgroups left under this executor's parent (on every controller on v1), through the
+    /// seam; a parent that does not exist holds none.
+    ///
+    /// # Errors
+    /// The hierarchy or a parent cannot be read.
+    fn leftover_cgroups(&self) -> Result<Vec<PathBuf>, LeaseError> {
+        let parent = CgroupProbe {
+            host: self.runtime.host.clone(),
+            root: self.cgroup_root.clone(),
+            path: cgroup_parent(&self.executor),
+        };
+        let dirs = parent
+            .dirs()
+            .map_err(io("read the cgroup hierarchy at", &self.cgroup_root))?;
+        let mut out = Vec::new();
+        for d in dirs {
+            match self.host().list_dir(&d) {
+                Ok(names) => out.extend(names.into_iter().map(|n| d.join(n))),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io("list", &d)(e)),
+            }
+        }
+        Ok(out)
     }
 
     /// The mount points of this mount namespace (mountinfo field 5); an unreadable table is an
@@ -375,7 +424,7 @@ impl Lease {
     /// The cgroup path the bundle must use.
     #[must_use]
     pub fn cgroup_path(&self) -> String {
-        cgroup_path(&self.record.lease)
+        cgroup_path(&self.record.executor, &self.record.lease)
     }
 }
 
@@ -401,6 +450,11 @@ impl Manager {
     /// # Errors
     /// Another manager holds it, or the store failed.
     pub fn open(store: &Store, setup: Setup) -> Result<Self, LeaseError> {
+        if !executor_ok(&setup.executor) {
+            return Err(LeaseError::Executor {
+                executor: setup.executor,
+            });
+        }
         let path = store.path("leases", &format!("{}.lock", setup.executor));
         let f = OpenOptions::new()
             .create(true)
@@ -465,7 +519,7 @@ impl Manager {
             path: run_dir.join(m),
         }));
         resources.push(Resource::Cgroup {
-            path: cgroup_path(&lease),
+            path: cgroup_path(&self.setup.executor, &lease),
         });
         resources.push(Resource::Container {
             id: container.clone(),
@@ -920,6 +974,14 @@ impl Manager {
                 }
             }
         }
+        // Cgroups of this executor that no container holds any more (empty ones can be
+        // removed; one with processes left stays as residue).
+        for cg in self.setup.leftover_cgroups()? {
+            match self.setup.host().remove_dir(&cg) {
+                Ok(()) => done.push(format!("cgroup {}", cg.display())),
+                Err(e) => residue.push(format!("cgroup {}: {e}", cg.display())),
+            }
+        }
         for a in account::in_range(self.setup.host(), &self.setup.accounts)? {
             match account::remove(self.setup.host(), &self.setup.accounts, &a) {
                 Ok(()) => done.push(format!("account {}", a.name)),
@@ -934,7 +996,7 @@ impl Manager {
     }
 
     /// Quiescence: no records, no labelled containers, no run directories, no run accounts,
-    /// no mounts under cordon's roots. Returns what remains (empty when quiescent).
+    /// no cgroups under this executor's parent, no mounts under cordon's roots. Returns what remains (empty when quiescent).
     ///
     /// # Errors
     /// Something could not be inspected.
@@ -967,6 +1029,9 @@ impl Manager {
         }
         for a in account::in_range(self.setup.host(), &self.setup.accounts)? {
             left.push(format!("account {} (uid {})", a.name, a.uid));
+        }
+        for cg in self.setup.leftover_cgroups()? {
+            left.push(format!("cgroup {}", cg.display()));
         }
         for p in self.setup.mount_points()? {
             if p.starts_with(&self.setup.run_root) || p.starts_with(self.store.root()) {
@@ -1207,7 +1272,7 @@ mod tests {
             .setup
             .cgroup_root
             .join("memory")
-            .join(cgroup_path(&lease.record.lease).trim_start_matches('/'));
+            .join(lease.cgroup_path().trim_start_matches('/'));
         f.file("/etc/passwd", "")
             .file("/etc/group", "")
             .file("/proc/self/mountinfo", "")
@@ -1222,6 +1287,54 @@ mod tests {
             1,
             "the record stays for a retry"
         );
+    }
+
+    #[test]
+    fn a_leftover_cgroup_is_never_quiescence_and_recovery_removes_it() {
+        let w = world();
+        let parent = w.manager.setup.cgroup_root.join("cordon/fake");
+        let f = Arc::new(Fake::new());
+        f.file("/etc/passwd", "")
+            .file("/etc/group", "")
+            .file("/proc/self/mountinfo", "")
+            .file(
+                w.manager.setup.cgroup_root.join("cgroup.controllers"),
+                "memory pids",
+            )
+            .dir(&parent, &["0123456789abcdef0123456789abcdef"])
+            .reply("list", ToolOutput::ok(b"[]"));
+        let m = with_host(&w, f.clone());
+        let left = m.check().unwrap();
+        assert_eq!(left.len(), 1, "{left:?}");
+        assert!(left[0].starts_with("cgroup "), "{left:?}");
+        let done = m.recover().unwrap();
+        assert!(done.iter().any(|d| d.starts_with("cgroup ")), "{done:?}");
+        assert!(f.calls().contains(&Call::RemoveDir(
+            parent.join("0123456789abcdef0123456789abcdef")
+        )));
+        // A parent that cannot be listed is not "no cgroups".
+        let f = Arc::new(Fake::new());
+        f.file("/etc/passwd", "")
+            .file("/etc/group", "")
+            .file("/proc/self/mountinfo", "")
+            .file(
+                w.manager.setup.cgroup_root.join("cgroup.controllers"),
+                "memory pids",
+            )
+            .unreadable(parent)
+            .reply("list", ToolOutput::ok(b"[]"));
+        assert!(with_host(&w, f).check().is_err());
+    }
+
+    #[test]
+    fn an_executor_id_that_is_not_a_safe_name_is_refused() {
+        let w = world();
+        let mut setup = w.manager.setup.clone();
+        setup.executor = "../../etc".into();
+        assert!(matches!(
+            Manager::open(&w.manager.store, setup),
+            Err(LeaseError::Executor { .. })
+        ));
     }
 
     #[test]

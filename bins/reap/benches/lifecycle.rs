@@ -113,7 +113,9 @@ fn main() {
             match res {
                 Resource::Container { id } => *id = format!("cordon-{}", r.lease),
                 Resource::RunDir { path } => *path = setup.run_root.join(&r.lease),
-                Resource::Cgroup { path } => *path = cordon::lease::cgroup_path(&r.lease),
+                Resource::Cgroup { path } => {
+                    *path = cordon::lease::cgroup_path(&r.executor, &r.lease);
+                }
                 _ => {}
             }
         }

@@ -848,7 +848,10 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
         )
         .resources(resources)
         .seccomp(seccomp(profile)?)
-        .cgroups_path(PathBuf::from(cordon::lease::cgroup_path(&run.lease)))
+        .cgroups_path(PathBuf::from(cordon::lease::cgroup_path(
+            &run.executor,
+            &run.lease,
+        )))
         .rootfs_propagation("private")
         .build()
         .map_err(invalid)?;
