@@ -316,12 +316,13 @@ pub fn in_range(host: &dyn Host, policy: &AccountPolicy) -> Result<Vec<Account>,
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::host::ToolOutput;
     use crate::host::fake::{Call, Fake};
 
-    fn policy() -> AccountPolicy {
+    /// The account rules the fake-backed tests of this crate use.
+    pub(crate) fn policy() -> AccountPolicy {
         AccountPolicy {
             uids: (5000, 5999),
             gids: (5000, 5999),

@@ -1078,15 +1078,7 @@ mod tests {
                 host: fake.clone(),
             },
             run_root: dir.path().join("run"),
-            accounts: AccountPolicy {
-                uids: (5000, 5999),
-                gids: (5000, 5999),
-                shell: "/usr/sbin/nologin".into(),
-                cron_deny: "/etc/cron.deny".into(),
-                at_deny: "/etc/at.deny".into(),
-                passwd: "/etc/passwd".into(),
-                group: "/etc/group".into(),
-            },
+            accounts: crate::account::tests::policy(),
             cgroup_root: dir.path().join("cgroup"),
             mountinfo: "/proc/self/mountinfo".into(),
         };
@@ -1096,6 +1088,15 @@ mod tests {
             fake,
             manager,
         }
+    }
+
+    /// A fake host with empty user, group and mount tables (callers add the runtime's replies).
+    fn empty_host() -> Arc<Fake> {
+        let f = Arc::new(Fake::new());
+        f.file("/etc/passwd", "")
+            .file("/etc/group", "")
+            .file("/proc/self/mountinfo", "");
+        f
     }
 
     fn residue(r: Result<(), LeaseError>) -> Vec<String> {
@@ -1128,11 +1129,8 @@ mod tests {
     #[test]
     fn a_listing_that_does_not_parse_is_residue_and_keeps_the_record() {
         let w = world();
-        let f = Arc::new(Fake::new());
-        f.file("/etc/passwd", "")
-            .file("/etc/group", "")
-            .file("/proc/self/mountinfo", "")
-            .reply("list", ToolOutput::ok(b"not json"));
+        let f = empty_host();
+        f.reply("list", ToolOutput::ok(b"not json"));
         let m = with_host(&w, f);
         let lease = m.begin("sha256:a").unwrap();
         let items = residue(m.release(&lease.record));
@@ -1197,12 +1195,8 @@ mod tests {
     fn unreadable_passwd_group_or_mountinfo_is_never_quiescence() {
         for broken in ["/etc/passwd", "/etc/group", "/proc/self/mountinfo"] {
             let w = world();
-            let f = Arc::new(Fake::new());
-            f.file("/etc/passwd", "")
-                .file("/etc/group", "")
-                .file("/proc/self/mountinfo", "")
-                .reply("list", ToolOutput::ok(b"[]"))
-                .unreadable(broken);
+            let f = empty_host();
+            f.reply("list", ToolOutput::ok(b"[]")).unreadable(broken);
             let m = with_host(&w, f);
             // A lease with a mount point, so its release must read the mount table.
             let lease = m.begin_with("sha256:a", &["staging"]).unwrap();
@@ -1266,17 +1260,14 @@ mod tests {
     fn a_cgroup_that_cannot_be_removed_is_residue() {
         let w = world();
         let lease = w.manager.begin("sha256:a").unwrap();
-        let f = Arc::new(Fake::new());
+        let f = empty_host();
         let cgroup = w
             .manager
             .setup
             .cgroup_root
             .join("memory")
             .join(lease.cgroup_path().trim_start_matches('/'));
-        f.file("/etc/passwd", "")
-            .file("/etc/group", "")
-            .file("/proc/self/mountinfo", "")
-            .reply("list", ToolOutput::ok(b"[]"))
+        f.reply("list", ToolOutput::ok(b"[]"))
             .unreadable(cgroup.clone());
         let m = with_host(&w, f.clone());
         let items = residue(m.release(&lease.record));
@@ -1293,16 +1284,13 @@ mod tests {
     fn a_leftover_cgroup_is_never_quiescence_and_recovery_removes_it() {
         let w = world();
         let parent = w.manager.setup.cgroup_root.join("cordon/fake");
-        let f = Arc::new(Fake::new());
-        f.file("/etc/passwd", "")
-            .file("/etc/group", "")
-            .file("/proc/self/mountinfo", "")
-            .file(
-                w.manager.setup.cgroup_root.join("cgroup.controllers"),
-                "memory pids",
-            )
-            .dir(&parent, &["0123456789abcdef0123456789abcdef"])
-            .reply("list", ToolOutput::ok(b"[]"));
+        let f = empty_host();
+        f.file(
+            w.manager.setup.cgroup_root.join("cgroup.controllers"),
+            "memory pids",
+        )
+        .dir(&parent, &["0123456789abcdef0123456789abcdef"])
+        .reply("list", ToolOutput::ok(b"[]"));
         let m = with_host(&w, f.clone());
         let left = m.check().unwrap();
         assert_eq!(left.len(), 1, "{left:?}");
@@ -1313,16 +1301,13 @@ mod tests {
             parent.join("0123456789abcdef0123456789abcdef")
         )));
         // A parent that cannot be listed is not "no cgroups".
-        let f = Arc::new(Fake::new());
-        f.file("/etc/passwd", "")
-            .file("/etc/group", "")
-            .file("/proc/self/mountinfo", "")
-            .file(
-                w.manager.setup.cgroup_root.join("cgroup.controllers"),
-                "memory pids",
-            )
-            .unreadable(parent)
-            .reply("list", ToolOutput::ok(b"[]"));
+        let f = empty_host();
+        f.file(
+            w.manager.setup.cgroup_root.join("cgroup.controllers"),
+            "memory pids",
+        )
+        .unreadable(parent)
+        .reply("list", ToolOutput::ok(b"[]"));
         assert!(with_host(&w, f).check().is_err());
     }
 
@@ -1340,17 +1325,15 @@ mod tests {
     #[test]
     fn a_mount_that_will_not_unmount_is_residue() {
         let w = world();
-        let f = Arc::new(Fake::new());
+        let f = empty_host();
         let lease = w.manager.begin_with("sha256:a", &["staging"]).unwrap();
         let point = lease.run_dir().join("staging");
-        f.file("/etc/passwd", "")
-            .file("/etc/group", "")
-            .file(
-                "/proc/self/mountinfo",
-                &format!("40 22 0:50 / {} rw - tmpfs tmpfs rw\n", point.display()),
-            )
-            .reply("list", ToolOutput::ok(b"[]"))
-            .fail(false, true, false);
+        f.file(
+            "/proc/self/mountinfo",
+            &format!("40 22 0:50 / {} rw - tmpfs tmpfs rw\n", point.display()),
+        )
+        .reply("list", ToolOutput::ok(b"[]"))
+        .fail(false, true, false);
         let m = with_host(&w, f.clone());
         let items = residue(m.release(&lease.record));
         assert!(items.iter().any(|i| i.starts_with("mount ")), "{items:?}");
