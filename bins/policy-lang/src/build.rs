@@ -700,15 +700,63 @@ fn syscall_name(cx: &mut Cx, entry: &KdlEntry) -> Option<String> {
     None
 }
 
-fn arg_condition(cx: &mut Cx, node: &KdlNode) -> Option<ArgCondition> {
-    shape(cx, node, 0, 0, &["index", "op", "value", "mask"], false);
-    let index =
-        required_prop(cx, node, "index").and_then(|e| integer(cx, e, "argument index", 0, 5));
+/// The most filter entries one rule's `one-of` conditions may expand to.
+const MAX_ALTERNATIVES: usize = 64;
+
+/// One `arg` condition of a rule on `syscall`, whose arguments have `widths`.
+fn arg_condition(
+    cx: &mut Cx,
+    node: &KdlNode,
+    syscall: &str,
+    widths: &[u32],
+) -> Option<ArgCondition> {
     let op = required_prop(cx, node, "op").and_then(|e| keyword::<ArgOp>(cx, e, "comparison"));
-    let v = required_prop(cx, node, "value").and_then(|e| integer(cx, e, "value", 0, u64::MAX));
+    let one_of = op == Some(ArgOp::OneOf);
+    let (min, max) = if one_of {
+        (2, MAX_ALTERNATIVES)
+    } else {
+        (0, 0)
+    };
+    let props: &[&str] = if one_of {
+        &["index", "op"]
+    } else {
+        &["index", "op", "value", "mask"]
+    };
+    shape(cx, node, min, max, props, false);
+    let arity = u64::try_from(widths.len()).unwrap_or(6);
+    let index = required_prop(cx, node, "index")
+        .and_then(|e| integer(cx, e, &format!("argument index of {syscall}"), 0, arity - 1))?;
+    let bits = widths[usize::try_from(index).ok()?];
+    let limit = if bits == 32 {
+        u64::from(u32::MAX)
+    } else {
+        u64::MAX
+    };
+    let what = format!("{bits}-bit argument {index} of {syscall}");
+    let values = if one_of {
+        let mut seen = BTreeSet::new();
+        for e in positional(node) {
+            let Some(v) = integer(cx, e, &what, 0, limit) else {
+                continue;
+            };
+            if !seen.insert(v) {
+                cx.report(
+                    "redundant-entry",
+                    e.span(),
+                    "listed twice",
+                    format!("{v} appears twice in this one-of"),
+                    None,
+                );
+            }
+        }
+        seen.into_iter().collect()
+    } else {
+        vec![required_prop(cx, node, "value").and_then(|e| integer(cx, e, &what, 0, limit))?]
+    };
+    let op = op?;
     let mask = match (op, prop(node, "mask")) {
-        (Some(ArgOp::MaskedEq), Some(e)) => Some(integer(cx, e, "mask", 0, u64::MAX)?),
-        (Some(ArgOp::MaskedEq), None) => {
+        (ArgOp::MaskedEq, Some(e)) => Some(integer(cx, e, &format!("mask of {what}"), 0, limit)?),
+        (ArgOp::MaskedEq, None) => {
             required_prop(cx, node, "mask");
             return None;
         }
@@ -724,10 +772,30 @@ fn arg_condition(cx: &mut Cx, node: &KdlNode) -> Option<ArgCondition> {
         }
         (_, None) => None,
     };
+    // Seccomp compares the whole 64-bit register; the kernel reads a 32-bit argument from its
+    // low half. eq, one-of and masked-eq are compiled masked to the low half and mean what they
+    // say; an ordering or ne test would admit every value whose high bits are set.
+    let sound = bits == 64 || matches!(op, ArgOp::Eq | ArgOp::OneOf | ArgOp::MaskedEq);
+    if !sound {
+        let span = prop(node, "op").map_or(name_span(node), KdlEntry::span);
+        cx.report(
+            "unsound-condition",
+            span,
+            "compares bits the kernel ignores",
+            format!(
+                "the kernel reads argument {index} of {syscall} as 32 bits but seccomp compares \
+                 all 64: op {:?} admits any value with high bits set",
+                op.as_str()
+            ),
+            Some("list what is admitted with op=\"one-of\" (or eq, masked-eq)".into()),
+        );
+        return None;
+    }
     Some(ArgCondition {
-        index: index?,
-        op: op?,
-        value: v?,
+        index,
+        bits,
+        op,
+        values,
         mask,
     })
 }
@@ -792,12 +860,13 @@ fn seccomp(cx: &mut Cx, node: &KdlNode) -> Option<SeccompProfile> {
         .map(|(name, entry)| {
             let (action, args) = match entry {
                 BaselineEntry::Allow => (SeccompAction::Allow, Vec::new()),
-                BaselineEntry::AllowIfMaskedZero { index, mask } => (
+                BaselineEntry::AllowIfMaskedZero { index, bits, mask } => (
                     SeccompAction::Allow,
                     vec![ArgCondition {
                         index: u64::from(index),
+                        bits,
                         op: ArgOp::MaskedEq,
-                        value: 0,
+                        values: vec![0],
                         mask: Some(mask),
                     }],
                 ),
@@ -892,12 +961,55 @@ fn seccomp(cx: &mut Cx, node: &KdlNode) -> Option<SeccompProfile> {
         let act = required_prop(cx, n, "action").and_then(|e| action(cx, n, e));
         let why = reason(cx, n);
         let conds = Block::read(cx, n.children(), "rule", name_span(n), &["arg"], &["arg"]);
-        let mut args: Vec<ArgCondition> = conds
-            .all("arg")
-            .into_iter()
-            .filter_map(|a| arg_condition(cx, a))
-            .collect();
+        let conds = conds.all("arg");
+        let widths = name.as_deref().and_then(syscalls::arg_widths);
+        let mut args: Vec<ArgCondition> =
+            match (&name, widths) {
+                (Some(name), Some(widths)) => {
+                    let total = conds.len();
+                    let args: Vec<ArgCondition> = conds
+                        .into_iter()
+                        .filter_map(|a| arg_condition(cx, a, name, widths))
+                        .collect();
+                    if args.len() != total {
+                        // Already reported; a rule without the refused condition would admit more.
+                        continue;
+                    }
+                    args
+                }
+                (Some(name), None) if !conds.is_empty() => {
+                    cx.report(
+                    "unmodelled-argument",
+                    name_span(n),
+                    "argument widths unknown",
+                    format!(
+                        "cordon does not model the arguments of {name:?}, so it cannot say what \
+                         a condition on them means"
+                    ),
+                    Some(format!(
+                        "conditions are allowed on: {}",
+                        syscalls::modelled_arguments().collect::<Vec<_>>().join(", ")
+                    )),
+                );
+                    continue;
+                }
+                _ => Vec::new(),
+            };
         args.sort();
+        let entries: usize = args.iter().map(|a| a.values.len()).product();
+        if entries > MAX_ALTERNATIVES {
+            cx.report(
+                "invalid-value",
+                name_span(n),
+                "too many alternatives",
+                format!(
+                    "the one-of lists of this rule expand to {entries} filter entries; at most \
+                     {MAX_ALTERNATIVES}"
+                ),
+                None,
+            );
+            continue;
+        }
         let (Some(name), Some(action), Some(reason)) = (name, act, why) else {
             continue;
         };
@@ -1829,7 +1941,85 @@ mod tests {
         let profile = p.seccomp_profile(&prebuild.seccomp).unwrap();
         assert_eq!(profile.default_action, SeccompAction::Errno(1));
         let socket = &profile.syscall["socket"];
-        assert_eq!(socket.args[0].op, ArgOp::Ne);
+        assert_eq!(socket.args[0].op, ArgOp::OneOf);
+        assert_eq!(socket.args[0].bits, 32);
+    }
+
+    /// The default policy with its socket condition replaced by `conditions` on `syscall`.
+    fn with_rule(syscall: &str, conditions: &str) -> String {
+        let text = default_policy();
+        let start = text.find("    rule \"socket\"").unwrap();
+        let end = start + text[start..].find("    }\n").unwrap() + 6;
+        format!(
+            "{}    rule \"{syscall}\" action=\"allow\" reason=\"t\" {{\n{conditions}    }}\n{}",
+            &text[..start],
+            &text[end..]
+        )
+    }
+
+    #[test]
+    fn conditions_on_32_bit_arguments_admit_only_what_a_masked_test_enforces() {
+        let ok = |syscall: &str, c: &str| {
+            let text = with_rule(syscall, c);
+            assert_eq!(codes(&text), Vec::<String>::new(), "{syscall}: {c}");
+            let p = crate::parse("t.kdl", &text).unwrap();
+            p.seccomp_profile("candidate").unwrap().syscall[syscall]
+                .args
+                .clone()
+        };
+        let bad = |syscall: &str, c: &str| codes(&with_rule(syscall, c));
+        // Sound on 32 bits: eq, one-of, masked-eq within the low half.
+        let a = ok("socket", "arg index=0 op=\"one-of\" 10 1 2\n");
+        assert_eq!((a[0].bits, a[0].values.clone()), (32, vec![1, 2, 10]));
+        ok("fcntl", "arg index=1 op=\"eq\" value=1\n");
+        ok(
+            "personality",
+            "arg index=0 op=\"masked-eq\" value=8 mask=4294967295\n",
+        );
+        // Unsound on 32 bits: every ordering and ne.
+        for op in ["ne", "lt", "le", "gt", "ge"] {
+            let c = format!("arg index=0 op=\"{op}\" value=40\n");
+            assert_eq!(bad("socket", &c), ["unsound-condition"], "{op}");
+            // ... and meaningful on a 64-bit argument.
+            let c = format!("arg index=2 op=\"{op}\" value=40\n");
+            assert_eq!(ok("ioctl", &c)[0].bits, 64, "{op}");
+        }
+        // Values and masks must fit the width; the index must be an argument.
+        assert_eq!(
+            bad("socket", "arg index=0 op=\"eq\" value=4294967336\n"),
+            ["out-of-range"]
+        );
+        assert_eq!(
+            bad(
+                "socket",
+                "arg index=0 op=\"masked-eq\" value=0 mask=4294967296\n"
+            ),
+            ["out-of-range"]
+        );
+        assert_eq!(
+            bad("socket", "arg index=3 op=\"eq\" value=1\n"),
+            ["out-of-range"]
+        );
+        // Syscalls cordon does not model take no conditions.
+        assert_eq!(
+            bad("read", "arg index=2 op=\"lt\" value=4096\n"),
+            ["unmodelled-argument"]
+        );
+        // one-of takes its values as arguments, at least two, once each.
+        assert_eq!(
+            bad("socket", "arg index=0 op=\"one-of\" value=1\n"),
+            ["missing-argument", "unknown-property"]
+        );
+        assert_eq!(
+            bad("socket", "arg index=0 op=\"one-of\" 1 1\n"),
+            ["redundant-entry"]
+        );
+        let many: Vec<String> = (0..9).map(|v| v.to_string()).collect();
+        let c = format!(
+            "arg index=0 op=\"one-of\" {0}\narg index=1 op=\"one-of\" {0}\n",
+            many.join(" ")
+        );
+        assert_eq!(bad("socket", &c), ["invalid-value"], "81 entries > 64");
     }
 
     #[test]

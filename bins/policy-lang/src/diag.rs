@@ -87,6 +87,14 @@ pub const CODES: &[(&str, &str)] = &[
         "overlap",
         "paths or mount destinations that are not pairwise disjoint, or a reserved destination",
     ),
+    (
+        "unsound-condition",
+        "a seccomp test on a 32-bit argument that the 64-bit comparison would not enforce",
+    ),
+    (
+        "unmodelled-argument",
+        "a seccomp condition on a syscall whose argument widths cordon does not know",
+    ),
 ];
 
 /// One KDL input language: the prefix of its diagnostic codes, the noun its files are called

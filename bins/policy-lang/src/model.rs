@@ -187,14 +187,22 @@ pub struct SeccompProfile {
 }
 
 /// One ANDed argument condition.
+///
+/// `bits` is the width the kernel reads the argument at (from the syscall's signature in
+/// [`crate::syscalls::arg_widths`]), not a policy choice: seccomp compares all 64 bits of the
+/// register, so a 32-bit argument is compared masked to its low half, and operators that
+/// cannot be made to mean the same thing on a 32-bit argument are refused when the policy is
+/// read.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub struct ArgCondition {
     /// The argument's index (0 to 5).
     pub index: u64,
+    /// How many bits of the argument the kernel reads: 32 or 64.
+    pub bits: u32,
     /// The comparison.
     pub op: ArgOp,
-    /// The value compared with.
-    pub value: u64,
+    /// The values compared with: exactly one, except for `one-of` (two or more, sorted).
+    pub values: Vec<u64>,
     /// The mask, exactly when `op` is `masked-eq`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mask: Option<u64>,
@@ -369,6 +377,8 @@ keyword! {
         Ge = "ge",
         /// `(arg & mask) == value`.
         MaskedEq = "masked-eq",
+        /// Equal to one of a listed set: the allow-list form.
+        OneOf = "one-of",
     }
 }
 

@@ -482,6 +482,52 @@ pub const CLONE_NAMESPACE_FLAGS: u64 = 0x7E02_0000;
 /// `ENOSYS`, the answer `docker-default` gives `clone3`.
 pub const ENOSYS: u32 = 38;
 
+/// The argument widths, in bits, of the syscalls a policy may put argument conditions on, as
+/// the kernel's x86_64 signatures declare them (`int` and `unsigned int` are 32 bits, `long`,
+/// pointers and `size_t` 64). The kernel reads a 32-bit argument from the low half of its
+/// register; seccomp compares all 64 bits. A condition on a syscall not listed here is refused:
+/// cordon cannot say what it means.
+const ARG_WIDTHS: &[(&str, &[u32])] = &[
+    // clone(unsigned long flags, unsigned long newsp, int *parent_tid, int *child_tid, unsigned long tls)
+    ("clone", &[64, 64, 64, 64, 64]),
+    // fcntl(unsigned int fd, unsigned int cmd, unsigned long arg)
+    ("fcntl", &[32, 32, 64]),
+    // flock(unsigned int fd, unsigned int cmd)
+    ("flock", &[32, 32]),
+    // ioctl(unsigned int fd, unsigned int cmd, unsigned long arg)
+    ("ioctl", &[32, 32, 64]),
+    // mmap(unsigned long addr, len, prot, flags, fd, off): all unsigned long on x86_64
+    ("mmap", &[64, 64, 64, 64, 64, 64]),
+    // mprotect(unsigned long start, size_t len, unsigned long prot)
+    ("mprotect", &[64, 64, 64]),
+    // personality(unsigned int personality)
+    ("personality", &[32]),
+    // prctl(int option, unsigned long arg2, arg3, arg4, arg5)
+    ("prctl", &[32, 64, 64, 64, 64]),
+    // setns(int fd, int nstype)
+    ("setns", &[32, 32]),
+    // setsockopt(int fd, int level, int optname, char *optval, int optlen)
+    ("setsockopt", &[32, 32, 32, 64, 32]),
+    // socket(int family, int type, int protocol)
+    ("socket", &[32, 32, 32]),
+    // socketpair(int family, int type, int protocol, int *usockvec)
+    ("socketpair", &[32, 32, 32, 64]),
+    // unshare(unsigned long unshare_flags)
+    ("unshare", &[64]),
+];
+
+/// The argument widths of `name` (one entry per argument), or `None` when cordon does not
+/// model its arguments and so refuses conditions on them.
+#[must_use]
+pub fn arg_widths(name: &str) -> Option<&'static [u32]> {
+    ARG_WIDTHS.iter().find(|(n, _)| *n == name).map(|(_, w)| *w)
+}
+
+/// The syscalls [`arg_widths`] knows, for diagnostics.
+pub fn modelled_arguments() -> impl Iterator<Item = &'static str> {
+    ARG_WIDTHS.iter().map(|(n, _)| *n)
+}
+
 /// The builtin baselines a seccomp profile may start from.
 pub const BASELINES: &[&str] = &["docker-default"];
 
@@ -500,6 +546,8 @@ pub enum BaselineEntry {
     AllowIfMaskedZero {
         /// Zero-based argument index.
         index: u32,
+        /// The argument's width, from [`arg_widths`].
+        bits: u32,
         /// The bits that must be clear.
         mask: u64,
     },
@@ -520,6 +568,7 @@ pub fn baseline(name: &str) -> Option<Vec<(&'static str, BaselineEntry)>> {
                     let entry = match s {
                         "clone" => BaselineEntry::AllowIfMaskedZero {
                             index: 0,
+                            bits: 64,
                             mask: CLONE_NAMESPACE_FLAGS,
                         },
                         "clone3" => BaselineEntry::Errno(ENOSYS),
@@ -555,6 +604,28 @@ mod tests {
     }
 
     #[test]
+    fn modelled_arguments_are_real_syscalls_with_at_most_six_arguments() {
+        for (name, widths) in ARG_WIDTHS {
+            assert!(is_syscall(name), "{name}");
+            assert!(!widths.is_empty() && widths.len() <= 6, "{name}");
+            assert!(widths.iter().all(|w| *w == 32 || *w == 64), "{name}");
+        }
+        assert_eq!(arg_widths("socket"), Some(&[32, 32, 32][..]));
+        assert_eq!(arg_widths("read"), None);
+    }
+
+    #[test]
+    fn baseline_conditions_carry_the_modelled_width() {
+        for (name, entry) in baseline("docker-default").unwrap() {
+            if let BaselineEntry::AllowIfMaskedZero { index, bits, mask } = entry {
+                let widths = arg_widths(name).expect("a baseline condition is on a modelled call");
+                assert_eq!(widths[index as usize], bits, "{name}");
+                assert!(bits == 64 || mask <= u64::from(u32::MAX), "{name}");
+            }
+        }
+    }
+
+    #[test]
     fn every_blocked_name_is_a_real_syscall() {
         for name in DOCKER_DEFAULT_BLOCKED {
             assert!(is_syscall(name), "{name} is not in the table");
@@ -583,6 +654,7 @@ mod tests {
             get("clone"),
             Some(BaselineEntry::AllowIfMaskedZero {
                 index: 0,
+                bits: 64,
                 mask: CLONE_NAMESPACE_FLAGS
             })
         );

@@ -33,6 +33,11 @@ struct Env {
 /// The default policy with the prebuild stage's bounds made small enough to hit quickly, its
 /// own account range, cron/at files and a secret.
 fn env(slot: u32) -> Env {
+    env_with(slot, |t| t)
+}
+
+/// [`env`] with one more edit of the policy text.
+fn env_with(slot: u32, edit: impl Fn(String) -> String) -> Env {
     assert!(
         nix::unistd::geteuid().is_root(),
         "hostile prebuild tests run real containers: run as root"
@@ -68,7 +73,7 @@ fn env(slot: u32) -> Env {
         "\nsecret \"build-key\" path={:?}\n",
         secret.display().to_string()
     );
-    let policy = cordon_policy_lang::parse("hostile.kdl", &text).unwrap();
+    let policy = cordon_policy_lang::parse("hostile.kdl", &edit(text)).unwrap();
     let store = Store::open(&dir.path().join("store")).unwrap();
     let spec = cordon_image::spec::load(&workspace_root().join("images/prebuild.kdl")).unwrap();
     cordon::image::build(&spec, &dir.path().join("images/prebuild")).unwrap();
@@ -419,16 +424,15 @@ fn secrets_environment_and_inherited_descriptors_stay_out() {
     );
 }
 
-#[test]
-fn blocked_system_calls_and_socket_families_fail_with_eperm() {
+/// Compile `source` statically on the host into `dir/name`.
+fn compile_probe(dir: &Path, name: &str, source: &str) -> PathBuf {
     require_executable(
         Path::new("/usr/bin/gcc"),
         "apt-get install -y gcc libc6-dev",
     );
-    let e = env(6);
-    let src = e.dir.path().join("probe.c");
-    std::fs::write(&src, PROBE).unwrap();
-    let bin: PathBuf = e.dir.path().join("probe");
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source).unwrap();
+    let bin = dir.join(name);
     let out = Command::new("gcc")
         .args(["-static", "-O1", "-o"])
         .arg(&bin)
@@ -440,6 +444,17 @@ fn blocked_system_calls_and_socket_families_fail_with_eperm() {
         "cannot build the probe: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let mut f = std::fs::File::open(&bin).unwrap();
+    let mut head = [0u8; 4];
+    f.read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"\x7fELF");
+    bin
+}
+
+#[test]
+fn blocked_system_calls_and_socket_families_fail_with_eperm() {
+    let e = env(6);
+    let bin = compile_probe(e.dir.path(), "probe", PROBE);
     let (_, o) = build(&e, "/engine/probe > $out/r 2>&1", &[("probe", &bin)]);
     let r = published(&e, &o, "r");
     for name in [
@@ -451,7 +466,10 @@ fn blocked_system_calls_and_socket_families_fail_with_eperm() {
         "bpf",
         "perf_event_open",
         "af_vsock",
+        "af_vsock_high_bits",
+        "af_netlink_uevent",
         "af_packet",
+        "af_alg",
         "raw",
     ] {
         assert!(
@@ -459,10 +477,96 @@ fn blocked_system_calls_and_socket_families_fail_with_eperm() {
             "{name} must fail with EPERM: {r}"
         );
     }
-    let mut f = std::fs::File::open(&bin).unwrap();
-    let mut head = [0u8; 4];
-    f.read_exact(&mut head).unwrap();
-    assert_eq!(&head, b"\x7fELF");
+    // The same probe succeeds where the allow-list admits: the filter, not the probe, refuses.
+    for name in ["af_unix", "af_unix_high_bits", "af_inet"] {
+        assert!(
+            r.lines()
+                .any(|l| l.starts_with(&format!("{name}=")) && l.ends_with(":0")),
+            "{name} must be admitted: {r}"
+        );
+    }
+}
+
+/// Every operator the language admits, compiled by the planner and loaded by the runtime, probed
+/// from inside with values around each boundary and with high bits set. Each probe uses
+/// arguments the kernel rejects with its own errno (EBADF, EINVAL) or that are harmless, so
+/// `-1:1` (EPERM) can only be the filter's answer.
+#[test]
+fn argument_conditions_hold_at_every_boundary_and_with_high_bits_set() {
+    let rules = r#"
+    rule "ioctl" action="allow" reason="t" {
+        arg index=2 op="ne" value=5
+    }
+    rule "setsockopt" action="allow" reason="t" {
+        arg index=3 op="lt" value=100
+    }
+    rule "socketpair" action="allow" reason="t" {
+        arg index=3 op="le" value=100
+    }
+    rule "prctl" action="allow" reason="t" {
+        arg index=0 op="one-of" 9998 9999
+        arg index=1 op="gt" value=100
+        arg index=2 op="ge" value=7
+    }
+    rule "unshare" action="allow" reason="t" {
+        arg index=0 op="masked-eq" value=0 mask=2113994752
+    }
+    rule "personality" action="allow" reason="t" {
+        arg index=0 op="masked-eq" value=0 mask=65280
+    }
+    rule "flock" action="allow" reason="t" {
+        arg index=1 op="eq" value=1
+    }
+"#;
+    let e = env_with(7, |t| {
+        t.replacen(
+            "        arg index=0 op=\"one-of\" 1 2 10\n    }\n",
+            &format!("        arg index=0 op=\"one-of\" 1 2 10\n    }}\n{rules}"),
+            1,
+        )
+    });
+    let bin = compile_probe(e.dir.path(), "args", ARG_PROBE);
+    let (_, o) = build(&e, "/engine/args > $out/r 2>&1", &[("args", &bin)]);
+    let r = published(&e, &o, "r");
+    let expect = [
+        // 64-bit ne: only exactly 5 is refused; 5 with a high bit is another value.
+        ("ioctl_ne_5", "-1:1"),
+        ("ioctl_ne_6", "-1:9"),
+        ("ioctl_ne_5_high", "-1:9"),
+        // 64-bit lt / le / gt / ge at their boundaries.
+        ("setsockopt_lt_99", "-1:9"),
+        ("setsockopt_lt_100", "-1:1"),
+        ("setsockopt_lt_high", "-1:1"),
+        ("socketpair_le_100", "-1:14"),
+        ("socketpair_le_101", "-1:1"),
+        ("prctl_gt_101", "-1:22"),
+        ("prctl_gt_100", "-1:1"),
+        ("prctl_gt_high", "-1:22"),
+        ("prctl_ge_7", "-1:22"),
+        ("prctl_ge_6", "-1:1"),
+        // 32-bit one-of: high bits are ignored, as the kernel ignores them.
+        ("prctl_one_of_high", "-1:22"),
+        ("prctl_one_of_other", "-1:1"),
+        ("prctl_one_of_other_high", "-1:1"),
+        // 64-bit masked-eq: bits outside the mask are free, bits inside refused.
+        ("unshare_masked_outside", "-1:22"),
+        ("unshare_masked_newuser", "-1:1"),
+        // 32-bit masked-eq: the high half is ignored, a bit inside the mask refused.
+        ("personality_masked_high", "0:0"),
+        ("personality_masked_inside", "-1:1"),
+        // 32-bit eq: the kernel's value with high bits set is still that value.
+        ("flock_eq_1", "-1:9"),
+        ("flock_eq_1_high", "-1:9"),
+        ("flock_eq_2", "-1:1"),
+        ("flock_eq_2_high", "-1:1"),
+    ];
+    for (name, want) in expect {
+        assert!(
+            r.contains(&format!("{name}={want}\n")),
+            "{name} should be {want}: {r}"
+        );
+    }
+    assert!(r.contains("done\n"), "{r}");
 }
 
 const PROBE: &str = r#"
@@ -482,8 +586,54 @@ int main(void) {
     errno = 0; report("bpf", syscall(SYS_bpf, 0L, 0L, 0L));
     errno = 0; report("perf_event_open", syscall(SYS_perf_event_open, 0L, 0L, -1L, -1L, 0L));
     errno = 0; report("af_vsock", socket(40, SOCK_STREAM, 0));
+    /* The kernel reads the family as an int: this is AF_VSOCK to it. */
+    errno = 0; report("af_vsock_high_bits", syscall(SYS_socket, 0x100000028L, (long)SOCK_STREAM, 0L));
+    errno = 0; report("af_netlink_uevent", socket(16, SOCK_DGRAM, 15));
     errno = 0; report("af_packet", socket(17, SOCK_RAW, 0));
+    errno = 0; report("af_alg", socket(38, SOCK_SEQPACKET, 0));
     errno = 0; report("raw", socket(AF_INET, SOCK_RAW, 1));
+    errno = 0; report("af_unix", socket(AF_UNIX, SOCK_STREAM, 0) >= 0 ? 0 : -1);
+    errno = 0; report("af_unix_high_bits", syscall(SYS_socket, 0x100000001L, (long)SOCK_STREAM, 0L) >= 0 ? 0 : -1);
+    errno = 0; report("af_inet", socket(AF_INET, SOCK_DGRAM, 0) >= 0 ? 0 : -1);
+    return 0;
+}
+"#;
+
+const ARG_PROBE: &str = r#"
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+static void report(const char *name, long r) { printf("%s=%ld:%d\n", name, r, r < 0 ? errno : 0); }
+#define P(name, ...) do { errno = 0; report(name, syscall(__VA_ARGS__)); } while (0)
+#define HIGH 0x100000000L
+int main(void) {
+    P("ioctl_ne_5", SYS_ioctl, -1L, 0L, 5L);
+    P("ioctl_ne_6", SYS_ioctl, -1L, 0L, 6L);
+    P("ioctl_ne_5_high", SYS_ioctl, -1L, 0L, HIGH | 5L);
+    P("setsockopt_lt_99", SYS_setsockopt, -1L, 0L, 0L, 99L, 0L);
+    P("setsockopt_lt_100", SYS_setsockopt, -1L, 0L, 0L, 100L, 0L);
+    P("setsockopt_lt_high", SYS_setsockopt, -1L, 0L, 0L, HIGH | 5L, 0L);
+    P("socketpair_le_100", SYS_socketpair, 9999L, 0L, 0L, 100L);
+    P("socketpair_le_101", SYS_socketpair, 9999L, 0L, 0L, 101L);
+    P("prctl_gt_101", SYS_prctl, 9999L, 101L, 7L, 0L, 0L);
+    P("prctl_gt_100", SYS_prctl, 9999L, 100L, 7L, 0L, 0L);
+    P("prctl_gt_high", SYS_prctl, 9999L, HIGH, 7L, 0L, 0L);
+    P("prctl_ge_7", SYS_prctl, 9999L, 101L, 7L, 0L, 0L);
+    P("prctl_ge_6", SYS_prctl, 9999L, 101L, 6L, 0L, 0L);
+    P("prctl_one_of_high", SYS_prctl, HIGH | 9998L, 101L, 7L, 0L, 0L);
+    P("prctl_one_of_other", SYS_prctl, 9997L, 101L, 7L, 0L, 0L);
+    P("prctl_one_of_other_high", SYS_prctl, HIGH | 9997L, 101L, 7L, 0L, 0L);
+    P("unshare_masked_outside", SYS_unshare, 0x10000000000L);
+    P("unshare_masked_newuser", SYS_unshare, 0x10000000L);
+    P("personality_masked_high", SYS_personality, HIGH | 0L);
+    P("personality_masked_inside", SYS_personality, 0x0100L);
+    P("flock_eq_1", SYS_flock, -1L, 1L);
+    P("flock_eq_1_high", SYS_flock, -1L, HIGH | 1L);
+    P("flock_eq_2", SYS_flock, -1L, 2L);
+    P("flock_eq_2_high", SYS_flock, -1L, HIGH | 2L);
+    printf("done\n");
     return 0;
 }
 "#;

@@ -414,40 +414,100 @@ fn arch(a: Arch) -> OciArch {
     }
 }
 
-fn operator(op: ArgOp) -> LinuxSeccompOperator {
+/// The OCI alternatives one condition compiles to: any one of them admits the call.
+///
+/// Seccomp compares the whole 64-bit register and the kernel reads a 32-bit argument from its
+/// low half, so every test on a 32-bit argument is masked to that half; the language refuses
+/// the operators that cannot be (and so does this, should a hand-built policy carry one).
+fn seccomp_alternatives(
+    c: &ArgCondition,
+) -> Result<Vec<oci_spec::runtime::LinuxSeccompArg>, PlanError> {
+    use LinuxSeccompOperator as Op;
+    let ArgCondition {
+        index,
+        bits,
+        op,
+        values,
+        mask,
+    } = c;
+    let low_half = u64::from(u32::MAX);
+    // (operator, value, valueTwo) per admitted alternative; for masked-eq the OCI form is
+    // value = mask, valueTwo = the compared value.
+    let tests: Vec<(Op, u64, Option<u64>)> = match (op, bits, mask) {
+        (ArgOp::Eq | ArgOp::OneOf, 32, None) => values
+            .iter()
+            .map(|v| (Op::ScmpCmpMaskedEq, low_half, Some(*v)))
+            .collect(),
+        (ArgOp::Eq | ArgOp::OneOf, 64, None) => {
+            values.iter().map(|v| (Op::ScmpCmpEq, *v, None)).collect()
+        }
+        (ArgOp::MaskedEq, 32 | 64, Some(m)) if *bits == 64 || *m <= low_half => values
+            .iter()
+            .map(|v| (Op::ScmpCmpMaskedEq, *m, Some(*v)))
+            .collect(),
+        (ArgOp::Ne | ArgOp::Lt | ArgOp::Le | ArgOp::Gt | ArgOp::Ge, 64, None) => {
+            let o = ordering(*op).ok_or_else(|| invalid("not an ordering"))?;
+            values.iter().map(|v| (o, *v, None)).collect()
+        }
+        _ => {
+            return Err(invalid(format!(
+                "argument condition {op:?} on a {bits}-bit argument (mask {mask:?}) has no sound \
+                 seccomp form"
+            )));
+        }
+    };
+    if tests.is_empty() || (*op != ArgOp::OneOf && tests.len() != 1) {
+        return Err(invalid(format!(
+            "argument condition {op:?} with {} values",
+            tests.len()
+        )));
+    }
+    tests
+        .into_iter()
+        .map(|(o, value, two)| {
+            let mut b = LinuxSeccompArgBuilder::default()
+                .index(usize::try_from(*index).map_err(invalid)?)
+                .value(value)
+                .op(o);
+            if let Some(t) = two {
+                b = b.value_two(t);
+            }
+            b.build().map_err(invalid)
+        })
+        .collect()
+}
+
+/// The seccomp operator of a plain comparison; `None` for the ones compiled otherwise.
+fn ordering(op: ArgOp) -> Option<LinuxSeccompOperator> {
     match op {
-        ArgOp::Eq => LinuxSeccompOperator::ScmpCmpEq,
-        ArgOp::Ne => LinuxSeccompOperator::ScmpCmpNe,
-        ArgOp::Lt => LinuxSeccompOperator::ScmpCmpLt,
-        ArgOp::Le => LinuxSeccompOperator::ScmpCmpLe,
-        ArgOp::Gt => LinuxSeccompOperator::ScmpCmpGt,
-        ArgOp::Ge => LinuxSeccompOperator::ScmpCmpGe,
-        ArgOp::MaskedEq => LinuxSeccompOperator::ScmpCmpMaskedEq,
+        ArgOp::Ne => Some(LinuxSeccompOperator::ScmpCmpNe),
+        ArgOp::Lt => Some(LinuxSeccompOperator::ScmpCmpLt),
+        ArgOp::Le => Some(LinuxSeccompOperator::ScmpCmpLe),
+        ArgOp::Gt => Some(LinuxSeccompOperator::ScmpCmpGt),
+        ArgOp::Ge => Some(LinuxSeccompOperator::ScmpCmpGe),
+        ArgOp::Eq | ArgOp::MaskedEq | ArgOp::OneOf => None,
     }
 }
 
-fn seccomp_arg(c: &ArgCondition) -> Result<oci_spec::runtime::LinuxSeccompArg, PlanError> {
-    let ArgCondition {
-        index,
-        op,
-        value,
-        mask,
-    } = c;
-    // For masked-eq the OCI form is value = mask, valueTwo = the compared value.
-    let (value, two) = match (op, mask) {
-        (ArgOp::MaskedEq, Some(m)) => (*m, Some(*value)),
-        (ArgOp::MaskedEq, None) => return Err(invalid("masked-eq without a mask")),
-        (_, Some(_)) => return Err(invalid("a mask on an operator other than masked-eq")),
-        (_, None) => (*value, None),
-    };
-    let mut b = LinuxSeccompArgBuilder::default()
-        .index(usize::try_from(*index).map_err(invalid)?)
-        .value(value)
-        .op(operator(*op));
-    if let Some(t) = two {
-        b = b.value_two(t);
+/// Every combination of one alternative per condition: the OCI entries of one rule.
+fn seccomp_entries(
+    args: &[ArgCondition],
+) -> Result<Vec<Vec<oci_spec::runtime::LinuxSeccompArg>>, PlanError> {
+    let mut entries = vec![Vec::new()];
+    for c in args {
+        let alternatives = seccomp_alternatives(c)?;
+        entries = entries
+            .iter()
+            .flat_map(|prefix| {
+                alternatives.iter().map(move |a| {
+                    let mut e = prefix.clone();
+                    e.push(*a);
+                    e
+                })
+            })
+            .collect();
     }
-    b.build().map_err(invalid)
+    Ok(entries)
 }
 
 fn seccomp(p: &SeccompProfile) -> Result<oci_spec::runtime::LinuxSeccomp, PlanError> {
@@ -467,19 +527,16 @@ fn seccomp(p: &SeccompProfile) -> Result<oci_spec::runtime::LinuxSeccomp, PlanEr
             continue;
         }
         let (act, errno) = action(r.action);
-        let args = r
-            .args
-            .iter()
-            .map(seccomp_arg)
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut b = LinuxSyscallBuilder::default()
-            .names(vec![name.clone()])
-            .action(act)
-            .args(args);
-        if let Some(e) = errno {
-            b = b.errno_ret(e);
+        for args in seccomp_entries(&r.args)? {
+            let mut b = LinuxSyscallBuilder::default()
+                .names(vec![name.clone()])
+                .action(act)
+                .args(args);
+            if let Some(e) = errno {
+                b = b.errno_ret(e);
+            }
+            syscalls.push(b.build().map_err(invalid)?);
         }
-        syscalls.push(b.build().map_err(invalid)?);
     }
     for (a, names) in plain {
         let (act, errno) = action(a);
