@@ -48,6 +48,10 @@ pub const CODES: &[(&str, &str)] = &[
         "an image path that is not absolute and normalised",
     ),
     ("out-of-range", "a mode with bits beyond 0o777"),
+    (
+        "too-deep",
+        "more children blocks or block comments than the parser reads (bounded before parsing)",
+    ),
 ];
 
 /// The image-spec language.

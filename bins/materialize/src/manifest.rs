@@ -104,6 +104,10 @@ pub const CODES: &[(&str, &str)] = &[
         "a package or import name that is not a dotted Python name",
     ),
     ("overlap", "two targets whose paths nest"),
+    (
+        "too-deep",
+        "more children blocks or block comments than the parser reads (bounded before parsing)",
+    ),
 ];
 
 /// The manifest language.

@@ -375,66 +375,100 @@ fn bin(name: &str) -> std::path::PathBuf {
         .to_path_buf()
 }
 
-#[test]
-fn the_binary_reports_findings_on_the_candidates_source_and_exits_1() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
-    let policy = workspace_root().join("policy/evaluator.kdl");
-    let run = |args: &[&str], stdin: Option<&Path>| {
+/// The stage binaries run against one store and the default policy.
+struct Cli {
+    dir: tempfile::TempDir,
+    store: std::path::PathBuf,
+    policy: std::path::PathBuf,
+}
+
+impl Cli {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("store");
+        let policy = workspace_root().join("policy/evaluator.kdl");
+        Self { dir, store, policy }
+    }
+
+    fn materialize(&self, args: &[&str], stdin: Option<&Path>) -> std::process::Output {
         let mut c = Command::new(bin("cordon-materialize"));
         c.arg("--policy")
-            .arg(&policy)
+            .arg(&self.policy)
             .arg("--store")
-            .arg(&store)
+            .arg(&self.store)
             .args(args);
         if let Some(p) = stdin {
             c.stdin(std::fs::File::open(p).unwrap());
         }
         c.output().unwrap()
-    };
-    let out = run(
-        &[
-            "incumbent",
-            workspace_root()
-                .join("checks/example/incumbent")
-                .to_str()
-                .unwrap(),
-        ],
-        None,
-    );
-    assert!(out.status.success(), "{out:?}");
-    let receipt: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let incumbent = receipt["outputs"]["tree_digest"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    }
 
-    let archive = dir.path().join("bad.tar");
-    std::fs::write(
-        &archive,
-        delta_tar(&[
-            ("cordon-delta.kdl", MANIFEST, 0o644),
-            (
-                "engine/attention/__init__.py",
-                b"import os\n\nx = eval(os.environ['X'])\n",
-                0o644,
-            ),
-        ]),
-    )
-    .unwrap();
-    let sha = Digest::of_file(&archive).unwrap();
-    let fetched = Command::new(bin("cordon-fetch"))
-        .arg("--policy")
-        .arg(&policy)
-        .arg("--store")
-        .arg(&store)
-        .args(["--sha256", &sha.to_string()])
-        .arg(&archive)
-        .output()
-        .expect("cordon-fetch is built beside cordon-materialize (cargo build --workspace)");
-    assert!(fetched.status.success(), "{fetched:?}");
-    let receipt_file = dir.path().join("fetch.json");
-    std::fs::write(&receipt_file, &fetched.stdout).unwrap();
+    /// Register the bundled example incumbent; its tree digest.
+    fn incumbent(&self) -> String {
+        let example = workspace_root().join("checks/example/incumbent");
+        let out = self.materialize(&["incumbent", example.to_str().unwrap()], None);
+        assert!(out.status.success(), "{out:?}");
+        let receipt: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        receipt["outputs"]["tree_digest"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    /// Admit `archive` through `cordon-fetch`; the file holding its receipt.
+    fn fetch(&self, archive: &[u8]) -> (std::path::PathBuf, std::process::Output) {
+        let path = self.dir.path().join("delta.tar");
+        std::fs::write(&path, archive).unwrap();
+        let sha = Digest::of_file(&path).unwrap();
+        let fetched = Command::new(bin("cordon-fetch"))
+            .arg("--policy")
+            .arg(&self.policy)
+            .arg("--store")
+            .arg(&self.store)
+            .args(["--sha256", &sha.to_string()])
+            .arg(&path)
+            .output()
+            .expect("cordon-fetch is built beside cordon-materialize (cargo build --workspace)");
+        assert!(fetched.status.success(), "{fetched:?}");
+        let receipt_file = self.dir.path().join("fetch.json");
+        std::fs::write(&receipt_file, &fetched.stdout).unwrap();
+        (receipt_file, fetched)
+    }
+}
+
+#[test]
+fn a_deeply_nested_manifest_is_a_rejection_with_a_receipt_never_a_crash() {
+    let cli = Cli::new();
+    let incumbent = cli.incumbent();
+    // 30 KB that overflowed the parser's stack (exit 134, no receipt) before nesting was bounded.
+    let depth = 15_000;
+    let manifest = format!("{}{}", "a{".repeat(depth), "}".repeat(depth));
+    let (receipt_file, _) = cli.fetch(&delta_tar(&[(
+        "cordon-delta.kdl",
+        manifest.as_bytes(),
+        0o644,
+    )]));
+    let out = cli.materialize(&["--incumbent", &incumbent], Some(&receipt_file));
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let receipt: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(receipt["outcome"], "rejected");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cordon::manifest::too-deep"), "{stderr}");
+}
+
+#[test]
+fn the_binary_reports_findings_on_the_candidates_source_and_exits_1() {
+    let cli = Cli::new();
+    let incumbent = cli.incumbent();
+    let (receipt_file, fetched) = cli.fetch(&delta_tar(&[
+        ("cordon-delta.kdl", MANIFEST, 0o644),
+        (
+            "engine/attention/__init__.py",
+            b"import os\n\nx = eval(os.environ['X'])\n",
+            0o644,
+        ),
+    ]));
+    let run = |args: &[&str], stdin: Option<&Path>| cli.materialize(args, stdin);
 
     let out = run(&["--incumbent", &incumbent], Some(&receipt_file));
     assert_eq!(out.status.code(), Some(1), "{out:?}");

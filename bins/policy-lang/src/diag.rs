@@ -88,6 +88,10 @@ pub const CODES: &[(&str, &str)] = &[
         "paths or mount destinations that are not pairwise disjoint, or a reserved destination",
     ),
     (
+        "too-deep",
+        "more children blocks or block comments than the parser reads (bounded before parsing)",
+    ),
+    (
         "unsound-condition",
         "a seccomp test on a 32-bit argument that the 64-bit comparison would not enforce",
     ),

@@ -40,9 +40,10 @@ pub fn decode<T>(
     let shared = Arc::new(text.to_owned());
     let source = Arc::new(NamedSource::new(name, shared).with_language("kdl"));
     let mut cx = Cx::new(source, language);
-    let value = match KdlDocument::parse(text) {
-        Ok(doc) => decoder(&mut cx, &doc),
-        Err(err) => {
+    let value = match parse_bounded(&mut cx, text) {
+        None => None,
+        Some(Ok(doc)) => decoder(&mut cx, &doc),
+        Some(Err(err)) => {
             for d in err.diagnostics {
                 let label = d.label.unwrap_or_else(|| "here".to_owned());
                 let message = d.message.unwrap_or_else(|| "invalid KDL".to_owned());
@@ -54,6 +55,59 @@ pub fn decode<T>(
     match value {
         Some(v) if cx.problems.is_empty() => Ok(v),
         _ => Err(KdlError::new(language, name.to_owned(), cx.problems)),
+    }
+}
+
+/// The most children blocks (`{`) and the most block comments (`/*`, which nest) one KDL input
+/// may hold. The parser recurses once per nesting level of either; counting every occurrence —
+/// inside strings too — bounds the depth without trusting a pre-scan to agree with the parser
+/// about where strings end. Cordon's own files hold a few dozen.
+pub const MAX_BLOCKS: usize = 1024;
+
+/// The stack the parser runs on: measured, a debug build of the parser overflows 8 MiB at about
+/// 512 nested blocks, so 64 MiB holds [`MAX_BLOCKS`] with a fourfold margin whatever thread
+/// (a 2 MiB test thread, say) calls [`decode`].
+const PARSE_STACK: usize = 64 << 20;
+
+/// Parse `text` after bounding its nesting; `None` when it is refused (reported as `too-deep`).
+///
+/// # Panics
+/// The parsing thread cannot be started (the host is out of threads or memory): a host fault,
+/// which the stage prologue's panic hook turns into a no-decision.
+#[expect(
+    clippy::panic,
+    reason = "a host fault is not a problem of the file; the prologue's hook exits 3"
+)]
+fn parse_bounded(cx: &mut Cx, text: &str) -> Option<Result<KdlDocument, kdl::KdlError>> {
+    for (token, what) in [("{", "children blocks"), ("/*", "block comments")] {
+        let count = text.matches(token).count();
+        if count > MAX_BLOCKS {
+            // Label the first occurrence past the bound.
+            let at = text
+                .match_indices(token)
+                .nth(MAX_BLOCKS)
+                .map_or(0, |(i, _)| i);
+            cx.report(
+                "too-deep",
+                SourceSpan::from((at, token.len())),
+                "past the bound",
+                format!("{count} {what}; at most {MAX_BLOCKS} are read (nesting is bounded before parsing)"),
+                None,
+            );
+            return None;
+        }
+    }
+    let parsed = std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .name("kdl-parse".into())
+            .stack_size(PARSE_STACK)
+            .spawn_scoped(s, || KdlDocument::parse(text))
+            .map(|h| h.join())
+    });
+    match parsed {
+        Ok(Ok(result)) => Some(result),
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        Err(e) => panic!("cannot start the KDL parsing thread: {e}"),
     }
 }
 

@@ -108,22 +108,38 @@ pub fn load(path: &Path) -> Result<Loaded, StartError> {
 
 /// Why the process-wide settings could not be made.
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
-#[error("cannot make this process a child subreaper")]
-#[diagnostic(code(cordon::stage::prologue))]
-pub struct PrologueError {
-    /// The kernel's error.
-    #[source]
-    source: nix::Error,
+pub enum PrologueError {
+    /// The kernel refused to make this process a subreaper.
+    #[error("cannot make this process a child subreaper")]
+    #[diagnostic(code(cordon::stage::prologue))]
+    Subreaper(#[source] nix::Error),
+    /// The descriptor limit could not be read or raised.
+    #[error("cannot raise the soft open-file limit to the hard limit")]
+    #[diagnostic(code(cordon::stage::prologue))]
+    Nofile(#[source] nix::Error),
 }
 
-/// Process-wide settings, made before any thread starts (brief §6): this process becomes a
-/// child subreaper, so a container's init — orphaned when `runtime create` exits — is reparented
-/// here and waited for directly, and so are any processes that escape it.
+/// Process-wide settings, made before any thread starts (brief §6):
+/// - this process becomes a child subreaper, so a container's init — orphaned when `runtime
+///   create` exits — is reparented here and waited for directly, and so are any processes that
+///   escape it;
+/// - the soft open-file limit is raised to the hard one, so walking a candidate's tree (within
+///   every policy bound) never runs out of descriptors at the default soft 1024;
+/// - a panic — a defect in cordon, never a verdict on the candidate — ends the process with a
+///   no-decision (exit 3) instead of Rust's 101, so no stage exits outside 0–3.
 ///
 /// # Errors
 /// The kernel refused.
 pub fn prologue() -> Result<(), PrologueError> {
-    nix::sys::prctl::set_child_subreaper(true).map_err(|source| PrologueError { source })
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("cordon::internal: {info}\n(a defect in cordon, not a verdict: no decision)");
+        std::process::exit(i32::from(ExitCode::NoDecision.code()));
+    }));
+    nix::sys::prctl::set_child_subreaper(true).map_err(PrologueError::Subreaper)?;
+    let (_, hard) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_err(PrologueError::Nofile)?;
+    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard)
+        .map_err(PrologueError::Nofile)
 }
 
 /// A stage that has started: its policy, its authority on this host, and the runtime facts the
