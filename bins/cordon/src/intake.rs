@@ -1,6 +1,12 @@
 //! Private intake into the store: an archive stream becomes content objects and an intake
 //! record, or nothing at all.
 //!
+//! Two records, keyed by what they describe: `intake/<content>.json` holds only the content (the
+//! sorted file list, the same whichever archive carried it), and `archives/<sha256>.json` the
+//! one archive-specific fact, which content that archive carried. So any later archive of
+//! admitted content — repacked, recompressed, reordered, by anyone — is admitted too, and writes
+//! the same content record byte for byte.
+//!
 //! This module owns the order of intake: scan the whole archive into a private scratch
 //! directory (every shape rule checked while streaming, [`crate::archive`]), compare the archive
 //! bytes with the committed sha256, and only then publish the content objects and the record.
@@ -18,8 +24,12 @@ use crate::archive::{self, ArchiveError, ArchiveLimits, Member, Rejection, Sink}
 use crate::canonical::{CanonicalError, Digest, domain_digest, to_canonical_json};
 use crate::store::{Scratch, Staged, Store, StoreError};
 
-/// The schema of intake records and of the content-digest payload.
-pub const INTAKE_SCHEMA: u32 = 1;
+/// The schema of intake and archive records.
+pub const INTAKE_SCHEMA: u32 = 2;
+
+/// The schema of the content-digest payload (unchanged since the records were split, so
+/// content digests did not move).
+pub const CONTENT_DIGEST_SCHEMA: u32 = 1;
 
 /// Why intake produced no record.
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
@@ -58,14 +68,12 @@ pub enum IntakeError {
     },
 }
 
-/// The intake record: the canonical file list of one admitted archive.
+/// The intake record: the canonical file list of admitted content, whatever archive carried it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct IntakeRecord {
     /// [`INTAKE_SCHEMA`].
     pub schema: u32,
-    /// sha256 of the archive bytes (the committed digest).
-    pub archive_sha256: Digest,
     /// Domain-separated digest of the sorted file list ([`content_digest`]).
     pub content_digest: Digest,
     /// The files, sorted by path.
@@ -74,13 +82,34 @@ pub struct IntakeRecord {
     pub bytes: u64,
 }
 
+/// The archive record: which content one admitted archive carried.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArchiveRecord {
+    /// [`INTAKE_SCHEMA`].
+    pub schema: u32,
+    /// sha256 of the archive bytes (the committed digest).
+    pub archive_sha256: Digest,
+    /// The content it carried.
+    pub content_digest: Digest,
+}
+
+/// What one admission established.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admitted {
+    /// The archive and what it carried.
+    pub archive: ArchiveRecord,
+    /// The content.
+    pub record: IntakeRecord,
+}
+
 /// The digest of a sorted file list under domain `cordon.intake`: what the candidate's content
 /// *is*, independent of how it was archived or compressed.
 ///
 /// # Errors
 /// As [`domain_digest`].
 pub fn content_digest(files: &[Member]) -> Result<Digest, CanonicalError> {
-    domain_digest("cordon.intake", INTAKE_SCHEMA, files)
+    domain_digest("cordon.intake", CONTENT_DIGEST_SCHEMA, files)
 }
 
 /// A sink that writes each file into the scratch directory and remembers where.
@@ -102,7 +131,9 @@ impl Sink for ScratchSink<'_> {
 }
 
 /// Admit an archive: scan it, check its sha256 against `committed`, publish its files as
-/// content objects and its record under `intake/<content hex>.json`.
+/// content objects, its content record under `intake/<content hex>.json` and its archive record
+/// under `archives/<sha256 hex>.json` (content first: an archive record never names content the
+/// store does not hold).
 ///
 /// # Errors
 /// [`IntakeError::Rejected`] for the candidate's faults (the store is unchanged);
@@ -112,7 +143,7 @@ pub fn ingest(
     source: impl io::Read,
     committed: &Digest,
     limits: &ArchiveLimits,
-) -> Result<IntakeRecord, IntakeError> {
+) -> Result<Admitted, IntakeError> {
     let mut scratch = store.scratch()?;
     let scratch_path = scratch.path().to_path_buf();
     let mut sink = ScratchSink {
@@ -157,7 +188,6 @@ pub fn ingest(
     files.sort_by(|a, b| a.path.cmp(&b.path));
     let record = IntakeRecord {
         schema: INTAKE_SCHEMA,
-        archive_sha256: scanned.archive_sha256,
         content_digest: content_digest(&files)?,
         bytes: files.iter().map(|f| f.size).sum(),
         files,
@@ -168,7 +198,18 @@ pub fn ingest(
         &format!("{}.json", record.content_digest.hex()),
         text.as_bytes(),
     )?;
-    Ok(record)
+    let archive = ArchiveRecord {
+        schema: INTAKE_SCHEMA,
+        archive_sha256: scanned.archive_sha256,
+        content_digest: record.content_digest.clone(),
+    };
+    let text = to_canonical_json(&archive)?;
+    store.put_document(
+        "archives",
+        &format!("{}.json", archive.archive_sha256.hex()),
+        text.as_bytes(),
+    )?;
+    Ok(Admitted { archive, record })
 }
 
 /// Read an intake record back by its content digest, checking that it parses and that its file

@@ -1,5 +1,5 @@
 //! The validator-owned store: one directory (root-owned, mode 0700) holding content-addressed
-//! file objects, intake records, trees, publications, receipts and leases.
+//! file objects, intake and archive records, trees, publications, receipts and leases.
 //!
 //! This module owns the store's layout and its durable-write discipline (brief §5): every entry
 //! is first written under `tmp/` (create-exclusive, no-follow, explicit mode), fsynced, then
@@ -29,10 +29,11 @@ use nix::sys::time::TimeSpec;
 use crate::canonical::Digest;
 
 /// The subdirectories of a store, created by [`Store::open`].
-pub const LAYOUT: [&str; 8] = [
+pub const LAYOUT: [&str; 9] = [
     "objects",
     "images",
     "intake",
+    "archives",
     "trees",
     "publications",
     "receipts",

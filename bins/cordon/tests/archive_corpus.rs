@@ -420,9 +420,10 @@ fn an_archive_over_the_byte_cap_is_refused_while_streaming() {
     assert!(matches!(err, IntakeError::Rejected(ref r) if r.code == "intake.archive-too-big"));
 }
 
-fn admit(bytes: &[u8]) -> cordon::intake::IntakeRecord {
-    let (dir, store) = store();
-    let record = intake::ingest(&store, bytes, &Digest::of_bytes(bytes), &limits()).unwrap();
+/// Admit `bytes` into `store` and check what it wrote.
+fn admit_into(store: &Store, bytes: &[u8]) -> cordon::intake::Admitted {
+    let admitted = intake::ingest(store, bytes, &Digest::of_bytes(bytes), &limits()).unwrap();
+    let record = &admitted.record;
     for f in &record.files {
         store
             .verify_object(
@@ -433,11 +434,18 @@ fn admit(bytes: &[u8]) -> cordon::intake::IntakeRecord {
             .unwrap();
     }
     assert_eq!(
-        intake::load(&store, &record.content_digest).unwrap(),
+        &intake::load(store, &record.content_digest).unwrap(),
         record
     );
-    drop(dir);
-    record
+    assert_eq!(admitted.archive.archive_sha256, Digest::of_bytes(bytes));
+    assert_eq!(admitted.archive.content_digest, record.content_digest);
+    admitted
+}
+
+/// Admit `bytes` into a store of its own.
+fn admit(bytes: &[u8]) -> cordon::intake::Admitted {
+    let (_dir, store) = store();
+    admit_into(&store, bytes)
 }
 
 #[test]
@@ -451,16 +459,59 @@ fn benign_archives_are_admitted_whatever_their_compression() {
     let b = admit(&gzip(&plain));
     let c = admit(&zstd(&plain));
     // The content digest is what the files are, not how they were packed.
-    assert_eq!(a.content_digest, b.content_digest);
-    assert_eq!(a.content_digest, c.content_digest);
-    assert_ne!(a.archive_sha256, b.archive_sha256);
+    assert_eq!(a.record, b.record);
+    assert_eq!(a.record, c.record);
+    assert_ne!(a.archive.archive_sha256, b.archive.archive_sha256);
     let paths: Vec<_> = a
+        .record
         .files
         .iter()
         .map(|f| (f.path.as_str(), f.executable))
         .collect();
     assert_eq!(paths, [("pkg/a.py", false), ("pkg/run.sh", true)]);
-    assert_eq!(a.bytes, 19);
+    assert_eq!(a.record.bytes, 19);
+}
+
+/// A rival who repacks a competitor's archive (another order, another compression) and submits
+/// it first must not block the competitor: every archive of admitted content is admitted, in
+/// either order, and the content record is written once, byte for byte the same.
+#[test]
+fn every_archive_of_admitted_content_is_admitted_in_one_store() {
+    let theirs = cat(&[
+        file("pkg/a.py", b"print(1)\n"),
+        file("pkg/b.py", b"x = 2\n"),
+    ]);
+    let repacked = gzip(&cat(&[
+        file("pkg/b.py", b"x = 2\n"),
+        dir("pkg/"),
+        file("pkg/a.py", b"print(1)\n"),
+    ]));
+    let (_dir, store) = store();
+    let first = admit_into(&store, &repacked);
+    let content = store
+        .read_document(
+            "intake",
+            &format!("{}.json", first.record.content_digest.hex()),
+        )
+        .unwrap();
+    let second = admit_into(&store, &theirs);
+    let again = admit_into(&store, &repacked);
+    assert_eq!(first.record, second.record);
+    assert_eq!(first, again);
+    assert_ne!(first.archive, second.archive);
+    assert_eq!(
+        store
+            .read_document(
+                "intake",
+                &format!("{}.json", first.record.content_digest.hex())
+            )
+            .unwrap(),
+        content
+    );
+    for a in [&first, &second] {
+        let name = format!("{}.json", a.archive.archive_sha256.hex());
+        assert!(!store.read_document("archives", &name).unwrap().is_empty());
+    }
 }
 
 #[test]
@@ -482,7 +533,7 @@ fn legitimate_pax_and_gnu_long_names_and_a_git_archive_comment_are_admitted() {
         file("short", b"b"),
     ]);
     let r = admit(&bytes);
-    let paths: Vec<_> = r.files.iter().map(|f| f.path.clone()).collect();
+    let paths: Vec<_> = r.record.files.iter().map(|f| f.path.clone()).collect();
     assert_eq!(paths, [long.clone(), format!("{long}2")]);
 }
 
@@ -510,6 +561,7 @@ fn an_archive_made_by_gnu_tar_is_admitted_with_its_executable_bits() {
     assert!(status.success());
     let r = admit(&std::fs::read(&out).unwrap());
     let paths: Vec<_> = r
+        .record
         .files
         .iter()
         .map(|f| (f.path.as_str(), f.executable))

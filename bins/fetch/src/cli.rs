@@ -233,8 +233,8 @@ fn fetch(
     };
     // A failed transfer explains a failed ingest: its verdict wins.
     let decision = match (result, transport_failure) {
-        (Ok(record), _) => Ok(Decision::Accepted(FetchOutputs {
-            archive_sha256: record.archive_sha256,
+        (Ok(intake::Admitted { archive, record }), _) => Ok(Decision::Accepted(FetchOutputs {
+            archive_sha256: archive.archive_sha256,
             content_digest: record.content_digest,
             files: record.files.len() as u64,
             bytes: record.bytes,

@@ -101,7 +101,8 @@ fn main() {
                 &Digest::of_bytes(&bytes),
                 &limits,
             )
-            .unwrap();
+            .unwrap()
+            .record;
             let t = Instant::now();
             materialize(&store, &inc, &record, &rules, &steps).unwrap();
             times.push(t.elapsed());

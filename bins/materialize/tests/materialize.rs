@@ -91,6 +91,7 @@ fn ingest(store: &Store, bytes: &[u8]) -> intake::IntakeRecord {
         &cordon_stage::settings::archive_limits(&policy()),
     )
     .unwrap()
+    .record
 }
 
 fn rejected_codes(files: &[Member<'_>], rules: &TreeRules) -> Vec<&'static str> {

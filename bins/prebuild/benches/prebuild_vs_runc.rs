@@ -74,7 +74,8 @@ fn main() {
         &Digest::of_bytes(&tar),
         &cordon_stage::settings::archive_limits(&policy),
     )
-    .unwrap();
+    .unwrap()
+    .record;
     let t_fetch = t.elapsed();
     let t = Instant::now();
     let steps = ["build-native".to_owned()].into();
