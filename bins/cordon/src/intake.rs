@@ -201,7 +201,7 @@ pub fn ingest(
     let archive = ArchiveRecord {
         schema: INTAKE_SCHEMA,
         archive_sha256: scanned.archive_sha256,
-        content_digest: record.content_digest.clone(),
+        content_digest: record.content_digest,
     };
     let text = to_canonical_json(&archive)?;
     store.put_document(

@@ -574,18 +574,21 @@ impl Manager {
         Ok(())
     }
 
-    /// Mount the lease's writable staging area: a private tmpfs at `point` bounded in
-    /// bytes and inodes, owned by the run account, `nosuid,nodev`. The kernel enforces the
-    /// bounds, so a full staging area is the workload's ENOSPC, never the host's disk.
+    /// Mount one of the lease's writable scratch areas (the staging area, `/tmp`): a private
+    /// tmpfs at `point` bounded in bytes (and in inodes when `inodes` is given), its root mode
+    /// 0700 and owned by the run account. The kernel enforces the bounds, so a full area is the
+    /// workload's ENOSPC, never the host's disk. The container sees it through a bind, which
+    /// the runtime never re-modes (it gives a tmpfs *mount* the mode of the directory it covers,
+    /// 0555 in a sealed image).
     ///
     /// # Errors
     /// The mount point is not one the record names, or the mount failed.
-    pub fn mount_staging(
+    pub fn mount_tmpfs(
         &self,
         lease: &Lease,
         point: &Path,
         bytes: u64,
-        inodes: u64,
+        inodes: Option<u64>,
     ) -> Result<PathBuf, LeaseError> {
         let point = lease.named_mount_point(point)?;
         fs::DirBuilder::new()
@@ -593,10 +596,10 @@ impl Manager {
             .create(&point)
             .map_err(io("create", &point))?;
         let a = lease.account();
-        let options = format!(
-            "size={bytes},nr_inodes={inodes},mode=0700,uid={},gid={}",
-            a.uid, a.gid
-        );
+        let mut options = format!("size={bytes},mode=0700,uid={},gid={}", a.uid, a.gid);
+        if let Some(n) = inodes {
+            options.push_str(&format!(",nr_inodes={n}"));
+        }
         self.setup
             .host()
             .mount(&MountRequest::Tmpfs {

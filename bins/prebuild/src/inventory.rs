@@ -8,6 +8,12 @@
 //! bytes, bytes per file, depth, path length). Every file is opened once, checked to be the
 //! inode that was listed, and handed on as an open descriptor, so what is copied is what was
 //! checked. Nothing is ever executed or loaded.
+//!
+//! Descriptors: the walk holds the root and at most one directory per level of the path being
+//! read, never one per pending directory — a pending directory is remembered by its path and
+//! inode and reopened, component by component with `O_NOFOLLOW`, when its turn comes (and
+//! refused if the inode changed). A host-side resource error (out of descriptors or memory) is
+//! the host's, reported as [`InventoryError::Host`], never as the candidate's refusal.
 
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
@@ -57,20 +63,67 @@ pub struct Item {
     pub file: File,
 }
 
-fn refuse(code: &'static str, path: &str, message: impl Into<String>) -> Refused {
-    Refused {
+fn refuse(code: &'static str, path: &str, message: impl Into<String>) -> InventoryError {
+    InventoryError::Refused(Refused {
         code,
         path: path.to_owned(),
         message: message.into(),
+    })
+}
+
+/// Why an inventory ended without a list.
+#[derive(Debug, thiserror::Error)]
+pub enum InventoryError {
+    /// The staging area breaks a rule: the candidate's build produced it.
+    #[error(transparent)]
+    Refused(#[from] Refused),
+    /// The host ran out of a resource while reading it: not the candidate's fault.
+    #[error("the host could not inventory {path}: {source}")]
+    Host {
+        /// The path in the staging area.
+        path: String,
+        /// The kernel's error.
+        source: nix::Error,
+    },
+}
+
+/// A failed call on `path`: the host's when it ran out of a resource, otherwise something the
+/// candidate left that cannot be inspected.
+fn failed(path: &str, e: nix::Error) -> InventoryError {
+    use nix::errno::Errno;
+    match e {
+        Errno::EMFILE | Errno::ENFILE | Errno::ENOMEM | Errno::ENOBUFS => InventoryError::Host {
+            path: path.to_owned(),
+            source: e,
+        },
+        _ => refuse(
+            "publication.unreadable",
+            path,
+            format!("cannot inspect: {e}"),
+        ),
     }
 }
 
-fn failed(path: &str, e: nix::Error) -> Refused {
-    refuse(
-        "publication.unreadable",
-        path,
-        format!("cannot inspect: {e}"),
-    )
+/// Open the directory `rel` under `top`, one component at a time without following links, and
+/// check it is still the inode that was listed.
+fn reopen(top: &OwnedFd, rel: &str, listed: (u64, u64)) -> Result<OwnedFd, InventoryError> {
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let mut fd = top.try_clone().map_err(|e| InventoryError::Host {
+        path: rel.to_owned(),
+        source: nix::Error::from_raw(e.raw_os_error().unwrap_or(0)),
+    })?;
+    for component in rel.split('/').filter(|c| !c.is_empty()) {
+        fd = openat(fd.as_fd(), component, flags, Mode::empty()).map_err(|e| failed(rel, e))?;
+    }
+    let st = fstat(fd.as_fd()).map_err(|e| failed(rel, e))?;
+    if (st.st_dev, st.st_ino) != listed {
+        return Err(refuse(
+            "publication.changed",
+            rel,
+            "the directory changed while it was inventoried",
+        ));
+    }
+    Ok(fd)
 }
 
 fn kind(st: &FileStat) -> SFlag {
@@ -80,21 +133,26 @@ fn kind(st: &FileStat) -> SFlag {
 /// Inventory the staging area at `root`.
 ///
 /// # Errors
-/// The first rule broken.
-pub fn inventory(root: &Path, b: &Bounds) -> Result<Vec<Item>, Refused> {
+/// The first rule broken, or the host failed.
+pub fn inventory(root: &Path, b: &Bounds) -> Result<Vec<Item>, InventoryError> {
     let top = nix::fcntl::open(
         root,
         OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
     .map_err(|e| failed("", e))?;
+    let root_st = fstat(top.as_fd()).map_err(|e| failed("", e))?;
     let mut items = Vec::new();
     let mut total = 0u64;
-    let mut stack: Vec<(OwnedFd, String, u64)> = vec![(top, String::new(), 0)];
-    while let Some((fd, rel, depth)) = stack.pop() {
-        let dup = fd
-            .try_clone()
-            .map_err(|e| refuse("publication.unreadable", &rel, e.to_string()))?;
+    // Pending directories by path, depth and listed (device, inode): no descriptor each.
+    let mut stack: Vec<(String, u64, (u64, u64))> =
+        vec![(String::new(), 0, (root_st.st_dev, root_st.st_ino))];
+    while let Some((rel, depth, listed)) = stack.pop() {
+        let fd = reopen(&top, &rel, listed)?;
+        let dup = fd.try_clone().map_err(|e| InventoryError::Host {
+            path: rel.clone(),
+            source: nix::Error::from_raw(e.raw_os_error().unwrap_or(0)),
+        })?;
         let mut dir = Dir::from_fd(dup).map_err(|e| failed(&rel, e))?;
         let mut names = Vec::new();
         for entry in dir.iter() {
@@ -139,14 +197,7 @@ pub fn inventory(root: &Path, b: &Bounds) -> Result<Vec<Item>, Refused> {
                         format!("deeper than {} components", b.max_depth),
                     ));
                 }
-                let sub = openat(
-                    fd.as_fd(),
-                    name.as_str(),
-                    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-                    Mode::empty(),
-                )
-                .map_err(|e| failed(&path, e))?;
-                stack.push((sub, path, depth + 1));
+                stack.push((path, depth + 1, (st.st_dev, st.st_ino)));
                 continue;
             }
             let code = match k {
@@ -229,4 +280,86 @@ pub fn inventory(root: &Path, b: &Bounds) -> Result<Vec<Item>, Refused> {
     }
     items.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(items)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bounds() -> Bounds {
+        Bounds {
+            max_files: 10_000,
+            max_bytes: 1 << 20,
+            max_file_bytes: 1 << 20,
+            max_depth: 16,
+            max_path_length: 512,
+        }
+    }
+
+    /// 1500 sibling directories (within every bound) under a soft limit of 256 descriptors:
+    /// a walk that held one descriptor per pending directory ran out (EMFILE) and blamed the
+    /// candidate. The limit is this test process's own (nextest runs each test alone).
+    #[test]
+    fn many_sibling_directories_need_no_descriptor_each() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..1500 {
+            let d = dir.path().join(format!("d{i:04}"));
+            std::fs::create_dir(&d).unwrap();
+            std::fs::write(d.join("f"), b"x").unwrap();
+        }
+        let (_, hard) =
+            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
+        nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, 256, hard)
+            .unwrap();
+        let mut b = bounds();
+        b.max_files = 100;
+        // The file bound is met long before the descriptor limit would be by open files.
+        match inventory(dir.path(), &b) {
+            Err(InventoryError::Refused(r)) => assert_eq!(r.code, "publication.too-many-files"),
+            other => panic!("expected the file bound, got {other:?}"),
+        }
+        let empty = tempfile::tempdir().unwrap();
+        for i in 0..1500 {
+            std::fs::create_dir(empty.path().join(format!("d{i:04}"))).unwrap();
+        }
+        assert!(inventory(empty.path(), &bounds()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn running_out_of_a_host_resource_is_the_hosts_error() {
+        for e in [
+            nix::errno::Errno::EMFILE,
+            nix::errno::Errno::ENFILE,
+            nix::errno::Errno::ENOMEM,
+        ] {
+            assert!(matches!(failed("x", e), InventoryError::Host { .. }), "{e}");
+        }
+        assert!(matches!(
+            failed("x", nix::errno::Errno::EACCES),
+            InventoryError::Refused(Refused {
+                code: "publication.unreadable",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn a_directory_swapped_for_another_is_refused_as_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("a")).unwrap();
+        let top = nix::fcntl::open(
+            dir.path(),
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+            Mode::empty(),
+        )
+        .unwrap();
+        let st = fstat(top.as_fd()).unwrap();
+        assert!(matches!(
+            reopen(&top, "a", (st.st_dev, st.st_ino)),
+            Err(InventoryError::Refused(Refused {
+                code: "publication.changed",
+                ..
+            }))
+        ));
+    }
 }

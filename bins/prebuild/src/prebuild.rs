@@ -21,7 +21,7 @@ use cordon::runtime::{Finished, Meta};
 use cordon::store::{Store, StoreError};
 use cordon::tree::{self, Entry, PUBLICATIONS, TREES, TreeRecord};
 use cordon_policy_lang::{MountSource, Policy, PublicationLimits, StageKind};
-use cordon_stage::bundle::{HostMount, PlanError, Planned};
+use cordon_stage::bundle::{PlanError, Planned};
 use cordon_stage::session::{Job, Session, SessionError};
 use serde_json::json;
 
@@ -84,6 +84,10 @@ pub enum PrebuildError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Canonical(#[from] cordon::canonical::CanonicalError),
+    /// The host could not read the staging area (out of descriptors or memory).
+    #[error(transparent)]
+    #[diagnostic(code(cordon::prebuild::inventory))]
+    Inventory(inventory::InventoryError),
     /// The secret file could not be read.
     #[error("cannot read the step's secret {path}")]
     #[diagnostic(code(cordon::prebuild::secret))]
@@ -260,18 +264,17 @@ fn publish(
         return Ok(rejected(code, message, Some(meta)));
     }
     let staging: &Path = planned
-        .host_mounts
-        .iter()
-        .find_map(|m| match m {
-            HostMount::Tmpfs { target, .. } => Some(target.as_path()),
-            HostMount::Overlay { .. } => None,
-        })
+        .staging_dir
+        .as_deref()
         .ok_or_else(|| PrebuildError::Policy("the prebuild stage has no staging".into()))?;
     let items = match inventory::inventory(staging, bounds) {
         Ok(items) => items,
-        Err(r) => {
+        Err(inventory::InventoryError::Refused(r)) => {
             let why = format!("{}: {}", r.path, r.message);
             return Ok(rejected(r.code, why, Some(meta)));
+        }
+        Err(host @ inventory::InventoryError::Host { .. }) => {
+            return Err(PrebuildError::Inventory(host));
         }
     };
     let mut batch = cfg.store.batch()?;

@@ -194,11 +194,19 @@ fn writes_outside_staging_exec_from_tmp_and_setuid_are_refused() {
     let e = env(2);
     let script = "echo x > /engine/build.sh 2>/dev/null && echo tree=yes >> $out/r || echo tree=no >> $out/r\n\
         echo x > /x 2>/dev/null && echo root=yes >> $out/r || echo root=no >> $out/r\n\
-        busybox cp /bin/busybox /tmp/b && /tmp/b true 2>/dev/null && echo tmpexec=yes >> $out/r || echo tmpexec=no >> $out/r\n\
+        echo hi > /tmp/w && echo tmpwrite=$(busybox cat /tmp/w) >> $out/r\n\
+        echo tmpmode=$(busybox stat -c %a /tmp) >> $out/r\n\
+        busybox cp /bin/busybox /tmp/b && echo tmpcopy=yes >> $out/r\n\
+        /tmp/b true 2>/dev/null && echo tmpexec=yes >> $out/r || echo tmpexec=no >> $out/r\n\
+        printf '#!/bin/sh\\necho ok\\n' > $out/x; busybox chmod 755 $out/x; [ \"$($out/x)\" = ok ] && echo stagingexec=yes >> $out/r; busybox rm -f $out/x\n\
         echo 1 > /proc/sys/kernel/sysrq 2>/dev/null && echo procsys=yes >> $out/r || echo procsys=no >> $out/r\n\
         echo kcore=$(busybox head -c 16 /proc/kcore 2>/dev/null | busybox wc -c) >> $out/r\n\
         busybox ls /sys/firmware >/dev/null 2>&1 && echo firmware=yes >> $out/r || echo firmware=no >> $out/r\n\
         echo uid=$(busybox id -u) >> $out/r\n\
+        for f in /proc/cmdline /proc/key-users /proc/config.gz /proc/kallsyms /proc/sys/kernel/random/boot_id; do echo \"hostfact $f=$(busybox head -c 64 $f 2>/dev/null | busybox wc -c)\" >> $out/r; done\n\
+        echo gpuenv=$(busybox env | busybox grep -cE '^(NVIDIA|CUDA)_') >> $out/r\n\
+        echo procdriver=$(busybox ls -A /proc/driver 2>/dev/null | busybox wc -l) >> $out/r\n\
+        [ -e /sys/bus/pci ] && echo pci=yes >> $out/r || echo pci=no >> $out/r\n\
         for p in /dev/nvidia0 /dev/nvidiactl /model /root /home /var/run/docker.sock /run/docker.sock /run/containerd /nonexistent; do [ -e $p ] && echo present=$p >> $out/r; done\n\
         busybox cut -d' ' -f5 /proc/self/mountinfo | busybox sort -u | busybox tr '\\n' ' ' > $out/mounts";
     let (tree, o) = build(&e, script, &[]);
@@ -206,7 +214,13 @@ fn writes_outside_staging_exec_from_tmp_and_setuid_are_refused() {
     for want in [
         "tree=no",
         "root=no",
+        // /tmp is writable by the run account, and noexec: the copy succeeds, its exec fails.
+        "tmpwrite=hi",
+        "tmpmode=700",
+        "tmpcopy=yes",
         "tmpexec=no",
+        // The same exec succeeds from staging, which is not noexec (documented).
+        "stagingexec=yes",
         "procsys=no",
         "kcore=0",
         "firmware=no",
@@ -214,6 +228,28 @@ fn writes_outside_staging_exec_from_tmp_and_setuid_are_refused() {
         assert!(r.contains(want), "{want}: {r}");
     }
     assert!(!r.contains("uid=0"), "the step ran as root: {r}");
+    // Host facts are masked (each is readable on this host, so the probe could see them), and
+    // nothing of a GPU is visible: no variables, no driver directory, no PCI devices.
+    for f in [
+        "/proc/cmdline",
+        "/proc/key-users",
+        "/proc/config.gz",
+        "/proc/kallsyms",
+        "/proc/sys/kernel/random/boot_id",
+    ] {
+        let host = std::fs::read(f).map_or(0, |b| b.len());
+        assert!(
+            host > 0,
+            "{f} is empty on this host: the probe proves nothing"
+        );
+        assert!(
+            r.contains(&format!("hostfact {f}=0\n")),
+            "{f} is visible: {r}"
+        );
+    }
+    for want in ["gpuenv=0", "procdriver=0", "pci=no"] {
+        assert!(r.contains(want), "{want}: {r}");
+    }
     assert!(
         !r.contains("present="),
         "no GPU, model, home, wallet or runtime socket: {r}"

@@ -118,14 +118,17 @@ fn run_in(
     let tree = e.dir.path().join("tree");
     std::fs::create_dir_all(&tree).unwrap();
     std::fs::write(tree.join("build.sh"), "echo tree\n").unwrap();
-    let staging = lease.run_dir().join("staging");
-    std::fs::create_dir(&staging).unwrap();
-    nix::unistd::chown(
-        &staging,
-        Some(nix::unistd::Uid::from_raw(lease.account().uid)),
-        Some(nix::unistd::Gid::from_raw(lease.account().gid)),
-    )
-    .unwrap();
+    // The scratch areas as plain directories of the run account (the session mounts tmpfs).
+    for area in [bundle::STAGING_DIR, bundle::TMP_DIR] {
+        let dir = lease.run_dir().join(area);
+        std::fs::create_dir(&dir).unwrap();
+        nix::unistd::chown(
+            &dir,
+            Some(nix::unistd::Uid::from_raw(lease.account().uid)),
+            Some(nix::unistd::Gid::from_raw(lease.account().gid)),
+        )
+        .unwrap();
+    }
     let argv = vec!["/bin/sh".into(), "-c".into(), script.into()];
     let mut inputs = RunInputs::for_lease(&lease, argv, e.rootfs.clone());
     inputs.sources.insert(MountSource::Tree, tree);

@@ -63,8 +63,9 @@ fn write_bundle(dir: &Path, m: &Manager, lease: &mut Lease, script: &str) {
     }
     let tree = dir.join("tree");
     std::fs::create_dir_all(&tree).unwrap();
-    let staging = lease.run_dir().join("staging");
-    std::fs::create_dir_all(&staging).unwrap();
+    for area in [bundle::STAGING_DIR, bundle::TMP_DIR] {
+        std::fs::create_dir_all(lease.run_dir().join(area)).unwrap();
+    }
     let p = policy();
     let argv = vec!["/bin/sh".into(), "-c".into(), script.into()];
     let mut inputs = RunInputs::for_lease(lease, argv, rootfs);

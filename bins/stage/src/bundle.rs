@@ -43,8 +43,11 @@ use oci_spec::runtime::{
     RootBuilder, Spec, SpecBuilder, UserBuilder,
 };
 
-/// Paths runc masks by default, plus the ones cordon adds (kernel memory, keys, timers).
-pub const MASKED_PATHS: [&str; 12] = [
+/// Paths runc masks by default, plus the ones cordon adds: kernel memory, keys, timers, and
+/// host facts a candidate has no use for (the boot command line, the kernel's configuration,
+/// symbols and modules, other users' key quotas, the host's boot id). A path the kernel does
+/// not have is skipped by the runtime.
+pub const MASKED_PATHS: [&str; 18] = [
     "/proc/acpi",
     "/proc/asound",
     "/proc/kcore",
@@ -57,7 +60,16 @@ pub const MASKED_PATHS: [&str; 12] = [
     "/sys/firmware",
     "/sys/devices/virtual/powercap",
     "/proc/interrupts",
+    "/proc/cmdline",
+    "/proc/config.gz",
+    "/proc/kallsyms",
+    "/proc/key-users",
+    "/proc/modules",
+    "/proc/sys/kernel/random/boot_id",
 ];
+
+/// Masked as well in a stage granted no GPU: the driver's view of the host's devices.
+pub const MASKED_WITHOUT_GPU: [&str; 1] = ["/proc/driver"];
 
 /// Paths runc makes read-only by default, plus `/proc/sysrq-trigger`.
 pub const READONLY_PATHS: [&str; 5] = [
@@ -73,6 +85,8 @@ const RESERVED: [&str; 5] = ["/proc", "/dev", "/sys", "/tmp", "/dev/shm"];
 
 /// The run-directory name of the staging tmpfs.
 pub const STAGING_DIR: &str = "staging";
+/// The run-directory name of the `/tmp` tmpfs.
+pub const TMP_DIR: &str = "tmp";
 /// The run-directory name of the overlay root's mount point.
 pub const OVERLAY_ROOT_DIR: &str = "rootfs";
 /// The run-directory name of the overlay's upper and work directories' parent.
@@ -141,14 +155,14 @@ impl RunInputs {
 /// A mount the host makes in the lease's run directory before the container is created.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HostMount {
-    /// A private tmpfs bounded in bytes and inodes, owned by the run account, `nosuid,nodev`.
+    /// A private tmpfs bounded in bytes (and inodes), owned by the run account.
     Tmpfs {
         /// The mount point.
         target: PathBuf,
         /// Its size.
         bytes: u64,
-        /// Its inode bound.
-        inodes: u64,
+        /// Its inode bound, if the policy sets one.
+        inodes: Option<u64>,
         /// The owner.
         uid: u32,
         /// The owner's group.
@@ -204,6 +218,8 @@ pub struct Planned {
     pub spec: Spec,
     /// Mounts the lease makes first, in order.
     pub host_mounts: Vec<HostMount>,
+    /// The host path of the staging area, when the stage has one (what prebuild publishes).
+    pub staging_dir: Option<PathBuf>,
     /// What the session enforces.
     pub session: SessionSettings,
 }
@@ -313,7 +329,7 @@ fn invalid(e: impl std::fmt::Display) -> PlanError {
 /// any of them exists, so a crash after mounting leaves a record that says what to unmount.
 #[must_use]
 pub fn lease_mount_points(stage: &Stage) -> Vec<&'static str> {
-    let mut points = Vec::new();
+    let mut points = vec![TMP_DIR];
     if stage.staging.is_some() {
         points.push(STAGING_DIR);
     }
@@ -627,13 +643,22 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
         return Err(invalid("the per-run account has id 0"));
     }
 
-    let mut host_mounts = Vec::new();
+    // /tmp is the lease's own tmpfs, made by the host and bound in: a tmpfs mounted by the
+    // runtime would take the 0555 mode of the sealed image's /tmp and be unwritable.
+    let tmp_dir = run.run_dir.join(TMP_DIR);
+    let mut host_mounts = vec![HostMount::Tmpfs {
+        target: tmp_dir.clone(),
+        bytes: tmp.size_bytes,
+        inodes: None,
+        uid,
+        gid,
+    }];
     let staging_dir = run.run_dir.join(STAGING_DIR);
     if let Some(Staging { size_bytes, inodes }) = staging {
         host_mounts.push(HostMount::Tmpfs {
             target: staging_dir.clone(),
             bytes: *size_bytes,
-            inodes: *inodes,
+            inodes: Some(*inodes),
             uid,
             gid,
         });
@@ -729,9 +754,13 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
         .build()
         .map_err(invalid)?;
 
-    let Tmp { size_bytes, exec } = tmp;
-    let tmp_size = format!("size={size_bytes}");
-    let mut tmp_opts = vec!["nosuid", "nodev", "mode=1777", tmp_size.as_str()];
+    // noexec stops execve of a file on /tmp; it does not stop memfd_create + execveat, nor an
+    // interpreter reading a script from /tmp, and the staging area stays executable.
+    let Tmp {
+        size_bytes: _,
+        exec,
+    } = tmp;
+    let mut tmp_opts = vec!["rbind", "rw", "rprivate", "nosuid", "nodev"];
     if !exec {
         tmp_opts.push("noexec");
     }
@@ -768,7 +797,10 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
             return Err(invalid("shm is sized exactly when ipc is private"));
         }
     }
-    mounts.push(mount("/tmp", "tmpfs", "tmpfs", &tmp_opts)?);
+    let tmp_source = tmp_dir
+        .to_str()
+        .ok_or_else(|| invalid("the run directory is not UTF-8"))?;
+    mounts.push(mount("/tmp", "bind", tmp_source, &tmp_opts)?);
     match sys {
         Sys::None => {}
         Sys::ReadOnly => mounts.push(mount(
@@ -894,6 +926,11 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
         .masked_paths(
             MASKED_PATHS
                 .iter()
+                .chain(if gpu_device.is_empty() {
+                    &MASKED_WITHOUT_GPU[..]
+                } else {
+                    &[]
+                })
                 .map(|s| (*s).to_owned())
                 .collect::<Vec<_>>(),
         )
@@ -938,6 +975,7 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
     Ok(Planned {
         spec,
         host_mounts,
+        staging_dir: staging.as_ref().map(|_| staging_dir.clone()),
         session: SessionSettings {
             image: (image.clone(), *pin),
             deadline_ms: *deadline_ms,
@@ -1047,12 +1085,21 @@ mod tests {
         assert_ne!(root["path"].as_str(), run.image_rootfs.to_str());
         assert_eq!(
             planned.host_mounts,
-            vec![HostMount::Overlay {
-                target: run.run_dir.join("rootfs"),
-                lower: run.image_rootfs.clone(),
-                upper: run.run_dir.join("overlay/upper"),
-                work: run.run_dir.join("overlay/work"),
-            }]
+            vec![
+                HostMount::Tmpfs {
+                    target: run.run_dir.join(TMP_DIR),
+                    bytes: p.stage(StageKind::Lane).unwrap().tmp.size_bytes,
+                    inodes: None,
+                    uid: run.uid,
+                    gid: run.gid,
+                },
+                HostMount::Overlay {
+                    target: run.run_dir.join("rootfs"),
+                    lower: run.image_rootfs.clone(),
+                    upper: run.run_dir.join("overlay/upper"),
+                    work: run.run_dir.join("overlay/work"),
+                }
+            ]
         );
     }
 

@@ -238,7 +238,7 @@ impl Session<'_> {
                     bytes,
                     inodes,
                     ..
-                } => manager.mount_staging(&lease, target, *bytes, *inodes),
+                } => manager.mount_tmpfs(&lease, target, *bytes, *inodes),
                 HostMount::Overlay {
                     target,
                     lower,
