@@ -62,6 +62,14 @@ pub enum MaterializeError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Tree(#[from] TreeError),
+    /// A thread for the Python checks could not be started (exit 3).
+    #[error("cannot start a thread for the python checks")]
+    #[diagnostic(code(cordon::materialize::worker))]
+    Worker {
+        /// Why the thread was refused.
+        #[source]
+        source: std::io::Error,
+    },
     /// The receipt's outputs could not be encoded (exit 3).
     #[error(transparent)]
     #[diagnostic(transparent)]
@@ -406,7 +414,8 @@ pub fn materialize(
         planned.push((dest, executable, f.sha256, f.size, None));
     }
     // The AST policy, on two threads: parsing dominates the cost of a Python-heavy delta, and
-    // files are independent.
+    // files are independent. Both are spawned with the stack the check needs for any input,
+    // whatever stack the calling thread has.
     let ren = rename.as_deref().map(|package| Rename {
         package,
         namespace: &ns,
@@ -418,16 +427,19 @@ pub fn materialize(
     };
     let (first, second) = py_jobs.split_at(py_jobs.len().div_ceil(2));
     let results: Vec<python::Checked> = std::thread::scope(|scope| {
-        let other = scope.spawn(|| check_all(second));
-        let mut mine = check_all(first);
+        let spawn = |jobs| {
+            std::thread::Builder::new()
+                .name("python-policy".into())
+                .stack_size(python::STACK_BYTES)
+                .spawn_scoped(scope, move || check_all(jobs))
+                .map_err(|source| MaterializeError::Worker { source })
+        };
+        let (one, two) = (spawn(first)?, spawn(second)?);
         // A panicking parser thread is a bug in the parser, not a verdict on the candidate.
-        mine.extend(
-            other
-                .join()
-                .unwrap_or_else(|p| std::panic::resume_unwind(p)),
-        );
-        mine
-    });
+        let mut all = one.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+        all.extend(two.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+        Ok::<_, MaterializeError>(all)
+    })?;
     for ((idx, path, text), checked) in py_jobs.into_iter().zip(results) {
         let source = Arc::new(text);
         if !checked.findings.is_empty() {

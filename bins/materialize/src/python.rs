@@ -1,26 +1,93 @@
 //! The Python AST policy and the namespace rewrite, both on the parsed AST of one file
 //! (`rustpython-parser`), never on its text by pattern.
 //!
+//! Before anything is parsed, the file must be one CPython reads as this module does: a coding
+//! declaration other than UTF-8 is refused ([`crate::python_coding`]), and so is nesting deep enough to
+//! exhaust a stack in the parser, the walk or the drop of the tree ([`crate::python_nesting`]). The walk
+//! counts its own depth as well and refuses past [`MAX_WALK_DEPTH`]; [`check`] needs
+//! [`STACK_BYTES`] of stack for any input, and its callers run it on threads that have it.
+//!
+//! Every identifier, attribute name and imported module name is compared as CPython reads it:
+//! NFKC-normalised (PEP 3131), so `ｅｖａｌ` is `eval`. The parser does not normalise.
+//!
 //! Policy: banned calls (`eval(…)`, and the same name reached as an attribute, `x.eval(…)`),
 //! banned imports (a listed module and its submodules, in every import form), banned attribute
-//! calls (`x.exec_module(…)`). The one carve-out is the policy's JIT entry-point table (seed 001's
+//! calls (`x.exec_module(…)`). A banned call or attribute-call name is also banned wherever else
+//! it is named: loaded, stored, deleted, passed as an argument (`f = eval`, `map(eval, xs)`,
+//! `f = loader.exec_module`), or imported by name (`from m import compile as c`). Reflection is
+//! fixed mechanism, not policy (see [`REFLECTION_DUNDERS`], [`REFLECTION_CALLS`],
+//! [`NAMED_ATTRIBUTE_CALLS`]): the dunders that lead from any object to builtins, globals,
+//! code or every class; `getattr`/`setattr`/`delattr` with a name that is not a string literal
+//! (a literal is judged as the attribute it names); `globals()`, `vars()`, `locals()`; and any
+//! of these functions named other than by calling it.
+//!
+//! The one carve-out is the policy's JIT entry-point table (seed 001's
 //! CuTe DSL rule): `cute.compile(arg, …)` is admitted only when `cute` is bound exactly once in
 //! the file, by a plain absolute alias of the entry point's module (`import cutlass.cute as cute`
 //! or `from cutlass import cute`), that module is imported once, no star import exists, the
 //! contribution carries no `cutlass` package of its own, and the first positional argument is not
 //! a string or bytes literal. Bindings are counted file-wide, whatever the scope, so any
-//! rebinding or shadowing withdraws the admission.
+//! rebinding or shadowing withdraws the admission. The carve-out admits the call only: the
+//! entry point named without being called is a banned name like any other.
 //!
 //! Rewrite: the candidate's own absolute imports of its package are renamed to the
 //! delta-derived namespace by editing exactly the byte ranges of the parsed import nodes.
 //!
-//! None of this proves code safe: Python can reach any name dynamically (`getattr` on a module
-//! object, for one). It is defence in depth behind the OCI boundary, and it says so.
+//! None of this proves code safe: Python reaches names in more ways than any list holds
+//! (`operator.attrgetter`, `type.__getattribute__`, frames). It is defence in depth behind the
+//! OCI boundary, and it says so.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use rustpython_ast::{self as ast, Visitor};
+use rustpython_ast::{self as ast, Ranged, Visitor};
 use rustpython_parser::text_size::TextRange;
+use unicode_normalization::UnicodeNormalization;
+
+use crate::python_coding as coding;
+use crate::python_nesting as nesting;
+
+/// Attributes (and names) that lead from any object to the builtins, a module's globals, code
+/// objects or every class in the process: banned in every context, as `x.__globals__`,
+/// `__builtins__["eval"]`, `del x.__dict__[k]` alike. Fixed mechanism, not policy: no engine
+/// needs them, and a policy that could drop one would reopen every other ban.
+pub const REFLECTION_DUNDERS: &[&str] = &[
+    "__builtins__",
+    "__class__",
+    "__code__",
+    "__dict__",
+    "__globals__",
+    "__mro__",
+    "__subclasses__",
+];
+
+/// Builtins that hand out a namespace as a dictionary: banned when called, and when named
+/// without being called (`g = globals`). Fixed mechanism, as [`REFLECTION_DUNDERS`].
+pub const REFLECTION_CALLS: &[&str] = &["globals", "locals", "vars"];
+
+/// Builtins that reach an attribute by a computed name: admitted only when called with a
+/// string literal as the name, which is then judged as the attribute it names; banned when
+/// named without being called. Fixed mechanism, as [`REFLECTION_DUNDERS`].
+pub const NAMED_ATTRIBUTE_CALLS: &[&str] = &["delattr", "getattr", "setattr"];
+
+/// How deep the walk of the tree goes before it refuses the file (`python.nesting`). Above
+/// anything [`nesting::MAX_DEPTH`] admits, so it is a second line, never the first.
+pub const MAX_WALK_DEPTH: usize = 4 * nesting::MAX_DEPTH;
+
+/// The stack [`check`] needs for any input: the deepest tree [`nesting`] admits, walked and
+/// dropped by an unoptimised build, with a wide margin: the deepest admitted shapes (the
+/// `the_deepest_admitted_files_fit_the_stack` test) needed at most 8 MiB in a debug build when
+/// measured. Callers run [`check`] on a thread with at least this much; only the pages touched
+/// are ever committed.
+pub const STACK_BYTES: usize = 64 << 20;
+
+/// An identifier as CPython reads it: NFKC-normalised (PEP 3131).
+fn ident(name: &str) -> String {
+    if name.is_ascii() {
+        name.to_owned()
+    } else {
+        name.nfkc().collect()
+    }
+}
 
 /// What the AST policy bans and admits (from the policy's `tree { python { … } }`).
 #[derive(Debug, Clone)]
@@ -70,16 +137,22 @@ pub struct Checked {
     pub rewritten: Option<String>,
 }
 
-/// What the visitor collects from one file.
+/// What the visitor collects from one file. Every name in it is NFKC-normalised.
 #[derive(Default)]
 struct Facts {
     /// Import statements: (range of the statement, the import).
     imports: Vec<Import>,
     /// Calls of interest.
     calls: Vec<Call>,
+    /// Names and attributes named other than as the callee of a call.
+    refs: Vec<Ref>,
     /// name → how many times it is bound anywhere in the file.
     bindings: BTreeMap<String, usize>,
     star_import: Option<TextRange>,
+    /// How deep the walk is now.
+    depth: usize,
+    /// Where the walk first went deeper than [`MAX_WALK_DEPTH`].
+    too_deep: Option<TextRange>,
 }
 
 struct Import {
@@ -101,28 +174,92 @@ struct Call {
     /// The first positional argument is a string, bytes or f-string literal, or starred.
     first_arg_literal: bool,
     no_positional: bool,
+    /// The second positional argument when it is a string literal (the name of `getattr`).
+    literal_name: Option<String>,
+}
+
+/// A name or attribute that is not the callee of a call (or an attribute that is).
+struct Ref {
+    range: TextRange,
+    name: String,
+    /// What it is: how the finding says it.
+    kind: RefKind,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RefKind {
+    /// A bare name, loaded.
+    Load,
+    /// A bare name, stored or deleted.
+    Bind,
+    /// An attribute that is not called (`x.a`, `x.a = …`, `del x.a`).
+    Attribute,
+    /// An attribute that is called (`x.a(…)`): only the reflection dunders apply to it.
+    CalledAttribute,
+    /// A name imported from a module (`from m import a`).
+    Imported,
 }
 
 impl Facts {
     fn bind(&mut self, name: &str) {
-        *self.bindings.entry(name.to_owned()).or_default() += 1;
+        *self.bindings.entry(ident(name)).or_default() += 1;
+    }
+
+    /// Step one level down; `false` (and the place noted) past [`MAX_WALK_DEPTH`].
+    fn descend(&mut self, range: TextRange) -> bool {
+        self.depth += 1;
+        if self.depth > MAX_WALK_DEPTH {
+            self.too_deep.get_or_insert(range);
+            return false;
+        }
+        true
+    }
+
+    fn refer(&mut self, range: TextRange, name: &str, kind: RefKind) {
+        self.refs.push(Ref {
+            range,
+            name: ident(name),
+            kind,
+        });
     }
 }
 
 impl Visitor for Facts {
+    // The depth bound: every statement, expression and pattern is one level.
+    fn visit_stmt(&mut self, node: ast::Stmt) {
+        if self.descend(node.range()) {
+            self.generic_visit_stmt(node);
+        }
+        self.depth -= 1;
+    }
+
+    fn visit_expr(&mut self, node: ast::Expr) {
+        if self.descend(node.range()) {
+            self.generic_visit_expr(node);
+        }
+        self.depth -= 1;
+    }
+
+    fn visit_pattern(&mut self, node: ast::Pattern) {
+        if self.descend(node.range()) {
+            self.generic_visit_pattern(node);
+        }
+        self.depth -= 1;
+    }
+
     fn visit_stmt_import(&mut self, node: ast::StmtImport) {
         let mut aliases = Vec::new();
         for a in node.names {
-            let bound = a.asname.as_ref().map_or_else(
-                || a.name.as_str().split('.').next().unwrap_or("").to_owned(),
-                |n| n.as_str().to_owned(),
-            );
+            let name = ident(a.name.as_str());
+            let asname = a.asname.map(|n| ident(n.as_str()));
+            let bound = asname
+                .clone()
+                .unwrap_or_else(|| name.split('.').next().unwrap_or("").to_owned());
             self.bind(&bound);
-            aliases.push((
-                a.name.as_str().to_owned(),
-                a.asname.map(|n| n.as_str().to_owned()),
-                a.range,
-            ));
+            if let Some(asname) = &asname {
+                self.refer(a.range, asname, RefKind::Bind);
+            }
+            aliases.push((name, asname, a.range));
         }
         self.imports.push(Import {
             stmt: node.range,
@@ -135,45 +272,61 @@ impl Visitor for Facts {
     fn visit_stmt_import_from(&mut self, node: ast::StmtImportFrom) {
         let mut aliases = Vec::new();
         for a in node.names {
-            if a.name.as_str() == "*" {
+            let name = ident(a.name.as_str());
+            let asname = a.asname.map(|n| ident(n.as_str()));
+            if name == "*" {
                 self.star_import = Some(node.range);
             } else {
-                let bound = a.asname.as_ref().unwrap_or(&a.name).as_str().to_owned();
-                self.bind(&bound);
+                self.bind(asname.as_ref().unwrap_or(&name));
+                self.refer(a.range, &name, RefKind::Imported);
+                if let Some(asname) = &asname {
+                    self.refer(a.range, asname, RefKind::Bind);
+                }
             }
-            aliases.push((
-                a.name.as_str().to_owned(),
-                a.asname.map(|n| n.as_str().to_owned()),
-                a.range,
-            ));
+            aliases.push((name, asname, a.range));
         }
         self.imports.push(Import {
             stmt: node.range,
             from_level: Some(node.level.map_or(0, |l| l.to_u32())),
-            module: node.module.map(|m| m.as_str().to_owned()),
+            module: node.module.map(|m| ident(m.as_str())),
             aliases,
         });
     }
 
     fn visit_expr_call(&mut self, node: ast::ExprCall) {
-        let (name, receiver, attribute) = match node.func.as_ref() {
-            ast::Expr::Name(n) => (Some(n.id.as_str().to_owned()), None, false),
+        let callee = match *node.func {
+            ast::Expr::Name(n) => Some((ident(n.id.as_str()), None, false)),
             ast::Expr::Attribute(a) => {
                 let receiver = match a.value.as_ref() {
-                    ast::Expr::Name(n) => Some(n.id.as_str().to_owned()),
+                    ast::Expr::Name(n) => Some(ident(n.id.as_str())),
                     _ => None,
                 };
-                (Some(a.attr.as_str().to_owned()), receiver, true)
+                let name = ident(a.attr.as_str());
+                self.refer(a.range, &name, RefKind::CalledAttribute);
+                // The receiver is walked; the attribute itself is judged as a call.
+                self.visit_expr(*a.value);
+                Some((name, receiver, true))
             }
-            _ => (None, None, false),
+            other => {
+                self.visit_expr(other);
+                None
+            }
         };
-        if let Some(name) = name {
+        if let Some((name, receiver, attribute)) = callee {
             let first_arg_literal = match node.args.first() {
                 Some(ast::Expr::Constant(c)) => {
                     matches!(c.value, ast::Constant::Str(_) | ast::Constant::Bytes(_))
                 }
                 Some(ast::Expr::JoinedStr(_) | ast::Expr::Starred(_)) => true,
                 _ => false,
+            };
+            let literal_name = match node.args.get(..2) {
+                Some([ast::Expr::Starred(_), _]) => None,
+                Some([_, ast::Expr::Constant(c)]) => match &c.value {
+                    ast::Constant::Str(s) => Some(s.clone()),
+                    _ => None,
+                },
+                _ => None,
             };
             self.calls.push(Call {
                 range: node.range,
@@ -182,15 +335,30 @@ impl Visitor for Facts {
                 attribute,
                 first_arg_literal,
                 no_positional: node.args.is_empty(),
+                literal_name,
             });
         }
-        self.generic_visit_expr_call(node);
+        for a in node.args {
+            self.visit_expr(a);
+        }
+        for k in node.keywords {
+            self.visit_keyword(k);
+        }
     }
 
     fn visit_expr_name(&mut self, node: ast::ExprName) {
-        if !matches!(node.ctx, ast::ExprContext::Load) {
+        let kind = if matches!(node.ctx, ast::ExprContext::Load) {
+            RefKind::Load
+        } else {
             self.bind(node.id.as_str());
-        }
+            RefKind::Bind
+        };
+        self.refer(node.range, node.id.as_str(), kind);
+    }
+
+    fn visit_expr_attribute(&mut self, node: ast::ExprAttribute) {
+        self.refer(node.range, node.attr.as_str(), RefKind::Attribute);
+        self.visit_expr(*node.value);
     }
 
     fn visit_stmt_function_def(&mut self, node: ast::StmtFunctionDef) {
@@ -315,39 +483,148 @@ fn module_banned(module: &str, banned: &BTreeSet<String>) -> Option<String> {
         .cloned()
 }
 
+/// One finding that ends the check: nothing else is established about the file.
+fn only(code: &'static str, start: usize, end: usize, label: String, message: String) -> Checked {
+    Checked {
+        findings: vec![Finding {
+            code,
+            start,
+            end,
+            label,
+            message,
+        }],
+        rewritten: None,
+    }
+}
+
 /// Check one file against the policy and, when `rename` is given, rewrite its absolute imports
-/// of the candidate's package.
+/// of the candidate's package. Needs [`STACK_BYTES`] of stack.
 #[must_use]
 pub fn check(source: &str, file: &str, rules: &PyRules, rename: Option<Rename<'_>>) -> Checked {
-    let suite = match rustpython_parser::parse(source, rustpython_parser::Mode::Module, file) {
+    if let Some(d) = coding::refused(source) {
+        let bom = if d.bom {
+            " (after a UTF-8 byte-order mark)"
+        } else {
+            ""
+        };
+        return only(
+            "python.coding",
+            d.start,
+            d.end,
+            format!("declares {}", d.name),
+            format!(
+                "the file declares the source encoding {:?}{bom}; only utf-8 is admitted, so that the file is checked as Python will read it",
+                d.name
+            ),
+        );
+    }
+    let tokens = match nesting::scan(source) {
+        Ok(tokens) => tokens,
+        Err(deep) => {
+            let (start, end) = span(deep.at);
+            return only(
+                "python.nesting",
+                start,
+                end,
+                "too deep".into(),
+                format!("the file nests deeper than the checks admit: {}", deep.why),
+            );
+        }
+    };
+    let suite = match rustpython_parser::parse_tokens(tokens, rustpython_parser::Mode::Module, file)
+    {
         Ok(ast::Mod::Module(m)) => m.body,
         Ok(_) => Vec::new(),
         Err(e) => {
             let at = usize::from(e.offset);
-            return Checked {
-                findings: vec![Finding {
-                    code: "python.syntax",
-                    start: at,
-                    end: at,
-                    label: "here".into(),
-                    message: format!("the file does not parse as Python: {}", e.error),
-                }],
-                rewritten: None,
-            };
+            return only(
+                "python.syntax",
+                at,
+                at,
+                "here".into(),
+                format!("the file does not parse as Python: {}", e.error),
+            );
         }
     };
     let mut facts = Facts::default();
     for stmt in suite {
         facts.visit_stmt(stmt);
     }
+    if let Some(at) = facts.too_deep {
+        let (start, end) = span(at);
+        return only(
+            "python.nesting",
+            start,
+            end,
+            "too deep".into(),
+            format!(
+                "the file nests deeper than the checks admit: its tree is more than {MAX_WALK_DEPTH} levels deep"
+            ),
+        );
+    }
     let mut findings = Vec::new();
     import_findings(&facts, rules, &mut findings);
     call_findings(&facts, rules, &mut findings);
+    ref_findings(&facts, rules, &mut findings);
     let rewritten = rename.and_then(|r| rewrite(source, &facts, r, &mut findings));
     findings.sort_by_key(|f| (f.start, f.end));
     Checked {
         findings,
         rewritten,
+    }
+}
+
+/// A banned callable named other than by calling it, and the reflection names and dunders.
+fn ref_findings(facts: &Facts, rules: &PyRules, findings: &mut Vec<Finding>) {
+    for r in &facts.refs {
+        let (start, end) = span(r.range);
+        let name = r.name.as_str();
+        let spelled = match r.kind {
+            RefKind::Attribute | RefKind::CalledAttribute => format!(".{name}"),
+            RefKind::Load | RefKind::Bind | RefKind::Imported => name.to_owned(),
+        };
+        if REFLECTION_DUNDERS.contains(&name) {
+            findings.push(Finding {
+                code: "python.reflection",
+                start,
+                end,
+                label: format!("names {spelled}"),
+                message: format!(
+                    "{spelled} leads to builtins, globals, code or every class; it is banned in every context"
+                ),
+            });
+            continue;
+        }
+        let reflective_function =
+            REFLECTION_CALLS.contains(&name) || NAMED_ATTRIBUTE_CALLS.contains(&name);
+        if reflective_function && matches!(r.kind, RefKind::Load | RefKind::Imported) {
+            findings.push(Finding {
+                code: "python.reflection",
+                start,
+                end,
+                label: format!("names {name}"),
+                message: format!(
+                    "{name} may only be called in place; naming it otherwise would let it be called unchecked"
+                ),
+            });
+            continue;
+        }
+        let banned = match r.kind {
+            RefKind::CalledAttribute => false,
+            RefKind::Attribute => {
+                rules.ban_call.contains(name) || rules.ban_attribute_call.contains(name)
+            }
+            RefKind::Load | RefKind::Bind | RefKind::Imported => rules.ban_call.contains(name),
+        };
+        if banned {
+            findings.push(Finding {
+                code: "python.ban-name",
+                start,
+                end,
+                label: format!("names {spelled}"),
+                message: format!("{spelled} is banned wherever it is named, not only when called"),
+            });
+        }
     }
 }
 
@@ -437,9 +714,43 @@ fn jit_withdrawn(
     None
 }
 
+/// Why a call of a reflection builtin is banned, or `None` when it is not one or is admitted.
+fn reflection_call(call: &Call, rules: &PyRules) -> Option<String> {
+    let name = call.name.as_str();
+    if call.attribute {
+        return None;
+    }
+    if REFLECTION_CALLS.contains(&name) {
+        return Some(format!("{name}() hands out a namespace as a dictionary"));
+    }
+    if !NAMED_ATTRIBUTE_CALLS.contains(&name) {
+        return None;
+    }
+    let Some(literal) = &call.literal_name else {
+        return Some(format!(
+            "{name}(…) with a name that is not a string literal reaches any attribute"
+        ));
+    };
+    let attribute = ident(literal);
+    let banned = REFLECTION_DUNDERS.contains(&attribute.as_str())
+        || rules.ban_call.contains(&attribute)
+        || rules.ban_attribute_call.contains(&attribute);
+    banned.then(|| format!("{name}(…) names the banned attribute {attribute:?}"))
+}
+
 fn call_findings(facts: &Facts, rules: &PyRules, findings: &mut Vec<Finding>) {
     for call in &facts.calls {
         let (start, end) = span(call.range);
+        if let Some(why) = reflection_call(call, rules) {
+            findings.push(Finding {
+                code: "python.reflection",
+                start,
+                end,
+                label: format!("calls {}", call.name),
+                message: format!("reflection is banned: {why}"),
+            });
+            continue;
+        }
         if call.attribute && rules.ban_attribute_call.contains(&call.name) {
             findings.push(Finding {
                 code: "python.ban-attribute-call",
@@ -522,8 +833,8 @@ fn rewrite(
             code: "python.unsupported-spelling",
             start,
             end,
-            label: "spelled with spaces or continuations".into(),
-            message: "this import of the candidate's own package cannot be renamed exactly; write the dotted name without spaces".into(),
+            label: "spelled with spaces, continuations or non-ASCII letters".into(),
+            message: "this import of the candidate's own package cannot be renamed exactly; write the dotted name in ASCII, without spaces".into(),
         });
     };
     for imp in &facts.imports {
@@ -592,4 +903,36 @@ fn rewrite(
     }
     out.push_str(&source[pos..]);
     Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    #[test]
+    fn the_walk_bounds_its_own_depth_past_what_the_scan_admits() {
+        // A tree the pre-scan would refuse, parsed without it: the walk stops at its bound and
+        // says where, rather than recursing on.
+        let deep = std::thread::Builder::new()
+            .stack_size(STACK_BYTES)
+            .spawn(|| {
+                let source = format!("x = {}1\n", "-".repeat(MAX_WALK_DEPTH + 10));
+                let module =
+                    rustpython_parser::parse(&source, rustpython_parser::Mode::Module, "t.py")
+                        .unwrap();
+                let mut facts = Facts::default();
+                if let ast::Mod::Module(m) = module {
+                    for stmt in m.body {
+                        facts.visit_stmt(stmt);
+                    }
+                }
+                (facts.too_deep.is_some(), facts.depth)
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        assert_eq!(deep, (true, 0));
+    }
 }

@@ -266,6 +266,37 @@ fn the_tree_guard_rejects_each_undeclared_or_binary_file() {
 }
 
 #[test]
+fn a_file_nested_past_the_bounds_is_rejected_whatever_the_callers_stack() {
+    // The Python checks run on threads of their own, sized for any input: materialization on a
+    // thread with a 512 KiB stack still ends in a clean rejection, never a stack overflow.
+    let files: [(&str, String); 3] = [
+        (
+            "engine/attention/neg.py",
+            format!("x = {}1\n", "-".repeat(50_000)),
+        ),
+        (
+            "engine/attention/lists.py",
+            format!("{}a{} = 1\n", "[".repeat(50_000), "]".repeat(50_000)),
+        ),
+        (
+            "engine/attention/elif.py",
+            format!("if a:\n    pass\n{}", "elif a:\n    pass\n".repeat(50_000)),
+        ),
+    ];
+    let codes = std::thread::Builder::new()
+        .stack_size(512 << 10)
+        .spawn(move || {
+            let mut all = vec![("cordon-delta.kdl", MANIFEST, 0o644)];
+            all.extend(files.iter().map(|(p, t)| (*p, t.as_bytes(), 0o644)));
+            rejected_codes(&all, &rules())
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    assert_eq!(codes, ["python.nesting"; 3]);
+}
+
+#[test]
 fn declarations_must_be_carried_allowed_and_registered() {
     let ok = ("engine/attention/__init__.py", b"x = 1\n".as_slice(), 0o644);
     let declared = b"delta target=\"attention\" package=\"fast_attn\"\ncuda-source \"engine/attention/k.cu\"\n";

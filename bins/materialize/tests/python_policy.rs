@@ -224,3 +224,318 @@ fn the_candidates_own_absolute_imports_are_renamed_on_the_ast() {
         ["python.unsupported-spelling"]
     );
 }
+
+/// Run the whole check on a thread with the stack it documents it needs.
+fn codes_deep(src: String) -> Vec<&'static str> {
+    std::thread::Builder::new()
+        .stack_size(cordon_materialize::python::STACK_BYTES)
+        .spawn(move || codes(&src))
+        .unwrap()
+        .join()
+        .unwrap()
+}
+
+#[test]
+fn the_parser_does_not_normalise_identifiers_itself() {
+    // Why the policy normalises: rustpython keeps the spelling, CPython reads `eval`.
+    let m =
+        rustpython_parser::parse("ｅｖａｌ(1)", rustpython_parser::Mode::Module, "t.py").unwrap();
+    let text = format!("{m:?}");
+    assert!(
+        text.contains("ｅｖａｌ") && !text.contains("\"eval\""),
+        "{text}"
+    );
+}
+
+#[test]
+fn full_width_spellings_are_read_as_cpython_reads_them() {
+    let cases: [(&str, &str); 8] = [
+        ("ｅｖａｌ(s)", "python.ban-call"),
+        ("ℯval(s)", "python.ban-call"),
+        ("x.ｅｘｅｃ_module(m)", "python.ban-attribute-call"),
+        ("import ｂｕｉｌｔｉｎｓ", "python.ban-import"),
+        ("from ｉｍｐｏｒｔｌｉｂ import util", "python.ban-import"),
+        ("import ｉｍｐｏｒｔｌｉｂ.util as u", "python.ban-import"),
+        ("f = ｅｘｅｃ", "python.ban-name"),
+        ("x.__ｇｌｏｂａｌｓ__", "python.reflection"),
+    ];
+    for (src, code) in cases {
+        assert!(
+            codes(src).contains(&code),
+            "{src:?} must give {code}, got {:?}",
+            codes(src)
+        );
+    }
+    // A full-width rebinding is a rebinding: the admission is withdrawn.
+    assert_eq!(
+        codes("import cutlass.cute as cute\nｃｕｔｅ = other\ncute.compile(k)"),
+        ["python.jit-withdrawn"]
+    );
+    // The candidate's own package spelled in full width cannot be renamed exactly: refused.
+    let c = check(
+        "import ｆａｓｔ_attn\n",
+        "t.py",
+        &rules(false),
+        Some(Rename {
+            package: "fast_attn",
+            namespace: "cordon_c_0123456789ab",
+        }),
+    );
+    assert_eq!(
+        c.findings.iter().map(|f| f.code).collect::<Vec<_>>(),
+        ["python.unsupported-spelling"]
+    );
+}
+
+#[test]
+fn a_coding_declaration_other_than_utf8_is_refused() {
+    let refused = [
+        "# -*- coding: latin-1 -*-\nx = 1\n",
+        "# coding: unicode_escape\n#\\u000aeval('1')\n",
+        "#!/usr/bin/env python\n# vim: set fileencoding=utf-7 :\n",
+        "\n# coding=cp1252\n",
+        "x = 1\r# coding: latin-1\n",
+        "x = 1  # coding: latin-1\n",
+        "# coding: utf-8-sig\n",
+        "# coding: u8\n",
+        "# coding: utf-8 coding: latin-1\n",
+        "\u{feff}# coding: latin-1\n",
+    ];
+    for src in refused {
+        assert_eq!(codes(src), ["python.coding"], "{src:?}");
+    }
+    let bom = check("\u{feff}# coding: latin-1\n", "t.py", &rules(false), None);
+    assert!(bom.findings[0].message.contains("byte-order mark"));
+    let admitted = [
+        "# -*- coding: utf-8 -*-\nx = 1\n",
+        "# coding=UTF_8\n",
+        "# coding: utf8\n",
+        "# -*- coding: utf-8; mode: python -*-\n",
+        "\u{feff}# coding: utf-8\nx = 1\n",
+        "\u{feff}x = 1\n",
+        "# coding:\n",
+        "\n\n# coding: latin-1 (the third line is not read)\n",
+        "s = 'encoding'\n",
+    ];
+    for src in admitted {
+        assert!(codes(src).is_empty(), "{src:?}: {:?}", codes(src));
+    }
+}
+
+#[test]
+fn a_banned_builtin_is_banned_wherever_it_is_named() {
+    let cases = [
+        "f = eval",
+        "map(eval, xs)",
+        "x = [exec, 1]",
+        "eval = 1",
+        "del eval",
+        "import os as eval",
+        "from re import compile",
+        "f = re.compile",
+        "f = loader.exec_module",
+        "import builtins\nbuiltins.eval",
+        "import cutlass.cute as cute\nf = cute.compile",
+        "from cutlass.cute import compile as cc\ncc('src')",
+        "@cute.compile\ndef f():\n    pass",
+    ];
+    for src in cases {
+        assert!(
+            codes(src).contains(&"python.ban-name"),
+            "{src:?} must be found, got {:?}",
+            codes(src)
+        );
+    }
+    // A definition is not a use: calling it is, and that is found already.
+    assert!(codes("class C:\n    def compile(self):\n        pass").is_empty());
+}
+
+#[test]
+fn reflection_is_banned() {
+    let cases = [
+        "getattr(x, name)",
+        "getattr(x, 'ev' + 'al')",
+        "getattr(*args)",
+        "getattr(x, *names)",
+        "setattr(x, n, v)",
+        "delattr(x, n)",
+        "getattr(x, 'eval')",
+        "getattr(m, 'exec_module')(spec)",
+        "getattr(f, '__globals__')",
+        "g = getattr",
+        "sorted(xs, key=getattr)",
+        "g = globals",
+        "globals()",
+        "locals()",
+        "vars()",
+        "vars(x)",
+        "x.__globals__",
+        "f.__code__ = g",
+        "del x.__dict__",
+        "__builtins__['eval']",
+        "__builtins__.eval",
+        "f.__globals__['os']",
+        "x.__dict__['k'] = v",
+        "().__class__.__mro__[1].__subclasses__()",
+        "type(x).__subclasses__()",
+        "def m(self):\n    return __class__",
+    ];
+    for src in cases {
+        assert!(
+            codes(src).contains(&"python.reflection"),
+            "{src:?} must be found, got {:?}",
+            codes(src)
+        );
+    }
+    let admitted = [
+        "getattr(x, 'shape')",
+        "getattr(x, 'shape', None)",
+        "setattr(self, 'n', 1)",
+        "delattr(self, 'cache')",
+        "hasattr(x, 'y')",
+        "super().__init__()",
+        "print(self.__name__)",
+        "vars_ = 1",
+    ];
+    for src in admitted {
+        assert!(codes(src).is_empty(), "{src:?}: {:?}", codes(src));
+    }
+}
+
+/// Inputs that overflow a stack when nothing bounds them, `n` levels deep.
+fn deep(kind: &str, n: usize) -> String {
+    match kind {
+        "unary" => format!("x = {}1\n", "-".repeat(n)),
+        "not" => format!("x = {}1\n", "not ".repeat(n)),
+        "parens" => format!("x = {}1{}\n", "(".repeat(n), ")".repeat(n)),
+        "lists" => format!("x = {}1{}\n", "[".repeat(n), "]".repeat(n)),
+        "target" => format!("{}a{} = 1\n", "[".repeat(n), "]".repeat(n)),
+        "sum" => format!("x = 1{}\n", " + 1".repeat(n)),
+        "attributes" => format!("x = a{}\n", ".a".repeat(n)),
+        "calls" => format!("x = f{}\n", "()".repeat(n)),
+        "conditional" => format!("x = {}1\n", "1 if c else ".repeat(n)),
+        "lambda" => format!("x = {}1\n", "lambda: ".repeat(n)),
+        "lambda-args" => format!("x = {}1\n", "lambda a, b: ".repeat(n)),
+        "elif" => format!("if a:\n    pass\n{}", "elif a:\n    pass\n".repeat(n)),
+        "indent" => (0..n)
+            .map(|i| format!("{}if a:\n", " ".repeat(i)))
+            .chain([format!("{}pass\n", " ".repeat(n))])
+            .collect(),
+        "fstring" => format!("x = f'{{{}1}}'\n", "-".repeat(n)),
+        "fstring-parens" => format!("x = f'{{{}1{}}}'\n", "(".repeat(n), ")".repeat(n)),
+        _ => unreachable!(),
+    }
+}
+
+const DEEP_KINDS: [&str; 15] = [
+    "unary",
+    "not",
+    "parens",
+    "lists",
+    "target",
+    "sum",
+    "attributes",
+    "calls",
+    "conditional",
+    "lambda",
+    "lambda-args",
+    "elif",
+    "indent",
+    "fstring",
+    "fstring-parens",
+];
+
+#[test]
+fn nesting_past_the_bounds_is_refused_before_it_can_exhaust_a_stack() {
+    for kind in DEEP_KINDS {
+        let n = if kind == "indent" { 2_000 } else { 50_000 };
+        assert_eq!(codes_deep(deep(kind, n)), ["python.nesting"], "{kind}");
+    }
+}
+
+#[test]
+fn the_deepest_admitted_files_fit_the_stack() {
+    use cordon_materialize::python_nesting::{MAX_BRACKETS, MAX_DEPTH, MAX_INDENT};
+    // Each kind as deep as the scan admits: checked to the end, on the documented stack.
+    for kind in DEEP_KINDS {
+        let mut n = match kind {
+            "parens" | "lists" | "target" | "fstring-parens" => MAX_BRACKETS,
+            "indent" => MAX_INDENT,
+            _ => MAX_DEPTH,
+        };
+        let admitted = loop {
+            let found = codes_deep(deep(kind, n));
+            if !found.contains(&"python.nesting") {
+                break found;
+            }
+            n -= 1;
+        };
+        assert!(n > 0, "{kind}");
+        assert!(
+            admitted.is_empty() || admitted == ["python.syntax"],
+            "{kind} at {n}: {admitted:?}"
+        );
+    }
+    // And one past the hard bounds is refused.
+    assert_eq!(
+        codes_deep(deep("parens", MAX_BRACKETS + 1)),
+        ["python.nesting"]
+    );
+    assert_eq!(
+        codes_deep(deep("indent", MAX_INDENT + 1)),
+        ["python.nesting"]
+    );
+}
+
+#[test]
+fn brackets_in_strings_and_comments_cannot_hide_depth() {
+    let n = 150;
+    let hidden = [
+        // Closers in a comment and in a string, then real depth past the bound.
+        format!(
+            "x = {}1  # {}\n{}1{}\n",
+            "(".repeat(n),
+            ")".repeat(n),
+            "(".repeat(n),
+            ")".repeat(2 * n)
+        ),
+        format!(
+            "x = {}'{}'{}1{}\n",
+            "(".repeat(n),
+            ")".repeat(n),
+            "(".repeat(n),
+            ")".repeat(2 * n)
+        ),
+        // A quoted brace inside an f-string field does not end the field.
+        format!("x = f\"{{'}}' + {}1}}\"\n", "-".repeat(2_000)),
+        format!("x = f\"{{x:{{'}}'}}}}{{{}1}}\"\n", "-".repeat(2_000)),
+    ];
+    for src in hidden {
+        assert_eq!(codes_deep(src.clone()), ["python.nesting"], "{src:.80}");
+    }
+    // Brackets that are only text are not nesting, and wide code is not deep.
+    let admitted = [
+        format!("x = '{}'\n# {}\n", "(".repeat(1_000), "[".repeat(1_000)),
+        format!("x = f'{{{{{}}}}}'\n", "(".repeat(1_000)),
+        format!(
+            "table = [{}]\n",
+            (0..20_000)
+                .map(|i| format!("-{i}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        format!(
+            "s = (\n{})\n",
+            (0..5_000)
+                .map(|i| format!("    'line {i}'\n"))
+                .collect::<String>()
+        ),
+        format!(
+            "def f():\n{}",
+            "    x = 1\n    if x:\n        pass\n".repeat(5_000)
+        ),
+    ];
+    for src in admitted {
+        assert!(codes_deep(src.clone()).is_empty(), "{src:.80}");
+    }
+}
