@@ -18,7 +18,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use nix::fcntl::{Flock, FlockArg, OFlag};
 use serde::{Deserialize, Serialize};
@@ -36,6 +36,15 @@ pub const LABEL_EXECUTOR: &str = "org.cordon.executor";
 pub const LABEL_LEASE: &str = "org.cordon.lease";
 /// The authority label.
 pub const LABEL_AUTHORITY: &str = "org.cordon.authority";
+/// The store label: the store root whose records own the container.
+pub const LABEL_STORE: &str = "org.cordon.store";
+
+/// The owner file inside every run directory: which executor, store and lease it belongs to.
+pub const OWNER_FILE: &str = "owner.json";
+
+/// How long past its deadline a lease whose supervisor still holds the executor is left
+/// before `cordon-reap` kills its container.
+pub const EXPIRY_GRACE: Duration = Duration::from_secs(30);
 
 /// The cgroup parent of an executor's containers: everything under it is this executor's, so
 /// the quiescence check and recovery can list it without touching anyone else's.
@@ -64,7 +73,7 @@ fn executor_ok(executor: &str) -> bool {
 pub const DEFAULT_STATE_ROOT: &str = "/run/cordon-runc";
 
 /// The lease record schema (2: resources are one typed list).
-pub const LEASE_SCHEMA: u32 = 2;
+pub const LEASE_SCHEMA: u32 = 3;
 
 /// One host resource a lease owns. A record lists them in the order they are created; release
 /// undoes them in reverse, one loop over this list, each kind with its own undo step.
@@ -122,8 +131,79 @@ pub struct Record {
     pub authority: String,
     /// RFC 3339.
     pub created_at: String,
+    /// The store whose `leases/` holds this record (its root path).
+    pub store: String,
+    /// The absolute deadline, Unix milliseconds: past it (and [`EXPIRY_GRACE`]) the lease is
+    /// expired, whoever still holds it.
+    pub expires_at_ms: u64,
+    /// The supervising process.
+    pub supervisor: Supervisor,
     /// What the lease owns, in creation order.
     pub resources: Vec<Resource>,
+}
+
+/// The process that supervises a lease: its pid and its start time (clock ticks since boot,
+/// `/proc/<pid>/stat` field 22), so a reused pid is not mistaken for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Supervisor {
+    /// Its pid.
+    pub pid: u32,
+    /// Its start time in clock ticks since boot.
+    pub start_ticks: u64,
+}
+
+/// The owner file's content: what a run directory belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Owner {
+    /// The executor.
+    pub executor: String,
+    /// The store root.
+    pub store: String,
+    /// The lease.
+    pub lease: String,
+}
+
+/// The start time (clock ticks since boot) of process `pid` through the host seam, or `None`
+/// when it does not exist.
+///
+/// # Errors
+/// `/proc/<pid>/stat` exists but cannot be read or parsed.
+pub fn process_start(host: &dyn crate::host::Host, pid: u32) -> std::io::Result<Option<u64>> {
+    let path = PathBuf::from(format!("/proc/{pid}/stat"));
+    let text = match host.read(&path) {
+        Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    // The command name (field 2) is parenthesised and may hold spaces: count after its end.
+    text.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(19))
+        .and_then(|t| t.parse().ok())
+        .map(Some)
+        .ok_or_else(|| std::io::Error::other(format!("{} is not a stat line", path.display())))
+}
+
+impl Supervisor {
+    /// This process.
+    ///
+    /// # Errors
+    /// Its own stat line cannot be read.
+    pub fn this(host: &dyn crate::host::Host) -> std::io::Result<Self> {
+        let pid = std::process::id();
+        let start_ticks = process_start(host, pid)?
+            .ok_or_else(|| std::io::Error::other("this process has no /proc entry"))?;
+        Ok(Self { pid, start_ticks })
+    }
+
+    /// Whether the supervisor still runs (the same pid with the same start time).
+    ///
+    /// # Errors
+    /// Its stat line exists but cannot be read.
+    pub fn alive(&self, host: &dyn crate::host::Host) -> std::io::Result<bool> {
+        Ok(process_start(host, self.pid)? == Some(self.start_ticks))
+    }
 }
 
 impl Record {
@@ -306,6 +386,20 @@ pub struct Setup {
 }
 
 impl Setup {
+    /// The executor's host-global lock: beside its runtime state root (`<state>/<executor>`),
+    /// which is one per host whatever the store.
+    #[must_use]
+    pub fn lock_path(&self) -> PathBuf {
+        let mut name = self
+            .runtime
+            .state_root
+            .file_name()
+            .unwrap_or_default()
+            .to_os_string();
+        name.push(".lock");
+        self.runtime.state_root.with_file_name(name)
+    }
+
     /// The host seam (the runtime's).
     #[must_use]
     pub fn host(&self) -> &dyn crate::host::Host {
@@ -363,7 +457,143 @@ impl Setup {
     }
 }
 
-/// The one manager of an executor: holds `leases/<executor>.lock`.
+/// Every lease record of `executor` in `store`, validated (regular, 0600, one link, parses).
+///
+/// # Errors
+/// A record is unsafe or corrupt: recovery stops.
+pub fn read_records(store: &Store, executor: &str) -> Result<Vec<Record>, LeaseError> {
+    let dir = store.root().join("leases");
+    let mut out = Vec::new();
+    for entry in fs::read_dir(&dir).map_err(io("list", &dir))? {
+        let path = entry.map_err(io("list", &dir))?.path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        let bad = |why: String| LeaseError::Record {
+            path: path.clone(),
+            why,
+        };
+        let m = fs::symlink_metadata(&path).map_err(|e| bad(e.to_string()))?;
+        if !m.is_file() {
+            return Err(bad("not a regular file (a link?)".into()));
+        }
+        if m.mode() & 0o7777 != 0o600 || m.nlink() != 1 {
+            return Err(bad(format!(
+                "mode {:o} links {}",
+                m.mode() & 0o7777,
+                m.nlink()
+            )));
+        }
+        let text = fs::read(&path).map_err(|e| bad(e.to_string()))?;
+        let r: Record = serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
+        if r.schema != LEASE_SCHEMA {
+            return Err(bad(format!("schema {}", r.schema)));
+        }
+        r.check_shape().map_err(bad)?;
+        if r.executor == executor {
+            out.push(r);
+        }
+    }
+    out.sort_by(|a, b| a.lease.cmp(&b.lease));
+    Ok(out)
+}
+
+/// A view of an executor's leases that takes no lock: what a monitor reads while a supervisor
+/// holds the executor, and how `cordon-reap` ends a lease that outlived its deadline (or its
+/// supervisor) without waiting for that supervisor.
+#[derive(Debug)]
+pub struct Observer {
+    store: Store,
+    setup: Setup,
+}
+
+/// One lease as an observer sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observed {
+    /// The record.
+    pub record: Record,
+    /// Past its deadline and the grace, or its supervisor is gone.
+    pub expired: bool,
+}
+
+impl Observer {
+    /// Observe `setup.executor`'s leases in `store`.
+    #[must_use]
+    pub fn new(store: &Store, setup: Setup) -> Self {
+        Self {
+            store: store.clone(),
+            setup,
+        }
+    }
+
+    /// Every lease, each active or expired at `now`.
+    ///
+    /// # Errors
+    /// A record is unsafe or corrupt, or a supervisor's state cannot be read.
+    pub fn leases(&self, now: SystemTime) -> Result<Vec<Observed>, LeaseError> {
+        let now_ms = now
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let grace = u64::try_from(EXPIRY_GRACE.as_millis()).unwrap_or(u64::MAX);
+        read_records(&self.store, &self.setup.executor)?
+            .into_iter()
+            .map(|record| {
+                let gone = !record
+                    .supervisor
+                    .alive(self.setup.host())
+                    .map_err(io("read the supervisor of", Path::new(&record.lease)))?;
+                let late = now_ms > record.expires_at_ms.saturating_add(grace);
+                Ok(Observed {
+                    expired: gone || late,
+                    record,
+                })
+            })
+            .collect()
+    }
+
+    /// Kill and delete the container of every expired lease — only one that carries this
+    /// executor's, this store's and that lease's exact labels — so its supervisor (if any) sees
+    /// its run end and releases the rest. Returns what was ended.
+    ///
+    /// # Errors
+    /// The runtime's listing cannot be read, or a kill failed (residue).
+    pub fn end_expired(&self, now: SystemTime) -> Result<Vec<String>, LeaseError> {
+        let expired: Vec<Record> = self
+            .leases(now)?
+            .into_iter()
+            .filter(|o| o.expired)
+            .map(|o| o.record)
+            .collect();
+        if expired.is_empty() {
+            return Ok(Vec::new());
+        }
+        let store = self.store.root().display().to_string();
+        let (mut done, mut residue) = (Vec::new(), Vec::new());
+        for (id, labels) in self.setup.runtime.containers()? {
+            let owned = expired.iter().find(|r| {
+                r.container() == Some(id.as_str())
+                    && labels.get(LABEL_EXECUTOR) == Some(&self.setup.executor)
+                    && labels.get(LABEL_STORE) == Some(&store)
+                    && labels.get(LABEL_LEASE) == Some(&r.lease)
+            });
+            if let Some(r) = owned {
+                match self.setup.runtime.remove(&id) {
+                    Ok(()) => done.push(format!("expired lease {}: container {id} ended", r.lease)),
+                    Err(e) => {
+                        residue.push(format!("expired lease {}: container {id}: {e}", r.lease))
+                    }
+                }
+            }
+        }
+        if residue.is_empty() {
+            Ok(done)
+        } else {
+            Err(Residue { items: residue }.into())
+        }
+    }
+}
+
+/// The one manager of an executor on this host: holds its [`Setup::lock_path`].
 #[derive(Debug)]
 pub struct Manager {
     store: Store,
@@ -455,7 +685,15 @@ impl Manager {
                 executor: setup.executor,
             });
         }
-        let path = store.path("leases", &format!("{}.lock", setup.executor));
+        // Host-global, not per store: two stores never both believe they own one executor.
+        let path = setup.lock_path();
+        if let Some(parent) = path.parent() {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)
+                .map_err(io("create", parent))?;
+        }
         let f = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -485,12 +723,13 @@ impl Manager {
         self.store.path("leases", &format!("{lease}.json"))
     }
 
-    /// Begin a lease: write its record (durably, before any resource exists).
+    /// Begin a lease that expires at `expires` (the run's absolute deadline): write its record
+    /// (durably, before any resource exists), naming this process as its supervisor.
     ///
     /// # Errors
     /// The store failed.
-    pub fn begin(&self, authority: &str) -> Result<Lease, LeaseError> {
-        self.begin_with(authority, &[])
+    pub fn begin(&self, authority: &str, expires: SystemTime) -> Result<Lease, LeaseError> {
+        self.begin_with(authority, &[], expires)
     }
 
     /// [`Manager::begin`], naming the mount points (relative to the run directory) the lease
@@ -498,7 +737,19 @@ impl Manager {
     ///
     /// # Errors
     /// The store failed.
-    pub fn begin_with(&self, authority: &str, mounts: &[&str]) -> Result<Lease, LeaseError> {
+    pub fn begin_with(
+        &self,
+        authority: &str,
+        mounts: &[&str],
+        expires: SystemTime,
+    ) -> Result<Lease, LeaseError> {
+        let supervisor = Supervisor::this(self.setup.host())
+            .map_err(io("read", Path::new("/proc/self/stat")))?;
+        let expires_at_ms = expires
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .ok()
+            .and_then(|d| u64::try_from(d.as_millis()).ok())
+            .unwrap_or(0);
         let lease = fresh_id();
         let run_dir = self.setup.run_root.join(&lease);
         let account = account::for_lease(&self.setup.accounts, &lease);
@@ -529,6 +780,9 @@ impl Manager {
             executor: self.setup.executor.clone(),
             authority: authority.to_owned(),
             created_at: crate::receipt::now_rfc3339(),
+            store: self.store.root().display().to_string(),
+            expires_at_ms,
+            supervisor,
             lease,
             resources,
         };
@@ -559,14 +813,36 @@ impl Manager {
         account::create(self.setup.host(), &self.setup.accounts, lease.account())?;
         let dir = lease.run_dir();
         fs::create_dir_all(&self.setup.run_root).map_err(io("create", &self.setup.run_root))?;
-        match fs::DirBuilder::new().mode(0o711).create(dir) {
+        if dir.try_exists().map_err(io("stat", dir))? {
+            return Err(LeaseError::RunDirExists(dir.to_path_buf()));
+        }
+        // Made under a dot name with its owner file, then renamed into place: every run
+        // directory under its lease name says whose it is, so recovery touches only its own.
+        let pending = self.setup.run_root.join(format!(".{}", lease.record.lease));
+        match fs::DirBuilder::new().mode(0o711).create(&pending) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                return Err(LeaseError::RunDirExists(dir.to_path_buf()));
+                return Err(LeaseError::RunDirExists(pending));
             }
-            Err(e) => return Err(io("create", dir)(e)),
+            Err(e) => return Err(io("create", &pending)(e)),
         }
-        fs::set_permissions(dir, fs::Permissions::from_mode(0o711)).map_err(io("chmod", dir))?;
+        fs::set_permissions(&pending, fs::Permissions::from_mode(0o711))
+            .map_err(io("chmod", &pending))?;
+        let owner = to_canonical_json(&Owner {
+            executor: self.setup.executor.clone(),
+            store: lease.record.store.clone(),
+            lease: lease.record.lease.clone(),
+        })?;
+        let owner_path = pending.join(OWNER_FILE);
+        let mut f = store::create_exclusive(&owner_path, 0o444)?;
+        f.write_all(owner.as_bytes())
+            .and_then(|()| f.sync_all())
+            .map_err(io("write", &owner_path))?;
+        store::rename_noreplace(&pending, dir).map_err(|e| match e {
+            e if store::is_exists(&e) => LeaseError::RunDirExists(dir.to_path_buf()),
+            e => e.into(),
+        })?;
+        store::fsync_dir(&self.setup.run_root)?;
         fs::DirBuilder::new()
             .mode(0o700)
             .create(lease.bundle_dir())
@@ -859,9 +1135,16 @@ impl Manager {
                     Err(e) => Err(format!("mount {}: {e}", path.display())),
                 },
                 Resource::RunDir { path } => {
-                    // Only a lease directory strictly inside the run root is ever removed.
+                    // Only a lease directory strictly inside the run root is ever removed, with
+                    // the dot-named directory it was made under (a crash may leave that).
                     if path.starts_with(&self.setup.run_root) && *path != self.setup.run_root {
+                        let pending = path.file_name().map(|n| {
+                            let mut dot = std::ffi::OsString::from(".");
+                            dot.push(n);
+                            path.with_file_name(dot)
+                        });
                         store::remove_tree(path)
+                            .and_then(|()| pending.map_or(Ok(()), |p| store::remove_tree(&p)))
                             .map_err(|e| format!("run directory {}: {e}", path.display()))
                     } else {
                         Err(format!(
@@ -896,40 +1179,64 @@ impl Manager {
     /// # Errors
     /// A record is unsafe or corrupt: recovery stops.
     pub fn records(&self) -> Result<Vec<Record>, LeaseError> {
-        let dir = self.store.root().join("leases");
-        let mut out = Vec::new();
-        for entry in fs::read_dir(&dir).map_err(io("list", &dir))? {
-            let path = entry.map_err(io("list", &dir))?.path();
-            if path.extension().is_none_or(|e| e != "json") {
+        read_records(&self.store, &self.setup.executor)
+    }
+
+    /// The containers in cordon's state root labelled with this executor and this store.
+    ///
+    /// # Errors
+    /// The runtime's listing cannot be read (never "none").
+    fn own_containers(&self) -> Result<Vec<String>, LeaseError> {
+        let store = self.store.root().display().to_string();
+        Ok(self
+            .setup
+            .runtime
+            .containers()?
+            .into_iter()
+            .filter(|(_, labels)| {
+                labels.get(LABEL_EXECUTOR) == Some(&self.setup.executor)
+                    && labels.get(LABEL_STORE) == Some(&store)
+            })
+            .map(|(id, _)| id)
+            .collect())
+    }
+
+    /// The lease-named directories of the run root (`<lease>` and the dot-named ones they are
+    /// made under), split into this executor's and this store's (by their owner file) and the
+    /// ones whose owner cannot be read; anyone else's are not listed.
+    ///
+    /// # Errors
+    /// The run root cannot be listed.
+    fn run_dirs(&self) -> Result<(Vec<PathBuf>, Vec<PathBuf>), LeaseError> {
+        let root = &self.setup.run_root;
+        let (mut ours, mut unattributed) = (Vec::new(), Vec::new());
+        if !root.try_exists().map_err(io("stat", root))? {
+            return Ok((ours, unattributed));
+        }
+        let store = self.store.root().display().to_string();
+        for entry in fs::read_dir(root).map_err(io("list", root))? {
+            let path = entry.map_err(io("list", root))?.path();
+            let is_lease = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                let id = n.strip_prefix('.').unwrap_or(n);
+                id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())
+            });
+            if !is_lease {
                 continue;
             }
-            let bad = |why: String| LeaseError::Record {
-                path: path.clone(),
-                why,
-            };
-            let m = fs::symlink_metadata(&path).map_err(|e| bad(e.to_string()))?;
-            if !m.is_file() {
-                return Err(bad("not a regular file (a link?)".into()));
-            }
-            if m.mode() & 0o7777 != 0o600 || m.nlink() != 1 {
-                return Err(bad(format!(
-                    "mode {:o} links {}",
-                    m.mode() & 0o7777,
-                    m.nlink()
-                )));
-            }
-            let text = fs::read(&path).map_err(|e| bad(e.to_string()))?;
-            let r: Record = serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
-            if r.schema != LEASE_SCHEMA {
-                return Err(bad(format!("schema {}", r.schema)));
-            }
-            r.check_shape().map_err(bad)?;
-            if r.executor == self.setup.executor {
-                out.push(r);
+            let owner = store::open_nofollow(&path.join(OWNER_FILE))
+                .ok()
+                .and_then(|mut f| {
+                    let mut text = Vec::new();
+                    f.read_to_end(&mut text).ok()?;
+                    serde_json::from_slice::<Owner>(&text).ok()
+                });
+            match owner {
+                Some(o) if o.executor == self.setup.executor && o.store == store => ours.push(path),
+                Some(_) => {}
+                None => unattributed.push(path),
             }
         }
-        out.sort_by(|a, b| a.lease.cmp(&b.lease));
-        Ok(out)
+        Ok((ours, unattributed))
     }
 
     /// Startup recovery: release every record (this manager holds the executor's lock, so no
@@ -947,36 +1254,25 @@ impl Manager {
             Err(LeaseError::Residue(x)) => residue.extend(x.items),
             Err(e) => return Err(e),
         }
-        for (id, labels) in self.setup.runtime.containers()? {
-            if labels.get(LABEL_EXECUTOR) == Some(&self.setup.executor) {
-                match self.setup.runtime.remove(&id) {
-                    Ok(()) => done.push(format!("container {id}")),
-                    Err(e) => residue.push(format!("container {id}: {e}")),
-                }
+        for id in self.own_containers()? {
+            match self.setup.runtime.remove(&id) {
+                Ok(()) => done.push(format!("container {id}")),
+                Err(e) => residue.push(format!("container {id}: {e}")),
             }
         }
-        if self
-            .setup
-            .run_root
-            .try_exists()
-            .map_err(io("stat", &self.setup.run_root))?
-        {
-            for entry in
-                fs::read_dir(&self.setup.run_root).map_err(io("list", &self.setup.run_root))?
-            {
-                let path = entry.map_err(io("list", &self.setup.run_root))?.path();
-                let is_lease = path
-                    .file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.len() == 32 && n.bytes().all(|b| b.is_ascii_hexdigit()));
-                if is_lease {
-                    match store::remove_tree(&path) {
-                        Ok(()) => done.push(format!("run directory {}", path.display())),
-                        Err(e) => residue.push(format!("run directory {}: {e}", path.display())),
-                    }
-                }
+        let (ours, unattributed) = self.run_dirs()?;
+        for path in ours {
+            match store::remove_tree(&path) {
+                Ok(()) => done.push(format!("run directory {}", path.display())),
+                Err(e) => residue.push(format!("run directory {}: {e}", path.display())),
             }
         }
+        residue.extend(unattributed.iter().map(|p| {
+            format!(
+                "run directory {} has no readable owner: left alone",
+                p.display()
+            )
+        }));
         // Cgroups of this executor that no container holds any more (empty ones can be
         // removed; one with processes left stays as residue).
         for cg in self.setup.leftover_cgroups()? {
@@ -985,12 +1281,9 @@ impl Manager {
                 Err(e) => residue.push(format!("cgroup {}: {e}", cg.display())),
             }
         }
-        for a in account::in_range(self.setup.host(), &self.setup.accounts)? {
-            match account::remove(self.setup.host(), &self.setup.accounts, &a) {
-                Ok(()) => done.push(format!("account {}", a.name)),
-                Err(e) => residue.push(format!("account {}: {e}", a.name)),
-            }
-        }
+        // Accounts are removed only through this executor's records (each names its account
+        // before creating it): one in the range that no record names may be another
+        // executor's, live, so it is never swept here; the check reports it.
         if residue.is_empty() {
             Ok(done)
         } else {
@@ -1012,23 +1305,18 @@ impl Manager {
                 left.push(format!("lease record {}", path.display()));
             }
         }
-        for (id, labels) in self.setup.runtime.containers()? {
-            if labels.get(LABEL_EXECUTOR) == Some(&self.setup.executor) {
-                left.push(format!("container {id}"));
-            }
+        for id in self.own_containers()? {
+            left.push(format!("container {id}"));
         }
-        if self
-            .setup
-            .run_root
-            .try_exists()
-            .map_err(io("stat", &self.setup.run_root))?
-        {
-            for entry in
-                fs::read_dir(&self.setup.run_root).map_err(io("list", &self.setup.run_root))?
-            {
-                let path = entry.map_err(io("list", &self.setup.run_root))?.path();
-                left.push(format!("run directory {}", path.display()));
-            }
+        let (ours, unattributed) = self.run_dirs()?;
+        for path in ours {
+            left.push(format!("run directory {}", path.display()));
+        }
+        for path in unattributed {
+            left.push(format!(
+                "run directory {} (no readable owner)",
+                path.display()
+            ));
         }
         for a in account::in_range(self.setup.host(), &self.setup.accounts)? {
             left.push(format!("account {} (uid {})", a.name, a.uid));
@@ -1068,6 +1356,7 @@ mod tests {
         let fake = Arc::new(Fake::new());
         fake.file("/etc/passwd", "root:x:0:0::/root:/bin/sh\n")
             .file("/etc/group", "root:x:0:\n")
+            .file(this_stat(), STAT_LINE)
             .file(
                 "/proc/self/mountinfo",
                 "22 1 0:21 / / rw - ext4 /dev/vda rw\n",
@@ -1094,12 +1383,43 @@ mod tests {
     }
 
     /// A fake host with empty user, group and mount tables (callers add the runtime's replies).
+    /// A stat line whose command holds a parenthesis and spaces; start time (field 22) 4242.
+    const STAT_LINE: &str = "77 (a) b (c) S 1 1 1 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 4242 1 1";
+
+    fn this_stat() -> String {
+        format!("/proc/{}/stat", std::process::id())
+    }
+
     fn empty_host() -> Arc<Fake> {
         let f = Arc::new(Fake::new());
         f.file("/etc/passwd", "")
             .file("/etc/group", "")
+            .file(this_stat(), STAT_LINE)
             .file("/proc/self/mountinfo", "");
         f
+    }
+
+    #[test]
+    fn a_supervisor_is_its_pid_and_start_time_and_a_reused_pid_is_not_it() {
+        let f = empty_host();
+        let me = Supervisor::this(&*f).unwrap();
+        assert_eq!((me.pid, me.start_ticks), (std::process::id(), 4242));
+        assert!(me.alive(&*f).unwrap());
+        let reused = Supervisor {
+            start_ticks: 1,
+            ..me
+        };
+        assert!(!reused.alive(&*f).unwrap(), "same pid, another start time");
+        let gone = Supervisor {
+            pid: u32::MAX,
+            ..me
+        };
+        assert!(!gone.alive(&*f).unwrap());
+        f.file("/proc/1/stat", "garbage");
+        assert!(
+            process_start(&*f, 1).is_err(),
+            "an unreadable stat line is an error"
+        );
     }
 
     fn residue(r: Result<(), LeaseError>) -> Vec<String> {
@@ -1112,7 +1432,13 @@ mod tests {
     #[test]
     fn a_clean_release_lists_twice_and_unlinks_the_record() {
         let w = world();
-        let lease = w.manager.begin("sha256:a").unwrap();
+        let lease = w
+            .manager
+            .begin(
+                "sha256:a",
+                std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
+            )
+            .unwrap();
         w.manager.release(&lease.record).unwrap();
         assert!(w.manager.records().unwrap().is_empty());
         let lists = w
@@ -1135,7 +1461,12 @@ mod tests {
         let f = empty_host();
         f.reply("list", ToolOutput::ok(b"not json"));
         let m = with_host(&w, f);
-        let lease = m.begin("sha256:a").unwrap();
+        let lease = m
+            .begin(
+                "sha256:a",
+                std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
+            )
+            .unwrap();
         let items = residue(m.release(&lease.record));
         assert!(items.iter().any(|i| i.contains("cannot list")), "{items:?}");
         assert_eq!(
@@ -1202,7 +1533,13 @@ mod tests {
             f.reply("list", ToolOutput::ok(b"[]")).unreadable(broken);
             let m = with_host(&w, f);
             // A lease with a mount point, so its release must read the mount table.
-            let lease = m.begin_with("sha256:a", &["staging"]).unwrap();
+            let lease = m
+                .begin_with(
+                    "sha256:a",
+                    &["staging"],
+                    std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
+                )
+                .unwrap();
             let items = residue(m.release(&lease.record));
             assert!(!items.is_empty(), "{broken}");
             assert!(m.check().is_err(), "check with {broken} unreadable");
@@ -1213,7 +1550,14 @@ mod tests {
     #[test]
     fn resources_are_released_in_reverse_and_a_device_is_residue_until_drains_exist() {
         let w = world();
-        let mut lease = w.manager.begin_with("sha256:a", &["staging"]).unwrap();
+        let mut lease = w
+            .manager
+            .begin_with(
+                "sha256:a",
+                &["staging"],
+                std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
+            )
+            .unwrap();
         let kinds: Vec<&str> = lease
             .record
             .resources
@@ -1244,7 +1588,13 @@ mod tests {
     #[test]
     fn a_record_without_exactly_one_of_each_required_resource_stops_recovery() {
         let w = world();
-        let lease = w.manager.begin("sha256:a").unwrap();
+        let lease = w
+            .manager
+            .begin(
+                "sha256:a",
+                std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
+            )
+            .unwrap();
         let mut broken = lease.record.clone();
         broken
             .resources
@@ -1262,7 +1612,13 @@ mod tests {
     #[test]
     fn a_cgroup_that_cannot_be_removed_is_residue() {
         let w = world();
-        let lease = w.manager.begin("sha256:a").unwrap();
+        let lease = w
+            .manager
+            .begin(
+                "sha256:a",
+                std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
+            )
+            .unwrap();
         let f = empty_host();
         let cgroup = w
             .manager
@@ -1329,7 +1685,14 @@ mod tests {
     fn a_mount_that_will_not_unmount_is_residue() {
         let w = world();
         let f = empty_host();
-        let lease = w.manager.begin_with("sha256:a", &["staging"]).unwrap();
+        let lease = w
+            .manager
+            .begin_with(
+                "sha256:a",
+                &["staging"],
+                std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
+            )
+            .unwrap();
         let point = lease.run_dir().join("staging");
         f.file(
             "/proc/self/mountinfo",
@@ -1392,7 +1755,13 @@ mod root_tests {
         fs::create_dir_all(lower.join("etc")).unwrap();
         fs::write(lower.join("etc/base"), "image").unwrap();
         let m = Manager::open(&store, setup).unwrap();
-        let lease = m.begin_with("sha256:a", &["rootfs"]).unwrap();
+        let lease = m
+            .begin_with(
+                "sha256:a",
+                &["rootfs"],
+                std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
+            )
+            .unwrap();
         fs::create_dir_all(lease.run_dir()).unwrap();
         let run = &lease.run_dir();
         // A mount point the record does not name is refused before anything is mounted.

@@ -332,22 +332,37 @@ pub fn is_exists(err: &StoreError) -> bool {
     matches!(err, StoreError::Io { source, .. } if source.kind() == io::ErrorKind::AlreadyExists)
 }
 
-/// Remove a directory tree without following links out of it.
+/// Remove a directory tree without following links out of it and without crossing a mount
+/// point: an entry on another filesystem than `path` itself (a tmpfs or overlay still mounted
+/// inside, say) is an error, never emptied — it may be someone's live mount.
 ///
 /// # Errors
-/// Something could not be removed.
+/// Something could not be removed, or a mount point was found inside.
 pub fn remove_tree(path: &Path) -> io::Result<()> {
     match fs::symlink_metadata(path) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-        Ok(m) if !m.is_dir() => return fs::remove_file(path),
-        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+        Ok(m) if !m.is_dir() => fs::remove_file(path),
+        Ok(m) => remove_tree_on(path, m.dev()),
+    }
+}
+
+fn remove_tree_on(path: &Path, dev: u64) -> io::Result<()> {
+    let m = fs::symlink_metadata(path)?;
+    if m.dev() != dev {
+        return Err(io::Error::other(format!(
+            "{} is a mount point: not crossing it",
+            path.display()
+        )));
+    }
+    if !m.is_dir() {
+        return fs::remove_file(path);
     }
     // A tree published read-only (0555 directories) must be made writable before its entries can
     // be unlinked by a non-root owner; root ignores the mode but the chmod is harmless.
     let _ = fs::set_permissions(path, fs::Permissions::from_mode(0o700));
     for entry in fs::read_dir(path)? {
-        remove_tree(&entry?.path())?;
+        remove_tree_on(&entry?.path(), dev)?;
     }
     fs::remove_dir(path)
 }

@@ -136,8 +136,9 @@ fn main() {
     let mut bare = Vec::new();
     for i in 0..runs {
         let run_dir = dir.path().join(format!("run{i}"));
-        let staging = run_dir.join("staging");
-        std::fs::create_dir_all(&staging).unwrap();
+        for area in [bundle::STAGING_DIR, bundle::TMP_DIR] {
+            std::fs::create_dir_all(run_dir.join(area)).unwrap();
+        }
         let inputs = RunInputs {
             argv: policy.step("build-native").unwrap().1.to_vec(),
             uid: ids.1,
@@ -149,6 +150,7 @@ fn main() {
             executor: "bare".into(),
             lease: format!("bare{i}"),
             authority: "bare".into(),
+            store: "bare".into(),
             protected: vec![],
             mountable_store_roots: vec![],
         };
@@ -162,12 +164,14 @@ fn main() {
             cordon::canonical::to_canonical_json(&spec).unwrap(),
         )
         .unwrap();
-        nix::unistd::chown(
-            &staging,
-            Some(nix::unistd::Uid::from_raw(ids.1)),
-            Some(nix::unistd::Gid::from_raw(ids.1)),
-        )
-        .unwrap();
+        for area in [bundle::STAGING_DIR, bundle::TMP_DIR] {
+            nix::unistd::chown(
+                &dir.path().join(format!("run{i}")).join(area),
+                Some(nix::unistd::Uid::from_raw(ids.1)),
+                Some(nix::unistd::Gid::from_raw(ids.1)),
+            )
+            .unwrap();
+        }
         bare.push(cordon_testkit::bare_runc_run(
             &dir.path().join("bare-state"),
             &bundle,

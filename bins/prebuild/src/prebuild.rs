@@ -84,6 +84,13 @@ pub enum PrebuildError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Canonical(#[from] cordon::canonical::CanonicalError),
+    /// The container was killed by a host process that is not cordon's deadline or the OOM
+    /// killer (an operator, `cordon-reap` ending an expired lease): no verdict on the candidate.
+    #[error(
+        "the build container was killed from outside (SIGKILL not sent by cordon or the OOM killer)"
+    )]
+    #[diagnostic(code(cordon::prebuild::killed_from_outside))]
+    KilledFromOutside,
     /// The host could not read the staging area (out of descriptors or memory).
     #[error(transparent)]
     #[diagnostic(code(cordon::prebuild::inventory))]
@@ -249,6 +256,11 @@ fn publish(
             "prebuild.oom",
             "the build step was killed for memory".to_owned(),
         ))
+    } else if meta.signal == Some(9) {
+        // The init of a PID namespace ignores SIGKILL sent from inside it: only the host can
+        // have sent this (the OOM killer and cordon's deadline are flagged above), so an outside
+        // hand ended the run and it says nothing about the candidate.
+        return Err(PrebuildError::KilledFromOutside);
     } else if meta.exit_code != Some(0) {
         Some((
             "prebuild.exit",

@@ -110,6 +110,19 @@ fn env_with(slot: u32, edit: impl Fn(String) -> String) -> Env {
 
 /// Register a tree holding `build.sh` (and any extra files), run the prebuild.
 fn build(e: &Env, script: &str, extra: &[(&str, &Path)]) -> (Digest, Outcome) {
+    let (tree, outcome) = try_build(e, script, extra);
+    (tree, outcome.unwrap())
+}
+
+/// [`build`], keeping the prebuild's error.
+fn try_build(
+    e: &Env,
+    script: &str,
+    extra: &[(&str, &Path)],
+) -> (
+    Digest,
+    Result<Outcome, cordon_prebuild::prebuild::PrebuildError>,
+) {
     let src = tempfile::tempdir_in(e.dir.path()).unwrap();
     std::fs::write(
         src.path().join("cordon-incumbent.kdl"),
@@ -130,7 +143,7 @@ fn build(e: &Env, script: &str, extra: &[(&str, &Path)]) -> (Digest, Outcome) {
     let tree = cordon_materialize::materialize::register_incumbent(&e.store, src.path(), &rules)
         .unwrap()
         .digest;
-    let outcome = prebuild(&e.policy, &e.cfg, &tree, "build-native").unwrap();
+    let outcome = prebuild(&e.policy, &e.cfg, &tree, "build-native");
     let left = Manager::open(&e.store, e.cfg.setup.clone())
         .unwrap()
         .check()
@@ -673,3 +686,51 @@ int main(void) {
     return 0;
 }
 "#;
+
+/// SIGKILL of the container's init: from inside it is ignored (the init of a PID namespace
+/// takes no SIGKILL from its own namespace), so a candidate cannot forge an outside kill; from
+/// outside (an operator, cordon-reap ending an expired lease) it is a no-decision, never a
+/// rejection that blames the candidate.
+#[test]
+fn a_kill_from_outside_is_a_no_decision_and_one_from_inside_is_ignored() {
+    let e = env(8);
+    let (_, o) = build(&e, "busybox kill -9 1; echo survived > $out/r", &[]);
+    assert_eq!(published(&e, &o, "r"), "survived\n");
+    let state = e.cfg.setup.runtime.state_root.clone();
+    let runc = e.cfg.setup.runtime.binary.clone();
+    let killer = std::thread::spawn(move || {
+        for _ in 0..100 {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            let list = Command::new(&runc)
+                .arg("--root")
+                .arg(&state)
+                .args(["list", "-q"])
+                .output()
+                .unwrap();
+            let ids = String::from_utf8_lossy(&list.stdout).into_owned();
+            if let Some(id) = ids.lines().next() {
+                std::thread::sleep(std::time::Duration::from_millis(500));
+                let ok = Command::new(&runc)
+                    .arg("--root")
+                    .arg(&state)
+                    .args(["kill", id, "KILL"])
+                    .status()
+                    .unwrap();
+                return ok.success();
+            }
+        }
+        false
+    });
+    let (_, r) = try_build(&e, "busybox sleep 5; echo done > $out/r", &[]);
+    assert!(
+        killer.join().unwrap(),
+        "the container was never seen to kill"
+    );
+    assert!(
+        matches!(
+            r,
+            Err(cordon_prebuild::prebuild::PrebuildError::KilledFromOutside)
+        ),
+        "{r:?}"
+    );
+}

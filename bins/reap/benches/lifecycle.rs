@@ -58,7 +58,12 @@ fn main() {
     let mut bare = Vec::new();
     for i in 0..runs {
         let t = Instant::now();
-        let mut lease = m.begin("sha256:bench").unwrap();
+        let mut lease = m
+            .begin(
+                "sha256:bench",
+                std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
+            )
+            .unwrap();
         m.provision(&lease).unwrap();
         let staging = lease.run_dir().join("staging");
         std::fs::create_dir_all(&staging).unwrap();
@@ -104,7 +109,13 @@ fn main() {
     );
 
     // 10,000 stale records, as 10,000 dead supervisors would leave them (record only).
-    let template = m.begin("sha256:bench").unwrap().record;
+    let template = m
+        .begin(
+            "sha256:bench",
+            std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
+        )
+        .unwrap()
+        .record;
     let leases = store.root().join("leases");
     for i in 0..10_000u32 {
         let mut r = template.clone();

@@ -4,8 +4,16 @@
 //!   this executor (no live manager can hold them: this process holds the executor's lock),
 //!   then remove containers in cordon's state root with this executor's exact label, orphan
 //!   run directories, orphan run accounts in the policy's range, stale scratch entries.
-//! - `cordon-reap --check`: a quiescence receipt — exit 0 when nothing remains, exit 3 listing
-//!   what does.
+//! - `cordon-reap --check`: the strict quiescence proof later stages rely on — exit 0 only when
+//!   nothing of this executor exists in this store, exit 3 listing what does: residue, and
+//!   live leases as *active* (distinct from residue).
+//! - `cordon-reap --status`: the monitor's view — active leases reported without alarm (exit 0),
+//!   exit 3 only for residue or expired leases.
+//!
+//! While a live supervisor holds the executor (its host-global lock), recovery does not wait:
+//! it ends the container of every lease past its deadline (plus a grace) or whose supervisor is
+//! gone — only a container with this executor's, this store's and that lease's exact labels —
+//! so the supervisor sees its run end and releases the rest; `cordon-reap` runs from a timer.
 //!
 //! Exit codes: 0 ok/quiescent; 2 usage or policy error; 3 recovery or the check could not be
 //! established (a corrupt or linked record stops recovery), with what remains in the receipt.
@@ -14,7 +22,9 @@ use std::io::Write;
 
 use clap::Parser;
 use cordon::ExitCode;
-use cordon::lease::{LeaseError, Manager};
+use std::time::SystemTime;
+
+use cordon::lease::{LeaseError, Manager, Observer};
 use cordon::receipt::{Outcome, Reason, Receipt};
 use cordon::store::Store;
 use cordon_stage::args::{LeaseArgs, StageArgs, report_diagnostic};
@@ -32,8 +42,64 @@ pub struct Args {
     #[command(flatten)]
     pub lease: LeaseArgs,
     /// Only check quiescence; change nothing.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "status")]
     pub check: bool,
+    /// Report leases and residue for monitoring; change nothing; active leases are not an alarm.
+    #[arg(long)]
+    pub status: bool,
+}
+
+/// What a run of the tool found.
+struct Found {
+    released: Vec<String>,
+    active: Vec<String>,
+    residue: Vec<String>,
+}
+
+/// Recover (or only look) while holding the executor.
+fn as_manager(m: &Manager, change: bool) -> Result<Found, LeaseError> {
+    let released = if change { m.recover()? } else { Vec::new() };
+    Ok(Found {
+        released,
+        active: Vec::new(),
+        residue: m.check()?,
+    })
+}
+
+/// A live supervisor holds the executor: end expired leases (when allowed to change anything)
+/// and report the rest as active.
+fn as_observer(o: &Observer, change: bool) -> Result<Found, LeaseError> {
+    let now = SystemTime::now();
+    let released = if change {
+        o.end_expired(now)?
+    } else {
+        Vec::new()
+    };
+    let now_ms = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let (mut active, mut residue) = (Vec::new(), Vec::new());
+    for l in o.leases(now)? {
+        let r = &l.record;
+        if l.expired {
+            residue.push(format!(
+                "expired lease {} (supervisor pid {})",
+                r.lease, r.supervisor.pid
+            ));
+        } else {
+            active.push(format!(
+                "lease {} (supervisor pid {}, {} ms to its deadline)",
+                r.lease,
+                r.supervisor.pid,
+                r.expires_at_ms.saturating_sub(now_ms)
+            ));
+        }
+    }
+    Ok(Found {
+        released,
+        active,
+        residue,
+    })
 }
 
 /// Run the tool: the whole of `main`.
@@ -57,31 +123,41 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
         }
     };
     let mut receipt = Receipt::new(cordon::receipt::StageName::Reap, authority, Outcome::Ok);
-    receipt.inputs = json!({ "executor": executor, "check": args.check });
-    let result = Manager::open(&store, args.lease.setup(policy)).and_then(|m| {
-        if args.check {
-            m.check().map(|left| (Vec::new(), left))
-        } else {
-            m.recover()
-                .and_then(|done| m.check().map(|left| (done, left)))
-        }
-    });
+    receipt.inputs = json!({ "executor": executor, "check": args.check, "status": args.status });
+    let change = !args.check && !args.status;
+    let setup = args.lease.setup(policy);
+    let result = match Manager::open(&store, setup.clone()) {
+        Ok(m) => as_manager(&m, change),
+        Err(LeaseError::Busy { .. }) => as_observer(&Observer::new(&store, setup), change),
+        Err(e) => Err(e),
+    };
+    let reasons = |code: &str, items: &[String]| -> Vec<Reason> {
+        items
+            .iter()
+            .map(|l| Reason {
+                code: code.into(),
+                message: l.clone(),
+            })
+            .collect()
+    };
     let code = match result {
-        Ok((done, left)) if left.is_empty() => {
-            receipt.outputs = json!({ "quiescent": true, "released": done, "remaining": [] });
-            ExitCode::Ok
-        }
-        Ok((done, left)) => {
-            receipt.outcome = Outcome::NoDecision;
-            receipt.reasons = left
-                .iter()
-                .map(|l| Reason {
-                    code: "reap.residue".into(),
-                    message: l.clone(),
-                })
-                .collect();
-            receipt.outputs = json!({ "quiescent": false, "released": done, "remaining": left });
-            ExitCode::NoDecision
+        Ok(f) => {
+            let quiescent = f.active.is_empty() && f.residue.is_empty();
+            receipt.outputs = json!({
+                "quiescent": quiescent,
+                "released": f.released,
+                "active": f.active,
+                "remaining": f.residue,
+            });
+            // --status raises no alarm for live leases; the strict check and recovery do.
+            if f.residue.is_empty() && (args.status || f.active.is_empty()) {
+                ExitCode::Ok
+            } else {
+                receipt.outcome = Outcome::NoDecision;
+                receipt.reasons = reasons("reap.residue", &f.residue);
+                receipt.reasons.extend(reasons("reap.active", &f.active));
+                ExitCode::NoDecision
+            }
         }
         Err(e) => {
             report_diagnostic(&e, args.stage.diagnostics, stderr);
@@ -90,13 +166,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
                 LeaseError::Residue(r) => r.items.clone(),
                 other => vec![stage::error_chain(other)],
             };
-            receipt.reasons = items
-                .iter()
-                .map(|l| Reason {
-                    code: "reap.residue".into(),
-                    message: l.clone(),
-                })
-                .collect();
+            receipt.reasons = reasons("reap.residue", &items);
             receipt.outputs = json!({ "quiescent": false, "remaining": items });
             ExitCode::NoDecision
         }

@@ -11,27 +11,38 @@ use cordon::store::Store;
 
 /// The default policy with an account range of its own, so that recovery here can never touch
 /// the accounts of tests running beside it.
-fn policy(dir: &Path) -> std::path::PathBuf {
-    let text = cordon_testkit::isolated_policy(dir, cordon_testkit::account_range("reap-cli", 0));
+fn policy(dir: &Path, slot: u32) -> std::path::PathBuf {
+    let text =
+        cordon_testkit::isolated_policy(dir, cordon_testkit::account_range("reap-cli", slot));
     let path = dir.join("policy.kdl");
     std::fs::write(&path, text).unwrap();
     path
 }
 
 fn reap(dir: &Path, policy: &Path, check: bool) -> (Option<i32>, serde_json::Value) {
+    let mode: &[&str] = if check { &["--check"] } else { &[] };
+    reap_as(dir, policy, "store", "cli-test", mode)
+}
+
+/// `cordon-reap` as `executor` against `dir/store_name`, with extra arguments.
+fn reap_as(
+    dir: &Path,
+    policy: &Path,
+    store_name: &str,
+    executor: &str,
+    extra: &[&str],
+) -> (Option<i32>, serde_json::Value) {
     let mut c = Command::new(env!("CARGO_BIN_EXE_cordon-reap"));
     c.arg("--policy")
         .arg(policy)
         .arg("--store")
-        .arg(dir.join("store"))
+        .arg(dir.join(store_name))
         .arg("--state-root")
         .arg(dir.join("state"))
         .arg("--run-dir")
         .arg(dir.join("run"))
-        .args(["--executor", "cli-test"]);
-    if check {
-        c.arg("--check");
-    }
+        .args(["--executor", executor])
+        .args(extra);
     let out = c.output().unwrap();
     let receipt = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|_| panic!("no receipt: {}", String::from_utf8_lossy(&out.stderr)));
@@ -45,7 +56,7 @@ fn check_is_a_quiescence_receipt_and_recovery_releases_a_stale_lease() {
         "needs root: recovery removes real accounts"
     );
     let dir = tempfile::tempdir().unwrap();
-    let policy = policy(dir.path());
+    let policy = policy(dir.path(), 0);
     let (code, r) = reap(dir.path(), &policy, true);
     assert_eq!(code, Some(0), "{r}");
     assert_eq!(r["stage"], "reap");
@@ -63,7 +74,12 @@ fn check_is_a_quiescence_receipt_and_recovery_releases_a_stale_lease() {
     );
     {
         let m = Manager::open(&store, setup).unwrap();
-        let lease = m.begin("sha256:stale").unwrap();
+        let lease = m
+            .begin(
+                "sha256:stale",
+                std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
+            )
+            .unwrap();
         m.provision(&lease).unwrap();
     }
     let (code, r) = reap(dir.path(), &policy, true);
@@ -80,4 +96,115 @@ fn check_is_a_quiescence_receipt_and_recovery_releases_a_stale_lease() {
     assert!(r["outputs"]["released"].to_string().contains("lease"));
     let (code, _) = reap(dir.path(), &policy, true);
     assert_eq!(code, Some(0));
+}
+
+/// A live supervisor's lease (its account, its run directory) as executor `cli-test`, with the
+/// manager kept open: the executor is held.
+fn live_lease(
+    dir: &Path,
+    policy: &Path,
+    expires: std::time::SystemTime,
+) -> (Manager, cordon::lease::Lease) {
+    let text = std::fs::read_to_string(policy).unwrap();
+    let p = cordon_policy_lang::parse("policy.kdl", &text).unwrap();
+    let store = Store::open(&dir.join("store")).unwrap();
+    let setup =
+        cordon_stage::settings::lease_setup(&p, "cli-test", &dir.join("state"), dir.join("run"));
+    let m = Manager::open(&store, setup).unwrap();
+    let lease = m.begin("sha256:live", expires).unwrap();
+    m.provision(&lease).unwrap();
+    (m, lease)
+}
+
+/// Recovery by another executor, or by the same executor against another store, must not touch
+/// a live lease: before, it deleted the run directory (bundle, staging) and removed the account
+/// while the container ran.
+#[test]
+fn recovery_never_touches_another_executors_or_another_stores_live_lease() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "needs root: real accounts"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let policy = policy(dir.path(), 1);
+    let hour = std::time::SystemTime::now() + std::time::Duration::from_secs(3600);
+    let (m, lease) = live_lease(dir.path(), &policy, hour);
+    let intact = |when: &str| {
+        assert!(
+            lease.run_dir().join("bundle").is_dir(),
+            "{when}: run directory touched"
+        );
+        assert!(
+            nix::unistd::User::from_name(&lease.account().name)
+                .unwrap()
+                .is_some(),
+            "{when}: account removed"
+        );
+    };
+    // Another executor: the account in the shared range is not its to remove (reported only).
+    let (code, r) = reap_as(dir.path(), &policy, "store", "other", &[]);
+    intact("another executor's recovery");
+    assert_eq!(
+        code,
+        Some(3),
+        "the unattributed account is not quiescence: {r}"
+    );
+    // The same executor against another store: the executor lock is host-global.
+    let (code, r) = reap_as(dir.path(), &policy, "store2", "cli-test", &[]);
+    intact("another store's recovery");
+    assert_eq!(code, Some(0), "nothing of this executor is in store2: {r}");
+    assert_eq!(r["outputs"]["released"], serde_json::json!([]));
+    // An executor that is not a plain name is refused before anything is read.
+    let (code, _) = reap_as(dir.path(), &policy, "store", "../cli-test", &[]);
+    assert_eq!(code, Some(3));
+    intact("a refused executor");
+    m.release(&lease.record).unwrap();
+}
+
+/// While the supervisor holds the executor, --check lists its lease as active (exit 3),
+/// --status reports it without alarm (exit 0); once past its deadline it is expired, an alarm
+/// for both; and with the supervisor gone recovery releases it.
+#[test]
+fn live_leases_are_active_expired_ones_are_an_alarm_and_a_dead_supervisors_are_released() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "needs root: real accounts"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let policy = policy(dir.path(), 2);
+    let hour = std::time::SystemTime::now() + std::time::Duration::from_secs(3600);
+    let (m, lease) = live_lease(dir.path(), &policy, hour);
+    let (code, r) = reap_as(dir.path(), &policy, "store", "cli-test", &["--check"]);
+    assert_eq!(code, Some(3), "{r}");
+    assert!(
+        r["outputs"]["active"]
+            .to_string()
+            .contains(&lease.record.lease),
+        "{r}"
+    );
+    assert_eq!(
+        r["outputs"]["remaining"],
+        serde_json::json!([]),
+        "active is not residue"
+    );
+    let (code, r) = reap_as(dir.path(), &policy, "store", "cli-test", &["--status"]);
+    assert_eq!(code, Some(0), "{r}");
+    m.release(&lease.record).unwrap();
+    drop(m);
+
+    let past = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    let (m, lease) = live_lease(dir.path(), &policy, past);
+    let (code, r) = reap_as(dir.path(), &policy, "store", "cli-test", &["--status"]);
+    assert_eq!(code, Some(3), "{r}");
+    assert!(
+        r["outputs"]["remaining"]
+            .to_string()
+            .contains("expired lease"),
+        "{r}"
+    );
+    // The supervisor dies (its manager and lock go): recovery releases everything.
+    drop(m);
+    let (code, r) = reap(dir.path(), &policy, false);
+    assert_eq!(code, Some(0), "{r}");
+    assert!(!lease.run_dir().exists());
 }

@@ -100,7 +100,12 @@ fn run_script(
     deadline: Duration,
     caps: OutputCaps,
 ) -> (Lease, Result<Finished, cordon::lease::LeaseError>) {
-    let lease = m.begin("sha256:test-authority").unwrap();
+    let lease = m
+        .begin(
+            "sha256:test-authority",
+            std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
+        )
+        .unwrap();
     run_in(e, m, lease, script, tweak, deadline, caps)
 }
 
@@ -181,7 +186,12 @@ echo kcore=$(head -c 16 /proc/kcore 2>/dev/null | wc -c)
 echo HOME=${HOME:-unset} USER=${USER:-unset}
 sleep 1
 "#;
-    let lease = m.begin("sha256:test-authority").unwrap();
+    let lease = m
+        .begin(
+            "sha256:test-authority",
+            std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
+        )
+        .unwrap();
     let cgroup = std::thread::spawn({
         let probe = cordon::runtime::CgroupProbe {
             host: e.setup.runtime.host.clone(),
@@ -332,7 +342,12 @@ fn a_forkbomb_meets_the_pids_limit_and_a_changed_bundle_never_starts() {
     m.release(&lease.record).unwrap();
 
     // The protected config.json is changed after it was written: the run stops before launch.
-    let mut lease = m.begin("sha256:test-authority").unwrap();
+    let mut lease = m
+        .begin(
+            "sha256:test-authority",
+            std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
+        )
+        .unwrap();
     m.provision(&lease).unwrap();
     let path = m.write_protected(&mut lease, "config.json", b"{}").unwrap();
     std::fs::write(&path, b"{\"tampered\":true}").unwrap();
@@ -350,7 +365,12 @@ fn an_account_whose_id_is_taken_stops_the_run() {
     let m = Manager::open(&e.store, e.setup.clone()).unwrap();
     // A second manager of the same executor is refused.
     assert!(Manager::open(&e.store, e.setup.clone()).is_err());
-    let lease = m.begin("sha256:test-authority").unwrap();
+    let lease = m
+        .begin(
+            "sha256:test-authority",
+            std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
+        )
+        .unwrap();
     // Someone else already has the name: nothing is created.
     let a = &lease.account();
     let status = std::process::Command::new("groupadd")
@@ -364,6 +384,54 @@ fn an_account_whose_id_is_taken_stops_the_run() {
         .arg(&a.name)
         .status()
         .unwrap();
+    m.release(&lease.record).unwrap();
+    assert_quiescent(&m, &lease);
+}
+
+/// A supervisor that holds its lease past the deadline (hung, or its clock stopped mattering):
+/// `cordon-reap`'s observer ends the container by its exact labels without the executor's lock,
+/// the supervisor's wait returns at once with the kill, and its release leaves nothing.
+#[test]
+fn an_expired_lease_is_ended_while_its_supervisor_still_holds_it() {
+    let e = env(5);
+    let m = Manager::open(&e.store, e.setup.clone()).unwrap();
+    let lease = m
+        .begin("sha256:test-authority", std::time::SystemTime::now())
+        .unwrap();
+    let observer = cordon::lease::Observer::new(&e.store, e.setup.clone());
+    let started = Instant::now();
+    let (lease, result) = std::thread::scope(|s| {
+        let running = s.spawn(|| {
+            run_in(
+                &e,
+                &m,
+                lease,
+                "echo up; sleep 60",
+                |_| {},
+                Duration::from_secs(60),
+                CAPS,
+            )
+        });
+        // Not yet past the grace: nothing is ended.
+        std::thread::sleep(Duration::from_secs(3));
+        assert!(
+            observer
+                .end_expired(std::time::SystemTime::now())
+                .unwrap()
+                .is_empty()
+        );
+        let later = std::time::SystemTime::now() + cordon::lease::EXPIRY_GRACE * 2;
+        let ended = observer.end_expired(later).unwrap();
+        assert_eq!(ended.len(), 1, "{ended:?}");
+        running.join().unwrap()
+    });
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the run outlived the kill"
+    );
+    let f = result.unwrap();
+    assert_eq!(f.meta.signal, Some(9), "{:?}", f.meta);
+    assert!(!f.meta.killed_by_deadline);
     m.release(&lease.record).unwrap();
     assert_quiescent(&m, &lease);
 }

@@ -90,7 +90,12 @@ const CAPS: OutputCaps = OutputCaps {
 fn child(point: &str, dir: &Path) -> ! {
     let store = Store::open(&dir.join("store")).unwrap();
     let m = Manager::open(&store, setup(dir)).unwrap();
-    let mut lease = m.begin("sha256:faults").unwrap();
+    let mut lease = m
+        .begin(
+            "sha256:faults",
+            std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
+        )
+        .unwrap();
     if point == "after-record" {
         die();
     }
@@ -221,7 +226,12 @@ fn a_linked_or_corrupt_record_stops_recovery_and_a_failing_delete_is_residue() {
     s.accounts.uids = cordon_testkit::account_range("reap-faults", 1);
     s.accounts.gids = s.accounts.uids;
     let m = Manager::open(&store, s.clone()).unwrap();
-    let lease = m.begin("sha256:faults").unwrap();
+    let lease = m
+        .begin(
+            "sha256:faults",
+            std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
+        )
+        .unwrap();
     let record = store.path("leases", &format!("{}.json", lease.record.lease));
     let elsewhere: PathBuf = dir.path().join("elsewhere.json");
     std::fs::rename(&record, &elsewhere).unwrap();
@@ -244,7 +254,12 @@ fn a_linked_or_corrupt_record_stops_recovery_and_a_failing_delete_is_residue() {
     std::fs::create_dir_all(&broken.runtime.state_root).unwrap();
     drop(m);
     let m = Manager::open(&store, broken).unwrap();
-    let lease = m.begin("sha256:faults").unwrap();
+    let lease = m
+        .begin(
+            "sha256:faults",
+            std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
+        )
+        .unwrap();
     let err = m.release(&lease.record).unwrap_err();
     assert!(err.to_string().contains("delete failed"), "{err}");
     assert!(
@@ -270,7 +285,12 @@ fn a_container_that_will_not_disappear_and_a_runtime_too_old_are_no_decisions() 
     s.accounts.uids = cordon_testkit::account_range("reap-faults", 2);
     s.accounts.gids = s.accounts.uids;
     let m = Manager::open(&store, s.clone()).unwrap();
-    let lease = m.begin("sha256:faults").unwrap();
+    let lease = m
+        .begin(
+            "sha256:faults",
+            std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
+        )
+        .unwrap();
     drop(m);
     // A runtime that keeps listing the lease's container with its exact labels after delete.
     let fake = dir.path().join("sticky-runc");

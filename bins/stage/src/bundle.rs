@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use cordon::lease::{LABEL_AUTHORITY, LABEL_EXECUTOR, LABEL_LEASE};
+use cordon::lease::{LABEL_AUTHORITY, LABEL_EXECUTOR, LABEL_LEASE, LABEL_STORE};
 use cordon_canon::Digest;
 use cordon_policy_lang::{
     Arch, ArgCondition, ArgOp, Frame, Ipc, Mount as PolicyMount, MountMode, MountSource, Network,
@@ -120,6 +120,8 @@ pub struct RunInputs {
     pub lease: String,
     /// The authority identity (the lease record's).
     pub authority: String,
+    /// The store root whose records own the lease (the store label).
+    pub store: String,
     /// Paths no mount may expose.
     pub protected: Vec<PathBuf>,
     /// Store subtrees that may be mounted despite the store being protected.
@@ -146,6 +148,7 @@ impl RunInputs {
             executor: lease.record.executor.clone(),
             lease: lease.record.lease.clone(),
             authority: lease.record.authority.clone(),
+            store: lease.record.store.clone(),
             protected: Vec::new(),
             mountable_store_roots: Vec::new(),
         }
@@ -953,6 +956,7 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
         (LABEL_EXECUTOR.to_owned(), run.executor.clone()),
         (LABEL_LEASE.to_owned(), run.lease.clone()),
         (LABEL_AUTHORITY.to_owned(), run.authority.clone()),
+        (LABEL_STORE.to_owned(), run.store.clone()),
     ]
     .into_iter()
     .collect();
@@ -1051,6 +1055,7 @@ pub fn example_inputs(policy: &Policy, kind: StageKind) -> RunInputs {
         executor: "EXECUTOR".into(),
         lease: "LEASE".into(),
         authority: "AUTHORITY".into(),
+        store: "STORE".into(),
         protected: vec![
             store.clone(),
             run_dir.join("bundle"),
