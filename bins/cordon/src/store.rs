@@ -786,3 +786,39 @@ mod tests {
         assert!(!dir.path().exists());
     }
 }
+
+#[cfg(test)]
+mod root_tests {
+    //! Removal against a real mount (root, as CI runs).
+
+    use super::*;
+
+    /// A tmpfs still mounted inside a directory (a live lease's staging, say) is never emptied
+    /// by removing the directory: the removal stops at the mount point with an error.
+    #[test]
+    fn remove_tree_never_crosses_a_mount_point() {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "this test mounts a tmpfs: run it as root (CI does)"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("run");
+        let staging = run.join("staging");
+        fs::create_dir_all(&staging).unwrap();
+        nix::mount::mount(
+            Some("tmpfs"),
+            &staging,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some("size=1m"),
+        )
+        .unwrap();
+        fs::write(staging.join("live"), "x").unwrap();
+        let err = remove_tree(&run).unwrap_err();
+        assert!(err.to_string().contains("mount point"), "{err}");
+        assert_eq!(fs::read_to_string(staging.join("live")).unwrap(), "x");
+        nix::mount::umount(&staging).unwrap();
+        remove_tree(&run).unwrap();
+        assert!(!run.exists());
+    }
+}
