@@ -20,7 +20,64 @@ use serde::{Deserialize, Serialize};
 
 /// The oldest runc cordon drives (its `--root`, `create --pid-file`, `list -f json` and the
 /// seccomp `defaultErrnoRet` field are relied on).
-pub const MIN_RUNC: (u32, u32) = (1, 1);
+pub const MIN_RUNC: (u32, u32, u32) = (1, 1, 0);
+
+/// A runc release range known to carry a container escape that cordon's configuration can
+/// reach, checked at preflight: a runtime below `below` is refused unless its `commit:` line
+/// names a distribution build that carries the fix.
+#[derive(Debug, Clone, Copy)]
+pub struct KnownBad {
+    /// The first upstream release with the fix.
+    pub below: (u32, u32, u32),
+    /// The advisory.
+    pub cve: &'static str,
+    /// What a candidate could do with it in cordon's configuration.
+    pub what: &'static str,
+    /// Builds (their `commit:` text) that carry the fix without the upstream version.
+    pub patched_builds: &'static [&'static str],
+}
+
+/// The runc escapes cordon's configuration can reach (the policy README says why each applies
+/// and why the others cannot be reached).
+pub const KNOWN_BAD_RUNC: &[KnownBad] = &[
+    KnownBad {
+        below: (1, 1, 2),
+        cve: "CVE-2022-29162",
+        what: "the container's processes get inheritable capabilities the bundle did not grant",
+        patched_builds: &[],
+    },
+    KnownBad {
+        below: (1, 1, 5),
+        cve: "CVE-2023-27561",
+        what: "a /proc symlink in the image defeats the runtime's own confinement of its init",
+        patched_builds: &[],
+    },
+    KnownBad {
+        below: (1, 1, 12),
+        cve: "CVE-2024-21626",
+        what: "a host directory descriptor leaked into the container reaches the host filesystem",
+        // Debian 12's runc carries the fix as a patch on 1.1.5.
+        patched_builds: &["1.1.5+ds1-1+deb12u1"],
+    },
+];
+
+/// The (major, minor, patch) of a runc `--version` text and its `commit:` line.
+fn runc_version(text: &str) -> Option<((u32, u32, u32), &str, &str)> {
+    let version = text.lines().next()?.split_whitespace().nth(2)?;
+    let mut parts = version
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().ok());
+    let triple = (
+        parts.next()??,
+        parts.next()??,
+        parts.next().flatten().unwrap_or(0),
+    );
+    let commit = text
+        .lines()
+        .find_map(|l| l.strip_prefix("commit:"))
+        .map_or("", str::trim);
+    Some((triple, version, commit))
+}
 
 /// The runtime to drive.
 #[derive(Debug, Clone)]
@@ -59,6 +116,22 @@ pub enum RuntimeError {
         found: String,
         /// The minimum.
         need: String,
+    },
+    /// The runtime is a release with a known escape cordon's configuration can reach.
+    #[error("OCI runtime {binary} is version {found}, affected by {cve}: {what}")]
+    #[diagnostic(
+        code(cordon::runtime::known_bad),
+        help("install a runc release with the fix, or a distribution build that carries it")
+    )]
+    KnownBad {
+        /// The binary.
+        binary: PathBuf,
+        /// Its version text.
+        found: String,
+        /// The advisory.
+        cve: &'static str,
+        /// What it allows.
+        what: &'static str,
     },
     /// A runtime command failed.
     #[error("`{command}` failed: {stderr}")]
@@ -275,26 +348,39 @@ impl Runtime {
         }
     }
 
-    /// Check that the runtime is new enough, from its `--version` text (the one the authority
-    /// identity read, bounded in time and output, so the runtime is not run twice).
+    /// Check that the runtime is new enough — at least [`MIN_RUNC`] and the policy's own
+    /// minimum `policy_min` — and not a release in [`KNOWN_BAD_RUNC`], from its `--version` text
+    /// (the one the authority identity read, bounded in time and output, so the runtime is not
+    /// run twice).
     ///
     /// # Errors
-    /// Too old, or a version that cannot be read.
-    pub fn check_version(&self, text: &str) -> Result<(), RuntimeError> {
-        let version = text
-            .lines()
-            .next()
-            .and_then(|l| l.split_whitespace().nth(2))
-            .unwrap_or("");
-        let mut parts = version
-            .split(|c: char| !c.is_ascii_digit())
-            .filter_map(|p| p.parse::<u32>().ok());
-        let found = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-        if found < MIN_RUNC {
-            return Err(RuntimeError::TooOld {
+    /// Too old, known-bad, or a version that cannot be read.
+    pub fn check_version(
+        &self,
+        text: &str,
+        policy_min: Option<(u32, u32, u32)>,
+    ) -> Result<(), RuntimeError> {
+        let need = policy_min.map_or(MIN_RUNC, |m| m.max(MIN_RUNC));
+        let too_old = |found: &str| RuntimeError::TooOld {
+            binary: self.binary.clone(),
+            found: found.to_owned(),
+            need: format!("{}.{}.{}", need.0, need.1, need.2),
+        };
+        let Some((found, version, commit)) = runc_version(text) else {
+            return Err(too_old(text.lines().next().unwrap_or("")));
+        };
+        if found < need {
+            return Err(too_old(version));
+        }
+        if let Some(bad) = KNOWN_BAD_RUNC
+            .iter()
+            .find(|b| found < b.below && !b.patched_builds.contains(&commit))
+        {
+            return Err(RuntimeError::KnownBad {
                 binary: self.binary.clone(),
                 found: version.to_owned(),
-                need: format!("{}.{}", MIN_RUNC.0, MIN_RUNC.1),
+                cve: bad.cve,
+                what: bad.what,
             });
         }
         Ok(())
@@ -376,17 +462,49 @@ mod tests {
     }
 
     #[test]
-    fn versions_below_the_minimum_or_unreadable_are_too_old() {
+    fn versions_below_a_minimum_known_bad_or_unreadable_are_refused() {
         let r = runtime(&Arc::new(Fake::new()));
-        r.check_version("runc version 1.1.12\ncommit: v1.1.12\nspec: 1.0.2-dev")
-            .unwrap();
-        r.check_version("runc version 1.2.0").unwrap();
+        r.check_version(
+            "runc version 1.1.12\ncommit: v1.1.12\nspec: 1.0.2-dev",
+            None,
+        )
+        .unwrap();
+        r.check_version("runc version 1.2.0", None).unwrap();
         for old in ["runc version 1.0.0-rc93", "runc version 0.9", "garbage", ""] {
             assert!(
-                matches!(r.check_version(old), Err(RuntimeError::TooOld { .. })),
+                matches!(r.check_version(old, None), Err(RuntimeError::TooOld { .. })),
                 "{old:?}"
             );
         }
+        // The policy's minimum raises the floor, never lowers it.
+        assert!(matches!(
+            r.check_version("runc version 1.1.12", Some((1, 2, 0))),
+            Err(RuntimeError::TooOld { .. })
+        ));
+        assert!(matches!(
+            r.check_version("runc version 1.0.0", Some((0, 1, 0))),
+            Err(RuntimeError::TooOld { .. })
+        ));
+        // Upstream releases with a reachable escape are refused, a build with the fix is not.
+        for (text, cve) in [
+            ("runc version 1.1.1", "CVE-2022-29162"),
+            ("runc version 1.1.4\ncommit: v1.1.4", "CVE-2023-27561"),
+            ("runc version 1.1.11\ncommit: v1.1.11", "CVE-2024-21626"),
+            (
+                "runc version 1.1.5+ds1\ncommit: 1.1.5+ds1-1",
+                "CVE-2024-21626",
+            ),
+        ] {
+            match r.check_version(text, None) {
+                Err(RuntimeError::KnownBad { cve: c, .. }) => assert_eq!(c, cve, "{text}"),
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        r.check_version(
+            "runc version 1.1.5+ds1\ncommit: 1.1.5+ds1-1+deb12u1\nspec: 1.0.2-dev",
+            None,
+        )
+        .unwrap();
     }
 
     #[test]

@@ -252,18 +252,40 @@ fn header(cx: &mut Cx, node: &KdlNode) -> Option<Header> {
 }
 
 fn runtime(cx: &mut Cx, node: &KdlNode) -> Option<Runtime> {
-    shape(cx, node, 1, 1, &["path", "sha256"], false);
+    shape(cx, node, 1, 1, &["path", "sha256", "min-version"], false);
     let kind = arg(node, 0).and_then(|e| keyword::<RuntimeKind>(cx, e, "runtime"));
     let p = required_prop(cx, node, "path").and_then(|e| path(cx, e, "runtime path"));
     let sha256 = match prop(node, "sha256") {
         Some(e) => Some(digest(cx, e)?),
         None => None,
     };
+    let min_version = match prop(node, "min-version") {
+        Some(e) => Some(release(cx, e)?),
+        None => None,
+    };
     Some(Runtime {
         kind: kind?,
         path: p?,
         sha256,
+        min_version,
     })
+}
+
+/// A release number `MAJOR.MINOR.PATCH`.
+fn release(cx: &mut Cx, entry: &KdlEntry) -> Option<(u32, u32, u32)> {
+    let text = string(cx, entry)?;
+    let parts: Vec<Option<u32>> = text.split('.').map(|p| p.parse().ok()).collect();
+    if let [Some(a), Some(b), Some(c)] = parts[..] {
+        return Some((a, b, c));
+    }
+    cx.report(
+        "invalid-value",
+        entry.span(),
+        "not a release number",
+        format!("{text:?} is not a release number"),
+        Some("write MAJOR.MINOR.PATCH, for example \"1.1.12\"".into()),
+    );
+    None
 }
 
 fn id_range(cx: &mut Cx, node: &KdlNode) -> Option<IdRange> {
@@ -2020,6 +2042,20 @@ mod tests {
             many.join(" ")
         );
         assert_eq!(bad("socket", &c), ["invalid-value"], "81 entries > 64");
+    }
+
+    #[test]
+    fn a_runtime_minimum_is_a_release_number() {
+        let p = crate::parse("t.kdl", &default_policy()).unwrap();
+        assert_eq!(p.runtime().min_version(), Some((1, 1, 5)));
+        for bad in ["1.1", "1.x.5", "v1.1.5", ""] {
+            let text = default_policy().replacen(
+                "min-version=\"1.1.5\"",
+                &format!("min-version={bad:?}"),
+                1,
+            );
+            assert_eq!(codes(&text), ["invalid-value"], "{bad:?}");
+        }
     }
 
     #[test]

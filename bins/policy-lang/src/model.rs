@@ -41,6 +41,9 @@ pub struct Runtime {
     pub(crate) path: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) sha256: Option<Digest>,
+    /// The lowest release the policy accepts, (major, minor, patch).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) min_version: Option<(u32, u32, u32)>,
 }
 
 impl Runtime {
@@ -60,6 +63,13 @@ impl Runtime {
     #[must_use]
     pub fn pin(&self) -> Option<&Digest> {
         self.sha256.as_ref()
+    }
+
+    /// The policy's minimum release, when it sets one (the toolchain's own floor and its list of
+    /// known-bad releases apply regardless).
+    #[must_use]
+    pub fn min_version(&self) -> Option<(u32, u32, u32)> {
+        self.min_version
     }
 }
 

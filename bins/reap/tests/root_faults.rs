@@ -326,7 +326,10 @@ fn a_container_that_will_not_disappear_and_a_runtime_too_old_are_no_decisions() 
     let facts =
         cordon::identity::probe_runtime(&cordon::host::Linux, "runc", &sticky.runtime.binary, None)
             .unwrap();
-    let err = sticky.runtime.check_version(&facts.version).unwrap_err();
+    let err = sticky
+        .runtime
+        .check_version(&facts.version, None)
+        .unwrap_err();
     assert!(err.to_string().contains("needs at least 1.1"), "{err}");
     drop(m);
     let m = Manager::open(&store, s).unwrap();

@@ -160,7 +160,7 @@ impl Session<'_> {
             .ok_or(SessionError::Plan(PlanError::NoStage { kind: self.kind }))?;
         self.setup
             .runtime
-            .check_version(&self.runtime_version)
+            .check_version(&self.runtime_version, self.policy.runtime().min_version())
             .map_err(SessionError::from)?;
         let mut devices = BTreeMap::new();
         for path in stage.gpu_device.keys() {
