@@ -688,6 +688,17 @@ impl Store {
         out.sort();
         Ok(out)
     }
+
+    /// [`Store::listing`] without `receipts/`: the content a rejection or a no-decision must
+    /// leave exactly as it was (its receipt is stored; nothing else is).
+    ///
+    /// # Errors
+    /// As [`Store::listing`].
+    pub fn content_listing(&self) -> Result<Vec<String>, StoreError> {
+        let mut out = self.listing()?;
+        out.retain(|l| !l.starts_with("receipts/"));
+        Ok(out)
+    }
 }
 
 fn list_into(root: &Path, dir: &Path, out: &mut Vec<String>) -> Result<(), StoreError> {

@@ -266,7 +266,7 @@ fn transfers_that_break_a_transport_rule_are_rejected_and_store_nothing() {
     let policy = loopback_policy(&s, "");
     let store_dir = s.dir.path().join("store");
     let store = Store::open(&store_dir).unwrap();
-    let before = store.listing().unwrap();
+    let before = store.content_listing().unwrap();
     let sha = Digest::of_bytes(&body);
     let at = |p: &str| format!("https://localhost:{}{p}", s.port);
     for (path, code) in [
@@ -278,7 +278,7 @@ fn transfers_that_break_a_transport_rule_are_rejected_and_store_nothing() {
         assert_eq!(o.code, ExitCode::Rejected, "{path}: {}", o.stderr);
         assert_eq!(reason(&o), code, "{path}");
         assert_eq!(
-            store.listing().unwrap(),
+            store.content_listing().unwrap(),
             before,
             "{path}: the store changed"
         );
@@ -286,7 +286,7 @@ fn transfers_that_break_a_transport_rule_are_rejected_and_store_nothing() {
     // A Content-Length that lies is not trusted: the bytes received are what count.
     let o = fetch(&policy, &store_dir, &sha, &at("/lie"));
     assert_ne!(o.code, ExitCode::Ok, "a lying Content-Length must not pass");
-    assert_eq!(store.listing().unwrap(), before);
+    assert_eq!(store.content_listing().unwrap(), before);
 }
 
 #[test]
@@ -401,21 +401,38 @@ fn a_local_archive_is_admitted_and_a_wrong_digest_rejected_with_the_store_unchan
     assert_eq!(o.code, ExitCode::Ok, "{}", o.stderr);
     let receipt = o.receipt.unwrap();
     let stored = Store::open(&store_dir).unwrap();
-    let before = stored.listing().unwrap();
     assert!(
-        before.iter().any(|l| l.starts_with("receipts/")),
+        stored
+            .listing()
+            .unwrap()
+            .iter()
+            .any(|l| l.starts_with("receipts/")),
         "the ok receipt is stored by digest"
     );
+    let before = stored.content_listing().unwrap();
     let wrong = Digest::of_bytes(b"not it");
     let o = fetch(&policy, &store_dir, &wrong, file.to_str().unwrap());
     assert_eq!(o.code, ExitCode::Rejected);
     assert_eq!(reason(&o), "intake.hash-mismatch");
+    let after = stored.listing().unwrap();
     assert_eq!(
-        stored.listing().unwrap(),
+        stored.content_listing().unwrap(),
         before,
-        "a rejection leaves the store as it was"
+        "a rejection leaves the store's content as it was"
     );
-    assert_eq!(o.receipt.unwrap()["authority"], receipt["authority"]);
+    let rejected = o.receipt.unwrap();
+    let name = cordon::receipt::Receipt::parse(&rejected.to_string())
+        .unwrap()
+        .digest()
+        .unwrap()
+        .hex();
+    assert!(
+        after
+            .iter()
+            .any(|l| l.starts_with(&format!("receipts/{name}.json"))),
+        "every verdict is stored, the rejection too: {after:?}"
+    );
+    assert_eq!(rejected["authority"], receipt["authority"]);
     // A malformed digest and a missing file are usage errors, before the store is touched.
     let mut stage = StageArgs::new(&policy, Some(&store_dir));
     stage.diagnostics = Diagnostics::Json;

@@ -136,8 +136,10 @@ impl StageError {
     }
 }
 
-/// Finish a receipt (set `finished_at`), store it when it is `ok`, print it as one line of
-/// canonical JSON on `stdout`. Returns its digest.
+/// Finish a receipt (set `finished_at`), store it under `receipts/` — every verdict, `ok`,
+/// `rejected` and `no-decision` alike, so a pipeline can pass any of them on and an incident
+/// keeps its evidence (content stays unchanged by a rejection: only the receipt is written) —
+/// and print it as one line of canonical JSON on `stdout`. Returns its digest.
 ///
 /// # Errors
 /// Encoding, storing or printing failed.
@@ -149,7 +151,7 @@ pub fn emit(
     receipt.finished_at = cordon::receipt::now_rfc3339();
     let text = receipt.to_canonical_json()?;
     let digest = receipt.digest()?;
-    if let (Some(store), Outcome::Ok) = (store, receipt.outcome) {
+    if let Some(store) = store {
         store.put_document(
             "receipts",
             &format!("{}.json", digest.hex()),
@@ -171,7 +173,7 @@ pub trait Infrastructure: miette::Diagnostic {
 /// `ok` receipt with the stage's outputs (exit 0), a rejection a `rejected` receipt with its
 /// findings and evidence (exit 1), an error a `no-decision` receipt whose reason is the error's
 /// chain under its reason code (exit 3, the error also reported on stderr). The receipt is then
-/// emitted (stored when `ok`); a failure to emit is a no-decision.
+/// emitted (and stored, whatever its outcome); a failure to emit is a no-decision.
 pub fn finish<T: serde::Serialize, E: Infrastructure>(
     store: &Store,
     receipt: &mut Receipt,
@@ -296,14 +298,16 @@ mod tests {
         let (code, r, stored) = finish_with(Ok(Decision::Rejected(rejection)));
         assert_eq!(
             (code, r.outcome, stored),
-            (ExitCode::Rejected, Outcome::Rejected, 0)
+            (ExitCode::Rejected, Outcome::Rejected, 1),
+            "every verdict is stored"
         );
         assert_eq!(r.reasons[0].code, "intake.symlink");
 
         let (code, r, stored) = finish_with(Err(Broken));
         assert_eq!(
             (code, r.outcome, stored),
-            (ExitCode::NoDecision, Outcome::NoDecision, 0)
+            (ExitCode::NoDecision, Outcome::NoDecision, 1),
+            "every verdict is stored"
         );
         assert_eq!(r.reasons[0].code, "fetch.infrastructure");
         assert_eq!(r.reasons[0].message, "the disk is on fire");
