@@ -218,6 +218,10 @@ fn writes_outside_staging_exec_from_tmp_and_setuid_are_refused() {
         echo uid=$(busybox id -u) >> $out/r\n\
         for f in /proc/cmdline /proc/key-users /proc/config.gz /proc/kallsyms /proc/sys/kernel/random/boot_id; do echo \"hostfact $f=$(busybox head -c 64 $f 2>/dev/null | busybox wc -c)\" >> $out/r; done\n\
         echo gpuenv=$(busybox env | busybox grep -cE '^(NVIDIA|CUDA)_') >> $out/r\n\
+        busybox ln /bin/busybox $out/hl 2>/dev/null && echo hardlink=yes >> $out/r || echo hardlink=no >> $out/r\n\
+        echo core=$(busybox grep 'Max core file size' /proc/self/limits | busybox tr -s ' ' | busybox cut -d' ' -f5) >> $out/r\n\
+        echo pids=$(busybox ls /proc | busybox grep -c '^[0-9]') >> $out/r\n\
+        busybox cat /proc/1/environ >/dev/null 2>&1; echo shadow=$(busybox cat /etc/shadow 2>/dev/null | busybox wc -c) >> $out/r\n\
         echo procdriver=$(busybox ls -A /proc/driver 2>/dev/null | busybox wc -l) >> $out/r\n\
         [ -e /sys/bus/pci ] && echo pci=yes >> $out/r || echo pci=no >> $out/r\n\
         for p in /dev/nvidia0 /dev/nvidiactl /model /root /home /var/run/docker.sock /run/docker.sock /run/containerd /nonexistent; do [ -e $p ] && echo present=$p >> $out/r; done\n\
@@ -260,6 +264,17 @@ fn writes_outside_staging_exec_from_tmp_and_setuid_are_refused() {
             "{f} is visible: {r}"
         );
     }
+    // Corpus 19, 12, 52, 51: no hard link out of staging (another filesystem), no core
+    // dumps, only the container's own processes, no host secrets to read.
+    for want in ["hardlink=no", "core=0", "shadow=0"] {
+        assert!(r.contains(want), "{want}: {r}");
+    }
+    let pids: u32 = r
+        .lines()
+        .find_map(|l| l.strip_prefix("pids="))
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    assert!(pids < 10, "host processes are visible: {pids}");
     for want in ["gpuenv=0", "procdriver=0", "pci=no"] {
         assert!(r.contains(want), "{want}: {r}");
     }
@@ -520,12 +535,36 @@ fn blocked_system_calls_and_socket_families_fail_with_eperm() {
         "af_packet",
         "af_alg",
         "raw",
+        "setns",
+        "umount_proc",
+        "clock_settime",
+        "mknod",
+        "add_key",
+        "init_module",
+        "kexec_load",
+        "userfaultfd",
+        "personality",
     ] {
         assert!(
             r.contains(&format!("{name}=-1:1\n")),
             "{name} must fail with EPERM: {r}"
         );
     }
+    // TIOCSTI: no controlling terminal to push input into (stdio is never a tty), high bits or not.
+    for name in ["tiocsti", "tiocsti_high"] {
+        assert!(
+            r.contains(&format!("{name}=-1:25\n")) || r.contains(&format!("{name}=-1:1\n")),
+            "{name} must find no terminal: {r}"
+        );
+    }
+    // Descriptors end at the policy's nofile (4096, less stdio and the probe's own), as EMFILE.
+    assert!(
+        r.lines()
+            .any(|l| l.starts_with("nofile_opened=409") && l.ends_with("errno=24")),
+        "{r}"
+    );
+    // An i386 call (int 0x80) from the x86_64 process: killed by the filter (SIGSYS, 31).
+    assert!(r.contains("int80=signal:31\n"), "{r}");
     // The same probe succeeds where the allow-list admits: the filter, not the probe, refuses.
     for name in ["af_unix", "af_unix_high_bits", "af_inet"] {
         assert!(
@@ -621,9 +660,15 @@ fn argument_conditions_hold_at_every_boundary_and_with_high_bits_set() {
 const PROBE: &str = r#"
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 static void report(const char *name, long r) { printf("%s=%ld:%d\n", name, r, r < 0 ? errno : 0); }
 int main(void) {
@@ -644,6 +689,34 @@ int main(void) {
     errno = 0; report("af_unix", socket(AF_UNIX, SOCK_STREAM, 0) >= 0 ? 0 : -1);
     errno = 0; report("af_unix_high_bits", syscall(SYS_socket, 0x100000001L, (long)SOCK_STREAM, 0L) >= 0 ? 0 : -1);
     errno = 0; report("af_inet", socket(AF_INET, SOCK_DGRAM, 0) >= 0 ? 0 : -1);
+    /* Corpus 30: join or make namespaces, unmount /proc. */
+    errno = 0; report("setns", syscall(SYS_setns, 0L, 0L));
+    errno = 0; report("umount_proc", syscall(SYS_umount2, "/proc", 2L));
+    /* Corpus 10: the clock cannot be changed from inside. */
+    struct timespec ts = {0, 0};
+    errno = 0; report("clock_settime", syscall(SYS_clock_settime, 0L, &ts));
+    /* Corpus 20: no device node can be made. */
+    errno = 0; report("mknod", syscall(SYS_mknod, "/tmp/null", (long)(S_IFCHR | 0666), (long)makedev(1, 3)));
+    /* Corpus 31, 39: key, module, kexec, userfaultfd, personality. */
+    errno = 0; report("add_key", syscall(SYS_add_key, "user", "k", "v", 1L, -1L));
+    errno = 0; report("init_module", syscall(SYS_init_module, 0L, 0L, ""));
+    errno = 0; report("kexec_load", syscall(SYS_kexec_load, 0L, 0L, 0L, 0L));
+    errno = 0; report("userfaultfd", syscall(SYS_userfaultfd, 0L));
+    errno = 0; report("personality", syscall(SYS_personality, 0x0040000L));
+    /* Corpus 37: TIOCSTI, plain and with high bits set (CVE-2019-10063). */
+    char c = 'x';
+    errno = 0; report("tiocsti", syscall(SYS_ioctl, 0L, (long)TIOCSTI, &c));
+    errno = 0; report("tiocsti_high", syscall(SYS_ioctl, 0L, 0x100000000L | TIOCSTI, &c));
+    /* Corpus 8: descriptors run out at the policy's nofile, as EMFILE. */
+    int n = 0, last = 0;
+    for (;;) { int fd = open("/dev/null", O_RDONLY); if (fd < 0) { last = errno; break; } n++; if (n > 100000) break; }
+    printf("nofile_opened=%d errno=%d\n", n, last);
+    /* Corpus 36: an i386 system call from a 64-bit process is killed (the filter is x86_64 only). */
+    pid_t child = fork();
+    if (child == 0) { long r; __asm__ volatile ("int $0x80" : "=a"(r) : "a"(20L)); _exit(r > 0 ? 7 : 8); }
+    int status = 0;
+    waitpid(child, &status, 0);
+    printf("int80=%s:%d\n", WIFSIGNALED(status) ? "signal" : "exit", WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
     return 0;
 }
 "#;
