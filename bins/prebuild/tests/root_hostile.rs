@@ -6,6 +6,9 @@
 //! (`/bin/sh /engine/build.sh /staging`) in the pinned prebuild image (static busybox; applets
 //! are reached as `busybox APPLET`). System calls are probed by a small static C program the
 //! test compiles on the host and places in the tree.
+//!
+//! `CORPUS.md` beside this file maps every behaviour of the hostile corpus (sections A–F) to
+//! the test that attempts it, and names the ones still open.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
