@@ -126,7 +126,7 @@ pub fn for_lease(policy: &AccountPolicy, lease: &str) -> Account {
 fn entries(
     host: &dyn Host,
     path: &std::path::Path,
-) -> Result<Vec<(String, u32, Option<u32>)>, AccountError> {
+) -> Result<Vec<(String, u32, Option<u32>, Option<String>)>, AccountError> {
     let bytes = host.read(path).map_err(|source| AccountError::Database {
         op: "read",
         path: path.to_path_buf(),
@@ -152,6 +152,7 @@ fn entries(
                 f.first().copied().unwrap_or_default().to_owned(),
                 id,
                 f.get(3).and_then(|g| g.parse().ok()),
+                f.get(4).map(|c| (*c).to_owned()),
             ))
         })
         .collect()
@@ -165,13 +166,13 @@ fn taken(
 ) -> Result<Option<String>, AccountError> {
     let users = entries(host, &policy.passwd)?;
     let groups = entries(host, &policy.group)?;
-    Ok(if users.iter().any(|(n, _, _)| *n == a.name) {
+    Ok(if users.iter().any(|(n, _, _, _)| *n == a.name) {
         Some("the name exists".into())
-    } else if groups.iter().any(|(n, _, _)| *n == a.name) {
+    } else if groups.iter().any(|(n, _, _, _)| *n == a.name) {
         Some("a group of that name exists".into())
-    } else if users.iter().any(|(_, id, _)| *id == a.uid) {
+    } else if users.iter().any(|(_, id, _, _)| *id == a.uid) {
         Some("the uid exists".into())
-    } else if groups.iter().any(|(_, id, _)| *id == a.gid) {
+    } else if groups.iter().any(|(_, id, _, _)| *id == a.gid) {
         Some("the gid exists".into())
     } else {
         None
@@ -216,7 +217,12 @@ fn deny(
 ///
 /// # Errors
 /// The name or an id is taken, a database is unreadable, or a tool failed.
-pub fn create(host: &dyn Host, policy: &AccountPolicy, a: &Account) -> Result<(), AccountError> {
+pub fn create(
+    host: &dyn Host,
+    policy: &AccountPolicy,
+    a: &Account,
+    owner: &str,
+) -> Result<(), AccountError> {
     if a.uid == 0 || a.gid == 0 {
         return Err(AccountError::Taken {
             name: a.name.clone(),
@@ -251,7 +257,7 @@ pub fn create(host: &dyn Host, policy: &AccountPolicy, a: &Account) -> Result<()
             &shell,
             "--no-user-group",
             "--comment",
-            "cordon per-run account",
+            owner,
             &a.name,
         ],
     )?;
@@ -267,18 +273,50 @@ pub fn create(host: &dyn Host, policy: &AccountPolicy, a: &Account) -> Result<()
 pub fn remove(host: &dyn Host, policy: &AccountPolicy, a: &Account) -> Result<(), AccountError> {
     if entries(host, &policy.passwd)?
         .iter()
-        .any(|(n, _, _)| *n == a.name)
+        .any(|(n, _, _, _)| *n == a.name)
     {
         tool(host, "userdel", &[&a.name])?;
     }
     if entries(host, &policy.group)?
         .iter()
-        .any(|(n, _, _)| *n == a.name)
+        .any(|(n, _, _, _)| *n == a.name)
     {
         tool(host, "groupdel", &[&a.name])?;
     }
     deny(host, &policy.cron_deny, &a.name, false)?;
     deny(host, &policy.at_deny, &a.name, false)
+}
+
+/// The owner tag a per-run account carries in its comment (GECOS) field: the executor and a
+/// digest of the store root, so recovery removes only its own executor's and store's accounts
+/// even when several share the policy's range.
+#[must_use]
+pub fn owner_tag(executor: &str, store: &std::path::Path) -> String {
+    let store = crate::canonical::Digest::of_bytes(store.as_os_str().as_encoded_bytes());
+    format!("cordon {executor} {}", &store.hex()[..16])
+}
+
+/// [`in_range`], each account with the comment its passwd line carries (`None` for a group
+/// left without its account): the owner tag of [`owner_tag`] when cordon made it.
+///
+/// # Errors
+/// As [`in_range`].
+pub fn in_range_with_owner(
+    host: &dyn Host,
+    policy: &AccountPolicy,
+) -> Result<Vec<(Account, Option<String>)>, AccountError> {
+    let comments: std::collections::BTreeMap<String, Option<String>> =
+        entries(host, &policy.passwd)?
+            .into_iter()
+            .map(|(name, _, _, comment)| (name, comment))
+            .collect();
+    Ok(in_range(host, policy)?
+        .into_iter()
+        .map(|a| {
+            let c = comments.get(&a.name).cloned().flatten();
+            (a, c)
+        })
+        .collect())
 }
 
 /// Accounts named `cordon-…` with a uid in the policy's range, and groups named `cordon-…`
@@ -290,7 +328,7 @@ pub fn remove(host: &dyn Host, policy: &AccountPolicy, a: &Account) -> Result<()
 pub fn in_range(host: &dyn Host, policy: &AccountPolicy) -> Result<Vec<Account>, AccountError> {
     let mut out: Vec<Account> = entries(host, &policy.passwd)?
         .into_iter()
-        .filter_map(|(name, uid, gid)| {
+        .filter_map(|(name, uid, gid, _)| {
             (name.starts_with("cordon-") && (policy.uids.0..=policy.uids.1).contains(&uid)).then(
                 || Account {
                     name,
@@ -300,7 +338,7 @@ pub fn in_range(host: &dyn Host, policy: &AccountPolicy) -> Result<Vec<Account>,
             )
         })
         .collect();
-    for (name, gid, _) in entries(host, &policy.group)? {
+    for (name, gid, _, _) in entries(host, &policy.group)? {
         if name.starts_with("cordon-")
             && (policy.gids.0..=policy.gids.1).contains(&gid)
             && !out.iter().any(|a| a.name == name)
@@ -350,7 +388,7 @@ pub(crate) mod tests {
             in_range(&f, &policy()),
             Err(AccountError::Database { .. })
         ));
-        assert!(create(&f, &policy(), &account()).is_err());
+        assert!(create(&f, &policy(), &account(), "cordon t 0").is_err());
         assert!(remove(&f, &policy(), &account()).is_err());
         // Nothing was created on the strength of an unread database.
         assert!(!f.calls().iter().any(|c| matches!(c, Call::Run(_))));
@@ -362,7 +400,7 @@ pub(crate) mod tests {
         f.file("/etc/passwd", "root:x:0:0::/root:/bin/sh\n")
             .file("/etc/group", "root:x:0:\n")
             .file("/etc/cron.deny", "alice");
-        create(&f, &policy(), &account()).unwrap();
+        create(&f, &policy(), &account(), "cordon t 0").unwrap();
         assert_eq!(
             f.text(std::path::Path::new("/etc/cron.deny")).unwrap(),
             "alice\ncordon-00000001\n"
@@ -405,14 +443,14 @@ pub(crate) mod tests {
         f.file("/etc/passwd", "x:x:5001:1::/:/bin/sh\n")
             .file("/etc/group", "");
         assert!(matches!(
-            create(&f, &policy(), &account()),
+            create(&f, &policy(), &account(), "cordon t 0"),
             Err(AccountError::Taken { .. })
         ));
         let f = Fake::new();
         f.file("/etc/passwd", "").file("/etc/group", "");
         f.reply("useradd", ToolOutput::failed("useradd: boom"));
         assert!(matches!(
-            create(&f, &policy(), &account()),
+            create(&f, &policy(), &account(), "cordon t 0"),
             Err(AccountError::Tool { .. })
         ));
         let f = Fake::new();
@@ -420,7 +458,7 @@ pub(crate) mod tests {
             .file("/etc/group", "")
             .fail(false, false, true);
         assert!(matches!(
-            create(&f, &policy(), &account()),
+            create(&f, &policy(), &account(), "cordon t 0"),
             Err(AccountError::Database { op: "edit", .. })
         ));
     }

@@ -498,6 +498,57 @@ pub fn read_records(store: &Store, executor: &str) -> Result<Vec<Record>, LeaseE
     Ok(out)
 }
 
+/// The bytes (whole pages per file, plus one) and inodes (plus slack) a tmpfs needs to hold a
+/// copy of the tree at `root`.
+fn tree_size(root: &Path) -> Result<(u64, u64), LeaseError> {
+    const PAGE: u64 = 4096;
+    let (mut bytes, mut inodes) = (PAGE, 16u64);
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for entry in fs::read_dir(&d).map_err(io("list", &d))? {
+            let path = entry.map_err(io("list", &d))?.path();
+            let m = fs::symlink_metadata(&path).map_err(io("stat", &path))?;
+            inodes += 1;
+            if m.is_dir() {
+                dirs.push(path);
+            } else if m.is_file() {
+                bytes += m.len().div_ceil(PAGE) * PAGE;
+            } else {
+                return Err(LeaseError::Protected {
+                    path,
+                    why: "a store tree holds only regular files and directories".into(),
+                });
+            }
+        }
+    }
+    Ok((bytes, inodes))
+}
+
+/// Copy the tree at `from` into the empty directory `to`: directories 0555, files 0444 or 0555
+/// (executable as in the store), no link followed.
+fn copy_tree(from: &Path, to: &Path) -> Result<(), LeaseError> {
+    for entry in fs::read_dir(from).map_err(io("list", from))? {
+        let src = entry.map_err(io("list", from))?.path();
+        let dst = to.join(src.file_name().unwrap_or_default());
+        let m = fs::symlink_metadata(&src).map_err(io("stat", &src))?;
+        if m.is_dir() {
+            fs::DirBuilder::new()
+                .mode(0o755)
+                .create(&dst)
+                .map_err(io("create", &dst))?;
+            copy_tree(&src, &dst)?;
+        } else {
+            let mut input = store::open_nofollow(&src)?;
+            let mut out = store::create_exclusive(&dst, 0o600)?;
+            std::io::copy(&mut input, &mut out).map_err(io("copy", &dst))?;
+            let mode = if m.mode() & 0o111 != 0 { 0o555 } else { 0o444 };
+            out.set_permissions(fs::Permissions::from_mode(mode))
+                .map_err(io("chmod", &dst))?;
+        }
+    }
+    fs::set_permissions(to, fs::Permissions::from_mode(0o555)).map_err(io("chmod", to))
+}
+
 /// A view of an executor's leases that takes no lock: what a monitor reads while a supervisor
 /// holds the executor, and how `cordon-reap` ends a lease that outlived its deadline (or its
 /// supervisor) without waiting for that supervisor.
@@ -810,7 +861,12 @@ impl Manager {
     /// # Errors
     /// The account's name or ids are taken, or the directory exists.
     pub fn provision(&self, lease: &Lease) -> Result<(), LeaseError> {
-        account::create(self.setup.host(), &self.setup.accounts, lease.account())?;
+        account::create(
+            self.setup.host(),
+            &self.setup.accounts,
+            lease.account(),
+            &self.owner_tag(),
+        )?;
         let dir = lease.run_dir();
         fs::create_dir_all(&self.setup.run_root).map_err(io("create", &self.setup.run_root))?;
         if dir.try_exists().map_err(io("stat", dir))? {
@@ -883,6 +939,37 @@ impl Manager {
                 options,
             })
             .map_err(io("mount tmpfs on", &point))?;
+        Ok(point)
+    }
+
+    /// Mount the lease's own read-only copy of the store tree `source` at `point`: a private
+    /// tmpfs (root-owned, 0755) sized to the tree, its directories 0555 and files 0444 or 0555
+    /// as in the store. Each lease gets its own inodes: no lock, inotify watch, link count or
+    /// access time is shared with another lease, and the mount table names no store path.
+    ///
+    /// # Errors
+    /// The mount point is not one the record names, the tree holds anything but regular files
+    /// and directories, or a step failed.
+    pub fn mount_copy(
+        &self,
+        lease: &Lease,
+        point: &Path,
+        source: &Path,
+    ) -> Result<PathBuf, LeaseError> {
+        let point = lease.named_mount_point(point)?;
+        let (bytes, inodes) = tree_size(source)?;
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&point)
+            .map_err(io("create", &point))?;
+        self.setup
+            .host()
+            .mount(&MountRequest::Tmpfs {
+                target: point.clone(),
+                options: format!("size={bytes},nr_inodes={inodes},mode=0755,uid=0,gid=0"),
+            })
+            .map_err(io("mount tmpfs on", &point))?;
+        copy_tree(source, &point)?;
         Ok(point)
     }
 
@@ -1182,6 +1269,29 @@ impl Manager {
         read_records(&self.store, &self.setup.executor)
     }
 
+    /// The owner tag of this executor's accounts in this store.
+    fn owner_tag(&self) -> String {
+        account::owner_tag(&self.setup.executor, self.store.root())
+    }
+
+    /// The accounts in the policy's range: this executor's and store's (by their owner tag)
+    /// and the ones with no readable tag; anyone else's are not listed.
+    ///
+    /// # Errors
+    /// The account databases cannot be read.
+    fn accounts(&self) -> Result<(Vec<Account>, Vec<Account>), LeaseError> {
+        let tag = self.owner_tag();
+        let (mut ours, mut unattributed) = (Vec::new(), Vec::new());
+        for (a, comment) in account::in_range_with_owner(self.setup.host(), &self.setup.accounts)? {
+            match comment {
+                Some(c) if c == tag => ours.push(a),
+                Some(c) if c.starts_with("cordon ") => {}
+                _ => unattributed.push(a),
+            }
+        }
+        Ok((ours, unattributed))
+    }
+
     /// The containers in cordon's state root labelled with this executor and this store.
     ///
     /// # Errors
@@ -1281,9 +1391,21 @@ impl Manager {
                 Err(e) => residue.push(format!("cgroup {}: {e}", cg.display())),
             }
         }
-        // Accounts are removed only through this executor's records (each names its account
-        // before creating it): one in the range that no record names may be another
-        // executor's, live, so it is never swept here; the check reports it.
+        // Accounts of this executor and store no record names any more (their record went with
+        // a lost store, say), by the owner tag in their comment; one without a tag is left to
+        // the operator, and another executor's is never touched.
+        let (ours, unattributed) = self.accounts()?;
+        for a in ours {
+            match account::remove(self.setup.host(), &self.setup.accounts, &a) {
+                Ok(()) => done.push(format!("account {}", a.name)),
+                Err(e) => residue.push(format!("account {}: {e}", a.name)),
+            }
+        }
+        residue.extend(
+            unattributed
+                .iter()
+                .map(|a| format!("account {} has no owner tag: left alone", a.name)),
+        );
         if residue.is_empty() {
             Ok(done)
         } else {
@@ -1318,8 +1440,12 @@ impl Manager {
                 path.display()
             ));
         }
-        for a in account::in_range(self.setup.host(), &self.setup.accounts)? {
+        let (ours, unattributed) = self.accounts()?;
+        for a in ours {
             left.push(format!("account {} (uid {})", a.name, a.uid));
+        }
+        for a in unattributed {
+            left.push(format!("account {} (uid {}, no owner tag)", a.name, a.uid));
         }
         for cg in self.setup.leftover_cgroups()? {
             left.push(format!("cgroup {}", cg.display()));
@@ -1668,6 +1794,57 @@ mod tests {
         .unreadable(parent)
         .reply("list", ToolOutput::ok(b"[]"));
         assert!(with_host(&w, f).check().is_err());
+    }
+
+    /// Three accounts in the range: this executor's and store's (by its owner tag), another
+    /// executor's, and one without a tag. Recovery removes only the first; the check lists the
+    /// first and the untagged one, never the other executor's.
+    #[test]
+    fn recovery_removes_only_accounts_that_carry_its_own_owner_tag() {
+        let w = world();
+        let tag = w.manager.owner_tag();
+        let f = empty_host();
+        f.file(
+            "/etc/passwd",
+            &format!(
+                "cordon-00000001:x:5001:5001:{tag}:/nonexistent:/usr/sbin/nologin\n\
+                 cordon-00000002:x:5002:5002:cordon other 0123456789abcdef:/nonexistent:/bin/false\n\
+                 cordon-00000003:x:5003:5003::/nonexistent:/usr/sbin/nologin\n"
+            ),
+        )
+        .file(
+            "/etc/group",
+            "cordon-00000001:x:5001:\ncordon-00000002:x:5002:\ncordon-00000003:x:5003:\n",
+        )
+        .reply("list", ToolOutput::ok(b"[]"));
+        let m = with_host(&w, f.clone());
+        let left = m.check().unwrap();
+        assert_eq!(left.len(), 2, "{left:?}");
+        assert!(
+            left.iter()
+                .any(|l| l.starts_with("account cordon-00000001"))
+        );
+        assert!(
+            left.iter()
+                .any(|l| l.contains("cordon-00000003") && l.contains("no owner tag"))
+        );
+        let residue = match m.recover() {
+            Err(LeaseError::Residue(r)) => r.items,
+            other => panic!("the untagged account is residue: {other:?}"),
+        };
+        assert!(
+            residue.iter().any(|r| r.contains("cordon-00000003")),
+            "{residue:?}"
+        );
+        let removed: Vec<String> = f
+            .calls()
+            .into_iter()
+            .filter_map(|c| match c {
+                Call::Run(line) if line.starts_with("userdel") => Some(line),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(removed, ["userdel cordon-00000001"]);
     }
 
     #[test]

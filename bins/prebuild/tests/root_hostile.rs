@@ -219,6 +219,9 @@ fn writes_outside_staging_exec_from_tmp_and_setuid_are_refused() {
         echo kcore=$(busybox head -c 16 /proc/kcore 2>/dev/null | busybox wc -c) >> $out/r\n\
         busybox ls /sys/firmware >/dev/null 2>&1 && echo firmware=yes >> $out/r || echo firmware=no >> $out/r\n\
         echo uid=$(busybox id -u) >> $out/r\n\
+        echo treelinks=$(busybox stat -c %h /engine/build.sh) >> $out/r\n\
+        echo engineroot=$(busybox grep ' /engine ' /proc/self/mountinfo | busybox cut -d' ' -f4) >> $out/r\n\
+        echo storepaths=$(busybox grep -cE 'trees/|publications/' /proc/self/mountinfo) >> $out/r\n\
         for f in /proc/cmdline /proc/key-users /proc/config.gz /proc/kallsyms /proc/sys/kernel/random/boot_id; do echo \"hostfact $f=$(busybox head -c 64 $f 2>/dev/null | busybox wc -c)\" >> $out/r; done\n\
         echo gpuenv=$(busybox env | busybox grep -cE '^(NVIDIA|CUDA)_') >> $out/r\n\
         busybox ln /bin/busybox $out/hl 2>/dev/null && echo hardlink=yes >> $out/r || echo hardlink=no >> $out/r\n\
@@ -248,6 +251,19 @@ fn writes_outside_staging_exec_from_tmp_and_setuid_are_refused() {
         assert!(r.contains(want), "{want}: {r}");
     }
     assert!(!r.contains("uid=0"), "the step ran as root: {r}");
+    // Corpus 33, 25: the tree is the lease's own copy — one link per file (the store's object
+    // has at least two: the object and the tree's link), so no inode is shared with another
+    // lease — and the mount table names no store tree (the image rootfs path still shows as
+    // the root's bind source: CORPUS.md #25).
+    let outside =
+        std::fs::metadata(tree::root_in(&e.store, tree::TREES, &tree).join("build.sh")).unwrap();
+    assert!(
+        std::os::unix::fs::MetadataExt::nlink(&outside) >= 2,
+        "the store's file is not shared: the probe proves nothing"
+    );
+    for want in ["treelinks=1\n", "engineroot=/\n", "storepaths=0\n"] {
+        assert!(r.contains(want), "{want}: {r}");
+    }
     // Host facts are masked (each is readable on this host, so the probe could see them), and
     // nothing of a GPU is visible: no variables, no driver directory, no PCI devices.
     for f in [

@@ -71,6 +71,16 @@ fn write_bundle(dir: &Path, m: &Manager, lease: &mut Lease, script: &str) {
     let mut inputs = RunInputs::for_lease(lease, argv, rootfs);
     inputs.sources.insert(MountSource::Tree, tree);
     let planned = bundle::plan(&p, StageKind::Prebuild, &inputs).unwrap();
+    // The session copies store trees into the lease; these tests run without a session.
+    for m in &planned.host_mounts {
+        if let bundle::HostMount::Copy { target, source } = m {
+            std::fs::create_dir_all(target).unwrap();
+            for f in std::fs::read_dir(source).unwrap() {
+                let f = f.unwrap().path();
+                std::fs::copy(&f, target.join(f.file_name().unwrap())).unwrap();
+            }
+        }
+    }
     let json = cordon::canonical::to_canonical_json(&planned.spec).unwrap();
     m.write_protected(lease, "config.json", json.as_bytes())
         .unwrap();

@@ -87,6 +87,20 @@ const RESERVED: [&str; 5] = ["/proc", "/dev", "/sys", "/tmp", "/dev/shm"];
 pub const STAGING_DIR: &str = "staging";
 /// The run-directory name of the `/tmp` tmpfs.
 pub const TMP_DIR: &str = "tmp";
+
+/// The run-directory name of the lease's own copy of a store tree mounted in role `source`, or
+/// `None` for a role that is bound as it is. Trees and publications are hard links to the
+/// store's objects: bound directly, one file is one inode in every container at once (a lock
+/// or inotify channel between concurrent candidates, link counts and access times that tell
+/// who reads what) and the mount table names the store's digests.
+#[must_use]
+pub fn copy_dir(source: MountSource) -> Option<&'static str> {
+    match source {
+        MountSource::Tree => Some("copy-tree"),
+        MountSource::Publication => Some("copy-publication"),
+        MountSource::Staging | MountSource::Model | MountSource::Workspace => None,
+    }
+}
 /// The run-directory name of the overlay root's mount point.
 pub const OVERLAY_ROOT_DIR: &str = "rootfs";
 /// The run-directory name of the overlay's upper and work directories' parent.
@@ -171,6 +185,14 @@ pub enum HostMount {
         /// The owner's group.
         gid: u32,
     },
+    /// A private tmpfs holding the lease's own copy of a store tree (root-owned, files 0444 or
+    /// 0555), sized to it.
+    Copy {
+        /// The mount point.
+        target: PathBuf,
+        /// The store tree copied.
+        source: PathBuf,
+    },
     /// An overlay whose lower layer is the read-only image rootfs and whose upper and work
     /// directories belong to this lease alone.
     Overlay {
@@ -190,7 +212,9 @@ impl HostMount {
     #[must_use]
     pub fn target(&self) -> &Path {
         match self {
-            Self::Tmpfs { target, .. } | Self::Overlay { target, .. } => target,
+            Self::Tmpfs { target, .. }
+            | Self::Copy { target, .. }
+            | Self::Overlay { target, .. } => target,
         }
     }
 }
@@ -336,6 +360,7 @@ pub fn lease_mount_points(stage: &Stage) -> Vec<&'static str> {
     if stage.staging.is_some() {
         points.push(STAGING_DIR);
     }
+    points.extend(stage.mount.values().filter_map(|m| copy_dir(m.source)));
     match stage.root {
         RootMode::ReadOnly => {}
         RootMode::Overlay => points.push(OVERLAY_ROOT_DIR),
@@ -682,6 +707,7 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
     };
 
     let mut binds = Vec::new();
+    let mut roles = Vec::new();
     for (dest, PolicyMount { source, mode }) in binds_by_dest {
         let host = match source {
             MountSource::Staging if staging.is_some() => staging_dir.clone(),
@@ -708,8 +734,20 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
                 MountMode::Rw => true,
             },
         });
+        roles.push(*source);
     }
+    // The sources the policy names are checked; a store tree is then bound from the lease's
+    // own copy of it.
     check_mounts(&binds, run)?;
+    for (b, role) in binds.iter_mut().zip(&roles) {
+        if let Some(name) = copy_dir(*role) {
+            let target = run.run_dir.join(name);
+            host_mounts.push(HostMount::Copy {
+                target: target.clone(),
+                source: std::mem::replace(&mut b.source, target),
+            });
+        }
+    }
 
     let caps: HashSet<Capability> = capability
         .keys()
@@ -1103,7 +1141,16 @@ mod tests {
                     lower: run.image_rootfs.clone(),
                     upper: run.run_dir.join("overlay/upper"),
                     work: run.run_dir.join("overlay/work"),
-                }
+                },
+                // Store trees are bound from the lease's own copies, never directly.
+                HostMount::Copy {
+                    target: run.run_dir.join("copy-tree"),
+                    source: run.sources[&MountSource::Tree].clone(),
+                },
+                HostMount::Copy {
+                    target: run.run_dir.join("copy-publication"),
+                    source: run.sources[&MountSource::Publication].clone(),
+                },
             ]
         );
     }

@@ -244,6 +244,7 @@ impl Session<'_> {
                     inodes,
                     ..
                 } => manager.mount_tmpfs(&lease, target, *bytes, *inodes),
+                HostMount::Copy { target, source } => manager.mount_copy(&lease, target, source),
                 HostMount::Overlay {
                     target,
                     lower,
