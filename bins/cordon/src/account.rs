@@ -122,11 +122,11 @@ pub fn for_lease(policy: &AccountPolicy, lease: &str) -> Account {
     }
 }
 
-/// (name, id, gid) of each entry of a passwd- or group-format file, read through the seam.
-fn entries(
-    host: &dyn Host,
-    path: &std::path::Path,
-) -> Result<Vec<(String, u32, Option<u32>, Option<String>)>, AccountError> {
+/// One database line: name, id, the group id of a passwd line, its comment (GECOS) field.
+type Entry = (String, u32, Option<u32>, Option<String>);
+
+/// Each [`Entry`] of a passwd- or group-format file, read through the seam.
+fn entries(host: &dyn Host, path: &std::path::Path) -> Result<Vec<Entry>, AccountError> {
     let bytes = host.read(path).map_err(|source| AccountError::Database {
         op: "read",
         path: path.to_path_buf(),
