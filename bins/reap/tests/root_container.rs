@@ -146,11 +146,7 @@ fn run_in(
     // The session copies store trees into the lease; these tests run without a session.
     for m in &planned.host_mounts {
         if let bundle::HostMount::Copy { target, source } = m {
-            std::fs::create_dir_all(target).unwrap();
-            for f in std::fs::read_dir(source).unwrap() {
-                let f = f.unwrap().path();
-                std::fs::copy(&f, target.join(f.file_name().unwrap())).unwrap();
-            }
+            cordon_testkit::copy_tree(source, target);
         }
     }
     // A test-only transformation of config.json (an ablation or a tighter bound).

@@ -74,11 +74,7 @@ fn write_bundle(dir: &Path, m: &Manager, lease: &mut Lease, script: &str) {
     // The session copies store trees into the lease; these tests run without a session.
     for m in &planned.host_mounts {
         if let bundle::HostMount::Copy { target, source } = m {
-            std::fs::create_dir_all(target).unwrap();
-            for f in std::fs::read_dir(source).unwrap() {
-                let f = f.unwrap().path();
-                std::fs::copy(&f, target.join(f.file_name().unwrap())).unwrap();
-            }
+            cordon_testkit::copy_tree(source, target);
         }
     }
     let json = cordon::canonical::to_canonical_json(&planned.spec).unwrap();

@@ -195,3 +195,22 @@ impl EditOnce for str {
         replace_once(self, from, to)
     }
 }
+
+/// Copy the directory tree `from` into `to` (created), files and directories only: what a
+/// session's lease-own copy of a store tree holds, for tests and benchmarks that write bundles
+/// without a session.
+///
+/// # Panics
+/// Any step failed.
+pub fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        let dest = to.join(path.file_name().unwrap());
+        if path.is_dir() {
+            copy_tree(&path, &dest);
+        } else {
+            std::fs::copy(&path, &dest).unwrap();
+        }
+    }
+}
