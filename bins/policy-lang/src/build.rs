@@ -1018,6 +1018,21 @@ fn seccomp(cx: &mut Cx, node: &KdlNode) -> Option<SeccompProfile> {
                 _ => Vec::new(),
             };
         args.sort();
+        // Conditions are ANDed only across arguments: runc turns two conditions on one argument
+        // into two rules, ORed, so a second test of an index would widen, not narrow.
+        if let Some(w) = args.windows(2).find(|w| w[0].index == w[1].index) {
+            cx.report(
+                "duplicate",
+                name_span(n),
+                "one argument tested twice",
+                format!(
+                    "argument {} of this rule has two conditions; the runtime would OR them",
+                    w[0].index
+                ),
+                Some("one condition per argument: use one-of or masked-eq".into()),
+            );
+            continue;
+        }
         let entries: usize = args.iter().map(|a| a.values.len()).product();
         if entries > MAX_ALTERNATIVES {
             cx.report(
@@ -1049,6 +1064,20 @@ fn seccomp(cx: &mut Cx, node: &KdlNode) -> Option<SeccompProfile> {
                 &mut rules,
             );
         }
+    }
+    // The widths are the x86_64 kernel's; on i386 and x32 the same names take other
+    // arguments (i386 multiplexes sockets through socketcall), so conditions are refused there.
+    let conditional = rules.values().any(|r| !r.args.is_empty());
+    if conditional && architectures != BTreeSet::from([Arch::X86_64]) {
+        let span = b.one("architectures").map_or(name_span(node), name_span);
+        cx.report(
+            "unsound-condition",
+            span,
+            "argument conditions are x86_64's",
+            "argument conditions are modelled for x86_64 only; a filter that also covers x86 or x32 would not enforce them there",
+            Some("cover x86_64 alone (other architectures are then killed by the filter)".into()),
+        );
+        return None;
     }
     Some(SeccompProfile {
         baseline: baseline_name,
@@ -2036,6 +2065,21 @@ mod tests {
             bad("socket", "arg index=0 op=\"one-of\" 1 1\n"),
             ["redundant-entry"]
         );
+        // One argument tested twice would be ORed by the runtime.
+        assert_eq!(
+            bad(
+                "socket",
+                "arg index=0 op=\"eq\" value=1\narg index=0 op=\"masked-eq\" value=0 mask=1\n"
+            ),
+            ["duplicate"]
+        );
+        // Conditions are x86_64's: a filter that also covers x86 refuses them.
+        let text = with_rule("socket", "arg index=0 op=\"one-of\" 1 2\n").replacen(
+            "architectures \"x86_64\"",
+            "architectures \"x86_64\" \"x86\"",
+            1,
+        );
+        assert_eq!(codes(&text), ["unsound-condition"]);
         let many: Vec<String> = (0..9).map(|v| v.to_string()).collect();
         let c = format!(
             "arg index=0 op=\"one-of\" {0}\narg index=1 op=\"one-of\" {0}\n",

@@ -482,22 +482,24 @@ pub const CLONE_NAMESPACE_FLAGS: u64 = 0x7E02_0000;
 /// `ENOSYS`, the answer `docker-default` gives `clone3`.
 pub const ENOSYS: u32 = 38;
 
-/// The argument widths, in bits, of the syscalls a policy may put argument conditions on, as
-/// the kernel's x86_64 signatures declare them (`int` and `unsigned int` are 32 bits, `long`,
-/// pointers and `size_t` 64). The kernel reads a 32-bit argument from the low half of its
-/// register; seccomp compares all 64 bits. A condition on a syscall not listed here is refused:
-/// cordon cannot say what it means.
+/// The argument widths, in bits, of the syscalls a policy may put argument conditions on: how
+/// many bits the x86_64 kernel actually *reads* — the signature's type (`int` and `unsigned int`
+/// are 32 bits, `long`, pointers and `size_t` 64), narrowed where the kernel truncates a wider
+/// one (`clone` keeps the low 32 bits of its flags, `mmap` reads its fd as an `unsigned int`,
+/// `fcntl` its argument as an `int` for the commands that take a number). The kernel reads a
+/// 32-bit argument from the low half of its register; seccomp compares all 64 bits. A
+/// condition on a syscall not listed here is refused: cordon cannot say what it means.
 const ARG_WIDTHS: &[(&str, &[u32])] = &[
-    // clone(unsigned long flags, unsigned long newsp, int *parent_tid, int *child_tid, unsigned long tls)
-    ("clone", &[64, 64, 64, 64, 64]),
-    // fcntl(unsigned int fd, unsigned int cmd, unsigned long arg)
-    ("fcntl", &[32, 32, 64]),
+    // clone(unsigned long flags, …): kernel_clone_args takes lower_32_bits(flags)
+    ("clone", &[32, 64, 64, 64, 64]),
+    // fcntl(unsigned int fd, unsigned int cmd, unsigned long arg): numeric args read as int
+    ("fcntl", &[32, 32, 32]),
     // flock(unsigned int fd, unsigned int cmd)
     ("flock", &[32, 32]),
     // ioctl(unsigned int fd, unsigned int cmd, unsigned long arg)
     ("ioctl", &[32, 32, 64]),
-    // mmap(unsigned long addr, len, prot, flags, fd, off): all unsigned long on x86_64
-    ("mmap", &[64, 64, 64, 64, 64, 64]),
+    // mmap(unsigned long addr, len, prot, flags, fd, off): the fd is fget(unsigned int)
+    ("mmap", &[64, 64, 64, 64, 32, 64]),
     // mprotect(unsigned long start, size_t len, unsigned long prot)
     ("mprotect", &[64, 64, 64]),
     // personality(unsigned int personality)
@@ -568,7 +570,7 @@ pub fn baseline(name: &str) -> Option<Vec<(&'static str, BaselineEntry)>> {
                     let entry = match s {
                         "clone" => BaselineEntry::AllowIfMaskedZero {
                             index: 0,
-                            bits: 64,
+                            bits: 32,
                             mask: CLONE_NAMESPACE_FLAGS,
                         },
                         "clone3" => BaselineEntry::Errno(ENOSYS),
@@ -654,7 +656,7 @@ mod tests {
             get("clone"),
             Some(BaselineEntry::AllowIfMaskedZero {
                 index: 0,
-                bits: 64,
+                bits: 32,
                 mask: CLONE_NAMESPACE_FLAGS
             })
         );
