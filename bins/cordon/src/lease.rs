@@ -39,6 +39,10 @@ pub const LABEL_AUTHORITY: &str = "org.cordon.authority";
 /// The store label: the store root whose records own the container.
 pub const LABEL_STORE: &str = "org.cordon.store";
 
+/// The marker `cordon-reap` leaves in a lease's run directory before it ends the lease's
+/// container: the supervisor's positive evidence that the kill came from outside the run.
+pub const ENDED_BY_REAP: &str = "ended-by-reap";
+
 /// The owner file inside every run directory: which executor, store and lease it belongs to.
 pub const OWNER_FILE: &str = "owner.json";
 
@@ -628,6 +632,16 @@ impl Observer {
                     && labels.get(LABEL_LEASE) == Some(&r.lease)
             });
             if let Some(r) = owned {
+                // The marker first: a kill the supervisor cannot attribute is the candidate's.
+                if let Some(dir) = r.run_dir()
+                    && let Err(e) = fs::write(dir.join(ENDED_BY_REAP), &r.lease)
+                {
+                    residue.push(format!(
+                        "expired lease {}: cannot mark it ended: {e}",
+                        r.lease
+                    ));
+                    continue;
+                }
                 match self.setup.runtime.remove(&id) {
                     Ok(()) => done.push(format!("expired lease {}: container {id} ended", r.lease)),
                     Err(e) => {
@@ -688,6 +702,12 @@ impl Lease {
     #[must_use]
     pub fn run_dir(&self) -> &Path {
         &self.run_dir
+    }
+
+    /// Whether `cordon-reap` ended this lease's container (it marks the run directory first).
+    #[must_use]
+    pub fn ended_by_reap(&self) -> bool {
+        self.run_dir.join(ENDED_BY_REAP).exists()
     }
 
     /// The run account.

@@ -230,7 +230,7 @@ pub fn prebuild(
         |_, _| Ok::<(), PrebuildError>(()),
         |lease, planned, finished| {
             let origin = json!({ "kind": "publication", "tree": tree_digest, "step": step, "lease": lease.record.lease });
-            publish(cfg, planned, finished, &bounds, &key, origin)
+            publish(cfg, planned, finished, lease.ended_by_reap(), &bounds, &key, origin)
         },
     )?;
     Ok(ran.inspected)
@@ -241,6 +241,7 @@ fn publish(
     cfg: &Config,
     planned: &Planned,
     finished: &Finished,
+    ended_by_reap: bool,
     bounds: &Bounds,
     key: &Digest,
     origin: serde_json::Value,
@@ -256,10 +257,10 @@ fn publish(
             "prebuild.oom",
             "the build step was killed for memory".to_owned(),
         ))
-    } else if meta.signal == Some(9) {
-        // The init of a PID namespace ignores SIGKILL sent from inside it: only the host can
-        // have sent this (the OOM killer and cordon's deadline are flagged above), so an outside
-        // hand ended the run and it says nothing about the candidate.
+    } else if meta.signal == Some(9) && ended_by_reap {
+        // cordon-reap marked the lease before it killed the container: the run was ended from
+        // outside and says nothing about the candidate. Only that positive evidence counts —
+        // any other SIGKILL (a resource limit the candidate set itself, say) is its own.
         return Err(PrebuildError::KilledFromOutside);
     } else if meta.exit_code != Some(0) {
         Some((

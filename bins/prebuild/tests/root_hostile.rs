@@ -779,45 +779,34 @@ int main(void) {
 }
 "#;
 
-/// SIGKILL of the container's init: from inside it is ignored (the init of a PID namespace
-/// takes no SIGKILL from its own namespace), so a candidate cannot forge an outside kill; from
-/// outside (an operator, cordon-reap ending an expired lease) it is a no-decision, never a
-/// rejection that blames the candidate.
+/// A run ended from outside by cordon-reap (which marks the lease first) is a no-decision; a
+/// SIGKILL of the container's init from inside is ignored, and one the candidate arranges for
+/// itself (a CPU limit it set) is its own failure, never a forged "ended from outside".
 #[test]
-fn a_kill_from_outside_is_a_no_decision_and_one_from_inside_is_ignored() {
+fn only_a_kill_by_cordon_reap_is_a_no_decision() {
     let e = env(8);
     let (_, o) = build(&e, "busybox kill -9 1; echo survived > $out/r", &[]);
     assert_eq!(published(&e, &o, "r"), "survived\n");
-    let state = e.cfg.setup.runtime.state_root.clone();
-    let runc = e.cfg.setup.runtime.binary.clone();
+    let (_, o) = build(&e, "ulimit -t 1; while :; do :; done", &[]);
+    assert_eq!(
+        rejected(&o),
+        "prebuild.exit",
+        "a self-inflicted kill is the candidate's"
+    );
+    let observer = cordon::lease::Observer::new(&e.store, e.cfg.setup.clone());
     let killer = std::thread::spawn(move || {
         for _ in 0..100 {
-            std::thread::sleep(std::time::Duration::from_millis(100));
-            let list = Command::new(&runc)
-                .arg("--root")
-                .arg(&state)
-                .args(["list", "-q"])
-                .output()
-                .unwrap();
-            let ids = String::from_utf8_lossy(&list.stdout).into_owned();
-            if let Some(id) = ids.lines().next() {
-                std::thread::sleep(std::time::Duration::from_millis(500));
-                let ok = Command::new(&runc)
-                    .arg("--root")
-                    .arg(&state)
-                    .args(["kill", id, "KILL"])
-                    .status()
-                    .unwrap();
-                return ok.success();
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            // Long past any deadline: every live lease counts as expired.
+            let later = std::time::SystemTime::now() + std::time::Duration::from_secs(86_400);
+            if !observer.end_expired(later).unwrap().is_empty() {
+                return true;
             }
         }
         false
     });
     let (_, r) = try_build(&e, "busybox sleep 5; echo done > $out/r", &[]);
-    assert!(
-        killer.join().unwrap(),
-        "the container was never seen to kill"
-    );
+    assert!(killer.join().unwrap(), "the observer never ended the run");
     assert!(
         matches!(
             r,
