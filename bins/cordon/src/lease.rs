@@ -76,6 +76,11 @@ fn executor_ok(executor: &str) -> bool {
 /// cordon's runtime state root when none is given: no other tool's containers live under it.
 pub const DEFAULT_STATE_ROOT: &str = "/run/cordon-runc";
 
+/// Where executors' locks live: one fixed directory per host, not a flag, so no second
+/// reaper — another store, another state root, another run directory — can believe it owns an
+/// executor that a live supervisor holds.
+pub const LOCK_DIR: &str = "/run/cordon-locks";
+
 /// The lease record schema (2: resources are one typed list).
 pub const LEASE_SCHEMA: u32 = 3;
 
@@ -381,6 +386,8 @@ pub struct Setup {
     pub runtime: Runtime,
     /// The parent of run directories (policy `run-dir`).
     pub run_root: PathBuf,
+    /// Where the executor's lock lives ([`LOCK_DIR`] on a host; a test's own directory).
+    pub lock_dir: PathBuf,
     /// The account policy.
     pub accounts: AccountPolicy,
     /// The cgroup filesystem root.
@@ -390,18 +397,11 @@ pub struct Setup {
 }
 
 impl Setup {
-    /// The executor's host-global lock: beside its runtime state root (`<state>/<executor>`),
-    /// which is one per host whatever the store.
+    /// The executor's host-global lock, `<lock dir>/<executor>.lock`: one per host whatever
+    /// the store, state root or run directory.
     #[must_use]
     pub fn lock_path(&self) -> PathBuf {
-        let mut name = self
-            .runtime
-            .state_root
-            .file_name()
-            .unwrap_or_default()
-            .to_os_string();
-        name.push(".lock");
-        self.runtime.state_root.with_file_name(name)
+        self.lock_dir.join(format!("{}.lock", self.executor))
     }
 
     /// The host seam (the runtime's).
@@ -656,6 +656,137 @@ impl Observer {
             Err(Residue { items: residue }.into())
         }
     }
+
+    /// The owner tag of this executor's accounts in this store.
+    pub(crate) fn owner_tag(&self) -> String {
+        account::owner_tag(&self.setup.executor, self.store.root())
+    }
+
+    /// The accounts in the policy's range: this executor's and store's (by their owner tag)
+    /// and the ones with no readable tag; anyone else's are not listed.
+    ///
+    /// # Errors
+    /// The account databases cannot be read.
+    fn accounts(&self) -> Result<(Vec<Account>, Vec<Account>), LeaseError> {
+        let tag = self.owner_tag();
+        let (mut ours, mut unattributed) = (Vec::new(), Vec::new());
+        for (a, comment) in account::in_range_with_owner(self.setup.host(), &self.setup.accounts)? {
+            match comment {
+                Some(c) if c == tag => ours.push(a),
+                Some(c) if c.starts_with("cordon ") => {}
+                _ => unattributed.push(a),
+            }
+        }
+        Ok((ours, unattributed))
+    }
+
+    /// The containers in cordon's state root labelled with this executor and this store.
+    ///
+    /// # Errors
+    /// The runtime's listing cannot be read (never "none").
+    fn own_containers(&self) -> Result<Vec<String>, LeaseError> {
+        let store = self.store.root().display().to_string();
+        Ok(self
+            .setup
+            .runtime
+            .containers()?
+            .into_iter()
+            .filter(|(_, labels)| {
+                labels.get(LABEL_EXECUTOR) == Some(&self.setup.executor)
+                    && labels.get(LABEL_STORE) == Some(&store)
+            })
+            .map(|(id, _)| id)
+            .collect())
+    }
+
+    /// The lease-named directories of the run root (`<lease>` and the dot-named ones they are
+    /// made under), split into this executor's and this store's (by their owner file) and the
+    /// ones whose owner cannot be read; anyone else's are not listed.
+    ///
+    /// # Errors
+    /// The run root cannot be listed.
+    fn run_dirs(&self) -> Result<(Vec<PathBuf>, Vec<PathBuf>), LeaseError> {
+        let root = &self.setup.run_root;
+        let (mut ours, mut unattributed) = (Vec::new(), Vec::new());
+        if !root.try_exists().map_err(io("stat", root))? {
+            return Ok((ours, unattributed));
+        }
+        let store = self.store.root().display().to_string();
+        for entry in fs::read_dir(root).map_err(io("list", root))? {
+            let path = entry.map_err(io("list", root))?.path();
+            let is_lease = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                let id = n.strip_prefix('.').unwrap_or(n);
+                id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())
+            });
+            if !is_lease {
+                continue;
+            }
+            let owner = store::open_nofollow(&path.join(OWNER_FILE))
+                .ok()
+                .and_then(|mut f| {
+                    let mut text = Vec::new();
+                    f.read_to_end(&mut text).ok()?;
+                    serde_json::from_slice::<Owner>(&text).ok()
+                });
+            match owner {
+                Some(o) if o.executor == self.setup.executor && o.store == store => ours.push(path),
+                Some(_) => {}
+                None => unattributed.push(path),
+            }
+        }
+        Ok((ours, unattributed))
+    }
+
+    /// Quiescence of this executor in this store, taking no lock: no records of it, no
+    /// containers labelled with it and this store, no run directories or accounts it owns (or
+    /// whose owner cannot be read), no cgroups under its parent, no mounts under cordon's
+    /// roots. Returns what remains (empty when quiescent).
+    ///
+    /// # Errors
+    /// Something could not be inspected.
+    pub fn check(&self) -> Result<Vec<String>, LeaseError> {
+        // This executor's records (a record that cannot be read, anyone's, is an error).
+        let mut left: Vec<String> = read_records(&self.store, &self.setup.executor)?
+            .iter()
+            .map(|r| {
+                format!(
+                    "lease record {}",
+                    self.store
+                        .path("leases", &format!("{}.json", r.lease))
+                        .display()
+                )
+            })
+            .collect();
+        for id in self.own_containers()? {
+            left.push(format!("container {id}"));
+        }
+        let (ours, unattributed) = self.run_dirs()?;
+        for path in ours {
+            left.push(format!("run directory {}", path.display()));
+        }
+        for path in unattributed {
+            left.push(format!(
+                "run directory {} (no readable owner)",
+                path.display()
+            ));
+        }
+        let (ours, unattributed) = self.accounts()?;
+        for a in ours {
+            left.push(format!("account {} (uid {})", a.name, a.uid));
+        }
+        for a in unattributed {
+            left.push(format!("account {} (uid {}, no owner tag)", a.name, a.uid));
+        }
+        for cg in self.setup.leftover_cgroups()? {
+            left.push(format!("cgroup {}", cg.display()));
+        }
+        for p in self.setup.mount_points()? {
+            if p.starts_with(&self.setup.run_root) || p.starts_with(self.store.root()) {
+                left.push(format!("mount {}", p.display()));
+            }
+        }
+        Ok(left)
+    }
 }
 
 /// The one manager of an executor on this host: holds its [`Setup::lock_path`].
@@ -885,7 +1016,7 @@ impl Manager {
             self.setup.host(),
             &self.setup.accounts,
             lease.account(),
-            &self.owner_tag(),
+            &self.view().owner_tag(),
         )?;
         let dir = lease.run_dir();
         fs::create_dir_all(&self.setup.run_root).map_err(io("create", &self.setup.run_root))?;
@@ -1289,86 +1420,6 @@ impl Manager {
         read_records(&self.store, &self.setup.executor)
     }
 
-    /// The owner tag of this executor's accounts in this store.
-    fn owner_tag(&self) -> String {
-        account::owner_tag(&self.setup.executor, self.store.root())
-    }
-
-    /// The accounts in the policy's range: this executor's and store's (by their owner tag)
-    /// and the ones with no readable tag; anyone else's are not listed.
-    ///
-    /// # Errors
-    /// The account databases cannot be read.
-    fn accounts(&self) -> Result<(Vec<Account>, Vec<Account>), LeaseError> {
-        let tag = self.owner_tag();
-        let (mut ours, mut unattributed) = (Vec::new(), Vec::new());
-        for (a, comment) in account::in_range_with_owner(self.setup.host(), &self.setup.accounts)? {
-            match comment {
-                Some(c) if c == tag => ours.push(a),
-                Some(c) if c.starts_with("cordon ") => {}
-                _ => unattributed.push(a),
-            }
-        }
-        Ok((ours, unattributed))
-    }
-
-    /// The containers in cordon's state root labelled with this executor and this store.
-    ///
-    /// # Errors
-    /// The runtime's listing cannot be read (never "none").
-    fn own_containers(&self) -> Result<Vec<String>, LeaseError> {
-        let store = self.store.root().display().to_string();
-        Ok(self
-            .setup
-            .runtime
-            .containers()?
-            .into_iter()
-            .filter(|(_, labels)| {
-                labels.get(LABEL_EXECUTOR) == Some(&self.setup.executor)
-                    && labels.get(LABEL_STORE) == Some(&store)
-            })
-            .map(|(id, _)| id)
-            .collect())
-    }
-
-    /// The lease-named directories of the run root (`<lease>` and the dot-named ones they are
-    /// made under), split into this executor's and this store's (by their owner file) and the
-    /// ones whose owner cannot be read; anyone else's are not listed.
-    ///
-    /// # Errors
-    /// The run root cannot be listed.
-    fn run_dirs(&self) -> Result<(Vec<PathBuf>, Vec<PathBuf>), LeaseError> {
-        let root = &self.setup.run_root;
-        let (mut ours, mut unattributed) = (Vec::new(), Vec::new());
-        if !root.try_exists().map_err(io("stat", root))? {
-            return Ok((ours, unattributed));
-        }
-        let store = self.store.root().display().to_string();
-        for entry in fs::read_dir(root).map_err(io("list", root))? {
-            let path = entry.map_err(io("list", root))?.path();
-            let is_lease = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-                let id = n.strip_prefix('.').unwrap_or(n);
-                id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())
-            });
-            if !is_lease {
-                continue;
-            }
-            let owner = store::open_nofollow(&path.join(OWNER_FILE))
-                .ok()
-                .and_then(|mut f| {
-                    let mut text = Vec::new();
-                    f.read_to_end(&mut text).ok()?;
-                    serde_json::from_slice::<Owner>(&text).ok()
-                });
-            match owner {
-                Some(o) if o.executor == self.setup.executor && o.store == store => ours.push(path),
-                Some(_) => {}
-                None => unattributed.push(path),
-            }
-        }
-        Ok((ours, unattributed))
-    }
-
     /// Startup recovery: release every record (this manager holds the executor's lock, so no
     /// live manager holds them), then remove orphans: containers with this executor's label,
     /// run directories, accounts in the policy range. Returns what was released.
@@ -1376,6 +1427,7 @@ impl Manager {
     /// # Errors
     /// A record is unsafe, or something could not be removed (the residue).
     pub fn recover(&self) -> Result<Vec<String>, LeaseError> {
+        let view = self.view();
         let mut done = Vec::new();
         let mut residue = Vec::new();
         let records = self.records()?;
@@ -1384,13 +1436,13 @@ impl Manager {
             Err(LeaseError::Residue(x)) => residue.extend(x.items),
             Err(e) => return Err(e),
         }
-        for id in self.own_containers()? {
+        for id in view.own_containers()? {
             match self.setup.runtime.remove(&id) {
                 Ok(()) => done.push(format!("container {id}")),
                 Err(e) => residue.push(format!("container {id}: {e}")),
             }
         }
-        let (ours, unattributed) = self.run_dirs()?;
+        let (ours, unattributed) = view.run_dirs()?;
         for path in ours {
             match store::remove_tree(&path) {
                 Ok(()) => done.push(format!("run directory {}", path.display())),
@@ -1414,7 +1466,7 @@ impl Manager {
         // Accounts of this executor and store no record names any more (their record went with
         // a lost store, say), by the owner tag in their comment; one without a tag is left to
         // the operator, and another executor's is never touched.
-        let (ours, unattributed) = self.accounts()?;
+        let (ours, unattributed) = view.accounts()?;
         for a in ours {
             match account::remove(self.setup.host(), &self.setup.accounts, &a) {
                 Ok(()) => done.push(format!("account {}", a.name)),
@@ -1433,49 +1485,17 @@ impl Manager {
         }
     }
 
-    /// Quiescence: no records, no labelled containers, no run directories, no run accounts,
-    /// no cgroups under this executor's parent, no mounts under cordon's roots. Returns what remains (empty when quiescent).
+    /// This executor's leases and resources in this store, seen without the lock.
+    fn view(&self) -> Observer {
+        Observer::new(&self.store, self.setup.clone())
+    }
+
+    /// Quiescence, as [`Observer::check`] sees it.
     ///
     /// # Errors
     /// Something could not be inspected.
     pub fn check(&self) -> Result<Vec<String>, LeaseError> {
-        let mut left = Vec::new();
-        let dir = self.store.root().join("leases");
-        for entry in fs::read_dir(&dir).map_err(io("list", &dir))? {
-            let path = entry.map_err(io("list", &dir))?.path();
-            if path.extension().is_some_and(|e| e == "json") {
-                left.push(format!("lease record {}", path.display()));
-            }
-        }
-        for id in self.own_containers()? {
-            left.push(format!("container {id}"));
-        }
-        let (ours, unattributed) = self.run_dirs()?;
-        for path in ours {
-            left.push(format!("run directory {}", path.display()));
-        }
-        for path in unattributed {
-            left.push(format!(
-                "run directory {} (no readable owner)",
-                path.display()
-            ));
-        }
-        let (ours, unattributed) = self.accounts()?;
-        for a in ours {
-            left.push(format!("account {} (uid {})", a.name, a.uid));
-        }
-        for a in unattributed {
-            left.push(format!("account {} (uid {}, no owner tag)", a.name, a.uid));
-        }
-        for cg in self.setup.leftover_cgroups()? {
-            left.push(format!("cgroup {}", cg.display()));
-        }
-        for p in self.setup.mount_points()? {
-            if p.starts_with(&self.setup.run_root) || p.starts_with(self.store.root()) {
-                left.push(format!("mount {}", p.display()));
-            }
-        }
-        Ok(left)
+        self.view().check()
     }
 }
 
@@ -1516,6 +1536,7 @@ mod tests {
                 host: fake.clone(),
             },
             run_root: dir.path().join("run"),
+            lock_dir: dir.path().join("locks"),
             accounts: crate::account::tests::policy(),
             cgroup_root: dir.path().join("cgroup"),
             mountinfo: "/proc/self/mountinfo".into(),
@@ -1822,7 +1843,7 @@ mod tests {
     #[test]
     fn recovery_removes_only_accounts_that_carry_its_own_owner_tag() {
         let w = world();
-        let tag = w.manager.owner_tag();
+        let tag = w.manager.view().owner_tag();
         let f = empty_host();
         f.file(
             "/etc/passwd",
@@ -1936,6 +1957,7 @@ mod root_tests {
                 host: crate::host::Linux::shared(),
             },
             run_root: dir.path().join("run"),
+            lock_dir: dir.path().join("locks"),
             accounts: AccountPolicy {
                 uids: cordon_testkit::account_range("cordon-lease", 0),
                 gids: cordon_testkit::account_range("cordon-lease", 0),

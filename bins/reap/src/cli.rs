@@ -66,8 +66,10 @@ fn as_manager(m: &Manager, change: bool) -> Result<Found, LeaseError> {
     })
 }
 
-/// A live supervisor holds the executor: end expired leases (when allowed to change anything)
-/// and report the rest as active.
+/// A live supervisor holds the executor: end expired leases (when allowed to change anything),
+/// report the live ones as active, and everything else of this executor that the lock-free
+/// check finds — containers, run directories, accounts, cgroups, mounts — as residue unless it
+/// belongs to an active lease. Never "quiescent" on the strength of the records alone.
 fn as_observer(o: &Observer, change: bool) -> Result<Found, LeaseError> {
     let now = SystemTime::now();
     let released = if change {
@@ -79,6 +81,7 @@ fn as_observer(o: &Observer, change: bool) -> Result<Found, LeaseError> {
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     let (mut active, mut residue) = (Vec::new(), Vec::new());
+    let mut live = Vec::new();
     for l in o.leases(now)? {
         let r = &l.record;
         if l.expired {
@@ -93,8 +96,19 @@ fn as_observer(o: &Observer, change: bool) -> Result<Found, LeaseError> {
                 r.supervisor.pid,
                 r.expires_at_ms.saturating_sub(now_ms)
             ));
+            live.push(r.clone());
         }
     }
+    // What an active lease owns is named by its record: its id in every path and container id,
+    // and its account's name.
+    let of_live = |item: &str| {
+        live.iter().any(|r| {
+            item.contains(&r.lease)
+                || r.account()
+                    .is_some_and(|a| item.contains(&format!("account {} ", a.name)))
+        })
+    };
+    residue.extend(o.check()?.into_iter().filter(|item| !of_live(item)));
     Ok(Found {
         released,
         active,

@@ -9,6 +9,11 @@ use std::process::Command;
 use cordon::lease::Manager;
 use cordon::store::Store;
 
+/// This test's executor: executor locks are host-global, and tests run side by side.
+fn executor() -> String {
+    format!("cli-{}", std::process::id())
+}
+
 /// The default policy with an account range of its own, so that recovery here can never touch
 /// the accounts of tests running beside it.
 fn policy(dir: &Path, slot: u32) -> std::path::PathBuf {
@@ -21,7 +26,7 @@ fn policy(dir: &Path, slot: u32) -> std::path::PathBuf {
 
 fn reap(dir: &Path, policy: &Path, check: bool) -> (Option<i32>, serde_json::Value) {
     let mode: &[&str] = if check { &["--check"] } else { &[] };
-    reap_as(dir, policy, "store", "cli-test", mode)
+    reap_as(dir, policy, "store", &executor(), mode)
 }
 
 /// `cordon-reap` as `executor` against `dir/store_name`, with extra arguments.
@@ -68,7 +73,7 @@ fn check_is_a_quiescence_receipt_and_recovery_releases_a_stale_lease() {
     let store = Store::open(&dir.path().join("store")).unwrap();
     let setup = cordon_stage::settings::lease_setup(
         &p,
-        "cli-test",
+        &executor(),
         &dir.path().join("state"),
         dir.path().join("run"),
     );
@@ -109,7 +114,7 @@ fn live_lease(
     let p = cordon_policy_lang::parse("policy.kdl", &text).unwrap();
     let store = Store::open(&dir.join("store")).unwrap();
     let setup =
-        cordon_stage::settings::lease_setup(&p, "cli-test", &dir.join("state"), dir.join("run"));
+        cordon_stage::settings::lease_setup(&p, &executor(), &dir.join("state"), dir.join("run"));
     let m = Manager::open(&store, setup).unwrap();
     let lease = m.begin("sha256:live", expires).unwrap();
     m.provision(&lease).unwrap();
@@ -141,21 +146,20 @@ fn recovery_never_touches_another_executors_or_another_stores_live_lease() {
             "{when}: account removed"
         );
     };
-    // Another executor: the account in the shared range is not its to remove (reported only).
-    let (code, r) = reap_as(dir.path(), &policy, "store", "other", &[]);
+    // Another executor: the account in the shared range carries cli's owner tag, the run
+    // directory cli's owner file, the record cli's name: none of it is the other's.
+    let other = format!("other-{}", std::process::id());
+    let (code, r) = reap_as(dir.path(), &policy, "store", &other, &[]);
     intact("another executor's recovery");
-    assert_eq!(
-        code,
-        Some(3),
-        "the unattributed account is not quiescence: {r}"
-    );
+    assert_eq!(code, Some(0), "nothing of the other executor exists: {r}");
+    assert_eq!(r["outputs"]["released"], serde_json::json!([]));
     // The same executor against another store: the executor lock is host-global.
-    let (code, r) = reap_as(dir.path(), &policy, "store2", "cli-test", &[]);
+    let (code, r) = reap_as(dir.path(), &policy, "store2", &executor(), &[]);
     intact("another store's recovery");
     assert_eq!(code, Some(0), "nothing of this executor is in store2: {r}");
     assert_eq!(r["outputs"]["released"], serde_json::json!([]));
     // An executor that is not a plain name is refused before anything is read.
-    let (code, _) = reap_as(dir.path(), &policy, "store", "../cli-test", &[]);
+    let (code, _) = reap_as(dir.path(), &policy, "store", "../x", &[]);
     assert_eq!(code, Some(3));
     intact("a refused executor");
     m.release(&lease.record).unwrap();
@@ -174,7 +178,7 @@ fn live_leases_are_active_expired_ones_are_an_alarm_and_a_dead_supervisors_are_r
     let policy = policy(dir.path(), 2);
     let hour = std::time::SystemTime::now() + std::time::Duration::from_secs(3600);
     let (m, lease) = live_lease(dir.path(), &policy, hour);
-    let (code, r) = reap_as(dir.path(), &policy, "store", "cli-test", &["--check"]);
+    let (code, r) = reap_as(dir.path(), &policy, "store", &executor(), &["--check"]);
     assert_eq!(code, Some(3), "{r}");
     assert!(
         r["outputs"]["active"]
@@ -187,14 +191,14 @@ fn live_leases_are_active_expired_ones_are_an_alarm_and_a_dead_supervisors_are_r
         serde_json::json!([]),
         "active is not residue"
     );
-    let (code, r) = reap_as(dir.path(), &policy, "store", "cli-test", &["--status"]);
+    let (code, r) = reap_as(dir.path(), &policy, "store", &executor(), &["--status"]);
     assert_eq!(code, Some(0), "{r}");
     m.release(&lease.record).unwrap();
     drop(m);
 
     let past = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
     let (m, lease) = live_lease(dir.path(), &policy, past);
-    let (code, r) = reap_as(dir.path(), &policy, "store", "cli-test", &["--status"]);
+    let (code, r) = reap_as(dir.path(), &policy, "store", &executor(), &["--status"]);
     assert_eq!(code, Some(3), "{r}");
     assert!(
         r["outputs"]["remaining"]

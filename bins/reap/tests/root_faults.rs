@@ -42,6 +42,7 @@ fn setup(dir: &Path) -> Setup {
         dir.join("run"),
     );
     s.runtime.binary = cordon_testkit::runc();
+    s.lock_dir = dir.join("locks");
     s.accounts.uids = cordon_testkit::account_range("reap-faults", 0);
     s.accounts.gids = s.accounts.uids;
     s.accounts.cron_deny = dir.join("cron.deny");

@@ -56,6 +56,7 @@ pub fn lease_setup(policy: &Policy, executor: &str, state_root: &Path, run_root:
             host: cordon::host::Linux::shared(),
         },
         run_root,
+        lock_dir: PathBuf::from(cordon::lease::LOCK_DIR),
         accounts: account_policy(policy),
         cgroup_root: PathBuf::from("/sys/fs/cgroup"),
         mountinfo: PathBuf::from("/proc/self/mountinfo"),
