@@ -37,6 +37,16 @@ impl From<ExitCode> for std::process::ExitCode {
     }
 }
 
+/// Make a panic end the process with a no-decision (exit 3) instead of Rust's 101, after
+/// printing it: a panic is a defect in cordon, never a verdict, and no cordon binary exits
+/// outside 0–3. Every main installs it first.
+pub fn no_decision_on_panic() {
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("cordon::internal: {info}\n(a defect in cordon, not a verdict: no decision)");
+        std::process::exit(i32::from(ExitCode::NoDecision.code()));
+    }));
+}
+
 #[cfg(test)]
 mod tests {
     use super::ExitCode;

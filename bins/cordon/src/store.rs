@@ -390,9 +390,10 @@ impl Store {
             Err(e) => return Err(io_err("stat", root)(e)),
             Ok(_) => {}
         }
-        let store = Self {
-            root: root.to_path_buf(),
-        };
+        // The canonical path: it is the store's identity in lease records, container labels,
+        // owner files and account tags, so `/x/store`, `/x/store/` and a linked parent are one.
+        let root = &fs::canonicalize(root).map_err(io_err("resolve", root))?;
+        let store = Self { root: root.clone() };
         store.check_dir(root, 0o700)?;
         for sub in LAYOUT {
             let path = root.join(sub);

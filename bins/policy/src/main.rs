@@ -3,6 +3,7 @@
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
+    cordon::exit::no_decision_on_panic();
     let args = cordon_policy::cli::Args::parse();
     cordon_policy::cli::run(
         &args,

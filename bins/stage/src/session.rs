@@ -31,7 +31,7 @@ use cordon::lease::{Lease, LeaseError, Manager, Setup};
 use cordon::runtime::{Finished, RuntimeError};
 use cordon::store::Store;
 use cordon_canon::Digest;
-use cordon_policy_lang::{MountSource, Policy, StageKind};
+use cordon_policy_lang::{MountSource, Policy, RuntimeKind, StageKind};
 
 use crate::bundle::{self, HostMount, PlanError, Planned, RunInputs};
 
@@ -158,6 +158,18 @@ impl Session<'_> {
             .policy
             .stage(self.kind)
             .ok_or(SessionError::Plan(PlanError::NoStage { kind: self.kind }))?;
+        // The version gate (floor, policy minimum, known-bad releases) knows runc's releases;
+        // another runtime's versions would be misread, so it is refused, not waved through.
+        match self.policy.runtime().kind() {
+            RuntimeKind::Runc => {}
+            RuntimeKind::Crun | RuntimeKind::Runsc => {
+                return Err(SessionError::Plan(PlanError::Unimplemented {
+                    kind: self.kind,
+                    what: "a version gate for a runtime other than runc",
+                })
+                .into());
+            }
+        }
         self.setup
             .runtime
             .check_version(&self.runtime_version, self.policy.runtime().min_version())

@@ -131,10 +131,7 @@ pub enum PrologueError {
 /// # Errors
 /// The kernel refused.
 pub fn prologue() -> Result<(), PrologueError> {
-    std::panic::set_hook(Box::new(|info| {
-        eprintln!("cordon::internal: {info}\n(a defect in cordon, not a verdict: no decision)");
-        std::process::exit(i32::from(ExitCode::NoDecision.code()));
-    }));
+    cordon_canon::exit::no_decision_on_panic();
     nix::sys::prctl::set_child_subreaper(true).map_err(PrologueError::Subreaper)?;
     let (_, hard) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
         .map_err(PrologueError::Nofile)?;
