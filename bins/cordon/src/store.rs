@@ -390,8 +390,13 @@ impl Store {
             Err(e) => return Err(io_err("stat", root)(e)),
             Ok(_) => {}
         }
-        // The canonical path: it is the store's identity in lease records, container labels,
-        // owner files and account tags, so `/x/store`, `/x/store/` and a linked parent are one.
+        // The root itself may not be a link (checked on the path as given); then its canonical
+        // path is the store's identity in lease records, container labels, owner files and
+        // account tags, so `/x/store`, `/x/store/` and a linked parent are one.
+        Self {
+            root: root.to_path_buf(),
+        }
+        .check_dir(root, 0o700)?;
         let root = &fs::canonicalize(root).map_err(io_err("resolve", root))?;
         let store = Self { root: root.clone() };
         store.check_dir(root, 0o700)?;

@@ -794,9 +794,24 @@ fn only_a_kill_by_cordon_reap_is_a_no_decision() {
         "a self-inflicted kill is the candidate's"
     );
     let observer = cordon::lease::Observer::new(&e.store, e.cfg.setup.clone());
+    let (runc, state) = (
+        e.cfg.setup.runtime.binary.clone(),
+        e.cfg.setup.runtime.state_root.clone(),
+    );
     let killer = std::thread::spawn(move || {
         for _ in 0..100 {
             std::thread::sleep(std::time::Duration::from_millis(200));
+            // Once the build runs (ended before its start, the run is a no-decision too, but
+            // through the runtime's error rather than this path).
+            let list = Command::new(&runc)
+                .arg("--root")
+                .arg(&state)
+                .args(["list", "-f", "json"])
+                .output()
+                .unwrap();
+            if !String::from_utf8_lossy(&list.stdout).contains("\"status\":\"running\"") {
+                continue;
+            }
             // Long past any deadline: every live lease counts as expired.
             let later = std::time::SystemTime::now() + std::time::Duration::from_secs(86_400);
             if !observer.end_expired(later).unwrap().is_empty() {
