@@ -1319,9 +1319,18 @@ impl Manager {
             }
         }
         let proof_failed = !residue.is_empty();
+        if proof_failed {
+            // A container not proven gone may still run the candidate's processes: its run
+            // directory, mounts, cgroup and account stay as they are (residue, retried by the
+            // next recovery) rather than be removed under it.
+            residue.push(
+                "the lease's other resources are kept until its containers are proven gone".into(),
+            );
+            return Err(Residue { items: residue }.into());
+        }
         for record in records {
             let mut own = self.release_resources(record);
-            if own.is_empty() && !proof_failed {
+            if own.is_empty() {
                 let path = self.record_path(&record.lease);
                 match fs::remove_file(&path) {
                     Ok(()) => {}
@@ -1627,7 +1636,7 @@ mod tests {
         let w = world();
         let f = empty_host();
         f.reply("list", ToolOutput::ok(b"not json"));
-        let m = with_host(&w, f);
+        let m = with_host(&w, f.clone());
         let lease = m
             .begin(
                 "sha256:a",
@@ -1636,6 +1645,15 @@ mod tests {
             .unwrap();
         let items = residue(m.release(&lease.record));
         assert!(items.iter().any(|i| i.contains("cannot list")), "{items:?}");
+        // Nothing else is released under a container that may still run.
+        assert!(
+            !f.calls()
+                .iter()
+                .any(|c| matches!(c, Call::Run(l) if l.starts_with("userdel"))
+                    || matches!(c, Call::Unmount(_) | Call::RemoveDir(_))),
+            "{:?}",
+            f.calls()
+        );
         assert_eq!(
             m.records().unwrap().len(),
             1,
