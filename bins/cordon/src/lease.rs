@@ -1610,10 +1610,7 @@ mod tests {
         let w = world();
         let lease = w
             .manager
-            .begin(
-                "sha256:a",
-                std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
-            )
+            .begin("sha256:a", cordon_testkit::in_an_hour())
             .unwrap();
         w.manager.release(&lease.record).unwrap();
         assert!(w.manager.records().unwrap().is_empty());
@@ -1637,12 +1634,7 @@ mod tests {
         let f = empty_host();
         f.reply("list", ToolOutput::ok(b"not json"));
         let m = with_host(&w, f.clone());
-        let lease = m
-            .begin(
-                "sha256:a",
-                std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
-            )
-            .unwrap();
+        let lease = m.begin("sha256:a", cordon_testkit::in_an_hour()).unwrap();
         let items = residue(m.release(&lease.record));
         assert!(items.iter().any(|i| i.contains("cannot list")), "{items:?}");
         // Nothing else is released under a container that may still run.
@@ -1719,11 +1711,7 @@ mod tests {
             let m = with_host(&w, f);
             // A lease with a mount point, so its release must read the mount table.
             let lease = m
-                .begin_with(
-                    "sha256:a",
-                    &["staging"],
-                    std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
-                )
+                .begin_with("sha256:a", &["staging"], cordon_testkit::in_an_hour())
                 .unwrap();
             let items = residue(m.release(&lease.record));
             assert!(!items.is_empty(), "{broken}");
@@ -1737,11 +1725,7 @@ mod tests {
         let w = world();
         let mut lease = w
             .manager
-            .begin_with(
-                "sha256:a",
-                &["staging"],
-                std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
-            )
+            .begin_with("sha256:a", &["staging"], cordon_testkit::in_an_hour())
             .unwrap();
         let kinds: Vec<&str> = lease
             .record
@@ -1775,10 +1759,7 @@ mod tests {
         let w = world();
         let lease = w
             .manager
-            .begin(
-                "sha256:a",
-                std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
-            )
+            .begin("sha256:a", cordon_testkit::in_an_hour())
             .unwrap();
         let mut broken = lease.record.clone();
         broken
@@ -1799,10 +1780,7 @@ mod tests {
         let w = world();
         let lease = w
             .manager
-            .begin(
-                "sha256:a",
-                std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
-            )
+            .begin("sha256:a", cordon_testkit::in_an_hour())
             .unwrap();
         let f = empty_host();
         let cgroup = w
@@ -1923,11 +1901,7 @@ mod tests {
         let f = empty_host();
         let lease = w
             .manager
-            .begin_with(
-                "sha256:a",
-                &["staging"],
-                std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
-            )
+            .begin_with("sha256:a", &["staging"], cordon_testkit::in_an_hour())
             .unwrap();
         let point = lease.run_dir().join("staging");
         f.file(
@@ -1993,11 +1967,7 @@ mod root_tests {
         fs::write(lower.join("etc/base"), "image").unwrap();
         let m = Manager::open(&store, setup).unwrap();
         let lease = m
-            .begin_with(
-                "sha256:a",
-                &["rootfs"],
-                std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
-            )
+            .begin_with("sha256:a", &["rootfs"], cordon_testkit::in_an_hour())
             .unwrap();
         fs::create_dir_all(lease.run_dir()).unwrap();
         let run = &lease.run_dir();

@@ -59,10 +59,7 @@ fn main() {
     for i in 0..runs {
         let t = Instant::now();
         let mut lease = m
-            .begin(
-                "sha256:bench",
-                std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
-            )
+            .begin("sha256:bench", cordon_testkit::in_an_hour())
             .unwrap();
         m.provision(&lease).unwrap();
         let staging = lease.run_dir().join("staging");
@@ -110,10 +107,7 @@ fn main() {
 
     // 10,000 stale records, as 10,000 dead supervisors would leave them (record only).
     let template = m
-        .begin(
-            "sha256:bench",
-            std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
-        )
+        .begin("sha256:bench", cordon_testkit::in_an_hour())
         .unwrap()
         .record;
     let leases = store.root().join("leases");

@@ -80,10 +80,7 @@ fn check_is_a_quiescence_receipt_and_recovery_releases_a_stale_lease() {
     {
         let m = Manager::open(&store, setup).unwrap();
         let lease = m
-            .begin(
-                "sha256:stale",
-                std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
-            )
+            .begin("sha256:stale", cordon_testkit::in_an_hour())
             .unwrap();
         m.provision(&lease).unwrap();
     }
@@ -132,7 +129,7 @@ fn recovery_never_touches_another_executors_or_another_stores_live_lease() {
     );
     let dir = tempfile::tempdir().unwrap();
     let policy = policy(dir.path(), 1);
-    let hour = std::time::SystemTime::now() + std::time::Duration::from_secs(3600);
+    let hour = cordon_testkit::in_an_hour();
     let (m, lease) = live_lease(dir.path(), &policy, hour);
     let intact = |when: &str| {
         assert!(
@@ -176,7 +173,7 @@ fn live_leases_are_active_expired_ones_are_an_alarm_and_a_dead_supervisors_are_r
     );
     let dir = tempfile::tempdir().unwrap();
     let policy = policy(dir.path(), 2);
-    let hour = std::time::SystemTime::now() + std::time::Duration::from_secs(3600);
+    let hour = cordon_testkit::in_an_hour();
     let (m, lease) = live_lease(dir.path(), &policy, hour);
     let (code, r) = reap_as(dir.path(), &policy, "store", &executor(), &["--check"]);
     assert_eq!(code, Some(3), "{r}");

@@ -101,10 +101,7 @@ fn run_script(
     caps: OutputCaps,
 ) -> (Lease, Result<Finished, cordon::lease::LeaseError>) {
     let lease = m
-        .begin(
-            "sha256:test-authority",
-            std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
-        )
+        .begin("sha256:test-authority", cordon_testkit::in_an_hour())
         .unwrap();
     run_in(e, m, lease, script, tweak, deadline, caps)
 }
@@ -193,10 +190,7 @@ echo HOME=${HOME:-unset} USER=${USER:-unset}
 sleep 1
 "#;
     let lease = m
-        .begin(
-            "sha256:test-authority",
-            std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
-        )
+        .begin("sha256:test-authority", cordon_testkit::in_an_hour())
         .unwrap();
     let cgroup = std::thread::spawn({
         let probe = cordon::runtime::CgroupProbe {
@@ -349,10 +343,7 @@ fn a_forkbomb_meets_the_pids_limit_and_a_changed_bundle_never_starts() {
 
     // The protected config.json is changed after it was written: the run stops before launch.
     let mut lease = m
-        .begin(
-            "sha256:test-authority",
-            std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
-        )
+        .begin("sha256:test-authority", cordon_testkit::in_an_hour())
         .unwrap();
     m.provision(&lease).unwrap();
     let path = m.write_protected(&mut lease, "config.json", b"{}").unwrap();
@@ -372,10 +363,7 @@ fn an_account_whose_id_is_taken_stops_the_run() {
     // A second manager of the same executor is refused.
     assert!(Manager::open(&e.store, e.setup.clone()).is_err());
     let lease = m
-        .begin(
-            "sha256:test-authority",
-            std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
-        )
+        .begin("sha256:test-authority", cordon_testkit::in_an_hour())
         .unwrap();
     // Someone else already has the name: nothing is created.
     let a = &lease.account();

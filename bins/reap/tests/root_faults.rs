@@ -34,7 +34,7 @@ fn policy() -> cordon_policy_lang::Policy {
     cordon_policy_lang::parse("evaluator.kdl", &text).unwrap()
 }
 
-fn setup(dir: &Path) -> Setup {
+fn setup(dir: &Path, slot: u32) -> Setup {
     let mut s = cordon_stage::settings::lease_setup(
         &policy(),
         "faults",
@@ -43,7 +43,7 @@ fn setup(dir: &Path) -> Setup {
     );
     s.runtime.binary = cordon_testkit::runc();
     s.lock_dir = dir.join("locks");
-    s.accounts.uids = cordon_testkit::account_range("reap-faults", 0);
+    s.accounts.uids = cordon_testkit::account_range("reap-faults", slot);
     s.accounts.gids = s.accounts.uids;
     s.accounts.cron_deny = dir.join("cron.deny");
     s.accounts.at_deny = dir.join("at.deny");
@@ -96,12 +96,9 @@ const CAPS: OutputCaps = OutputCaps {
 /// The child: run the lifecycle up to `point`, then die without cleaning up.
 fn child(point: &str, dir: &Path) -> ! {
     let store = Store::open(&dir.join("store")).unwrap();
-    let m = Manager::open(&store, setup(dir)).unwrap();
+    let m = Manager::open(&store, setup(dir, 0)).unwrap();
     let mut lease = m
-        .begin(
-            "sha256:faults",
-            std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
-        )
+        .begin("sha256:faults", cordon_testkit::in_an_hour())
         .unwrap();
     if point == "after-record" {
         die();
@@ -171,7 +168,7 @@ fn a_supervisor_killed_at_any_point_leaves_nothing_recovery_cannot_remove() {
     for point in POINTS {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("store")).unwrap();
-        let s = setup(dir.path());
+        let s = setup(dir.path(), 0);
         // Clear what an earlier crashed run of this very test may have left in the range.
         Manager::open(&store, s.clone()).unwrap().recover().unwrap();
         let mut c = Command::new(std::env::current_exe().unwrap())
@@ -229,15 +226,10 @@ fn a_linked_or_corrupt_record_stops_recovery_and_a_failing_delete_is_residue() {
     );
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("store")).unwrap();
-    let mut s = setup(dir.path());
-    s.accounts.uids = cordon_testkit::account_range("reap-faults", 1);
-    s.accounts.gids = s.accounts.uids;
+    let s = setup(dir.path(), 1);
     let m = Manager::open(&store, s.clone()).unwrap();
     let lease = m
-        .begin(
-            "sha256:faults",
-            std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
-        )
+        .begin("sha256:faults", cordon_testkit::in_an_hour())
         .unwrap();
     let record = store.path("leases", &format!("{}.json", lease.record.lease));
     let elsewhere: PathBuf = dir.path().join("elsewhere.json");
@@ -262,10 +254,7 @@ fn a_linked_or_corrupt_record_stops_recovery_and_a_failing_delete_is_residue() {
     drop(m);
     let m = Manager::open(&store, broken).unwrap();
     let lease = m
-        .begin(
-            "sha256:faults",
-            std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
-        )
+        .begin("sha256:faults", cordon_testkit::in_an_hour())
         .unwrap();
     let err = m.release(&lease.record).unwrap_err();
     assert!(err.to_string().contains("delete failed"), "{err}");
@@ -288,15 +277,10 @@ fn a_container_that_will_not_disappear_and_a_runtime_too_old_are_no_decisions() 
     );
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("store")).unwrap();
-    let mut s = setup(dir.path());
-    s.accounts.uids = cordon_testkit::account_range("reap-faults", 2);
-    s.accounts.gids = s.accounts.uids;
+    let s = setup(dir.path(), 2);
     let m = Manager::open(&store, s.clone()).unwrap();
     let lease = m
-        .begin(
-            "sha256:faults",
-            std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
-        )
+        .begin("sha256:faults", cordon_testkit::in_an_hour())
         .unwrap();
     drop(m);
     // A runtime that keeps listing the lease's container with its exact labels after delete.

@@ -214,3 +214,9 @@ pub fn copy_tree(from: &Path, to: &Path) {
         }
     }
 }
+
+/// A lease deadline an hour away: for tests whose runs must not expire while they look.
+#[must_use]
+pub fn in_an_hour() -> std::time::SystemTime {
+    std::time::SystemTime::now() + std::time::Duration::from_secs(3600)
+}
