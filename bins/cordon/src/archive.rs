@@ -28,7 +28,8 @@ use unicode_normalization::UnicodeNormalization;
 use crate::canonical::Digest;
 
 /// The bounds an archive must stay within (policy `intake { archive { … } }`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ArchiveLimits {
     /// Bytes of the (compressed) archive as read from the source.
     pub max_archive_bytes: u64,
@@ -49,6 +50,39 @@ pub struct ArchiveLimits {
     /// Component names refused anywhere in a path: exact names, or `*suffix` patterns.
     pub exclude: Vec<String>,
 }
+
+/// Every rejection code the reader uses.
+pub const CODES: &[&str] = &[
+    "intake.absolute-path",
+    "intake.archive-too-big",
+    "intake.compression-ratio",
+    "intake.corrupt",
+    "intake.device",
+    "intake.dot-component",
+    "intake.dotdot",
+    "intake.duplicate",
+    "intake.empty-component",
+    "intake.entry-type",
+    "intake.excluded",
+    "intake.extracted-too-big",
+    "intake.fifo",
+    "intake.file-too-big",
+    "intake.format",
+    "intake.hardlink",
+    "intake.non-utf8",
+    "intake.nul",
+    "intake.path-too-long",
+    "intake.pax-key",
+    "intake.pax-path",
+    "intake.pax-too-big",
+    "intake.sparse",
+    "intake.special-mode",
+    "intake.symlink",
+    "intake.too-deep",
+    "intake.too-many-members",
+    "intake.trailing-data",
+    "intake.truncated",
+];
 
 /// Decompressed bytes always allowed before the compression ratio is enforced, so that a small
 /// archive whose tar padding compresses to nothing is not mistaken for a bomb.
@@ -444,6 +478,96 @@ fn admit(seen: &mut BTreeMap<String, Kind>, path: &str, kind: Kind) -> Result<()
     Ok(())
 }
 
+/// The member rules that do not depend on the tar encoding: count, path shape, duplicates,
+/// sizes. [`scan`] applies them to each member it decodes; the privilege-separated intake
+/// parent applies them again to each member its parser child reports, because it never takes
+/// a path or a size from the child on trust.
+pub struct Admission<'a> {
+    limits: &'a ArchiveLimits,
+    seen: BTreeMap<String, Kind>,
+    members: u64,
+    extracted: u64,
+}
+
+impl<'a> Admission<'a> {
+    /// No member admitted yet.
+    #[must_use]
+    pub fn new(limits: &'a ArchiveLimits) -> Self {
+        Self {
+            limits,
+            seen: BTreeMap::new(),
+            members: 0,
+            extracted: 0,
+        }
+    }
+
+    /// Admit one member: a directory (`size` must be 0) or a regular file of `size` bytes.
+    /// Returns its clean path.
+    ///
+    /// # Errors
+    /// The first rule it breaks.
+    pub fn member(
+        &mut self,
+        path_bytes: &[u8],
+        is_dir: bool,
+        size: u64,
+    ) -> Result<String, Rejection> {
+        let limits = self.limits;
+        let lossy = String::from_utf8_lossy(path_bytes);
+        let at = Some(lossy.as_ref());
+        self.members += 1;
+        if self.members > limits.max_members {
+            return Err(reject(
+                "intake.too-many-members",
+                at,
+                format!("the archive has more than {} members", limits.max_members),
+            ));
+        }
+        let path = check_path(path_bytes, is_dir, limits)?;
+        let kind = if is_dir { Kind::Dir } else { Kind::File };
+        admit(&mut self.seen, &path, kind)?;
+        if is_dir {
+            if size != 0 {
+                return Err(reject(
+                    "intake.corrupt",
+                    at,
+                    "a directory member carries data",
+                ));
+            }
+            return Ok(path);
+        }
+        if size > limits.max_file_bytes {
+            return Err(reject(
+                "intake.file-too-big",
+                at,
+                format!("{size} bytes exceeds {}", limits.max_file_bytes),
+            ));
+        }
+        self.extracted += size;
+        if self.extracted > limits.max_extracted_bytes {
+            return Err(reject(
+                "intake.extracted-too-big",
+                at,
+                format!(
+                    "the files add up to more than {} bytes",
+                    limits.max_extracted_bytes
+                ),
+            ));
+        }
+        Ok(path)
+    }
+
+    /// The directories named explicitly or implicitly, sorted.
+    #[must_use]
+    pub fn dirs(self) -> Vec<String> {
+        self.seen
+            .into_iter()
+            .filter(|(_, k)| *k != Kind::File)
+            .map(|(p, _)| p)
+            .collect()
+    }
+}
+
 /// Overrides that extension headers set for the next member.
 #[derive(Default)]
 struct Pending {
@@ -558,10 +682,8 @@ pub fn scan(
         shared: shared.clone(),
     };
     let mut archive = tar::Archive::new(expanded);
-    let mut seen = BTreeMap::new();
+    let mut admission = Admission::new(limits);
     let mut files = Vec::new();
-    let mut extracted = 0u64;
-    let mut members = 0u64;
     let mut pending = Pending::default();
     let mut buf = vec![0u8; 256 * 1024];
     {
@@ -700,14 +822,7 @@ pub fn scan(
                     )));
                 }
             };
-            members += 1;
-            if members > limits.max_members {
-                return Err(ArchiveError::Rejected(reject(
-                    "intake.too-many-members",
-                    at,
-                    format!("the archive has more than {} members", limits.max_members),
-                )));
-            }
+            // Mode first: a setuid member is refused as such, whatever else it breaks.
             let mode = header.mode().map_err(|e| classify(&shared, e, at))?;
             if mode & 0o7000 != 0 {
                 return Err(ArchiveError::Rejected(reject(
@@ -716,40 +831,15 @@ pub fn scan(
                     format!("mode {mode:o} has a setuid, setgid or sticky bit"),
                 )));
             }
-            let path = check_path(&path_bytes, kind == Kind::Dir, limits)
+            let path = admission
+                .member(&path_bytes, kind == Kind::Dir, size)
                 .map_err(ArchiveError::Rejected)?;
-            admit(&mut seen, &path, kind).map_err(ArchiveError::Rejected)?;
             if kind == Kind::Dir {
-                if size != 0 {
-                    return Err(ArchiveError::Rejected(reject(
-                        "intake.corrupt",
-                        at,
-                        "a directory member carries data",
-                    )));
-                }
                 sink.dir(&path).map_err(|source| ArchiveError::Sink {
                     path: path.clone(),
                     source,
                 })?;
                 continue;
-            }
-            if size > limits.max_file_bytes {
-                return Err(ArchiveError::Rejected(reject(
-                    "intake.file-too-big",
-                    at,
-                    format!("{size} bytes exceeds {}", limits.max_file_bytes),
-                )));
-            }
-            extracted += size;
-            if extracted > limits.max_extracted_bytes {
-                return Err(ArchiveError::Rejected(reject(
-                    "intake.extracted-too-big",
-                    at,
-                    format!(
-                        "the files add up to more than {} bytes",
-                        limits.max_extracted_bytes
-                    ),
-                )));
             }
             let executable = mode & 0o111 != 0;
             let mut hasher = Sha256::new();
@@ -839,12 +929,7 @@ pub fn scan(
         .hasher
         .finish()
         .map_err(|source| ArchiveError::Source { source })?;
-    let mut dirs: Vec<String> = seen
-        .into_iter()
-        .filter(|(_, k)| *k != Kind::File)
-        .map(|(p, _)| p)
-        .collect();
-    dirs.sort();
+    let dirs = admission.dirs();
     Ok(Scanned {
         archive_sha256,
         archive_bytes: shared.raw_bytes.get(),

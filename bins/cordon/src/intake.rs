@@ -24,6 +24,10 @@ use crate::archive::{self, ArchiveError, ArchiveLimits, Member, Rejection, Sink}
 use crate::canonical::{CanonicalError, Digest, domain_digest, to_canonical_json};
 use crate::store::{Scratch, Staged, Store, StoreError};
 
+mod confined;
+
+pub use confined::{ARCHIVE_CHILD, Launch, archive_child, ingest_confined};
+
 /// The schema of intake and archive records.
 pub const INTAKE_SCHEMA: u32 = 2;
 
@@ -46,6 +50,11 @@ pub enum IntakeError {
         #[source]
         source: io::Error,
     },
+    /// The parser child could not be started, could not confine itself, or was killed from
+    /// outside: not the candidate's fault (exit 3).
+    #[error("the confined parser failed: {0}")]
+    #[diagnostic(code(cordon::intake::child))]
+    Child(String),
     /// The store failed.
     #[error(transparent)]
     #[diagnostic(transparent)]
@@ -163,18 +172,30 @@ pub fn ingest(
         }
     };
     let staged = sink.staged;
-    if &scanned.archive_sha256 != committed {
-        return Err(IntakeError::Rejected(Rejection {
-            code: "intake.hash-mismatch",
-            path: None,
-            message: format!(
-                "the archive's sha256 is {}, the committed digest is {committed}",
-                scanned.archive_sha256
-            ),
-        }));
+    check_committed(&scanned.archive_sha256, committed)?;
+    publish(store, scanned.files, staged, scanned.archive_sha256)
+}
+
+/// The candidate's archive is the one committed to, or a rejection.
+fn check_committed(actual: &Digest, committed: &Digest) -> Result<(), IntakeError> {
+    if actual == committed {
+        return Ok(());
     }
-    let batch: Vec<Staged> = scanned
-        .files
+    Err(IntakeError::Rejected(Rejection {
+        code: "intake.hash-mismatch",
+        path: None,
+        message: format!("the archive's sha256 is {actual}, the committed digest is {committed}"),
+    }))
+}
+
+/// Publish admitted files (each staged at the matching path) and both records.
+fn publish(
+    store: &Store,
+    mut files: Vec<Member>,
+    staged: Vec<PathBuf>,
+    archive_sha256: Digest,
+) -> Result<Admitted, IntakeError> {
+    let batch: Vec<Staged> = files
         .iter()
         .zip(staged)
         .map(|(m, path)| Staged {
@@ -184,7 +205,6 @@ pub fn ingest(
         })
         .collect();
     store.publish_objects(&batch)?;
-    let mut files = scanned.files;
     files.sort_by(|a, b| a.path.cmp(&b.path));
     let record = IntakeRecord {
         schema: INTAKE_SCHEMA,
@@ -200,7 +220,7 @@ pub fn ingest(
     )?;
     let archive = ArchiveRecord {
         schema: INTAKE_SCHEMA,
-        archive_sha256: scanned.archive_sha256,
+        archive_sha256,
         content_digest: record.content_digest,
     };
     let text = to_canonical_json(&archive)?;

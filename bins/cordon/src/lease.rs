@@ -794,6 +794,8 @@ impl Observer {
 pub struct Manager {
     store: Store,
     setup: Setup,
+    /// Held with others (intake's parser children), or alone (containers, recovery).
+    shared: bool,
     _lock: Flock<File>,
 }
 
@@ -841,6 +843,12 @@ impl Lease {
         self.run_dir.join(ENDED_BY_REAP).exists()
     }
 
+    /// The parser child's root inside the run directory: empty, root-owned, mode 0500.
+    #[must_use]
+    pub fn jail_dir(&self) -> PathBuf {
+        self.run_dir().join("jail")
+    }
+
     /// The run account.
     #[must_use]
     pub fn account(&self) -> &Account {
@@ -877,11 +885,27 @@ fn fresh_id() -> String {
 }
 
 impl Manager {
-    /// Become the manager of `setup.executor`.
+    /// Become the manager of `setup.executor`, alone: containers run and recovery acts only
+    /// under this lock.
     ///
     /// # Errors
     /// Another manager holds it, or the store failed.
     pub fn open(store: &Store, setup: Setup) -> Result<Self, LeaseError> {
+        Self::open_with(store, setup, false)
+    }
+
+    /// Become one of the managers of `setup.executor` that run only parser children (intake,
+    /// materialization): many may hold it at once, none while a container stage or a recovery
+    /// holds it alone, and none of them may recover (only a sole holder knows that every
+    /// record's supervisor is gone).
+    ///
+    /// # Errors
+    /// A sole manager holds it, or the store failed.
+    pub fn open_shared(store: &Store, setup: Setup) -> Result<Self, LeaseError> {
+        Self::open_with(store, setup, true)
+    }
+
+    fn open_with(store: &Store, setup: Setup, shared: bool) -> Result<Self, LeaseError> {
         if !executor_ok(&setup.executor) {
             return Err(LeaseError::Executor {
                 executor: setup.executor,
@@ -904,13 +928,18 @@ impl Manager {
             .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
             .open(&path)
             .map_err(io("open lock", &path))?;
-        let lock =
-            Flock::lock(f, FlockArg::LockExclusiveNonblock).map_err(|_| LeaseError::Busy {
-                executor: setup.executor.clone(),
-            })?;
+        let arg = if shared {
+            FlockArg::LockSharedNonblock
+        } else {
+            FlockArg::LockExclusiveNonblock
+        };
+        let lock = Flock::lock(f, arg).map_err(|_| LeaseError::Busy {
+            executor: setup.executor.clone(),
+        })?;
         Ok(Self {
             store: store.clone(),
             setup,
+            shared,
             _lock: lock,
         })
     }
@@ -945,6 +974,25 @@ impl Manager {
         mounts: &[&str],
         expires: SystemTime,
     ) -> Result<Lease, LeaseError> {
+        self.begin_resources(authority, mounts, expires, true)
+    }
+
+    /// Begin a lease for a parser child: an account and a run directory, no cgroup, no
+    /// container (the child is a process of this one, killed with it).
+    ///
+    /// # Errors
+    /// The store failed.
+    pub fn begin_child(&self, authority: &str, expires: SystemTime) -> Result<Lease, LeaseError> {
+        self.begin_resources(authority, &[], expires, false)
+    }
+
+    fn begin_resources(
+        &self,
+        authority: &str,
+        mounts: &[&str],
+        expires: SystemTime,
+        container: bool,
+    ) -> Result<Lease, LeaseError> {
         let supervisor = Supervisor::this(self.setup.host())
             .map_err(io("read", Path::new("/proc/self/stat")))?;
         let expires_at_ms = expires
@@ -955,7 +1003,6 @@ impl Manager {
         let lease = fresh_id();
         let run_dir = self.setup.run_root.join(&lease);
         let account = account::for_lease(&self.setup.accounts, &lease);
-        let container = format!("cordon-{lease}");
         // Creation order: account, run directory, mounts, then the runtime's cgroup and the
         // container; release walks this list backwards.
         let mut resources = vec![
@@ -971,12 +1018,14 @@ impl Manager {
         resources.extend(mounts.iter().map(|m| Resource::Mount {
             path: run_dir.join(m),
         }));
-        resources.push(Resource::Cgroup {
-            path: cgroup_path(&self.setup.executor, &lease),
-        });
-        resources.push(Resource::Container {
-            id: container.clone(),
-        });
+        if container {
+            resources.push(Resource::Cgroup {
+                path: cgroup_path(&self.setup.executor, &lease),
+            });
+            resources.push(Resource::Container {
+                id: format!("cordon-{lease}"),
+            });
+        }
         let record = Record {
             schema: LEASE_SCHEMA,
             executor: self.setup.executor.clone(),
@@ -999,10 +1048,10 @@ impl Manager {
         fs::remove_file(&staged).map_err(io("unlink", &staged))?;
         store::fsync_dir(&self.store.root().join("leases"))?;
         Ok(Lease {
+            container: format!("cordon-{}", record.lease),
             record,
             run_dir,
             account,
-            container,
             protected: BTreeMap::new(),
         })
     }
@@ -1055,6 +1104,20 @@ impl Manager {
             .create(lease.bundle_dir())
             .map_err(io("create", &lease.bundle_dir()))?;
         Ok(())
+    }
+
+    /// [`Manager::provision`], then the parser child's empty root ([`Lease::jail_dir`]).
+    ///
+    /// # Errors
+    /// As `provision`, or the directory cannot be made.
+    pub fn provision_child(&self, lease: &Lease) -> Result<PathBuf, LeaseError> {
+        self.provision(lease)?;
+        let jail = lease.jail_dir();
+        fs::DirBuilder::new()
+            .mode(0o500)
+            .create(&jail)
+            .map_err(io("create", &jail))?;
+        Ok(jail)
     }
 
     /// Mount one of the lease's writable scratch areas (the staging area, `/tmp`): a private
@@ -1270,6 +1333,14 @@ impl Manager {
     /// proof), so recovery of many records costs a few runtime calls, not a few per record.
     fn release_all(&self, records: &[Record]) -> Result<(), LeaseError> {
         let mut residue = Vec::new();
+        // Leases that never had a container (parser children) have none to prove absent.
+        let containers = records
+            .iter()
+            .flat_map(|r| &r.resources)
+            .any(|r| matches!(r, Resource::Container { .. }));
+        if !containers {
+            return self.release_rest(records, residue);
+        }
         let rt = &self.setup.runtime;
         let mine = |labels: &crate::runtime::Labels| {
             labels.get(LABEL_EXECUTOR) == Some(&self.setup.executor)
@@ -1328,6 +1399,11 @@ impl Manager {
             );
             return Err(Residue { items: residue }.into());
         }
+        self.release_rest(records, residue)
+    }
+
+    /// Everything but the containers, record by record; a record goes once its resources did.
+    fn release_rest(&self, records: &[Record], mut residue: Vec<String>) -> Result<(), LeaseError> {
         for record in records {
             let mut own = self.release_resources(record);
             if own.is_empty() {
@@ -1436,6 +1512,12 @@ impl Manager {
     /// # Errors
     /// A record is unsafe, or something could not be removed (the residue).
     pub fn recover(&self) -> Result<Vec<String>, LeaseError> {
+        // Other holders of a shared lock are alive and own their records.
+        if self.shared {
+            return Err(LeaseError::Busy {
+                executor: self.setup.executor.clone(),
+            });
+        }
         let view = self.view();
         let mut done = Vec::new();
         let mut residue = Vec::new();
@@ -1629,6 +1711,75 @@ mod tests {
     }
 
     #[test]
+    fn a_parser_childs_lease_owns_an_account_and_a_run_directory_and_asks_no_runtime() {
+        let w = world();
+        let lease = w
+            .manager
+            .begin_child("sha256:a", cordon_testkit::in_an_hour())
+            .unwrap();
+        let kinds: Vec<&str> = lease
+            .record
+            .resources
+            .iter()
+            .map(|r| match r {
+                Resource::Account { .. } => "account",
+                Resource::RunDir { .. } => "run-dir",
+                _ => "other",
+            })
+            .collect();
+        assert_eq!(kinds, ["account", "run-dir"]);
+        w.manager.release(&lease.record).unwrap();
+        assert!(w.manager.records().unwrap().is_empty());
+        assert!(
+            !w.fake
+                .calls()
+                .iter()
+                .any(|c| matches!(c, Call::Run(l) if l.contains("runc"))),
+            "no container, no runtime call: {:?}",
+            w.fake.calls()
+        );
+    }
+
+    #[test]
+    fn parser_leases_share_the_executor_and_never_beside_a_sole_holder_or_a_recovery() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        let setup = Setup {
+            executor: "shared".into(),
+            runtime: Runtime {
+                binary: "/usr/sbin/runc".into(),
+                state_root: dir.path().join("state"),
+                host: empty_host(),
+            },
+            run_root: dir.path().join("run"),
+            lock_dir: dir.path().join("locks"),
+            accounts: crate::account::tests::policy(),
+            cgroup_root: dir.path().join("cgroup"),
+            mountinfo: "/proc/self/mountinfo".into(),
+        };
+        let one = Manager::open_shared(&store, setup.clone()).unwrap();
+        let two = Manager::open_shared(&store, setup.clone()).unwrap();
+        assert!(
+            matches!(
+                Manager::open(&store, setup.clone()),
+                Err(LeaseError::Busy { .. })
+            ),
+            "no container stage or recovery beside a parser"
+        );
+        assert!(
+            matches!(one.recover(), Err(LeaseError::Busy { .. })),
+            "a shared holder never recovers: the other holders own their records"
+        );
+        drop((one, two));
+        let sole = Manager::open(&store, setup.clone()).unwrap();
+        assert!(matches!(
+            Manager::open_shared(&store, setup),
+            Err(LeaseError::Busy { .. })
+        ));
+        drop(sole);
+    }
+
+    #[test]
     fn a_listing_that_does_not_parse_is_residue_and_keeps_the_record() {
         let w = world();
         let f = empty_host();
@@ -1665,6 +1816,7 @@ mod tests {
         Manager {
             store,
             setup,
+            shared: false,
             _lock: Flock::lock(
                 File::open(w.manager.store.root()).unwrap(),
                 FlockArg::LockSharedNonblock,

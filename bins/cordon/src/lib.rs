@@ -14,6 +14,7 @@
 pub mod account;
 pub mod archive;
 pub mod chain;
+pub mod confine;
 pub mod container;
 pub mod host;
 pub mod identity;

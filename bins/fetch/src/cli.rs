@@ -13,10 +13,12 @@ use std::time::Duration;
 use clap::Parser;
 use cordon::ExitCode;
 use cordon::canonical::Digest;
+use cordon::confine::Spec;
 use cordon::intake::{self, IntakeError};
+use cordon::lease::{LeaseError, Manager};
 use cordon::receipt::{Decision, FetchOutputs, Outcome, Receipt, Rejection, StageName};
 use cordon::store::Store;
-use cordon_stage::args::{StageArgs, report_diagnostic};
+use cordon_stage::args::{LeaseArgs, StageArgs, report_diagnostic};
 use cordon_stage::receipt_io as stage;
 use serde_json::json;
 
@@ -29,6 +31,9 @@ pub struct Args {
     /// The options every stage shares.
     #[command(flatten)]
     pub stage: StageArgs,
+    /// Where the parser child's lease lives.
+    #[command(flatten)]
+    pub lease: LeaseArgs,
     /// The committed sha256 of the archive bytes: 64 hex digits, `sha256:` prefix optional.
     #[arg(long)]
     pub sha256: String,
@@ -167,8 +172,45 @@ fn open_source(given: &str, policy: &cordon_policy_lang::Policy) -> Result<Sourc
     Ok(Source::Local(file))
 }
 
-/// Run the tool: the whole of `main`.
-pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitCode {
+/// Run `work` under a parser child's lease: a fresh run account and an empty jail, released
+/// (the account removed) whatever `work` returned. The lease is held with other intake stages
+/// of the executor, never beside a container stage or a recovery.
+fn confined<T>(
+    args: &Args,
+    policy: &cordon_policy_lang::Policy,
+    child: &Path,
+    store: &Store,
+    authority: &Digest,
+    budget: Duration,
+    work: impl FnOnce(&intake::Launch) -> T,
+) -> Result<T, LeaseError> {
+    let manager = Manager::open_shared(store, args.lease.setup(policy))?;
+    let lease = manager.begin_child(
+        &authority.to_string(),
+        std::time::SystemTime::now() + budget,
+    )?;
+    let ran = manager.provision_child(&lease).map(|jail| {
+        let account = lease.account();
+        work(&intake::Launch {
+            exe: child.to_path_buf(),
+            spec: Spec {
+                kind: intake::ARCHIVE_CHILD.to_owned(),
+                uid: account.uid,
+                gid: account.gid,
+                jail,
+                limits: cordon_stage::settings::parser_limits(policy),
+            },
+            deadline: std::time::Instant::now() + budget,
+        })
+    });
+    // Release always runs; a release that cannot be established overrides the result.
+    manager.release(&lease.record)?;
+    ran
+}
+
+/// Run the tool: the whole of `main`. `child` is the executable that becomes the confined
+/// parser child (`/proc/self/exe`: this binary, whose digest the authority covers).
+pub fn run(args: &Args, child: &Path, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitCode {
     let (loaded, authority) = match cordon_stage::start::stage_start(
         &args.stage.policy,
         args.stage.diagnostics,
@@ -177,7 +219,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
         Ok(s) => (s.loaded, s.authority),
         Err(code) => return code,
     };
-    match fetch(args, &loaded.policy, authority, stdout, stderr) {
+    match fetch(args, child, &loaded.policy, authority, stdout, stderr) {
         Ok(code) => code,
         Err(e) => {
             report_diagnostic(&e, args.stage.diagnostics, stderr);
@@ -193,10 +235,14 @@ enum FetchFailure {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Transport(TransportError),
-    /// The store or the local source failed.
+    /// The store, the local source or the parser child failed.
     #[error(transparent)]
     #[diagnostic(transparent)]
     Intake(IntakeError),
+    /// The parser child's lease could not be made or released.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Lease(LeaseError),
 }
 
 impl stage::Infrastructure for FetchFailure {
@@ -204,12 +250,14 @@ impl stage::Infrastructure for FetchFailure {
         match self {
             Self::Transport(_) => "transport.failed",
             Self::Intake(_) => "intake.infrastructure",
+            Self::Lease(_) => "intake.infrastructure",
         }
     }
 }
 
 fn fetch(
     args: &Args,
+    child: &Path,
     policy: &cordon_policy_lang::Policy,
     authority: Digest,
     stdout: &mut dyn Write,
@@ -221,12 +269,26 @@ fn fetch(
     let store = Store::open(&store_root)?;
     let mut receipt = Receipt::new(StageName::Fetch, authority, Outcome::Ok);
     receipt.inputs = json!({ "source": args.source, "sha256": committed });
-    let result = intake::ingest(
-        &store,
-        &mut source,
-        &committed,
-        &cordon_stage::settings::archive_limits(policy),
-    );
+    let limits = cordon_stage::settings::archive_limits(policy);
+    // The child may wait on the transfer for its whole deadline, then needs its CPU time.
+    let budget = Duration::from_millis(policy.transport().deadline_ms)
+        + 2 * Duration::from_millis(policy.parser().cpu_time_ms);
+    let result = confined(args, policy, child, &store, &authority, budget, |launch| {
+        intake::ingest_confined(&store, &mut source, &committed, &limits, launch)
+    });
+    let result = match result {
+        Ok(r) => r,
+        Err(e) => {
+            return Ok(stage::finish(
+                &store,
+                &mut receipt,
+                Err::<Decision<FetchOutputs>, _>(FetchFailure::Lease(e)),
+                args.stage.diagnostics,
+                stdout,
+                stderr,
+            ));
+        }
+    };
     let transport_failure = match &mut source {
         Source::Remote(body) => body.take_failure(),
         Source::Local(_) => None,

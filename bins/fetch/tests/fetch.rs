@@ -13,7 +13,8 @@ use cordon::ExitCode;
 use cordon::canonical::Digest;
 use cordon::store::Store;
 use cordon_fetch::cli::{Args, run};
-use cordon_stage::args::{Diagnostics, StageArgs};
+use cordon_stage::args::{Diagnostics, LeaseArgs, StageArgs};
+use cordon_testkit::EditOnce;
 
 /// What the test server answers for a path.
 #[derive(Clone)]
@@ -135,12 +136,23 @@ fn pki() -> Pki {
     }
 }
 
-/// A policy for these tests: the minimal example plus an intake section.
-fn policy(dir: &Path, transport: &str) -> PathBuf {
+/// A policy for these tests: the minimal example plus an intake section, its run accounts in
+/// this test's own id block `slot` and its cron/at deny files in `dir`.
+fn policy(dir: &Path, slot: u32, transport: &str) -> PathBuf {
+    let (first, last) = cordon_testkit::account_range("fetch", slot);
+    let quoted = |name: &str| format!("{:?}", dir.join(name).display().to_string());
     let base = std::fs::read_to_string(
         cordon_testkit::workspace_root().join("policy/examples/minimal.kdl"),
     )
-    .unwrap();
+    .unwrap()
+    .replace_once(
+        "    uid-range 3000000 3099999\n    gid-range 3000000 3099999\n",
+        &format!(
+            "    uid-range {first} {last}\n    gid-range {first} {last}\n    cron-deny {}\n    at-deny {}\n",
+            quoted("cron.deny"),
+            quoted("at.deny")
+        ),
+    );
     let text = format!(
         "{base}\nintake {{\n    transport {{\n{transport}\n    }}\n    archive {{\n        max-archive-bytes \"1MiB\"\n    }}\n}}\n"
     );
@@ -164,14 +176,38 @@ struct Outcome {
     stderr: String,
 }
 
-fn fetch(policy: &Path, store: &Path, sha: &Digest, source: &str) -> Outcome {
-    let args = Args {
+/// The lease options of a test whose policy is in `dir`: run directories and runtime state in
+/// it, an executor named after it.
+fn lease_args(policy: &Path) -> LeaseArgs {
+    let dir = policy.parent().unwrap();
+    LeaseArgs {
+        state_root: dir.join("state"),
+        run_dir: Some(dir.join("run")),
+        executor: Some(format!(
+            "fetch-test-{}",
+            dir.file_name().unwrap().to_str().unwrap()
+        )),
+    }
+}
+
+/// This package's binary: the confined parser child.
+fn child() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_cordon-fetch"))
+}
+
+fn args(policy: &Path, store: &Path, sha: &Digest, source: &str) -> Args {
+    Args {
         stage: StageArgs::new(policy, Some(store)),
+        lease: lease_args(policy),
         sha256: sha.hex(),
         source: source.to_owned(),
-    };
+    }
+}
+
+fn fetch(policy: &Path, store: &Path, sha: &Digest, source: &str) -> Outcome {
+    let args = args(policy, store, sha, source);
     let (mut out, mut err) = (Vec::new(), Vec::new());
-    let code = run(&args, &mut out, &mut err);
+    let code = run(&args, child(), &mut out, &mut err);
     Outcome {
         code,
         receipt: serde_json::from_slice(&out).ok(),
@@ -200,10 +236,11 @@ fn https(routes: Routes) -> Setup {
     Setup { dir, pki, port }
 }
 
-fn loopback_policy(s: &Setup, extra: &str) -> PathBuf {
+fn loopback_policy(s: &Setup, slot: u32, extra: &str) -> PathBuf {
     let anchor = s.dir.path().join("ca.pem");
     policy(
         s.dir.path(),
+        slot,
         &format!(
             "        allow-host \"localhost\" reason=\"the test server\"\n        trust-anchor \"{}\"\n        allow-loopback #true\n        max-redirects 2\n        deadline \"3s\"\n{extra}",
             anchor.display()
@@ -240,7 +277,7 @@ fn https_with_archive() -> (Setup, Vec<u8>) {
 #[test]
 fn an_https_fetch_under_the_policys_trust_anchor_is_admitted() {
     let (s, body) = https_with_archive();
-    let policy = loopback_policy(&s, "");
+    let policy = loopback_policy(&s, 0, "");
     let store = s.dir.path().join("store");
     let sha = Digest::of_bytes(&body);
     let url = format!("https://localhost:{}/a.tar", s.port);
@@ -263,7 +300,7 @@ fn an_https_fetch_under_the_policys_trust_anchor_is_admitted() {
 #[test]
 fn transfers_that_break_a_transport_rule_are_rejected_and_store_nothing() {
     let (s, body) = https_with_archive();
-    let policy = loopback_policy(&s, "");
+    let policy = loopback_policy(&s, 1, "");
     let store_dir = s.dir.path().join("store");
     let store = Store::open(&store_dir).unwrap();
     let before = store.content_listing().unwrap();
@@ -294,7 +331,7 @@ fn failures_cordon_cannot_attribute_are_no_decisions() {
     let (s, body) = https_with_archive();
     let store = s.dir.path().join("store");
     let sha = Digest::of_bytes(&body);
-    let policy = loopback_policy(&s, "");
+    let policy = loopback_policy(&s, 2, "");
     // The deadline covers the whole transfer, however slowly the bytes drip.
     let o = fetch(
         &policy,
@@ -334,6 +371,7 @@ fn loopback_is_refused_unless_the_policy_allows_it() {
     let anchor = s.dir.path().join("ca.pem");
     let policy = policy(
         s.dir.path(),
+        3,
         &format!(
             "        allow-host \"localhost\" reason=\"the test server\"\n        trust-anchor \"{}\"",
             anchor.display()
@@ -376,6 +414,7 @@ fn plain_http_is_accepted_only_to_loopback_and_only_when_the_policy_allows_it() 
     let url = format!("http://127.0.0.1:{port}/a.tar");
     let strict = policy(
         dir.path(),
+        4,
         "        allow-host \"127.0.0.1\" reason=\"the test server\"\n        allow-loopback #true",
     );
     let o = fetch(&strict, &store, &sha, &url);
@@ -383,6 +422,7 @@ fn plain_http_is_accepted_only_to_loopback_and_only_when_the_policy_allows_it() 
     assert!(o.stderr.contains("plain http"), "{}", o.stderr);
     let open = policy(
         dir.path(),
+        4,
         "        allow-host \"127.0.0.1\" reason=\"the test server\"\n        allow-loopback #true\n        allow-plain-http-loopback #true",
     );
     let o = fetch(&open, &store, &sha, &url);
@@ -392,7 +432,7 @@ fn plain_http_is_accepted_only_to_loopback_and_only_when_the_policy_allows_it() 
 #[test]
 fn a_local_archive_is_admitted_and_a_wrong_digest_rejected_with_the_store_unchanged() {
     let dir = tempfile::tempdir().unwrap();
-    let policy = policy(dir.path(), "");
+    let policy = policy(dir.path(), 5, "");
     let store_dir = dir.path().join("store");
     let file = dir.path().join("a.tar");
     std::fs::write(&file, archive()).unwrap();
@@ -439,12 +479,108 @@ fn a_local_archive_is_admitted_and_a_wrong_digest_rejected_with_the_store_unchan
     let args = Args {
         stage,
         sha256: "abc".into(),
-        source: file.to_str().unwrap().into(),
+        ..args(&policy, &store_dir, &sha, file.to_str().unwrap())
     };
     assert_eq!(
-        run(&args, &mut Vec::new(), &mut Vec::new()),
+        run(&args, child(), &mut Vec::new(), &mut Vec::new()),
         ExitCode::Usage
     );
     let o = fetch(&policy, &store_dir, &sha, "/nonexistent/a.tar");
     assert_eq!(o.code, ExitCode::Usage);
+}
+
+/// The confined parser child of this test process, found from outside: its pid and uid.
+fn parser_child() -> (u32, u32) {
+    let me = std::process::id().to_string();
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        for entry in std::fs::read_dir("/proc").unwrap() {
+            let Some(pid) = entry
+                .unwrap()
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+                continue;
+            };
+            let field = |k: &str| {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(k))
+                    .and_then(|v| v.split_whitespace().next().map(str::to_owned))
+            };
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let is_child = String::from_utf8_lossy(&cmdline).contains(cordon::confine::CHILD_ARG);
+            if is_child
+                && field("PPid:").as_deref() == Some(me.as_str())
+                && field("Seccomp:").as_deref() == Some("2")
+            {
+                return (pid, field("Uid:").unwrap().parse().unwrap());
+            }
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "no confined parser child appeared"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn the_archive_is_parsed_by_a_fresh_run_account_and_a_parser_killed_from_outside_is_a_no_decision()
+{
+    let (s, body) = https_with_archive();
+    let policy = loopback_policy(&s, 6, "");
+    let store_dir = s.dir.path().join("store");
+    let sha = Digest::of_bytes(&body);
+    let url = format!("https://localhost:{}/slow", s.port);
+    let (first, last) = cordon_testkit::account_range("fetch", 6);
+    let fetching = std::thread::spawn({
+        let (policy, store_dir, url) = (policy.clone(), store_dir.clone(), url.clone());
+        move || fetch(&policy, &store_dir, &sha, &url)
+    });
+    let (pid, uid) = parser_child();
+    assert!(
+        (first..=last).contains(&uid),
+        "uid {uid} is not the run account's"
+    );
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+    let account = passwd
+        .lines()
+        .find(|l| l.split(':').nth(2) == Some(&uid.to_string()))
+        .unwrap_or_else(|| panic!("uid {uid} has no account"));
+    assert!(account.starts_with("cordon-"), "{account}");
+    assert!(account.ends_with(":/usr/sbin/nologin"), "{account}");
+    // Killed by someone other than cordon: not the candidate's doing.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let o = fetching.join().unwrap();
+    assert_eq!(o.code, ExitCode::NoDecision, "{}", o.stderr);
+    let message = o.receipt.unwrap()["reasons"][0]["message"].to_string();
+    assert!(message.contains("killed from outside"), "{message}");
+    // The account and the run directory are gone, the store holds no content.
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+    assert!(
+        !passwd
+            .lines()
+            .any(|l| l.split(':').nth(2) == Some(&uid.to_string())),
+        "the run account outlived its lease"
+    );
+    let run = s.dir.path().join("run");
+    assert_eq!(std::fs::read_dir(&run).unwrap().count(), 0);
+    let fresh = tempfile::tempdir().unwrap();
+    assert_eq!(
+        Store::open(&store_dir).unwrap().content_listing().unwrap(),
+        Store::open(&fresh.path().join("store"))
+            .unwrap()
+            .content_listing()
+            .unwrap(),
+        "a no-decision leaves the store's content as a fresh store's"
+    );
 }

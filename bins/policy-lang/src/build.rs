@@ -373,7 +373,14 @@ fn host_name(cx: &mut Cx, entry: &KdlEntry) -> Option<String> {
 }
 
 fn intake(cx: &mut Cx, node: Option<&KdlNode>, whole: SourceSpan) -> Option<Intake> {
-    let b = Block::section(cx, node, "intake", whole, &["transport", "archive"], &[]);
+    let b = Block::section(
+        cx,
+        node,
+        "intake",
+        whole,
+        &["transport", "archive", "parser"],
+        &[],
+    );
     let t = Block::section(
         cx,
         b.one("transport"),
@@ -449,6 +456,26 @@ fn intake(cx: &mut Cx, node: Option<&KdlNode>, whole: SourceSpan) -> Option<Inta
         ],
         &["exclude"],
     );
+    let p = Block::section(
+        cx,
+        b.one("parser"),
+        "parser",
+        b.span(),
+        &["address-space", "cpu-time"],
+        &[],
+    );
+    let address_space = value(cx, &p, "address-space", Some(GIB), |cx, e| {
+        size(cx, e, "address-space", 256 * MIB, 64 * GIB)
+    });
+    let cpu_time_ms = value(cx, &p, "cpu-time", Some(60 * SECOND), |cx, e| {
+        duration(cx, e, "cpu-time", SECOND, HOUR)
+    });
+    let parser = address_space
+        .zip(cpu_time_ms)
+        .map(|(address_space, cpu_time_ms)| ParserLimits {
+            address_space,
+            cpu_time_ms,
+        });
     let archive = ArchiveLimits {
         max_archive_bytes: value(cx, &a, "max-archive-bytes", Some(GIB), |cx, e| {
             size(cx, e, "max-archive-bytes", KIB, 64 * GIB)
@@ -503,6 +530,7 @@ fn intake(cx: &mut Cx, node: Option<&KdlNode>, whole: SourceSpan) -> Option<Inta
             allow_plain_http_loopback: allow_plain?,
         },
         archive,
+        parser: parser?,
     })
 }
 

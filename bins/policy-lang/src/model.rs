@@ -113,6 +113,17 @@ pub struct Reasoned {
 pub(crate) struct Intake {
     pub(crate) transport: Transport,
     pub(crate) archive: ArchiveLimits,
+    pub(crate) parser: ParserLimits,
+}
+
+/// The limits a confined parser child sets on itself before it reads candidate bytes
+/// (policy `intake { parser { … } }`, REQ-117): one child per fetch and per materialization.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ParserLimits {
+    /// Address space, bytes (`RLIMIT_AS`).
+    pub address_space: u64,
+    /// CPU time, milliseconds (`RLIMIT_CPU`, rounded up to whole seconds).
+    pub cpu_time_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -709,6 +720,12 @@ impl Policy {
     #[must_use]
     pub fn store(&self) -> &str {
         &self.store
+    }
+
+    /// The limits of the confined parser children.
+    #[must_use]
+    pub fn parser(&self) -> ParserLimits {
+        self.intake.parser
     }
 
     /// The archive bounds.

@@ -99,8 +99,13 @@ fn every_receipt_reason_code_the_stages_emit_is_documented() {
         "bins/reap/src",
         "bins/stage/src",
     ] {
-        for entry in std::fs::read_dir(root.join(dir)).unwrap() {
-            let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        let mut files = vec![root.join(dir)];
+        while let Some(path) = files.pop() {
+            if path.is_dir() {
+                files.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
             for (i, _) in text.match_indices('"') {
                 let rest = &text[i + 1..];
                 let Some(end) = rest.find('"') else { continue };

@@ -29,6 +29,16 @@ pub fn archive_limits(policy: &Policy) -> ArchiveLimits {
     }
 }
 
+/// The limits of a confined parser child, in the form the child takes.
+#[must_use]
+pub fn parser_limits(policy: &Policy) -> cordon::confine::Limits {
+    let p = policy.parser();
+    cordon::confine::Limits {
+        address_space: p.address_space,
+        cpu_seconds: p.cpu_time_ms.div_ceil(1000),
+    }
+}
+
 /// The per-run account rules, in the form the account module takes.
 #[must_use]
 pub fn account_policy(policy: &Policy) -> AccountPolicy {

@@ -49,11 +49,22 @@ pub fn require_executable(path: &Path, install: &str) {
     );
 }
 
+/// Fail the test unless it runs as root; `why` says what needs it.
+///
+/// # Panics
+/// Not root.
+pub fn require_root(why: &str) {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "{why}: run as root (CI does)"
+    );
+}
+
 /// Every test crate (and benchmark) that creates real per-run accounts, in one table: each owner
 /// gets its own block of ids, so tests running side by side — and the recovery that removes
 /// orphans in a range — never meet each other's accounts or the host's (the blocks lie above the
 /// default policy's 3000000..=3099999).
-const ACCOUNT_OWNERS: [&str; 8] = [
+const ACCOUNT_OWNERS: [&str; 10] = [
     "cordon-lease",
     "prebuild-hostile",
     "prebuild-bench",
@@ -62,6 +73,8 @@ const ACCOUNT_OWNERS: [&str; 8] = [
     "reap-cli",
     "reap-bench",
     "stage-session",
+    "cordon-confine",
+    "fetch",
 ];
 
 /// The first id of the account blocks.

@@ -1,0 +1,574 @@
+//! The confined parser child (REQ-117): hostile bytes are decoded by a child process that has
+//! given up everything before it reads them, never by the root process that owns the store.
+//!
+//! It owns both ends of that split:
+//! - the parent's [`spawn`]: the same executable, started with [`CHILD_ARG`], no environment,
+//!   the working directory `/`, its input on stdin, its facts on stdout, its stderr captured;
+//! - the child's [`enter`], which runs before any candidate byte is read and in this order:
+//!   die with the parent, new network and IPC namespaces, `chroot` into an empty root-owned
+//!   directory, every capability dropped from the bounding set, no supplementary groups, the
+//!   run account's uid and gid (real, effective, saved), no new privileges, not dumpable,
+//!   resource limits (address space, CPU time, threads, file size 0, no core, few descriptors),
+//!   then a seccomp filter it installs on itself (`seccompiler`) that admits only what decoding
+//!   needs: reading its input, writing its output, memory, threads, exiting. Anything else kills
+//!   it. A step that fails exits [`UNCONFINED_EXIT`] before any input is read;
+//! - the framing both speak ([`write_frame`], [`FrameReader`]): a tag byte, a little-endian u32
+//!   length, the payload, each frame and the whole stream bounded by the reader;
+//! - the classification of how a child ended ([`Ended`]): a crash, a limit or a broken frame on
+//!   candidate input is the candidate's (a rejection), a child that could not confine itself or
+//!   was killed by someone else is a no-decision.
+//!
+//! It does not know what is parsed: the stage that owns the facts validates every one of them
+//! (paths, sizes, digests) itself. It does not create the account or the jail directory: the
+//! lease that owns them does, and removes them.
+
+use std::ffi::OsString;
+use std::io::{self, Read, Write};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+
+use nix::libc;
+use nix::sys::resource::{Resource, setrlimit};
+use nix::sys::signal::Signal;
+use nix::unistd::{Gid, Uid};
+
+/// The first argument that turns a stage binary into its own confined parser child.
+pub const CHILD_ARG: &str = "--cordon-confined-child";
+
+/// The exit status of a child that could not confine itself (it read no input).
+pub const UNCONFINED_EXIT: i32 = 125;
+
+/// The exit status of a child that decoded its input and found it breaks a rule (it said why
+/// in a frame).
+pub const REJECTED_EXIT: i32 = 1;
+
+/// The threads a child may have (`RLIMIT_NPROC` of its fresh account): its main thread and
+/// the parsers' workers.
+pub const THREADS: u64 = 4;
+
+/// The resource limits a child sets on itself before it reads its input (policy
+/// `intake { parser { … } }`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// `RLIMIT_AS`, bytes.
+    pub address_space: u64,
+    /// `RLIMIT_CPU`, seconds (SIGXCPU at this, SIGKILL one second later).
+    pub cpu_seconds: u64,
+}
+
+/// What the parent tells a child to become.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spec {
+    /// What the child parses (the stage binary's own dispatch key).
+    pub kind: String,
+    /// The run account's uid.
+    pub uid: u32,
+    /// The run account's gid.
+    pub gid: u32,
+    /// An empty root-owned directory that becomes the child's root.
+    pub jail: PathBuf,
+    /// The limits.
+    pub limits: Limits,
+}
+
+impl Spec {
+    fn to_args(&self) -> Vec<OsString> {
+        let mut out: Vec<OsString> = vec![CHILD_ARG.into(), self.kind.clone().into()];
+        out.extend(
+            [
+                self.uid.to_string(),
+                self.gid.to_string(),
+                std::process::id().to_string(),
+                self.limits.address_space.to_string(),
+                self.limits.cpu_seconds.to_string(),
+            ]
+            .map(OsString::from),
+        );
+        out.push(self.jail.clone().into_os_string());
+        out
+    }
+
+    /// The spec and the parent's pid from a child's arguments (everything after the program
+    /// name), or `None` when they are not a child's.
+    fn from_args(args: &[OsString]) -> Option<(Self, u32)> {
+        let [flag, kind, uid, gid, parent, asz, cpu, jail] = args else {
+            return None;
+        };
+        if flag != CHILD_ARG {
+            return None;
+        }
+        let num = |s: &OsString| s.to_str()?.parse::<u64>().ok();
+        let id = |s: &OsString| num(s).and_then(|n| u32::try_from(n).ok());
+        Some((
+            Self {
+                kind: kind.to_str()?.to_owned(),
+                uid: id(uid)?,
+                gid: id(gid)?,
+                jail: PathBuf::from(jail),
+                limits: Limits {
+                    address_space: num(asz)?,
+                    cpu_seconds: num(cpu)?,
+                },
+            },
+            id(parent)?,
+        ))
+    }
+}
+
+/// Start `exe` as a confined child for `spec`, reading `stdin`. Its stdout (the facts) and
+/// stderr are pipes the caller drains.
+///
+/// # Errors
+/// The process cannot be started.
+pub fn spawn(exe: &Path, spec: &Spec, stdin: Stdio) -> io::Result<Child> {
+    Command::new(exe)
+        .args(spec.to_args())
+        .env_clear()
+        .current_dir("/")
+        .stdin(stdin)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+}
+
+/// Whether this process was started as a confined child: its spec, when the arguments are a
+/// child's. Called first thing in a stage binary's `main`.
+#[must_use]
+pub fn requested() -> Option<(Spec, u32)> {
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    if args.first().is_some_and(|a| a == CHILD_ARG) {
+        Spec::from_args(&args)
+    } else {
+        None
+    }
+}
+
+/// A confinement step that failed, named.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot confine the parser child: {step}: {why}")]
+pub struct ConfineError {
+    /// The step.
+    pub step: &'static str,
+    /// Why.
+    pub why: String,
+}
+
+fn step<T, E: std::fmt::Display>(
+    step: &'static str,
+) -> impl FnOnce(Result<T, E>) -> Result<T, ConfineError> {
+    move |r| {
+        r.map_err(|e| ConfineError {
+            step,
+            why: e.to_string(),
+        })
+    }
+}
+
+/// Confine this process as `spec` says (see the module docs for the order). Must run before
+/// the first byte of input is read; on error the caller exits [`UNCONFINED_EXIT`].
+///
+/// # Errors
+/// The step that failed.
+pub fn enter(spec: &Spec, parent: u32) -> Result<(), ConfineError> {
+    use nix::sched::{CloneFlags, unshare};
+    use nix::sys::prctl;
+    // Die with the parent; a parent already gone leaves nobody to read the facts.
+    step("PR_SET_PDEATHSIG")(prctl::set_pdeathsig(Signal::SIGKILL))?;
+    if nix::unistd::getppid().as_raw() != i32::try_from(parent).unwrap_or(-1) {
+        return Err(ConfineError {
+            step: "parent",
+            why: "the parent is gone".into(),
+        });
+    }
+    if spec.uid == 0 || spec.gid == 0 {
+        return Err(ConfineError {
+            step: "account",
+            why: "the run account may not be root".into(),
+        });
+    }
+    // No network: the child decodes bytes it was handed, it fetches nothing.
+    step("unshare")(unshare(CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWIPC))?;
+    // An empty root: no store, no host file, nothing to open even if a call got through.
+    step("chroot")(nix::unistd::chroot(&spec.jail))?;
+    step("chdir")(nix::unistd::chdir("/"))?;
+    // Clear the bounding set while still privileged, so nothing can ever regain a capability.
+    for cap in caps::all() {
+        step("drop bounding capability")(caps::drop(None, caps::CapSet::Bounding, cap))?;
+    }
+    step("clear ambient capabilities")(caps::clear(None, caps::CapSet::Ambient))?;
+    step("setgroups")(nix::unistd::setgroups(&[]))?;
+    let (uid, gid) = (Uid::from_raw(spec.uid), Gid::from_raw(spec.gid));
+    step("setresgid")(nix::unistd::setresgid(gid, gid, gid))?;
+    step("setresuid")(nix::unistd::setresuid(uid, uid, uid))?;
+    // Leaving uid 0 for a nonzero uid clears the permitted and effective sets; check it.
+    for set in [
+        caps::CapSet::Permitted,
+        caps::CapSet::Effective,
+        caps::CapSet::Inheritable,
+    ] {
+        let held = step("read capabilities")(caps::read(None, set))?;
+        if !held.is_empty() {
+            return Err(ConfineError {
+                step: "capabilities",
+                why: format!("{set:?} still holds {held:?}"),
+            });
+        }
+    }
+    step("PR_SET_NO_NEW_PRIVS")(prctl::set_no_new_privs())?;
+    step("PR_SET_DUMPABLE")(prctl::set_dumpable(false))?;
+    let l = spec.limits;
+    for (resource, soft, hard) in [
+        (Resource::RLIMIT_AS, l.address_space, l.address_space),
+        (Resource::RLIMIT_CPU, l.cpu_seconds, l.cpu_seconds + 1),
+        (Resource::RLIMIT_NPROC, THREADS, THREADS),
+        // It writes no file: only its pipes.
+        (Resource::RLIMIT_FSIZE, 0, 0),
+        (Resource::RLIMIT_CORE, 0, 0),
+        (Resource::RLIMIT_MEMLOCK, 0, 0),
+        // stdin, stdout, stderr, and what the runtime may briefly need.
+        (Resource::RLIMIT_NOFILE, 8, 8),
+    ] {
+        step("setrlimit")(setrlimit(resource, soft, hard))?;
+    }
+    install_filter()
+}
+
+/// The system calls a decoding child makes: I/O on the descriptors it was given, memory,
+/// threads (a `clone` must carry `CLONE_THREAD`: no new process), signals for a panic's abort,
+/// time, randomness for hash maps, exit.
+const ALLOWED: &[i64] = &[
+    libc::SYS_read,
+    libc::SYS_write,
+    libc::SYS_writev,
+    libc::SYS_close,
+    libc::SYS_mmap,
+    libc::SYS_munmap,
+    libc::SYS_mremap,
+    libc::SYS_mprotect,
+    libc::SYS_madvise,
+    libc::SYS_brk,
+    libc::SYS_futex,
+    libc::SYS_sched_yield,
+    libc::SYS_sched_getaffinity,
+    libc::SYS_set_robust_list,
+    libc::SYS_rseq,
+    libc::SYS_clone3,
+    libc::SYS_rt_sigaction,
+    libc::SYS_rt_sigprocmask,
+    libc::SYS_rt_sigreturn,
+    libc::SYS_sigaltstack,
+    libc::SYS_getpid,
+    libc::SYS_gettid,
+    libc::SYS_tgkill,
+    libc::SYS_clock_gettime,
+    libc::SYS_clock_nanosleep,
+    libc::SYS_getrandom,
+    libc::SYS_exit,
+    libc::SYS_exit_group,
+];
+
+fn install_filter() -> Result<(), ConfineError> {
+    use seccompiler::{
+        BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+        SeccompRule,
+    };
+    use std::collections::BTreeMap;
+    let arch =
+        step("seccomp architecture")(seccompiler::TargetArch::try_from(std::env::consts::ARCH))?;
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
+        ALLOWED.iter().map(|n| (*n, Vec::new())).collect();
+    let flag = |arg: u8, mask: u64| {
+        step("seccomp rule")(
+            SeccompCondition::new(
+                arg,
+                SeccompCmpArgLen::Qword,
+                SeccompCmpOp::MaskedEq(mask),
+                mask,
+            )
+            .and_then(|c| SeccompRule::new(vec![c])),
+        )
+    };
+    // Threads only: a clone without CLONE_THREAD would be a new process.
+    let thread = u64::try_from(libc::CLONE_THREAD).unwrap_or(u64::MAX);
+    rules.insert(libc::SYS_clone, vec![flag(0, thread)?]);
+    // Naming a thread (PR_SET_NAME) is the one prctl.
+    let pr_set_name = u64::try_from(libc::PR_SET_NAME).unwrap_or(u64::MAX);
+    rules.insert(
+        libc::SYS_prctl,
+        vec![step("seccomp rule")(
+            SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, pr_set_name)
+                .and_then(|c| SeccompRule::new(vec![c])),
+        )?],
+    );
+    let allow: BpfProgram = step("seccomp filter")(
+        SeccompFilter::new(
+            rules,
+            SeccompAction::KillProcess,
+            SeccompAction::Allow,
+            arch,
+        )
+        .and_then(TryInto::try_into),
+    )?;
+    // clone3 passes its flags in memory, where no filter can read them: it answers ENOSYS, so
+    // the C library falls back to clone, whose flags the filter above checks. Filters stack
+    // and the stricter action wins, so this ERRNO overrides that filter's Allow.
+    let no_clone3: BpfProgram = step("seccomp filter")(
+        SeccompFilter::new(
+            BTreeMap::from([(libc::SYS_clone3, Vec::new())]),
+            SeccompAction::Allow,
+            SeccompAction::Errno(u32::try_from(libc::ENOSYS).unwrap_or(38)),
+            arch,
+        )
+        .and_then(TryInto::try_into),
+    )?;
+    // This order: installing a filter calls prctl(PR_SET_NO_NEW_PRIVS), which the allow-list
+    // filter forbids once it is in place.
+    step("seccomp install")(seccompiler::apply_filter(&no_clone3))?;
+    step("seccomp install")(seccompiler::apply_filter(&allow))
+}
+
+/// Run this process as the confined child `spec` asks for: confine, then hand stdin and
+/// stdout to `parse`, whose return value is the exit status. Never returns.
+pub fn run_child(spec: &Spec, parent: u32, parse: impl FnOnce(&str) -> i32) -> ! {
+    if let Err(e) = enter(spec, parent) {
+        let _ = writeln!(io::stderr(), "{e}");
+        std::process::exit(UNCONFINED_EXIT);
+    }
+    std::process::exit(parse(&spec.kind))
+}
+
+/// Write one frame: tag, length (u32 little-endian), payload.
+///
+/// # Errors
+/// The payload is over 4 GiB or the write failed.
+pub fn write_frame(w: &mut dyn Write, tag: u8, payload: &[u8]) -> io::Result<()> {
+    let len = u32::try_from(payload.len()).map_err(io::Error::other)?;
+    w.write_all(&[tag])?;
+    w.write_all(&len.to_le_bytes())?;
+    w.write_all(payload)
+}
+
+/// Why no frame could be read.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    /// The stream breaks its bounds or its shape: the child's fault.
+    #[error("the parser child broke its framing: {0}")]
+    Broken(String),
+    /// The stream stops inside a frame: the child closed its output or died, and how it
+    /// ended says which.
+    #[error("the parser child's output stops inside a frame")]
+    Truncated,
+    /// The pipe itself failed: not the child's fault.
+    #[error("cannot read the parser child's output")]
+    Pipe(#[source] io::Error),
+}
+
+/// One frame: its tag and payload.
+pub type Frame = (u8, Vec<u8>);
+
+/// Reads frames from a child, each at most `max_frame` bytes and all together at most
+/// `max_total`.
+pub struct FrameReader<R> {
+    inner: R,
+    max_frame: u32,
+    remaining: u64,
+}
+
+impl<R: Read> FrameReader<R> {
+    /// A reader over `inner`.
+    pub fn new(inner: R, max_frame: u32, max_total: u64) -> Self {
+        Self {
+            inner,
+            max_frame,
+            remaining: max_total,
+        }
+    }
+
+    /// The next frame, or `None` at a clean end of stream (between frames).
+    ///
+    /// # Errors
+    /// [`FrameError::Broken`] for a broken frame, [`FrameError::Pipe`] when the pipe failed.
+    pub fn frame(&mut self) -> Result<Option<Frame>, FrameError> {
+        let broken = |why: &str| Err(FrameError::Broken(why.to_owned()));
+        let mut head = [0u8; 5];
+        let mut got = 0;
+        while got < head.len() {
+            let n = self
+                .inner
+                .read(&mut head[got..])
+                .map_err(FrameError::Pipe)?;
+            if n == 0 {
+                return if got == 0 {
+                    Ok(None)
+                } else {
+                    Err(FrameError::Truncated)
+                };
+            }
+            got += n;
+        }
+        let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]);
+        if len > self.max_frame {
+            return Err(FrameError::Broken(format!(
+                "a frame of {len} bytes exceeds {}",
+                self.max_frame
+            )));
+        }
+        let cost = u64::from(len) + 5;
+        if cost > self.remaining {
+            return broken("the stream exceeds its total bound");
+        }
+        self.remaining -= cost;
+        let mut payload = vec![0u8; len as usize];
+        let mut filled = 0;
+        while filled < payload.len() {
+            let n = self
+                .inner
+                .read(&mut payload[filled..])
+                .map_err(FrameError::Pipe)?;
+            if n == 0 {
+                return Err(FrameError::Truncated);
+            }
+            filled += n;
+        }
+        Ok(Some((head[0], payload)))
+    }
+}
+
+/// How a child ended, as the parent classifies it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ended {
+    /// Exit 0: it decoded its input.
+    Done,
+    /// Exit [`REJECTED_EXIT`]: it says why in its frames.
+    Rejected,
+    /// It crashed, hit a resource limit, tripped its seccomp filter, ran past the parent's
+    /// deadline or exited with a status it never uses, on candidate input: the candidate's.
+    Broke(String),
+    /// It could not confine itself, or something other than the parent killed it: not the
+    /// candidate's, a no-decision.
+    Infrastructure(String),
+}
+
+/// Classify a child's exit status; `deadline_kill` says whether the parent itself killed it
+/// for running past its deadline.
+#[must_use]
+pub fn classify(status: ExitStatus, deadline_kill: bool) -> Ended {
+    if deadline_kill {
+        return Ended::Broke("the parser ran past its deadline and was killed".into());
+    }
+    match (status.code(), status.signal()) {
+        (Some(0), _) => Ended::Done,
+        (Some(REJECTED_EXIT), _) => Ended::Rejected,
+        (Some(UNCONFINED_EXIT), _) => {
+            Ended::Infrastructure("the parser child could not confine itself".into())
+        }
+        (Some(code), _) => Ended::Broke(format!("the parser exited with status {code}")),
+        (None, Some(sig)) => {
+            let name = Signal::try_from(sig)
+                .map_or_else(|_| format!("signal {sig}"), |s| s.as_str().to_owned());
+            match Signal::try_from(sig) {
+                // Its own faults and limits: a crash, an abort (allocation failure under
+                // RLIMIT_AS), the CPU limit, the seccomp filter.
+                Ok(
+                    Signal::SIGSEGV
+                    | Signal::SIGBUS
+                    | Signal::SIGILL
+                    | Signal::SIGFPE
+                    | Signal::SIGABRT
+                    | Signal::SIGXCPU
+                    | Signal::SIGXFSZ
+                    | Signal::SIGSYS
+                    | Signal::SIGPIPE,
+                ) => Ended::Broke(format!(
+                    "the parser was killed by {name} (a crash or a limit)"
+                )),
+                // SIGKILL from the kernel's CPU hard limit is indistinguishable from an outside
+                // kill, so the hard limit sits a second past the soft one that sends SIGXCPU.
+                _ => Ended::Infrastructure(format!("the parser was killed from outside by {name}")),
+            }
+        }
+        (None, None) => Ended::Infrastructure("the parser ended without a status".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spec_round_trips_through_its_arguments_and_nothing_else_parses() {
+        let spec = Spec {
+            kind: "archive".into(),
+            uid: 3_100_001,
+            gid: 3_100_002,
+            jail: PathBuf::from("/run/x/jail"),
+            limits: Limits {
+                address_space: 1 << 30,
+                cpu_seconds: 60,
+            },
+        };
+        let args = spec.to_args();
+        let (back, parent) = Spec::from_args(&args).unwrap();
+        assert_eq!(back, spec);
+        assert_eq!(parent, std::process::id());
+        assert!(Spec::from_args(&args[..args.len() - 1]).is_none());
+        let mut bad = args.clone();
+        bad[2] = "-1".into();
+        assert!(Spec::from_args(&bad).is_none());
+    }
+
+    #[test]
+    fn frames_are_bounded_each_and_in_total() {
+        let mut buf = Vec::new();
+        write_frame(&mut buf, b'F', b"hello").unwrap();
+        write_frame(&mut buf, b'E', b"").unwrap();
+        let mut r = FrameReader::new(&buf[..], 16, 1024);
+        assert_eq!(r.frame().unwrap(), Some((b'F', b"hello".to_vec())));
+        assert_eq!(r.frame().unwrap(), Some((b'E', Vec::new())));
+        assert_eq!(r.frame().unwrap(), None);
+        for (max_frame, max_total, upto) in
+            [(4, 1024, 15), (16, 8, 15), (16, 1024, 3), (16, 1024, 7)]
+        {
+            let e = FrameReader::new(&buf[..upto], max_frame, max_total).frame();
+            let got = match e {
+                Err(FrameError::Truncated) => "truncated",
+                Err(FrameError::Broken(_)) => "broken",
+                _ => "other",
+            };
+            let want = if upto < 15 { "truncated" } else { "broken" };
+            assert_eq!(got, want, "{max_frame} {max_total} {upto}");
+        }
+    }
+
+    #[test]
+    fn how_a_child_ended_decides_whose_fault_it_is() {
+        let exited = |c: i32| ExitStatus::from_raw(c << 8);
+        let killed = |s: Signal| ExitStatus::from_raw(s as i32);
+        assert_eq!(classify(exited(0), false), Ended::Done);
+        assert_eq!(classify(exited(1), false), Ended::Rejected);
+        assert!(matches!(
+            classify(exited(125), false),
+            Ended::Infrastructure(_)
+        ));
+        assert!(matches!(classify(exited(7), false), Ended::Broke(_)));
+        for s in [
+            Signal::SIGSEGV,
+            Signal::SIGABRT,
+            Signal::SIGXCPU,
+            Signal::SIGSYS,
+        ] {
+            assert!(matches!(classify(killed(s), false), Ended::Broke(_)), "{s}");
+        }
+        for s in [Signal::SIGKILL, Signal::SIGTERM] {
+            assert!(
+                matches!(classify(killed(s), false), Ended::Infrastructure(_)),
+                "{s}"
+            );
+        }
+        assert!(matches!(
+            classify(killed(Signal::SIGKILL), true),
+            Ended::Broke(_)
+        ));
+    }
+}
