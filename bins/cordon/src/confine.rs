@@ -26,7 +26,9 @@ use std::ffi::OsString;
 use std::io::{self, Read, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::Instant;
 
 use nix::libc;
 use nix::sys::resource::{Resource, setrlimit};
@@ -130,6 +132,220 @@ pub fn spawn(exe: &Path, spec: &Spec, stdin: Stdio) -> io::Result<Child> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
+}
+
+/// How a parent starts a child.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    /// The stage binary itself (`/proc/self/exe` in production).
+    pub exe: PathBuf,
+    /// The account, jail and limits.
+    pub spec: Spec,
+    /// Past this the parent kills the child.
+    pub deadline: Instant,
+}
+
+/// Bytes of a child's stderr kept for the message.
+const STDERR_CAP: u64 = 4096;
+
+/// A running child: its stderr drained (the first [`STDERR_CAP`] bytes kept) and its deadline
+/// watched by threads of the parent, its stdin and stdout the caller's.
+pub struct Supervised {
+    child: Child,
+    stderr: std::thread::JoinHandle<String>,
+    done: mpsc::Sender<()>,
+    watchdog: std::thread::JoinHandle<bool>,
+}
+
+/// How a supervised child ended.
+#[derive(Debug)]
+pub struct Finished {
+    /// Its exit status.
+    pub status: ExitStatus,
+    /// Whether the watchdog killed it at the deadline.
+    pub deadline_kill: bool,
+    /// Whether the parent ended it because it refused its output.
+    pub parent_kill: bool,
+    /// The start of its stderr.
+    pub stderr: String,
+}
+
+impl Finished {
+    /// How it ended, unless the parent ended it for its output (then its exit is the
+    /// parent's doing, not evidence, and the output decides).
+    #[must_use]
+    pub fn ended(&self) -> Option<Ended> {
+        if self.parent_kill && !self.deadline_kill {
+            None
+        } else {
+            Some(classify(self.status, self.deadline_kill))
+        }
+    }
+
+    /// `why`, with the start of the child's stderr escaped after it.
+    #[must_use]
+    pub fn with_tail(&self, why: &str) -> String {
+        let tail = self.stderr.trim();
+        if tail.is_empty() {
+            why.to_owned()
+        } else {
+            format!("{why}; its stderr ends: {}", tail.escape_debug())
+        }
+    }
+}
+
+impl Supervised {
+    /// Start the child `launch` names; its stdin and stdout.
+    ///
+    /// # Errors
+    /// It cannot be started (a no-decision for the caller).
+    pub fn start(launch: &Launch) -> io::Result<(Self, ChildStdin, ChildStdout)> {
+        let mut child = spawn(&launch.exe, &launch.spec, Stdio::piped())?;
+        let (Some(stdin), Some(stdout), Some(stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(io::Error::other("the child's pipes are missing"));
+        };
+        let stderr = std::thread::spawn(move || {
+            let mut text = Vec::new();
+            let mut capped = stderr.take(STDERR_CAP);
+            let _ = capped.read_to_end(&mut text);
+            // Drain the rest so the child never blocks on a full pipe.
+            let _ = io::copy(&mut capped.into_inner(), &mut io::sink());
+            String::from_utf8_lossy(&text).into_owned()
+        });
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+        let (done, done_rx) = mpsc::channel::<()>();
+        let deadline = launch.deadline;
+        // The child stays unreaped until `finish` has stopped this thread, so the pid it
+        // signals is always the child's own.
+        let watchdog = std::thread::spawn(move || {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            match done_rx.recv_timeout(wait) {
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+                    true
+                }
+                _ => false,
+            }
+        });
+        Ok((
+            Self {
+                child,
+                stderr,
+                done,
+                watchdog,
+            },
+            stdin,
+            stdout,
+        ))
+    }
+
+    /// End the child (`kill`: the parent refused its output) or wait for it to end, within
+    /// the deadline.
+    ///
+    /// # Errors
+    /// It cannot be waited for.
+    pub fn finish(mut self, kill: bool) -> io::Result<Finished> {
+        if kill {
+            let _ = self.child.kill();
+        }
+        let status = self.child.wait();
+        let _ = self.done.send(());
+        let deadline_kill = self.watchdog.join().unwrap_or(false);
+        let stderr = self.stderr.join().unwrap_or_default();
+        Ok(Finished {
+            status: status?,
+            deadline_kill,
+            parent_kill: kill,
+            stderr,
+        })
+    }
+}
+
+/// What a request/response child did wrong, or could not do.
+#[derive(Debug, thiserror::Error)]
+pub enum ExchangeError {
+    /// It crashed, hit a limit or broke its answer on candidate input: the candidate's.
+    #[error("{0}")]
+    Broke(String),
+    /// It could not be started or confined, or was killed from outside: a no-decision.
+    #[error("{0}")]
+    Infrastructure(String),
+}
+
+/// Send one request frame to the child `launch` names and read its one answer frame (at most
+/// `max_answer` bytes): for parsers whose input is a few documents rather than a stream.
+///
+/// # Errors
+/// See [`ExchangeError`].
+pub fn exchange(
+    launch: &Launch,
+    request: &[u8],
+    max_answer: u32,
+) -> Result<Vec<u8>, ExchangeError> {
+    let (child, mut stdin, stdout) = Supervised::start(launch).map_err(|e| {
+        ExchangeError::Infrastructure(format!("cannot start {}: {e}", launch.exe.display()))
+    })?;
+    let writer = std::thread::spawn({
+        let request = request.to_vec();
+        move || {
+            // A child that stops reading is judged by how it ended, not by this write.
+            let _ = write_frame(&mut stdin, b'Q', &request);
+        }
+    });
+    let mut frames = FrameReader::new(stdout, max_answer, u64::from(max_answer) + 5);
+    let answer = match frames.frame() {
+        Ok(Some((b'A', payload))) => match frames.frame() {
+            Ok(None) => Ok(payload),
+            _ => Err(Some("output follows the answer".to_owned())),
+        },
+        Ok(Some((tag, _))) => Err(Some(format!("unknown frame tag {tag}"))),
+        Ok(None) | Err(FrameError::Truncated) => Err(None),
+        Err(FrameError::Broken(why)) => Err(Some(why)),
+        Err(FrameError::Pipe(e)) => {
+            return Err(ExchangeError::Infrastructure(format!(
+                "cannot read the child's answer: {e}"
+            )));
+        }
+    };
+    // Refused output: the parent ends the child. Output that just stopped: its end decides.
+    let refused = matches!(answer, Err(Some(_)));
+    drop(frames);
+    let finished = child
+        .finish(refused)
+        .map_err(|e| ExchangeError::Infrastructure(format!("cannot wait for the child: {e}")))?;
+    let _ = writer.join();
+    match (finished.ended(), answer) {
+        (Some(Ended::Infrastructure(why)), _) => {
+            Err(ExchangeError::Infrastructure(finished.with_tail(&why)))
+        }
+        (Some(Ended::Done), Ok(payload)) => Ok(payload),
+        (Some(Ended::Broke(why)), _) => Err(ExchangeError::Broke(finished.with_tail(&why))),
+        (_, Err(Some(why))) => Err(ExchangeError::Broke(format!(
+            "the child broke its framing: {why}"
+        ))),
+        (ended, _) => Err(ExchangeError::Broke(finished.with_tail(&format!(
+            "the child's exit ({ended:?}) contradicts its output"
+        )))),
+    }
+}
+
+/// The child's side of [`exchange`]: read the request frame from stdin, write `answer`'s
+/// frame to stdout. Returns the exit status.
+pub fn answer(respond: impl FnOnce(Vec<u8>) -> Vec<u8>) -> i32 {
+    let request = match FrameReader::new(io::stdin().lock(), u32::MAX, u64::MAX).frame() {
+        Ok(Some((b'Q', payload))) => payload,
+        _ => return 2,
+    };
+    let reply = respond(request);
+    let mut out = io::stdout().lock();
+    match write_frame(&mut out, b'A', &reply).and_then(|()| out.flush()) {
+        Ok(()) => 0,
+        Err(_) => 4,
+    }
 }
 
 /// Whether this process was started as a confined child: its spec, when the arguments are a

@@ -26,7 +26,7 @@ use crate::store::{Scratch, Staged, Store, StoreError};
 
 mod confined;
 
-pub use confined::{ARCHIVE_CHILD, Launch, archive_child, ingest_confined};
+pub use confined::{ARCHIVE_CHILD, archive_child, ingest_confined};
 
 /// The schema of intake and archive records.
 pub const INTAKE_SCHEMA: u32 = 2;

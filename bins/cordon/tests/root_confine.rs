@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use cordon::archive::{ArchiveLimits, Rejection};
 use cordon::canonical::Digest;
-use cordon::confine::{self, Ended, Limits, Spec};
-use cordon::intake::{IntakeError, Launch, ingest_confined};
+use cordon::confine::{self, Ended, Launch, Limits, Spec};
+use cordon::intake::{IntakeError, ingest_confined};
 use cordon::store::Store;
 use libtest_mimic::{Arguments, Failed, Trial};
 

@@ -13,9 +13,8 @@ use std::time::Duration;
 use clap::Parser;
 use cordon::ExitCode;
 use cordon::canonical::Digest;
-use cordon::confine::Spec;
 use cordon::intake::{self, IntakeError};
-use cordon::lease::{LeaseError, Manager};
+use cordon::lease::LeaseError;
 use cordon::receipt::{Decision, FetchOutputs, Outcome, Receipt, Rejection, StageName};
 use cordon::store::Store;
 use cordon_stage::args::{LeaseArgs, StageArgs, report_diagnostic};
@@ -172,42 +171,6 @@ fn open_source(given: &str, policy: &cordon_policy_lang::Policy) -> Result<Sourc
     Ok(Source::Local(file))
 }
 
-/// Run `work` under a parser child's lease: a fresh run account and an empty jail, released
-/// (the account removed) whatever `work` returned. The lease is held with other intake stages
-/// of the executor, never beside a container stage or a recovery.
-fn confined<T>(
-    args: &Args,
-    policy: &cordon_policy_lang::Policy,
-    child: &Path,
-    store: &Store,
-    authority: &Digest,
-    budget: Duration,
-    work: impl FnOnce(&intake::Launch) -> T,
-) -> Result<T, LeaseError> {
-    let manager = Manager::open_shared(store, args.lease.setup(policy))?;
-    let lease = manager.begin_child(
-        &authority.to_string(),
-        std::time::SystemTime::now() + budget,
-    )?;
-    let ran = manager.provision_child(&lease).map(|jail| {
-        let account = lease.account();
-        work(&intake::Launch {
-            exe: child.to_path_buf(),
-            spec: Spec {
-                kind: intake::ARCHIVE_CHILD.to_owned(),
-                uid: account.uid,
-                gid: account.gid,
-                jail,
-                limits: cordon_stage::settings::parser_limits(policy),
-            },
-            deadline: std::time::Instant::now() + budget,
-        })
-    });
-    // Release always runs; a release that cannot be established overrides the result.
-    manager.release(&lease.record)?;
-    ran
-}
-
 /// Run the tool: the whole of `main`. `child` is the executable that becomes the confined
 /// parser child (`/proc/self/exe`: this binary, whose digest the authority covers).
 pub fn run(args: &Args, child: &Path, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitCode {
@@ -272,10 +235,17 @@ fn fetch(
     let limits = cordon_stage::settings::archive_limits(policy);
     // The child may wait on the transfer for its whole deadline, then needs its CPU time.
     let budget = Duration::from_millis(policy.transport().deadline_ms)
-        + 2 * Duration::from_millis(policy.parser().cpu_time_ms);
-    let result = confined(args, policy, child, &store, &authority, budget, |launch| {
-        intake::ingest_confined(&store, &mut source, &committed, &limits, launch)
-    });
+        + cordon_stage::parser::budget(policy);
+    let result = cordon_stage::parser::under_lease(
+        policy,
+        &args.lease,
+        &store,
+        &authority,
+        intake::ARCHIVE_CHILD,
+        child,
+        budget,
+        |launch| intake::ingest_confined(&store, &mut source, &committed, &limits, launch),
+    );
     let result = match result {
         Ok(r) => r,
         Err(e) => {

@@ -12,6 +12,7 @@
 //!   settings (pure, exhaustive);
 //! - [`session`]: one container of one stage under one lease, from validation to the absence
 //!   proof — the sequence every container stage runs instead of copying it;
+//! - [`parser`]: a stage's confined parser child under its own lease (fetch, materialize);
 //! - [`receipt_io`]: reading an input receipt and emitting the one output receipt.
 //!
 //! It does not parse KDL (the language crate does) or touch the kernel itself (the mechanism
@@ -19,6 +20,7 @@
 
 pub mod args;
 pub mod bundle;
+pub mod parser;
 pub mod receipt_io;
 pub mod session;
 pub mod settings;

@@ -19,9 +19,6 @@
 
 use std::io::{self, BufWriter, Read, Write};
 use std::path::PathBuf;
-use std::process::{ExitStatus, Stdio};
-use std::sync::mpsc;
-use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
@@ -29,7 +26,7 @@ use sha2::{Digest as _, Sha256};
 use super::{Admitted, IntakeError, check_committed, publish};
 use crate::archive::{self, Admission, ArchiveError, ArchiveLimits, Member, Rejection, Sink};
 use crate::canonical::Digest;
-use crate::confine::{self, Ended, FrameError, FrameReader, Spec, write_frame};
+use crate::confine::{self, Ended, FrameError, FrameReader, Launch, Supervised, write_frame};
 use crate::store::{Store, StoreError};
 
 /// The dispatch key of the archive parser child.
@@ -37,9 +34,6 @@ pub const ARCHIVE_CHILD: &str = "archive";
 
 /// Bytes of file content per `B` frame.
 const CHUNK: usize = 64 * 1024;
-
-/// Bytes of the child's stderr kept for the message.
-const STDERR_CAP: u64 = 4096;
 
 /// A regular file's header frame.
 #[derive(Debug, Serialize, Deserialize)]
@@ -146,17 +140,6 @@ pub fn archive_child(input: &mut dyn Read, output: &mut dyn Write) -> i32 {
         return 4;
     }
     status
-}
-
-/// How the parent starts the child.
-#[derive(Debug, Clone)]
-pub struct Launch {
-    /// The stage binary itself (`/proc/self/exe` in production).
-    pub exe: PathBuf,
-    /// The account, jail and limits.
-    pub spec: Spec,
-    /// Past this the parent kills the child.
-    pub deadline: Instant,
 }
 
 /// What the pump thread saw of the source.
@@ -382,68 +365,22 @@ pub fn ingest_confined(
     launch: &Launch,
 ) -> Result<Admitted, IntakeError> {
     let mut scratch = store.scratch()?;
-    let mut child = confine::spawn(&launch.exe, &launch.spec, Stdio::piped())
+    let (child, stdin, stdout) = Supervised::start(launch)
         .map_err(|e| IntakeError::Child(format!("cannot start {}: {e}", launch.exe.display())))?;
-    let (stdin, stdout, stderr) =
-        match (child.stdin.take(), child.stdout.take(), child.stderr.take()) {
-            (Some(i), Some(o), Some(e)) => (i, o, e),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(IntakeError::Child("the child's pipes are missing".into()));
-            }
-        };
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
-    let (done_tx, done_rx) = mpsc::channel::<()>();
-    let (pumped, facts, status, deadline_kill, stderr_text, parent_kill) =
-        std::thread::scope(|scope| {
-            let pumper = scope.spawn(|| pump(source, stdin, limits));
-            let errors = scope.spawn(|| {
-                let mut text = Vec::new();
-                let mut capped = stderr.take(STDERR_CAP);
-                let _ = capped.read_to_end(&mut text);
-                // Drain the rest so the child never blocks on a full pipe.
-                let _ = io::copy(&mut capped.into_inner(), &mut io::sink());
-                String::from_utf8_lossy(&text).into_owned()
-            });
-            // The deadline: the child is still our unreaped child here, so its pid is its own.
-            let watchdog = scope.spawn(move || {
-                let wait = launch.deadline.saturating_duration_since(Instant::now());
-                match done_rx.recv_timeout(wait) {
-                    Err(mpsc::RecvTimeoutError::Timeout) => {
-                        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-                        true
-                    }
-                    _ => false,
-                }
-            });
-            let mut frames = FrameReader::new(stdout, (CHUNK + 4096) as u32, output_bound(limits));
-            let facts = read_facts(&mut frames, limits, &mut scratch);
-            // A child whose output the parent refused is ended by the parent (its exit is then
-            // the parent's doing, not evidence); one whose output ended is waited for, bounded by
-            // the deadline, so a death from outside is seen as such.
-            let parent_kill = !matches!(facts, Ok(Facts::Complete(..) | Facts::Cut(_)));
-            if parent_kill {
-                let _ = child.kill();
-            }
-            drop(frames);
-            let status = child.wait();
-            let _ = done_tx.send(());
-            let deadline_kill = watchdog.join().unwrap_or(false);
-            let pumped = pumper.join();
-            let stderr_text = errors.join().unwrap_or_default();
-            (
-                pumped,
-                facts,
-                status,
-                deadline_kill,
-                stderr_text,
-                parent_kill,
-            )
-        });
+    let (pumped, facts, finished) = std::thread::scope(|scope| {
+        let pumper = scope.spawn(|| pump(source, stdin, limits));
+        let mut frames = FrameReader::new(stdout, (CHUNK + 4096) as u32, output_bound(limits));
+        let facts = read_facts(&mut frames, limits, &mut scratch);
+        drop(frames);
+        // A child whose output the parent refused is ended by the parent; one whose output
+        // ended is waited for, bounded by the deadline, so a death from outside shows as such.
+        let refused = !matches!(facts, Ok(Facts::Complete(..) | Facts::Cut(_)));
+        let finished = child.finish(refused);
+        (pumper.join(), facts, finished)
+    });
     let pumped = pumped.map_err(|_| IntakeError::Child("the pump thread panicked".into()))?;
-    let status: ExitStatus =
-        status.map_err(|e| IntakeError::Child(format!("cannot wait for the child: {e}")))?;
+    let finished =
+        finished.map_err(|e| IntakeError::Child(format!("cannot wait for the child: {e}")))?;
     if let Some(source) = pumped.failed {
         return Err(IntakeError::Source { source });
     }
@@ -455,32 +392,19 @@ pub fn ingest_confined(
         }));
     }
     let facts = facts?;
-    let tail = stderr_text.trim();
-    let with_tail = |why: String| {
-        if tail.is_empty() {
-            why
-        } else {
-            format!("{why}; its stderr ends: {}", tail.escape_debug())
-        }
-    };
     // The parent's own checks, and what the child reported before the parent ended it, are
     // the candidate's; otherwise the child's own end decides.
-    let ended = if parent_kill && !deadline_kill {
-        None
-    } else {
-        Some(confine::classify(status, deadline_kill))
-    };
-    match (ended, facts) {
-        (Some(Ended::Infrastructure(why)), _) => Err(IntakeError::Child(with_tail(why))),
+    match (finished.ended(), facts) {
+        (Some(Ended::Infrastructure(why)), _) => Err(IntakeError::Child(finished.with_tail(&why))),
         (_, Facts::Refused(r)) => Err(IntakeError::Rejected(r)),
         (None | Some(Ended::Rejected), Facts::Rejected(r)) => Err(IntakeError::Rejected(r)),
         (Some(Ended::Done), Facts::Complete(files, staged)) => {
             check_committed(&pumped.sha256, committed)?;
             publish(store, files, staged, pumped.sha256)
         }
-        (Some(Ended::Broke(why)), _) => {
-            Err(IntakeError::Rejected(parser_rejection(with_tail(why))))
-        }
+        (Some(Ended::Broke(why)), _) => Err(IntakeError::Rejected(parser_rejection(
+            finished.with_tail(&why),
+        ))),
         (_, Facts::Broken(why) | Facts::Cut(why)) => {
             Err(IntakeError::Rejected(parser_rejection(why)))
         }
