@@ -106,6 +106,15 @@ fn probe(kind: &str) -> i32 {
             1
         }
         "no-end" => lie(&[(b'D', br#"{"path":"d"}"#)]),
+        // Request/answer children.
+        "answer-echo" => confine::answer(|mut q| {
+            q.reverse();
+            q
+        }),
+        "answer-twice" => lie(&[(b'A', b"one"), (b'A', b"two")]),
+        "answer-tag" => lie(&[(b'X', b"one")]),
+        "answer-none" => lie(&[]),
+        "answer-huge" => lie(&[(b'A', &[0u8; 2048])]),
         "setuid-member" => lie(&[
             (
                 b'F',
@@ -519,11 +528,53 @@ fn a_parser_past_the_deadline_is_rejected_and_one_killed_from_outside_is_no_deci
     Ok(())
 }
 
+fn an_exchange_returns_the_answer_and_judges_every_other_end() -> Result<(), Failed> {
+    use cordon::confine::{ExchangeError, exchange};
+    let e = env(7);
+    let ask = |kind: &str, cpu: u64| {
+        exchange(
+            &launch(&e, kind, cpu, Duration::from_secs(30)),
+            b"abc",
+            1024,
+        )
+    };
+    assert_eq!(ask("answer-echo", 10).unwrap(), b"cba");
+    for kind in [
+        "answer-twice",
+        "answer-tag",
+        "answer-none",
+        "answer-huge",
+        "spin",
+        "socket",
+    ] {
+        match ask(kind, 1) {
+            Err(ExchangeError::Broke(_)) => {}
+            other => panic!("{kind}: expected the child's fault, got {other:?}"),
+        }
+    }
+    let mut s = spec(&e, "answer-echo", 10);
+    s.uid = 0;
+    let unconfined = Launch {
+        exe: std::env::current_exe().unwrap(),
+        spec: s,
+        deadline: Instant::now() + Duration::from_secs(30),
+    };
+    assert!(matches!(
+        exchange(&unconfined, b"abc", 1024),
+        Err(ExchangeError::Infrastructure(_))
+    ));
+    Ok(())
+}
+
 fn main() {
     if let Some((spec, parent)) = confine::requested() {
         confine::run_child(&spec, parent, probe);
     }
     let tests = vec![
+        Trial::test(
+            "an_exchange_returns_the_answer_and_judges_every_other_end",
+            an_exchange_returns_the_answer_and_judges_every_other_end,
+        ),
         Trial::test(
             "the_parent_admits_what_the_real_parser_reports_and_hashes_it_itself",
             the_parent_admits_what_the_real_parser_reports_and_hashes_it_itself,

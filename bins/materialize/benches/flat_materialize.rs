@@ -104,7 +104,10 @@ fn main() {
             .unwrap()
             .record;
             let t = Instant::now();
-            materialize(&store, &inc, &record, &rules, &steps).unwrap();
+            materialize(&store, &inc, &record, &rules, &steps, &|r| {
+                Ok(cordon_materialize::analysis::respond(r).unwrap())
+            })
+            .unwrap();
             times.push(t.elapsed());
         }
         let best = *times.iter().min().unwrap();

@@ -12,7 +12,7 @@
 use std::collections::BTreeSet;
 use std::fmt;
 use std::io::{Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
 
@@ -26,11 +26,12 @@ use cordon::receipt::{
 use cordon::store::Store;
 use cordon::tree;
 use cordon_policy_lang::Policy;
-use cordon_stage::args::{StageArgs, report_diagnostic};
+use cordon_stage::args::{LeaseArgs, StageArgs, report_diagnostic};
 use cordon_stage::receipt_io::{self as stage, StageError};
 use miette::{Diagnostic, LabeledSpan, NamedSource, SourceCode};
 use serde_json::{Value, json};
 
+use crate::analysis;
 use crate::guard::Finding;
 use crate::materialize::{self, MaterializeError};
 
@@ -41,6 +42,9 @@ pub struct Args {
     /// The options every stage shares.
     #[command(flatten)]
     pub stage: StageArgs,
+    /// Where the analysis child's lease lives.
+    #[command(flatten)]
+    pub lease: LeaseArgs,
     /// The incumbent tree the delta is materialized over.
     #[arg(long)]
     pub incumbent: Option<String>,
@@ -155,9 +159,35 @@ fn finding_json(f: &Finding) -> Value {
     })
 }
 
-/// Run the tool: the whole of `main`.
+/// The largest answer the analysis child may give, for a request of `asked` bytes: findings
+/// and edits are bounded by the files they are about.
+fn answer_bound(asked: usize) -> u32 {
+    u32::try_from(asked.saturating_mul(4).saturating_add(16 << 20)).unwrap_or(u32::MAX)
+}
+
+/// `request` answered by the confined child `launch` names.
+fn confined_analysis(
+    launch: &cordon::confine::Launch,
+    request: &analysis::Request,
+) -> Result<analysis::Answer, MaterializeError> {
+    use cordon::confine::ExchangeError;
+    let broke = |why: String| {
+        MaterializeError::Rejected(vec![materialize::parser_finding(why)], Vec::new())
+    };
+    let bytes = serde_json::to_vec(request).map_err(|e| MaterializeError::Child(e.to_string()))?;
+    match cordon::confine::exchange(launch, &bytes, answer_bound(bytes.len())) {
+        Ok(answer) => serde_json::from_slice(&answer)
+            .map_err(|e| broke(format!("its answer does not decode: {e}"))),
+        Err(ExchangeError::Broke(why)) => Err(broke(why)),
+        Err(ExchangeError::Infrastructure(why)) => Err(MaterializeError::Child(why)),
+    }
+}
+
+/// Run the tool: the whole of `main`. `child` is the executable that becomes the confined
+/// analysis child (`/proc/self/exe`: this binary, whose digest the authority covers).
 pub fn run(
     args: &Args,
+    child: &Path,
     stdin: &mut dyn Read,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
@@ -170,7 +200,15 @@ pub fn run(
         Ok(s) => (s.loaded, s.authority),
         Err(code) => return code,
     };
-    match dispatch(args, &loaded.policy, authority, stdin, stdout, stderr) {
+    match dispatch(
+        args,
+        child,
+        &loaded.policy,
+        authority,
+        stdin,
+        stdout,
+        stderr,
+    ) {
         Ok(code) => code,
         Err(e) => {
             report_diagnostic(&e, args.stage.diagnostics, stderr);
@@ -181,6 +219,7 @@ pub fn run(
 
 fn dispatch(
     args: &Args,
+    child: &Path,
     policy: &Policy,
     authority: Digest,
     stdin: &mut dyn Read,
@@ -257,7 +296,25 @@ fn dispatch(
             intake::load(&store, &content)
                 .map_err(MaterializeError::Intake)
                 .and_then(|record| {
-                    materialize::materialize(&store, &incumbent, &record, &rules, &steps)
+                    cordon_stage::parser::under_lease(
+                        policy,
+                        &args.lease,
+                        &store,
+                        &authority,
+                        analysis::ANALYSIS_CHILD,
+                        child,
+                        cordon_stage::parser::budget(policy),
+                        |launch| {
+                            materialize::materialize(
+                                &store,
+                                &incumbent,
+                                &record,
+                                &rules,
+                                &steps,
+                                &|request| confined_analysis(launch, request),
+                            )
+                        },
+                    )?
                 })
                 .and_then(|m| {
                     serde_json::to_value(MaterializeOutputs {

@@ -9,6 +9,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod analysis;
 pub mod cli;
 pub mod guard;
 pub mod manifest;

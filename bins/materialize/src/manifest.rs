@@ -58,7 +58,8 @@ pub struct Incumbent {
 }
 
 /// The delta manifest.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Delta {
     /// The one target it replaces.
     pub target: String,
@@ -140,17 +141,22 @@ fn clean_path(cx: &mut Cx, entry: &KdlEntry) -> Option<String> {
 }
 
 /// A dotted Python name: identifiers joined by dots.
-fn python_name(cx: &mut Cx, entry: &KdlEntry) -> Option<String> {
-    let n = string(cx, entry)?;
-    let ok = !n.is_empty()
+/// Whether `n` is a dotted Python name of ASCII identifiers.
+#[must_use]
+pub fn is_python_name(n: &str) -> bool {
+    !n.is_empty()
         && n.split('.').all(|part| {
             let mut chars = part.chars();
             chars
                 .next()
                 .is_some_and(|c| c == '_' || c.is_ascii_alphabetic())
                 && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
-        });
-    if ok {
+        })
+}
+
+fn python_name(cx: &mut Cx, entry: &KdlEntry) -> Option<String> {
+    let n = string(cx, entry)?;
+    if is_python_name(&n) {
         return Some(n);
     }
     cx.report(

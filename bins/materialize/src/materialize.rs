@@ -12,7 +12,7 @@
 //! module), its own absolute imports are renamed to it, and the target's path holds a generated
 //! `__init__.py` that makes the registered import name resolve to it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -25,9 +25,10 @@ use cordon::tree::{self, Entry, TreeError, TreeRecord};
 use cordon_policy_lang::TreeRules;
 use serde_json::json;
 
+use crate::analysis;
 use crate::guard::{self, FileFacts, Finding, Position};
 use crate::manifest::{self, DELTA_MANIFEST, INCUMBENT_MANIFEST, Target};
-use crate::python::{self, PyRules, Rename};
+use crate::python::{self, PyRules};
 
 /// Why materialization or registration produced no tree.
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
@@ -70,6 +71,15 @@ pub enum MaterializeError {
         #[source]
         source: std::io::Error,
     },
+    /// The confined analysis child could not be started or confined, or was killed from
+    /// outside (exit 3).
+    #[error("the confined analysis failed: {0}")]
+    #[diagnostic(code(cordon::materialize::child))]
+    Child(String),
+    /// The analysis child's lease could not be made or released (exit 3).
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Lease(#[from] cordon::lease::LeaseError),
     /// The receipt's outputs could not be encoded (exit 3).
     #[error(transparent)]
     #[diagnostic(transparent)]
@@ -80,6 +90,17 @@ impl cordon_stage::receipt_io::Infrastructure for MaterializeError {
     fn reason_code(&self) -> &'static str {
         "materialize.infrastructure"
     }
+}
+
+/// The finding for an analysis child that broke on the delta: crashed, exceeded its limits or
+/// its deadline, tripped its seccomp filter, or answered what it could not honestly answer.
+#[must_use]
+pub fn parser_finding(why: impl std::fmt::Display) -> Finding {
+    Finding::file(
+        "tree.parser",
+        DELTA_MANIFEST,
+        format!("the confined parser failed on the delta: {why}"),
+    )
 }
 
 /// A published candidate tree and what it is made of.
@@ -234,6 +255,7 @@ pub fn materialize(
     intake: &IntakeRecord,
     rules: &TreeRules,
     registered_steps: &BTreeSet<String>,
+    analyze: &dyn Fn(&analysis::Request) -> Result<analysis::Answer, MaterializeError>,
 ) -> Result<Materialized, MaterializeError> {
     let base = tree::load(store, incumbent)?;
     let reject = |f: Finding| MaterializeError::Rejected(vec![f], Vec::new());
@@ -265,22 +287,69 @@ pub fn materialize(
     let delta_text =
         String::from_utf8(store.read_object(&delta_file.sha256, delta_file.executable)?)
             .map_err(|_| reject(Finding::file("tree.manifest", DELTA_MANIFEST, "not UTF-8")))?;
-    let delta = manifest::delta(&delta_text).map_err(|e| {
-        // Each problem is a finding located on the candidate's own manifest.
-        let findings = e
-            .problems()
+    // Every candidate-written file a parser reads — the manifest and the Python sources — is
+    // analysed by `analyze` (a confined child in production), and its answer checked here.
+    let local_cutlass = intake.files.iter().any(|f| {
+        f.path
+            .split('/')
+            .any(|c| c == "cutlass" || c == "cutlass.py")
+    });
+    let py_rules = PyRules {
+        ban_call: rules.ban_call.clone(),
+        ban_import: rules.ban_import.clone(),
+        ban_attribute_call: rules.ban_attribute_call.clone(),
+        jit_entry_points: rules
+            .jit_entry_points
             .iter()
+            .filter_map(|e| e.rsplit_once('.'))
+            .map(|(m, f)| (m.to_owned(), f.to_owned()))
+            .collect(),
+        local_cutlass,
+    };
+    let ns = namespace(&intake.content_digest);
+    // path → its text, for every UTF-8 `.py` file of the delta; `None` for one that is not UTF-8.
+    let mut python_texts: BTreeMap<&str, Option<String>> = BTreeMap::new();
+    for f in intake.files.iter().filter(|f| f.path.ends_with(".py")) {
+        let bytes = store.read_object(&f.sha256, f.executable)?;
+        python_texts.insert(&f.path, String::from_utf8(bytes).ok());
+    }
+    let request = analysis::Request {
+        manifest: delta_text.clone(),
+        python_targets: registered
+            .targets
+            .iter()
+            .map(|(name, t)| (name.clone(), t.python.is_some()))
+            .collect(),
+        namespace: ns.clone(),
+        rules: py_rules,
+        files: python_texts
+            .iter()
+            .filter_map(|(path, text)| {
+                Some(analysis::Source {
+                    path: (*path).to_owned(),
+                    text: text.clone()?,
+                })
+            })
+            .collect(),
+    };
+    let answer = analyze(&request)?;
+    let accepted = analysis::accept(&request, answer).map_err(|why| reject(parser_finding(why)))?;
+    let delta = accepted.manifest.map_err(|problems| {
+        // Each problem is a finding located on the candidate's own manifest.
+        let findings = problems
+            .into_iter()
             .map(|p| {
-                let (at, label) = p.primary().map_or((None, String::new()), |(span, label)| {
-                    let at = Position::of(&delta_text, span.offset(), span.offset() + span.len());
-                    (Some(at), label.to_owned())
-                });
+                let (at, label) = p
+                    .label
+                    .map_or((None, String::new()), |(label, start, end)| {
+                        (Some(Position::of(&delta_text, start, end)), label)
+                    });
                 Finding {
                     code: "tree.manifest",
                     path: DELTA_MANIFEST.to_owned(),
                     at,
                     label,
-                    message: format!("{} (cordon::manifest::{})", p.message(), p.short_code()),
+                    message: format!("{} (cordon::manifest::{})", p.message, p.code),
                 }
             })
             .collect();
@@ -289,6 +358,12 @@ pub fn materialize(
             vec![(DELTA_MANIFEST.to_owned(), Arc::new(delta_text.clone()))],
         )
     })?;
+    let mut analysed: BTreeMap<&str, (Vec<python::Finding>, Option<String>)> = request
+        .files
+        .iter()
+        .map(|s| s.path.as_str())
+        .zip(accepted.files)
+        .collect();
     let Some(target) = registered.targets.get(&delta.target) else {
         return Err(reject(Finding::file(
             "tree.unknown-target",
@@ -315,33 +390,27 @@ pub fn materialize(
             format!("step {step:?} is not a registered prebuild step of the policy"),
         ));
     }
-    let rename = match (&target.python, &delta.package) {
-        (Some(_), Some(p)) if !p.contains('.') => Some(p.clone()),
-        (Some(_), _) => {
-            findings.push(Finding::file(
-                "tree.manifest",
-                DELTA_MANIFEST,
-                format!(
-                    "target {:?} is a Python target: package= must name the delta's package (one identifier)",
-                    target.name
-                ),
-            ));
-            None
-        }
-        (None, Some(_)) => {
-            findings.push(Finding::file(
-                "tree.manifest",
-                DELTA_MANIFEST,
-                format!(
-                    "target {:?} is not a Python target; package= does not apply",
-                    target.name
-                ),
-            ));
-            None
-        }
-        (None, None) => None,
-    };
-    let ns = namespace(&intake.content_digest);
+    // The manifest's package must fit the target; the rename itself is analysis::rename_for's.
+    match (&target.python, &delta.package) {
+        (Some(_), Some(p)) if !p.contains('.') => {}
+        (Some(_), _) => findings.push(Finding::file(
+            "tree.manifest",
+            DELTA_MANIFEST,
+            format!(
+                "target {:?} is a Python target: package= must name the delta's package (one identifier)",
+                target.name
+            ),
+        )),
+        (None, Some(_)) => findings.push(Finding::file(
+            "tree.manifest",
+            DELTA_MANIFEST,
+            format!(
+                "target {:?} is not a Python target; package= does not apply",
+                target.name
+            ),
+        )),
+        (None, None) => {}
+    }
     let files: Vec<_> = intake
         .files
         .iter()
@@ -349,28 +418,10 @@ pub fn materialize(
         .collect();
     let carried: BTreeSet<&str> = files.iter().map(|f| f.path.as_str()).collect();
     guard::check_declarations(&delta, &|p| carried.contains(p), rules, &mut findings);
-    let local_cutlass = files.iter().any(|f| {
-        f.path
-            .split('/')
-            .any(|c| c == "cutlass" || c == "cutlass.py")
-    });
-    let py_rules = PyRules {
-        ban_call: rules.ban_call.clone(),
-        ban_import: rules.ban_import.clone(),
-        ban_attribute_call: rules.ban_attribute_call.clone(),
-        jit_entry_points: rules
-            .jit_entry_points
-            .iter()
-            .filter_map(|e| e.rsplit_once('.'))
-            .map(|(m, f)| (m.to_owned(), f.to_owned()))
-            .collect(),
-        local_cutlass,
-    };
+    let rename = analysis::rename_for(target.python.is_some(), &delta);
     let mut sources: Vec<(String, Arc<String>)> = Vec::new();
-    // (tree path, mode, sha256, size) for the delta's part of the new tree, or new contents.
+    // (tree path, mode, sha256, size, new contents) for the delta's part of the new tree.
     let mut planned: Vec<(String, bool, Digest, u64, Option<String>)> = Vec::new();
-    // (index into planned, path, text) of every Python file, checked after the loop.
-    let mut py_jobs: Vec<(usize, String, String)> = Vec::new();
     for f in &files {
         if !under(&f.path, &target.path) {
             findings.push(Finding::file(
@@ -401,60 +452,33 @@ pub fn materialize(
             (Some(_), true) => format!("{ns}/{rel}"),
             _ => f.path.clone(),
         };
-        if f.path.ends_with(".py") {
-            match String::from_utf8(bytes) {
-                Ok(text) => py_jobs.push((planned.len(), f.path.clone(), text)),
-                Err(_) => findings.push(Finding::file(
-                    "python.encoding",
-                    &f.path,
-                    "the file is not UTF-8",
-                )),
+        let mut rewritten = None;
+        match python_texts.get(f.path.as_str()) {
+            Some(None) => findings.push(Finding::file(
+                "python.encoding",
+                &f.path,
+                "the file is not UTF-8",
+            )),
+            Some(Some(text)) => {
+                let (found, new_text) = analysed.remove(f.path.as_str()).unwrap_or_default();
+                let source = Arc::new(text.clone());
+                if !found.is_empty() {
+                    sources.push((f.path.clone(), source.clone()));
+                }
+                for pf in found {
+                    findings.push(Finding {
+                        code: pf.code,
+                        path: f.path.clone(),
+                        at: Some(Position::of(&source, pf.start, pf.end)),
+                        label: pf.label,
+                        message: pf.message,
+                    });
+                }
+                rewritten = new_text;
             }
+            None => {}
         }
-        planned.push((dest, executable, f.sha256, f.size, None));
-    }
-    // The AST policy, on two threads: parsing dominates the cost of a Python-heavy delta, and
-    // files are independent. Both are spawned with the stack the check needs for any input,
-    // whatever stack the calling thread has.
-    let ren = rename.as_deref().map(|package| Rename {
-        package,
-        namespace: &ns,
-    });
-    let check_all = |jobs: &[(usize, String, String)]| -> Vec<python::Checked> {
-        jobs.iter()
-            .map(|(_, path, text)| python::check(text, path, &py_rules, ren))
-            .collect()
-    };
-    let (first, second) = py_jobs.split_at(py_jobs.len().div_ceil(2));
-    let results: Vec<python::Checked> = std::thread::scope(|scope| {
-        let spawn = |jobs| {
-            std::thread::Builder::new()
-                .name("python-policy".into())
-                .stack_size(python::STACK_BYTES)
-                .spawn_scoped(scope, move || check_all(jobs))
-                .map_err(|source| MaterializeError::Worker { source })
-        };
-        let (one, two) = (spawn(first)?, spawn(second)?);
-        // A panicking parser thread is a bug in the parser, not a verdict on the candidate.
-        let mut all = one.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
-        all.extend(two.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
-        Ok::<_, MaterializeError>(all)
-    })?;
-    for ((idx, path, text), checked) in py_jobs.into_iter().zip(results) {
-        let source = Arc::new(text);
-        if !checked.findings.is_empty() {
-            sources.push((path.clone(), source.clone()));
-        }
-        for pf in checked.findings {
-            findings.push(Finding {
-                code: pf.code,
-                path: path.clone(),
-                at: Some(Position::of(&source, pf.start, pf.end)),
-                label: pf.label,
-                message: pf.message,
-            });
-        }
-        planned[idx].4 = checked.rewritten;
+        planned.push((dest, executable, f.sha256, f.size, rewritten));
     }
     if files.is_empty() {
         findings.push(Finding::file(

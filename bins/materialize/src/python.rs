@@ -90,7 +90,8 @@ fn ident(name: &str) -> String {
 }
 
 /// What the AST policy bans and admits (from the policy's `tree { python { … } }`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PyRules {
     /// Names that may not be called.
     pub ban_call: BTreeSet<String>,
@@ -133,8 +134,84 @@ pub struct Rename<'a> {
 pub struct Checked {
     /// Every finding, in source order.
     pub findings: Vec<Finding>,
-    /// The rewritten source, when a rename was asked for and changed something.
-    pub rewritten: Option<String>,
+    /// The rename's edits, sorted ([`apply`] makes the new text from them).
+    pub edits: Vec<Edit>,
+}
+
+/// One edit of a rename: the bytes `start..end` become `replacement`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Edit {
+    /// Start of the replaced bytes.
+    pub start: usize,
+    /// End of the replaced bytes (`start` for an insertion).
+    pub end: usize,
+    /// What they become.
+    pub replacement: String,
+}
+
+/// Every finding code the checks use.
+pub const CODES: &[&str] = &[
+    "python.ban-attribute-call",
+    "python.ban-call",
+    "python.ban-import",
+    "python.ban-name",
+    "python.coding",
+    "python.encoding",
+    "python.jit-withdrawn",
+    "python.nesting",
+    "python.reflection",
+    "python.syntax",
+    "python.unsupported-spelling",
+];
+
+/// The rewritten source: `edits` applied to `source`, or `None` when there are none. Each edit
+/// must be one a rename makes — the package's own dotted name (ASCII, as written) becoming
+/// the namespace's, `package` becoming `namespace as package`, or the insertion
+/// `; package = namespace` — sorted, in bounds and not overlapping: edits computed by a
+/// confined child are checked here, so a subverted child can rename, never write code.
+///
+/// # Errors
+/// The first edit that is not a rename's.
+pub fn apply(source: &str, edits: &[Edit], rename: Rename<'_>) -> Result<Option<String>, String> {
+    if edits.is_empty() {
+        return Ok(None);
+    }
+    let (p, ns) = (rename.package, rename.namespace);
+    let mut out = String::with_capacity(source.len() + edits.len() * 16);
+    let mut pos = 0;
+    for e in edits {
+        let Some(original) = source.get(e.start..e.end).filter(|_| e.start >= pos) else {
+            return Err(format!(
+                "edit {}..{} is out of order, out of bounds or splits a character",
+                e.start, e.end
+            ));
+        };
+        let dotted = original == p
+            || (original.starts_with(p)
+                && original[p.len()..].starts_with('.')
+                && original
+                    .bytes()
+                    .all(|b| b == b'.' || b == b'_' || b.is_ascii_alphanumeric()));
+        let ok = if e.start == e.end {
+            e.replacement == format!("; {p} = {ns}")
+        } else {
+            dotted
+                && (e.replacement == format!("{ns}{}", &original[p.len()..])
+                    || (original == p && e.replacement == format!("{ns} as {p}")))
+        };
+        if !ok {
+            return Err(format!(
+                "edit {}..{} ({original:?} → {:?}) is not a rename of {p:?} to {ns:?}",
+                e.start, e.end, e.replacement
+            ));
+        }
+        out.push_str(&source[pos..e.start]);
+        out.push_str(&e.replacement);
+        pos = e.end;
+    }
+    out.push_str(&source[pos..]);
+    Ok(Some(out))
 }
 
 /// What the visitor collects from one file. Every name in it is NFKC-normalised.
@@ -493,7 +570,7 @@ fn only(code: &'static str, start: usize, end: usize, label: String, message: St
             label,
             message,
         }],
-        rewritten: None,
+        edits: Vec::new(),
     }
 }
 
@@ -566,12 +643,9 @@ pub fn check(source: &str, file: &str, rules: &PyRules, rename: Option<Rename<'_
     import_findings(&facts, rules, &mut findings);
     call_findings(&facts, rules, &mut findings);
     ref_findings(&facts, rules, &mut findings);
-    let rewritten = rename.and_then(|r| rewrite(source, &facts, r, &mut findings));
+    let edits = rename.map_or_else(Vec::new, |r| rewrite(source, &facts, r, &mut findings));
     findings.sort_by_key(|f| (f.start, f.end));
-    Checked {
-        findings,
-        rewritten,
-    }
+    Checked { findings, edits }
 }
 
 /// A banned callable named other than by calling it, and the reflection names and dunders.
@@ -817,13 +891,13 @@ fn call_findings(facts: &Facts, rules: &PyRules, findings: &mut Vec<Finding>) {
     }
 }
 
-/// Rename the package in the file's absolute imports. Returns the new text when it changed.
+/// The edits that rename the package in the file's absolute imports, sorted.
 fn rewrite(
     source: &str,
     facts: &Facts,
     rename: Rename<'_>,
     findings: &mut Vec<Finding>,
-) -> Option<String> {
+) -> Vec<Edit> {
     let ours = |m: &str| m == rename.package || m.starts_with(&format!("{}.", rename.package));
     // (start, end, replacement), non-overlapping.
     let mut edits: Vec<(usize, usize, String)> = Vec::new();
@@ -890,19 +964,15 @@ fn rewrite(
             _ => {}
         }
     }
-    if edits.is_empty() {
-        return None;
-    }
     edits.sort_by_key(|e| (e.0, e.1));
-    let mut out = String::with_capacity(source.len() + edits.len() * 16);
-    let mut pos = 0;
-    for (start, end, replacement) in edits {
-        out.push_str(&source[pos..start]);
-        out.push_str(&replacement);
-        pos = end;
-    }
-    out.push_str(&source[pos..]);
-    Some(out)
+    edits
+        .into_iter()
+        .map(|(start, end, replacement)| Edit {
+            start,
+            end,
+            replacement,
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -11,9 +11,24 @@ use cordon::canonical::Digest;
 use cordon::intake;
 use cordon::store::Store;
 use cordon::tree;
-use cordon_materialize::materialize::{MaterializeError, materialize, register_incumbent};
+use cordon_materialize::analysis;
+use cordon_materialize::materialize::{MaterializeError, Materialized, register_incumbent};
 use cordon_policy_lang::TreeRules;
 use cordon_testkit::workspace_root;
+
+/// Materialization with the analysis answered in this process: the same analysis the confined
+/// child runs and the same checks of its answer (the binary's tests run the child itself).
+fn materialize(
+    store: &Store,
+    incumbent: &Digest,
+    record: &intake::IntakeRecord,
+    rules: &TreeRules,
+    steps: &BTreeSet<String>,
+) -> Result<Materialized, MaterializeError> {
+    cordon_materialize::materialize::materialize(store, incumbent, record, rules, steps, &|r| {
+        Ok(analysis::respond(r).unwrap())
+    })
+}
 
 fn policy() -> cordon_policy_lang::Policy {
     let path = workspace_root().join("policy/evaluator.kdl");
@@ -407,7 +422,8 @@ fn bin(name: &str) -> std::path::PathBuf {
         .to_path_buf()
 }
 
-/// The stage binaries run against one store and the default policy.
+/// The stage binaries run against one store and the default policy with its run accounts in
+/// this test's own id block `slot` (their parser children run as real accounts).
 struct Cli {
     dir: tempfile::TempDir,
     store: std::path::PathBuf,
@@ -415,20 +431,41 @@ struct Cli {
 }
 
 impl Cli {
-    fn new() -> Self {
+    fn new(slot: u32) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let store = dir.path().join("store");
-        let policy = workspace_root().join("policy/evaluator.kdl");
+        let policy = dir.path().join("policy.kdl");
+        std::fs::write(
+            &policy,
+            cordon_testkit::isolated_policy(
+                dir.path(),
+                cordon_testkit::account_range("materialize", slot),
+            ),
+        )
+        .unwrap();
         Self { dir, store, policy }
     }
 
-    fn materialize(&self, args: &[&str], stdin: Option<&Path>) -> std::process::Output {
-        let mut c = Command::new(bin("cordon-materialize"));
+    /// `binary` with this test's policy, store and lease options.
+    fn command(&self, binary: &str) -> Command {
+        let mut c = Command::new(bin(binary));
         c.arg("--policy")
             .arg(&self.policy)
             .arg("--store")
             .arg(&self.store)
-            .args(args);
+            .arg("--run-dir")
+            .arg(self.dir.path().join("run"))
+            .arg("--executor")
+            .arg(format!(
+                "materialize-test-{}",
+                self.dir.path().file_name().unwrap().to_str().unwrap()
+            ));
+        c
+    }
+
+    fn materialize(&self, args: &[&str], stdin: Option<&Path>) -> std::process::Output {
+        let mut c = self.command("cordon-materialize");
+        c.args(args);
         if let Some(p) = stdin {
             c.stdin(std::fs::File::open(p).unwrap());
         }
@@ -452,11 +489,8 @@ impl Cli {
         let path = self.dir.path().join("delta.tar");
         std::fs::write(&path, archive).unwrap();
         let sha = Digest::of_file(&path).unwrap();
-        let fetched = Command::new(bin("cordon-fetch"))
-            .arg("--policy")
-            .arg(&self.policy)
-            .arg("--store")
-            .arg(&self.store)
+        let fetched = self
+            .command("cordon-fetch")
             .args(["--sha256", &sha.to_string()])
             .arg(&path)
             .output()
@@ -470,7 +504,7 @@ impl Cli {
 
 #[test]
 fn a_deeply_nested_manifest_is_a_rejection_with_a_receipt_never_a_crash() {
-    let cli = Cli::new();
+    let cli = Cli::new(0);
     let incumbent = cli.incumbent();
     // 30 KB that overflowed the parser's stack (exit 134, no receipt) before nesting was bounded.
     let depth = 15_000;
@@ -490,7 +524,7 @@ fn a_deeply_nested_manifest_is_a_rejection_with_a_receipt_never_a_crash() {
 
 #[test]
 fn the_binary_reports_findings_on_the_candidates_source_and_exits_1() {
-    let cli = Cli::new();
+    let cli = Cli::new(1);
     let incumbent = cli.incumbent();
     let (receipt_file, fetched) = cli.fetch(&delta_tar(&[
         ("cordon-delta.kdl", MANIFEST, 0o644),

@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use cordon_materialize::python::{PyRules, Rename, check};
+use cordon_materialize::python::{self, PyRules, Rename, check};
 
 fn rules(local_cutlass: bool) -> PyRules {
     let set = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect();
@@ -181,7 +181,42 @@ fn renamed(src: &str) -> String {
     };
     let c = check(src, "t.py", &rules(false), Some(r));
     assert!(c.findings.is_empty(), "{:?}", c.findings);
-    c.rewritten.unwrap_or_else(|| src.to_owned())
+    python::apply(src, &c.edits, r)
+        .unwrap()
+        .unwrap_or_else(|| src.to_owned())
+}
+
+#[test]
+fn only_a_renames_own_edits_are_applied() {
+    let r = Rename {
+        package: "fast_attn",
+        namespace: "cordon_c_0123456789ab",
+    };
+    let src = "import fast_attn.k as k\nx = 1\n";
+    let edit = |start: usize, end: usize, to: &str| python::Edit {
+        start,
+        end,
+        replacement: to.to_owned(),
+    };
+    // What the check itself produces is admitted.
+    let ok = [edit(7, 18, "cordon_c_0123456789ab.k")];
+    assert!(python::apply(src, &ok, r).unwrap().is_some());
+    for bad in [
+        // Code written in place of the name.
+        vec![edit(7, 18, "os; os.system('x')")],
+        // A rename of something that is not the package.
+        vec![edit(24, 25, "cordon_c_0123456789ab")],
+        // An insertion other than the rebinding.
+        vec![edit(30, 30, "\nimport os")],
+        // Out of bounds, overlapping, out of order.
+        vec![edit(7, 999, "cordon_c_0123456789ab")],
+        vec![
+            edit(7, 18, "cordon_c_0123456789ab.k"),
+            edit(10, 18, "cordon_c_0123456789ab"),
+        ],
+    ] {
+        assert!(python::apply(src, &bad, r).is_err(), "{bad:?}");
+    }
 }
 
 #[test]

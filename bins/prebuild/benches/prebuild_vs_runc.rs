@@ -85,6 +85,7 @@ fn main() {
         &record,
         &policy.tree_rules(),
         &steps,
+        &|r| Ok(cordon_materialize::analysis::respond(r).unwrap()),
     )
     .unwrap()
     .record
