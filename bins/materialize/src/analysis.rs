@@ -366,7 +366,7 @@ mod tests {
         let lies: Vec<(&str, Lie)> = vec![
             (
                 "an unknown code",
-                Box::new(|a| a.files[0].findings[0].code = "python.fine".into()),
+                Box::new(|a| a.files[0].findings[0].code = "python.not_a_code".into()),
             ),
             (
                 "a range off the file",
