@@ -809,6 +809,9 @@ pub struct Lease {
     container: String,
     /// Protected files written into the run directory: path → (size, sha256).
     pub protected: BTreeMap<PathBuf, (u64, Digest)>,
+    /// The declared secret written into the run directory, and its size (REQ-117: checked by
+    /// owner, mode, link count and size before launch, never hashed).
+    pub secret: Option<(PathBuf, u64)>,
 }
 
 impl Lease {
@@ -1053,6 +1056,7 @@ impl Manager {
             run_dir,
             account,
             protected: BTreeMap::new(),
+            secret: None,
         })
     }
 
@@ -1249,6 +1253,56 @@ impl Manager {
         Ok(path)
     }
 
+    /// Write the declared secret into the run directory as `secret`: a regular file owned by
+    /// this (root) process, mode 0400, one link. Its bytes reach the workload only on stdin,
+    /// read back at launch ([`Manager::create`]) after [`Manager::check_protected`].
+    ///
+    /// # Errors
+    /// The file exists or cannot be written.
+    pub fn write_secret(&self, lease: &mut Lease, bytes: &[u8]) -> Result<PathBuf, LeaseError> {
+        let path = lease.run_dir().join("secret");
+        let mut f = store::create_exclusive(&path, 0o400)?;
+        f.write_all(bytes).map_err(io("write", &path))?;
+        f.sync_all().map_err(io("fsync", &path))?;
+        lease.secret = Some((path.clone(), bytes.len() as u64));
+        Ok(path)
+    }
+
+    /// The declared secret's bytes, from a descriptor whose file is checked first: a regular
+    /// root-owned 0400 file with one link and its written size (not hashed: a digest of a
+    /// secret is a thing to guess against).
+    fn read_secret(lease: &Lease) -> Result<Option<Vec<u8>>, LeaseError> {
+        let Some((path, size)) = &lease.secret else {
+            return Ok(None);
+        };
+        let bad = |why: String| LeaseError::Protected {
+            path: path.clone(),
+            why,
+        };
+        let mut f = store::open_nofollow(path).map_err(|e| bad(e.to_string()))?;
+        let m = f.metadata().map_err(|e| bad(e.to_string()))?;
+        if !m.is_file()
+            || m.uid() != nix::unistd::geteuid().as_raw()
+            || m.mode() & 0o7777 != 0o400
+            || m.nlink() != 1
+            || m.len() != *size
+        {
+            return Err(bad(format!(
+                "owner {} mode {:o} links {} size {}",
+                m.uid(),
+                m.mode() & 0o7777,
+                m.nlink(),
+                m.len()
+            )));
+        }
+        let mut bytes = Vec::with_capacity(usize::try_from(*size).unwrap_or(0));
+        f.read_to_end(&mut bytes).map_err(|e| bad(e.to_string()))?;
+        if bytes.len() as u64 != *size {
+            return Err(bad(format!("{} bytes read", bytes.len())));
+        }
+        Ok(Some(bytes))
+    }
+
     /// Right before launch: every protected file is a regular root-owned 0600 file with one
     /// link, its recorded size and sha256.
     ///
@@ -1291,8 +1345,12 @@ impl Manager {
     ///
     /// # Errors
     /// A protected file changed, or the runtime failed.
-    pub fn create(&self, lease: &Lease, stdio: Stdio3) -> Result<Created, LeaseError> {
+    pub fn create(&self, lease: &Lease, mut stdio: Stdio3) -> Result<Created, LeaseError> {
         self.check_protected(lease)?;
+        // The declared secret crosses on stdin only, read from the checked file.
+        if let Some(bytes) = Self::read_secret(lease)? {
+            stdio.stdin = crate::container::Input::Bytes(bytes);
+        }
         Ok(self
             .setup
             .runtime
@@ -1708,6 +1766,48 @@ mod tests {
             "one listing before, two after: {:?}",
             w.fake.calls()
         );
+    }
+
+    #[test]
+    fn the_secret_crosses_only_from_a_root_0400_single_link_file_of_its_size() {
+        use std::os::unix::fs::PermissionsExt;
+        let w = world();
+        let mut lease = w
+            .manager
+            .begin("sha256:a", cordon_testkit::in_an_hour())
+            .unwrap();
+        fs::create_dir_all(lease.run_dir()).unwrap();
+        assert_eq!(
+            Manager::read_secret(&lease).unwrap(),
+            None,
+            "no secret declared"
+        );
+        let path = w.manager.write_secret(&mut lease, b"KEY\n").unwrap();
+        let m = fs::metadata(&path).unwrap();
+        assert_eq!((m.mode() & 0o7777, m.nlink()), (0o400, 1));
+        assert_eq!(Manager::read_secret(&lease).unwrap().unwrap(), b"KEY\n");
+        // Each change before launch is refused by what it changed.
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o444)).unwrap();
+        assert!(matches!(
+            Manager::read_secret(&lease),
+            Err(LeaseError::Protected { .. })
+        ));
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o400)).unwrap();
+        let link = lease.run_dir().join("second-name");
+        fs::hard_link(&path, &link).unwrap();
+        assert!(matches!(
+            Manager::read_secret(&lease),
+            Err(LeaseError::Protected { .. })
+        ));
+        fs::remove_file(&link).unwrap();
+        fs::write(&path, b"KEY+\n").unwrap();
+        assert!(matches!(
+            Manager::read_secret(&lease),
+            Err(LeaseError::Protected { .. })
+        ));
+        fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", &path).unwrap();
+        assert!(Manager::read_secret(&lease).is_err(), "a link in its place");
     }
 
     #[test]

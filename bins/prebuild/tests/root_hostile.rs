@@ -471,8 +471,27 @@ fn secrets_environment_and_inherited_descriptors_stay_out() {
     let e = env(5);
     // The secret arrives on stdin only; the file itself is not reachable; the init's whole
     // environment is the policy's (the supervisor's never reaches it).
+    // From outside, while the step runs: the secret's copy in the run directory is root's,
+    // 0400, one link.
+    let run_root = e.cfg.setup.run_root.clone();
+    let watcher = std::thread::spawn(move || {
+        use std::os::unix::fs::MetadataExt;
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let found = std::fs::read_dir(&run_root).ok().and_then(|dirs| {
+                dirs.filter_map(Result::ok)
+                    .find_map(|d| std::fs::symlink_metadata(d.path().join("secret")).ok())
+            });
+            if let Some(m) = found {
+                return (m.uid(), m.mode() & 0o7777, m.nlink(), m.len());
+            }
+            assert!(std::time::Instant::now() < until, "no secret file appeared");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    });
     let script = format!(
         "busybox cat > $out/stdin\n\
+         busybox sleep 1\n\
          busybox cat {} > $out/file 2>/dev/null; echo $? > $out/file-rc\n\
          busybox cat /proc/1/environ | busybox tr '\\0' '\\n' > $out/env\n\
          busybox ls /proc/self/fd > $out/fds\n\
@@ -486,6 +505,11 @@ fn secrets_environment_and_inherited_descriptors_stay_out() {
         "the declared step gets the secret on stdin"
     );
     assert!(published(&e, &o, "file").is_empty() && published(&e, &o, "file-rc").trim() != "0");
+    assert_eq!(
+        watcher.join().unwrap(),
+        (0, 0o400, 1, "TOPSECRET-KEY\n".len() as u64),
+        "the run directory's secret: root, 0400, one link, its size"
+    );
     let env_text = published(&e, &o, "env");
     let names: Vec<&str> = env_text
         .lines()

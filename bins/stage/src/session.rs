@@ -272,11 +272,22 @@ impl Session<'_> {
         manager
             .write_protected(&mut lease, "config.json", config.as_bytes())
             .map_err(SessionError::from)?;
+        // A declared secret lives in the run directory (root, 0400, one link), checked and
+        // read back at launch: its bytes cross on stdin and nowhere else.
+        let stdin = match &job.stdin {
+            cordon::container::Input::Bytes(secret) => {
+                manager
+                    .write_secret(&mut lease, secret)
+                    .map_err(SessionError::from)?;
+                cordon::container::Input::Null
+            }
+            other => other.clone(),
+        };
         // 5. Create → start → drive → wait under the absolute deadline → delete.
         let deadline = job.started + Duration::from_millis(planned.session.deadline_ms);
         let output = &planned.session.output;
         let stdio = Stdio3 {
-            stdin: job.stdin.clone(),
+            stdin,
             stdout: if job.live_stdout {
                 cordon::container::Output::Live
             } else {
