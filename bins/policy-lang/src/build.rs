@@ -121,6 +121,7 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
         .collect::<BTreeMap<_, _>>();
 
     resolve(cx, &top, &stage_nodes, &steps, &secret);
+    steps_inside_image(cx, &top.all("step"), &stages);
 
     let policy = Policy {
         policy: header?,
@@ -1831,6 +1832,74 @@ fn step(cx: &mut Cx, node: &KdlNode) -> Option<Step> {
         argv: argv?,
         secret,
     })
+}
+
+/// A registered step's program and every path it passes come from the pinned image (seed 001
+/// §3): no argv element may name a path its stage's mounts, `/tmp` or the runtime's
+/// filesystems provide, where the candidate's tree or its own writes would stand in for the
+/// validator's code.
+fn steps_inside_image(cx: &mut Cx, step_nodes: &[&KdlNode], stages: &BTreeMap<StageKind, Stage>) {
+    for node in step_nodes {
+        let Some(stage) = prop(node, "stage")
+            .and_then(|e| e.value().as_string())
+            .and_then(StageKind::from_keyword)
+            .and_then(|k| stages.get(&k))
+        else {
+            continue;
+        };
+        let provided: Vec<&str> = stage
+            .mount
+            .keys()
+            .map(String::as_str)
+            .chain(["/tmp", "/proc", "/dev", "/sys"])
+            .collect();
+        let Some(argv) = node
+            .children()
+            .and_then(|c| c.nodes().iter().find(|n| n.name().value() == "argv"))
+        else {
+            continue;
+        };
+        for entry in positional(argv) {
+            let Some(text) = entry.value().as_string() else {
+                continue;
+            };
+            if !text.starts_with('/') {
+                continue;
+            }
+            let clean = lexical(text);
+            if let Some(under) = provided
+                .iter()
+                .find(|p| clean == **p || clean.starts_with(&format!("{p}/")))
+            {
+                cx.report(
+                    "outside-image",
+                    entry.span(),
+                    "not in the image",
+                    format!("{text:?} is under {under}, which the image does not provide"),
+                    Some(
+                        "run a patcher the prebuild image ships (for example /cordon/patchers/native-rebuild); it finds the tree and staging itself"
+                            .into(),
+                    ),
+                );
+            }
+        }
+    }
+}
+
+/// An absolute path with `.`, `..` and repeated slashes resolved lexically (what it names
+/// before any link is followed).
+fn lexical(path: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for c in path.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            c => parts.push(c),
+        }
+    }
+    format!("/{}", parts.join("/"))
 }
 
 /// Resolve every cross-reference, and flag declarations nothing uses.

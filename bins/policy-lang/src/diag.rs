@@ -92,6 +92,10 @@ pub const CODES: &[(&str, &str)] = &[
         "more children blocks or block comments than the parser reads (bounded before parsing)",
     ),
     (
+        "outside-image",
+        "a registered step's argv naming a path the pinned image does not provide (a mount, /tmp, /proc, /dev, /sys)",
+    ),
+    (
         "unsound-condition",
         "a seccomp test on a 32-bit argument that the 64-bit comparison would not enforce",
     ),

@@ -138,9 +138,9 @@ fn each_semantic_change_moves_the_digest_and_diff_names_it() {
             "stage.lane.env.HF_HUB_OFFLINE: \"1\" → \"0\"",
         ),
         (
-            "argv \"/bin/sh\" \"/engine/build.sh\" \"/staging\"",
-            "argv \"/bin/sh\" \"/engine/build.sh\" \"/staging\" \"-j4\"",
-            "step.build-native.argv: [\"/bin/sh\",\"/engine/build.sh\",\"/staging\"] → [\"/bin/sh\",\"/engine/build.sh\",\"/staging\",\"-j4\"]",
+            "argv \"/bin/sh\" \"/cordon/patchers/native-rebuild\"",
+            "argv \"/bin/sh\" \"/cordon/patchers/native-rebuild\" \"600\"",
+            "step.build-native.argv: [\"/bin/sh\",\"/cordon/patchers/native-rebuild\"] → [\"/bin/sh\",\"/cordon/patchers/native-rebuild\",\"600\"]",
         ),
     ];
     for (from, to, expected) in cases {

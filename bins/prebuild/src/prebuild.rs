@@ -229,8 +229,25 @@ pub fn prebuild(
         &job,
         |_, _| Ok::<(), PrebuildError>(()),
         |lease, planned, finished| {
-            let origin = json!({ "kind": "publication", "tree": tree_digest, "step": step, "lease": lease.record.lease });
-            publish(cfg, planned, finished, lease.ended_by_reap(), &bounds, &key, origin)
+            // What made these entries (tree, step and its exact argv, the image). Descriptive
+            // like every tree origin: the publication's digest covers its entries, not this.
+            let origin = json!({
+                "kind": "publication",
+                "tree": tree_digest,
+                "step": step,
+                "argv": job.argv,
+                "image": pin,
+                "lease": lease.record.lease,
+            });
+            publish(
+                cfg,
+                planned,
+                finished,
+                lease.ended_by_reap(),
+                &bounds,
+                &key,
+                origin,
+            )
         },
     )?;
     Ok(ran.inspected)

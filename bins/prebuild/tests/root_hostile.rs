@@ -2,9 +2,10 @@
 //! results written into the staging area, so they come back in the publication), its outcome
 //! checked inside and outside, and after every case the executor is quiescent.
 //!
-//! The build step is the tree's `build.sh`, run by the policy's registered argv
-//! (`/bin/sh /engine/build.sh /staging`) in the pinned prebuild image (static busybox; applets
-//! are reached as `busybox APPLET`). System calls are probed by a small static C program the
+//! The build step is the tree's `build.sh`, run as the bounded child of the image's registered
+//! patcher (`/bin/sh /cordon/patchers/native-rebuild`, which runs `/bin/sh /engine/build.sh
+//! /staging`) in the pinned prebuild image (static busybox; applets are reached as
+//! `busybox APPLET`). System calls are probed by a small static C program the
 //! test compiles on the host and places in the tree.
 //!
 //! `CORPUS.md` beside this file maps every behaviour of the hostile corpus (sections A–F) to
@@ -70,8 +71,8 @@ fn env_with(slot: u32, edit: impl Fn(String) -> String) -> Env {
         "output stdout=\"64KiB\" stderr=\"64KiB\"",
     )
     .replace_once(
-        "argv \"/bin/sh\" \"/engine/build.sh\" \"/staging\"",
-        "argv \"/bin/sh\" \"/engine/build.sh\" \"/staging\"\n    secret \"build-key\"",
+        "argv \"/bin/sh\" \"/cordon/patchers/native-rebuild\"",
+        "argv \"/bin/sh\" \"/cordon/patchers/native-rebuild\"\n    secret \"build-key\"",
     ) + &format!(
         "\nsecret \"build-key\" path={:?}\n",
         secret.display().to_string()
@@ -853,4 +854,21 @@ fn only_a_kill_by_cordon_reap_is_a_no_decision() {
         ),
         "{r:?}"
     );
+}
+
+#[test]
+fn the_registered_patcher_ends_the_trees_build_at_its_own_deadline() {
+    // The patcher's deadline (its argument) ends the tree's build.sh long before the stage's:
+    // the step fails as the patcher's doing, not the stage's deadline.
+    let e = env_with(9, |t| {
+        t.replace_once(
+            "argv \"/bin/sh\" \"/cordon/patchers/native-rebuild\"",
+            "argv \"/bin/sh\" \"/cordon/patchers/native-rebuild\" \"1\"",
+        )
+    });
+    let (_, o) = build(&e, "busybox sleep 30", &[]);
+    assert_eq!(rejected(&o), "prebuild.exit");
+    // What the tree's build writes still comes back through the patcher.
+    let (_, o) = build(&e, "echo built > $out/r", &[]);
+    assert_eq!(published(&e, &o, "r"), "built\n");
 }

@@ -81,7 +81,7 @@ fn run_driven(
 ) -> (String, Vec<HostMount>) {
     let ids = cordon_testkit::account_range("stage-session", slot);
     let mut text = cordon_testkit::isolated_policy(w.dir.path(), ids).replace_once(
-        "image \"prebuild\" digest=\"sha256:eb9d9913990dd68bf78f0fe0da976659e3072bacc4d2282e9036695608a8ad2e\"",
+        "image \"prebuild\" digest=\"sha256:a74ace0191a07764d32bc0673aef1db6085e72c70f07406875b8597f3dd6084a\"",
         &format!("image \"prebuild\" digest=\"{}\"", w.digest),
     );
     for (from, to) in edits {
