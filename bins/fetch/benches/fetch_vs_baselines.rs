@@ -7,6 +7,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use std::io::Write;
+
+use cordon_testkit::EditOnce as _;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -58,10 +60,21 @@ fn main() {
     let bytes = std::fs::metadata(&tar_path).unwrap().len();
     let sha = cordon::canonical::Digest::of_file(&tar_path).unwrap();
     let policy = dir.path().join("policy.kdl");
+    // The parser child runs as a real account: this benchmark's own id block and deny files.
+    let (first, last) = cordon_testkit::account_range("fetch-bench", 0);
+    let quoted = |name: &str| format!("{:?}", dir.path().join(name).display().to_string());
     let base = std::fs::read_to_string(
         cordon_testkit::workspace_root().join("policy/examples/minimal.kdl"),
     )
-    .unwrap();
+    .unwrap()
+    .replace_once(
+        "    uid-range 3000000 3099999\n    gid-range 3000000 3099999\n",
+        &format!(
+            "    uid-range {first} {last}\n    gid-range {first} {last}\n    cron-deny {}\n    at-deny {}\n",
+            quoted("cron.deny"),
+            quoted("at.deny")
+        ),
+    );
     std::fs::write(
         &policy,
         format!("{base}\nintake {{\n    archive {{\n        max-archive-bytes \"64GiB\"\n        max-extracted-bytes \"64GiB\"\n        max-file-bytes \"1GiB\"\n    }}\n}}\n"),
@@ -98,6 +111,9 @@ fn main() {
                 .arg(&policy)
                 .arg("--store")
                 .arg(&store)
+                .arg("--run-dir")
+                .arg(dir.path().join("run"))
+                .args(["--executor", "fetch-bench"])
                 .args(["--sha256", &sha.hex()])
                 .arg(&tar_path),
         );
