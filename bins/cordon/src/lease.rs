@@ -255,24 +255,36 @@ impl Record {
         })
     }
 
-    /// Exactly one account, run directory, cgroup and container: what every record cordon
-    /// writes names, and what a record must name for its resources to be found again.
+    /// Exactly one account and run directory, and either exactly one cgroup and container (a
+    /// container's lease) or neither (a parser child's lease): what every record cordon writes
+    /// names, and what a record must name for its resources to be found again.
     fn check_shape(&self) -> Result<(), String> {
         let count = |f: fn(&Resource) -> bool| self.resources.iter().filter(|r| f(r)).count();
-        for (what, n) in [
-            ("account", count(|r| matches!(r, Resource::Account { .. }))),
-            (
-                "run directory",
-                count(|r| matches!(r, Resource::RunDir { .. })),
-            ),
+        let runtime = [
             ("cgroup", count(|r| matches!(r, Resource::Cgroup { .. }))),
             (
                 "container",
                 count(|r| matches!(r, Resource::Container { .. })),
             ),
+        ];
+        // A parser child's lease has no cgroup and no container; any other has one of each.
+        let want_runtime = usize::from(runtime.iter().any(|(_, n)| *n != 0));
+        for (what, n, want) in [
+            (
+                "account",
+                count(|r| matches!(r, Resource::Account { .. })),
+                1,
+            ),
+            (
+                "run directory",
+                count(|r| matches!(r, Resource::RunDir { .. })),
+                1,
+            ),
+            (runtime[0].0, runtime[0].1, want_runtime),
+            (runtime[1].0, runtime[1].1, want_runtime),
         ] {
-            if n != 1 {
-                return Err(format!("it names {n} {what} resources, not one"));
+            if n != want {
+                return Err(format!("it names {n} {what} resources, not {want}"));
             }
         }
         Ok(())
@@ -1838,6 +1850,40 @@ mod tests {
             "no container, no runtime call: {:?}",
             w.fake.calls()
         );
+    }
+
+    #[test]
+    fn a_parser_lease_left_by_a_crash_is_recovered_and_a_half_runtime_record_refused() {
+        let w = world();
+        let lease = w
+            .manager
+            .begin_child("sha256:a", cordon_testkit::in_an_hour())
+            .unwrap();
+        fs::create_dir_all(lease.jail_dir()).unwrap();
+        // The supervisor is gone (a crash): its record is read back and released by recovery.
+        assert_eq!(w.manager.records().unwrap().len(), 1);
+        let done = w.manager.recover().unwrap();
+        assert!(
+            done.contains(&format!("lease {}", lease.record.lease)),
+            "{done:?}"
+        );
+        assert!(!lease.run_dir().exists());
+        assert!(w.manager.records().unwrap().is_empty());
+        // A record with a container but no cgroup is not one cordon writes.
+        let full = w
+            .manager
+            .begin("sha256:a", cordon_testkit::in_an_hour())
+            .unwrap();
+        let mut broken = full.record.clone();
+        broken
+            .resources
+            .retain(|r| !matches!(r, Resource::Cgroup { .. }));
+        let path = w.manager.record_path(&broken.lease);
+        fs::remove_file(&path).unwrap();
+        fs::write(&path, to_canonical_json(&broken).unwrap()).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+        let e = w.manager.records().unwrap_err();
+        assert!(e.to_string().contains("cgroup"), "{e}");
     }
 
     #[test]
