@@ -1,12 +1,16 @@
-//! Materialization end to end through the library and the binary: determinism across store
-//! roots, exactly one target replaced, the tree guard, and verification of published trees.
+//! Materialization end to end through the library (the analysis answered in process, checked as
+//! the binary checks its child's answer; the binary itself is `root_cli.rs`): determinism across
+//! store roots, exactly one target replaced, the tree guard, and verification of published
+//! trees.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::process::Command;
 
+use common::{MANIFEST, Member, delta_tar};
 use cordon::canonical::Digest;
 use cordon::intake;
 use cordon::store::Store;
@@ -42,24 +46,6 @@ fn rules() -> TreeRules {
 fn steps() -> BTreeSet<String> {
     ["build-native".to_owned()].into()
 }
-
-/// (path, contents, mode) of one delta member.
-type Member<'a> = (&'a str, &'a [u8], u32);
-
-/// A delta archive from its members, deterministic.
-fn delta_tar(files: &[Member<'_>]) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    for (path, data, mode) in files {
-        let mut h = tar::Header::new_ustar();
-        h.set_size(data.len() as u64);
-        h.set_mode(*mode);
-        h.set_mtime(0);
-        b.append_data(&mut h, path, *data).unwrap();
-    }
-    b.into_inner().unwrap()
-}
-
-const MANIFEST: &[u8] = b"delta target=\"attention\" package=\"fast_attn\" step=\"build-native\"\n";
 
 fn example_delta() -> Vec<u8> {
     let dir = workspace_root().join("checks/example/candidate");
@@ -414,160 +400,4 @@ fn verify_finds_a_modified_an_extra_and_a_missing_file() {
     std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o555)).unwrap();
     let err = tree::verify(&h.store, &h.incumbent).unwrap_err();
     assert!(err.to_string().contains("missing"), "{err}");
-}
-
-fn bin(name: &str) -> std::path::PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_cordon-materialize"))
-        .with_file_name(name)
-        .to_path_buf()
-}
-
-/// The stage binaries run against one store and the default policy with its run accounts in
-/// this test's own id block `slot` (their parser children run as real accounts).
-struct Cli {
-    dir: tempfile::TempDir,
-    store: std::path::PathBuf,
-    policy: std::path::PathBuf,
-}
-
-impl Cli {
-    fn new(slot: u32) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let store = dir.path().join("store");
-        let policy = dir.path().join("policy.kdl");
-        std::fs::write(
-            &policy,
-            cordon_testkit::isolated_policy(
-                dir.path(),
-                cordon_testkit::account_range("materialize", slot),
-            ),
-        )
-        .unwrap();
-        Self { dir, store, policy }
-    }
-
-    /// `binary` with this test's policy, store and lease options.
-    fn command(&self, binary: &str) -> Command {
-        let mut c = Command::new(bin(binary));
-        c.arg("--policy")
-            .arg(&self.policy)
-            .arg("--store")
-            .arg(&self.store)
-            .arg("--run-dir")
-            .arg(self.dir.path().join("run"))
-            .arg("--executor")
-            .arg(format!(
-                "materialize-test-{}",
-                self.dir.path().file_name().unwrap().to_str().unwrap()
-            ));
-        c
-    }
-
-    fn materialize(&self, args: &[&str], stdin: Option<&Path>) -> std::process::Output {
-        let mut c = self.command("cordon-materialize");
-        c.args(args);
-        if let Some(p) = stdin {
-            c.stdin(std::fs::File::open(p).unwrap());
-        }
-        c.output().unwrap()
-    }
-
-    /// Register the bundled example incumbent; its tree digest.
-    fn incumbent(&self) -> String {
-        let example = workspace_root().join("checks/example/incumbent");
-        let out = self.materialize(&["incumbent", example.to_str().unwrap()], None);
-        assert!(out.status.success(), "{out:?}");
-        let receipt: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        receipt["outputs"]["tree_digest"]
-            .as_str()
-            .unwrap()
-            .to_owned()
-    }
-
-    /// Admit `archive` through `cordon-fetch`; the file holding its receipt.
-    fn fetch(&self, archive: &[u8]) -> (std::path::PathBuf, std::process::Output) {
-        let path = self.dir.path().join("delta.tar");
-        std::fs::write(&path, archive).unwrap();
-        let sha = Digest::of_file(&path).unwrap();
-        let fetched = self
-            .command("cordon-fetch")
-            .args(["--sha256", &sha.to_string()])
-            .arg(&path)
-            .output()
-            .expect("cordon-fetch is built beside cordon-materialize (cargo build --workspace)");
-        assert!(fetched.status.success(), "{fetched:?}");
-        let receipt_file = self.dir.path().join("fetch.json");
-        std::fs::write(&receipt_file, &fetched.stdout).unwrap();
-        (receipt_file, fetched)
-    }
-}
-
-#[test]
-fn a_deeply_nested_manifest_is_a_rejection_with_a_receipt_never_a_crash() {
-    let cli = Cli::new(0);
-    let incumbent = cli.incumbent();
-    // 30 KB that overflowed the parser's stack (exit 134, no receipt) before nesting was bounded.
-    let depth = 15_000;
-    let manifest = format!("{}{}", "a{".repeat(depth), "}".repeat(depth));
-    let (receipt_file, _) = cli.fetch(&delta_tar(&[(
-        "cordon-delta.kdl",
-        manifest.as_bytes(),
-        0o644,
-    )]));
-    let out = cli.materialize(&["--incumbent", &incumbent], Some(&receipt_file));
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
-    let receipt: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(receipt["outcome"], "rejected");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("cordon::manifest::too-deep"), "{stderr}");
-}
-
-#[test]
-fn the_binary_reports_findings_on_the_candidates_source_and_exits_1() {
-    let cli = Cli::new(1);
-    let incumbent = cli.incumbent();
-    let (receipt_file, fetched) = cli.fetch(&delta_tar(&[
-        ("cordon-delta.kdl", MANIFEST, 0o644),
-        (
-            "engine/attention/__init__.py",
-            b"import os\n\nx = eval(os.environ['X'])\n",
-            0o644,
-        ),
-    ]));
-    let run = |args: &[&str], stdin: Option<&Path>| cli.materialize(args, stdin);
-
-    let out = run(&["--incumbent", &incumbent], Some(&receipt_file));
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("python.ban-call"), "{stderr}");
-    assert!(
-        stderr.contains("engine/attention/__init__.py:3:5"),
-        "{stderr}"
-    );
-    assert!(
-        stderr.contains("x = eval(os.environ['X'])"),
-        "the source line is shown: {stderr}"
-    );
-    let receipt: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(receipt["outcome"], "rejected");
-    assert_eq!(receipt["reasons"][0]["code"], "python.ban-call");
-    assert_eq!(receipt["outputs"]["findings"][0]["line"], 3);
-
-    // A receipt of another authority is refused as an input-wiring error.
-    let mut foreign: serde_json::Value = serde_json::from_slice(&fetched.stdout).unwrap();
-    foreign["authority"] = serde_json::json!(Digest::of_bytes(b"other").to_string());
-    std::fs::write(&receipt_file, foreign.to_string()).unwrap();
-    let out = run(&["--incumbent", &incumbent], Some(&receipt_file));
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("authority"));
-
-    // A receipt written by hand under the right authority names nothing the store established:
-    // the store does not hold it, so its chain cannot be walked, and it is refused.
-    let mut forged: serde_json::Value = serde_json::from_slice(&fetched.stdout).unwrap();
-    forged["outputs"]["files"] = serde_json::json!(999);
-    std::fs::write(&receipt_file, forged.to_string()).unwrap();
-    let out = run(&["--incumbent", &incumbent], Some(&receipt_file));
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("cordon::chain::missing"), "{stderr}");
 }
