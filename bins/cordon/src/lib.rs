@@ -1,7 +1,8 @@
 //! The mechanism library: everything cordon does to a host, policy-agnostic.
 //!
 //! It owns the validator's private storage ([`store`]), the one safe tar reader ([`archive`])
-//! and intake into the store ([`intake`]), content-addressed trees ([`tree`]), OCI image layouts
+//! and intake into the store ([`intake`]), the confined parser child that decodes candidate
+//! bytes for the root process ([`confine`]), content-addressed trees ([`tree`]), OCI image layouts
 //! ([`image`]), the OCI runtime driver ([`runtime`]), durable leases ([`lease`]), per-run
 //! accounts ([`account`]), the receipt type ([`receipt`]) and the host components of the
 //! authority identity ([`identity`]). It re-exports the leaf crate's canonical JSON, digests and

@@ -2,7 +2,8 @@
 //! content-addressed, read-only engine tree in the store.
 //!
 //! [`manifest`] reads the incumbent's and the delta's KDL manifests, [`guard`] is the tree
-//! guard, [`python`] the AST policy and namespace rewrite (before it parses a file,
+//! guard, [`analysis`] the candidate-facing request and answer its confined child computes and
+//! the parent checks, [`python`] the AST policy and namespace rewrite (before it parses a file,
 //! [`python_coding`] refuses encodings other than UTF-8 and [`python_nesting`] bounds its
 //! nesting), [`materialize`] the plan and its publication, [`cli`] the binary. Trees themselves (digest, publication, verification) are
 //! the `cordon` library's [`cordon::tree`], because every stage that mounts one verifies it.
