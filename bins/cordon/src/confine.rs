@@ -29,7 +29,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nix::libc;
 use nix::sys::resource::{Resource, setrlimit};
@@ -41,6 +41,9 @@ pub const CHILD_ARG: &str = "--cordon-confined-child";
 
 /// The exit status of a child that could not confine itself (it read no input).
 pub const UNCONFINED_EXIT: i32 = 125;
+
+/// The tag of the frame a child writes once it has confined itself, before it reads input.
+pub const CONFINED: u8 = b'C';
 
 /// The exit status of a child that decoded its input and found it breaks a rule (it said why
 /// in a frame).
@@ -142,8 +145,8 @@ pub struct Launch {
     pub exe: PathBuf,
     /// The account, jail and limits.
     pub spec: Spec,
-    /// Past this the parent kills the child.
-    pub deadline: Instant,
+    /// How long the child may run, counted from its start: past it the parent kills it.
+    pub budget: Duration,
 }
 
 /// The size of the pipes facts cross (the unprivileged maximum by default).
@@ -156,6 +159,7 @@ const STDERR_CAP: u64 = 4096;
 /// watched by threads of the parent, its stdin and stdout the caller's.
 pub struct Supervised {
     child: Child,
+    cpu_limit: u64,
     stderr: std::thread::JoinHandle<String>,
     done: mpsc::Sender<()>,
     watchdog: std::thread::JoinHandle<bool>,
@@ -170,6 +174,10 @@ pub struct Finished {
     pub deadline_kill: bool,
     /// Whether the parent ended it because it refused its output.
     pub parent_kill: bool,
+    /// Whether it confirmed its confinement (after which it reads its input).
+    pub confined: bool,
+    /// Whether it used its whole CPU limit (a SIGKILL then is the hard limit's).
+    pub at_cpu_limit: bool,
     /// The start of its stderr.
     pub stderr: String,
 }
@@ -180,10 +188,21 @@ impl Finished {
     #[must_use]
     pub fn ended(&self) -> Option<Ended> {
         if self.parent_kill && !self.deadline_kill {
-            None
-        } else {
-            Some(classify(self.status, self.deadline_kill))
+            return None;
         }
+        Some(match classify(self.status, self.deadline_kill) {
+            // After the marker, input has been read: an "unconfined" exit or a SIGKILL at the
+            // CPU hard limit is the input's doing, not an outside one.
+            Ended::Infrastructure(_)
+                if self.confined && self.status.code() == Some(UNCONFINED_EXIT) =>
+            {
+                Ended::Broke("the parser exited as if unconfined after confining itself".into())
+            }
+            Ended::Infrastructure(_) if self.at_cpu_limit => {
+                Ended::Broke("the parser was killed at its CPU hard limit".into())
+            }
+            other => other,
+        })
     }
 
     /// `why`, with the start of the child's stderr escaped after it.
@@ -227,7 +246,8 @@ impl Supervised {
         });
         let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
         let (done, done_rx) = mpsc::channel::<()>();
-        let deadline = launch.deadline;
+        let deadline = Instant::now() + launch.budget;
+        let cpu_limit = launch.spec.limits.cpu_seconds;
         // The child stays unreaped until `finish` has stopped this thread, so the pid it
         // signals is always the child's own.
         let watchdog = std::thread::spawn(move || {
@@ -243,6 +263,7 @@ impl Supervised {
         Ok((
             Self {
                 child,
+                cpu_limit,
                 stderr,
                 done,
                 watchdog,
@@ -257,20 +278,73 @@ impl Supervised {
     ///
     /// # Errors
     /// It cannot be waited for.
-    pub fn finish(mut self, kill: bool) -> io::Result<Finished> {
+    pub fn finish(mut self, kill: bool, confined: bool) -> io::Result<Finished> {
+        use nix::sys::wait::{Id, WaitPidFlag, waitid};
         if kill {
             let _ = self.child.kill();
         }
-        let status = self.child.wait();
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).unwrap_or(i32::MAX));
+        // Wait without reaping: until the watchdog is stopped the pid stays the child's, and
+        // its CPU time stays readable.
+        loop {
+            match waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT) {
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(io::Error::from(e)),
+                Ok(_) => break,
+            }
+        }
         let _ = self.done.send(());
         let deadline_kill = self.watchdog.join().unwrap_or(false);
+        let at_cpu_limit = cpu_seconds(pid.as_raw()).is_some_and(|s| s >= self.cpu_limit);
+        let status = self.child.wait()?;
         let stderr = self.stderr.join().unwrap_or_default();
         Ok(Finished {
-            status: status?,
+            status,
             deadline_kill,
             parent_kill: kill,
+            confined,
+            at_cpu_limit,
             stderr,
         })
+    }
+}
+
+/// The whole seconds of CPU (user and system) process `pid` has used, from `/proc/<pid>/stat`
+/// (an unreaped child's stays readable).
+fn cpu_seconds(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command (which may hold spaces and parentheses): utime is the 14th
+    // field of the line, the 12th after the closing parenthesis.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok()??;
+    Some(ticks / u64::try_from(hz).ok()?.max(1))
+}
+
+/// Read the child's first frame: whether it is the [`CONFINED`] marker.
+///
+/// # Errors
+/// The pipe failed.
+pub fn confirmed(frames: &mut FrameReader<impl Read>) -> io::Result<bool> {
+    match frames.frame() {
+        Ok(Some((CONFINED, payload))) => Ok(payload.is_empty()),
+        Ok(_) | Err(FrameError::Broken(_) | FrameError::Truncated) => Ok(false),
+        Err(FrameError::Pipe(e)) => Err(e),
+    }
+}
+
+impl Supervised {
+    /// End a child that never confirmed its confinement: it read no input, so whatever
+    /// happened is not the candidate's. The message for the no-decision.
+    #[must_use]
+    pub fn unconfined(self) -> String {
+        match self.finish(true, false) {
+            Ok(f) => f.with_tail("the parser child did not confine itself"),
+            Err(e) => {
+                format!("the parser child did not confine itself, and cannot be waited for: {e}")
+            }
+        }
     }
 }
 
@@ -305,7 +379,19 @@ pub fn exchange(
             let _ = write_frame(&mut stdin, b'Q', &request);
         }
     });
-    let mut frames = FrameReader::new(stdout, max_answer, u64::from(max_answer) + 5);
+    let mut frames = FrameReader::new(stdout, max_answer, u64::from(max_answer) + 10);
+    match confirmed(&mut frames) {
+        Ok(true) => {}
+        other => {
+            drop(frames);
+            let why = child.unconfined();
+            let _ = writer.join();
+            return Err(ExchangeError::Infrastructure(match other {
+                Err(e) => format!("cannot read the child's output: {e}; {why}"),
+                Ok(_) => why,
+            }));
+        }
+    }
     let answer = match frames.frame() {
         Ok(Some((b'A', payload))) => match frames.frame() {
             Ok(None) => Ok(payload),
@@ -324,7 +410,7 @@ pub fn exchange(
     let refused = matches!(answer, Err(Some(_)));
     drop(frames);
     let finished = child
-        .finish(refused)
+        .finish(refused, true)
         .map_err(|e| ExchangeError::Infrastructure(format!("cannot wait for the child: {e}")))?;
     let _ = writer.join();
     match (finished.ended(), answer) {
@@ -412,6 +498,9 @@ pub fn enter(spec: &Spec, parent: u32) -> Result<(), ConfineError> {
             why: "the run account may not be root".into(),
         });
     }
+    // Only stdin, stdout and stderr: whatever the parent inherited without close-on-exec (a
+    // supervisor's socket, an orchestrator's secret) must not reach a parser its input owns.
+    close_inherited()?;
     // No network: the child decodes bytes it was handed, it fetches nothing.
     step("unshare")(unshare(CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWIPC))?;
     // An empty root: no store, no host file, nothing to open even if a call got through.
@@ -426,6 +515,15 @@ pub fn enter(spec: &Spec, parent: u32) -> Result<(), ConfineError> {
     let (uid, gid) = (Uid::from_raw(spec.uid), Gid::from_raw(spec.gid));
     step("setresgid")(nix::unistd::setresgid(gid, gid, gid))?;
     step("setresuid")(nix::unistd::setresuid(uid, uid, uid))?;
+    // The kernel clears the parent-death signal when the credentials change: set it again,
+    // and check again that the parent did not die in between.
+    step("PR_SET_PDEATHSIG")(prctl::set_pdeathsig(Signal::SIGKILL))?;
+    if nix::unistd::getppid().as_raw() != i32::try_from(parent).unwrap_or(-1) {
+        return Err(ConfineError {
+            step: "parent",
+            why: "the parent is gone".into(),
+        });
+    }
     // Leaving uid 0 for a nonzero uid clears the permitted and effective sets; check it.
     for set in [
         caps::CapSet::Permitted,
@@ -459,6 +557,27 @@ pub fn enter(spec: &Spec, parent: u32) -> Result<(), ConfineError> {
     install_filter()
 }
 
+/// Close every descriptor above 2, as listed in `/proc/self/fd` (read before the `chroot`).
+fn close_inherited() -> Result<(), ConfineError> {
+    let fds: Vec<i32> = step("list descriptors")(std::fs::read_dir("/proc/self/fd"))?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|fd| *fd > 2)
+        .collect();
+    for fd in fds {
+        match nix::unistd::close(fd) {
+            // The listing's own descriptor, closed when the listing ended.
+            Ok(()) | Err(nix::errno::Errno::EBADF) => {}
+            Err(e) => {
+                return Err(ConfineError {
+                    step: "close descriptor",
+                    why: format!("{fd}: {e}"),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The system calls a decoding child makes: I/O on the descriptors it was given, memory,
 /// threads (a `clone` must carry `CLONE_THREAD`: no new process), signals for a panic's abort,
 /// time, randomness for hash maps, exit.
@@ -479,13 +598,11 @@ const ALLOWED: &[i64] = &[
     libc::SYS_set_robust_list,
     libc::SYS_rseq,
     libc::SYS_clone3,
-    libc::SYS_rt_sigaction,
     libc::SYS_rt_sigprocmask,
     libc::SYS_rt_sigreturn,
     libc::SYS_sigaltstack,
     libc::SYS_getpid,
     libc::SYS_gettid,
-    libc::SYS_tgkill,
     libc::SYS_clock_gettime,
     libc::SYS_clock_nanosleep,
     libc::SYS_getrandom,
@@ -517,6 +634,25 @@ fn install_filter() -> Result<(), ConfineError> {
     // Threads only: a clone without CLONE_THREAD would be a new process.
     let thread = u64::try_from(libc::CLONE_THREAD).unwrap_or(u64::MAX);
     rules.insert(libc::SYS_clone, vec![flag(0, thread)?]);
+    // A child may abort itself (a panic), not kill itself: a self-inflicted SIGKILL would read
+    // as a kill from outside, a no-decision.
+    let abrt = u64::try_from(libc::SIGABRT).unwrap_or(u64::MAX);
+    rules.insert(
+        libc::SYS_tgkill,
+        vec![step("seccomp rule")(
+            SeccompCondition::new(2, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, abrt)
+                .and_then(|c| SeccompRule::new(vec![c])),
+        )?],
+    );
+    // No handler for SIGXCPU: the CPU limit's signal always ends the child as itself.
+    let xcpu = u64::try_from(libc::SIGXCPU).unwrap_or(u64::MAX);
+    rules.insert(
+        libc::SYS_rt_sigaction,
+        vec![step("seccomp rule")(
+            SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, xcpu)
+                .and_then(|c| SeccompRule::new(vec![c])),
+        )?],
+    );
     // Naming a thread (PR_SET_NAME) is the one prctl.
     let pr_set_name = u64::try_from(libc::PR_SET_NAME).unwrap_or(u64::MAX);
     rules.insert(
@@ -560,7 +696,31 @@ pub fn run_child(spec: &Spec, parent: u32, parse: impl FnOnce(&str) -> i32) -> !
         let _ = writeln!(io::stderr(), "{e}");
         std::process::exit(UNCONFINED_EXIT);
     }
+    // The marker: from here on, how the child ends is the input's doing.
+    let mut out = io::stdout().lock();
+    if write_frame(&mut out, CONFINED, b"")
+        .and_then(|()| out.flush())
+        .is_err()
+    {
+        std::process::exit(UNCONFINED_EXIT);
+    }
+    drop(out);
     std::process::exit(parse(&spec.kind))
+}
+
+/// Text a child reported, fit for a receipt and a terminal: every control character escaped
+/// (candidate-influenced bytes never drive the operator's terminal).
+#[must_use]
+pub fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// Write one frame: tag, length (u32 little-endian), payload.

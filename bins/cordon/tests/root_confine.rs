@@ -106,6 +106,26 @@ fn probe(kind: &str) -> i32 {
             1
         }
         "no-end" => lie(&[(b'D', br#"{"path":"d"}"#)]),
+        // A child that ends itself as if it had never confined, or kills itself.
+        "exit125" => std::process::exit(confine::UNCONFINED_EXIT),
+        "selfkill" => {
+            // raise(3) is tgkill on this thread.
+            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+            10
+        }
+        // Reports one file and ends without reading the rest of its input.
+        "early-end" => {
+            let mut out = std::io::stdout().lock();
+            for (tag, payload) in [
+                (b'F', &br#"{"path":"a","executable":false,"size":1}"#[..]),
+                (b'B', b"x"),
+                (b'E', b""),
+            ] {
+                confine::write_frame(&mut out, tag, payload).unwrap();
+            }
+            out.flush().unwrap();
+            0
+        }
         // Request/answer children.
         "answer-echo" => confine::answer(|mut q| {
             q.reverse();
@@ -115,7 +135,7 @@ fn probe(kind: &str) -> i32 {
         "answer-tag" => lie(&[(b'X', b"one")]),
         "answer-none" => lie(&[]),
         "answer-huge" => lie(&[(b'A', &[0u8; 2048])]),
-        "setuid-member" => lie(&[
+        "extra-field" => lie(&[
             (
                 b'F',
                 br#"{"path":"a","executable":true,"size":0,"mode":2541}"#,
@@ -376,7 +396,7 @@ fn launch(e: &Env, kind: &str, cpu_seconds: u64, deadline: Duration) -> Launch {
     Launch {
         exe: std::env::current_exe().unwrap(),
         spec: spec(e, kind, cpu_seconds),
-        deadline: Instant::now() + deadline,
+        budget: deadline,
     }
 }
 
@@ -445,7 +465,9 @@ fn a_lying_parser_is_caught_by_the_parents_own_checks_and_the_store_is_unchanged
         ("lie-code", "intake.parser"),
         ("lie-exit", "intake.parser"),
         ("no-end", "intake.parser"),
-        ("setuid-member", "intake.parser"),
+        ("extra-field", "intake.parser"),
+        ("exit125", "intake.parser"),
+        ("selfkill", "intake.parser"),
         ("spin", "intake.parser"),
         ("socket", "intake.parser"),
     ] {
@@ -495,12 +517,15 @@ fn a_parser_past_the_deadline_is_rejected_and_one_killed_from_outside_is_no_deci
             let found = std::fs::read_dir("/proc").unwrap().find_map(|d| {
                 let pid: u32 = d.ok()?.file_name().to_str()?.parse().ok()?;
                 let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-                status
+                (status
                     .lines()
                     .any(|l| l.starts_with("Uid:") && l.contains(&uid.to_string()))
-                    .then_some(pid)
+                    && status.lines().any(|l| l == "Seccomp:\t2"))
+                .then_some(pid)
             });
             if let Some(pid) = found {
+                // Past its filter, it writes its marker and waits on its input.
+                std::thread::sleep(Duration::from_millis(100));
                 nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
                     nix::sys::signal::Signal::SIGKILL,
@@ -557,7 +582,7 @@ fn an_exchange_returns_the_answer_and_judges_every_other_end() -> Result<(), Fai
     let unconfined = Launch {
         exe: std::env::current_exe().unwrap(),
         spec: s,
-        deadline: Instant::now() + Duration::from_secs(30),
+        budget: Duration::from_secs(30),
     };
     assert!(matches!(
         exchange(&unconfined, b"abc", 1024),
@@ -566,11 +591,127 @@ fn an_exchange_returns_the_answer_and_judges_every_other_end() -> Result<(), Fai
     Ok(())
 }
 
+fn an_early_end_frame_is_no_decoding_of_the_whole_source() -> Result<(), Failed> {
+    let e = env(8);
+    // More than the pipes hold, so the parent is still writing when the child stops reading.
+    let archive = vec![0u8; 8 << 20];
+    let store = Store::open(&e.store.join("s")).unwrap();
+    let mut l = limits();
+    l.max_archive_bytes = 16 << 20;
+    let r = ingest_confined(
+        &store,
+        archive.as_slice(),
+        &Digest::of_bytes(b""),
+        &l,
+        &launch(&e, "early-end", 10, Duration::from_secs(30)),
+    );
+    let r = rejected(r);
+    assert_eq!(r.code, "intake.parser", "{r}");
+    Ok(())
+}
+
+/// The intermediate parent of [`the_child_dies_with_its_parent`]: starts a confined `wait`
+/// child, prints its pid, and sleeps until it is killed.
+fn intermediate(uid: u32, jail: &Path) -> ! {
+    let spec = Spec {
+        kind: "wait".into(),
+        uid,
+        gid: uid,
+        jail: jail.to_path_buf(),
+        limits: Limits {
+            address_space: 512 << 20,
+            cpu_seconds: 10,
+        },
+    };
+    // Its input is this process's: the test holds it open, so only the parent-death signal
+    // can end the child.
+    let child = confine::spawn(&std::env::current_exe().unwrap(), &spec, Stdio::inherit()).unwrap();
+    println!("{}", child.id());
+    std::io::stdout().flush().unwrap();
+    std::thread::sleep(Duration::from_secs(60));
+    std::process::exit(0)
+}
+
+fn the_child_dies_with_its_parent_and_holds_no_inherited_descriptor() -> Result<(), Failed> {
+    use std::os::fd::AsRawFd;
+    let e = env(9);
+    // A descriptor the parent holds without close-on-exec must not reach the child.
+    let secret = e.store.join("object");
+    let leaked = nix::fcntl::open(
+        &secret,
+        nix::fcntl::OFlag::O_RDONLY,
+        nix::sys::stat::Mode::empty(),
+    )
+    .unwrap();
+    let mut middle = std::process::Command::new(std::env::current_exe().unwrap())
+        .arg("--intermediate")
+        .arg(e.uid.to_string())
+        .arg(&e.jail)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let held_input = middle.stdin.take();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(middle.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let pid: u32 = line.trim().parse().unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while status_field(pid, "Seccomp") != "2" {
+        assert!(Instant::now() < until, "the child never confined itself");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let fds: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .map(|d| d.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let mut fds = fds;
+    fds.sort();
+    assert_eq!(fds, ["0", "1", "2"], "fd {} leaked", leaked.as_raw_fd());
+    // Its parent dies: so must it (the parent-death signal survives the uid change).
+    middle.kill().unwrap();
+    middle.wait().unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let gone = state.is_empty()
+            || state
+                .rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'));
+        if gone {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the child outlived its parent: {state}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop((leaked, held_input));
+    Ok(())
+}
+
 fn main() {
     if let Some((spec, parent)) = confine::requested() {
         confine::run_child(&spec, parent, probe);
     }
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--intermediate") {
+        intermediate(args[2].parse().unwrap(), Path::new(&args[3]));
+    }
     let tests = vec![
+        Trial::test(
+            "an_early_end_frame_is_no_decoding_of_the_whole_source",
+            an_early_end_frame_is_no_decoding_of_the_whole_source,
+        ),
+        Trial::test(
+            "the_child_dies_with_its_parent_and_holds_no_inherited_descriptor",
+            the_child_dies_with_its_parent_and_holds_no_inherited_descriptor,
+        ),
         Trial::test(
             "an_exchange_returns_the_answer_and_judges_every_other_end",
             an_exchange_returns_the_answer_and_judges_every_other_end,

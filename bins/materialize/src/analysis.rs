@@ -19,6 +19,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use cordon::confine::printable;
+
 use crate::manifest::{self, Delta};
 use crate::python::{self, Edit, PyRules, Rename};
 
@@ -231,8 +233,12 @@ fn in_range(text: &str, start: usize, end: usize) -> bool {
 /// The first thing in it that the child could not have produced honestly.
 pub fn accept(request: &Request, answer: Answer) -> Result<Accepted, String> {
     let delta = match answer.manifest {
-        Err(problems) => {
-            for p in &problems {
+        Err(mut problems) => {
+            for p in &mut problems {
+                p.message = printable(&p.message);
+                if let Some((label, _, _)) = &mut p.label {
+                    *label = printable(label);
+                }
                 if !manifest::CODES.iter().any(|(c, _)| *c == p.code) {
                     return Err(format!(
                         "manifest problem code {:?} is not one the decoder uses",
@@ -301,8 +307,8 @@ pub fn accept(request: &Request, answer: Answer) -> Result<Accepted, String> {
                 code,
                 start: f.start,
                 end: f.end,
-                label: f.label,
-                message: f.message,
+                label: printable(&f.label),
+                message: printable(&f.message),
             });
         }
         let rewritten = match rename {

@@ -180,6 +180,8 @@ pub fn apply(source: &str, edits: &[Edit], rename: Rename<'_>) -> Result<Option<
     let (p, ns) = (rename.package, rename.namespace);
     let mut out = String::with_capacity(source.len() + edits.len() * 16);
     let mut pos = 0;
+    // The end of the last rename (not insertion) edit: a rebinding insertion must follow one.
+    let mut renamed_to: Option<usize> = None;
     for e in edits {
         let Some(original) = source.get(e.start..e.end).filter(|_| e.start >= pos) else {
             return Err(format!(
@@ -194,7 +196,17 @@ pub fn apply(source: &str, edits: &[Edit], rename: Rename<'_>) -> Result<Option<
                     .bytes()
                     .all(|b| b == b'.' || b == b'_' || b.is_ascii_alphanumeric()));
         let ok = if e.start == e.end {
+            // Only at the end of the import statement a rename is in: nothing but names, dots,
+            // commas, spaces and line continuations since that rename, and a token boundary
+            // after (so it can never split a quote and turn a string into code).
+            let between = renamed_to.and_then(|r| source.get(r..e.start));
+            let after = source[e.start..].chars().next();
             e.replacement == format!("; {p} = {ns}")
+                && between.is_some_and(|b| {
+                    b.bytes()
+                        .all(|c| c.is_ascii_alphanumeric() || b"_., \t\\\r\n".contains(&c))
+                })
+                && after.is_none_or(|c| "\n\r;# \t".contains(c))
         } else {
             dotted
                 && (e.replacement == format!("{ns}{}", &original[p.len()..])
@@ -209,6 +221,9 @@ pub fn apply(source: &str, edits: &[Edit], rename: Rename<'_>) -> Result<Option<
         out.push_str(&source[pos..e.start]);
         out.push_str(&e.replacement);
         pos = e.end;
+        if e.start != e.end {
+            renamed_to = Some(e.end);
+        }
     }
     out.push_str(&source[pos..]);
     Ok(Some(out))

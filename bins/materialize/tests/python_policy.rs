@@ -214,9 +214,30 @@ fn only_a_renames_own_edits_are_applied() {
             edit(7, 18, "cordon_c_0123456789ab.k"),
             edit(10, 18, "cordon_c_0123456789ab"),
         ],
+        // The rebinding with no rename before it.
+        vec![edit(23, 23, "; fast_attn = cordon_c_0123456789ab")],
     ] {
         assert!(python::apply(src, &bad, r).is_err(), "{bad:?}");
     }
+    // The check's own rebinding after `import fast_attn.k` is admitted.
+    let own = "import fast_attn.k\nx = 1\n";
+    let c = check(own, "t.py", &rules(false), Some(r));
+    assert!(python::apply(own, &c.edits, r).unwrap().is_some());
+    // A rebinding placed to split a quote would turn a string into running code: refused.
+    let s = r#"s = ''' + '\nimport os; os.system("id")\n''' # '''
+import fast_attn
+"#;
+    let split = [edit(5, 5, "; fast_attn = cordon_c_0123456789ab")];
+    assert!(python::apply(s, &split, r).is_err());
+    let in_string = "s = 'fast_attn'\n";
+    let hostile = [
+        edit(5, 14, "cordon_c_0123456789ab"),
+        edit(14, 14, "; fast_attn = cordon_c_0123456789ab"),
+    ];
+    assert!(
+        python::apply(in_string, &hostile, r).is_err(),
+        "an insertion before a quote"
+    );
 }
 
 #[test]

@@ -1863,19 +1863,26 @@ fn steps_inside_image(cx: &mut Cx, step_nodes: &[&KdlNode], stages: &BTreeMap<St
             let Some(text) = entry.value().as_string() else {
                 continue;
             };
-            if !text.starts_with('/') {
-                continue;
-            }
-            let clean = lexical(text);
+            // The working directory is `/`, so a relative path names what `/` + it names; and a
+            // path inside a longer argument (`-c` scripts, `--opt=/path`) names it too.
+            let clean = lexical(&format!("/{}", text.trim_start_matches('/')));
+            let inside = |p: &str| {
+                text.match_indices(p).any(|(i, _)| {
+                    text[i + p.len()..]
+                        .chars()
+                        .next()
+                        .is_none_or(|c| !(c.is_ascii_alphanumeric() || "_.-".contains(c)))
+                })
+            };
             if let Some(under) = provided
                 .iter()
-                .find(|p| clean == **p || clean.starts_with(&format!("{p}/")))
+                .find(|p| clean == **p || clean.starts_with(&format!("{p}/")) || inside(p))
             {
                 cx.report(
                     "outside-image",
                     entry.span(),
                     "not in the image",
-                    format!("{text:?} is under {under}, which the image does not provide"),
+                    format!("{text:?} names {under}, which the image does not provide"),
                     Some(
                         "run a patcher the prebuild image ships (for example /cordon/patchers/native-rebuild); it finds the tree and staging itself"
                             .into(),

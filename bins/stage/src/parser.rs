@@ -9,7 +9,7 @@
 //! result. A crash in between leaves the record for `cordon-reap`'s recovery.
 
 use std::path::Path;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use cordon::canonical::Digest;
 use cordon::confine::{Launch, Spec};
@@ -48,7 +48,7 @@ pub fn under_lease<T>(
                 jail,
                 limits: crate::settings::parser_limits(policy),
             },
-            deadline: Instant::now() + budget,
+            budget,
         })
     });
     manager.release(&held.record)?;

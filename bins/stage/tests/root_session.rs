@@ -81,7 +81,7 @@ fn run_driven(
 ) -> (String, Vec<HostMount>) {
     let ids = cordon_testkit::account_range("stage-session", slot);
     let mut text = cordon_testkit::isolated_policy(w.dir.path(), ids).replace_once(
-        "image \"prebuild\" digest=\"sha256:a74ace0191a07764d32bc0673aef1db6085e72c70f07406875b8597f3dd6084a\"",
+        "image \"prebuild\" digest=\"sha256:90f5a0d82828426b1382ad80947b38bdd0ca6200f11620cbfbaa788d8ebc4de1\"",
         &format!("image \"prebuild\" digest=\"{}\"", w.digest),
     );
     for (from, to) in edits {

@@ -149,6 +149,8 @@ struct Pumped {
     too_big: bool,
     /// The source failed.
     failed: Option<io::Error>,
+    /// The whole source was read and written to the child: only then is `sha256` its hash.
+    complete: bool,
 }
 
 /// Copy the bounds frame and then the source to the child, hashing and counting as it goes.
@@ -160,6 +162,7 @@ fn pump(mut source: impl Read, mut to_child: impl Write, limits: &ArchiveLimits)
         sha256: Digest::from_hasher(Sha256::new()),
         too_big: false,
         failed: None,
+        complete: false,
     };
     let head = json(limits).and_then(|l| write_frame(&mut to_child, b'L', &l));
     if head.is_err() {
@@ -188,6 +191,7 @@ fn pump(mut source: impl Read, mut to_child: impl Write, limits: &ArchiveLimits)
         }
     }
     out.sha256 = Digest::from_hasher(hasher);
+    out.complete = true;
     out
 }
 
@@ -317,8 +321,8 @@ fn read_facts(
                 return Ok(match fact.and_then(|f| Some((known_code(&f.code)?, f))) {
                     Some((code, f)) => Facts::Rejected(Rejection {
                         code,
-                        path: f.path,
-                        message: f.message,
+                        path: f.path.as_deref().map(confine::printable),
+                        message: confine::printable(&f.message),
                     }),
                     None => Facts::Broken("a rejection frame does not decode".into()),
                 });
@@ -367,18 +371,35 @@ pub fn ingest_confined(
     let mut scratch = store.scratch()?;
     let (child, stdin, stdout) = Supervised::start(launch)
         .map_err(|e| IntakeError::Child(format!("cannot start {}: {e}", launch.exe.display())))?;
-    let (pumped, facts, finished) = std::thread::scope(|scope| {
+    let (pumped, outcome) = std::thread::scope(|scope| {
         let pumper = scope.spawn(|| pump(source, stdin, limits));
         let mut frames = FrameReader::new(stdout, (CHUNK + 4096) as u32, output_bound(limits));
-        let facts = read_facts(&mut frames, limits, &mut scratch);
-        drop(frames);
-        // A child whose output the parent refused is ended by the parent; one whose output
-        // ended is waited for, bounded by the deadline, so a death from outside shows as such.
-        let refused = !matches!(facts, Ok(Facts::Complete(..) | Facts::Cut(_)));
-        let finished = child.finish(refused);
-        (pumper.join(), facts, finished)
+        let outcome = match confine::confirmed(&mut frames) {
+            Ok(true) => {
+                let facts = read_facts(&mut frames, limits, &mut scratch);
+                drop(frames);
+                // A child whose output the parent refused is ended by the parent; one whose
+                // output ended is waited for, bounded by the deadline, so a death from outside
+                // shows as such.
+                let refused = !matches!(facts, Ok(Facts::Complete(..) | Facts::Cut(_)));
+                Ok((facts, child.finish(refused, true)))
+            }
+            Ok(false) => {
+                drop(frames);
+                Err(child.unconfined())
+            }
+            Err(e) => {
+                drop(frames);
+                Err(format!(
+                    "cannot read the child's output: {e}; {}",
+                    child.unconfined()
+                ))
+            }
+        };
+        (pumper.join(), outcome)
     });
     let pumped = pumped.map_err(|_| IntakeError::Child("the pump thread panicked".into()))?;
+    let (facts, finished) = outcome.map_err(IntakeError::Child)?;
     let finished =
         finished.map_err(|e| IntakeError::Child(format!("cannot wait for the child: {e}")))?;
     if let Some(source) = pumped.failed {
@@ -398,6 +419,10 @@ pub fn ingest_confined(
         (Some(Ended::Infrastructure(why)), _) => Err(IntakeError::Child(finished.with_tail(&why))),
         (_, Facts::Refused(r)) => Err(IntakeError::Rejected(r)),
         (None | Some(Ended::Rejected), Facts::Rejected(r)) => Err(IntakeError::Rejected(r)),
+        // An end frame before the whole source was read is not a decoding of the source.
+        (Some(Ended::Done), Facts::Complete(..)) if !pumped.complete => Err(IntakeError::Rejected(
+            parser_rejection("the parser ended before reading its whole input"),
+        )),
         (Some(Ended::Done), Facts::Complete(files, staged)) => {
             check_committed(&pumped.sha256, committed)?;
             publish(store, files, staged, pumped.sha256)
