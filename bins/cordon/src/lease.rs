@@ -1829,17 +1829,7 @@ mod tests {
             .manager
             .begin_child("sha256:a", cordon_testkit::in_an_hour())
             .unwrap();
-        let kinds: Vec<&str> = lease
-            .record
-            .resources
-            .iter()
-            .map(|r| match r {
-                Resource::Account { .. } => "account",
-                Resource::RunDir { .. } => "run-dir",
-                _ => "other",
-            })
-            .collect();
-        assert_eq!(kinds, ["account", "run-dir"]);
+        assert_eq!(kinds(&lease.record), ["account", "run-dir"]);
         w.manager.release(&lease.record).unwrap();
         assert!(w.manager.records().unwrap().is_empty());
         assert!(
@@ -1853,7 +1843,7 @@ mod tests {
     }
 
     #[test]
-    fn a_parser_lease_left_by_a_crash_is_recovered_and_a_half_runtime_record_refused() {
+    fn a_parser_lease_left_by_a_crash_is_recovered() {
         let w = world();
         let lease = w
             .manager
@@ -1869,40 +1859,14 @@ mod tests {
         );
         assert!(!lease.run_dir().exists());
         assert!(w.manager.records().unwrap().is_empty());
-        // A record with a container but no cgroup is not one cordon writes.
-        let full = w
-            .manager
-            .begin("sha256:a", cordon_testkit::in_an_hour())
-            .unwrap();
-        let mut broken = full.record.clone();
-        broken
-            .resources
-            .retain(|r| !matches!(r, Resource::Cgroup { .. }));
-        let path = w.manager.record_path(&broken.lease);
-        fs::remove_file(&path).unwrap();
-        fs::write(&path, to_canonical_json(&broken).unwrap()).unwrap();
-        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
-        let e = w.manager.records().unwrap_err();
-        assert!(e.to_string().contains("cgroup"), "{e}");
     }
 
     #[test]
     fn parser_leases_share_the_executor_and_never_beside_a_sole_holder_or_a_recovery() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("store")).unwrap();
-        let setup = Setup {
-            executor: "shared".into(),
-            runtime: Runtime {
-                binary: "/usr/sbin/runc".into(),
-                state_root: dir.path().join("state"),
-                host: empty_host(),
-            },
-            run_root: dir.path().join("run"),
-            lock_dir: dir.path().join("locks"),
-            accounts: crate::account::tests::policy(),
-            cgroup_root: dir.path().join("cgroup"),
-            mountinfo: "/proc/self/mountinfo".into(),
-        };
+        // The world's executor, with its sole manager gone.
+        let World { _dir, manager, .. } = world();
+        let (store, setup) = (manager.store.clone(), manager.setup.clone());
+        drop(manager);
         let one = Manager::open_shared(&store, setup.clone()).unwrap();
         let two = Manager::open_shared(&store, setup.clone()).unwrap();
         assert!(
@@ -2025,21 +1989,8 @@ mod tests {
             .manager
             .begin_with("sha256:a", &["staging"], cordon_testkit::in_an_hour())
             .unwrap();
-        let kinds: Vec<&str> = lease
-            .record
-            .resources
-            .iter()
-            .map(|r| match r {
-                Resource::Account { .. } => "account",
-                Resource::RunDir { .. } => "run-dir",
-                Resource::Mount { .. } => "mount",
-                Resource::Cgroup { .. } => "cgroup",
-                Resource::Container { .. } => "container",
-                Resource::Device { .. } => "device",
-            })
-            .collect();
         assert_eq!(
-            kinds,
+            kinds(&lease.record),
             ["account", "run-dir", "mount", "cgroup", "container"]
         );
         lease.record.resources.push(Resource::Device {
@@ -2052,25 +2003,50 @@ mod tests {
         assert!(w.fake.calls().iter().any(|c| matches!(c, Call::Edit(_))));
     }
 
+    /// The kinds of a record's resources, in order.
+    fn kinds(record: &Record) -> Vec<&'static str> {
+        record
+            .resources
+            .iter()
+            .map(|r| match r {
+                Resource::Account { .. } => "account",
+                Resource::RunDir { .. } => "run-dir",
+                Resource::Mount { .. } => "mount",
+                Resource::Cgroup { .. } => "cgroup",
+                Resource::Container { .. } => "container",
+                Resource::Device { .. } => "device",
+            })
+            .collect()
+    }
+
+    /// Replace a lease's record with `record`, as a tampering or a future writer would.
+    fn overwrite_record(w: &World, record: &Record) {
+        let path = w.manager.record_path(&record.lease);
+        fs::remove_file(&path).unwrap();
+        fs::write(&path, to_canonical_json(record).unwrap()).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+    }
+
     #[test]
     fn a_record_without_exactly_one_of_each_required_resource_stops_recovery() {
-        let w = world();
-        let lease = w
-            .manager
-            .begin("sha256:a", cordon_testkit::in_an_hour())
-            .unwrap();
-        let mut broken = lease.record.clone();
-        broken
-            .resources
-            .retain(|r| !matches!(r, Resource::Container { .. }));
-        let path = w.manager.record_path(&broken.lease);
-        let mut p = fs::metadata(&path).unwrap().permissions();
-        p.set_mode(0o600);
-        fs::remove_file(&path).unwrap();
-        fs::write(&path, to_canonical_json(&broken).unwrap()).unwrap();
-        fs::set_permissions(&path, p).unwrap();
-        let e = w.manager.records().unwrap_err();
-        assert!(e.to_string().contains("container"), "{e}");
+        // A container without its cgroup, or a cgroup without its container: no record cordon
+        // writes (a parser child's lease has neither).
+        for (drop_kind, named) in [("container", "container"), ("cgroup", "cgroup")] {
+            let w = world();
+            let lease = w
+                .manager
+                .begin("sha256:a", cordon_testkit::in_an_hour())
+                .unwrap();
+            let mut broken = lease.record.clone();
+            broken.resources.retain(|r| match r {
+                Resource::Container { .. } => drop_kind != "container",
+                Resource::Cgroup { .. } => drop_kind != "cgroup",
+                _ => true,
+            });
+            overwrite_record(&w, &broken);
+            let e = w.manager.records().unwrap_err();
+            assert!(e.to_string().contains(named), "{e}");
+        }
     }
 
     #[test]

@@ -7,8 +7,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use std::io::Write;
-
-use cordon_testkit::EditOnce as _;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -61,19 +59,9 @@ fn main() {
     let sha = cordon::canonical::Digest::of_file(&tar_path).unwrap();
     let policy = dir.path().join("policy.kdl");
     // The parser child runs as a real account: this benchmark's own id block and deny files.
-    let (first, last) = cordon_testkit::account_range("fetch-bench", 0);
-    let quoted = |name: &str| format!("{:?}", dir.path().join(name).display().to_string());
-    let base = std::fs::read_to_string(
-        cordon_testkit::workspace_root().join("policy/examples/minimal.kdl"),
-    )
-    .unwrap()
-    .replace_once(
-        "    uid-range 3000000 3099999\n    gid-range 3000000 3099999\n",
-        &format!(
-            "    uid-range {first} {last}\n    gid-range {first} {last}\n    cron-deny {}\n    at-deny {}\n",
-            quoted("cron.deny"),
-            quoted("at.deny")
-        ),
+    let base = cordon_testkit::isolated_minimal_policy(
+        dir.path(),
+        cordon_testkit::account_range("fetch-bench", 0),
     );
     std::fs::write(
         &policy,

@@ -14,7 +14,6 @@ use cordon::canonical::Digest;
 use cordon::store::Store;
 use cordon_fetch::cli::{Args, run};
 use cordon_stage::args::{Diagnostics, LeaseArgs, StageArgs};
-use cordon_testkit::EditOnce;
 
 /// What the test server answers for a path.
 #[derive(Clone)]
@@ -139,20 +138,8 @@ fn pki() -> Pki {
 /// A policy for these tests: the minimal example plus an intake section, its run accounts in
 /// this test's own id block `slot` and its cron/at deny files in `dir`.
 fn policy(dir: &Path, slot: u32, transport: &str) -> PathBuf {
-    let (first, last) = cordon_testkit::account_range("fetch", slot);
-    let quoted = |name: &str| format!("{:?}", dir.join(name).display().to_string());
-    let base = std::fs::read_to_string(
-        cordon_testkit::workspace_root().join("policy/examples/minimal.kdl"),
-    )
-    .unwrap()
-    .replace_once(
-        "    uid-range 3000000 3099999\n    gid-range 3000000 3099999\n",
-        &format!(
-            "    uid-range {first} {last}\n    gid-range {first} {last}\n    cron-deny {}\n    at-deny {}\n",
-            quoted("cron.deny"),
-            quoted("at.deny")
-        ),
-    );
+    let base =
+        cordon_testkit::isolated_minimal_policy(dir, cordon_testkit::account_range("fetch", slot));
     let text = format!(
         "{base}\nintake {{\n    transport {{\n{transport}\n    }}\n    archive {{\n        max-archive-bytes \"1MiB\"\n    }}\n}}\n"
     );

@@ -111,6 +111,19 @@ pub fn rename_for(python_target: bool, delta: &Delta) -> Option<&str> {
     }
 }
 
+/// The rename `request` and its decoded manifest call for ([`rename_for`] on the target's kind).
+fn rename<'a>(request: &'a Request, delta: &'a Delta) -> Option<Rename<'a>> {
+    let python_target = request
+        .python_targets
+        .get(&delta.target)
+        .copied()
+        .unwrap_or(false);
+    rename_for(python_target, delta).map(|package| Rename {
+        package,
+        namespace: &request.namespace,
+    })
+}
+
 /// Answer a request: what the child runs once confined (and what tests run in process).
 ///
 /// # Errors
@@ -136,15 +149,7 @@ pub fn respond(request: &Request) -> std::io::Result<Answer> {
             });
         }
     };
-    let python_target = request
-        .python_targets
-        .get(&delta.target)
-        .copied()
-        .unwrap_or(false);
-    let rename = rename_for(python_target, &delta).map(|package| Rename {
-        package,
-        namespace: &request.namespace,
-    });
+    let rename = rename(request, &delta);
     let check = |s: &Source| {
         let c = python::check(&s.text, &s.path, &request.rules, rename);
         FileAnswer {
@@ -278,15 +283,7 @@ pub fn accept(request: &Request, answer: Answer) -> Result<Accepted, String> {
             answer.files.len()
         ));
     }
-    let python_target = request
-        .python_targets
-        .get(&delta.target)
-        .copied()
-        .unwrap_or(false);
-    let rename = rename_for(python_target, &delta).map(|package| Rename {
-        package,
-        namespace: &request.namespace,
-    });
+    let rename = rename(request, &delta);
     let mut files = Vec::new();
     for (source, a) in request.files.iter().zip(answer.files) {
         let mut findings = Vec::new();

@@ -133,6 +133,24 @@ pub fn isolated_policy(dir: &Path, (first, last): (u32, u32)) -> String {
     replace_once(&text, "\"/etc/at.deny\"", &quoted("at.deny"))
 }
 
+/// The minimal example policy's text (`policy/examples/minimal.kdl`) with its per-run account
+/// range moved to `range` and its cron/at deny files into `dir`.
+#[must_use]
+pub fn isolated_minimal_policy(dir: &Path, (first, last): (u32, u32)) -> String {
+    let text =
+        std::fs::read_to_string(workspace_root().join("policy/examples/minimal.kdl")).unwrap();
+    let quoted = |name: &str| format!("{:?}", dir.join(name).display().to_string());
+    replace_once(
+        &text,
+        "    uid-range 3000000 3099999\n    gid-range 3000000 3099999\n",
+        &format!(
+            "    uid-range {first} {last}\n    gid-range {first} {last}\n    cron-deny {}\n    at-deny {}\n",
+            quoted("cron.deny"),
+            quoted("at.deny")
+        ),
+    )
+}
+
 /// A host tool the tests run, from the environment variable `var` (default `default`), which
 /// must be an executable file: the test fails saying how to install it otherwise.
 #[must_use]
