@@ -195,12 +195,22 @@ struct Shared {
 
 /// The archive hash, computed on its own thread: the archive and the files inside it are both
 /// hashed, and on two cores the two passes then cost about one.
+/// Or no hash at all, for a reader whose caller hashes the bytes itself.
 struct ArchiveHasher {
     tx: Option<std::sync::mpsc::SyncSender<Vec<u8>>>,
     done: Option<std::thread::JoinHandle<Sha256>>,
+    enabled: bool,
 }
 
 impl ArchiveHasher {
+    fn off() -> Self {
+        Self {
+            tx: None,
+            done: None,
+            enabled: false,
+        }
+    }
+
     fn start() -> Self {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(8);
         let done = std::thread::Builder::new()
@@ -213,10 +223,17 @@ impl ArchiveHasher {
                 hasher
             })
             .ok();
-        Self { tx: Some(tx), done }
+        Self {
+            tx: Some(tx),
+            done,
+            enabled: true,
+        }
     }
 
     fn update(&mut self, bytes: &[u8]) -> io::Result<()> {
+        if !self.enabled {
+            return Ok(());
+        }
         let sent = match (&self.tx, &self.done) {
             (Some(tx), Some(_)) => tx.send(bytes.to_vec()).is_ok(),
             _ => false,
@@ -647,10 +664,49 @@ pub fn scan(
     limits: &ArchiveLimits,
     sink: &mut dyn Sink,
 ) -> Result<Scanned, ArchiveError> {
+    let (archive_sha256, archive_bytes, files, dirs) = walk(source, limits, sink, true)?;
+    Ok(Scanned {
+        archive_sha256: archive_sha256.ok_or_else(|| ArchiveError::Source {
+            source: io::Error::other("the archive was not hashed"),
+        })?,
+        archive_bytes,
+        files,
+        dirs,
+    })
+}
+
+/// [`scan`] without hashing anything: every rule checked, every file handed to `sink`, no
+/// digest computed — for the confined child, whose parent hashes every byte itself and trusts
+/// no digest the child could compute.
+///
+/// # Errors
+/// As [`scan`].
+pub fn check(
+    source: impl Read,
+    limits: &ArchiveLimits,
+    sink: &mut dyn Sink,
+) -> Result<(), ArchiveError> {
+    walk(source, limits, sink, false).map(|_| ())
+}
+
+/// What [`walk`] established: the archive's hash and size, its files (hashed ones only), its
+/// directories.
+type Walked = (Option<Digest>, u64, Vec<Member>, Vec<String>);
+
+fn walk(
+    source: impl Read,
+    limits: &ArchiveLimits,
+    sink: &mut dyn Sink,
+    hash: bool,
+) -> Result<Walked, ArchiveError> {
     let shared = Rc::new(Shared::default());
     let raw = Raw {
         inner: source,
-        hasher: ArchiveHasher::start(),
+        hasher: if hash {
+            ArchiveHasher::start()
+        } else {
+            ArchiveHasher::off()
+        },
         cap: limits.max_archive_bytes,
         shared: shared.clone(),
     };
@@ -842,7 +898,7 @@ pub fn scan(
                 continue;
             }
             let executable = mode & 0o111 != 0;
-            let mut hasher = Sha256::new();
+            let mut hasher = hash.then(Sha256::new);
             let sink_err = |source| ArchiveError::Sink {
                 path: path.clone(),
                 source,
@@ -854,7 +910,9 @@ pub fn scan(
                 if n == 0 {
                     break;
                 }
-                hasher.update(&buf[..n]);
+                if let Some(h) = hasher.as_mut() {
+                    h.update(&buf[..n]);
+                }
                 copied += n as u64;
                 out.write_all(&buf[..n]).map_err(sink_err)?;
             }
@@ -868,12 +926,14 @@ pub fn scan(
             }
             out.flush().map_err(sink_err)?;
             drop(out);
-            files.push(Member {
-                path,
-                executable,
-                size,
-                sha256: Digest::from_hasher(hasher),
-            });
+            if let Some(h) = hasher {
+                files.push(Member {
+                    path,
+                    executable,
+                    size,
+                    sha256: Digest::from_hasher(h),
+                });
+            }
         }
     }
     if pending.pax_path.is_some() || pending.long_name.is_some() || pending.pax_seen {
@@ -925,17 +985,17 @@ pub fn scan(
         Err(e) => return Err(classify(&shared, e, None)),
     }
     let raw = raw.into_inner();
-    let archive_sha256 = raw
-        .hasher
-        .finish()
-        .map_err(|source| ArchiveError::Source { source })?;
+    let archive_sha256 = if hash {
+        Some(
+            raw.hasher
+                .finish()
+                .map_err(|source| ArchiveError::Source { source })?,
+        )
+    } else {
+        None
+    };
     let dirs = admission.dirs();
-    Ok(Scanned {
-        archive_sha256,
-        archive_bytes: shared.raw_bytes.get(),
-        files,
-        dirs,
-    })
+    Ok((archive_sha256, shared.raw_bytes.get(), files, dirs))
 }
 
 #[cfg(test)]

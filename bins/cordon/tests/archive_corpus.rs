@@ -115,6 +115,26 @@ fn expect_rejected(name: &str, bytes: &[u8], code: &str) {
         before,
         "{name}: the store changed"
     );
+    // The confined child's walk, which hashes nothing, refuses it for the same reason.
+    match cordon::archive::check(bytes, &limits(), &mut Discard) {
+        Err(cordon::archive::ArchiveError::Rejected(r)) => {
+            assert_eq!(r.code, code, "{name}: the unhashed walk disagrees: {r}");
+        }
+        other => panic!("{name}: the unhashed walk did not reject: {other:?}"),
+    }
+}
+
+/// A sink that keeps nothing.
+struct Discard;
+
+impl cordon::archive::Sink for Discard {
+    fn file(&mut self, _: &str, _: bool, _: u64) -> std::io::Result<Box<dyn std::io::Write + '_>> {
+        Ok(Box::new(std::io::sink()))
+    }
+
+    fn dir(&mut self, _: &str) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 fn corpus() -> Vec<(&'static str, Vec<u8>, &'static str)> {
