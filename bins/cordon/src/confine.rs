@@ -201,6 +201,24 @@ impl Finished {
             Ended::Infrastructure(_) if self.at_cpu_limit => {
                 Ended::Broke("the parser was killed at its CPU hard limit".into())
             }
+            // After the marker the child can signal itself only through a fault (its filter
+            // admits SIGABRT alone), and only root can signal the run account: any signal but
+            // the ones an operator or the kernel sends to end a process is its own doing.
+            Ended::Infrastructure(why)
+                if self.confined
+                    && self.status.signal().is_some_and(|s| {
+                        ![
+                            Signal::SIGKILL,
+                            Signal::SIGTERM,
+                            Signal::SIGINT,
+                            Signal::SIGHUP,
+                        ]
+                        .iter()
+                        .any(|x| *x as i32 == s)
+                    }) =>
+            {
+                Ended::Broke(format!("{why}, after confining itself"))
+            }
             other => other,
         })
     }
@@ -294,9 +312,11 @@ impl Supervised {
             }
         }
         let _ = self.done.send(());
-        let deadline_kill = self.watchdog.join().unwrap_or(false);
+        let watchdog_killed = self.watchdog.join().unwrap_or(false);
         let at_cpu_limit = cpu_seconds(pid.as_raw()).is_some_and(|s| s >= self.cpu_limit);
         let status = self.child.wait()?;
+        // A watchdog that signalled a child which had already exited did not end it.
+        let deadline_kill = watchdog_killed && status.signal() == Some(Signal::SIGKILL as i32);
         let stderr = self.stderr.join().unwrap_or_default();
         Ok(Finished {
             status,
@@ -401,8 +421,11 @@ pub fn exchange(
         Ok(None) | Err(FrameError::Truncated) => Err(None),
         Err(FrameError::Broken(why)) => Err(Some(why)),
         Err(FrameError::Pipe(e)) => {
+            drop(frames);
+            let why = child.unconfined();
+            let _ = writer.join();
             return Err(ExchangeError::Infrastructure(format!(
-                "cannot read the child's answer: {e}"
+                "cannot read the child's answer: {e}; {why}"
             )));
         }
     };
@@ -712,9 +735,11 @@ pub fn run_child(spec: &Spec, parent: u32, parse: impl FnOnce(&str) -> i32) -> !
 /// (candidate-influenced bytes never drive the operator's terminal).
 #[must_use]
 pub fn printable(text: &str) -> String {
+    // Bidirectional and zero-width formatting characters too: they can disguise the text.
+    let format = |c: char| matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}');
     text.chars()
         .map(|c| {
-            if c.is_control() {
+            if c.is_control() || format(c) {
                 c.escape_default().to_string()
             } else {
                 c.to_string()
@@ -924,6 +949,49 @@ mod tests {
             let want = if upto < 15 { "truncated" } else { "broken" };
             assert_eq!(got, want, "{max_frame} {max_total} {upto}");
         }
+    }
+
+    #[test]
+    fn after_its_marker_a_childs_own_signals_and_unconfined_exit_are_its_fault() {
+        let end = |status: ExitStatus, confined: bool, at_cpu_limit: bool| {
+            Finished {
+                status,
+                deadline_kill: false,
+                parent_kill: false,
+                confined,
+                at_cpu_limit,
+                stderr: String::new(),
+            }
+            .ended()
+        };
+        let killed = |s: Signal| ExitStatus::from_raw(s as i32);
+        let broke = |e: Option<Ended>| matches!(e, Some(Ended::Broke(_)));
+        // A trap (int3 needs no system call) after the marker is the child's; before, not.
+        assert!(broke(end(killed(Signal::SIGTRAP), true, false)));
+        assert!(!broke(end(killed(Signal::SIGTRAP), false, false)));
+        // Exit 125 after the marker is the input's doing.
+        assert!(broke(end(ExitStatus::from_raw(125 << 8), true, false)));
+        assert!(!broke(end(ExitStatus::from_raw(125 << 8), false, false)));
+        // SIGKILL is an outside kill unless the CPU limit was used up.
+        assert!(!broke(end(killed(Signal::SIGKILL), true, false)));
+        assert!(broke(end(killed(Signal::SIGKILL), true, true)));
+        // The parent's own kill leaves the verdict to the output.
+        let parent = Finished {
+            status: killed(Signal::SIGKILL),
+            deadline_kill: false,
+            parent_kill: true,
+            confined: true,
+            at_cpu_limit: false,
+            stderr: String::new(),
+        };
+        assert_eq!(parent.ended(), None);
+    }
+
+    #[test]
+    fn printable_escapes_controls_and_direction_overrides() {
+        assert_eq!(printable("a\u{1b}[2Jb"), "a\\u{1b}[2Jb");
+        assert_eq!(printable("x\u{202e}y"), "x\\u{202e}y");
+        assert_eq!(printable("plain — ok"), "plain — ok");
     }
 
     #[test]

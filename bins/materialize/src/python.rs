@@ -196,17 +196,19 @@ pub fn apply(source: &str, edits: &[Edit], rename: Rename<'_>) -> Result<Option<
                     .bytes()
                     .all(|b| b == b'.' || b == b'_' || b.is_ascii_alphanumeric()));
         let ok = if e.start == e.end {
-            // Only at the end of the import statement a rename is in: nothing but names, dots,
-            // commas, spaces and line continuations since that rename, and a token boundary
+            // Only at the end of the logical line a rename is on: nothing but names, dots,
+            // commas, blanks and line continuations since that rename, and a token boundary
             // after (so it can never split a quote and turn a string into code).
             let between = renamed_to.and_then(|r| source.get(r..e.start));
             let after = source[e.start..].chars().next();
             e.replacement == format!("; {p} = {ns}")
                 && between.is_some_and(|b| {
-                    b.bytes()
-                        .all(|c| c.is_ascii_alphanumeric() || b"_., \t\\\r\n".contains(&c))
+                    let joined = b.replace("\\\r\n", "").replace("\\\n", "");
+                    joined
+                        .chars()
+                        .all(|c| c.is_alphanumeric() || "_., \t\x0c".contains(c))
                 })
-                && after.is_none_or(|c| "\n\r;# \t".contains(c))
+                && after.is_none_or(|c| "\n\r;# \t\x0c".contains(c))
         } else {
             dotted
                 && (e.replacement == format!("{ns}{}", &original[p.len()..])

@@ -238,6 +238,27 @@ import fast_attn
         python::apply(in_string, &hostile, r).is_err(),
         "an insertion before a quote"
     );
+    // Nor on a later line than its rename (which would continue the next statement).
+    let comment = "# fast_attn\nx (y)\n";
+    let later = [
+        edit(2, 11, "cordon_c_0123456789ab"),
+        edit(13, 13, "; fast_attn = cordon_c_0123456789ab"),
+    ];
+    assert!(python::apply(comment, &later, r).is_err(), "a later line");
+    // Honest spellings the check renames are admitted: non-ASCII names, a form feed, a
+    // continuation.
+    for own in [
+        "import fast_attn.k, données\n",
+        "import fast_attn.k\x0c\n",
+        "import fast_attn.k, \\\n    os\n",
+    ] {
+        let c = check(own, "t.py", &rules(false), Some(r));
+        assert!(
+            python::apply(own, &c.edits, r).unwrap().is_some(),
+            "{own:?}: {:?}",
+            c.edits
+        );
+    }
 }
 
 #[test]

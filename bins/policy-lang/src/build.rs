@@ -1863,21 +1863,24 @@ fn steps_inside_image(cx: &mut Cx, step_nodes: &[&KdlNode], stages: &BTreeMap<St
             let Some(text) = entry.value().as_string() else {
                 continue;
             };
-            // The working directory is `/`, so a relative path names what `/` + it names; and a
-            // path inside a longer argument (`-c` scripts, `--opt=/path`) names it too.
+            // The working directory is `/`, so a relative path (one with a `/`) names what `/` +
+            // it names; and a path inside a longer argument (`-c` scripts, `--opt=/path`) names
+            // it too, where it starts and ends at a path boundary.
+            let path_like = text.contains('/');
             let clean = lexical(&format!("/{}", text.trim_start_matches('/')));
+            let part = |c: char| c.is_ascii_alphanumeric() || "_.-/".contains(c);
             let inside = |p: &str| {
                 text.match_indices(p).any(|(i, _)| {
-                    text[i + p.len()..]
-                        .chars()
-                        .next()
-                        .is_none_or(|c| !(c.is_ascii_alphanumeric() || "_.-".contains(c)))
+                    text[..i].chars().next_back().is_none_or(|c| !part(c))
+                        && text[i + p.len()..]
+                            .chars()
+                            .next()
+                            .is_none_or(|c| c == '/' || !part(c))
                 })
             };
-            if let Some(under) = provided
-                .iter()
-                .find(|p| clean == **p || clean.starts_with(&format!("{p}/")) || inside(p))
-            {
+            if let Some(under) = provided.iter().find(|p| {
+                (path_like && (clean == **p || clean.starts_with(&format!("{p}/")))) || inside(p)
+            }) {
                 cx.report(
                     "outside-image",
                     entry.span(),
