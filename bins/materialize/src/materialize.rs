@@ -434,7 +434,15 @@ pub fn materialize(
             ));
             continue;
         }
-        let bytes = store.read_object(&f.sha256, f.executable)?;
+        // A UTF-8 Python file was read for the analysis already; any other file is read here.
+        let read;
+        let bytes: &[u8] = match python_texts.get(f.path.as_str()) {
+            Some(Some(text)) => text.as_bytes(),
+            _ => {
+                read = store.read_object(&f.sha256, f.executable)?;
+                &read
+            }
+        };
         guard::check_file(
             &FileFacts {
                 path: &f.path,
