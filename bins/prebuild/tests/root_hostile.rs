@@ -13,9 +13,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::Read;
 use std::net::{TcpListener, UdpSocket};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use cordon::canonical::Digest;
@@ -25,7 +24,7 @@ use cordon::store::Store;
 use cordon::tree::{self, PUBLICATIONS};
 use cordon_prebuild::prebuild::{Config, Outcome, Published, prebuild};
 use cordon_testkit::EditOnce as _;
-use cordon_testkit::{require_executable, workspace_root};
+use cordon_testkit::{compile_static, workspace_root};
 
 struct Env {
     dir: tempfile::TempDir,
@@ -532,37 +531,10 @@ fn secrets_environment_and_inherited_descriptors_stay_out() {
     );
 }
 
-/// Compile `source` statically on the host into `dir/name`.
-fn compile_probe(dir: &Path, name: &str, source: &str) -> PathBuf {
-    require_executable(
-        Path::new("/usr/bin/gcc"),
-        "apt-get install -y gcc libc6-dev",
-    );
-    let src = dir.join(format!("{name}.c"));
-    std::fs::write(&src, source).unwrap();
-    let bin = dir.join(name);
-    let out = Command::new("gcc")
-        .args(["-static", "-O1", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "cannot build the probe: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut f = std::fs::File::open(&bin).unwrap();
-    let mut head = [0u8; 4];
-    f.read_exact(&mut head).unwrap();
-    assert_eq!(&head, b"\x7fELF");
-    bin
-}
-
 #[test]
 fn blocked_system_calls_and_socket_families_fail_with_eperm() {
     let e = env(6);
-    let bin = compile_probe(e.dir.path(), "probe", PROBE);
+    let bin = compile_static(e.dir.path(), "probe", PROBE);
     let (_, o) = build(&e, "/engine/probe > $out/r 2>&1", &[("probe", &bin)]);
     let r = published(&e, &o, "r");
     for name in [
@@ -657,7 +629,7 @@ fn argument_conditions_hold_at_every_boundary_and_with_high_bits_set() {
             1,
         )
     });
-    let bin = compile_probe(e.dir.path(), "args", ARG_PROBE);
+    let bin = compile_static(e.dir.path(), "args", ARG_PROBE);
     let (_, o) = build(&e, "/engine/args > $out/r 2>&1", &[("args", &bin)]);
     let r = published(&e, &o, "r");
     let expect = [

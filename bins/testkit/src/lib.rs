@@ -64,7 +64,7 @@ pub fn require_root(why: &str) {
 /// gets its own block of ids, so tests running side by side — and the recovery that removes
 /// orphans in a range — never meet each other's accounts or the host's (the blocks lie above the
 /// default policy's 3000000..=3099999).
-const ACCOUNT_OWNERS: [&str; 12] = [
+const ACCOUNT_OWNERS: [&str; 13] = [
     "cordon-lease",
     "prebuild-hostile",
     "prebuild-bench",
@@ -77,6 +77,7 @@ const ACCOUNT_OWNERS: [&str; 12] = [
     "fetch",
     "materialize",
     "fetch-bench",
+    "stage-ablation",
 ];
 
 /// The first id of the account blocks.
@@ -204,6 +205,49 @@ pub fn bare_runc_run(state_root: &Path, bundle: &Path, id: &str) -> std::time::D
         bundle.display()
     );
     took
+}
+
+/// Compile the C program `source` statically on the host into `dir/name`: the probes tests
+/// place inside containers (no library of the image is needed, and the probe does exactly the
+/// system calls it names).
+///
+/// # Panics
+/// gcc or the static C library is missing, or the program does not compile.
+#[must_use]
+pub fn compile_static(dir: &Path, name: &str, source: &str) -> PathBuf {
+    require_executable(
+        Path::new("/usr/bin/gcc"),
+        "apt-get install -y gcc libc6-dev",
+    );
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source).unwrap();
+    let bin = dir.join(name);
+    let out = std::process::Command::new("gcc")
+        .args(["-static", "-O1", "-Wall", "-Werror", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cannot build the probe {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let head = std::fs::read(&bin).unwrap();
+    assert!(
+        head.starts_with(b"\x7fELF"),
+        "{} is not an ELF",
+        bin.display()
+    );
+    bin
+}
+
+/// The attempt program (`probes/attempt.c`), compiled statically into `dir/attempt`: one
+/// attempt per invocation (`attempt NAME ARGS…` prints `NAME=ok` or `NAME=blocked:WHY`), the
+/// probe the ablation suite and the hostile tests place inside containers.
+#[must_use]
+pub fn attempt_program(dir: &Path) -> PathBuf {
+    compile_static(dir, "attempt", include_str!("../probes/attempt.c"))
 }
 
 /// The median of some durations.

@@ -1,0 +1,686 @@
+//! The ablation suite: each containment control of the prebuild stage, proved by an attempt from
+//! inside that the planned bundle must block **and** that must succeed when exactly that control
+//! is taken away. A probe blocked both ways is *confounded* (something else stopped it, so it
+//! proves nothing about its control) and fails the test, as does one the plan does not block.
+//!
+//! Every run is a real [`Session`] (lease, account, host mounts, runc, release, absence check)
+//! of the default policy, pinned to a test image. The only difference between the two runs of a
+//! control is a test-only transformation applied at the host seam, never a switch in product
+//! code: [`Ablating`] wraps the real host and, when the session spawns `runc create`, rewrites
+//! the bundle's `config.json` (or, for the host-mounted bounds, drops the size options of one
+//! tmpfs mount). Where a control can only be removed together with another (the kernel refuses
+//! the bundle otherwise) the ablation says so.
+//!
+//! The attempts are one static C program (testkit's `probes/attempt.c`), so a probe depends on
+//! no applet name or library of the image, and each target is made usable by the run account
+//! first (a world-writable file in the read-only root, a writable file in the read-only tree), so
+//! permissions cannot stand in for the control. This property is part of cordon's proof (README,
+//! "What the tests prove").
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use cordon::container::Input;
+use cordon::host::{DeviceNode, Host, Linux, MountRequest, Tool, ToolOutput};
+use cordon::image::{self, ImageSpec};
+use cordon::lease::Manager;
+use cordon::store::Store;
+use cordon_policy_lang::{MountSource, StageKind};
+use cordon_stage::session::{Job, Session, SessionError};
+use cordon_testkit::EditOnce as _;
+use serde_json::{Value, json};
+
+/// A world-writable file of the image (made so after unpacking): only a read-only root stops a
+/// write to it.
+const WRITABLE: &str = "/probe/writable";
+/// A file only root may read: only the per-run account stops a read of it.
+const SECRET: &str = "/probe/secret";
+/// The set-user-id-root copy of the attempt program.
+const SETUID: &str = "/bin/attempt-suid";
+
+/// One way to take a control away.
+#[derive(Clone, Copy)]
+enum Ablation {
+    /// Rewrite the bundle's `config.json`.
+    Bundle(fn(&mut Value)),
+    /// Mount the lease's tmpfs whose mount point ends with this name without its size and inode
+    /// bounds.
+    Unbounded(&'static str),
+}
+
+/// One control: the attempts that prove it, what the plan must answer, and its removal.
+struct Control {
+    name: &'static str,
+    /// Shell lines running `/bin/attempt …`; each prints one `NAME=…` line.
+    attempts: String,
+    /// The exact output of the attempts under the planned bundle.
+    planned: &'static str,
+    ablation: Ablation,
+}
+
+/// The real host, with one test-only transformation at the seam.
+#[derive(Debug)]
+struct Ablating {
+    ablation: Mutex<Option<AblationBox>>,
+    applied: Mutex<u32>,
+}
+
+#[derive(Clone, Copy)]
+struct AblationBox(Ablation);
+
+impl std::fmt::Debug for AblationBox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ablation")
+    }
+}
+
+impl Ablating {
+    fn new(ablation: Option<Ablation>) -> Self {
+        Self {
+            ablation: Mutex::new(ablation.map(AblationBox)),
+            applied: Mutex::new(0),
+        }
+    }
+
+    fn ablation(&self) -> Option<Ablation> {
+        self.ablation.lock().unwrap().map(|a| a.0)
+    }
+
+    /// Before `runc create`: make the tree's file writable by anyone (so only the read-only
+    /// bind can refuse a write), then apply a bundle ablation.
+    fn prepare(&self, bundle: &Path) {
+        let path = bundle.join("config.json");
+        let mut config: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let engine = mount_mut(&mut config, "/engine")["source"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        std::fs::set_permissions(
+            Path::new(&engine).join("build.sh"),
+            std::fs::Permissions::from_mode(0o666),
+        )
+        .unwrap();
+        if let Some(Ablation::Bundle(f)) = self.ablation() {
+            f(&mut config);
+            *self.applied.lock().unwrap() += 1;
+        }
+        std::fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
+    }
+}
+
+impl Host for Ablating {
+    fn run(&self, tool: &Tool) -> io::Result<ToolOutput> {
+        Linux.run(tool)
+    }
+    fn spawn(&self, tool: &Tool, stdin: bool) -> io::Result<Child> {
+        if let Some(i) = tool.args.iter().position(|a| a == "--bundle")
+            && tool.args.iter().any(|a| a == "create")
+        {
+            self.prepare(Path::new(&tool.args[i + 1]));
+        }
+        Linux.spawn(tool, stdin)
+    }
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+        Linux.read(path)
+    }
+    fn mount(&self, request: &MountRequest) -> io::Result<()> {
+        match (self.ablation(), request) {
+            (Some(Ablation::Unbounded(name)), MountRequest::Tmpfs { target, options })
+                if target.file_name().is_some_and(|n| n == name) =>
+            {
+                let options = options
+                    .split(',')
+                    .filter(|o| !o.starts_with("size=") && !o.starts_with("nr_inodes="))
+                    .collect::<Vec<_>>()
+                    .join(",");
+                *self.applied.lock().unwrap() += 1;
+                Linux.mount(&MountRequest::Tmpfs {
+                    target: target.clone(),
+                    options,
+                })
+            }
+            _ => Linux.mount(request),
+        }
+    }
+    fn unmount(&self, target: &Path) -> io::Result<()> {
+        Linux.unmount(target)
+    }
+    fn remove_dir(&self, path: &Path) -> io::Result<()> {
+        Linux.remove_dir(path)
+    }
+    fn list_dir(&self, path: &Path) -> io::Result<Vec<String>> {
+        Linux.list_dir(path)
+    }
+    fn device(&self, path: &Path) -> io::Result<DeviceNode> {
+        Linux.device(path)
+    }
+    fn edit_file(&self, path: &Path, edit: &dyn Fn(&str) -> Option<String>) -> io::Result<()> {
+        Linux.edit_file(path, edit)
+    }
+}
+
+/// The bundle's mount at `destination`.
+fn mount_mut<'a>(config: &'a mut Value, destination: &str) -> &'a mut Value {
+    config["mounts"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|m| m["destination"] == destination)
+        .unwrap_or_else(|| panic!("no {destination} mount planned"))
+}
+
+/// Replace mount option `from` of the mount at `destination` by `to` (or drop it).
+fn mount_option(config: &mut Value, destination: &str, from: &str, to: Option<&str>) {
+    let options = mount_mut(config, destination)["options"]
+        .as_array_mut()
+        .unwrap();
+    let at = options
+        .iter()
+        .position(|o| o == from)
+        .unwrap_or_else(|| panic!("{destination} has no option {from}"));
+    match to {
+        Some(to) => options[at] = json!(to),
+        None => {
+            options.remove(at);
+        }
+    }
+}
+
+/// Remove `key` from the object at `pointer`, which must hold it.
+fn remove(config: &mut Value, pointer: &str, key: &str) {
+    let removed = config
+        .pointer_mut(pointer)
+        .and_then(Value::as_object_mut)
+        .and_then(|o| o.remove(key));
+    assert!(removed.is_some(), "the bundle has no {pointer}/{key}");
+}
+
+/// Add `cap` to each of the capability `sets`.
+fn grant(config: &mut Value, cap: &str, sets: &[&str]) {
+    for set in sets {
+        config["process"]["capabilities"][set]
+            .as_array_mut()
+            .unwrap()
+            .push(json!(cap));
+    }
+}
+
+/// Drop the namespace `kind` from the bundle.
+fn share_namespace(config: &mut Value, kind: &str) {
+    let spaces = config["linux"]["namespaces"].as_array_mut().unwrap();
+    let before = spaces.len();
+    spaces.retain(|n| n["type"] != kind);
+    assert_eq!(spaces.len() + 1, before, "no {kind} namespace planned");
+}
+
+/// Drop the argument conditions of the seccomp rules for `syscall`.
+fn unconditional(config: &mut Value, syscall: &str) {
+    let mut n = 0;
+    for rule in config["linux"]["seccomp"]["syscalls"]
+        .as_array_mut()
+        .unwrap()
+    {
+        if rule["names"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s == syscall)
+        {
+            n += usize::from(rule.as_object_mut().unwrap().remove("args").is_some());
+        }
+    }
+    assert!(n > 0, "no conditional rule for {syscall}");
+}
+
+struct World {
+    dir: tempfile::TempDir,
+    store: Store,
+    layout: PathBuf,
+    digest: cordon::Digest,
+    tree: PathBuf,
+}
+
+/// The test image: a shell, the attempt program and its set-user-id copy, and the probe files;
+/// unpacked, with the modes no image may carry set on the test's own cached copy.
+fn world() -> World {
+    cordon_testkit::require_root("the ablation suite runs real containers and accounts");
+    let _ = cordon_testkit::runc();
+    let busybox = cordon_testkit::busybox();
+    let dir = tempfile::tempdir().unwrap();
+    let attempt = cordon_testkit::attempt_program(dir.path());
+    let store = Store::open(&dir.path().join("store")).unwrap();
+    let mut spec = ImageSpec {
+        name: "ablation".into(),
+        files: Default::default(),
+        dirs: Default::default(),
+        env: vec!["PATH=/bin".into()],
+        entrypoint: vec!["/bin/sh".into()],
+        workdir: None,
+    };
+    spec.files.insert("/bin/sh".into(), (busybox, 0o555));
+    for (path, mode) in [("/bin/attempt", 0o555), (SETUID, 0o555), (WRITABLE, 0o444)] {
+        spec.files.insert(path.into(), (attempt.clone(), mode));
+    }
+    spec.files.insert(SECRET.into(), (attempt.clone(), 0o444));
+    for d in ["/dev", "/proc", "/tmp", "/engine", "/staging", "/sys"] {
+        spec.dirs.insert(d.into(), 0o755);
+    }
+    let layout = dir.path().join("layout");
+    let digest = image::build(&spec, &layout).unwrap();
+    let rootfs = image::unpack(&store, &layout, &digest).unwrap();
+    for (path, mode) in [(WRITABLE, 0o666), (SECRET, 0o400), (SETUID, 0o4555)] {
+        let file = rootfs.join(path.trim_start_matches('/'));
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let tree = dir.path().join("tree");
+    std::fs::create_dir_all(&tree).unwrap();
+    std::fs::write(tree.join("build.sh"), "echo tree\n").unwrap();
+    World {
+        dir,
+        store,
+        layout,
+        digest,
+        tree,
+    }
+}
+
+/// The default policy pinned to the test image, with the bounds the resource attempts meet
+/// made small (each still planned by the planner from the policy, not patched in the bundle).
+fn policy(w: &World, slot: u32) -> cordon_policy_lang::Policy {
+    let ids = cordon_testkit::account_range("stage-ablation", slot);
+    let text = cordon_testkit::isolated_policy(w.dir.path(), ids)
+        .replace_once(
+            "image \"prebuild\" digest=\"sha256:90f5a0d82828426b1382ad80947b38bdd0ca6200f11620cbfbaa788d8ebc4de1\"",
+            &format!("image \"prebuild\" digest=\"{}\"", w.digest),
+        )
+        .replace_once("    cpus 4\n", "    cpus \"0.1\"\n")
+        .replace_once("memory \"8GiB\"", "memory \"256MiB\"")
+        .replace_once("pids 1024", "pids 48")
+        .replace_once(
+            "staging size=\"4GiB\" inodes=200000",
+            "staging size=\"1MiB\" inodes=64",
+        )
+        .replace_once("tmp size=\"1GiB\" exec=#false", "tmp size=\"8MiB\" exec=#false");
+    cordon_policy_lang::parse("ablation.kdl", &text).unwrap()
+}
+
+/// Run `attempts` in one session of the prebuild stage, with `ablation` applied at the host
+/// seam, and return the attempt lines. Afterwards the executor must be quiescent.
+fn run(w: &World, slot: u32, ablation: Option<Ablation>, attempts: &str) -> String {
+    let policy = policy(w, slot);
+    let host = std::sync::Arc::new(Ablating::new(ablation));
+    let mut setup = cordon_stage::settings::lease_setup(
+        &policy,
+        &format!("ablation-{slot}"),
+        &w.dir.path().join("state"),
+        w.dir.path().join("run"),
+    );
+    setup.runtime.binary = cordon_testkit::runc();
+    setup.runtime.host = host.clone();
+    Manager::open(&w.store, setup.clone())
+        .unwrap()
+        .recover()
+        .unwrap();
+    let session = Session {
+        policy: &policy,
+        kind: StageKind::Prebuild,
+        store: w.store.clone(),
+        setup: setup.clone(),
+        authority: cordon::Digest::of_bytes(b"ablation-test"),
+        runtime_version: cordon::identity::probe_runtime(
+            &Linux,
+            "runc",
+            &setup.runtime.binary,
+            None,
+        )
+        .unwrap()
+        .version,
+    };
+    let job = Job {
+        argv: vec!["/bin/sh".into(), "-c".into(), attempts.into()],
+        image_rootfs: image::unpack(&w.store, &w.layout, &w.digest).unwrap(),
+        sources: [(MountSource::Tree, w.tree.clone())].into(),
+        stdin: Input::Null,
+        live_stdout: false,
+        live_stderr: false,
+        started: Instant::now(),
+    };
+    let ran = session
+        .run(
+            &job,
+            |_, _| Ok::<_, SessionError>(()),
+            |_, _, finished| {
+                Ok::<_, SessionError>(String::from_utf8_lossy(&finished.stdout).into_owned())
+            },
+        )
+        .unwrap();
+    if ablation.is_some() {
+        assert_eq!(
+            *host.applied.lock().unwrap(),
+            1,
+            "the ablation was not applied exactly once"
+        );
+    }
+    assert!(
+        Manager::open(&w.store, setup)
+            .unwrap()
+            .check()
+            .unwrap()
+            .is_empty(),
+        "not quiescent after {attempts:?}"
+    );
+    ran.inspected
+}
+
+/// Prove each control: blocked as planned, unblocked with only it removed. Every failure is
+/// collected, so one run names every confounded or unblocked probe.
+fn prove(slot: u32, controls: &[Control]) {
+    let w = world();
+    let mut failures = Vec::new();
+    for c in controls {
+        let planned = run(&w, slot, None, &c.attempts);
+        if planned != c.planned {
+            failures.push(format!(
+                "{}: the planned bundle must answer\n{}but answered\n{planned}",
+                c.name, c.planned
+            ));
+        }
+        let ablated = run(&w, slot, Some(c.ablation), &c.attempts);
+        let lines: Vec<&str> = ablated.lines().collect();
+        if lines.len() != c.planned.lines().count() || !lines.iter().all(|l| l.ends_with("=ok")) {
+            failures.push(format!(
+                "{}: confounded — with only this control removed the attempts still fail, so \
+                 they prove nothing about it:\n{ablated}",
+                c.name
+            ));
+        }
+    }
+    // Outside: the tree the leases copied is unchanged, whatever was written to their copies.
+    assert_eq!(
+        std::fs::read_to_string(w.tree.join("build.sh")).unwrap(),
+        "echo tree\n"
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn filesystem_controls_are_each_proved_by_ablation() {
+    // Masked files are read only where the host has content to show.
+    for f in [
+        "/proc/cmdline",
+        "/proc/interrupts",
+        "/proc/key-users",
+        "/proc/sys/kernel/random/boot_id",
+    ] {
+        assert!(
+            !std::fs::read(f).unwrap().is_empty(),
+            "{f} is empty on this host: the masked-path attempt proves nothing"
+        );
+    }
+    // Read-only paths are looked for where the host has them (this kernel has no sysrq).
+    for d in ["/proc/sys", "/proc/fs", "/proc/irq", "/proc/bus"] {
+        assert!(
+            Path::new(d).is_dir(),
+            "{d} is missing on this host: the read-only-path observation proves nothing"
+        );
+    }
+    prove(
+        0,
+        &[
+            Control {
+                name: "read-only root",
+                attempts: "/bin/attempt write /probe/writable".into(),
+                planned: "write=blocked:30\n",
+                ablation: Ablation::Bundle(|c| c["root"]["readonly"] = json!(false)),
+            },
+            Control {
+                name: "read-only tree bind",
+                attempts: "/bin/attempt write /engine/build.sh".into(),
+                planned: "write=blocked:30\n",
+                ablation: Ablation::Bundle(|c| mount_option(c, "/engine", "ro", Some("rw"))),
+            },
+            Control {
+                name: "noexec /tmp",
+                attempts: "/bin/attempt exec /tmp".into(),
+                planned: "exec=blocked:13\n",
+                ablation: Ablation::Bundle(|c| mount_option(c, "/tmp", "noexec", None)),
+            },
+            Control {
+                name: "masked paths",
+                attempts: "for f in /proc/cmdline /proc/interrupts /proc/key-users \
+                           /proc/sys/kernel/random/boot_id; do /bin/attempt masked $f; done"
+                    .into(),
+                planned: "masked=blocked:0\nmasked=blocked:0\nmasked=blocked:0\nmasked=blocked:0\n",
+                ablation: Ablation::Bundle(|c| c["linux"]["maskedPaths"] = json!([])),
+            },
+            Control {
+                name: "read-only paths (the mount table: no uid but 0 can write there)",
+                attempts: "for p in /proc/sys /proc/fs /proc/irq /proc/bus; do \
+                           /bin/attempt ro-mount $p; done"
+                    .into(),
+                planned: "ro-mount=blocked:0\nro-mount=blocked:0\nro-mount=blocked:0\nro-mount=blocked:0\n",
+                ablation: Ablation::Bundle(|c| c["linux"]["readonlyPaths"] = json!([])),
+            },
+            Control {
+                name: "the per-run account",
+                attempts: "/bin/attempt read /probe/secret".into(),
+                planned: "read=blocked:13\n",
+                ablation: Ablation::Bundle(|c| {
+                    c["process"]["user"] = json!({"uid": 0, "gid": 0, "additionalGids": []});
+                }),
+            },
+        ],
+    );
+}
+
+#[test]
+fn privilege_controls_are_each_proved_by_ablation() {
+    prove(
+        1,
+        &[
+            Control {
+                name: "no-new-privileges",
+                attempts: "/bin/attempt setuid /bin/attempt-suid".into(),
+                planned: "setuid=blocked:1\n",
+                ablation: Ablation::Bundle(|c| c["process"]["noNewPrivileges"] = json!(false)),
+            },
+            Control {
+                name: "empty bounding set",
+                attempts: "/bin/attempt cap CapBnd".into(),
+                planned: "cap=blocked:0\n",
+                ablation: Ablation::Bundle(|c| grant(c, "CAP_CHOWN", &["bounding"])),
+            },
+            Control {
+                // The kernel admits an inheritable capability only from the bounding set.
+                name: "empty inheritable set (with the bounding set it needs)",
+                attempts: "/bin/attempt cap CapInh".into(),
+                planned: "cap=blocked:0\n",
+                ablation: Ablation::Bundle(|c| grant(c, "CAP_CHOWN", &["bounding", "inheritable"])),
+            },
+            Control {
+                // A non-root process keeps after execve only what is ambient, and ambient needs
+                // the capability permitted and inheritable: the sets fall together.
+                name: "empty ambient, effective and permitted sets",
+                attempts: "/bin/attempt chown /tmp; /bin/attempt cap CapEff; \
+                           /bin/attempt cap CapPrm; /bin/attempt cap CapAmb"
+                    .into(),
+                planned: "chown=blocked:1\ncap=blocked:0\ncap=blocked:0\ncap=blocked:0\n",
+                ablation: Ablation::Bundle(|c| {
+                    grant(
+                        c,
+                        "CAP_CHOWN",
+                        &[
+                            "bounding",
+                            "inheritable",
+                            "permitted",
+                            "effective",
+                            "ambient",
+                        ],
+                    );
+                }),
+            },
+        ],
+    );
+}
+
+#[test]
+fn seccomp_rule_classes_are_each_proved_by_ablation() {
+    prove(
+        2,
+        &[
+            Control {
+                name: "default action (a call no capability gates)",
+                attempts: "/bin/attempt syscall".into(),
+                planned: "syscall=blocked:1\n",
+                ablation: Ablation::Bundle(|c| {
+                    c["linux"]["seccomp"]["defaultAction"] = json!("SCMP_ACT_ALLOW");
+                }),
+            },
+            Control {
+                name: "socket family condition",
+                attempts: "/bin/attempt socket".into(),
+                planned: "socket=blocked:1\n",
+                ablation: Ablation::Bundle(|c| unconditional(c, "socket")),
+            },
+            Control {
+                name: "clone flag condition",
+                attempts: "/bin/attempt clone".into(),
+                planned: "clone=blocked:1\n",
+                ablation: Ablation::Bundle(|c| unconditional(c, "clone")),
+            },
+            Control {
+                name: "architecture (an i386 call is killed)",
+                attempts: "/bin/attempt arch".into(),
+                planned: "arch=blocked:1031\n",
+                ablation: Ablation::Bundle(|c| {
+                    c["linux"]["seccomp"]["architectures"]
+                        .as_array_mut()
+                        .unwrap()
+                        .push(json!("SCMP_ARCH_X86"));
+                }),
+            },
+        ],
+    );
+}
+
+#[test]
+fn resource_limits_are_each_proved_by_ablation() {
+    prove(
+        3,
+        &[
+            Control {
+                name: "pids limit",
+                attempts: "/bin/attempt pids 64".into(),
+                planned: "pids=blocked:11\n",
+                ablation: Ablation::Bundle(|c| remove(c, "/linux/resources", "pids")),
+            },
+            Control {
+                name: "memory limit",
+                attempts: "/bin/attempt memory 384".into(),
+                planned: "memory=blocked:1009\n",
+                ablation: Ablation::Bundle(|c| remove(c, "/linux/resources", "memory")),
+            },
+            Control {
+                name: "CPU quota",
+                attempts: "/bin/attempt cpu 150 700".into(),
+                planned: "cpu=blocked:0\n",
+                ablation: Ablation::Bundle(|c| remove(c, "/linux/resources", "cpu")),
+            },
+            Control {
+                name: "staging bytes and inodes",
+                attempts: "/bin/attempt fill /staging/big 2097152; /bin/attempt files /staging 100"
+                    .into(),
+                planned: "fill=blocked:28\nfiles=blocked:28\n",
+                ablation: Ablation::Unbounded("staging"),
+            },
+            Control {
+                name: "tmp bytes",
+                attempts: "/bin/attempt fill /tmp/big 16777216".into(),
+                planned: "fill=blocked:28\n",
+                ablation: Ablation::Unbounded("tmp"),
+            },
+        ],
+    );
+}
+
+/// Removes the host's shared memory segment it made, whatever the test's outcome.
+struct Segment(String);
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ipcrm")
+            .args(["-m", &self.0])
+            .status();
+    }
+}
+
+#[test]
+fn namespaces_and_the_environment_are_each_proved_by_ablation() {
+    // The host listens on its loopback; the host holds a world-readable System V segment; the
+    // supervisor's environment holds a variable the container must never see.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    cordon_testkit::require_executable(
+        Path::new("/usr/bin/ipcmk"),
+        "apt-get install -y util-linux",
+    );
+    let made = std::process::Command::new("ipcmk")
+        .args(["-M", "4096", "-p", "0666"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&made.stdout);
+    let segment = Segment(
+        text.trim()
+            .rsplit(' ')
+            .next()
+            .filter(|id| id.parse::<u32>().is_ok())
+            .unwrap_or_else(|| panic!("ipcmk made no segment: {text}"))
+            .to_owned(),
+    );
+    assert!(
+        std::env::var_os("CARGO_MANIFEST_DIR").is_some(),
+        "the supervisor's environment has no CARGO_MANIFEST_DIR to leak: run under cargo"
+    );
+    prove(
+        4,
+        &[
+            Control {
+                name: "network none",
+                attempts: format!("/bin/attempt connect {port}"),
+                planned: "connect=blocked:111\n",
+                ablation: Ablation::Bundle(|c| share_namespace(c, "network")),
+            },
+            Control {
+                name: "private IPC namespace",
+                attempts: format!("/bin/attempt shm {}", segment.0),
+                planned: "shm=blocked:22\n",
+                ablation: Ablation::Bundle(|c| share_namespace(c, "ipc")),
+            },
+            Control {
+                name: "the environment is the policy's, not the supervisor's",
+                attempts: "/bin/attempt env CARGO_MANIFEST_DIR".into(),
+                planned: "env=blocked:0\n",
+                ablation: Ablation::Bundle(|c| {
+                    let env = c["process"]["env"].as_array_mut().unwrap();
+                    env.extend(std::env::vars().map(|(k, v)| json!(format!("{k}={v}"))));
+                }),
+            },
+        ],
+    );
+    // Outside: exactly one connection reached the host, the ablated run's.
+    assert!(
+        listener.accept().is_ok(),
+        "the ablated connect never arrived"
+    );
+    assert!(
+        listener.accept().is_err(),
+        "the planned run reached the host's listener"
+    );
+}
