@@ -452,6 +452,8 @@ pub mod fake {
     //! A recording, failure-injecting [`Host`] for tests: it answers tool runs from a script of
     //! replies, reads from an in-memory file table, records every call in order, and fails the
     //! call that a test names — so every "cannot establish" path can be driven without a kernel.
+    //! [`Interposed`] is its counterpart for tests that run on the real host: the real calls,
+    //! recorded, with the named ones failed or rewritten.
 
     use std::collections::BTreeMap;
     use std::io;
@@ -681,6 +683,158 @@ pub mod fake {
                 }
                 Ok(())
             })
+        }
+    }
+
+    type Hook<A, R> = Box<dyn Fn(&A) -> R + Send + Sync>;
+
+    /// The real host ([`Linux`](super::Linux)) with a test's hand on the seam, for tests that
+    /// run real tools, mounts and containers: every call is recorded as a [`Call`], then either
+    /// failed (when the `failing` predicate says so: a tool run answers a failed output without
+    /// running, anything else an I/O error) or passed on — after `before_spawn` has seen a
+    /// spawn and `rewriting_mounts` has rewritten a mount request. That is how a test makes
+    /// `useradd` fail after a real `groupadd`, or removes one control from a bundle (an
+    /// ablation) without a switch in product code.
+    pub struct Interposed {
+        calls: Mutex<Vec<Call>>,
+        fail: Hook<Call, bool>,
+        before_spawn: Hook<Tool, ()>,
+        mount: Hook<MountRequest, MountRequest>,
+    }
+
+    impl std::fmt::Debug for Interposed {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("Interposed")
+                .field("calls", &self.calls())
+                .finish_non_exhaustive()
+        }
+    }
+
+    impl Default for Interposed {
+        fn default() -> Self {
+            Self {
+                calls: Mutex::default(),
+                fail: Box::new(|_| false),
+                before_spawn: Box::new(|_| ()),
+                mount: Box::new(Clone::clone),
+            }
+        }
+    }
+
+    impl Interposed {
+        /// The real host, every call recorded, none changed.
+        #[must_use]
+        pub fn new() -> Self {
+            Self::default()
+        }
+
+        /// Fail every call `fail` picks.
+        #[must_use]
+        pub fn failing(mut self, fail: impl Fn(&Call) -> bool + Send + Sync + 'static) -> Self {
+            self.fail = Box::new(fail);
+            self
+        }
+
+        /// Run `hook` before each spawn is passed on.
+        #[must_use]
+        pub fn before_spawn(mut self, hook: impl Fn(&Tool) + Send + Sync + 'static) -> Self {
+            self.before_spawn = Box::new(hook);
+            self
+        }
+
+        /// Mount what `rewrite` makes of each mount request instead.
+        #[must_use]
+        pub fn rewriting_mounts(
+            mut self,
+            rewrite: impl Fn(&MountRequest) -> MountRequest + Send + Sync + 'static,
+        ) -> Self {
+            self.mount = Box::new(rewrite);
+            self
+        }
+
+        /// Every call so far, in order (failed ones included).
+        #[must_use]
+        pub fn calls(&self) -> Vec<Call> {
+            self.calls
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone()
+        }
+
+        /// Record `call`; whether it is to fail.
+        fn record(&self, call: Call) -> bool {
+            let fail = (self.fail)(&call);
+            self.calls
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(call);
+            fail
+        }
+    }
+
+    impl Host for Interposed {
+        fn run(&self, tool: &Tool) -> io::Result<ToolOutput> {
+            if self.record(Call::Run(tool.display())) {
+                return Ok(ToolOutput::failed("injected failure"));
+            }
+            super::Linux.run(tool)
+        }
+
+        fn spawn(&self, tool: &Tool, stdin: bool) -> io::Result<Child> {
+            if self.record(Call::Spawn(tool.display())) {
+                return Err(broken());
+            }
+            (self.before_spawn)(tool);
+            super::Linux.spawn(tool, stdin)
+        }
+
+        fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+            if self.record(Call::Read(path.to_path_buf())) {
+                return Err(broken());
+            }
+            super::Linux.read(path)
+        }
+
+        fn mount(&self, request: &MountRequest) -> io::Result<()> {
+            if self.record(Call::Mount(request.clone())) {
+                return Err(broken());
+            }
+            super::Linux.mount(&(self.mount)(request))
+        }
+
+        fn unmount(&self, target: &Path) -> io::Result<()> {
+            if self.record(Call::Unmount(target.to_path_buf())) {
+                return Err(broken());
+            }
+            super::Linux.unmount(target)
+        }
+
+        fn remove_dir(&self, path: &Path) -> io::Result<()> {
+            if self.record(Call::RemoveDir(path.to_path_buf())) {
+                return Err(broken());
+            }
+            super::Linux.remove_dir(path)
+        }
+
+        fn list_dir(&self, path: &Path) -> io::Result<Vec<String>> {
+            if self.record(Call::ListDir(path.to_path_buf())) {
+                return Err(broken());
+            }
+            super::Linux.list_dir(path)
+        }
+
+        fn device(&self, path: &Path) -> io::Result<DeviceNode> {
+            if self.record(Call::Device(path.to_path_buf())) {
+                return Err(broken());
+            }
+            super::Linux.device(path)
+        }
+
+        fn edit_file(&self, path: &Path, edit: &dyn Fn(&str) -> Option<String>) -> io::Result<()> {
+            if self.record(Call::Edit(path.to_path_buf())) {
+                return Err(broken());
+            }
+            super::Linux.edit_file(path, edit)
         }
     }
 }

@@ -683,8 +683,10 @@ impl Store {
         Ok(out)
     }
 
-    /// Every path in the store with its kind, mode, size and link target, sorted: what tests
-    /// compare before and after an operation that must leave the store unchanged.
+    /// Every path in the store with its mode, size, owner, link count and, for a file, the
+    /// sha256 of its content (for a symbolic link, its target), sorted: what tests compare
+    /// before and after an operation that must leave the store unchanged — a rewritten object
+    /// of the same size, a second hard link or a changed owner all show.
     ///
     /// # Errors
     /// The store could not be listed.
@@ -717,10 +719,30 @@ fn list_into(root: &Path, dir: &Path, out: &mut Vec<String>) -> Result<(), Store
             .unwrap_or(&path)
             .display()
             .to_string();
+        let what = if meta.is_file() {
+            Digest::of_file(&path)
+                .map_err(|e| StoreError::Unsafe {
+                    path: path.clone(),
+                    why: format!("cannot hash: {e}"),
+                })?
+                .to_string()
+        } else if meta.is_symlink() {
+            format!(
+                "-> {}",
+                fs::read_link(&path)
+                    .map_err(io_err("read link", &path))?
+                    .display()
+            )
+        } else {
+            String::new()
+        };
         out.push(format!(
-            "{rel} {:o} {}",
+            "{rel} {:o} {} {}:{} links={} {what}",
             meta.mode(),
-            if meta.is_dir() { 0 } else { meta.len() }
+            if meta.is_dir() { 0 } else { meta.len() },
+            meta.uid(),
+            meta.gid(),
+            if meta.is_dir() { 0 } else { meta.nlink() },
         ));
         if meta.is_dir() {
             list_into(root, &path, out)?;

@@ -6,7 +6,7 @@
 //! Every run is a real [`Session`] (lease, account, host mounts, runc, release, absence check)
 //! of the default policy, pinned to a test image. The only difference between the two runs of a
 //! control is a test-only transformation applied at the host seam, never a switch in product
-//! code: [`Ablating`] wraps the real host and, when the session spawns `runc create`, rewrites
+//! code: the real host, [`Interposed`], when the session spawns `runc create`, rewrites
 //! the bundle's `config.json` (or, for the host-mounted bounds, drops the size options of one
 //! tmpfs mount). Where a control can only be removed together with another (the kernel refuses
 //! the bundle otherwise) the ablation says so.
@@ -19,15 +19,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Child;
-use std::sync::Mutex;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 
 use cordon::container::Input;
-use cordon::host::{DeviceNode, Host, Linux, MountRequest, Tool, ToolOutput};
+use cordon::host::fake::Interposed;
+use cordon::host::{Linux, MountRequest};
 use cordon::image::{self, ImageSpec};
 use cordon::lease::Manager;
 use cordon::store::Store;
@@ -64,105 +64,55 @@ struct Control {
     ablation: Ablation,
 }
 
-/// The real host, with one test-only transformation at the seam.
-#[derive(Debug)]
-struct Ablating {
-    ablation: Mutex<Option<AblationBox>>,
-    applied: Mutex<u32>,
-}
-
-#[derive(Clone, Copy)]
-struct AblationBox(Ablation);
-
-impl std::fmt::Debug for AblationBox {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ablation")
-    }
-}
-
-impl Ablating {
-    fn new(ablation: Option<Ablation>) -> Self {
-        Self {
-            ablation: Mutex::new(ablation.map(AblationBox)),
-            applied: Mutex::new(0),
-        }
-    }
-
-    fn ablation(&self) -> Option<Ablation> {
-        self.ablation.lock().unwrap().map(|a| a.0)
-    }
-
-    /// Before `runc create`: make the tree's file writable by anyone (so only the read-only
-    /// bind can refuse a write), then apply a bundle ablation.
-    fn prepare(&self, bundle: &Path) {
-        let path = bundle.join("config.json");
-        let mut config: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-        let engine = mount_mut(&mut config, "/engine")["source"]
-            .as_str()
-            .unwrap()
-            .to_owned();
-        std::fs::set_permissions(
-            Path::new(&engine).join("build.sh"),
-            std::fs::Permissions::from_mode(0o666),
-        )
-        .unwrap();
-        if let Some(Ablation::Bundle(f)) = self.ablation() {
-            f(&mut config);
-            *self.applied.lock().unwrap() += 1;
-        }
-        std::fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
-    }
-}
-
-impl Host for Ablating {
-    fn run(&self, tool: &Tool) -> io::Result<ToolOutput> {
-        Linux.run(tool)
-    }
-    fn spawn(&self, tool: &Tool, stdin: bool) -> io::Result<Child> {
-        if let Some(i) = tool.args.iter().position(|a| a == "--bundle")
-            && tool.args.iter().any(|a| a == "create")
-        {
-            self.prepare(Path::new(&tool.args[i + 1]));
-        }
-        Linux.spawn(tool, stdin)
-    }
-    fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
-        Linux.read(path)
-    }
-    fn mount(&self, request: &MountRequest) -> io::Result<()> {
-        match (self.ablation(), request) {
+/// The real host with `ablation` (if any) applied at the seam; `applied` counts how often.
+fn interposed(ablation: Option<Ablation>, applied: &Arc<AtomicU32>) -> Interposed {
+    let on_spawn = applied.clone();
+    let on_mount = applied.clone();
+    Interposed::new()
+        .before_spawn(move |tool| {
+            if let Some(i) = tool.args.iter().position(|a| a == "--bundle")
+                && tool.args.iter().any(|a| a == "create")
+            {
+                prepare(Path::new(&tool.args[i + 1]), ablation, &on_spawn);
+            }
+        })
+        .rewriting_mounts(move |request| match (ablation, request) {
             (Some(Ablation::Unbounded(name)), MountRequest::Tmpfs { target, options })
                 if target.file_name().is_some_and(|n| n == name) =>
             {
-                let options = options
-                    .split(',')
-                    .filter(|o| !o.starts_with("size=") && !o.starts_with("nr_inodes="))
-                    .collect::<Vec<_>>()
-                    .join(",");
-                *self.applied.lock().unwrap() += 1;
-                Linux.mount(&MountRequest::Tmpfs {
+                on_mount.fetch_add(1, Ordering::SeqCst);
+                MountRequest::Tmpfs {
                     target: target.clone(),
-                    options,
-                })
+                    options: options
+                        .split(',')
+                        .filter(|o| !o.starts_with("size=") && !o.starts_with("nr_inodes="))
+                        .collect::<Vec<_>>()
+                        .join(","),
+                }
             }
-            _ => Linux.mount(request),
-        }
+            _ => request.clone(),
+        })
+}
+
+/// Before `runc create`: make the tree's file writable by anyone (so only the read-only bind
+/// can refuse a write), then apply a bundle ablation.
+fn prepare(bundle: &Path, ablation: Option<Ablation>, applied: &AtomicU32) {
+    let path = bundle.join("config.json");
+    let mut config: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let engine = mount_mut(&mut config, "/engine")["source"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    std::fs::set_permissions(
+        Path::new(&engine).join("build.sh"),
+        std::fs::Permissions::from_mode(0o666),
+    )
+    .unwrap();
+    if let Some(Ablation::Bundle(f)) = ablation {
+        f(&mut config);
+        applied.fetch_add(1, Ordering::SeqCst);
     }
-    fn unmount(&self, target: &Path) -> io::Result<()> {
-        Linux.unmount(target)
-    }
-    fn remove_dir(&self, path: &Path) -> io::Result<()> {
-        Linux.remove_dir(path)
-    }
-    fn list_dir(&self, path: &Path) -> io::Result<Vec<String>> {
-        Linux.list_dir(path)
-    }
-    fn device(&self, path: &Path) -> io::Result<DeviceNode> {
-        Linux.device(path)
-    }
-    fn edit_file(&self, path: &Path, edit: &dyn Fn(&str) -> Option<String>) -> io::Result<()> {
-        Linux.edit_file(path, edit)
-    }
+    std::fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
 }
 
 /// The bundle's mount at `destination`.
@@ -314,7 +264,7 @@ fn policy(w: &World, slot: u32) -> cordon_policy_lang::Policy {
 /// seam, and return the attempt lines. Afterwards the executor must be quiescent.
 fn run(w: &World, slot: u32, ablation: Option<Ablation>, attempts: &str) -> String {
     let policy = policy(w, slot);
-    let host = std::sync::Arc::new(Ablating::new(ablation));
+    let applied = Arc::new(AtomicU32::new(0));
     let mut setup = cordon_stage::settings::lease_setup(
         &policy,
         &format!("ablation-{slot}"),
@@ -322,7 +272,7 @@ fn run(w: &World, slot: u32, ablation: Option<Ablation>, attempts: &str) -> Stri
         w.dir.path().join("run"),
     );
     setup.runtime.binary = cordon_testkit::runc();
-    setup.runtime.host = host.clone();
+    setup.runtime.host = Arc::new(interposed(ablation, &applied));
     Manager::open(&w.store, setup.clone())
         .unwrap()
         .recover()
@@ -362,7 +312,7 @@ fn run(w: &World, slot: u32, ablation: Option<Ablation>, attempts: &str) -> Stri
         .unwrap();
     if ablation.is_some() {
         assert_eq!(
-            *host.applied.lock().unwrap(),
+            applied.load(Ordering::SeqCst),
             1,
             "the ablation was not applied exactly once"
         );
