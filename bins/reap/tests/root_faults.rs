@@ -20,9 +20,10 @@ use cordon_policy_lang::{MountSource, StageKind};
 use cordon_stage::bundle::{self, RunInputs};
 use cordon_testkit::workspace_root;
 
-const POINTS: [&str; 6] = [
+const POINTS: [&str; 7] = [
     "after-record",
     "after-account",
+    "after-staging",
     "after-create",
     "after-start",
     "while-waiting",
@@ -97,14 +98,25 @@ const CAPS: OutputCaps = OutputCaps {
 fn child(point: &str, dir: &Path) -> ! {
     let store = Store::open(&dir.join("store")).unwrap();
     let m = Manager::open(&store, setup(dir, 0)).unwrap();
+    // The staging point's lease names its mount, as a session's does.
+    let mounts: &[&str] = if point == "after-staging" {
+        &[bundle::STAGING_DIR]
+    } else {
+        &[]
+    };
     let mut lease = m
-        .begin("sha256:faults", cordon_testkit::in_an_hour())
+        .begin_with("sha256:faults", mounts, cordon_testkit::in_an_hour())
         .unwrap();
     if point == "after-record" {
         die();
     }
     m.provision(&lease).unwrap();
     if point == "after-account" {
+        die();
+    }
+    if point == "after-staging" {
+        let point = lease.run_dir().join(bundle::STAGING_DIR);
+        m.mount_tmpfs(&lease, &point, 1 << 20, Some(64)).unwrap();
         die();
     }
     write_bundle(dir, &m, &mut lease, "sleep 60");
@@ -208,8 +220,19 @@ fn a_supervisor_killed_at_any_point_leaves_nothing_recovery_cannot_remove() {
                 "{point}: the crash should have left something to recover"
             );
         }
+        if point == "after-staging" {
+            assert!(
+                before.iter().any(|l| l.contains(bundle::STAGING_DIR)),
+                "{point}: the staging mount is residue: {before:?}"
+            );
+        }
         m.recover()
             .unwrap_or_else(|e| panic!("{point}: recovery failed: {e}"));
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(
+            !mounts.contains(&dir.path().join("run").display().to_string()),
+            "{point}: a mount under the run root is left: {mounts}"
+        );
         let left = m.check().unwrap();
         assert!(
             left.is_empty(),

@@ -19,30 +19,17 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Instant;
 
-use cordon::container::Input;
+use common::World;
+use cordon::host::MountRequest;
 use cordon::host::fake::Interposed;
-use cordon::host::{Linux, MountRequest};
-use cordon::image::{self, ImageSpec};
-use cordon::lease::Manager;
-use cordon::store::Store;
-use cordon_policy_lang::{MountSource, StageKind};
-use cordon_stage::session::{Job, Session, SessionError};
-use cordon_testkit::EditOnce as _;
 use serde_json::{Value, json};
-
-/// A world-writable file of the image (made so after unpacking): only a read-only root stops a
-/// write to it.
-const WRITABLE: &str = "/probe/writable";
-/// A file only root may read: only the per-run account stops a read of it.
-const SECRET: &str = "/probe/secret";
-/// The set-user-id-root copy of the attempt program.
-const SETUID: &str = "/bin/attempt-suid";
 
 /// One way to take a control away.
 #[derive(Clone, Copy)]
@@ -188,128 +175,14 @@ fn unconditional(config: &mut Value, syscall: &str) {
     assert!(n > 0, "no conditional rule for {syscall}");
 }
 
-struct World {
-    dir: tempfile::TempDir,
-    store: Store,
-    layout: PathBuf,
-    digest: cordon::Digest,
-    tree: PathBuf,
-}
-
-/// The test image: a shell, the attempt program and its set-user-id copy, and the probe files;
-/// unpacked, with the modes no image may carry set on the test's own cached copy.
-fn world() -> World {
-    cordon_testkit::require_root("the ablation suite runs real containers and accounts");
-    let _ = cordon_testkit::runc();
-    let busybox = cordon_testkit::busybox();
-    let dir = tempfile::tempdir().unwrap();
-    let attempt = cordon_testkit::attempt_program(dir.path());
-    let store = Store::open(&dir.path().join("store")).unwrap();
-    let mut spec = ImageSpec {
-        name: "ablation".into(),
-        files: Default::default(),
-        dirs: Default::default(),
-        env: vec!["PATH=/bin".into()],
-        entrypoint: vec!["/bin/sh".into()],
-        workdir: None,
-    };
-    spec.files.insert("/bin/sh".into(), (busybox, 0o555));
-    for (path, mode) in [("/bin/attempt", 0o555), (SETUID, 0o555), (WRITABLE, 0o444)] {
-        spec.files.insert(path.into(), (attempt.clone(), mode));
-    }
-    spec.files.insert(SECRET.into(), (attempt.clone(), 0o444));
-    for d in ["/dev", "/proc", "/tmp", "/engine", "/staging", "/sys"] {
-        spec.dirs.insert(d.into(), 0o755);
-    }
-    let layout = dir.path().join("layout");
-    let digest = image::build(&spec, &layout).unwrap();
-    let rootfs = image::unpack(&store, &layout, &digest).unwrap();
-    for (path, mode) in [(WRITABLE, 0o666), (SECRET, 0o400), (SETUID, 0o4555)] {
-        let file = rootfs.join(path.trim_start_matches('/'));
-        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
-    }
-    let tree = dir.path().join("tree");
-    std::fs::create_dir_all(&tree).unwrap();
-    std::fs::write(tree.join("build.sh"), "echo tree\n").unwrap();
-    World {
-        dir,
-        store,
-        layout,
-        digest,
-        tree,
-    }
-}
-
-/// The default policy pinned to the test image, with the bounds the resource attempts meet
-/// made small (each still planned by the planner from the policy, not patched in the bundle).
-fn policy(w: &World, slot: u32) -> cordon_policy_lang::Policy {
-    let ids = cordon_testkit::account_range("stage-ablation", slot);
-    let text = cordon_testkit::isolated_policy(w.dir.path(), ids)
-        .replace_once(
-            "image \"prebuild\" digest=\"sha256:90f5a0d82828426b1382ad80947b38bdd0ca6200f11620cbfbaa788d8ebc4de1\"",
-            &format!("image \"prebuild\" digest=\"{}\"", w.digest),
-        )
-        .replace_once("    cpus 4\n", "    cpus \"0.1\"\n")
-        .replace_once("memory \"8GiB\"", "memory \"256MiB\"")
-        .replace_once("pids 1024", "pids 48")
-        .replace_once(
-            "staging size=\"4GiB\" inodes=200000",
-            "staging size=\"1MiB\" inodes=64",
-        )
-        .replace_once("tmp size=\"1GiB\" exec=#false", "tmp size=\"8MiB\" exec=#false");
-    cordon_policy_lang::parse("ablation.kdl", &text).unwrap()
-}
-
 /// Run `attempts` in one session of the prebuild stage, with `ablation` applied at the host
 /// seam, and return the attempt lines. Afterwards the executor must be quiescent.
 fn run(w: &World, slot: u32, ablation: Option<Ablation>, attempts: &str) -> String {
-    let policy = policy(w, slot);
+    let policy = common::policy(w, "stage-ablation", slot);
     let applied = Arc::new(AtomicU32::new(0));
-    let mut setup = cordon_stage::settings::lease_setup(
-        &policy,
-        &format!("ablation-{slot}"),
-        &w.dir.path().join("state"),
-        w.dir.path().join("run"),
-    );
-    setup.runtime.binary = cordon_testkit::runc();
-    setup.runtime.host = Arc::new(interposed(ablation, &applied));
-    Manager::open(&w.store, setup.clone())
-        .unwrap()
-        .recover()
-        .unwrap();
-    let session = Session {
-        policy: &policy,
-        kind: StageKind::Prebuild,
-        store: w.store.clone(),
-        setup: setup.clone(),
-        authority: cordon::Digest::of_bytes(b"ablation-test"),
-        runtime_version: cordon::identity::probe_runtime(
-            &Linux,
-            "runc",
-            &setup.runtime.binary,
-            None,
-        )
-        .unwrap()
-        .version,
-    };
-    let job = Job {
-        argv: vec!["/bin/sh".into(), "-c".into(), attempts.into()],
-        image_rootfs: image::unpack(&w.store, &w.layout, &w.digest).unwrap(),
-        sources: [(MountSource::Tree, w.tree.clone())].into(),
-        stdin: Input::Null,
-        live_stdout: false,
-        live_stderr: false,
-        started: Instant::now(),
-    };
-    let ran = session
-        .run(
-            &job,
-            |_, _| Ok::<_, SessionError>(()),
-            |_, _, finished| {
-                Ok::<_, SessionError>(String::from_utf8_lossy(&finished.stdout).into_owned())
-            },
-        )
-        .unwrap();
+    let host = Arc::new(interposed(ablation, &applied));
+    let setup = common::setup(w, &policy, &format!("ablation-{slot}"), host);
+    let out = common::run(w, &policy, &setup, attempts).unwrap();
     if ablation.is_some() {
         assert_eq!(
             applied.load(Ordering::SeqCst),
@@ -317,21 +190,18 @@ fn run(w: &World, slot: u32, ablation: Option<Ablation>, attempts: &str) -> Stri
             "the ablation was not applied exactly once"
         );
     }
+    let left = common::left(w, &setup);
     assert!(
-        Manager::open(&w.store, setup)
-            .unwrap()
-            .check()
-            .unwrap()
-            .is_empty(),
-        "not quiescent after {attempts:?}"
+        left.is_empty(),
+        "not quiescent after {attempts:?}: {left:?}"
     );
-    ran.inspected
+    out
 }
 
 /// Prove each control: blocked as planned, unblocked with only it removed. Every failure is
 /// collected, so one run names every confounded or unblocked probe.
 fn prove(slot: u32, controls: &[Control]) {
-    let w = world();
+    let w = common::world();
     let mut failures = Vec::new();
     for c in controls {
         let planned = run(&w, slot, None, &c.attempts);

@@ -1,0 +1,169 @@
+//! What the stage's real-container test files share: one test image (a shell, testkit's static
+//! attempt program and its set-user-id copy, the probe files), the default policy pinned to it
+//! with small bounds, and one Session run of the prebuild stage on a host the test chooses (the
+//! real one, or [`Interposed`](cordon::host::fake::Interposed) with failures or ablations).
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use cordon::container::Input;
+use cordon::host::{HostRef, Linux};
+use cordon::image::{self, ImageSpec};
+use cordon::lease::{Manager, Setup};
+use cordon::store::Store;
+use cordon_policy_lang::{MountSource, Policy, StageKind};
+use cordon_stage::session::{Job, Session, SessionError};
+use cordon_testkit::EditOnce as _;
+
+/// A world-writable file of the image (made so after unpacking): only a read-only root stops a
+/// write to it.
+pub const WRITABLE: &str = "/probe/writable";
+/// A file only root may read: only the per-run account stops a read of it.
+pub const SECRET: &str = "/probe/secret";
+/// The set-user-id-root copy of the attempt program.
+pub const SETUID: &str = "/bin/attempt-suid";
+
+/// One test's image, store and tree.
+pub struct World {
+    pub dir: tempfile::TempDir,
+    pub store: Store,
+    pub layout: PathBuf,
+    pub digest: cordon::Digest,
+    pub tree: PathBuf,
+}
+
+/// The test image: a shell, the attempt program and its set-user-id copy, and the probe files;
+/// unpacked, with the modes no image may carry set on the test's own cached copy.
+pub fn world() -> World {
+    cordon_testkit::require_root("these tests run real containers and accounts");
+    let _ = cordon_testkit::runc();
+    let busybox = cordon_testkit::busybox();
+    let dir = tempfile::tempdir().unwrap();
+    let attempt = cordon_testkit::attempt_program(dir.path());
+    let store = Store::open(&dir.path().join("store")).unwrap();
+    let mut spec = ImageSpec {
+        name: "stage-test".into(),
+        files: Default::default(),
+        dirs: Default::default(),
+        env: vec!["PATH=/bin".into()],
+        entrypoint: vec!["/bin/sh".into()],
+        workdir: None,
+    };
+    spec.files.insert("/bin/sh".into(), (busybox, 0o555));
+    for path in ["/bin/attempt", SETUID, WRITABLE, SECRET] {
+        spec.files.insert(path.into(), (attempt.clone(), 0o555));
+    }
+    for d in ["/dev", "/proc", "/tmp", "/engine", "/staging", "/sys"] {
+        spec.dirs.insert(d.into(), 0o755);
+    }
+    let layout = dir.path().join("layout");
+    let digest = image::build(&spec, &layout).unwrap();
+    let rootfs = image::unpack(&store, &layout, &digest).unwrap();
+    for (path, mode) in [(WRITABLE, 0o666), (SECRET, 0o400), (SETUID, 0o4555)] {
+        let file = rootfs.join(path.trim_start_matches('/'));
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let tree = dir.path().join("tree");
+    std::fs::create_dir_all(&tree).unwrap();
+    std::fs::write(tree.join("build.sh"), "echo tree\n").unwrap();
+    World {
+        dir,
+        store,
+        layout,
+        digest,
+        tree,
+    }
+}
+
+/// The default policy pinned to the test image, with its account range in `owner`'s slot and
+/// the bounds the resource attempts meet made small (each still planned by the planner from
+/// the policy, not patched in the bundle).
+pub fn policy(w: &World, owner: &str, slot: u32) -> Policy {
+    let ids = cordon_testkit::account_range(owner, slot);
+    let text = cordon_testkit::isolated_policy(w.dir.path(), ids)
+        .replace_once(
+            "image \"prebuild\" digest=\"sha256:90f5a0d82828426b1382ad80947b38bdd0ca6200f11620cbfbaa788d8ebc4de1\"",
+            &format!("image \"prebuild\" digest=\"{}\"", w.digest),
+        )
+        .replace_once("    cpus 4\n", "    cpus \"0.1\"\n")
+        .replace_once("memory \"8GiB\"", "memory \"256MiB\"")
+        .replace_once("pids 1024", "pids 48")
+        .replace_once(
+            "staging size=\"4GiB\" inodes=200000",
+            "staging size=\"1MiB\" inodes=64",
+        )
+        .replace_once("tmp size=\"1GiB\" exec=#false", "tmp size=\"8MiB\" exec=#false");
+    cordon_policy_lang::parse("stage-test.kdl", &text).unwrap()
+}
+
+/// The lease setup of executor `executor` in the test's directories, on `host`, after the
+/// startup recovery every manager does first (an earlier crashed run may have left residue).
+pub fn setup(w: &World, policy: &Policy, executor: &str, host: HostRef) -> Setup {
+    let mut setup = cordon_stage::settings::lease_setup(
+        policy,
+        executor,
+        &w.dir.path().join("state"),
+        w.dir.path().join("run"),
+    );
+    setup.runtime.binary = cordon_testkit::runc();
+    let mut clean = setup.clone();
+    clean.runtime.host = Linux::shared();
+    Manager::open(&w.store, clean).unwrap().recover().unwrap();
+    setup.runtime.host = host;
+    setup
+}
+
+/// Run `script` in one session of the prebuild stage under `setup`; its stdout.
+///
+/// # Errors
+/// The session's own.
+pub fn run(
+    w: &World,
+    policy: &Policy,
+    setup: &Setup,
+    script: &str,
+) -> Result<String, SessionError> {
+    let session = Session {
+        policy,
+        kind: StageKind::Prebuild,
+        store: w.store.clone(),
+        setup: setup.clone(),
+        authority: cordon::Digest::of_bytes(b"stage-test"),
+        runtime_version: cordon::identity::probe_runtime(
+            &Linux,
+            "runc",
+            &setup.runtime.binary,
+            None,
+        )
+        .unwrap()
+        .version,
+    };
+    let job = Job {
+        argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+        image_rootfs: image::unpack(&w.store, &w.layout, &w.digest).unwrap(),
+        sources: [(MountSource::Tree, w.tree.clone())].into(),
+        stdin: Input::Null,
+        live_stdout: false,
+        live_stderr: false,
+        started: Instant::now(),
+    };
+    session
+        .run(
+            &job,
+            |_, _| Ok::<_, SessionError>(()),
+            |_, _, finished| {
+                Ok::<_, SessionError>(String::from_utf8_lossy(&finished.stdout).into_owned())
+            },
+        )
+        .map(|ran| ran.inspected)
+}
+
+/// What the executor of `setup` has left, read on the real host.
+pub fn left(w: &World, setup: &Setup) -> Vec<String> {
+    let mut clean = setup.clone();
+    clean.runtime.host = Linux::shared();
+    Manager::open(&w.store, clean).unwrap().check().unwrap()
+}

@@ -1,0 +1,152 @@
+//! Failure paths of a real session, through the host seam: each case fails one real call
+//! ([`Interposed`] passes every other to the host) and checks that the session ends in a
+//! no-decision, never a result, and what the executor is left with — nothing at all where
+//! release can still do its work, or residue that a later recovery on the plain host removes
+//! where the failing call was release's own.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use cordon::host::MountRequest;
+use cordon::host::fake::{Call, Interposed};
+use cordon::host::{HostRef, Linux};
+use cordon::lease::Manager;
+
+/// Run a trivial session with the calls `fail` picks failed; the session must fail with a
+/// no-decision. Returns the failure's text, what the executor had left right after, and that
+/// left after a recovery on the plain host (which must be nothing).
+fn fail_one(
+    slot: u32,
+    fail: impl Fn(&Call) -> bool + Send + Sync + 'static,
+) -> (String, Vec<String>, Arc<Interposed>) {
+    let w = common::world();
+    let policy = common::policy(&w, "stage-faults", slot);
+    let host = Arc::new(Interposed::new().failing(fail));
+    let setup = common::setup(
+        &w,
+        &policy,
+        &format!("faults-{slot}"),
+        host.clone() as HostRef,
+    );
+    let err = common::run(&w, &policy, &setup, "echo ran")
+        .expect_err("the injected failure must end the session");
+    assert!(!err.is_usage(), "a host failure is a no-decision: {err}");
+    let left = common::left(&w, &setup);
+    let mut clean = setup.clone();
+    clean.runtime.host = Linux::shared();
+    Manager::open(&w.store, clean.clone())
+        .unwrap()
+        .recover()
+        .unwrap_or_else(|e| panic!("recovery on the plain host failed: {e}"));
+    let after = common::left(&w, &clean);
+    assert!(after.is_empty(), "not quiescent after recovery: {after:?}");
+    // Nothing of the run account is left in the host's databases or deny files.
+    let (first, last) = cordon_testkit::account_range("stage-faults", slot);
+    for db in ["/etc/passwd", "/etc/group"] {
+        let text = std::fs::read_to_string(db).unwrap();
+        for line in text.lines() {
+            let id: u32 = line.split(':').nth(2).unwrap().parse().unwrap();
+            assert!(!(first..=last).contains(&id), "{db} still has {line}");
+        }
+    }
+    for deny in ["cron.deny", "at.deny"] {
+        let text = std::fs::read_to_string(w.dir.path().join(deny)).unwrap_or_default();
+        assert!(!text.contains("cordon-"), "{deny} still names {text}");
+    }
+    (format!("{err}"), left, host)
+}
+
+fn runs(call: &Call, needle: &str) -> bool {
+    matches!(call, Call::Run(line) if line.contains(needle))
+}
+
+#[test]
+fn useradd_failing_after_a_real_groupadd_leaves_no_group() {
+    let (err, left, host) = fail_one(0, |c| runs(c, "useradd "));
+    assert!(err.contains("useradd"), "{err}");
+    assert!(
+        host.calls().iter().any(|c| runs(c, "groupdel ")),
+        "release removes the group groupadd made"
+    );
+    assert!(left.is_empty(), "release left {left:?}");
+}
+
+#[test]
+fn a_deny_file_that_cannot_be_edited_ends_the_run_before_anything_starts() {
+    // Only the first edit (the append) fails; release's own edit works.
+    let failed = AtomicBool::new(false);
+    let (err, left, host) = fail_one(1, move |c| {
+        matches!(c, Call::Edit(p) if p.ends_with("cron.deny"))
+            && !failed.swap(true, Ordering::SeqCst)
+    });
+    assert!(err.contains("cron.deny"), "{err}");
+    assert!(
+        !host.calls().iter().any(|c| matches!(c, Call::Spawn(_))),
+        "no container was created"
+    );
+    assert!(left.is_empty(), "release left {left:?}");
+}
+
+#[test]
+fn a_staging_mount_that_fails_after_tmp_unmounts_tmp() {
+    let (err, left, host) = fail_one(
+        2,
+        |c| matches!(c, Call::Mount(MountRequest::Tmpfs { target, .. }) if target.ends_with("staging")),
+    );
+    assert!(err.contains("staging"), "{err}");
+    let calls = host.calls();
+    assert!(
+        calls
+            .iter()
+            .any(|c| matches!(c, Call::Mount(m) if m.target().ends_with("tmp"))),
+        "tmp was mounted first: {calls:?}"
+    );
+    assert!(
+        calls
+            .iter()
+            .any(|c| matches!(c, Call::Unmount(t) if t.ends_with("tmp"))),
+        "and unmounted at release: {calls:?}"
+    );
+    assert!(left.is_empty(), "release left {left:?}");
+}
+
+#[test]
+fn an_unmount_that_fails_at_release_is_residue_until_recovery() {
+    let (_, left, _) = fail_one(
+        3,
+        |c| matches!(c, Call::Unmount(t) if t.ends_with("staging")),
+    );
+    assert!(
+        left.iter().any(|l| l.contains("staging")),
+        "the mount that would not go is residue, and the lease with it: {left:?}"
+    );
+}
+
+#[test]
+fn a_runtime_create_that_fails_leaves_nothing() {
+    let (_, left, _) = fail_one(4, |c| matches!(c, Call::Spawn(l) if l.contains(" create ")));
+    assert!(left.is_empty(), "release left {left:?}");
+}
+
+#[test]
+fn a_runtime_start_that_fails_deletes_the_created_container() {
+    let (_, left, host) = fail_one(5, |c| runs(c, " start "));
+    assert!(
+        host.calls().iter().any(|c| runs(c, " delete ")),
+        "the created container is deleted"
+    );
+    assert!(left.is_empty(), "release left {left:?}");
+}
+
+#[test]
+fn a_runtime_delete_that_fails_is_residue_until_recovery() {
+    let (_, left, _) = fail_one(6, |c| runs(c, " delete "));
+    assert!(
+        !left.is_empty(),
+        "a container that could not be deleted is residue, never quiescence"
+    );
+}

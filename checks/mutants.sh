@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Mutation check of cordon's security-critical functions (issue 12): cargo-mutants changes one
+# function or operator at a time and runs the tests that should notice; a mutant they miss is a
+# test gap, killed by a new test or written down in checks/mutants-report.md with the reason it
+# is equivalent. Not part of .ci/run (it takes hours on 2 cores); its last report is committed.
+#
+#   bash checks/mutants.sh [GROUP…]      groups: authority inventory lease planner validator
+#
+# Environment: CORDON_MUTANTS_BUDGET (seconds per group, default 3600), CORDON_MUTANTS_ROOT=1
+# to include the root-only test binaries (root_*: real containers and accounts; never run them
+# beside another root test run on this host — they share account ranges). Needs
+# `cargo install cargo-mutants --locked` and cargo-nextest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+command -v cargo-mutants >/dev/null || {
+    echo "mutants: cargo-mutants is missing: cargo install cargo-mutants --locked" >&2
+    exit 2
+}
+budget=${CORDON_MUTANTS_BUDGET:-3600}
+filter='not binary(/^root_/)'
+if [ "${CORDON_MUTANTS_ROOT:-0}" = 1 ]; then filter='all()'; fi
+
+# group → files, function pattern, test packages.
+run_group() {
+    local group=$1
+    local -a files re tests
+    case $group in
+    authority)
+        # Every stage's authority check: the input receipt's chain and identity.
+        files=(bins/stage/src/receipt_io.rs bins/cordon/src/chain.rs bins/prebuild/src/prebuild.rs)
+        re=('.')
+        tests=(cordon cordon-stage cordon-prebuild)
+        ;;
+    inventory)
+        # The publication bounds and the staging inventory.
+        files=(bins/prebuild/src/inventory.rs)
+        re=('.')
+        tests=(cordon-prebuild)
+        ;;
+    lease)
+        # Lease release, recovery and the absence check; account creation and removal.
+        files=(bins/cordon/src/lease.rs bins/cordon/src/account.rs)
+        re=('release|recover|check|Observer|read_records|executor_ok|create|remove|in_range|deny|taken')
+        tests=(cordon)
+        ;;
+    planner)
+        # The planner's controls: what the bundle enforces.
+        files=(bins/stage/src/bundle.rs)
+        re=('.')
+        tests=(cordon-stage cordon-policy)
+        ;;
+    validator)
+        # The policy validator's refusals of weakened controls.
+        files=(bins/policy-lang/src/build.rs)
+        re=('weaken|refuse|seccomp|stage|capab|user|mount|check')
+        tests=(cordon-policy-lang cordon-policy)
+        ;;
+    *)
+        echo "mutants: unknown group $group" >&2
+        return 2
+        ;;
+    esac
+    local -a args=(--test-tool nextest --no-shuffle -j 1 --output "target/mutants/$group")
+    for f in "${files[@]}"; do args+=(--file "$f"); done
+    for r in "${re[@]}"; do args+=(--re "$r"); done
+    for t in "${tests[@]}"; do args+=(--test-package "$t"); done
+    mkdir -p "target/mutants/$group"
+    echo "mutants: $group (budget ${budget}s)"
+    # cargo-mutants exits non-zero when a mutant survives; the report says which.
+    timeout "$budget" cargo mutants "${args[@]}" -- -E "$filter" || true
+    local dir="target/mutants/$group/mutants.out"
+    for kind in caught missed timeout unviable; do
+        printf '  %-8s %s\n' "$kind" "$(wc -l <"$dir/$kind.txt" 2>/dev/null || echo 0)"
+    done
+}
+
+groups=("$@")
+[ ${#groups[@]} -gt 0 ] || groups=(authority inventory lease planner validator)
+for g in "${groups[@]}"; do run_group "$g"; done
