@@ -2064,6 +2064,7 @@ fn resolve(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cordon_testkit::EditOnce as _;
 
     fn default_policy() -> String {
         std::fs::read_to_string(concat!(
@@ -2181,10 +2182,9 @@ mod tests {
             ["duplicate"]
         );
         // Conditions are x86_64's: a filter that also covers x86 refuses them.
-        let text = with_rule("socket", "arg index=0 op=\"one-of\" 1 2\n").replacen(
+        let text = with_rule("socket", "arg index=0 op=\"one-of\" 1 2\n").replace_once(
             "architectures \"x86_64\"",
             "architectures \"x86_64\" \"x86\"",
-            1,
         );
         assert_eq!(codes(&text), ["unsound-condition"]);
         let many: Vec<String> = (0..9).map(|v| v.to_string()).collect();
@@ -2200,25 +2200,21 @@ mod tests {
         let p = crate::parse("t.kdl", &default_policy()).unwrap();
         assert_eq!(p.runtime().min_version(), Some((1, 1, 5)));
         for bad in ["1.1", "1.x.5", "v1.1.5", ""] {
-            let text = default_policy().replacen(
-                "min-version=\"1.1.5\"",
-                &format!("min-version={bad:?}"),
-                1,
-            );
+            let text = default_policy()
+                .replace_once("min-version=\"1.1.5\"", &format!("min-version={bad:?}"));
             assert_eq!(codes(&text), ["invalid-value"], "{bad:?}");
         }
     }
 
     #[test]
     fn shm_is_sized_only_for_a_private_ipc_namespace() {
-        let text = default_policy().replacen(
+        let text = default_policy().replace_once(
             "    ipc \"none\"\n",
             "    ipc \"none\"\n    shm \"64MiB\"\n",
-            1,
         );
         assert_ne!(text, default_policy(), "the edit must apply");
         assert_eq!(codes(&text), ["redundant-entry"]);
-        let text = default_policy().replacen("    ipc \"none\"\n", "    ipc \"private\"\n", 1);
+        let text = default_policy().replace_once("    ipc \"none\"\n", "    ipc \"private\"\n");
         let p = crate::parse("t.kdl", &text).unwrap();
         assert_eq!(
             p.stage(StageKind::Prebuild).unwrap().shm_bytes,

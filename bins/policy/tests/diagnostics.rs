@@ -143,3 +143,64 @@ fn every_receipt_reason_code_the_stages_emit_is_documented() {
         "the scan found only {found} codes: is it still reading the sources?"
     );
 }
+
+/// Every arm of the weakened-control refusal, each from one edit of the default policy (an
+/// edit whose pattern does not match fails the test): each must give exactly that refusal,
+/// with its own message — so removing any one arm's check fails here. (The Python ban floors
+/// are the language's minimum sets, smaller than the default policy's lists: dropping `pickle`
+/// is a reviewable change, not a refusal.)
+#[test]
+fn every_arm_of_weakened_control_refuses_its_own_change() {
+    use cordon_testkit::EditOnce as _;
+    let text =
+        std::fs::read_to_string(cordon_testkit::workspace_root().join("policy/evaluator.kdl"))
+            .unwrap();
+    // The prebuild stage's own lines (its `cpus 4` is the only one in the file).
+    let stage = "    no-new-privileges #true\n    seccomp \"candidate\"\n    user \"per-run\"\n    cpus 4\n";
+    let nnp_off = stage.replace("#true", "#false");
+    let root = stage.replace("\"per-run\"", "\"root\"");
+    let arms: [(&str, &str, &str); 8] = [
+        (
+            "default-action \"errno\" errno=1",
+            "default-action \"allow\"",
+            "turns the filter into a deny-list",
+        ),
+        (
+            "default-action \"errno\" errno=1",
+            "default-action \"log\"",
+            "turns the filter into a deny-list",
+        ),
+        (stage, &nnp_off, "cannot be turned off"),
+        (stage, &root, "is not allowed"),
+        ("ban-call \"eval\" ", "ban-call ", "must include eval"),
+        (
+            "\"builtins\" \"importlib\" ",
+            "\"builtins\" ",
+            "must include importlib",
+        ),
+        (
+            "ban-attribute-call \"exec_module\" ",
+            "ban-attribute-call ",
+            "must include exec_module",
+        ),
+        (
+            "\"load_module\" \"spec_from_file_location\" ",
+            "\"load_module\" ",
+            "must include spec_from_file_location",
+        ),
+    ];
+    for (from, to, says) in arms {
+        let edited = text.replace_once(from, to);
+        let err = cordon_policy_lang::parse("arm.kdl", &edited)
+            .expect_err(&format!("{from} → {to} must be refused"));
+        let found: Vec<(&str, &str)> = err
+            .problems()
+            .iter()
+            .map(|p| (p.short_code(), p.message()))
+            .collect();
+        assert_eq!(found.len(), 1, "{from} → {to}: {found:?}");
+        assert_eq!(found[0].0, "weakened-control", "{from} → {to}: {found:?}");
+        let rendered = err.render_text(100);
+        assert!(rendered.contains(says), "{from} → {to}: {rendered}");
+    }
+}

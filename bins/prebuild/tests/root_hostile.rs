@@ -624,10 +624,9 @@ fn argument_conditions_hold_at_every_boundary_and_with_high_bits_set() {
     }
 "#;
     let e = env_with(7, |t| {
-        t.replacen(
+        t.replace_once(
             "        arg index=0 op=\"one-of\" 1 2 10\n    }\n",
             &format!("        arg index=0 op=\"one-of\" 1 2 10\n    }}\n{rules}"),
-            1,
         )
     });
     let bin = compile_static(e.dir.path(), "args", ARG_PROBE);
