@@ -333,6 +333,18 @@ mod tests {
         assert_eq!(tampered.exit_code(), crate::ExitCode::NoDecision);
         let missing = load(&store, &Digest::of_bytes(b"absent")).unwrap_err();
         assert_eq!(missing.exit_code(), crate::ExitCode::Usage);
+        // A receipt the store holds but cannot open (here a symbolic link under its name: the
+        // no-follow open fails with ELOOP) is not "absent": the store is in doubt, a no-decision.
+        let odd = Digest::of_bytes(b"odd");
+        let name = format!("{}.json", odd.hex());
+        std::os::unix::fs::symlink("/etc/hostname", store.root().join("receipts").join(name))
+            .unwrap();
+        let unreadable = load(&store, &odd).unwrap_err();
+        assert!(
+            matches!(&unreadable, ChainError::Missing { source: StoreError::Io { source, .. }, .. } if source.kind() != std::io::ErrorKind::NotFound),
+            "{unreadable:?}"
+        );
+        assert_eq!(unreadable.exit_code(), crate::ExitCode::NoDecision);
         store
             .put_document(
                 "receipts",

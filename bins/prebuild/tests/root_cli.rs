@@ -1,0 +1,209 @@
+//! The `cordon-prebuild` binary end to end, as root: the demo's pipeline (`cordon-fetch`, then
+//! `cordon-materialize`, then `cordon-prebuild` on the receipt) with this test's own store,
+//! image directory and account block, checking each outcome's receipt and exit code — 0 with a
+//! publication, 1 with the build's own failure, 2 for an input of another authority or none at
+//! all, 3 when cordon cannot establish the run (here: no image to run it in).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use cordon::canonical::Digest;
+use cordon_testkit::workspace_root;
+use serde_json::Value;
+
+fn bin(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_cordon-prebuild")).with_file_name(name)
+}
+
+/// One store, policy (its accounts in this test's block) and image directory.
+struct Cli {
+    dir: tempfile::TempDir,
+}
+
+impl Cli {
+    fn new(slot: u32) -> Self {
+        cordon_testkit::require_root("the prebuild binary runs real containers and accounts");
+        let _ = cordon_testkit::runc();
+        let _ = cordon_testkit::busybox();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("policy.kdl"),
+            cordon_testkit::isolated_policy(
+                dir.path(),
+                cordon_testkit::account_range("prebuild-cli", slot),
+            ),
+        )
+        .unwrap();
+        let spec = cordon_image::spec::load(&workspace_root().join("images/prebuild.kdl")).unwrap();
+        cordon::image::build(&spec, &dir.path().join("images/prebuild")).unwrap();
+        Self { dir }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// `binary` with this test's policy, store and lease options.
+    fn command(&self, binary: &str) -> Command {
+        let mut c = Command::new(bin(binary));
+        c.arg("--policy")
+            .arg(self.path("policy.kdl"))
+            .arg("--store")
+            .arg(self.path("store"))
+            .arg("--run-dir")
+            .arg(self.path("run"))
+            .arg("--executor")
+            .arg("prebuild-cli-test");
+        c
+    }
+
+    /// Register `incumbent` (a directory), fetch the bundled example candidate and materialize
+    /// it over that incumbent: the materialize receipt's file.
+    fn materialized(&self, incumbent: &Path) -> PathBuf {
+        let out = self
+            .command("cordon-materialize")
+            .arg("incumbent")
+            .arg(incumbent)
+            .output()
+            .expect("cordon-materialize is built beside cordon-prebuild (cargo build --workspace)");
+        assert!(out.status.success(), "{out:?}");
+        let receipt: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let tree = receipt["outputs"]["tree_digest"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let archive = self.path("candidate.tar");
+        let tar = Command::new("tar")
+            .args(["--sort=name", "--owner=0", "--group=0", "--numeric-owner"])
+            .args(["--mtime=@0", "--format=ustar", "-C"])
+            .arg(workspace_root().join("checks/example/candidate"))
+            .arg("-cf")
+            .arg(&archive)
+            .args(["cordon-delta.kdl", "engine"])
+            .status()
+            .unwrap();
+        assert!(tar.success());
+        let sha = Digest::of_file(&archive).unwrap();
+        let fetched = self
+            .command("cordon-fetch")
+            .args(["--sha256", &sha.to_string()])
+            .arg(&archive)
+            .output()
+            .unwrap();
+        assert!(fetched.status.success(), "{fetched:?}");
+        let fetch_file = self.path("fetch.json");
+        std::fs::write(&fetch_file, &fetched.stdout).unwrap();
+        let out = self
+            .command("cordon-materialize")
+            .args(["--incumbent", &tree, "--receipt"])
+            .arg(&fetch_file)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let file = self.path("materialize.json");
+        std::fs::write(&file, &out.stdout).unwrap();
+        file
+    }
+
+    /// `cordon-prebuild` on the receipt in `receipt` with image directory `images`.
+    fn prebuild(&self, receipt: &Path, images: &Path) -> (Output, Value) {
+        let out = self
+            .command("cordon-prebuild")
+            .arg("--images")
+            .arg(images)
+            .stdin(std::fs::File::open(receipt).unwrap())
+            .output()
+            .unwrap();
+        let value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("one receipt on stdout ({e}): {out:?}"));
+        (out, value)
+    }
+}
+
+/// The receipt fields every outcome carries: this stage, the authority of its input, and the
+/// input as `prev`.
+fn common_shape(receipt: &Value, input: &Value, outcome: &str) {
+    assert_eq!(receipt["stage"], "prebuild", "{receipt}");
+    assert_eq!(receipt["outcome"], outcome, "{receipt}");
+    assert_eq!(receipt["authority"], input["authority"], "{receipt}");
+    assert!(
+        receipt["prev"]
+            .as_str()
+            .is_some_and(|p| p.starts_with("sha256:")),
+        "{receipt}"
+    );
+}
+
+#[test]
+fn each_outcome_has_its_receipt_and_exit_code() {
+    let cli = Cli::new(0);
+    let images = cli.path("images");
+    let receipt = cli.materialized(&workspace_root().join("checks/example/incumbent"));
+    let input: Value = serde_json::from_slice(&std::fs::read(&receipt).unwrap()).unwrap();
+
+    // 0: the example builds; its publication is named.
+    let (out, r) = cli.prebuild(&receipt, &images);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    common_shape(&r, &input, "ok");
+    assert!(
+        r["outputs"]["publication"]
+            .as_str()
+            .is_some_and(|p| p.starts_with("sha256:")),
+        "{r}"
+    );
+    assert_eq!(r["outputs"]["files"], 1, "{r}");
+
+    // 3: no image to run it in — cordon cannot establish the run.
+    let (out, r) = cli.prebuild(&receipt, &cli.path("no-images"));
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    common_shape(&r, &input, "no-decision");
+    assert_eq!(r["reasons"][0]["code"], "prebuild.infrastructure", "{r}");
+
+    // 2: a receipt of another authority, with both identities shown; and no receipt at all.
+    let mut foreign = input.clone();
+    foreign["authority"] = Value::String(Digest::of_bytes(b"other").to_string());
+    let foreign_file = cli.path("foreign.json");
+    std::fs::write(&foreign_file, foreign.to_string()).unwrap();
+    let out = cli
+        .command("cordon-prebuild")
+        .arg("--images")
+        .arg(&images)
+        .arg("--receipt")
+        .arg(&foreign_file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(input["authority"].as_str().unwrap())
+            && stderr.contains(foreign["authority"].as_str().unwrap()),
+        "both identities: {stderr}"
+    );
+    let out = cli
+        .command("cordon-prebuild")
+        .arg("--images")
+        .arg(&images)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+}
+
+#[test]
+fn a_build_step_that_fails_is_a_rejection_with_exit_1() {
+    let cli = Cli::new(1);
+    let incumbent = cli.path("incumbent");
+    cordon_testkit::copy_tree(
+        &workspace_root().join("checks/example/incumbent"),
+        &incumbent,
+    );
+    std::fs::write(incumbent.join("build.sh"), "#!/bin/sh\nexit 7\n").unwrap();
+    let receipt = cli.materialized(&incumbent);
+    let input: Value = serde_json::from_slice(&std::fs::read(&receipt).unwrap()).unwrap();
+    let (out, r) = cli.prebuild(&receipt, &cli.path("images"));
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    common_shape(&r, &input, "rejected");
+    assert_eq!(r["reasons"][0]["code"], "prebuild.exit", "{r}");
+}
