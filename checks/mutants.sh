@@ -6,7 +6,8 @@
 #
 #   bash checks/mutants.sh [GROUP…]      groups: authority inventory lease planner validator
 #
-# Environment: CORDON_MUTANTS_BUDGET (seconds per group, default 3600), CORDON_MUTANTS_ROOT=1
+# Environment: CORDON_MUTANTS_BUDGET (seconds per group, default 3600), CORDON_MUTANTS_ITERATE=1
+# to test again only the mutants the last run of a group did not catch, CORDON_MUTANTS_ROOT=1
 # to include the root-only test binaries (root_*: real containers and accounts; never run them
 # beside another root test run on this host — they share account ranges). Needs
 # `cargo install cargo-mutants --locked` and cargo-nextest.
@@ -62,6 +63,7 @@ run_group() {
         ;;
     esac
     local -a args=(--test-tool nextest --no-shuffle -j 1 --output "target/mutants/$group")
+    if [ "${CORDON_MUTANTS_ITERATE:-0}" = 1 ]; then args+=(--iterate); fi
     for f in "${files[@]}"; do args+=(--file "$f"); done
     for r in "${re[@]}"; do args+=(--re "$r"); done
     for t in "${tests[@]}"; do args+=(--test-package "$t"); done

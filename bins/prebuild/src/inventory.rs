@@ -285,6 +285,131 @@ pub fn inventory(root: &Path, b: &Bounds) -> Result<Vec<Item>, InventoryError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// The refusal code of an inventory of `dir` under `b`, or "ok".
+    fn outcome(dir: &Path, b: &Bounds) -> String {
+        match inventory(dir, b) {
+            Ok(_) => "ok".into(),
+            Err(InventoryError::Refused(r)) => r.code.to_owned(),
+            Err(e) => panic!("a host error: {e}"),
+        }
+    }
+
+    /// A fresh directory holding `files` (relative path → bytes).
+    fn staged(files: &[(&str, usize)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for (path, len) in files {
+            let p = dir.path().join(path);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, vec![b'x'; *len]).unwrap();
+        }
+        dir
+    }
+
+    /// Each bound admits exactly its value and refuses one more.
+    #[test]
+    fn every_bound_admits_its_value_and_refuses_one_more() {
+        let b = Bounds {
+            max_files: 3,
+            max_bytes: 30,
+            max_file_bytes: 20,
+            max_depth: 3,
+            max_path_length: 12,
+        };
+        let cases: [(&[(&str, usize)], &str); 10] = [
+            (&[("a", 1), ("b", 1), ("c", 1)], "ok"),
+            (
+                &[("a", 1), ("b", 1), ("c", 1), ("d", 1)],
+                "publication.too-many-files",
+            ),
+            (&[("a", 20), ("b", 10)], "ok"),
+            (&[("a", 20), ("b", 11)], "publication.too-big"),
+            (&[("a", 20)], "ok"),
+            (&[("a", 21)], "publication.file-too-big"),
+            (&[("d1/d2/f", 1)], "ok"),
+            (&[("d1/d2/d3/f", 1)], "publication.too-deep"),
+            (&[("abcdefghijkl", 1)], "ok"),
+            (&[("abcdefghijklm", 1)], "publication.path-too-long"),
+        ];
+        for (files, want) in cases {
+            let dir = staged(files);
+            assert_eq!(outcome(dir.path(), &b), want, "{files:?}");
+        }
+    }
+
+    /// Every kind of entry but a regular file or directory, and every special shape of a file,
+    /// is refused with its own code; what is admitted is listed sorted, sized and marked
+    /// executable by any execute bit.
+    #[test]
+    fn each_forbidden_entry_has_its_own_code_and_admitted_files_are_described() {
+        let b = bounds();
+        let dir = staged(&[("f", 4)]);
+        std::os::unix::fs::symlink("f", dir.path().join("l")).unwrap();
+        assert_eq!(outcome(dir.path(), &b), "publication.symlink");
+        let dir = staged(&[("f", 4)]);
+        std::fs::hard_link(dir.path().join("f"), dir.path().join("g")).unwrap();
+        assert_eq!(outcome(dir.path(), &b), "publication.hardlink");
+        let dir = staged(&[]);
+        nix::unistd::mkfifo(&dir.path().join("p"), Mode::from_bits_truncate(0o600)).unwrap();
+        assert_eq!(outcome(dir.path(), &b), "publication.fifo");
+        let dir = staged(&[]);
+        let _sock = std::os::unix::net::UnixListener::bind(dir.path().join("s")).unwrap();
+        assert_eq!(outcome(dir.path(), &b), "publication.socket");
+        for mode in [0o4755, 0o2755] {
+            let dir = staged(&[("f", 4)]);
+            std::fs::set_permissions(dir.path().join("f"), std::fs::Permissions::from_mode(mode))
+                .unwrap();
+            assert_eq!(
+                outcome(dir.path(), &b),
+                "publication.special-mode",
+                "{mode:o}"
+            );
+        }
+        let dir = staged(&[]);
+        let f = File::create(dir.path().join("sparse")).unwrap();
+        f.set_len(1 << 16).unwrap();
+        assert_eq!(outcome(dir.path(), &b), "publication.sparse");
+        let dir = staged(&[]);
+        let name = std::ffi::OsStr::from_bytes(b"bad\xff");
+        std::fs::write(dir.path().join(name), b"x").unwrap();
+        assert_eq!(outcome(dir.path(), &b), "publication.non-utf8");
+        // Admitted: sorted, sized, executable by any x bit.
+        let dir = staged(&[("b/x", 3), ("a", 5), ("c", 0)]);
+        for (path, mode) in [("a", 0o644), ("b/x", 0o100), ("c", 0o755)] {
+            std::fs::set_permissions(dir.path().join(path), std::fs::Permissions::from_mode(mode))
+                .unwrap();
+        }
+        let items = inventory(dir.path(), &b).unwrap();
+        let seen: Vec<(&str, u64, bool)> = items
+            .iter()
+            .map(|i| (i.path.as_str(), i.size, i.executable))
+            .collect();
+        assert_eq!(seen, [("a", 5, false), ("b/x", 3, true), ("c", 0, true)]);
+    }
+
+    /// A pending directory whose name became a symbolic link to it (same inode) is not
+    /// followed: the reopen is refused, never steered through a link.
+    #[test]
+    fn a_directory_replaced_by_a_link_to_itself_is_not_followed() {
+        let dir = staged(&[("a/f", 1)]);
+        let top = nix::fcntl::open(
+            dir.path(),
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+            Mode::empty(),
+        )
+        .unwrap();
+        let st = nix::sys::stat::stat(&dir.path().join("a")).unwrap();
+        let listed = (st.st_dev, st.st_ino);
+        assert!(reopen(&top, "a", listed).is_ok());
+        std::fs::rename(dir.path().join("a"), dir.path().join("b")).unwrap();
+        std::os::unix::fs::symlink("b", dir.path().join("a")).unwrap();
+        match reopen(&top, "a", listed) {
+            Err(InventoryError::Refused(r)) => assert_eq!(r.code, "publication.unreadable"),
+            other => panic!("a link must not be followed: {other:?}"),
+        }
+    }
 
     fn bounds() -> Bounds {
         Bounds {
