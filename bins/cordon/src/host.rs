@@ -892,6 +892,53 @@ mod tests {
         Linux.edit_file(&path, &|_| None).unwrap();
     }
 
+    /// Eight editors of one deny file at once (as eight leases' account steps are), each adding
+    /// and then removing its own names: no edit is lost, and at the end only the file's own
+    /// line is left.
+    #[test]
+    fn concurrent_deny_file_edits_lose_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("at.deny");
+        fs::write(&path, "root\n").unwrap();
+        let line = |w: usize, i: usize| format!("cordon-{w}-{i}");
+        std::thread::scope(|s| {
+            for w in 0..8 {
+                let path = &path;
+                s.spawn(move || {
+                    for i in 0..25 {
+                        let name = line(w, i);
+                        Linux
+                            .edit_file(path, &|t| Some(format!("{t}{name}\n")))
+                            .unwrap();
+                    }
+                });
+            }
+        });
+        let text = fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 1 + 8 * 25, "an edit was lost");
+        std::thread::scope(|s| {
+            for w in 0..8 {
+                let path = &path;
+                s.spawn(move || {
+                    for i in 0..25 {
+                        let name = line(w, i);
+                        Linux
+                            .edit_file(path, &|t| {
+                                Some(
+                                    t.lines()
+                                        .filter(|l| *l != name)
+                                        .map(|l| format!("{l}\n"))
+                                        .collect(),
+                                )
+                            })
+                            .unwrap();
+                    }
+                });
+            }
+        });
+        assert_eq!(fs::read_to_string(&path).unwrap(), "root\n");
+    }
+
     #[test]
     fn the_fake_records_answers_and_fails_as_told() {
         let f = fake::Fake::new();

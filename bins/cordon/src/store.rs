@@ -810,6 +810,22 @@ mod tests {
         assert!(create_exclusive(&s.root().join("tmp/x"), 0o600).is_err());
     }
 
+    /// Scratch a live writer holds (its lock taken through another open file, as another
+    /// process's would be) survives every other open's sweep, and goes once it is dropped.
+    #[test]
+    fn scratch_a_live_writer_holds_survives_another_open() {
+        let (d, s) = store();
+        let mut scratch = s.scratch().unwrap();
+        let (file, _) = scratch.create_file().unwrap();
+        assert!(file.exists());
+        let again = Store::open(&d.path().join("store")).unwrap();
+        assert!(file.exists(), "a live writer's scratch was swept");
+        drop(scratch);
+        drop(again);
+        Store::open(&d.path().join("store")).unwrap();
+        assert_eq!(fs::read_dir(s.root().join("tmp")).unwrap().count(), 0);
+    }
+
     #[test]
     fn rename_noreplace_and_nofollow_refuse_what_they_must() {
         let dir = tempfile::tempdir().unwrap();

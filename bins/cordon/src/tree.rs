@@ -484,4 +484,60 @@ mod tests {
         assert!(verify(&store, &record.digest).is_err());
         assert!(load(&store, &Digest::of_bytes(b"absent")).is_err());
     }
+
+    /// Eight writers (each with its own handle, as separate stage processes have) publish the
+    /// same objects and the same tree at once: every one succeeds, the store holds one object
+    /// per content with one link per tree that names it, and the tree verifies.
+    #[test]
+    fn publishers_of_the_same_objects_and_tree_at_once_all_succeed_with_one_copy() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("store");
+        Store::open(&root).unwrap();
+        let files: [(&str, &[u8], bool); 3] = [
+            ("a/run.sh", b"#!/bin/sh\n", true),
+            ("b.txt", b"b", false),
+            ("c.txt", b"c", false),
+        ];
+        let barrier = std::sync::Barrier::new(8);
+        let digests: Vec<Digest> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| {
+                    s.spawn(|| {
+                        let store = Store::open(&root).unwrap();
+                        barrier.wait();
+                        let entries = files
+                            .iter()
+                            .map(|(p, t, x)| entry(&store, p, t, *x))
+                            .collect();
+                        publish(&store, entries, serde_json::json!({"kind": "race"}))
+                            .unwrap()
+                            .digest
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(digests.windows(2).all(|w| w[0] == w[1]), "{digests:?}");
+        let store = Store::open(&root).unwrap();
+        verify(&store, &digests[0]).unwrap();
+        assert_eq!(
+            std::fs::read_dir(root.join("trees")).unwrap().count(),
+            1,
+            "one tree"
+        );
+        for (_, text, x) in files {
+            let object = store.object_path(&Digest::of_bytes(text), x);
+            assert_eq!(
+                std::fs::metadata(&object).unwrap().nlink(),
+                2,
+                "the object and the one tree's link"
+            );
+        }
+        assert_eq!(
+            std::fs::read_dir(root.join("tmp")).unwrap().count(),
+            0,
+            "no scratch is left"
+        );
+    }
 }

@@ -60,6 +60,39 @@ fn fail_one(
     (format!("{err}"), left, host)
 }
 
+/// A second session on an executor a live manager holds is refused at once, creating nothing:
+/// the documented choice is "refuse", never "wait".
+#[test]
+fn a_second_run_on_a_held_executor_is_refused_and_creates_nothing() {
+    let w = common::world();
+    let policy = common::policy(&w, "stage-faults", 7);
+    let host = Arc::new(Interposed::new());
+    let setup = common::setup(&w, &policy, "faults-7", host.clone() as HostRef);
+    let holder = Manager::open(&w.store, setup.clone()).unwrap();
+    let err = common::run(&w, &policy, &setup, "echo ran").expect_err("the executor is held");
+    assert!(
+        matches!(
+            &err,
+            cordon_stage::session::SessionError::Lease(cordon::lease::LeaseError::Busy { .. })
+        ),
+        "{err}"
+    );
+    assert!(!err.is_usage());
+    assert!(
+        !host
+            .calls()
+            .iter()
+            .any(|c| matches!(c, Call::Run(_) | Call::Spawn(_) | Call::Mount(_))),
+        "nothing was created: {:?}",
+        host.calls()
+    );
+    drop(holder);
+    assert_eq!(
+        common::run(&w, &policy, &setup, "echo ran").unwrap(),
+        "ran\n"
+    );
+}
+
 fn runs(call: &Call, needle: &str) -> bool {
     matches!(call, Call::Run(line) if line.contains(needle))
 }
