@@ -202,8 +202,24 @@ fn a_build_step_that_fails_is_a_rejection_with_exit_1() {
     std::fs::write(incumbent.join("build.sh"), "#!/bin/sh\nexit 7\n").unwrap();
     let receipt = cli.materialized(&incumbent);
     let input: Value = serde_json::from_slice(&std::fs::read(&receipt).unwrap()).unwrap();
+    let store = cordon::store::Store::open(&cli.path("store")).unwrap();
+    let before = store.content_listing().unwrap();
     let (out, r) = cli.prebuild(&receipt, &cli.path("images"));
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     common_shape(&r, &input, "rejected");
     assert_eq!(r["reasons"][0]["code"], "prebuild.exit", "{r}");
+    // The first run on a fresh store unpacks the pinned image into the verified image cache
+    // (`images/<manifest hex>/`: the policy's image, never candidate bytes); nothing else of
+    // the store changes, and a second rejection changes nothing at all.
+    let after = store.content_listing().unwrap();
+    let removed: Vec<&String> = before.iter().filter(|l| !after.contains(l)).collect();
+    assert!(removed.is_empty(), "{removed:?}");
+    let added: Vec<&String> = after.iter().filter(|l| !before.contains(l)).collect();
+    assert!(
+        !added.is_empty() && added.iter().all(|l| l.starts_with("images")),
+        "{added:?}"
+    );
+    let (out, _) = cli.prebuild(&receipt, &cli.path("images"));
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(store.content_listing().unwrap(), after);
 }

@@ -3,8 +3,10 @@
 //! one receipt on stdout, and keep the receipts of established results in the store.
 //!
 //! Only `ok` receipts are stored (under `receipts/<hex>.json`): a rejection or a no-decision
-//! leaves the store byte-for-byte as it was, which is what the "nothing changed" tests check,
-//! and its receipt still reaches the operator on stdout.
+//! leaves the store's content byte-for-byte as it was, which is what the "nothing changed"
+//! tests check, and its receipt still reaches the operator on stdout. The one exception is the
+//! verified image cache (`images/<manifest hex>/`): a container stage's first run unpacks the
+//! policy's pinned image there whatever its outcome — the policy's bytes, never a candidate's.
 
 use std::io::{Read, Write};
 use std::path::Path;
