@@ -174,6 +174,51 @@ pub struct Owner {
     pub lease: String,
 }
 
+/// Whether the run directory `dir` is there and is `owner`'s: `Ok(false)` when it is absent,
+/// an error (residue) when it exists without an owner file naming exactly `owner` — never
+/// removed on a guess. A directory `provision` made under its dot name and left before its
+/// owner file was written (a crash in between) is owned only if it is empty.
+fn owned_by(dir: &Path, owner: &Owner) -> Result<bool, String> {
+    match fs::symlink_metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(format!("run directory {}: {e}", dir.display())),
+        Ok(m) if !m.is_dir() => {
+            return Err(format!(
+                "run directory {} is not a directory: left for the operator",
+                dir.display()
+            ));
+        }
+        Ok(_) => {}
+    }
+    let read = store::open_nofollow(&dir.join(OWNER_FILE))
+        .map_err(|e| e.to_string())
+        .and_then(|mut f| {
+            let mut text = Vec::new();
+            f.read_to_end(&mut text).map_err(|e| e.to_string())?;
+            Ok(text)
+        });
+    match read {
+        Ok(text) => match serde_json::from_slice::<Owner>(&text) {
+            Ok(found) if found == *owner => Ok(true),
+            Ok(found) => Err(format!(
+                "run directory {} belongs to executor {}, lease {}, not this lease: left alone",
+                dir.display(),
+                found.executor,
+                found.lease
+            )),
+            Err(e) => Err(format!(
+                "run directory {} has an unreadable owner file ({e}): left for the operator",
+                dir.display()
+            )),
+        },
+        Err(_) if fs::read_dir(dir).is_ok_and(|mut d| d.next().is_none()) => Ok(true),
+        Err(e) => Err(format!(
+            "run directory {} has no owner file ({e}): left for the operator",
+            dir.display()
+        )),
+    }
+}
+
 /// The start time (clock ticks since boot) of process `pid` through the host seam, or `None`
 /// when it does not exist.
 ///
@@ -1529,16 +1574,40 @@ impl Manager {
                 },
                 Resource::RunDir { path } => {
                     // Only a lease directory strictly inside the run root is ever removed, with
-                    // the dot-named directory it was made under (a crash may leave that).
-                    if path.starts_with(&self.setup.run_root) && *path != self.setup.run_root {
+                    // the dot-named directory it was made under (a crash may leave that), and
+                    // only when its owner file names this lease: a directory that was there
+                    // before (provision refuses it) or that another writer made is left alone.
+                    // While anything released before it is still there (a mount inside it
+                    // that would not go) it is kept whole, owner file included, for the next
+                    // recovery: removing around a live mount would leave it unattributable.
+                    if !residue.is_empty() {
+                        Err(format!(
+                            "run directory {} kept while the residue above remains",
+                            path.display()
+                        ))
+                    } else if path.starts_with(&self.setup.run_root) && *path != self.setup.run_root
+                    {
                         let pending = path.file_name().map(|n| {
                             let mut dot = std::ffi::OsString::from(".");
                             dot.push(n);
                             path.with_file_name(dot)
                         });
-                        store::remove_tree(path)
-                            .and_then(|()| pending.map_or(Ok(()), |p| store::remove_tree(&p)))
-                            .map_err(|e| format!("run directory {}: {e}", path.display()))
+                        let owner = Owner {
+                            executor: self.setup.executor.clone(),
+                            store: record.store.clone(),
+                            lease: record.lease.clone(),
+                        };
+                        std::iter::once(path.clone())
+                            .chain(pending)
+                            .try_for_each(|dir| {
+                                if owned_by(&dir, &owner)? {
+                                    store::remove_tree(&dir).map_err(|e| {
+                                        format!("run directory {}: {e}", dir.display())
+                                    })
+                                } else {
+                                    Ok(())
+                                }
+                            })
                     } else {
                         Err(format!(
                             "run directory {} is outside the run root",
@@ -1757,6 +1826,62 @@ mod tests {
         }
     }
 
+    /// The lease's run directory with its owner file, as `provision` makes it (for tests that
+    /// do not create an account).
+    pub(super) fn own_run_dir(lease: &Lease) {
+        fs::create_dir_all(lease.run_dir()).unwrap();
+        let owner = Owner {
+            executor: lease.record.executor.clone(),
+            store: lease.record.store.clone(),
+            lease: lease.record.lease.clone(),
+        };
+        fs::write(
+            lease.run_dir().join(OWNER_FILE),
+            to_canonical_json(&owner).unwrap(),
+        )
+        .unwrap();
+    }
+
+    /// A run directory that was there before its lease (planted, or another writer's) stops
+    /// provisioning and is never removed by that lease's release: it is residue naming what it
+    /// is, and once the operator has dealt with it, the lease releases cleanly. One that names
+    /// another lease as its owner is left alone the same way.
+    #[test]
+    fn a_run_directory_that_is_not_the_leases_own_is_never_removed() {
+        let w = world();
+        for planted_owner in [None, Some("another-lease")] {
+            let lease = w
+                .manager
+                .begin("sha256:a", cordon_testkit::in_an_hour())
+                .unwrap();
+            let dir = lease.run_dir().to_path_buf();
+            fs::create_dir_all(&dir).unwrap();
+            fs::write(dir.join("keep"), b"not cordon's").unwrap();
+            if let Some(other) = planted_owner {
+                let owner = Owner {
+                    executor: w.manager.setup.executor.clone(),
+                    store: lease.record.store.clone(),
+                    lease: other.into(),
+                };
+                fs::write(dir.join(OWNER_FILE), to_canonical_json(&owner).unwrap()).unwrap();
+            }
+            assert!(matches!(
+                w.manager.provision(&lease),
+                Err(LeaseError::RunDirExists(p)) if p == dir
+            ));
+            let err = w.manager.release(&lease.record).unwrap_err();
+            assert!(
+                matches!(&err, LeaseError::Residue(r) if r.items.iter().any(|i| i.contains(&*dir.to_string_lossy()))),
+                "{err:?}"
+            );
+            assert_eq!(fs::read(dir.join("keep")).unwrap(), b"not cordon's");
+            assert_eq!(w.manager.records().unwrap().len(), 1, "the record is kept");
+            fs::remove_dir_all(&dir).unwrap();
+            w.manager.release(&lease.record).unwrap();
+            assert!(w.manager.records().unwrap().is_empty());
+        }
+    }
+
     #[test]
     fn a_clean_release_lists_twice_and_unlinks_the_record() {
         let w = world();
@@ -1788,7 +1913,7 @@ mod tests {
             .manager
             .begin("sha256:a", cordon_testkit::in_an_hour())
             .unwrap();
-        fs::create_dir_all(lease.run_dir()).unwrap();
+        own_run_dir(&lease);
         assert_eq!(
             Manager::read_secret(&lease).unwrap(),
             None,
@@ -1849,6 +1974,7 @@ mod tests {
             .manager
             .begin_child("sha256:a", cordon_testkit::in_an_hour())
             .unwrap();
+        own_run_dir(&lease);
         fs::create_dir_all(lease.jail_dir()).unwrap();
         // The supervisor is gone (a crash): its record is read back and released by recovery.
         assert_eq!(w.manager.records().unwrap().len(), 1);
@@ -1997,9 +2123,14 @@ mod tests {
             path: "/dev/nvidia0".into(),
         });
         let items = residue(w.manager.release(&lease.record));
-        assert_eq!(items.len(), 1, "{items:?}");
+        assert_eq!(items.len(), 2, "{items:?}");
         assert!(items[0].starts_with("device /dev/nvidia0"), "{items:?}");
-        // The account (created first) was still released: every step is attempted.
+        // The run directory is kept whole while anything released before it remains.
+        assert!(
+            items[1].contains("kept while the residue above remains"),
+            "{items:?}"
+        );
+        // The account (created first) was still released: every other step is attempted.
         assert!(w.fake.calls().iter().any(|c| matches!(c, Call::Edit(_))));
     }
 
@@ -2243,7 +2374,7 @@ mod root_tests {
         let lease = m
             .begin_with("sha256:a", &["rootfs"], cordon_testkit::in_an_hour())
             .unwrap();
-        fs::create_dir_all(lease.run_dir()).unwrap();
+        super::tests::own_run_dir(&lease);
         let run = &lease.run_dir();
         // A mount point the record does not name is refused before anything is mounted.
         assert!(
