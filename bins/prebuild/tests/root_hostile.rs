@@ -844,3 +844,63 @@ fn the_registered_patcher_ends_the_trees_build_at_its_own_deadline() {
     let (_, o) = build(&e, "echo built > $out/r", &[]);
     assert_eq!(published(&e, &o, "r"), "built\n");
 }
+
+/// What the prebuild reopens before it trusts it: the image layout against the policy's pin,
+/// and a cached publication against its record. Each changed behind the store's back is a
+/// no-decision — never a build in a wrong image, never a cached result that is not what was
+/// sealed.
+#[test]
+fn a_tampered_or_mispinned_image_and_a_corrupt_cached_publication_are_no_decisions() {
+    use std::os::unix::fs::PermissionsExt;
+    let e = env(0);
+    // A clean build, then its cached publication tampered with.
+    let (tree, o) = build(&e, "echo ok > $out/a", &[]);
+    let Decision::Accepted(Published { publication, .. }) = &o else {
+        panic!("{o:?}")
+    };
+    let object = e.store.object_path(&publication.entries[0].sha256, false);
+    std::fs::set_permissions(&object, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::write(&object, "ko\n").unwrap();
+    let r = prebuild(&e.policy, &e.cfg, &tree, "build-native");
+    assert!(
+        matches!(r, Err(cordon_prebuild::prebuild::PrebuildError::Tree(_))),
+        "a corrupt cached publication: {r:?}"
+    );
+    // The pin names another image: refused before anything runs.
+    let pinned = cordon_testkit::isolated_policy(
+        e.dir.path(),
+        cordon_testkit::account_range("prebuild-hostile", 0),
+    )
+    .replace_once(
+        "sha256:90f5a0d82828426b1382ad80947b38bdd0ca6200f11620cbfbaa788d8ebc4de1",
+        "sha256:1111111111111111111111111111111111111111111111111111111111111111",
+    );
+    let policy = cordon_policy_lang::parse("pin.kdl", &pinned).unwrap();
+    let r = prebuild(&policy, &e.cfg, &tree, "build-native");
+    assert!(
+        matches!(r, Err(cordon_prebuild::prebuild::PrebuildError::Image(_))),
+        "a mis-pinned image: {r:?}"
+    );
+    // A blob of the layout changed: refused the same way.
+    let blobs = e.dir.path().join("images/prebuild/blobs/sha256");
+    let blob = std::fs::read_dir(&blobs)
+        .unwrap()
+        .map(|d| d.unwrap().path())
+        .max_by_key(|p| std::fs::metadata(p).unwrap().len())
+        .unwrap();
+    std::fs::set_permissions(&blob, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut bytes = std::fs::read(&blob).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&blob, bytes).unwrap();
+    let r = prebuild(&e.policy, &e.cfg, &tree, "build-native");
+    assert!(
+        matches!(r, Err(cordon_prebuild::prebuild::PrebuildError::Image(_))),
+        "a tampered image layout: {r:?}"
+    );
+    let left = Manager::open(&e.store, e.cfg.setup.clone())
+        .unwrap()
+        .check()
+        .unwrap();
+    assert!(left.is_empty(), "{left:?}");
+}
