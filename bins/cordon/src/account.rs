@@ -388,8 +388,14 @@ pub(crate) mod tests {
             in_range(&f, &policy()),
             Err(AccountError::Database { .. })
         ));
-        assert!(create(&f, &policy(), &account(), "cordon t 0").is_err());
-        assert!(remove(&f, &policy(), &account()).is_err());
+        assert!(matches!(
+            create(&f, &policy(), &account(), "cordon t 0"),
+            Err(AccountError::Database { .. })
+        ));
+        assert!(matches!(
+            remove(&f, &policy(), &account()),
+            Err(AccountError::Database { .. })
+        ));
         // Nothing was created on the strength of an unread database.
         assert!(!f.calls().iter().any(|c| matches!(c, Call::Run(_))));
     }

@@ -485,7 +485,10 @@ mod tests {
         let b = build(&s, &dir.path().join("b")).unwrap();
         assert_eq!(a, b, "the same spec is the same manifest digest");
         verify(&dir.path().join("a"), &a).unwrap();
-        assert!(verify(&dir.path().join("a"), &Digest::of_bytes(b"other")).is_err());
+        assert!(matches!(
+            verify(&dir.path().join("a"), &Digest::of_bytes(b"other")),
+            Err(ImageError::Verify { .. })
+        ));
         let store = Store::open(&dir.path().join("store")).unwrap();
         let root = unpack(&store, &dir.path().join("a"), &a).unwrap();
         let m = fs::metadata(root.join("bin/tool")).unwrap();
@@ -506,6 +509,9 @@ mod tests {
             }
         }
         assert!(flipped);
-        assert!(verify(&dir.path().join("b"), &b).is_err());
+        assert!(matches!(
+            verify(&dir.path().join("b"), &b),
+            Err(ImageError::Verify { .. })
+        ));
     }
 }

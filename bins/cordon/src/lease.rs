@@ -2087,7 +2087,10 @@ mod tests {
         assert!(m.runtime().containers().unwrap().is_empty());
         let f = Arc::new(Fake::new());
         f.reply("list", ToolOutput::ok(br#"[{"name":"no id"}]"#));
-        assert!(with_host(&w, f).runtime().containers().is_err());
+        assert!(matches!(
+            with_host(&w, f).runtime().containers(),
+            Err(crate::runtime::RuntimeError::Listing { .. })
+        ));
     }
 
     #[test]
@@ -2235,7 +2238,8 @@ mod tests {
         )
         .unreadable(parent)
         .reply("list", ToolOutput::ok(b"[]"));
-        assert!(with_host(&w, f).check().is_err());
+        let err = with_host(&w, f).check().unwrap_err();
+        assert!(err.to_string().contains("cgroup"), "{err}");
     }
 
     /// Three accounts in the range: this executor's and store's (by its owner tag), another

@@ -481,8 +481,14 @@ mod tests {
         std::os::unix::fs::PermissionsExt::set_mode(&mut p, 0o644);
         std::fs::set_permissions(&object, p).unwrap();
         std::fs::write(&object, b"B").unwrap();
-        assert!(verify(&store, &record.digest).is_err());
-        assert!(load(&store, &Digest::of_bytes(b"absent")).is_err());
+        assert!(matches!(
+            verify(&store, &record.digest),
+            Err(TreeError::Corrupt { .. })
+        ));
+        assert!(matches!(
+            load(&store, &Digest::of_bytes(b"absent")),
+            Err(TreeError::Missing { .. })
+        ));
     }
 
     /// Eight writers (each with its own handle, as separate stage processes have) publish the

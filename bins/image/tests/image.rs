@@ -121,7 +121,11 @@ fn a_tampered_blob_or_index_is_refused() {
     }
     // A manifest the index does not name.
     let other = Digest::of_bytes(b"another image");
-    assert!(image::verify(&layout, &other).is_err());
+    let err = image::verify(&layout, &other).unwrap_err();
+    assert!(
+        matches!(err, image::ImageError::Verify { .. }),
+        "a manifest the index does not name: {err}"
+    );
 }
 
 #[test]
