@@ -770,6 +770,15 @@ pub mod fake {
                 .push(call);
             fail
         }
+
+        /// Record `call`, then fail it or do it.
+        fn pass<T>(&self, call: Call, real: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+            if self.record(call) {
+                Err(broken())
+            } else {
+                real()
+            }
+        }
     }
 
     impl Host for Interposed {
@@ -781,60 +790,46 @@ pub mod fake {
         }
 
         fn spawn(&self, tool: &Tool, stdin: bool) -> io::Result<Child> {
-            if self.record(Call::Spawn(tool.display())) {
-                return Err(broken());
-            }
-            (self.before_spawn)(tool);
-            super::Linux.spawn(tool, stdin)
+            self.pass(Call::Spawn(tool.display()), || {
+                (self.before_spawn)(tool);
+                super::Linux.spawn(tool, stdin)
+            })
         }
 
         fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
-            if self.record(Call::Read(path.to_path_buf())) {
-                return Err(broken());
-            }
-            super::Linux.read(path)
+            self.pass(Call::Read(path.into()), || super::Linux.read(path))
         }
 
         fn mount(&self, request: &MountRequest) -> io::Result<()> {
-            if self.record(Call::Mount(request.clone())) {
-                return Err(broken());
-            }
-            super::Linux.mount(&(self.mount)(request))
+            self.pass(Call::Mount(request.clone()), || {
+                super::Linux.mount(&(self.mount)(request))
+            })
         }
 
         fn unmount(&self, target: &Path) -> io::Result<()> {
-            if self.record(Call::Unmount(target.to_path_buf())) {
-                return Err(broken());
-            }
-            super::Linux.unmount(target)
+            self.pass(Call::Unmount(target.into()), || {
+                super::Linux.unmount(target)
+            })
         }
 
         fn remove_dir(&self, path: &Path) -> io::Result<()> {
-            if self.record(Call::RemoveDir(path.to_path_buf())) {
-                return Err(broken());
-            }
-            super::Linux.remove_dir(path)
+            self.pass(Call::RemoveDir(path.into()), || {
+                super::Linux.remove_dir(path)
+            })
         }
 
         fn list_dir(&self, path: &Path) -> io::Result<Vec<String>> {
-            if self.record(Call::ListDir(path.to_path_buf())) {
-                return Err(broken());
-            }
-            super::Linux.list_dir(path)
+            self.pass(Call::ListDir(path.into()), || super::Linux.list_dir(path))
         }
 
         fn device(&self, path: &Path) -> io::Result<DeviceNode> {
-            if self.record(Call::Device(path.to_path_buf())) {
-                return Err(broken());
-            }
-            super::Linux.device(path)
+            self.pass(Call::Device(path.into()), || super::Linux.device(path))
         }
 
         fn edit_file(&self, path: &Path, edit: &dyn Fn(&str) -> Option<String>) -> io::Result<()> {
-            if self.record(Call::Edit(path.to_path_buf())) {
-                return Err(broken());
-            }
-            super::Linux.edit_file(path, edit)
+            self.pass(Call::Edit(path.into()), || {
+                super::Linux.edit_file(path, edit)
+            })
         }
     }
 }

@@ -1,5 +1,5 @@
-//! What the stage's real-container test files share: one test image (a shell, testkit's static
-//! attempt program and its set-user-id copy, the probe files), the default policy pinned to it
+//! What the stage's real-container test files share: one test image (busybox's `sh` and `cat`,
+//! testkit's static attempt program and its set-user-id copy, the probe files), the default policy pinned to it
 //! with small bounds, and one Session run of the prebuild stage on a host the test chooses (the
 //! real one, or [`Interposed`](cordon::host::fake::Interposed) with failures or ablations).
 
@@ -52,7 +52,10 @@ pub fn world() -> World {
         entrypoint: vec!["/bin/sh".into()],
         workdir: None,
     };
-    spec.files.insert("/bin/sh".into(), (busybox, 0o555));
+    for applet in ["sh", "cat"] {
+        spec.files
+            .insert(format!("/bin/{applet}"), (busybox.clone(), 0o555));
+    }
     for path in ["/bin/attempt", SETUID, WRITABLE, SECRET] {
         spec.files.insert(path.into(), (attempt.clone(), 0o555));
     }
@@ -78,25 +81,41 @@ pub fn world() -> World {
     }
 }
 
-/// The default policy pinned to the test image, with its account range in `owner`'s slot and
-/// the bounds the resource attempts meet made small (each still planned by the planner from
-/// the policy, not patched in the bundle).
-pub fn policy(w: &World, owner: &str, slot: u32) -> Policy {
+/// The default policy pinned to the test image, its account range in `owner`'s slot, with
+/// `edits` (each must match exactly once).
+pub fn pinned_policy(w: &World, owner: &str, slot: u32, edits: &[(&str, &str)]) -> Policy {
     let ids = cordon_testkit::account_range(owner, slot);
-    let text = cordon_testkit::isolated_policy(w.dir.path(), ids)
-        .replace_once(
-            "image \"prebuild\" digest=\"sha256:90f5a0d82828426b1382ad80947b38bdd0ca6200f11620cbfbaa788d8ebc4de1\"",
-            &format!("image \"prebuild\" digest=\"{}\"", w.digest),
-        )
-        .replace_once("    cpus 4\n", "    cpus \"0.1\"\n")
-        .replace_once("memory \"8GiB\"", "memory \"256MiB\"")
-        .replace_once("pids 1024", "pids 48")
-        .replace_once(
-            "staging size=\"4GiB\" inodes=200000",
-            "staging size=\"1MiB\" inodes=64",
-        )
-        .replace_once("tmp size=\"1GiB\" exec=#false", "tmp size=\"8MiB\" exec=#false");
+    let mut text = cordon_testkit::isolated_policy(w.dir.path(), ids).replace_once(
+        "image \"prebuild\" digest=\"sha256:90f5a0d82828426b1382ad80947b38bdd0ca6200f11620cbfbaa788d8ebc4de1\"",
+        &format!("image \"prebuild\" digest=\"{}\"", w.digest),
+    );
+    for (from, to) in edits {
+        text = text.replace_once(from, to);
+    }
     cordon_policy_lang::parse("stage-test.kdl", &text).unwrap()
+}
+
+/// [`pinned_policy`] with the bounds the resource attempts meet made small (each still planned
+/// by the planner from the policy, not patched in the bundle).
+pub fn policy(w: &World, owner: &str, slot: u32) -> Policy {
+    pinned_policy(
+        w,
+        owner,
+        slot,
+        &[
+            ("    cpus 4\n", "    cpus \"0.1\"\n"),
+            ("memory \"8GiB\"", "memory \"256MiB\""),
+            ("pids 1024", "pids 48"),
+            (
+                "staging size=\"4GiB\" inodes=200000",
+                "staging size=\"1MiB\" inodes=64",
+            ),
+            (
+                "tmp size=\"1GiB\" exec=#false",
+                "tmp size=\"8MiB\" exec=#false",
+            ),
+        ],
+    )
 }
 
 /// The lease setup of executor `executor` in the test's directories, on `host`, after the
@@ -116,17 +135,9 @@ pub fn setup(w: &World, policy: &Policy, executor: &str, host: HostRef) -> Setup
     setup
 }
 
-/// Run `script` in one session of the prebuild stage under `setup`; its stdout.
-///
-/// # Errors
-/// The session's own.
-pub fn run(
-    w: &World,
-    policy: &Policy,
-    setup: &Setup,
-    script: &str,
-) -> Result<String, SessionError> {
-    let session = Session {
+/// The prebuild stage's session under `setup`.
+pub fn session<'a>(w: &World, policy: &'a Policy, setup: &Setup) -> Session<'a> {
+    Session {
         policy,
         kind: StageKind::Prebuild,
         store: w.store.clone(),
@@ -140,19 +151,36 @@ pub fn run(
         )
         .unwrap()
         .version,
-    };
-    let job = Job {
+    }
+}
+
+/// `/bin/sh -c script` in the test image over the test tree, with `stdin`, stdout live when
+/// `live`.
+pub fn job(w: &World, script: &str, stdin: Input, live: bool) -> Job {
+    Job {
         argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
         image_rootfs: image::unpack(&w.store, &w.layout, &w.digest).unwrap(),
         sources: [(MountSource::Tree, w.tree.clone())].into(),
-        stdin: Input::Null,
-        live_stdout: false,
+        stdin,
+        live_stdout: live,
         live_stderr: false,
         started: Instant::now(),
-    };
-    session
+    }
+}
+
+/// Run `script` in one session of the prebuild stage under `setup`; its stdout.
+///
+/// # Errors
+/// The session's own.
+pub fn run(
+    w: &World,
+    policy: &Policy,
+    setup: &Setup,
+    script: &str,
+) -> Result<String, SessionError> {
+    session(w, policy, setup)
         .run(
-            &job,
+            &job(w, script, Input::Null, false),
             |_, _| Ok::<_, SessionError>(()),
             |_, _, finished| {
                 Ok::<_, SessionError>(String::from_utf8_lossy(&finished.stdout).into_owned())
