@@ -895,41 +895,28 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("at.deny");
         fs::write(&path, "root\n").unwrap();
-        let line = |w: usize, i: usize| format!("cordon-{w}-{i}");
-        std::thread::scope(|s| {
-            for w in 0..8 {
-                let path = &path;
-                s.spawn(move || {
-                    for i in 0..25 {
-                        let name = line(w, i);
-                        Linux
-                            .edit_file(path, &|t| Some(format!("{t}{name}\n")))
-                            .unwrap();
-                    }
-                });
-            }
-        });
+        // Eight editors at once, each applying `edit` to each of its 25 names.
+        let all_at_once = |edit: &(dyn Fn(&str, &str) -> String + Sync)| {
+            std::thread::scope(|s| {
+                for w in 0..8 {
+                    let path = &path;
+                    s.spawn(move || {
+                        for i in 0..25 {
+                            let name = format!("cordon-{w}-{i}");
+                            Linux.edit_file(path, &|t| Some(edit(t, &name))).unwrap();
+                        }
+                    });
+                }
+            });
+        };
+        all_at_once(&|t, name| format!("{t}{name}\n"));
         let text = fs::read_to_string(&path).unwrap();
         assert_eq!(text.lines().count(), 1 + 8 * 25, "an edit was lost");
-        std::thread::scope(|s| {
-            for w in 0..8 {
-                let path = &path;
-                s.spawn(move || {
-                    for i in 0..25 {
-                        let name = line(w, i);
-                        Linux
-                            .edit_file(path, &|t| {
-                                Some(
-                                    t.lines()
-                                        .filter(|l| *l != name)
-                                        .map(|l| format!("{l}\n"))
-                                        .collect(),
-                                )
-                            })
-                            .unwrap();
-                    }
-                });
-            }
+        all_at_once(&|t, name| {
+            t.lines()
+                .filter(|l| *l != name)
+                .map(|l| format!("{l}\n"))
+                .collect()
         });
         assert_eq!(fs::read_to_string(&path).unwrap(), "root\n");
     }
