@@ -389,6 +389,21 @@ mod tests {
         assert_eq!(seen, [("a", 5, false), ("b/x", 3, true), ("c", 0, true)]);
     }
 
+    /// The staging root itself is opened without following a link: a link to a directory is
+    /// never inventoried as if it were the staging area.
+    #[test]
+    fn a_root_that_is_a_link_is_refused() {
+        let dir = staged(&[("real/f", 1)]);
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink("real", &link).unwrap();
+        assert!(inventory(&dir.path().join("real"), &bounds()).is_ok());
+        match inventory(&link, &bounds()) {
+            Err(InventoryError::Refused(r)) => assert_eq!(r.code, "publication.unreadable"),
+            Err(InventoryError::Host { source, .. }) => assert_eq!(source, nix::Error::ELOOP),
+            other => panic!("a link must not be followed: {other:?}"),
+        }
+    }
+
     /// A pending directory whose name became a symbolic link to it (same inode) is not
     /// followed: the reopen is refused, never steered through a link.
     #[test]
