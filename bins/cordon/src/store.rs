@@ -123,9 +123,12 @@ pub struct Batch<'s> {
 }
 
 impl Batch<'_> {
+    /// Queued, or a regular file under the object's name (a link planted there is not the
+    /// object: the write goes ahead, and its re-verification refuses the link).
     fn present(&self, sha: &Digest, executable: bool) -> bool {
         self.queued.contains(&(*sha, executable))
-            || self.store.object_path(sha, executable).exists()
+            || fs::symlink_metadata(self.store.object_path(sha, executable))
+                .is_ok_and(|m| m.is_file())
     }
 
     /// Copy a reader into a new object (hashing as it goes); returns its sha256 and size. An

@@ -190,7 +190,8 @@ pub fn load(store: &Store, digest: &Digest) -> Result<TreeRecord, TreeError> {
 /// # Errors
 /// Missing or corrupt.
 pub fn load_in(store: &Store, section: Section, digest: &Digest) -> Result<TreeRecord, TreeError> {
-    let path = dir_in(store, section, digest).join("manifest.json");
+    let dir = dir_in(store, section, digest);
+    let path = dir.join("manifest.json");
     if fs::symlink_metadata(&path).is_err() {
         return Err(TreeError::Missing { digest: *digest });
     }
@@ -198,6 +199,11 @@ pub fn load_in(store: &Store, section: Section, digest: &Digest) -> Result<TreeR
         digest: *digest,
         why,
     };
+    // The tree's own directory, not only what is below it, must be the store's: a link planted
+    // under the tree's name would be followed by every path through it, and by the mount.
+    if !fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
+        return Err(corrupt(format!("{} is not a directory", dir.display())));
+    }
     let mut text = Vec::new();
     io::Read::read_to_end(&mut store::open_nofollow(&path)?, &mut text)
         .map_err(|e| corrupt(format!("cannot read the record: {e}")))?;
@@ -489,6 +495,38 @@ mod tests {
             load(&store, &Digest::of_bytes(b"absent")),
             Err(TreeError::Missing { .. })
         ));
+    }
+
+    /// Store targets planted before a write — a link under a tree's name, a link where an
+    /// object goes — are refused, never followed or taken for the real thing.
+    #[test]
+    fn planted_links_under_a_tree_or_object_name_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        let entries = vec![entry(&store, "a.txt", b"a", false)];
+        let record = publish(&store, entries.clone(), serde_json::json!({})).unwrap();
+        // A faithful copy of the tree elsewhere, and a link to it under the tree's name.
+        let target = dir_in(&store, TREES, &record.digest);
+        let elsewhere = dir.path().join("elsewhere");
+        std::fs::rename(&target, &elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &target).unwrap();
+        assert!(matches!(
+            verify(&store, &record.digest),
+            Err(TreeError::Corrupt { .. })
+        ));
+        assert!(matches!(
+            publish(&store, entries, serde_json::json!({})),
+            Err(TreeError::Corrupt { .. })
+        ));
+        // A link where a new object would go: the batch does not take it for the object.
+        let sha = Digest::of_bytes(b"planted");
+        let object = store.object_path(&sha, false);
+        std::fs::create_dir_all(object.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", &object).unwrap();
+        let mut batch = store.batch().unwrap();
+        batch.add_reader(&b"planted"[..], false).unwrap();
+        assert!(batch.commit().is_err());
+        assert!(std::fs::symlink_metadata(&object).unwrap().is_symlink());
     }
 
     /// Eight writers (each with its own handle, as separate stage processes have) publish the
