@@ -503,3 +503,38 @@ mod tests {
         ));
     }
 }
+
+#[cfg(test)]
+mod root_tests {
+    //! Entries only root can make (root, as CI runs).
+
+    use super::*;
+
+    /// A device node left in staging is refused as a device (`mknod` needs root).
+    #[test]
+    fn a_device_node_is_refused_as_a_device() {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "this test makes a device node: run it as root (CI does)"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        nix::sys::stat::mknod(
+            &dir.path().join("null"),
+            SFlag::S_IFCHR,
+            Mode::from_bits_truncate(0o600),
+            nix::sys::stat::makedev(1, 3),
+        )
+        .unwrap();
+        let b = Bounds {
+            max_files: 10,
+            max_bytes: 1 << 20,
+            max_file_bytes: 1 << 20,
+            max_depth: 4,
+            max_path_length: 64,
+        };
+        match inventory(dir.path(), &b) {
+            Err(InventoryError::Refused(r)) => assert_eq!(r.code, "publication.device"),
+            other => panic!("a device must be refused as one: {other:?}"),
+        }
+    }
+}
