@@ -176,9 +176,9 @@ pub struct Owner {
 
 /// Whether the run directory `dir` is there and is `owner`'s: `Ok(false)` when it is absent,
 /// an error (residue) when it exists without an owner file naming exactly `owner` — never
-/// removed on a guess. A directory `provision` made under its dot name and left before its
-/// owner file was written (a crash in between) is owned only if it is empty.
-fn owned_by(dir: &Path, owner: &Owner) -> Result<bool, String> {
+/// removed on a guess. Only the `pending` dot-named directory `provision` made and left before
+/// its owner file was written (a crash in between) may be owned without one, and only empty.
+fn owned_by(dir: &Path, owner: &Owner, pending: bool) -> Result<bool, String> {
     match fs::symlink_metadata(dir) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(format!("run directory {}: {e}", dir.display())),
@@ -211,7 +211,7 @@ fn owned_by(dir: &Path, owner: &Owner) -> Result<bool, String> {
                 dir.display()
             )),
         },
-        Err(_) if fs::read_dir(dir).is_ok_and(|mut d| d.next().is_none()) => Ok(true),
+        Err(_) if pending && fs::read_dir(dir).is_ok_and(|mut d| d.next().is_none()) => Ok(true),
         Err(e) => Err(format!(
             "run directory {} has no owner file ({e}): left for the operator",
             dir.display()
@@ -1597,10 +1597,10 @@ impl Manager {
                             store: record.store.clone(),
                             lease: record.lease.clone(),
                         };
-                        std::iter::once(path.clone())
-                            .chain(pending)
-                            .try_for_each(|dir| {
-                                if owned_by(&dir, &owner)? {
+                        std::iter::once((path.clone(), false))
+                            .chain(pending.map(|p| (p, true)))
+                            .try_for_each(|(dir, pending)| {
+                                if owned_by(&dir, &owner, pending)? {
                                     store::remove_tree(&dir).map_err(|e| {
                                         format!("run directory {}: {e}", dir.display())
                                     })
@@ -1644,6 +1644,24 @@ impl Manager {
         read_records(&self.store, &self.setup.executor)
     }
 
+    /// Unmount every mount under `dir`, deepest first.
+    fn unmount_inside(&self, dir: &Path) -> Result<(), String> {
+        let mut inside: Vec<PathBuf> = self
+            .setup
+            .mount_points()
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter(|p| p.starts_with(dir))
+            .collect();
+        inside.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        inside.iter().try_for_each(|p| {
+            self.setup
+                .host()
+                .unmount(p)
+                .map_err(|e| format!("mount {} inside it: {e}", p.display()))
+        })
+    }
+
     /// Startup recovery: release every record (this manager holds the executor's lock, so no
     /// live manager holds them), then remove orphans: containers with this executor's label,
     /// run directories, accounts in the policy range. Returns what was released.
@@ -1672,9 +1690,25 @@ impl Manager {
                 Err(e) => residue.push(format!("container {id}: {e}")),
             }
         }
+        // Orphan run directories (no record names them any more): a lease whose release just
+        // left residue keeps its record and its directory whole; any other is unmounted inside
+        // (deepest first) and then removed — never removed around a mount, which would take its
+        // owner file and leave it unattributable.
+        let kept: std::collections::BTreeSet<String> =
+            self.records()?.into_iter().map(|r| r.lease).collect();
         let (ours, unattributed) = view.run_dirs()?;
         for path in ours {
-            match store::remove_tree(&path) {
+            let id = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .map(|n| n.trim_start_matches('.'));
+            if id.is_some_and(|id| kept.contains(id)) {
+                continue;
+            }
+            match self
+                .unmount_inside(&path)
+                .and_then(|()| store::remove_tree(&path).map_err(|e| e.to_string()))
+            {
                 Ok(()) => done.push(format!("run directory {}", path.display())),
                 Err(e) => residue.push(format!("run directory {}: {e}", path.display())),
             }
@@ -1842,6 +1876,39 @@ mod tests {
         .unwrap();
     }
 
+    /// Recovery whose release of a record leaves residue (a mount inside the run directory that
+    /// will not unmount) keeps that record and its run directory whole, owner file included —
+    /// the orphan sweep never removes around it — so a later recovery can still finish it.
+    #[test]
+    fn recovery_keeps_the_run_directory_of_a_lease_it_could_not_release() {
+        let w = world();
+        let lease = w
+            .manager
+            .begin_with("sha256:a", &["staging"], cordon_testkit::in_an_hour())
+            .unwrap();
+        own_run_dir(&lease);
+        let staging = lease.run_dir().join("staging");
+        fs::create_dir(&staging).unwrap();
+        let f = empty_host();
+        f.file(
+            "/proc/self/mountinfo",
+            &format!("99 1 0:50 / {} rw - tmpfs tmpfs rw\n", staging.display()),
+        )
+        .reply("list", ToolOutput::ok(b"[]"))
+        .fail(false, true, false);
+        let m = with_host(&w, f);
+        let items = match m.recover() {
+            Err(LeaseError::Residue(r)) => r.items,
+            other => panic!("an unmount that fails is residue: {other:?}"),
+        };
+        assert!(items.iter().any(|i| i.contains("staging")), "{items:?}");
+        assert!(
+            lease.run_dir().join(OWNER_FILE).exists(),
+            "the kept run directory still says whose it is"
+        );
+        assert_eq!(m.records().unwrap().len(), 1, "the record is kept");
+    }
+
     /// A run directory that was there before its lease (planted, or another writer's) stops
     /// provisioning and is never removed by that lease's release: it is residue naming what it
     /// is, and once the operator has dealt with it, the lease releases cleanly. One that names
@@ -1849,15 +1916,18 @@ mod tests {
     #[test]
     fn a_run_directory_that_is_not_the_leases_own_is_never_removed() {
         let w = world();
-        for planted_owner in [None, Some("another-lease")] {
+        for planted_owner in [None, Some("another-lease"), Some("")] {
             let lease = w
                 .manager
                 .begin("sha256:a", cordon_testkit::in_an_hour())
                 .unwrap();
             let dir = lease.run_dir().to_path_buf();
             fs::create_dir_all(&dir).unwrap();
-            fs::write(dir.join("keep"), b"not cordon's").unwrap();
-            if let Some(other) = planted_owner {
+            // `Some("")`: an empty directory, no owner file — still not this lease's.
+            if planted_owner != Some("") {
+                fs::write(dir.join("keep"), b"not cordon's").unwrap();
+            }
+            if let Some(other) = planted_owner.filter(|o| !o.is_empty()) {
                 let owner = Owner {
                     executor: w.manager.setup.executor.clone(),
                     store: lease.record.store.clone(),
@@ -1874,7 +1944,10 @@ mod tests {
                 matches!(&err, LeaseError::Residue(r) if r.items.iter().any(|i| i.contains(&*dir.to_string_lossy()))),
                 "{err:?}"
             );
-            assert_eq!(fs::read(dir.join("keep")).unwrap(), b"not cordon's");
+            assert!(dir.is_dir(), "the planted directory is left");
+            if planted_owner != Some("") {
+                assert_eq!(fs::read(dir.join("keep")).unwrap(), b"not cordon's");
+            }
             assert_eq!(w.manager.records().unwrap().len(), 1, "the record is kept");
             fs::remove_dir_all(&dir).unwrap();
             w.manager.release(&lease.record).unwrap();
