@@ -42,7 +42,7 @@ run_group() {
     lease)
         # Lease release, recovery and the absence check; account creation and removal.
         files=(bins/cordon/src/lease.rs bins/cordon/src/account.rs)
-        re=('release|recover|check|Observer|read_records|executor_ok|create|remove|in_range|deny|taken')
+        re=('release|recover|check|Observer|read_records|executor_ok|owned_by|unmount_inside|create|remove|in_range|deny|taken')
         tests=(cordon)
         ;;
     planner)

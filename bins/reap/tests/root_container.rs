@@ -186,7 +186,7 @@ grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs|Seccomp):' /proc/self/status
 echo ifaces=$(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | tr '\n' ,)
 touch /engine/x 2>/dev/null && echo treewrite=yes || echo treewrite=no
 touch /staging/out && echo stagingwrite=yes || echo stagingwrite=no
-cp /bin/sh /tmp/sh 2>/dev/null; /tmp/sh -c true 2>/dev/null && echo tmpexec=yes || echo tmpexec=no
+cp /bin/sh /tmp/sh && echo tmpcopy=yes; /tmp/sh -c true 2>/dev/null && echo tmpexec=yes || echo tmpexec=no
 cp /bin/sh /staging/sh; /staging/sh -c true && echo stagingexec=yes || echo stagingexec=no
 echo HOME=${HOME:-unset} USER=${USER:-unset}
 sleep 1
@@ -242,6 +242,7 @@ sleep 1
     for want in [
         "treewrite=no",
         "stagingwrite=yes",
+        "tmpcopy=yes",
         "tmpexec=no",
         "stagingexec=yes",
     ] {

@@ -137,6 +137,23 @@ int main(int argc, char **argv) {
     }
     /* A system call no capability gates and the reviewed profile leaves out (keyctl). */
     if (!strcmp(name, "syscall")) return result(syscall(SYS_keyctl, 0L /* GET_KEYRING_ID */, -2L /* process */, 1L));
+    /* A call the profile removes from its baseline (pidfd_getfd): take a descriptor from this
+     * program's own child, which the run account could otherwise do. */
+    if (!strcmp(name, "removed")) {
+        int pipefd[2];
+        if (pipe(pipefd) < 0) return printf("%s=setup:%d\n", name, errno), 0;
+        pid_t pid = fork();
+        if (pid == 0) { char c; close(pipefd[1]); read(pipefd[0], &c, 1); _exit(0); }
+        close(pipefd[0]);
+        long pidfd = syscall(SYS_pidfd_open, (long)pid, 0L);
+        if (pidfd < 0) return printf("%s=setup:%d\n", name, errno), 0;
+        long r = syscall(SYS_pidfd_getfd, pidfd, 0L, 0L);
+        int e = errno;
+        close(pipefd[1]);
+        waitpid(pid, 0, 0);
+        errno = e;
+        return result(r);
+    }
     /* An address family the allow-list leaves out and no capability gates (netlink route). */
     if (!strcmp(name, "socket")) return result(socket(AF_NETLINK, SOCK_RAW, 0));
     /* A namespace flag on clone that an unprivileged process may otherwise use (a user namespace). */
