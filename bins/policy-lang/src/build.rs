@@ -2193,6 +2193,46 @@ mod tests {
             many.join(" ")
         );
         assert_eq!(bad("socket", &c), ["invalid-value"], "81 entries > 64");
+        // Exactly the bound is admitted: 8 × 8 = 64 entries.
+        let eight: Vec<String> = (0..8).map(|v| v.to_string()).collect();
+        let c = format!(
+            "arg index=0 op=\"one-of\" {0}\narg index=1 op=\"one-of\" {0}\n",
+            eight.join(" ")
+        );
+        assert_eq!(
+            codes(&with_rule("socketpair", &c)),
+            Vec::<String>::new(),
+            "64 entries"
+        );
+        // A filter without argument conditions may cover x86 too (nothing to misread there),
+        // and an unmodelled call may be allowed as long as it carries no condition.
+        let prebuild = "    seccomp \"candidate\"\n    user \"per-run\"\n    cpus 4\n";
+        let text = format!(
+            "{}\nseccomp \"plain\" {{\n    default-action \"errno\" errno=1\n    \
+             architectures \"x86_64\" \"x86\"\n    \
+             rule \"read\" action=\"allow\" reason=\"t\"\n    \
+             rule \"io_uring_setup\" action=\"allow\" reason=\"t\"\n}}\n",
+            default_policy().replace_once(prebuild, &prebuild.replace("candidate", "plain"))
+        );
+        assert_eq!(codes(&text), Vec::<String>::new());
+    }
+
+    /// Each block a stage kind may not have is refused in it, by name.
+    #[test]
+    fn blocks_a_stage_kind_may_not_have_are_refused_in_it() {
+        for (stage, block) in [
+            (
+                "stage \"lane\" {\n",
+                "    staging size=\"1GiB\" inodes=10\n",
+            ),
+            (
+                "stage \"lane\" {\n",
+                "    publication max-files=1 max-bytes=\"1MiB\" max-file-bytes=\"1MiB\" max-depth=2 max-path-length=9\n",
+            ),
+        ] {
+            let text = default_policy().replace_once(stage, &format!("{stage}{block}"));
+            assert_eq!(codes(&text), ["not-allowed-in-stage"], "{block}");
+        }
     }
 
     #[test]
