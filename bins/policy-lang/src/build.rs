@@ -2217,6 +2217,19 @@ mod tests {
         assert_eq!(codes(&text), Vec::<String>::new());
     }
 
+    /// The runtime's own destinations are reserved: the root, `/tmp`, and anything at or below
+    /// `/proc`, `/sys` or `/dev`.
+    #[test]
+    fn the_runtimes_own_mount_destinations_are_reserved() {
+        let line = "    mount \"tree\" \"/engine\" mode=\"ro\"\n    mount \"staging\"";
+        for dest in ["/", "/tmp", "/proc", "/sys/fs", "/dev/shm"] {
+            let text = default_policy().replace_once(line, &line.replace("/engine", dest));
+            assert_eq!(codes(&text), ["overlap"], "{dest}");
+        }
+        let text = default_policy().replace_once(line, &line.replace("/engine", "/procs"));
+        assert_eq!(codes(&text), Vec::<String>::new(), "/procs is not /proc");
+    }
+
     /// Each block a stage kind may not have is refused in it, by name.
     #[test]
     fn blocks_a_stage_kind_may_not_have_are_refused_in_it() {
