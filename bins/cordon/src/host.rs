@@ -691,14 +691,14 @@ pub mod fake {
     /// The real host ([`Linux`](super::Linux)) with a test's hand on the seam, for tests that
     /// run real tools, mounts and containers: every call is recorded as a [`Call`], then either
     /// failed (when the `failing` predicate says so: a tool run answers a failed output without
-    /// running, anything else an I/O error) or passed on — after `before_spawn` has seen a
-    /// spawn and `rewriting_mounts` has rewritten a mount request. That is how a test makes
+    /// running, anything else an I/O error) or passed on — what `rewriting_spawns` makes of a
+    /// spawn, what `rewriting_mounts` makes of a mount request. That is how a test makes
     /// `useradd` fail after a real `groupadd`, or removes one control from a bundle (an
     /// ablation) without a switch in product code.
     pub struct Interposed {
         calls: Mutex<Vec<Call>>,
         fail: Hook<Call, bool>,
-        before_spawn: Hook<Tool, ()>,
+        spawn: Hook<Tool, Tool>,
         mount: Hook<MountRequest, MountRequest>,
     }
 
@@ -715,7 +715,7 @@ pub mod fake {
             Self {
                 calls: Mutex::default(),
                 fail: Box::new(|_| false),
-                before_spawn: Box::new(|_| ()),
+                spawn: Box::new(Clone::clone),
                 mount: Box::new(Clone::clone),
             }
         }
@@ -735,10 +735,14 @@ pub mod fake {
             self
         }
 
-        /// Run `hook` before each spawn is passed on.
+        /// Spawn what `rewrite` makes of each tool instead (it may also act first: change the
+        /// bundle a `runc create` is about to read, say).
         #[must_use]
-        pub fn before_spawn(mut self, hook: impl Fn(&Tool) + Send + Sync + 'static) -> Self {
-            self.before_spawn = Box::new(hook);
+        pub fn rewriting_spawns(
+            mut self,
+            rewrite: impl Fn(&Tool) -> Tool + Send + Sync + 'static,
+        ) -> Self {
+            self.spawn = Box::new(rewrite);
             self
         }
 
@@ -791,8 +795,7 @@ pub mod fake {
 
         fn spawn(&self, tool: &Tool, stdin: bool) -> io::Result<Child> {
             self.pass(Call::Spawn(tool.display()), || {
-                (self.before_spawn)(tool);
-                super::Linux.spawn(tool, stdin)
+                super::Linux.spawn(&(self.spawn)(tool), stdin)
             })
         }
 

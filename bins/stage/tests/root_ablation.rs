@@ -39,6 +39,10 @@ enum Ablation {
     /// Mount the lease's tmpfs whose mount point ends with this name without its size and inode
     /// bounds.
     Unbounded(&'static str),
+    /// Ask the runtime to pass the supervisor's descriptors up to this one to the container
+    /// (`runc create --preserve-fds`): what a supervisor that leaked them to its runtime, and a
+    /// runtime that kept them, would do.
+    Inherited(i32),
 }
 
 /// One control: the attempts that prove it, what the plan must answer, and its removal.
@@ -56,12 +60,19 @@ fn interposed(ablation: Option<Ablation>, applied: &Arc<AtomicU32>) -> Interpose
     let on_spawn = applied.clone();
     let on_mount = applied.clone();
     Interposed::new()
-        .before_spawn(move |tool| {
-            if let Some(i) = tool.args.iter().position(|a| a == "--bundle")
-                && tool.args.iter().any(|a| a == "create")
-            {
+        .rewriting_spawns(move |tool| {
+            let mut tool = tool.clone();
+            let create = tool.args.iter().position(|a| a == "create");
+            if let (Some(at), Some(i)) = (create, tool.args.iter().position(|a| a == "--bundle")) {
                 prepare(Path::new(&tool.args[i + 1]), ablation, &on_spawn);
+                if let Some(Ablation::Inherited(fd)) = ablation {
+                    let extra = (fd - 2).to_string();
+                    tool.args
+                        .splice(at + 1..at + 1, ["--preserve-fds".into(), extra.into()]);
+                    on_spawn.fetch_add(1, Ordering::SeqCst);
+                }
             }
+            tool
         })
         .rewriting_mounts(move |request| match (ablation, request) {
             (Some(Ablation::Unbounded(name)), MountRequest::Tmpfs { target, options })
@@ -477,9 +488,24 @@ fn namespaces_and_the_environment_are_each_proved_by_ablation() {
         std::env::var_os("CARGO_MANIFEST_DIR").is_some(),
         "the supervisor's environment has no CARGO_MANIFEST_DIR to leak: run under cargo"
     );
+    // A host file the supervisor holds open without close-on-exec, so every process it spawns
+    // (the runtime included) inherits it: the container must not.
+    let leaked = std::fs::File::open("/etc/hostname").unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&leaked);
+    nix::fcntl::fcntl(
+        &leaked,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+    )
+    .unwrap();
     prove(
         4,
         &[
+            Control {
+                name: "no descriptor of the supervisor's reaches the container",
+                attempts: format!("/bin/attempt fd {fd}"),
+                planned: "fd=blocked:9\n",
+                ablation: Ablation::Inherited(fd),
+            },
             Control {
                 name: "network none",
                 attempts: format!("/bin/attempt connect {port}"),
@@ -512,4 +538,5 @@ fn namespaces_and_the_environment_are_each_proved_by_ablation() {
         listener.accept().is_err(),
         "the planned run reached the host's listener"
     );
+    drop(leaked);
 }

@@ -229,6 +229,11 @@ int main(int argc, char **argv) {
         struct shmid_ds ds;
         return result(shmctl(atoi(a), IPC_STAT, &ds));
     }
+    /* Whether descriptor `a` (one the supervisor holds open on a host file) is open here. */
+    if (!strcmp(name, "fd")) {
+        struct stat st;
+        return result(fstat(atoi(a), &st));
+    }
     /* Whether the variable `a` is in this process's environment. */
     if (!strcmp(name, "env")) return getenv(a) ? ok() : blocked(0);
     /* Write `b` bytes into the new file `a`. */
