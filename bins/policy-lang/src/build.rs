@@ -2217,6 +2217,57 @@ mod tests {
         assert_eq!(codes(&text), Vec::<String>::new());
     }
 
+    /// The stage bounds admit exactly their ends and refuse one step past them; a phase may
+    /// last as long as its stage, not longer, and has one deadline.
+    #[test]
+    fn stage_bounds_admit_their_ends_and_refuse_one_past() {
+        let none = Vec::<String>::new();
+        let publication = "max-file-bytes=\"1GiB\" max-depth=16";
+        let lane = "    phase-deadline \"workload\" \"90m\"\n";
+        for (from, to, want) in [
+            ("memory \"8GiB\"", "memory \"256MiB\"", none.clone()),
+            (
+                "memory \"8GiB\"",
+                "memory \"255MiB\"",
+                vec!["out-of-range".to_owned()],
+            ),
+            ("memory \"8GiB\"", "memory \"4TiB\"", none.clone()),
+            (
+                "memory \"8GiB\"",
+                "memory \"4097GiB\"",
+                vec!["out-of-range".to_owned()],
+            ),
+            (
+                publication,
+                "max-file-bytes=\"64GiB\" max-depth=16",
+                none.clone(),
+            ),
+            (
+                publication,
+                "max-file-bytes=\"65GiB\" max-depth=16",
+                vec!["out-of-range".to_owned()],
+            ),
+            (
+                lane,
+                "    phase-deadline \"workload\" \"2h\"\n",
+                none.clone(),
+            ),
+            (
+                lane,
+                "    phase-deadline \"workload\" \"121m\"\n",
+                vec!["out-of-range".to_owned()],
+            ),
+            (
+                lane,
+                "    phase-deadline \"workload\" \"90m\"\n    phase-deadline \"workload\" \"9m\"\n",
+                vec!["duplicate".to_owned()],
+            ),
+        ] {
+            let text = default_policy().replace_once(from, to);
+            assert_eq!(codes(&text), want, "{to}");
+        }
+    }
+
     /// The runtime's own destinations are reserved: the root, `/tmp`, and anything at or below
     /// `/proc`, `/sys` or `/dev`.
     #[test]
