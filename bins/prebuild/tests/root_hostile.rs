@@ -397,6 +397,22 @@ fn every_forbidden_leftover_in_staging_is_refused() {
         panic!("{again:?}")
     };
     assert_eq!(p2.digest, publication.digest);
+    // Under another authority (another policy, runtime, image set or binary) the cache is never
+    // reused: the build runs again, in a container.
+    let mut other = e.cfg.clone();
+    other.authority = Digest::of_bytes(b"another authority");
+    let rebuilt = prebuild(&e.policy, &other, &tree, "build-native").unwrap();
+    assert!(
+        matches!(
+            rebuilt,
+            Decision::Accepted(Published {
+                cached: false,
+                meta: Some(_),
+                ..
+            })
+        ),
+        "{rebuilt:?}"
+    );
     // An unregistered step is a rejection.
     let o = prebuild(&e.policy, &e.cfg, &tree, "rm-rf").unwrap();
     assert_eq!(rejected(&o), "prebuild.unknown-step");
