@@ -31,7 +31,7 @@ run_group() {
         # Every stage's authority check: the input receipt's chain and identity.
         files=(bins/stage/src/receipt_io.rs bins/cordon/src/chain.rs bins/prebuild/src/prebuild.rs)
         re=('.')
-        tests=(cordon cordon-stage cordon-prebuild)
+        tests=(cordon cordon-stage cordon-prebuild cordon-materialize)
         ;;
     inventory)
         # The publication bounds and the staging inventory.
