@@ -1263,6 +1263,39 @@ mod tests {
         }
     }
 
+    /// A lease names every host mount its stage will make before any exists: the prebuild's
+    /// `/tmp` and staging tmpfs and its tree copy; the lane's `/tmp`, its copies of the tree and
+    /// publication, and its overlay root.
+    #[test]
+    fn a_lease_names_every_mount_point_its_stage_makes() {
+        let p = policy(|t| t);
+        let prebuild = p.stage(StageKind::Prebuild).unwrap();
+        assert_eq!(
+            lease_mount_points(prebuild),
+            [TMP_DIR, STAGING_DIR, "copy-tree"]
+        );
+        let lane = p.stage(StageKind::Lane).unwrap();
+        let mut points = lease_mount_points(lane);
+        points.sort_unstable();
+        assert_eq!(
+            points,
+            ["copy-publication", "copy-tree", OVERLAY_ROOT_DIR, TMP_DIR]
+        );
+    }
+
+    /// A relative source or destination is refused, even beside an absolute other half.
+    #[test]
+    fn a_relative_bind_is_refused() {
+        let p = policy(|t| t);
+        let mut run = example_inputs(&p, StageKind::Lane);
+        run.sources
+            .insert(MountSource::Model, PathBuf::from("relative/model"));
+        assert!(matches!(
+            plan(&p, StageKind::Lane, &run),
+            Err(PlanError::Invalid { .. })
+        ));
+    }
+
     #[test]
     fn protected_and_overlapping_sources_are_refused() {
         let p = policy(|t| t);
