@@ -1283,6 +1283,77 @@ mod tests {
         );
     }
 
+    /// Each operator the language admits compiles to its own OCI form: 64-bit comparisons and
+    /// equalities as themselves, 32-bit equalities and masks as a masked test of the low half.
+    #[test]
+    fn each_argument_operator_compiles_to_its_oci_form() {
+        let rules = "    rule \"ioctl\" action=\"allow\" reason=\"t\" {\n        arg index=2 op=\"ne\" value=5\n    }\n\
+            rule \"setsockopt\" action=\"allow\" reason=\"t\" {\n        arg index=3 op=\"lt\" value=100\n    }\n\
+            rule \"socketpair\" action=\"allow\" reason=\"t\" {\n        arg index=3 op=\"le\" value=100\n    }\n\
+            rule \"prctl\" action=\"allow\" reason=\"t\" {\n        arg index=1 op=\"gt\" value=100\n        arg index=2 op=\"ge\" value=7\n    }\n\
+            rule \"mmap\" action=\"allow\" reason=\"t\" {\n        arg index=0 op=\"eq\" value=4096\n    }\n\
+            rule \"unshare\" action=\"allow\" reason=\"t\" {\n        arg index=0 op=\"masked-eq\" value=0 mask=2113994752\n    }\n\
+            rule \"flock\" action=\"allow\" reason=\"t\" {\n        arg index=1 op=\"eq\" value=1\n    }\n";
+        let anchor = "        arg index=0 op=\"one-of\" 1 2 10\n    }\n";
+        let p = policy(|t| t.replace_once(anchor, &format!("{anchor}{rules}")));
+        let planned = plan(
+            &p,
+            StageKind::Prebuild,
+            &example_inputs(&p, StageKind::Prebuild),
+        )
+        .unwrap();
+        let json = spec_json(&planned);
+        let args = |name: &str| -> Vec<(String, u64, Option<u64>)> {
+            json["linux"]["seccomp"]["syscalls"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|r| r["names"].as_array().unwrap().iter().any(|n| n == name))
+                .flat_map(|r| r["args"].as_array().cloned().unwrap_or_default())
+                .map(|a| {
+                    (
+                        a["op"].as_str().unwrap().to_owned(),
+                        a["value"].as_u64().unwrap(),
+                        a["valueTwo"].as_u64(),
+                    )
+                })
+                .collect()
+        };
+        let op = |o: &str, v: u64, two: Option<u64>| (o.to_owned(), v, two);
+        let low = u64::from(u32::MAX);
+        assert_eq!(args("ioctl"), [op("SCMP_CMP_NE", 5, None)]);
+        assert_eq!(args("setsockopt"), [op("SCMP_CMP_LT", 100, None)]);
+        assert_eq!(args("socketpair"), [op("SCMP_CMP_LE", 100, None)]);
+        assert_eq!(
+            args("prctl"),
+            [op("SCMP_CMP_GT", 100, None), op("SCMP_CMP_GE", 7, None)]
+        );
+        assert_eq!(args("mmap"), [op("SCMP_CMP_EQ", 4096, None)]);
+        assert_eq!(
+            args("unshare"),
+            [op("SCMP_CMP_MASKED_EQ", 2_113_994_752, Some(0))]
+        );
+        assert_eq!(args("flock"), [op("SCMP_CMP_MASKED_EQ", low, Some(1))]);
+    }
+
+    /// A run account with id 0, user or group, is refused by the planner itself.
+    #[test]
+    fn a_run_account_with_id_zero_is_refused() {
+        let p = policy(|t| t);
+        for (uid, gid) in [(0, 5), (5, 0)] {
+            let mut run = example_inputs(&p, StageKind::Prebuild);
+            run.uid = uid;
+            run.gid = gid;
+            assert!(
+                matches!(
+                    plan(&p, StageKind::Prebuild, &run),
+                    Err(PlanError::Invalid { .. })
+                ),
+                "{uid}:{gid}"
+            );
+        }
+    }
+
     /// A relative source or destination is refused, even beside an absolute other half.
     #[test]
     fn a_relative_bind_is_refused() {
