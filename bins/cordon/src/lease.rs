@@ -1876,6 +1876,144 @@ mod tests {
         .unwrap();
     }
 
+    /// The observer ends only the container of an expired lease that carries this executor's,
+    /// this store's and that lease's exact labels; a lease is expired only once its deadline
+    /// and the grace have both passed (or its supervisor is gone).
+    #[test]
+    fn the_observer_ends_only_an_expired_leases_exactly_labelled_container() {
+        let w = world();
+        let expires = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let lease = w.manager.begin("sha256:a", expires).unwrap();
+        own_run_dir(&lease);
+        let id = lease.container().to_owned();
+        let store = w.manager.store.root().display().to_string();
+        let f = empty_host();
+        // Four containers under the same id prefix: only the first has every label right.
+        let labels = |executor: &str, store: &str, lease_id: &str| {
+            serde_json::json!({ "annotations": {
+                LABEL_EXECUTOR: executor, LABEL_STORE: store, LABEL_LEASE: lease_id,
+            }})
+            .to_string()
+        };
+        let others = [
+            (
+                format!("{id}-x"),
+                labels("other", &store, &lease.record.lease),
+            ),
+            (
+                format!("{id}-s"),
+                labels("fake", "/elsewhere", &lease.record.lease),
+            ),
+            (format!("{id}-l"), labels("fake", &store, "another-lease")),
+        ];
+        for (other, state) in &others {
+            f.reply(&format!("state {other}"), ToolOutput::ok(state.as_bytes()));
+        }
+        f.reply(
+            &format!("state {id}"),
+            ToolOutput::ok(labels("fake", &store, &lease.record.lease).as_bytes()),
+        );
+        let list: Vec<serde_json::Value> = std::iter::once(id.clone())
+            .chain(others.iter().map(|(o, _)| o.clone()))
+            .map(|i| serde_json::json!({ "id": i }))
+            .collect();
+        f.reply(
+            " list ",
+            ToolOutput::ok(serde_json::to_vec(&list).unwrap().as_slice()),
+        );
+        let mut setup = w.manager.setup.clone();
+        setup.runtime.host = f.clone();
+        let observer = Observer::new(&w.manager.store, setup);
+        // At the deadline plus the grace, not yet expired; a millisecond later, expired.
+        let edge = expires + EXPIRY_GRACE;
+        assert!(!observer.leases(edge).unwrap()[0].expired);
+        assert!(observer.end_expired(edge).unwrap().is_empty());
+        assert!(observer.leases(edge + Duration::from_millis(1)).unwrap()[0].expired);
+        let ended = observer
+            .end_expired(edge + Duration::from_millis(1))
+            .unwrap();
+        assert_eq!(ended.len(), 1, "{ended:?}");
+        let kills: Vec<String> = f
+            .calls()
+            .into_iter()
+            .filter_map(|c| match c {
+                Call::Run(l) if l.contains(" kill ") => Some(l),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            !kills.is_empty() && kills.iter().all(|k| k.ends_with(&format!("{id} KILL"))),
+            "{kills:?}"
+        );
+        assert!(
+            lease.run_dir().join(ENDED_BY_REAP).exists(),
+            "marked before the kill"
+        );
+        // The check lists only this executor's and store's containers as residue.
+        let left = observer.check().unwrap();
+        let containers: Vec<&String> = left.iter().filter(|l| l.contains("container")).collect();
+        assert!(
+            containers
+                .iter()
+                .all(|l| !l.contains(&others[0].0) && !l.contains(&others[1].0)),
+            "{left:?}"
+        );
+    }
+
+    /// Orphan run directories (no record names them) are split by their owner file: this
+    /// executor's and store's are listed and removed by recovery; another executor's or
+    /// another store's are neither listed nor touched; one without a readable owner is listed
+    /// and left; a name that is not a lease id is not looked at.
+    #[test]
+    fn orphan_run_directories_are_attributed_by_their_owner_file() {
+        let w = world();
+        let root = w.manager.setup.run_root.clone();
+        let store = w.manager.store.root().display().to_string();
+        let make = |name: &str, owner: Option<(&str, &str)>| {
+            let dir = root.join(name);
+            fs::create_dir_all(&dir).unwrap();
+            if let Some((executor, store)) = owner {
+                let o = Owner {
+                    executor: executor.into(),
+                    store: store.into(),
+                    lease: name.trim_start_matches('.').into(),
+                };
+                fs::write(dir.join(OWNER_FILE), to_canonical_json(&o).unwrap()).unwrap();
+            }
+            dir
+        };
+        let hex = |c: char| std::iter::repeat_n(c, 32).collect::<String>();
+        let ours = make(&hex('a'), Some(("fake", &store)));
+        let pending = make(&format!(".{}", hex('b')), Some(("fake", &store)));
+        let other_executor = make(&hex('c'), Some(("other", &store)));
+        let other_store = make(&hex('d'), Some(("fake", "/elsewhere")));
+        let unowned = make(&hex('e'), None);
+        let not_a_lease = make("scratch", None);
+        let m = with_host(&w, {
+            let f = empty_host();
+            f.reply("list", ToolOutput::ok(b"[]"));
+            f
+        });
+        let left = m.check().unwrap();
+        let named = |d: &Path| left.iter().any(|l| l.contains(&*d.to_string_lossy()));
+        assert!(
+            named(&ours) && named(&pending) && named(&unowned),
+            "{left:?}"
+        );
+        assert!(
+            !named(&other_executor) && !named(&other_store) && !named(&not_a_lease),
+            "{left:?}"
+        );
+        assert!(
+            matches!(m.recover(), Err(LeaseError::Residue(_))),
+            "the unowned one"
+        );
+        assert!(!ours.exists() && !pending.exists());
+        for kept in [&other_executor, &other_store, &unowned, &not_a_lease] {
+            assert!(kept.exists(), "{} was touched", kept.display());
+        }
+    }
+
     /// Recovery whose release of a record leaves residue (a mount inside the run directory that
     /// will not unmount) keeps that record and its run directory whole, owner file included —
     /// the orphan sweep never removes around it — so a later recovery can still finish it.
