@@ -380,6 +380,61 @@ pub(crate) mod tests {
         }
     }
 
+    /// Id 0, user or group alone, is never created; removal runs each tool only for what
+    /// exists; the range holds `cordon-` accounts by uid and left-over groups by gid, nothing
+    /// else.
+    #[test]
+    fn ids_zero_are_refused_and_removal_and_the_range_see_only_what_is_there() {
+        let f = Fake::new();
+        f.file("/etc/passwd", "").file("/etc/group", "");
+        for (uid, gid) in [(0, 5001), (5001, 0)] {
+            let a = Account {
+                uid,
+                gid,
+                ..account()
+            };
+            assert!(matches!(
+                create(&f, &policy(), &a, "cordon t 0"),
+                Err(AccountError::Taken { .. })
+            ));
+        }
+        assert!(!f.calls().iter().any(|c| matches!(c, Call::Run(_))));
+        // Nothing there: no tool runs. The group alone: only groupdel.
+        remove(&f, &policy(), &account()).unwrap();
+        assert!(!f.calls().iter().any(|c| matches!(c, Call::Run(_))));
+        f.file("/etc/group", "cordon-00000001:x:5001:\n");
+        remove(&f, &policy(), &account()).unwrap();
+        let runs: Vec<String> = f
+            .calls()
+            .into_iter()
+            .filter_map(|c| match c {
+                Call::Run(l) => Some(l),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(runs, ["groupdel cordon-00000001"]);
+        // The range: a cordon- account in range, a group left alone in range; not an account
+        // out of range, another name in range, or a group an account owns.
+        let f = Fake::new();
+        f.file(
+            "/etc/passwd",
+            "cordon-00000001:x:5001:5001::/:/bin/false\n\
+             cordon-00000009:x:9001:9001::/:/bin/false\n\
+             alice:x:5002:5002::/:/bin/sh\n",
+        )
+        .file(
+            "/etc/group",
+            "cordon-00000001:x:5001:\ncordon-00000003:x:5003:\ncordon-00000004:x:9004:\nbob:x:5005:\n",
+        );
+        let mut names: Vec<String> = in_range(&f, &policy())
+            .unwrap()
+            .into_iter()
+            .map(|a| a.name)
+            .collect();
+        names.sort();
+        assert_eq!(names, ["cordon-00000001", "cordon-00000003"]);
+    }
+
     #[test]
     fn an_unreadable_passwd_is_an_error_never_nothing_left() {
         let f = Fake::new();
