@@ -2116,6 +2116,51 @@ mod tests {
         );
     }
 
+    /// A protected file (the bundle's config.json) is checked right before launch: each
+    /// change — its mode, a second link, its size, its bytes at the same size, a link in its
+    /// place — is refused by what it changed, and the file as written passes.
+    #[test]
+    fn a_protected_file_changed_in_any_way_is_refused_before_launch() {
+        use std::os::unix::fs::PermissionsExt;
+        let w = world();
+        let mut lease = w
+            .manager
+            .begin("sha256:a", cordon_testkit::in_an_hour())
+            .unwrap();
+        own_run_dir(&lease);
+        fs::create_dir_all(lease.bundle_dir()).unwrap();
+        let path = w
+            .manager
+            .write_protected(&mut lease, "config.json", b"{\"a\":1}")
+            .unwrap();
+        w.manager.check_protected(&lease).unwrap();
+        let refused = |why: &str| {
+            assert!(
+                matches!(
+                    w.manager.check_protected(&lease),
+                    Err(LeaseError::Protected { .. })
+                ),
+                "{why}"
+            );
+        };
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+        refused("mode");
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+        let link = lease.bundle_dir().join("second-name");
+        fs::hard_link(&path, &link).unwrap();
+        refused("a second link");
+        fs::remove_file(&link).unwrap();
+        fs::write(&path, b"{\"a\":12}").unwrap();
+        refused("size");
+        fs::write(&path, b"{\"a\":2}").unwrap();
+        refused("bytes at the same size");
+        fs::write(&path, b"{\"a\":1}").unwrap();
+        w.manager.check_protected(&lease).unwrap();
+        fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", &path).unwrap();
+        refused("a link in its place");
+    }
+
     #[test]
     fn the_secret_crosses_only_from_a_root_0400_single_link_file_of_its_size() {
         use std::os::unix::fs::PermissionsExt;
