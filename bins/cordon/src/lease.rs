@@ -1775,7 +1775,7 @@ mod tests {
     use crate::host::fake::{Call, Fake};
 
     struct World {
-        _dir: tempfile::TempDir,
+        dir: tempfile::TempDir,
         fake: Arc<Fake>,
         manager: Manager,
     }
@@ -1806,11 +1806,7 @@ mod tests {
             mountinfo: "/proc/self/mountinfo".into(),
         };
         let manager = Manager::open(&store, setup).unwrap();
-        World {
-            _dir: dir,
-            fake,
-            manager,
-        }
+        World { dir, fake, manager }
     }
 
     /// A fake host with empty user, group and mount tables (callers add the runtime's replies).
@@ -2246,7 +2242,9 @@ mod tests {
     #[test]
     fn parser_leases_share_the_executor_and_never_beside_a_sole_holder_or_a_recovery() {
         // The world's executor, with its sole manager gone.
-        let World { _dir, manager, .. } = world();
+        let World {
+            dir: _dir, manager, ..
+        } = world();
         let (store, setup) = (manager.store.clone(), manager.setup.clone());
         drop(manager);
         let one = Manager::open_shared(&store, setup.clone()).unwrap();
@@ -2557,6 +2555,41 @@ mod tests {
         assert!(matches!(
             Manager::open(&w.manager.store, setup),
             Err(LeaseError::Executor { .. })
+        ));
+        // Each rule alone: empty, too long, a leading dot, a byte outside the set.
+        let long = "a".repeat(65);
+        for bad in ["", long.as_str(), ".hidden", "a/b", "a b", "é"] {
+            assert!(!executor_ok(bad), "{bad:?}");
+        }
+        let longest = "a".repeat(64);
+        for good in ["a", longest.as_str(), "host-1_a.b"] {
+            assert!(executor_ok(good), "{good:?}");
+        }
+    }
+
+    /// Records are read only when they are what cordon writes: a regular 0600 file with one
+    /// link; a record of another mode, or with a second link, stops the read.
+    #[test]
+    fn a_record_with_a_loose_mode_or_a_second_link_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let w = world();
+        let lease = w
+            .manager
+            .begin("sha256:a", cordon_testkit::in_an_hour())
+            .unwrap();
+        let path = w.manager.record_path(&lease.record.lease);
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(matches!(
+            w.manager.records(),
+            Err(LeaseError::Record { .. })
+        ));
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(w.manager.records().unwrap().len(), 1);
+        let link = w.dir.path().join("second");
+        fs::hard_link(&path, &link).unwrap();
+        assert!(matches!(
+            w.manager.records(),
+            Err(LeaseError::Record { .. })
         ));
     }
 
