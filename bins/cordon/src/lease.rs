@@ -1956,6 +1956,90 @@ mod tests {
         );
     }
 
+    /// Release proves only its own containers gone — by executor, lease and authority labels
+    /// — and keeps everything else of the lease while one of them is still listed.
+    #[test]
+    fn release_proves_its_own_containers_gone_and_ignores_others() {
+        let w = world();
+        let lease = w
+            .manager
+            .begin("sha256:a", cordon_testkit::in_an_hour())
+            .unwrap();
+        own_run_dir(&lease);
+        let state = |executor: &str, lease_id: &str, authority: &str| {
+            serde_json::json!({ "annotations": {
+                LABEL_EXECUTOR: executor, LABEL_LEASE: lease_id, LABEL_AUTHORITY: authority,
+            }})
+            .to_string()
+        };
+        // Another lease's, another executor's and another authority's containers are listed
+        // and never touched; release succeeds.
+        let f = empty_host();
+        let others = [
+            ("other-lease", state("fake", "another", "sha256:a")),
+            (
+                "other-executor",
+                state("other", &lease.record.lease, "sha256:a"),
+            ),
+            (
+                "other-authority",
+                state("fake", &lease.record.lease, "sha256:b"),
+            ),
+        ];
+        for (other, s) in &others {
+            f.reply(&format!("state {other}"), ToolOutput::ok(s.as_bytes()));
+        }
+        let list: Vec<serde_json::Value> = others
+            .iter()
+            .map(|(o, _)| serde_json::json!({ "id": o }))
+            .collect();
+        f.reply(
+            " list ",
+            ToolOutput::ok(serde_json::to_vec(&list).unwrap().as_slice()),
+        );
+        let m = with_host(&w, f.clone());
+        m.release(&lease.record).unwrap();
+        assert!(
+            !f.calls().iter().any(
+                |c| matches!(c, Call::Run(l) if l.contains(" kill ") || l.contains(" delete "))
+            ),
+            "{:?}",
+            f.calls()
+        );
+        // Its own container, still listed after removal: residue, and the rest is kept.
+        let lease = w
+            .manager
+            .begin("sha256:a", cordon_testkit::in_an_hour())
+            .unwrap();
+        own_run_dir(&lease);
+        let id2 = lease.container().to_owned();
+        let f = empty_host();
+        f.reply(
+            &format!("state {id2}"),
+            ToolOutput::ok(state("fake", &lease.record.lease, "sha256:a").as_bytes()),
+        )
+        .reply(
+            " list ",
+            ToolOutput::ok(serde_json::json!([{ "id": id2 }]).to_string().as_bytes()),
+        );
+        let m = with_host(&w, f);
+        let items = match m.release(&lease.record) {
+            Err(LeaseError::Residue(r)) => r.items,
+            other => panic!("a container still listed is residue: {other:?}"),
+        };
+        assert!(items.iter().any(|i| i.contains(&id2)), "{items:?}");
+        assert!(
+            lease.run_dir().join(OWNER_FILE).exists(),
+            "the rest is kept"
+        );
+        assert!(
+            m.records()
+                .unwrap()
+                .iter()
+                .any(|r| r.lease == lease.record.lease)
+        );
+    }
+
     /// Orphan run directories (no record names them) are split by their owner file: this
     /// executor's and store's are listed and removed by recovery; another executor's or
     /// another store's are neither listed nor touched; one without a readable owner is listed
