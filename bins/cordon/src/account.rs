@@ -386,7 +386,8 @@ pub(crate) mod tests {
     #[test]
     fn ids_zero_are_refused_and_removal_and_the_range_see_only_what_is_there() {
         let f = Fake::new();
-        f.file("/etc/passwd", "").file("/etc/group", "");
+        f.file("/etc/passwd", "alice:x:1000:1000::/:/bin/sh\n")
+            .file("/etc/group", "alice:x:1000:\n");
         for (uid, gid) in [(0, 5001), (5001, 0)] {
             let a = Account {
                 uid,

@@ -2040,6 +2040,159 @@ mod tests {
         );
     }
 
+    /// The lease's own container id under another executor's, store's or lease's labels is
+    /// not ended: the id alone never makes a container this lease's.
+    #[test]
+    fn an_expired_leases_id_under_other_labels_is_not_ended() {
+        let w = world();
+        let expires = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let lease = w.manager.begin("sha256:a", expires).unwrap();
+        own_run_dir(&lease);
+        let id = lease.container().to_owned();
+        let store = w.manager.store.root().display().to_string();
+        for (executor, store, lease_id) in [
+            ("other", store.as_str(), lease.record.lease.as_str()),
+            ("fake", "/elsewhere", lease.record.lease.as_str()),
+            ("fake", store.as_str(), "another-lease"),
+        ] {
+            let f = empty_host();
+            let state = serde_json::json!({ "annotations": {
+                LABEL_EXECUTOR: executor, LABEL_STORE: store, LABEL_LEASE: lease_id,
+            }});
+            f.reply(
+                &format!("state {id}"),
+                ToolOutput::ok(state.to_string().as_bytes()),
+            )
+            .reply(
+                " list ",
+                ToolOutput::ok(serde_json::json!([{ "id": id }]).to_string().as_bytes()),
+            );
+            let mut setup = w.manager.setup.clone();
+            setup.runtime.host = f;
+            let ended = Observer::new(&w.manager.store, setup)
+                .end_expired(SystemTime::now())
+                .unwrap();
+            assert!(ended.is_empty(), "{executor} {store} {lease_id}: {ended:?}");
+        }
+    }
+
+    /// Release edge cases (mutation survivors): a record already gone is no residue, one that
+    /// cannot be removed is; a mount point that is not mounted is not unmounted; a run
+    /// directory outside the run root, a link under the lease's name, or an empty lease-named
+    /// directory are never removed, while the empty pending dot directory a crash left is.
+    #[test]
+    fn release_edges_are_each_what_they_must_be() {
+        let w = world();
+        let f = empty_host();
+        f.reply("list", ToolOutput::ok(b"[]"));
+        let m = with_host(&w, f.clone());
+        // The record already gone: released all the same.
+        let lease = m
+            .begin_with("sha256:a", &["staging"], cordon_testkit::in_an_hour())
+            .unwrap();
+        fs::remove_file(m.record_path(&lease.record.lease)).unwrap();
+        m.release(&lease.record).unwrap();
+        assert!(
+            !f.calls().iter().any(|c| matches!(c, Call::Unmount(_))),
+            "nothing was mounted, nothing is unmounted"
+        );
+        // A record that cannot be removed (a directory in its place) is residue.
+        let lease = m.begin("sha256:a", cordon_testkit::in_an_hour()).unwrap();
+        let record = m.record_path(&lease.record.lease);
+        fs::remove_file(&record).unwrap();
+        fs::create_dir(&record).unwrap();
+        assert!(matches!(
+            m.release(&lease.record),
+            Err(LeaseError::Residue(_))
+        ));
+        fs::remove_dir(&record).unwrap();
+        // The empty pending directory a crash left before its owner file: removed.
+        let lease = m.begin("sha256:a", cordon_testkit::in_an_hour()).unwrap();
+        let pending = m.setup.run_root.join(format!(".{}", lease.record.lease));
+        fs::create_dir_all(&pending).unwrap();
+        m.release(&lease.record).unwrap();
+        assert!(!pending.exists());
+        // A link under the lease's name to a directory that says it is this lease's: the link
+        // is not followed, the directory behind it is kept.
+        let lease = m.begin("sha256:a", cordon_testkit::in_an_hour()).unwrap();
+        let elsewhere = w.dir.path().join("elsewhere");
+        fs::create_dir_all(&elsewhere).unwrap();
+        let owner = Owner {
+            executor: lease.record.executor.clone(),
+            store: lease.record.store.clone(),
+            lease: lease.record.lease.clone(),
+        };
+        fs::write(
+            elsewhere.join(OWNER_FILE),
+            to_canonical_json(&owner).unwrap(),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink(&elsewhere, lease.run_dir()).unwrap();
+        assert!(matches!(
+            m.release(&lease.record),
+            Err(LeaseError::Residue(_))
+        ));
+        assert!(elsewhere.join(OWNER_FILE).exists());
+        fs::remove_file(lease.run_dir()).unwrap();
+        m.release(&lease.record).unwrap();
+        // A run directory outside the run root is never removed.
+        let mut lease = m.begin("sha256:a", cordon_testkit::in_an_hour()).unwrap();
+        let outside = w.dir.path().join("outside");
+        fs::create_dir_all(&outside).unwrap();
+        for r in &mut lease.record.resources {
+            if let Resource::RunDir { path } = r {
+                *path = outside.clone();
+            }
+        }
+        assert!(matches!(
+            m.release(&lease.record),
+            Err(LeaseError::Residue(_))
+        ));
+        assert!(outside.exists());
+    }
+
+    /// An orphan run directory with a mount inside is unmounted, deepest first, before it is
+    /// removed; a mount under the run root is residue for the check.
+    #[test]
+    fn an_orphan_run_directory_is_unmounted_inside_before_removal() {
+        let w = world();
+        let root = w.manager.setup.run_root.clone();
+        let dir = root.join(std::iter::repeat_n('f', 32).collect::<String>());
+        fs::create_dir_all(dir.join("staging/inner")).unwrap();
+        let owner = Owner {
+            executor: "fake".into(),
+            store: w.manager.store.root().display().to_string(),
+            lease: std::iter::repeat_n('f', 32).collect(),
+        };
+        fs::write(dir.join(OWNER_FILE), to_canonical_json(&owner).unwrap()).unwrap();
+        let f = empty_host();
+        f.file(
+            "/proc/self/mountinfo",
+            &format!(
+                "90 1 0:50 / {} rw - tmpfs t rw\n91 90 0:51 / {} rw - tmpfs t rw\n",
+                dir.join("staging").display(),
+                dir.join("staging/inner").display()
+            ),
+        )
+        .reply("list", ToolOutput::ok(b"[]"));
+        let m = with_host(&w, f.clone());
+        assert!(
+            m.check().unwrap().iter().any(|l| l.starts_with("mount ")),
+            "a mount under the run root is residue"
+        );
+        m.recover().unwrap();
+        let unmounts: Vec<PathBuf> = f
+            .calls()
+            .into_iter()
+            .filter_map(|c| match c {
+                Call::Unmount(p) => Some(p),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(unmounts, [dir.join("staging/inner"), dir.join("staging")]);
+        assert!(!dir.exists());
+    }
+
     /// Orphan run directories (no record names them) are split by their owner file: this
     /// executor's and store's are listed and removed by recovery; another executor's or
     /// another store's are neither listed nor touched; one without a readable owner is listed
@@ -2069,6 +2222,7 @@ mod tests {
         let other_store = make(&hex('d'), Some(("fake", "/elsewhere")));
         let unowned = make(&hex('e'), None);
         let not_a_lease = make("scratch", None);
+        let short_hex = make("abcdef", None);
         let m = with_host(&w, {
             let f = empty_host();
             f.reply("list", ToolOutput::ok(b"[]"));
@@ -2081,8 +2235,16 @@ mod tests {
             "{left:?}"
         );
         assert!(
-            !named(&other_executor) && !named(&other_store) && !named(&not_a_lease),
+            !named(&other_executor)
+                && !named(&other_store)
+                && !named(&not_a_lease)
+                && !named(&short_hex),
             "{left:?}"
+        );
+        // The owner tag accounts carry is the account module's, for this executor and store.
+        assert_eq!(
+            m.view().owner_tag(),
+            crate::account::owner_tag("fake", w.manager.store.root())
         );
         assert!(
             matches!(m.recover(), Err(LeaseError::Residue(_))),
