@@ -2221,6 +2221,16 @@ mod tests {
     /// last as long as its stage, not longer, and has one deadline.
     #[test]
     fn stage_bounds_admit_their_ends_and_refuse_one_past() {
+        let lane = crate::parse("t.kdl", &default_policy()).unwrap();
+        let phases = &lane.stage(StageKind::Lane).unwrap().phase_deadline_ms;
+        assert_eq!(
+            phases
+                .iter()
+                .map(|(k, v)| (k.as_str(), *v))
+                .collect::<Vec<_>>(),
+            [("startup", 20 * 60_000), ("workload", 90 * 60_000)],
+            "every phase deadline is kept, the first included"
+        );
         let none = Vec::<String>::new();
         let publication = "max-file-bytes=\"1GiB\" max-depth=16";
         let lane = "    phase-deadline \"workload\" \"90m\"\n";

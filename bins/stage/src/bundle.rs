@@ -1293,6 +1293,7 @@ mod tests {
             rule \"prctl\" action=\"allow\" reason=\"t\" {\n        arg index=1 op=\"gt\" value=100\n        arg index=2 op=\"ge\" value=7\n    }\n\
             rule \"mmap\" action=\"allow\" reason=\"t\" {\n        arg index=0 op=\"eq\" value=4096\n    }\n\
             rule \"unshare\" action=\"allow\" reason=\"t\" {\n        arg index=0 op=\"masked-eq\" value=0 mask=2113994752\n    }\n\
+            rule \"mprotect\" action=\"allow\" reason=\"t\" {\n        arg index=2 op=\"masked-eq\" value=0 mask=4294967296\n    }\n\
             rule \"flock\" action=\"allow\" reason=\"t\" {\n        arg index=1 op=\"eq\" value=1\n    }\n";
         let anchor = "        arg index=0 op=\"one-of\" 1 2 10\n    }\n";
         let p = policy(|t| t.replace_once(anchor, &format!("{anchor}{rules}")));
@@ -1334,6 +1335,11 @@ mod tests {
             [op("SCMP_CMP_MASKED_EQ", 2_113_994_752, Some(0))]
         );
         assert_eq!(args("flock"), [op("SCMP_CMP_MASKED_EQ", low, Some(1))]);
+        // A 64-bit argument takes a mask above the low half as it is.
+        assert_eq!(
+            args("mprotect"),
+            [op("SCMP_CMP_MASKED_EQ", 1 << 32, Some(0))]
+        );
     }
 
     /// A run account with id 0, user or group, is refused by the planner itself.
