@@ -2149,6 +2149,17 @@ mod tests {
             Err(LeaseError::Residue(_))
         ));
         assert!(outside.exists());
+        // A run directory that cannot be looked at (the run root replaced by a file: ENOTDIR)
+        // is not "absent": residue.
+        let lease = m.begin("sha256:a", cordon_testkit::in_an_hour()).unwrap();
+        let root = m.setup.run_root.clone();
+        fs::remove_dir_all(&root).unwrap();
+        fs::write(&root, b"not a directory").unwrap();
+        assert!(matches!(
+            m.release(&lease.record),
+            Err(LeaseError::Residue(_))
+        ));
+        fs::remove_file(&root).unwrap();
     }
 
     /// An orphan run directory with a mount inside is unmounted, deepest first, before it is
