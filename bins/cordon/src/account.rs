@@ -405,14 +405,7 @@ pub(crate) mod tests {
         assert!(!f.calls().iter().any(|c| matches!(c, Call::Run(_))));
         f.file("/etc/group", "cordon-00000001:x:5001:\n");
         remove(&f, &policy(), &account()).unwrap();
-        let runs: Vec<String> = f
-            .calls()
-            .into_iter()
-            .filter_map(|c| match c {
-                Call::Run(l) => Some(l),
-                _ => None,
-            })
-            .collect();
+        let runs: Vec<String> = f.runs();
         assert_eq!(runs, ["groupdel cordon-00000001"]);
         // The range: a cordon- account in range, a group left alone in range; not an account
         // out of range, another name in range, or a group an account owns.
@@ -471,14 +464,7 @@ pub(crate) mod tests {
             f.text(std::path::Path::new("/etc/at.deny")).unwrap(),
             "cordon-00000001\n"
         );
-        let runs: Vec<String> = f
-            .calls()
-            .into_iter()
-            .filter_map(|c| match c {
-                Call::Run(l) => Some(l),
-                _ => None,
-            })
-            .collect();
+        let runs: Vec<String> = f.runs();
         assert!(
             runs[0].starts_with("groupadd") && runs[1].starts_with("useradd"),
             "{runs:?}"

@@ -573,6 +573,18 @@ pub mod fake {
             self.with(|s| s.calls.clone())
         }
 
+        /// The command lines of the tool runs so far, in order.
+        #[must_use]
+        pub fn runs(&self) -> Vec<String> {
+            self.calls()
+                .into_iter()
+                .filter_map(|c| match c {
+                    Call::Run(l) => Some(l),
+                    _ => None,
+                })
+                .collect()
+        }
+
         /// The current text of a file in the table.
         #[must_use]
         pub fn text(&self, path: &Path) -> Option<String> {

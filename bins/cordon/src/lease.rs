@@ -1930,12 +1930,9 @@ mod tests {
             .unwrap();
         assert_eq!(ended.len(), 1, "{ended:?}");
         let kills: Vec<String> = f
-            .calls()
+            .runs()
             .into_iter()
-            .filter_map(|c| match c {
-                Call::Run(l) if l.contains(" kill ") => Some(l),
-                _ => None,
-            })
+            .filter(|l| l.contains(" kill "))
             .collect();
         assert!(
             !kills.is_empty() && kills.iter().all(|k| k.ends_with(&format!("{id} KILL"))),
@@ -2374,7 +2371,6 @@ mod tests {
     /// place — is refused by what it changed, and the file as written passes.
     #[test]
     fn a_protected_file_changed_in_any_way_is_refused_before_launch() {
-        use std::os::unix::fs::PermissionsExt;
         let w = world();
         let mut lease = w
             .manager
@@ -2387,7 +2383,7 @@ mod tests {
             .write_protected(&mut lease, "config.json", b"{\"a\":1}")
             .unwrap();
         w.manager.check_protected(&lease).unwrap();
-        let refused = |why: &str| {
+        tamper_each_way(&path, 0o600, b"{\"a\":1}", true, &|why| {
             assert!(
                 matches!(
                     w.manager.check_protected(&lease),
@@ -2395,28 +2391,45 @@ mod tests {
                 ),
                 "{why}"
             );
-        };
-        fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+        });
+        // As written, it passes.
+        fs::remove_file(&path).unwrap();
+        w.manager
+            .write_protected(&mut lease, "config.json", b"{\"a\":1}")
+            .unwrap();
+        w.manager.check_protected(&lease).unwrap();
+    }
+
+    /// Change the file at `path` (mode `mode`, content `good`) in each way a protected file
+    /// must be refused for — its mode, a second link, its size, its bytes at the same size
+    /// (when `hashed`), a link in its place — calling `refused` after each (the file restored
+    /// in between).
+    fn tamper_each_way(path: &Path, mode: u32, good: &[u8], hashed: bool, refused: &dyn Fn(&str)) {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(path, fs::Permissions::from_mode(0o644)).unwrap();
         refused("mode");
-        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
-        let link = lease.bundle_dir().join("second-name");
-        fs::hard_link(&path, &link).unwrap();
+        fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+        let link = path.with_file_name("second-name");
+        fs::hard_link(path, &link).unwrap();
         refused("a second link");
         fs::remove_file(&link).unwrap();
-        fs::write(&path, b"{\"a\":12}").unwrap();
+        let mut longer = good.to_vec();
+        longer.push(b'+');
+        fs::write(path, &longer).unwrap();
         refused("size");
-        fs::write(&path, b"{\"a\":2}").unwrap();
-        refused("bytes at the same size");
-        fs::write(&path, b"{\"a\":1}").unwrap();
-        w.manager.check_protected(&lease).unwrap();
-        fs::remove_file(&path).unwrap();
-        std::os::unix::fs::symlink("/etc/hostname", &path).unwrap();
+        if hashed {
+            let mut other = good.to_vec();
+            other[0] ^= 1;
+            fs::write(path, &other).unwrap();
+            refused("bytes at the same size");
+        }
+        fs::remove_file(path).unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", path).unwrap();
         refused("a link in its place");
     }
 
     #[test]
     fn the_secret_crosses_only_from_a_root_0400_single_link_file_of_its_size() {
-        use std::os::unix::fs::PermissionsExt;
         let w = world();
         let mut lease = w
             .manager
@@ -2433,27 +2446,16 @@ mod tests {
         assert_eq!((m.mode() & 0o7777, m.nlink()), (0o400, 1));
         assert_eq!(Manager::read_secret(&lease).unwrap().unwrap(), b"KEY\n");
         // Each change before launch is refused by what it changed.
-        fs::set_permissions(&path, fs::Permissions::from_mode(0o444)).unwrap();
-        assert!(matches!(
-            Manager::read_secret(&lease),
-            Err(LeaseError::Protected { .. })
-        ));
-        fs::set_permissions(&path, fs::Permissions::from_mode(0o400)).unwrap();
-        let link = lease.run_dir().join("second-name");
-        fs::hard_link(&path, &link).unwrap();
-        assert!(matches!(
-            Manager::read_secret(&lease),
-            Err(LeaseError::Protected { .. })
-        ));
-        fs::remove_file(&link).unwrap();
-        fs::write(&path, b"KEY+\n").unwrap();
-        assert!(matches!(
-            Manager::read_secret(&lease),
-            Err(LeaseError::Protected { .. })
-        ));
-        fs::remove_file(&path).unwrap();
-        std::os::unix::fs::symlink("/etc/hostname", &path).unwrap();
-        assert!(Manager::read_secret(&lease).is_err(), "a link in its place");
+        // The secret's bytes are checked by size, not hashed (it is never stored).
+        tamper_each_way(&path, 0o400, b"KEY\n", false, &|why| {
+            assert!(
+                matches!(
+                    Manager::read_secret(&lease),
+                    Err(LeaseError::Protected { .. })
+                ),
+                "{why}"
+            );
+        });
     }
 
     #[test]
