@@ -1872,25 +1872,35 @@ mod tests {
         .unwrap();
     }
 
+    /// A lease whose deadline passed long ago (its supervisor, this process, alive), with its
+    /// run directory; and that deadline.
+    fn expired_lease(w: &World) -> (Lease, SystemTime) {
+        let expires = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let lease = w.manager.begin("sha256:a", expires).unwrap();
+        own_run_dir(&lease);
+        (lease, expires)
+    }
+
+    /// A `runc state` answer whose annotations are these labels.
+    fn state_with(executor: &str, store: &str, lease: &str) -> String {
+        serde_json::json!({ "annotations": {
+            LABEL_EXECUTOR: executor, LABEL_STORE: store, LABEL_LEASE: lease,
+        }})
+        .to_string()
+    }
+
     /// The observer ends only the container of an expired lease that carries this executor's,
     /// this store's and that lease's exact labels; a lease is expired only once its deadline
     /// and the grace have both passed (or its supervisor is gone).
     #[test]
     fn the_observer_ends_only_an_expired_leases_exactly_labelled_container() {
         let w = world();
-        let expires = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
-        let lease = w.manager.begin("sha256:a", expires).unwrap();
-        own_run_dir(&lease);
+        let (lease, expires) = expired_lease(&w);
         let id = lease.container().to_owned();
         let store = w.manager.store.root().display().to_string();
         let f = empty_host();
         // Four containers under the same id prefix: only the first has every label right.
-        let labels = |executor: &str, store: &str, lease_id: &str| {
-            serde_json::json!({ "annotations": {
-                LABEL_EXECUTOR: executor, LABEL_STORE: store, LABEL_LEASE: lease_id,
-            }})
-            .to_string()
-        };
+        let labels = state_with;
         let others = [
             (
                 format!("{id}-x"),
@@ -2042,9 +2052,7 @@ mod tests {
     #[test]
     fn an_expired_leases_id_under_other_labels_is_not_ended() {
         let w = world();
-        let expires = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
-        let lease = w.manager.begin("sha256:a", expires).unwrap();
-        own_run_dir(&lease);
+        let (lease, _) = expired_lease(&w);
         let id = lease.container().to_owned();
         let store = w.manager.store.root().display().to_string();
         for (executor, store, lease_id) in [
@@ -2053,9 +2061,7 @@ mod tests {
             ("fake", store.as_str(), "another-lease"),
         ] {
             let f = empty_host();
-            let state = serde_json::json!({ "annotations": {
-                LABEL_EXECUTOR: executor, LABEL_STORE: store, LABEL_LEASE: lease_id,
-            }});
+            let state = state_with(executor, store, lease_id);
             f.reply(
                 &format!("state {id}"),
                 ToolOutput::ok(state.to_string().as_bytes()),
