@@ -197,6 +197,18 @@ pub enum Outcome {
     NoDecision,
 }
 
+impl Outcome {
+    /// The outcome as written in receipts.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Rejected => "rejected",
+            Self::NoDecision => "no-decision",
+        }
+    }
+}
+
 /// One machine-readable reason behind an outcome.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Reason {

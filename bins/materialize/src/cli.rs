@@ -210,6 +210,12 @@ pub fn run(
         stderr,
     ) {
         Ok(code) => code,
+        Err(CommandError::Input(e))
+            if let Some(code) = stage::pass_on(&e, StageName::Materialize, stdout, stderr) =>
+        {
+            // A verdict upstream is passed on, not reported as a wiring error.
+            code
+        }
         Err(e) => {
             report_diagnostic(&e, args.stage.diagnostics, stderr);
             e.exit_code()

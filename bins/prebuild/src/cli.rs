@@ -60,6 +60,10 @@ pub fn run(
     ) {
         Ok(x) => x,
         Err(e) => {
+            // A verdict upstream is passed on, not reported as a wiring error.
+            if let Some(code) = stage::pass_on(&e, StageName::Prebuild, stdout, stderr) {
+                return code;
+            }
             report_diagnostic(&e, args.stage.diagnostics, stderr);
             return e.exit_code();
         }

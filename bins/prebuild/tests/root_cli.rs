@@ -48,15 +48,32 @@ impl Cli {
     /// `binary` with this test's policy, store and lease options.
     fn command(&self, binary: &str) -> Command {
         let mut c = Command::new(bin(binary));
-        c.arg("--policy")
-            .arg(self.path("policy.kdl"))
-            .arg("--store")
-            .arg(self.path("store"))
-            .arg("--run-dir")
-            .arg(self.path("run"))
-            .arg("--executor")
-            .arg("prebuild-cli-test");
+        c.args(self.options());
         c
+    }
+
+    /// The policy, store and lease options every stage binary here takes.
+    fn options(&self) -> Vec<String> {
+        let path = |name: &str| self.path(name).display().to_string();
+        vec![
+            "--policy".into(),
+            path("policy.kdl"),
+            "--store".into(),
+            path("store"),
+            "--run-dir".into(),
+            path("run"),
+            "--executor".into(),
+            "prebuild-cli-test".into(),
+        ]
+    }
+
+    /// `binary` and its options as one shell word list (the test's paths hold no spaces).
+    fn shell(&self, binary: &str, extra: &str) -> String {
+        format!(
+            "{} {} {extra}",
+            bin(binary).display(),
+            self.options().join(" ")
+        )
     }
 
     /// Register `incumbent` (a directory), fetch the bundled example candidate and materialize
@@ -189,6 +206,60 @@ fn each_outcome_has_its_receipt_and_exit_code() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{out:?}");
+}
+
+/// Chained as the README shows, a candidate fetch rejects ends the pipeline with fetch's exit
+/// code under `set -o pipefail`, and the last receipt is prebuild's, rejected, naming the
+/// materialize receipt that passed the verdict on, which names fetch's.
+#[test]
+fn a_pipeline_carries_an_upstream_verdict_to_its_last_receipt_and_exit_code() {
+    let cli = Cli::new(2);
+    let tree = {
+        let out = cli
+            .command("cordon-materialize")
+            .arg("incumbent")
+            .arg(workspace_root().join("checks/example/incumbent"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+        r["outputs"]["tree_digest"].as_str().unwrap().to_owned()
+    };
+    let archive = cli.path("candidate.tar");
+    std::fs::write(&archive, b"not the archive the digest names").unwrap();
+    let wrong = Digest::of_bytes(b"something else");
+    let script = format!(
+        "set -o pipefail; {} | {} | {} > {}",
+        cli.shell(
+            "cordon-fetch",
+            &format!("--sha256 {wrong} {}", archive.display())
+        ),
+        cli.shell("cordon-materialize", &format!("--incumbent {tree}")),
+        cli.shell(
+            "cordon-prebuild",
+            &format!("--images {}", cli.path("images").display())
+        ),
+        cli.path("last.json").display()
+    );
+    let out = Command::new("bash").args(["-c", &script]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let last: Value =
+        serde_json::from_slice(&std::fs::read(cli.path("last.json")).unwrap()).unwrap();
+    assert_eq!(last["stage"], "prebuild", "{last}");
+    assert_eq!(last["outcome"], "rejected", "{last}");
+    assert_eq!(last["reasons"][0]["code"], "stage.upstream", "{last}");
+    assert!(
+        last["reasons"][0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("materialize")),
+        "{last}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cordon-materialize: rejected upstream (fetch receipt")
+            && stderr.contains("cordon-prebuild: rejected upstream (materialize receipt"),
+        "{stderr}"
+    );
 }
 
 #[test]

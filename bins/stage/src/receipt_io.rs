@@ -36,7 +36,8 @@ pub enum StageError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Receipt(#[from] ReceiptError),
-    /// The input receipt does not record an established result.
+    /// The input receipt, of the expected stage and authority, does not record an established
+    /// result: the stage does nothing and passes the verdict on ([`pass_on`]).
     #[error("the input receipt's outcome is {outcome:?}, not ok")]
     #[diagnostic(
         code(cordon::stage::not_ok),
@@ -45,6 +46,10 @@ pub enum StageError {
     NotOk {
         /// Its outcome.
         outcome: Outcome,
+        /// The receipt.
+        upstream: Box<Receipt>,
+        /// Its digest.
+        digest: Digest,
     },
     /// The input receipt comes from another stage than the one expected.
     #[error("the input receipt is from stage {found:?}, expected {expected:?}")]
@@ -99,13 +104,57 @@ pub fn read_input(
         });
     }
     receipt.require_authority(authority)?;
+    let digest = receipt.digest()?;
     if receipt.outcome != Outcome::Ok {
         return Err(StageError::NotOk {
             outcome: receipt.outcome,
+            upstream: Box::new(receipt),
+            digest,
         });
     }
-    let digest = receipt.digest()?;
     Ok((receipt, digest))
+}
+
+/// When `err` is an upstream verdict ([`StageError::NotOk`]: a rejected or no-decision receipt
+/// of the expected stage, under this authority), pass it on: print this stage's receipt with
+/// the same outcome, naming the upstream receipt as `prev` and saying nothing was done, and
+/// return the upstream's exit code — so a pipeline under `set -o pipefail` and its last
+/// receipt both tell the verdict. Any other error is `None` (the caller reports it).
+pub fn pass_on(
+    err: &StageError,
+    stage: StageName,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> Option<ExitCode> {
+    let StageError::NotOk {
+        outcome,
+        upstream,
+        digest,
+    } = err
+    else {
+        return None;
+    };
+    let mut receipt = Receipt::new(stage, upstream.authority, *outcome);
+    receipt.prev = Some(*digest);
+    receipt.reasons.push(Reason {
+        code: "stage.upstream".into(),
+        message: format!(
+            "the {} receipt {digest} is {}: this stage did nothing",
+            upstream.stage.as_str(),
+            outcome.as_str()
+        ),
+    });
+    let _ = writeln!(
+        stderr,
+        "cordon-{}: {} upstream ({} receipt {digest}); nothing done",
+        stage.as_str(),
+        outcome.as_str(),
+        upstream.stage.as_str()
+    );
+    Some(match emit(None, &mut receipt, stdout) {
+        Ok(_) if *outcome == Outcome::Rejected => ExitCode::Rejected,
+        Ok(_) | Err(_) => ExitCode::NoDecision,
+    })
 }
 
 /// Prove that the store holds the input receipt `digest` and that its chain walks back to
@@ -334,10 +383,45 @@ mod tests {
             Err(StageError::Receipt(ReceiptError::ForeignAuthority { .. }))
         ));
         let rejected = Receipt::new(StageName::Fetch, a, Outcome::Rejected);
-        assert!(matches!(
-            read(&rejected, StageName::Fetch, &a),
-            Err(StageError::NotOk { .. })
-        ));
+        let err = read(&rejected, StageName::Fetch, &a).unwrap_err();
+        assert!(matches!(err, StageError::NotOk { .. }));
+        // Passed on: the same outcome and exit code, the upstream receipt as prev.
+        let (mut out, mut diag) = (Vec::new(), Vec::new());
+        assert_eq!(
+            pass_on(&err, StageName::Materialize, &mut out, &mut diag),
+            Some(ExitCode::Rejected)
+        );
+        let passed = Receipt::parse(String::from_utf8(out).unwrap().trim_end()).unwrap();
+        assert_eq!(
+            (passed.stage, passed.outcome, passed.prev),
+            (
+                StageName::Materialize,
+                Outcome::Rejected,
+                Some(rejected.digest().unwrap())
+            )
+        );
+        assert_eq!(passed.reasons[0].code, "stage.upstream");
+        let stopped = Receipt::new(StageName::Fetch, a, Outcome::NoDecision);
+        let err = read(&stopped, StageName::Fetch, &a).unwrap_err();
+        assert_eq!(
+            pass_on(
+                &err,
+                StageName::Materialize,
+                &mut Vec::new(),
+                &mut Vec::new()
+            ),
+            Some(ExitCode::NoDecision)
+        );
+        let wrong = read(&fetch, StageName::Materialize, &a).unwrap_err();
+        assert_eq!(
+            pass_on(
+                &wrong,
+                StageName::Prebuild,
+                &mut Vec::new(),
+                &mut Vec::new()
+            ),
+            None
+        );
         assert!(matches!(
             read_input(None, &mut stdin, StageName::Fetch, &a),
             Err(StageError::Receipt(ReceiptError::Parse { .. }))
