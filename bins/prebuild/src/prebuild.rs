@@ -253,6 +253,19 @@ pub fn prebuild(
     Ok(ran.inspected)
 }
 
+/// How a process ended, for people: "exited with code 7", "was killed by SIGSEGV".
+fn how_it_ended(meta: &Meta) -> String {
+    match (meta.exit_code, meta.signal) {
+        (Some(code), _) => format!("exited with code {code}"),
+        (None, Some(n)) => {
+            let name = nix::sys::signal::Signal::try_from(n)
+                .map_or_else(|_| format!("signal {n}"), |s| s.as_str().to_owned());
+            format!("was killed by {name}")
+        }
+        (None, None) => "ended without an exit code or a signal".to_owned(),
+    }
+}
+
 /// What the build left: a rejection, or the sealed publication of staging.
 fn publish(
     cfg: &Config,
@@ -267,7 +280,10 @@ fn publish(
     let failure = if meta.killed_by_deadline {
         Some((
             "prebuild.deadline",
-            "the build step ran past the stage's deadline".to_owned(),
+            format!(
+                "the build step was killed by SIGKILL at the stage's deadline, after {}",
+                cordon_policy_lang::units::format_duration(meta.wall_ms)
+            ),
         ))
     } else if meta.oom_killed {
         Some((
@@ -282,10 +298,7 @@ fn publish(
     } else if meta.exit_code != Some(0) {
         Some((
             "prebuild.exit",
-            format!(
-                "the build step ended with exit code {:?}, signal {:?}",
-                meta.exit_code, meta.signal
-            ),
+            format!("the build step {}", how_it_ended(&meta)),
         ))
     } else {
         None
@@ -330,4 +343,36 @@ fn publish(
         meta: Some(meta),
         cached: false,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn how_a_step_ended_is_worded_for_people() {
+        let meta = |exit_code, signal| Meta {
+            exit_code,
+            signal,
+            killed_by_deadline: false,
+            oom_killed: false,
+            wall_ms: 0,
+            cpu_ms: None,
+            peak_memory_bytes: None,
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+            stdout_truncated: false,
+            stderr_truncated: false,
+        };
+        assert_eq!(how_it_ended(&meta(Some(7), None)), "exited with code 7");
+        assert_eq!(how_it_ended(&meta(None, Some(11))), "was killed by SIGSEGV");
+        assert_eq!(
+            how_it_ended(&meta(None, Some(99))),
+            "was killed by signal 99"
+        );
+        assert_eq!(
+            how_it_ended(&meta(None, None)),
+            "ended without an exit code or a signal"
+        );
+    }
 }

@@ -279,6 +279,11 @@ fn a_build_step_that_fails_is_a_rejection_with_exit_1() {
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     common_shape(&r, &input, "rejected");
     assert_eq!(r["reasons"][0]["code"], "prebuild.exit", "{r}");
+    // Worded for people, not Rust's debug form.
+    assert_eq!(
+        r["reasons"][0]["message"], "the build step exited with code 7",
+        "{r}"
+    );
     // The first run on a fresh store unpacks the pinned image into the verified image cache
     // (`images/<manifest hex>/`: the policy's image, never candidate bytes); nothing else of
     // the store changes, and a second rejection changes nothing at all.
