@@ -1,0 +1,249 @@
+//! The messages frames carry: the engine's (`ready`, `request`, `response`) as fixed binary
+//! integers, cordon's own (`posture`, `ended`, `fault`) as JSON with unknown fields refused.
+//! What a field means is fixed here, once, for the host, the worker and the example engine.
+//!
+//! Nothing here is a time: the host stamps frames itself. Token ids are integers; no float is
+//! ever part of a message.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+
+/// The lane protocol version a posture and a ready frame name.
+pub const PROTOCOL: u32 = 1;
+
+/// What the worker established from inside the container before anything of the candidate ran.
+/// Facts only: the host decides what they must be.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Posture {
+    /// The protocol version the worker speaks.
+    pub protocol: u32,
+    /// The sha256 of the worker's own installed bytes (`/proc/self/exe`), hex.
+    pub worker_sha256: String,
+    /// The digest the host sealed into the environment equals `worker_sha256`.
+    pub sealed_matches: bool,
+    /// Real and effective uid and gid.
+    pub uid: u32,
+    /// The gid.
+    pub gid: u32,
+    /// `CapEff` of `/proc/self/status`.
+    pub cap_eff: u64,
+    /// `CapPrm`.
+    pub cap_prm: u64,
+    /// `CapBnd`.
+    pub cap_bnd: u64,
+    /// `CapAmb`.
+    pub cap_amb: u64,
+    /// `NoNewPrivs`.
+    pub no_new_privs: bool,
+    /// `Seccomp` (2 = filter mode).
+    pub seccomp_mode: u32,
+    /// `Seccomp_filters`.
+    pub seccomp_filters: u32,
+    /// Network interfaces (`/proc/net/dev`).
+    pub interfaces: Vec<String>,
+    /// Routes in the main IPv4 table (`/proc/net/route`), header excluded.
+    pub routes: u32,
+    /// The errno of a TCP connect to a documentation address; `None` if it connected.
+    pub connect_errno: Option<i32>,
+    /// Path → whether it is mounted read-only (statvfs), for every path the host asked about
+    /// (`/` among them); a path the worker could not look at is absent.
+    pub read_only: BTreeMap<String, bool>,
+}
+
+/// One request of the host's workload. Binary on the wire (the engine's hot path, and no
+/// parser an engine needs beyond integer decoding): `index`, `tokens`, then each prompt token,
+/// every one a big-endian `u32`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    /// The request's index in the plan.
+    pub index: u32,
+    /// How many tokens the engine must produce.
+    pub tokens: u32,
+    /// The prompt, as token ids.
+    pub prompt: Vec<u32>,
+}
+
+/// The engine's answer to one request, binary like [`Request`]: `index`, `tokens`, then each
+/// output token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Response {
+    /// The request it answers.
+    pub index: u32,
+    /// How many tokens the engine says it produced (must equal the plan's and the output's).
+    pub tokens: u32,
+    /// The tokens.
+    pub output: Vec<u32>,
+}
+
+/// Why a binary payload is not the message it should be.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PayloadError {
+    /// Not a whole number of `u32`s, or fewer than the fixed fields.
+    #[error("a {what} payload of {len} bytes is not {fixed} fixed bytes plus whole u32 tokens")]
+    Shape {
+        /// The message.
+        what: &'static str,
+        /// The payload's length.
+        len: usize,
+        /// Its fixed part.
+        fixed: usize,
+    },
+}
+
+fn words(what: &'static str, payload: &[u8], fixed: usize) -> Result<Vec<u32>, PayloadError> {
+    if payload.len() < fixed * 4 || payload.len() % 4 != 0 {
+        return Err(PayloadError::Shape {
+            what,
+            len: payload.len(),
+            fixed: fixed * 4,
+        });
+    }
+    Ok(payload
+        .chunks_exact(4)
+        .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
+
+fn put(words: impl IntoIterator<Item = u32>) -> Vec<u8> {
+    words.into_iter().flat_map(u32::to_be_bytes).collect()
+}
+
+impl Request {
+    /// The wire form.
+    #[must_use]
+    pub fn encode(&self) -> Vec<u8> {
+        put([self.index, self.tokens]
+            .into_iter()
+            .chain(self.prompt.iter().copied()))
+    }
+
+    /// Decode the wire form.
+    ///
+    /// # Errors
+    /// The payload's shape is wrong.
+    pub fn decode(payload: &[u8]) -> Result<Self, PayloadError> {
+        let w = words("request", payload, 2)?;
+        Ok(Self {
+            index: w[0],
+            tokens: w[1],
+            prompt: w[2..].to_vec(),
+        })
+    }
+}
+
+impl Response {
+    /// The wire form.
+    #[must_use]
+    pub fn encode(&self) -> Vec<u8> {
+        put([self.index, self.tokens]
+            .into_iter()
+            .chain(self.output.iter().copied()))
+    }
+
+    /// Decode the wire form.
+    ///
+    /// # Errors
+    /// The payload's shape is wrong.
+    pub fn decode(payload: &[u8]) -> Result<Self, PayloadError> {
+        let w = words("response", payload, 2)?;
+        Ok(Self {
+            index: w[0],
+            tokens: w[1],
+            output: w[2..].to_vec(),
+        })
+    }
+}
+
+/// The engine is initialised: its `ready` payload is the protocol version it speaks, one
+/// big-endian `u32`.
+///
+/// # Errors
+/// The payload is not one `u32`.
+pub fn ready_protocol(payload: &[u8]) -> Result<u32, PayloadError> {
+    match words("ready", payload, 1)?.as_slice() {
+        [v] => Ok(*v),
+        _ => Err(PayloadError::Shape {
+            what: "ready",
+            len: payload.len(),
+            fixed: 4,
+        }),
+    }
+}
+
+/// The `ready` payload of [`PROTOCOL`].
+#[must_use]
+pub fn ready_payload() -> Vec<u8> {
+    PROTOCOL.to_be_bytes().to_vec()
+}
+
+/// How the engine ended, or how it broke the wire, as the worker saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ended {
+    /// Its exit code, if it exited.
+    pub code: Option<i32>,
+    /// The signal that ended it, if one did.
+    pub signal: Option<i32>,
+    /// The wire violation the worker saw on the engine's stream, if any.
+    pub violation: Option<String>,
+}
+
+/// The worker could not do its job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fault {
+    /// What failed.
+    pub what: String,
+}
+
+/// Encode a message as a payload.
+///
+/// # Errors
+/// Serialization failed (never for these types).
+pub fn to_payload<T: Serialize>(m: &T) -> Result<Vec<u8>, serde_json::Error> {
+    serde_json::to_vec(m)
+}
+
+/// Decode a payload as a message (hostile input: unknown fields and wrong types refused).
+///
+/// # Errors
+/// The payload is not that message.
+pub fn from_payload<T: DeserializeOwned>(payload: &[u8]) -> Result<T, serde_json::Error> {
+    serde_json::from_slice(payload)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn binary_messages_round_trip_and_refuse_ragged_payloads() {
+        let r = Response {
+            index: 3,
+            tokens: 2,
+            output: vec![7, 8],
+        };
+        assert_eq!(Response::decode(&r.encode()).unwrap(), r);
+        let q = Request {
+            index: 1,
+            tokens: 4,
+            prompt: vec![],
+        };
+        assert_eq!(Request::decode(&q.encode()).unwrap(), q);
+        assert!(Response::decode(&[0; 7]).is_err(), "too short");
+        assert!(Response::decode(&[0; 13]).is_err(), "not whole tokens");
+        assert_eq!(ready_protocol(&ready_payload()).unwrap(), PROTOCOL);
+        assert!(ready_protocol(&[0; 8]).is_err());
+    }
+
+    #[test]
+    fn json_messages_refuse_unknown_fields() {
+        assert!(
+            from_payload::<Fault>(br#"{"what":"x","elapsed_ms":1}"#).is_err(),
+            "nothing can slip a field of its own into a message"
+        );
+        assert!(from_payload::<Ended>(br#"{"code":1.5,"signal":null,"violation":null}"#).is_err());
+    }
+}

@@ -1,0 +1,102 @@
+//! The codec against hostile streams: arbitrary bytes never panic and never make the decoder
+//! hold more than one header plus one bounded payload; valid frames split anywhere decode to
+//! themselves; a corrupted header is refused, never misread as another frame.
+
+use cordon_frame::message::{Request, Response};
+use cordon_frame::{Decoder, FrameError, HEADER, Kind, LANE, Limits, encode};
+use proptest::prelude::*;
+
+const L: Limits = Limits {
+    max_bytes: 256,
+    max_frames: 64,
+};
+
+fn kind() -> impl Strategy<Value = Kind> {
+    (1u8..=7).prop_map(|b| Kind::from_byte(b).unwrap_or(Kind::Ready))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn arbitrary_bytes_in_arbitrary_chunks_never_panic_or_overbuffer(
+        bytes in proptest::collection::vec(any::<u8>(), 0..2048),
+        cuts in proptest::collection::vec(0usize..2048, 0..16),
+    ) {
+        let mut d = Decoder::new(LANE, L);
+        let mut cuts = cuts;
+        cuts.push(0);
+        cuts.push(bytes.len());
+        cuts.sort_unstable();
+        for w in cuts.windows(2) {
+            let (a, b) = (w[0].min(bytes.len()), w[1].min(bytes.len()));
+            match d.push(&bytes[a..b]) {
+                Ok(frames) => {
+                    for f in frames {
+                        prop_assert!(f.payload.len() <= L.max_bytes as usize);
+                    }
+                }
+                Err(_) => break,
+            }
+            prop_assert!(d.pending() <= HEADER + L.max_bytes as usize);
+        }
+        prop_assert!(d.decoded() <= L.max_frames);
+    }
+
+    #[test]
+    fn valid_frames_split_anywhere_decode_to_themselves(
+        frames in proptest::collection::vec((kind(), proptest::collection::vec(any::<u8>(), 0..256)), 0..20),
+        chunk in 1usize..64,
+    ) {
+        let mut wire = Vec::new();
+        for (k, p) in &frames {
+            wire.extend(encode(LANE, *k, p, L).unwrap());
+        }
+        let mut d = Decoder::new(LANE, L);
+        let mut out = Vec::new();
+        for c in wire.chunks(chunk) {
+            out.extend(d.push(c).unwrap());
+        }
+        d.finish().unwrap();
+        prop_assert_eq!(out.len(), frames.len());
+        for (f, (k, p)) in out.iter().zip(&frames) {
+            prop_assert_eq!(f.kind, *k);
+            prop_assert_eq!(&f.payload, p);
+        }
+    }
+
+    #[test]
+    fn a_corrupted_header_byte_is_refused_or_read_as_exactly_what_it_says(
+        payload in proptest::collection::vec(any::<u8>(), 0..64),
+        at in 0usize..HEADER,
+        xor in 1u8..=255,
+    ) {
+        let mut wire = encode(LANE, Kind::Response, &payload, L).unwrap();
+        wire[at] ^= xor;
+        let mut d = Decoder::new(LANE, L);
+        match d.push(&wire) {
+            Err(FrameError::Magic { .. } | FrameError::UnknownKind { .. } | FrameError::Oversized { .. }) => {}
+            Err(e) => prop_assert!(false, "unexpected {e}"),
+            // A changed kind byte that is still a kind, or a shorter length: the bytes say so.
+            Ok(frames) => {
+                prop_assert!(at >= 4);
+                if let Some(f) = frames.first() {
+                    prop_assert!(f.payload.len() <= payload.len());
+                } else {
+                    prop_assert!(d.finish().is_err() || wire.len() == HEADER);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn arbitrary_payloads_decode_to_a_message_or_an_error_never_a_panic(
+        payload in proptest::collection::vec(any::<u8>(), 0..64),
+    ) {
+        let ok = payload.len() >= 8 && payload.len() % 4 == 0;
+        prop_assert_eq!(Response::decode(&payload).is_ok(), ok);
+        if let Ok(r) = Request::decode(&payload) {
+            prop_assert_eq!(r.encode(), payload);
+        }
+    }
+}
