@@ -1821,6 +1821,25 @@ fn step(cx: &mut Cx, node: &KdlNode) -> Option<Step> {
         if let Some(first) = arg(n, 0) {
             path(cx, first, "argv[0]")?;
         }
+        // An engine interpreter run without isolation reads its environment and the working
+        // directory for code (PYTHONPATH, user site, the script's directory): `-I` is required.
+        if let (Some(StageKind::Lane | StageKind::Reference), Some(first)) = (stage, arg(n, 0)) {
+            let program = first.value().as_string().unwrap_or("");
+            let name = program.rsplit('/').next().unwrap_or(program);
+            let isolated = positional(n)
+                .iter()
+                .skip(1)
+                .any(|e| e.value().as_string() == Some("-I"));
+            if name.starts_with("python") && !isolated {
+                cx.report(
+                    "python-isolated",
+                    first.span(),
+                    "not isolated",
+                    format!("the engine interpreter {program:?} runs without -I"),
+                    Some("add \"-I\" right after the interpreter: isolated mode ignores PYTHON* variables, the user site and the script's directory".into()),
+                );
+            }
+        }
         args.into_iter().collect::<Option<Vec<_>>>()
     });
     let secret = match b.one("secret") {
@@ -1989,18 +2008,20 @@ fn resolve(
             continue;
         };
         let stage_span = prop(node, "stage").map_or(name_span(node), KdlEntry::span);
-        if step.stage != StageKind::Prebuild {
+        // Registered steps are the build steps of prebuild and the engine commands of the lane
+        // and the reference session; the surface runs the operator's own argv.
+        if step.stage == StageKind::Surface {
             cx.report(
                 "not-allowed-in-stage",
                 stage_span,
-                "build steps belong to prebuild",
+                "no registered steps in the surface",
                 format!(
-                    "step {name:?} names stage {:?}; registered build steps run only in prebuild",
+                    "step {name:?} names stage {:?}; registered steps run in prebuild, lane or reference",
                     step.stage.as_str()
                 ),
                 None,
             );
-        } else if !declared.contains("prebuild") {
+        } else if !declared.contains(step.stage.as_str()) {
             unresolved(
                 cx,
                 stage_span,

@@ -96,6 +96,10 @@ pub const CODES: &[(&str, &str)] = &[
         "a registered step's argv naming a path the pinned image does not provide (a mount, /tmp, /proc, /dev, /sys)",
     ),
     (
+        "python-isolated",
+        "a lane or reference engine interpreter (python*) registered without -I",
+    ),
+    (
         "unsound-condition",
         "a seccomp test on a 32-bit argument that the 64-bit comparison would not enforce",
     ),

@@ -774,6 +774,14 @@ impl Policy {
         self.step.keys().map(String::as_str)
     }
 
+    /// The names of the registered steps of stage `kind`.
+    pub fn steps_of(&self, kind: StageKind) -> impl Iterator<Item = &str> {
+        self.step
+            .iter()
+            .filter(move |(_, s)| s.stage == kind)
+            .map(|(n, _)| n.as_str())
+    }
+
     /// The registered build step `name`: its stage kind and exact argv.
     #[must_use]
     pub fn step(&self, name: &str) -> Option<(StageKind, &[String])> {
