@@ -224,10 +224,11 @@ pub fn prebuild(
         live_stdout: false,
         live_stderr: false,
         started,
+        framed: false,
     };
     let ran = session.run(
         &job,
-        |_, _| Ok::<(), PrebuildError>(()),
+        |_, _, _| Ok::<(), PrebuildError>(()),
         |lease, planned, finished| {
             // What made these entries (tree, step and its exact argv, the image). Descriptive
             // like every tree origin: the publication's digest covers its entries, not this.

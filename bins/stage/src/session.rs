@@ -58,6 +58,25 @@ pub enum SessionError {
         #[source]
         source: std::io::Error,
     },
+    /// The stage's descriptor limit is above what this supervisor can hand the runtime: its
+    /// hard limit is lower and raising it needs `CAP_SYS_RESOURCE`, which this host withholds.
+    #[error(
+        "stage {kind} asks for nofile {wanted}, above this supervisor's hard limit {hard}: the control cannot be applied here"
+    )]
+    #[diagnostic(
+        code(cordon::session::nofile),
+        help(
+            "raise the supervisor's hard limit (LimitNOFILE= in its unit) or lower the stage's nofile"
+        )
+    )]
+    Nofile {
+        /// The stage.
+        kind: StageKind,
+        /// The policy's limit.
+        wanted: u64,
+        /// This process's hard limit.
+        hard: u64,
+    },
     /// The lease, account, mounts, runtime or cleanup failed.
     #[error(transparent)]
     #[diagnostic(transparent)]
@@ -107,6 +126,9 @@ pub struct Job {
     pub live_stderr: bool,
     /// When the stage started: the absolute deadline counts from here.
     pub started: Instant,
+    /// The caller drives the stage's framed protocol and enforces its phase deadlines (the
+    /// lane). A stage with framing or phases run by a caller that does not is refused.
+    pub framed: bool,
 }
 
 /// One stage's sessions on this host.
@@ -150,7 +172,7 @@ impl Session<'_> {
     pub fn run<T, E: From<SessionError>>(
         &self,
         job: &Job,
-        drive: impl FnOnce(&mut Running, Instant) -> Result<(), E>,
+        drive: impl FnOnce(&mut Running, &Planned, Instant) -> Result<(), E>,
         inspect: impl FnOnce(&Lease, &Planned, &Finished) -> Result<T, E>,
     ) -> Result<Ran<T>, E> {
         // 1. Validate everything before touching anything.
@@ -174,6 +196,18 @@ impl Session<'_> {
             .runtime
             .check_version(&self.runtime_version, self.policy.runtime().min_version())
             .map_err(SessionError::from)?;
+        // The runtime inherits this process's hard limit and cannot raise it without
+        // CAP_SYS_RESOURCE: a stage limit above it would fail deep inside `runc create`.
+        let (_, hard) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+            .unwrap_or((0, 0));
+        if stage.nofile > hard {
+            return Err(SessionError::Nofile {
+                kind: self.kind,
+                wanted: stage.nofile,
+                hard,
+            }
+            .into());
+        }
         let mut devices = BTreeMap::new();
         for path in stage.gpu_device.keys() {
             let node = self
@@ -188,11 +222,18 @@ impl Session<'_> {
             devices.insert(path.clone(), node);
         }
         // Values this session cannot enforce are refused, never planned and then ignored:
-        // protocol framing and phase deadlines belong to the lane's session, not built yet.
-        if stage.frame.is_some() || !stage.phase_deadline_ms.is_empty() {
+        // protocol framing and phase deadlines are enforced by a caller that drives them (the
+        // lane's), and only such a caller may run a stage that has them — and the reverse: a
+        // framed caller needs the stage's bounds.
+        let has_protocol = stage.frame.is_some() || !stage.phase_deadline_ms.is_empty();
+        if has_protocol != job.framed {
             return Err(SessionError::Plan(PlanError::Unimplemented {
                 kind: self.kind,
-                what: "protocol framing and phase deadlines (the lane session)",
+                what: if job.framed {
+                    "a framed session of a stage without frame bounds and phase deadlines"
+                } else {
+                    "protocol framing and phase deadlines without a driver that enforces them"
+                },
             })
             .into());
         }
@@ -222,7 +263,7 @@ impl Session<'_> {
         mut lease: Lease,
         job: &Job,
         devices: BTreeMap<String, bundle::DeviceNode>,
-        drive: impl FnOnce(&mut Running, Instant) -> Result<(), E>,
+        drive: impl FnOnce(&mut Running, &Planned, Instant) -> Result<(), E>,
         inspect: impl FnOnce(&Lease, &Planned, &Finished) -> Result<T, E>,
     ) -> Result<Ran<T>, E> {
         // 3. Provision, plan from the lease's facts, make the planned host mounts.
@@ -304,7 +345,7 @@ impl Session<'_> {
             .map_err(SessionError::from)?
             .start()
             .map_err(SessionError::from)?;
-        drive(&mut running, deadline)?;
+        drive(&mut running, &planned, deadline)?;
         let finished = running
             .wait(deadline, &manager.cgroup(&lease))
             .map_err(SessionError::from)?
@@ -386,9 +427,10 @@ mod tests {
             live_stdout: false,
             live_stderr: false,
             started: Instant::now(),
+            framed: false,
         };
         let e = session
-            .run(&job, |_, _| Ok::<(), SessionError>(()), |_, _, _| Ok(()))
+            .run(&job, |_, _, _| Ok::<(), SessionError>(()), |_, _, _| Ok(()))
             .unwrap_err();
         let leases = std::fs::read_dir(store.root().join("leases"))
             .unwrap()
@@ -427,7 +469,7 @@ mod tests {
     }
 
     #[test]
-    fn a_lane_whose_framing_and_phases_no_session_enforces_yet_is_refused_before_a_lease() {
+    fn a_lane_run_by_a_caller_that_does_not_drive_its_framing_is_refused_before_a_lease() {
         let devices = ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm"];
         let (e, _, leases) = try_run_with(StageKind::Lane, "runc version 1.1.12", &devices);
         assert!(
@@ -435,6 +477,58 @@ mod tests {
             "{e}"
         );
         assert_eq!(leases, 0);
+    }
+
+    #[test]
+    fn a_descriptor_limit_above_the_supervisors_hard_limit_stops_before_anything_is_touched() {
+        let (_, hard) =
+            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../policy/evaluator.kdl"
+        ))
+        .unwrap()
+        .replacen("nofile 4096", &format!("nofile {}", hard + 1), 1);
+        let policy = cordon_policy_lang::parse("evaluator.kdl", &text).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let fake = Arc::new(Fake::new());
+        let mut setup = crate::settings::lease_setup(
+            &policy,
+            "session-unit",
+            &dir.path().join("state"),
+            dir.path().join("run"),
+        );
+        setup.runtime.host = fake.clone();
+        let session = Session {
+            policy: &policy,
+            kind: StageKind::Prebuild,
+            store: Store::open(&dir.path().join("store")).unwrap(),
+            setup,
+            authority: Digest::of_bytes(b"a"),
+            runtime_version: "runc version 1.1.12".into(),
+        };
+        let job = Job {
+            argv: vec!["/bin/true".into()],
+            image_rootfs: dir.path().join("rootfs"),
+            sources: BTreeMap::new(),
+            stdin: cordon::container::Input::Null,
+            live_stdout: false,
+            live_stderr: false,
+            started: Instant::now(),
+            framed: false,
+        };
+        let e = session
+            .run(&job, |_, _, _| Ok::<(), SessionError>(()), |_, _, _| Ok(()))
+            .unwrap_err();
+        assert!(
+            matches!(e, SessionError::Nofile { wanted, .. } if wanted == hard + 1),
+            "{e}"
+        );
+        assert!(
+            !e.is_usage(),
+            "a control this host cannot apply is a no-decision"
+        );
+        assert!(fake.calls().is_empty(), "{:?}", fake.calls());
     }
 
     #[test]

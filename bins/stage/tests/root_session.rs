@@ -23,7 +23,7 @@ use cordon_stage::session::SessionError;
 /// pin moved to the test image, accounts and deny files isolated), and return what it wrote to
 /// `/staging/r` and the planned host mounts.
 fn run(w: &World, slot: u32, edits: &[(&str, &str)], script: &str) -> (String, Vec<HostMount>) {
-    run_driven(w, slot, edits, script, false, |_, _| Ok(()))
+    run_driven(w, slot, edits, script, false, |_, _, _| Ok(()))
 }
 
 /// [`run`], with stdin and stdout held live for `drive` when `live` is set.
@@ -33,7 +33,11 @@ fn run_driven(
     edits: &[(&str, &str)],
     script: &str,
     live: bool,
-    drive: impl FnOnce(&mut Running, Instant) -> Result<(), SessionError>,
+    drive: impl FnOnce(
+        &mut Running,
+        &cordon_stage::bundle::Planned,
+        Instant,
+    ) -> Result<(), SessionError>,
 ) -> (String, Vec<HostMount>) {
     let policy = common::pinned_policy(w, "stage-session", slot, edits);
     let setup = common::setup(w, &policy, &format!("session-{slot}"), Linux::shared());
@@ -143,7 +147,7 @@ fn a_driver_exchanges_lines_with_the_running_container_over_live_pipes() {
         &[],
         "read line; echo \"pong:$line\"; echo done > /staging/r",
         true,
-        |running, deadline| {
+        |running, _, deadline| {
             assert!(
                 deadline > Instant::now(),
                 "the driver is given the stage deadline"

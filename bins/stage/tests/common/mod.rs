@@ -164,6 +164,7 @@ pub fn job(w: &World, script: &str, stdin: Input, live: bool) -> Job {
         stdin,
         live_stdout: live,
         live_stderr: false,
+        framed: false,
         started: Instant::now(),
     }
 }
@@ -181,7 +182,7 @@ pub fn run(
     session(w, policy, setup)
         .run(
             &job(w, script, Input::Null, false),
-            |_, _| Ok::<_, SessionError>(()),
+            |_, _, _| Ok::<_, SessionError>(()),
             |_, _, finished| {
                 Ok::<_, SessionError>(String::from_utf8_lossy(&finished.stdout).into_owned())
             },
