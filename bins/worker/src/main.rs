@@ -1,0 +1,313 @@
+//! `cordon-worker`: cordon's own process inside the lane's container, shipped in the pinned
+//! runtime image (so the image digest covers its bytes) and started as the container's first
+//! process by the host's exact argv:
+//!
+//! `/cordon/worker --sealed HEX --max-bytes N --max-frames N [--read-only PATH]… -- ENGINE ARGV…`
+//!
+//! What it owns: establishing the posture from inside, before anything of the candidate runs,
+//! and reporting it as one `posture` frame (facts only — the host compares them with what it
+//! planned and decides); starting the registered engine command when, and only when, the host
+//! answers `start`; relaying frames, decoding the engine's stream as hostile input and refusing
+//! any kind the engine may not send; reporting how the engine ended. What it does not own: any
+//! clock, deadline or verdict (the host's), and the engine's semantics.
+//!
+//! Why the engine cannot touch it: it makes itself non-dumpable first, so a process of the same
+//! account can neither ptrace it nor open its `/proc/1/{mem,fd}`; as the container's init it
+//! ignores signals from inside its namespace it has no handler for (the kernel's rule for a pid
+//! namespace's init), and when it exits the kernel ends every process left in the container.
+//!
+//! Exit status: 0 after reporting `ended`; 70 after reporting a `fault` (it could not do its
+//! job); 64 on a bad argv (the host's bug).
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Child, ChildStdin, Command, ExitCode, Stdio};
+
+use cordon_frame::message::{self, Ended, Fault, PROTOCOL, Posture};
+use cordon_frame::{Decoder, Frame, Kind, LANE, Limits, encode};
+use sha2::{Digest as _, Sha256};
+
+/// The worker's argv.
+#[derive(Debug, Default)]
+struct Args {
+    sealed: String,
+    limits: Option<Limits>,
+    read_only: Vec<String>,
+    engine: Vec<String>,
+}
+
+fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
+    let mut a = Args::default();
+    let (mut max_bytes, mut max_frames) = (None, None);
+    while let Some(flag) = argv.next() {
+        if flag == "--" {
+            a.engine = argv.collect();
+            break;
+        }
+        let value = argv.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--sealed" => a.sealed = value,
+            "--max-bytes" => max_bytes = Some(value.parse().map_err(|_| "bad --max-bytes")?),
+            "--max-frames" => max_frames = Some(value.parse().map_err(|_| "bad --max-frames")?),
+            "--read-only" => a.read_only.push(value),
+            _ => return Err(format!("unknown flag {flag}")),
+        }
+    }
+    if a.sealed.len() != 64 || a.engine.is_empty() {
+        return Err("--sealed HEX and an engine argv after -- are required".into());
+    }
+    a.limits = Some(Limits {
+        max_bytes: max_bytes.ok_or("--max-bytes is required")?,
+        max_frames: max_frames.ok_or("--max-frames is required")?,
+    });
+    Ok(a)
+}
+
+/// The frame writer towards the host (the container's stdout).
+struct Host {
+    out: std::io::Stdout,
+    limits: Limits,
+}
+
+impl Host {
+    fn send(&mut self, kind: Kind, payload: &[u8]) -> Result<(), String> {
+        let bytes = encode(LANE, kind, payload, self.limits).map_err(|e| e.to_string())?;
+        let mut out = self.out.lock();
+        out.write_all(&bytes)
+            .and_then(|()| out.flush())
+            .map_err(|e| format!("writing to the host: {e}"))
+    }
+
+    fn message<T: serde::Serialize>(&mut self, kind: Kind, m: &T) -> Result<(), String> {
+        let payload = message::to_payload(m).map_err(|e| e.to_string())?;
+        self.send(kind, &payload)
+    }
+}
+
+fn status_field(status: &str, name: &str) -> Result<String, String> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .map(|v| v.trim().to_owned())
+        .ok_or_else(|| format!("/proc/self/status has no {name}"))
+}
+
+fn hex_field(status: &str, name: &str) -> Result<u64, String> {
+    u64::from_str_radix(&status_field(status, name)?, 16).map_err(|e| format!("{name}: {e}"))
+}
+
+fn dec_field(status: &str, name: &str) -> Result<u32, String> {
+    status_field(status, name)?
+        .parse()
+        .map_err(|e| format!("{name}: {e}"))
+}
+
+fn read(path: &str) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))
+}
+
+/// Everything the posture frame reports, read from inside.
+fn posture(args: &Args) -> Result<Posture, String> {
+    let exe = std::fs::read("/proc/self/exe").map_err(|e| format!("/proc/self/exe: {e}"))?;
+    let worker_sha256 = hex::encode(Sha256::digest(&exe));
+    let status = read("/proc/self/status")?;
+    let interfaces = read("/proc/net/dev")?
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split(':').next().map(|n| n.trim().to_owned()))
+        .collect();
+    let routes = read("/proc/net/route")?.lines().skip(1).count();
+    // A documentation address (RFC 5737): with only loopback the kernel has no route to it.
+    let target = std::net::SocketAddr::from(([192, 0, 2, 1], 80));
+    let connect_errno =
+        match std::net::TcpStream::connect_timeout(&target, std::time::Duration::from_secs(2)) {
+            Ok(_) => None,
+            Err(e) => Some(e.raw_os_error().unwrap_or(-1)),
+        };
+    let mut read_only = BTreeMap::new();
+    for path in &args.read_only {
+        if let Ok(v) = nix::sys::statvfs::statvfs(path.as_str()) {
+            let ro = v.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY);
+            read_only.insert(path.clone(), ro);
+        }
+    }
+    Ok(Posture {
+        protocol: PROTOCOL,
+        sealed_matches: worker_sha256 == args.sealed,
+        worker_sha256,
+        uid: nix::unistd::getuid().as_raw(),
+        gid: nix::unistd::getgid().as_raw(),
+        cap_eff: hex_field(&status, "CapEff")?,
+        cap_prm: hex_field(&status, "CapPrm")?,
+        cap_bnd: hex_field(&status, "CapBnd")?,
+        cap_amb: hex_field(&status, "CapAmb")?,
+        no_new_privs: dec_field(&status, "NoNewPrivs")? == 1,
+        seccomp_mode: dec_field(&status, "Seccomp")?,
+        seccomp_filters: dec_field(&status, "Seccomp_filters")?,
+        interfaces,
+        routes: u32::try_from(routes).unwrap_or(u32::MAX),
+        connect_errno,
+        read_only,
+    })
+}
+
+/// Read the host's stream until one frame arrives (`None`: the host closed it first).
+fn next_from_host(
+    input: &mut impl Read,
+    d: &mut Decoder,
+    queue: &mut Vec<Frame>,
+) -> Result<Option<Frame>, String> {
+    let mut buf = [0u8; 64 * 1024];
+    loop {
+        if !queue.is_empty() {
+            return Ok(Some(queue.remove(0)));
+        }
+        let n = input
+            .read(&mut buf)
+            .map_err(|e| format!("reading from the host: {e}"))?;
+        if n == 0 {
+            d.finish().map_err(|e| format!("the host's stream: {e}"))?;
+            return Ok(None);
+        }
+        queue.extend(
+            d.push(&buf[..n])
+                .map_err(|e| format!("the host's stream: {e}"))?,
+        );
+    }
+}
+
+/// Forward the host's requests to the engine until the host closes its stream; then close the
+/// engine's stdin, which is how the engine learns the workload is over.
+fn forward_requests(
+    mut input: std::io::Stdin,
+    mut d: Decoder,
+    mut queue: Vec<Frame>,
+    mut engine: ChildStdin,
+    limits: Limits,
+) -> Result<(), String> {
+    while let Some(f) = next_from_host(&mut input, &mut d, &mut queue)? {
+        if f.kind != Kind::Request {
+            return Err(format!("the host sent a {:?} frame after start", f.kind));
+        }
+        let bytes = encode(LANE, Kind::Request, &f.payload, limits).map_err(|e| e.to_string())?;
+        // The engine may have stopped reading: that is its own failure, seen on its stream.
+        if engine
+            .write_all(&bytes)
+            .and_then(|()| engine.flush())
+            .is_err()
+        {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Relay the engine's frames to the host; on its first violation stop relaying and end it.
+fn relay_engine(
+    child: &mut Child,
+    host: &mut Host,
+    limits: Limits,
+) -> Result<Option<String>, String> {
+    let Some(mut out) = child.stdout.take() else {
+        return Err("the engine's stdout is not a pipe".into());
+    };
+    let mut d = Decoder::new(LANE, limits);
+    let mut buf = [0u8; 64 * 1024];
+    loop {
+        let n = match out.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) => return Err(format!("reading the engine: {e}")),
+        };
+        if n == 0 {
+            return Ok(d.finish().err().map(|e| e.to_string()));
+        }
+        let frames = match d.push(&buf[..n]) {
+            Ok(f) => f,
+            Err(e) => return Ok(Some(e.to_string())),
+        };
+        for f in frames {
+            if !f.kind.from_engine() {
+                return Ok(Some(format!("the engine sent a {:?} frame", f.kind)));
+            }
+            host.send(f.kind, &f.payload)?;
+        }
+    }
+}
+
+fn run(args: &Args, host: &mut Host) -> Result<(), String> {
+    let limits = host.limits;
+    host.message(Kind::Posture, &posture(args)?)?;
+    // Nothing of the candidate starts until the host has compared the posture and said so.
+    let mut input = std::io::stdin();
+    let mut d = Decoder::new(LANE, limits);
+    let mut queue = Vec::new();
+    match next_from_host(&mut input, &mut d, &mut queue)? {
+        Some(f) if f.kind == Kind::Start => {}
+        Some(f) => return Err(format!("the host sent a {:?} frame before start", f.kind)),
+        // The host refused the posture: nothing runs.
+        None => return Ok(()),
+    }
+    let mut child = Command::new(&args.engine[0])
+        .args(&args.engine[1..])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| format!("starting the engine {:?}: {e}", args.engine[0]))?;
+    let Some(engine_in) = child.stdin.take() else {
+        return Err("the engine's stdin is not a pipe".into());
+    };
+    let forward = std::thread::spawn(move || forward_requests(input, d, queue, engine_in, limits));
+    let violation = relay_engine(&mut child, host, limits)?;
+    if violation.is_some() {
+        // Best effort: it may have exited already; the container's end kills it regardless.
+        let _ = child.kill();
+    }
+    let status = child
+        .wait()
+        .map_err(|e| format!("waiting for the engine: {e}"))?;
+    host.message(
+        Kind::Ended,
+        &Ended {
+            code: status.code(),
+            signal: status.signal(),
+            violation,
+        },
+    )?;
+    // The host closes its stream when it has seen `ended`; a forwarding error after the
+    // engine ended changes nothing the host has not seen.
+    drop(forward);
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    // First, before reading anything: a non-dumpable process cannot be traced or have its
+    // /proc files opened by another process of the same account (the engine).
+    if nix::sys::prctl::set_dumpable(false).is_err() {
+        return ExitCode::from(70);
+    }
+    let args = match parse(std::env::args().skip(1)) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("cordon-worker: {e}");
+            return ExitCode::from(64);
+        }
+    };
+    let Some(limits) = args.limits else {
+        return ExitCode::from(64);
+    };
+    let mut host = Host {
+        out: std::io::stdout(),
+        limits,
+    };
+    match run(&args, &mut host) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(what) => {
+            // If even this cannot be written, the host sees a stream without `ended`: a
+            // no-decision either way.
+            let _ = host.message(Kind::Fault, &Fault { what });
+            ExitCode::from(70)
+        }
+    }
+}
