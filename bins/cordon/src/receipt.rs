@@ -167,6 +167,79 @@ pub struct PrebuildOutputs {
     pub meta: Option<crate::runtime::Meta>,
 }
 
+/// The role of an engine session: the standing incumbent (B) or the candidate (C).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Role {
+    /// The incumbent.
+    B,
+    /// The candidate.
+    C,
+}
+
+/// Which part of a workload a request belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LanePhase {
+    /// Warms the engine up; not timed.
+    Warmup,
+    /// Conditions the engine; measured apart from the timed requests.
+    Conditioning,
+    /// Timed.
+    Timed,
+}
+
+/// One request of a lane session as the host saw it: host stamps only, nanoseconds since the
+/// container started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LaneWindow {
+    /// The request's index in the workload.
+    pub index: u32,
+    /// Its phase.
+    pub phase: LanePhase,
+    /// The tokens the plan asked for (and the engine produced).
+    pub tokens: u32,
+    /// When the host began sending the request.
+    pub sent_ns: u64,
+    /// When the host had received the whole response.
+    pub received_ns: u64,
+}
+
+/// What `cordon-lane session` established (an `ok` receipt's outputs).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LaneOutputs {
+    /// The session's role.
+    pub role: Role,
+    /// The engine tree mounted read-only.
+    pub tree: Digest,
+    /// The native publication mounted read-only.
+    pub publication: Digest,
+    /// The model mounted read-only.
+    pub model: Digest,
+    /// The workload file.
+    pub workload: Digest,
+    /// The worker's installed bytes (inside the pinned image).
+    pub worker: Digest,
+    /// The posture frame's payload as received.
+    pub posture: Digest,
+    /// The registered engine step.
+    pub step: String,
+    /// When the engine was ready, ns after the container started.
+    pub ready_ns: u64,
+    /// Every request, host-stamped.
+    pub windows: Vec<LaneWindow>,
+    /// The digest of the engine's output tokens, in request order.
+    pub outputs: Digest,
+    /// Timed tokens per second, in thousandths, from host stamps only: timed tokens over the
+    /// span from the first timed request sent to the last timed response received.
+    pub timed_rate_milli: u64,
+    /// The container's meta record.
+    pub meta: crate::runtime::Meta,
+    /// The lease the session ran under.
+    pub lease: String,
+}
+
 /// Typed outputs of one stage's `ok` receipt.
 pub trait StageOutputs: Serialize + for<'de> Deserialize<'de> {
     /// The stage that writes them.
@@ -183,6 +256,10 @@ impl StageOutputs for MaterializeOutputs {
 
 impl StageOutputs for PrebuildOutputs {
     const STAGE: StageName = StageName::Prebuild;
+}
+
+impl StageOutputs for LaneOutputs {
+    const STAGE: StageName = StageName::Lane;
 }
 
 /// Whether a stage established its result.

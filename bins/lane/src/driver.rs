@@ -1,0 +1,433 @@
+//! The host's side of one framed session: posture → start → ready → one request at a time →
+//! exactly one response per request → end. The host owns every clock: each chunk the container
+//! writes is stamped on the host's monotonic clock by the thread that read it, each request is
+//! stamped just before it is handed to the pipe, and the phases' absolute deadlines come from
+//! the policy. Nothing the container says is a time the host believes.
+//!
+//! What this module owns: the order of the session, the deadlines, the checks on every frame
+//! and the classification of what went wrong. What it does not own: the container (the
+//! caller kills it when a session ends early) and the posture's expectations (the caller's).
+//!
+//! Classification: a violation the candidate's engine caused — output before `ready`, a
+//! response before its request, a duplicate or unsolicited frame, a wrong index or token count,
+//! a malformed message, a missed phase deadline, an exit before the workload ends — is a
+//! rejection with its own code. What cordon cannot establish — a worker that faults, a posture
+//! that differs from the plan, a broken stream from the worker itself — is a no-decision.
+//!
+//! Writes never block the session: a writer thread owns the pipe, so an engine that stops
+//! reading meets the deadline, not a hung host.
+
+use std::io::{Read, Write};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::time::{Duration, Instant};
+
+use cordon::canonical::Digest;
+use cordon_frame::message::{self, Ended, Fault, PROTOCOL, Posture, Request, Response};
+use cordon_frame::{Decoder, Frame, Kind, LANE, Limits, encode};
+
+use cordon::receipt::LaneWindow as Window;
+
+use crate::workload::Workload;
+
+/// Bytes the container wrote, stamped when the host read them (empty: end of stream).
+#[derive(Debug)]
+pub struct Stamped {
+    /// When the read returned, on the host's clock.
+    pub at: Instant,
+    /// What was read.
+    pub bytes: Vec<u8>,
+}
+
+/// Read `out` on a thread of its own, stamping each chunk as it arrives.
+pub fn reader(mut out: impl Read + Send + 'static) -> Receiver<Stamped> {
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = out.read(&mut buf).unwrap_or(0);
+            let at = Instant::now();
+            if tx
+                .send(Stamped {
+                    at,
+                    bytes: buf[..n].to_vec(),
+                })
+                .is_err()
+                || n == 0
+            {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// Write frames to `input` on a thread of its own; dropping the sender closes the stream.
+pub fn writer(mut input: impl Write + Send + 'static) -> Sender<Vec<u8>> {
+    let (tx, rx) = channel::<Vec<u8>>();
+    std::thread::spawn(move || {
+        for bytes in rx {
+            if input
+                .write_all(&bytes)
+                .and_then(|()| input.flush())
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
+    tx
+}
+
+/// What the host asks of one session.
+#[derive(Debug, Clone)]
+pub struct Plan<'a> {
+    /// The workload.
+    pub workload: &'a Workload,
+    /// The policy's frame bounds.
+    pub limits: Limits,
+    /// The startup phase's length, from when the container started.
+    pub startup: Duration,
+    /// The workload phase's length, from `ready`.
+    pub workload_phase: Duration,
+}
+
+/// A session the engine served to the end.
+#[derive(Debug, Clone)]
+pub struct Transcript {
+    /// The posture frame.
+    pub posture: Posture,
+    /// The digest of the posture frame's payload, as received.
+    pub posture_digest: Digest,
+    /// When `ready` arrived, ns since the session began.
+    pub ready_ns: u64,
+    /// Every request, in order.
+    pub windows: Vec<Window>,
+    /// The digest of every response's output tokens, in order.
+    pub outputs: Digest,
+    /// How the engine ended.
+    pub ended: Ended,
+}
+
+/// How a session ended.
+#[derive(Debug)]
+pub enum Verdict {
+    /// The engine served the whole workload and exited cleanly.
+    Served(Box<Transcript>),
+    /// The candidate's engine broke the session: a rejection.
+    Violation {
+        /// The reason code.
+        code: &'static str,
+        /// For people.
+        message: String,
+    },
+    /// Cordon could not establish the session: a no-decision.
+    NoDecision(String),
+}
+
+fn violation(code: &'static str, message: impl Into<String>) -> Verdict {
+    Verdict::Violation {
+        code,
+        message: message.into(),
+    }
+}
+
+enum Next {
+    Frame(Instant, Frame),
+    End,
+    Late,
+    Broken(String),
+}
+
+/// The container's stream, decoded as it arrives.
+struct Stream<'a> {
+    rx: &'a Receiver<Stamped>,
+    decoder: Decoder,
+    queue: std::collections::VecDeque<(Instant, Frame)>,
+    ended: bool,
+}
+
+impl Stream<'_> {
+    fn next(&mut self, deadline: Instant) -> Next {
+        loop {
+            if let Some((at, f)) = self.queue.pop_front() {
+                return Next::Frame(at, f);
+            }
+            if self.ended {
+                return Next::End;
+            }
+            let wait = deadline.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(wait) {
+                Ok(s) if s.bytes.is_empty() => {
+                    self.ended = true;
+                    if let Err(e) = self.decoder.finish() {
+                        return Next::Broken(e.to_string());
+                    }
+                }
+                Ok(s) => match self.decoder.push(&s.bytes) {
+                    Ok(frames) => self.queue.extend(frames.into_iter().map(|f| (s.at, f))),
+                    Err(e) => return Next::Broken(e.to_string()),
+                },
+                Err(RecvTimeoutError::Timeout) => return Next::Late,
+                Err(RecvTimeoutError::Disconnected) => {
+                    self.ended = true;
+                }
+            }
+        }
+    }
+}
+
+fn ns(origin: Instant, at: Instant) -> u64 {
+    u64::try_from(at.saturating_duration_since(origin).as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Run one session over the container's stream `rx` and its input `tx`, from `origin` (when
+/// the container started). `expect` lists how a posture differs from the plan (empty: as
+/// planned). The caller kills the container when the verdict is not `Served`.
+pub fn drive(
+    rx: &Receiver<Stamped>,
+    tx: Sender<Vec<u8>>,
+    origin: Instant,
+    plan: &Plan<'_>,
+    expect: &dyn Fn(&Posture) -> Vec<String>,
+) -> Verdict {
+    let mut s = Stream {
+        rx,
+        decoder: Decoder::new(LANE, plan.limits),
+        queue: std::collections::VecDeque::new(),
+        ended: false,
+    };
+    let startup = origin + plan.startup;
+    // The worker's posture comes first; anything wrong before it is the worker's, not the
+    // candidate's (nothing of the candidate runs yet).
+    let (posture, posture_digest) = match s.next(startup) {
+        Next::Frame(_, f) if f.kind == Kind::Posture => {
+            match message::from_payload::<Posture>(&f.payload) {
+                Ok(p) => (p, Digest::of_bytes(&f.payload)),
+                Err(e) => return Verdict::NoDecision(format!("the posture frame: {e}")),
+            }
+        }
+        Next::Frame(_, f) if f.kind == Kind::Fault => return fault(&f),
+        Next::Frame(_, f) => {
+            return Verdict::NoDecision(format!("the worker sent {:?} before its posture", f.kind));
+        }
+        Next::End => return Verdict::NoDecision("the worker ended before its posture".into()),
+        Next::Late => {
+            return Verdict::NoDecision("no posture before the startup deadline".into());
+        }
+        Next::Broken(e) => return Verdict::NoDecision(format!("the worker's stream: {e}")),
+    };
+    let differs = expect(&posture);
+    if !differs.is_empty() {
+        // Nothing of the candidate has started; closing the stream ends the worker.
+        return Verdict::NoDecision(format!(
+            "the container's posture is not the planned one: {}",
+            differs.join("; ")
+        ));
+    }
+    let send = |kind: Kind, payload: &[u8]| -> Result<(), String> {
+        let bytes = encode(LANE, kind, payload, plan.limits).map_err(|e| e.to_string())?;
+        tx.send(bytes)
+            .map_err(|_| "the host's writer is gone".to_owned())
+    };
+    if let Err(e) = send(Kind::Start, &[]) {
+        return Verdict::NoDecision(e);
+    }
+    // Startup: the engine's first frame must be `ready`, before the startup deadline.
+    let ready_ns = match s.next(startup) {
+        Next::Frame(at, f) if f.kind == Kind::Ready => match message::ready_protocol(&f.payload) {
+            Ok(PROTOCOL) => ns(origin, at),
+            Ok(v) => {
+                return violation(
+                    "lane.protocol",
+                    format!("the engine speaks protocol {v}, not {PROTOCOL}"),
+                );
+            }
+            Err(e) => return violation("lane.protocol", e.to_string()),
+        },
+        Next::Frame(at, f) => return after_start(&f, "before it was ready", ns(origin, at)),
+        Next::End | Next::Broken(_) => {
+            return Verdict::NoDecision("the worker's stream ended without a report".into());
+        }
+        Next::Late => {
+            return violation(
+                "lane.startup-deadline",
+                format!(
+                    "the engine was not ready within the startup phase ({:?})",
+                    plan.startup
+                ),
+            );
+        }
+    };
+    let ready_at = origin + Duration::from_nanos(ready_ns);
+    let deadline = ready_at + plan.workload_phase;
+    let late = || {
+        violation(
+            "lane.workload-deadline",
+            format!(
+                "the engine did not finish the workload within its phase ({:?})",
+                plan.workload_phase
+            ),
+        )
+    };
+    let mut windows = Vec::with_capacity(plan.workload.requests.len());
+    let mut outputs = Vec::new();
+    for (i, item) in plan.workload.requests.iter().enumerate() {
+        let index = u32::try_from(i).unwrap_or(u32::MAX);
+        let request = Request {
+            index,
+            tokens: item.tokens,
+            prompt: item.prompt.clone(),
+        };
+        // Stamped before the bytes are handed over: a response stamped earlier cannot be an
+        // answer to this request.
+        let sent = Instant::now();
+        if let Err(e) = send(Kind::Request, &request.encode()) {
+            return Verdict::NoDecision(e);
+        }
+        let (at, f) = match s.next(deadline) {
+            Next::Frame(at, f) => (at, f),
+            Next::End | Next::Broken(_) => {
+                return Verdict::NoDecision("the worker's stream ended without a report".into());
+            }
+            Next::Late => return late(),
+        };
+        if f.kind != Kind::Response {
+            return after_start(
+                &f,
+                &format!("while request {index} was outstanding"),
+                ns(origin, at),
+            );
+        }
+        if at < sent {
+            return violation(
+                "lane.protocol",
+                format!("a response arrived before request {index} was sent"),
+            );
+        }
+        let r = match Response::decode(&f.payload) {
+            Ok(r) => r,
+            Err(e) => return violation("lane.protocol", e.to_string()),
+        };
+        if r.index != index {
+            return violation(
+                "lane.protocol",
+                format!(
+                    "a response to request {} arrived while request {index} was outstanding",
+                    r.index
+                ),
+            );
+        }
+        if r.tokens != item.tokens || r.output.len() != item.tokens as usize {
+            return violation(
+                "lane.count",
+                format!(
+                    "request {index} asked for {} tokens; the engine said {} and sent {}",
+                    item.tokens,
+                    r.tokens,
+                    r.output.len()
+                ),
+            );
+        }
+        outputs.push(r.output);
+        windows.push(Window {
+            index,
+            phase: plan.workload.phase(i),
+            tokens: item.tokens,
+            sent_ns: ns(origin, sent),
+            received_ns: ns(origin, at),
+        });
+    }
+    // The workload is over: closing the stream tells the engine so; the next frame must be the
+    // worker's report that it ended cleanly.
+    drop(tx);
+    let ended = match s.next(deadline) {
+        Next::Frame(_, f) if f.kind == Kind::Ended => {
+            match message::from_payload::<Ended>(&f.payload) {
+                Ok(e) => e,
+                Err(e) => return Verdict::NoDecision(format!("the worker's report: {e}")),
+            }
+        }
+        Next::Frame(at, f) => return after_start(&f, "after the last response", ns(origin, at)),
+        Next::End | Next::Broken(_) => {
+            return Verdict::NoDecision("the worker's stream ended without a report".into());
+        }
+        Next::Late => return late(),
+    };
+    if let Some(v) = &ended.violation {
+        return violation("lane.protocol", format!("the engine broke the wire: {v}"));
+    }
+    if ended.code != Some(0) {
+        return violation(
+            "lane.exit",
+            format!("the engine {} after the workload", how(&ended)),
+        );
+    }
+    match s.next(deadline) {
+        Next::End => {}
+        Next::Frame(_, f) => {
+            return Verdict::NoDecision(format!("the worker sent {:?} after its report", f.kind));
+        }
+        Next::Late => return late(),
+        Next::Broken(e) => return Verdict::NoDecision(format!("the worker's stream: {e}")),
+    }
+    let outputs = match cordon::canonical::domain_digest("cordon.lane-outputs", 1, &outputs) {
+        Ok(d) => d,
+        Err(e) => return Verdict::NoDecision(e.to_string()),
+    };
+    Verdict::Served(Box::new(Transcript {
+        posture,
+        posture_digest,
+        ready_ns,
+        windows,
+        outputs,
+        ended,
+    }))
+}
+
+fn fault(f: &Frame) -> Verdict {
+    match message::from_payload::<Fault>(&f.payload) {
+        Ok(x) => Verdict::NoDecision(format!("the worker failed: {}", x.what)),
+        Err(e) => Verdict::NoDecision(format!("the worker's fault frame: {e}")),
+    }
+}
+
+/// How the engine ended, for people.
+fn how(e: &Ended) -> String {
+    match (e.code, e.signal) {
+        (Some(c), _) => format!("exited with code {c}"),
+        (None, Some(s)) => nix::sys::signal::Signal::try_from(s).map_or_else(
+            |_| format!("was killed by signal {s}"),
+            |x| format!("was killed by {}", x.as_str()),
+        ),
+        (None, None) => "ended".into(),
+    }
+}
+
+/// A frame other than the one expected, after `start`: the engine's violation, its end, or the
+/// worker's fault.
+fn after_start(f: &Frame, when: &str, at_ns: u64) -> Verdict {
+    match f.kind {
+        Kind::Fault => fault(f),
+        Kind::Ended => match message::from_payload::<Ended>(&f.payload) {
+            Ok(e) => match &e.violation {
+                Some(v) => violation(
+                    "lane.protocol",
+                    format!("the engine broke the wire {when}: {v}"),
+                ),
+                None => violation("lane.exit", format!("the engine {} {when}", how(&e))),
+            },
+            Err(e) => Verdict::NoDecision(format!("the worker's report: {e}")),
+        },
+        Kind::Ready => violation(
+            "lane.protocol",
+            format!("a second ready frame {when} (at {at_ns} ns)"),
+        ),
+        Kind::Response => violation(
+            "lane.protocol",
+            format!("an unsolicited response {when} (at {at_ns} ns)"),
+        ),
+        Kind::Posture | Kind::Start | Kind::Request => {
+            Verdict::NoDecision(format!("the worker relayed a {:?} frame {when}", f.kind))
+        }
+    }
+}

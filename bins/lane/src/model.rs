@@ -1,0 +1,194 @@
+//! The model a lane session mounts: a host-owned directory, checked and identified by digest
+//! before it is mounted read-only.
+//!
+//! What it checks: the directory and every ancestor are owned by root and not group- or
+//! world-writable — an ancestor may be a sticky shared directory such as `/tmp`, where nobody
+//! but root can rename root's entries — (so nobody but root can change it between this check
+//! and the mount), every
+//! entry inside is a directory or a regular file with the same ownership rule (no links, no
+//! devices, no sockets), and the digest covers each entry's path, kind, mode, size and content.
+//! What it does not own: where models live (the policy's model root, part of issue 14's roots
+//! preflight, is not implemented yet) and which model a workload expects.
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use cordon::canonical::{Digest, domain_digest};
+use serde::Serialize;
+
+/// Why a model cannot be used (the operator's input: a usage error).
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum ModelError {
+    /// It cannot be read.
+    #[error("cannot read the model at {path}")]
+    #[diagnostic(code(cordon::lane::model))]
+    Read {
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An entry breaks the ownership or kind rule.
+    #[error("the model entry {path} {why}")]
+    #[diagnostic(
+        code(cordon::lane::model),
+        help(
+            "a model is a root-owned tree of directories and regular files that only root can write (chown -R root:root; chmod -R go-w)"
+        )
+    )]
+    Unfit {
+        /// The entry.
+        path: PathBuf,
+        /// Why.
+        why: &'static str,
+    },
+    /// Encoding failed.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Canonical(#[from] cordon::canonical::CanonicalError),
+}
+
+#[derive(Serialize)]
+struct Item {
+    path: String,
+    dir: bool,
+    mode: u32,
+    size: u64,
+    sha256: Option<Digest>,
+}
+
+fn owned(path: &Path, m: &fs::Metadata) -> Result<(), ModelError> {
+    owned_or_sticky(path, m, false)
+}
+
+fn owned_or_sticky(path: &Path, m: &fs::Metadata, sticky_ok: bool) -> Result<(), ModelError> {
+    let unfit = |why| ModelError::Unfit {
+        path: path.to_path_buf(),
+        why,
+    };
+    if m.uid() != 0 {
+        return Err(unfit("is not owned by root"));
+    }
+    let sticky = sticky_ok && m.is_dir() && m.permissions().mode() & 0o1000 != 0;
+    if m.permissions().mode() & 0o022 != 0 && !sticky {
+        return Err(unfit("is writable by its group or by others"));
+    }
+    Ok(())
+}
+
+fn walk(root: &Path, rel: &Path, out: &mut Vec<Item>) -> Result<(), ModelError> {
+    let dir = root.join(rel);
+    let read = |source| ModelError::Read {
+        path: dir.clone(),
+        source,
+    };
+    let mut names: Vec<_> = fs::read_dir(&dir)
+        .map_err(read)?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<Result<_, _>>()
+        .map_err(read)?;
+    names.sort();
+    for name in names {
+        let rel = rel.join(&name);
+        let path = root.join(&rel);
+        let m = fs::symlink_metadata(&path).map_err(|source| ModelError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        owned(&path, &m)?;
+        let shown = rel.to_string_lossy().into_owned();
+        if m.is_dir() {
+            out.push(Item {
+                path: shown,
+                dir: true,
+                mode: m.permissions().mode() & 0o7777,
+                size: 0,
+                sha256: None,
+            });
+            walk(root, &rel, out)?;
+        } else if m.is_file() {
+            out.push(Item {
+                path: shown,
+                dir: false,
+                mode: m.permissions().mode() & 0o7777,
+                size: m.len(),
+                sha256: Some(Digest::of_file(&path)?),
+            });
+        } else {
+            return Err(ModelError::Unfit {
+                path,
+                why: "is neither a directory nor a regular file",
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Check the model at `dir` and return its canonical path and digest.
+///
+/// # Errors
+/// It cannot be read, or an entry or an ancestor breaks the rule.
+pub fn verify(dir: &Path) -> Result<(PathBuf, Digest), ModelError> {
+    let real = fs::canonicalize(dir).map_err(|source| ModelError::Read {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    for (i, p) in real.ancestors().enumerate() {
+        let m = fs::symlink_metadata(p).map_err(|source| ModelError::Read {
+            path: p.to_path_buf(),
+            source,
+        })?;
+        owned_or_sticky(p, &m, i > 0)?;
+    }
+    if !fs::symlink_metadata(&real).is_ok_and(|m| m.is_dir()) {
+        return Err(ModelError::Unfit {
+            path: real,
+            why: "is not a directory",
+        });
+    }
+    let mut items = Vec::new();
+    walk(&real, Path::new(""), &mut items)?;
+    let digest = domain_digest("cordon.model", 1, &items)?;
+    Ok((real, digest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_model_is_identified_by_its_entries_and_refused_when_others_could_write_it() {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "the ownership rule needs root-owned files: run as root"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        assert!(
+            matches!(verify(Path::new("/tmp")), Err(ModelError::Unfit { .. })),
+            "a directory others can write is no model, sticky or not"
+        );
+        let shared = dir.path().join("shared");
+        fs::create_dir(&shared).unwrap();
+        fs::set_permissions(&shared, fs::Permissions::from_mode(0o777)).unwrap();
+        fs::create_dir(shared.join("m")).unwrap();
+        assert!(
+            matches!(verify(&shared.join("m")), Err(ModelError::Unfit { .. })),
+            "below a directory others can write (not sticky), the model could be replaced"
+        );
+        let m = dir.path().join("m");
+        fs::create_dir(&m).unwrap();
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        fs::write(m.join("weights"), b"1000003\n").unwrap();
+        let (_, a) = verify(&m).unwrap();
+        fs::write(m.join("weights"), b"1000033\n").unwrap();
+        let (_, b) = verify(&m).unwrap();
+        assert_ne!(a, b, "the digest covers content");
+        fs::set_permissions(m.join("weights"), fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(matches!(verify(&m), Err(ModelError::Unfit { .. })));
+        fs::set_permissions(m.join("weights"), fs::Permissions::from_mode(0o644)).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", m.join("link")).unwrap();
+        assert!(matches!(verify(&m), Err(ModelError::Unfit { .. })));
+    }
+}

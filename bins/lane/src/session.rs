@@ -1,0 +1,461 @@
+//! One engine session of the `lane` stage: parse → plan → apply, with the framed protocol driven
+//! by the host.
+//!
+//! Parse: the stage, its frame bounds and both phase deadlines, the one registered lane step,
+//! the image pin. Plan: reopen and verify the tree and the publication (the exact ones the
+//! prebuild receipt names, never a parent), check the model and the workload, verify and unpack
+//! the image, hash the worker inside it and seal that digest into the worker's argv. Apply: one
+//! [`Session`] with live stdin/stdout, driven by [`crate::driver::drive`]; a session that ends
+//! early kills the container, and release (with its absence proof) always runs.
+//!
+//! What it does not own: the verdict on speed (part 2), the roles' exchange (part 2), and the
+//! receipt (the CLI's).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use cordon::canonical::Digest;
+use cordon::container::Input;
+use cordon::lease::Setup;
+use cordon::receipt::{Decision, LaneOutputs, LanePhase, LaneWindow, Rejection, Role};
+use cordon::runtime::Meta;
+use cordon::store::Store;
+use cordon::tree::{self, PUBLICATIONS, TREES};
+use cordon_frame::Limits;
+use cordon_frame::message::{PROTOCOL, Posture};
+use cordon_policy_lang::{MountSource, Policy, StageKind};
+use cordon_stage::bundle::{PlanError, Planned};
+use cordon_stage::session::{Job, Session, SessionError};
+use serde_json::json;
+
+use crate::driver::{self, Plan, Verdict};
+use crate::model::{self, ModelError};
+use crate::workload::{Workload, WorkloadError};
+
+/// Where the worker lives inside the runtime image.
+pub const WORKER: &str = "/cordon/worker";
+
+/// ENETUNREACH: what a connect to any address but loopback meets with no route.
+const ENETUNREACH: i32 = 101;
+
+/// Where the stage works.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The store.
+    pub store: Store,
+    /// The directory holding image layouts, one per role (`<dir>/<role>`).
+    pub images: PathBuf,
+    /// The lease manager's setup.
+    pub setup: Setup,
+    /// The authority identity.
+    pub authority: Digest,
+    /// The runtime's `--version` text, as the identity read it.
+    pub runtime_version: String,
+}
+
+/// What one session runs.
+#[derive(Debug, Clone)]
+pub struct Inputs {
+    /// The role.
+    pub role: Role,
+    /// The engine tree.
+    pub tree: Digest,
+    /// Its native publication.
+    pub publication: Digest,
+    /// The workload file.
+    pub workload: PathBuf,
+    /// The model directory.
+    pub model: PathBuf,
+}
+
+/// What cordon could not establish (exit 3), or the operator's wiring error (exit 2).
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum LaneError {
+    /// The policy cannot run a lane session.
+    #[error("the policy cannot run a lane session: {0}")]
+    #[diagnostic(code(cordon::lane::policy))]
+    Policy(String),
+    /// The workload is not usable.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Workload(#[from] WorkloadError),
+    /// The model is not usable.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Model(#[from] ModelError),
+    /// The tree or publication is missing or corrupt.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Tree(#[from] tree::TreeError),
+    /// The image is missing or not the pinned one.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Image(#[from] cordon::image::ImageError),
+    /// The image has no worker.
+    #[error("the runtime image has no worker at {WORKER}")]
+    #[diagnostic(code(cordon::lane::worker))]
+    Worker {
+        /// The error.
+        #[source]
+        source: cordon::canonical::CanonicalError,
+    },
+    /// The session could not establish its run.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Session(#[from] SessionError),
+    /// The framed session could not be established (worker, posture, stream).
+    #[error("the lane session could not be established: {0}")]
+    #[diagnostic(code(cordon::lane::no_decision))]
+    NoDecision(String),
+}
+
+impl LaneError {
+    /// Whether this is the operator's wiring error (exit 2) rather than a no-decision.
+    #[must_use]
+    pub fn is_usage(&self) -> bool {
+        match self {
+            Self::Policy(_) | Self::Workload(_) | Self::Model(_) => true,
+            Self::Session(s) => s.is_usage(),
+            _ => false,
+        }
+    }
+}
+
+impl cordon_stage::receipt_io::Infrastructure for LaneError {
+    fn reason_code(&self) -> &'static str {
+        "lane.infrastructure"
+    }
+}
+
+/// What the stage decided.
+pub type Outcome = Decision<LaneOutputs>;
+
+/// Timed tokens per second, in thousandths, from host stamps only.
+#[must_use]
+pub fn timed_rate_milli(windows: &[LaneWindow]) -> u64 {
+    let timed: Vec<&LaneWindow> = windows
+        .iter()
+        .filter(|w| w.phase == LanePhase::Timed)
+        .collect();
+    let (Some(first), Some(last)) = (timed.first(), timed.last()) else {
+        return 0;
+    };
+    let tokens: u128 = timed.iter().map(|w| u128::from(w.tokens)).sum();
+    let span = u128::from(last.received_ns.saturating_sub(first.sent_ns)).max(1);
+    u64::try_from(tokens * 1_000_000_000_000 / span).unwrap_or(u64::MAX)
+}
+
+/// What the posture must be, from the plan.
+#[derive(Debug, Clone)]
+pub struct Expected {
+    /// The worker's digest, hex.
+    pub worker: String,
+    /// The run account.
+    pub uid: u32,
+    /// Its group.
+    pub gid: u32,
+    /// Path → read-only, for `/` and every mount the plan makes read-only.
+    pub read_only: std::collections::BTreeMap<String, bool>,
+}
+
+impl Expected {
+    fn from_plan(planned: &Planned, worker: &Digest) -> Self {
+        let user = planned.spec.process().as_ref().map(|p| p.user().clone());
+        let root_ro = planned
+            .spec
+            .root()
+            .as_ref()
+            .and_then(|r| r.readonly())
+            .unwrap_or(false);
+        let mut read_only = std::collections::BTreeMap::from([("/".to_owned(), root_ro)]);
+        for m in planned.spec.mounts().iter().flatten() {
+            let ro = m.options().iter().flatten().any(|o| o == "ro");
+            if m.typ().as_deref() == Some("bind") && ro {
+                read_only.insert(m.destination().to_string_lossy().into_owned(), true);
+            }
+        }
+        Self {
+            worker: worker.hex(),
+            uid: user.as_ref().map_or(u32::MAX, |u| u.uid()),
+            gid: user.as_ref().map_or(u32::MAX, |u| u.gid()),
+            read_only,
+        }
+    }
+
+    /// How `p` differs from this expectation (empty: as planned).
+    #[must_use]
+    pub fn differences(&self, p: &Posture) -> Vec<String> {
+        let mut d = Vec::new();
+        let mut want = |ok: bool, what: String| {
+            if !ok {
+                d.push(what);
+            }
+        };
+        want(p.protocol == PROTOCOL, format!("protocol {}", p.protocol));
+        want(
+            p.sealed_matches && p.worker_sha256 == self.worker,
+            format!("the worker is {} (sealed {})", p.worker_sha256, self.worker),
+        );
+        want(
+            (p.uid, p.gid) == (self.uid, self.gid),
+            format!("runs as {}:{}, not {}:{}", p.uid, p.gid, self.uid, self.gid),
+        );
+        for (name, v) in [
+            ("CapEff", p.cap_eff),
+            ("CapPrm", p.cap_prm),
+            ("CapBnd", p.cap_bnd),
+            ("CapAmb", p.cap_amb),
+        ] {
+            want(v == 0, format!("{name} is {v:x}"));
+        }
+        want(p.no_new_privs, "no_new_privs is off".into());
+        want(
+            p.seccomp_mode == 2 && p.seccomp_filters >= 1,
+            format!(
+                "seccomp mode {} with {} filters",
+                p.seccomp_mode, p.seccomp_filters
+            ),
+        );
+        want(
+            p.interfaces == ["lo"],
+            format!("interfaces {:?}", p.interfaces),
+        );
+        want(p.routes == 0, format!("{} routes", p.routes));
+        want(
+            p.connect_errno == Some(ENETUNREACH),
+            format!(
+                "a connect out ended with {:?}, not ENETUNREACH",
+                p.connect_errno
+            ),
+        );
+        want(
+            p.read_only == self.read_only,
+            format!(
+                "read-only mounts {:?}, not {:?}",
+                p.read_only, self.read_only
+            ),
+        );
+        d
+    }
+}
+
+/// Run one engine session.
+///
+/// # Errors
+/// Anything cordon could not establish, or the operator's wiring error.
+#[allow(clippy::too_many_lines)]
+pub fn session(policy: &Policy, cfg: &Config, inputs: &Inputs) -> Result<Outcome, LaneError> {
+    let started = Instant::now();
+    // Parse: the stage's values this session enforces, each required.
+    let stage = policy
+        .stage(StageKind::Lane)
+        .ok_or(SessionError::Plan(PlanError::NoStage {
+            kind: StageKind::Lane,
+        }))?;
+    let frame = stage
+        .frame
+        .as_ref()
+        .ok_or_else(|| LaneError::Policy("the lane stage has no frame bounds".into()))?;
+    let limits = Limits {
+        max_bytes: u32::try_from(frame.max_bytes)
+            .map_err(|_| LaneError::Policy("frame max-bytes is over 4 GiB".into()))?,
+        max_frames: frame.max_frames,
+    };
+    let phase_ms = |name: &str| {
+        stage
+            .phase_deadline_ms
+            .get(name)
+            .copied()
+            .map(Duration::from_millis)
+            .ok_or_else(|| {
+                LaneError::Policy(format!("the lane stage has no phase-deadline {name:?}"))
+            })
+    };
+    let (startup, workload_phase) = (phase_ms("startup")?, phase_ms("workload")?);
+    if let Some(extra) = stage
+        .phase_deadline_ms
+        .keys()
+        .find(|k| !matches!(k.as_str(), "startup" | "workload"))
+    {
+        return Err(LaneError::Policy(format!(
+            "phase-deadline {extra:?} is not a phase of the lane session (startup, workload)"
+        )));
+    }
+    let steps: Vec<&str> = policy.steps_of(StageKind::Lane).collect();
+    let [step] = steps.as_slice() else {
+        return Err(LaneError::Policy(format!(
+            "exactly one step of stage \"lane\" must be registered, not {}",
+            steps.len()
+        )));
+    };
+    let engine = policy
+        .step(step)
+        .map(|(_, argv)| argv.to_vec())
+        .unwrap_or_default();
+    let pin = *policy.image_pin(&stage.image).ok_or_else(|| {
+        SessionError::Plan(PlanError::Unpinned {
+            kind: StageKind::Lane,
+            role: stage.image.clone(),
+        })
+    })?;
+
+    // Plan: everything is verified before anything runs.
+    let (workload, workload_digest) = Workload::load(&inputs.workload)?;
+    let (model_dir, model_digest) = model::verify(&inputs.model)?;
+    tree::verify(&cfg.store, &inputs.tree)?;
+    tree::verify_in(&cfg.store, PUBLICATIONS, &inputs.publication)?;
+    let rootfs = cordon::image::unpack(&cfg.store, &cfg.images.join(&stage.image), &pin)?;
+    let worker = Digest::of_file(&rootfs.join(WORKER.trim_start_matches('/')))
+        .map_err(|source| LaneError::Worker { source })?;
+    let mut argv = vec![
+        WORKER.to_owned(),
+        "--sealed".into(),
+        worker.hex(),
+        "--max-bytes".into(),
+        limits.max_bytes.to_string(),
+        "--max-frames".into(),
+        limits.max_frames.to_string(),
+        "--read-only".into(),
+        "/".into(),
+    ];
+    for target in stage.mount.keys() {
+        argv.extend(["--read-only".to_owned(), target.clone()]);
+    }
+    argv.push("--".into());
+    argv.extend(engine);
+
+    let session = Session {
+        policy,
+        kind: StageKind::Lane,
+        store: cfg.store.clone(),
+        setup: cfg.setup.clone(),
+        authority: cfg.authority,
+        runtime_version: cfg.runtime_version.clone(),
+    };
+    let job = Job {
+        argv,
+        image_rootfs: rootfs,
+        sources: [
+            (
+                MountSource::Tree,
+                tree::root_in(&cfg.store, TREES, &inputs.tree),
+            ),
+            (
+                MountSource::Publication,
+                tree::root_in(&cfg.store, PUBLICATIONS, &inputs.publication),
+            ),
+            (MountSource::Model, model_dir),
+        ]
+        .into(),
+        stdin: Input::Live,
+        live_stdout: true,
+        live_stderr: false,
+        started,
+        framed: true,
+    };
+    let plan = Plan {
+        workload: &workload,
+        limits,
+        startup,
+        workload_phase,
+    };
+    let mut verdict = None;
+    let ran = session.run(
+        &job,
+        |running, planned, _deadline| {
+            let expected = Expected::from_plan(planned, &worker);
+            let (Some(stdin), Some(stdout)) = (running.take_stdin(), running.take_stdout()) else {
+                return Err(LaneError::NoDecision(
+                    "the container's pipes are not live".into(),
+                ));
+            };
+            let origin = Instant::now();
+            let rx = driver::reader(stdout);
+            let v = driver::drive(&rx, driver::writer(stdin), origin, &plan, &|p| {
+                expected.differences(p)
+            });
+            if !matches!(v, Verdict::Served(_)) {
+                // The session is over: nothing of the engine may keep running until the
+                // stage deadline. A container already gone is not an error here; release
+                // proves absence either way.
+                let _ = running.kill();
+            }
+            verdict = Some(v);
+            Ok(())
+        },
+        |lease, _, finished| {
+            Ok::<_, LaneError>((finished.meta.clone(), lease.record.lease.clone()))
+        },
+    )?;
+    let (meta, lease) = ran.inspected;
+    let verdict =
+        verdict.ok_or_else(|| LaneError::NoDecision("the session was not driven".into()))?;
+    decide(verdict, meta, lease, |t, meta, lease| {
+        let windows = t.windows;
+        LaneOutputs {
+            role: inputs.role,
+            tree: inputs.tree,
+            publication: inputs.publication,
+            model: model_digest,
+            workload: workload_digest,
+            worker,
+            posture: t.posture_digest,
+            step: (*step).to_owned(),
+            ready_ns: t.ready_ns,
+            timed_rate_milli: timed_rate_milli(&windows),
+            windows,
+            outputs: t.outputs,
+            meta,
+            lease,
+        }
+    })
+}
+
+/// The stage's decision from the driver's verdict and the container's meta record: the
+/// resource kills the runtime saw are the candidate's own failures, whatever the stream said.
+fn decide(
+    verdict: Verdict,
+    meta: Meta,
+    lease: String,
+    outputs: impl FnOnce(Box<driver::Transcript>, Meta, String) -> LaneOutputs,
+) -> Result<Outcome, LaneError> {
+    let reject = |code: &str, message: String, meta: &Meta, lease: &str| {
+        Ok(Decision::Rejected(Rejection::one(
+            code,
+            message,
+            json!({ "meta": meta, "lease": lease }),
+        )))
+    };
+    if meta.oom_killed {
+        return reject(
+            "lane.oom",
+            "the engine was killed for memory".into(),
+            &meta,
+            &lease,
+        );
+    }
+    if meta.killed_by_deadline {
+        return reject(
+            "lane.deadline",
+            "the session was killed at the stage's absolute deadline".into(),
+            &meta,
+            &lease,
+        );
+    }
+    match verdict {
+        Verdict::Served(t) => Ok(Decision::Accepted(outputs(t, meta, lease))),
+        Verdict::Violation { code, message } => reject(code, message, &meta, &lease),
+        Verdict::NoDecision(why) => Err(LaneError::NoDecision(why)),
+    }
+}
+
+/// The tree a prebuild receipt's inputs name.
+///
+/// # Errors
+/// It names none.
+pub fn tree_of(prebuild_inputs: &serde_json::Value) -> Result<Digest, String> {
+    prebuild_inputs["tree"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| "the prebuild receipt names no tree".to_owned())
+}
