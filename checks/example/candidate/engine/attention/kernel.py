@@ -1,8 +1,11 @@
 from fast_attn import util
 
+EXPONENT = 65537
 
-def attend(query):
-    return util.scale(query, 3)
+
+def attend(query, modulus=1000003):
+    # The same tokens as the incumbent's kernel, by square-and-multiply.
+    return util.power(query, EXPONENT, modulus)
 
 
 def compiled(kernel):

@@ -1,2 +1,2 @@
-def scale(query, k):
-    return [q * k for q in query]
+def power(query, exponent, modulus):
+    return [pow(q, exponent, modulus) for q in query]
