@@ -19,6 +19,12 @@ fn build(out: &Path) -> Digest {
     image::build(&spec, out).unwrap()
 }
 
+fn build_runtime(out: &Path) -> Digest {
+    assert!(cordon_testkit::runtime_image_inputs().is_file());
+    let spec = cordon_image::spec::load(&workspace_root().join("images/runtime.kdl")).unwrap();
+    image::build(&spec, out).unwrap()
+}
+
 fn files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
@@ -46,7 +52,7 @@ fn two_builds_are_byte_identical_and_match_the_policy_pin() {
     let b = build(&dir.path().join("b"));
     assert_eq!(a, b);
     assert_eq!(files(&dir.path().join("a")), files(&dir.path().join("b")));
-    let policy = cordon_policy_pin();
+    let policy: Digest = cordon_testkit::policy_pin("prebuild").parse().unwrap();
     assert_eq!(
         a, policy,
         "images/prebuild.kdl builds {a}, but policy/evaluator.kdl pins {policy}: \
@@ -55,18 +61,20 @@ fn two_builds_are_byte_identical_and_match_the_policy_pin() {
     );
 }
 
-fn cordon_policy_pin() -> Digest {
-    let text = std::fs::read_to_string(workspace_root().join("policy/evaluator.kdl")).unwrap();
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("image \"prebuild\""))
-        .unwrap();
-    let d = line
-        .split("digest=\"")
-        .nth(1)
-        .unwrap()
-        .trim_end_matches('"');
-    d.parse().unwrap()
+#[test]
+fn the_runtime_image_rebuilds_byte_identical_to_the_policy_pin() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = build_runtime(&dir.path().join("a"));
+    let b = build_runtime(&dir.path().join("b"));
+    assert_eq!(files(&dir.path().join("a")), files(&dir.path().join("b")));
+    let policy: Digest = cordon_testkit::policy_pin("runtime").parse().unwrap();
+    assert_eq!(
+        (a, b),
+        (policy, policy),
+        "images/runtime.kdl builds {a}, but policy/evaluator.kdl pins {policy}: rebuild with \
+         `bash images/build-worker.sh && cordon-image build images/runtime.kdl --out DIR` and \
+         re-pin after review (the digest covers Debian's python3.11 bytes and cordon-worker's)"
+    );
 }
 
 #[test]

@@ -299,3 +299,39 @@ pub fn copy_tree(from: &Path, to: &Path) {
 pub fn in_an_hour() -> std::time::SystemTime {
     std::time::SystemTime::now() + std::time::Duration::from_secs(3600)
 }
+
+/// The image pin of `role` in `policy/evaluator.kdl`, as written (`sha256:…`).
+#[must_use]
+pub fn policy_pin(role: &str) -> String {
+    let text = std::fs::read_to_string(workspace_root().join("policy/evaluator.kdl")).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(&format!("image {role:?}")))
+        .unwrap_or_else(|| panic!("policy/evaluator.kdl pins no image {role:?}"));
+    line.split("digest=\"")
+        .nth(1)
+        .unwrap()
+        .trim_end_matches('"')
+        .to_owned()
+}
+
+/// Build the runtime image's worker as `images/build-worker.sh` does (static, path-remapped:
+/// the bytes the pinned runtime image holds) and return its path. Needs Debian's
+/// python3.11-minimal for the rest of the runtime image, which is checked here too.
+#[must_use]
+pub fn runtime_image_inputs() -> PathBuf {
+    require_executable(
+        Path::new("/usr/bin/python3.11"),
+        "apt-get install -y python3 (the runtime image's interpreter)",
+    );
+    let out = std::process::Command::new("bash")
+        .arg(workspace_root().join("images/build-worker.sh"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "images/build-worker.sh failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
