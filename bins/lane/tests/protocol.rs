@@ -1,0 +1,438 @@
+//! The host's side of the framed session against scripted workers and engines, no container:
+//! every ordering, count and deadline rule of the protocol, and which side each failure is
+//! charged to (a rejection is the engine's; a no-decision is what cordon could not establish).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::time::{Duration, Instant};
+
+use cordon_frame::message::{self, Ended, Fault, Posture, Request, Response, ready_payload};
+use cordon_frame::{Decoder, Frame, Kind, LANE, Limits, encode};
+use cordon_lane::driver::{Plan, Stamped, Verdict, drive};
+use cordon_lane::workload::{Item, Workload};
+
+const LIMITS: Limits = Limits {
+    max_bytes: 1 << 16,
+    max_frames: 64,
+};
+
+/// The worker-and-engine side of a session, written as a script.
+struct Fake {
+    from_host: Receiver<Vec<u8>>,
+    decoder: Decoder,
+    queue: Vec<Frame>,
+    to_host: Sender<Stamped>,
+}
+
+impl Fake {
+    fn raw(&self, bytes: Vec<u8>) {
+        let _ = self.to_host.send(Stamped {
+            at: Instant::now(),
+            bytes,
+        });
+    }
+
+    fn send(&self, kind: Kind, payload: &[u8]) {
+        self.raw(encode(LANE, kind, payload, LIMITS).unwrap());
+    }
+
+    fn posture(&self) {
+        self.send(Kind::Posture, &message::to_payload(&posture()).unwrap());
+    }
+
+    /// The host's next frame, or `None` when it closed its stream.
+    fn next(&mut self) -> Option<Frame> {
+        loop {
+            if !self.queue.is_empty() {
+                return Some(self.queue.remove(0));
+            }
+            let bytes = self.from_host.recv().ok()?;
+            self.queue.extend(self.decoder.push(&bytes).unwrap());
+        }
+    }
+
+    fn request(&mut self) -> Request {
+        let f = self.next().expect("a request");
+        assert_eq!(f.kind, Kind::Request);
+        Request::decode(&f.payload).unwrap()
+    }
+
+    fn answer(&self, r: &Request) {
+        self.raw(answer_bytes(r));
+    }
+
+    fn ended(&self, code: Option<i32>, violation: Option<&str>) {
+        let e = Ended {
+            code,
+            signal: None,
+            violation: violation.map(str::to_owned),
+        };
+        self.send(Kind::Ended, &message::to_payload(&e).unwrap());
+    }
+
+    fn eof(&self) {
+        self.raw(Vec::new());
+    }
+
+    /// Posture, then wait for start, then ready.
+    fn start(&mut self) {
+        self.posture();
+        assert_eq!(self.next().expect("start").kind, Kind::Start);
+        self.send(Kind::Ready, &ready_payload());
+    }
+}
+
+fn answer_bytes(r: &Request) -> Vec<u8> {
+    let output = (0..r.tokens).map(|t| t + r.index).collect();
+    let resp = Response {
+        index: r.index,
+        tokens: r.tokens,
+        output,
+    };
+    encode(LANE, Kind::Response, &resp.encode(), LIMITS).unwrap()
+}
+
+fn posture() -> Posture {
+    Posture {
+        protocol: 1,
+        worker_sha256: "0".repeat(64),
+        sealed_matches: true,
+        uid: 3_000_000,
+        gid: 3_000_000,
+        cap_eff: 0,
+        cap_prm: 0,
+        cap_bnd: 0,
+        cap_amb: 0,
+        no_new_privs: true,
+        seccomp_mode: 2,
+        seccomp_filters: 1,
+        interfaces: vec!["lo".into()],
+        routes: 0,
+        connect_errno: Some(101),
+        read_only: [("/".to_owned(), false)].into(),
+    }
+}
+
+fn workload(n: u32) -> Workload {
+    Workload {
+        version: 1,
+        warmup: 1,
+        conditioning: 0,
+        requests: (0..n)
+            .map(|i| Item {
+                prompt: vec![i, 7],
+                tokens: 3,
+            })
+            .collect(),
+    }
+}
+
+/// Run one session against `script`, with `startup` and `phase` as the phase lengths.
+fn session_with(
+    n: u32,
+    startup: Duration,
+    phase: Duration,
+    expect_ok: bool,
+    script: impl FnOnce(&mut Fake) + Send + 'static,
+) -> Verdict {
+    let (to_host, rx) = channel();
+    let (tx, from_host) = channel();
+    let handle = std::thread::spawn(move || {
+        let mut fake = Fake {
+            from_host,
+            decoder: Decoder::new(LANE, LIMITS),
+            queue: Vec::new(),
+            to_host,
+        };
+        script(&mut fake);
+    });
+    let w = workload(n);
+    let plan = Plan {
+        workload: &w,
+        limits: LIMITS,
+        startup,
+        workload_phase: phase,
+    };
+    let v = drive(&rx, tx, Instant::now(), &plan, &|_| {
+        if expect_ok {
+            Vec::new()
+        } else {
+            vec!["CapEff is 1".into()]
+        }
+    });
+    drop(rx);
+    let _ = handle.join();
+    v
+}
+
+fn session(script: impl FnOnce(&mut Fake) + Send + 'static) -> Verdict {
+    let long = Duration::from_secs(10);
+    session_with(3, long, long, true, script)
+}
+
+fn rejected(v: &Verdict) -> (&'static str, String) {
+    match v {
+        Verdict::Violation { code, message } => (code, message.clone()),
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+}
+
+fn no_decision(v: &Verdict) -> String {
+    match v {
+        Verdict::NoDecision(why) => why.clone(),
+        other => panic!("expected a no-decision, got {other:?}"),
+    }
+}
+
+/// An engine that answers every request, then exits 0 when the host closes its stream.
+fn honest(f: &mut Fake) {
+    f.start();
+    while let Some(frame) = f.next() {
+        let r = Request::decode(&frame.payload).unwrap();
+        f.answer(&r);
+    }
+    f.ended(Some(0), None);
+    f.eof();
+}
+
+#[test]
+fn an_honest_engine_is_served_with_host_stamped_windows_in_order() {
+    let Verdict::Served(t) = session(honest) else {
+        panic!("not served")
+    };
+    assert_eq!(t.windows.len(), 3);
+    assert_eq!(t.windows[0].phase, cordon::receipt::LanePhase::Warmup);
+    assert!(
+        t.windows[1..]
+            .iter()
+            .all(|w| w.phase == cordon::receipt::LanePhase::Timed)
+    );
+    for w in &t.windows {
+        assert!(w.sent_ns <= w.received_ns, "{w:?}");
+        assert!(t.ready_ns <= w.sent_ns);
+    }
+    for pair in t.windows.windows(2) {
+        assert!(
+            pair[0].received_ns <= pair[1].sent_ns,
+            "one request at a time"
+        );
+    }
+    assert_eq!(t.ended.code, Some(0));
+}
+
+#[test]
+fn a_posture_unlike_the_plan_is_a_no_decision_and_the_engine_never_starts() {
+    let long = Duration::from_secs(10);
+    let v = session_with(3, long, long, false, |f| {
+        f.posture();
+        assert!(f.next().is_none(), "the host closes without start");
+    });
+    assert!(no_decision(&v).contains("CapEff is 1"), "{v:?}");
+}
+
+#[test]
+fn a_worker_fault_or_silence_before_its_posture_is_a_no_decision() {
+    let v = session(|f| {
+        let fault = Fault {
+            what: "cannot read /proc/self/status".into(),
+        };
+        f.send(Kind::Fault, &message::to_payload(&fault).unwrap());
+    });
+    assert!(no_decision(&v).contains("/proc/self/status"));
+    let v = session(|f| f.eof());
+    assert!(no_decision(&v).contains("before its posture"));
+    let v = session(|f| f.send(Kind::Ready, &ready_payload()));
+    assert!(no_decision(&v).contains("before its posture"));
+}
+
+#[test]
+fn output_before_ready_is_a_protocol_violation() {
+    let v = session(|f| {
+        f.posture();
+        f.next();
+        f.answer(&Request {
+            index: 0,
+            tokens: 3,
+            prompt: vec![],
+        });
+    });
+    let (code, message) = rejected(&v);
+    assert_eq!(code, "lane.protocol");
+    assert!(message.contains("before it was ready"), "{message}");
+}
+
+#[test]
+fn a_response_sent_before_its_request_is_a_protocol_violation() {
+    let v = session(|f| {
+        f.start();
+        let r = f.request();
+        // Guessing the next request and answering it in the same write as this one, so the
+        // host reads it before it has sent request 1.
+        let guess = Request {
+            index: 1,
+            tokens: 3,
+            prompt: vec![],
+        };
+        f.raw([answer_bytes(&r), answer_bytes(&guess)].concat());
+        let _ = f.request();
+    });
+    let (code, message) = rejected(&v);
+    assert_eq!(code, "lane.protocol");
+    assert!(message.contains("before request 1 was sent"), "{message}");
+}
+
+#[test]
+fn a_duplicate_response_is_a_protocol_violation() {
+    let v = session(|f| {
+        f.start();
+        let r = f.request();
+        f.answer(&r);
+        let next = f.request();
+        f.answer(&r);
+        f.answer(&next);
+    });
+    let (code, _) = rejected(&v);
+    assert_eq!(code, "lane.protocol");
+}
+
+#[test]
+fn a_lie_about_the_token_count_is_rejected() {
+    for (claimed, sent) in [(4u32, 3usize), (3, 4), (2, 2)] {
+        let v = session(move |f| {
+            f.start();
+            let r = f.request();
+            let resp = Response {
+                index: r.index,
+                tokens: claimed,
+                output: vec![1; sent],
+            };
+            f.send(Kind::Response, &resp.encode());
+            let _ = f.next();
+        });
+        let (code, message) = rejected(&v);
+        assert_eq!(code, "lane.count", "{claimed}/{sent}: {message}");
+    }
+}
+
+#[test]
+fn a_malformed_response_or_a_second_ready_is_a_protocol_violation() {
+    let v = session(|f| {
+        f.start();
+        let _ = f.request();
+        f.send(Kind::Response, &[0; 7]);
+    });
+    assert_eq!(rejected(&v).0, "lane.protocol");
+    let v = session(|f| {
+        f.start();
+        let _ = f.request();
+        f.send(Kind::Ready, &ready_payload());
+    });
+    assert_eq!(rejected(&v).0, "lane.protocol");
+}
+
+#[test]
+fn an_engine_that_is_never_ready_misses_the_startup_deadline() {
+    let v = session_with(
+        3,
+        Duration::from_millis(200),
+        Duration::from_secs(10),
+        true,
+        |f| {
+            f.posture();
+            let _ = f.next();
+            // Silence: the host's clock, not the engine, ends the phase.
+            let _ = f.next();
+        },
+    );
+    assert_eq!(rejected(&v).0, "lane.startup-deadline");
+}
+
+#[test]
+fn an_engine_that_stops_answering_misses_the_workload_deadline() {
+    let started = Instant::now();
+    let v = session_with(
+        3,
+        Duration::from_secs(10),
+        Duration::from_millis(300),
+        true,
+        |f| {
+            f.start();
+            let r = f.request();
+            f.answer(&r);
+            let _ = f.request();
+            let _ = f.next();
+        },
+    );
+    assert_eq!(rejected(&v).0, "lane.workload-deadline");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn an_engine_that_exits_early_or_badly_is_rejected_and_a_wire_violation_the_worker_saw_too() {
+    let v = session(|f| {
+        f.start();
+        let _ = f.request();
+        f.ended(Some(1), None);
+        f.eof();
+    });
+    let (code, message) = rejected(&v);
+    assert_eq!(code, "lane.exit");
+    assert!(message.contains("exited with code 1"), "{message}");
+
+    let v = session(|f| {
+        f.start();
+        while let Some(frame) = f.next() {
+            f.answer(&Request::decode(&frame.payload).unwrap());
+        }
+        f.ended(Some(3), None);
+        f.eof();
+    });
+    assert_eq!(rejected(&v).0, "lane.exit");
+
+    let v = session(|f| {
+        f.start();
+        let _ = f.request();
+        f.ended(None, Some("frame 1 announces 99999999 payload bytes"));
+        f.eof();
+    });
+    let (code, message) = rejected(&v);
+    assert_eq!(code, "lane.protocol");
+    assert!(message.contains("99999999"), "{message}");
+}
+
+#[test]
+fn an_extra_frame_after_the_workload_is_unsolicited() {
+    let v = session(|f| {
+        f.start();
+        let mut last = None;
+        while let Some(frame) = f.next() {
+            let r = Request::decode(&frame.payload).unwrap();
+            f.answer(&r);
+            last = Some(r);
+        }
+        f.answer(&last.unwrap());
+    });
+    let (code, message) = rejected(&v);
+    assert_eq!(code, "lane.protocol");
+    assert!(message.contains("after the last response"), "{message}");
+}
+
+#[test]
+fn a_broken_or_truncated_stream_from_the_worker_is_a_no_decision() {
+    let v = session(|f| {
+        f.start();
+        let _ = f.request();
+        let mut bytes = encode(LANE, Kind::Response, &[0; 12], LIMITS).unwrap();
+        bytes.truncate(10);
+        f.raw(bytes);
+        f.eof();
+    });
+    no_decision(&v);
+    let v = session(|f| {
+        f.start();
+        let _ = f.request();
+        f.raw(b"GARBAGE!!".to_vec());
+    });
+    no_decision(&v);
+}
