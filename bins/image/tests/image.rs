@@ -20,7 +20,13 @@ fn build(out: &Path) -> Digest {
 }
 
 fn build_runtime(out: &Path) -> Digest {
-    assert!(cordon_testkit::runtime_image_inputs().is_file());
+    let worker = cordon_testkit::runtime_image_inputs();
+    let pin: Digest = cordon_testkit::policy_pin("worker").parse().unwrap();
+    assert_eq!(
+        Digest::of_file(&worker).unwrap(),
+        pin,
+        "images/build-worker.sh builds another worker than policy/evaluator.kdl pins: re-pin after review"
+    );
     let spec = cordon_image::spec::load(&workspace_root().join("images/runtime.kdl")).unwrap();
     image::build(&spec, out).unwrap()
 }
@@ -52,7 +58,9 @@ fn two_builds_are_byte_identical_and_match_the_policy_pin() {
     let b = build(&dir.path().join("b"));
     assert_eq!(a, b);
     assert_eq!(files(&dir.path().join("a")), files(&dir.path().join("b")));
-    let policy: Digest = cordon_testkit::policy_pin("prebuild").parse().unwrap();
+    let policy: Digest = cordon_testkit::policy_pin("image \"prebuild\"")
+        .parse()
+        .unwrap();
     assert_eq!(
         a, policy,
         "images/prebuild.kdl builds {a}, but policy/evaluator.kdl pins {policy}: \
@@ -67,7 +75,9 @@ fn the_runtime_image_rebuilds_byte_identical_to_the_policy_pin() {
     let a = build_runtime(&dir.path().join("a"));
     let b = build_runtime(&dir.path().join("b"));
     assert_eq!(files(&dir.path().join("a")), files(&dir.path().join("b")));
-    let policy: Digest = cordon_testkit::policy_pin("runtime").parse().unwrap();
+    let policy: Digest = cordon_testkit::policy_pin("image \"runtime\"")
+        .parse()
+        .unwrap();
     assert_eq!(
         (a, b),
         (policy, policy),

@@ -91,14 +91,6 @@ pub enum LaneError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Image(#[from] cordon::image::ImageError),
-    /// The image has no worker.
-    #[error("the runtime image has no worker at {WORKER}")]
-    #[diagnostic(code(cordon::lane::worker))]
-    Worker {
-        /// The error.
-        #[source]
-        source: cordon::canonical::CanonicalError,
-    },
     /// The session could not establish its run.
     #[error(transparent)]
     #[diagnostic(transparent)]
@@ -305,8 +297,11 @@ pub fn session(policy: &Policy, cfg: &Config, inputs: &Inputs) -> Result<Outcome
     tree::verify(&cfg.store, &inputs.tree)?;
     tree::verify_in(&cfg.store, PUBLICATIONS, &inputs.publication)?;
     let rootfs = cordon::image::unpack(&cfg.store, &cfg.images.join(&stage.image), &pin)?;
-    let worker = Digest::of_file(&rootfs.join(WORKER.trim_start_matches('/')))
-        .map_err(|source| LaneError::Worker { source })?;
+    // The reviewed digest is sealed, never the bytes found in the image cache: a worker
+    // replaced there reports its own digest in the posture, and the session is a no-decision.
+    let worker = *policy.worker_pin().ok_or_else(|| {
+        LaneError::Policy("the policy pins no worker digest (worker digest=…)".into())
+    })?;
     let mut argv = vec![
         WORKER.to_owned(),
         "--sealed".into(),

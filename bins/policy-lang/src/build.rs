@@ -46,7 +46,7 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
         whole,
         &[
             "policy", "store", "run-dir", "runtime", "accounts", "secret", "intake", "tree",
-            "image", "seccomp", "stage", "step",
+            "image", "worker", "seccomp", "stage", "step",
         ],
         &["secret", "image", "seccomp", "stage", "step"],
     );
@@ -93,6 +93,15 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
             Some((name, digest?))
         })
         .collect::<BTreeMap<_, _>>();
+    // cordon's own worker inside the runtime image: its digest is pinned on its own, so the
+    // host seals the reviewed bytes, never what it finds in an image cache.
+    let worker = match top.one("worker") {
+        Some(node) => {
+            shape(cx, node, 0, 0, &["digest"], false);
+            required_prop(cx, node, "digest").and_then(|e| digest(cx, e))
+        }
+        None => None,
+    };
     let seccomp = named(cx, &top.all("seccomp"), "seccomp profile")
         .into_iter()
         .filter_map(|(name, node)| Some((name, seccomp(cx, node)?)))
@@ -133,6 +142,7 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
         intake: intake?,
         tree: tree?,
         image,
+        worker,
         seccomp,
         stage: stages,
         step: steps,
@@ -2117,7 +2127,17 @@ mod tests {
         let lane = p.stage(StageKind::Lane).unwrap();
         assert_eq!(lane.root, RootMode::Overlay);
         assert_eq!((lane.ipc, lane.shm_bytes), (Ipc::Private, Some(16 << 30)));
-        assert_eq!(lane.gpu_device.len(), 3);
+        assert!(
+            lane.gpu_device.is_empty(),
+            "gpu \"none\" until part 2's CDI devices"
+        );
+        let reference = p.stage(StageKind::Reference).unwrap();
+        assert_eq!(reference.gpu_device.len(), 3);
+        assert!(p.worker_pin().is_some());
+        assert_eq!(
+            p.steps_of(StageKind::Lane).collect::<Vec<_>>(),
+            ["serve-example"]
+        );
         let profile = p.seccomp_profile(&prebuild.seccomp).unwrap();
         assert_eq!(profile.default_action, SeccompAction::Errno(1));
         let socket = &profile.syscall["socket"];

@@ -23,6 +23,9 @@ pub struct Policy {
     pub(crate) intake: Intake,
     pub(crate) tree: Tree,
     pub(crate) image: BTreeMap<String, Digest>,
+    /// cordon-worker's sha256, the bytes the runtime image ships (absent: no lane can run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) worker: Option<Digest>,
     pub(crate) seccomp: BTreeMap<String, SeccompProfile>,
     pub(crate) stage: BTreeMap<StageKind, Stage>,
     pub(crate) step: BTreeMap<String, Step>,
@@ -800,6 +803,12 @@ impl Policy {
     #[must_use]
     pub fn accounts(&self) -> &Accounts {
         &self.accounts
+    }
+
+    /// The pinned digest of cordon-worker, the runtime image's first process.
+    #[must_use]
+    pub fn worker_pin(&self) -> Option<&Digest> {
+        self.worker.as_ref()
     }
 
     /// The digest pinned for image role `role`.

@@ -300,14 +300,15 @@ pub fn in_an_hour() -> std::time::SystemTime {
     std::time::SystemTime::now() + std::time::Duration::from_secs(3600)
 }
 
-/// The image pin of `role` in `policy/evaluator.kdl`, as written (`sha256:…`).
+/// The digest `policy/evaluator.kdl` pins on the top-level line starting with `node` (`image
+/// "runtime"`, `worker`), as written (`sha256:…`).
 #[must_use]
-pub fn policy_pin(role: &str) -> String {
+pub fn policy_pin(node: &str) -> String {
     let text = std::fs::read_to_string(workspace_root().join("policy/evaluator.kdl")).unwrap();
     let line = text
         .lines()
-        .find(|l| l.starts_with(&format!("image {role:?}")))
-        .unwrap_or_else(|| panic!("policy/evaluator.kdl pins no image {role:?}"));
+        .find(|l| l.starts_with(&format!("{node} digest=")))
+        .unwrap_or_else(|| panic!("policy/evaluator.kdl pins no {node}"));
     line.split("digest=\"")
         .nth(1)
         .unwrap()
