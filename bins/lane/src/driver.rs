@@ -370,7 +370,7 @@ pub fn drive(
         Next::Late => return late(),
         Next::Broken(e) => return Verdict::NoDecision(format!("the worker's stream: {e}")),
     }
-    let outputs = match cordon::canonical::domain_digest("cordon.lane-outputs", 1, &outputs) {
+    let outputs = match outputs_digest(&outputs) {
         Ok(d) => d,
         Err(e) => return Verdict::NoDecision(e.to_string()),
     };
@@ -382,6 +382,14 @@ pub fn drive(
         outputs,
         ended,
     }))
+}
+
+/// The digest of a session's output tokens, in request order (what a receipt names).
+///
+/// # Errors
+/// Encoding failed.
+pub fn outputs_digest(outputs: &[Vec<u32>]) -> Result<Digest, cordon::canonical::CanonicalError> {
+    cordon::canonical::domain_digest("cordon.lane-outputs", 1, &outputs)
 }
 
 fn fault(f: &Frame) -> Verdict {

@@ -22,11 +22,17 @@
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::os::unix::process::ExitStatusExt;
-use std::process::{Child, ChildStdin, Command, ExitCode, Stdio};
+use std::process::{ChildStdin, ChildStdout, Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use cordon_frame::message::{self, Ended, Fault, PROTOCOL, Posture};
 use cordon_frame::{Decoder, Frame, Kind, LANE, Limits, encode};
 use sha2::{Digest as _, Sha256};
+
+/// How long the relay may drain the engine's output after the engine exited.
+const DRAIN: Duration = Duration::from_secs(1);
 
 /// The worker's argv.
 #[derive(Debug, Default)]
@@ -203,15 +209,28 @@ fn forward_requests(
     Ok(())
 }
 
-/// Relay the engine's frames to the host; on its first violation stop relaying and end it.
+/// The host's stream, shared by the relay and the main thread; once `closed` (the worker has
+/// reported `ended` or a fault) nothing more is relayed.
+struct Shared {
+    host: Mutex<Host>,
+    closed: AtomicBool,
+}
+
+impl Shared {
+    fn host(&self) -> Result<std::sync::MutexGuard<'_, Host>, String> {
+        self.host
+            .lock()
+            .map_err(|_| "the host stream's lock is poisoned".to_owned())
+    }
+}
+
+/// Relay the engine's frames to the host until its output ends; the first violation stops the
+/// relay (the caller ends the engine).
 fn relay_engine(
-    child: &mut Child,
-    host: &mut Host,
+    mut out: ChildStdout,
+    shared: &Shared,
     limits: Limits,
 ) -> Result<Option<String>, String> {
-    let Some(mut out) = child.stdout.take() else {
-        return Err("the engine's stdout is not a pipe".into());
-    };
     let mut d = Decoder::new(LANE, limits);
     let mut buf = [0u8; 64 * 1024];
     loop {
@@ -230,14 +249,19 @@ fn relay_engine(
             if !f.kind.from_engine() {
                 return Ok(Some(format!("the engine sent a {:?} frame", f.kind)));
             }
+            let mut host = shared.host()?;
+            if shared.closed.load(Ordering::SeqCst) {
+                return Ok(None);
+            }
             host.send(f.kind, &f.payload)?;
         }
     }
 }
 
-fn run(args: &Args, host: &mut Host) -> Result<(), String> {
-    let limits = host.limits;
-    host.message(Kind::Posture, &posture(args)?)?;
+fn run(args: &Args, shared: &Arc<Shared>) -> Result<(), String> {
+    let limits = shared.host()?.limits;
+    let report = posture(args)?;
+    shared.host()?.message(Kind::Posture, &report)?;
     // Nothing of the candidate starts until the host has compared the posture and said so.
     let mut input = std::io::stdin();
     let mut d = Decoder::new(LANE, limits);
@@ -255,18 +279,34 @@ fn run(args: &Args, host: &mut Host) -> Result<(), String> {
         .stderr(Stdio::inherit())
         .spawn()
         .map_err(|e| format!("starting the engine {:?}: {e}", args.engine[0]))?;
-    let Some(engine_in) = child.stdin.take() else {
-        return Err("the engine's stdin is not a pipe".into());
+    let (Some(engine_in), Some(engine_out)) = (child.stdin.take(), child.stdout.take()) else {
+        return Err("the engine's stdin and stdout are not pipes".into());
     };
-    let forward = std::thread::spawn(move || forward_requests(input, d, queue, engine_in, limits));
-    let violation = relay_engine(&mut child, host, limits)?;
-    if violation.is_some() {
-        // Best effort: it may have exited already; the container's end kills it regardless.
-        let _ = child.kill();
-    }
+    // Detached: when the engine has ended, the host closes its stream and the worker exits.
+    std::thread::spawn(move || forward_requests(input, d, queue, engine_in, limits));
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+    let (done, relayed) = std::sync::mpsc::channel();
+    let relay = Arc::clone(shared);
+    std::thread::spawn(move || {
+        let r = relay_engine(engine_out, &relay, limits);
+        if !matches!(r, Ok(None)) {
+            // The engine broke the wire: it ends now (whatever it left dies with the
+            // container when this worker exits).
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+        let _ = done.send(r);
+    });
     let status = child
         .wait()
         .map_err(|e| format!("waiting for the engine: {e}"))?;
+    // The engine has exited; its output ends with it unless a process it left holds it open,
+    // which gets a moment to be drained and is then cut off.
+    let violation = match relayed.recv_timeout(DRAIN) {
+        Ok(r) => r?,
+        Err(_) => None,
+    };
+    let mut host = shared.host()?;
+    shared.closed.store(true, Ordering::SeqCst);
     host.message(
         Kind::Ended,
         &Ended {
@@ -274,11 +314,7 @@ fn run(args: &Args, host: &mut Host) -> Result<(), String> {
             signal: status.signal(),
             violation,
         },
-    )?;
-    // The host closes its stream when it has seen `ended`; a forwarding error after the
-    // engine ended changes nothing the host has not seen.
-    drop(forward);
-    Ok(())
+    )
 }
 
 fn main() -> ExitCode {
@@ -297,16 +333,22 @@ fn main() -> ExitCode {
     let Some(limits) = args.limits else {
         return ExitCode::from(64);
     };
-    let mut host = Host {
-        out: std::io::stdout(),
-        limits,
-    };
-    match run(&args, &mut host) {
+    let shared = Arc::new(Shared {
+        host: Mutex::new(Host {
+            out: std::io::stdout(),
+            limits,
+        }),
+        closed: AtomicBool::new(false),
+    });
+    match run(&args, &shared) {
         Ok(()) => ExitCode::SUCCESS,
         Err(what) => {
             // If even this cannot be written, the host sees a stream without `ended`: a
             // no-decision either way.
-            let _ = host.message(Kind::Fault, &Fault { what });
+            if let Ok(mut host) = shared.host() {
+                shared.closed.store(true, Ordering::SeqCst);
+                let _ = host.message(Kind::Fault, &Fault { what });
+            }
             ExitCode::from(70)
         }
     }

@@ -1,0 +1,368 @@
+//! Real lane sessions: the pinned runtime image, the real worker, real accounts, runc. Each
+//! hostile engine is a tree whose `engine/serve.py` the validator's harness imports; what it
+//! attempts from inside comes back as its output tokens, so the host's receipt (the outputs
+//! digest) carries the inside result, and the test checks the outside itself.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::PathBuf;
+
+use cordon::canonical::Digest;
+use cordon::lease::Manager;
+use cordon::receipt::{Decision, LaneOutputs, Role};
+use cordon::store::Store;
+use cordon::tree::{self, Entry, PUBLICATIONS, TREES};
+use cordon_lane::driver::outputs_digest;
+use cordon_lane::session::{Config, Inputs, LaneError, Outcome, session};
+use cordon_policy_lang::Policy;
+use cordon_testkit::{replace_once, workspace_root};
+
+struct Env {
+    dir: tempfile::TempDir,
+    store: Store,
+    policy: Policy,
+    cfg: Config,
+    model: PathBuf,
+    workload: PathBuf,
+    publication: Digest,
+}
+
+/// Requests of the test workload: one warmup, two timed, `TOKENS` tokens each.
+const REQUESTS: usize = 3;
+const TOKENS: usize = 8;
+
+fn env(slot: u32, edits: &[(&str, &str)]) -> Env {
+    cordon_testkit::require_root("lane sessions run real containers and accounts");
+    let runc = cordon_testkit::runc();
+    let dir = tempfile::tempdir().unwrap();
+    let ids = cordon_testkit::account_range("lane-session", slot);
+    let mut text = cordon_testkit::isolated_policy(dir.path(), ids);
+    for (from, to) in edits {
+        text = replace_once(&text, from, to);
+    }
+    let policy = cordon_policy_lang::parse("lane-test.kdl", &text).unwrap();
+    let store = Store::open(&dir.path().join("store")).unwrap();
+    assert!(cordon_testkit::runtime_image_inputs().is_file());
+    let spec = cordon_image::spec::load(&workspace_root().join("images/runtime.kdl")).unwrap();
+    cordon::image::build(&spec, &dir.path().join("images/runtime")).unwrap();
+    let mut setup = cordon_stage::settings::lease_setup(
+        &policy,
+        &format!("lane-{slot}"),
+        &dir.path().join("state"),
+        dir.path().join("run"),
+    );
+    setup.runtime.binary = runc;
+    Manager::open(&store, setup.clone())
+        .unwrap()
+        .recover()
+        .unwrap();
+    let runtime_version =
+        cordon::identity::probe_runtime(&cordon::host::Linux, "runc", &setup.runtime.binary, None)
+            .unwrap()
+            .version;
+    let model = dir.path().join("models/m");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::write(model.join("vocab"), "1000003\n").unwrap();
+    let workload = dir.path().join("workload.json");
+    let requests: Vec<String> = (0..REQUESTS)
+        .map(|i| format!("{{\"prompt\":[{i},7],\"tokens\":{TOKENS}}}"))
+        .collect();
+    std::fs::write(
+        &workload,
+        format!(
+            "{{\"version\":1,\"warmup\":1,\"conditioning\":0,\"requests\":[{}]}}",
+            requests.join(",")
+        ),
+    )
+    .unwrap();
+    let publication = publish(&store, PUBLICATIONS, &[("lib/artifact.txt", "native\n")]);
+    let cfg = Config {
+        store: store.clone(),
+        images: dir.path().join("images"),
+        setup,
+        authority: Digest::of_bytes(format!("lane-{slot}").as_bytes()),
+        runtime_version,
+    };
+    Env {
+        dir,
+        store,
+        policy,
+        cfg,
+        model,
+        workload,
+        publication,
+    }
+}
+
+fn publish(store: &Store, section: tree::Section, files: &[(&str, &str)]) -> Digest {
+    let mut batch = store.batch().unwrap();
+    let mut entries = Vec::new();
+    for (path, text) in files {
+        let (sha256, size) = batch.add_reader(text.as_bytes(), false).unwrap();
+        entries.push(Entry {
+            path: (*path).to_owned(),
+            mode: 0o444,
+            size,
+            sha256,
+        });
+    }
+    batch.commit().unwrap();
+    tree::publish_in(store, section, entries, serde_json::json!({"kind": "test"}))
+        .unwrap()
+        .digest
+}
+
+/// A tree of the example incumbent with `serve` as its `engine/serve.py` and `kernel` as its
+/// attention kernel.
+fn engine(e: &Env, serve: &str, kernel: &str) -> Digest {
+    let example = workspace_root().join("checks/example/incumbent/engine");
+    let read = |p: &str| std::fs::read_to_string(example.join(p)).unwrap();
+    publish(
+        &e.store,
+        TREES,
+        &[
+            ("engine/__init__.py", &read("__init__.py")),
+            ("engine/serve.py", serve),
+            (
+                "engine/attention/__init__.py",
+                &read("attention/__init__.py"),
+            ),
+            ("engine/attention/kernel.py", kernel),
+        ],
+    )
+}
+
+fn example_serve() -> String {
+    std::fs::read_to_string(workspace_root().join("checks/example/incumbent/engine/serve.py"))
+        .unwrap()
+}
+
+fn incumbent_kernel() -> String {
+    std::fs::read_to_string(
+        workspace_root().join("checks/example/incumbent/engine/attention/kernel.py"),
+    )
+    .unwrap()
+}
+
+/// A serve.py whose every response is `probe` (a Python expression giving a list of ints,
+/// evaluated once at import, after `prelude`), repeated to the asked length.
+fn probing(prelude: &str, probe: &str) -> String {
+    format!(
+        "import os\nimport time\n{prelude}\nRESULT = {probe}\n\n\ndef generate(prompt, tokens, model_dir):\n    return (RESULT * tokens)[:tokens]\n"
+    )
+}
+
+fn run(e: &Env, tree: Digest) -> Result<Outcome, LaneError> {
+    session(
+        &e.policy,
+        &e.cfg,
+        &Inputs {
+            role: Role::C,
+            tree,
+            publication: e.publication,
+            workload: e.workload.clone(),
+            model: e.model.clone(),
+        },
+    )
+}
+
+fn served(o: Result<Outcome, LaneError>) -> LaneOutputs {
+    match o {
+        Ok(Decision::Accepted(out)) => out,
+        Ok(Decision::Rejected(r)) => panic!("rejected: {:?}", r.findings),
+        Err(err) => panic!("no decision: {err}"),
+    }
+}
+
+fn rejected(o: Result<Outcome, LaneError>) -> (String, String) {
+    match o {
+        Ok(Decision::Rejected(r)) => (r.findings[0].code.clone(), r.findings[0].message.clone()),
+        Ok(Decision::Accepted(_)) => panic!("served"),
+        Err(err) => panic!("no decision: {err}"),
+    }
+}
+
+/// The outputs digest of an engine that answers `result` (repeated) to every request.
+fn expected(result: &[u32]) -> Digest {
+    let one: Vec<u32> = result.iter().copied().cycle().take(TOKENS).collect();
+    outputs_digest(&vec![one; REQUESTS]).unwrap()
+}
+
+/// Outside, after the session: no lease, account, mount, container or run directory left.
+fn nothing_left(e: &Env) {
+    let left = Manager::open(&e.store, e.cfg.setup.clone())
+        .unwrap()
+        .check()
+        .unwrap();
+    assert!(left.is_empty(), "{left:?}");
+    let run = e.dir.path().join("run");
+    let entries: Vec<_> = std::fs::read_dir(&run)
+        .map(|d| d.map(|x| x.unwrap().file_name()).collect())
+        .unwrap_or_default();
+    assert!(entries.is_empty(), "run directories left: {entries:?}");
+}
+
+#[test]
+fn the_example_engine_is_served_and_a_faster_kernel_gives_the_same_tokens_faster() {
+    let e = env(0, &[]);
+    let slow = served(run(&e, engine(&e, &example_serve(), &incumbent_kernel())));
+    nothing_left(&e);
+    let fast_kernel =
+        "def attend(query, modulus=1000003):\n    return [pow(q, 65537, modulus) for q in query]\n";
+    let fast = served(run(&e, engine(&e, &example_serve(), fast_kernel)));
+    nothing_left(&e);
+    assert_eq!(slow.outputs, fast.outputs, "the same tokens");
+    assert_eq!(slow.windows.len(), REQUESTS);
+    assert!(
+        fast.timed_rate_milli > slow.timed_rate_milli,
+        "{} vs {}",
+        fast.timed_rate_milli,
+        slow.timed_rate_milli
+    );
+    assert_eq!(slow.meta.exit_code, Some(0), "the worker ended cleanly");
+    assert_eq!(slow.worker, *e.policy.worker_pin().unwrap());
+}
+
+#[test]
+fn writes_to_every_read_only_mount_and_the_worker_fail_inside_and_change_nothing_outside() {
+    let e = env(1, &[]);
+    let (_, model_before) = cordon_lane::model::verify(&e.model).unwrap();
+    let attempts = "def attempt(path):\n    try:\n        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)\n    except OSError as e:\n        return e.errno\n    os.close(fd)\n    return 0\n";
+    // Creations: the read-only check comes before any permission check, so EROFS can only
+    // come from the mount (a writable mount would answer EACCES for these root-owned
+    // directories); the image's files and directories are the run account's to read only.
+    let probe = "[attempt(p) for p in ('/engine/new', '/engine/engine/new', '/native/new', '/model/new', '/cordon/worker', '/cordon/new', '/new')]";
+    let tree = engine(&e, &probing(attempts, probe), &incumbent_kernel());
+    let out = served(run(&e, tree));
+    // EROFS (30) in the three read-only binds, EACCES (13) in the image's root-owned overlay.
+    assert_eq!(out.outputs, expected(&[30, 30, 30, 30, 13, 13, 13]));
+    nothing_left(&e);
+    tree::verify(&e.store, &tree).unwrap();
+    tree::verify_in(&e.store, PUBLICATIONS, &e.publication).unwrap();
+    assert_eq!(
+        cordon_lane::model::verify(&e.model).unwrap().1,
+        model_before
+    );
+    let rootfs = e
+        .store
+        .path("images", &e.policy.image_pin("runtime").unwrap().hex())
+        .join("rootfs/cordon/worker");
+    assert_eq!(
+        Digest::of_file(&rootfs).unwrap(),
+        *e.policy.worker_pin().unwrap()
+    );
+}
+
+#[test]
+fn the_engine_can_neither_kill_nor_read_the_worker() {
+    let e = env(2, &[]);
+    let helpers = "def kill_init():\n    try:\n        os.kill(1, 9)\n    except OSError as e:\n        return e.errno\n    time.sleep(0.2)\n    return 0\n\n\ndef read(path):\n    try:\n        with open(path, 'rb') as f:\n            f.read(1)\n    except OSError as e:\n        return e.errno\n    return 0\n";
+    let probe =
+        "[kill_init(), read('/proc/1/mem'), read('/proc/1/environ'), read('/proc/self/environ')]";
+    let out = served(run(
+        &e,
+        engine(&e, &probing(helpers, probe), &incumbent_kernel()),
+    ));
+    // SIGKILL to the namespace's init from inside is dropped (the session goes on); its /proc
+    // files are root's because it is not dumpable; the engine's own are readable (the control).
+    assert_eq!(out.outputs, expected(&[0, 13, 13, 0]));
+    nothing_left(&e);
+}
+
+#[test]
+fn garbage_forged_frames_and_token_lies_from_the_engine_are_rejected() {
+    let e = env(3, &[]);
+    let garbage = "import sys\n\n\ndef generate(prompt, tokens, model_dir):\n    sys.stdout.buffer.write(b'GARBAGE' * 100000)\n    sys.stdout.buffer.flush()\n    return [0] * tokens\n";
+    let (code, message) = rejected(run(&e, engine(&e, garbage, &incumbent_kernel())));
+    assert_eq!(code, "lane.protocol", "{message}");
+    assert!(message.contains("magic"), "{message}");
+    nothing_left(&e);
+
+    let forged = "import sys\n\n\ndef generate(prompt, tokens, model_dir):\n    sys.stdout.buffer.write(b'CDL1' + bytes([1]) + (2).to_bytes(4, 'big') + b'{}')\n    sys.stdout.buffer.flush()\n    return [0] * tokens\n";
+    let (code, message) = rejected(run(&e, engine(&e, forged, &incumbent_kernel())));
+    assert_eq!(code, "lane.protocol");
+    assert!(message.contains("Posture"), "{message}");
+    nothing_left(&e);
+
+    let short = "def generate(prompt, tokens, model_dir):\n    return [1] * (tokens - 1)\n";
+    let (code, message) = rejected(run(&e, engine(&e, short, &incumbent_kernel())));
+    assert_eq!(code, "lane.count", "{message}");
+    nothing_left(&e);
+}
+
+#[test]
+fn an_engine_asleep_past_either_phase_is_rejected_and_killed_on_time() {
+    let e = env(
+        4,
+        &[(
+            "phase-deadline \"startup\" \"20m\"\n    phase-deadline \"workload\" \"90m\"",
+            "phase-deadline \"startup\" \"3s\"\n    phase-deadline \"workload\" \"3s\"",
+        )],
+    );
+    let started = std::time::Instant::now();
+    let asleep_at_import = "import time\ntime.sleep(600)\n";
+    let (code, _) = rejected(run(&e, engine(&e, asleep_at_import, &incumbent_kernel())));
+    assert_eq!(code, "lane.startup-deadline");
+    nothing_left(&e);
+    let asleep_serving =
+        "import time\n\n\ndef generate(prompt, tokens, model_dir):\n    time.sleep(600)\n";
+    let (code, _) = rejected(run(&e, engine(&e, asleep_serving, &incumbent_kernel())));
+    assert_eq!(code, "lane.workload-deadline");
+    nothing_left(&e);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(60),
+        "killed at the phase deadlines, not the stage's: {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn a_background_process_the_engine_leaves_is_gone_after_release() {
+    let e = env(5, &[]);
+    let (first, _) = cordon_testkit::account_range("lane-session", 5);
+    let forks = "def spawn():\n    pid = os.fork()\n    if pid == 0:\n        os.setsid()\n        time.sleep(600)\n        os._exit(0)\n    return 1\n";
+    let out = served(run(
+        &e,
+        engine(&e, &probing(forks, "[spawn()]"), &incumbent_kernel()),
+    ));
+    assert_eq!(out.outputs, expected(&[1]));
+    nothing_left(&e);
+    // Outside: no process of the lane's account range is left on the host.
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|p| {
+            let status = std::fs::read_to_string(p.ok()?.path().join("status")).ok()?;
+            let uid: u32 = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Uid:"))?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()?;
+            (first..first + 1000).contains(&uid).then_some(status)
+        })
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn a_replaced_worker_in_the_image_cache_is_a_no_decision_before_the_engine_starts() {
+    let e = env(6, &[]);
+    let tree = engine(&e, &example_serve(), &incumbent_kernel());
+    served(run(&e, tree));
+    // Swap the cached worker for one more byte of itself: the same program, other bytes.
+    let cached = e
+        .store
+        .path("images", &e.policy.image_pin("runtime").unwrap().hex())
+        .join("rootfs/cordon/worker");
+    let mut bytes = std::fs::read(&cached).unwrap();
+    bytes.push(0);
+    let _ = std::fs::remove_file(&cached);
+    std::fs::write(&cached, &bytes).unwrap();
+    std::fs::set_permissions(&cached, std::os::unix::fs::PermissionsExt::from_mode(0o555)).unwrap();
+    match run(&e, tree) {
+        Err(LaneError::NoDecision(why)) => assert!(why.contains("the worker is"), "{why}"),
+        other => panic!("expected a no-decision, got {other:?}"),
+    }
+    nothing_left(&e);
+}
