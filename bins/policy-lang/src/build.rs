@@ -1232,6 +1232,7 @@ fn mount_roles(kind: StageKind) -> &'static [MountSource] {
             MountSource::Tree,
             MountSource::Publication,
             MountSource::Model,
+            MountSource::Cache,
         ],
     }
 }
@@ -1265,7 +1266,7 @@ fn mounts(cx: &mut Cx, nodes: &[&KdlNode], kind: StageKind) -> BTreeMap<String, 
         let dest = arg(n, 1).and_then(|e| Some((path(cx, e, "mount destination")?, e.span())));
         let writable_role = matches!(
             role.as_ref().map(|(r, _)| r),
-            Some(MountSource::Staging | MountSource::Workspace)
+            Some(MountSource::Staging | MountSource::Cache | MountSource::Workspace)
         );
         let mode = match prop(n, "mode") {
             None => Some(if writable_role {
@@ -1359,6 +1360,7 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: StageKind) -> Option<Stage> {
             "shm",
             "tmp",
             "staging",
+            "cache",
             "deadline",
             "phase-deadline",
             "gpu",
@@ -1519,6 +1521,22 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: StageKind) -> Option<Stage> {
         }
         (None, _) => None,
     };
+    let cache = match (b.one("cache"), kind) {
+        (Some(n), StageKind::Lane | StageKind::Reference) => {
+            let p = props_block(cx, n, &["size", "inodes"]);
+            let size_v = p[0].and_then(|e| size(cx, e, "cache size", MIB, TIB));
+            let inodes = p[1].and_then(|e| integer(cx, e, "cache inodes", 16, 100_000_000));
+            Some(Staging {
+                size_bytes: size_v?,
+                inodes: inodes?,
+            })
+        }
+        (Some(n), _) => {
+            not_in_stage(cx, n, kind, "a runtime cache");
+            None
+        }
+        (None, _) => None,
+    };
     let deadline = value(cx, &b, "deadline", None, |cx, e| {
         duration(cx, e, "deadline", SECOND, 24 * HOUR)
     });
@@ -1664,6 +1682,7 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: StageKind) -> Option<Stage> {
         shm_bytes: shm?,
         tmp: tmp?,
         staging,
+        cache,
         deadline_ms: deadline?,
         phase_deadline_ms,
         gpu_device,

@@ -369,6 +369,8 @@ keyword! {
         Model = "model",
         /// The lease's bounded staging tmpfs.
         Staging = "staging",
+        /// The lease's bounded runtime cache tmpfs (engine caches, JIT kernels).
+        Cache = "cache",
         /// The agent's workspace.
         Workspace = "workspace",
     }
@@ -525,6 +527,9 @@ pub struct Stage {
     /// The lease-scoped staging tmpfs (prebuild).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub staging: Option<Staging>,
+    /// The runtime cache tmpfs bounds (lane and reference only; exec allowed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache: Option<Staging>,
     /// The whole stage's deadline.
     pub deadline_ms: u64,
     /// Named phases' deadlines (each at most the stage's).
@@ -559,7 +564,7 @@ pub struct Tmp {
     pub exec: bool,
 }
 
-/// The staging tmpfs bounds.
+/// A lease tmpfs's bounds: the prebuild's staging, the lane's runtime cache.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Staging {
     /// Bytes.

@@ -87,6 +87,8 @@ const RESERVED: [&str; 5] = ["/proc", "/dev", "/sys", "/tmp", "/dev/shm"];
 pub const STAGING_DIR: &str = "staging";
 /// The run-directory name of the `/tmp` tmpfs.
 pub const TMP_DIR: &str = "tmp";
+/// The run-directory name of the runtime cache tmpfs.
+pub const CACHE_DIR: &str = "cache";
 
 /// The run-directory name of the lease's own copy of a store tree mounted in role `source`, or
 /// `None` for a role that is bound as it is. Trees and publications are hard links to the
@@ -98,7 +100,9 @@ pub fn copy_dir(source: MountSource) -> Option<&'static str> {
     match source {
         MountSource::Tree => Some("copy-tree"),
         MountSource::Publication => Some("copy-publication"),
-        MountSource::Staging | MountSource::Model | MountSource::Workspace => None,
+        MountSource::Staging | MountSource::Cache | MountSource::Model | MountSource::Workspace => {
+            None
+        }
     }
 }
 /// The run-directory name of the overlay root's mount point.
@@ -360,6 +364,9 @@ pub fn lease_mount_points(stage: &Stage) -> Vec<&'static str> {
     if stage.staging.is_some() {
         points.push(STAGING_DIR);
     }
+    if stage.cache.is_some() {
+        points.push(CACHE_DIR);
+    }
     points.extend(stage.mount.values().filter_map(|m| copy_dir(m.source)));
     match stage.root {
         RootMode::ReadOnly => {}
@@ -381,26 +388,12 @@ fn within(a: &Path, b: &Path) -> bool {
 }
 
 fn check_mounts(binds: &[Bind], run: &RunInputs) -> Result<(), PlanError> {
-    for (i, x) in binds.iter().enumerate() {
+    for x in binds {
         if !x.source.is_absolute() || !x.destination.is_absolute() {
             return Err(invalid(format!(
                 "bind {} is not absolute",
                 x.source.display()
             )));
-        }
-        for y in &binds[i + 1..] {
-            if within(&x.source, &y.source) || within(&y.source, &x.source) {
-                return Err(PlanError::Overlap {
-                    a: x.source.display().to_string(),
-                    b: y.source.display().to_string(),
-                });
-            }
-            if within(&x.destination, &y.destination) || within(&y.destination, &x.destination) {
-                return Err(PlanError::Overlap {
-                    a: x.destination.display().to_string(),
-                    b: y.destination.display().to_string(),
-                });
-            }
         }
         for r in RESERVED {
             let r = Path::new(r);
@@ -422,6 +415,24 @@ fn check_mounts(binds: &[Bind], run: &RunInputs) -> Result<(), PlanError> {
                 return Err(PlanError::Protected {
                     source_path: x.source.display().to_string(),
                     protected: p.display().to_string(),
+                });
+            }
+        }
+    }
+    // Pairwise disjointness after every source is known to expose nothing protected, so an
+    // exposing source is named as such even when it also contains another bind's source.
+    for (i, x) in binds.iter().enumerate() {
+        for y in &binds[i + 1..] {
+            if within(&x.source, &y.source) || within(&y.source, &x.source) {
+                return Err(PlanError::Overlap {
+                    a: x.source.display().to_string(),
+                    b: y.source.display().to_string(),
+                });
+            }
+            if within(&x.destination, &y.destination) || within(&y.destination, &x.destination) {
+                return Err(PlanError::Overlap {
+                    a: x.destination.display().to_string(),
+                    b: y.destination.display().to_string(),
                 });
             }
         }
@@ -637,6 +648,7 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
         shm_bytes,
         tmp,
         staging,
+        cache,
         deadline_ms,
         phase_deadline_ms,
         gpu_device,
@@ -691,6 +703,24 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
             gid,
         });
     }
+    // The runtime cache: the lease's own bounded tmpfs, the run account's, executable (JIT
+    // kernels are written and loaded there), gone at release.
+    let cache_dir = run.run_dir.join(CACHE_DIR);
+    if let Some(Staging { size_bytes, inodes }) = cache {
+        host_mounts.push(HostMount::Tmpfs {
+            target: cache_dir.clone(),
+            bytes: *size_bytes,
+            inodes: Some(*inodes),
+            uid,
+            gid,
+        });
+    }
+    let cache_mounted = binds_by_dest
+        .values()
+        .any(|m| m.source == MountSource::Cache);
+    if cache.is_some() && !cache_mounted {
+        return Err(invalid("cache bounds without a cache mount"));
+    }
     let (root_path, root_readonly) = match root {
         RootMode::ReadOnly => (run.image_rootfs.clone(), true),
         RootMode::Overlay => {
@@ -712,6 +742,8 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
         let host = match source {
             MountSource::Staging if staging.is_some() => staging_dir.clone(),
             MountSource::Staging => return Err(invalid("a staging mount without staging bounds")),
+            MountSource::Cache if cache.is_some() => cache_dir.clone(),
+            MountSource::Cache => return Err(invalid("a cache mount without cache bounds")),
             MountSource::Tree
             | MountSource::Publication
             | MountSource::Model
@@ -1136,6 +1168,14 @@ mod tests {
                     uid: run.uid,
                     gid: run.gid,
                 },
+                // The runtime cache: the lease's own, bounded in bytes and inodes.
+                HostMount::Tmpfs {
+                    target: run.run_dir.join(CACHE_DIR),
+                    bytes: 16 << 30,
+                    inodes: Some(1_000_000),
+                    uid: run.uid,
+                    gid: run.gid,
+                },
                 HostMount::Overlay {
                     target: run.run_dir.join("rootfs"),
                     lower: run.image_rootfs.clone(),
@@ -1186,9 +1226,10 @@ mod tests {
 
     #[test]
     fn gpu_devices_are_planned_and_a_missing_one_is_refused() {
+        // The reference stage lists GPU nodes (the lane takes its devices from CDI in part 2).
         let p = policy(|t| t);
-        let mut run = example_inputs(&p, StageKind::Lane);
-        let planned = plan(&p, StageKind::Lane, &run).unwrap();
+        let mut run = example_inputs(&p, StageKind::Reference);
+        let planned = plan(&p, StageKind::Reference, &run).unwrap();
         let j = spec_json(&planned);
         let paths: Vec<&str> = j["linux"]["devices"]
             .as_array()
@@ -1202,7 +1243,7 @@ mod tests {
         assert_eq!(rules.len(), 4);
         run.devices.remove("/dev/nvidia0");
         assert!(matches!(
-            plan(&p, StageKind::Lane, &run),
+            plan(&p, StageKind::Reference, &run),
             Err(PlanError::NoDevice { .. })
         ));
         // The prebuild stage has no GPU: only the deny-all rule.
@@ -1264,8 +1305,8 @@ mod tests {
     }
 
     /// A lease names every host mount its stage will make before any exists: the prebuild's
-    /// `/tmp` and staging tmpfs and its tree copy; the lane's `/tmp`, its copies of the tree and
-    /// publication, and its overlay root.
+    /// `/tmp` and staging tmpfs and its tree copy; the lane's `/tmp`, its runtime cache, its
+    /// copies of the tree and publication, and its overlay root.
     #[test]
     fn a_lease_names_every_mount_point_its_stage_makes() {
         let p = policy(|t| t);
@@ -1279,7 +1320,13 @@ mod tests {
         points.sort_unstable();
         assert_eq!(
             points,
-            ["copy-publication", "copy-tree", OVERLAY_ROOT_DIR, TMP_DIR]
+            [
+                CACHE_DIR,
+                "copy-publication",
+                "copy-tree",
+                OVERLAY_ROOT_DIR,
+                TMP_DIR
+            ]
         );
     }
 

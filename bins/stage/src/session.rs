@@ -461,7 +461,8 @@ mod tests {
 
     #[test]
     fn a_missing_gpu_device_stops_before_any_lease_exists() {
-        let (e, calls, leases) = try_run(StageKind::Lane, "runc version 1.1.12");
+        // The reference stage lists GPU nodes (the lane's come from CDI in part 2).
+        let (e, calls, leases) = try_run(StageKind::Reference, "runc version 1.1.12");
         assert!(matches!(e, SessionError::Device { .. }), "{e}");
         assert!(!e.is_usage(), "a host without the device is a no-decision");
         assert!(matches!(calls[0], Call::Device(_)), "{calls:?}");
