@@ -50,6 +50,9 @@ pub struct Posture {
     /// Path → whether it is mounted read-only (statvfs), for every path the host asked about
     /// (`/` among them); a path the worker could not look at is absent.
     pub read_only: BTreeMap<String, bool>,
+    /// Cache directory → `ok`, or what failed: made by the worker as the run account, mode
+    /// 0700, on the cache mount, a file written, renamed and deleted, a program run from it.
+    pub caches: BTreeMap<String, String>,
 }
 
 /// One request of the host's workload. Binary on the wire (the engine's hot path, and no

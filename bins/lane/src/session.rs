@@ -38,6 +38,46 @@ pub const WORKER: &str = "/cordon/worker";
 /// ENETUNREACH: what a connect to any address but loopback meets with no route.
 const ENETUNREACH: i32 = 101;
 
+/// The engine cache variables: where one is set, it must point into the runtime cache mount.
+pub const CACHE_VARIABLES: [&str; 5] = [
+    "XDG_CACHE_HOME",
+    "HF_HOME",
+    "TRITON_CACHE_DIR",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "CUDA_CACHE_PATH",
+];
+
+/// The cache mount's destination and the cache directories the environment names under it.
+///
+/// # Errors
+/// An engine cache variable points outside the cache mount (or there is none).
+pub fn cache_dirs(
+    stage: &cordon_policy_lang::Stage,
+) -> Result<(Option<String>, Vec<String>), LaneError> {
+    let root = stage
+        .mount
+        .iter()
+        .find(|(_, m)| m.source == MountSource::Cache)
+        .map(|(dest, _)| dest.clone());
+    let under = |v: &str| {
+        root.as_deref()
+            .is_some_and(|r| std::path::Path::new(v).starts_with(r))
+    };
+    for var in CACHE_VARIABLES {
+        if let Some(v) = stage.env.get(var)
+            && !under(v)
+        {
+            return Err(LaneError::Policy(format!(
+                "the engine cache variable {var}={v} does not point into the runtime cache mount"
+            )));
+        }
+    }
+    let mut dirs: Vec<String> = stage.env.values().filter(|v| under(v)).cloned().collect();
+    dirs.sort();
+    dirs.dedup();
+    Ok((root, dirs))
+}
+
 /// Where the stage works.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -146,12 +186,14 @@ pub struct Expected {
     pub uid: u32,
     /// Its group.
     pub gid: u32,
-    /// Path → read-only, for `/` and every mount the plan makes read-only.
+    /// Path → read-only, for every path the worker is asked about.
     pub read_only: std::collections::BTreeMap<String, bool>,
+    /// The cache directories the worker must make and prove.
+    pub caches: Vec<String>,
 }
 
 impl Expected {
-    fn from_plan(planned: &Planned, worker: &Digest) -> Self {
+    fn from_plan(planned: &Planned, worker: &Digest, asked: &[String], caches: &[String]) -> Self {
         let user = planned.spec.process().as_ref().map(|p| p.user().clone());
         let root_ro = planned
             .spec
@@ -159,18 +201,29 @@ impl Expected {
             .as_ref()
             .and_then(|r| r.readonly())
             .unwrap_or(false);
-        let mut read_only = std::collections::BTreeMap::from([("/".to_owned(), root_ro)]);
-        for m in planned.spec.mounts().iter().flatten() {
-            let ro = m.options().iter().flatten().any(|o| o == "ro");
-            if m.typ().as_deref() == Some("bind") && ro {
-                read_only.insert(m.destination().to_string_lossy().into_owned(), true);
-            }
-        }
+        let mounts = planned.spec.mounts().clone().unwrap_or_default();
+        let read_only = asked
+            .iter()
+            .map(|path| {
+                let ro = if path == "/" {
+                    root_ro
+                } else {
+                    // A path the plan does not mount is expected writable: the posture then
+                    // shows a difference either way.
+                    mounts
+                        .iter()
+                        .find(|m| m.destination().to_string_lossy() == path.as_str())
+                        .is_some_and(|m| m.options().iter().flatten().any(|o| o == "ro"))
+                };
+                (path.clone(), ro)
+            })
+            .collect();
         Self {
             worker: worker.hex(),
             uid: user.as_ref().map_or(u32::MAX, |u| u.uid()),
             gid: user.as_ref().map_or(u32::MAX, |u| u.gid()),
             read_only,
+            caches: caches.to_vec(),
         }
     }
 
@@ -226,6 +279,15 @@ impl Expected {
                 "read-only mounts {:?}, not {:?}",
                 p.read_only, self.read_only
             ),
+        );
+        let caches: std::collections::BTreeMap<String, String> = self
+            .caches
+            .iter()
+            .map(|d| (d.clone(), "ok".to_owned()))
+            .collect();
+        want(
+            p.caches == caches,
+            format!("cache directories {:?}, not all ok", p.caches),
         );
         d
     }
@@ -302,6 +364,10 @@ pub fn session(policy: &Policy, cfg: &Config, inputs: &Inputs) -> Result<Outcome
     let worker = *policy.worker_pin().ok_or_else(|| {
         LaneError::Policy("the policy pins no worker digest (worker digest=…)".into())
     })?;
+    let (cache_root, caches) = cache_dirs(stage)?;
+    let asked: Vec<String> = std::iter::once("/".to_owned())
+        .chain(stage.mount.keys().cloned())
+        .collect();
     let mut argv = vec![
         WORKER.to_owned(),
         "--sealed".into(),
@@ -310,11 +376,15 @@ pub fn session(policy: &Policy, cfg: &Config, inputs: &Inputs) -> Result<Outcome
         limits.max_bytes.to_string(),
         "--max-frames".into(),
         limits.max_frames.to_string(),
-        "--read-only".into(),
-        "/".into(),
     ];
-    for target in stage.mount.keys() {
-        argv.extend(["--read-only".to_owned(), target.clone()]);
+    for path in &asked {
+        argv.extend(["--read-only".to_owned(), path.clone()]);
+    }
+    if let (Some(root), false) = (&cache_root, caches.is_empty()) {
+        argv.extend(["--cache-root".to_owned(), root.clone()]);
+        for dir in &caches {
+            argv.extend(["--cache".to_owned(), dir.clone()]);
+        }
     }
     argv.push("--".into());
     argv.extend(engine);
@@ -358,7 +428,7 @@ pub fn session(policy: &Policy, cfg: &Config, inputs: &Inputs) -> Result<Outcome
     let ran = session.run(
         &job,
         |running, planned, _deadline| {
-            let expected = Expected::from_plan(planned, &worker);
+            let expected = Expected::from_plan(planned, &worker, &asked, &caches);
             let (Some(stdin), Some(stdout)) = (running.take_stdin(), running.take_stdout()) else {
                 return Err(LaneError::NoDecision(
                     "the container's pipes are not live".into(),
@@ -453,4 +523,64 @@ pub fn tree_of(prebuild_inputs: &serde_json::Value) -> Result<Digest, String> {
         .as_str()
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| "the prebuild receipt names no tree".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn default_policy() -> String {
+        std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../policy/evaluator.kdl"
+        ))
+        .unwrap()
+    }
+
+    fn lane_caches(text: &str) -> Result<(Option<String>, Vec<String>), LaneError> {
+        let policy = cordon_policy_lang::parse("t.kdl", text).unwrap();
+        cache_dirs(policy.stage(StageKind::Lane).unwrap())
+    }
+
+    #[test]
+    fn every_engine_cache_variable_points_into_the_cache_mount_or_the_lane_is_refused() {
+        let (root, dirs) = lane_caches(&default_policy()).unwrap();
+        assert_eq!(root.as_deref(), Some("/cache"));
+        assert_eq!(
+            dirs,
+            [
+                "/cache/cuda",
+                "/cache/hf",
+                "/cache/inductor",
+                "/cache/triton",
+                "/cache/xdg"
+            ]
+        );
+        // Only the lane's block is edited (the reference stage has the same lines).
+        let text = default_policy();
+        let at = text.find("stage \"reference\"").unwrap();
+        let (lane, rest) = text.split_at(at);
+        for (from, to) in [
+            (
+                "XDG_CACHE_HOME \"/cache/xdg\"",
+                "XDG_CACHE_HOME \"/tmp/xdg\"",
+            ),
+            ("HF_HOME \"/cache/hf\"", "HF_HOME \"/cachex/hf\""),
+        ] {
+            let edited = cordon_testkit::replace_once(lane, from, to) + rest;
+            let e = lane_caches(&edited).unwrap_err();
+            assert!(e.is_usage(), "{e}");
+            assert!(
+                e.to_string().contains(from.split(' ').next().unwrap()),
+                "{e}"
+            );
+        }
+        let no_cache =
+            cordon_testkit::replace_once(lane, "    mount \"cache\" \"/cache\" mode=\"rw\"\n", "")
+                + rest;
+        assert!(
+            lane_caches(&no_cache).is_err(),
+            "cache variables need a cache mount"
+        );
+    }
 }

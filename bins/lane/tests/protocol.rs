@@ -111,6 +111,7 @@ fn posture() -> Posture {
         routes: 0,
         connect_errno: Some(101),
         read_only: [("/".to_owned(), false)].into(),
+        caches: std::collections::BTreeMap::new(),
     }
 }
 

@@ -366,3 +366,24 @@ fn a_replaced_worker_in_the_image_cache_is_a_no_decision_before_the_engine_start
     }
     nothing_left(&e);
 }
+
+#[test]
+fn the_runtime_cache_is_private_executable_and_bounded_in_bytes_and_inodes() {
+    let e = env(
+        7,
+        &[(
+            "cache size=\"16GiB\" inodes=1000000\n    deadline \"2h\"\n    phase-deadline \"startup\" \"20m\"\n    phase-deadline \"workload\"",
+            "cache size=\"1MiB\" inodes=64\n    deadline \"2h\"\n    phase-deadline \"startup\" \"20m\"\n    phase-deadline \"workload\"",
+        )],
+    );
+    let helpers = "def fill(path):\n    try:\n        with open(path, 'wb') as f:\n            for _ in range(64):\n                f.write(b'x' * 65536)\n                f.flush()\n    except OSError as e:\n        return e.errno\n    return 0\n\n\ndef many(dir):\n    try:\n        for i in range(200):\n            open(dir + '/f' + str(i), 'wb').close()\n    except OSError as e:\n        return e.errno\n    return 0\n\n\ndef mode(path):\n    st = os.stat(path)\n    return (st.st_mode & 0o7777) + (st.st_uid == os.getuid()) * 10000\n";
+    let probe = "[fill('/cache/xdg/big'), many('/cache/hf'), mode('/cache/triton'), int(os.environ.get('CUDA_CACHE_PATH') == '/cache/cuda')]";
+    let out = served(run(
+        &e,
+        engine(&e, &probing(helpers, probe), &incumbent_kernel()),
+    ));
+    // ENOSPC (28) at the byte bound and at the inode bound; each cache directory is the run
+    // account's, mode 0700 (10000 + 0o700); the engine's cache variables point there.
+    assert_eq!(out.outputs, expected(&[28, 28, 10000 + 0o700, 1]));
+    nothing_left(&e);
+}

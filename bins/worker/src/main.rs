@@ -2,7 +2,8 @@
 //! runtime image (so the image digest covers its bytes) and started as the container's first
 //! process by the host's exact argv:
 //!
-//! `/cordon/worker --sealed HEX --max-bytes N --max-frames N [--read-only PATH]… -- ENGINE ARGV…`
+//! `/cordon/worker --sealed HEX --max-bytes N --max-frames N [--read-only PATH]…
+//! [--cache-root DIR --cache DIR…] -- ENGINE ARGV…`
 //!
 //! What it owns: establishing the posture from inside, before anything of the candidate runs,
 //! and reporting it as one `posture` frame (facts only — the host compares them with what it
@@ -40,6 +41,8 @@ struct Args {
     sealed: String,
     limits: Option<Limits>,
     read_only: Vec<String>,
+    cache_root: Option<String>,
+    caches: Vec<String>,
     engine: Vec<String>,
 }
 
@@ -57,8 +60,13 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
             "--max-bytes" => max_bytes = Some(value.parse().map_err(|_| "bad --max-bytes")?),
             "--max-frames" => max_frames = Some(value.parse().map_err(|_| "bad --max-frames")?),
             "--read-only" => a.read_only.push(value),
+            "--cache-root" => a.cache_root = Some(value),
+            "--cache" => a.caches.push(value),
             _ => return Err(format!("unknown flag {flag}")),
         }
+    }
+    if a.caches.is_empty() != a.cache_root.is_none() {
+        return Err("--cache needs --cache-root, and --cache-root a --cache".into());
     }
     if a.sealed.len() != 64 || a.engine.is_empty() {
         return Err("--sealed HEX and an engine argv after -- are required".into());
@@ -113,6 +121,100 @@ fn read(path: &str) -> Result<String, String> {
     std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))
 }
 
+/// The exec probe: the smallest static x86-64 ELF program, `exit(0)` — one loadable segment
+/// (read and execute) holding the headers and three instructions, 129 bytes, so even a nearly
+/// full cache can take it and nothing of the image is needed to run it.
+fn exit0_program() -> Vec<u8> {
+    const BASE: u64 = 0x40_0000;
+    const HEADERS: u64 = 64 + 56;
+    // mov eax, 60 (exit); xor edi, edi; syscall
+    let code = [0xb8, 0x3c, 0, 0, 0, 0x31, 0xff, 0x0f, 0x05];
+    let size = HEADERS + code.len() as u64;
+    let mut elf = vec![0x7f, b'E', b'L', b'F', 2, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    elf.extend(2u16.to_le_bytes()); // ET_EXEC
+    elf.extend(0x3eu16.to_le_bytes()); // x86-64
+    elf.extend(1u32.to_le_bytes()); // version
+    elf.extend((BASE + HEADERS).to_le_bytes()); // entry: the code after the headers
+    elf.extend(64u64.to_le_bytes()); // program headers right after this header
+    elf.extend(0u64.to_le_bytes()); // no section headers
+    elf.extend(0u32.to_le_bytes()); // flags
+    for v in [64u16, 56, 1, 0, 0, 0] {
+        elf.extend(v.to_le_bytes()); // header size, phdr size, one phdr, no sections
+    }
+    elf.extend(1u32.to_le_bytes()); // PT_LOAD
+    elf.extend(5u32.to_le_bytes()); // read + execute
+    elf.extend(0u64.to_le_bytes()); // from the file's start
+    elf.extend(BASE.to_le_bytes()); // vaddr
+    elf.extend(BASE.to_le_bytes()); // paddr
+    elf.extend(size.to_le_bytes()); // filesz
+    elf.extend(size.to_le_bytes()); // memsz
+    elf.extend(0x1000u64.to_le_bytes()); // align
+    elf.extend(code);
+    elf
+}
+
+/// Make cache directory `dir` under the cache mount `root` and prove it is usable as the run
+/// account's private, executable cache: `ok`, or what failed.
+fn cache_check(root: &str, dir: &str) -> String {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+    let step = |what: &str, r: std::io::Result<()>| r.map_err(|e| format!("{what}: {e}"));
+    let check = || -> Result<(), String> {
+        if !std::path::Path::new(dir).starts_with(root) {
+            return Err(format!("{dir} is not under the cache mount {root}"));
+        }
+        step(
+            "mkdir",
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir),
+        )?;
+        let m = std::fs::metadata(dir).map_err(|e| format!("stat: {e}"))?;
+        let r = std::fs::metadata(root).map_err(|e| format!("stat {root}: {e}"))?;
+        if m.uid() != nix::unistd::getuid().as_raw() {
+            return Err(format!("owned by {}, not the run account", m.uid()));
+        }
+        if m.permissions().mode() & 0o7777 != 0o700 {
+            return Err(format!(
+                "mode {:o}, not 700",
+                m.permissions().mode() & 0o7777
+            ));
+        }
+        if m.dev() != r.dev() {
+            return Err("not on the cache mount".into());
+        }
+        let (a, b) = (
+            format!("{dir}/.cordon-probe-a"),
+            format!("{dir}/.cordon-probe-b"),
+        );
+        step("write", std::fs::write(&a, b"probe"))?;
+        step("rename", std::fs::rename(&a, &b))?;
+        step("delete", std::fs::remove_file(&b))?;
+        let exe = format!("{dir}/.cordon-probe-exec");
+        step(
+            "write the exec probe",
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o700)
+                .open(&exe)
+                .and_then(|mut f| f.write_all(&exit0_program())),
+        )?;
+        let ran = Command::new(&exe)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        step("delete", std::fs::remove_file(&exe))?;
+        match ran {
+            Ok(s) if s.success() => Ok(()),
+            Ok(s) => Err(format!("exec: the probe ended with {s}")),
+            Err(e) => Err(format!("exec: {e}")),
+        }
+    };
+    check().map_or_else(|e| e, |()| "ok".to_owned())
+}
+
 /// Everything the posture frame reports, read from inside.
 fn posture(args: &Args) -> Result<Posture, String> {
     let exe = std::fs::read("/proc/self/exe").map_err(|e| format!("/proc/self/exe: {e}"))?;
@@ -155,6 +257,14 @@ fn posture(args: &Args) -> Result<Posture, String> {
         routes: u32::try_from(routes).unwrap_or(u32::MAX),
         connect_errno,
         read_only,
+        caches: match &args.cache_root {
+            Some(root) => args
+                .caches
+                .iter()
+                .map(|d| (d.clone(), cache_check(root, d)))
+                .collect(),
+            None => BTreeMap::new(),
+        },
     })
 }
 
@@ -351,5 +461,52 @@ fn main() -> ExitCode {
             }
             ExitCode::from(70)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_exec_probe_is_a_program_that_exits_zero() {
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = std::env::temp_dir().join(format!("cordon-exit0-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let exe = dir.join("exit0");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o700)
+            .open(&exe)
+            .and_then(|mut f| f.write_all(&exit0_program()))
+            .unwrap();
+        let status = Command::new(&exe).status().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(status.success(), "{status}");
+        assert_eq!(exit0_program().len(), 129);
+    }
+
+    #[test]
+    fn the_argv_needs_a_seal_bounds_an_engine_and_caches_with_their_root() {
+        let argv = |s: &str| parse(s.split(' ').map(str::to_owned));
+        let seal = "0".repeat(64);
+        assert!(
+            argv(&format!(
+                "--sealed {seal} --max-bytes 9 --max-frames 9 -- /e"
+            ))
+            .is_ok()
+        );
+        assert!(argv(&format!("--sealed {seal} --max-bytes 9 -- /e")).is_err());
+        assert!(argv(&format!("--sealed {seal} --max-bytes 9 --max-frames 9")).is_err());
+        assert!(argv("--sealed 00 --max-bytes 9 --max-frames 9 -- /e").is_err());
+        assert!(
+            argv(&format!(
+                "--sealed {seal} --max-bytes 9 --max-frames 9 --cache /c/x -- /e"
+            ))
+            .is_err()
+        );
+        assert!(argv(&format!("--sealed {seal} --bogus 1 -- /e")).is_err());
     }
 }
