@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # The main job: the demo pipeline on the bundled example under the default policy.
-#   build the prebuild image → policy check → register the example incumbent → pack and fetch
-#   the example candidate delta → materialize it → prebuild it in a disposable runc container
-#   → reap --check → print the chain of receipts and the publication digest.
+#   build the prebuild and runtime images → policy check → register the example incumbent →
+#   pack and fetch the example candidate delta → materialize it → prebuild it in a disposable
+#   runc container → one lane session of the candidate's engine on the example workload and
+#   model (host-framed, host-timed) → reap --check → print the chain of receipts, the
+#   publication digest and the host-measured rate.
 # Runs as root on a fresh Debian machine: installs the OCI runtime (part of the authority
-# identity) and busybox-static (the prebuild image's one binary) if they are missing.
+# identity), busybox-static (the prebuild image's one binary) and python3 (the runtime image's
+# interpreter) if they are missing.
 # The store is a fresh directory unless CORDON_DEMO_STORE names one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! command -v runc >/dev/null 2>&1 || ! command -v tar >/dev/null 2>&1 || [ ! -x /bin/busybox ]; then
+if ! command -v runc >/dev/null 2>&1 || ! command -v tar >/dev/null 2>&1 || [ ! -x /bin/busybox ] \
+    || [ ! -x /usr/bin/python3.11 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update
-    apt-get install -y runc tar busybox-static passwd
+    apt-get install -y runc tar busybox-static passwd python3
 fi
 cargo build --release --bins
 bin=./target/release
@@ -19,8 +23,11 @@ policy=policy/evaluator.kdl
 work=$(mktemp -d)
 store=${CORDON_DEMO_STORE:-$work/store}
 
-# The image the policy pins, built reproducibly; a mismatch with the pin is a no-decision later.
+# The images the policy pins, built reproducibly; a mismatch with a pin is a no-decision later.
+# The runtime image ships cordon's worker, built static and path-remapped first.
 $bin/cordon-image build images/prebuild.kdl --out "$work/images/prebuild"
+bash images/build-worker.sh >/dev/null
+$bin/cordon-image build images/runtime.kdl --out "$work/images/runtime"
 
 $bin/cordon-policy check "$policy"
 $bin/cordon-policy identity "$policy"
@@ -34,19 +41,31 @@ $bin/cordon-materialize --policy "$policy" --store "$store" incumbent checks/exa
     > "$work/incumbent.json"
 incumbent=$(sed -n 's/.*"tree_digest":"\(sha256:[0-9a-f]*\)".*/\1/p' "$work/incumbent.json")
 
+# The model lives in a root-owned models root, writable by root only (the lane checks it).
+install -d -m 0755 "$work/models"
+cp -r checks/example/model "$work/models/example"
+chmod -R go-w "$work/models/example"
+
 # The pipeline: each stage reads the previous receipt on stdin and prints its own.
 $bin/cordon-fetch --policy "$policy" --store "$store" --sha256 "$sha" "$work/candidate.tar" \
     | tee "$work/fetch.json" \
     | $bin/cordon-materialize --policy "$policy" --store "$store" --incumbent "$incumbent" \
     | tee "$work/materialize.json" \
     | $bin/cordon-prebuild --policy "$policy" --store "$store" --images "$work/images" \
-    > "$work/prebuild.json"
+    | tee "$work/prebuild.json" \
+    | $bin/cordon-lane --policy "$policy" --store "$store" session --role C \
+        --images "$work/images" --workload checks/example/workload/example.json \
+        --model "$work/models/example" \
+    > "$work/lane.json"
 $bin/cordon-reap --policy "$policy" --store "$store" --check > "$work/reap.json"
 
-for stage in incumbent fetch materialize prebuild reap; do
+for stage in incumbent fetch materialize prebuild lane reap; do
     echo "== $stage receipt"
     cat "$work/$stage.json"
 done
 publication=$(sed -n 's/.*"publication":"\(sha256:[0-9a-f]*\)".*/\1/p' "$work/prebuild.json")
 echo "== publication $publication (store $store)"
 [ -n "$publication" ]
+rate=$(sed -n 's/.*"timed_rate_milli":\([0-9]*\).*/\1/p' "$work/lane.json")
+echo "== lane: the candidate's engine served the workload at $((rate / 1000)) tokens/s (host-measured)"
+[ -n "$rate" ]
