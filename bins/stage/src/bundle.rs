@@ -14,8 +14,9 @@
 //! upper and work directories live in the lease's run directory — never a writable shared
 //! cache), the mount table (proc; a minimal `/dev`; a private `/tmp` tmpfs, noexec unless the
 //! stage allows exec; a sized `/dev/shm` only with `ipc "private"` — `ipc "none"` has none;
-//! read-only `rprivate nosuid nodev` binds for validator inputs and the one writable staging
-//! bind; `/sys` only when asked for, and then read-only), masked and read-only paths, the
+//! read-only `rprivate nosuid nodev` binds for validator inputs — `noexec` too for the model
+//! and, outside a build, the tree, which are read as data — and the stage's one writable bind
+//! (staging, cache); `/sys` only when asked for, and then read-only), masked and read-only paths, the
 //! namespaces, resources, the device allow-list (deny all, then each policy GPU device), the
 //! seccomp profile in OCI form, and the lease labels as annotations. It refuses mount sources
 //! that are not pairwise disjoint or that would expose a protected path, before anything starts.
@@ -380,6 +381,24 @@ struct Bind {
     source: PathBuf,
     destination: PathBuf,
     writable: bool,
+    /// Whether files on it may be executed or mapped executable.
+    executable: bool,
+}
+
+/// Whether a role's files may be executed in stage `kind`: the model (weights) never, the tree
+/// only by a build (in the lane and the reference session the engine's source is read by its
+/// interpreter, and native code comes from the publication alone); the publication (native
+/// libraries mapped executable), staging (build outputs), the runtime cache (JIT kernels) and
+/// the workspace (the agent's tools) may.
+const fn executable(source: MountSource, kind: StageKind) -> bool {
+    match source {
+        MountSource::Model => false,
+        MountSource::Tree => matches!(kind, StageKind::Prebuild),
+        MountSource::Publication
+        | MountSource::Staging
+        | MountSource::Cache
+        | MountSource::Workspace => true,
+    }
 }
 
 /// `a` is `b` or inside it.
@@ -761,6 +780,7 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
         binds.push(Bind {
             source: host,
             destination: PathBuf::from(dest),
+            executable: executable(*source, kind),
             writable: match mode {
                 MountMode::Ro => false,
                 MountMode::Rw => true,
@@ -885,17 +905,16 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
     }
     for b in &binds {
         let mode = if b.writable { "rw" } else { "ro" };
+        let mut options = vec!["rbind", mode, "rprivate", "nosuid", "nodev"];
+        if !b.executable {
+            options.push("noexec");
+        }
         mounts.push(
             MountBuilder::default()
                 .destination(&b.destination)
                 .typ("bind")
                 .source(&b.source)
-                .options(
-                    ["rbind", mode, "rprivate", "nosuid", "nodev"]
-                        .iter()
-                        .map(|o| (*o).to_owned())
-                        .collect::<Vec<_>>(),
-                )
+                .options(options.iter().map(|o| (*o).to_owned()).collect::<Vec<_>>())
                 .build()
                 .map_err(invalid)?,
         );
