@@ -12,10 +12,14 @@
 //! any kind the engine may not send; reporting how the engine ended. What it does not own: any
 //! clock, deadline or verdict (the host's), and the engine's semantics.
 //!
-//! Why the engine cannot touch it: it makes itself non-dumpable first, so a process of the same
-//! account can neither ptrace it nor open its `/proc/1/{mem,fd}`; as the container's init it
-//! ignores signals from inside its namespace it has no handler for (the kernel's rule for a pid
-//! namespace's init), and when it exits the kernel ends every process left in the container.
+//! Why the engine cannot touch it, although both run as the run account: it makes itself
+//! non-dumpable first, so the engine can neither ptrace it nor open its `/proc/1/{mem,fd}`; it
+//! blocks every signal in every thread (as the container's init it would ignore only those it
+//! has no handler for, and the Rust runtime installs some — a signal that interrupted a read
+//! would end the relay); and before the engine exists it installs a seccomp filter, inherited
+//! by the engine, that refuses `prlimit64` on any process but the caller (the kernel lets a
+//! process lower the limits of another of the same account, which would starve the worker).
+//! When it exits the kernel ends every process left in the container.
 //!
 //! Exit status: 0 after reporting `ended`; 70 after reporting a `fault` (it could not do its
 //! job); 64 on a bad argv (the host's bug).
@@ -279,9 +283,11 @@ fn next_from_host(
         if !queue.is_empty() {
             return Ok(Some(queue.remove(0)));
         }
-        let n = input
-            .read(&mut buf)
-            .map_err(|e| format!("reading from the host: {e}"))?;
+        let n = match input.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(format!("reading from the host: {e}")),
+        };
         if n == 0 {
             d.finish().map_err(|e| format!("the host's stream: {e}"))?;
             return Ok(None);
@@ -346,6 +352,7 @@ fn relay_engine(
     loop {
         let n = match out.read(&mut buf) {
             Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(format!("reading the engine: {e}")),
         };
         if n == 0 {
@@ -368,6 +375,32 @@ fn relay_engine(
     }
 }
 
+/// The filter the worker installs on itself before the engine exists (inherited by it, as every
+/// seccomp filter is): `prlimit64` on a pid other than 0 (the caller) fails with EPERM, so the
+/// engine cannot lower the worker's limits. The container's own profile stays in force; filters
+/// stack and the stricter answer wins.
+fn no_foreign_limits() -> Result<(), String> {
+    use seccompiler::{
+        BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+        SeccompRule,
+    };
+    let e = |e: seccompiler::Error| format!("the worker's seccomp filter: {e}");
+    let arch =
+        seccompiler::TargetArch::try_from(std::env::consts::ARCH).map_err(|x| e(x.into()))?;
+    let foreign = SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, 0)
+        .and_then(|c| SeccompRule::new(vec![c]))
+        .map_err(|x| e(x.into()))?;
+    let program: BpfProgram = SeccompFilter::new(
+        [(nix::libc::SYS_prlimit64, vec![foreign])].into(),
+        SeccompAction::Allow,
+        SeccompAction::Errno(u32::try_from(nix::libc::EPERM).unwrap_or(1)),
+        arch,
+    )
+    .and_then(TryInto::try_into)
+    .map_err(|x| e(x.into()))?;
+    seccompiler::apply_filter(&program).map_err(e)
+}
+
 fn run(args: &Args, shared: &Arc<Shared>) -> Result<(), String> {
     let limits = shared.host()?.limits;
     let report = posture(args)?;
@@ -382,6 +415,7 @@ fn run(args: &Args, shared: &Arc<Shared>) -> Result<(), String> {
         // The host refused the posture: nothing runs.
         None => return Ok(()),
     }
+    no_foreign_limits()?;
     let mut child = Command::new(&args.engine[0])
         .args(&args.engine[1..])
         .stdin(Stdio::piped())
@@ -413,7 +447,11 @@ fn run(args: &Args, shared: &Arc<Shared>) -> Result<(), String> {
     // which gets a moment to be drained and is then cut off.
     let violation = match relayed.recv_timeout(DRAIN) {
         Ok(r) => r?,
-        Err(_) => None,
+        // A process the engine left holds its output open: cut off, it dies with the container.
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => None,
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            return Err("the relay ended without a report".into());
+        }
     };
     let mut host = shared.host()?;
     shared.closed.store(true, Ordering::SeqCst);
@@ -431,6 +469,11 @@ fn main() -> ExitCode {
     // First, before reading anything: a non-dumpable process cannot be traced or have its
     // /proc files opened by another process of the same account (the engine).
     if nix::sys::prctl::set_dumpable(false).is_err() {
+        return ExitCode::from(70);
+    }
+    // Every signal blocked before any thread exists, so every thread inherits the mask (the
+    // engine does not: a spawned child starts with an empty mask).
+    if nix::sys::signal::SigSet::all().thread_block().is_err() {
         return ExitCode::from(70);
     }
     let args = match parse(std::env::args().skip(1)) {
