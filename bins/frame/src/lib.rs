@@ -376,14 +376,4 @@ mod tests {
             })
         );
     }
-
-    #[test]
-    fn only_ready_and_responses_may_come_from_the_engine() {
-        for b in 0..=255u8 {
-            if let Some(k) = Kind::from_byte(b) {
-                assert_eq!(k as u8, b);
-                assert_eq!(k.from_engine(), matches!(k, Kind::Ready | Kind::Response));
-            }
-        }
-    }
 }

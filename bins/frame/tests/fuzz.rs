@@ -99,4 +99,47 @@ proptest! {
             prop_assert_eq!(r.encode(), payload);
         }
     }
+
+    #[test]
+    fn valid_streams_with_flipped_bytes_and_cuts_stay_bounded_and_end_in_a_verdict(
+        frames in proptest::collection::vec((kind(), proptest::collection::vec(any::<u8>(), 0..300)), 1..72),
+        flips in proptest::collection::vec((any::<prop::sample::Index>(), 1u8..=255), 0..4),
+        cut in any::<prop::sample::Index>(),
+    ) {
+        // Streams that mostly parse: near-valid input walks the decoder's every state, where
+        // random bytes die at the first header.
+        let mut wire = Vec::new();
+        for (k, p) in &frames {
+            let p = &p[..p.len().min(L.max_bytes as usize)];
+            wire.extend(encode(LANE, *k, p, L).unwrap());
+        }
+        for (at, x) in &flips {
+            let i = at.index(wire.len());
+            wire[i] ^= x;
+        }
+        wire.truncate(cut.index(wire.len() + 1));
+        let mut d = Decoder::new(LANE, L);
+        let mut seen = 0u64;
+        let mut failed = false;
+        for chunk in wire.chunks(97) {
+            match d.push(chunk) {
+                Ok(out) => {
+                    for f in out {
+                        prop_assert!(f.payload.len() <= L.max_bytes as usize);
+                        seen += 1;
+                    }
+                }
+                Err(_) => {
+                    failed = true;
+                    break;
+                }
+            }
+            prop_assert!(d.pending() <= HEADER + L.max_bytes as usize);
+        }
+        prop_assert!(seen <= L.max_frames);
+        // Without a violation, the stream either ended on a frame boundary or is truncated.
+        if !failed {
+            prop_assert_eq!(d.finish().is_ok(), d.pending() == 0);
+        }
+    }
 }

@@ -67,7 +67,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(10);
     let dir = tempfile::tempdir().unwrap();
-    let ids = cordon_testkit::account_range("lane-session", 9);
+    let ids = cordon_testkit::account_range("lane-bench", 0);
     let text = cordon_testkit::isolated_policy(dir.path(), ids);
     let policy = cordon_policy_lang::parse("bench.kdl", &text).unwrap();
     let store = Store::open(&dir.path().join("store")).unwrap();

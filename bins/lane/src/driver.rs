@@ -18,7 +18,7 @@
 //! reading meets the deadline, not a hung host.
 
 use std::io::{Read, Write};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel, sync_channel};
 use std::time::{Duration, Instant};
 
 use cordon::canonical::Digest;
@@ -29,31 +29,56 @@ use cordon::receipt::LaneWindow as Window;
 
 use crate::workload::Workload;
 
-/// Bytes the container wrote, stamped when the host read them (empty: end of stream).
+/// What the host read from the container.
 #[derive(Debug)]
-pub struct Stamped {
-    /// When the read returned, on the host's clock.
-    pub at: Instant,
-    /// What was read.
-    pub bytes: Vec<u8>,
+pub enum Stamped {
+    /// Bytes, stamped when the read returned, on the host's clock.
+    Bytes {
+        /// When.
+        at: Instant,
+        /// What.
+        bytes: Vec<u8>,
+    },
+    /// The stream ended (or could not be read).
+    End,
+    /// The stream passed the stage's stdout cap; the host stopped reading it.
+    Overflow {
+        /// The cap, in bytes.
+        cap: u64,
+    },
 }
 
-/// Read `out` on a thread of its own, stamping each chunk as it arrives.
-pub fn reader(mut out: impl Read + Send + 'static) -> Receiver<Stamped> {
-    let (tx, rx) = channel();
+/// Chunks in flight between the reader and the session: the reader waits when the session is
+/// behind, so a flooding container meets back-pressure, not the host's memory.
+const IN_FLIGHT: usize = 16;
+
+/// Read `out` on a thread of its own, stamping each chunk as it arrives, up to `cap` bytes (the
+/// stage's `output stdout=`).
+pub fn reader(mut out: impl Read + Send + 'static, cap: u64) -> Receiver<Stamped> {
+    let (tx, rx) = sync_channel(IN_FLIGHT);
     std::thread::spawn(move || {
         let mut buf = vec![0u8; 64 * 1024];
+        let mut total = 0u64;
         loop {
-            let n = out.read(&mut buf).unwrap_or(0);
+            let n = match out.read(&mut buf) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => 0,
+            };
             let at = Instant::now();
-            if tx
-                .send(Stamped {
+            total += n as u64;
+            let chunk = if n == 0 {
+                Stamped::End
+            } else if total > cap {
+                Stamped::Overflow { cap }
+            } else {
+                Stamped::Bytes {
                     at,
                     bytes: buf[..n].to_vec(),
-                })
-                .is_err()
-                || n == 0
-            {
+                }
+            };
+            let last = !matches!(chunk, Stamped::Bytes { .. });
+            if tx.send(chunk).is_err() || last {
                 return;
             }
         }
@@ -89,6 +114,8 @@ pub struct Plan<'a> {
     pub startup: Duration,
     /// The workload phase's length, from `ready`.
     pub workload_phase: Duration,
+    /// The stage's absolute deadline: no phase runs past it.
+    pub absolute: Instant,
 }
 
 /// A session the engine served to the end.
@@ -144,12 +171,18 @@ struct Stream<'a> {
     decoder: Decoder,
     queue: std::collections::VecDeque<(Instant, Frame)>,
     ended: bool,
+    /// The stdout cap, once the stream passed it.
+    overflow: Option<u64>,
 }
 
 impl Stream<'_> {
     fn next(&mut self, deadline: Instant) -> Next {
         loop {
             if let Some((at, f)) = self.queue.pop_front() {
+                // A frame the host read after the deadline is late, however soon it is looked at.
+                if at > deadline {
+                    return Next::Late;
+                }
                 return Next::Frame(at, f);
             }
             if self.ended {
@@ -157,20 +190,22 @@ impl Stream<'_> {
             }
             let wait = deadline.saturating_duration_since(Instant::now());
             match self.rx.recv_timeout(wait) {
-                Ok(s) if s.bytes.is_empty() => {
+                Ok(Stamped::End) | Err(RecvTimeoutError::Disconnected) => {
                     self.ended = true;
                     if let Err(e) = self.decoder.finish() {
                         return Next::Broken(e.to_string());
                     }
                 }
-                Ok(s) => match self.decoder.push(&s.bytes) {
-                    Ok(frames) => self.queue.extend(frames.into_iter().map(|f| (s.at, f))),
+                Ok(Stamped::Overflow { cap }) => {
+                    self.ended = true;
+                    self.overflow = Some(cap);
+                    return Next::Broken(format!("the output passed its cap of {cap} bytes"));
+                }
+                Ok(Stamped::Bytes { at, bytes }) => match self.decoder.push(&bytes) {
+                    Ok(frames) => self.queue.extend(frames.into_iter().map(|f| (at, f))),
                     Err(e) => return Next::Broken(e.to_string()),
                 },
                 Err(RecvTimeoutError::Timeout) => return Next::Late,
-                Err(RecvTimeoutError::Disconnected) => {
-                    self.ended = true;
-                }
             }
         }
     }
@@ -195,8 +230,32 @@ pub fn drive(
         decoder: Decoder::new(LANE, plan.limits),
         queue: std::collections::VecDeque::new(),
         ended: false,
+        overflow: None,
     };
-    let startup = origin + plan.startup;
+    let mut started = false;
+    let verdict = session(&mut s, tx, origin, plan, expect, &mut started);
+    match s.overflow {
+        // Only the engine's frames are large: once it runs, a flood is its own.
+        Some(cap) if started => violation(
+            "lane.output",
+            format!("the engine's framed output passed the stage's stdout cap of {cap} bytes"),
+        ),
+        Some(cap) => Verdict::NoDecision(format!(
+            "the worker's output passed the stdout cap of {cap} bytes before the engine started"
+        )),
+        None => verdict,
+    }
+}
+
+fn session(
+    s: &mut Stream<'_>,
+    tx: Sender<Vec<u8>>,
+    origin: Instant,
+    plan: &Plan<'_>,
+    expect: &dyn Fn(&Posture) -> Vec<String>,
+    started: &mut bool,
+) -> Verdict {
+    let startup = (origin + plan.startup).min(plan.absolute);
     // The worker's posture comes first; anything wrong before it is the worker's, not the
     // candidate's (nothing of the candidate runs yet).
     let (posture, posture_digest) = match s.next(startup) {
@@ -232,6 +291,7 @@ pub fn drive(
     if let Err(e) = send(Kind::Start, &[]) {
         return Verdict::NoDecision(e);
     }
+    *started = true;
     // Startup: the engine's first frame must be `ready`, before the startup deadline.
     let ready_ns = match s.next(startup) {
         Next::Frame(at, f) if f.kind == Kind::Ready => match message::ready_protocol(&f.payload) {
@@ -248,6 +308,7 @@ pub fn drive(
         Next::End | Next::Broken(_) => {
             return Verdict::NoDecision("the worker's stream ended without a report".into());
         }
+        Next::Late if startup == plan.absolute => return absolute_deadline(),
         Next::Late => {
             return violation(
                 "lane.startup-deadline",
@@ -259,8 +320,11 @@ pub fn drive(
         }
     };
     let ready_at = origin + Duration::from_nanos(ready_ns);
-    let deadline = ready_at + plan.workload_phase;
+    let deadline = (ready_at + plan.workload_phase).min(plan.absolute);
     let late = || {
+        if deadline == plan.absolute {
+            return absolute_deadline();
+        }
         violation(
             "lane.workload-deadline",
             format!(
@@ -390,6 +454,13 @@ pub fn drive(
 /// Encoding failed.
 pub fn outputs_digest(outputs: &[Vec<u32>]) -> Result<Digest, cordon::canonical::CanonicalError> {
     cordon::canonical::domain_digest("cordon.lane-outputs", 1, &outputs)
+}
+
+fn absolute_deadline() -> Verdict {
+    violation(
+        "lane.deadline",
+        "the session reached the stage's absolute deadline",
+    )
 }
 
 fn fault(f: &Frame) -> Verdict {

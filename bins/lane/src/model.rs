@@ -78,8 +78,18 @@ fn owned_or_sticky(path: &Path, m: &fs::Metadata, sticky_ok: bool) -> Result<(),
     Ok(())
 }
 
+/// The deepest directory and the most entries a model may have.
+const MAX_DEPTH: usize = 32;
+const MAX_ENTRIES: usize = 1_000_000;
+
 fn walk(root: &Path, rel: &Path, out: &mut Vec<Item>) -> Result<(), ModelError> {
     let dir = root.join(rel);
+    if rel.components().count() > MAX_DEPTH {
+        return Err(ModelError::Unfit {
+            path: dir,
+            why: "is deeper than 32 directories",
+        });
+    }
     let read = |source| ModelError::Read {
         path: dir.clone(),
         source,
@@ -90,6 +100,12 @@ fn walk(root: &Path, rel: &Path, out: &mut Vec<Item>) -> Result<(), ModelError> 
         .collect::<Result<_, _>>()
         .map_err(read)?;
     names.sort();
+    if out.len() + names.len() > MAX_ENTRIES {
+        return Err(ModelError::Unfit {
+            path: dir,
+            why: "takes the model past 1,000,000 entries",
+        });
+    }
     for name in names {
         let rel = rel.join(&name);
         let path = root.join(&rel);

@@ -3,15 +3,16 @@
 //!
 //! Parse: the stage, its frame bounds and both phase deadlines, the one registered lane step,
 //! the image pin. Plan: reopen and verify the tree and the publication (the exact ones the
-//! prebuild receipt names, never a parent), check the model and the workload, verify and unpack
-//! the image, hash the worker inside it and seal that digest into the worker's argv. Apply: one
+//! prebuild receipt names, never a parent), check the model and the workload (its frames must
+//! fit the stage's bounds), verify and unpack the image, and seal the policy's pinned worker
+//! digest into the worker's argv (never the digest of what the image cache holds). Apply: one
 //! [`Session`] with live stdin/stdout, driven by [`crate::driver::drive`]; a session that ends
 //! early kills the container, and release (with its absence proof) always runs.
 //!
 //! What it does not own: the verdict on speed (part 2), the roles' exchange (part 2), and the
 //! receipt (the CLI's).
 
-use std::path::PathBuf;
+use std::path::{Component, PathBuf};
 use std::time::{Duration, Instant};
 
 use cordon::canonical::Digest;
@@ -73,6 +74,16 @@ pub fn cache_dirs(
         }
     }
     let mut dirs: Vec<String> = stage.env.values().filter(|v| under(v)).cloned().collect();
+    // Lexically plain paths only: "/cache/../engine" starts with "/cache" too.
+    if let Some(v) = dirs.iter().find(|v| {
+        !std::path::Path::new(v)
+            .components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+    }) {
+        return Err(LaneError::Policy(format!(
+            "the cache directory {v} is not a plain absolute path"
+        )));
+    }
     dirs.sort();
     dirs.dedup();
     Ok((root, dirs))
@@ -326,6 +337,13 @@ pub fn session(policy: &Policy, cfg: &Config, inputs: &Inputs) -> Result<Outcome
             })
     };
     let (startup, workload_phase) = (phase_ms("startup")?, phase_ms("workload")?);
+    // The phases run one after the other inside the stage's absolute deadline (which the
+    // driver also enforces): phases that could not both fit are a policy mistake.
+    if startup + workload_phase > Duration::from_millis(stage.deadline_ms) {
+        return Err(LaneError::Policy(
+            "the startup and workload phases together are longer than the stage's deadline".into(),
+        ));
+    }
     if let Some(extra) = stage
         .phase_deadline_ms
         .keys()
@@ -355,6 +373,12 @@ pub fn session(policy: &Policy, cfg: &Config, inputs: &Inputs) -> Result<Outcome
 
     // Plan: everything is verified before anything runs.
     let (workload, workload_digest) = Workload::load(&inputs.workload)?;
+    workload
+        .fits(limits.max_bytes, limits.max_frames)
+        .map_err(|why| WorkloadError::Invalid {
+            path: inputs.workload.display().to_string(),
+            why,
+        })?;
     let (model_dir, model_digest) = model::verify(&inputs.model)?;
     tree::verify(&cfg.store, &inputs.tree)?;
     tree::verify_in(&cfg.store, PUBLICATIONS, &inputs.publication)?;
@@ -418,16 +442,17 @@ pub fn session(policy: &Policy, cfg: &Config, inputs: &Inputs) -> Result<Outcome
         started,
         framed: true,
     };
-    let plan = Plan {
-        workload: &workload,
-        limits,
-        startup,
-        workload_phase,
-    };
     let mut verdict = None;
     let ran = session.run(
         &job,
-        |running, planned, _deadline| {
+        |running, planned, deadline| {
+            let plan = Plan {
+                workload: &workload,
+                limits,
+                startup,
+                workload_phase,
+                absolute: deadline,
+            };
             let expected = Expected::from_plan(planned, &worker, &asked, &caches);
             let (Some(stdin), Some(stdout)) = (running.take_stdin(), running.take_stdout()) else {
                 return Err(LaneError::NoDecision(
@@ -435,7 +460,7 @@ pub fn session(policy: &Policy, cfg: &Config, inputs: &Inputs) -> Result<Outcome
                 ));
             };
             let origin = Instant::now();
-            let rx = driver::reader(stdout);
+            let rx = driver::reader(stdout, stage.output.stdout_bytes);
             let v = driver::drive(&rx, driver::writer(stdin), origin, &plan, &|p| {
                 expected.differences(p)
             });
@@ -582,5 +607,12 @@ mod tests {
             lane_caches(&no_cache).is_err(),
             "cache variables need a cache mount"
         );
+        let dotted = cordon_testkit::replace_once(
+            lane,
+            "TRITON_CACHE_DIR \"/cache/triton\"",
+            "TRITON_CACHE_DIR \"/cache/../engine\"",
+        ) + rest;
+        let e = lane_caches(&dotted).unwrap_err();
+        assert!(e.to_string().contains("plain absolute path"), "{e}");
     }
 }

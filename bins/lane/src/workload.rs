@@ -111,6 +111,32 @@ impl Workload {
         Ok(())
     }
 
+    /// Whether every frame the plan implies fits the stage's frame bounds: the host's stream
+    /// carries the posture, `ready`, one response per request and the worker's report; the
+    /// largest request or response is two words and one per prompt or output token.
+    ///
+    /// # Errors
+    /// What does not fit.
+    pub fn fits(&self, max_bytes: u32, max_frames: u64) -> Result<(), String> {
+        let frames = self.requests.len() as u64 + 3;
+        if frames > max_frames {
+            return Err(format!(
+                "{} requests need {frames} frames, over the stage's max-frames {max_frames}",
+                self.requests.len()
+            ));
+        }
+        for (i, r) in self.requests.iter().enumerate() {
+            let words = 2 + r.prompt.len().max(r.tokens as usize) as u64;
+            if words * 4 > u64::from(max_bytes) {
+                return Err(format!(
+                    "request {i} needs frames of {} bytes, over the stage's max-bytes {max_bytes}",
+                    words * 4
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The phase of request `index`.
     #[must_use]
     pub fn phase(&self, index: usize) -> Phase {
@@ -155,5 +181,14 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn a_workload_must_fit_the_stages_frame_bounds() {
+        let w = load(r#"{"version":1,"warmup":0,"conditioning":0,"requests":[{"prompt":[1,2,3],"tokens":6},{"prompt":[1],"tokens":2}]}"#).unwrap();
+        // Two requests: posture, ready, two responses, the report; the largest is 2 + 6 words.
+        w.fits(32, 5).unwrap();
+        assert!(w.fits(32, 4).unwrap_err().contains("max-frames"));
+        assert!(w.fits(31, 5).unwrap_err().contains("max-bytes"));
     }
 }

@@ -27,10 +27,23 @@ struct Fake {
 
 impl Fake {
     fn raw(&self, bytes: Vec<u8>) {
-        let _ = self.to_host.send(Stamped {
-            at: Instant::now(),
-            bytes,
+        let _ = self.to_host.send(if bytes.is_empty() {
+            Stamped::End
+        } else {
+            Stamped::Bytes {
+                at: Instant::now(),
+                bytes,
+            }
         });
+    }
+
+    /// Bytes as the reader would hand them over, stamped `at`.
+    fn raw_at(&self, bytes: Vec<u8>, at: Instant) {
+        let _ = self.to_host.send(Stamped::Bytes { at, bytes });
+    }
+
+    fn overflow(&self) {
+        let _ = self.to_host.send(Stamped::Overflow { cap: 1024 });
     }
 
     fn send(&self, kind: Kind, payload: &[u8]) {
@@ -137,6 +150,25 @@ fn session_with(
     expect_ok: bool,
     script: impl FnOnce(&mut Fake) + Send + 'static,
 ) -> Verdict {
+    session_within(
+        n,
+        startup,
+        phase,
+        Duration::from_secs(60),
+        expect_ok,
+        script,
+    )
+}
+
+/// [`session_with`] under an absolute deadline `absolute` from the start.
+fn session_within(
+    n: u32,
+    startup: Duration,
+    phase: Duration,
+    absolute: Duration,
+    expect_ok: bool,
+    script: impl FnOnce(&mut Fake) + Send + 'static,
+) -> Verdict {
     let (to_host, rx) = channel();
     let (tx, from_host) = channel();
     let handle = std::thread::spawn(move || {
@@ -149,13 +181,15 @@ fn session_with(
         script(&mut fake);
     });
     let w = workload(n);
+    let origin = Instant::now();
     let plan = Plan {
         workload: &w,
         limits: LIMITS,
         startup,
         workload_phase: phase,
+        absolute: origin + absolute,
     };
-    let v = drive(&rx, tx, Instant::now(), &plan, &|_| {
+    let v = drive(&rx, tx, origin, &plan, &|_| {
         if expect_ok {
             Vec::new()
         } else {
@@ -436,4 +470,57 @@ fn a_broken_or_truncated_stream_from_the_worker_is_a_no_decision() {
         f.raw(b"GARBAGE!!".to_vec());
     });
     no_decision(&v);
+}
+
+#[test]
+fn output_past_the_stdout_cap_is_the_engines_once_it_runs_and_the_workers_before() {
+    let v = session(|f| {
+        f.start();
+        let _ = f.request();
+        f.overflow();
+    });
+    assert_eq!(rejected(&v).0, "lane.output");
+    let v = session(|f| f.overflow());
+    assert!(
+        no_decision(&v).contains("before the engine started"),
+        "{v:?}"
+    );
+}
+
+#[test]
+fn no_phase_runs_past_the_stages_absolute_deadline() {
+    let started = Instant::now();
+    let long = Duration::from_secs(30);
+    let v = session_within(3, long, long, Duration::from_millis(300), true, |f| {
+        f.start();
+        let _ = f.request();
+        let _ = f.next();
+    });
+    assert_eq!(rejected(&v).0, "lane.deadline");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let v = session_within(3, long, long, Duration::from_millis(300), true, |f| {
+        f.posture();
+        let _ = f.next();
+        let _ = f.next();
+    });
+    assert_eq!(rejected(&v).0, "lane.deadline", "startup is capped too");
+}
+
+#[test]
+fn a_frame_read_after_its_deadline_is_late_however_soon_it_is_looked_at() {
+    // The response reaches the session at once, but the reader stamped it after the phase
+    // ended (a host that looks late at a queue must not take it for on time).
+    let v = session_with(
+        3,
+        Duration::from_secs(10),
+        Duration::from_secs(2),
+        true,
+        |f| {
+            f.start();
+            let r = f.request();
+            f.raw_at(answer_bytes(&r), Instant::now() + Duration::from_secs(5));
+            let _ = f.next();
+        },
+    );
+    assert_eq!(rejected(&v).0, "lane.workload-deadline");
 }
