@@ -8,53 +8,20 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cordon::canonical::Digest;
 use cordon::lease::Manager;
 use cordon::receipt::{Decision, Role};
-use cordon::store::Store;
-use cordon::tree::{self, Entry, PUBLICATIONS, TREES};
-use cordon_lane::session::{Config, Inputs, session};
-use cordon_testkit::{bare_runc_run, median, workspace_root};
+use cordon::tree::{PUBLICATIONS, TREES};
+use cordon_lane::session::{Inputs, session};
+use cordon_testkit::{bare_runc_run, median};
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
-}
-
-fn publish(store: &Store, section: tree::Section, files: &[(&str, &str)]) -> Digest {
-    let mut batch = store.batch().unwrap();
-    let mut entries = Vec::new();
-    for (path, text) in files {
-        let (sha256, size) = batch.add_reader(text.as_bytes(), false).unwrap();
-        entries.push(Entry {
-            path: (*path).to_owned(),
-            mode: 0o444,
-            size,
-            sha256,
-        });
-    }
-    batch.commit().unwrap();
-    tree::publish_in(
-        store,
-        section,
-        entries,
-        serde_json::json!({"kind": "bench"}),
-    )
-    .unwrap()
-    .digest
-}
-
-fn workload(dir: &std::path::Path, n: usize) -> std::path::PathBuf {
-    let path = dir.join(format!("workload-{n}.json"));
-    let requests = vec!["{\"prompt\":[1],\"tokens\":1}"; n].join(",");
-    std::fs::write(
-        &path,
-        format!("{{\"version\":1,\"warmup\":0,\"conditioning\":0,\"requests\":[{requests}]}}"),
-    )
-    .unwrap();
-    path
 }
 
 fn main() {
@@ -66,45 +33,16 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10);
-    let dir = tempfile::tempdir().unwrap();
-    let ids = cordon_testkit::account_range("lane-bench", 0);
-    let text = cordon_testkit::isolated_policy(dir.path(), ids);
-    let policy = cordon_policy_lang::parse("bench.kdl", &text).unwrap();
-    let store = Store::open(&dir.path().join("store")).unwrap();
-    assert!(cordon_testkit::runtime_image_inputs().is_file());
-    let spec = cordon_image::spec::load(&workspace_root().join("images/runtime.kdl")).unwrap();
-    cordon::image::build(&spec, &dir.path().join("images/runtime")).unwrap();
-    let setup = cordon_stage::settings::lease_setup(
-        &policy,
-        "lane-bench",
-        &dir.path().join("state"),
-        dir.path().join("run"),
-    );
-    Manager::open(&store, setup.clone())
-        .unwrap()
-        .recover()
-        .unwrap();
-    let runtime_version =
-        cordon::identity::probe_runtime(&cordon::host::Linux, "runc", &setup.runtime.binary, None)
-            .unwrap()
-            .version;
-    let cfg = Config {
-        store: store.clone(),
-        images: dir.path().join("images"),
-        setup: setup.clone(),
-        authority: Digest::of_bytes(b"lane-bench"),
-        runtime_version,
-    };
-    let model = dir.path().join("models/m");
-    std::fs::create_dir_all(&model).unwrap();
-    std::fs::write(model.join("vocab"), "1000003\n").unwrap();
+    let w = common::world("lane-bench", 0, "lane-bench", &[]);
+    let (dir, store, policy, cfg, model) = (w.dir, w.store, w.policy, w.cfg, w.model);
+    let setup = cfg.setup.clone();
     let trivial = "def generate(prompt, tokens, model_dir):\n    return [1] * tokens\n";
-    let tree = publish(
+    let tree = common::publish(
         &store,
         TREES,
         &[("engine/__init__.py", ""), ("engine/serve.py", trivial)],
     );
-    let publication = publish(&store, PUBLICATIONS, &[("lib/a", "a\n")]);
+    let publication = common::publish(&store, PUBLICATIONS, &[("lib/a", "a\n")]);
     let inputs = |w| Inputs {
         role: Role::C,
         tree,
@@ -112,7 +50,7 @@ fn main() {
         workload: w,
         model: model.clone(),
     };
-    let one = workload(dir.path(), 1);
+    let one = common::workload(dir.path(), 1, 0, 1);
 
     // The baseline: bare runc run of the unpacked runtime image, read-only, starting the same
     // interpreter with the same flags (no worker, no frames, no lease).
@@ -160,7 +98,7 @@ fn main() {
     );
 
     // The relay's round trip, from the receipt's own host stamps.
-    let many = workload(dir.path(), 500);
+    let many = common::workload(dir.path(), 500, 0, 1);
     let Decision::Accepted(out) = session(&policy, &cfg, &inputs(many)).unwrap() else {
         panic!("not served");
     };

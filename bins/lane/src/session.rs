@@ -17,16 +17,14 @@ use std::time::{Duration, Instant};
 
 use cordon::canonical::Digest;
 use cordon::container::Input;
-use cordon::lease::Setup;
 use cordon::receipt::{Decision, LaneOutputs, LanePhase, LaneWindow, Rejection, Role};
 use cordon::runtime::Meta;
-use cordon::store::Store;
 use cordon::tree::{self, PUBLICATIONS, TREES};
 use cordon_frame::Limits;
 use cordon_frame::message::{PROTOCOL, Posture};
 use cordon_policy_lang::{MountSource, Policy, StageKind};
 use cordon_stage::bundle::{PlanError, Planned};
-use cordon_stage::session::{Job, Session, SessionError};
+use cordon_stage::session::{Job, SessionError};
 use serde_json::json;
 
 use crate::driver::{self, Plan, Verdict};
@@ -90,19 +88,7 @@ pub fn cache_dirs(
 }
 
 /// Where the stage works.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// The store.
-    pub store: Store,
-    /// The directory holding image layouts, one per role (`<dir>/<role>`).
-    pub images: PathBuf,
-    /// The lease manager's setup.
-    pub setup: Setup,
-    /// The authority identity.
-    pub authority: Digest,
-    /// The runtime's `--version` text, as the identity read it.
-    pub runtime_version: String,
-}
+pub use cordon_stage::session::StageConfig as Config;
 
 /// What one session runs.
 #[derive(Debug, Clone)]
@@ -413,14 +399,7 @@ pub fn session(policy: &Policy, cfg: &Config, inputs: &Inputs) -> Result<Outcome
     argv.push("--".into());
     argv.extend(engine);
 
-    let session = Session {
-        policy,
-        kind: StageKind::Lane,
-        store: cfg.store.clone(),
-        setup: cfg.setup.clone(),
-        authority: cfg.authority,
-        runtime_version: cfg.runtime_version.clone(),
-    };
+    let session = cfg.session(policy, StageKind::Lane);
     let job = Job {
         argv,
         image_rootfs: rootfs,

@@ -11,11 +11,15 @@ use cordon::canonical::Digest;
 use cordon::lease::Manager;
 use cordon::receipt::{Decision, LaneOutputs, Role};
 use cordon::store::Store;
-use cordon::tree::{self, Entry, PUBLICATIONS, TREES};
+use cordon::tree::{self, PUBLICATIONS, TREES};
 use cordon_lane::driver::outputs_digest;
 use cordon_lane::session::{Config, Inputs, LaneError, Outcome, session};
 use cordon_policy_lang::Policy;
-use cordon_testkit::{replace_once, workspace_root};
+use cordon_testkit::workspace_root;
+
+mod common;
+
+use common::{publish, publish_bytes};
 
 struct Env {
     dir: tempfile::TempDir,
@@ -32,93 +36,18 @@ const REQUESTS: usize = 3;
 const TOKENS: usize = 8;
 
 fn env(slot: u32, edits: &[(&str, &str)]) -> Env {
-    cordon_testkit::require_root("lane sessions run real containers and accounts");
-    let runc = cordon_testkit::runc();
-    let dir = tempfile::tempdir().unwrap();
-    let ids = cordon_testkit::account_range("lane-session", slot);
-    let mut text = cordon_testkit::isolated_policy(dir.path(), ids);
-    for (from, to) in edits {
-        text = replace_once(&text, from, to);
-    }
-    let policy = cordon_policy_lang::parse("lane-test.kdl", &text).unwrap();
-    let store = Store::open(&dir.path().join("store")).unwrap();
-    assert!(cordon_testkit::runtime_image_inputs().is_file());
-    let spec = cordon_image::spec::load(&workspace_root().join("images/runtime.kdl")).unwrap();
-    cordon::image::build(&spec, &dir.path().join("images/runtime")).unwrap();
-    let mut setup = cordon_stage::settings::lease_setup(
-        &policy,
-        &format!("lane-{slot}"),
-        &dir.path().join("state"),
-        dir.path().join("run"),
-    );
-    setup.runtime.binary = runc;
-    Manager::open(&store, setup.clone())
-        .unwrap()
-        .recover()
-        .unwrap();
-    let runtime_version =
-        cordon::identity::probe_runtime(&cordon::host::Linux, "runc", &setup.runtime.binary, None)
-            .unwrap()
-            .version;
-    let model = dir.path().join("models/m");
-    std::fs::create_dir_all(&model).unwrap();
-    std::fs::write(model.join("vocab"), "1000003\n").unwrap();
-    let workload = dir.path().join("workload.json");
-    let requests: Vec<String> = (0..REQUESTS)
-        .map(|i| format!("{{\"prompt\":[{i},7],\"tokens\":{TOKENS}}}"))
-        .collect();
-    std::fs::write(
-        &workload,
-        format!(
-            "{{\"version\":1,\"warmup\":1,\"conditioning\":0,\"requests\":[{}]}}",
-            requests.join(",")
-        ),
-    )
-    .unwrap();
-    let publication = publish(&store, PUBLICATIONS, &[("lib/artifact.txt", "native\n")]);
-    let cfg = Config {
-        store: store.clone(),
-        images: dir.path().join("images"),
-        setup,
-        authority: Digest::of_bytes(format!("lane-{slot}").as_bytes()),
-        runtime_version,
-    };
+    let w = common::world("lane-session", slot, &format!("lane-{slot}"), edits);
+    let workload = common::workload(w.dir.path(), REQUESTS, 1, TOKENS);
+    let publication = publish(&w.store, PUBLICATIONS, &[("lib/artifact.txt", "native\n")]);
     Env {
-        dir,
-        store,
-        policy,
-        cfg,
-        model,
+        dir: w.dir,
+        store: w.store,
+        policy: w.policy,
+        cfg: w.cfg,
+        model: w.model,
         workload,
         publication,
     }
-}
-
-fn publish(store: &Store, section: tree::Section, files: &[(&str, &str)]) -> Digest {
-    let files: Vec<(&str, &[u8], bool)> = files
-        .iter()
-        .map(|(p, t)| (*p, t.as_bytes(), false))
-        .collect();
-    publish_bytes(store, section, &files)
-}
-
-/// Publish `(path, bytes, executable)` entries as a tree or publication.
-fn publish_bytes(store: &Store, section: tree::Section, files: &[(&str, &[u8], bool)]) -> Digest {
-    let mut batch = store.batch().unwrap();
-    let mut entries = Vec::new();
-    for (path, bytes, executable) in files {
-        let (sha256, size) = batch.add_reader(*bytes, *executable).unwrap();
-        entries.push(Entry {
-            path: (*path).to_owned(),
-            mode: if *executable { 0o555 } else { 0o444 },
-            size,
-            sha256,
-        });
-    }
-    batch.commit().unwrap();
-    tree::publish_in(store, section, entries, serde_json::json!({"kind": "test"}))
-        .unwrap()
-        .digest
 }
 
 /// A tree of the example incumbent with `serve` as its `engine/serve.py` and `kernel` as its

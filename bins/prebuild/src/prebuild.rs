@@ -15,32 +15,19 @@ use std::time::Instant;
 
 use cordon::canonical::{Digest, domain_digest};
 use cordon::container::Input;
-use cordon::lease::Setup;
 use cordon::receipt::{Decision, Rejection};
 use cordon::runtime::{Finished, Meta};
-use cordon::store::{Store, StoreError};
+use cordon::store::StoreError;
 use cordon::tree::{self, Entry, PUBLICATIONS, TREES, TreeRecord};
 use cordon_policy_lang::{MountSource, Policy, PublicationLimits, StageKind};
 use cordon_stage::bundle::{PlanError, Planned};
-use cordon_stage::session::{Job, Session, SessionError};
+use cordon_stage::session::{Job, SessionError};
 use serde_json::json;
 
 use crate::inventory::{self, Bounds};
 
 /// Where the stage works.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// The store.
-    pub store: Store,
-    /// The directory holding image layouts, one per role (`<dir>/<role>`).
-    pub images: PathBuf,
-    /// The lease manager's setup.
-    pub setup: Setup,
-    /// The authority identity.
-    pub authority: Digest,
-    /// The runtime's `--version` text, as the identity read it.
-    pub runtime_version: String,
-}
+pub use cordon_stage::session::StageConfig as Config;
 
 /// A sealed publication the stage established.
 #[derive(Debug, Clone, PartialEq)]
@@ -204,14 +191,7 @@ pub fn prebuild(
         })?),
         None => Input::Null,
     };
-    let session = Session {
-        policy,
-        kind: StageKind::Prebuild,
-        store: cfg.store.clone(),
-        setup: cfg.setup.clone(),
-        authority: cfg.authority,
-        runtime_version: cfg.runtime_version.clone(),
-    };
+    let session = cfg.session(policy, StageKind::Prebuild);
     let job = Job {
         argv,
         image_rootfs: rootfs,

@@ -131,6 +131,37 @@ pub struct Job {
     pub framed: bool,
 }
 
+/// Where a container stage works on this host: what its binary establishes at start and the
+/// operator's paths (each container stage's `Config`).
+#[derive(Debug, Clone)]
+pub struct StageConfig {
+    /// The store.
+    pub store: Store,
+    /// The directory holding image layouts, one per role (`<dir>/<role>`).
+    pub images: PathBuf,
+    /// The lease manager's setup.
+    pub setup: Setup,
+    /// The authority identity.
+    pub authority: Digest,
+    /// The runtime's `--version` text, as the identity read it.
+    pub runtime_version: String,
+}
+
+impl StageConfig {
+    /// The sessions of stage `kind` of `policy` here.
+    #[must_use]
+    pub fn session<'a>(&self, policy: &'a Policy, kind: StageKind) -> Session<'a> {
+        Session {
+            policy,
+            kind,
+            store: self.store.clone(),
+            setup: self.setup.clone(),
+            authority: self.authority,
+            runtime_version: self.runtime_version.clone(),
+        }
+    }
+}
+
 /// One stage's sessions on this host.
 #[derive(Debug, Clone)]
 pub struct Session<'a> {

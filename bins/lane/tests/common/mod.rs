@@ -1,0 +1,125 @@
+//! What the lane's real-container tests and its benchmark share: one lane world (the default
+//! policy with its accounts moved to the caller's block and edits applied, a store, the pinned
+//! runtime image built, a lease setup recovered and the runtime probed, a root-owned model) and
+//! publishing trees and publications straight into the store.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+
+use cordon::canonical::Digest;
+use cordon::lease::Manager;
+use cordon::store::Store;
+use cordon::tree::{self, Entry};
+use cordon_lane::session::Config;
+use cordon_policy_lang::Policy;
+use cordon_testkit::{replace_once, workspace_root};
+
+/// One lane world in a temporary directory.
+pub struct World {
+    pub dir: tempfile::TempDir,
+    pub store: Store,
+    pub policy: Policy,
+    pub cfg: Config,
+    pub model: PathBuf,
+}
+
+/// The world of `owner`'s account block `slot`, executor `executor`, the default policy with
+/// `edits` (each must match exactly once).
+pub fn world(owner: &str, slot: u32, executor: &str, edits: &[(&str, &str)]) -> World {
+    cordon_testkit::require_root("lane sessions run real containers and accounts");
+    let runc = cordon_testkit::runc();
+    let dir = tempfile::tempdir().unwrap();
+    let ids = cordon_testkit::account_range(owner, slot);
+    let mut text = cordon_testkit::isolated_policy(dir.path(), ids);
+    for (from, to) in edits {
+        text = replace_once(&text, from, to);
+    }
+    let policy = cordon_policy_lang::parse("lane-test.kdl", &text).unwrap();
+    let store = Store::open(&dir.path().join("store")).unwrap();
+    assert!(cordon_testkit::runtime_image_inputs().is_file());
+    let spec = cordon_image::spec::load(&workspace_root().join("images/runtime.kdl")).unwrap();
+    cordon::image::build(&spec, &dir.path().join("images/runtime")).unwrap();
+    let mut setup = cordon_stage::settings::lease_setup(
+        &policy,
+        executor,
+        &dir.path().join("state"),
+        dir.path().join("run"),
+    );
+    setup.runtime.binary = runc;
+    Manager::open(&store, setup.clone())
+        .unwrap()
+        .recover()
+        .unwrap();
+    let runtime_version =
+        cordon::identity::probe_runtime(&cordon::host::Linux, "runc", &setup.runtime.binary, None)
+            .unwrap()
+            .version;
+    let model = dir.path().join("models/m");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::write(model.join("vocab"), "1000003\n").unwrap();
+    let cfg = Config {
+        store: store.clone(),
+        images: dir.path().join("images"),
+        setup,
+        authority: Digest::of_bytes(executor.as_bytes()),
+        runtime_version,
+    };
+    World {
+        dir,
+        store,
+        policy,
+        cfg,
+        model,
+    }
+}
+
+/// Publish text files as a tree or publication.
+pub fn publish(store: &Store, section: tree::Section, files: &[(&str, &str)]) -> Digest {
+    let files: Vec<(&str, &[u8], bool)> = files
+        .iter()
+        .map(|(p, t)| (*p, t.as_bytes(), false))
+        .collect();
+    publish_bytes(store, section, &files)
+}
+
+/// Publish `(path, bytes, executable)` entries as a tree or publication.
+pub fn publish_bytes(
+    store: &Store,
+    section: tree::Section,
+    files: &[(&str, &[u8], bool)],
+) -> Digest {
+    let mut batch = store.batch().unwrap();
+    let mut entries = Vec::new();
+    for (path, bytes, executable) in files {
+        let (sha256, size) = batch.add_reader(*bytes, *executable).unwrap();
+        entries.push(Entry {
+            path: (*path).to_owned(),
+            mode: if *executable { 0o555 } else { 0o444 },
+            size,
+            sha256,
+        });
+    }
+    batch.commit().unwrap();
+    tree::publish_in(store, section, entries, serde_json::json!({"kind": "test"}))
+        .unwrap()
+        .digest
+}
+
+/// A workload of `n` requests (the first `warmup` of them warm-up) of `tokens` tokens each,
+/// written into `dir`.
+pub fn workload(dir: &Path, n: usize, warmup: usize, tokens: usize) -> PathBuf {
+    let path = dir.join(format!("workload-{n}-{warmup}-{tokens}.json"));
+    let requests: Vec<String> = (0..n)
+        .map(|i| format!("{{\"prompt\":[{i},7],\"tokens\":{tokens}}}"))
+        .collect();
+    std::fs::write(
+        &path,
+        format!(
+            "{{\"version\":1,\"warmup\":{warmup},\"conditioning\":0,\"requests\":[{}]}}",
+            requests.join(",")
+        ),
+    )
+    .unwrap();
+    path
+}
