@@ -403,27 +403,28 @@ mod tests {
 
     use super::*;
 
-    fn policy() -> Policy {
+    /// The default policy with `edit` applied to its text.
+    fn policy(edit: impl Fn(String) -> String) -> Policy {
         let text = std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../../policy/evaluator.kdl"
         ))
         .unwrap();
-        cordon_policy_lang::parse("evaluator.kdl", &text).unwrap()
+        cordon_policy_lang::parse("evaluator.kdl", &edit(text)).unwrap()
     }
 
     fn try_run(kind: StageKind, version: &str) -> (SessionError, Vec<Call>, usize) {
-        try_run_with(kind, version, &[])
+        try_run_with(&policy(|t| t), kind, version, &[])
     }
 
     fn try_run_with(
+        policy: &Policy,
         kind: StageKind,
         version: &str,
         devices: &[&str],
     ) -> (SessionError, Vec<Call>, usize) {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("store")).unwrap();
-        let policy = policy();
         let fake = Arc::new(Fake::new());
         for d in devices {
             fake.device_node(
@@ -436,14 +437,14 @@ mod tests {
             );
         }
         let mut setup = crate::settings::lease_setup(
-            &policy,
+            policy,
             "session-unit",
             &dir.path().join("state"),
             dir.path().join("run"),
         );
         setup.runtime.host = fake.clone();
         let session = Session {
-            policy: &policy,
+            policy,
             kind,
             store: store.clone(),
             setup,
@@ -503,7 +504,12 @@ mod tests {
     #[test]
     fn a_lane_run_by_a_caller_that_does_not_drive_its_framing_is_refused_before_a_lease() {
         let devices = ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm"];
-        let (e, _, leases) = try_run_with(StageKind::Lane, "runc version 1.1.12", &devices);
+        let (e, _, leases) = try_run_with(
+            &policy(|t| t),
+            StageKind::Lane,
+            "runc version 1.1.12",
+            &devices,
+        );
         assert!(
             matches!(e, SessionError::Plan(PlanError::Unimplemented { .. })),
             "{e}"
@@ -515,43 +521,9 @@ mod tests {
     fn a_descriptor_limit_above_the_supervisors_hard_limit_stops_before_anything_is_touched() {
         let (_, hard) =
             nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
-        let text = std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../policy/evaluator.kdl"
-        ))
-        .unwrap()
-        .replacen("nofile 4096", &format!("nofile {}", hard + 1), 1);
-        let policy = cordon_policy_lang::parse("evaluator.kdl", &text).unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let fake = Arc::new(Fake::new());
-        let mut setup = crate::settings::lease_setup(
-            &policy,
-            "session-unit",
-            &dir.path().join("state"),
-            dir.path().join("run"),
-        );
-        setup.runtime.host = fake.clone();
-        let session = Session {
-            policy: &policy,
-            kind: StageKind::Prebuild,
-            store: Store::open(&dir.path().join("store")).unwrap(),
-            setup,
-            authority: Digest::of_bytes(b"a"),
-            runtime_version: "runc version 1.1.12".into(),
-        };
-        let job = Job {
-            argv: vec!["/bin/true".into()],
-            image_rootfs: dir.path().join("rootfs"),
-            sources: BTreeMap::new(),
-            stdin: cordon::container::Input::Null,
-            live_stdout: false,
-            live_stderr: false,
-            started: Instant::now(),
-            framed: false,
-        };
-        let e = session
-            .run(&job, |_, _, _| Ok::<(), SessionError>(()), |_, _, _| Ok(()))
-            .unwrap_err();
+        let policy = policy(|t| t.replacen("nofile 4096", &format!("nofile {}", hard + 1), 1));
+        let (e, calls, leases) =
+            try_run_with(&policy, StageKind::Prebuild, "runc version 1.1.12", &[]);
         assert!(
             matches!(e, SessionError::Nofile { wanted, .. } if wanted == hard + 1),
             "{e}"
@@ -560,7 +532,8 @@ mod tests {
             !e.is_usage(),
             "a control this host cannot apply is a no-decision"
         );
-        assert!(fake.calls().is_empty(), "{:?}", fake.calls());
+        assert!(calls.is_empty(), "{calls:?}");
+        assert_eq!(leases, 0);
     }
 
     #[test]
