@@ -93,20 +93,17 @@ pub fn run(
             Err(code) => return code,
         };
     let policy = &loaded.policy;
-    let (input, prev) = match stage::read_input(
+    let (input, prev) = match stage::input_or_exit(
         receipt_file.as_deref(),
         stdin,
-        StageName::Prebuild,
+        StageName::Lane,
         &authority,
+        mode,
+        stdout,
+        stderr,
     ) {
         Ok(x) => x,
-        Err(e) => {
-            if let Some(code) = stage::pass_on(&e, StageName::Lane, stdout, stderr) {
-                return code;
-            }
-            report_diagnostic(&e, mode, stderr);
-            return e.exit_code();
-        }
+        Err(code) => return code,
     };
     let publication = match input.outputs_as::<PrebuildOutputs>() {
         Ok(o) => o.publication,

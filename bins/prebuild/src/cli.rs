@@ -52,21 +52,17 @@ pub fn run(
         Err(code) => return code,
     };
     let policy = &loaded.policy;
-    let (input, prev) = match stage::read_input(
+    let (input, prev) = match stage::input_or_exit(
         args.receipt.as_deref(),
         stdin,
-        StageName::Materialize,
+        StageName::Prebuild,
         &authority,
+        args.stage.diagnostics,
+        stdout,
+        stderr,
     ) {
         Ok(x) => x,
-        Err(e) => {
-            // A verdict upstream is passed on, not reported as a wiring error.
-            if let Some(code) = stage::pass_on(&e, StageName::Prebuild, stdout, stderr) {
-                return code;
-            }
-            report_diagnostic(&e, args.stage.diagnostics, stderr);
-            return e.exit_code();
-        }
+        Err(code) => return code,
     };
     let MaterializeOutputs {
         tree_digest: tree,

@@ -157,6 +157,34 @@ pub fn pass_on(
     })
 }
 
+/// What a stage binary does with its input receipt: read it ([`read_input`]) as the receipt of
+/// `stage`'s predecessor; an upstream verdict is passed on ([`pass_on`]) and any other error
+/// reported on stderr, and either way the exit code to end with is returned.
+///
+/// # Errors
+/// The exit code, everything already printed.
+#[allow(clippy::too_many_arguments)]
+pub fn input_or_exit(
+    file: Option<&Path>,
+    stdin: &mut dyn Read,
+    stage: StageName,
+    authority: &Digest,
+    mode: Diagnostics,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> Result<(Receipt, Digest), ExitCode> {
+    let Some(expected) = stage.predecessor() else {
+        return Err(ExitCode::Usage);
+    };
+    read_input(file, stdin, expected, authority).map_err(|e| {
+        // A verdict upstream is passed on, not reported as a wiring error.
+        pass_on(&e, stage, stdout, stderr).unwrap_or_else(|| {
+            report_diagnostic(&e, mode, stderr);
+            e.exit_code()
+        })
+    })
+}
+
 /// Prove that the store holds the input receipt `digest` and that its chain walks back to
 /// intake under `authority`, each hop from the stage its successor consumes.
 ///
