@@ -4,15 +4,15 @@
 //! do not hash to the name it is stored under is refused) and walking a chain from its head back
 //! along `prev`: at every hop the receipt must be in the store, be `ok`, carry the one authority
 //! the walk was asked for, and come from the stage that its successor consumes
-//! ([`StageName::predecessor`]); the walk ends at a stage that starts a chain (intake), and
-//! nowhere else. A stage accepts an input receipt only when this walk succeeds; the reference
+//! ([`StageName::predecessor`]); the walk ends at a stage that starts a chain (intake, or an
+//! incumbent's registration: [`starts_incumbent_chain`]), and nowhere else. A stage accepts an input receipt only when this walk succeeds; the reference
 //! session and the offline replay build on it.
 //!
 //! It does not store receipts (the stage's receipt wrapper does, and only `ok` ones) and does
 //! not interpret their outputs.
 
 use crate::canonical::Digest;
-use crate::receipt::{Outcome, Receipt, ReceiptError, StageName};
+use crate::receipt::{IncumbentOutputs, Outcome, Receipt, ReceiptError, StageName};
 use crate::store::{Store, StoreError};
 
 /// The longest chain walked; a longer one is refused rather than followed.
@@ -189,6 +189,8 @@ pub fn walk(store: &Store, head: &Digest, authority: &Digest) -> Result<Vec<Rece
         next = match (r.stage.predecessor(), r.prev) {
             (Some(_), Some(prev)) => Some(prev),
             (None, None) => None,
+            // An incumbent's registration starts role B's chain, as intake starts a candidate's.
+            (Some(_), None) if starts_incumbent_chain(&r) => None,
             (Some(p), None) => {
                 return Err(ChainError::Order {
                     digest,
@@ -207,6 +209,13 @@ pub fn walk(store: &Store, head: &Digest, authority: &Digest) -> Result<Vec<Rece
         out.push(r);
     }
     Ok(out)
+}
+
+/// Whether `r` is an incumbent's registration: a materialize receipt with no predecessor and
+/// [`IncumbentOutputs`], the one other receipt a chain may start at.
+#[must_use]
+pub fn starts_incumbent_chain(r: &Receipt) -> bool {
+    r.prev.is_none() && r.outputs_as::<IncumbentOutputs>().is_ok()
 }
 
 #[cfg(test)]
@@ -253,6 +262,32 @@ mod tests {
             ]
         );
         assert_eq!(walk(&store, &f, &a).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn an_incumbent_registration_starts_a_chain_and_a_delta_without_intake_does_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        let a = Digest::of_bytes(b"a");
+        let mut registration = receipt(StageName::Materialize, a, None);
+        registration
+            .set_outputs(&IncumbentOutputs {
+                tree_digest: Digest::of_bytes(b"tree"),
+                incumbent: "engine".into(),
+                step: Some("build-native".into()),
+                files: 1,
+                bytes: 1,
+            })
+            .unwrap();
+        let r = put(&store, &registration);
+        let p = put(&store, &receipt(StageName::Prebuild, a, Some(r)));
+        let walked = walk(&store, &p, &a).unwrap();
+        assert_eq!(walked.len(), 2);
+        assert!(starts_incumbent_chain(walked.last().unwrap()));
+        // The same outputs after a fetch are not a registration: nothing starts mid-chain.
+        let [f, ..] = chain(&store, a);
+        registration.prev = Some(f);
+        assert!(!starts_incumbent_chain(&registration));
     }
 
     #[test]

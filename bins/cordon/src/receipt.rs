@@ -151,6 +151,24 @@ pub struct MaterializeOutputs {
     pub findings: Vec<serde_json::Value>,
 }
 
+/// What `cordon-materialize incumbent` established: a registered incumbent tree. Such a
+/// receipt has no predecessor; it starts an incumbent's chain (role B's), as a fetch receipt
+/// starts a candidate's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IncumbentOutputs {
+    /// The registered tree.
+    pub tree_digest: Digest,
+    /// The engine's name, from its manifest.
+    pub incumbent: String,
+    /// The registered prebuild step that builds its publication (`build step=`).
+    pub step: Option<String>,
+    /// Its files.
+    pub files: u64,
+    /// Its bytes.
+    pub bytes: u64,
+}
+
 /// What `cordon-prebuild` established (an `ok` receipt's outputs).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -251,6 +269,10 @@ impl StageOutputs for FetchOutputs {
 }
 
 impl StageOutputs for MaterializeOutputs {
+    const STAGE: StageName = StageName::Materialize;
+}
+
+impl StageOutputs for IncumbentOutputs {
     const STAGE: StageName = StageName::Materialize;
 }
 

@@ -21,7 +21,8 @@ use cordon::ExitCode;
 use cordon::canonical::Digest;
 use cordon::intake;
 use cordon::receipt::{
-    Decision, FetchOutputs, MaterializeOutputs, Outcome, Reason, Receipt, Rejection, StageName,
+    Decision, FetchOutputs, IncumbentOutputs, MaterializeOutputs, Outcome, Reason, Receipt,
+    Rejection, StageName,
 };
 use cordon::store::Store;
 use cordon::tree;
@@ -33,6 +34,7 @@ use serde_json::{Value, json};
 
 use crate::analysis;
 use crate::guard::Finding;
+use crate::manifest;
 use crate::materialize::{self, MaterializeError};
 
 /// Materialize engine trees.
@@ -272,15 +274,47 @@ fn dispatch(
     if let (Job::Delta { .. }, Some(prev)) = (&job, receipt.prev) {
         stage::require_chain(&store, &prev, &authority).map_err(CommandError::Input)?;
     }
+    let steps: BTreeSet<String> = policy
+        .step_names()
+        .filter(|s| {
+            policy
+                .step(s)
+                .is_some_and(|(stage, _)| stage == cordon_policy_lang::StageKind::Prebuild)
+        })
+        .map(str::to_owned)
+        .collect();
     let result: Result<Value, MaterializeError> = match job {
-        Job::Incumbent(dir) => materialize::register_incumbent(&store, dir, &rules).map(|record| {
-            json!({
-                "tree_digest": record.digest,
-                "kind": "incumbent",
-                "files": record.entries.len(),
-                "bytes": record.entries.iter().map(|e| e.size).sum::<u64>(),
+        Job::Incumbent(dir) => {
+            materialize::register_incumbent(&store, dir, &rules).and_then(|record| {
+                let step = record.origin["build"].as_str().map(str::to_owned);
+                // The operator's manifest names the incumbent's build: it must be one the
+                // policy registers, as a candidate's must.
+                if let Some(s) = step.as_ref().filter(|s| !steps.contains(*s)) {
+                    return Err(MaterializeError::Incumbent {
+                        path: dir.join(manifest::INCUMBENT_MANIFEST),
+                        why: format!(
+                            "build step {s:?} is not a registered prebuild step of the policy"
+                        ),
+                    });
+                }
+                serde_json::to_value(IncumbentOutputs {
+                    tree_digest: record.digest,
+                    incumbent: record.origin["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                    step,
+                    files: record.entries.len() as u64,
+                    bytes: record.entries.iter().map(|e| e.size).sum::<u64>(),
+                })
+                .map_err(|source| {
+                    MaterializeError::Receipt(cordon::receipt::ReceiptError::Outputs {
+                        stage: StageName::Materialize,
+                        source,
+                    })
+                })
             })
-        }),
+        }
         Job::Verify(digest) => tree::verify(&store, &digest)
             .map(|record| {
                 json!({
@@ -289,57 +323,46 @@ fn dispatch(
                 })
             })
             .map_err(MaterializeError::Tree),
-        Job::Delta { incumbent, content } => {
-            let steps: BTreeSet<String> = policy
-                .step_names()
-                .filter(|s| {
-                    policy
-                        .step(s)
-                        .is_some_and(|(stage, _)| stage == cordon_policy_lang::StageKind::Prebuild)
+        Job::Delta { incumbent, content } => intake::load(&store, &content)
+            .map_err(MaterializeError::Intake)
+            .and_then(|record| {
+                cordon_stage::parser::under_lease(
+                    policy,
+                    &args.lease,
+                    &store,
+                    &authority,
+                    analysis::ANALYSIS_CHILD,
+                    child,
+                    cordon_stage::parser::budget(policy),
+                    |launch| {
+                        materialize::materialize(
+                            &store,
+                            &incumbent,
+                            &record,
+                            &rules,
+                            &steps,
+                            &|request| confined_analysis(launch, request),
+                        )
+                    },
+                )?
+            })
+            .and_then(|m| {
+                serde_json::to_value(MaterializeOutputs {
+                    tree_digest: m.record.digest,
+                    delta_digest: m.delta,
+                    incumbent,
+                    target: m.target,
+                    namespace: m.namespace,
+                    step: m.step,
+                    findings: Vec::new(),
                 })
-                .map(str::to_owned)
-                .collect();
-            intake::load(&store, &content)
-                .map_err(MaterializeError::Intake)
-                .and_then(|record| {
-                    cordon_stage::parser::under_lease(
-                        policy,
-                        &args.lease,
-                        &store,
-                        &authority,
-                        analysis::ANALYSIS_CHILD,
-                        child,
-                        cordon_stage::parser::budget(policy),
-                        |launch| {
-                            materialize::materialize(
-                                &store,
-                                &incumbent,
-                                &record,
-                                &rules,
-                                &steps,
-                                &|request| confined_analysis(launch, request),
-                            )
-                        },
-                    )?
-                })
-                .and_then(|m| {
-                    serde_json::to_value(MaterializeOutputs {
-                        tree_digest: m.record.digest,
-                        delta_digest: m.delta,
-                        incumbent,
-                        target: m.target,
-                        namespace: m.namespace,
-                        step: m.step,
-                        findings: Vec::new(),
-                    })
-                    .map_err(|source| {
-                        MaterializeError::Receipt(cordon::receipt::ReceiptError::Outputs {
-                            stage: StageName::Materialize,
-                            source,
-                        })
+                .map_err(|source| {
+                    MaterializeError::Receipt(cordon::receipt::ReceiptError::Outputs {
+                        stage: StageName::Materialize,
+                        source,
                     })
                 })
-        }
+            }),
     };
     let decision = match result {
         Ok(outputs) => Ok(Decision::Accepted(outputs)),

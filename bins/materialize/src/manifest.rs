@@ -7,7 +7,11 @@
 //! incumbent "example-engine"
 //! target "attention" path="engine/attention" python="engine.attention"
 //! target "kernels" path="engine/kernels"
+//! build step="build-native"
 //! ```
+//!
+//! `build step=` names the registered prebuild step that builds the incumbent's own native
+//! publication (role B of a qualification runs the incumbent's build, never the candidate's).
 //!
 //! `cordon-delta.kdl`, at the root of a candidate delta archive (candidate-written, so every
 //! problem is a rejection, never a usage error):
@@ -55,6 +59,8 @@ pub struct Incumbent {
     pub name: String,
     /// Targets by name.
     pub targets: BTreeMap<String, Target>,
+    /// The registered prebuild step that builds the incumbent's publication.
+    pub step: Option<String>,
 }
 
 /// The delta manifest.
@@ -194,12 +200,21 @@ pub fn incumbent(text: &str) -> Result<Incumbent, KdlError> {
             Some(doc),
             "the incumbent manifest",
             whole,
-            &["incumbent", "target"],
+            &["incumbent", "target", "build"],
             &["target"],
         );
         let name = b
             .required(cx, "incumbent")
             .and_then(|n| single(cx, n, &[], string));
+        let step = match b.one("build") {
+            Some(n) => {
+                shape(cx, n, 0, 0, &["step"], false);
+                required_prop(cx, n, "step")
+                    .and_then(|e| string(cx, e))
+                    .map(Some)
+            }
+            None => Some(None),
+        };
         let mut targets = BTreeMap::new();
         let mut spans: Vec<(String, SourceSpan)> = Vec::new();
         let mut seen = Seen::default();
@@ -252,6 +267,7 @@ pub fn incumbent(text: &str) -> Result<Incumbent, KdlError> {
         Some(Incumbent {
             name: name?,
             targets,
+            step: step?,
         })
     })
 }

@@ -185,6 +185,7 @@ pub fn register_incumbent(
         "kind": "incumbent",
         "name": incumbent.name,
         "targets": incumbent.targets.values().collect::<Vec<_>>(),
+        "build": incumbent.step,
     });
     Ok(tree::publish(store, entries, origin)?)
 }

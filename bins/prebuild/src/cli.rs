@@ -1,6 +1,7 @@
 //! The `cordon-prebuild` command: `cordon-prebuild [--policy P] [--store S] [--receipt FILE]`.
 //!
-//! It consumes a materialize receipt (stdin by default; another authority's is refused, exit
+//! It consumes a materialize receipt — a candidate's delta, or an incumbent's registration
+//! whose manifest names its build step — (stdin by default; another authority's is refused, exit
 //! 2, both identities shown) and prints one receipt: `ok` with the publication digest and the
 //! build's meta record (exit 0), `rejected` with a reason code (exit 1), or `no-decision`
 //! (exit 3: image missing, runtime failure, cleanup or absence proof failed).
@@ -10,7 +11,9 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use cordon::ExitCode;
-use cordon::receipt::{Decision, MaterializeOutputs, Outcome, PrebuildOutputs, Receipt, StageName};
+use cordon::receipt::{
+    Decision, IncumbentOutputs, MaterializeOutputs, Outcome, PrebuildOutputs, Receipt, StageName,
+};
 use cordon::store::Store;
 use cordon_stage::args::{LeaseArgs, StageArgs, report_diagnostic};
 use cordon_stage::receipt_io as stage;
@@ -64,11 +67,17 @@ pub fn run(
         Ok(x) => x,
         Err(code) => return code,
     };
-    let MaterializeOutputs {
-        tree_digest: tree,
-        step,
-        ..
-    } = match input.outputs_as::<MaterializeOutputs>() {
+    // A candidate's materialized delta, or an incumbent's registration (role B builds the
+    // incumbent's own publication with the step its manifest names).
+    let (tree, step) = match input
+        .outputs_as::<MaterializeOutputs>()
+        .map(|o| (o.tree_digest, o.step))
+        .or_else(|e| {
+            input
+                .outputs_as::<IncumbentOutputs>()
+                .map(|o| (o.tree_digest, o.step))
+                .map_err(|_| e)
+        }) {
         Ok(o) => o,
         Err(e) => {
             report_diagnostic(&e, args.stage.diagnostics, stderr);
@@ -103,7 +112,7 @@ pub fn run(
         Some(step) => prebuild(policy, &cfg, &tree, step),
         None => Ok(rejected(
             "prebuild.unknown-step",
-            "the delta names no build step".into(),
+            "the tree names no build step".into(),
             None,
         )),
     };
