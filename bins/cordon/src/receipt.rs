@@ -30,8 +30,10 @@ pub enum StageName {
     Materialize,
     /// Native prebuild.
     Prebuild,
-    /// The runtime lane.
+    /// The runtime lane: one engine session.
     Lane,
+    /// A speed qualification: the three lane sessions B, C, B′ and the host's verdict.
+    Qualify,
     /// The pristine reference session.
     Reference,
     /// The agent surface.
@@ -49,7 +51,8 @@ impl StageName {
             Self::Materialize => Some(Self::Fetch),
             Self::Prebuild => Some(Self::Materialize),
             Self::Lane => Some(Self::Prebuild),
-            Self::Reference => Some(Self::Lane),
+            Self::Qualify => Some(Self::Prebuild),
+            Self::Reference => Some(Self::Qualify),
             Self::Policy | Self::Fetch | Self::Surface | Self::Reap => None,
         }
     }
@@ -63,6 +66,7 @@ impl StageName {
             Self::Materialize => "materialize",
             Self::Prebuild => "prebuild",
             Self::Lane => "lane",
+            Self::Qualify => "qualify",
             Self::Reference => "reference",
             Self::Surface => "surface",
             Self::Reap => "reap",
