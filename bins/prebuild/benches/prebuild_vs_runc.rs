@@ -148,6 +148,7 @@ fn main() {
             run_dir,
             sources: [(MountSource::Tree, cordon::tree::root_dir(&store, &tree))].into(),
             devices: Default::default(),
+            cpuset: None,
             executor: "bare".into(),
             lease: format!("bare{i}"),
             authority: "bare".into(),

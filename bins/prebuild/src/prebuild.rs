@@ -205,6 +205,7 @@ pub fn prebuild(
         live_stderr: false,
         started,
         framed: false,
+        cpuset: None,
     };
     let ran = session.run(
         &job,

@@ -133,6 +133,9 @@ pub struct RunInputs {
     pub sources: BTreeMap<MountSource, PathBuf>,
     /// The GPU device nodes the host found, by path.
     pub devices: BTreeMap<String, DeviceNode>,
+    /// The run's physical lane, as a cpu list: replaces the stage's cpuset (the policy refuses
+    /// a lane stage with a cpuset of its own when it declares physical lanes).
+    pub cpuset: Option<String>,
     /// The executor label.
     pub executor: String,
     /// The lease id.
@@ -164,6 +167,7 @@ impl RunInputs {
             run_dir: lease.run_dir().to_path_buf(),
             sources: BTreeMap::new(),
             devices: BTreeMap::new(),
+            cpuset: None,
             executor: lease.record.executor.clone(),
             lease: lease.record.lease.clone(),
             authority: lease.record.authority.clone(),
@@ -254,6 +258,74 @@ pub struct Planned {
     pub staging_dir: Option<PathBuf>,
     /// What the session enforces.
     pub session: SessionSettings,
+    /// The spec as every run of this stage under this policy shares it: the run's own values
+    /// replaced by placeholders (see [`launch_identity`]).
+    pub launch: serde_json::Value,
+}
+
+/// The spec with the values that are the run's own replaced by placeholders: the account's
+/// ids (`$UID`, `$GID`), the lease (`$LEASE`) and its run directory (`$RUN`), the image cache
+/// path (`$IMAGE`), each host-supplied role's source (`$tree`, `$publication`, …) and the
+/// cpuset of the lane (`$LANE`). Two runs with equal launch identities differ in nothing else
+/// of their `config.json`: same argv, env, seccomp profile, mount table by role, devices,
+/// limits and namespaces.
+///
+/// # Errors
+/// The spec does not serialize.
+pub fn launch_identity(spec: &Spec, run: &RunInputs) -> Result<serde_json::Value, PlanError> {
+    use serde_json::Value;
+    let mut v = serde_json::to_value(spec).map_err(invalid)?;
+    for (pointer, token) in [
+        ("/process/user/uid", "$UID"),
+        ("/process/user/gid", "$GID"),
+        ("/linux/resources/cpu/cpus", "$LANE"),
+    ] {
+        if let Some(x) = v.pointer_mut(pointer) {
+            *x = Value::from(token);
+        }
+    }
+    // Longest path first, so a path inside another is replaced whole.
+    let mut paths: Vec<(String, String)> = run
+        .sources
+        .iter()
+        .map(|(role, p)| (p.display().to_string(), format!("${}", role.as_str())))
+        .chain([
+            (run.run_dir.display().to_string(), "$RUN".to_owned()),
+            (run.image_rootfs.display().to_string(), "$IMAGE".to_owned()),
+        ])
+        .collect();
+    paths.sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
+    let whole = [
+        (format!("uid={}", run.uid), "uid=$UID"),
+        (format!("gid={}", run.gid), "gid=$GID"),
+    ];
+    fn scrub(v: &mut Value, f: &dyn Fn(&str) -> Option<String>) {
+        match v {
+            Value::String(s) => {
+                if let Some(n) = f(s) {
+                    *s = n;
+                }
+            }
+            Value::Array(a) => a.iter_mut().for_each(|x| scrub(x, f)),
+            Value::Object(o) => o.values_mut().for_each(|x| scrub(x, f)),
+            _ => {}
+        }
+    }
+    scrub(&mut v, &|s: &str| {
+        if let Some((_, t)) = whole.iter().find(|(w, _)| w == s) {
+            return Some((*t).to_owned());
+        }
+        for (p, t) in &paths {
+            if let Some(rest) = s.strip_prefix(p.as_str())
+                && (rest.is_empty() || rest.starts_with('/'))
+            {
+                return Some(format!("{t}{rest}"));
+            }
+        }
+        s.contains(run.lease.as_str())
+            .then(|| s.replace(run.lease.as_str(), "$LEASE"))
+    });
+    Ok(v)
 }
 
 /// Why a stage could not be planned. All are wiring or policy errors (exit 2), found before
@@ -991,7 +1063,7 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
             .period(100_000u64)
             .quota(i64::try_from(m * 100).map_err(invalid)?);
     }
-    if let Some(set) = cpuset {
+    if let Some(set) = run.cpuset.as_ref().or(cpuset.as_ref()) {
         cpu = cpu.cpus(set.clone());
     }
     let resources = LinuxResourcesBuilder::default()
@@ -1066,6 +1138,7 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
         .build()
         .map_err(invalid)?;
     Ok(Planned {
+        launch: launch_identity(&spec, run)?,
         spec,
         host_mounts,
         staging_dir: staging.as_ref().map(|_| staging_dir.clone()),
@@ -1141,6 +1214,7 @@ pub fn example_inputs(policy: &Policy, kind: StageKind) -> RunInputs {
         run_dir: run_dir.clone(),
         sources,
         devices,
+        cpuset: None,
         executor: "EXECUTOR".into(),
         lease: "LEASE".into(),
         authority: "AUTHORITY".into(),
@@ -1211,6 +1285,41 @@ mod tests {
                     source: run.sources[&MountSource::Publication].clone(),
                 },
             ]
+        );
+    }
+
+    #[test]
+    fn the_launch_identity_differs_only_where_the_plan_does_not_belong_to_the_run() {
+        let p = policy(|t| t);
+        let a = example_inputs(&p, StageKind::Lane);
+        let launch = |run: &RunInputs| plan(&p, StageKind::Lane, run).unwrap().launch;
+        // Another account, lease, run directory, image cache path and role sources: the same
+        // launch, and none of the run's values is left in it.
+        let mut b = a.clone();
+        b.uid += 7;
+        b.gid += 7;
+        b.lease = "other-lease".into();
+        b.run_dir = PathBuf::from("/run/cordon/other-lease");
+        b.image_rootfs = PathBuf::from("/var/lib/cordon/store/images/other/rootfs");
+        for (role, path) in &mut b.sources {
+            *path = PathBuf::from(format!("/elsewhere/{}", role.as_str()));
+        }
+        assert_eq!(launch(&a), launch(&b));
+        let text = launch(&b).to_string();
+        for run_value in ["other-lease", "/elsewhere", "/var/lib/cordon/store/images"] {
+            assert!(!text.contains(run_value), "{run_value} is in {text}");
+        }
+        assert!(!text.contains(&format!("\"uid\":{}", b.uid)), "{text}");
+        // What every run shares is in it: another argv or another limit is another launch.
+        let mut c = a.clone();
+        c.argv.push("--extra".into());
+        assert_ne!(launch(&a), launch(&c));
+        let q = policy(|t| t.replace("pids 4096", "pids 4095"));
+        assert_ne!(
+            launch(&a),
+            plan(&q, StageKind::Lane, &example_inputs(&q, StageKind::Lane))
+                .unwrap()
+                .launch
         );
     }
 

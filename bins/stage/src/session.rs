@@ -129,6 +129,8 @@ pub struct Job {
     /// The caller drives the stage's framed protocol and enforces its phase deadlines (the
     /// lane). A stage with framing or phases run by a caller that does not is refused.
     pub framed: bool,
+    /// The run's physical lane (a cpu list), replacing the stage's cpuset.
+    pub cpuset: Option<String>,
 }
 
 /// Where a container stage works on this host: what its binary establishes at start and the
@@ -303,6 +305,7 @@ impl Session<'_> {
         let mut inputs = RunInputs::for_lease(&lease, job.argv.clone(), job.image_rootfs.clone());
         inputs.sources.clone_from(&job.sources);
         inputs.devices = devices;
+        inputs.cpuset.clone_from(&job.cpuset);
         // No mount may expose the store's private parts, the protected bundle, the runtime's
         // state or the controller's working directory; published trees and publications may be
         // mounted (read-only, by the plan).
@@ -460,6 +463,7 @@ mod tests {
             live_stderr: false,
             started: Instant::now(),
             framed: false,
+            cpuset: None,
         };
         let e = session
             .run(&job, |_, _, _| Ok::<(), SessionError>(()), |_, _, _| Ok(()))
