@@ -45,10 +45,30 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
         "the policy file",
         whole,
         &[
-            "policy", "store", "run-dir", "runtime", "accounts", "secret", "intake", "tree",
-            "image", "worker", "seccomp", "stage", "step",
+            "policy",
+            "store",
+            "run-dir",
+            "runtime",
+            "accounts",
+            "secret",
+            "intake",
+            "tree",
+            "image",
+            "worker",
+            "seccomp",
+            "physical-lane",
+            "speed",
+            "stage",
+            "step",
         ],
-        &["secret", "image", "seccomp", "stage", "step"],
+        &[
+            "secret",
+            "image",
+            "seccomp",
+            "physical-lane",
+            "stage",
+            "step",
+        ],
     );
     let header = top.required(cx, "policy").and_then(|n| header(cx, n));
     let store = value(cx, &top, "store", None, |cx, e| path(cx, e, "store"));
@@ -102,6 +122,11 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
         }
         None => None,
     };
+    let physical_lane = physical_lanes(cx, &top.all("physical-lane"));
+    let speed = match top.one("speed") {
+        Some(node) => speed(cx, node).map(Some),
+        None => Some(None),
+    };
     let seccomp = named(cx, &top.all("seccomp"), "seccomp profile")
         .into_iter()
         .filter_map(|(name, node)| Some((name, seccomp(cx, node)?)))
@@ -129,6 +154,21 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
         .filter_map(|(name, node)| Some((name, step(cx, node)?)))
         .collect::<BTreeMap<_, _>>();
 
+    // A read's CPUs are its physical lane's: a lane stage with a cpuset of its own would
+    // contradict one of them.
+    if let (Some(lanes), Some(lane)) = (&physical_lane, stages.get(&StageKind::Lane))
+        && !lanes.is_empty()
+        && lane.cpuset.is_some()
+        && let Some(first) = top.all("physical-lane").first()
+    {
+        cx.report(
+            "invalid-value",
+            name_span(first),
+            "the lane stage sets a cpuset",
+            "stage \"lane\" sets `cpuset` and the policy declares physical lanes".to_owned(),
+            Some("each read runs on its physical lane's CPUs: drop the stage's cpuset".into()),
+        );
+    }
     resolve(cx, &top, &stage_nodes, &steps, &secret);
     steps_inside_image(cx, &top.all("step"), &stages);
 
@@ -144,6 +184,8 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
         image,
         worker,
         seccomp,
+        physical_lane: physical_lane?,
+        speed: speed?,
         stage: stages,
         step: steps,
     };
@@ -297,6 +339,99 @@ fn release(cx: &mut Cx, entry: &KdlEntry) -> Option<(u32, u32, u32)> {
         Some("write MAJOR.MINOR.PATCH, for example \"1.1.12\"".into()),
     );
     None
+}
+
+/// The physical lanes: none, or two disjoint CPU sets of identical shape (a qualification's
+/// baseline and candidate lanes, exchanged by its reproduction).
+fn physical_lanes(cx: &mut Cx, nodes: &[&KdlNode]) -> Option<BTreeMap<String, PhysicalLane>> {
+    let lanes: Vec<(String, &KdlNode, PhysicalLane)> = named(cx, nodes, "physical lane")
+        .into_iter()
+        .filter_map(|(name, node)| {
+            shape(cx, node, 1, 1, &["cpuset"], false);
+            let set = required_prop(cx, node, "cpuset").and_then(|e| cpuset(cx, e))?;
+            Some((name, node, PhysicalLane { cpuset: set }))
+        })
+        .collect();
+    if lanes.len() != nodes.len() {
+        return None;
+    }
+    let span = |n: &KdlNode| name_span(n);
+    match lanes.as_slice() {
+        [] => Some(BTreeMap::new()),
+        [(_, a, la), (_, b, lb)] => {
+            let (sa, sb) = (cpu_list(&la.cpuset)?, cpu_list(&lb.cpuset)?);
+            if !sa.is_disjoint(&sb) {
+                cx.report_at(
+                    "overlap",
+                    vec![(span(a), la.cpuset.clone()), (span(b), lb.cpuset.clone())],
+                    "the two physical lanes share CPUs",
+                    Some("each lane is a device set of its own".into()),
+                );
+                return None;
+            }
+            if sa.len() != sb.len() {
+                cx.report_at(
+                    "invalid-value",
+                    vec![(span(a), la.cpuset.clone()), (span(b), lb.cpuset.clone())],
+                    format!(
+                        "the physical lanes differ in shape ({} and {} CPUs)",
+                        sa.len(),
+                        sb.len()
+                    ),
+                    Some("a qualification compares reads on lanes of identical shape".into()),
+                );
+                return None;
+            }
+            Some(lanes.into_iter().map(|(n, _, l)| (n, l)).collect())
+        }
+        [(_, first, _), ..] => {
+            cx.report(
+                "invalid-value",
+                span(first),
+                "not two lanes",
+                format!("{} physical lanes are declared, not two", lanes.len()),
+                Some("declare a baseline lane and a candidate lane, or none".into()),
+            );
+            None
+        }
+    }
+}
+
+/// The largest ratio a speed value may name, in basis points (100×).
+const MAX_BP: u64 = 1_000_000;
+
+fn speed(cx: &mut Cx, node: &KdlNode) -> Option<Speed> {
+    shape(cx, node, 0, 0, &[], true);
+    let names = [
+        "min-margin-bp",
+        "noise-multiplier-bp",
+        "max-noise-bp",
+        "min-timed-windows",
+        "max-window-scatter-bp",
+        "max-conditioning-slowdown-bp",
+    ];
+    let b = Block::read(cx, node.children(), "speed", name_span(node), &names, &[]);
+    // Every value is required: a verdict threshold is reviewed, never defaulted.
+    let mut get = |name: &str, min: u64, max: u64| {
+        b.required(cx, name)
+            .and_then(|n| single(cx, n, &[], |cx, e| integer(cx, e, name, min, max)))
+    };
+    let min_margin_bp = get("min-margin-bp", 1, MAX_BP);
+    let noise_multiplier_bp = get("noise-multiplier-bp", 0, MAX_BP);
+    let max_noise_bp = get("max-noise-bp", 0, MAX_BP);
+    // Two halves of one read stand in for a dropped bracket (the drift rule): each needs one.
+    let min_timed_windows = get("min-timed-windows", 2, 1_000_000);
+    let max_window_scatter_bp = get("max-window-scatter-bp", 0, MAX_BP);
+    // Below 1× would fail a candidate for conditioning as fast as the incumbent.
+    let max_conditioning_slowdown_bp = get("max-conditioning-slowdown-bp", 10_000, MAX_BP);
+    Some(Speed {
+        min_margin_bp: min_margin_bp?,
+        noise_multiplier_bp: noise_multiplier_bp?,
+        max_noise_bp: max_noise_bp?,
+        min_timed_windows: min_timed_windows?,
+        max_window_scatter_bp: max_window_scatter_bp?,
+        max_conditioning_slowdown_bp: max_conditioning_slowdown_bp?,
+    })
 }
 
 fn id_range(cx: &mut Cx, node: &KdlNode) -> Option<IdRange> {
@@ -2162,6 +2297,56 @@ mod tests {
         let socket = &profile.syscall["socket"];
         assert_eq!(socket.args[0].op, ArgOp::OneOf);
         assert_eq!(socket.args[0].bits, 32);
+    }
+
+    #[test]
+    fn speed_and_physical_lanes_are_typed_and_every_bad_value_is_named() {
+        let p = crate::parse("evaluator.kdl", &default_policy()).unwrap();
+        let speed = p.speed().unwrap();
+        assert_eq!((speed.min_margin_bp, speed.min_timed_windows), (500, 4));
+        let lanes: Vec<&str> = p
+            .physical_lanes()
+            .values()
+            .map(|l| l.cpuset.as_str())
+            .collect();
+        assert_eq!(lanes, ["0", "1"]);
+        let text = default_policy();
+        for (from, to, code) in [
+            ("min-timed-windows 4", "min-timed-windows 1", "out-of-range"),
+            ("min-margin-bp 500", "min-margin-bp \"5%\"", "wrong-type"),
+            ("    min-margin-bp 500\n", "", "missing-node"),
+            (
+                "max-conditioning-slowdown-bp 15000",
+                "max-conditioning-slowdown-bp 9999",
+                "out-of-range",
+            ),
+            ("cpuset=\"1\"", "cpuset=\"0\"", "overlap"),
+            ("cpuset=\"1\"", "cpuset=\"1-2\"", "invalid-value"),
+            ("cpuset=\"1\"", "cpuset=\"x\"", "invalid-value"),
+            (
+                "physical-lane \"b\" cpuset=\"1\"",
+                "physical-lane \"b\" cpuset=\"1\"\nphysical-lane \"c\" cpuset=\"2\"",
+                "invalid-value",
+            ),
+            (
+                "phase-deadline \"workload\" \"90m\"",
+                "phase-deadline \"workload\" \"90m\"\n    cpuset \"0-1\"",
+                "invalid-value",
+            ),
+        ] {
+            let edited = text.replace_once(from, to);
+            assert!(
+                codes(&edited).contains(&code.to_owned()),
+                "{from} → {to}: {:?}",
+                codes(&edited)
+            );
+        }
+        // No lanes and no speed: a policy that cannot qualify, but a valid one.
+        let bare = text
+            .replace_once("physical-lane \"a\" cpuset=\"0\"\n", "")
+            .replace_once("physical-lane \"b\" cpuset=\"1\"\n", "");
+        let p = crate::parse("t.kdl", &bare).unwrap();
+        assert!(p.physical_lanes().is_empty());
     }
 
     /// The default policy with its socket condition replaced by `conditions` on `syscall`.

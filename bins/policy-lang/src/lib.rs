@@ -30,11 +30,13 @@ use miette::SourceSpan;
 
 pub use canonical::POLICY_SCHEMA;
 pub use diag::{CODES, KdlError, Language, PolicyError, Problem};
+pub use model::cpu_list;
 pub use model::{
     Accounts, Arch, ArchiveLimits, ArgCondition, ArgOp, Frame, IdRange, Ipc, Keyword, Mount,
-    MountMode, MountSource, Network, Output, ParserLimits, Policy, PublicationLimits, Reasoned,
-    RootMode, Runtime, RuntimeKind, SeccompAction, SeccompProfile, Stage, StageKind, Staging,
-    Surface, Sys, SyscallRule, Tmp, TransportRules, TreeRules, User, WriteScope,
+    MountMode, MountSource, Network, Output, ParserLimits, PhysicalLane, Policy, PublicationLimits,
+    Reasoned, RootMode, Runtime, RuntimeKind, SeccompAction, SeccompProfile, Speed, Stage,
+    StageKind, Staging, Surface, Sys, SyscallRule, Tmp, TransportRules, TreeRules, User,
+    WriteScope,
 };
 
 /// Parse and validate a policy. `name` labels diagnostics (normally the file's path).

@@ -27,6 +27,12 @@ pub struct Policy {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) worker: Option<Digest>,
     pub(crate) seccomp: BTreeMap<String, SeccompProfile>,
+    /// The two physical lanes of a qualification, by name (none: no qualification can run).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub(crate) physical_lane: BTreeMap<String, PhysicalLane>,
+    /// The reviewed speed verdict (absent: no qualification can be decided).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) speed: Option<Speed>,
     pub(crate) stage: BTreeMap<StageKind, Stage>,
     pub(crate) step: BTreeMap<String, Step>,
 }
@@ -83,6 +89,53 @@ pub struct IdRange {
     pub first: u32,
     /// The last id.
     pub last: u32,
+}
+
+/// A physical lane: the device set one read of a qualification runs on. With `gpu "none"` it
+/// is a CPU set; the two lanes are disjoint and of identical shape.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PhysicalLane {
+    /// The CPUs, as a cpu list (`"0-3"`).
+    pub cpuset: String,
+}
+
+/// The CPUs a cpu list names (`"0-3,8"` → 0, 1, 2, 3, 8), or `None` when it is not one.
+#[must_use]
+pub fn cpu_list(s: &str) -> Option<std::collections::BTreeSet<u32>> {
+    let mut out = std::collections::BTreeSet::new();
+    for item in s.split(',') {
+        let (a, b) = match item.split_once('-') {
+            Some((a, b)) => (a.parse::<u32>().ok()?, b.parse::<u32>().ok()?),
+            None => {
+                let a = item.parse::<u32>().ok()?;
+                (a, a)
+            }
+        };
+        // A bounded range: the list names CPUs of one host, not a span to enumerate.
+        if a > b || b - a > 4096 {
+            return None;
+        }
+        out.extend(a..=b);
+    }
+    Some(out)
+}
+
+/// The reviewed speed verdict of a qualification (seed 001 §4), integers only: ratios are
+/// basis points (10 000 = 1×), so the verdict is recomputed bit for bit from a receipt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Speed {
+    /// The least speedup over the baseline, above 1×, that can pass.
+    pub min_margin_bp: u64,
+    /// Multiplies the baseline's noise: the margin required is at least this times the noise.
+    pub noise_multiplier_bp: u64,
+    /// The most relative spread of the two baseline reads the host accepts as one baseline.
+    pub max_noise_bp: u64,
+    /// The fewest timed windows a read must have.
+    pub min_timed_windows: u64,
+    /// The most relative spread of one read's timed windows (per-window rates).
+    pub max_window_scatter_bp: u64,
+    /// The most the candidate's conditioning time may be, relative to the incumbent's.
+    pub max_conditioning_slowdown_bp: u64,
 }
 
 /// The per-run account rules (REQ-117).
@@ -808,6 +861,18 @@ impl Policy {
     #[must_use]
     pub fn accounts(&self) -> &Accounts {
         &self.accounts
+    }
+
+    /// The physical lanes, by name (two, or none).
+    #[must_use]
+    pub fn physical_lanes(&self) -> &BTreeMap<String, PhysicalLane> {
+        &self.physical_lane
+    }
+
+    /// The reviewed speed verdict, when the policy has one.
+    #[must_use]
+    pub fn speed(&self) -> Option<&Speed> {
+        self.speed.as_ref()
     }
 
     /// The pinned digest of cordon-worker, the runtime image's first process.
