@@ -8,4 +8,5 @@ pub mod cli;
 pub mod driver;
 pub mod model;
 pub mod session;
+pub mod speed;
 pub mod workload;
