@@ -227,6 +227,42 @@ pub struct LaneWindow {
     pub received_ns: u64,
 }
 
+/// The physical lane a read ran on (its device set).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LaneAssignment {
+    /// The policy's name for it.
+    pub name: String,
+    /// Its CPUs, as a cpu list.
+    pub cpuset: String,
+}
+
+/// What the host observed of a read's devices. It only claims what it observed: with no GPU
+/// there are no GPU samples and no drain, only OCI quiescence (the lease's absence proof) and
+/// the CPUs the container's first process was allowed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceReceipt {
+    /// The GPUs observed (none on a host without a device guard's devices).
+    pub gpus: Vec<String>,
+    /// The CPU list the kernel allowed the container's first process, read from `/proc`.
+    pub cpus_allowed: Option<String>,
+    /// What was and was not observed, for people.
+    pub note: String,
+}
+
+/// How long a read held the host-global lock that serializes GPU work across lanes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LockSpan {
+    /// How long the read waited for it, ns.
+    pub waited_ns: u64,
+    /// When it was acquired, ns since the Unix epoch (the host's wall clock).
+    pub from_unix_ns: u64,
+    /// When it was released, ns since the Unix epoch.
+    pub until_unix_ns: u64,
+}
+
 /// What `cordon-lane session` established (an `ok` receipt's outputs).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -260,6 +296,17 @@ pub struct LaneOutputs {
     pub meta: crate::runtime::Meta,
     /// The lease the session ran under.
     pub lease: String,
+    /// The launch digest: the normalised `config.json` (argv, env, seccomp profile, mount
+    /// table by role, devices, limits, namespaces), the image, the deadlines and the protocol
+    /// version — everything of the launch but the run's own values (tree, publication,
+    /// account, lease, lane).
+    pub launch: Digest,
+    /// The physical lane, when the read was assigned one.
+    pub lane: Option<LaneAssignment>,
+    /// What the host observed of the devices.
+    pub devices: DeviceReceipt,
+    /// The host-global lock span.
+    pub gpu_lock: LockSpan,
 }
 
 /// Typed outputs of one stage's `ok` receipt.

@@ -49,6 +49,7 @@ fn main() {
         publication,
         workload: w,
         model: model.clone(),
+        lane: None,
     };
     let one = common::workload(dir.path(), 1, 0, 1);
 

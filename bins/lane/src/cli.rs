@@ -1,9 +1,18 @@
 //! The `cordon-lane` command.
 //!
+//! `cordon-lane qualify --incumbent PREBUILD_B [--candidate PREBUILD_C] --workload W --model M
+//! [--reproduce FIRST]` consumes the candidate's prebuild receipt (stdin by default) and the
+//! incumbent's (a file; its chain starts at the incumbent's registration, and the candidate's
+//! delta must be over that same tree), runs B, C, B′ ([`crate::qualify`]) and prints one qualify
+//! receipt: `ok` on PASS (exit 0), `rejected` on FAIL (exit 1, the evidence holds every number),
+//! `no-decision` when the host could not measure (exit 3). Each read's session receipt is
+//! stored and linked, not printed. `--reproduce` runs the exact lane exchange of a primary
+//! attempt of the same builds under the same authority and speed policy.
+//!
 //! `cordon-lane session --role B|C --workload W --model M [--receipt PREBUILD] [--policy P]
 //! [--store S] [--images DIR]` consumes a prebuild receipt (stdin by default; another
 //! authority's is refused, exit 2; a rejected or no-decision one is passed on with its exit
-//! code) and prints one lane receipt: `ok` with the role, tree, publication, model, workload,
+//! code; one of the other role's chain is refused, exit 2) and prints one lane receipt: `ok` with the role, tree, publication, model, workload,
 //! worker and posture digests, every host-stamped window, the timed rate and the container's
 //! meta record (exit 0); `rejected` with the engine's violation (exit 1); `no-decision` when
 //! cordon could not establish the session (exit 3). A workload, model or policy the session
@@ -14,12 +23,17 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use cordon::ExitCode;
-use cordon::receipt::{Outcome, PrebuildOutputs, Receipt, Role, StageName};
+use cordon::canonical::Digest;
+use cordon::chain::starts_incumbent_chain;
+use cordon::receipt::{
+    IncumbentOutputs, MaterializeOutputs, Outcome, PrebuildOutputs, Receipt, Role, StageName,
+};
 use cordon::store::Store;
-use cordon_stage::args::{LeaseArgs, StageArgs, report_diagnostic};
+use cordon_stage::args::{Diagnostics, LeaseArgs, StageArgs, report_diagnostic};
 use cordon_stage::receipt_io as stage;
 use serde_json::json;
 
+use crate::qualify::{self, Build, Plan, QualifyOutputs};
 use crate::session::{Config, Inputs, session, tree_of};
 
 /// Run engine sessions in the runtime lane.
@@ -50,7 +64,7 @@ pub enum RoleArg {
 pub enum Command {
     /// One engine session of one role.
     Session {
-        /// The session's role.
+        /// The session's role: B needs a prebuild of the incumbent's chain, C a candidate's.
         #[arg(long, value_enum)]
         role: RoleArg,
         /// The prebuild receipt (default: stdin).
@@ -69,6 +83,86 @@ pub enum Command {
         #[command(flatten)]
         lease: LeaseArgs,
     },
+    /// A speed qualification: reads B, C, B′ on the policy's physical lanes and the host's
+    /// verdict.
+    Qualify {
+        /// The incumbent's prebuild receipt (its chain starts at the incumbent's registration).
+        #[arg(long)]
+        incumbent: PathBuf,
+        /// The candidate's prebuild receipt (default: stdin).
+        #[arg(long)]
+        candidate: Option<PathBuf>,
+        /// The workload file.
+        #[arg(long)]
+        workload: PathBuf,
+        /// The model directory (root-owned, writable by root only).
+        #[arg(long)]
+        model: PathBuf,
+        /// A primary attempt's qualify receipt: run its exact exchange (lanes swapped).
+        #[arg(long)]
+        reproduce: Option<PathBuf>,
+        /// The directory of image layouts, one per role (`<dir>/runtime`).
+        #[arg(long, default_value = "/var/lib/cordon/images")]
+        images: PathBuf,
+        /// Where leases live.
+        #[command(flatten)]
+        lease: LeaseArgs,
+    },
+}
+
+/// A wiring error: reported, exit 2, no receipt.
+fn usage(stderr: &mut dyn Write, why: &str) -> ExitCode {
+    let _ = writeln!(stderr, "cordon-lane: {why}");
+    ExitCode::Usage
+}
+
+/// A prebuild receipt checked against its role: its store chain walks back to the
+/// incumbent's registration (B) or to intake (C). Returns the build and the chain.
+fn build_of(
+    store: &Store,
+    input: &Receipt,
+    prev: Digest,
+    role: Role,
+    authority: &Digest,
+    mode: Diagnostics,
+    stderr: &mut dyn Write,
+) -> Result<(Build, Vec<Receipt>), ExitCode> {
+    let publication = input
+        .outputs_as::<PrebuildOutputs>()
+        .map_err(|e| {
+            report_diagnostic(&e, mode, stderr);
+            ExitCode::Usage
+        })?
+        .publication;
+    let tree = tree_of(&input.inputs).map_err(|why| usage(stderr, &why))?;
+    let chain = stage::require_chain(store, &prev, authority).map_err(|e| {
+        report_diagnostic(&e, mode, stderr);
+        e.exit_code()
+    })?;
+    // The host owns the role: a candidate's build never runs as the incumbent, nor the reverse.
+    let incumbent = chain.last().is_some_and(starts_incumbent_chain);
+    if incumbent != (role == Role::B) {
+        return Err(usage(
+            stderr,
+            &format!(
+                "role {role:?} needs a prebuild of {}'s chain; {prev} is a {}'s",
+                if role == Role::B {
+                    "the incumbent"
+                } else {
+                    "a candidate"
+                },
+                if incumbent { "incumbent" } else { "candidate" }
+            ),
+        ));
+    }
+    Ok((
+        Build {
+            tree,
+            publication,
+            receipt: prev,
+        },
+        chain,
+    ))
 }
 
 /// Run the tool: the whole of `main`.
@@ -78,14 +172,6 @@ pub fn run(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> ExitCode {
-    let Command::Session {
-        role,
-        receipt: receipt_file,
-        workload,
-        model,
-        images,
-        lease,
-    } = &args.command;
     let mode = args.stage.diagnostics;
     let (loaded, authority, runtime_version) =
         match cordon_stage::start::stage_start(&args.stage.policy, mode, stderr) {
@@ -93,10 +179,24 @@ pub fn run(
             Err(code) => return code,
         };
     let policy = &loaded.policy;
+    let (stage_name, file, images, lease) = match &args.command {
+        Command::Session {
+            receipt,
+            images,
+            lease,
+            ..
+        } => (StageName::Lane, receipt, images, lease),
+        Command::Qualify {
+            candidate,
+            images,
+            lease,
+            ..
+        } => (StageName::Qualify, candidate, images, lease),
+    };
     let (input, prev) = match stage::input_or_exit(
-        receipt_file.as_deref(),
+        file.as_deref(),
         stdin,
-        StageName::Lane,
+        stage_name,
         &authority,
         mode,
         stdout,
@@ -105,20 +205,6 @@ pub fn run(
         Ok(x) => x,
         Err(code) => return code,
     };
-    let publication = match input.outputs_as::<PrebuildOutputs>() {
-        Ok(o) => o.publication,
-        Err(e) => {
-            report_diagnostic(&e, mode, stderr);
-            return ExitCode::Usage;
-        }
-    };
-    let tree = match tree_of(&input.inputs) {
-        Ok(t) => t,
-        Err(why) => {
-            let _ = writeln!(stderr, "cordon-lane: {why}");
-            return ExitCode::Usage;
-        }
-    };
     let store = match Store::open(&args.stage.store_root(policy)) {
         Ok(s) => s,
         Err(e) => {
@@ -126,10 +212,6 @@ pub fn run(
             return ExitCode::NoDecision;
         }
     };
-    if let Err(e) = stage::require_chain(&store, &prev, &authority) {
-        report_diagnostic(&e, mode, stderr);
-        return e.exit_code();
-    }
     let cfg = Config {
         store: store.clone(),
         images: images.clone(),
@@ -137,31 +219,286 @@ pub fn run(
         authority,
         runtime_version,
     };
-    let inputs = Inputs {
-        role: match role {
-            RoleArg::B => Role::B,
-            RoleArg::C => Role::C,
-        },
-        tree,
-        publication,
-        workload: workload.clone(),
-        model: model.clone(),
-    };
-    let mut receipt = Receipt::new(StageName::Lane, authority, Outcome::Ok);
-    receipt.prev = Some(prev);
-    receipt.inputs = json!({
-        "role": inputs.role,
-        "tree": tree,
-        "publication": publication,
-        "workload": workload,
-        "model": model,
-    });
-    match session(policy, &cfg, &inputs) {
-        // The operator's inputs: nothing ran, nothing to record.
-        Err(e) if e.is_usage() => {
-            report_diagnostic(&e, mode, stderr);
-            ExitCode::Usage
+    match &args.command {
+        Command::Session {
+            role,
+            workload,
+            model,
+            ..
+        } => {
+            let role = match role {
+                RoleArg::B => Role::B,
+                RoleArg::C => Role::C,
+            };
+            let build = match build_of(&store, &input, prev, role, &authority, mode, stderr) {
+                Ok((b, _)) => b,
+                Err(code) => return code,
+            };
+            let inputs = Inputs {
+                role,
+                tree: build.tree,
+                publication: build.publication,
+                workload: workload.clone(),
+                model: model.clone(),
+                lane: None,
+            };
+            let mut receipt = Receipt::new(StageName::Lane, authority, Outcome::Ok);
+            receipt.prev = Some(prev);
+            receipt.inputs = json!({
+                "role": inputs.role,
+                "tree": inputs.tree,
+                "publication": inputs.publication,
+                "workload": workload,
+                "model": model,
+            });
+            match session(policy, &cfg, &inputs) {
+                // The operator's inputs: nothing ran, nothing to record.
+                Err(e) if e.is_usage() => {
+                    report_diagnostic(&e, mode, stderr);
+                    ExitCode::Usage
+                }
+                result => stage::finish(&store, &mut receipt, result, mode, stdout, stderr),
+            }
         }
-        result => stage::finish(&store, &mut receipt, result, mode, stdout, stderr),
+        Command::Qualify {
+            incumbent,
+            workload,
+            model,
+            reproduce,
+            ..
+        } => {
+            let (candidate, c_chain) =
+                match build_of(&store, &input, prev, Role::C, &authority, mode, stderr) {
+                    Ok(x) => x,
+                    Err(code) => return code,
+                };
+            // The incumbent's build must be an established one: a failed incumbent build is
+            // the operator's input, not a verdict to pass on.
+            let (b_input, b_prev) = match stage::read_input(
+                Some(incumbent),
+                &mut std::io::empty(),
+                StageName::Prebuild,
+                &authority,
+            ) {
+                Ok(x) => x,
+                Err(e) => {
+                    report_diagnostic(&e, mode, stderr);
+                    return ExitCode::Usage;
+                }
+            };
+            let (incumbent_build, b_chain) =
+                match build_of(&store, &b_input, b_prev, Role::B, &authority, mode, stderr) {
+                    Ok(x) => x,
+                    Err(code) => return code,
+                };
+            // The candidate's delta is over exactly this incumbent.
+            let registered = b_chain
+                .last()
+                .and_then(|r| r.outputs_as::<IncumbentOutputs>().ok())
+                .map(|o| o.tree_digest);
+            let over = c_chain
+                .iter()
+                .find_map(|r| r.outputs_as::<MaterializeOutputs>().ok())
+                .map(|o| o.incumbent);
+            if registered.is_none() || registered != over {
+                return usage(
+                    stderr,
+                    &format!(
+                        "the candidate's delta is over incumbent {over:?}, not the registered {registered:?}"
+                    ),
+                );
+            }
+            let (orientation, reproduces) = match reproduce {
+                None => (qualify::primary(policy), None),
+                Some(path) => match reproduction(policy, path, &authority, b_prev, prev) {
+                    Ok((o, first)) => (Ok(o), Some(first)),
+                    Err(why) => return usage(stderr, &why),
+                },
+            };
+            let orientation = match orientation {
+                Ok(o) => o,
+                Err(e) => {
+                    report_diagnostic(&e, mode, stderr);
+                    return ExitCode::Usage;
+                }
+            };
+            let plan = Plan {
+                incumbent: incumbent_build,
+                candidate,
+                workload: workload.clone(),
+                model: model.clone(),
+                orientation,
+                reproduces,
+            };
+            let mut receipt = Receipt::new(StageName::Qualify, authority, Outcome::Ok);
+            receipt.prev = Some(prev);
+            receipt.inputs = json!({
+                "incumbent": b_prev,
+                "candidate": prev,
+                "workload": workload,
+                "model": model,
+                "reproduces": plan.reproduces.as_ref().map(|(d, _)| d),
+            });
+            let mut read = |inputs: &Inputs| session(policy, &cfg, inputs);
+            match qualify::qualify(policy, &cfg, &plan, &mut read, mode, stderr) {
+                Err(e) if e.is_usage() => {
+                    report_diagnostic(&e, mode, stderr);
+                    ExitCode::Usage
+                }
+                result => stage::finish(&store, &mut receipt, result, mode, stdout, stderr),
+            }
+        }
+    }
+}
+
+/// The primary attempt a reproduction exchanges: an `ok` qualify receipt under this authority,
+/// of the same incumbent and candidate builds and the same speed policy.
+fn reproduction(
+    policy: &cordon_policy_lang::Policy,
+    path: &std::path::Path,
+    authority: &Digest,
+    incumbent: Digest,
+    candidate: Digest,
+) -> Result<(qualify::Orientation, (Digest, QualifyOutputs)), String> {
+    let (first, digest) = stage::read_input(
+        Some(path),
+        &mut std::io::empty(),
+        StageName::Qualify,
+        authority,
+    )
+    .map_err(|e| format!("the primary attempt: {e}"))?;
+    let outputs = first
+        .outputs_as::<QualifyOutputs>()
+        .map_err(|e| format!("the primary attempt: {e}"))?;
+    if first.inputs["incumbent"] != json!(incumbent)
+        || first.inputs["candidate"] != json!(candidate)
+    {
+        return Err("the primary attempt qualified other builds".into());
+    }
+    let speed = policy
+        .speed()
+        .ok_or_else(|| "the policy has no speed section".to_owned())?;
+    if qualify::speed_policy_digest(speed).map_err(|e| e.to_string())? != outputs.speed_policy {
+        return Err("the primary attempt was decided under another speed policy".into());
+    }
+    let o = qualify::exchanged(policy, &outputs).map_err(|e| e.to_string())?;
+    Ok((o, (digest, outputs)))
+}
+
+#[cfg(test)]
+mod tests {
+    use cordon::receipt::{FetchOutputs, IncumbentOutputs, MaterializeOutputs, StageOutputs};
+
+    use super::*;
+
+    fn put<T: StageOutputs>(
+        store: &Store,
+        stage: StageName,
+        a: Digest,
+        prev: Option<Digest>,
+        outputs: &T,
+    ) -> (Receipt, Digest) {
+        let mut r = Receipt::new(stage, a, Outcome::Ok);
+        r.prev = prev;
+        r.set_outputs(outputs).unwrap();
+        r.inputs = json!({ "tree": Digest::of_bytes(b"tree") });
+        let d = r.digest().unwrap();
+        store
+            .put_document(
+                "receipts",
+                &format!("{}.json", d.hex()),
+                r.to_canonical_json().unwrap().as_bytes(),
+            )
+            .unwrap();
+        (r, d)
+    }
+
+    #[test]
+    fn a_build_runs_only_in_the_role_its_chain_starts() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        let a = Digest::of_bytes(b"authority");
+        let tree = Digest::of_bytes(b"tree");
+        let prebuilt = PrebuildOutputs {
+            publication: Digest::of_bytes(b"publication"),
+            files: 1,
+            bytes: 1,
+            cached: false,
+            meta: None,
+        };
+        let (_, registration) = put(
+            &store,
+            StageName::Materialize,
+            a,
+            None,
+            &IncumbentOutputs {
+                tree_digest: tree,
+                incumbent: "engine".into(),
+                step: Some("build-native".into()),
+                files: 1,
+                bytes: 1,
+            },
+        );
+        let (b, b_digest) = put(
+            &store,
+            StageName::Prebuild,
+            a,
+            Some(registration),
+            &prebuilt,
+        );
+        let (_, fetch) = put(
+            &store,
+            StageName::Fetch,
+            a,
+            None,
+            &FetchOutputs {
+                archive_sha256: tree,
+                content_digest: tree,
+                files: 1,
+                bytes: 1,
+            },
+        );
+        let (_, materialized) = put(
+            &store,
+            StageName::Materialize,
+            a,
+            Some(fetch),
+            &MaterializeOutputs {
+                tree_digest: tree,
+                delta_digest: tree,
+                incumbent: tree,
+                target: "attention".into(),
+                namespace: None,
+                step: None,
+                findings: Vec::new(),
+            },
+        );
+        let (c, c_digest) = put(
+            &store,
+            StageName::Prebuild,
+            a,
+            Some(materialized),
+            &prebuilt,
+        );
+        let mut err = Vec::new();
+        let mode = Diagnostics::Text;
+        let role_of = |r: &Receipt, d: Digest, role: Role, err: &mut Vec<u8>| {
+            build_of(&store, r, d, role, &a, mode, err).map(|(b, _)| b.receipt)
+        };
+        assert_eq!(role_of(&b, b_digest, Role::B, &mut err), Ok(b_digest));
+        assert_eq!(role_of(&c, c_digest, Role::C, &mut err), Ok(c_digest));
+        assert_eq!(
+            role_of(&c, c_digest, Role::B, &mut err),
+            Err(ExitCode::Usage)
+        );
+        assert_eq!(
+            role_of(&b, b_digest, Role::C, &mut err),
+            Err(ExitCode::Usage)
+        );
+        let said = String::from_utf8(err).unwrap();
+        assert!(
+            said.contains("role B needs a prebuild of the incumbent's chain"),
+            "{said}"
+        );
     }
 }

@@ -1,12 +1,15 @@
-//! `cordon-lane`: the runtime lane (seed 001 §4). Part 1 of the lane: one engine session in a
-//! disposable container of the policy's `lane` stage, whose only channel is the framed protocol
-//! the host drives and times ([`driver`]), started by cordon's own worker after it has reported
-//! the posture from inside ([`session`]). Part 2 (roles B/C/B′, the speed verdict, device
-//! receipts) builds on this.
+//! `cordon-lane`: the runtime lane (seed 001 §4). One engine session in a disposable container
+//! of the policy's `lane` stage, whose only channel is the framed protocol the host drives and
+//! times ([`driver`]), started by cordon's own worker after it has reported the posture from
+//! inside ([`session`]), under the host-global lock that serializes GPU work ([`lock`]). A
+//! speed qualification runs three such sessions — B, C, B′ on the policy's physical lanes —
+//! and decides from the host's own stamps ([`qualify`], [`speed`]).
 
 pub mod cli;
 pub mod driver;
+pub mod lock;
 pub mod model;
+pub mod qualify;
 pub mod session;
 pub mod speed;
 pub mod workload;

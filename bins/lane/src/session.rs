@@ -9,15 +9,21 @@
 //! [`Session`] with live stdin/stdout, driven by [`crate::driver::drive`]; a session that ends
 //! early kills the container, and release (with its absence proof) always runs.
 //!
-//! What it does not own: the verdict on speed (part 2), the roles' exchange (part 2), and the
-//! receipt (the CLI's).
+//! Every session records its launch digest (the plan less the run's own values), the device
+//! receipt (what the host observed: with no GPU, only the CPUs the kernel allowed the
+//! container's first process) and the span it held the host's GPU lock.
+//!
+//! What it does not own: the verdict on speed and the roles' order and lanes (the qualify
+//! module's), and the receipt (the CLI's).
 
 use std::path::{Component, PathBuf};
 use std::time::{Duration, Instant};
 
 use cordon::canonical::Digest;
 use cordon::container::Input;
-use cordon::receipt::{Decision, LaneOutputs, LanePhase, LaneWindow, Rejection, Role};
+use cordon::receipt::{
+    Decision, DeviceReceipt, LaneAssignment, LaneOutputs, LanePhase, LaneWindow, Rejection, Role,
+};
 use cordon::runtime::Meta;
 use cordon::tree::{self, PUBLICATIONS, TREES};
 use cordon_frame::Limits;
@@ -103,6 +109,8 @@ pub struct Inputs {
     pub workload: PathBuf,
     /// The model directory.
     pub model: PathBuf,
+    /// The physical lane, when the read is one of a qualification's.
+    pub lane: Option<LaneAssignment>,
 }
 
 /// What cordon could not establish (exit 3), or the operator's wiring error (exit 2).
@@ -420,11 +428,21 @@ pub fn session(policy: &Policy, cfg: &Config, inputs: &Inputs) -> Result<Outcome
         live_stderr: false,
         started,
         framed: true,
+        cpuset: inputs.lane.as_ref().map(|l| l.cpuset.clone()),
     };
     let mut verdict = None;
+    let mut launch = None;
+    let mut cpus_allowed = None;
+    // All GPU work on this host is serialized, from before the container exists until after
+    // its release (absence proof included).
+    let lock = crate::lock::acquire(&cfg.setup.run_root)
+        .map_err(|e| LaneError::NoDecision(format!("cannot take the host's GPU lock: {e}")))?;
     let ran = session.run(
         &job,
         |running, planned, deadline| {
+            launch = Some(launch_digest(planned, &pin)?);
+            // What the kernel allows the container's first process (its lane's CPUs).
+            cpus_allowed = cpus_allowed_of(running.pid());
             let plan = Plan {
                 workload: &workload,
                 limits,
@@ -456,9 +474,19 @@ pub fn session(policy: &Policy, cfg: &Config, inputs: &Inputs) -> Result<Outcome
             Ok::<_, LaneError>((finished.meta.clone(), lease.record.lease.clone()))
         },
     )?;
+    let gpu_lock = lock.release();
     let (meta, lease) = ran.inspected;
     let verdict =
         verdict.ok_or_else(|| LaneError::NoDecision("the session was not driven".into()))?;
+    let launch =
+        launch.ok_or_else(|| LaneError::NoDecision("the session was not driven".into()))?;
+    let devices = DeviceReceipt {
+        gpus: Vec::new(),
+        cpus_allowed,
+        note: "no GPU: no device samples and no drain were observed; quiescence is the lease's \
+               OCI absence proof"
+            .into(),
+    };
     decide(verdict, meta, lease, |t, meta, lease| {
         let windows = t.windows;
         LaneOutputs {
@@ -476,8 +504,41 @@ pub fn session(policy: &Policy, cfg: &Config, inputs: &Inputs) -> Result<Outcome
             outputs: t.outputs,
             meta,
             lease,
+            launch,
+            lane: inputs.lane.clone(),
+            devices,
+            gpu_lock,
         }
     })
+}
+
+/// The launch digest of a planned read: its launch identity (the spec less the run's own
+/// values), the image pin, the deadlines and the protocol version.
+///
+/// # Errors
+/// It cannot be encoded.
+fn launch_digest(planned: &Planned, image: &Digest) -> Result<Digest, LaneError> {
+    cordon::canonical::domain_digest(
+        "cordon.launch",
+        1,
+        &json!({
+            "spec": planned.launch,
+            "image": image,
+            "deadline_ms": planned.session.deadline_ms,
+            "phase_deadline_ms": planned.session.phase_deadline_ms,
+            "protocol": PROTOCOL,
+        }),
+    )
+    .map_err(|e| LaneError::NoDecision(format!("the launch digest: {e}")))
+}
+
+/// The CPU list the kernel allows `pid` (`Cpus_allowed_list` of its status).
+fn cpus_allowed_of(pid: i32) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(|v| v.trim().to_owned())
 }
 
 /// The stage's decision from the driver's verdict and the container's meta record: the

@@ -4,129 +4,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::sync::mpsc::{Receiver, Sender, channel};
 use std::time::{Duration, Instant};
 
-use cordon_frame::message::{self, Ended, Fault, Posture, Request, Response, ready_payload};
-use cordon_frame::{Decoder, Frame, Kind, LANE, Limits, encode};
-use cordon_lane::driver::{Plan, Stamped, Verdict, drive};
+use cordon_frame::message::{self, Fault, Request, Response, ready_payload};
+use cordon_frame::{Kind, LANE, encode};
+use cordon_lane::driver::Verdict;
 use cordon_lane::workload::{Item, Workload};
 
-const LIMITS: Limits = Limits {
-    max_bytes: 1 << 16,
-    max_frames: 64,
-};
+mod common;
 
-/// The worker-and-engine side of a session, written as a script.
-struct Fake {
-    from_host: Receiver<Vec<u8>>,
-    decoder: Decoder,
-    queue: Vec<Frame>,
-    to_host: Sender<Stamped>,
-}
-
-impl Fake {
-    fn raw(&self, bytes: Vec<u8>) {
-        let _ = self.to_host.send(if bytes.is_empty() {
-            Stamped::End
-        } else {
-            Stamped::Bytes {
-                at: Instant::now(),
-                bytes,
-            }
-        });
-    }
-
-    /// Bytes as the reader would hand them over, stamped `at`.
-    fn raw_at(&self, bytes: Vec<u8>, at: Instant) {
-        let _ = self.to_host.send(Stamped::Bytes { at, bytes });
-    }
-
-    fn overflow(&self) {
-        let _ = self.to_host.send(Stamped::Overflow { cap: 1024 });
-    }
-
-    fn send(&self, kind: Kind, payload: &[u8]) {
-        self.raw(encode(LANE, kind, payload, LIMITS).unwrap());
-    }
-
-    fn posture(&self) {
-        self.send(Kind::Posture, &message::to_payload(&posture()).unwrap());
-    }
-
-    /// The host's next frame, or `None` when it closed its stream.
-    fn next(&mut self) -> Option<Frame> {
-        loop {
-            if !self.queue.is_empty() {
-                return Some(self.queue.remove(0));
-            }
-            let bytes = self.from_host.recv().ok()?;
-            self.queue.extend(self.decoder.push(&bytes).unwrap());
-        }
-    }
-
-    fn request(&mut self) -> Request {
-        let f = self.next().expect("a request");
-        assert_eq!(f.kind, Kind::Request);
-        Request::decode(&f.payload).unwrap()
-    }
-
-    fn answer(&self, r: &Request) {
-        self.raw(answer_bytes(r));
-    }
-
-    fn ended(&self, code: Option<i32>, violation: Option<&str>) {
-        let e = Ended {
-            code,
-            signal: None,
-            violation: violation.map(str::to_owned),
-        };
-        self.send(Kind::Ended, &message::to_payload(&e).unwrap());
-    }
-
-    fn eof(&self) {
-        self.raw(Vec::new());
-    }
-
-    /// Posture, then wait for start, then ready.
-    fn start(&mut self) {
-        self.posture();
-        assert_eq!(self.next().expect("start").kind, Kind::Start);
-        self.send(Kind::Ready, &ready_payload());
-    }
-}
-
-fn answer_bytes(r: &Request) -> Vec<u8> {
-    let output = (0..r.tokens).map(|t| t + r.index).collect();
-    let resp = Response {
-        index: r.index,
-        tokens: r.tokens,
-        output,
-    };
-    encode(LANE, Kind::Response, &resp.encode(), LIMITS).unwrap()
-}
-
-fn posture() -> Posture {
-    Posture {
-        protocol: 1,
-        worker_sha256: "0".repeat(64),
-        sealed_matches: true,
-        uid: 3_000_000,
-        gid: 3_000_000,
-        cap_eff: 0,
-        cap_prm: 0,
-        cap_bnd: 0,
-        cap_amb: 0,
-        no_new_privs: true,
-        seccomp_mode: 2,
-        seccomp_filters: 1,
-        interfaces: vec!["lo".into()],
-        routes: 0,
-        connect_errno: Some(101),
-        read_only: [("/".to_owned(), false)].into(),
-        caches: std::collections::BTreeMap::new(),
-    }
-}
+use common::fake::{Fake, LIMITS, answer_bytes, drive_script};
 
 fn workload(n: u32) -> Workload {
     Workload {
@@ -169,36 +56,7 @@ fn session_within(
     expect_ok: bool,
     script: impl FnOnce(&mut Fake) + Send + 'static,
 ) -> Verdict {
-    let (to_host, rx) = channel();
-    let (tx, from_host) = channel();
-    let handle = std::thread::spawn(move || {
-        let mut fake = Fake {
-            from_host,
-            decoder: Decoder::new(LANE, LIMITS),
-            queue: Vec::new(),
-            to_host,
-        };
-        script(&mut fake);
-    });
-    let w = workload(n);
-    let origin = Instant::now();
-    let plan = Plan {
-        workload: &w,
-        limits: LIMITS,
-        startup,
-        workload_phase: phase,
-        absolute: origin + absolute,
-    };
-    let v = drive(&rx, tx, origin, &plan, &|_| {
-        if expect_ok {
-            Vec::new()
-        } else {
-            vec!["CapEff is 1".into()]
-        }
-    });
-    drop(rx);
-    let _ = handle.join();
-    v
+    drive_script(&workload(n), startup, phase, absolute, expect_ok, script)
 }
 
 fn session(script: impl FnOnce(&mut Fake) + Send + 'static) -> Verdict {

@@ -104,6 +104,7 @@ fn run_with(e: &Env, tree: Digest, publication: Digest) -> Result<Outcome, LaneE
             publication,
             workload: e.workload.clone(),
             model: e.model.clone(),
+            lane: None,
         },
     )
 }

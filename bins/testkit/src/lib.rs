@@ -64,7 +64,7 @@ pub fn require_root(why: &str) {
 /// gets its own block of ids, so tests running side by side — and the recovery that removes
 /// orphans in a range — never meet each other's accounts or the host's (the blocks lie above the
 /// default policy's 3000000..=3099999).
-const ACCOUNT_OWNERS: [&str; 17] = [
+const ACCOUNT_OWNERS: [&str; 18] = [
     "cordon-lease",
     "prebuild-hostile",
     "prebuild-bench",
@@ -82,6 +82,7 @@ const ACCOUNT_OWNERS: [&str; 17] = [
     "prebuild-cli",
     "lane-session",
     "lane-bench",
+    "lane-qualify",
 ];
 
 /// The first id of the account blocks.

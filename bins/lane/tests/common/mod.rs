@@ -5,6 +5,8 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod fake;
+
 use std::path::{Path, PathBuf};
 
 use cordon::canonical::Digest;

@@ -1,0 +1,376 @@
+//! A speed qualification: the reads B (incumbent), C (candidate) and B′ (incumbent again), in
+//! that order, each a whole part-1 session in a fresh container with its own stored receipt,
+//! under one authority; then the host's verdict ([`crate::speed`]).
+//!
+//! There is no adaptive escalation: B, C, B′ are the only reads, every time (seed 001's "v8").
+//! A read that does not serve ends the qualification — a candidate's rejection is the
+//! qualification's rejection, an incumbent's rejection or any read's no-decision is a
+//! no-decision (the host could not measure, which is never the candidate's failure).
+//!
+//! Before any verdict the host checks that the three reads differ only where they must: the
+//! same launch digest (argv, env, seccomp, mount table by role, devices, limits, image,
+//! deadlines, protocol), the same model, workload, worker and step; the tree and publication
+//! are the role's, the lane its orientation's. A read whose kernel-allowed CPUs are not its
+//! lane's ran on another physical lane: no-decision.
+//!
+//! Lanes: the primary attempt runs B and B′ on the baseline lane (the policy's first) and C on
+//! the candidate lane; `--reproduce` exchanges them and is refused for any other orientation;
+//! the pair settles only with two PASSes, at the lower of the two speedups. On a host whose
+//! lanes are CPU sets (`gpu "none"`), every receipt is **non-settling**: a CPU rehearsal of the
+//! protocol never settles a GPU qualification.
+//!
+//! What it does not own: reading and checking the input receipts (the CLI's), one session
+//! (the session module's), the arithmetic of the verdict (the speed module's).
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use cordon::canonical::{Digest, domain_digest};
+use cordon::receipt::{
+    Decision, DeviceReceipt, LaneAssignment, LaneOutputs, LaneWindow, Outcome, Receipt, Rejection,
+    Role, StageName, StageOutputs,
+};
+use cordon_policy_lang::{Policy, StageKind, cpu_list};
+use cordon_stage::args::Diagnostics;
+use cordon_stage::receipt_io as stage;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::session::{Config, Inputs, LaneError};
+use crate::speed::{self, SpeedRecord, Verdict};
+
+/// One role's build: what its reads mount, and the prebuild receipt they continue.
+#[derive(Debug, Clone)]
+pub struct Build {
+    /// The engine tree.
+    pub tree: Digest,
+    /// Its native publication.
+    pub publication: Digest,
+    /// The prebuild receipt.
+    pub receipt: Digest,
+}
+
+/// Which lane runs which role.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Orientation {
+    /// Where B and B′ run.
+    pub baseline: LaneAssignment,
+    /// Where C runs.
+    pub candidate: LaneAssignment,
+}
+
+/// What the qualification asks.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The incumbent's build (B, B′).
+    pub incumbent: Build,
+    /// The candidate's build (C).
+    pub candidate: Build,
+    /// The workload file.
+    pub workload: PathBuf,
+    /// The model directory.
+    pub model: PathBuf,
+    /// The lanes.
+    pub orientation: Orientation,
+    /// The primary attempt this one reproduces, and its outputs.
+    pub reproduces: Option<(Digest, QualifyOutputs)>,
+}
+
+/// The three reads' session receipts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reads<T> {
+    /// B.
+    pub b: T,
+    /// C.
+    pub c: T,
+    /// B′.
+    pub b2: T,
+}
+
+/// How a reproduction settles with its primary attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settlement {
+    /// The primary attempt's receipt.
+    pub primary: Digest,
+    /// The two speedups, primary first, basis points.
+    pub speedups_bp: [u64; 2],
+    /// The lower of the two: the speedup the pair settles at.
+    pub speedup_bp: u64,
+    /// Both attempts passed and both are settling.
+    pub settles: bool,
+}
+
+/// What `cordon-lane qualify` established: an `ok` receipt's outputs (PASS), or a rejected
+/// receipt's evidence (FAIL). Every number the verdict used is here, so it is recomputed from
+/// the receipt alone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QualifyOutputs {
+    /// The three session receipts.
+    pub sessions: Reads<Digest>,
+    /// The lanes.
+    pub orientation: Orientation,
+    /// The primary attempt, when this is its reproduction.
+    pub reproduces: Option<Digest>,
+    /// The launch digest all three reads share.
+    pub launch: Digest,
+    /// The digest of the policy's speed section.
+    pub speed_policy: Digest,
+    /// The workload.
+    pub workload: Digest,
+    /// The model.
+    pub model: Digest,
+    /// Every read's host-stamped windows.
+    pub windows: Reads<Vec<LaneWindow>>,
+    /// Every read's device receipt.
+    pub devices: Reads<DeviceReceipt>,
+    /// The verdict and every number in it.
+    pub speed: SpeedRecord,
+    /// Whether this attempt can settle a qualification.
+    pub settling: bool,
+    /// Why not, when it cannot.
+    pub non_settling: Option<String>,
+    /// The pair's settlement, on a reproduction.
+    pub settlement: Option<Settlement>,
+}
+
+impl StageOutputs for QualifyOutputs {
+    const STAGE: StageName = StageName::Qualify;
+}
+
+/// The digest of the policy's speed section.
+///
+/// # Errors
+/// It cannot be encoded.
+pub fn speed_policy_digest(speed: &cordon_policy_lang::Speed) -> Result<Digest, LaneError> {
+    domain_digest("cordon.speed-policy", 1, speed)
+        .map_err(|e| LaneError::NoDecision(format!("the speed policy digest: {e}")))
+}
+
+/// The primary orientation: B and B′ on the policy's first lane, C on its second.
+///
+/// # Errors
+/// The policy does not declare two physical lanes (a usage error).
+pub fn primary(policy: &Policy) -> Result<Orientation, LaneError> {
+    let lanes: Vec<LaneAssignment> = policy
+        .physical_lanes()
+        .iter()
+        .map(|(name, l)| LaneAssignment {
+            name: name.clone(),
+            cpuset: l.cpuset.clone(),
+        })
+        .collect();
+    match <[LaneAssignment; 2]>::try_from(lanes) {
+        Ok([baseline, candidate]) => Ok(Orientation {
+            baseline,
+            candidate,
+        }),
+        Err(_) => Err(LaneError::Policy(
+            "the policy declares no physical lanes (physical-lane \"a\" cpuset=…, twice)".into(),
+        )),
+    }
+}
+
+/// The orientation of `first`'s reproduction: the exact exchange. A reproduction is not
+/// reproduced again (that would be the primary's orientation).
+///
+/// # Errors
+/// `first` is itself a reproduction, or its lanes are not this policy's.
+pub fn exchanged(policy: &Policy, first: &QualifyOutputs) -> Result<Orientation, LaneError> {
+    let p = primary(policy)?;
+    if first.reproduces.is_some() || first.orientation != p {
+        return Err(LaneError::Policy(
+            "only a primary attempt on this policy's lanes is reproduced, in the exchanged orientation"
+                .into(),
+        ));
+    }
+    Ok(Orientation {
+        baseline: p.candidate,
+        candidate: p.baseline,
+    })
+}
+
+/// A read that ended the qualification before the verdict.
+fn stopped(role: &str, outcome: Outcome, digest: &Digest, first_reason: &str) -> String {
+    format!(
+        "read {role} is {} (session receipt {digest}): {first_reason}",
+        outcome.as_str()
+    )
+}
+
+/// Run the three reads, each with `read` (a real session: [`crate::session::session`]), and
+/// decide.
+///
+/// # Errors
+/// What cordon could not establish (no-decision), or the operator's wiring error.
+pub fn qualify(
+    policy: &Policy,
+    cfg: &Config,
+    plan: &Plan,
+    read: &mut dyn FnMut(&Inputs) -> Result<crate::session::Outcome, LaneError>,
+    mode: Diagnostics,
+    stderr: &mut dyn Write,
+) -> Result<Decision<QualifyOutputs>, LaneError> {
+    let speed_policy = policy
+        .speed()
+        .ok_or_else(|| LaneError::Policy("the policy has no speed section".into()))?;
+    let speed_digest = speed_policy_digest(speed_policy)?;
+    let reads = [
+        ("B", Role::B, &plan.incumbent, &plan.orientation.baseline),
+        ("C", Role::C, &plan.candidate, &plan.orientation.candidate),
+        ("B′", Role::B, &plan.incumbent, &plan.orientation.baseline),
+    ];
+    let mut done: Vec<(Digest, LaneOutputs)> = Vec::new();
+    for (name, role, build, lane) in reads {
+        let inputs = Inputs {
+            role,
+            tree: build.tree,
+            publication: build.publication,
+            workload: plan.workload.clone(),
+            model: plan.model.clone(),
+            lane: Some(lane.clone()),
+        };
+        let mut receipt = Receipt::new(StageName::Lane, cfg.authority, Outcome::Ok);
+        receipt.prev = Some(build.receipt);
+        receipt.inputs = json!({
+            "role": role,
+            "read": name,
+            "tree": build.tree,
+            "publication": build.publication,
+            "workload": plan.workload,
+            "model": plan.model,
+            "lane": lane,
+        });
+        let result = match read(&inputs) {
+            Err(e) if e.is_usage() => return Err(e),
+            r => r,
+        };
+        // Each read's receipt is stored like any session's; only the qualification's is
+        // printed.
+        stage::finish(
+            &cfg.store,
+            &mut receipt,
+            result,
+            mode,
+            &mut std::io::sink(),
+            stderr,
+        );
+        let digest = receipt
+            .digest()
+            .map_err(|e| LaneError::NoDecision(format!("the session receipt: {e}")))?;
+        let why = receipt
+            .reasons
+            .first()
+            .map_or_else(String::new, |r| format!("{}: {}", r.code, r.message));
+        match (receipt.outcome, role) {
+            (Outcome::Ok, _) => {}
+            // The candidate broke its own session: the qualification's rejection.
+            (Outcome::Rejected, Role::C) => {
+                return Ok(Decision::Rejected(Rejection::one(
+                    "qualify.candidate",
+                    stopped(name, receipt.outcome, &digest, &why),
+                    json!({ "session": digest, "read": name }),
+                )));
+            }
+            (outcome, _) => {
+                return Err(LaneError::NoDecision(stopped(name, outcome, &digest, &why)));
+            }
+        }
+        let outputs = receipt
+            .outputs_as::<LaneOutputs>()
+            .map_err(|e| LaneError::NoDecision(format!("read {name}'s outputs: {e}")))?;
+        check_lane(name, lane, &outputs.devices)?;
+        done.push((digest, outputs));
+    }
+    let [(db, b), (dc, c), (db2, b2)] = <[(Digest, LaneOutputs); 3]>::try_from(done)
+        .map_err(|_| LaneError::NoDecision("not every read ran".into()))?;
+    same_launch(&b, &c, &b2)?;
+    let record = speed::decide(speed_policy, &b.windows, &c.windows, &b2.windows);
+    let stage = policy.stage(StageKind::Lane);
+    let non_settling = if stage.is_some_and(|s| s.gpu_device.is_empty()) {
+        Some("the lanes are CPU sets (gpu \"none\"): a rehearsal of the protocol never settles a GPU qualification".to_owned())
+    } else {
+        Some("this build has no device guard: no pre, active and post device receipts".to_owned())
+    };
+    let settlement = plan.reproduces.as_ref().map(|(primary, first)| {
+        let speedups_bp = [first.speed.speedup_bp, record.speedup_bp];
+        Settlement {
+            primary: *primary,
+            speedups_bp,
+            speedup_bp: speedups_bp[0].min(speedups_bp[1]),
+            settles: first.speed.verdict == Verdict::Pass
+                && record.verdict == Verdict::Pass
+                && first.settling
+                && non_settling.is_none(),
+        }
+    });
+    let outputs = QualifyOutputs {
+        sessions: Reads {
+            b: db,
+            c: dc,
+            b2: db2,
+        },
+        orientation: plan.orientation.clone(),
+        reproduces: plan.reproduces.as_ref().map(|(d, _)| *d),
+        launch: b.launch,
+        speed_policy: speed_digest,
+        workload: b.workload,
+        model: b.model,
+        windows: Reads {
+            b: b.windows,
+            c: c.windows,
+            b2: b2.windows,
+        },
+        devices: Reads {
+            b: b.devices,
+            c: c.devices,
+            b2: b2.devices,
+        },
+        settling: non_settling.is_none(),
+        non_settling,
+        settlement,
+        speed: record,
+    };
+    match outputs.speed.verdict {
+        Verdict::Pass => Ok(Decision::Accepted(outputs)),
+        Verdict::Fail => Ok(Decision::Rejected(Rejection::one(
+            &outputs.speed.code.clone(),
+            outputs.speed.reason.clone(),
+            serde_json::to_value(&outputs)
+                .map_err(|e| LaneError::NoDecision(format!("the evidence: {e}")))?,
+        ))),
+        Verdict::NoDecision => Err(LaneError::NoDecision(format!(
+            "{}: {}",
+            outputs.speed.code, outputs.speed.reason
+        ))),
+    }
+}
+
+/// A read must have run on its lane's CPUs, as the kernel reported them.
+fn check_lane(name: &str, lane: &LaneAssignment, devices: &DeviceReceipt) -> Result<(), LaneError> {
+    let observed = devices.cpus_allowed.as_deref().and_then(cpu_list);
+    if observed.is_some() && observed == cpu_list(&lane.cpuset) {
+        return Ok(());
+    }
+    Err(LaneError::NoDecision(format!(
+        "read {name} ran on another physical lane: its CPUs were {:?}, lane {} is {}",
+        devices.cpus_allowed, lane.name, lane.cpuset
+    )))
+}
+
+/// B, C and B′ may differ only in tree, publication and lane.
+fn same_launch(b: &LaneOutputs, c: &LaneOutputs, b2: &LaneOutputs) -> Result<(), LaneError> {
+    let key = |o: &LaneOutputs| (o.launch, o.model, o.workload, o.worker, o.step.clone());
+    for (name, o) in [("C", c), ("B′", b2)] {
+        if key(o) != key(b) {
+            return Err(LaneError::NoDecision(format!(
+                "read {name} was launched differently from B (launch {} against {}, model, workload, worker or step): the reads are not comparable",
+                o.launch, b.launch
+            )));
+        }
+    }
+    Ok(())
+}

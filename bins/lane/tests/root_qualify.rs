@@ -1,0 +1,132 @@
+//! Real qualifications: three real lane sessions per qualification (the pinned runtime image,
+//! the real worker, per-run accounts, runc) on the policy's two CPU lanes, with engines whose
+//! speed is a fixed sleep per request, so the host's verdict is known in advance. And two
+//! qualifications at once, to show the host-global lock never lets two reads overlap.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use cordon::canonical::Digest;
+use cordon::chain;
+use cordon::lease::Manager;
+use cordon::receipt::{Decision, LaneOutputs, LockSpan};
+use cordon::tree::{PUBLICATIONS, TREES};
+use cordon_lane::qualify::{Build, Plan, QualifyOutputs, primary, qualify};
+use cordon_lane::session::{Inputs, session};
+use cordon_lane::speed::Verdict;
+use cordon_stage::args::Diagnostics;
+
+mod common;
+
+use common::{World, publish};
+
+/// A build whose engine sleeps `ms` per request and answers the prompt's first id repeated.
+fn build(w: &World, ms: u64) -> Build {
+    let serve = format!(
+        "import time\n\n\ndef generate(prompt, tokens, model_dir):\n    time.sleep({ms} / 1000)\n    return [prompt[0]] * tokens\n"
+    );
+    Build {
+        tree: publish(
+            &w.store,
+            TREES,
+            &[("engine/__init__.py", ""), ("engine/serve.py", &serve)],
+        ),
+        publication: publish(&w.store, PUBLICATIONS, &[("lib/a", &format!("{ms}\n"))]),
+        receipt: Digest::of_bytes(format!("prebuild-{ms}").as_bytes()),
+    }
+}
+
+fn plan(w: &World, incumbent_ms: u64, candidate_ms: u64) -> Plan {
+    Plan {
+        incumbent: build(w, incumbent_ms),
+        candidate: build(w, candidate_ms),
+        // One warmup, four timed (the policy's minimum), four tokens each.
+        workload: common::workload(w.dir.path(), 5, 1, 4),
+        model: w.model.clone(),
+        orientation: primary(&w.policy).unwrap(),
+        reproduces: None,
+    }
+}
+
+fn qualified(w: &World, p: &Plan) -> QualifyOutputs {
+    let mut read = |inputs: &Inputs| session(&w.policy, &w.cfg, inputs);
+    match qualify(
+        &w.policy,
+        &w.cfg,
+        p,
+        &mut read,
+        Diagnostics::Text,
+        &mut std::io::sink(),
+    ) {
+        Ok(Decision::Accepted(o)) => o,
+        other => panic!("expected a PASS, got {other:?}"),
+    }
+}
+
+fn spans(w: &World, o: &QualifyOutputs) -> Vec<LockSpan> {
+    [o.sessions.b, o.sessions.c, o.sessions.b2]
+        .iter()
+        .map(|d| {
+            chain::load(&w.store, d)
+                .unwrap()
+                .outputs_as::<LaneOutputs>()
+                .unwrap()
+                .gpu_lock
+        })
+        .collect()
+}
+
+fn nothing_left(w: &World) {
+    let left = Manager::open(&w.store, w.cfg.setup.clone())
+        .unwrap()
+        .check()
+        .unwrap();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn a_real_qualification_reads_b_c_b_prime_on_their_lanes_and_passes_a_faster_candidate() {
+    let w = common::world("lane-qualify", 0, "qualify-0", &[]);
+    let p = plan(&w, 60, 15);
+    let o = qualified(&w, &p);
+    nothing_left(&w);
+    assert_eq!(o.speed.verdict, Verdict::Pass);
+    assert!(o.speed.speedup_bp > 20_000, "{:?}", o.speed);
+    // Each read ran on its lane's CPUs, as the kernel allowed its first process.
+    let cpus: Vec<Option<&str>> = [&o.devices.b, &o.devices.c, &o.devices.b2]
+        .iter()
+        .map(|d| d.cpus_allowed.as_deref())
+        .collect();
+    assert_eq!(cpus, [Some("0"), Some("1"), Some("0")]);
+    assert!(o.devices.b.gpus.is_empty(), "no GPU is claimed");
+    // B, C, B′ in that order, one at a time.
+    let s = spans(&w, &o);
+    for pair in s.windows(2) {
+        assert!(pair[0].until_unix_ns <= pair[1].from_unix_ns, "{s:?}");
+    }
+    assert!(!o.settling);
+}
+
+#[test]
+fn two_qualifications_at_once_never_overlap_their_reads() {
+    let w = common::world("lane-qualify", 1, "qualify-1", &[]);
+    let (p1, p2) = (plan(&w, 30, 10), plan(&w, 31, 11));
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| qualified(&w, &p1));
+        let b = s.spawn(|| qualified(&w, &p2));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    nothing_left(&w);
+    let mut all: Vec<LockSpan> = spans(&w, &a).into_iter().chain(spans(&w, &b)).collect();
+    all.sort_by_key(|s| s.from_unix_ns);
+    for pair in all.windows(2) {
+        assert!(
+            pair[0].until_unix_ns <= pair[1].from_unix_ns,
+            "two reads held the host's GPU lock at once: {pair:?}"
+        );
+    }
+    // They did run at once: some read waited for the other qualification's.
+    assert!(
+        all.iter().any(|s| s.waited_ns > 100_000_000),
+        "no read waited for the lock: {all:?}"
+    );
+}
