@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The main job: the demo pipeline on the bundled example under the default policy.
-#   build the prebuild and runtime images → policy check → register the example incumbent →
-#   pack and fetch the example candidate delta → materialize it → prebuild it in a disposable
-#   runc container → one lane session of the candidate's engine on the example workload and
-#   model (host-framed, host-timed) → reap --check → print the chain of receipts, the
-#   publication digest and the host-measured rate.
+#   build the prebuild and runtime images → policy check → register the example incumbent and
+#   prebuild its own publication → pack and fetch the example candidate delta → materialize it
+#   → prebuild it in a disposable runc container → qualify it: lane sessions B (incumbent), C
+#   (candidate), B′ (incumbent again) on the policy's two CPU lanes, host-framed and
+#   host-timed, and the host's speed verdict → reap --check → print the chain of receipts and
+#   the B, C, B′ rates, the speedup, the noise and the verdict.
 # Runs as root on a fresh Debian machine: installs the OCI runtime (part of the authority
 # identity), busybox-static (the prebuild image's one binary) and python3 (the runtime image's
 # interpreter) if they are missing.
@@ -40,6 +41,9 @@ sha=$(sha256sum "$work/candidate.tar" | cut -c1-64)
 $bin/cordon-materialize --policy "$policy" --store "$store" incumbent checks/example/incumbent \
     > "$work/incumbent.json"
 incumbent=$(sed -n 's/.*"tree_digest":"\(sha256:[0-9a-f]*\)".*/\1/p' "$work/incumbent.json")
+# Role B's publication is the incumbent's own build (the step its manifest names).
+$bin/cordon-prebuild --policy "$policy" --store "$store" --images "$work/images" \
+    --receipt "$work/incumbent.json" > "$work/incumbent-prebuild.json"
 
 # The model lives in a root-owned models root, writable by root only (the lane checks it).
 install -d -m 0755 "$work/models"
@@ -53,19 +57,31 @@ $bin/cordon-fetch --policy "$policy" --store "$store" --sha256 "$sha" "$work/can
     | tee "$work/materialize.json" \
     | $bin/cordon-prebuild --policy "$policy" --store "$store" --images "$work/images" \
     | tee "$work/prebuild.json" \
-    | $bin/cordon-lane --policy "$policy" --store "$store" session --role C \
+    | $bin/cordon-lane --policy "$policy" --store "$store" qualify \
+        --incumbent "$work/incumbent-prebuild.json" \
         --images "$work/images" --workload checks/example/workload/example.json \
         --model "$work/models/example" \
-    > "$work/lane.json"
+    > "$work/qualify.json"
 $bin/cordon-reap --policy "$policy" --store "$store" --check > "$work/reap.json"
 
-for stage in incumbent fetch materialize prebuild lane reap; do
+for stage in incumbent incumbent-prebuild fetch materialize prebuild qualify reap; do
     echo "== $stage receipt"
     cat "$work/$stage.json"
 done
 publication=$(sed -n 's/.*"publication":"\(sha256:[0-9a-f]*\)".*/\1/p' "$work/prebuild.json")
 echo "== publication $publication (store $store)"
 [ -n "$publication" ]
-rate=$(sed -n 's/.*"timed_rate_milli":\([0-9]*\).*/\1/p' "$work/lane.json")
-echo "== lane: the candidate's engine served the workload at $((rate / 1000)) tokens/s (host-measured)"
-[ -n "$rate" ]
+# The verdict, from the qualify receipt alone (every number in it is the host's).
+python3 - "$work/qualify.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+o = r["outputs"]  # a FAIL's evidence has the same shape
+s = o["speed"]
+rate = lambda f: f"{f['rate_milli'] / 1000:.1f} tokens/s"
+print(f"== qualify ({r['outcome']}): B {rate(s['b'])}, C {rate(s['c'])}, B' {rate(s['b2'])}")
+print(f"== speedup {s['speedup_bp'] / 100:.1f}% of the baseline, noise {s['noise_bp'] / 100:.2f}%, "
+      f"required {s['required_bp'] / 100:.2f}%: {s['verdict'].upper()} ({s['code']})")
+print(f"== lanes: B and B' on {o['orientation']['baseline']['name']}, C on "
+      f"{o['orientation']['candidate']['name']}; settling: {o['settling']} ({o['non_settling']})")
+sys.exit(0 if s["verdict"] == "pass" else 1)
+PY
