@@ -79,9 +79,10 @@ o = r["outputs"]  # a FAIL's evidence has the same shape
 s = o["speed"]
 rate = lambda f: f"{f['rate_milli'] / 1000:.1f} tokens/s"
 print(f"== qualify ({r['outcome']}): B {rate(s['b'])}, C {rate(s['c'])}, B' {rate(s['b2'])}")
-print(f"== speedup {s['speedup_bp'] / 100:.1f}% of the baseline, noise {s['noise_bp'] / 100:.2f}%, "
-      f"required {s['required_bp'] / 100:.2f}%: {s['verdict'].upper()} ({s['code']})")
+print(f"== speedup {s['speedup_bp'] / 10000:.2f}x the baseline, noise {s['noise_bp'] / 100:.2f}%, "
+      f"required {s['required_bp'] / 10000:.4f}x: {s['verdict'].upper()} ({s['code']})")
+settling = "settling" if o["settling"] else f"non-settling: {o['non_settling']}"
 print(f"== lanes: B and B' on {o['orientation']['baseline']['name']}, C on "
-      f"{o['orientation']['candidate']['name']}; settling: {o['settling']} ({o['non_settling']})")
+      f"{o['orientation']['candidate']['name']}; {settling}")
 sys.exit(0 if s["verdict"] == "pass" else 1)
 PY

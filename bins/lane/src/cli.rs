@@ -308,9 +308,32 @@ pub fn run(
                     ),
                 );
             }
+            let mut receipt = Receipt::new(StageName::Qualify, authority, Outcome::Ok);
+            receipt.prev = Some(prev);
+            receipt.inputs = json!({
+                "incumbent": b_prev,
+                "candidate": prev,
+                "workload": workload,
+                "model": model,
+            });
+            // What the authority is frozen on is this host's now; a value cordon cannot read
+            // is a no-decision before any read.
+            let frozen = match qualify::Frozen::probe(policy) {
+                Ok(f) => f,
+                Err(e) => {
+                    return stage::finish::<QualifyOutputs, _>(
+                        &store,
+                        &mut receipt,
+                        Err(e),
+                        mode,
+                        stdout,
+                        stderr,
+                    );
+                }
+            };
             let (orientation, reproduces) = match reproduce {
                 None => (qualify::primary(policy), None),
-                Some(path) => match reproduction(policy, path, &authority, b_prev, prev) {
+                Some(path) => match reproduction(policy, path, &authority, b_prev, prev, &frozen) {
                     Ok((o, first)) => (Ok(o), Some(first)),
                     Err(why) => return usage(stderr, &why),
                 },
@@ -329,16 +352,9 @@ pub fn run(
                 model: model.clone(),
                 orientation,
                 reproduces,
+                frozen,
             };
-            let mut receipt = Receipt::new(StageName::Qualify, authority, Outcome::Ok);
-            receipt.prev = Some(prev);
-            receipt.inputs = json!({
-                "incumbent": b_prev,
-                "candidate": prev,
-                "workload": workload,
-                "model": model,
-                "reproduces": plan.reproduces.as_ref().map(|(d, _)| d),
-            });
+            receipt.inputs["reproduces"] = json!(plan.reproduces.as_ref().map(|(d, _)| d));
             let mut read = |inputs: &Inputs| session(policy, &cfg, inputs);
             match qualify::qualify(policy, &cfg, &plan, &mut read, mode, stderr) {
                 Err(e) if e.is_usage() => {
@@ -359,6 +375,7 @@ fn reproduction(
     authority: &Digest,
     incumbent: Digest,
     candidate: Digest,
+    frozen: &qualify::Frozen,
 ) -> Result<(qualify::Orientation, (Digest, QualifyOutputs)), String> {
     let (first, digest) = stage::read_input(
         Some(path),
@@ -381,7 +398,7 @@ fn reproduction(
     if qualify::speed_policy_digest(speed).map_err(|e| e.to_string())? != outputs.speed_policy {
         return Err("the primary attempt was decided under another speed policy".into());
     }
-    let o = qualify::exchanged(policy, &outputs).map_err(|e| e.to_string())?;
+    let o = qualify::exchanged(policy, &outputs, frozen).map_err(|e| e.to_string())?;
     Ok((o, (digest, outputs)))
 }
 

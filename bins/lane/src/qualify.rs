@@ -75,6 +75,8 @@ pub struct Plan {
     pub orientation: Orientation,
     /// The primary attempt this one reproduces, and its outputs.
     pub reproduces: Option<(Digest, QualifyOutputs)>,
+    /// The frozen values on this host, probed before any read.
+    pub frozen: Frozen,
 }
 
 /// The three reads' session receipts.
@@ -87,6 +89,69 @@ pub struct Reads<T> {
     pub c: T,
     /// B′.
     pub b2: T,
+}
+
+/// What a qualification's authority is frozen on besides the authority identity (policy,
+/// runtime, images, toolchain): a reproduction under any other value is refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Frozen {
+    /// The host's kernel release (`/proc/sys/kernel/osrelease`).
+    pub kernel_release: String,
+    /// The GPU driver version (none: the lanes have no GPU).
+    pub gpu_driver: Option<String>,
+    /// The CDI spec's digest (none: no device comes from a CDI spec in this build).
+    pub cdi_spec: Option<Digest>,
+    /// The device policy: the physical lanes and the lane stage's device list.
+    pub device_policy: Digest,
+}
+
+impl Frozen {
+    /// The values on this host under `policy`.
+    ///
+    /// # Errors
+    /// The kernel release cannot be read, or the device policy cannot be encoded.
+    pub fn probe(policy: &Policy) -> Result<Self, LaneError> {
+        let kernel_release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|s| s.trim().to_owned())
+            .map_err(|e| LaneError::NoDecision(format!("the kernel release: {e}")))?;
+        let devices = policy.stage(StageKind::Lane).map(|s| &s.gpu_device);
+        let device_policy = domain_digest(
+            "cordon.device-policy",
+            1,
+            &json!({ "lanes": policy.physical_lanes(), "devices": devices }),
+        )
+        .map_err(|e| LaneError::NoDecision(format!("the device policy digest: {e}")))?;
+        Ok(Self {
+            kernel_release,
+            gpu_driver: None,
+            cdi_spec: None,
+            device_policy,
+        })
+    }
+
+    /// How `self` (a reproduction's) differs from `primary`'s (empty: the same).
+    #[must_use]
+    pub fn differences(&self, primary: &Self) -> Vec<&'static str> {
+        [
+            (
+                self.kernel_release != primary.kernel_release,
+                "the kernel release",
+            ),
+            (
+                self.gpu_driver != primary.gpu_driver,
+                "the GPU driver version",
+            ),
+            (self.cdi_spec != primary.cdi_spec, "the CDI spec"),
+            (
+                self.device_policy != primary.device_policy,
+                "the device policy",
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(differs, what)| differs.then_some(what))
+        .collect()
+    }
 }
 
 /// How a reproduction settles with its primary attempt.
@@ -117,6 +182,8 @@ pub struct QualifyOutputs {
     pub reproduces: Option<Digest>,
     /// The launch digest all three reads share.
     pub launch: Digest,
+    /// What the authority is frozen on besides its identity.
+    pub frozen: Frozen,
     /// The digest of the policy's speed section.
     pub speed_policy: Digest,
     /// The workload.
@@ -175,11 +242,24 @@ pub fn primary(policy: &Policy) -> Result<Orientation, LaneError> {
 }
 
 /// The orientation of `first`'s reproduction: the exact exchange. A reproduction is not
-/// reproduced again (that would be the primary's orientation).
+/// reproduced again (that would be the primary's orientation), nor under another frozen
+/// authority (`frozen`, this host's now).
 ///
 /// # Errors
-/// `first` is itself a reproduction, or its lanes are not this policy's.
-pub fn exchanged(policy: &Policy, first: &QualifyOutputs) -> Result<Orientation, LaneError> {
+/// `first` is itself a reproduction, its lanes are not this policy's, or a frozen value
+/// differs.
+pub fn exchanged(
+    policy: &Policy,
+    first: &QualifyOutputs,
+    frozen: &Frozen,
+) -> Result<Orientation, LaneError> {
+    let differ = frozen.differences(&first.frozen);
+    if !differ.is_empty() {
+        return Err(LaneError::Policy(format!(
+            "the primary attempt ran under another {}",
+            differ.join(", ")
+        )));
+    }
     let p = primary(policy)?;
     if first.reproduces.is_some() || first.orientation != p {
         return Err(LaneError::Policy(
@@ -316,6 +396,7 @@ pub fn qualify(
         orientation: plan.orientation.clone(),
         reproduces: plan.reproduces.as_ref().map(|(d, _)| *d),
         launch: b.launch,
+        frozen: plan.frozen.clone(),
         speed_policy: speed_digest,
         workload: b.workload,
         model: b.model,

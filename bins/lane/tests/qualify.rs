@@ -17,7 +17,7 @@ use cordon::runtime::Meta;
 use cordon::store::Store;
 use cordon_frame::message::Request;
 use cordon_lane::driver::Verdict as Driven;
-use cordon_lane::qualify::{Build, Plan, QualifyOutputs, exchanged, primary, qualify};
+use cordon_lane::qualify::{Build, Frozen, Plan, QualifyOutputs, exchanged, primary, qualify};
 use cordon_lane::session::{Config, Inputs, LaneError, Outcome as Read, timed_rate_milli};
 use cordon_lane::speed::{self, Baseline, Verdict};
 use cordon_lane::workload::{Item, Workload};
@@ -165,6 +165,7 @@ fn plan(w: &World) -> Plan {
         model: "model".into(),
         orientation: primary(&w.policy).unwrap(),
         reproduces: None,
+        frozen: Frozen::probe(&w.policy).unwrap(),
     }
 }
 
@@ -424,7 +425,7 @@ fn a_reproduction_is_the_exact_exchange_and_settles_at_the_lower_speedup() {
     let p = plan(&w);
     let load = workload(0, 4);
     let first = accepted(run(&w, &p, &load, [(0, 30), (0, 10), (0, 30)], &|_, _| {}).0);
-    let swapped = exchanged(&w.policy, &first).unwrap();
+    let swapped = exchanged(&w.policy, &first, &p.frozen).unwrap();
     assert_eq!(swapped.baseline, p.orientation.candidate);
     assert_eq!(swapped.candidate, p.orientation.baseline);
     let again = Plan {
@@ -441,5 +442,17 @@ fn a_reproduction_is_the_exact_exchange_and_settles_at_the_lower_speedup() {
     // Two PASSes, but on CPU lanes: the pair does not settle.
     assert!(!s.settles);
     // A reproduction is not reproduced (that would be the primary's orientation again).
-    assert!(exchanged(&w.policy, &second).is_err());
+    assert!(exchanged(&w.policy, &second, &again.frozen).is_err());
+    // Nor is a primary attempt reproduced under another frozen authority.
+    for edit in [
+        &(|f: &mut Frozen| f.kernel_release.push_str("-other")) as &dyn Fn(&mut Frozen),
+        &|f| f.gpu_driver = Some("570.1".into()),
+        &|f| f.cdi_spec = Some(Digest::of_bytes(b"cdi")),
+        &|f| f.device_policy = Digest::of_bytes(b"devices"),
+    ] {
+        let mut now = again.frozen.clone();
+        edit(&mut now);
+        let e = exchanged(&w.policy, &first, &now).unwrap_err();
+        assert!(e.to_string().contains("another"), "{e}");
+    }
 }

@@ -10,7 +10,7 @@ use cordon::chain;
 use cordon::lease::Manager;
 use cordon::receipt::{Decision, LaneOutputs, LockSpan};
 use cordon::tree::{PUBLICATIONS, TREES};
-use cordon_lane::qualify::{Build, Plan, QualifyOutputs, primary, qualify};
+use cordon_lane::qualify::{Build, Frozen, Plan, QualifyOutputs, primary, qualify};
 use cordon_lane::session::{Inputs, session};
 use cordon_lane::speed::Verdict;
 use cordon_stage::args::Diagnostics;
@@ -44,6 +44,7 @@ fn plan(w: &World, incumbent_ms: u64, candidate_ms: u64) -> Plan {
         model: w.model.clone(),
         orientation: primary(&w.policy).unwrap(),
         reproduces: None,
+        frozen: Frozen::probe(&w.policy).unwrap(),
     }
 }
 
