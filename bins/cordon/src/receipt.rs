@@ -237,18 +237,52 @@ pub struct LaneAssignment {
     pub cpuset: String,
 }
 
-/// What the host observed of a read's devices. It only claims what it observed: with no GPU
-/// there are no GPU samples and no drain, only OCI quiescence (the lease's absence proof) and
-/// the CPUs the container's first process was allowed.
+/// When a device receipt was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DevicePhase {
+    /// Before the container exists, with the host's GPU lock held.
+    Pre,
+    /// During the last warmup request, while the engine works on it.
+    Active,
+    /// After the lease's release.
+    Post,
+}
+
+/// What the host observed of a read's devices at one moment. It only claims what it
+/// observed: with no GPU there are no GPU samples and no drain.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceReceipt {
-    /// The GPUs observed (none on a host without a device guard's devices).
+    /// The read it belongs to (its lease).
+    pub launch: String,
+    /// Its place in the read's receipts: strictly increasing, pre first.
+    pub seq: u32,
+    /// When in the read.
+    pub phase: DevicePhase,
+    /// When, ns since the read began, on the host's monotonic clock.
+    pub at_ns: u64,
+    /// The GPUs observed (none: the lane has no GPU).
     pub gpus: Vec<String>,
-    /// The CPU list the kernel allowed the container's first process, read from `/proc`.
+    /// Active: the CPU list the kernel allowed the container's first process (`/proc`).
     pub cpus_allowed: Option<String>,
+    /// Post: the lease's release proved the container and its processes absent (OCI
+    /// quiescence). Never set where it was not observed.
+    pub quiescent: Option<bool>,
     /// What was and was not observed, for people.
     pub note: String,
+}
+
+/// A read's device receipts, pre, active and post.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceReceipts {
+    /// Before.
+    pub pre: DeviceReceipt,
+    /// During the last warmup.
+    pub active: DeviceReceipt,
+    /// After.
+    pub post: DeviceReceipt,
 }
 
 /// How long a read held the host-global lock that serializes GPU work across lanes.
@@ -303,8 +337,8 @@ pub struct LaneOutputs {
     pub launch: Digest,
     /// The physical lane, when the read was assigned one.
     pub lane: Option<LaneAssignment>,
-    /// What the host observed of the devices.
-    pub devices: DeviceReceipt,
+    /// What the host observed of the devices, pre, active and post.
+    pub devices: DeviceReceipts,
     /// The host-global lock span.
     pub gpu_lock: LockSpan,
 }

@@ -217,13 +217,16 @@ fn ns(origin: Instant, at: Instant) -> u64 {
 
 /// Run one session over the container's stream `rx` and its input `tx`, from `origin` (when
 /// the container started). `expect` lists how a posture differs from the plan (empty: as
-/// planned). The caller kills the container when the verdict is not `Served`.
+/// planned). `during_warmup` runs once, right after the last warmup request is handed over
+/// (the first request when there is no warmup), while the engine works on it: the active
+/// device receipt's moment. The caller kills the container when the verdict is not `Served`.
 pub fn drive(
     rx: &Receiver<Stamped>,
     tx: Sender<Vec<u8>>,
     origin: Instant,
     plan: &Plan<'_>,
     expect: &dyn Fn(&Posture) -> Vec<String>,
+    during_warmup: &mut dyn FnMut(),
 ) -> Verdict {
     let mut s = Stream {
         rx,
@@ -233,7 +236,15 @@ pub fn drive(
         overflow: None,
     };
     let mut started = false;
-    let verdict = session(&mut s, tx, origin, plan, expect, &mut started);
+    let verdict = session(
+        &mut s,
+        tx,
+        origin,
+        plan,
+        expect,
+        during_warmup,
+        &mut started,
+    );
     match s.overflow {
         // Only the engine's frames are large: once it runs, a flood is its own.
         Some(cap) if started => violation(
@@ -253,6 +264,7 @@ fn session(
     origin: Instant,
     plan: &Plan<'_>,
     expect: &dyn Fn(&Posture) -> Vec<String>,
+    during_warmup: &mut dyn FnMut(),
     started: &mut bool,
 ) -> Verdict {
     let startup = (origin + plan.startup).min(plan.absolute);
@@ -347,6 +359,9 @@ fn session(
         let sent = Instant::now();
         if let Err(e) = send(Kind::Request, &request.encode()) {
             return Verdict::NoDecision(e);
+        }
+        if i + 1 == (plan.workload.warmup as usize).max(1) {
+            during_warmup();
         }
         let (at, f) = match s.next(deadline) {
             Next::Frame(at, f) => (at, f),

@@ -27,8 +27,8 @@ use std::path::PathBuf;
 
 use cordon::canonical::{Digest, domain_digest};
 use cordon::receipt::{
-    Decision, DeviceReceipt, LaneAssignment, LaneOutputs, LaneWindow, Outcome, Receipt, Rejection,
-    Role, StageName, StageOutputs,
+    Decision, DevicePhase, DeviceReceipts, LaneAssignment, LaneOutputs, LaneWindow, Outcome,
+    Receipt, Rejection, Role, StageName, StageOutputs,
 };
 use cordon_policy_lang::{Policy, StageKind, cpu_list};
 use cordon_stage::args::Diagnostics;
@@ -192,8 +192,8 @@ pub struct QualifyOutputs {
     pub model: Digest,
     /// Every read's host-stamped windows.
     pub windows: Reads<Vec<LaneWindow>>,
-    /// Every read's device receipt.
-    pub devices: Reads<DeviceReceipt>,
+    /// Every read's device receipts.
+    pub devices: Reads<DeviceReceipts>,
     /// The verdict and every number in it.
     pub speed: SpeedRecord,
     /// Whether this attempt can settle a qualification.
@@ -362,7 +362,7 @@ pub fn qualify(
         let outputs = receipt
             .outputs_as::<LaneOutputs>()
             .map_err(|e| LaneError::NoDecision(format!("read {name}'s outputs: {e}")))?;
-        check_lane(name, lane, &outputs.devices)?;
+        check_devices(name, lane, &outputs.devices)?;
         done.push((digest, outputs));
     }
     let [(db, b), (dc, c), (db2, b2)] = <[(Digest, LaneOutputs); 3]>::try_from(done)
@@ -430,16 +430,37 @@ pub fn qualify(
     }
 }
 
-/// A read must have run on its lane's CPUs, as the kernel reported them.
-fn check_lane(name: &str, lane: &LaneAssignment, devices: &DeviceReceipt) -> Result<(), LaneError> {
-    let observed = devices.cpus_allowed.as_deref().and_then(cpu_list);
-    if observed.is_some() && observed == cpu_list(&lane.cpuset) {
-        return Ok(());
+/// A read's device receipts: pre, active and post of one launch, in order, the active one on
+/// the lane's CPUs as the kernel reported them, the post one quiescent.
+fn check_devices(name: &str, lane: &LaneAssignment, d: &DeviceReceipts) -> Result<(), LaneError> {
+    let no = |why: String| {
+        Err(LaneError::NoDecision(format!(
+            "read {name}'s device receipts: {why}"
+        )))
+    };
+    let all = [&d.pre, &d.active, &d.post];
+    if all.iter().any(|r| r.launch != d.pre.launch) {
+        return no("they name different launches".into());
     }
-    Err(LaneError::NoDecision(format!(
-        "read {name} ran on another physical lane: its CPUs were {:?}, lane {} is {}",
-        devices.cpus_allowed, lane.name, lane.cpuset
-    )))
+    let phases = all.map(|r| r.phase);
+    if phases != [DevicePhase::Pre, DevicePhase::Active, DevicePhase::Post]
+        || all
+            .windows(2)
+            .any(|p| p[0].seq >= p[1].seq || p[0].at_ns > p[1].at_ns)
+    {
+        return no("not pre, active, post in sequence and time".into());
+    }
+    if d.post.quiescent != Some(true) {
+        return no("the post receipt does not prove the lane quiescent".into());
+    }
+    let observed = d.active.cpus_allowed.as_deref().and_then(cpu_list);
+    if observed.is_none() || observed != cpu_list(&lane.cpuset) {
+        return Err(LaneError::NoDecision(format!(
+            "read {name} ran on another physical lane: its CPUs were {:?}, lane {} is {}",
+            d.active.cpus_allowed, lane.name, lane.cpuset
+        )));
+    }
+    Ok(())
 }
 
 /// B, C and B′ may differ only in tree, publication and lane.

@@ -9,9 +9,10 @@
 //! [`Session`] with live stdin/stdout, driven by [`crate::driver::drive`]; a session that ends
 //! early kills the container, and release (with its absence proof) always runs.
 //!
-//! Every session records its launch digest (the plan less the run's own values), the device
-//! receipt (what the host observed: with no GPU, only the CPUs the kernel allowed the
-//! container's first process) and the span it held the host's GPU lock.
+//! Every session records its launch digest (the plan less the run's own values), its device
+//! receipts pre, active (during the last warmup) and post (what the host observed: with no
+//! GPU, the CPUs the kernel allowed the container's first process, then the release's OCI
+//! quiescence) and the span it held the host's GPU lock.
 //!
 //! What it does not own: the verdict on speed and the roles' order and lanes (the qualify
 //! module's), and the receipt (the CLI's).
@@ -22,7 +23,8 @@ use std::time::{Duration, Instant};
 use cordon::canonical::Digest;
 use cordon::container::Input;
 use cordon::receipt::{
-    Decision, DeviceReceipt, LaneAssignment, LaneOutputs, LanePhase, LaneWindow, Rejection, Role,
+    Decision, DevicePhase, DeviceReceipt, DeviceReceipts, LaneAssignment, LaneOutputs, LanePhase,
+    LaneWindow, Rejection, Role,
 };
 use cordon::runtime::Meta;
 use cordon::tree::{self, PUBLICATIONS, TREES};
@@ -432,17 +434,19 @@ pub fn session(policy: &Policy, cfg: &Config, inputs: &Inputs) -> Result<Outcome
     };
     let mut verdict = None;
     let mut launch = None;
-    let mut cpus_allowed = None;
+    let mut active = None;
+    let since =
+        |t: Instant| u64::try_from(t.duration_since(started).as_nanos()).unwrap_or(u64::MAX);
     // All GPU work on this host is serialized, from before the container exists until after
     // its release (absence proof included).
     let lock = crate::lock::acquire(&cfg.setup.run_root)
         .map_err(|e| LaneError::NoDecision(format!("cannot take the host's GPU lock: {e}")))?;
+    let pre_ns = since(Instant::now());
     let ran = session.run(
         &job,
         |running, planned, deadline| {
             launch = Some(launch_digest(planned, &pin)?);
-            // What the kernel allows the container's first process (its lane's CPUs).
-            cpus_allowed = cpus_allowed_of(running.pid());
+            let pid = running.pid();
             let plan = Plan {
                 workload: &workload,
                 limits,
@@ -458,9 +462,17 @@ pub fn session(policy: &Policy, cfg: &Config, inputs: &Inputs) -> Result<Outcome
             };
             let origin = Instant::now();
             let rx = driver::reader(stdout, stage.output.stdout_bytes);
-            let v = driver::drive(&rx, driver::writer(stdin), origin, &plan, &|p| {
-                expected.differences(p)
-            });
+            // While the engine works on its last warmup request: what the kernel allows the
+            // container's first process (its lane's CPUs).
+            let mut during_warmup = || active = Some((since(Instant::now()), cpus_allowed_of(pid)));
+            let v = driver::drive(
+                &rx,
+                driver::writer(stdin),
+                origin,
+                &plan,
+                &|p| expected.differences(p),
+                &mut during_warmup,
+            );
             if !matches!(v, Verdict::Served(_)) {
                 // The session is over: nothing of the engine may keep running until the
                 // stage deadline. A container already gone is not an error here; release
@@ -474,18 +486,50 @@ pub fn session(policy: &Policy, cfg: &Config, inputs: &Inputs) -> Result<Outcome
             Ok::<_, LaneError>((finished.meta.clone(), lease.record.lease.clone()))
         },
     )?;
+    // The release (and its absence proof) succeeded: the read is over on every device.
+    let post_ns = since(Instant::now());
     let gpu_lock = lock.release();
     let (meta, lease) = ran.inspected;
     let verdict =
         verdict.ok_or_else(|| LaneError::NoDecision("the session was not driven".into()))?;
     let launch =
         launch.ok_or_else(|| LaneError::NoDecision("the session was not driven".into()))?;
-    let devices = DeviceReceipt {
+    let (active_ns, cpus_allowed) = active.unwrap_or((0, None));
+    let receipt = |seq: u32, phase, at_ns, note: &str| DeviceReceipt {
+        launch: lease.clone(),
+        seq,
+        phase,
+        at_ns,
         gpus: Vec::new(),
-        cpus_allowed,
-        note: "no GPU: no device samples and no drain were observed; quiescence is the lease's \
-               OCI absence proof"
-            .into(),
+        cpus_allowed: None,
+        quiescent: None,
+        note: note.to_owned(),
+    };
+    let devices = DeviceReceipts {
+        pre: receipt(
+            0,
+            DevicePhase::Pre,
+            pre_ns,
+            "no GPU on the lane: nothing to drain; the host's GPU lock is held, so no other read runs",
+        ),
+        active: DeviceReceipt {
+            cpus_allowed,
+            ..receipt(
+                1,
+                DevicePhase::Active,
+                active_ns,
+                "no GPU on the lane: the CPUs the kernel allowed the container's first process during the last warmup",
+            )
+        },
+        post: DeviceReceipt {
+            quiescent: Some(true),
+            ..receipt(
+                2,
+                DevicePhase::Post,
+                post_ns,
+                "no GPU on the lane: OCI quiescence only (the lease's absence proof), no drain observed",
+            )
+        },
     };
     decide(verdict, meta, lease, |t, meta, lease| {
         let windows = t.windows;

@@ -382,3 +382,40 @@ fn a_frame_read_after_its_deadline_is_late_however_soon_it_is_looked_at() {
     );
     assert_eq!(rejected(&v).0, "lane.workload-deadline");
 }
+
+#[test]
+fn the_warmup_hook_runs_once_while_the_last_warmup_request_is_outstanding() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    for warmup in [0u32, 1, 2] {
+        let w = Workload {
+            warmup,
+            ..workload(warmup + 2)
+        };
+        let answered = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::clone(&answered);
+        let mut calls = Vec::new();
+        let long = Duration::from_secs(10);
+        let v = common::fake::drive_observed(
+            &w,
+            (long, long, long),
+            true,
+            move |f: &mut Fake| {
+                f.start();
+                while let Some(frame) = f.next() {
+                    let r = Request::decode(&frame.payload).unwrap();
+                    // Slow enough that the host's hook runs before the answer.
+                    std::thread::sleep(Duration::from_millis(50));
+                    f.answer(&r);
+                    seen.fetch_add(1, Ordering::SeqCst);
+                }
+                f.ended(Some(0), None);
+                f.eof();
+            },
+            &mut || calls.push(answered.load(Ordering::SeqCst)),
+        );
+        assert!(matches!(v, Verdict::Served(_)), "{v:?}");
+        // Once, with every request before the last warmup one answered and that one not yet.
+        assert_eq!(calls, [(warmup as usize).max(1) - 1], "warmup {warmup}");
+    }
+}

@@ -11,7 +11,8 @@ use std::time::Duration;
 use cordon::canonical::Digest;
 use cordon::chain;
 use cordon::receipt::{
-    Decision, DeviceReceipt, LaneOutputs, LanePhase, LockSpan, Outcome, Role, StageName,
+    Decision, DevicePhase, DeviceReceipt, DeviceReceipts, LaneOutputs, LanePhase, LockSpan,
+    Outcome, Role, StageName,
 };
 use cordon::runtime::Meta;
 use cordon::store::Store;
@@ -136,10 +137,28 @@ fn outputs(inputs: &Inputs, t: &cordon_lane::driver::Transcript) -> LaneOutputs 
         lease: "fake".into(),
         launch: Digest::of_bytes(b"launch"),
         lane: inputs.lane.clone(),
-        devices: DeviceReceipt {
-            gpus: Vec::new(),
-            cpus_allowed: inputs.lane.as_ref().map(|l| l.cpuset.clone()),
-            note: "fake".into(),
+        devices: {
+            let receipt = |seq, phase| DeviceReceipt {
+                launch: "fake".into(),
+                seq,
+                phase,
+                at_ns: u64::from(seq) * 1000,
+                gpus: Vec::new(),
+                cpus_allowed: None,
+                quiescent: None,
+                note: "fake".into(),
+            };
+            DeviceReceipts {
+                pre: receipt(0, DevicePhase::Pre),
+                active: DeviceReceipt {
+                    cpus_allowed: inputs.lane.as_ref().map(|l| l.cpuset.clone()),
+                    ..receipt(1, DevicePhase::Active)
+                },
+                post: DeviceReceipt {
+                    quiescent: Some(true),
+                    ..receipt(2, DevicePhase::Post)
+                },
+            }
         },
         gpu_lock: LockSpan {
             waited_ns: 0,
@@ -381,7 +400,7 @@ fn a_read_that_does_not_serve_ends_the_qualification_and_is_charged_to_its_role(
 }
 
 #[test]
-fn reads_launched_differently_or_on_another_lane_are_a_no_decision() {
+fn reads_launched_differently_on_another_lane_or_with_broken_device_receipts_are_a_no_decision() {
     let w = world(&[]);
     let p = plan(&w);
     let load = workload(0, 4);
@@ -402,12 +421,32 @@ fn reads_launched_differently_or_on_another_lane_are_a_no_decision() {
         }),
         ("another physical lane", &|i, o| {
             if i == 1 {
-                o.devices.cpus_allowed = Some("0-1".into());
+                o.devices.active.cpus_allowed = Some("0-1".into());
             }
         }),
         ("another physical lane", &|i, o| {
             if i == 0 {
-                o.devices.cpus_allowed = None;
+                o.devices.active.cpus_allowed = None;
+            }
+        }),
+        ("different launches", &|i, o| {
+            if i == 2 {
+                o.devices.post.launch = "another".into();
+            }
+        }),
+        ("in sequence and time", &|i, o| {
+            if i == 1 {
+                o.devices.active.seq = 0;
+            }
+        }),
+        ("in sequence and time", &|i, o| {
+            if i == 1 {
+                o.devices.post.at_ns = 0;
+            }
+        }),
+        ("quiescent", &|i, o| {
+            if i == 0 {
+                o.devices.post.quiescent = None;
             }
         }),
     ] {

@@ -95,10 +95,19 @@ fn a_real_qualification_reads_b_c_b_prime_on_their_lanes_and_passes_a_faster_can
     // Each read ran on its lane's CPUs, as the kernel allowed its first process.
     let cpus: Vec<Option<&str>> = [&o.devices.b, &o.devices.c, &o.devices.b2]
         .iter()
-        .map(|d| d.cpus_allowed.as_deref())
+        .map(|d| d.active.cpus_allowed.as_deref())
         .collect();
     assert_eq!(cpus, [Some("0"), Some("1"), Some("0")]);
-    assert!(o.devices.b.gpus.is_empty(), "no GPU is claimed");
+    // No GPU, no drain is claimed; the post receipt's quiescence is the release's proof.
+    for d in [&o.devices.b, &o.devices.c, &o.devices.b2] {
+        assert!(
+            [&d.pre, &d.active, &d.post]
+                .iter()
+                .all(|r| r.gpus.is_empty())
+        );
+        assert_eq!((d.pre.quiescent, d.post.quiescent), (None, Some(true)));
+        assert!(d.pre.at_ns <= d.active.at_ns && d.active.at_ns <= d.post.at_ns);
+    }
     // B, C, B′ in that order, one at a time.
     let s = spans(&w, &o);
     for pair in s.windows(2) {

@@ -138,6 +138,18 @@ pub fn drive_script(
     expect_ok: bool,
     script: impl FnOnce(&mut Fake) + Send + 'static,
 ) -> Verdict {
+    drive_observed(w, (startup, phase, absolute), expect_ok, script, &mut || {})
+}
+
+/// [`drive_script`] with the phases as (startup, workload, absolute) and `during_warmup` as the
+/// driver's warmup hook.
+pub fn drive_observed(
+    w: &Workload,
+    (startup, phase, absolute): (Duration, Duration, Duration),
+    expect_ok: bool,
+    script: impl FnOnce(&mut Fake) + Send + 'static,
+    during_warmup: &mut dyn FnMut(),
+) -> Verdict {
     let (to_host, rx) = channel();
     let (tx, from_host) = channel();
     let handle = std::thread::spawn(move || {
@@ -157,13 +169,20 @@ pub fn drive_script(
         workload_phase: phase,
         absolute: origin + absolute,
     };
-    let v = drive(&rx, tx, origin, &plan, &|_| {
-        if expect_ok {
-            Vec::new()
-        } else {
-            vec!["CapEff is 1".into()]
-        }
-    });
+    let v = drive(
+        &rx,
+        tx,
+        origin,
+        &plan,
+        &|_| {
+            if expect_ok {
+                Vec::new()
+            } else {
+                vec!["CapEff is 1".into()]
+            }
+        },
+        during_warmup,
+    );
     drop(rx);
     let _ = handle.join();
     v
