@@ -11,16 +11,18 @@
 //!    the last timed response received. Its scatter is the spread of its per-window rates,
 //!    (max − min) / median. A read with fewer timed windows than the policy's minimum is a plan
 //!    the host should not have run: no-decision.
-//! 2. The baseline is B and B′ when B′'s scatter is within bounds and the two reads' noise,
-//!    |B − B′| / mean, is at most `max-noise-bp`. Otherwise (bracket drift) the later bracket is
-//!    dropped and C against B decides: B's two halves (its timed windows split in order) stand
-//!    in as the two baseline reads. A B whose scatter is out of bounds, or halves whose noise is
-//!    above the bound, leave the host without a baseline: **no-decision** (the host failed to
-//!    measure, not the candidate).
+//! 2. Both baseline reads must be usable (scatter within bounds), or the host has no baseline:
+//!    **no-decision** (the host failed to measure, not the candidate). The baseline is B and B′
+//!    when their noise, |B − B′| / mean (rounded up), is at most `max-noise-bp`. Otherwise
+//!    (bracket drift) the later bracket is dropped and C against B decides: B's two halves (its
+//!    timed windows split in order) stand in as the two baseline reads, and the noise is never
+//!    taken below `max-noise-bp` — a drift never lowers the bar. Halves whose own noise is
+//!    above the bound leave no baseline: no-decision. A baseline rate of zero is no
+//!    measurement: no-decision.
 //! 3. A C whose windows scatter beyond the bound is not proven faster: FAIL.
 //! 4. A conditioning regression (C's conditioning span above `max-conditioning-slowdown-bp`
 //!    of B's) is a FAIL.
-//! 5. required = 1 + max(margin, multiplier × noise). PASS when C / max(baseline) ≥ required;
+//! 5. required = 1 + max(margin, multiplier × noise), rounded up. PASS when C / max(baseline) ≥ required;
 //!    FAIL when C / min(baseline) < required; anything between is undetermined, which is a
 //!    FAIL ("not proven faster", never deferred). There is no adaptive escalation: B, C, B′ are
 //!    the only reads, every time.
@@ -137,11 +139,11 @@ fn bp(part: u64, whole: u64) -> u64 {
     u64::try_from(u128::from(part) * u128::from(ONE) / u128::from(whole.max(1))).unwrap_or(u64::MAX)
 }
 
-/// |a − b| over their mean, basis points.
+/// |a − b| over their mean, basis points, rounded up (the host never understates its noise).
 fn noise(a: u64, b: u64) -> u64 {
-    let mean = (u128::from(a) + u128::from(b)) / 2;
-    let diff = u128::from(a.abs_diff(b)) * u128::from(ONE);
-    u64::try_from(diff / mean.max(1)).unwrap_or(u64::MAX)
+    let sum = u128::from(a) + u128::from(b);
+    let diff = u128::from(a.abs_diff(b)) * u128::from(ONE) * 2;
+    u64::try_from(diff.div_ceil(sum.max(1))).unwrap_or(u64::MAX)
 }
 
 /// What the host measured of one read's windows.
@@ -193,16 +195,23 @@ pub fn decide(
 ) -> SpeedRecord {
     let (fb, fc, fb2) = (facts(b), facts(c), facts(b2));
     let bracket_noise_bp = noise(fb.rate_milli, fb2.rate_milli);
-    let bracketed =
-        fb2.scatter_bp <= policy.max_window_scatter_bp && bracket_noise_bp <= policy.max_noise_bp;
-    let (baseline, baseline_milli) = if bracketed {
-        (Baseline::Bracketed, [fb.rate_milli, fb2.rate_milli])
+    let (baseline, baseline_milli, noise_bp) = if bracket_noise_bp <= policy.max_noise_bp {
+        (
+            Baseline::Bracketed,
+            [fb.rate_milli, fb2.rate_milli],
+            bracket_noise_bp,
+        )
     } else {
-        (Baseline::Drift, halves(b))
+        let h = halves(b);
+        // After a drift the host trusts its baseline less, never more.
+        (
+            Baseline::Drift,
+            h,
+            noise(h[0], h[1]).max(policy.max_noise_bp),
+        )
     };
-    let noise_bp = noise(baseline_milli[0], baseline_milli[1]);
     let multiplied = u64::try_from(
-        u128::from(policy.noise_multiplier_bp) * u128::from(noise_bp) / u128::from(ONE),
+        (u128::from(policy.noise_multiplier_bp) * u128::from(noise_bp)).div_ceil(u128::from(ONE)),
     )
     .unwrap_or(u64::MAX);
     let required_bp = ONE.saturating_add(policy.min_margin_bp.max(multiplied));
@@ -253,14 +262,24 @@ fn judge(policy: &Speed, r: &SpeedRecord) -> (Verdict, &'static str, String) {
         );
     }
     let scatter = policy.max_window_scatter_bp;
-    if r.b.scatter_bp > scatter {
+    if let Some((name, f)) = [("B", &r.b), ("B′", &r.b2)]
+        .into_iter()
+        .find(|(_, f)| f.scatter_bp > scatter)
+    {
         return (
             Verdict::NoDecision,
             "speed.baseline",
             format!(
-                "the incumbent's first read scattered {} bp, above {scatter} bp: no baseline",
-                r.b.scatter_bp
+                "the incumbent's read {name} scattered {} bp, above {scatter} bp: fewer than two usable baseline reads",
+                f.scatter_bp
             ),
+        );
+    }
+    if r.baseline_milli.contains(&0) {
+        return (
+            Verdict::NoDecision,
+            "speed.baseline",
+            "a baseline rate is zero: no measurement".into(),
         );
     }
     if r.baseline == Baseline::Drift && r.noise_bp > policy.max_noise_bp {
@@ -414,21 +433,26 @@ mod tests {
 
     #[test]
     fn bracket_drift_drops_the_later_read_and_c_against_b_decides() {
-        // B′ 40 % faster than B: drift. Against B alone C (1.25×) passes; against B′ it
+        // B′ 40 % faster than B: drift. Against B alone C (1.43×) passes; against B′ it
         // would not.
-        let r = decide(&policy(), &even(100), &even(80), &even(60));
+        let r = decide(&policy(), &even(100), &even(70), &even(60));
         assert_eq!(r.baseline, Baseline::Drift);
         assert!(r.bracket_noise_bp > 1_000);
         assert_eq!(r.baseline_milli[0], r.baseline_milli[1]);
         assert_eq!((r.verdict, r.code.as_str()), (Verdict::Pass, "speed.pass"));
-        // A B′ whose windows scatter is dropped the same way.
-        let r = decide(
-            &policy(),
-            &even(100),
-            &even(80),
-            &read(&[], &[10, 100, 10, 100]),
+        // A drift never lowers the bar: B's halves agree exactly, yet the noise taken is the
+        // bound, so 1.25× (enough against a steady bracket) is not enough after a drift.
+        assert_eq!(r.noise_bp, 1_000);
+        assert_eq!(r.required_bp, 10_000 + 3_000);
+        let r = decide(&policy(), &even(100), &even(80), &even(60));
+        assert_eq!(
+            (r.verdict, r.code.as_str()),
+            (Verdict::Fail, "speed.slower")
         );
-        assert_eq!((r.baseline, r.verdict), (Baseline::Drift, Verdict::Pass));
+        assert_eq!(
+            decide(&policy(), &even(100), &even(80), &even(100)).verdict,
+            Verdict::Pass
+        );
     }
 
     #[test]
@@ -443,6 +467,21 @@ mod tests {
         // B's windows scatter beyond the bound.
         let b = read(&[], &[10, 100, 10, 100, 10, 100, 10, 100]);
         let r = decide(&policy(), &b, &even(10), &b);
+        assert_eq!(
+            (r.verdict, r.code.as_str()),
+            (Verdict::NoDecision, "speed.baseline")
+        );
+        // B′'s windows scatter beyond the bound: not a drift, no second usable read.
+        let scattered = read(&[], &[10, 100, 10, 100]);
+        let r = decide(&policy(), &even(100), &even(10), &scattered);
+        assert_eq!(
+            (r.verdict, r.code.as_str()),
+            (Verdict::NoDecision, "speed.baseline")
+        );
+        // A baseline too slow to register at all is no measurement.
+        let crawl = read(&[], &[u64::MAX / MS / 16; 4]);
+        let r = decide(&policy(), &crawl, &even(10), &crawl);
+        assert_eq!(r.baseline_milli, [0, 0]);
         assert_eq!(
             (r.verdict, r.code.as_str()),
             (Verdict::NoDecision, "speed.baseline")
