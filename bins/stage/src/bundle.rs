@@ -284,6 +284,16 @@ pub fn launch_identity(spec: &Spec, run: &RunInputs) -> Result<serde_json::Value
             *x = Value::from(token);
         }
     }
+    // Device nodes are owned by the run account's group.
+    if let Some(Value::Array(devices)) = v.pointer_mut("/linux/devices") {
+        for d in devices.iter_mut() {
+            for (key, id, token) in [("uid", run.uid, "$UID"), ("gid", run.gid, "$GID")] {
+                if let Some(x) = d.get_mut(key).filter(|x| x.as_u64() == Some(u64::from(id))) {
+                    *x = Value::from(token);
+                }
+            }
+        }
+    }
     // Longest path first, so a path inside another is replaced whole.
     let mut paths: Vec<(String, String)> = run
         .sources
@@ -295,10 +305,6 @@ pub fn launch_identity(spec: &Spec, run: &RunInputs) -> Result<serde_json::Value
         ])
         .collect();
     paths.sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
-    let whole = [
-        (format!("uid={}", run.uid), "uid=$UID"),
-        (format!("gid={}", run.gid), "gid=$GID"),
-    ];
     fn scrub(v: &mut Value, f: &dyn Fn(&str) -> Option<String>) {
         match v {
             Value::String(s) => {
@@ -312,9 +318,6 @@ pub fn launch_identity(spec: &Spec, run: &RunInputs) -> Result<serde_json::Value
         }
     }
     scrub(&mut v, &|s: &str| {
-        if let Some((_, t)) = whole.iter().find(|(w, _)| w == s) {
-            return Some((*t).to_owned());
-        }
         for (p, t) in &paths {
             if let Some(rest) = s.strip_prefix(p.as_str())
                 && (rest.is_empty() || rest.starts_with('/'))
@@ -1310,6 +1313,14 @@ mod tests {
             assert!(!text.contains(run_value), "{run_value} is in {text}");
         }
         assert!(!text.contains(&format!("\"uid\":{}", b.uid)), "{text}");
+        // A stage with device nodes (owned by the run account's group) likewise.
+        let on = |run: &RunInputs| plan(&p, StageKind::Reference, run).unwrap().launch;
+        let r = example_inputs(&p, StageKind::Reference);
+        let mut s = r.clone();
+        s.uid += 7;
+        s.gid += 7;
+        assert_eq!(on(&r), on(&s));
+        assert!(!on(&s).to_string().contains(&s.gid.to_string()));
         // What every run shares is in it: another argv or another limit is another launch.
         let mut c = a.clone();
         c.argv.push("--extra".into());
