@@ -278,12 +278,6 @@ impl Created {
 }
 
 impl Running {
-    /// The container's first process, as the host sees it.
-    #[must_use]
-    pub fn pid(&self) -> i32 {
-        self.created.pid
-    }
-
     /// The live stdin, when it was asked for (once).
     pub fn take_stdin(&mut self) -> Option<ChildStdin> {
         self.created.stdin.take()

@@ -81,6 +81,37 @@ pub const DEFAULT_STATE_ROOT: &str = "/run/cordon-runc";
 /// executor that a live supervisor holds.
 pub const LOCK_DIR: &str = "/run/cordon-locks";
 
+/// Open (creating it, and its directory 0700) a host lock file in [`LOCK_DIR`]: a regular file
+/// of this user's, readable and writable by it alone. Anything else planted there — a link
+/// (`O_NOFOLLOW`), a FIFO (`O_NONBLOCK`: the open never waits for a writer), another user's
+/// file or one others may open — is refused rather than locked.
+///
+/// # Errors
+/// It cannot be made or opened, or is not such a file.
+pub fn open_lock_file(path: &Path) -> std::io::Result<File> {
+    if let Some(parent) = path.parent() {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(parent)?;
+    }
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).bits())
+        .open(path)?;
+    let m = f.metadata()?;
+    if !m.is_file() || m.uid() != nix::unistd::geteuid().as_raw() || m.mode() & 0o077 != 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "the lock is not a regular file of this user's, closed to others",
+        ));
+    }
+    Ok(f)
+}
+
 /// The lease record schema (2: resources are one typed list).
 pub const LEASE_SCHEMA: u32 = 3;
 
@@ -467,7 +498,9 @@ impl Setup {
         &*self.runtime.host
     }
 
-    fn probe(&self, lease: &str) -> CgroupProbe {
+    /// The cgroup of `lease`'s container, read through the host seam.
+    #[must_use]
+    pub fn probe(&self, lease: &str) -> CgroupProbe {
         CgroupProbe {
             host: self.runtime.host.clone(),
             root: self.cgroup_root.clone(),
@@ -973,21 +1006,7 @@ impl Manager {
         }
         // Host-global, not per store: two stores never both believe they own one executor.
         let path = setup.lock_path();
-        if let Some(parent) = path.parent() {
-            fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(parent)
-                .map_err(io("create", parent))?;
-        }
-        let f = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
-            .open(&path)
-            .map_err(io("open lock", &path))?;
+        let f = open_lock_file(&path).map_err(io("open lock", &path))?;
         let arg = if shared {
             FlockArg::LockSharedNonblock
         } else {

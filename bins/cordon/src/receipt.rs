@@ -264,8 +264,9 @@ pub struct DeviceReceipt {
     pub at_ns: u64,
     /// The GPUs observed (none: the lane has no GPU).
     pub gpus: Vec<String>,
-    /// Active: the CPU list the kernel allowed the container's first process (`/proc`).
-    pub cpus_allowed: Option<String>,
+    /// Active: the CPUs the kernel's cpuset controller gives the container's cgroup
+    /// (effective), as a cpu list.
+    pub cpuset: Option<String>,
     /// Post: the lease's release proved the container and its processes absent (OCI
     /// quiescence). Never set where it was not observed.
     pub quiescent: Option<bool>,

@@ -312,6 +312,21 @@ impl CgroupProbe {
         }
     }
 
+    /// The CPUs the kernel's cpuset controller gives this cgroup (effective), as a cpu list.
+    /// The container's processes cannot change it (affinity calls only narrow within it).
+    #[must_use]
+    pub fn cpuset_effective(&self) -> Option<String> {
+        let file = if self.unified().ok()? {
+            self.root.join(self.rel()).join("cpuset.cpus.effective")
+        } else {
+            self.root
+                .join("cpuset")
+                .join(self.rel())
+                .join("cpuset.effective_cpus")
+        };
+        Some(self.text(&file)?.trim().to_owned())
+    }
+
     /// The pids limit the kernel applied.
     #[must_use]
     pub fn pids_limit(&self) -> Option<u64> {

@@ -34,7 +34,7 @@ use cordon_stage::receipt_io as stage;
 use serde_json::json;
 
 use crate::qualify::{self, Build, Plan, QualifyOutputs};
-use crate::session::{Config, Inputs, session, tree_of};
+use crate::session::{Config, Inputs, session, session_under, tree_of};
 
 /// Run engine sessions in the runtime lane.
 #[derive(Debug, Parser)]
@@ -333,10 +333,12 @@ pub fn run(
             };
             let (orientation, reproduces) = match reproduce {
                 None => (qualify::primary(policy), None),
-                Some(path) => match reproduction(policy, path, &authority, b_prev, prev, &frozen) {
-                    Ok((o, first)) => (Ok(o), Some(first)),
-                    Err(why) => return usage(stderr, &why),
-                },
+                Some(path) => {
+                    match reproduction(&store, policy, path, &authority, (b_prev, prev), &frozen) {
+                        Ok((o, first)) => (Ok(o), Some(first)),
+                        Err(why) => return usage(stderr, &why),
+                    }
+                }
             };
             let orientation = match orientation {
                 Ok(o) => o,
@@ -355,7 +357,9 @@ pub fn run(
                 frozen,
             };
             receipt.inputs["reproduces"] = json!(plan.reproduces.as_ref().map(|(d, _)| d));
-            let mut read = |inputs: &Inputs| session(policy, &cfg, inputs);
+            let mut read = |inputs: &Inputs, lock: &crate::lock::GpuLock| {
+                session_under(policy, &cfg, inputs, lock)
+            };
             match qualify::qualify(policy, &cfg, &plan, &mut read, mode, stderr) {
                 Err(e) if e.is_usage() => {
                     report_diagnostic(&e, mode, stderr);
@@ -367,23 +371,32 @@ pub fn run(
     }
 }
 
-/// The primary attempt a reproduction exchanges: an `ok` qualify receipt under this authority,
-/// of the same incumbent and candidate builds and the same speed policy.
+/// The primary attempt a reproduction exchanges: an `ok` qualify receipt this store holds,
+/// whose chain walks back to intake under this authority, of the same incumbent and candidate
+/// builds, decided under the same speed policy — and whose verdict recomputes from its own
+/// windows to what it says.
 fn reproduction(
+    store: &Store,
     policy: &cordon_policy_lang::Policy,
     path: &std::path::Path,
     authority: &Digest,
-    incumbent: Digest,
-    candidate: Digest,
+    builds: (Digest, Digest),
     frozen: &qualify::Frozen,
 ) -> Result<(qualify::Orientation, (Digest, QualifyOutputs)), String> {
-    let (first, digest) = stage::read_input(
+    let (incumbent, candidate) = builds;
+    let (_, digest) = stage::read_input(
         Some(path),
         &mut std::io::empty(),
         StageName::Qualify,
         authority,
     )
     .map_err(|e| format!("the primary attempt: {e}"))?;
+    // The store's copy, re-hashed, never the file's: a hand-written receipt names nothing
+    // the store established.
+    let first =
+        cordon::chain::load(store, &digest).map_err(|e| format!("the primary attempt: {e}"))?;
+    stage::require_chain(store, &digest, authority)
+        .map_err(|e| format!("the primary attempt: {e}"))?;
     let outputs = first
         .outputs_as::<QualifyOutputs>()
         .map_err(|e| format!("the primary attempt: {e}"))?;
@@ -397,6 +410,10 @@ fn reproduction(
         .ok_or_else(|| "the policy has no speed section".to_owned())?;
     if qualify::speed_policy_digest(speed).map_err(|e| e.to_string())? != outputs.speed_policy {
         return Err("the primary attempt was decided under another speed policy".into());
+    }
+    let w = &outputs.windows;
+    if crate::speed::decide(speed, &w.b, &w.c, &w.b2) != outputs.speed {
+        return Err("the primary attempt's verdict does not recompute from its windows".into());
     }
     let o = qualify::exchanged(policy, &outputs, frozen).map_err(|e| e.to_string())?;
     Ok((o, (digest, outputs)))

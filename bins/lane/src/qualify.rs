@@ -1,6 +1,7 @@
 //! A speed qualification: the reads B (incumbent), C (candidate) and B′ (incumbent again), in
 //! that order, each a whole part-1 session in a fresh container with its own stored receipt,
-//! under one authority; then the host's verdict ([`crate::speed`]).
+//! under one authority and one hold of the host's GPU lock (nothing else runs between them);
+//! then the host's verdict ([`crate::speed`]).
 //!
 //! There is no adaptive escalation: B, C, B′ are the only reads, every time (seed 001's "v8").
 //! A read that does not serve ends the qualification — a candidate's rejection is the
@@ -27,8 +28,8 @@ use std::path::PathBuf;
 
 use cordon::canonical::{Digest, domain_digest};
 use cordon::receipt::{
-    Decision, DevicePhase, DeviceReceipts, LaneAssignment, LaneOutputs, LaneWindow, Outcome,
-    Receipt, Rejection, Role, StageName, StageOutputs,
+    Decision, DevicePhase, DeviceReceipts, LaneAssignment, LaneOutputs, LaneWindow, LockSpan,
+    Outcome, Receipt, Rejection, Role, StageName, StageOutputs,
 };
 use cordon_policy_lang::{Policy, StageKind, cpu_list};
 use cordon_stage::args::Diagnostics;
@@ -36,8 +37,10 @@ use cordon_stage::receipt_io as stage;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use crate::lock::GpuLock;
 use crate::session::{Config, Inputs, LaneError};
 use crate::speed::{self, SpeedRecord, Verdict};
+use crate::workload::Workload;
 
 /// One role's build: what its reads mount, and the prebuild receipt they continue.
 #[derive(Debug, Clone)]
@@ -182,6 +185,10 @@ pub struct QualifyOutputs {
     pub reproduces: Option<Digest>,
     /// The launch digest all three reads share.
     pub launch: Digest,
+    /// The one hold of the host's GPU lock all three reads ran under.
+    pub gpu_lock: LockSpan,
+    /// Each read's output tokens, by digest (the reference stage grades C's).
+    pub outputs: Reads<Digest>,
     /// What the authority is frozen on besides its identity.
     pub frozen: Frozen,
     /// The digest of the policy's speed section.
@@ -290,7 +297,7 @@ pub fn qualify(
     policy: &Policy,
     cfg: &Config,
     plan: &Plan,
-    read: &mut dyn FnMut(&Inputs) -> Result<crate::session::Outcome, LaneError>,
+    read: &mut dyn FnMut(&Inputs, &GpuLock) -> Result<crate::session::Outcome, LaneError>,
     mode: Diagnostics,
     stderr: &mut dyn Write,
 ) -> Result<Decision<QualifyOutputs>, LaneError> {
@@ -298,6 +305,21 @@ pub fn qualify(
         .speed()
         .ok_or_else(|| LaneError::Policy("the policy has no speed section".into()))?;
     let speed_digest = speed_policy_digest(speed_policy)?;
+    // A workload with fewer timed requests than the verdict needs is refused before any read.
+    let (workload, _) = Workload::load(&plan.workload)?;
+    let timed = (0..workload.requests.len())
+        .filter(|&i| workload.phase(i) == cordon::receipt::LanePhase::Timed)
+        .count() as u64;
+    if timed < speed_policy.min_timed_windows {
+        return Err(LaneError::Policy(format!(
+            "the workload has {timed} timed requests; the speed policy needs at least {}",
+            speed_policy.min_timed_windows
+        )));
+    }
+    // One hold of the host's GPU lock for all three reads: no other read runs between them.
+    let lock = crate::lock::acquire(&cfg.setup.lock_dir)
+        .map_err(|e| LaneError::NoDecision(format!("cannot take the host's GPU lock: {e}")))?;
+    let from_unix_ns = crate::lock::unix_ns();
     let reads = [
         ("B", Role::B, &plan.incumbent, &plan.orientation.baseline),
         ("C", Role::C, &plan.candidate, &plan.orientation.candidate),
@@ -324,7 +346,7 @@ pub fn qualify(
             "model": plan.model,
             "lane": lane,
         });
-        let result = match read(&inputs) {
+        let result = match read(&inputs, &lock) {
             Err(e) if e.is_usage() => return Err(e),
             r => r,
         };
@@ -338,9 +360,13 @@ pub fn qualify(
             &mut std::io::sink(),
             stderr,
         );
+        // The qualify receipt links only session receipts the store holds.
         let digest = receipt
             .digest()
             .map_err(|e| LaneError::NoDecision(format!("the session receipt: {e}")))?;
+        cordon::chain::load(&cfg.store, &digest).map_err(|e| {
+            LaneError::NoDecision(format!("read {name}'s session receipt is not stored: {e}"))
+        })?;
         let why = receipt
             .reasons
             .first()
@@ -368,6 +394,16 @@ pub fn qualify(
     let [(db, b), (dc, c), (db2, b2)] = <[(Digest, LaneOutputs); 3]>::try_from(done)
         .map_err(|_| LaneError::NoDecision("not every read ran".into()))?;
     same_launch(&b, &c, &b2)?;
+    let gpu_lock = lock.span(from_unix_ns);
+    drop(lock);
+    // A reproduction repeats its primary attempt's launch, workload and model exactly.
+    if let Some((_, first)) = &plan.reproduces
+        && (first.launch, first.workload, first.model) != (b.launch, b.workload, b.model)
+    {
+        return Err(LaneError::NoDecision(
+            "the reproduction was launched differently from its primary attempt (launch, workload or model)".into(),
+        ));
+    }
     let record = speed::decide(speed_policy, &b.windows, &c.windows, &b2.windows);
     let stage = policy.stage(StageKind::Lane);
     let non_settling = if stage.is_some_and(|s| s.gpu_device.is_empty()) {
@@ -396,6 +432,12 @@ pub fn qualify(
         orientation: plan.orientation.clone(),
         reproduces: plan.reproduces.as_ref().map(|(d, _)| *d),
         launch: b.launch,
+        gpu_lock,
+        outputs: Reads {
+            b: b.outputs,
+            c: c.outputs,
+            b2: b2.outputs,
+        },
         frozen: plan.frozen.clone(),
         speed_policy: speed_digest,
         workload: b.workload,
@@ -453,11 +495,11 @@ fn check_devices(name: &str, lane: &LaneAssignment, d: &DeviceReceipts) -> Resul
     if d.post.quiescent != Some(true) {
         return no("the post receipt does not prove the lane quiescent".into());
     }
-    let observed = d.active.cpus_allowed.as_deref().and_then(cpu_list);
+    let observed = d.active.cpuset.as_deref().and_then(cpu_list);
     if observed.is_none() || observed != cpu_list(&lane.cpuset) {
         return Err(LaneError::NoDecision(format!(
             "read {name} ran on another physical lane: its CPUs were {:?}, lane {} is {}",
-            d.active.cpus_allowed, lane.name, lane.cpuset
+            d.active.cpuset, lane.name, lane.cpuset
         )));
     }
     Ok(())

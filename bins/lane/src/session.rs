@@ -36,6 +36,7 @@ use cordon_stage::session::{Job, SessionError};
 use serde_json::json;
 
 use crate::driver::{self, Plan, Verdict};
+use crate::lock::GpuLock;
 use crate::model::{self, ModelError};
 use crate::workload::{Workload, WorkloadError};
 
@@ -300,13 +301,30 @@ impl Expected {
     }
 }
 
-/// Run one engine session.
+/// Run one engine session under the host's GPU lock, waiting for it first.
+///
+/// # Errors
+/// Anything cordon could not establish, or the operator's wiring error.
+pub fn session(policy: &Policy, cfg: &Config, inputs: &Inputs) -> Result<Outcome, LaneError> {
+    let lock = crate::lock::acquire(&cfg.setup.lock_dir)
+        .map_err(|e| LaneError::NoDecision(format!("cannot take the host's GPU lock: {e}")))?;
+    session_under(policy, cfg, inputs, &lock)
+}
+
+/// Run one engine session under `lock`, the host's GPU lock the caller holds (a
+/// qualification holds it for all its reads).
 ///
 /// # Errors
 /// Anything cordon could not establish, or the operator's wiring error.
 #[allow(clippy::too_many_lines)]
-pub fn session(policy: &Policy, cfg: &Config, inputs: &Inputs) -> Result<Outcome, LaneError> {
+pub fn session_under(
+    policy: &Policy,
+    cfg: &Config,
+    inputs: &Inputs,
+    lock: &GpuLock,
+) -> Result<Outcome, LaneError> {
     let started = Instant::now();
+    let from_unix_ns = crate::lock::unix_ns();
     // Parse: the stage's values this session enforces, each required.
     let stage = policy
         .stage(StageKind::Lane)
@@ -437,16 +455,20 @@ pub fn session(policy: &Policy, cfg: &Config, inputs: &Inputs) -> Result<Outcome
     let mut active = None;
     let since =
         |t: Instant| u64::try_from(t.duration_since(started).as_nanos()).unwrap_or(u64::MAX);
-    // All GPU work on this host is serialized, from before the container exists until after
-    // its release (absence proof included).
-    let lock = crate::lock::acquire(&cfg.setup.run_root)
-        .map_err(|e| LaneError::NoDecision(format!("cannot take the host's GPU lock: {e}")))?;
     let pre_ns = since(Instant::now());
     let ran = session.run(
         &job,
         |running, planned, deadline| {
             launch = Some(launch_digest(planned, &pin)?);
-            let pid = running.pid();
+            // The container's cgroup, whose cpuset only the host can change.
+            let lease = planned
+                .spec
+                .annotations()
+                .as_ref()
+                .and_then(|a| a.get(cordon::lease::LABEL_LEASE))
+                .cloned()
+                .unwrap_or_default();
+            let cgroup = cfg.setup.probe(&lease);
             let plan = Plan {
                 workload: &workload,
                 limits,
@@ -462,9 +484,11 @@ pub fn session(policy: &Policy, cfg: &Config, inputs: &Inputs) -> Result<Outcome
             };
             let origin = Instant::now();
             let rx = driver::reader(stdout, stage.output.stdout_bytes);
-            // While the engine works on its last warmup request: what the kernel allows the
-            // container's first process (its lane's CPUs).
-            let mut during_warmup = || active = Some((since(Instant::now()), cpus_allowed_of(pid)));
+            // While the engine works on its last warmup request: the CPUs the kernel's cpuset
+            // gives the container's cgroup (its lane's). Not a process's affinity: the engine
+            // could narrow the worker's, never widen the cgroup's.
+            let mut during_warmup =
+                || active = Some((since(Instant::now()), cgroup.cpuset_effective()));
             let v = driver::drive(
                 &rx,
                 driver::writer(stdin),
@@ -488,20 +512,20 @@ pub fn session(policy: &Policy, cfg: &Config, inputs: &Inputs) -> Result<Outcome
     )?;
     // The release (and its absence proof) succeeded: the read is over on every device.
     let post_ns = since(Instant::now());
-    let gpu_lock = lock.release();
+    let gpu_lock = lock.span(from_unix_ns);
     let (meta, lease) = ran.inspected;
     let verdict =
         verdict.ok_or_else(|| LaneError::NoDecision("the session was not driven".into()))?;
     let launch =
         launch.ok_or_else(|| LaneError::NoDecision("the session was not driven".into()))?;
-    let (active_ns, cpus_allowed) = active.unwrap_or((0, None));
+    let (active_ns, cpuset) = active.unwrap_or((0, None));
     let receipt = |seq: u32, phase, at_ns, note: &str| DeviceReceipt {
         launch: lease.clone(),
         seq,
         phase,
         at_ns,
         gpus: Vec::new(),
-        cpus_allowed: None,
+        cpuset: None,
         quiescent: None,
         note: note.to_owned(),
     };
@@ -510,15 +534,15 @@ pub fn session(policy: &Policy, cfg: &Config, inputs: &Inputs) -> Result<Outcome
             0,
             DevicePhase::Pre,
             pre_ns,
-            "no GPU on the lane: nothing to drain; the host's GPU lock is held, so no other read runs",
+            "no GPU on the lane: nothing to drain; the host's GPU lock is held (another read waits for it)",
         ),
         active: DeviceReceipt {
-            cpus_allowed,
+            cpuset,
             ..receipt(
                 1,
                 DevicePhase::Active,
                 active_ns,
-                "no GPU on the lane: the CPUs the kernel allowed the container's first process during the last warmup",
+                "no GPU on the lane: the CPUs of the container's cgroup (cpuset, effective) during the last warmup",
             )
         },
         post: DeviceReceipt {
@@ -574,15 +598,6 @@ fn launch_digest(planned: &Planned, image: &Digest) -> Result<Digest, LaneError>
         }),
     )
     .map_err(|e| LaneError::NoDecision(format!("the launch digest: {e}")))
-}
-
-/// The CPU list the kernel allows `pid` (`Cpus_allowed_list` of its status).
-fn cpus_allowed_of(pid: i32) -> Option<String> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-        .map(|v| v.trim().to_owned())
 }
 
 /// The stage's decision from the driver's verdict and the container's meta record: the

@@ -406,8 +406,9 @@ fn the_warmup_hook_runs_once_while_the_last_warmup_request_is_outstanding() {
                     let r = Request::decode(&frame.payload).unwrap();
                     // Slow enough that the host's hook runs before the answer.
                     std::thread::sleep(Duration::from_millis(50));
-                    f.answer(&r);
+                    // Counted before the host can see the answer.
                     seen.fetch_add(1, Ordering::SeqCst);
+                    f.answer(&r);
                 }
                 f.ended(Some(0), None);
                 f.eof();

@@ -18,6 +18,7 @@ use cordon::runtime::Meta;
 use cordon::store::Store;
 use cordon_frame::message::Request;
 use cordon_lane::driver::Verdict as Driven;
+use cordon_lane::lock::GpuLock;
 use cordon_lane::qualify::{Build, Frozen, Plan, QualifyOutputs, exchanged, primary, qualify};
 use cordon_lane::session::{Config, Inputs, LaneError, Outcome as Read, timed_rate_milli};
 use cordon_lane::speed::{self, Baseline, Verdict};
@@ -31,7 +32,7 @@ mod common;
 use common::fake::{Fake, drive_script};
 
 struct World {
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     store: Store,
     policy: Policy,
     cfg: Config,
@@ -47,12 +48,14 @@ fn world(edits: &[(&str, &str)]) -> World {
     }
     let policy = cordon_policy_lang::parse("t.kdl", &text).unwrap();
     let store = Store::open(&dir.path().join("store")).unwrap();
-    let setup = cordon_stage::settings::lease_setup(
+    let mut setup = cordon_stage::settings::lease_setup(
         &policy,
         "qualify-test",
         &dir.path().join("state"),
         dir.path().join("run"),
     );
+    // The fake reads touch no device: a private lock, not the host's.
+    setup.lock_dir = dir.path().join("locks");
     let cfg = Config {
         store: store.clone(),
         images: dir.path().join("images"),
@@ -61,7 +64,7 @@ fn world(edits: &[(&str, &str)]) -> World {
         runtime_version: "test".into(),
     };
     World {
-        _dir: dir,
+        dir,
         store,
         policy,
         cfg,
@@ -144,14 +147,14 @@ fn outputs(inputs: &Inputs, t: &cordon_lane::driver::Transcript) -> LaneOutputs 
                 phase,
                 at_ns: u64::from(seq) * 1000,
                 gpus: Vec::new(),
-                cpus_allowed: None,
+                cpuset: None,
                 quiescent: None,
                 note: "fake".into(),
             };
             DeviceReceipts {
                 pre: receipt(0, DevicePhase::Pre),
                 active: DeviceReceipt {
-                    cpus_allowed: inputs.lane.as_ref().map(|l| l.cpuset.clone()),
+                    cpuset: inputs.lane.as_ref().map(|l| l.cpuset.clone()),
                     ..receipt(1, DevicePhase::Active)
                 },
                 post: DeviceReceipt {
@@ -188,6 +191,17 @@ fn plan(w: &World) -> Plan {
     }
 }
 
+/// `plan` with `load` written as its workload file (the qualification checks it before any
+/// read).
+fn with_workload(w: &World, plan: &Plan, load: &Workload) -> Plan {
+    let file = w.dir.path().join("workload.json");
+    std::fs::write(&file, serde_json::to_vec(load).unwrap()).unwrap();
+    Plan {
+        workload: file,
+        ..plan.clone()
+    }
+}
+
 /// Qualify with fake reads: `speeds[i]` is the i-th read's engine (B, C, B′); `edit` may
 /// change a read's receipt before the host sees it.
 fn run(
@@ -198,7 +212,7 @@ fn run(
     edit: &dyn Fn(usize, &mut LaneOutputs),
 ) -> (Result<Decision<QualifyOutputs>, LaneError>, usize) {
     let n = Cell::new(0usize);
-    let mut read = |inputs: &Inputs| -> Result<Read, LaneError> {
+    let mut read = |inputs: &Inputs, _: &GpuLock| -> Result<Read, LaneError> {
         let i = n.get();
         n.set(i + 1);
         let long = Duration::from_secs(30);
@@ -214,10 +228,11 @@ fn run(
             Driven::NoDecision(why) => Err(LaneError::NoDecision(why)),
         }
     };
+    let plan = with_workload(w, plan, load);
     let r = qualify(
         &w.policy,
         &w.cfg,
-        plan,
+        &plan,
         &mut read,
         Diagnostics::Text,
         &mut std::io::sink(),
@@ -347,11 +362,11 @@ fn a_conditioning_regression_fails_a_candidate_faster_when_timed() {
 #[test]
 fn a_read_that_does_not_serve_ends_the_qualification_and_is_charged_to_its_role() {
     let w = world(&[]);
-    let p = plan(&w);
     let load = workload(0, 4);
+    let p = with_workload(&w, &plan(&w), &load);
     // The candidate sends too few tokens: its rejection; B′ never runs.
     let n = Cell::new(0usize);
-    let mut read = |inputs: &Inputs| -> Result<Read, LaneError> {
+    let mut read = |inputs: &Inputs, _: &GpuLock| -> Result<Read, LaneError> {
         n.set(n.get() + 1);
         if inputs.role == Role::C {
             return Ok(Decision::Rejected(cordon::receipt::Rejection::one(
@@ -380,7 +395,7 @@ fn a_read_that_does_not_serve_ends_the_qualification_and_is_charged_to_its_role(
     }
     assert_eq!(n.get(), 2);
     // The incumbent breaking its own session is never the candidate's failure.
-    let mut read = |inputs: &Inputs| -> Result<Read, LaneError> {
+    let mut read = |inputs: &Inputs, _: &GpuLock| -> Result<Read, LaneError> {
         assert_eq!(inputs.role, Role::B);
         Ok(Decision::Rejected(cordon::receipt::Rejection::one(
             "lane.exit",
@@ -421,12 +436,12 @@ fn reads_launched_differently_on_another_lane_or_with_broken_device_receipts_are
         }),
         ("another physical lane", &|i, o| {
             if i == 1 {
-                o.devices.active.cpus_allowed = Some("0-1".into());
+                o.devices.active.cpuset = Some("0-1".into());
             }
         }),
         ("another physical lane", &|i, o| {
             if i == 0 {
-                o.devices.active.cpus_allowed = None;
+                o.devices.active.cpuset = None;
             }
         }),
         ("different launches", &|i, o| {
@@ -494,4 +509,39 @@ fn a_reproduction_is_the_exact_exchange_and_settles_at_the_lower_speedup() {
         let e = exchanged(&w.policy, &first, &now).unwrap_err();
         assert!(e.to_string().contains("another"), "{e}");
     }
+}
+
+#[test]
+fn a_workload_too_short_for_the_verdict_is_refused_before_any_read() {
+    let w = world(&[]);
+    let (r, reads) = run(&w, &plan(&w), &workload(0, 3), [(0, 1); 3], &|_, _| {});
+    match r {
+        Err(e) => {
+            assert!(e.is_usage(), "{e}");
+            assert!(e.to_string().contains("timed requests"), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(reads, 0);
+}
+
+#[test]
+fn a_reproduction_launched_differently_from_its_primary_is_a_no_decision() {
+    let w = world(&[]);
+    let p = plan(&w);
+    let load = workload(0, 4);
+    let first = accepted(run(&w, &p, &load, [(0, 20), (0, 5), (0, 20)], &|_, _| {}).0);
+    let again = Plan {
+        orientation: exchanged(&w.policy, &first, &p.frozen).unwrap(),
+        reproduces: Some((Digest::of_bytes(b"first"), first)),
+        ..p
+    };
+    let (r, reads) = run(&w, &again, &load, [(0, 20), (0, 5), (0, 20)], &|_, o| {
+        o.workload = Digest::of_bytes(b"another workload");
+    });
+    match r {
+        Err(LaneError::NoDecision(why)) => assert!(why.contains("primary attempt"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(reads, 3);
 }

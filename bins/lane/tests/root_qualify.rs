@@ -10,8 +10,9 @@ use cordon::chain;
 use cordon::lease::Manager;
 use cordon::receipt::{Decision, LaneOutputs, LockSpan};
 use cordon::tree::{PUBLICATIONS, TREES};
+use cordon_lane::lock::GpuLock;
 use cordon_lane::qualify::{Build, Frozen, Plan, QualifyOutputs, primary, qualify};
-use cordon_lane::session::{Inputs, session};
+use cordon_lane::session::{Config, Inputs, session_under};
 use cordon_lane::speed::Verdict;
 use cordon_stage::args::Diagnostics;
 
@@ -48,11 +49,11 @@ fn plan(w: &World, incumbent_ms: u64, candidate_ms: u64) -> Plan {
     }
 }
 
-fn qualified(w: &World, p: &Plan) -> QualifyOutputs {
-    let mut read = |inputs: &Inputs| session(&w.policy, &w.cfg, inputs);
+fn qualified(w: &World, cfg: &Config, p: &Plan) -> QualifyOutputs {
+    let mut read = |inputs: &Inputs, lock: &GpuLock| session_under(&w.policy, cfg, inputs, lock);
     match qualify(
         &w.policy,
-        &w.cfg,
+        cfg,
         p,
         &mut read,
         Diagnostics::Text,
@@ -88,14 +89,14 @@ fn nothing_left(w: &World) {
 fn a_real_qualification_reads_b_c_b_prime_on_their_lanes_and_passes_a_faster_candidate() {
     let w = common::world("lane-qualify", 0, "qualify-0", &[]);
     let p = plan(&w, 60, 15);
-    let o = qualified(&w, &p);
+    let o = qualified(&w, &w.cfg, &p);
     nothing_left(&w);
     assert_eq!(o.speed.verdict, Verdict::Pass);
     assert!(o.speed.speedup_bp > 20_000, "{:?}", o.speed);
     // Each read ran on its lane's CPUs, as the kernel allowed its first process.
     let cpus: Vec<Option<&str>> = [&o.devices.b, &o.devices.c, &o.devices.b2]
         .iter()
-        .map(|d| d.active.cpus_allowed.as_deref())
+        .map(|d| d.active.cpuset.as_deref())
         .collect();
     assert_eq!(cpus, [Some("0"), Some("1"), Some("0")]);
     // No GPU, no drain is claimed; the post receipt's quiescence is the release's proof.
@@ -108,8 +109,10 @@ fn a_real_qualification_reads_b_c_b_prime_on_their_lanes_and_passes_a_faster_can
         assert_eq!((d.pre.quiescent, d.post.quiescent), (None, Some(true)));
         assert!(d.pre.at_ns <= d.active.at_ns && d.active.at_ns <= d.post.at_ns);
     }
-    // B, C, B′ in that order, one at a time.
+    // B, C, B′ in that order, one at a time, inside the qualification's one hold of the lock.
     let s = spans(&w, &o);
+    assert!(o.gpu_lock.from_unix_ns <= s[0].from_unix_ns);
+    assert!(s[2].until_unix_ns <= o.gpu_lock.until_unix_ns);
     for pair in s.windows(2) {
         assert!(pair[0].until_unix_ns <= pair[1].from_unix_ns, "{s:?}");
     }
@@ -117,26 +120,45 @@ fn a_real_qualification_reads_b_c_b_prime_on_their_lanes_and_passes_a_faster_can
 }
 
 #[test]
-fn two_qualifications_at_once_never_overlap_their_reads() {
+fn two_qualifications_at_once_never_overlap_and_never_interleave_their_reads() {
     let w = common::world("lane-qualify", 1, "qualify-1", &[]);
+    // The second runs from another run directory: the lock is the host's, not the run
+    // directory's.
+    let mut other = w.cfg.clone();
+    other.setup.run_root = w.dir.path().join("run-2");
     let (p1, p2) = (plan(&w, 30, 10), plan(&w, 31, 11));
     let (a, b) = std::thread::scope(|s| {
-        let a = s.spawn(|| qualified(&w, &p1));
-        let b = s.spawn(|| qualified(&w, &p2));
+        let a = s.spawn(|| qualified(&w, &w.cfg, &p1));
+        let b = s.spawn(|| qualified(&w, &other, &p2));
         (a.join().unwrap(), b.join().unwrap())
     });
     nothing_left(&w);
-    let mut all: Vec<LockSpan> = spans(&w, &a).into_iter().chain(spans(&w, &b)).collect();
-    all.sort_by_key(|s| s.from_unix_ns);
-    for pair in all.windows(2) {
-        assert!(
-            pair[0].until_unix_ns <= pair[1].from_unix_ns,
-            "two reads held the host's GPU lock at once: {pair:?}"
-        );
-    }
-    // They did run at once: some read waited for the other qualification's.
+    // One hold per qualification, the two disjoint, and each read inside its own's.
+    let (first, second) = if a.gpu_lock.from_unix_ns <= b.gpu_lock.from_unix_ns {
+        (&a, &b)
+    } else {
+        (&b, &a)
+    };
     assert!(
-        all.iter().any(|s| s.waited_ns > 100_000_000),
-        "no read waited for the lock: {all:?}"
+        first.gpu_lock.until_unix_ns <= second.gpu_lock.from_unix_ns,
+        "two qualifications held the host's GPU lock at once: {:?} {:?}",
+        first.gpu_lock,
+        second.gpu_lock
+    );
+    for q in [&a, &b] {
+        for s in spans(&w, q) {
+            assert!(
+                q.gpu_lock.from_unix_ns <= s.from_unix_ns
+                    && s.until_unix_ns <= q.gpu_lock.until_unix_ns,
+                "a read outside its qualification's hold: {s:?} {:?}",
+                q.gpu_lock
+            );
+        }
+    }
+    // They did run at once: the second waited for the first.
+    assert!(
+        second.gpu_lock.waited_ns > 100_000_000,
+        "no qualification waited for the lock: {:?}",
+        second.gpu_lock
     );
 }
