@@ -111,6 +111,12 @@ impl Digest {
         Self(hasher.finalize().into())
     }
 
+    /// The 32 bytes.
+    #[must_use]
+    pub fn bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
     /// The lowercase hex digits, without the `sha256:` prefix.
     #[must_use]
     pub fn hex(&self) -> String {

@@ -24,6 +24,7 @@ pub mod intake;
 pub mod lease;
 pub mod receipt;
 pub mod runtime;
+pub mod signing;
 pub mod store;
 pub mod tree;
 

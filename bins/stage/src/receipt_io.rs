@@ -16,6 +16,7 @@ use cordon::receipt::{Decision, Outcome, Reason, Receipt, ReceiptError, StageNam
 use cordon_canon::ExitCode;
 
 use crate::args::{Diagnostics, report_diagnostic};
+use cordon::signing::{HostKey, KEY_DIR, SigningError};
 use cordon::store::{Store, StoreError};
 use cordon_canon::Digest;
 
@@ -68,6 +69,10 @@ pub enum StageError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Store(#[from] StoreError),
+    /// The receipt could not be signed.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Signing(#[from] SigningError),
     /// stdout could not be written.
     #[error("cannot write the receipt to stdout")]
     #[diagnostic(code(cordon::stage::stdout))]
@@ -206,7 +211,7 @@ impl StageError {
     pub fn exit_code(&self) -> ExitCode {
         match self {
             Self::Chain(e) => e.exit_code(),
-            Self::Store(_) | Self::Stdout { .. } => ExitCode::NoDecision,
+            Self::Store(_) | Self::Signing(_) | Self::Stdout { .. } => ExitCode::NoDecision,
             Self::ReadReceipt { .. }
             | Self::Receipt(_)
             | Self::NotOk { .. }
@@ -215,7 +220,8 @@ impl StageError {
     }
 }
 
-/// Finish a receipt (set `finished_at`), store it under `receipts/` — every verdict, `ok`,
+/// Finish a receipt (set `finished_at`), store it under `receipts/` with the host's signature
+/// beside it (`receipts/<hex>.sig`, [`cordon::signing`]) — every verdict, `ok`,
 /// `rejected` and `no-decision` alike, so a pipeline can pass any of them on and an incident
 /// keeps its evidence (content stays unchanged by a rejection: only the receipt is written) —
 /// and print it as one line of canonical JSON on `stdout`. Returns its digest.
@@ -236,6 +242,8 @@ pub fn emit(
             &format!("{}.json", digest.hex()),
             text.as_bytes(),
         )?;
+        // Every stored receipt carries the host's detached signature over its digest.
+        HostKey::load_or_create(Path::new(KEY_DIR))?.sign_stored(store, &digest)?;
     }
     writeln!(stdout, "{text}").map_err(|source| StageError::Stdout { source })?;
     Ok(digest)
