@@ -193,6 +193,8 @@ pub struct QualifyOutputs {
     pub frozen: Frozen,
     /// The digest of the policy's speed section.
     pub speed_policy: Digest,
+    /// The speed section itself, so the verdict recomputes from the receipt alone.
+    pub speed_section: cordon_policy_lang::Speed,
     /// The workload.
     pub workload: Digest,
     /// The model.
@@ -440,6 +442,7 @@ pub fn qualify(
         },
         frozen: plan.frozen.clone(),
         speed_policy: speed_digest,
+        speed_section: speed_policy.clone(),
         workload: b.workload,
         model: b.model,
         windows: Reads {

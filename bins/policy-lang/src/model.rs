@@ -122,7 +122,8 @@ pub fn cpu_list(s: &str) -> Option<std::collections::BTreeSet<u32>> {
 
 /// The reviewed speed verdict of a qualification (seed 001 §4), integers only: ratios are
 /// basis points (10 000 = 1×), so the verdict is recomputed bit for bit from a receipt.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Speed {
     /// The least speedup over the baseline, above 1×, that can pass.
     pub min_margin_bp: u64,

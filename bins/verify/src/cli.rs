@@ -1,0 +1,239 @@
+//! The `cordon-verify` command.
+//!
+//! - `cordon-verify --store S [--key ed25519:HEX] [--explain] RECEIPT` verifies the chain under
+//!   RECEIPT (a `sha256:…` digest, or a receipt file whose digest is taken) with the trusted
+//!   public key: `--key`, or the host's own when it can read it. Prints one line per receipt
+//!   (with `--explain`, a timeline a reviewer reads after an incident) and exits 0; a chain that
+//!   does not verify is reported on stderr, exit 1.
+//! - `cordon-verify --store S [--key …] --export DIR RECEIPT` verifies it, then writes a
+//!   self-contained store at DIR (which must not exist) holding the chain's receipts,
+//!   signatures, trees and publications, for an auditor's `cordon-verify --store DIR --key …`.
+//! - `cordon-verify --public-key` prints the host's public key (`ed25519:<hex>`), making the
+//!   key on first use: what a host publishes for auditors.
+//!
+//! A usage error is exit 2; a store that cannot be opened or a key that cannot be read, exit 3.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use clap::Parser;
+use cordon::ExitCode;
+use cordon::canonical::Digest;
+use cordon::receipt::Receipt;
+use cordon::signing::{HostKey, KEY_DIR};
+use cordon::store::Store;
+use cordon_stage::receipt_io::error_chain;
+
+use crate::{Hop, export, verify};
+
+/// Replay a receipt chain offline.
+#[derive(Debug, Parser)]
+#[command(name = "cordon-verify", version, about)]
+pub struct Args {
+    /// The store (or an exported copy of one).
+    #[arg(long, required_unless_present = "public_key")]
+    pub store: Option<PathBuf>,
+    /// The trusted public key, `ed25519:<hex>` (default: this host's own).
+    #[arg(long)]
+    pub key: Option<String>,
+    /// Print the chain as a timeline.
+    #[arg(long)]
+    pub explain: bool,
+    /// Write the verified chain as a self-contained store here.
+    #[arg(long, value_name = "DIR")]
+    pub export: Option<PathBuf>,
+    /// Print this host's public key and exit.
+    #[arg(long, conflicts_with_all = ["store", "key", "explain", "export", "receipt"])]
+    pub public_key: bool,
+    /// The head receipt: `sha256:…`, or a receipt file.
+    #[arg(required_unless_present = "public_key")]
+    pub receipt: Option<String>,
+}
+
+fn report(stderr: &mut dyn Write, e: &dyn std::error::Error) {
+    let _ = writeln!(stderr, "cordon-verify: {}", error_chain(e));
+}
+
+/// The head's digest: a `sha256:` digest as given, or the digest of a receipt file.
+fn head_of(given: &str) -> Result<Digest, String> {
+    if let Ok(d) = given.parse::<Digest>() {
+        return Ok(d);
+    }
+    let text = std::fs::read_to_string(given).map_err(|e| format!("{given}: {e}"))?;
+    Receipt::parse(text.trim_end())
+        .and_then(|r| r.digest())
+        .map_err(|e| format!("{given}: {e}"))
+}
+
+/// One line per receipt, oldest first: stage, outcome, when, and what it established.
+fn timeline(hops: &[Hop]) -> Vec<String> {
+    let mut sorted: Vec<&Hop> = hops.iter().collect();
+    sorted.sort_by(|a, b| a.receipt.started_at.cmp(&b.receipt.started_at));
+    sorted
+        .iter()
+        .map(|h| {
+            let r = &h.receipt;
+            let facts = facts(r);
+            format!(
+                "{} → {}  {:<11} {:<11} {}{}",
+                r.started_at,
+                r.finished_at,
+                r.stage.as_str(),
+                r.outcome.as_str(),
+                h.digest,
+                if facts.is_empty() {
+                    String::new()
+                } else {
+                    format!("\n    {facts}")
+                }
+            )
+        })
+        .collect()
+}
+
+/// The key facts a reviewer looks for, per stage.
+fn facts(r: &Receipt) -> String {
+    let o = &r.outputs;
+    let pick = |keys: &[&str]| {
+        keys.iter()
+            .filter_map(|k| o.get(*k).map(|v| format!("{k}={v}")))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let reasons = r
+        .reasons
+        .iter()
+        .map(|x| format!("{}: {}", x.code, x.message))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let own = match r.stage {
+        cordon::receipt::StageName::Qualify => o.get("speed").map_or_else(String::new, |s| {
+            format!(
+                "verdict={} code={} speedup_bp={} noise_bp={} required_bp={} settling={}",
+                s["verdict"],
+                s["code"],
+                s["speedup_bp"],
+                s["noise_bp"],
+                s["required_bp"],
+                o["settling"]
+            )
+        }),
+        cordon::receipt::StageName::Lane => {
+            pick(&["role", "tree", "publication", "timed_rate_milli"])
+        }
+        _ => pick(&[
+            "tree_digest",
+            "publication",
+            "content_digest",
+            "incumbent",
+            "step",
+        ]),
+    };
+    [own, reasons]
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join("\n    ")
+}
+
+/// Run the tool: the whole of `main`.
+pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitCode {
+    if args.public_key {
+        return match HostKey::load_or_create(Path::new(KEY_DIR)) {
+            Ok(k) => {
+                let _ = writeln!(stdout, "{}", k.public());
+                ExitCode::Ok
+            }
+            Err(e) => {
+                report(stderr, &e);
+                ExitCode::NoDecision
+            }
+        };
+    }
+    let (Some(store_dir), Some(given)) = (&args.store, &args.receipt) else {
+        return ExitCode::Usage;
+    };
+    let head = match head_of(given) {
+        Ok(d) => d,
+        Err(why) => {
+            let _ = writeln!(stderr, "cordon-verify: {why}");
+            return ExitCode::Usage;
+        }
+    };
+    let key = match &args.key {
+        Some(k) => k.clone(),
+        None => match HostKey::load(Path::new(KEY_DIR)) {
+            Ok(k) => k.public(),
+            Err(e) => {
+                report(stderr, &e);
+                let _ = writeln!(
+                    stderr,
+                    "cordon-verify: give the host's published key with --key ed25519:…"
+                );
+                return ExitCode::NoDecision;
+            }
+        },
+    };
+    // A verifier never makes a store: the one it is given must already be one.
+    if !store_dir.is_dir() {
+        let _ = writeln!(stderr, "cordon-verify: no store at {}", store_dir.display());
+        return ExitCode::Usage;
+    }
+    let store = match Store::open(store_dir) {
+        Ok(s) => s,
+        Err(e) => {
+            report(stderr, &e);
+            return ExitCode::NoDecision;
+        }
+    };
+    let result = match &args.export {
+        None => verify(&store, &head, &key),
+        Some(dir) => {
+            if dir.exists() {
+                let _ = writeln!(stderr, "cordon-verify: {} exists", dir.display());
+                return ExitCode::Usage;
+            }
+            match Store::open(dir) {
+                Ok(dest) => export(&store, &head, &key, &dest),
+                Err(e) => {
+                    report(stderr, &e);
+                    return ExitCode::NoDecision;
+                }
+            }
+        }
+    };
+    match result {
+        Ok(hops) => {
+            if args.explain {
+                for line in timeline(&hops) {
+                    let _ = writeln!(stdout, "{line}");
+                }
+            } else {
+                for h in &hops {
+                    let _ = writeln!(
+                        stdout,
+                        "{} {} {}",
+                        h.digest,
+                        h.receipt.stage.as_str(),
+                        h.receipt.outcome.as_str()
+                    );
+                }
+            }
+            let _ = writeln!(
+                stdout,
+                "verified: {} receipts under authority {}, signed by {key}{}",
+                hops.len(),
+                hops.first()
+                    .map_or_else(String::new, |h| h.receipt.authority.to_string()),
+                args.export
+                    .as_ref()
+                    .map_or_else(String::new, |d| format!("; exported to {}", d.display()))
+            );
+            ExitCode::Ok
+        }
+        Err(e) => {
+            report(stderr, &e);
+            ExitCode::Rejected
+        }
+    }
+}

@@ -1,0 +1,398 @@
+//! `cordon-verify`: the offline replay of a receipt chain, and its export.
+//!
+//! [`verify`] walks from a head receipt back to the start of every chain it rests on — along
+//! `prev`, and from a qualify receipt also to its three session receipts — and establishes at
+//! every hop: the stored bytes hash to the receipt's name; the host's detached signature over
+//! that digest verifies under the trusted public key (the host's published one, never a key a
+//! bundle brings); the authority is the head's; the stage is the one its successor consumes
+//! (a chain starts at intake or at an incumbent's registration, nowhere else); every hop below
+//! the head is `ok`; every tree and publication a hop names still exists and re-hashes; a
+//! session's tree and publication are its prebuild's; and a qualify receipt's windows are its
+//! sessions' and its speed verdict recomputes from them, under the speed section it records
+//! (whose digest it also records), to exactly what it says.
+//!
+//! It needs no root, no runtime and no network: only a store, or a copy of one made by
+//! [`export`] (the receipts, their signatures and the trees and publications they name).
+//!
+//! What it does not own: intake records (a fetch receipt's content is not re-hashed here; its
+//! tree, materialized from it, is), the quality verdict and the reference session (issue 16's
+//! remainder), key rotation.
+
+pub mod cli;
+
+use std::collections::BTreeSet;
+
+use cordon::canonical::Digest;
+use cordon::chain::{self, ChainError, starts_incumbent_chain};
+use cordon::receipt::{
+    IncumbentOutputs, LaneOutputs, MaterializeOutputs, Outcome, PrebuildOutputs, Receipt, StageName,
+};
+use cordon::signing::{self, SigningError};
+use cordon::store::{Store, StoreError};
+use cordon::tree::{self, PUBLICATIONS, Section, TREES, TreeError};
+use cordon_lane::qualify::{QualifyOutputs, speed_policy_digest};
+use cordon_lane::session::tree_of;
+
+/// The most receipts one walk visits.
+pub const MAX_HOPS: usize = 256;
+
+/// Why a chain did not verify: each names the receipt and what is wrong with it.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum VerifyError {
+    /// The receipt is missing, unreadable, or its bytes hash to another name.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Receipt(#[from] ChainError),
+    /// Its signature is missing or does not verify.
+    #[error("receipt {digest}: {source}")]
+    #[diagnostic(code(cordon::verify::signature))]
+    Signature {
+        /// The receipt.
+        digest: Digest,
+        /// Why.
+        #[source]
+        source: SigningError,
+    },
+    /// It was made under another authority than the head's.
+    #[error("receipt {digest} ({stage}) is under authority {found}, the head under {expected}")]
+    #[diagnostic(code(cordon::verify::authority))]
+    Authority {
+        /// The receipt.
+        digest: Digest,
+        /// Its stage.
+        stage: StageName,
+        /// Its authority.
+        found: Digest,
+        /// The head's.
+        expected: Digest,
+    },
+    /// Out of order, not ok below the head, or of a shape its stage does not have.
+    #[error("receipt {digest} ({stage}): {why}")]
+    #[diagnostic(code(cordon::verify::order))]
+    Order {
+        /// The receipt.
+        digest: Digest,
+        /// Its stage.
+        stage: StageName,
+        /// What is wrong.
+        why: String,
+    },
+    /// A tree or publication it names is missing or does not re-hash.
+    #[error("receipt {digest} names {what} {object}, which does not verify: {source}")]
+    #[diagnostic(code(cordon::verify::object))]
+    Object {
+        /// The receipt.
+        digest: Digest,
+        /// A tree or a publication.
+        what: &'static str,
+        /// Its digest.
+        object: Digest,
+        /// Why.
+        #[source]
+        source: Box<TreeError>,
+    },
+    /// A recomputed value differs from the recorded one.
+    #[error("receipt {digest}: {why}")]
+    #[diagnostic(code(cordon::verify::recompute))]
+    Recompute {
+        /// The receipt.
+        digest: Digest,
+        /// What differs.
+        why: String,
+    },
+    /// The walk passed [`MAX_HOPS`].
+    #[error("the chain from {head} has more than {MAX_HOPS} receipts")]
+    #[diagnostic(code(cordon::verify::too_long))]
+    TooLong {
+        /// The head.
+        head: Digest,
+    },
+    /// The export could not be written.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Store(#[from] StoreError),
+    /// The export could not publish a tree.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Tree(Box<TreeError>),
+}
+
+/// One receipt the walk established, with the objects it names.
+#[derive(Debug, Clone)]
+pub struct Hop {
+    /// Its digest.
+    pub digest: Digest,
+    /// The receipt.
+    pub receipt: Receipt,
+    /// The trees and publications it names, all verified.
+    pub objects: Vec<(Section, Digest)>,
+}
+
+/// What one receipt leads to: the receipts it rests on, each with the stage it must be.
+type Edges = Vec<(Digest, StageName)>;
+
+/// Verify the chain under `head` with the trusted public key `key`; the hops, head first.
+///
+/// # Errors
+/// The first thing that does not verify.
+pub fn verify(store: &Store, head: &Digest, key: &str) -> Result<Vec<Hop>, VerifyError> {
+    let mut hops: Vec<Hop> = Vec::new();
+    let mut seen = BTreeSet::new();
+    let mut todo: Vec<(Digest, Option<StageName>)> = vec![(*head, None)];
+    let mut authority = None;
+    while let Some((digest, expected)) = todo.pop() {
+        if !seen.insert(digest) {
+            continue;
+        }
+        if seen.len() > MAX_HOPS {
+            return Err(VerifyError::TooLong { head: *head });
+        }
+        let r = chain::load(store, &digest)?;
+        let sig = signing::stored(store, &digest)
+            .map_err(|source| VerifyError::Signature { digest, source })?;
+        signing::verify(key, &digest, &sig)
+            .map_err(|source| VerifyError::Signature { digest, source })?;
+        let expected_authority = *authority.get_or_insert(r.authority);
+        if r.authority != expected_authority {
+            return Err(VerifyError::Authority {
+                digest,
+                stage: r.stage,
+                found: r.authority,
+                expected: expected_authority,
+            });
+        }
+        let order = |why: String| VerifyError::Order {
+            digest,
+            stage: r.stage,
+            why,
+        };
+        if let Some(stage) = expected
+            && r.stage != stage
+        {
+            return Err(order(format!("its successor consumes a {stage} receipt")));
+        }
+        if digest != *head && r.outcome != Outcome::Ok {
+            return Err(order(format!(
+                "is {}, and only an ok receipt can be rested on",
+                r.outcome.as_str()
+            )));
+        }
+        let (objects, edges) = hop(store, &digest, &r)?;
+        for (section, object) in &objects {
+            tree::verify_in(store, *section, object).map_err(|source| VerifyError::Object {
+                digest,
+                what: if section.dir == TREES.dir {
+                    "tree"
+                } else {
+                    "publication"
+                },
+                object: *object,
+                source: Box::new(source),
+            })?;
+        }
+        todo.extend(edges.into_iter().map(|(d, s)| (d, Some(s))));
+        hops.push(Hop {
+            digest,
+            receipt: r,
+            objects,
+        });
+    }
+    Ok(hops)
+}
+
+/// A receipt's own checks: the objects it names and the receipts it rests on.
+fn hop(
+    store: &Store,
+    digest: &Digest,
+    r: &Receipt,
+) -> Result<(Vec<(Section, Digest)>, Edges), VerifyError> {
+    let order = |why: String| VerifyError::Order {
+        digest: *digest,
+        stage: r.stage,
+        why,
+    };
+    let shape = |e: cordon::receipt::ReceiptError| order(e.to_string());
+    let prev = |stage: StageName| -> Result<Edges, VerifyError> {
+        r.prev
+            .map(|p| vec![(p, stage)])
+            .ok_or_else(|| order(format!("names no {stage} receipt before it")))
+    };
+    // A rejected or no-decision head has no outputs of its stage to check.
+    let established = r.outcome == Outcome::Ok || r.stage == StageName::Qualify;
+    match r.stage {
+        StageName::Fetch => match r.prev {
+            None => Ok((Vec::new(), Vec::new())),
+            Some(_) => Err(order("starts a chain but names a receipt before it".into())),
+        },
+        StageName::Materialize if starts_incumbent_chain(r) => {
+            let o = r.outputs_as::<IncumbentOutputs>().map_err(shape)?;
+            Ok((vec![(TREES, o.tree_digest)], Vec::new()))
+        }
+        StageName::Materialize => {
+            let objects = if established {
+                vec![(
+                    TREES,
+                    r.outputs_as::<MaterializeOutputs>()
+                        .map_err(shape)?
+                        .tree_digest,
+                )]
+            } else {
+                Vec::new()
+            };
+            Ok((objects, prev(StageName::Fetch)?))
+        }
+        StageName::Prebuild => {
+            let mut objects = vec![(TREES, tree_of(&r.inputs).map_err(order)?)];
+            if established {
+                let o = r.outputs_as::<PrebuildOutputs>().map_err(shape)?;
+                objects.push((PUBLICATIONS, o.publication));
+            }
+            Ok((objects, prev(StageName::Materialize)?))
+        }
+        StageName::Lane => {
+            let edges = prev(StageName::Prebuild)?;
+            if !established {
+                return Ok((Vec::new(), edges));
+            }
+            let o = r.outputs_as::<LaneOutputs>().map_err(shape)?;
+            // A session mounts exactly what its prebuild established.
+            let built = chain::load(store, &edges[0].0)?;
+            let publication = built
+                .outputs_as::<PrebuildOutputs>()
+                .map_err(shape)?
+                .publication;
+            if (tree_of(&built.inputs).ok(), publication) != (Some(o.tree), o.publication) {
+                return Err(order(
+                    "its tree or publication is not its prebuild's".into(),
+                ));
+            }
+            Ok((vec![(TREES, o.tree), (PUBLICATIONS, o.publication)], edges))
+        }
+        StageName::Qualify => {
+            let mut edges = prev(StageName::Prebuild)?;
+            if r.outcome == Outcome::NoDecision {
+                return Ok((Vec::new(), edges));
+            }
+            let o = match r.outputs_as::<QualifyOutputs>() {
+                Ok(o) => o,
+                // A candidate that broke its own session: the evidence names that session,
+                // not a verdict to recompute.
+                Err(_) if r.outcome == Outcome::Rejected => return Ok((Vec::new(), edges)),
+                Err(e) => return Err(shape(e)),
+            };
+            recompute(store, digest, r, &o)?;
+            edges.extend(
+                [o.sessions.b, o.sessions.c, o.sessions.b2]
+                    .into_iter()
+                    .map(|d| (d, StageName::Lane)),
+            );
+            Ok((Vec::new(), edges))
+        }
+        StageName::Policy | StageName::Reference | StageName::Surface | StageName::Reap => Err(
+            order("this build cannot verify a receipt of this stage".into()),
+        ),
+    }
+}
+
+/// A qualify receipt against its sessions: their windows and builds, and the speed verdict
+/// recomputed under the section it records.
+fn recompute(
+    store: &Store,
+    digest: &Digest,
+    r: &Receipt,
+    o: &QualifyOutputs,
+) -> Result<(), VerifyError> {
+    let differs = |why: String| VerifyError::Recompute {
+        digest: *digest,
+        why,
+    };
+    let session = |d: &Digest| -> Result<Receipt, VerifyError> { Ok(chain::load(store, d)?) };
+    let (b, c, b2) = (
+        session(&o.sessions.b)?,
+        session(&o.sessions.c)?,
+        session(&o.sessions.b2)?,
+    );
+    let outputs = |s: &Receipt| {
+        s.outputs_as::<LaneOutputs>()
+            .map_err(|e| differs(format!("a session's outputs: {e}")))
+    };
+    let (ob, oc, ob2) = (outputs(&b)?, outputs(&c)?, outputs(&b2)?);
+    if [&ob.windows, &oc.windows, &ob2.windows] != [&o.windows.b, &o.windows.c, &o.windows.b2] {
+        return Err(differs("its windows are not its sessions'".into()));
+    }
+    if c.prev != r.prev || b.prev != b2.prev || b.prev == c.prev {
+        return Err(differs(
+            "its sessions do not continue the candidate's and the incumbent's prebuilds".into(),
+        ));
+    }
+    let section = speed_policy_digest(&o.speed_section)
+        .map_err(|e| differs(format!("the speed section: {e}")))?;
+    if section != o.speed_policy {
+        return Err(differs(
+            "the speed section it records is not the one its digest names".into(),
+        ));
+    }
+    let again =
+        cordon_lane::speed::decide(&o.speed_section, &o.windows.b, &o.windows.c, &o.windows.b2);
+    if again != o.speed {
+        return Err(differs(format!(
+            "the speed verdict recomputes to {:?} ({}), the receipt says {:?} ({})",
+            again.verdict, again.code, o.speed.verdict, o.speed.code
+        )));
+    }
+    let outcome = match again.verdict {
+        cordon_lane::speed::Verdict::Pass => Outcome::Ok,
+        cordon_lane::speed::Verdict::Fail => Outcome::Rejected,
+        cordon_lane::speed::Verdict::NoDecision => Outcome::NoDecision,
+    };
+    if r.outcome != outcome {
+        return Err(differs(format!(
+            "its outcome is {}, the verdict it records is {:?}",
+            r.outcome.as_str(),
+            again.verdict
+        )));
+    }
+    Ok(())
+}
+
+fn boxed(e: TreeError) -> VerifyError {
+    VerifyError::Tree(Box::new(e))
+}
+
+/// Verify the chain under `head`, then copy it into a fresh store at `dest`: every receipt and
+/// its signature, every tree and publication they name (records and content objects), so
+/// [`verify`] runs there alone. Returns the hops copied.
+///
+/// # Errors
+/// The chain does not verify, or the copy cannot be written.
+pub fn export(
+    store: &Store,
+    head: &Digest,
+    key: &str,
+    dest: &Store,
+) -> Result<Vec<Hop>, VerifyError> {
+    let hops = verify(store, head, key)?;
+    let mut copied = BTreeSet::new();
+    for hop in &hops {
+        for name in [
+            format!("{}.json", hop.digest.hex()),
+            signing::signature_name(&hop.digest),
+        ] {
+            dest.put_document("receipts", &name, &store.read_document("receipts", &name)?)?;
+        }
+        for (section, object) in &hop.objects {
+            if !copied.insert((section.dir, *object)) {
+                continue;
+            }
+            let record = tree::load_in(store, *section, object).map_err(boxed)?;
+            let mut batch = dest.batch()?;
+            for e in &record.entries {
+                let bytes = store.read_object(&e.sha256, e.executable())?;
+                batch.add_reader(bytes.as_slice(), e.executable())?;
+            }
+            batch.commit()?;
+            tree::publish_in(dest, *section, record.entries, record.origin).map_err(boxed)?;
+        }
+    }
+    Ok(hops)
+}

@@ -1,0 +1,484 @@
+//! The offline replay against a whole qualification chain built in a store — the incumbent's
+//! registration and prebuild, the candidate's fetch, materialize and prebuild, three lane
+//! sessions and the qualify receipt, each stored and signed by the real stage wrapper — and
+//! against each way of tampering with it: every one is caught, with its own message.
+//! Receipts are signed with the host's key (`/var/lib/cordon-keys`), as every stage signs.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use cordon::canonical::Digest;
+use cordon::receipt::{
+    DevicePhase, DeviceReceipt, DeviceReceipts, FetchOutputs, IncumbentOutputs, LaneOutputs,
+    LanePhase, LaneWindow, LockSpan, MaterializeOutputs, Outcome, PrebuildOutputs, Receipt, Role,
+    StageName, StageOutputs,
+};
+use cordon::runtime::Meta;
+use cordon::signing::{HostKey, KEY_DIR};
+use cordon::store::Store;
+use cordon::tree::{self, Entry, PUBLICATIONS, Section, TREES};
+use cordon_lane::qualify::{Frozen, Orientation, QualifyOutputs, Reads, speed_policy_digest};
+use cordon_policy_lang::Speed;
+use cordon_verify::{VerifyError, export, verify};
+use serde_json::json;
+
+const AUTHORITY: &[u8] = b"authority";
+
+fn speed() -> Speed {
+    Speed {
+        min_margin_bp: 500,
+        noise_multiplier_bp: 30_000,
+        max_noise_bp: 1_000,
+        min_timed_windows: 4,
+        max_window_scatter_bp: 100_000,
+        max_conditioning_slowdown_bp: 15_000,
+    }
+}
+
+fn publish(store: &Store, section: Section, text: &str) -> Digest {
+    let mut batch = store.batch().unwrap();
+    let (sha256, size) = batch.add_reader(text.as_bytes(), false).unwrap();
+    batch.commit().unwrap();
+    let entries = vec![Entry {
+        path: "a".into(),
+        mode: 0o444,
+        size,
+        sha256,
+    }];
+    tree::publish_in(store, section, entries, json!({"kind": "test"}))
+        .unwrap()
+        .digest
+}
+
+/// Store and sign a receipt through the stages' own wrapper; its digest.
+fn emit<T: StageOutputs>(
+    store: &Store,
+    stage: StageName,
+    authority: Digest,
+    prev: Option<Digest>,
+    inputs: serde_json::Value,
+    outputs: &T,
+) -> Digest {
+    let mut r = Receipt::new(stage, authority, Outcome::Ok);
+    r.prev = prev;
+    r.inputs = inputs;
+    r.set_outputs(outputs).unwrap();
+    cordon_stage::receipt_io::emit(Some(store), &mut r, &mut std::io::sink()).unwrap()
+}
+
+fn windows(ms: u64) -> Vec<LaneWindow> {
+    (0..5)
+        .map(|i| LaneWindow {
+            index: i,
+            phase: if i == 0 {
+                LanePhase::Warmup
+            } else {
+                LanePhase::Timed
+            },
+            tokens: 10,
+            sent_ns: u64::from(i) * ms * 1_000_000,
+            received_ns: (u64::from(i) + 1) * ms * 1_000_000,
+        })
+        .collect()
+}
+
+fn session(role: Role, tree: Digest, publication: Digest, ms: u64) -> LaneOutputs {
+    let receipt = |seq, phase| DeviceReceipt {
+        launch: "lease".into(),
+        seq,
+        phase,
+        at_ns: u64::from(seq),
+        gpus: Vec::new(),
+        cpuset: None,
+        quiescent: None,
+        note: String::new(),
+    };
+    LaneOutputs {
+        role,
+        tree,
+        publication,
+        model: Digest::of_bytes(b"model"),
+        workload: Digest::of_bytes(b"workload"),
+        worker: Digest::of_bytes(b"worker"),
+        posture: Digest::of_bytes(b"posture"),
+        step: "serve".into(),
+        ready_ns: 0,
+        windows: windows(ms),
+        outputs: Digest::of_bytes(b"tokens"),
+        timed_rate_milli: 0,
+        meta: Meta {
+            exit_code: Some(0),
+            signal: None,
+            killed_by_deadline: false,
+            oom_killed: false,
+            wall_ms: 0,
+            cpu_ms: None,
+            peak_memory_bytes: None,
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+            stdout_truncated: false,
+            stderr_truncated: false,
+        },
+        lease: "lease".into(),
+        launch: Digest::of_bytes(b"launch"),
+        lane: None,
+        devices: DeviceReceipts {
+            pre: receipt(0, DevicePhase::Pre),
+            active: receipt(1, DevicePhase::Active),
+            post: receipt(2, DevicePhase::Post),
+        },
+        gpu_lock: LockSpan {
+            waited_ns: 0,
+            from_unix_ns: 0,
+            until_unix_ns: 0,
+        },
+    }
+}
+
+/// The chain's parts the tampering tests reach for.
+struct Chain {
+    dir: tempfile::TempDir,
+    store: Store,
+    head: Digest,
+    key: String,
+    publication_c: Digest,
+    session_c: Digest,
+    prebuild_c: Digest,
+    qualify: QualifyOutputs,
+}
+
+/// A qualification chain whose candidate (20 ms per window) passes against its incumbent
+/// (40 ms), under authority `AUTHORITY`.
+fn chain() -> Chain {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("store")).unwrap();
+    let a = Digest::of_bytes(AUTHORITY);
+    let (tree_b, tree_c) = (publish(&store, TREES, "b"), publish(&store, TREES, "c"));
+    let (pub_b, pub_c) = (
+        publish(&store, PUBLICATIONS, "pb"),
+        publish(&store, PUBLICATIONS, "pc"),
+    );
+    let built = |publication| PrebuildOutputs {
+        publication,
+        files: 1,
+        bytes: 2,
+        cached: false,
+        meta: None,
+    };
+    let registration = emit(
+        &store,
+        StageName::Materialize,
+        a,
+        None,
+        json!({"incumbent_dir": "/x"}),
+        &IncumbentOutputs {
+            tree_digest: tree_b,
+            incumbent: "engine".into(),
+            step: Some("build-native".into()),
+            files: 1,
+            bytes: 1,
+        },
+    );
+    let prebuild_b = emit(
+        &store,
+        StageName::Prebuild,
+        a,
+        Some(registration),
+        json!({"tree": tree_b}),
+        &built(pub_b),
+    );
+    let fetch = emit(
+        &store,
+        StageName::Fetch,
+        a,
+        None,
+        json!({}),
+        &FetchOutputs {
+            archive_sha256: tree_c,
+            content_digest: tree_c,
+            files: 1,
+            bytes: 1,
+        },
+    );
+    let materialize = emit(
+        &store,
+        StageName::Materialize,
+        a,
+        Some(fetch),
+        json!({}),
+        &MaterializeOutputs {
+            tree_digest: tree_c,
+            delta_digest: tree_c,
+            incumbent: tree_b,
+            target: "attention".into(),
+            namespace: None,
+            step: None,
+            findings: Vec::new(),
+        },
+    );
+    let prebuild_c = emit(
+        &store,
+        StageName::Prebuild,
+        a,
+        Some(materialize),
+        json!({"tree": tree_c}),
+        &built(pub_c),
+    );
+    let lane = |prev, o: &LaneOutputs| emit(&store, StageName::Lane, a, Some(prev), json!({}), o);
+    let (sb, sc, sb2) = (
+        session(Role::B, tree_b, pub_b, 40),
+        session(Role::C, tree_c, pub_c, 20),
+        session(Role::B, tree_b, pub_b, 40),
+    );
+    let (db, dc, db2) = (
+        lane(prebuild_b, &sb),
+        lane(prebuild_c, &sc),
+        lane(prebuild_b, &sb2),
+    );
+    let record = cordon_lane::speed::decide(&speed(), &sb.windows, &sc.windows, &sb2.windows);
+    let assignment = |name: &str| cordon::receipt::LaneAssignment {
+        name: name.into(),
+        cpuset: "0".into(),
+    };
+    let qualify = QualifyOutputs {
+        sessions: Reads {
+            b: db,
+            c: dc,
+            b2: db2,
+        },
+        orientation: Orientation {
+            baseline: assignment("a"),
+            candidate: assignment("b"),
+        },
+        reproduces: None,
+        launch: Digest::of_bytes(b"launch"),
+        gpu_lock: sb.gpu_lock.clone(),
+        outputs: Reads {
+            b: sb.outputs,
+            c: sc.outputs,
+            b2: sb2.outputs,
+        },
+        frozen: Frozen {
+            kernel_release: "6.1".into(),
+            gpu_driver: None,
+            cdi_spec: None,
+            device_policy: Digest::of_bytes(b"devices"),
+        },
+        speed_policy: speed_policy_digest(&speed()).unwrap(),
+        speed_section: speed(),
+        workload: sb.workload,
+        model: sb.model,
+        windows: Reads {
+            b: sb.windows,
+            c: sc.windows,
+            b2: sb2.windows,
+        },
+        devices: Reads {
+            b: sb.devices,
+            c: sc.devices,
+            b2: sb2.devices,
+        },
+        speed: record,
+        settling: false,
+        non_settling: Some("test".into()),
+        settlement: None,
+    };
+    assert_eq!(qualify.speed.verdict, cordon_lane::speed::Verdict::Pass);
+    let head = emit(
+        &store,
+        StageName::Qualify,
+        a,
+        Some(prebuild_c),
+        json!({}),
+        &qualify,
+    );
+    let key = HostKey::load(Path::new(KEY_DIR)).unwrap().public();
+    Chain {
+        dir,
+        store,
+        head,
+        key,
+        publication_c: pub_c,
+        session_c: dc,
+        prebuild_c,
+        qualify,
+    }
+}
+
+/// Overwrite a stored (read-only) file.
+fn rewrite(path: &Path, bytes: &[u8]) {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::write(path, bytes).unwrap();
+}
+
+fn receipt_file(c: &Chain, d: &Digest) -> std::path::PathBuf {
+    c.store
+        .root()
+        .join("receipts")
+        .join(format!("{}.json", d.hex()))
+}
+
+#[test]
+fn a_qualification_chain_verifies_here_and_from_its_export_alone() {
+    cordon_testkit::require_root("receipts are signed with the host's key, root's own");
+    let c = chain();
+    let hops = verify(&c.store, &c.head, &c.key).unwrap();
+    // Qualify, three sessions, two prebuilds, materialize, fetch, the registration.
+    assert_eq!(hops.len(), 9);
+    let bundle = Store::open(&c.dir.path().join("bundle")).unwrap();
+    assert_eq!(export(&c.store, &c.head, &c.key, &bundle).unwrap().len(), 9);
+    assert_eq!(verify(&bundle, &c.head, &c.key).unwrap().len(), 9);
+    // The bundle holds no key: only receipts, signatures, records and objects.
+    assert!(
+        !c.dir
+            .path()
+            .join("bundle")
+            .join(cordon::signing::KEY_FILE)
+            .exists()
+    );
+}
+
+#[test]
+fn every_tampering_is_caught_with_its_own_message() {
+    cordon_testkit::require_root("receipts are signed with the host's key, root's own");
+    // Another trusted key: every signature fails.
+    let c = chain();
+    let other = HostKey::load_or_create(&c.dir.path().join("other-key")).unwrap();
+    let e = verify(&c.store, &c.head, &other.public()).unwrap_err();
+    assert!(matches!(e, VerifyError::Signature { .. }), "{e}");
+
+    // A receipt's bytes changed: it no longer hashes to its name.
+    let c = chain();
+    let path = receipt_file(&c, &c.prebuild_c);
+    let text = std::fs::read_to_string(&path).unwrap();
+    rewrite(&path, text.replace("\"files\":1", "\"files\":7").as_bytes());
+    let e = verify(&c.store, &c.head, &c.key).unwrap_err();
+    assert!(e.to_string().contains("hashes to"), "{e}");
+
+    // A signature removed.
+    let c = chain();
+    let sig = c
+        .store
+        .root()
+        .join("receipts")
+        .join(cordon::signing::signature_name(&c.session_c));
+    std::fs::remove_file(&sig).unwrap();
+    let e = verify(&c.store, &c.head, &c.key).unwrap_err();
+    assert!(
+        matches!(e, VerifyError::Signature { digest, .. } if digest == c.session_c),
+        "{e}"
+    );
+
+    // A signature made by another key, under that key's name.
+    let c = chain();
+    let forged = serde_json::to_vec(&other.sign(&c.session_c)).unwrap();
+    rewrite(
+        &c.store
+            .root()
+            .join("receipts")
+            .join(cordon::signing::signature_name(&c.session_c)),
+        &forged,
+    );
+    let e = verify(&c.store, &c.head, &c.key).unwrap_err();
+    assert!(matches!(e, VerifyError::Signature { .. }), "{e}");
+
+    // A publication's content object changed.
+    let c = chain();
+    let record = tree::load_in(&c.store, PUBLICATIONS, &c.publication_c).unwrap();
+    let object = c.store.object_path(&record.entries[0].sha256, false);
+    rewrite(&object, b"px");
+    let e = verify(&c.store, &c.head, &c.key).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            VerifyError::Object {
+                what: "publication",
+                ..
+            }
+        ),
+        "{e}"
+    );
+
+    // A qualify receipt, properly signed, whose verdict does not follow from its windows.
+    let c = chain();
+    let mut lie = c.qualify.clone();
+    lie.windows.c = windows(39);
+    let a = Digest::of_bytes(AUTHORITY);
+    let head = emit(
+        &c.store,
+        StageName::Qualify,
+        a,
+        Some(c.prebuild_c),
+        json!({}),
+        &lie,
+    );
+    let e = verify(&c.store, &head, &c.key).unwrap_err();
+    assert!(
+        e.to_string().contains("windows are not its sessions'"),
+        "{e}"
+    );
+    let mut lie = c.qualify.clone();
+    lie.speed.speedup_bp += 1;
+    let head = emit(
+        &c.store,
+        StageName::Qualify,
+        a,
+        Some(c.prebuild_c),
+        json!({}),
+        &lie,
+    );
+    let e = verify(&c.store, &head, &c.key).unwrap_err();
+    assert!(e.to_string().contains("recomputes to"), "{e}");
+    let mut lie = c.qualify.clone();
+    lie.speed_section.min_margin_bp = 1;
+    let head = emit(
+        &c.store,
+        StageName::Qualify,
+        a,
+        Some(c.prebuild_c),
+        json!({}),
+        &lie,
+    );
+    let e = verify(&c.store, &head, &c.key).unwrap_err();
+    assert!(
+        e.to_string().contains("not the one its digest names"),
+        "{e}"
+    );
+
+    // A receipt of another authority in the middle of a chain.
+    let c = chain();
+    let b = Digest::of_bytes(b"another authority");
+    let t = publish(&c.store, TREES, "x");
+    let foreign = emit(
+        &c.store,
+        StageName::Materialize,
+        b,
+        None,
+        json!({}),
+        &IncumbentOutputs {
+            tree_digest: t,
+            incumbent: "engine".into(),
+            step: None,
+            files: 1,
+            bytes: 1,
+        },
+    );
+    let foreign = emit(
+        &c.store,
+        StageName::Prebuild,
+        a,
+        Some(foreign),
+        json!({"tree": t}),
+        &PrebuildOutputs {
+            publication: c.publication_c,
+            files: 1,
+            bytes: 1,
+            cached: false,
+            meta: None,
+        },
+    );
+    let e = verify(&c.store, &foreign, &c.key).unwrap_err();
+    assert!(matches!(e, VerifyError::Authority { .. }), "{e}");
+}
