@@ -4,8 +4,9 @@
 #   prebuild its own publication → pack and fetch the example candidate delta → materialize it
 #   → prebuild it in a disposable runc container → qualify it: lane sessions B (incumbent), C
 #   (candidate), B′ (incumbent again) on the policy's two CPU lanes, host-framed and
-#   host-timed, and the host's speed verdict → reap --check → print the chain of receipts and
-#   the B, C, B′ rates, the speedup, the noise and the verdict.
+#   host-timed, and the host's speed verdict → reap --check → cordon-verify the signed chain,
+#   export it and replay the export offline → print the chain of receipts, the timeline and the
+#   B, C, B′ rates, the speedup, the noise and the verdict.
 # Runs as root on a fresh Debian machine: installs the OCI runtime (part of the authority
 # identity), busybox-static (the prebuild image's one binary) and python3 (the runtime image's
 # interpreter) if they are missing.
@@ -63,11 +64,20 @@ $bin/cordon-fetch --policy "$policy" --store "$store" --sha256 "$sha" "$work/can
         --model "$work/models/example" \
     > "$work/qualify.json"
 $bin/cordon-reap --policy "$policy" --store "$store" --check > "$work/reap.json"
+# The evidence: every stored receipt is signed with this host's key; the chain under the
+# qualify receipt replays offline, here and from an exported bundle with the published key.
+key=$($bin/cordon-verify --public-key)
+$bin/cordon-verify --store "$store" --key "$key" --export "$work/bundle" "$work/qualify.json" \
+    > "$work/verify.txt"
+$bin/cordon-verify --store "$work/bundle" --key "$key" --explain "$work/qualify.json" \
+    > "$work/explain.txt"
 
 for stage in incumbent incumbent-prebuild fetch materialize prebuild qualify reap; do
     echo "== $stage receipt"
     cat "$work/$stage.json"
 done
+echo "== cordon-verify --explain (from the exported bundle, signed by $key)"
+cat "$work/explain.txt"
 publication=$(sed -n 's/.*"publication":"\(sha256:[0-9a-f]*\)".*/\1/p' "$work/prebuild.json")
 echo "== publication $publication (store $store)"
 [ -n "$publication" ]
