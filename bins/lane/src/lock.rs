@@ -4,7 +4,7 @@
 //! of any qualification, on any lane — runs between B, C and B′ or overlaps any of their
 //! phases (startup, warmup, conditioning, timed).
 //!
-//! It is an exclusive `flock` on `gpu.lock` in the host's lock directory (`/run/cordon-locks`,
+//! It is an exclusive `flock` on `.gpu.lock` in the host's lock directory (`/run/cordon-locks`,
 //! a constant, not a flag: every store, run directory and state root shares it), opened by
 //! [`cordon::lease::open_lock_file`], which refuses a link, a FIFO or a file others could
 //! open. The kernel drops it when the holder dies, so a crashed supervisor never wedges the
@@ -18,8 +18,9 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use cordon::receipt::LockSpan;
 use nix::fcntl::{Flock, FlockArg};
 
-/// The lock file's name in the lock directory.
-pub const LOCK_FILE: &str = "gpu.lock";
+/// The lock file's name in the lock directory: it starts with a dot, which no executor name
+/// may (the executors' locks, `<executor>.lock`, share the directory).
+pub const LOCK_FILE: &str = ".gpu.lock";
 
 /// The held lock.
 #[derive(Debug)]
