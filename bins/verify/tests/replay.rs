@@ -482,3 +482,49 @@ fn every_tampering_is_caught_with_its_own_message() {
     let e = verify(&c.store, &foreign, &c.key).unwrap_err();
     assert!(matches!(e, VerifyError::Authority { .. }), "{e}");
 }
+
+/// Give every entry under `dir` to `uid`:`gid` (links are not followed).
+fn chown_all(dir: &Path, uid: u32, gid: u32) {
+    std::os::unix::fs::lchown(dir, Some(uid), Some(gid)).unwrap();
+    if std::fs::symlink_metadata(dir).unwrap().is_dir() {
+        for e in std::fs::read_dir(dir).unwrap() {
+            chown_all(&e.unwrap().path(), uid, gid);
+        }
+    }
+}
+
+#[test]
+fn an_auditor_without_root_replays_an_export_with_the_binary() {
+    cordon_testkit::require_root("the test hands an export to an unprivileged auditor");
+    let setpriv = cordon_testkit::tool(
+        "SETPRIV",
+        "/usr/bin/setpriv",
+        "apt-get install -y util-linux",
+    );
+    let c = chain();
+    // A place the auditor can reach, holding the auditor's own copy.
+    let base = tempfile::Builder::new().tempdir_in("/tmp").unwrap();
+    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let copy = base.path().join("bundle");
+    export(&c.store, &c.head, &c.key, &Store::open(&copy).unwrap()).unwrap();
+    let nobody = 65_534;
+    chown_all(&copy, nobody, nobody);
+    let replay = |key: &str| {
+        std::process::Command::new(&setpriv)
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(env!("CARGO_BIN_EXE_cordon-verify"))
+            .arg("--store")
+            .arg(&copy)
+            .args(["--key", key, "--explain", &c.head.to_string()])
+            .output()
+            .unwrap()
+    };
+    let out = replay(&c.key);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("verified: 9 receipts"), "{text}");
+    assert!(text.contains("speed.pass"), "{text}");
+    // The same replay under another key is a verification failure (exit 1), not a crash.
+    let other = HostKey::load_or_create(&c.dir.path().join("other-key")).unwrap();
+    assert_eq!(replay(&other.public()).status.code(), Some(1));
+}
