@@ -172,8 +172,8 @@ pub struct OutputCaps {
     pub stderr: u64,
 }
 
-/// The meta record of one run.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The meta record of one run (the default: nothing recorded).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Meta {
     /// Exit code when the init exited normally.
     pub exit_code: Option<i32>,

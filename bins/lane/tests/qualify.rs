@@ -126,16 +126,7 @@ fn outputs(inputs: &Inputs, t: &cordon_lane::driver::Transcript) -> LaneOutputs 
         outputs: t.outputs,
         meta: Meta {
             exit_code: Some(0),
-            signal: None,
-            killed_by_deadline: false,
-            oom_killed: false,
-            wall_ms: 0,
-            cpu_ms: None,
-            peak_memory_bytes: None,
-            stdout_bytes: 0,
-            stderr_bytes: 0,
-            stdout_truncated: false,
-            stderr_truncated: false,
+            ..Meta::default()
         },
         lease: "fake".into(),
         launch: Digest::of_bytes(b"launch"),

@@ -336,15 +336,7 @@ mod tests {
         let meta = |exit_code, signal| Meta {
             exit_code,
             signal,
-            killed_by_deadline: false,
-            oom_killed: false,
-            wall_ms: 0,
-            cpu_ms: None,
-            peak_memory_bytes: None,
-            stdout_bytes: 0,
-            stderr_bytes: 0,
-            stdout_truncated: false,
-            stderr_truncated: false,
+            ..Meta::default()
         };
         assert_eq!(how_it_ended(&meta(Some(7), None)), "exited with code 7");
         assert_eq!(how_it_ended(&meta(None, Some(11))), "was killed by SIGSEGV");

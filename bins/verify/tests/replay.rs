@@ -110,16 +110,7 @@ fn session(role: Role, tree: Digest, publication: Digest, ms: u64) -> LaneOutput
         timed_rate_milli: 0,
         meta: Meta {
             exit_code: Some(0),
-            signal: None,
-            killed_by_deadline: false,
-            oom_killed: false,
-            wall_ms: 0,
-            cpu_ms: None,
-            peak_memory_bytes: None,
-            stdout_bytes: 0,
-            stderr_bytes: 0,
-            stdout_truncated: false,
-            stderr_truncated: false,
+            ..Meta::default()
         },
         lease: "lease".into(),
         launch: Digest::of_bytes(b"launch"),
