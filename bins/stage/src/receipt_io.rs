@@ -369,9 +369,17 @@ mod tests {
         );
         let printed = Receipt::parse(String::from_utf8(out).unwrap().trim_end()).unwrap();
         assert_eq!(printed, r);
-        let stored = std::fs::read_dir(store.root().join("receipts"))
+        let names: Vec<String> = std::fs::read_dir(store.root().join("receipts"))
             .unwrap()
-            .count();
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        let stored = names.iter().filter(|n| n.ends_with(".json")).count();
+        // Every stored receipt is signed with the host's key, the signature beside it.
+        let digest = printed.digest().unwrap();
+        let sig = cordon::signing::stored(&store, &digest).unwrap();
+        let key = HostKey::load(Path::new(KEY_DIR)).unwrap().public();
+        cordon::signing::verify(&key, &digest, &sig).unwrap();
+        assert_eq!(names.len(), 2 * stored, "{names:?}");
         (code, printed, stored)
     }
 
