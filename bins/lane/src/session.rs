@@ -378,12 +378,8 @@ pub fn session_under(
         .step(step)
         .map(|(_, argv)| argv.to_vec())
         .unwrap_or_default();
-    let pin = *policy.image_pin(&stage.image).ok_or_else(|| {
-        SessionError::Plan(PlanError::Unpinned {
-            kind: StageKind::Lane,
-            role: stage.image.clone(),
-        })
-    })?;
+    let (role, pin) =
+        cordon_stage::bundle::image_of(policy, StageKind::Lane).map_err(SessionError::Plan)?;
 
     // Plan: everything is verified before anything runs.
     let (workload, workload_digest) = Workload::load(&inputs.workload)?;
@@ -396,7 +392,7 @@ pub fn session_under(
     let (model_dir, model_digest) = model::verify(&inputs.model)?;
     tree::verify(&cfg.store, &inputs.tree)?;
     tree::verify_in(&cfg.store, PUBLICATIONS, &inputs.publication)?;
-    let rootfs = cordon::image::unpack(&cfg.store, &cfg.images.join(&stage.image), &pin)?;
+    let rootfs = cordon::image::unpack(&cfg.store, &cfg.images.join(role), &pin)?;
     // The reviewed digest is sealed, never the bytes found in the image cache: a worker
     // replaced there reports its own digest in the posture, and the session is a no-decision.
     let worker = *policy.worker_pin().ok_or_else(|| {

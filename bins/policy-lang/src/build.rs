@@ -1509,13 +1509,22 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: StageKind) -> Option<Stage> {
         ],
         &["capability", "phase-deadline", "mount"],
     );
-    let image = value(cx, &b, "image", None, |cx, e| {
-        identifier(cx, e, "image role")
-    });
+    // The surface runs no image: its root is empty, and only its read set and workspace exist.
+    let image = match (b.one("image"), kind) {
+        (Some(n), StageKind::Surface) => {
+            not_in_stage(cx, n, kind, "an image (its root is empty)");
+            None
+        }
+        (None, StageKind::Surface) => Some(None),
+        _ => value(cx, &b, "image", None, |cx, e| {
+            identifier(cx, e, "image role")
+        })
+        .map(Some),
+    };
     let network = value(cx, &b, "network", None, |cx, e| {
         keyword::<Network>(cx, e, "network")
     });
-    if network == Some(Network::Host)
+    if network == Some(Network::Egress)
         && kind != StageKind::Surface
         && let Some(n) = b.one("network")
     {
@@ -1523,13 +1532,30 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: StageKind) -> Option<Stage> {
             "not-allowed-in-stage",
             name_span(n),
             "candidate stages have no network",
-            format!("network \"host\" is not allowed in stage \"{kind}\""),
-            Some("only the surface stage may be given the host network".into()),
+            format!("network \"egress\" is not allowed in stage \"{kind}\""),
+            Some("only the surface stage may be given egress".into()),
         );
     }
     let root = value(cx, &b, "root", None, |cx, e| {
         keyword::<RootMode>(cx, e, "root")
     });
+    // The surface's root is empty, and only the surface's is: every other stage runs its image.
+    if let (Some(r), Some(n)) = (root, b.one("root"))
+        && (r == RootMode::Empty) != (kind == StageKind::Surface)
+    {
+        let (label, message) = if kind == StageKind::Surface {
+            (
+                "the surface's root is empty",
+                format!("root \"{r}\" is not allowed in stage \"surface\""),
+            )
+        } else {
+            (
+                "only the surface's root is empty",
+                format!("root \"empty\" is not allowed in stage \"{kind}\""),
+            )
+        };
+        cx.report("not-allowed-in-stage", name_span(n), label, message, None);
+    }
     let ipc = value(cx, &b, "ipc", None, |cx, e| keyword::<Ipc>(cx, e, "ipc"));
     let mut capability = BTreeMap::new();
     let mut cap_spans = Seen::default();
@@ -1588,9 +1614,25 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: StageKind) -> Option<Stage> {
         cx.report("weakened-control", e.span(), "only per-run", format!("user {u:?} is not allowed"), Some("candidate work runs only as a fresh per-run account (REQ-117): write user \"per-run\"".into()));
         None
     });
+    if user == Some(User::Service)
+        && kind != StageKind::Surface
+        && let Some(n) = b.one("user")
+    {
+        cx.report(
+            "weakened-control",
+            name_span(n),
+            "only the surface runs as the service user",
+            format!("user \"service\" is not allowed in stage \"{kind}\""),
+            Some("candidate work runs only as a fresh per-run account (REQ-117): write user \"per-run\"".into()),
+        );
+    }
     let cpus_milli = b.one("cpus").and_then(|n| single(cx, n, &[], cpus));
     let cpuset_v = b.one("cpuset").and_then(|n| single(cx, n, &[], cpuset));
-    if b.one("cpus").is_none() && b.one("cpuset").is_none() {
+    // Every candidate stage is capped; the surface may run where cgroups cannot be delegated
+    // to its service user, and then it must not ask for what cannot be enforced (the surface
+    // refuses such a policy at run time rather than applying a limit as a no-op).
+    let capped = kind != StageKind::Surface;
+    if capped && b.one("cpus").is_none() && b.one("cpuset").is_none() {
         cx.report(
             "missing-node",
             name_span(node),
@@ -1599,12 +1641,21 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: StageKind) -> Option<Stage> {
             None,
         );
     }
-    let memory = value(cx, &b, "memory", None, |cx, e| {
+    let optional =
+        |cx: &mut Cx, name: &str, read: &dyn Fn(&mut Cx, &KdlEntry) -> Option<u64>| match b
+            .one(name)
+        {
+            Some(n) => single(cx, n, &[], read).map(Some),
+            None if capped => {
+                b.required(cx, name);
+                None
+            }
+            None => Some(None),
+        };
+    let memory = optional(cx, "memory", &|cx, e| {
         size(cx, e, "memory", 256 * MIB, 4 * TIB)
     });
-    let pids = value(cx, &b, "pids", None, |cx, e| {
-        integer(cx, e, "pids", 32, 1_048_576)
-    });
+    let pids = optional(cx, "pids", &|cx, e| integer(cx, e, "pids", 32, 1_048_576));
     let nofile = value(cx, &b, "nofile", Some(1024), |cx, e| {
         integer(cx, e, "nofile", 16, 1_048_576)
     });
@@ -1785,7 +1836,7 @@ fn stage(cx: &mut Cx, node: &KdlNode, kind: StageKind) -> Option<Stage> {
         (None, _) => None,
     };
     let surface = match (b.one("surface"), kind) {
-        (Some(n), StageKind::Surface) => surface(cx, n, &mount),
+        (Some(n), StageKind::Surface) => surface(cx, n, &mount, &env),
         (None, StageKind::Surface) => {
             b.required(cx, "surface");
             None
@@ -1898,7 +1949,48 @@ fn gpu(cx: &mut Cx, node: Option<&KdlNode>, kind: StageKind) -> BTreeMap<String,
     out
 }
 
-fn surface(cx: &mut Cx, node: &KdlNode, mounts: &BTreeMap<String, Mount>) -> Option<Surface> {
+/// The variables the surface sets itself, from `home` and `temp`: a policy may not also name
+/// them in `env`, `pass-env`, `agent-env` or `temp-env`.
+pub const SURFACE_SET_ENV: [&str; 8] = [
+    "HOME",
+    "XDG_CONFIG_HOME",
+    "XDG_CACHE_HOME",
+    "XDG_DATA_HOME",
+    "XDG_STATE_HOME",
+    "TMPDIR",
+    "TMP",
+    "TEMP",
+];
+
+/// A path relative to the workspace: non-empty, normal components only, no NUL.
+fn relative(cx: &mut Cx, entry: &KdlEntry, what: &str) -> Option<String> {
+    let text = string(cx, entry)?;
+    let ok = !text.is_empty()
+        && text.len() <= 64
+        && !text.contains('\0')
+        && text
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != "..");
+    if ok {
+        return Some(text);
+    }
+    cx.report(
+        "invalid-path",
+        entry.span(),
+        "not a normal relative path",
+        format!("{what} {text:?} is not a normal path relative to the workspace"),
+        Some("write it without a leading `/`, `.`, `..` or `//`, at most 64 bytes".into()),
+    );
+    None
+}
+
+#[allow(clippy::too_many_lines)]
+fn surface(
+    cx: &mut Cx,
+    node: &KdlNode,
+    mounts: &BTreeMap<String, Mount>,
+    stage_env: &BTreeMap<String, String>,
+) -> Option<Surface> {
     shape(cx, node, 0, 0, &[], true);
     let b = Block::read(
         cx,
@@ -1911,8 +2003,21 @@ fn surface(cx: &mut Cx, node: &KdlNode, mounts: &BTreeMap<String, Mount>) -> Opt
             "deny-env",
             "deny-file",
             "tmpdir-prefix-max",
+            "pass-env",
+            "agent-env",
+            "home",
+            "temp",
+            "temp-env",
+            "state-dir",
         ],
-        &["read", "deny-env", "deny-file"],
+        &[
+            "read",
+            "deny-env",
+            "deny-file",
+            "pass-env",
+            "agent-env",
+            "temp-env",
+        ],
     );
     let mut read = BTreeMap::new();
     let mut spans = Seen::default();
@@ -1940,7 +2045,7 @@ fn surface(cx: &mut Cx, node: &KdlNode, mounts: &BTreeMap<String, Mount>) -> Opt
             None,
         );
     }
-    let deny_env = strings(cx, &b.all("deny-env"), |cx, e| {
+    let name = |cx: &mut Cx, e: &KdlEntry| {
         let s = string(cx, e)?;
         if env_name_ok(&s) {
             return Some(s);
@@ -1953,7 +2058,50 @@ fn surface(cx: &mut Cx, node: &KdlNode, mounts: &BTreeMap<String, Mount>) -> Opt
             None,
         );
         None
-    });
+    };
+    let deny_env = strings(cx, &b.all("deny-env"), name);
+    let pass_env = strings(cx, &b.all("pass-env"), name);
+    let agent_env = strings(cx, &b.all("agent-env"), name);
+    let temp_env = strings(cx, &b.all("temp-env"), name);
+    // Each variable has one source: the stage's fixed `env`, the invoker (`pass-env` to every
+    // run, `agent-env` to the agent's only), the surface itself (home and temp), or nowhere
+    // (`deny-env`). A name in two places would make one of them silently lose.
+    let mut sources: BTreeMap<&str, &str> = BTreeMap::new();
+    let lists: [(&str, Vec<&str>); 6] = [
+        ("env", stage_env.keys().map(String::as_str).collect()),
+        ("the surface itself", SURFACE_SET_ENV.to_vec()),
+        ("pass-env", pass_env.iter().map(String::as_str).collect()),
+        ("agent-env", agent_env.iter().map(String::as_str).collect()),
+        ("temp-env", temp_env.iter().map(String::as_str).collect()),
+        ("deny-env", deny_env.iter().map(String::as_str).collect()),
+    ];
+    for (list, names) in &lists {
+        for n in names {
+            if let Some(first) = sources.insert(n, list) {
+                cx.report(
+                    "duplicate",
+                    name_span(node),
+                    "a variable with two sources",
+                    format!("variable {n} is named by {first} and by {list}"),
+                    Some("give each variable one source: env, pass-env, agent-env, temp-env or deny-env".into()),
+                );
+            }
+        }
+    }
+    let home = value(cx, &b, "home", None, |cx, e| relative(cx, e, "home"));
+    let temp = value(cx, &b, "temp", None, |cx, e| relative(cx, e, "temp"));
+    if let (Some(h), Some(t)) = (&home, &temp)
+        && nested(&format!("/{h}"), &format!("/{t}"))
+    {
+        cx.report(
+            "overlap",
+            name_span(node),
+            "home and temp overlap",
+            format!("home {h:?} and temp {t:?} are not disjoint"),
+            None,
+        );
+    }
+    let state_dir = value(cx, &b, "state-dir", None, |cx, e| path(cx, e, "state-dir"));
     let deny_file = strings(cx, &b.all("deny-file"), |cx, e| path(cx, e, "deny-file"));
     let tmpdir_prefix_max = value(cx, &b, "tmpdir-prefix-max", Some(56), |cx, e| {
         integer(cx, e, "tmpdir-prefix-max", 8, 80)
@@ -1964,6 +2112,12 @@ fn surface(cx: &mut Cx, node: &KdlNode, mounts: &BTreeMap<String, Mount>) -> Opt
         deny_env,
         deny_file,
         tmpdir_prefix_max: tmpdir_prefix_max?,
+        pass_env,
+        agent_env,
+        home: home?,
+        temp: temp?,
+        temp_env,
+        state_dir: state_dir?,
     })
 }
 
@@ -2552,6 +2706,117 @@ mod tests {
             let text = default_policy().replace_once(stage, &format!("{stage}{block}"));
             assert_eq!(codes(&text), ["not-allowed-in-stage"], "{block}");
         }
+    }
+
+    #[test]
+    fn the_surface_is_typed_apart_from_the_candidate_stages() {
+        let surface = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../policy/examples/surface.kdl"
+        ))
+        .unwrap();
+        let p = crate::parse("s.kdl", &surface).unwrap();
+        let s = p.stage(StageKind::Surface).unwrap();
+        assert_eq!(
+            (s.image.as_deref(), s.root, s.user),
+            (None, RootMode::Empty, User::Service)
+        );
+        assert_eq!((s.memory_bytes, s.pids), (None, None));
+        let block = s.surface.as_ref().unwrap();
+        assert!(block.agent_env.contains("ANTHROPIC_API_KEY"));
+        assert_eq!(
+            (block.home.as_str(), block.temp.as_str()),
+            (".cph/agent-runtime", ".cph/t")
+        );
+        for (from, to, code) in [
+            // One source per variable.
+            (
+                "pass-env \"TERM\"",
+                "pass-env \"TERM\" \"DATABASE_URL\"",
+                "duplicate",
+            ),
+            (
+                "pass-env \"TERM\"",
+                "pass-env \"TERM\" \"HOME\"",
+                "duplicate",
+            ),
+            (
+                "pass-env \"TERM\"",
+                "pass-env \"TERM\" \"PATH\"",
+                "duplicate",
+            ),
+            (
+                "temp-env \"CLAUDE_CODE_TMPDIR\"",
+                "temp-env \"ANTHROPIC_API_KEY\"",
+                "duplicate",
+            ),
+            (
+                "home \".cph/agent-runtime\"",
+                "home \"../up\"",
+                "invalid-path",
+            ),
+            (
+                "home \".cph/agent-runtime\"",
+                "home \"/abs\"",
+                "invalid-path",
+            ),
+            ("home \".cph/agent-runtime\"", "home \".cph\"", "overlap"),
+            (
+                "    root \"empty\"\n",
+                "    root \"read-only\"\n",
+                "not-allowed-in-stage",
+            ),
+            (
+                "    root \"empty\"\n",
+                "    root \"empty\"\n    image \"x\"\n",
+                "not-allowed-in-stage",
+            ),
+            (
+                "    network \"none\"\n",
+                "    network \"host\"\n",
+                "invalid-value",
+            ),
+        ] {
+            let text = replace_exactly_once(&surface, from, to);
+            assert!(
+                codes(&text).contains(&code.to_owned()),
+                "{to:?}: {:?}",
+                codes(&text)
+            );
+        }
+        // And the candidate stages keep every control they had.
+        for (from, to, code) in [
+            (
+                "    root \"read-only\"\n",
+                "    root \"empty\"\n",
+                "not-allowed-in-stage",
+            ),
+            (
+                "    user \"per-run\"\n",
+                "    user \"service\"\n",
+                "weakened-control",
+            ),
+            (
+                "    network \"none\"\n",
+                "    network \"egress\"\n",
+                "not-allowed-in-stage",
+            ),
+            ("    memory \"8GiB\"\n", "", "missing-node"),
+        ] {
+            // The first occurrence: the prebuild stage's.
+            let text = default_policy().replacen(from, to, 1);
+            assert_ne!(text, default_policy(), "{from:?}");
+            assert!(
+                codes(&text).contains(&code.to_owned()),
+                "{to:?}: {:?}",
+                codes(&text)
+            );
+        }
+    }
+
+    fn replace_exactly_once(text: &str, from: &str, to: &str) -> String {
+        assert_eq!(text.matches(from).count(), 1, "{from:?}");
+        text.replacen(from, to, 1)
     }
 
     #[test]

@@ -369,8 +369,10 @@ keyword! {
     Network {
         /// A new, empty network namespace (loopback only).
         None = "none",
-        /// The host's network (the surface stage only).
-        Host = "host",
+        /// A private network namespace whose traffic leaves only through a user-space
+        /// forwarder, host loopback unreachable (the surface stage only). Never the host's
+        /// namespace: that would also expose host loopback services and abstract sockets.
+        Egress = "egress",
     }
 }
 
@@ -381,6 +383,9 @@ keyword! {
         ReadOnly = "read-only",
         /// A per-lease disposable overlay over the read-only image rootfs.
         Overlay = "overlay",
+        /// No image: an empty read-only root in which only the surface's named read set and
+        /// workspace exist (the surface stage only, and its only root).
+        Empty = "empty",
     }
 }
 
@@ -399,6 +404,9 @@ keyword! {
     User {
         /// A fresh per-run account (REQ-117).
         PerRun = "per-run",
+        /// The unprivileged service user that invokes the surface, behind a user namespace
+        /// that maps only it (the surface stage only; never root).
+        Service = "service",
     }
 }
 
@@ -543,8 +551,9 @@ impl Serialize for SeccompAction {
 /// is only ever read out of a validated [`Policy`], whose own fields are private.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Stage {
-    /// The image role it runs.
-    pub image: String,
+    /// The image role it runs (every stage but the surface, whose root is empty).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
     /// Its network.
     pub network: Network,
     /// Its root filesystem.
@@ -565,10 +574,12 @@ pub struct Stage {
     /// Or a cpuset.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpuset: Option<String>,
-    /// Memory (and memory+swap) limit.
-    pub memory_bytes: u64,
-    /// PID limit.
-    pub pids: u64,
+    /// Memory (and memory+swap) limit (required in every stage but the surface).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+    /// PID limit (required in every stage but the surface).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pids: Option<u64>,
     /// RLIMIT_NOFILE.
     pub nofile: u64,
     /// RLIMIT_CORE.
@@ -680,8 +691,22 @@ pub struct Surface {
     pub deny_env: BTreeSet<String>,
     /// Files that are never readable.
     pub deny_file: BTreeSet<String>,
-    /// The longest temporary-directory prefix.
+    /// The longest temporary-directory prefix, in bytes, inside the container and on the
+    /// host alike.
     pub tmpdir_prefix_max: u64,
+    /// Variables that cross from the invoker's environment into every run (agent and command).
+    pub pass_env: BTreeSet<String>,
+    /// Variables that cross into the agent's own run only, never into a command's (the
+    /// provider protocol variables of the ADR's first tier).
+    pub agent_env: BTreeSet<String>,
+    /// Home, configuration and cache, relative to the workspace.
+    pub home: String,
+    /// The temporary directory, relative to the workspace (`TMPDIR`, `TMP`, `TEMP`).
+    pub temp: String,
+    /// Further variables that name the temporary directory.
+    pub temp_env: BTreeSet<String>,
+    /// The service user's own directory for run state (records, bundles, the runtime's state).
+    pub state_dir: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -340,14 +340,14 @@ fn explain_cmd(
             declared: String::new(),
         });
     };
-    let (image, profile_name) = (settings.image.as_str(), settings.seccomp.as_str());
+    let (image, profile_name) = (settings.image.as_deref(), settings.seccomp.as_str());
     let root = policy
         .canonical_value()
         .map_err(|source| CliError::Encode { source })?;
     let text = if json {
         let value = json!({
             "stage": root["stage"][stage],
-            "image": { image: root["image"][image] },
+            "image": image.map(|image| json!({ image: root["image"][image] })),
             "seccomp": { profile_name: root["seccomp"][profile_name] },
         });
         let mut s = cordon::canonical::to_canonical_json(&value)
@@ -356,7 +356,9 @@ fn explain_cmd(
         s
     } else {
         let mut lines = diff::explain(&root, &["stage", stage]);
-        lines.extend(diff::explain(&root, &["image", image]));
+        if let Some(image) = image {
+            lines.extend(diff::explain(&root, &["image", image]));
+        }
         let profile = &root["seccomp"][profile_name];
         for key in ["baseline", "default_action", "architectures"] {
             if let Some(v) = profile.get(key) {

@@ -153,16 +153,12 @@ pub fn prebuild(
         max_depth,
         max_path_length,
     };
-    let pin = *policy.image_pin(&stage.image).ok_or_else(|| {
-        SessionError::Plan(PlanError::Unpinned {
-            kind: StageKind::Prebuild,
-            role: stage.image.clone(),
-        })
-    })?;
+    let (role, pin) =
+        cordon_stage::bundle::image_of(policy, StageKind::Prebuild).map_err(SessionError::Plan)?;
 
     // Plan: everything is verified before anything runs.
     tree::verify(&cfg.store, tree_digest)?;
-    let rootfs = cordon::image::unpack(&cfg.store, &cfg.images.join(&stage.image), &pin)?;
+    let rootfs = cordon::image::unpack(&cfg.store, &cfg.images.join(role), &pin)?;
     let key = domain_digest(
         "cordon.prebuild-cache",
         1,

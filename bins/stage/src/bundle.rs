@@ -419,6 +419,36 @@ pub enum PlanError {
         /// What it would expose.
         protected: String,
     },
+    /// A control the policy asks for cannot be enforced in the mode this run would use: it
+    /// is refused, never applied as a no-op.
+    #[error("stage {kind} asks for {what}, which {mode} cannot enforce on this host")]
+    #[diagnostic(
+        code(cordon::plan::unenforceable),
+        help("drop the value from the stage, or run where the control can be applied")
+    )]
+    Unenforceable {
+        /// The kind.
+        kind: StageKind,
+        /// The value.
+        what: String,
+        /// The mode.
+        mode: &'static str,
+    },
+    /// A temporary-directory prefix is longer than the policy allows: a tool appending a
+    /// socket name to it would overflow `sockaddr_un.sun_path`.
+    #[error("temporary-directory prefix {prefix} is {bytes} bytes, above the policy's {max}")]
+    #[diagnostic(
+        code(cordon::plan::temp_prefix),
+        help("use a shorter workspace root with compact path segments")
+    )]
+    TempPrefix {
+        /// The prefix.
+        prefix: String,
+        /// Its length.
+        bytes: usize,
+        /// The policy's bound.
+        max: u64,
+    },
     /// A value has no OCI form.
     #[error("cannot build the bundle: {why}")]
     #[diagnostic(code(cordon::plan::invalid))]
@@ -428,7 +458,7 @@ pub enum PlanError {
     },
 }
 
-fn invalid(e: impl std::fmt::Display) -> PlanError {
+pub(crate) fn invalid(e: impl std::fmt::Display) -> PlanError {
     PlanError::Invalid { why: e.to_string() }
 }
 
@@ -445,7 +475,7 @@ pub fn lease_mount_points(stage: &Stage) -> Vec<&'static str> {
     }
     points.extend(stage.mount.values().filter_map(|m| copy_dir(m.source)));
     match stage.root {
-        RootMode::ReadOnly => {}
+        RootMode::ReadOnly | RootMode::Empty => {}
         RootMode::Overlay => points.push(OVERLAY_ROOT_DIR),
     }
     points
@@ -534,7 +564,12 @@ fn check_mounts(binds: &[Bind], run: &RunInputs) -> Result<(), PlanError> {
     Ok(())
 }
 
-fn mount(dest: &str, typ: &str, source: &str, options: &[&str]) -> Result<Mount, PlanError> {
+pub(crate) fn mount(
+    dest: &str,
+    typ: &str,
+    source: &str,
+    options: &[&str],
+) -> Result<Mount, PlanError> {
     MountBuilder::default()
         .destination(dest)
         .typ(typ)
@@ -659,7 +694,7 @@ fn seccomp_entries(
     Ok(entries)
 }
 
-fn seccomp(p: &SeccompProfile) -> Result<oci_spec::runtime::LinuxSeccomp, PlanError> {
+pub(crate) fn seccomp(p: &SeccompProfile) -> Result<oci_spec::runtime::LinuxSeccomp, PlanError> {
     let SeccompProfile {
         baseline: _,
         default_action,
@@ -705,6 +740,23 @@ fn seccomp(p: &SeccompProfile) -> Result<oci_spec::runtime::LinuxSeccomp, PlanEr
     b.build().map_err(invalid)
 }
 
+/// The image role of candidate stage `kind` and its pinned digest.
+///
+/// # Errors
+/// The stage is missing, runs no image (the surface), or its role is not pinned.
+pub fn image_of(policy: &Policy, kind: StageKind) -> Result<(&str, Digest), PlanError> {
+    let stage = policy.stage(kind).ok_or(PlanError::NoStage { kind })?;
+    let role = stage
+        .image
+        .as_deref()
+        .ok_or_else(|| invalid("a candidate stage without an image"))?;
+    let pin = policy.image_pin(role).ok_or_else(|| PlanError::Unpinned {
+        kind,
+        role: role.to_owned(),
+    })?;
+    Ok((role, *pin))
+}
+
 /// Plan stage `kind` of `policy` for one run.
 ///
 /// # Errors
@@ -715,10 +767,12 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
     let stage = policy.stage(kind).ok_or(PlanError::NoStage { kind })?;
     match kind {
         StageKind::Prebuild | StageKind::Lane | StageKind::Reference => {}
+        // The surface runs as its service user behind a user namespace, not in a per-run
+        // lease: `surface::plan` plans it.
         StageKind::Surface => {
             return Err(PlanError::Unimplemented {
                 kind,
-                what: "the surface stage",
+                what: "the surface stage in a per-run lease (cordon-surface plans it)",
             });
         }
     }
@@ -760,10 +814,13 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
             what: "a surface block",
         });
     }
-    let pin = policy.image_pin(image).ok_or_else(|| PlanError::Unpinned {
-        kind,
-        role: image.clone(),
-    })?;
+    // The language requires these of every candidate stage; a policy value without them is
+    // refused, never run unlimited.
+    let _ = image;
+    let (image, pin) = image_of(policy, kind)?;
+    let (Some(memory_bytes), Some(pids)) = (memory_bytes, pids) else {
+        return Err(invalid("a candidate stage without a memory or pids limit"));
+    };
     let profile = policy
         .seccomp_profile(seccomp_name)
         .ok_or_else(|| PlanError::NoSeccomp {
@@ -772,6 +829,7 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
         })?;
     let (uid, gid) = match user {
         User::PerRun => (run.uid, run.gid),
+        User::Service => return Err(invalid("only the surface runs as its service user")),
     };
     if uid == 0 || gid == 0 {
         return Err(invalid("the per-run account has id 0"));
@@ -816,6 +874,7 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
         return Err(invalid("cache bounds without a cache mount"));
     }
     let (root_path, root_readonly) = match root {
+        RootMode::Empty => return Err(invalid("only the surface's root is empty")),
         RootMode::ReadOnly => (run.image_rootfs.clone(), true),
         RootMode::Overlay => {
             let target = run.run_dir.join(OVERLAY_ROOT_DIR);
@@ -996,10 +1055,10 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
     }
     match network {
         Network::None => namespaces.push(LinuxNamespaceType::Network),
-        Network::Host => {
+        Network::Egress => {
             return Err(PlanError::Unimplemented {
                 kind,
-                what: "network \"host\"",
+                what: "network \"egress\" outside the surface",
             });
         }
     }
@@ -1146,7 +1205,7 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
         host_mounts,
         staging_dir: staging.as_ref().map(|_| staging_dir.clone()),
         session: SessionSettings {
-            image: (image.clone(), *pin),
+            image: (image.to_owned(), pin),
             deadline_ms: *deadline_ms,
             phase_deadline_ms: phase_deadline_ms.clone(),
             output: output.clone(),
@@ -1165,7 +1224,7 @@ pub fn example_inputs(policy: &Policy, kind: StageKind) -> RunInputs {
     let store = PathBuf::from(policy.store());
     let stage = policy.stage(kind);
     let image = stage
-        .and_then(|s| policy.image_pin(&s.image))
+        .and_then(|s| policy.image_pin(s.image.as_deref()?))
         .map_or_else(|| "IMAGE".to_owned(), Digest::hex);
     let run_dir = PathBuf::from(policy.run_dir()).join("LEASE");
     let sources: BTreeMap<MountSource, PathBuf> = [
