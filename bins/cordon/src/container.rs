@@ -251,6 +251,12 @@ impl Runtime {
 }
 
 impl Created {
+    /// The container's init, as this host's pid namespace sees it.
+    #[must_use]
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
     /// The container id.
     #[must_use]
     pub fn id(&self) -> &str {
@@ -316,6 +322,25 @@ impl Running {
     /// # Errors
     /// The init could not be waited for, or did not die after SIGKILL.
     pub fn wait(self, deadline: Instant, cgroup: &CgroupProbe) -> Result<Exited, RuntimeError> {
+        self.wait_accounted(deadline, Some(cgroup))
+    }
+
+    /// [`Running::wait`] for a container with no cgroup of cordon's (a rootless runtime the host
+    /// delegates none to): nothing is read from a cgroup, so the meta record has no CPU time or
+    /// peak memory, and `oom_killed` is false because there is no cgroup whose OOM killer could
+    /// act (a kernel-wide OOM kill shows as the signal).
+    ///
+    /// # Errors
+    /// The init could not be waited for, or did not die after SIGKILL.
+    pub fn wait_without_cgroup(self, deadline: Instant) -> Result<Exited, RuntimeError> {
+        self.wait_accounted(deadline, None)
+    }
+
+    fn wait_accounted(
+        self,
+        deadline: Instant,
+        cgroup: Option<&CgroupProbe>,
+    ) -> Result<Exited, RuntimeError> {
         let id = self.created.id.clone();
         let sup = |why: String| RuntimeError::Supervise {
             id: id.clone(),
@@ -326,7 +351,20 @@ impl Running {
             Ok(s) => (s, false),
             Err(_) => {
                 // The deadline is absolute: kill everything in the container, then reap.
-                let _ = self.kill();
+                // Without a cgroup the runtime cannot enumerate the container's processes;
+                // SIGKILL to its init ends its pid namespace and with it every process in it.
+                // The init is this process's unreaped child, so its pid cannot have been reused.
+                match cgroup {
+                    Some(_) => {
+                        let _ = self.kill();
+                    }
+                    None => {
+                        let _ = nix::sys::signal::kill(
+                            Pid::from_raw(self.created.pid),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                    }
+                }
                 let s = self
                     .exit
                     .recv_timeout(Duration::from_secs(30))
@@ -341,10 +379,17 @@ impl Running {
             Ok(other) => return Err(sup(format!("unexpected wait status {other:?}"))),
             Err(e) => return Err(sup(format!("waitpid: {e}"))),
         };
-        let (oom, peak, cpu) = cgroup.accounting();
-        // An OOM kill is the candidate's failure only when the kernel's count says so; a count
-        // that cannot be read decides nothing.
-        let oom = oom.ok_or_else(|| sup("cannot read the cgroup's OOM-kill count".into()))?;
+        let (oom, peak, cpu) = match cgroup {
+            Some(cgroup) => {
+                let (oom, peak, cpu) = cgroup.accounting();
+                // An OOM kill is the candidate's failure only when the kernel's count says so;
+                // a count that cannot be read decides nothing.
+                let oom =
+                    oom.ok_or_else(|| sup("cannot read the cgroup's OOM-kill count".into()))?;
+                (oom, peak, cpu)
+            }
+            None => (0, None, None),
+        };
         let Created {
             runtime,
             stdout,

@@ -961,7 +961,9 @@ impl Lease {
     }
 }
 
-fn fresh_id() -> String {
+/// A fresh lease (or run) id: 32 hex digits from the kernel's random source.
+#[must_use]
+pub fn fresh_id() -> String {
     let mut bytes = [0u8; 16];
     // The kernel's random source; a lease id only needs to be unique, not secret.
     if File::open("/dev/urandom")
