@@ -13,7 +13,8 @@
 //! - [`session`]: one container of one stage under one lease, from validation to the absence
 //!   proof — the sequence every container stage runs instead of copying it;
 //! - [`parser`]: a stage's confined parser child under its own lease (fetch, materialize);
-//! - [`receipt_io`]: reading an input receipt and emitting the one output receipt.
+//! - [`receipt_io`]: reading an input receipt and emitting the one output receipt;
+//! - [`surface`]: planning the agent surface's rootless container (pure).
 //!
 //! It does not parse KDL (the language crate does) or touch the kernel itself (the mechanism
 //! library does, behind its host seam).
@@ -25,3 +26,4 @@ pub mod receipt_io;
 pub mod session;
 pub mod settings;
 pub mod start;
+pub mod surface;

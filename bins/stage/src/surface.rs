@@ -1,0 +1,696 @@
+//! Planning the agent surface (seed 002): the policy's `surface` stage and one run's facts
+//! become the OCI `config.json` of a rootless container, the environment it gets and the
+//! settings the surface enforces. Pure: no filesystem, no kernel.
+//!
+//! The surface is not a candidate stage in a per-run lease. Its invoker is an unprivileged
+//! service user, so the container runs behind a user namespace that maps only that user (as
+//! the container's uid 0, with every capability set empty and `no_new_privileges`: runc 1.1
+//! needs a mapped container root, and a process with no capabilities in a namespace it does not
+//! own is the service user and nothing more). The root is an empty directory of the run's own,
+//! read-only; inside it exist only `/proc`, a minimal `/dev`, a private `/tmp` tmpfs, the
+//! policy's named read set (each a plain — not recursive — read-only bind, so nothing mounted
+//! beneath a named path on the host crosses) and the workspace, read-write, as the working
+//! directory. A read of anything else fails because the path does not exist there.
+//!
+//! Every field of the stage is destructured: a value is planned, carried into
+//! [`SurfaceSettings`], or refused with a named [`PlanError`]. Cgroup limits (`cpus`, `cpuset`,
+//! `memory`, `pids`) are refused: a service user's rootless runtime cannot apply them where the
+//! host does not delegate a cgroup to it (cgroup v1 never does), and a limit is never applied as
+//! a no-op. `network "egress"` and the per-run mode (`user "per-run"`, cordon-surface as root)
+//! are refused as not implemented.
+//!
+//! It does not create the root, the workspace's home and temp directories, or run anything
+//! (`cordon-surface` does).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use cordon_policy_lang::{
+    Ipc, MountMode, MountSource, Network, Output, Policy, RootMode, Stage, StageKind, Surface, Sys,
+    Tmp, User,
+};
+use oci_spec::runtime::{
+    LinuxBuilder, LinuxCapabilitiesBuilder, LinuxIdMappingBuilder, LinuxNamespaceBuilder,
+    LinuxNamespaceType, PosixRlimitBuilder, PosixRlimitType, ProcessBuilder, RootBuilder, Spec,
+    SpecBuilder, UserBuilder,
+};
+
+use crate::bundle::{MASKED_PATHS, MASKED_WITHOUT_GPU, PlanError, READONLY_PATHS, invalid, mount};
+
+/// Which run of an agent this is: the ADR's two credential tiers.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Tier {
+    /// The agent process: `pass-env` and `agent-env` cross.
+    Agent,
+    /// One shell command of the agent: only `pass-env` crosses.
+    Command,
+}
+
+/// What only the run knows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SurfaceInputs {
+    /// The exact argv.
+    pub argv: Vec<String>,
+    /// Which tier.
+    pub tier: Tier,
+    /// The service user's uid, mapped to the container's uid 0.
+    pub uid: u32,
+    /// The service user's gid, mapped to the container's gid 0.
+    pub gid: u32,
+    /// The run's empty root directory.
+    pub root: PathBuf,
+    /// The workspace, canonical.
+    pub workspace: PathBuf,
+    /// The invoker's environment: only what the policy names is read from it.
+    pub invoker_env: BTreeMap<OsString, OsString>,
+    /// The run id (a label on the container).
+    pub run: String,
+    /// The authority identity (a label on the container).
+    pub authority: String,
+}
+
+/// What the surface enforces beyond the bundle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SurfaceSettings {
+    /// The whole run's deadline, ms.
+    pub deadline_ms: u64,
+    /// Output caps.
+    pub output: Output,
+    /// Where the workspace is inside.
+    pub workspace_dest: String,
+    /// Home, relative to the workspace (made before the run).
+    pub home: String,
+    /// The temporary directory, relative to the workspace (made before the run).
+    pub temp: String,
+}
+
+/// A planned surface run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SurfacePlan {
+    /// The OCI `config.json`.
+    pub spec: Spec,
+    /// The names of the variables set inside, never their values (for the receipt).
+    pub env_names: Vec<String>,
+    /// What the surface enforces.
+    pub settings: SurfaceSettings,
+}
+
+/// The stage and its surface block of `policy`.
+///
+/// # Errors
+/// The policy declares no surface stage.
+pub fn surface_of(policy: &Policy) -> Result<(&Stage, &Surface), PlanError> {
+    let kind = StageKind::Surface;
+    let stage = policy.stage(kind).ok_or(PlanError::NoStage { kind })?;
+    let surface = stage
+        .surface
+        .as_ref()
+        .ok_or_else(|| invalid("a surface stage without its surface block"))?;
+    Ok((stage, surface))
+}
+
+/// The workspace's destination inside, from the stage's one `workspace` mount.
+///
+/// # Errors
+/// The stage has no workspace mount, or it is not read-write.
+pub fn workspace_dest(stage: &Stage) -> Result<&str, PlanError> {
+    let mut found = stage
+        .mount
+        .iter()
+        .filter(|(_, m)| m.source == MountSource::Workspace);
+    match (found.next(), found.next()) {
+        (Some((dest, m)), None) if m.mode == MountMode::Rw => Ok(dest),
+        _ => Err(invalid(
+            "the surface needs exactly one read-write workspace mount",
+        )),
+    }
+}
+
+/// Whether `prefix` (a temporary directory, as a tool would see it) fits `max` bytes; the
+/// error names it.
+///
+/// # Errors
+/// [`PlanError::TempPrefix`].
+pub fn check_temp_prefix(prefix: &Path, max: u64) -> Result<(), PlanError> {
+    let bytes = prefix.as_os_str().len();
+    if u64::try_from(bytes).map_or(true, |b| b > max) {
+        return Err(PlanError::TempPrefix {
+            prefix: prefix.display().to_string(),
+            bytes,
+            max,
+        });
+    }
+    Ok(())
+}
+
+/// The environment of one run: the stage's fixed values, then `pass-env` (and, for the agent,
+/// `agent-env`) as far as the invoker has them, then home and temp inside the workspace.
+/// Nothing else of the invoker's environment crosses; `deny-env` names are disjoint from every
+/// source (the language checks it) and are checked again here.
+///
+/// # Errors
+/// An allowed variable's value is not UTF-8, or a denied one would be set.
+pub fn environment(
+    stage_env: &BTreeMap<String, String>,
+    surface: &Surface,
+    tier: Tier,
+    invoker: &BTreeMap<OsString, OsString>,
+    dest: &str,
+) -> Result<BTreeMap<String, String>, PlanError> {
+    let mut env = stage_env.clone();
+    // The provider tier crosses into the agent's own run, never into a command's.
+    let agent = surface.agent_env.iter().filter(|_| tier == Tier::Agent);
+    for name in surface.pass_env.iter().chain(agent) {
+        if let Some(v) = invoker.get(&OsString::from(name)) {
+            let v = v
+                .to_str()
+                .ok_or_else(|| invalid(format!("the value of {name} is not UTF-8")))?;
+            env.insert(name.clone(), v.to_owned());
+        }
+    }
+    let home = format!("{dest}/{}", surface.home);
+    let temp = format!("{dest}/{}", surface.temp);
+    for (k, v) in [
+        ("HOME", home.clone()),
+        ("XDG_CONFIG_HOME", format!("{home}/.config")),
+        ("XDG_CACHE_HOME", format!("{home}/.cache")),
+        ("XDG_DATA_HOME", format!("{home}/.local/share")),
+        ("XDG_STATE_HOME", format!("{home}/.local/state")),
+    ] {
+        env.insert(k.to_owned(), v);
+    }
+    for k in ["TMPDIR", "TMP", "TEMP"]
+        .into_iter()
+        .chain(surface.temp_env.iter().map(String::as_str))
+    {
+        env.insert(k.to_owned(), temp.clone());
+    }
+    if let Some(denied) = surface.deny_env.iter().find(|n| env.contains_key(*n)) {
+        return Err(invalid(format!("denied variable {denied} would cross")));
+    }
+    Ok(env)
+}
+
+/// Plan one surface run of `policy`.
+///
+/// # Errors
+/// The stage is missing, asks for what this mode cannot enforce or this build does not
+/// implement, a temporary prefix is too long, or a value has no OCI form.
+#[allow(clippy::too_many_lines)]
+pub fn plan(policy: &Policy, run: &SurfaceInputs) -> Result<SurfacePlan, PlanError> {
+    let kind = StageKind::Surface;
+    let (stage, surface) = surface_of(policy)?;
+    let mode = "a service user's rootless runtime";
+    let unenforceable = |what: &str| PlanError::Unenforceable {
+        kind,
+        what: what.to_owned(),
+        mode,
+    };
+    let Stage {
+        image,
+        network,
+        root,
+        ipc,
+        capability,
+        no_new_privileges,
+        seccomp: seccomp_name,
+        user,
+        cpus_milli,
+        cpuset,
+        memory_bytes,
+        pids,
+        nofile,
+        core_bytes,
+        shm_bytes,
+        tmp,
+        staging,
+        cache,
+        deadline_ms,
+        phase_deadline_ms,
+        gpu_device,
+        env,
+        mount: binds,
+        output,
+        publication,
+        frame,
+        surface: _,
+        sys,
+    } = stage;
+    match user {
+        User::Service => {}
+        User::PerRun => {
+            return Err(PlanError::Unimplemented {
+                kind,
+                what: "the surface in a per-run account (cordon-surface as root)",
+            });
+        }
+    }
+    match root {
+        RootMode::Empty => {}
+        RootMode::ReadOnly | RootMode::Overlay => {
+            return Err(invalid("the surface's root is empty"));
+        }
+    }
+    if image.is_some() || staging.is_some() || cache.is_some() || publication.is_some() {
+        return Err(invalid(
+            "the surface has no image, staging, cache or publication",
+        ));
+    }
+    if frame.is_some() || !phase_deadline_ms.is_empty() {
+        return Err(PlanError::Unimplemented {
+            kind,
+            what: "framing or phase deadlines in the surface",
+        });
+    }
+    if !gpu_device.is_empty() {
+        return Err(unenforceable("GPU devices"));
+    }
+    // Cgroup limits: the runtime would need a cgroup delegated to the service user.
+    for (set, what) in [
+        (cpus_milli.is_some(), "a cpus quota"),
+        (cpuset.is_some(), "a cpuset"),
+        (memory_bytes.is_some(), "a memory limit"),
+        (pids.is_some(), "a pids limit"),
+    ] {
+        if set {
+            return Err(unenforceable(what));
+        }
+    }
+    // A capability in the user namespace would be root's power over everything the namespace
+    // owns (its mounts, its network): the surface grants none.
+    if !capability.is_empty() {
+        return Err(unenforceable("capabilities"));
+    }
+    if !no_new_privileges {
+        return Err(invalid("no_new_privileges cannot be off"));
+    }
+    match network {
+        Network::None => {}
+        Network::Egress => {
+            return Err(PlanError::Unimplemented {
+                kind,
+                what: "network \"egress\" (a private namespace behind a user-space forwarder)",
+            });
+        }
+    }
+    let profile = policy
+        .seccomp_profile(seccomp_name)
+        .ok_or_else(|| PlanError::NoSeccomp {
+            kind,
+            name: seccomp_name.clone(),
+        })?;
+    let dest = workspace_dest(stage)?.to_owned();
+    if binds.len() != 1 {
+        return Err(invalid("the surface mounts its workspace and nothing else"));
+    }
+
+    // The temp prefix, as a tool inside sees it and as the host sees it (a host-side bridge
+    // that binds sockets into the workspace).
+    let max = surface.tmpdir_prefix_max;
+    check_temp_prefix(&Path::new(&dest).join(&surface.temp), max)?;
+    check_temp_prefix(&run.workspace.join(&surface.temp), max)?;
+
+    let env = environment(env, surface, run.tier, &run.invoker_env, &dest)?;
+    let env_names: Vec<String> = env.keys().cloned().collect();
+
+    let rlimit = |typ, n: u64| {
+        PosixRlimitBuilder::default()
+            .typ(typ)
+            .hard(n)
+            .soft(n)
+            .build()
+            .map_err(invalid)
+    };
+    let none = HashSet::new();
+    let capabilities = LinuxCapabilitiesBuilder::default()
+        .bounding(none.clone())
+        .effective(none.clone())
+        .inheritable(none.clone())
+        .permitted(none.clone())
+        .ambient(none)
+        .build()
+        .map_err(invalid)?;
+    let process = ProcessBuilder::default()
+        .terminal(false)
+        // The container's root is the service user (the only id mapped), with no capability.
+        .user(
+            UserBuilder::default()
+                .uid(0u32)
+                .gid(0u32)
+                .additional_gids(Vec::<u32>::new())
+                .build()
+                .map_err(invalid)?,
+        )
+        .args(run.argv.clone())
+        .env(
+            env.iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>(),
+        )
+        .cwd(&dest)
+        .capabilities(capabilities)
+        .rlimits(vec![
+            rlimit(PosixRlimitType::RlimitNofile, *nofile)?,
+            rlimit(PosixRlimitType::RlimitCore, *core_bytes)?,
+        ])
+        .no_new_privileges(true)
+        .build()
+        .map_err(invalid)?;
+
+    let Tmp { size_bytes, exec } = tmp;
+    let tmp_size = format!("size={size_bytes}");
+    let mut tmp_opts = vec!["nosuid", "nodev", "mode=1777", tmp_size.as_str()];
+    if !exec {
+        tmp_opts.push("noexec");
+    }
+    let mut mounts = vec![
+        mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"])?,
+        mount(
+            "/dev",
+            "tmpfs",
+            "tmpfs",
+            &["nosuid", "noexec", "strictatime", "mode=755", "size=65536k"],
+        )?,
+        // A tmpfs the runtime mounts inside the container's own mount namespace: writes to
+        // /tmp never reach the host, and it is gone with the container.
+        mount("/tmp", "tmpfs", "tmpfs", &tmp_opts)?,
+    ];
+    match (ipc, shm_bytes) {
+        (Ipc::None, None) => {}
+        (Ipc::Private, Some(bytes)) => {
+            let shm_size = format!("size={bytes}");
+            mounts.push(mount(
+                "/dev/shm",
+                "tmpfs",
+                "shm",
+                &["nosuid", "noexec", "nodev", "mode=1777", shm_size.as_str()],
+            )?);
+        }
+        (Ipc::None, Some(_)) | (Ipc::Private, None) => {
+            return Err(invalid("shm is sized exactly when ipc is private"));
+        }
+    }
+    match sys {
+        Sys::None => {}
+        Sys::ReadOnly => return Err(unenforceable("/sys")),
+    }
+    // The read set: plain binds (not recursive), read-only, no setuid, no devices.
+    for path in surface.read.keys() {
+        mounts.push(mount(
+            path,
+            "bind",
+            path,
+            &["bind", "ro", "rprivate", "nosuid", "nodev"],
+        )?);
+    }
+    let ws = run
+        .workspace
+        .to_str()
+        .ok_or_else(|| invalid("the workspace path is not UTF-8"))?;
+    // The one writable host path. Not recursive: a mount beneath the workspace on the host does
+    // not cross.
+    mounts.push(mount(
+        &dest,
+        "bind",
+        ws,
+        &["bind", "rw", "rprivate", "nosuid", "nodev"],
+    )?);
+
+    let map = |host: u32| {
+        LinuxIdMappingBuilder::default()
+            .container_id(0u32)
+            .host_id(host)
+            .size(1u32)
+            .build()
+            .map_err(invalid)
+    };
+    let namespaces = [
+        LinuxNamespaceType::User,
+        LinuxNamespaceType::Pid,
+        LinuxNamespaceType::Ipc,
+        LinuxNamespaceType::Uts,
+        LinuxNamespaceType::Mount,
+        LinuxNamespaceType::Cgroup,
+        LinuxNamespaceType::Network,
+    ]
+    .into_iter()
+    .map(|t| {
+        LinuxNamespaceBuilder::default()
+            .typ(t)
+            .build()
+            .map_err(invalid)
+    })
+    .collect::<Result<Vec<_>, _>>()?;
+    // Denied files: the runtime binds /dev/null over a file and an empty read-only tmpfs over a
+    // directory, wherever the read set would have exposed it.
+    let masked: Vec<String> = MASKED_PATHS
+        .iter()
+        .chain(MASKED_WITHOUT_GPU.iter())
+        .map(|s| (*s).to_owned())
+        .chain(surface.deny_file.iter().cloned())
+        .collect();
+    let mut linux = LinuxBuilder::default()
+        .uid_mappings(vec![map(run.uid)?])
+        .gid_mappings(vec![map(run.gid)?])
+        .namespaces(namespaces)
+        .masked_paths(masked)
+        .readonly_paths(
+            READONLY_PATHS
+                .iter()
+                .map(|s| (*s).to_owned())
+                .collect::<Vec<_>>(),
+        )
+        .seccomp(crate::bundle::seccomp(profile)?)
+        .rootfs_propagation("private")
+        .build()
+        .map_err(invalid)?;
+    // No cgroup settings at all: none could be applied (see the module documentation). The
+    // only device nodes are the runtime's default pseudo-devices, bound from the host.
+    linux.set_resources(None);
+    let annotations: HashMap<String, String> = [
+        (cordon::lease::LABEL_LEASE.to_owned(), run.run.clone()),
+        (
+            cordon::lease::LABEL_AUTHORITY.to_owned(),
+            run.authority.clone(),
+        ),
+    ]
+    .into_iter()
+    .collect();
+    let spec = SpecBuilder::default()
+        .version("1.0.2")
+        .root(
+            RootBuilder::default()
+                .path(&run.root)
+                .readonly(true)
+                .build()
+                .map_err(invalid)?,
+        )
+        .hostname("cordon")
+        .process(process)
+        .mounts(mounts)
+        .linux(linux)
+        .annotations(annotations)
+        .build()
+        .map_err(invalid)?;
+    Ok(SurfacePlan {
+        spec,
+        env_names,
+        settings: SurfaceSettings {
+            deadline_ms: *deadline_ms,
+            output: output.clone(),
+            workspace_dest: dest,
+            home: surface.home.clone(),
+            temp: surface.temp.clone(),
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn example(edit: &dyn Fn(String) -> String) -> Policy {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../policy/examples/surface.kdl"
+        );
+        let text = edit(std::fs::read_to_string(path).unwrap());
+        cordon_policy_lang::parse("surface.kdl", &text).unwrap()
+    }
+
+    fn inputs(tier: Tier) -> SurfaceInputs {
+        let invoker = [
+            ("TERM", "xterm"),
+            ("ANTHROPIC_API_KEY", "sk-secret"),
+            ("DATABASE_URL", "postgres://secret"),
+            ("HOME", "/home/service"),
+            ("LD_PRELOAD", "/tmp/evil.so"),
+        ];
+        SurfaceInputs {
+            argv: vec!["/bin/sh".into()],
+            tier,
+            uid: 990,
+            gid: 991,
+            root: PathBuf::from("/run/cordon-surface/runs/R/root"),
+            workspace: PathBuf::from("/srv/ws/o1/p1"),
+            invoker_env: invoker
+                .iter()
+                .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+                .collect(),
+            run: "R".into(),
+            authority: "A".into(),
+        }
+    }
+
+    #[test]
+    fn the_example_plans_a_rootless_container_that_maps_only_the_service_user() {
+        let p = plan(&example(&|t| t), &inputs(Tier::Command)).unwrap();
+        let spec = serde_json::to_value(&p.spec).unwrap();
+        let linux = &spec["linux"];
+        let one = |host: u32| serde_json::json!([{"containerID": 0, "hostID": host, "size": 1}]);
+        assert_eq!(linux["uidMappings"], one(990));
+        assert_eq!(linux["gidMappings"], one(991));
+        let kinds: Vec<&str> = linux["namespaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["type"].as_str().unwrap())
+            .collect();
+        for ns in ["user", "pid", "mount", "network", "ipc", "uts", "cgroup"] {
+            assert!(kinds.contains(&ns), "{ns} namespace");
+        }
+        // A new namespace, never a path to someone else's.
+        assert!(
+            linux["namespaces"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|n| n.get("path").is_none())
+        );
+        assert!(linux.get("resources").is_none() && linux.get("cgroupsPath").is_none());
+        let process = &spec["process"];
+        assert_eq!(process["noNewPrivileges"], true);
+        for set in [
+            "bounding",
+            "effective",
+            "permitted",
+            "inheritable",
+            "ambient",
+        ] {
+            assert_eq!(process["capabilities"][set], serde_json::json!([]), "{set}");
+        }
+        assert_eq!(process["cwd"], "/workspace");
+        assert_eq!(spec["root"]["readonly"], true);
+        let mounts = spec["mounts"].as_array().unwrap();
+        let ws = mounts
+            .iter()
+            .find(|m| m["destination"] == "/workspace")
+            .unwrap();
+        assert_eq!(ws["source"], "/srv/ws/o1/p1");
+        let opts: Vec<&str> = ws["options"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o.as_str().unwrap())
+            .collect();
+        assert!(opts.contains(&"rw") && opts.contains(&"bind") && !opts.contains(&"rbind"));
+        // Every other bind is the read set, read-only, and nothing else of the host is bound.
+        let binds: Vec<&serde_json::Value> = mounts
+            .iter()
+            .filter(|m| m["type"] == "bind" && m["destination"] != "/workspace")
+            .collect();
+        assert_eq!(binds.len(), 8);
+        for b in binds {
+            assert_eq!(b["source"], b["destination"]);
+            let o = b["options"].to_string();
+            assert!(o.contains("\"ro\"") && o.contains("nosuid") && !o.contains("rbind"));
+        }
+        assert!(
+            linux["maskedPaths"]
+                .as_array()
+                .unwrap()
+                .contains(&serde_json::json!("/etc/cph/credentials"))
+        );
+    }
+
+    #[test]
+    fn only_named_variables_cross_and_provider_variables_only_into_the_agent() {
+        let policy = example(&|t| t);
+        let command = plan(&policy, &inputs(Tier::Command)).unwrap();
+        let agent = plan(&policy, &inputs(Tier::Agent)).unwrap();
+        let env = |p: &SurfacePlan| p.spec.process().as_ref().unwrap().env().clone().unwrap();
+        let command_env = env(&command);
+        assert!(command_env.contains(&"TERM=xterm".to_owned()));
+        assert!(command_env.contains(&"HOME=/workspace/.cph/agent-runtime".to_owned()));
+        assert!(command_env.contains(&"TMPDIR=/workspace/.cph/t".to_owned()));
+        assert!(command_env.contains(&"CLAUDE_CODE_TMPDIR=/workspace/.cph/t".to_owned()));
+        for secret in ["sk-secret", "postgres://secret", "/home/service", "evil.so"] {
+            assert!(!command_env.iter().any(|e| e.contains(secret)), "{secret}");
+        }
+        assert!(!command.env_names.contains(&"ANTHROPIC_API_KEY".to_owned()));
+        let agent_env = env(&agent);
+        assert!(agent_env.contains(&"ANTHROPIC_API_KEY=sk-secret".to_owned()));
+        assert!(!agent_env.iter().any(|e| e.contains("postgres://secret")));
+    }
+
+    #[test]
+    fn what_the_rootless_mode_cannot_enforce_or_this_build_cannot_plan_is_refused() {
+        let edit = |from: &'static str, to: &'static str| {
+            move |t: String| cordon_testkit::replace_once(&t, from, to)
+        };
+        let refused = |e: &dyn Fn(String) -> String| plan(&example(e), &inputs(Tier::Command));
+        for limit in ["memory \"1GiB\"", "pids 64", "cpus 1", "cpuset \"0\""] {
+            let to: &'static str = Box::leak(format!("nofile 1024\n    {limit}").into_boxed_str());
+            assert!(
+                matches!(
+                    refused(&edit("nofile 1024", to)),
+                    Err(PlanError::Unenforceable { .. })
+                ),
+                "{limit}"
+            );
+        }
+        assert!(matches!(
+            refused(&edit("network \"none\"", "network \"egress\"")),
+            Err(PlanError::Unimplemented { .. })
+        ));
+        assert!(matches!(
+            refused(&edit("user \"service\"", "user \"per-run\"")),
+            Err(PlanError::Unimplemented { .. })
+        ));
+        assert!(matches!(
+            refused(&edit("tmpdir-prefix-max 56", "tmpdir-prefix-max 16")),
+            Err(PlanError::TempPrefix { .. })
+        ));
+        // The host prefix counts too: /srv/ws/o1/p1/.cph/t is 20 bytes.
+        let policy = example(&edit("tmpdir-prefix-max 56", "tmpdir-prefix-max 19"));
+        let mut run = inputs(Tier::Command);
+        assert!(matches!(
+            plan(&policy, &run),
+            Err(PlanError::TempPrefix { bytes: 20, .. })
+        ));
+        run.workspace = PathBuf::from("/w");
+        assert!(plan(&policy, &run).is_ok());
+    }
+
+    #[test]
+    fn a_tool_can_bind_a_socket_name_of_the_budget_under_a_56_byte_prefix() {
+        // sun_path holds 108 bytes with its NUL: a 56-byte prefix leaves 50 for "/" + a name.
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().display().to_string();
+        let prefix = format!("{base}/{}", "p".repeat(56 - base.len() - 1));
+        assert_eq!(prefix.len(), 56);
+        std::fs::create_dir(&prefix).unwrap();
+        check_temp_prefix(Path::new(&prefix), 56).unwrap();
+        let fits = format!("{prefix}/{}", "s".repeat(50));
+        std::os::unix::net::UnixListener::bind(&fits).unwrap();
+        // One byte more than sun_path holds is refused by the kernel's interface.
+        let over = format!("{prefix}/{}", "t".repeat(51));
+        assert!(std::os::unix::net::UnixListener::bind(&over).is_err());
+        let long = format!("{prefix}x");
+        assert!(check_temp_prefix(Path::new(&long), 56).is_err());
+    }
+}
