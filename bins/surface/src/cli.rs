@@ -1,0 +1,325 @@
+//! The `cordon-surface` command.
+//!
+//! - `cordon-surface run --workspace DIR [--tier agent|command] [--policy P] -- ARGV…` runs
+//!   ARGV in the policy's surface (see [`crate::run`]) and prints one receipt on stdout: `ok`
+//!   (exit 0) when ARGV exited 0, `rejected` (exit 1, `surface.exit` or `surface.deadline`)
+//!   when it did not, `no-decision` (exit 3) when the surface could not be established or
+//!   released — and then ARGV either never ran or its run is residue. A usage or policy error
+//!   is exit 2 with no receipt. There is no way to run ARGV outside the surface.
+//! - `cordon-surface reap [--policy P]` removes the runs of supervisors that died; prints
+//!   `{"released":[…],"live":[…]}` (exit 0) or exits 3 on residue.
+//!
+//! The policy comes only from `--policy` (default `/etc/cordon/surface.kdl`), never from the
+//! environment or the workspace, and is refused when the service user could change it. The
+//! surface runs as the invoking user; root is refused (it is never the service user).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use clap::Parser;
+use cordon::ExitCode;
+use cordon::canonical::{Digest, domain_digest};
+use cordon::receipt::{Outcome, Reason, Receipt, StageName};
+use cordon::runtime::{Meta, Runtime};
+use cordon_policy_lang::StageKind;
+use cordon_stage::args::{Diagnostics, report_diagnostic};
+use cordon_stage::receipt_io::emit;
+use cordon_stage::start::stage_start;
+use cordon_stage::surface::{Tier, surface_of};
+use serde::Serialize;
+
+use crate::run::{self, Host, Ran, Request, RunError};
+use crate::trust;
+
+/// The surface policy read when `--policy` is not given (the NixOS module installs it).
+pub const DEFAULT_SURFACE_POLICY: &str = "/etc/cordon/surface.kdl";
+
+/// Run an agent or one of its commands bounded by its workspace.
+#[derive(Debug, Parser)]
+#[command(name = "cordon-surface", version, about)]
+pub struct Args {
+    /// The policy file (the operator's; never one inside a workspace).
+    #[arg(long, default_value = DEFAULT_SURFACE_POLICY, global = true)]
+    pub policy: PathBuf,
+    /// How errors are printed on stderr.
+    #[arg(long, value_enum, default_value_t = Diagnostics::Text, global = true)]
+    pub diagnostics: Diagnostics,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Run ARGV in the surface.
+    Run {
+        /// The run's project workspace (the service user's own directory).
+        #[arg(long)]
+        workspace: PathBuf,
+        /// The agent itself (`agent`: its provider variables cross) or one of its shell
+        /// commands (`command`: they never do).
+        #[arg(long, value_enum, default_value_t = Tier::Command)]
+        tier: Tier,
+        /// The program and its arguments.
+        #[arg(last = true, required = true)]
+        argv: Vec<String>,
+    },
+    /// Remove what runs of dead supervisors left.
+    Reap,
+}
+
+/// What an `ok` or `rejected` surface receipt records.
+#[derive(Debug, Serialize)]
+pub struct SurfaceOutputs {
+    /// The run id.
+    pub run: String,
+    /// The tier.
+    pub tier: Tier,
+    /// The workspace (canonical host path) and where it was inside.
+    pub workspace: PathBuf,
+    /// Where the workspace was inside.
+    pub workspace_dest: String,
+    /// The digest of the policy's surface stage.
+    pub surface_policy: Digest,
+    /// The named read set.
+    pub read_set: Vec<String>,
+    /// The variables set inside (names only, never values).
+    pub env_names: Vec<String>,
+    /// The network mode: `none` is the stage's own empty namespace (loopback only).
+    pub network: &'static str,
+    /// Whom the run was, on the host and inside.
+    pub user: UserMapping,
+    /// The argv.
+    pub argv: Vec<String>,
+    /// The container's meta record (no cgroup accounting: see `cordon::container`).
+    pub meta: Meta,
+    /// Kept stdout (lossy UTF-8).
+    pub stdout: String,
+    /// Kept stderr (lossy UTF-8).
+    pub stderr: String,
+}
+
+/// The user namespace's mapping.
+#[derive(Debug, Serialize)]
+pub struct UserMapping {
+    /// The service user's uid, mapped as the container's uid 0 with no capabilities.
+    pub host_uid: u32,
+    /// Its gid.
+    pub host_gid: u32,
+    /// How many ids the namespace maps: one.
+    pub mapped: u32,
+}
+
+fn fail(e: &RunError, mode: Diagnostics, stderr: &mut dyn Write) -> ExitCode {
+    report_diagnostic(e, mode, stderr);
+    if e.is_usage() {
+        ExitCode::Usage
+    } else {
+        ExitCode::NoDecision
+    }
+}
+
+/// Run the command.
+pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitCode {
+    let mode = args.diagnostics;
+    let uid = nix::unistd::geteuid().as_raw();
+    let gid = nix::unistd::getegid().as_raw();
+    if uid == 0 {
+        let _ = writeln!(
+            stderr,
+            "cordon-surface: refusing to run as root: the surface runs as its unprivileged service user"
+        );
+        return ExitCode::Usage;
+    }
+    let mut gids: Vec<u32> = nix::unistd::getgroups()
+        .map(|g| g.into_iter().map(nix::unistd::Gid::as_raw).collect())
+        .unwrap_or_default();
+    gids.push(gid);
+    let workspace = match &args.command {
+        Command::Run { workspace, .. } => match trust::workspace(workspace, uid) {
+            Ok(w) => Some(w),
+            Err(e) => return fail(&e.into(), mode, stderr),
+        },
+        Command::Reap => None,
+    };
+    // Checked before it is read: nothing the service user can change decides the surface.
+    let checked = match &workspace {
+        Some(ws) => trust::policy_file(&args.policy, ws, uid, &gids),
+        None => trust::policy_file(&args.policy, Path::new("/"), uid, &gids).or_else(|e| match e {
+            // Reap has no workspace: only writability matters.
+            trust::TrustError::PolicyInWorkspace { policy, .. } => Ok(policy),
+            e => Err(e),
+        }),
+    };
+    let policy_path = match checked {
+        Ok(p) => p,
+        Err(e) => return fail(&e.into(), mode, stderr),
+    };
+    let started = match stage_start(&policy_path, mode, stderr) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let policy = &started.loaded.policy;
+    let block = match surface_of(policy) {
+        Ok((_, b)) => b,
+        Err(e) => return fail(&e.into(), mode, stderr),
+    };
+    let state = PathBuf::from(&block.state_dir);
+    if let Err(e) = trust::state_dir(&state, workspace.as_deref().unwrap_or(Path::new("/")), uid)
+        .or_else(|e| match (&workspace, e) {
+            (None, trust::TrustError::StateDir { why, .. }) if why.contains("disjoint") => Ok(()),
+            (_, e) => Err(e),
+        })
+    {
+        return fail(&e.into(), mode, stderr);
+    }
+    let runtime = Runtime {
+        binary: PathBuf::from(policy.runtime().path()),
+        state_root: state.join(run::RUNTIME_STATE),
+        host: cordon::host::Linux::shared(),
+    };
+    if let Err(e) = runtime.check_version(&started.runtime.version, policy.runtime().min_version())
+    {
+        return fail(&e.into(), mode, stderr);
+    }
+    let host = Host {
+        runtime,
+        state,
+        uid,
+        gid,
+        authority: started.authority.to_string(),
+    };
+    match &args.command {
+        Command::Reap => match run::reap(&host) {
+            Ok(r) => {
+                let _ = writeln!(stdout, "{}", serde_json::json!(r));
+                ExitCode::Ok
+            }
+            Err(e) => fail(&e, mode, stderr),
+        },
+        Command::Run { tier, argv, .. } => {
+            let Some(workspace) = workspace else {
+                return ExitCode::Usage;
+            };
+            let req = Request {
+                workspace,
+                tier: *tier,
+                argv: argv.clone(),
+                invoker_env: std::env::vars_os().collect::<BTreeMap<_, _>>(),
+            };
+            let mut receipt = Receipt::new(StageName::Surface, started.authority, Outcome::Ok);
+            receipt.inputs = serde_json::json!({
+                "workspace": req.workspace,
+                "tier": req.tier,
+                "argv": req.argv,
+            });
+            let code = match run::run(policy, &host, &req) {
+                Ok(ran) => match outputs(policy, &host, &req, ran) {
+                    Ok((out, reason)) => {
+                        receipt.outputs = serde_json::to_value(&out).unwrap_or_default();
+                        if let Some(reason) = reason {
+                            receipt.outcome = Outcome::Rejected;
+                            receipt.reasons.push(reason);
+                            ExitCode::Rejected
+                        } else {
+                            ExitCode::Ok
+                        }
+                    }
+                    Err(e) => no_decision(&mut receipt, &e, mode, stderr),
+                },
+                Err(e) if e.is_usage() => return fail(&e, mode, stderr),
+                Err(e) => no_decision(&mut receipt, &e, mode, stderr),
+            };
+            // The service user cannot write the store or hold the host key: the receipt is
+            // printed, unsigned, for the integrator to keep.
+            match emit(None, &mut receipt, stdout) {
+                Ok(_) => code,
+                Err(e) => {
+                    report_diagnostic(&e, mode, stderr);
+                    ExitCode::NoDecision
+                }
+            }
+        }
+    }
+}
+
+fn no_decision(
+    receipt: &mut Receipt,
+    e: &RunError,
+    mode: Diagnostics,
+    stderr: &mut dyn Write,
+) -> ExitCode {
+    report_diagnostic(e, mode, stderr);
+    receipt.outcome = Outcome::NoDecision;
+    receipt.reasons.push(Reason {
+        code: "surface.infrastructure".into(),
+        message: cordon_stage::receipt_io::error_chain(e),
+    });
+    ExitCode::NoDecision
+}
+
+/// The receipt's outputs, and the rejection reason when ARGV did not exit 0.
+fn outputs(
+    policy: &cordon_policy_lang::Policy,
+    host: &Host,
+    req: &Request,
+    ran: Ran,
+) -> Result<(SurfaceOutputs, Option<Reason>), RunError> {
+    let (_, block) = surface_of(policy)?;
+    let section = policy
+        .canonical_value()
+        .ok()
+        .map(|v| v["stage"][StageKind::Surface.as_str()].clone())
+        .unwrap_or_default();
+    let surface_policy =
+        domain_digest("cordon.surface-policy", 1, &section).map_err(|e| RunError::State {
+            what: "digest",
+            path: PathBuf::from("policy"),
+            source: std::io::Error::other(e),
+        })?;
+    let meta = ran.finished.meta.clone();
+    let reason = if meta.killed_by_deadline {
+        Some(Reason {
+            code: "surface.deadline".into(),
+            message: format!(
+                "the run passed its deadline of {} ms",
+                ran.plan.settings.deadline_ms
+            ),
+        })
+    } else if meta.exit_code != Some(0) {
+        Some(Reason {
+            code: "surface.exit".into(),
+            message: match (meta.exit_code, meta.signal) {
+                (Some(c), _) => format!("the command exited {c}"),
+                (None, Some(s)) => format!("the command was killed by signal {s}"),
+                (None, None) => "the command ended without a status".into(),
+            },
+        })
+    } else {
+        None
+    };
+    Ok((
+        SurfaceOutputs {
+            run: ran.run,
+            tier: req.tier,
+            workspace: req.workspace.clone(),
+            workspace_dest: ran.plan.settings.workspace_dest.clone(),
+            surface_policy,
+            read_set: block.read.keys().cloned().collect(),
+            env_names: ran.plan.env_names.clone(),
+            network: "none",
+            user: UserMapping {
+                host_uid: host.uid,
+                host_gid: host.gid,
+                mapped: 1,
+            },
+            argv: req.argv.clone(),
+            meta,
+            stdout: String::from_utf8_lossy(&ran.finished.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&ran.finished.stderr).into_owned(),
+        },
+        reason,
+    ))
+}

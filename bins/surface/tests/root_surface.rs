@@ -1,0 +1,567 @@
+//! The surface with real containers: `cordon-surface` run by an unprivileged service user (uid
+//! 65534, through `setpriv`) on rootless runc. Each control gets an attempt from inside that must
+//! fail, a check from outside that the host is unchanged, and — where a policy value is the
+//! control — the same probe succeeding once only that value is changed. Needs root (to become
+//! the service user and to plant host state), runc and python3: CI has all three.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const SERVICE: u32 = 65534;
+
+struct Surface {
+    dir: tempfile::TempDir,
+    ws: PathBuf,
+    state: PathBuf,
+    policy: PathBuf,
+    bin: PathBuf,
+    outside: PathBuf,
+}
+
+fn chown(p: &Path) {
+    std::os::unix::fs::chown(p, Some(SERVICE), Some(SERVICE)).unwrap();
+}
+
+fn chmod(p: &Path, mode: u32) {
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+struct Done {
+    code: i32,
+    receipt: Value,
+    stderr: String,
+}
+
+impl Done {
+    fn stdout(&self) -> &str {
+        self.receipt["outputs"]["stdout"].as_str().unwrap_or("")
+    }
+}
+
+impl Surface {
+    /// A fresh service-user workspace and state directory, and the example surface policy
+    /// (root-owned, 0644) edited by `edit`.
+    fn new(edit: &dyn Fn(String) -> String) -> Self {
+        Self::at(edit, "ws")
+    }
+
+    fn at(edit: &dyn Fn(String) -> String, ws_name: &str) -> Self {
+        cordon_testkit::require_root("the surface tests become the service user with setpriv");
+        cordon_testkit::require_executable(&cordon_testkit::runc(), "apt-get install runc");
+        let dir = tempfile::tempdir().unwrap();
+        chmod(dir.path(), 0o755);
+        let bin = dir.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        chmod(&bin, 0o755);
+        let exe = bin.join("cordon-surface");
+        std::fs::copy(env!("CARGO_BIN_EXE_cordon-surface"), &exe).unwrap();
+        chmod(&exe, 0o755);
+        let ws = dir.path().join(ws_name);
+        std::fs::create_dir(&ws).unwrap();
+        chown(&ws);
+        let state = dir.path().join("state");
+        std::fs::create_dir(&state).unwrap();
+        chmod(&state, 0o700);
+        chown(&state);
+        let outside = dir.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        chmod(&outside, 0o755);
+        std::fs::write(outside.join("secret.txt"), "OUTSIDE-SECRET\n").unwrap();
+        chmod(&outside.join("secret.txt"), 0o644);
+        let text = std::fs::read_to_string(
+            cordon_testkit::workspace_root().join("policy/examples/surface.kdl"),
+        )
+        .unwrap();
+        let text = cordon_testkit::replace_once(
+            &text,
+            "state-dir \"/run/cordon-surface\"",
+            &format!("state-dir \"{}\"", state.display()),
+        );
+        let text = cordon_testkit::replace_once(
+            &text,
+            "path=\"/usr/sbin/runc\"",
+            &format!("path=\"{}\"", cordon_testkit::runc().display()),
+        );
+        let policy = dir.path().join("surface.kdl");
+        std::fs::write(&policy, edit(text)).unwrap();
+        chmod(&policy, 0o644);
+        Self {
+            dir,
+            ws,
+            state,
+            policy,
+            bin: exe,
+            outside,
+        }
+    }
+
+    fn command(&self, policy: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
+        let mut c = Command::new("setpriv");
+        c.args([
+            "--reuid",
+            &SERVICE.to_string(),
+            "--regid",
+            &SERVICE.to_string(),
+            "--clear-groups",
+            "--",
+        ])
+        .arg(&self.bin)
+        .arg("--policy")
+        .arg(policy)
+        .args(args)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .envs(env.iter().copied())
+        .current_dir("/");
+        c
+    }
+
+    fn run_args(&self, policy: &Path, ws: &Path, tier: &str, script: &str) -> Vec<String> {
+        let _ = policy;
+        vec![
+            "run".into(),
+            "--workspace".into(),
+            ws.display().to_string(),
+            "--tier".into(),
+            tier.into(),
+            "--".into(),
+            "/bin/sh".into(),
+            "-c".into(),
+            script.into(),
+        ]
+    }
+
+    fn run_with(
+        &self,
+        policy: &Path,
+        ws: &Path,
+        tier: &str,
+        script: &str,
+        env: &[(&str, &str)],
+    ) -> Done {
+        let args = self.run_args(policy, ws, tier, script);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = self.command(policy, &args, env).output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        Done {
+            code: out.status.code().unwrap_or(-1),
+            receipt: serde_json::from_str(stdout.trim()).unwrap_or(Value::Null),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    fn run(&self, tier: &str, script: &str, env: &[(&str, &str)]) -> Done {
+        self.run_with(&self.policy, &self.ws, tier, script, env)
+    }
+
+    fn spawn(&self, tier: &str, script: &str, env: &[(&str, &str)]) -> Child {
+        let args = self.run_args(&self.policy, &self.ws, tier, script);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.command(&self.policy, &args, env)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
+    /// Nothing of any run is left: no run directory, no container in the runtime's state.
+    fn assert_released(&self) {
+        let runs = self.state.join("runs");
+        let left: Vec<_> = std::fs::read_dir(&runs)
+            .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "run directories left: {left:?}");
+        let out = Command::new(cordon_testkit::runc())
+            .arg("--root")
+            .arg(self.state.join("runc"))
+            .args(["list", "-q"])
+            .output()
+            .unwrap();
+        assert!(
+            String::from_utf8_lossy(&out.stdout).trim().is_empty(),
+            "containers left: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+}
+
+fn wait_for(path: &Path, what: &str) {
+    let until = Instant::now() + Duration::from_secs(60);
+    while !path.exists() {
+        assert!(Instant::now() < until, "{what} never appeared");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Whether a process whose command line is exactly `argv` exists on the host.
+fn process_exists(argv: &[&str]) -> bool {
+    let want: Vec<u8> = argv
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    std::fs::read_dir("/proc").unwrap().any(|e| {
+        let p = e.unwrap().path();
+        std::fs::read(p.join("cmdline")).is_ok_and(|c| c == want)
+    })
+}
+
+const SECRETS: [(&str, &str); 6] = [
+    ("DATABASE_URL", "postgres://hub:db-SECRET-1@db/hub"),
+    ("FEISHU_APP_SECRET", "feishu-SECRET-2"),
+    ("HUB_SESSION_SECRET", "hub-SECRET-3"),
+    ("ANTHROPIC_API_KEY", "sk-ant-SECRET-4"),
+    ("AWS_SECRET_ACCESS_KEY", "aws-SECRET-5"),
+    ("SSH_AUTH_SOCK", "/tmp/ssh-SECRET-6/agent.1"),
+];
+
+#[test]
+fn a_hostile_command_reaches_nothing_outside_its_workspace_and_leaves_nothing() {
+    let s = Surface::new(&|t| t);
+    let marker = format!("cordon-surface-escape-{}", std::process::id());
+    // Planted on the host: a link in the workspace pointing outside, and a policy and config
+    // files in the workspace that would widen the read set if anything read them.
+    std::os::unix::fs::symlink(&s.outside, s.ws.join("link")).unwrap();
+    let widened = format!(
+        "read \"{}\" reason=\"widen\"\nread \"/etc\" reason=\"widen\"\n",
+        s.outside.display()
+    );
+    std::fs::create_dir(s.ws.join(".cordon")).unwrap();
+    std::fs::write(s.ws.join(".cordon/policy.kdl"), &widened).unwrap();
+    std::fs::write(s.ws.join("surface.kdl"), &widened).unwrap();
+    std::fs::write(s.ws.join(".cph-config"), &widened).unwrap();
+    let shadow_before = std::fs::read("/etc/shadow").unwrap();
+    let script = format!(
+        r#"
+try() {{ if eval "$2" >/dev/null 2>&1; then echo "$1=yes"; else echo "$1=no"; fi; }}
+try read-shadow 'cat /etc/shadow'
+try read-hostname 'cat /etc/hostname'
+try list-root 'ls /root'
+try read-store 'ls /var/lib/cordon'
+try read-link 'cat /workspace/link/secret.txt'
+try read-outside 'cat {outside}/secret.txt'
+try write-etc 'echo x > /etc/{marker}'
+try write-tmp 'echo x > /tmp/{marker} && cat /tmp/{marker}'
+try write-up 'echo x > /workspace/../{marker}'
+try write-link 'echo x > /workspace/link/{marker}'
+try hardlink 'ln /usr/bin/env /workspace/hardlink'
+try write-ws 'echo inside > /workspace/made-inside'
+try caps 'grep -q "CapEff:.0000000000000000" /proc/self/status'
+try new-userns 'unshare -r true'
+env | sort
+(sleep 3171 &)
+"#,
+        outside = s.outside.display(),
+        marker = marker,
+    );
+    let done = s.run("command", &script, &SECRETS);
+    assert_eq!(done.code, 0, "{}\n{}", done.stderr, done.receipt);
+    let out = done.stdout();
+    for (probe, expect) in [
+        ("read-shadow", "no"),
+        ("read-hostname", "no"),
+        ("list-root", "no"),
+        ("read-store", "no"),
+        ("read-link", "no"),
+        ("read-outside", "no"),
+        ("write-etc", "no"),
+        // Lands in the run's private tmpfs: checked below to be absent on the host.
+        ("write-tmp", "yes"),
+        ("write-up", "no"),
+        ("write-link", "no"),
+        ("hardlink", "no"),
+        ("write-ws", "yes"),
+        ("caps", "yes"),
+        ("new-userns", "no"),
+    ] {
+        assert!(
+            out.contains(&format!("{probe}={expect}\n")),
+            "{probe} should be {expect}:\n{out}"
+        );
+    }
+    for (name, value) in SECRETS {
+        assert!(!out.contains(value), "{name}'s value crossed:\n{out}");
+        assert!(!done.receipt.to_string().contains(value));
+    }
+    // Outside: the host is unchanged, nothing of the run is left.
+    assert_eq!(std::fs::read("/etc/shadow").unwrap(), shadow_before);
+    for p in [
+        PathBuf::from("/etc").join(&marker),
+        PathBuf::from("/tmp").join(&marker),
+        s.dir.path().join(&marker),
+        s.outside.join(&marker),
+    ] {
+        assert!(!p.exists(), "{} was written on the host", p.display());
+    }
+    assert_eq!(
+        std::fs::read_to_string(s.ws.join("made-inside")).unwrap(),
+        "inside\n"
+    );
+    assert_eq!(
+        std::fs::metadata(s.ws.join("made-inside")).unwrap().uid(),
+        SERVICE,
+        "the run's files belong to the service user on the host"
+    );
+    assert!(
+        !process_exists(&["sleep", "3171"]),
+        "a background process survived"
+    );
+    s.assert_released();
+    let receipt = &done.receipt;
+    assert_eq!(receipt["stage"], "surface");
+    assert_eq!(receipt["outputs"]["network"], "none");
+    assert_eq!(receipt["outputs"]["user"]["host_uid"], SERVICE);
+    let names: Vec<&str> = receipt["outputs"]["env_names"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"TMPDIR") && !names.contains(&"DATABASE_URL"));
+}
+
+#[test]
+fn each_probe_succeeds_once_only_its_control_is_removed() {
+    // The same probes as above, with the one policy value that stops each changed.
+    let outside = |s: &Surface| s.outside.display().to_string();
+    let s = Surface::new(&|t| t);
+    let widened = Surface::new(&|t| t);
+    let text = std::fs::read_to_string(&widened.policy).unwrap();
+    let text = cordon_testkit::replace_once(
+        &text,
+        "        write \"workspace\"",
+        &format!(
+            "        read \"{}\" reason=\"the control removed\"\n        read \"/etc/hostname\" reason=\"the control removed\"\n        write \"workspace\"",
+            outside(&widened)
+        ),
+    );
+    let text = cordon_testkit::replace_once(
+        &text,
+        "pass-env \"TERM\"",
+        "pass-env \"TERM\" \"AWS_SECRET_ACCESS_KEY\"",
+    );
+    std::fs::write(&widened.policy, text).unwrap();
+    std::os::unix::fs::symlink(&widened.outside, widened.ws.join("link")).unwrap();
+    std::os::unix::fs::symlink(&s.outside, s.ws.join("link")).unwrap();
+    let script = |o: &str| {
+        format!(
+            "cat /etc/hostname >/dev/null && echo hostname=yes; cat {o}/secret.txt; cat /workspace/link/secret.txt; env"
+        )
+    };
+    let base = s.run("command", &script(&outside(&s)), &SECRETS);
+    let open = widened.run("command", &script(&outside(&widened)), &SECRETS);
+    assert_eq!(base.code, 0, "{}\n{}", base.stderr, base.receipt);
+    assert_eq!(open.code, 0, "{}\n{}", open.stderr, open.receipt);
+    assert!(!base.stdout().contains("hostname=yes"));
+    assert!(open.stdout().contains("hostname=yes"));
+    assert!(!base.stdout().contains("OUTSIDE-SECRET"));
+    // Read directly and through the workspace's link.
+    assert_eq!(open.stdout().matches("OUTSIDE-SECRET").count(), 2);
+    assert!(!base.stdout().contains("aws-SECRET-5"));
+    assert!(open.stdout().contains("aws-SECRET-5"));
+    s.assert_released();
+    widened.assert_released();
+}
+
+#[test]
+fn the_agents_provider_variables_never_reach_its_commands() {
+    let s = Surface::new(&|t| t);
+    let key = "sk-ant-SECRET-4";
+    let probe = "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c ANTHROPIC_API_KEY; env | grep -c ANTHROPIC_API_KEY";
+    // The agent holds the key while one of its commands runs beside it.
+    let agent = s.spawn(
+        "agent",
+        &format!("touch /workspace/agent-up; while [ ! -e /workspace/cmd-done ]; do sleep 0.05; done; {probe}"),
+        &SECRETS,
+    );
+    wait_for(&s.ws.join("agent-up"), "the agent's marker");
+    let command = s.run(
+        "command",
+        &format!("{probe}; touch /workspace/cmd-done"),
+        &SECRETS,
+    );
+    let agent = agent.wait_with_output().unwrap();
+    let agent: Value = serde_json::from_slice(&agent.stdout).unwrap();
+    // The command: neither its own environment nor any process it can see holds the key.
+    assert!(!command.receipt.to_string().contains(key));
+    assert_eq!(command.stdout(), "0\n0\n", "{}", command.receipt);
+    // The same probe in the agent's own run finds it (its /proc/1/environ and its env): the
+    // probe can see what it looks for.
+    let agent_out = agent["outputs"]["stdout"].as_str().unwrap();
+    let counts: Vec<u32> = agent_out.lines().map(|l| l.parse().unwrap()).collect();
+    assert!(counts[0] >= 1 && counts[1] == 1, "{agent}");
+    assert_eq!(agent["outputs"]["tier"], "agent");
+    s.assert_released();
+}
+
+#[test]
+fn the_run_fails_before_starting_when_the_temp_prefix_passes_the_limit() {
+    // `<workspace>/.cph/t` at exactly 56 bytes runs; at 57 it is refused before ARGV starts.
+    let probe = Surface::new(&|t| t);
+    let base = probe.dir.path().display().to_string().len() + 1;
+    let name = |total: usize| "w".repeat(total - "/.cph/t".len() - base);
+    for (total, runs) in [(56, true), (57, false)] {
+        let s = Surface::at(&|t| t, &name(total));
+        assert_eq!(
+            format!("{}/.cph/t", s.ws.display()).len(),
+            total,
+            "the test's own arithmetic"
+        );
+        let done = s.run("command", "touch /workspace/ran", &[]);
+        if runs {
+            assert_eq!(done.code, 0, "{}\n{}", done.stderr, done.receipt);
+        } else {
+            assert_eq!(done.code, 2, "{}", done.stderr);
+            assert!(done.stderr.contains("temp_prefix"), "{}", done.stderr);
+            assert!(done.receipt.is_null(), "a usage error prints no receipt");
+        }
+        assert_eq!(s.ws.join("ran").exists(), runs);
+        s.assert_released();
+    }
+}
+
+#[test]
+fn a_policy_the_service_user_could_change_or_that_lies_in_the_workspace_is_refused() {
+    let s = Surface::new(&|t| t);
+    let inside = s.ws.join("surface.kdl");
+    std::fs::copy(&s.policy, &inside).unwrap();
+    chmod(&inside, 0o644);
+    let done = s.run_with(&inside, &s.ws, "command", "touch /workspace/ran", &[]);
+    assert_eq!(done.code, 2, "{}", done.stderr);
+    assert!(
+        done.stderr.contains("policy_in_workspace"),
+        "{}",
+        done.stderr
+    );
+    let owned = s.dir.path().join("owned.kdl");
+    std::fs::copy(&s.policy, &owned).unwrap();
+    chmod(&owned, 0o644);
+    chown(&owned);
+    let done = s.run_with(&owned, &s.ws, "command", "touch /workspace/ran", &[]);
+    assert_eq!(done.code, 2, "{}", done.stderr);
+    assert!(done.stderr.contains("policy_writable"), "{}", done.stderr);
+    // The operator's own copy runs.
+    let done = s.run("command", "touch /workspace/ran", &[]);
+    assert_eq!(done.code, 0, "{}", done.stderr);
+    // Root is never the service user.
+    let out = Command::new(&s.bin)
+        .arg("--policy")
+        .arg(&s.policy)
+        .args(["run", "--workspace"])
+        .arg(&s.ws)
+        .args(["--", "/bin/true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    s.assert_released();
+}
+
+#[test]
+fn a_limit_the_rootless_runtime_cannot_enforce_is_refused_and_argv_never_runs() {
+    let s = Surface::new(&|t| {
+        cordon_testkit::replace_once(
+            &t,
+            "    nofile 1024\n",
+            "    nofile 1024\n    memory \"1GiB\"\n",
+        )
+    });
+    let done = s.run("command", "touch /workspace/ran", &[]);
+    assert_eq!(done.code, 3, "{}", done.stderr);
+    assert!(done.stderr.contains("unenforceable"), "{}", done.stderr);
+    assert_eq!(done.receipt["outcome"], "no-decision");
+    assert!(!s.ws.join("ran").exists());
+    s.assert_released();
+}
+
+#[test]
+fn a_workspace_with_a_host_mount_beneath_it_is_refused_and_argv_never_runs() {
+    let s = Surface::new(&|t| t);
+    let sub = s.ws.join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    chown(&sub);
+    let status = Command::new("mount")
+        .args(["--bind"])
+        .arg(&s.outside)
+        .arg(&sub)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    // On the host the bind shows the outside file: a recursive bind of the workspace would
+    // carry it in, and a plain one is refused in a user namespace.
+    assert!(sub.join("secret.txt").exists());
+    let done = s.run("command", "touch /workspace/ran", &[]);
+    let _ = Command::new("umount").arg(&sub).status();
+    assert_eq!(done.code, 2, "{}", done.stderr);
+    assert!(
+        done.stderr.contains("cordon::surface::workspace"),
+        "{}",
+        done.stderr
+    );
+    assert!(done.stderr.contains("is a mount point"), "{}", done.stderr);
+    assert!(!s.ws.join("ran").exists());
+    // Without the mount the same run goes ahead.
+    let done = s.run("command", "touch /workspace/ran", &[]);
+    assert_eq!(done.code, 0, "{}", done.stderr);
+    s.assert_released();
+}
+
+#[test]
+fn host_loopback_is_unreachable_from_the_surface() {
+    let s = Surface::new(&|t| t);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // From the host the listener answers: the probe below can reach what exists.
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+    let done = s.run(
+        "command",
+        &format!(
+            "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), 2)' 2>/dev/null && echo reached || echo unreachable"
+        ),
+        &[],
+    );
+    assert_eq!(done.code, 0, "{}", done.stderr);
+    assert_eq!(done.stdout(), "unreachable\n");
+    s.assert_released();
+}
+
+#[test]
+fn a_run_past_its_deadline_is_killed_and_rejected() {
+    let s =
+        Surface::new(&|t| cordon_testkit::replace_once(&t, "deadline \"1h\"", "deadline \"1s\""));
+    let done = s.run("command", "sleep 3172", &[]);
+    assert_eq!(done.code, 1, "{}", done.stderr);
+    assert_eq!(done.receipt["reasons"][0]["code"], "surface.deadline");
+    assert!(!process_exists(&["sleep", "3172"]));
+    s.assert_released();
+}
+
+#[test]
+fn reap_removes_what_a_killed_supervisor_left() {
+    let s = Surface::new(&|t| t);
+    let mut child = s.spawn("command", "touch /workspace/up; exec sleep 3173", &[]);
+    wait_for(&s.ws.join("up"), "the run's marker");
+    // setpriv execs cordon-surface: the child is the supervisor.
+    child.kill().unwrap();
+    let _ = child.wait();
+    assert_eq!(
+        std::fs::read_dir(s.state.join("runs")).unwrap().count(),
+        1,
+        "the killed run's record is left for reap"
+    );
+    let out = s.command(&s.policy, &["reap"], &[]).output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reaped: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(reaped["released"].as_array().unwrap().len(), 1, "{reaped}");
+    assert!(!process_exists(&["sleep", "3173"]));
+    s.assert_released();
+}
