@@ -2031,6 +2031,22 @@ fn surface(
         if !spans.first(cx, &p, span, || format!("read path {p} is listed twice")) {
             continue;
         }
+        // The runtime's own mounts and the workspace are not the host's to show: a read path
+        // on or around them would cover them with host content.
+        if let Some(taken) = ["/proc", "/sys", "/dev", "/tmp"]
+            .into_iter()
+            .chain(mounts.keys().map(String::as_str))
+            .find(|r| nested(&p, r))
+        {
+            cx.report(
+                "overlap",
+                span,
+                "not disjoint from the container's own mounts",
+                format!("read path {p} and {taken} are not disjoint"),
+                Some("name read paths beside /proc, /sys, /dev, /tmp and the workspace".into()),
+            );
+            continue;
+        }
         read.insert(p, Reasoned { reason });
     }
     let write = value(cx, &b, "write", None, |cx, e| {
@@ -2776,6 +2792,9 @@ mod tests {
                 "    network \"host\"\n",
                 "invalid-value",
             ),
+            ("read \"/usr\" ", "read \"/\" ", "overlap"),
+            ("read \"/usr\" ", "read \"/tmp\" ", "overlap"),
+            ("read \"/usr\" ", "read \"/workspace/x\" ", "overlap"),
         ] {
             let text = replace_exactly_once(&surface, from, to);
             assert!(
