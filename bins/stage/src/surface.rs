@@ -46,7 +46,8 @@ use crate::bundle::{MASKED_PATHS, MASKED_WITHOUT_GPU, PlanError, READONLY_PATHS,
 pub enum Tier {
     /// The agent process: `pass-env` and `agent-env` cross.
     Agent,
-    /// One shell command of the agent: only `pass-env` crosses.
+    /// One shell command of the agent: only `pass-env` crosses, and home and temp are private
+    /// tmpfs of its own over the agent's.
     Command,
 }
 
@@ -419,6 +420,21 @@ pub fn plan(policy: &Policy, run: &SurfaceInputs) -> Result<SurfacePlan, PlanErr
         ws,
         &["bind", "rw", "rprivate", "nosuid", "nodev"],
     )?);
+    // A command gets home and temp of its own, disposable: it can neither plant configuration
+    // the agent (which holds the provider variables) would run, nor reach the agent's sockets.
+    match run.tier {
+        Tier::Agent => {}
+        Tier::Command => {
+            for rel in [&surface.home, &surface.temp] {
+                mounts.push(mount(
+                    &format!("{dest}/{rel}"),
+                    "tmpfs",
+                    "tmpfs",
+                    &tmp_opts,
+                )?);
+            }
+        }
+    }
 
     let map = |host: u32| {
         LinuxIdMappingBuilder::default()
