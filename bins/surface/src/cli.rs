@@ -133,9 +133,10 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
         );
         return ExitCode::Usage;
     }
-    let mut gids: Vec<u32> = nix::unistd::getgroups()
+    let groups: Vec<u32> = nix::unistd::getgroups()
         .map(|g| g.into_iter().map(nix::unistd::Gid::as_raw).collect())
         .unwrap_or_default();
+    let mut gids = groups.clone();
     gids.push(gid);
     let workspace = match &args.command {
         Command::Run { workspace, .. } => match trust::workspace(workspace, uid) {
@@ -144,16 +145,9 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
         },
         Command::Reap => None,
     };
+    let ws = workspace.as_ref().map(|w| w.path.as_path());
     // Checked before it is read: nothing the service user can change decides the surface.
-    let checked = match &workspace {
-        Some(ws) => trust::policy_file(&args.policy, ws, uid, &gids),
-        None => trust::policy_file(&args.policy, Path::new("/"), uid, &gids).or_else(|e| match e {
-            // Reap has no workspace: only writability matters.
-            trust::TrustError::PolicyInWorkspace { policy, .. } => Ok(policy),
-            e => Err(e),
-        }),
-    };
-    let policy_path = match checked {
+    let policy_path = match trust::policy_file(&args.policy, ws, uid, &gids) {
         Ok(p) => p,
         Err(e) => return fail(&e.into(), mode, stderr),
     };
@@ -167,12 +161,13 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
         Err(e) => return fail(&e.into(), mode, stderr),
     };
     let state = PathBuf::from(&block.state_dir);
-    if let Err(e) = trust::state_dir(&state, workspace.as_deref().unwrap_or(Path::new("/")), uid)
-        .or_else(|e| match (&workspace, e) {
-            (None, trust::TrustError::StateDir { why, .. }) if why.contains("disjoint") => Ok(()),
-            (_, e) => Err(e),
-        })
-    {
+    let checked = trust::state_dir(&state, ws, uid)
+        .and_then(|()| trust::runtime(Path::new(policy.runtime().path()), uid, &gids))
+        .and_then(|()| {
+            let guarded = [Some(state.as_path()), ws, Some(Path::new(policy.store()))];
+            trust::read_set(block.read.keys(), guarded.into_iter().flatten())
+        });
+    if let Err(e) = checked {
         return fail(&e.into(), mode, stderr);
     }
     let runtime = Runtime {
@@ -189,6 +184,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
         state,
         uid,
         gid,
+        groups,
         authority: started.authority.to_string(),
     };
     match &args.command {
@@ -211,7 +207,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             };
             let mut receipt = Receipt::new(StageName::Surface, started.authority, Outcome::Ok);
             receipt.inputs = serde_json::json!({
-                "workspace": req.workspace,
+                "workspace": req.workspace.path,
                 "tier": req.tier,
                 "argv": req.argv,
             });
@@ -304,7 +300,7 @@ fn outputs(
         SurfaceOutputs {
             run: ran.run,
             tier: req.tier,
-            workspace: req.workspace.clone(),
+            workspace: req.workspace.path.clone(),
             workspace_dest: ran.plan.settings.workspace_dest.clone(),
             surface_policy,
             read_set: block.read.keys().cloned().collect(),

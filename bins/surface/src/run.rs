@@ -1,20 +1,28 @@
 //! One surface run, applied: from the checked inputs to the released container.
 //!
 //! Sequence (each step's why is on the step):
-//! 1. a run directory of its own under the state directory (`runs/<id>`, 0700), and in it the
-//!    run record, created exclusively, locked for the life of the run and made durable before
-//!    anything else exists;
+//! 0. the invoker holds no supplementary group (rootless runc cannot drop them, so they would
+//!    cross into the container);
+//! 1. under a shared hold of the state directory's `reap.lock` (which `reap` takes
+//!    exclusively), a run directory of its own (`runs/<id>`, 0700) and in it the run record,
+//!    created under a temporary name, locked, made durable and only then renamed into place:
+//!    `reap` never sees a run that is still being published;
 //! 2. home and temp made beneath the workspace without following links, the empty root made,
 //!    the plan written as `config.json`;
-//! 3. create, start, wait under the absolute deadline, delete — with the runtime's state root
-//!    in the state directory (`runc/`);
+//! 3. create; the container's pid namespace recorded (`pidns`, for the release and `reap`);
+//!    the directory the runtime mounted at the workspace's destination proven to be the one
+//!    that was checked (device and inode, through the container's root), else the run never
+//!    starts; then start, wait under the absolute deadline, delete — with the runtime's state
+//!    root in the state directory (`runc/`);
 //! 4. release, always: the runtime must no longer list the container, no process may remain
 //!    in the container's pid namespace, and the run directory is removed, the record last.
-//!    Anything that cannot be established is residue: a no-decision, never a result.
+//!    Anything that cannot be established is residue: a no-decision, never a result, and it
+//!    takes precedence over any other error.
 //!
 //! Crash story: a supervisor killed anywhere after step 1 leaves a record whose lock died with
 //! it; `cordon-surface reap` finds it, removes the container from the runtime's state root,
-//! proves it absent and removes the run directory. What it does not own: what ARGV does inside
+//! proves it and its pid namespace's processes gone and removes the run directory. Until reap
+//! runs, a run whose supervisor died has no deadline: run reap on a timer. What it does not own: what ARGV does inside
 //! (the OS boundary bounds it), the policy's checks (the language and the planner) and the
 //! receipt (the CLI).
 
@@ -42,6 +50,14 @@ pub const RUNS: &str = "runs";
 pub const RUNTIME_STATE: &str = "runc";
 /// A run directory's record.
 pub const RECORD: &str = "record.json";
+/// The record before it is published.
+pub const RECORD_PENDING: &str = "record.json.pending";
+/// A run directory's note of its container's pid namespace (written after create).
+pub const PIDNS: &str = "pidns";
+/// The state directory's lock that orders run publication before reap.
+pub const REAP_LOCK: &str = "reap.lock";
+/// How long the processes of a killed pid namespace may take to leave.
+const EXIT_GRACE: Duration = Duration::from_secs(10);
 
 /// Why a run could not be established or released.
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
@@ -71,6 +87,23 @@ pub enum RunError {
         #[source]
         source: std::io::Error,
     },
+    /// The invoker holds supplementary groups, which a rootless runtime cannot drop.
+    #[error(
+        "the service user holds supplementary groups {groups:?}, which would cross into the surface"
+    )]
+    #[diagnostic(
+        code(cordon::surface::groups),
+        help("run the service with no supplementary groups (systemd: no SupplementaryGroups=)")
+    )]
+    Groups {
+        /// The groups.
+        groups: Vec<u32>,
+    },
+    /// The workspace's contents keep the run from being prepared (a link or a file where home
+    /// or temp goes), or the directory the runtime mounted is not the one checked.
+    #[error("the workspace cannot be prepared for the run")]
+    #[diagnostic(code(cordon::surface::prepare))]
+    Prepare(#[source] TrustError),
     /// The release could not prove the run gone.
     #[error("run {run} left residue: {what}")]
     #[diagnostic(
@@ -92,7 +125,11 @@ impl RunError {
         match self {
             Self::Trust(_) => true,
             Self::Plan(p) => !matches!(p, PlanError::Unenforceable { .. }),
-            Self::Runtime(_) | Self::State { .. } | Self::Residue { .. } => false,
+            Self::Runtime(_)
+            | Self::State { .. }
+            | Self::Residue { .. }
+            | Self::Groups { .. }
+            | Self::Prepare(_) => false,
         }
     }
 }
@@ -123,8 +160,8 @@ pub struct Record {
 /// What a run is asked to do.
 #[derive(Debug, Clone)]
 pub struct Request {
-    /// The workspace, canonical and checked.
-    pub workspace: PathBuf,
+    /// The workspace, checked.
+    pub workspace: trust::Workspace,
     /// The tier.
     pub tier: Tier,
     /// The exact argv.
@@ -144,6 +181,8 @@ pub struct Host {
     pub uid: u32,
     /// The service user's gid.
     pub gid: u32,
+    /// Its supplementary groups.
+    pub groups: Vec<u32>,
     /// The authority identity.
     pub authority: String,
 }
@@ -201,52 +240,90 @@ fn fsync_dir(path: &Path) -> Result<(), RunError> {
 /// is the residue, whatever the run did).
 pub fn run(policy: &Policy, host: &Host, req: &Request) -> Result<Ran, RunError> {
     let started = Instant::now();
+    let extra: Vec<u32> = host
+        .groups
+        .iter()
+        .copied()
+        .filter(|g| *g != host.gid)
+        .collect();
+    if !extra.is_empty() {
+        return Err(RunError::Groups { groups: extra });
+    }
     let runs = host.state.join(RUNS);
     private_dir(&runs)?;
     private_dir(&host.state.join(RUNTIME_STATE))?;
     let run = format!("cs-{}", &cordon::lease::fresh_id()[..20]);
     let dir = host.run_dir(&run);
+    let lock = publish(host, req, &run, &dir)?;
+    let mut ns = None;
+    let result = contain(policy, host, req, &run, &dir, started, &mut ns);
+    let released = release(host, &run, ns);
+    drop(lock);
+    // Residue first: a run that cannot be proven gone is a no-decision whatever else failed.
+    released?;
+    result
+}
+
+fn lock_file(path: &Path, shared: bool) -> Result<Flock<File>, RunError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(state_err("open", path))?;
+    let arg = if shared {
+        FlockArg::LockShared
+    } else {
+        FlockArg::LockExclusive
+    };
+    Flock::lock(file, arg)
+        .map_err(|(_, e)| state_err("lock", path)(std::io::Error::from_raw_os_error(e as i32)))
+}
+
+/// Step 1: the run directory and its record, locked before it is published under its name,
+/// all while `reap` is held off.
+fn publish(host: &Host, req: &Request, run: &str, dir: &Path) -> Result<Flock<File>, RunError> {
+    let gate = lock_file(&host.state.join(REAP_LOCK), true)?;
     std::fs::DirBuilder::new()
         .mode(0o700)
-        .create(&dir)
-        .map_err(state_err("make", &dir))?;
-    // The record exists, locked and durable, before anything else of the run does.
-    let record_path = dir.join(RECORD);
+        .create(dir)
+        .map_err(state_err("make", dir))?;
+    let pending = dir.join(RECORD_PENDING);
     let record = Record {
-        run: run.clone(),
-        workspace: req.workspace.clone(),
+        run: run.to_owned(),
+        workspace: req.workspace.path.clone(),
         tier: req.tier,
     };
-    let mut file = OpenOptions::new()
+    let file = OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(&record_path)
-        .map_err(state_err("create", &record_path))?;
+        .open(&pending)
+        .map_err(state_err("create", &pending))?;
+    let mut lock = Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
+        state_err("lock", &pending)(std::io::Error::from_raw_os_error(e as i32))
+    })?;
     let text = serde_json::to_vec(&record).map_err(|e| RunError::State {
         what: "encode",
-        path: record_path.clone(),
+        path: pending.clone(),
         source: std::io::Error::other(e),
     })?;
-    file.write_all(&text)
-        .and_then(|()| file.sync_all())
-        .map_err(state_err("write", &record_path))?;
-    fsync_dir(&dir)?;
-    fsync_dir(&runs)?;
-    let lock = Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
-        state_err("lock", &record_path)(std::io::Error::from_raw_os_error(e as i32))
-    })?;
-
-    let result = contain(policy, host, req, &run, &dir, started);
-    let released = release(host, &run, result.as_ref().ok().and_then(|r| r.1));
-    drop(lock);
-    let (ran, _) = result?;
-    released?;
-    Ok(ran)
+    lock.write_all(&text)
+        .and_then(|()| lock.sync_all())
+        .map_err(state_err("write", &pending))?;
+    let record_path = dir.join(RECORD);
+    std::fs::rename(&pending, &record_path).map_err(state_err("publish", &record_path))?;
+    fsync_dir(dir)?;
+    fsync_dir(&host.state.join(RUNS))?;
+    drop(gate);
+    Ok(lock)
 }
 
-/// Steps 2 and 3: returns what ran and the container's pid namespace (for the release).
+/// Steps 2 and 3; the container's pid namespace goes to `ns` as soon as it exists.
 fn contain(
     policy: &Policy,
     host: &Host,
@@ -254,11 +331,12 @@ fn contain(
     run: &str,
     dir: &Path,
     started: Instant,
-) -> Result<(Ran, Option<u64>), RunError> {
+    ns: &mut Option<u64>,
+) -> Result<Ran, RunError> {
     let (_, block) = surface::surface_of(policy)?;
     // The agent's home and temp exist before it starts, made without following any link.
-    trust::make_beneath(&req.workspace, &block.home)?;
-    trust::make_beneath(&req.workspace, &block.temp)?;
+    trust::make_beneath(&req.workspace, &block.home).map_err(RunError::Prepare)?;
+    trust::make_beneath(&req.workspace, &block.temp).map_err(RunError::Prepare)?;
     let root = dir.join("root");
     std::fs::DirBuilder::new()
         .mode(0o700)
@@ -272,7 +350,7 @@ fn contain(
             uid: host.uid,
             gid: host.gid,
             root,
-            workspace: req.workspace.clone(),
+            workspace: req.workspace.path.clone(),
             invoker_env: req.invoker_env.clone(),
             run: run.to_owned(),
             authority: host.authority.clone(),
@@ -299,23 +377,30 @@ fn contain(
     let created = host
         .runtime
         .create(run, dir, Stdio3::captured(None, caps))?;
-    let ns = pid_namespace(created.pid());
+    let pid = created.pid();
+    let ns_link = PathBuf::from(format!("/proc/{pid}/ns/pid"));
+    let id = std::fs::metadata(&ns_link)
+        .map_err(state_err("read the pid namespace", &ns_link))?
+        .ino();
+    *ns = Some(id);
+    let note = dir.join(PIDNS);
+    std::fs::write(&note, id.to_string()).map_err(state_err("write", &note))?;
+    // The directory the runtime mounted, seen through the container's root, is the one whose
+    // ownership was checked: a rename race above the workspace path cannot substitute another.
+    let mounted = PathBuf::from(format!("/proc/{pid}/root{}", plan.settings.workspace_dest));
+    let seen = std::fs::metadata(&mounted).map_err(state_err("examine", &mounted))?;
+    if !req.workspace.is(&seen) {
+        return Err(RunError::Prepare(TrustError::Workspace {
+            path: req.workspace.path.clone(),
+            why: "the directory the runtime mounted is not the one that was checked".into(),
+        }));
+    }
     let finished = created.start()?.wait_without_cgroup(deadline)?.delete()?;
-    Ok((
-        Ran {
-            run: run.to_owned(),
-            plan,
-            finished,
-        },
-        ns,
-    ))
-}
-
-/// The inode of a process's pid namespace.
-fn pid_namespace(pid: i32) -> Option<u64> {
-    std::fs::metadata(format!("/proc/{pid}/ns/pid"))
-        .ok()
-        .map(|m| m.ino())
+    Ok(Ran {
+        run: run.to_owned(),
+        plan,
+        finished,
+    })
 }
 
 /// Processes of `uid` in pid namespace `ns`; a process of `uid` whose namespace cannot be read
@@ -367,17 +452,26 @@ pub fn release(host: &Host, run: &str, ns: Option<u64>) -> Result<(), RunError> 
         return Err(residue("the runtime still lists the container".into()));
     }
     if let Some(ns) = ns {
-        let left =
-            left_in(ns, host.uid).map_err(|e| residue(format!("cannot list processes: {e}")))?;
-        if !left.is_empty() {
-            return Err(residue(format!(
-                "processes in its pid namespace: {}",
-                left.join(", ")
-            )));
+        // Killed processes take a moment to leave: the namespace's init was sent SIGKILL, so
+        // every process in it is dying; one still there after the grace is residue.
+        let until = Instant::now() + EXIT_GRACE;
+        loop {
+            let left = left_in(ns, host.uid)
+                .map_err(|e| residue(format!("cannot list processes: {e}")))?;
+            if left.is_empty() {
+                break;
+            }
+            if Instant::now() >= until {
+                return Err(residue(format!(
+                    "processes in its pid namespace: {}",
+                    left.join(", ")
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
     let dir = host.run_dir(run);
-    for name in ["root", "config.json", "init.pid"] {
+    for name in ["root", "config.json", "init.pid", PIDNS, RECORD_PENDING] {
         let p = dir.join(name);
         let gone = match std::fs::symlink_metadata(&p) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -402,7 +496,10 @@ pub struct Reaped {
     pub live: Vec<String>,
 }
 
-/// Remove every run whose supervisor died: its record's lock is free.
+/// Remove every run whose supervisor died (its record's lock is free), holding `reap.lock`
+/// exclusively so no run is mid-publication. A run directory without a published record
+/// crashed before its container could exist: it is removed. One run's residue does not stop
+/// the others; it is reported at the end.
 ///
 /// # Errors
 /// The state directory cannot be read, or a dead run's release left residue.
@@ -414,34 +511,62 @@ pub fn reap(host: &Host) -> Result<Reaped, RunError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
         Err(e) => return Err(state_err("read", &runs)(e)),
     };
+    let _gate = lock_file(&host.state.join(REAP_LOCK), false)?;
+    let mut residue = Vec::new();
     for entry in entries {
         let entry = entry.map_err(state_err("read", &runs))?;
         let run = entry.file_name().to_string_lossy().into_owned();
-        let record = entry.path().join(RECORD);
-        let file = match File::open(&record) {
-            Ok(f) => Some(f),
-            // A crash before the record was written: the directory holds nothing of a run.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(state_err("open", &record)(e)),
-        };
-        let lock = match file.map(|f| Flock::lock(f, FlockArg::LockExclusiveNonblock)) {
-            Some(Err((_, nix::errno::Errno::EWOULDBLOCK))) => {
-                out.live.push(run);
-                continue;
-            }
-            Some(Err((_, e))) => {
-                return Err(state_err("lock", &record)(
-                    std::io::Error::from_raw_os_error(e as i32),
-                ));
-            }
-            Some(Ok(lock)) => Some(lock),
-            None => None,
-        };
-        // The supervisor is gone: its container's processes are ended by `remove`, and the
-        // runtime's listing proves the container gone.
-        release(host, &run, None)?;
-        drop(lock);
-        out.released.push(run);
+        match reap_one(host, &run, &entry.path()) {
+            Ok(true) => out.released.push(run),
+            Ok(false) => out.live.push(run),
+            Err(e) => residue.push(cordon_stage::receipt_io::error_chain(&e)),
+        }
     }
-    Ok(out)
+    if residue.is_empty() {
+        Ok(out)
+    } else {
+        Err(RunError::Residue {
+            run: "reap".into(),
+            what: residue.join("; "),
+        })
+    }
+}
+
+/// One run directory: `Ok(false)` while its supervisor holds it, `Ok(true)` once released.
+fn reap_one(host: &Host, run: &str, dir: &Path) -> Result<bool, RunError> {
+    let record = dir.join(RECORD);
+    let file = match File::open(&record) {
+        Ok(f) => f,
+        // Never published: the container is created only after the record is.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let _ = std::fs::remove_file(dir.join(RECORD_PENDING));
+            std::fs::remove_dir(dir).map_err(state_err("remove", dir))?;
+            return Ok(true);
+        }
+        Err(e) => return Err(state_err("open", &record)(e)),
+    };
+    let lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => lock,
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => return Ok(false),
+        Err((_, e)) => {
+            return Err(state_err("lock", &record)(
+                std::io::Error::from_raw_os_error(e as i32),
+            ));
+        }
+    };
+    let note = dir.join(PIDNS);
+    let ns = match std::fs::read_to_string(&note) {
+        Ok(text) => Some(text.trim().parse::<u64>().map_err(|e| RunError::State {
+            what: "parse",
+            path: note.clone(),
+            source: std::io::Error::other(e),
+        })?),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(state_err("read", &note)(e)),
+    };
+    // The supervisor is gone: `remove` ends the container (its init, so its pid namespace),
+    // the listing proves the container gone and the namespace proves its processes gone.
+    release(host, run, ns)?;
+    drop(lock);
+    Ok(true)
 }

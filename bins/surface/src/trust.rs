@@ -6,7 +6,12 @@
 //!   the file or any directory above it owned by the service user, writable by a group it is
 //!   in, or writable by everyone (a directory only with the sticky bit, whose entries the
 //!   service user then cannot replace).
-//! - The workspace is a directory of the service user's own, never `/`, with no mount beneath
+//! - The runtime binary the policy names is held to the same rule: it is what enforces the
+//!   surface.
+//! - The workspace is given by its canonical path (a link anywhere in it is refused) and is a
+//!   directory of the service user's own, never `/`, identified by device and inode: the
+//!   runner proves the directory the runtime mounted is this one before the run starts, so a
+//!   rename race on a directory above it cannot substitute another. It has no mount beneath
 //!   it: inside a user namespace the kernel binds a tree with mounts under it only recursively
 //!   (a plain bind would reveal what they cover), and a recursive bind would carry a host mount
 //!   placed in the workspace — `/etc` bound at `ws/sub` — into the surface.
@@ -18,9 +23,8 @@
 //!
 //! It does not read any configuration from the workspace: there is none to read.
 
-use std::fs::File;
 use std::os::fd::AsFd;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::{OFlag, openat};
@@ -54,6 +58,29 @@ pub enum TrustError {
         policy: PathBuf,
         /// Which path and how.
         why: String,
+    },
+    /// The service user could change the runtime that enforces the surface.
+    #[error("runtime {runtime} can be changed by the service user: {why}")]
+    #[diagnostic(code(cordon::surface::runtime_writable))]
+    RuntimeWritable {
+        /// The runtime.
+        runtime: PathBuf,
+        /// Which path and how.
+        why: String,
+    },
+    /// A read-set path would expose the workspace's surroundings, the state or the store.
+    #[error("read path {path} contains {guarded}")]
+    #[diagnostic(
+        code(cordon::surface::read_set),
+        help(
+            "name narrower read paths: none may contain the workspace, the state directory or the store"
+        )
+    )]
+    ReadSet {
+        /// The read path.
+        path: String,
+        /// What it contains.
+        guarded: PathBuf,
     },
     /// The workspace is not usable.
     #[error("workspace {path} cannot be used: {why}")]
@@ -111,6 +138,26 @@ fn changeable(m: &std::fs::Metadata, uid: u32, gids: &[u32]) -> Option<&'static 
     }
 }
 
+/// `path`, canonical, when neither it nor a directory above it is changeable by `uid` (with
+/// groups `gids`); otherwise which path is, and how.
+///
+/// # Errors
+/// The path cannot be examined.
+pub fn unchangeable(
+    path: &Path,
+    uid: u32,
+    gids: &[u32],
+) -> Result<Result<PathBuf, String>, TrustError> {
+    let canonical = std::fs::canonicalize(path).map_err(io(path))?;
+    for p in canonical.ancestors() {
+        let m = std::fs::symlink_metadata(p).map_err(io(p))?;
+        if let Some(how) = changeable(&m, uid, gids) {
+            return Ok(Err(format!("{} is {how}", p.display())));
+        }
+    }
+    Ok(Ok(canonical))
+}
+
 /// The policy file, checked: canonical, outside the workspace, and neither it nor a directory
 /// above it changeable by `uid` (with groups `gids`).
 ///
@@ -118,40 +165,99 @@ fn changeable(m: &std::fs::Metadata, uid: u32, gids: &[u32]) -> Option<&'static 
 /// [`TrustError`].
 pub fn policy_file(
     policy: &Path,
-    workspace: &Path,
+    workspace: Option<&Path>,
     uid: u32,
     gids: &[u32],
 ) -> Result<PathBuf, TrustError> {
     let canonical = std::fs::canonicalize(policy).map_err(io(policy))?;
-    if resolved_within(workspace, &canonical).map_err(io(workspace))? {
+    if let Some(ws) = workspace
+        && resolved_within(ws, &canonical).map_err(io(ws))?
+    {
         return Err(TrustError::PolicyInWorkspace {
             policy: canonical,
-            workspace: workspace.to_path_buf(),
+            workspace: ws.to_path_buf(),
         });
     }
-    for p in canonical.ancestors() {
-        let m = std::fs::symlink_metadata(p).map_err(io(p))?;
-        if let Some(how) = changeable(&m, uid, gids) {
-            return Err(TrustError::PolicyWritable {
-                policy: canonical.clone(),
-                why: format!("{} is {how}", p.display()),
+    unchangeable(policy, uid, gids)?.map_err(|why| TrustError::PolicyWritable {
+        policy: policy.to_path_buf(),
+        why,
+    })
+}
+
+/// The runtime binary: neither it nor a directory above it changeable by the service user.
+///
+/// # Errors
+/// [`TrustError::RuntimeWritable`].
+pub fn runtime(binary: &Path, uid: u32, gids: &[u32]) -> Result<(), TrustError> {
+    unchangeable(binary, uid, gids)?
+        .map(|_| ())
+        .map_err(|why| TrustError::RuntimeWritable {
+            runtime: binary.to_path_buf(),
+            why,
+        })
+}
+
+/// The read set: no path may contain (or be) one of `guarded` — the workspace (whose
+/// neighbours are other runs' workspaces), the state directory, the store.
+///
+/// # Errors
+/// [`TrustError::ReadSet`].
+pub fn read_set<'a>(
+    read: impl IntoIterator<Item = &'a String>,
+    guarded: impl IntoIterator<Item = &'a Path> + Clone,
+) -> Result<(), TrustError> {
+    for path in read {
+        if let Some(g) = guarded
+            .clone()
+            .into_iter()
+            .find(|g| path_within(Path::new(path), g))
+        {
+            return Err(TrustError::ReadSet {
+                path: path.clone(),
+                guarded: g.to_path_buf(),
             });
         }
     }
-    Ok(canonical)
+    Ok(())
 }
 
-/// The workspace, canonical: an existing directory of `uid`'s own, not `/`.
+/// A checked workspace: its canonical path and the identity of the directory that was checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workspace {
+    /// The canonical path.
+    pub path: PathBuf,
+    /// Its device.
+    pub dev: u64,
+    /// Its inode.
+    pub ino: u64,
+}
+
+impl Workspace {
+    /// Whether `m` is this directory.
+    #[must_use]
+    pub fn is(&self, m: &std::fs::Metadata) -> bool {
+        m.dev() == self.dev && m.ino() == self.ino
+    }
+}
+
+/// The workspace: given by its canonical path, an existing directory of `uid`'s own, not `/`,
+/// with no mount beneath it.
 ///
 /// # Errors
 /// [`TrustError::Workspace`].
-pub fn workspace(path: &Path, uid: u32) -> Result<PathBuf, TrustError> {
+pub fn workspace(path: &Path, uid: u32) -> Result<Workspace, TrustError> {
     let bad = |why: &str| TrustError::Workspace {
         path: path.to_path_buf(),
         why: why.to_owned(),
     };
     let canonical = std::fs::canonicalize(path).map_err(io(path))?;
-    let m = std::fs::metadata(&canonical).map_err(io(path))?;
+    if canonical != path {
+        return Err(bad(&format!(
+            "not its canonical path ({}): a link in a workspace path could be re-pointed between runs",
+            canonical.display()
+        )));
+    }
+    let m = std::fs::symlink_metadata(&canonical).map_err(io(path))?;
     if !m.is_dir() {
         return Err(bad("not a directory"));
     }
@@ -169,7 +275,11 @@ pub fn workspace(path: &Path, uid: u32) -> Result<PathBuf, TrustError> {
             point.display()
         )));
     }
-    Ok(canonical)
+    Ok(Workspace {
+        path: canonical,
+        dev: m.dev(),
+        ino: m.ino(),
+    })
 }
 
 /// The mount points in `mountinfo` (the kernel's table) strictly beneath `dir`.
@@ -211,7 +321,7 @@ fn unescape(field: &str) -> std::ffi::OsString {
 ///
 /// # Errors
 /// [`TrustError::StateDir`].
-pub fn state_dir(dir: &Path, workspace: &Path, uid: u32) -> Result<(), TrustError> {
+pub fn state_dir(dir: &Path, workspace: Option<&Path>, uid: u32) -> Result<(), TrustError> {
     let bad = |why: String| TrustError::StateDir {
         path: dir.to_path_buf(),
         why,
@@ -230,26 +340,37 @@ pub fn state_dir(dir: &Path, workspace: &Path, uid: u32) -> Result<(), TrustErro
         return Err(bad(format!("mode {:o}, not 0700", m.mode() & 0o7777)));
     }
     let canonical = std::fs::canonicalize(dir).map_err(io(dir))?;
-    if resolved_within(workspace, &canonical).map_err(io(workspace))?
-        || resolved_within(&canonical, workspace).map_err(io(dir))?
+    if let Some(ws) = workspace
+        && (resolved_within(ws, &canonical).map_err(io(ws))?
+            || resolved_within(&canonical, ws).map_err(io(dir))?)
     {
         return Err(bad("not disjoint from the workspace".into()));
     }
     Ok(())
 }
 
-/// Make `rel` beneath `workspace`, one component at a time relative to the open parent, never
-/// following a link: an existing component must be a real directory.
+/// Make `rel` beneath the checked `workspace`, one component at a time relative to the open
+/// parent, never following a link: the workspace opened must be the directory checked, and an
+/// existing component must be a real directory.
 ///
 /// # Errors
-/// A component is a link or not a directory, or cannot be made.
-pub fn make_beneath(workspace: &Path, rel: &str) -> Result<(), TrustError> {
+/// The workspace is no longer the directory checked, a component is a link or not a
+/// directory, or cannot be made.
+pub fn make_beneath(workspace: &Workspace, rel: &str) -> Result<(), TrustError> {
     let bad = |why: String| TrustError::Workspace {
-        path: workspace.to_path_buf(),
+        path: workspace.path.clone(),
         why,
     };
     let flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY;
-    let mut dir: std::os::fd::OwnedFd = File::open(workspace).map_err(io(workspace))?.into();
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_DIRECTORY | nix::libc::O_NOFOLLOW)
+        .open(&workspace.path)
+        .map_err(io(&workspace.path))?;
+    if !workspace.is(&opened.metadata().map_err(io(&workspace.path))?) {
+        return Err(bad("it is no longer the directory that was checked".into()));
+    }
+    let mut dir: std::os::fd::OwnedFd = opened.into();
     for name in rel.split('/') {
         match mkdirat(dir.as_fd(), name, Mode::from_bits_truncate(0o700)) {
             Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
@@ -285,14 +406,14 @@ mod tests {
         // Another uid's view: the temp tree is ours, so "the service user" is someone else.
         let other = me.wrapping_add(1);
         assert!(matches!(
-            policy_file(&inside, &ws, other, &[]),
+            policy_file(&inside, Some(&ws), other, &[]),
             Err(TrustError::PolicyInWorkspace { .. })
         ));
         // Reached through a link from outside: still inside.
         let link = dir.path().join("link.kdl");
         std::os::unix::fs::symlink(&inside, &link).unwrap();
         assert!(matches!(
-            policy_file(&link, &ws, other, &[]),
+            policy_file(&link, Some(&ws), other, &[]),
             Err(TrustError::PolicyInWorkspace { .. })
         ));
         let outside = dir.path().join("p.kdl");
@@ -301,23 +422,23 @@ mod tests {
         chmod(dir.path(), 0o755);
         // Owned by the service user: refused.
         assert!(matches!(
-            policy_file(&outside, &ws, me, &[]),
+            policy_file(&outside, Some(&ws), me, &[]),
             Err(TrustError::PolicyWritable { .. })
         ));
         // Another user's, in another user's directories (up to a sticky /tmp): accepted.
-        assert!(policy_file(&outside, &ws, other, &[]).is_ok());
+        assert!(policy_file(&outside, Some(&ws), other, &[]).is_ok());
         // Group-writable by one of its groups, or writable by everyone: refused.
         let gid = std::fs::metadata(&outside).unwrap().gid();
         chmod(&outside, 0o664);
-        assert!(policy_file(&outside, &ws, other, &[gid]).is_err());
-        assert!(policy_file(&outside, &ws, other, &[]).is_ok());
+        assert!(policy_file(&outside, Some(&ws), other, &[gid]).is_err());
+        assert!(policy_file(&outside, Some(&ws), other, &[]).is_ok());
         chmod(&outside, 0o646);
-        assert!(policy_file(&outside, &ws, other, &[]).is_err());
+        assert!(policy_file(&outside, Some(&ws), other, &[]).is_err());
         chmod(&outside, 0o644);
         chmod(dir.path(), 0o757);
-        assert!(policy_file(&outside, &ws, other, &[]).is_err());
+        assert!(policy_file(&outside, Some(&ws), other, &[]).is_err());
         chmod(dir.path(), 0o1757);
-        assert!(policy_file(&outside, &ws, other, &[]).is_ok());
+        assert!(policy_file(&outside, Some(&ws), other, &[]).is_ok());
     }
 
     #[test]
@@ -344,16 +465,30 @@ mod tests {
         let outside = dir.path().join("outside");
         std::fs::create_dir(&ws).unwrap();
         std::fs::create_dir(&outside).unwrap();
-        make_beneath(&ws, ".cph/agent-runtime").unwrap();
-        make_beneath(&ws, ".cph/t").unwrap();
+        let me = nix::unistd::geteuid().as_raw();
+        let checked = workspace(&std::fs::canonicalize(&ws).unwrap(), me).unwrap();
+        let ws = checked.path.clone();
+        let outside = std::fs::canonicalize(&outside).unwrap();
+        // Given through a link, or not as its canonical path: refused.
+        std::os::unix::fs::symlink(&ws, dir.path().join("alias")).unwrap();
+        assert!(workspace(&dir.path().join("alias"), me).is_err());
+        assert!(workspace(&ws.join("sub/.."), me).is_err());
+        let ws_ref = &checked;
+        make_beneath(ws_ref, ".cph/agent-runtime").unwrap();
+        make_beneath(ws_ref, ".cph/t").unwrap();
         assert!(ws.join(".cph/t").is_dir());
         // Again: existing directories are fine.
-        make_beneath(&ws, ".cph/t").unwrap();
+        make_beneath(ws_ref, ".cph/t").unwrap();
         std::os::unix::fs::symlink(&outside, ws.join("evil")).unwrap();
-        assert!(make_beneath(&ws, "evil/t").is_err());
+        assert!(make_beneath(ws_ref, "evil/t").is_err());
         std::fs::write(ws.join("file"), "").unwrap();
-        assert!(make_beneath(&ws, "file/t").is_err());
+        assert!(make_beneath(ws_ref, "file/t").is_err());
         assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+        // The directory at the path replaced by another: refused, nothing made in it.
+        std::fs::rename(&ws, dir.path().join("moved")).unwrap();
+        std::fs::create_dir(&ws).unwrap();
+        assert!(make_beneath(ws_ref, "new").is_err());
+        assert!(!ws.join("new").exists());
     }
 
     #[test]
@@ -365,18 +500,20 @@ mod tests {
         std::fs::create_dir(&ws).unwrap();
         std::fs::create_dir(&state).unwrap();
         chmod(&state, 0o700);
-        state_dir(&state, &ws, me).unwrap();
+        state_dir(&state, Some(&ws), me).unwrap();
         chmod(&state, 0o750);
-        assert!(state_dir(&state, &ws, me).is_err());
+        assert!(state_dir(&state, Some(&ws), me).is_err());
         chmod(&state, 0o700);
-        assert!(state_dir(&state, &ws, me.wrapping_add(1)).is_err());
+        assert!(state_dir(&state, Some(&ws), me.wrapping_add(1)).is_err());
         let inner = ws.join("state");
         std::fs::create_dir(&inner).unwrap();
         chmod(&inner, 0o700);
-        assert!(state_dir(&inner, &ws, me).is_err());
-        assert!(state_dir(&state, &state.join("ws"), me).is_err());
+        assert!(state_dir(&inner, Some(&ws), me).is_err());
+        let nested = state.join("ws");
+        std::fs::create_dir(&nested).unwrap();
+        assert!(state_dir(&state, Some(&nested), me).is_err());
         let link = dir.path().join("link");
         std::os::unix::fs::symlink(&state, &link).unwrap();
-        assert!(state_dir(&link, &ws, me).is_err());
+        assert!(state_dir(&link, Some(&ws), me).is_err());
     }
 }

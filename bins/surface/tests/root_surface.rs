@@ -22,6 +22,8 @@ struct Surface {
     policy: PathBuf,
     bin: PathBuf,
     outside: PathBuf,
+    // Beside /tmp, which a read path may not touch.
+    _outside_dir: tempfile::TempDir,
 }
 
 fn chown(p: &Path) {
@@ -69,7 +71,9 @@ impl Surface {
         std::fs::create_dir(&state).unwrap();
         chmod(&state, 0o700);
         chown(&state);
-        let outside = dir.path().join("outside");
+        let outside_dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        chmod(outside_dir.path(), 0o755);
+        let outside = outside_dir.path().join("outside");
         std::fs::create_dir(&outside).unwrap();
         chmod(&outside, 0o755);
         std::fs::write(outside.join("secret.txt"), "OUTSIDE-SECRET\n").unwrap();
@@ -98,19 +102,30 @@ impl Surface {
             policy,
             bin: exe,
             outside,
+            _outside_dir: outside_dir,
         }
     }
 
     fn command(&self, policy: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
+        self.command_as(&["--clear-groups"], policy, args, env)
+    }
+
+    fn command_as(
+        &self,
+        groups: &[&str],
+        policy: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Command {
         let mut c = Command::new("setpriv");
         c.args([
             "--reuid",
             &SERVICE.to_string(),
             "--regid",
             &SERVICE.to_string(),
-            "--clear-groups",
-            "--",
         ])
+        .args(groups)
+        .arg("--")
         .arg(&self.bin)
         .arg("--policy")
         .arg(policy)
@@ -242,7 +257,7 @@ try() {{ if eval "$2" >/dev/null 2>&1; then echo "$1=yes"; else echo "$1=no"; fi
 try read-shadow 'cat /etc/shadow'
 try read-hostname 'cat /etc/hostname'
 try list-root 'ls /root'
-try read-store 'ls /var/lib/cordon'
+try read-passwd 'cat /etc/passwd'
 try read-link 'cat /workspace/link/secret.txt'
 try read-outside 'cat {outside}/secret.txt'
 try write-etc 'echo x > /etc/{marker}'
@@ -266,7 +281,7 @@ env | sort
         ("read-shadow", "no"),
         ("read-hostname", "no"),
         ("list-root", "no"),
-        ("read-store", "no"),
+        ("read-passwd", "no"),
         ("read-link", "no"),
         ("read-outside", "no"),
         ("write-etc", "no"),
@@ -295,6 +310,7 @@ env | sort
         PathBuf::from("/tmp").join(&marker),
         s.dir.path().join(&marker),
         s.outside.join(&marker),
+        s.outside.parent().unwrap().join(&marker),
     ] {
         assert!(!p.exists(), "{} was written on the host", p.display());
     }
@@ -563,5 +579,91 @@ fn reap_removes_what_a_killed_supervisor_left() {
     let reaped: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(reaped["released"].as_array().unwrap().len(), 1, "{reaped}");
     assert!(!process_exists(&["sleep", "3173"]));
+    s.assert_released();
+}
+
+#[test]
+fn a_command_gets_home_and_temp_of_its_own_and_cannot_plant_the_agents_configuration() {
+    let s = Surface::new(&|t| t);
+    let agent = s.run(
+        "agent",
+        "echo agent-config > \"$HOME/settings.json\"; echo agent-sock > \"$TMPDIR/bridge\"",
+        &[],
+    );
+    assert_eq!(agent.code, 0, "{}", agent.stderr);
+    let command = s.run(
+        "command",
+        "ls -A \"$HOME\" \"$TMPDIR\"; echo hook > \"$HOME/settings.json\"; echo end",
+        &[],
+    );
+    assert_eq!(command.code, 0, "{}", command.stderr);
+    // The command saw neither file, and its own write went to its disposable home.
+    assert!(
+        !command.stdout().contains("settings.json"),
+        "{}",
+        command.stdout()
+    );
+    assert!(!command.stdout().contains("bridge"), "{}", command.stdout());
+    assert_eq!(
+        std::fs::read_to_string(s.ws.join(".cph/agent-runtime/settings.json")).unwrap(),
+        "agent-config\n"
+    );
+    // The agent's own next run still finds its home.
+    let again = s.run("agent", "cat \"$HOME/settings.json\"", &[]);
+    assert_eq!(again.stdout(), "agent-config\n");
+    s.assert_released();
+}
+
+#[test]
+fn supplementary_groups_of_the_service_user_refuse_the_run() {
+    let s = Surface::new(&|t| t);
+    // A root-group-42 file in the workspace: with the group crossing it would be readable.
+    let args = s.run_args(&s.policy, &s.ws, "command", "touch /workspace/ran");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = s
+        .command_as(&["--groups", "42"], &s.policy, &args, &[])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("cordon::surface::groups"), "{stderr}");
+    assert!(!s.ws.join("ran").exists());
+    // Without them the same run goes ahead.
+    assert_eq!(s.run("command", "touch /workspace/ran", &[]).code, 0);
+    s.assert_released();
+}
+
+#[test]
+fn a_workspace_given_through_a_link_is_refused() {
+    let s = Surface::new(&|t| t);
+    let alias = s.dir.path().join("alias");
+    std::os::unix::fs::symlink(&s.ws, &alias).unwrap();
+    let done = s.run_with(&s.policy, &alias, "command", "touch /workspace/ran", &[]);
+    assert_eq!(done.code, 2, "{}", done.stderr);
+    assert!(done.stderr.contains("canonical"), "{}", done.stderr);
+    assert!(!s.ws.join("ran").exists());
+}
+
+#[test]
+fn reap_leaves_a_live_run_alone() {
+    let s = Surface::new(&|t| t);
+    let child = s.spawn(
+        "command",
+        "touch /workspace/up; while [ ! -e /workspace/go ]; do sleep 0.05; done; echo survived",
+        &[],
+    );
+    wait_for(&s.ws.join("up"), "the run's marker");
+    let out = s.command(&s.policy, &["reap"], &[]).output().unwrap();
+    std::fs::write(s.ws.join("go"), "").unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let reaped: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(reaped["live"].as_array().unwrap().len(), 1, "{reaped}");
+    assert!(
+        reaped["released"].as_array().unwrap().is_empty(),
+        "{reaped}"
+    );
+    let out = child.wait_with_output().unwrap();
+    let receipt: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(receipt["outputs"]["stdout"], "survived\n");
     s.assert_released();
 }
