@@ -6,7 +6,9 @@
 #   (candidate), B′ (incumbent again) on the policy's two CPU lanes, host-framed and
 #   host-timed, and the host's speed verdict → reap --check → cordon-verify the signed chain,
 #   export it and replay the export offline → print the chain of receipts, the timeline and the
-#   B, C, B′ rates, the speedup, the noise and the verdict.
+#   B, C, B′ rates, the speedup, the noise and the verdict → the agent surface: one shell
+#   command of an agent run by an unprivileged service user (nobody) with cordon-surface in a
+#   rootless container bounded by its workspace, its host environment full of secrets.
 # Runs as root on a fresh Debian machine: installs the OCI runtime (part of the authority
 # identity), busybox-static (the prebuild image's one binary) and python3 (the runtime image's
 # interpreter) if they are missing.
@@ -72,7 +74,23 @@ $bin/cordon-verify --store "$store" --key "$key" --export "$work/bundle" "$work/
 $bin/cordon-verify --store "$work/bundle" --key "$key" --explain "$work/qualify.json" \
     > "$work/explain.txt"
 
-for stage in incumbent incumbent-prebuild fetch materialize prebuild qualify reap; do
+# The agent surface (seed 002, policy/examples/surface.kdl): the service user's workspace and
+# state directory, the operator's root-owned policy naming that state directory.
+surface=$(mktemp -d)
+chmod 755 "$surface"
+install -d -o 65534 -g 65534 -m 755 "$surface/ws"
+install -d -o 65534 -g 65534 -m 700 "$surface/state"
+sed "s#state-dir \"/run/cordon-surface\"#state-dir \"$surface/state\"#" policy/examples/surface.kdl \
+    > "$surface/surface.kdl"
+chmod 644 "$surface/surface.kdl"
+setpriv --reuid 65534 --regid 65534 --clear-groups \
+    env -i PATH=/usr/bin:/bin TERM=dumb DATABASE_URL=postgres://hub:demo-secret@db/hub \
+    ANTHROPIC_API_KEY=sk-demo-secret \
+    $bin/cordon-surface --policy "$surface/surface.kdl" run --workspace "$surface/ws" -- \
+    /bin/sh -c 'echo "agent notes" > notes.txt; ls /; cat /etc/shadow || true; env | sort' \
+    > "$work/surface.json"
+
+for stage in incumbent incumbent-prebuild fetch materialize prebuild qualify reap surface; do
     echo "== $stage receipt"
     cat "$work/$stage.json"
 done
@@ -81,6 +99,18 @@ cat "$work/explain.txt"
 publication=$(sed -n 's/.*"publication":"\(sha256:[0-9a-f]*\)".*/\1/p' "$work/prebuild.json")
 echo "== publication $publication (store $store)"
 [ -n "$publication" ]
+# The surface's run, from its receipt: what ran inside, what the host kept.
+python3 - "$work/surface.json" "$surface/ws" <<'PY'
+import json, os, sys
+r = json.load(open(sys.argv[1]))
+o = r["outputs"]
+print(f"== surface ({r['outcome']}): uid {o['user']['host_uid']} as the container's only id, "
+      f"network {o['network']}, read set {', '.join(o['read_set'])}")
+print("== inside, the command printed:")
+print(o["stdout"] + o["stderr"], end="")
+assert "secret" not in json.dumps(r), "a secret crossed"
+print(f"== the workspace holds: {sorted(os.listdir(sys.argv[2]))}; no secret crossed")
+PY
 # The verdict, from the qualify receipt alone (every number in it is the host's).
 python3 - "$work/qualify.json" <<'PY'
 import json, sys
