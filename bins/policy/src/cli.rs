@@ -313,8 +313,17 @@ fn bundle_cmd(file: &Path, stage: &str, stdout: &mut dyn Write) -> Result<ExitCo
     let loaded = load(file)?;
     let policy = &loaded.policy;
     let kind = declared_stage(policy, stage)?;
-    let planned = bundle::plan(policy, kind, &bundle::example_inputs(policy, kind))?;
-    let canonical = cordon::canonical::to_canonical_json(&planned.spec)
+    // The surface is planned apart: a rootless container, not a per-run lease.
+    let spec = match kind {
+        StageKind::Surface => {
+            cordon_stage::surface::plan(policy, &cordon_stage::surface::example_inputs(policy))?
+                .spec
+        }
+        StageKind::Prebuild | StageKind::Lane | StageKind::Reference => {
+            bundle::plan(policy, kind, &bundle::example_inputs(policy, kind))?.spec
+        }
+    };
+    let canonical = cordon::canonical::to_canonical_json(&spec)
         .map_err(|source| CliError::Encode { source })?;
     let value: serde_json::Value =
         serde_json::from_str(&canonical).map_err(|e| CliError::Encode {

@@ -40,6 +40,28 @@ fn every_stage_plans_to_its_golden_config_json() {
 }
 
 #[test]
+fn the_example_surface_plans_to_its_golden_config_json() {
+    let file = cordon_testkit::workspace_root().join("policy/examples/surface.kdl");
+    let args = <Args as clap::Parser>::parse_from([
+        "cordon-policy",
+        "explain",
+        file.to_str().unwrap(),
+        "--stage",
+        "surface",
+        "--bundle",
+    ]);
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = run(&args, &mut out, &mut err);
+    assert_eq!(
+        code,
+        cordon::ExitCode::Ok,
+        "{}",
+        String::from_utf8_lossy(&err)
+    );
+    insta::assert_snapshot!("bundle-surface", String::from_utf8(out).unwrap());
+}
+
+#[test]
 fn the_prebuild_bundle_carries_every_control() {
     let p = policy();
     let spec = bundle::plan(

@@ -196,6 +196,24 @@ pub fn environment(
     Ok(env)
 }
 
+/// Placeholder run inputs for `explain --bundle`: a command run of service user 1000 in
+/// `/WORKSPACE`, with nothing from the invoker's environment.
+#[must_use]
+pub fn example_inputs(policy: &Policy) -> SurfaceInputs {
+    let state = surface_of(policy).map_or("/STATE", |(_, s)| s.state_dir.as_str());
+    SurfaceInputs {
+        argv: vec!["ARGV".into()],
+        tier: Tier::Command,
+        uid: 1000,
+        gid: 1000,
+        root: Path::new(state).join("runs/RUN/root"),
+        workspace: PathBuf::from("/WORKSPACE"),
+        invoker_env: BTreeMap::new(),
+        run: "RUN".into(),
+        authority: "AUTHORITY".into(),
+    }
+}
+
 /// Plan one surface run of `policy`.
 ///
 /// # Errors
