@@ -28,6 +28,7 @@ pub mod units;
 
 use miette::SourceSpan;
 
+pub use build::SURFACE_SET_ENV;
 pub use canonical::POLICY_SCHEMA;
 pub use diag::{CODES, KdlError, Language, PolicyError, Problem};
 pub use model::cpu_list;

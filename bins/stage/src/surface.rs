@@ -710,6 +710,59 @@ mod tests {
         assert!(plan(&policy, &run).is_ok());
     }
 
+    use proptest::strategy::Strategy as _;
+
+    proptest::proptest! {
+        /// A hostile invoker environment: the policy's names, denied names, the surface's own
+        /// names and arbitrary ones, with arbitrary values. Only what the policy lets cross does,
+        /// with the invoker's value; the surface's own names keep the surface's values.
+        #[test]
+        fn only_what_the_policy_names_crosses_whatever_the_invoker_holds(
+            invoker in proptest::collection::btree_map(
+                proptest::prop_oneof![
+                    proptest::sample::select(vec![
+                        "TERM", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "DATABASE_URL",
+                        "FEISHU_APP_SECRET", "HOME", "TMPDIR", "PATH", "LD_PRELOAD",
+                        "CLAUDE_CODE_TMPDIR", "XDG_CONFIG_HOME",
+                    ]).prop_map(str::to_owned),
+                    "[A-Z_]{1,12}",
+                ],
+                "[ -~]{0,16}",
+                0..12,
+            ),
+            agent in proptest::bool::ANY,
+        ) {
+            let policy = example(&|t| t);
+            let (stage, surface) = surface_of(&policy).unwrap();
+            let tier = if agent { Tier::Agent } else { Tier::Command };
+            let os: BTreeMap<OsString, OsString> = invoker
+                .iter()
+                .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+                .collect();
+            let env = environment(&stage.env, surface, tier, &os, "/workspace").unwrap();
+            for (k, v) in &env {
+                let own = cordon_policy_lang::SURFACE_SET_ENV.contains(&k.as_str())
+                    || surface.temp_env.contains(k);
+                let passed = surface.pass_env.contains(k)
+                    || (agent && surface.agent_env.contains(k));
+                proptest::prop_assert!(
+                    own || passed || stage.env.contains_key(k),
+                    "{k} crossed"
+                );
+                proptest::prop_assert!(!surface.deny_env.contains(k));
+                if passed {
+                    proptest::prop_assert_eq!(Some(v), invoker.get(k));
+                }
+                if own {
+                    proptest::prop_assert!(v.starts_with("/workspace/"), "{k}={v}");
+                }
+                if stage.env.contains_key(k) {
+                    proptest::prop_assert_eq!(Some(v), stage.env.get(k));
+                }
+            }
+        }
+    }
+
     #[test]
     fn a_tool_can_bind_a_socket_name_of_the_budget_under_a_56_byte_prefix() {
         // sun_path holds 108 bytes with its NUL: a 56-byte prefix leaves 50 for "/" + a name.

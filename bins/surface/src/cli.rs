@@ -133,9 +133,17 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
         );
         return ExitCode::Usage;
     }
-    let groups: Vec<u32> = nix::unistd::getgroups()
-        .map(|g| g.into_iter().map(nix::unistd::Gid::as_raw).collect())
-        .unwrap_or_default();
+    // Groups that cannot be read cannot be proven absent: the run refuses them below.
+    let groups: Vec<u32> = match nix::unistd::getgroups() {
+        Ok(g) => g.into_iter().map(nix::unistd::Gid::as_raw).collect(),
+        Err(e) => {
+            let _ = writeln!(
+                stderr,
+                "cordon-surface: cannot read this process's groups: {e}"
+            );
+            return ExitCode::NoDecision;
+        }
+    };
     let mut gids = groups.clone();
     gids.push(gid);
     let workspace = match &args.command {
@@ -214,7 +222,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             let code = match run::run(policy, &host, &req) {
                 Ok(ran) => match outputs(policy, &host, &req, ran) {
                     Ok((out, reason)) => {
-                        receipt.outputs = serde_json::to_value(&out).unwrap_or_default();
+                        receipt.outputs = out;
                         if let Some(reason) = reason {
                             receipt.outcome = Outcome::Rejected;
                             receipt.reasons.push(reason);
@@ -262,19 +270,16 @@ fn outputs(
     host: &Host,
     req: &Request,
     ran: Ran,
-) -> Result<(SurfaceOutputs, Option<Reason>), RunError> {
-    let (_, block) = surface_of(policy)?;
-    let section = policy
-        .canonical_value()
-        .ok()
-        .map(|v| v["stage"][StageKind::Surface.as_str()].clone())
-        .unwrap_or_default();
-    let surface_policy =
-        domain_digest("cordon.surface-policy", 1, &section).map_err(|e| RunError::State {
-            what: "digest",
-            path: PathBuf::from("policy"),
-            source: std::io::Error::other(e),
-        })?;
+) -> Result<(serde_json::Value, Option<Reason>), RunError> {
+    let (stage, block) = surface_of(policy)?;
+    let encode = |e: cordon::canonical::CanonicalError| RunError::State {
+        what: "encode",
+        path: PathBuf::from("the policy"),
+        source: std::io::Error::other(e),
+    };
+    let section =
+        policy.canonical_value().map_err(encode)?["stage"][StageKind::Surface.as_str()].clone();
+    let surface_policy = domain_digest("cordon.surface-policy", 1, &section).map_err(encode)?;
     let meta = ran.finished.meta.clone();
     let reason = if meta.killed_by_deadline {
         Some(Reason {
@@ -296,26 +301,29 @@ fn outputs(
     } else {
         None
     };
-    Ok((
-        SurfaceOutputs {
-            run: ran.run,
-            tier: req.tier,
-            workspace: req.workspace.path.clone(),
-            workspace_dest: ran.plan.settings.workspace_dest.clone(),
-            surface_policy,
-            read_set: block.read.keys().cloned().collect(),
-            env_names: ran.plan.env_names.clone(),
-            network: "none",
-            user: UserMapping {
-                host_uid: host.uid,
-                host_gid: host.gid,
-                mapped: 1,
-            },
-            argv: req.argv.clone(),
-            meta,
-            stdout: String::from_utf8_lossy(&ran.finished.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&ran.finished.stderr).into_owned(),
+    let out = SurfaceOutputs {
+        run: ran.run,
+        tier: req.tier,
+        workspace: req.workspace.path.clone(),
+        workspace_dest: ran.plan.settings.workspace_dest.clone(),
+        surface_policy,
+        read_set: block.read.keys().cloned().collect(),
+        env_names: ran.plan.env_names.clone(),
+        network: stage.network.as_str(),
+        user: UserMapping {
+            host_uid: host.uid,
+            host_gid: host.gid,
+            mapped: 1,
         },
-        reason,
-    ))
+        argv: req.argv.clone(),
+        meta,
+        stdout: String::from_utf8_lossy(&ran.finished.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&ran.finished.stderr).into_owned(),
+    };
+    let out = serde_json::to_value(&out).map_err(|e| RunError::State {
+        what: "encode",
+        path: PathBuf::from("the receipt's outputs"),
+        source: std::io::Error::other(e),
+    })?;
+    Ok((out, reason))
 }
