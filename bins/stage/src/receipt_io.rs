@@ -300,7 +300,9 @@ pub fn finish<T: serde::Serialize, E: Infrastructure>(
     }
 }
 
-fn no_decision(
+/// Make `receipt` a no-decision whose reason is `e`'s chain under `infrastructure_code`, and
+/// report `e` on stderr.
+pub fn no_decision(
     receipt: &mut Receipt,
     e: &dyn miette::Diagnostic,
     infrastructure_code: &str,

@@ -24,7 +24,7 @@ use cordon::receipt::{Outcome, Reason, Receipt, StageName};
 use cordon::runtime::{Meta, Runtime};
 use cordon_policy_lang::StageKind;
 use cordon_stage::args::{Diagnostics, report_diagnostic};
-use cordon_stage::receipt_io::emit;
+use cordon_stage::receipt_io::{emit, no_decision};
 use cordon_stage::start::stage_start;
 use cordon_stage::surface::{Tier, surface_of};
 use serde::Serialize;
@@ -231,10 +231,10 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
                             ExitCode::Ok
                         }
                     }
-                    Err(e) => no_decision(&mut receipt, &e, mode, stderr),
+                    Err(e) => no_decision(&mut receipt, &e, "surface.infrastructure", mode, stderr),
                 },
                 Err(e) if e.is_usage() => return fail(&e, mode, stderr),
-                Err(e) => no_decision(&mut receipt, &e, mode, stderr),
+                Err(e) => no_decision(&mut receipt, &e, "surface.infrastructure", mode, stderr),
             };
             // The service user cannot write the store or hold the host key: the receipt is
             // printed, unsigned, for the integrator to keep.
@@ -247,21 +247,6 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             }
         }
     }
-}
-
-fn no_decision(
-    receipt: &mut Receipt,
-    e: &RunError,
-    mode: Diagnostics,
-    stderr: &mut dyn Write,
-) -> ExitCode {
-    report_diagnostic(e, mode, stderr);
-    receipt.outcome = Outcome::NoDecision;
-    receipt.reasons.push(Reason {
-        code: "surface.infrastructure".into(),
-        message: cordon_stage::receipt_io::error_chain(e),
-    });
-    ExitCode::NoDecision
 }
 
 /// The receipt's outputs, and the rejection reason when ARGV did not exit 0.
