@@ -29,8 +29,14 @@ use std::time::{Duration, Instant};
 
 use nix::fcntl::{Flock, FlockArg};
 
-/// The `PATH` every host tool runs with (its environment is otherwise empty).
-pub const TOOL_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
+/// The `PATH` every host tool runs with (its environment is otherwise empty): Debian's system
+/// directories, or the one a package fixes at build time in `CORDON_TOOL_PATH` (the Nix package
+/// sets the store paths of shadow and util-linux there, so a tool is never found through a
+/// mutable profile). Compiled in, so the authority identity's digest of each binary covers it.
+pub const TOOL_PATH: &str = match option_env!("CORDON_TOOL_PATH") {
+    Some(path) => path,
+    None => "/usr/sbin:/usr/bin:/sbin:/bin",
+};
 
 /// A host tool to run to completion.
 #[derive(Debug, Clone, PartialEq, Eq)]
