@@ -1,0 +1,129 @@
+//! The man pages and shell completions of every cordon binary, generated from the same clap
+//! definitions the binaries parse with, so they cannot drift from the real options.
+//!
+//! Owns: the list of documented binaries (a test holds it equal to the workspace's binaries
+//! less the worker, which runs only inside the runtime image) and the
+//! layout under the output directory. Does not own: any binary's options. Writes only beneath
+//! the directory it is given; the Nix package runs it in its install phase and then removes it.
+
+use std::io;
+use std::path::Path;
+
+use clap::CommandFactory;
+use clap_complete::Shell;
+
+/// Every documented binary with its command definition.
+#[must_use]
+pub fn commands() -> Vec<clap::Command> {
+    vec![
+        cordon_fetch::cli::Args::command().name("cordon-fetch"),
+        cordon_image::cli::Args::command().name("cordon-image"),
+        cordon_lane::cli::Args::command().name("cordon-lane"),
+        cordon_materialize::cli::Args::command().name("cordon-materialize"),
+        cordon_policy::cli::Args::command().name("cordon-policy"),
+        cordon_prebuild::cli::Args::command().name("cordon-prebuild"),
+        cordon_reap::cli::Args::command().name("cordon-reap"),
+        cordon_surface::cli::Args::command().name("cordon-surface"),
+        cordon_verify::cli::Args::command().name("cordon-verify"),
+    ]
+}
+
+/// Write `share/man/man1/*.1` (one page per command and subcommand) and the bash, zsh and fish
+/// completions under `out`, which must exist.
+///
+/// # Errors
+/// A directory or file could not be written.
+pub fn write(out: &Path) -> io::Result<()> {
+    let man = out.join("share/man/man1");
+    let shells = [
+        (Shell::Bash, "share/bash-completion/completions"),
+        (Shell::Zsh, "share/zsh/site-functions"),
+        (Shell::Fish, "share/fish/vendor_completions.d"),
+    ];
+    std::fs::create_dir_all(&man)?;
+    for (_, dir) in shells {
+        std::fs::create_dir_all(out.join(dir))?;
+    }
+    for mut cmd in commands() {
+        let name = cmd.get_name().to_owned();
+        clap_mangen::generate_to(cmd.clone(), &man)?;
+        for (shell, dir) in shells {
+            clap_complete::generate_to(shell, &mut cmd, &name, out.join(dir))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every `[[bin]]` of the workspace but the worker (which runs only inside the runtime
+    /// image) and this generator: a binary added without its docs fails here.
+    fn workspace_binaries() -> io::Result<Vec<String>> {
+        let bins = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(bins)? {
+            let manifest = entry?.path().join("Cargo.toml");
+            let Ok(text) = std::fs::read_to_string(&manifest) else {
+                continue;
+            };
+            for section in text.split("[[bin]]").skip(1) {
+                let name = section
+                    .lines()
+                    .find_map(|l| l.trim().strip_prefix("name = "))
+                    .map(|n| n.trim_matches('"').to_owned());
+                names.extend(name);
+            }
+        }
+        names.retain(|n| n != "cordon-worker" && n != "cordon-docs");
+        names.sort();
+        Ok(names)
+    }
+
+    #[test]
+    fn every_binary_a_person_runs_is_documented() -> io::Result<()> {
+        let mut documented: Vec<String> =
+            commands().iter().map(|c| c.get_name().to_owned()).collect();
+        documented.sort();
+        assert_eq!(documented, workspace_binaries()?);
+        Ok(())
+    }
+
+    #[test]
+    fn pages_and_completions_are_written_for_each() -> io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        write(dir.path())?;
+        for cmd in commands() {
+            let name = cmd.get_name();
+            // roff writes a hyphen as `\\-`.
+            let page =
+                std::fs::read_to_string(dir.path().join(format!("share/man/man1/{name}.1")))?
+                    .replace("\\-", "-");
+            assert!(page.contains(".TH"), "{name}.1 is not a man page");
+            for long in cmd.get_arguments().filter_map(clap::Arg::get_long) {
+                assert!(page.contains(long), "{name}.1 does not mention --{long}");
+            }
+            assert!(
+                dir.path()
+                    .join(format!("share/bash-completion/completions/{name}.bash"))
+                    .is_file()
+                    || dir
+                        .path()
+                        .join(format!("share/bash-completion/completions/{name}"))
+                        .is_file()
+            );
+            assert!(
+                dir.path()
+                    .join(format!("share/zsh/site-functions/_{name}"))
+                    .is_file()
+            );
+            assert!(
+                dir.path()
+                    .join(format!("share/fish/vendor_completions.d/{name}.fish"))
+                    .is_file()
+            );
+        }
+        Ok(())
+    }
+}
