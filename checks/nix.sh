@@ -1,0 +1,198 @@
+#!/usr/bin/env bash
+# The packaging checks that run on a Debian host (CI installs Debian's nix-bin; nixpkgs cannot be
+# fetched here). What they prove and what only a Nix host can: README, "Packaging".
+#   1. every .nix file parses (nix-instantiate --parse);
+#   2. the flake's outputs and the NixOS module evaluate against checks/nix/stub.nix: output
+#      names, assertions (each refusal is provoked and must fire), the rendered units;
+#   3. `systemd-analyze security --offline=yes` on every rendered unit: each unit that runs as
+#      a user must score at most 2.0; each root unit's score is printed beside the reasons in
+#      nixos-module/default.nix for the capabilities it keeps;
+#   4. the policies the module renders pass `cordon-policy check` (render-policy.sh, the same
+#      script the module's derivation runs), and policy.nix refuses what it cannot substitute;
+#   5. both images build in the Nix sandbox from a static cordon-image, equal the pins in
+#      policy/evaluator.kdl, and rebuild bit for bit (nix-build --check).
+# Any check that cannot run fails and says what is missing; nothing is skipped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+for tool in nix-instantiate nix-build systemd-analyze python3; do
+    command -v "$tool" >/dev/null || {
+        echo "checks/nix.sh: $tool is missing (apt-get install nix-bin systemd python3)" >&2
+        exit 1
+    }
+done
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() {
+    echo "checks/nix.sh: FAIL: $*" >&2
+    exit 1
+}
+sandbox=(--option sandbox true --option substituters '' --option build-users-group '')
+
+echo "== 1. parse"
+mapfile -t files < <(find . -name '*.nix' -not -path './target/*' | sort)
+[ "${#files[@]}" -ge 6 ] || fail "only ${#files[@]} .nix files found"
+for f in "${files[@]}"; do
+    nix-instantiate --parse "$f" >/dev/null || fail "$f does not parse"
+    echo "parsed $f"
+done
+
+echo "== 2. evaluate against the stub"
+evaluate() { # settings-expression → JSON on stdout
+    nix-instantiate --eval --strict --json \
+        -E "import $root/checks/nix/eval.nix { settings = $1; }"
+}
+surface_host="{
+  services.cordon = { enable = true; surface = { enable = true;
+    policy = $root/policy/examples/surface.kdl; command = [ \"/run/current-system/sw/bin/agent\" ]; }; };
+  users.users = { root = { uid = 0; }; alice = { uid = 1000;
+    subUidRanges = [ { startUid = 100000; count = 65536; } ]; }; };
+  users.groups = { root = { gid = 0; }; };
+}"
+evaluate "$surface_host" >"$work/host.json"
+python3 - "$work/host.json" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["failedAssertions"] == [], d["failedAssertions"]
+f = d["flake"]
+for name in ("default", "image-prebuild"):
+    assert name in f["packages"], f"packages.{name} missing: {f['packages']}"
+assert "default" in f["nixosModules"] and "default" in f["devShells"], f
+for name in ("no-root", "vm", "image-prebuild-pin"):
+    assert name in f["checks"], f"checks.{name} missing"
+assert f["toolPath"].endswith("-util-linux/bin") and "-shadow/bin" in f["toolPath"], f["toolPath"]
+assert set(d["services"]) == {"cordon-recover", "cordon-reap", "cordon-agent"}, list(d["services"])
+assert d["timers"]["cordon-reap"]["timerConfig"]["OnUnitActiveSec"] == "1min"
+recover = d["services"]["cordon-recover"]
+assert "systemd-user-sessions.service" in recover["before"], recover
+assert d["services"]["cordon-agent"]["serviceConfig"]["User"] == "cordon-agent"
+assert d["sysctl"]["kernel.yama.ptrace_scope"] == 2 and d["sysctl"]["kernel.kptr_restrict"] == 2
+assert "d /var/lib/cordon/store 0700 root root -" in d["tmpfiles"], d["tmpfiles"]
+assert d["activation"]["users"]["deps"] == ["cordonHoldLeases"], d["activation"]
+hold = d["activation"]["cordonHoldLeases"]["text"]
+assert "flock -x -w 600" in hold and "exit 1" in hold, hold
+for etc in ("cordon/policy.kdl", "cordon/surface.kdl"):
+    assert d["etc"][etc]["mode"] == "0444", d["etc"][etc]
+print("outputs:", f["packages"], "checks:", f["checks"])
+print("units:", sorted(d["services"]), "timers:", sorted(d["timers"]))
+EOF
+# Without the surface, no agent unit, user or policy.
+evaluate '{ services.cordon.enable = true; }' >"$work/plain.json"
+python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert set(d["services"]) == {"cordon-recover", "cordon-reap"} and "cordon/surface.kdl" not in d["etc"], d
+' "$work/plain.json"
+# Disabled: nothing at all.
+[ "$(evaluate '{ }' | python3 -c 'import json,sys; d=json.load(sys.stdin); print(len(d["services"]) + len(d["etc"]))')" = 0 ] \
+    || fail "a disabled module still renders units or files"
+
+refused() { # settings, expected message fragment
+    local got
+    got=$(evaluate "$1" | python3 -c 'import json,sys; print("\n".join(json.load(sys.stdin)["failedAssertions"]))')
+    grep -qF "$2" <<<"$got" || fail "expected the assertion '$2' for $1; got: ${got:-none}"
+    echo "refused as expected: $2"
+}
+refused '{ services.cordon.enable = true; users.users.alice = { uid = 3000005; }; }' \
+    'uidRange overlaps declared uids'
+refused '{ services.cordon.enable = true; users.users.alice = { uid = 1000; subUidRanges = [ { startUid = 3099999; count = 10; } ]; }; }' \
+    'uidRange overlaps declared uids or subuid ranges: [3099999]'
+refused '{ services.cordon.enable = true; users.groups.g = { gid = 3000000; }; }' \
+    'gidRange overlaps declared gids'
+refused '{ services.cordon = { enable = true; accounts.uidRange = { first = 5; last = 4; }; }; }' \
+    'first is past last'
+refused '{ services.cordon = { enable = true; runtimeMinVersion = "9.0"; }; }' \
+    'older than runtimeMinVersion'
+refused '{ services.cordon.enable = true; systemd.sysusers.enable = true; }' \
+    'systemd.sysusers and services.userborn are not supported'
+refused "{ services.cordon = { enable = true; surface = { enable = true; user = \"root\"; policy = $root/policy/examples/surface.kdl; command = [ \"a\" ]; }; }; }" \
+    'never runs as root'
+
+echo "== 3. systemd-analyze security --offline=yes"
+mkdir "$work/units"
+python3 checks/nix/units.py "$work/units" <"$work/host.json" >"$work/units.txt"
+while read -r unit who; do
+    if [ "$who" = user ]; then
+        # The threshold is on systemd's 0–100 scale: 20 is an exposure of 2.0.
+        systemd-analyze security --offline=yes --threshold=20 "$unit" >"$work/analyze.txt" 2>&1 \
+            || { cat "$work/analyze.txt"; fail "$(basename "$unit") scores above 2.0"; }
+    else
+        # Root units keep what recovery needs (nixos-module/default.nix says why for each).
+        systemd-analyze security --offline=yes "$unit" >"$work/analyze.txt" 2>&1
+    fi
+    echo "$(basename "$unit") ($who): $(grep -o 'exposure level for [^:]*: [0-9.]*' "$work/analyze.txt" | sed 's/.*: //')"
+done <"$work/units.txt"
+
+echo "== 4. rendered policies pass cordon-policy check"
+cargo build --quiet --locked -p cordon-policy
+policy_bin=$root/target/debug/cordon-policy
+for etc in policy surface; do
+    python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["etc"]["cordon/" + sys.argv[2] + ".kdl"]["template"], end="")' \
+        "$work/host.json" "$etc" >"$work/$etc.template.kdl"
+    bash nixos-module/render-policy.sh "$work/$etc.template.kdl" "$(command -v runc)" "$policy_bin" \
+        "$work/$etc.kdl"
+    grep -q "sha256=\"sha256:$(sha256sum "$(command -v runc)" | cut -c1-64)\"" "$work/$etc.kdl" \
+        || fail "the rendered $etc policy does not pin the runtime it hashed"
+done
+echo "-- cordon-policy diff policy/evaluator.kdl <rendered> (what a reviewer sees):"
+"$policy_bin" diff policy/evaluator.kdl "$work/policy.kdl" || true
+# A template render-policy.sh must refuse: no digest placeholder, and one the checker rejects.
+if bash nixos-module/render-policy.sh policy/evaluator.kdl "$(command -v runc)" "$policy_bin" "$work/x.kdl" 2>/dev/null; then
+    fail "render-policy.sh accepted a template without @runtimeSha256@"
+fi
+sed 's/^store .*/store "relative" sha256="@runtimeSha256@"/' "$work/policy.template.kdl" | grep -v '^runtime' >"$work/bad.kdl"
+if bash nixos-module/render-policy.sh "$work/bad.kdl" "$(command -v runc)" "$policy_bin" "$work/x.kdl" 2>/dev/null; then
+    fail "render-policy.sh accepted a policy cordon-policy check rejects"
+fi
+[ ! -e "$work/x.kdl" ] || fail "a refused render left its output behind"
+policy_nix_refuses() { # text, message fragment
+    local err
+    if err=$(nix-instantiate --eval --strict -E "import $root/nixos-module/policy.nix {
+        text = ''$1''; required = [ \"store\" \"runtime\" \"run-dir\" ]; store = \"/s\";
+        runtime = \"runc\"; runtimePath = \"/r/runc\"; runDir = \"/run/c\"; }" 2>&1); then
+        fail "policy.nix rendered what it should refuse: $1"
+    fi
+    grep -qF "$2" <<<"$err" || fail "policy.nix refused '$1' for another reason: $err"
+    echo "policy.nix refused as expected: $2"
+}
+policy_nix_refuses 'store "/a"
+store "/b"
+runtime "runc" path="/x"
+run-dir "/r"' 'store: 2 lines'
+policy_nix_refuses 'store "/a"
+runtime "runc" path="/x"' 'run-dir: no line'
+if nix-instantiate --eval --strict -E "import $root/nixos-module/policy.nix {
+    text = ''store \"/a\"''; required = [ ]; store = \"/s\\\" x\"; runtime = \"runc\"; runtimePath = \"/r\"; }" >/dev/null 2>&1; then
+    fail "policy.nix substituted a path with a quote in it"
+fi
+
+echo "== 5. images in the Nix sandbox"
+image_tool=$(bash images/build-worker.sh cordon-image)
+bash images/build-worker.sh >/dev/null
+sources() { # spec → a Nix attribute set of its sources as store paths (links resolved)
+    echo "{"
+    grep -o 'from="[^"]*"' "images/$1.kdl" | sed 's/from="\(.*\)"/\1/' | sort -u | while read -r from; do
+        case $from in
+        /*) real=$(realpath -e "$from") ;;
+        *) real=$(realpath -e "images/$from") ;;
+        esac
+        echo "  \"$from\" = builtins.path { path = $real; name = \"source\"; };"
+    done
+    echo "}"
+}
+for image in prebuild runtime; do
+    cat >"$work/$image.nix" <<EOF
+(import $root/images {
+  cordonImage = builtins.path { path = $image_tool; name = "cordon-image"; };
+  sources = $(sources "$image");
+}).$image
+EOF
+    out=$(nix-build "${sandbox[@]}" --no-out-link "$work/$image.nix")
+    pin=$(sed -n "s/^image \"$image\" digest=\"\(sha256:[0-9a-f]*\)\"/\1/p" policy/evaluator.kdl)
+    got=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["manifests"][0]["digest"])' "$out/index.json")
+    [ "$got" = "$pin" ] || fail "image $image built in the sandbox is $got, the policy pins $pin"
+    nix-build "${sandbox[@]}" --no-out-link --check "$work/$image.nix" >/dev/null \
+        || fail "image $image does not rebuild bit for bit"
+    echo "image $image: $got = pin, rebuilt bit for bit ($out)"
+done
+echo "checks/nix.sh: all packaging checks that can run here passed"
