@@ -384,6 +384,27 @@ pub struct Residue {
 /// Why a lease operation failed (all no-decisions).
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
 pub enum LeaseError {
+    /// This process sees another mount namespace than the host's init: the mounts it would
+    /// remove or prove absent are not the host's.
+    #[error(
+        "this process's mount namespace is not the host's (the first mount of {ours} is {our_id}, of {init}'s {init_id})"
+    )]
+    #[diagnostic(
+        code(cordon::lease::mount_namespace),
+        help(
+            "run cordon in the host's mount namespace: a service unit without ProtectSystem, PrivateTmp, ProtectHostname or any other option that gives it a private one"
+        )
+    )]
+    MountNamespace {
+        /// This process's mount table.
+        ours: PathBuf,
+        /// Its first mount's id.
+        our_id: String,
+        /// The host init's mount table.
+        init: PathBuf,
+        /// Its first mount's id.
+        init_id: String,
+    },
     /// Another manager holds this executor.
     #[error("another cordon manager holds executor {executor}")]
     #[diagnostic(
@@ -482,6 +503,8 @@ pub struct Setup {
     pub cgroup_root: PathBuf,
     /// This mount namespace's mount table (`/proc/self/mountinfo`).
     pub mountinfo: PathBuf,
+    /// The host init's mount table (`/proc/1/mountinfo`): the two must be one namespace's.
+    pub init_mountinfo: PathBuf,
 }
 
 impl Setup {
@@ -534,16 +557,31 @@ impl Setup {
     }
 
     /// The mount points of this mount namespace (mountinfo field 5); an unreadable table is an
-    /// error, never "no mounts".
+    /// error, never "no mounts". The namespace must be the host init's: in a private copy (a
+    /// service unit with `ProtectSystem=`, say) an unmount would leave the host's mount in place
+    /// and this table would then show it gone. A copied namespace gives every mount a new id, so
+    /// the first mount's id (mountinfo field 1) tells the two apart.
     ///
     /// # Errors
-    /// The table cannot be read.
+    /// A table cannot be read, or the namespaces differ.
     pub fn mount_points(&self) -> Result<Vec<PathBuf>, LeaseError> {
-        let bytes = self
-            .host()
-            .read(&self.mountinfo)
-            .map_err(io("read", &self.mountinfo))?;
-        Ok(String::from_utf8_lossy(&bytes)
+        let read = |path: &Path| {
+            self.host()
+                .read(path)
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .map_err(io("read", path))
+        };
+        let (table, init) = (read(&self.mountinfo)?, read(&self.init_mountinfo)?);
+        let first_id = |t: &str| t.split(' ').next().unwrap_or_default().to_owned();
+        if first_id(&table) != first_id(&init) {
+            return Err(LeaseError::MountNamespace {
+                ours: self.mountinfo.clone(),
+                our_id: first_id(&table),
+                init: self.init_mountinfo.clone(),
+                init_id: first_id(&init),
+            });
+        }
+        Ok(table
             .lines()
             .filter_map(|l| l.split(' ').nth(4))
             .map(PathBuf::from)
@@ -696,9 +734,12 @@ impl Observer {
             .collect()
     }
 
-    /// Kill and delete the container of every expired lease — only one that carries this
-    /// executor's, this store's and that lease's exact labels — so its supervisor (if any) sees
-    /// its run end and releases the rest. Returns what was ended.
+    /// Kill the container of every expired lease — only one that carries this executor's,
+    /// this store's and that lease's exact labels — so its supervisor (if any) sees its run
+    /// end, reads its accounting and deletes and releases the rest (a supervisor that is gone
+    /// leaves that to recovery). Not a delete: that would remove the cgroup the supervisor is
+    /// about to read, and turn an attributable kill into a lost accounting. Returns what was
+    /// ended.
     ///
     /// # Errors
     /// The runtime's listing cannot be read, or a kill failed (residue).
@@ -732,7 +773,7 @@ impl Observer {
                     ));
                     continue;
                 }
-                match self.setup.runtime.remove(&id) {
+                match self.setup.runtime.kill_all(&id) {
                     Ok(()) => done.push(format!("expired lease {}: container {id} ended", r.lease)),
                     Err(e) => {
                         residue.push(format!("expired lease {}: container {id}: {e}", r.lease))
@@ -1825,6 +1866,7 @@ mod tests {
             accounts: crate::account::tests::policy(),
             cgroup_root: dir.path().join("cgroup"),
             mountinfo: "/proc/self/mountinfo".into(),
+            init_mountinfo: "/proc/self/mountinfo".into(),
         };
         let manager = Manager::open(&store, setup).unwrap();
         World { dir, fake, manager }
@@ -2634,6 +2676,36 @@ mod tests {
     }
 
     #[test]
+    fn a_mount_table_of_another_namespace_than_inits_is_never_quiescence() {
+        let w = world();
+        let f = empty_host();
+        // A copied namespace: the same root mount under another id.
+        f.reply("list", ToolOutput::ok(b"[]"))
+            .file("/proc/1/mountinfo", "22 1 0:21 / / rw - ext4 /dev/vda rw\n")
+            .file(
+                "/proc/self/mountinfo",
+                "901 900 0:21 / / rw - ext4 /dev/vda rw\n",
+            );
+        let mut m = with_host(&w, f.clone());
+        m.setup.init_mountinfo = "/proc/1/mountinfo".into();
+        let lease = m
+            .begin_with("sha256:a", &["staging"], cordon_testkit::in_an_hour())
+            .unwrap();
+        let items = residue(m.release(&lease.record));
+        assert!(
+            items.iter().any(|i| i.contains("mount namespace")),
+            "{items:?}"
+        );
+        assert!(m.check().is_err());
+        // The same tables in one namespace: the release goes through.
+        f.file(
+            "/proc/self/mountinfo",
+            "22 1 0:21 / / rw - ext4 /dev/vda rw\n",
+        );
+        m.release(&lease.record).unwrap();
+    }
+
+    #[test]
     fn unreadable_passwd_group_or_mountinfo_is_never_quiescence() {
         for broken in ["/etc/passwd", "/etc/group", "/proc/self/mountinfo"] {
             let w = world();
@@ -2945,6 +3017,7 @@ mod root_tests {
             },
             cgroup_root: dir.path().join("cgroup"),
             mountinfo: "/proc/self/mountinfo".into(),
+            init_mountinfo: "/proc/self/mountinfo".into(),
         };
         let lower = dir.path().join("image");
         fs::create_dir_all(lower.join("etc")).unwrap();

@@ -441,6 +441,26 @@ impl Runtime {
         Ok(found)
     }
 
+    /// SIGKILL every process of container `id`, leaving the container (and its cgroup, whose
+    /// accounting its supervisor still reads) for the supervisor to delete. One that is no
+    /// longer running, or gone, is already ended.
+    ///
+    /// # Errors
+    /// The kill failed for another reason.
+    pub fn kill_all(&self, id: &str) -> Result<(), RuntimeError> {
+        match self.call(&["kill", "--all", id, "KILL"]) {
+            Ok(_) => Ok(()),
+            Err(RuntimeError::Command { stderr, .. })
+                if stderr.contains("not running")
+                    || stderr.contains("does not exist")
+                    || stderr.contains("not exist") =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Force-remove a container: kill everything in it, then delete it. A container that does
     /// not exist is not an error.
     ///

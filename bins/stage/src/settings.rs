@@ -70,5 +70,6 @@ pub fn lease_setup(policy: &Policy, executor: &str, state_root: &Path, run_root:
         accounts: account_policy(policy),
         cgroup_root: PathBuf::from("/sys/fs/cgroup"),
         mountinfo: PathBuf::from("/proc/self/mountinfo"),
+        init_mountinfo: PathBuf::from("/proc/1/mountinfo"),
     }
 }
