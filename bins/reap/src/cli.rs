@@ -9,6 +9,8 @@
 //!   live leases as *active* (distinct from residue).
 //! - `cordon-reap --status`: the monitor's view — active leases reported without alarm (exit 0),
 //!   exit 3 only for residue or expired leases.
+//! - `cordon-reap --sweep`: recovery for a timer — the default's work, with `--status`'s
+//!   verdict (a live lease is not an alarm).
 //!
 //! While a live supervisor holds the executor (its host-global lock), recovery does not wait:
 //! it ends the container of every lease past its deadline (plus a grace) or whose supervisor is
@@ -47,6 +49,10 @@ pub struct Args {
     /// Report leases and residue for monitoring; change nothing; active leases are not an alarm.
     #[arg(long)]
     pub status: bool,
+    /// Recover as the default does, but raise no alarm for live leases (the recovery timer:
+    /// exit 0 while stages run, 3 only for residue or expired leases).
+    #[arg(long, conflicts_with_all = ["check", "status"])]
+    pub sweep: bool,
 }
 
 /// What a run of the tool found.
@@ -137,7 +143,12 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
         }
     };
     let mut receipt = Receipt::new(cordon::receipt::StageName::Reap, authority, Outcome::Ok);
-    receipt.inputs = json!({ "executor": executor, "check": args.check, "status": args.status });
+    receipt.inputs = json!({
+        "executor": executor,
+        "check": args.check,
+        "status": args.status,
+        "sweep": args.sweep,
+    });
     let change = !args.check && !args.status;
     let setup = args.lease.setup(policy);
     let result = match Manager::open(&store, setup.clone()) {
@@ -163,8 +174,9 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
                 "active": f.active,
                 "remaining": f.residue,
             });
-            // --status raises no alarm for live leases; the strict check and recovery do.
-            if f.residue.is_empty() && (args.status || f.active.is_empty()) {
+            // --status and --sweep raise no alarm for live leases; the strict check and
+            // recovery do.
+            if f.residue.is_empty() && (args.status || args.sweep || f.active.is_empty()) {
                 ExitCode::Ok
             } else {
                 receipt.outcome = Outcome::NoDecision;

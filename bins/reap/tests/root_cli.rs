@@ -190,6 +190,16 @@ fn live_leases_are_active_expired_ones_are_an_alarm_and_a_dead_supervisors_are_r
     );
     let (code, r) = reap_as(dir.path(), &policy, "store", &executor(), &["--status"]);
     assert_eq!(code, Some(0), "{r}");
+    // The recovery timer's sweep: a live lease is neither an alarm nor touched; recovery
+    // without --sweep still calls it one.
+    let (code, r) = reap_as(dir.path(), &policy, "store", &executor(), &["--sweep"]);
+    assert_eq!(code, Some(0), "{r}");
+    assert!(
+        lease.run_dir().exists(),
+        "the sweep left the live lease alone"
+    );
+    let (code, r) = reap_as(dir.path(), &policy, "store", &executor(), &[]);
+    assert_eq!(code, Some(3), "{r}");
     m.release(&lease.record).unwrap();
     drop(m);
 
