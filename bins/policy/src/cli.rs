@@ -1,4 +1,4 @@
-//! The `cordon-policy` reviewer tool: `check`, `identity`, `diff`, `explain`.
+//! The `cordon-policy` reviewer tool: `check`, `identity`, `diff`, `render`, `explain`.
 //!
 //! Everything the binary does is here, behind [`run`], writing to the streams it is given, so
 //! tests drive the real command without spawning it. Output for pipelines (receipts, JSON) goes
@@ -16,6 +16,8 @@ use cordon_policy_lang::{Keyword, Policy, StageKind, diff};
 use cordon_stage::args::{Diagnostics, report_diagnostic};
 use cordon_stage::bundle;
 use cordon_stage::start::{StartError, components, load, with_runtime};
+
+use crate::render;
 use miette::Diagnostic;
 use serde_json::json;
 
@@ -54,6 +56,37 @@ pub enum Command {
         old: PathBuf,
         /// The policy after the change.
         new: PathBuf,
+    },
+    /// Render a reviewed policy for this host: set host facts on their nodes (and nowhere
+    /// else), pin the runtime binary by its sha256, validate, refuse any other change, write
+    /// OUT (which must not exist) and print the reviewed → rendered diff. Exit 0, or 2.
+    Render {
+        /// The reviewed policy.
+        reviewed: PathBuf,
+        /// Where the rendered policy goes (created; never overwritten).
+        #[arg(long)]
+        out: PathBuf,
+        /// The store directory (`store`).
+        #[arg(long)]
+        store: Option<String>,
+        /// The run-directory root (`run-dir`).
+        #[arg(long)]
+        run_dir: Option<String>,
+        /// The runtime binary (`runtime path=`), hashed into `sha256=`.
+        #[arg(long)]
+        runtime: Option<PathBuf>,
+        /// The per-run uid range (`accounts uid-range`).
+        #[arg(long, num_args = 2, value_names = ["FIRST", "LAST"])]
+        uid_range: Option<Vec<u32>>,
+        /// The per-run gid range (`accounts gid-range`).
+        #[arg(long, num_args = 2, value_names = ["FIRST", "LAST"])]
+        gid_range: Option<Vec<u32>>,
+        /// The per-run accounts' shell (`accounts shell`).
+        #[arg(long)]
+        shell: Option<String>,
+        /// The surface's state directory (`stage "surface"` → `surface` → `state-dir`).
+        #[arg(long)]
+        state_dir: Option<String>,
     },
     /// The fully resolved settings of one stage, defaults filled in.
     Explain {
@@ -108,6 +141,20 @@ pub enum CliError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Plan(#[from] cordon_stage::bundle::PlanError),
+    /// The policy cannot be rendered for this host.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Render(#[from] crate::render::RenderError),
+    /// The rendered policy cannot be written.
+    #[error("cannot write {path}")]
+    #[diagnostic(code(cordon::policy::write))]
+    Write {
+        /// Where.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl From<identity::IdentityError> for CliError {
@@ -123,7 +170,9 @@ impl CliError {
         match self {
             Self::Start(e) => e.exit_code(),
             Self::Encode { .. } | Self::Receipt { .. } => ExitCode::NoDecision,
-            Self::NoStage { .. } | Self::Plan(_) => ExitCode::Usage,
+            Self::NoStage { .. } | Self::Plan(_) | Self::Render(_) | Self::Write { .. } => {
+                ExitCode::Usage
+            }
         }
     }
 }
@@ -165,6 +214,34 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
         Command::Check { files } => check(files, args.diagnostics, stdout, stderr),
         Command::Identity { file, json } => identity_cmd(file, *json, stdout),
         Command::Diff { old, new } => diff_cmd(old, new, stdout, stderr),
+        Command::Render {
+            reviewed,
+            out,
+            store,
+            run_dir,
+            runtime,
+            uid_range,
+            gid_range,
+            shell,
+            state_dir,
+        } => {
+            let pair = |v: &Option<Vec<u32>>| v.as_deref().map(|r| (r[0], r[1]));
+            render_cmd(
+                reviewed,
+                out,
+                render::HostFacts {
+                    store: store.clone(),
+                    run_dir: run_dir.clone(),
+                    runtime: None,
+                    uid_range: pair(uid_range),
+                    gid_range: pair(gid_range),
+                    shell: shell.clone(),
+                    state_dir: state_dir.clone(),
+                },
+                runtime.as_deref(),
+                stdout,
+            )
+        }
         Command::Explain {
             file,
             stage,
@@ -249,6 +326,45 @@ fn identity_cmd(file: &Path, json: bool, stdout: &mut dyn Write) -> Result<ExitC
         s
     };
     let _ = stdout.write_all(text.as_bytes());
+    Ok(ExitCode::Ok)
+}
+
+fn render_cmd(
+    reviewed: &Path,
+    out: &Path,
+    mut facts: render::HostFacts,
+    runtime: Option<&Path>,
+    stdout: &mut dyn Write,
+) -> Result<ExitCode, CliError> {
+    let read = |source| StartError::Read {
+        path: reviewed.to_path_buf(),
+        source,
+    };
+    let text = std::fs::read_to_string(reviewed).map_err(read)?;
+    facts.runtime = runtime.map(render::RuntimeBinary::at).transpose()?;
+    let rendered = render::render(&reviewed.display().to_string(), &text, &facts)?;
+    // create_new: a rendered policy is written once, never over another file.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(out)
+        .and_then(|mut f| {
+            f.write_all(rendered.text.as_bytes())
+                .and_then(|()| f.sync_all())
+        })
+        .map_err(|source| CliError::Write {
+            path: out.to_path_buf(),
+            source,
+        })?;
+    let mut s = String::new();
+    for (section, lines) in diff::grouped(&rendered.changes) {
+        s += &format!("[{section}]\n");
+        for line in lines {
+            s += &format!("  {line}\n");
+        }
+    }
+    s += &format!("{}: rendered from {}\n", out.display(), reviewed.display());
+    let _ = stdout.write_all(s.as_bytes());
     Ok(ExitCode::Ok)
 }
 
