@@ -12,128 +12,149 @@
 
   inputs.nixpkgs.url = "https://channels.nixos.org/nixos-26.05/nixexprs.tar.xz";
 
-  outputs =
-    { self, nixpkgs }:
-    let
-      system = "x86_64-linux";
-      pkgs = nixpkgs.legacyPackages.${system};
-      inherit (nixpkgs) lib;
-      version = (builtins.fromTOML (builtins.readFile ./Cargo.toml)).workspace.package.version;
-      src = lib.cleanSource ./.;
+  outputs = {
+    self,
+    nixpkgs,
+  }: let
+    system = "x86_64-linux";
+    pkgs = nixpkgs.legacyPackages.${system};
+    inherit (nixpkgs) lib;
+    version = (builtins.fromTOML (builtins.readFile ./Cargo.toml)).workspace.package.version;
+    toolPath = lib.makeBinPath [
+      pkgs.shadow
+      pkgs.util-linux
+    ];
+    src = lib.cleanSource ./.;
 
-      # Every binary, from Cargo.lock. Not wrapped: the authority identity hashes each cordon
-      # binary beside the running one (std::env::current_exe, so the store path, whichever
-      # profile link started it), and a wrapper script there would be hashed instead of the
-      # program. The tools cordon runs (useradd, groupadd, userdel) come from the store paths
-      # compiled in through CORDON_TOOL_PATH, never from a profile's PATH.
-      cordon = pkgs.rustPlatform.buildRustPackage {
-        pname = "cordon";
-        inherit version src;
-        cargoLock.lockFile = ./Cargo.lock;
-        cargoBuildFlags = [ "--bins" ];
-        CORDON_TOOL_PATH = lib.makeBinPath [
-          pkgs.shadow
-          pkgs.util-linux
-        ];
-        # The no-root tier runs in checks.no-root; the root tier needs a host (checks/test.sh).
-        doCheck = false;
-        # Man pages and bash/zsh/fish completions from the binaries' own clap definitions
-        # (bins/docs); the generator itself is not installed.
-        postInstall = ''
-          $out/bin/cordon-docs $out
-          rm $out/bin/cordon-docs
-          for f in $out/bin/*; do
-            if ! head -c 4 "$f" | grep -q ELF; then
-              echo "$f is not an ELF binary: the identity would hash a wrapper" >&2
-              exit 1
-            fi
-          done
-        '';
-        meta = {
-          description = "Containment toolchain for hostile evaluation code";
-          license = lib.licenses.asl20;
-          platforms = [ system ];
-          mainProgram = "cordon-policy";
-        };
-      };
-
-      # A static cordon-image: the images' builder, which runs in the sandbox with no libc.
-      cordonImage = pkgs.pkgsStatic.rustPlatform.buildRustPackage {
-        pname = "cordon-image";
-        inherit version src;
-        cargoLock.lockFile = ./Cargo.lock;
-        cargoBuildFlags = [
-          "-p"
-          "cordon-image"
-        ];
-        doCheck = false;
-      };
-
-      # The bytes the prebuild image's pin was made from: Debian bookworm's busybox-static.
-      busyboxDeb = pkgs.fetchurl {
-        url = "https://deb.debian.org/debian/pool/main/b/busybox/busybox-static_1.35.0-4+deb12u1+b1_amd64.deb";
-        sha256 = "3d3fdbe91d4660c873e14b092c213fe81c1da6362daa236eb25d0171eb108744";
-      };
-      busybox = pkgs.runCommand "debian-busybox-static" { nativeBuildInputs = [ pkgs.dpkg ]; } ''
-        dpkg-deb -x ${busyboxDeb} unpacked
-        install -m 0555 unpacked/bin/busybox $out
+    # Every binary, from Cargo.lock. Not wrapped: the authority identity hashes each cordon
+    # binary beside the running one (std::env::current_exe, so the store path, whichever
+    # profile link started it), and a wrapper script there would be hashed instead of the
+    # program. The tools cordon runs (useradd, groupadd, userdel) come from the store paths
+    # compiled in through CORDON_TOOL_PATH, never from a profile's PATH.
+    cordon = pkgs.rustPlatform.buildRustPackage {
+      pname = "cordon";
+      inherit version src;
+      cargoLock.lockFile = ./Cargo.lock;
+      cargoBuildFlags = ["--bins"];
+      # Under env: exported to the build whether or not the derivation uses structured attrs.
+      env.CORDON_TOOL_PATH = toolPath;
+      # The no-root tier runs in checks.no-root; the root tier needs a host (checks/test.sh).
+      doCheck = false;
+      # Man pages and bash/zsh/fish completions from the binaries' own clap definitions
+      # (bins/docs); the generator itself is not installed.
+      postInstall = ''
+        $out/bin/cordon-docs $out
+        rm $out/bin/cordon-docs $out/bin/cordon-nixfmt
+        for f in $out/bin/*; do
+          if ! head -c 4 "$f" | grep -q ELF; then
+            echo "$f is not an ELF binary: the identity would hash a wrapper" >&2
+            exit 1
+          fi
+        done
+        # The tool path reached the compiler (option_env! falls back to Debian's silently).
+        grep -qF '${toolPath}' $out/bin/cordon-reap \
+          || { echo "CORDON_TOOL_PATH is not compiled into cordon-reap" >&2; exit 1; }
       '';
-      images = import ./images {
-        cordonImage = "${cordonImage}/bin/cordon-image";
-        sources = {
-          "/bin/busybox" = busybox;
-          "patchers/native-rebuild" = ./images/patchers/native-rebuild;
-        };
+      meta = {
+        description = "Containment toolchain for hostile evaluation code";
+        license = lib.licenses.asl20;
+        platforms = [system];
+        mainProgram = "cordon-policy";
       };
-
-      # The pins the images must equal, read from the reviewed policy.
-      pinOf =
-        role:
-        builtins.head (
-          builtins.match ".*\nimage \"${role}\" digest=\"(sha256:[0-9a-f]{64})\".*" (
-            builtins.readFile ./policy/evaluator.kdl
-          )
-        );
-    in
-    {
-      packages.${system} = {
-        default = cordon;
-        cordon-image-static = cordonImage;
-        image-prebuild = images.prebuild;
-      };
-
-      nixosModules.default = import ./nixos-module { cordonPackages = self.packages; };
-
-      checks.${system} = {
-        # The test suite's no-root tier in the build sandbox (root tests need a host: they run
-        # real containers and create real accounts, and fail, never skip, without one).
-        no-root = cordon.overrideAttrs (old: {
-          pname = "cordon-no-root-tests";
-          doCheck = true;
-          nativeBuildInputs = (old.nativeBuildInputs or [ ]) ++ [ pkgs.cargo-nextest ];
-          checkPhase = ''
-            cargo nextest run --profile fast --workspace --release --offline
-          '';
-        });
-        image-prebuild-pin = pkgs.runCommand "image-prebuild-pin" { } ''
-          grep -q '"digest":"${pinOf "prebuild"}"' ${images.prebuild}/index.json \
-            || { echo "image-prebuild does not equal its pin ${pinOf "prebuild"}" >&2; exit 1; }
-          touch $out
-        '';
-        # Boot a host with the module, run the demo pipeline, kill a stage mid-run, reboot,
-        # and prove startup recovery leaves the host quiescent.
-        vm = pkgs.testers.runNixOSTest (import ./nixos-module/test.nix { inherit self; });
-      };
-
-      devShells.${system}.default = pkgs.mkShell {
-        inputsFrom = [ cordon ];
-        packages = [
-          pkgs.runc
-          pkgs.cargo-nextest
-          pkgs.nixfmt-rfc-style
-        ];
-      };
-
-      formatter.${system} = pkgs.nixfmt-rfc-style;
     };
+
+    # A static cordon-image: the images' builder, which runs in the sandbox with no libc.
+    cordonImage = pkgs.pkgsStatic.rustPlatform.buildRustPackage {
+      pname = "cordon-image";
+      inherit version src;
+      cargoLock.lockFile = ./Cargo.lock;
+      cargoBuildFlags = [
+        "-p"
+        "cordon-image"
+      ];
+      doCheck = false;
+    };
+
+    # The formatter: alejandra at the version Cargo.lock pins, the same one the test suite
+    # holds every .nix file to (bins/nixfmt).
+    nixfmt = pkgs.rustPlatform.buildRustPackage {
+      pname = "cordon-nixfmt";
+      inherit version src;
+      cargoLock.lockFile = ./Cargo.lock;
+      cargoBuildFlags = [
+        "-p"
+        "cordon-nixfmt"
+      ];
+      doCheck = false;
+      meta.mainProgram = "cordon-nixfmt";
+    };
+
+    # The bytes the prebuild image's pin was made from: Debian bookworm's busybox-static.
+    busyboxDeb = pkgs.fetchurl {
+      url = "https://deb.debian.org/debian/pool/main/b/busybox/busybox-static_1.35.0-4+deb12u1+b1_amd64.deb";
+      sha256 = "3d3fdbe91d4660c873e14b092c213fe81c1da6362daa236eb25d0171eb108744";
+    };
+    busybox = pkgs.runCommand "debian-busybox-static" {nativeBuildInputs = [pkgs.dpkg];} ''
+      dpkg-deb -x ${busyboxDeb} unpacked
+      install -m 0555 unpacked/bin/busybox $out
+    '';
+    images = import ./images {
+      cordonImage = "${cordonImage}/bin/cordon-image";
+      sources = {
+        "/bin/busybox" = busybox;
+        "patchers/native-rebuild" = ./images/patchers/native-rebuild;
+      };
+    };
+
+    # The pins the images must equal, read from the reviewed policy.
+    pinOf = role:
+      builtins.head (
+        builtins.match ".*\nimage \"${role}\" digest=\"(sha256:[0-9a-f]{64})\".*" (
+          builtins.readFile ./policy/evaluator.kdl
+        )
+      );
+  in {
+    packages.${system} = {
+      default = cordon;
+      cordon-image-static = cordonImage;
+      image-prebuild = images.prebuild;
+    };
+
+    nixosModules.default = import ./nixos-module {cordonPackages = self.packages;};
+
+    checks.${system} = {
+      # The fast tier of the crates whose tests need nothing from the host, in the build
+      # sandbox. The other crates' fast tests read Debian's tools by path (busybox-static,
+      # umoci, skopeo, python3.11, runc, coreutils through the tool path), and the root tier
+      # runs real containers and accounts: both run in checks/test.sh on a Debian host.
+      no-root = cordon.overrideAttrs (old: {
+        pname = "cordon-no-root-tests";
+        doCheck = true;
+        nativeBuildInputs = (old.nativeBuildInputs or []) ++ [pkgs.cargo-nextest];
+        checkPhase = ''
+          cargo nextest run --profile fast --release --offline \
+            -p cordon-canon -p cordon-policy-lang -p cordon-frame -p cordon-docs -p cordon-nixfmt
+        '';
+      });
+      image-prebuild-pin = pkgs.runCommand "image-prebuild-pin" {} ''
+        grep -q '"digest":"${pinOf "prebuild"}"' ${images.prebuild}/index.json \
+          || { echo "image-prebuild does not equal its pin ${pinOf "prebuild"}" >&2; exit 1; }
+        touch $out
+      '';
+      # Boot a host with the module, run the demo pipeline, kill a stage mid-run, reboot,
+      # and prove startup recovery leaves the host quiescent.
+      vm = pkgs.testers.runNixOSTest (import ./nixos-module/test.nix {inherit self;});
+    };
+
+    devShells.${system}.default = pkgs.mkShell {
+      inputsFrom = [cordon];
+      packages = [
+        pkgs.runc
+        pkgs.cargo-nextest
+        nixfmt
+      ];
+    };
+
+    formatter.${system} = nixfmt;
+  };
 }

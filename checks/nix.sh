@@ -7,8 +7,9 @@
 #   3. `systemd-analyze security --offline=yes` on every rendered unit: each unit that runs as
 #      a user must score at most 2.0; each root unit's score is printed beside the reasons in
 #      nixos-module/default.nix for the capabilities it keeps;
-#   4. the policies the module renders pass `cordon-policy check` (render-policy.sh, the same
-#      script the module's derivation runs), and policy.nix refuses what it cannot substitute;
+#   4. the module's `cordon-policy render` commands, run on the real policies, give policies
+#      that pass `cordon-policy check` and pin the runtime they hashed; render refuses what it
+#      cannot set exactly;
 #   5. both images build in the Nix sandbox from a static cordon-image, equal the pins in
 #      policy/evaluator.kdl, and rebuild bit for bit (nix-build --check).
 # Any check that cannot run fails and says what is missing; nothing is skipped.
@@ -60,6 +61,7 @@ for name in ("default", "image-prebuild"):
 assert "default" in f["nixosModules"] and "default" in f["devShells"], f
 for name in ("no-root", "vm", "image-prebuild-pin"):
     assert name in f["checks"], f"checks.{name} missing"
+assert f["formatter"] == "cordon-nixfmt", f["formatter"]
 assert f["toolPath"].endswith("-util-linux/bin") and "-shadow/bin" in f["toolPath"], f["toolPath"]
 assert set(d["services"]) == {"cordon-recover", "cordon-reap", "cordon-agent"}, list(d["services"])
 assert d["timers"]["cordon-reap"]["timerConfig"]["OnUnitActiveSec"] == "1min"
@@ -70,7 +72,7 @@ assert d["sysctl"]["kernel.yama.ptrace_scope"] == 2 and d["sysctl"]["kernel.kptr
 assert "d /var/lib/cordon/store 0700 root root -" in d["tmpfiles"], d["tmpfiles"]
 assert d["activation"]["users"]["deps"] == ["cordonHoldLeases"], d["activation"]
 hold = d["activation"]["cordonHoldLeases"]["text"]
-assert "flock -x -w 600" in hold and "exit 1" in hold, hold
+assert "flock -x -w" in hold and "/run/cordon-locks/*.lock" in hold and "exit 1" in hold, hold
 for etc in ("cordon/policy.kdl", "cordon/surface.kdl"):
     assert d["etc"][etc]["mode"] == "0444", d["etc"][etc]
 print("outputs:", f["packages"], "checks:", f["checks"])
@@ -101,8 +103,14 @@ refused '{ services.cordon.enable = true; users.groups.g = { gid = 3000000; }; }
     'gidRange overlaps declared gids'
 refused '{ services.cordon = { enable = true; accounts.uidRange = { first = 5; last = 4; }; }; }' \
     'first is past last'
-refused '{ services.cordon = { enable = true; runtimeMinVersion = "9.0"; }; }' \
-    'older than runtimeMinVersion'
+refused '{ services.cordon.enable = true; users.users = builtins.listToAttrs (builtins.genList (i: { name = "u${toString i}"; value = { autoSubUidGidRange = true; }; }) 45); }' \
+    '45 users have autoSubUidGidRange, whose ranges reach 3049120'
+refused '{ services.cordon.enable = true; containers.c.privateUsers = "pick"; }' \
+    'use privateUsers = "pick"'
+# One field of a range set: the other keeps its default (a submodule's fields default apart).
+[ "$(evaluate '{ services.cordon = { enable = true; accounts.uidRange.first = 3000100; }; }' \
+    | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["etc"]["cordon/policy.kdl"]["facts"][7:9], d["failedAssertions"])')" \
+    = "['3000100', '3099999'] []" ] || fail "a range with one field set lost the other's default"
 refused '{ services.cordon.enable = true; systemd.sysusers.enable = true; }' \
     'systemd.sysusers and services.userborn are not supported'
 refused "{ services.cordon = { enable = true; surface = { enable = true; user = \"root\"; policy = $root/policy/examples/surface.kdl; command = [ \"a\" ]; }; }; }" \
@@ -123,48 +131,37 @@ while read -r unit who; do
     echo "$(basename "$unit") ($who): $(grep -o 'exposure level for [^:]*: [0-9.]*' "$work/analyze.txt" | sed 's/.*: //')"
 done <"$work/units.txt"
 
-echo "== 4. rendered policies pass cordon-policy check"
+echo "== 4. the module's render commands, run on the real policies"
 cargo build --quiet --locked -p cordon-policy
 policy_bin=$root/target/debug/cordon-policy
+runc_bin=$(command -v runc)
 for etc in policy surface; do
-    python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["etc"]["cordon/" + sys.argv[2] + ".kdl"]["template"], end="")' \
-        "$work/host.json" "$etc" >"$work/$etc.template.kdl"
-    bash nixos-module/render-policy.sh "$work/$etc.template.kdl" "$(command -v runc)" "$policy_bin" \
-        "$work/$etc.kdl"
-    grep -q "sha256=\"sha256:$(sha256sum "$(command -v runc)" | cut -c1-64)\"" "$work/$etc.kdl" \
+    # The facts exactly as the module passes them, the stub's runc path swapped for this host's.
+    mapfile -t facts < <(python3 -c '
+import json, sys
+e = json.load(open(sys.argv[1]))["etc"]["cordon/" + sys.argv[2] + ".kdl"]
+print(e["reviewed"])
+for f in e["facts"]:
+    print(sys.argv[3] if f.endswith("-runc-1.3.0/bin/runc") else f)
+' "$work/host.json" "$etc" "$runc_bin")
+    "$policy_bin" render "${facts[0]}" --out "$work/$etc.kdl" "${facts[@]:1}" >"$work/$etc.diff"
+    "$policy_bin" check "$work/$etc.kdl" >/dev/null
+    grep -q "sha256=\"sha256:$(sha256sum "$runc_bin" | cut -c1-64)\"" "$work/$etc.kdl" \
         || fail "the rendered $etc policy does not pin the runtime it hashed"
+    echo "-- cordon-policy render ${facts[0]} (the diff a reviewer sees):"
+    cat "$work/$etc.diff"
 done
-echo "-- cordon-policy diff policy/evaluator.kdl <rendered> (what a reviewer sees):"
-"$policy_bin" diff policy/evaluator.kdl "$work/policy.kdl" || true
-# A template render-policy.sh must refuse: no digest placeholder, and one the checker rejects.
-if bash nixos-module/render-policy.sh policy/evaluator.kdl "$(command -v runc)" "$policy_bin" "$work/x.kdl" 2>/dev/null; then
-    fail "render-policy.sh accepted a template without @runtimeSha256@"
+grep -q "^runtime \"runc\" path=\"$runc_bin\"" "$work/policy.kdl" || fail "the rendered policy does not name the runtime"
+grep -q 'accounts.shell: "/usr/sbin/nologin" → ' "$work/policy.diff" || fail "the diff does not show the shell"
+grep -q 'state-dir' "$work/surface.diff" || fail "the surface diff does not show the state directory"
+# Render refuses to overwrite, and a fact whose node the policy lacks.
+if "$policy_bin" render policy/evaluator.kdl --out "$work/policy.kdl" --store /s 2>/dev/null; then
+    fail "render overwrote an existing file"
 fi
-sed 's/^store .*/store "relative" sha256="@runtimeSha256@"/' "$work/policy.template.kdl" | grep -v '^runtime' >"$work/bad.kdl"
-if bash nixos-module/render-policy.sh "$work/bad.kdl" "$(command -v runc)" "$policy_bin" "$work/x.kdl" 2>/dev/null; then
-    fail "render-policy.sh accepted a policy cordon-policy check rejects"
+if "$policy_bin" render policy/evaluator.kdl --out "$work/x.kdl" --state-dir /s 2>/dev/null; then
+    fail "render set a surface state-dir on a policy without a surface stage"
 fi
 [ ! -e "$work/x.kdl" ] || fail "a refused render left its output behind"
-policy_nix_refuses() { # text, message fragment
-    local err
-    if err=$(nix-instantiate --eval --strict -E "import $root/nixos-module/policy.nix {
-        text = ''$1''; required = [ \"store\" \"runtime\" \"run-dir\" ]; store = \"/s\";
-        runtime = \"runc\"; runtimePath = \"/r/runc\"; runDir = \"/run/c\"; }" 2>&1); then
-        fail "policy.nix rendered what it should refuse: $1"
-    fi
-    grep -qF "$2" <<<"$err" || fail "policy.nix refused '$1' for another reason: $err"
-    echo "policy.nix refused as expected: $2"
-}
-policy_nix_refuses 'store "/a"
-store "/b"
-runtime "runc" path="/x"
-run-dir "/r"' 'store: 2 lines'
-policy_nix_refuses 'store "/a"
-runtime "runc" path="/x"' 'run-dir: no line'
-if nix-instantiate --eval --strict -E "import $root/nixos-module/policy.nix {
-    text = ''store \"/a\"''; required = [ ]; store = \"/s\\\" x\"; runtime = \"runc\"; runtimePath = \"/r\"; }" >/dev/null 2>&1; then
-    fail "policy.nix substituted a path with a quote in it"
-fi
 
 echo "== 5. images in the Nix sandbox"
 image_tool=$(bash images/build-worker.sh cordon-image)
@@ -180,6 +177,15 @@ sources() { # spec → a Nix attribute set of its sources as store paths (links 
     done
     echo "}"
 }
+# A source that is a derivation's output (the flake's busybox from a Debian .deb) must not
+# stop the image from instantiating (toFile refuses such a reference in its text).
+nix-instantiate --quiet "${sandbox[@]}" -E "(import $root/images {
+  cordonImage = builtins.path { path = $image_tool; name = \"cordon-image\"; };
+  sources = {
+    \"/bin/busybox\" = derivation { name = \"busybox\"; system = \"x86_64-linux\"; builder = \"/x\"; };
+    \"patchers/native-rebuild\" = $root/images/patchers/native-rebuild;
+  };
+}).prebuild" >/dev/null || fail "an image with a derivation output as a source does not instantiate"
 for image in prebuild runtime; do
     cat >"$work/$image.nix" <<EOF
 (import $root/images {

@@ -15,40 +15,41 @@
   cordonImage,
   sources,
   system ? "x86_64-linux",
-}:
-let
+}: let
   # Every `from="…"` value of a spec, in order.
-  fromsOf =
-    text:
+  fromsOf = text:
     builtins.map builtins.head (
       builtins.filter builtins.isList (builtins.split "from=\"([^\"]*)\"" text)
     );
-  image =
-    name: spec:
-    let
-      text = builtins.readFile spec;
-      froms = fromsOf text;
-      missing = builtins.filter (f: !(builtins.hasAttr f sources)) froms;
-      rewritten = builtins.replaceStrings (builtins.map (f: "from=\"${f}\"") froms) (builtins.map (
+  image = name: spec: let
+    text = builtins.readFile spec;
+    froms = fromsOf text;
+    missing = builtins.filter (f: !(builtins.hasAttr f sources)) froms;
+    rewritten = builtins.replaceStrings (builtins.map (f: "from=\"${f}\"") froms) (builtins.map (
         f: "from=\"${sources.${f}}\""
-      ) froms) text;
-    in
-    if missing != [ ] then
-      throw "images/default.nix: no source for ${builtins.toJSON missing} in ${name}"
+      )
+      froms)
+    text;
+  in
+    if missing != []
+    then throw "images/default.nix: no source for ${builtins.toJSON missing} in ${name}"
     else
       derivation {
         inherit system;
         name = "cordon-image-${name}";
         builder = cordonImage;
+        # The spec file holds the sources' store paths as text; toFile refuses a derivation's
+        # output in its text, so the references are dropped there and the sources are made
+        # inputs here instead.
+        srcs = builtins.attrValues sources;
         args = [
           "build"
-          (builtins.toFile "${name}.kdl" rewritten)
+          (builtins.toFile "${name}.kdl" (builtins.unsafeDiscardStringContext rewritten))
           "--out"
           (builtins.placeholder "out")
         ];
       };
-in
-{
+in {
   prebuild = image "prebuild" ./prebuild.kdl;
   runtime = image "runtime" ./runtime.kdl;
 }

@@ -1,31 +1,30 @@
 # services.cordon — cordon on a NixOS evaluator host.
 #
-# What this module owns: the rendered policies in /etc/cordon (checked at build time), the store
-# and run directories, startup recovery and the recovery timer, the agent surface's unprivileged
+# What this module owns: the rendered policies in /etc/cordon (made by `cordon-policy render`
+# at build time, so a policy that does not check never reaches a host), the store and run
+# directories, startup recovery and the recovery timer, the agent surface's unprivileged
 # service, the host's kernel settings that seed 001 asks for, and the assertions that keep the
 # per-run account range apart from every declared account. What it does not own: the stages
 # themselves (operators and pipelines run cordon-fetch … cordon-verify as root, as on Debian),
-# the images (the flake's image-prebuild / image-runtime packages), and the reviewed policy's
-# content — the module substitutes only host paths, the runtime's digest and the account ranges,
-# on the exact lines that name them (policy.nix), and a derivation prints the difference for the
-# reviewer (`cordonPolicyDiff` below).
+# the images (the flake's image packages), and the reviewed policy's content — rendering sets
+# only host facts on their nodes (store, run-dir, the runtime's path and sha256, the account
+# ranges and shell, the surface's state-dir) and refuses any other change; a derivation keeps
+# the reviewed → rendered diff for the reviewer.
 #
 # Checked on a Debian host (checks/nix.sh): this file parses and evaluates against a stub of
-# nixpkgs; the rendered units pass `systemd-analyze security --offline=yes`; the rendered policy
-# passes `cordon-policy check`. Checked only on a Nix host: everything that needs nixpkgs itself
-# (the package build, `nix flake check`, the NixOS VM test).
+# nixpkgs; the rendered units pass `systemd-analyze security --offline=yes` (Debian's systemd
+# 252, on units written the way NixOS writes them); the render commands run against the real
+# policy files. Checked only on a Nix host: everything that needs nixpkgs itself (the package
+# build, `nix flake check`, the NixOS VM test) — none of it has run yet.
 #
 # From the flake: `cordonPackages` is the flake's `packages` (the default package and the images).
-{
-  cordonPackages ? { },
-}:
-{
+{cordonPackages ? {}}: {
   config,
   lib,
   pkgs,
+  utils,
   ...
-}:
-let
+}: let
   inherit (lib) mkOption mkEnableOption mkIf types;
   cfg = config.services.cordon;
   surface = cfg.surface;
@@ -33,143 +32,166 @@ let
   runtimeBinary = "${cfg.runtimePackage}/bin/${cfg.runtime}";
   nologin = "${pkgs.shadow}/bin/nologin";
 
-  # A reviewed policy rendered for this host and checked by cordon-policy at build time.
-  render =
-    name: args:
-    let
-      template = pkgs.writeText "${name}.template.kdl" (import ./policy.nix args);
-    in
-    pkgs.runCommand "${name}.kdl" { passthru = { inherit template; }; } ''
-      ${pkgs.bash}/bin/bash ${./render-policy.sh} ${template} ${runtimeBinary} \
-        ${cfg.package}/bin/cordon-policy $out
-    '';
-  common = {
-    inherit (cfg) store runtime;
-    runtimePath = runtimeBinary;
-  };
-  evaluatorPolicy = render "cordon-policy" (
-    common
-    // {
-      text = builtins.readFile cfg.policy;
-      required = [
-        "store"
-        "runtime"
-        "run-dir"
-        "uid-range"
-        "gid-range"
-        "shell"
-      ];
-      runDir = cfg.runDir;
-      uidRange = cfg.accounts.uidRange;
-      gidRange = cfg.accounts.gidRange;
-      inherit nologin;
+  # `cordon-policy render` arguments: the host facts set on a reviewed policy.
+  evaluatorFacts = [
+    "--store"
+    cfg.store
+    "--run-dir"
+    cfg.runDir
+    "--runtime"
+    runtimeBinary
+    "--uid-range"
+    (toString cfg.accounts.uidRange.first)
+    (toString cfg.accounts.uidRange.last)
+    "--gid-range"
+    (toString cfg.accounts.gidRange.first)
+    (toString cfg.accounts.gidRange.last)
+    "--shell"
+    nologin
+  ];
+  surfaceFacts = [
+    "--store"
+    cfg.store
+    "--runtime"
+    runtimeBinary
+    "--state-dir"
+    surface.stateDir
+  ];
+  # The rendered policy (render validates it and refuses any change but the facts), and beside
+  # it, for the reviewer, what rendering changed.
+  render = name: reviewed: facts:
+    pkgs.runCommand "${name}.kdl"
+    {
+      passthru = {
+        inherit reviewed facts;
+        diff = pkgs.runCommand "${name}-diff" {} ''
+          ${cfg.package}/bin/cordon-policy render ${reviewed} --out "$TMPDIR/p.kdl" \
+            ${lib.escapeShellArgs facts} > $out
+        '';
+      };
     }
-  );
-  surfacePolicy = render "cordon-surface" (
-    common
-    // {
-      text = builtins.readFile surface.policy;
-      required = [
-        "store"
-        "runtime"
-        "state-dir"
-      ];
-      stateDir = surface.stateDir;
-    }
-  );
-  # For the reviewer: what rendering changed, as cordon-policy reads it.
-  policyDiff =
-    reviewed: rendered:
-    pkgs.runCommand "cordon-policy-diff" { } ''
-      ${cfg.package}/bin/cordon-policy diff ${reviewed} ${rendered} > $out || true
+    ''
+      ${cfg.package}/bin/cordon-policy render ${reviewed} --out $out ${lib.escapeShellArgs facts}
     '';
+  evaluatorPolicy = render "cordon-policy" cfg.policy evaluatorFacts;
+  surfacePolicy = render "cordon-surface" surface.policy surfaceFacts;
 
-  range =
-    what: default:
+  id = what:
     mkOption {
-      description = "The per-run ${what} range (first and last, inclusive), substituted into the policy's ${what}-range.";
+      type = types.ints.between 1 4294967294;
+      description = "The ${what} id of the per-run range (inclusive).";
+    };
+  range = what:
+    mkOption {
+      description = "The per-run ${what} range, set on the policy's accounts ${what}-range.";
       type = types.submodule {
         options = {
-          first = mkOption { type = types.ints.positive; };
-          last = mkOption { type = types.ints.positive; };
+          first =
+            id "first"
+            // {
+              default = 3000000;
+            };
+          last =
+            id "last"
+            // {
+              default = 3099999;
+            };
         };
       };
-      inherit default;
+      default = {};
     };
 
   # Every id a declared user, group or subordinate range holds: the per-run range must miss them.
-  declaredUids = builtins.filter (u: u != null) (lib.mapAttrsToList (_: u: u.uid or null) config.users.users);
-  declaredGids = builtins.filter (g: g != null) (lib.mapAttrsToList (_: g: g.gid or null) config.users.groups);
-  subRanges =
-    attr:
+  declaredUids = builtins.filter (u: u != null) (
+    lib.mapAttrsToList (_: u: u.uid or null) config.users.users
+  );
+  declaredGids = builtins.filter (g: g != null) (
+    lib.mapAttrsToList (_: g: g.gid or null) config.users.groups
+  );
+  subRanges = attr:
     lib.concatLists (
       lib.mapAttrsToList (
         _: u:
-        builtins.map (r: {
-          first = r.startUid or r.startGid;
-          last = (r.startUid or r.startGid) + r.count - 1;
-        }) (u.${attr} or [ ])
-      ) config.users.users
+          builtins.map (r: {
+            first = r.startUid or r.startGid;
+            last = (r.startUid or r.startGid) + r.count - 1;
+          }) (u.${attr} or [])
+      )
+      config.users.users
     );
+  # Users whose subordinate ranges NixOS allocates itself, 65536 ids each from 100000 up: the
+  # per-run range must start past the last one they can reach.
+  autoAllocated = builtins.length (
+    builtins.filter (u: u.autoSubUidGidRange or false) (builtins.attrValues config.users.users)
+  );
+  autoEnd = 100000 + 65536 * autoAllocated;
   inRange = r: id: id >= r.first && id <= r.last;
   overlaps = a: b: a.first <= b.last && b.first <= a.last;
-  collisions =
-    r: ids: subs:
+  collisions = r: ids: subs:
     builtins.filter (inRange r) ids ++ builtins.map (s: s.first) (builtins.filter (overlaps r) subs);
+  uidCollisions = collisions cfg.accounts.uidRange declaredUids (subRanges "subUidRanges");
+  gidCollisions = collisions cfg.accounts.gidRange declaredGids (subRanges "subGidRanges");
+  # nspawn containers with privateUsers = "pick" take ranges from systemd's container range,
+  # which holds the default per-run range.
+  pickers = builtins.attrNames (
+    lib.filterAttrs (_: c: (c.privateUsers or null) == "pick") (config.containers or {})
+  );
 
-  # Controls every unit gets. None of them implies a private mount namespace (see rootUnit).
+  # Controls every unit gets. None of them gives the unit a mount namespace of its own
+  # (rootUnit says why that matters); ProtectHostname is not among them, because newer systemd
+  # makes it mount read-only /proc/sys entries, which needs one.
   baseHardening = {
     NoNewPrivileges = true;
     LockPersonality = true;
-    MemoryDenyWriteExecute = true;
     RestrictRealtime = true;
     RestrictSUIDSGID = true;
     SystemCallArchitectures = "native";
-    ProtectClock = true;
-    ProtectHostname = true;
     UMask = "0077";
   };
   # The root units change host state that a private mount namespace would hide from them:
   # they unmount a dead lease's mounts and must see and remove them in the host's namespace
-  # (an unmount in a private namespace would leave the host's mount in place and let the
-  # quiescence check, run in the same private namespace, report "nothing there"). So none of
-  # ProtectSystem, ProtectHome, PrivateTmp, PrivateDevices, ReadWritePaths, ProtectKernel*,
-  # ProtectControlGroups: each of them makes a mount namespace. What they keep, and why:
+  # (an unmount in a private copy would leave the host's mount in place, and the quiescence
+  # check, run in the same copy, would report "nothing there"; cordon also refuses, exit 3,
+  # when its mount table is not PID 1's). So none of ProtectSystem, ProtectHome, PrivateTmp,
+  # PrivateDevices, PrivateMounts, ReadWritePaths, ProtectKernel*, ProtectControlGroups or
+  # ProtectHostname: each of them makes a mount namespace. What they keep, and why:
   rootUnit = description: args: {
     inherit description;
-    path = [ ];
-    serviceConfig = baseHardening // {
-      Type = "oneshot";
-      ExecStart = "${cfg.package}/bin/cordon-reap --policy /etc/cordon/policy.kdl ${args}";
-      # Only local sockets: runc's console and notify sockets; no network at all.
-      RestrictAddressFamilies = [ "AF_UNIX" ];
-      # Recovery creates no namespaces; runc delete and kill enter none.
-      RestrictNamespaces = true;
-      SystemCallFilter = [
-        "@system-service"
-        "@mount"
-        "@privileged"
-        "~@obsolete @cpu-emulation @debug @raw-io @reboot @swap @clock @module"
-      ];
-      CapabilityBoundingSet = [
-        # umount a dead lease's mounts; remove its cgroup
-        "CAP_SYS_ADMIN"
-        # end a dead lease's processes, which run as its per-run uid
-        "CAP_KILL"
-        # remove run directories and accounts' files owned by per-run uids
-        "CAP_DAC_OVERRIDE"
-        "CAP_DAC_READ_SEARCH"
-        "CAP_FOWNER"
-        # read /proc/<pid>/ns of per-run processes to prove a pid namespace empty
-        "CAP_SYS_PTRACE"
-        # userdel and groupdel of a dead lease's account (shadow-utils' audit record)
-        "CAP_CHOWN"
-        "CAP_AUDIT_WRITE"
-      ];
-    };
+    serviceConfig =
+      baseHardening
+      // {
+        Type = "oneshot";
+        ExecStart = "${cfg.package}/bin/cordon-reap --policy /etc/cordon/policy.kdl${args}";
+        MemoryDenyWriteExecute = true;
+        # Only local sockets (runc's); shadow-utils treats a refused audit socket as a kernel
+        # without audit, so userdel still works.
+        RestrictAddressFamilies = ["AF_UNIX"];
+        IPAddressDeny = "any";
+        # Recovery creates no namespaces; runc delete and kill enter none.
+        RestrictNamespaces = true;
+        SystemCallFilter = [
+          "@system-service"
+          "@mount"
+          "@privileged"
+          "~@obsolete @cpu-emulation @debug @raw-io @reboot @swap @clock @module"
+        ];
+        CapabilityBoundingSet = [
+          # umount a dead lease's mounts; remove its cgroup
+          "CAP_SYS_ADMIN"
+          # end a dead lease's processes, which run as its per-run uid
+          "CAP_KILL"
+          # remove run directories and files owned by per-run uids
+          "CAP_DAC_OVERRIDE"
+          "CAP_DAC_READ_SEARCH"
+          "CAP_FOWNER"
+          # read /proc/<pid>/ns and /proc/<pid>/stat of per-run processes (another uid's)
+          "CAP_SYS_PTRACE"
+          # userdel and groupdel of a dead lease's account rewrite /etc/passwd and /etc/shadow
+          "CAP_CHOWN"
+        ];
+      };
   };
-in
-{
+in {
   options.services.cordon = {
     enable = mkEnableOption "cordon, the containment toolchain for hostile evaluation code";
     package = mkOption {
@@ -180,7 +202,7 @@ in
     policy = mkOption {
       type = types.path;
       default = ../policy/evaluator.kdl;
-      description = "The reviewed policy. Only host paths, the runtime's digest and the account ranges are substituted; /etc/cordon/policy.kdl is the checked result.";
+      description = "The reviewed policy. `cordon-policy render` sets the host facts on it; /etc/cordon/policy.kdl is the result.";
     };
     store = mkOption {
       type = types.str;
@@ -198,39 +220,18 @@ in
       description = "The executor id: the policy's name unless stages are run with --executor.";
     };
     runtime = mkOption {
-      type = types.enum [
-        "runc"
-        "crun"
-        "runsc"
-      ];
+      type = types.enum ["runc"];
       default = "runc";
-      description = "The OCI runtime the policy names; its binary is pinned by sha256 at build time.";
+      description = "The OCI runtime. Only runc: cordon's runtime driver reads runc's version text and keeps runc's known-bad list, so crun and runsc (gVisor) would be refused at every stage start until it learns theirs.";
     };
     runtimePackage = mkOption {
       type = types.package;
-      default =
-        {
-          runc = pkgs.runc;
-          crun = pkgs.crun;
-          runsc = pkgs.gvisor;
-        }
-        .${cfg.runtime};
-      description = "The package holding bin/<runtime>.";
-    };
-    runtimeMinVersion = mkOption {
-      type = types.str;
-      default = "1.1.5";
-      description = "The oldest runtime version the module accepts (an assertion); the policy's min-version is checked again at every stage start.";
+      default = pkgs.runc;
+      description = "The package holding bin/<runtime>; its binary's path and sha256 are set on the policy. The policy's min-version is checked against it at every stage start.";
     };
     accounts = {
-      uidRange = range "uid" {
-        first = 3000000;
-        last = 3099999;
-      };
-      gidRange = range "gid" {
-        first = 3000000;
-        last = 3099999;
-      };
+      uidRange = range "uid";
+      gidRange = range "gid";
     };
     activationWait = mkOption {
       type = types.ints.positive;
@@ -240,13 +241,13 @@ in
     recoveryInterval = mkOption {
       type = types.str;
       default = "1min";
-      description = "How often cordon-reap ends leases past their deadline or whose supervisor died.";
+      description = "How often `cordon-reap --sweep` ends leases past their deadline or whose supervisor died.";
     };
     host = {
       ptraceScope = mkOption {
         type = types.ints.between 1 3;
         default = 2;
-        description = "kernel.yama.ptrace_scope: 2 lets only CAP_SYS_PTRACE attach (cordon's root stages have it; no per-run uid does). 3 would stop recovery's proofs.";
+        description = "kernel.yama.ptrace_scope: 2 lets only CAP_SYS_PTRACE attach; 3 forbids attaching to anyone until reboot. cordon never attaches (its /proc reads are not attaches), so either works.";
       };
       kptrRestrict = mkOption {
         type = types.ints.between 0 2;
@@ -283,7 +284,7 @@ in
       stateDir = mkOption {
         type = types.str;
         default = "/var/lib/cordon-agent/surface";
-        description = "The surface's state directory (the service user's, 0700).";
+        description = "The surface's state directory (the service user's, 0700), set on the surface policy.";
       };
       workspace = mkOption {
         type = types.str;
@@ -316,25 +317,29 @@ in
         message = "services.cordon.accounts.gidRange: first is past last";
       }
       {
-        assertion = collisions cfg.accounts.uidRange declaredUids (subRanges "subUidRanges") == [ ];
-        message = "services.cordon.accounts.uidRange overlaps declared uids or subuid ranges: ${
-          builtins.toJSON (collisions cfg.accounts.uidRange declaredUids (subRanges "subUidRanges"))
-        }";
+        assertion = uidCollisions == [];
+        message = "services.cordon.accounts.uidRange overlaps declared uids or subuid ranges: ${builtins.toJSON uidCollisions}";
       }
       {
-        assertion = collisions cfg.accounts.gidRange declaredGids (subRanges "subGidRanges") == [ ];
-        message = "services.cordon.accounts.gidRange overlaps declared gids or subgid ranges: ${
-          builtins.toJSON (collisions cfg.accounts.gidRange declaredGids (subRanges "subGidRanges"))
-        }";
+        assertion = gidCollisions == [];
+        message = "services.cordon.accounts.gidRange overlaps declared gids or subgid ranges: ${builtins.toJSON gidCollisions}";
       }
       {
-        assertion = lib.versionAtLeast (lib.getVersion cfg.runtimePackage) cfg.runtimeMinVersion;
-        message = "services.cordon.runtimePackage is older than runtimeMinVersion ${cfg.runtimeMinVersion}";
+        assertion =
+          autoAllocated
+          == 0
+          || (cfg.accounts.uidRange.first >= autoEnd && cfg.accounts.gidRange.first >= autoEnd);
+        message = "services.cordon.accounts: ${toString autoAllocated} users have autoSubUidGidRange, whose ranges reach ${toString autoEnd}; start the per-run ranges past it";
+      }
+      {
+        assertion = pickers == [];
+        message = "services.cordon: containers ${builtins.toJSON pickers} use privateUsers = \"pick\", which may take the per-run range";
       }
       {
         # Per-run accounts are made with useradd and removed with userdel; the activation hold
         # below is written for the users activation script, not for sysusers or userborn.
-        assertion = !(config.systemd.sysusers.enable or false) && !(config.services.userborn.enable or false);
+        assertion =
+          !(config.systemd.sysusers.enable or false) && !(config.services.userborn.enable or false);
         message = "services.cordon: per-run accounts need the users activation script; systemd.sysusers and services.userborn are not supported";
       }
       {
@@ -346,12 +351,15 @@ in
     boot.kernel.sysctl = {
       "kernel.yama.ptrace_scope" = cfg.host.ptraceScope;
       "kernel.kptr_restrict" = cfg.host.kptrRestrict;
-      "kernel.dmesg_restrict" = if cfg.host.dmesgRestrict then 1 else 0;
+      "kernel.dmesg_restrict" =
+        if cfg.host.dmesgRestrict
+        then 1
+        else 0;
       "kernel.unprivileged_bpf_disabled" = cfg.host.unprivilegedBpfDisabled;
       "net.core.bpf_jit_harden" = cfg.host.bpfJitHarden;
     };
 
-    environment.systemPackages = [ cfg.package ];
+    environment.systemPackages = [cfg.package];
     # Copies, not links into the store: the surface refuses a policy path it cannot trust, and
     # the stages read the file the reviewer diffed.
     environment.etc."cordon/policy.kdl" = {
@@ -362,50 +370,66 @@ in
       source = surfacePolicy;
       mode = "0444";
     };
-    system.extraDependencies = [ (policyDiff cfg.policy evaluatorPolicy) ];
+    system.extraDependencies = [evaluatorPolicy.diff] ++ lib.optional surface.enable surfacePolicy.diff;
 
-    systemd.tmpfiles.rules = [
-      "d /var/lib/cordon 0700 root root -"
-      "d ${cfg.store} 0700 root root -"
-      # 0711: per-run uids traverse to their own lease directory (0711 too); none may list it.
-      "d ${cfg.runDir} 0711 root root -"
-    ]
-    ++ lib.optionals surface.enable [
-      "d /var/lib/cordon-agent 0700 ${surface.user} ${surface.user} -"
-      "d ${surface.workspace} 0700 ${surface.user} ${surface.user} -"
-      "d ${surface.stateDir} 0700 ${surface.user} ${surface.user} -"
-    ];
+    systemd.tmpfiles.rules =
+      [
+        "d /var/lib/cordon 0700 root root -"
+        "d ${cfg.store} 0700 root root -"
+        # 0711: per-run uids traverse to their own lease directory (0711 too); none may list it.
+        "d ${cfg.runDir} 0711 root root -"
+      ]
+      ++ lib.optionals surface.enable [
+        "d /var/lib/cordon-agent 0700 ${surface.user} ${surface.user} -"
+        "d ${surface.workspace} 0700 ${surface.user} ${surface.user} -"
+        "d ${surface.stateDir} 0700 ${surface.user} ${surface.user} -"
+      ];
 
     # Per-run accounts on NixOS: with users.mutableUsers = false, the users activation script
     # rewrites /etc/passwd and /etc/group from the declared users. A per-run account exists only
-    # while a container stage holds its executor's lock alone, so activation takes that lock
-    # first (waiting up to activationWait seconds) and keeps it until activation ends: no stage
-    # starts, and none is running, while the files are rewritten. If the lock cannot be had,
-    # activation fails rather than remove a live account.
+    # while a stage holds its executor's lock (alone, or shared with other intake stages), so
+    # activation takes every executor's lock exclusively first — the configured one and any
+    # other this host has used — waiting up to activationWait seconds in all, and keeps them
+    # until activation ends: no stage runs while the files are rewritten, and none starts until
+    # they are. If a lock cannot be had, activation fails rather than remove a live account.
     system.activationScripts.cordonHoldLeases = {
-      deps = [ ];
+      deps = ["specialfs"];
       text = ''
-        install -d -m 0700 /run/cordon-locks
-        exec {cordon_lock}>>/run/cordon-locks/${cfg.executor}.lock
-        chmod 0600 /run/cordon-locks/${cfg.executor}.lock
-        if ! ${pkgs.util-linux}/bin/flock -x -w ${toString cfg.activationWait} "$cordon_lock"; then
-          echo "cordon: stages of executor ${cfg.executor} still hold their lock after ${toString cfg.activationWait} s; refusing to rewrite /etc/passwd under them" >&2
-          exit 1
-        fi
+        (umask 077; mkdir -p /run/cordon-locks; touch /run/cordon-locks/${cfg.executor}.lock)
+        cordon_deadline=$(( $(date +%s) + ${toString cfg.activationWait} ))
+        for cordon_lock_file in /run/cordon-locks/*.lock; do
+          exec {cordon_lock}<"$cordon_lock_file"
+          cordon_left=$(( cordon_deadline - $(date +%s) ))
+          if (( cordon_left < 1 )) \
+            || ! ${pkgs.util-linux}/bin/flock -x -w "$cordon_left" "$cordon_lock"; then
+            echo "cordon: a stage still holds $cordon_lock_file after ${toString cfg.activationWait} s; refusing to rewrite /etc/passwd under it" >&2
+            exit 1
+          fi
+        done
       '';
     };
-    system.activationScripts.users.deps = [ "cordonHoldLeases" ];
+    system.activationScripts.users = mkIf (
+      !(config.systemd.sysusers.enable or false) && !(config.services.userborn.enable or false)
+    ) {deps = ["cordonHoldLeases"];};
 
     systemd.services.cordon-recover = lib.recursiveUpdate (rootUnit "cordon startup recovery" "") {
-      # Before any login, so before anything may start a lease.
-      wantedBy = [ "multi-user.target" ];
-      before = [ "systemd-user-sessions.service" ] ++ lib.optional surface.enable "cordon-agent.service";
-      after = [ "local-fs.target" ];
-      serviceConfig.RemainAfterExit = true;
+      # Before any login, so before anything may start a lease; bounded, so a hang cannot
+      # keep logins out for ever.
+      wantedBy = ["multi-user.target"];
+      before = ["systemd-user-sessions.service"] ++ lib.optional surface.enable "cordon-agent.service";
+      after = ["local-fs.target"];
+      serviceConfig = {
+        RemainAfterExit = true;
+        TimeoutStartSec = "15min";
+      };
     };
-    systemd.services.cordon-reap = rootUnit "cordon: release expired leases and those whose supervisor died" "";
+    systemd.services.cordon-reap = lib.recursiveUpdate (
+      rootUnit
+      "cordon: release expired leases and those whose supervisor died"
+      " --sweep"
+    ) {after = ["cordon-recover.service"];};
     systemd.timers.cordon-reap = {
-      wantedBy = [ "timers.target" ];
+      wantedBy = ["timers.target"];
       timerConfig = {
         OnBootSec = cfg.recoveryInterval;
         OnUnitActiveSec = cfg.recoveryInterval;
@@ -417,72 +441,86 @@ in
         isSystemUser = true;
         group = surface.user;
         home = "/var/lib/cordon-agent";
-        # Rootless runc maps the service user alone: no subordinate ranges.
-        extraGroups = [ ];
+        # Rootless runc maps the service user alone: no subordinate ranges, no extra groups.
+        extraGroups = [];
       };
     };
-    users.groups = mkIf surface.enable { ${surface.user} = { }; };
+    users.groups = mkIf surface.enable {${surface.user} = {};};
 
     systemd.services.cordon-agent = mkIf surface.enable {
       description = "An agent bounded by its workspace (cordon-surface)";
-      wantedBy = [ "multi-user.target" ];
-      after = [ "cordon-recover.service" ];
-      path = [ cfg.package ];
-      # Not MemoryDenyWriteExecute: systemd applies it as a seccomp filter that every command the
-      # agent runs would inherit, and it breaks any JIT (node, the JVM) inside the surface.
-      serviceConfig = builtins.removeAttrs baseHardening [ "MemoryDenyWriteExecute" ] // {
-        User = surface.user;
-        Group = surface.user;
-        SupplementaryGroups = [ ];
-        ExecStart = lib.escapeShellArgs surface.command;
-        ProtectSystem = "strict";
-        ReadWritePaths = [ "/var/lib/cordon-agent" ];
-        ProtectHome = true;
-        PrivateTmp = true;
-        PrivateDevices = true;
-        ProtectKernelTunables = true;
-        ProtectKernelModules = true;
-        ProtectKernelLogs = true;
-        ProtectControlGroups = true;
-        ProtectProc = "invisible";
-        ProcSubset = "all";
-        RemoveIPC = true;
-        KeyringMode = "private";
-        # Rootless runc: the pid file and console sockets, and netlink to bring up the
-        # container's loopback in its own network namespace; IP only when the agent itself must
-        # reach its model over the network (surface.network). Its commands get a network
-        # namespace of their own with nothing in it either way.
-        RestrictAddressFamilies = [
-          "AF_UNIX"
-          "AF_NETLINK"
-        ]
-        ++ lib.optionals (surface.network == "ip") [
-          "AF_INET"
-          "AF_INET6"
-        ];
-        PrivateNetwork = surface.network == "none";
-        IPAddressDeny = if surface.network == "none" then "any" else "";
-        PrivateMounts = true;
-        # The surface makes user, mount, pid, ipc, uts, cgroup and network namespaces.
-        RestrictNamespaces = [
-          "user"
-          "mnt"
-          "pid"
-          "ipc"
-          "uts"
-          "cgroup"
-          "net"
-        ];
-        SystemCallFilter = [
-          "@system-service"
-          "@mount"
-          "setns"
-          "~@obsolete @cpu-emulation @debug @raw-io @reboot @swap @clock @module"
-        ];
-        CapabilityBoundingSet = [ "" ];
-        AmbientCapabilities = [ "" ];
-        DevicePolicy = "closed";
-      };
+      wantedBy = ["multi-user.target"];
+      after = ["cordon-recover.service"];
+      path = [cfg.package];
+      # Not MemoryDenyWriteExecute: systemd applies it as a seccomp filter that every command
+      # the agent runs would inherit, and it breaks any JIT (node, the JVM) inside the surface.
+      # Not ProtectKernelTunables, ProtectKernelLogs or ProtectHostname: each mounts over a
+      # /proc entry, and the kernel then refuses the fresh /proc the surface mounts for its
+      # commands (a procfs may be mounted only where none is partly hidden).
+      serviceConfig =
+        baseHardening
+        // {
+          User = surface.user;
+          Group = surface.user;
+          SupplementaryGroups = [];
+          ExecStart = utils.escapeSystemdExecArgs surface.command;
+          ProtectSystem = "strict";
+          ReadWritePaths = lib.unique [
+            "/var/lib/cordon-agent"
+            surface.workspace
+            surface.stateDir
+          ];
+          ProtectHome = true;
+          PrivateTmp = true;
+          PrivateDevices = true;
+          PrivateMounts = true;
+          ProtectClock = true;
+          # /usr/lib/modules hidden: a mount outside /proc, which a fresh procfs does not mind.
+          ProtectKernelModules = true;
+          ProtectControlGroups = true;
+          ProtectProc = "invisible";
+          ProcSubset = "all";
+          RemoveIPC = true;
+          KeyringMode = "private";
+          # Rootless runc: the pid file and console sockets, and netlink to bring up the
+          # container's loopback in its own network namespace; IP only when the agent itself
+          # must reach its model over the network (surface.network). Its commands get a
+          # network namespace of their own with nothing in it either way.
+          RestrictAddressFamilies =
+            [
+              "AF_UNIX"
+              "AF_NETLINK"
+            ]
+            ++ lib.optionals (surface.network == "ip") [
+              "AF_INET"
+              "AF_INET6"
+            ];
+          PrivateNetwork = surface.network == "none";
+          # The surface makes user, mount, pid, ipc, uts, cgroup and network namespaces.
+          RestrictNamespaces = [
+            "user"
+            "mnt"
+            "pid"
+            "ipc"
+            "uts"
+            "cgroup"
+            "net"
+          ];
+          SystemCallFilter = [
+            "@system-service"
+            "@mount"
+            # runc's init: join namespaces, load the commands' seccomp profile, name the host
+            "setns"
+            "seccomp"
+            "sethostname"
+            "setdomainname"
+            "~@obsolete @cpu-emulation @debug @raw-io @reboot @swap @clock @module"
+          ];
+          CapabilityBoundingSet = [""];
+          AmbientCapabilities = [""];
+          DevicePolicy = "closed";
+        }
+        // lib.optionalAttrs (surface.network == "none") {IPAddressDeny = "any";};
     };
   };
 }
