@@ -430,12 +430,12 @@ impl Exited {
         &self.finished
     }
 
-    /// `runtime delete` (after killing whatever is left).
+    /// `runtime delete --force` ([`Runtime::delete`]: no separate kill, the init has exited).
     ///
     /// # Errors
     /// The runtime failed on a container that exists.
     pub fn delete(self) -> Result<Finished, RuntimeError> {
-        self.runtime.remove(&self.id)?;
+        self.runtime.delete(&self.id)?;
         Ok(self.finished)
     }
 }

@@ -25,7 +25,7 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::fcntl::{Flock, FlockArg};
 
@@ -262,6 +262,45 @@ pub(crate) fn capped(
     })
 }
 
+/// Wait for `child` under `tool`'s timeout, blocking (no polling interval added to every tool
+/// call): a watchdog thread sends SIGKILL at the deadline unless told the child exited first.
+/// The child is waited for without being reaped (`WNOWAIT`) until the watchdog is joined, so
+/// the pid it signals is this child's, never a reused one.
+fn wait_within(child: &mut Child, tool: &Tool) -> io::Result<std::process::ExitStatus> {
+    use nix::sys::wait::{Id, WaitPidFlag, waitid};
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).map_err(io::Error::other)?);
+    let (exited, watched) = std::sync::mpsc::channel::<()>();
+    let timeout = tool.timeout;
+    let watchdog = std::thread::spawn(move || {
+        let late = matches!(
+            watched.recv_timeout(timeout),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+        );
+        if late {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+        late
+    });
+    let waited = loop {
+        match waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT) {
+            Err(nix::errno::Errno::EINTR) => {}
+            other => break other,
+        }
+    };
+    let _ = exited.send(());
+    let late = watchdog.join().unwrap_or(true);
+    // Reaped only now, after the watchdog can no longer signal the pid.
+    let status = child.wait()?;
+    waited.map_err(io::Error::from)?;
+    if late {
+        return Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("`{}` ran past {:?}", tool.display(), tool.timeout),
+        ));
+    }
+    Ok(status)
+}
+
 impl Host for Linux {
     fn run(&self, tool: &Tool) -> io::Result<ToolOutput> {
         let mut child = Command::new(&tool.program)
@@ -274,21 +313,7 @@ impl Host for Linux {
             .spawn()?;
         let out = child.stdout.take().map(|r| capped(r, tool.max_output));
         let err = child.stderr.take().map(|r| capped(r, tool.max_output));
-        let deadline = Instant::now() + tool.timeout;
-        let status = loop {
-            if let Some(s) = child.try_wait()? {
-                break s;
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("`{}` ran past {:?}", tool.display(), tool.timeout),
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        };
+        let status = wait_within(&mut child, tool)?;
         let join = |h: Option<std::thread::JoinHandle<(Vec<u8>, u64)>>| {
             h.and_then(|h| h.join().ok()).unwrap_or_default()
         };

@@ -468,6 +468,16 @@ impl Runtime {
     /// The runtime reports a failure for a container that exists.
     pub fn remove(&self, id: &str) -> Result<(), RuntimeError> {
         let _ = self.call(&["kill", "--all", id, "KILL"]);
+        self.delete(id)
+    }
+
+    /// Delete a container whose init has exited, with no separate kill: its own pid namespace
+    /// went with the init, and `delete --force` still kills whatever is left before it
+    /// removes the cgroup. A container that does not exist is not an error.
+    ///
+    /// # Errors
+    /// The runtime reports a failure for a container that exists.
+    pub fn delete(&self, id: &str) -> Result<(), RuntimeError> {
         match self.call(&["delete", "--force", id]) {
             Ok(_) => Ok(()),
             Err(RuntimeError::Command { stderr, .. })
