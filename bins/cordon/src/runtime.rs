@@ -448,17 +448,10 @@ impl Runtime {
     /// # Errors
     /// The kill failed for another reason.
     pub fn kill_all(&self, id: &str) -> Result<(), RuntimeError> {
-        match self.call(&["kill", "--all", id, "KILL"]) {
-            Ok(_) => Ok(()),
-            Err(RuntimeError::Command { stderr, .. })
-                if stderr.contains("not running")
-                    || stderr.contains("does not exist")
-                    || stderr.contains("not exist") =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(e),
-        }
+        self.call_unless(
+            &["kill", "--all", id, "KILL"],
+            &["not running", "not exist"],
+        )
     }
 
     /// Force-remove a container: kill everything in it, then delete it. A container that does
@@ -467,7 +460,8 @@ impl Runtime {
     /// # Errors
     /// The runtime reports a failure for a container that exists.
     pub fn remove(&self, id: &str) -> Result<(), RuntimeError> {
-        let _ = self.call(&["kill", "--all", id, "KILL"]);
+        // The delete decides: it fails on a container that exists and cannot be removed.
+        let _ = self.kill_all(id);
         self.delete(id)
     }
 
@@ -478,10 +472,16 @@ impl Runtime {
     /// # Errors
     /// The runtime reports a failure for a container that exists.
     pub fn delete(&self, id: &str) -> Result<(), RuntimeError> {
-        match self.call(&["delete", "--force", id]) {
+        self.call_unless(&["delete", "--force", id], &["not exist"])
+    }
+
+    /// [`Runtime::call`], where a failure whose stderr names one of `already` means the work
+    /// was already done (the container gone, or no longer running).
+    fn call_unless(&self, args: &[&str], already: &[&str]) -> Result<(), RuntimeError> {
+        match self.call(args) {
             Ok(_) => Ok(()),
             Err(RuntimeError::Command { stderr, .. })
-                if stderr.contains("does not exist") || stderr.contains("not exist") =>
+                if already.iter().any(|a| stderr.contains(a)) =>
             {
                 Ok(())
             }
