@@ -334,11 +334,19 @@ fn quoted(what: &str, value: &str) -> Result<String, RenderError> {
 mod tests {
     use super::*;
 
-    fn evaluator() -> String {
+    /// A policy file of the repository (`policy/…`); empty when unreadable, which then fails
+    /// the test that reads it.
+    fn policy_file(name: &str) -> String {
         std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policy/evaluator.kdl"),
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../policy")
+                .join(name),
         )
         .unwrap_or_default()
+    }
+
+    fn evaluator() -> String {
+        policy_file("evaluator.kdl")
     }
 
     fn runtime() -> RuntimeBinary {
@@ -437,10 +445,7 @@ mod tests {
 
     #[test]
     fn the_surface_state_dir_is_set_inside_the_surface_stage() -> Result<(), RenderError> {
-        let reviewed = std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policy/examples/surface.kdl"),
-        )
-        .unwrap_or_default();
+        let reviewed = policy_file("examples/surface.kdl");
         let facts = HostFacts {
             state_dir: Some("/var/lib/cordon-agent/surface".into()),
             runtime: Some(runtime()),
