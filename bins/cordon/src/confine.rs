@@ -10,7 +10,8 @@
 //!   run account's uid and gid (real, effective, saved), no new privileges, not dumpable,
 //!   resource limits (address space, CPU time, threads, file size 0, no core, few descriptors),
 //!   then a seccomp filter it installs on itself (`seccompiler`) that admits only what decoding
-//!   needs: reading its input, writing its output, memory, threads, exiting. Anything else kills
+//!   needs: reading its input, writing its output, memory, threads, exiting. Opening a file by
+//!   name answers `EACCES` (the C library's allocator tries, and copes); anything else kills
 //!   it. A step that fails exits [`UNCONFINED_EXIT`] before any input is read;
 //! - the framing both speak ([`write_frame`], [`FrameReader`]): a tag byte, a little-endian u32
 //!   length, the payload, each frame and the whole stream bounded by the reader;
@@ -641,8 +642,11 @@ fn install_filter() -> Result<(), ConfineError> {
     use std::collections::BTreeMap;
     let arch =
         step("seccomp architecture")(seccompiler::TargetArch::try_from(std::env::consts::ARCH))?;
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
-        ALLOWED.iter().map(|n| (*n, Vec::new())).collect();
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = ALLOWED
+        .iter()
+        .chain(OPENS)
+        .map(|n| (*n, Vec::new()))
+        .collect();
     let flag = |arg: u8, mask: u64| {
         step("seccomp rule")(
             SeccompCondition::new(
@@ -697,19 +701,47 @@ fn install_filter() -> Result<(), ConfineError> {
     // clone3 passes its flags in memory, where no filter can read them: it answers ENOSYS, so
     // the C library falls back to clone, whose flags the filter above checks. Filters stack
     // and the stricter action wins, so this ERRNO overrides that filter's Allow.
-    let no_clone3: BpfProgram = step("seccomp filter")(
-        SeccompFilter::new(
-            BTreeMap::from([(libc::SYS_clone3, Vec::new())]),
-            SeccompAction::Allow,
-            SeccompAction::Errno(u32::try_from(libc::ENOSYS).unwrap_or(38)),
-            arch,
-        )
-        .and_then(TryInto::try_into),
-    )?;
+    let no_clone3 = refuse(&[libc::SYS_clone3], libc::ENOSYS, arch)?;
+    // Opening a file answers EACCES instead of killing: the C library's own allocator opens
+    // `/proc/sys/vm/overcommit_memory` when it first shrinks a thread's heap (and
+    // `/sys/devices/system/cpu/online` when it sizes its arenas), and handles a refusal. A kill
+    // there would make cordon's own allocation pattern the candidate's rejection. Nothing is
+    // gained by the call: the root is an empty directory and the answer comes before the kernel
+    // looks at the path.
+    let no_open = refuse(OPENS, libc::EACCES, arch)?;
     // This order: installing a filter calls prctl(PR_SET_NO_NEW_PRIVS), which the allow-list
     // filter forbids once it is in place.
     step("seccomp install")(seccompiler::apply_filter(&no_clone3))?;
+    step("seccomp install")(seccompiler::apply_filter(&no_open))?;
     step("seccomp install")(seccompiler::apply_filter(&allow))
+}
+
+/// The calls that open a file by name. The allow-list admits them only so that the filter of
+/// [`refuse`] decides them: stacked filters take the strictest action, and a kill would beat
+/// the errno.
+const OPENS: &[i64] = &[
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_open,
+    libc::SYS_openat,
+    libc::SYS_openat2,
+];
+
+/// A filter that answers `calls` with `errno` and lets everything else through to the next.
+fn refuse(
+    calls: &[i64],
+    errno: i32,
+    arch: seccompiler::TargetArch,
+) -> Result<seccompiler::BpfProgram, ConfineError> {
+    use seccompiler::{SeccompAction, SeccompFilter};
+    step("seccomp filter")(
+        SeccompFilter::new(
+            calls.iter().map(|n| (*n, Vec::new())).collect(),
+            SeccompAction::Allow,
+            SeccompAction::Errno(u32::try_from(errno).unwrap_or(1)),
+            arch,
+        )
+        .and_then(TryInto::try_into),
+    )
 }
 
 /// Run this process as the confined child `spec` asks for: confine, then hand stdin and

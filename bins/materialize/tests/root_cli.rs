@@ -168,3 +168,68 @@ fn the_binary_reports_findings_on_the_candidates_source_and_exits_1() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("cordon::chain::missing"), "{stderr}");
 }
+
+/// One realistic Python module of about `bytes` bytes: imports, constants, classes with
+/// methods, docstrings, comprehensions, f-strings, the shapes an engine tree is made of.
+fn module(index: usize, bytes: usize) -> String {
+    let mut text = format!(
+        "\"\"\"Kernel module {index}: blocks of the attention engine.\"\"\"\n\nimport math\n\
+         from dataclasses import dataclass\n\nSCALE_{index} = {index}.5\n\n"
+    );
+    let mut block = 0;
+    while text.len() < bytes {
+        text.push_str(&format!(
+            "\n@dataclass\nclass Block{block}:\n    \"\"\"A block of {block} heads.\"\"\"\n\n    \
+             heads: int = {block}\n    width: float = 1.0\n\n    def scores(self, row):\n        \
+             total = sum(x * self.width for x in row if x > 0)\n        \
+             table = {{k: math.sqrt(abs(v)) for k, v in enumerate(row)}}\n        \
+             return [total / max(1, self.heads), table, f\"block {{self.heads}}: {{total:.3f}}\"]\n\n\
+             def step_{block}(values, scale=SCALE_{index}):\n    out = []\n    \
+             for i, v in enumerate(values):\n        if i % 2:\n            out.append(v * scale)\n        \
+             else:\n            out.append(-v)\n    return out\n"
+        ));
+        block += 1;
+    }
+    text
+}
+
+#[test]
+fn a_tree_of_hundreds_of_realistic_python_files_and_a_long_literal_pass() {
+    let cli = Cli::new(2);
+    let incumbent = cli.incumbent();
+    // 320 modules of 2 to 32 KiB (about 5.5 MiB) in nested packages, and one valid file holding a
+    // 65 000-character literal: each shape once killed the analysis child (its allocator opened
+    // a /proc file under the seccomp filter), an honest candidate rejected for cordon's fault.
+    let mut owned: Vec<(String, Vec<u8>)> = (0..320)
+        .map(|i| {
+            let size = 2048 + (i * 9_973) % (30 * 1024);
+            (
+                format!("engine/attention/pkg{}/mod{i}.py", i % 16),
+                module(i, size).into_bytes(),
+            )
+        })
+        .collect();
+    for p in 0..16 {
+        owned.push((format!("engine/attention/pkg{p}/__init__.py"), Vec::new()));
+    }
+    owned.push((
+        "engine/attention/table.py".into(),
+        format!("TABLE = \"{}\"\n", "ab".repeat(32_500)).into_bytes(),
+    ));
+    owned.push((
+        "engine/attention/__init__.py".into(),
+        b"from . import table\n".to_vec(),
+    ));
+    let mut members: Vec<common::Member<'_>> = vec![("cordon-delta.kdl", MANIFEST, 0o644)];
+    members.extend(owned.iter().map(|(p, d)| (p.as_str(), d.as_slice(), 0o644)));
+    let (receipt_file, _) = cli.fetch(&delta_tar(&members));
+    let out = cli.materialize(&["--incumbent", &incumbent], Some(&receipt_file));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let receipt: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(receipt["outcome"], "ok");
+}
