@@ -29,6 +29,8 @@ use std::time::Duration;
 
 use nix::fcntl::{Flock, FlockArg};
 
+use crate::canonical::Digest;
+
 /// The `PATH` every host tool runs with (its environment is otherwise empty): Debian's system
 /// directories, or the one a package fixes at build time in `CORDON_TOOL_PATH` (the Nix package
 /// sets the store paths of shadow and util-linux there, so a tool is never found through a
@@ -183,6 +185,13 @@ pub trait Host: std::fmt::Debug + Send + Sync {
     /// # Errors
     /// It could not be read: the caller reports that, never "empty".
     fn read(&self, path: &Path) -> io::Result<Vec<u8>>;
+
+    /// The SHA-256 of a host file's bytes, streamed rather than read whole (a binary the
+    /// authority identity covers).
+    ///
+    /// # Errors
+    /// It could not be opened or read (`NotFound` when it does not exist).
+    fn digest(&self, path: &Path) -> io::Result<Digest>;
 
     /// Make a mount.
     ///
@@ -344,6 +353,10 @@ impl Host for Linux {
         fs::read(path)
     }
 
+    fn digest(&self, path: &Path) -> io::Result<Digest> {
+        Digest::of_reader(File::open(path)?).map(|(digest, _)| digest)
+    }
+
     fn mount(&self, request: &MountRequest) -> io::Result<()> {
         use nix::mount::{MsFlags, mount};
         let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
@@ -492,7 +505,7 @@ pub mod fake {
     use std::process::Child;
     use std::sync::Mutex;
 
-    use super::{DeviceNode, Host, MountRequest, Tool, ToolOutput};
+    use super::{DeviceNode, Digest, Host, MountRequest, Tool, ToolOutput};
 
     /// One recorded call.
     #[derive(Debug, Clone, PartialEq, Eq)]
@@ -656,6 +669,10 @@ pub mod fake {
                     .cloned()
                     .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
             })
+        }
+
+        fn digest(&self, path: &Path) -> io::Result<Digest> {
+            self.read(path).map(|bytes| Digest::of_bytes(&bytes))
         }
 
         fn mount(&self, request: &MountRequest) -> io::Result<()> {
@@ -844,6 +861,10 @@ pub mod fake {
 
         fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
             self.pass(Call::Read(path.into()), || super::Linux.read(path))
+        }
+
+        fn digest(&self, path: &Path) -> io::Result<Digest> {
+            self.pass(Call::Read(path.into()), || super::Linux.digest(path))
         }
 
         fn mount(&self, request: &MountRequest) -> io::Result<()> {

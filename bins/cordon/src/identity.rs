@@ -169,8 +169,8 @@ pub fn probe_runtime(
     pin: Option<&Digest>,
 ) -> Result<RuntimeFacts, IdentityError> {
     // Through the seam: the bytes hashed are the bytes the host has.
-    let sha256 = match host.read(path) {
-        Ok(bytes) => Digest::of_bytes(&bytes),
+    let sha256 = match host.digest(path) {
+        Ok(digest) => digest,
         Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
             return Err(IdentityError::RuntimeMissing {
                 path: path.to_path_buf(),
@@ -240,9 +240,9 @@ pub fn cordon_binaries(
     let mut out = BTreeMap::new();
     for name in CORDON_BINARIES {
         let path = dir.join(name);
-        match host.read(&path) {
-            Ok(bytes) => {
-                out.insert(name.to_owned(), Digest::of_bytes(&bytes));
+        match host.digest(&path) {
+            Ok(digest) => {
+                out.insert(name.to_owned(), digest);
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(source) => {
