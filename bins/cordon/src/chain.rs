@@ -53,6 +53,14 @@ pub enum ChainError {
         /// What it hashes to.
         found: Digest,
     },
+    /// The stored bytes hash to its name only once re-encoded: they are not the canonical text
+    /// that was stored (an edited file, a duplicated key, reordered or added bytes).
+    #[error("stored receipt {digest} is not the canonical text its digest names")]
+    #[diagnostic(code(cordon::chain::not_canonical))]
+    NotCanonical {
+        /// Its name.
+        digest: Digest,
+    },
     /// A receipt in the chain is not an established result.
     #[error("receipt {digest} ({stage}) is {outcome:?}, not ok")]
     #[diagnostic(code(cordon::chain::not_ok))]
@@ -111,9 +119,10 @@ impl ChainError {
                 source: StoreError::Io { source, .. },
                 ..
             } if source.kind() == std::io::ErrorKind::NotFound => crate::ExitCode::Usage,
-            Self::Missing { .. } | Self::Unreadable { .. } | Self::Tampered { .. } => {
-                crate::ExitCode::NoDecision
-            }
+            Self::Missing { .. }
+            | Self::Unreadable { .. }
+            | Self::Tampered { .. }
+            | Self::NotCanonical { .. } => crate::ExitCode::NoDecision,
             Self::NotOk { .. }
             | Self::ForeignAuthority { .. }
             | Self::Order { .. }
@@ -137,14 +146,21 @@ pub fn load(store: &Store, digest: &Digest) -> Result<Receipt, ChainError> {
         digest: *digest,
         source,
     };
-    let text = String::from_utf8_lossy(&bytes);
-    let receipt = Receipt::parse(text.trim_end()).map_err(unreadable)?;
+    let text =
+        std::str::from_utf8(&bytes).map_err(|_| ChainError::NotCanonical { digest: *digest })?;
+    let receipt = Receipt::parse(text).map_err(unreadable)?;
     let found = receipt.digest().map_err(unreadable)?;
     if found != *digest {
         return Err(ChainError::Tampered {
             digest: *digest,
             found,
         });
+    }
+    // The digest is taken over the parsed receipt re-encoded: the bytes themselves must be that
+    // encoding, or an edited file (a duplicated key, whose last value the parser keeps) would
+    // pass under the original's name.
+    if receipt.to_canonical_json().map_err(unreadable)?.as_bytes() != bytes.as_slice() {
+        return Err(ChainError::NotCanonical { digest: *digest });
     }
     Ok(receipt)
 }
@@ -380,6 +396,34 @@ mod tests {
             "{unreadable:?}"
         );
         assert_eq!(unreadable.exit_code(), crate::ExitCode::NoDecision);
+        // The original's bytes, edited so they still parse and hash to its name: a key twice
+        // (the parser keeps the last), or a byte of white space.
+        let mut original = receipt(StageName::Fetch, a, None);
+        original.outputs = serde_json::json!({"files": 1});
+        let d = put(&store, &original);
+        let text = original.to_canonical_json().unwrap();
+        assert!(text.contains(r#""outputs":{"files":1}"#), "{text}");
+        let name = format!("{}.json", d.hex());
+        for edited in [
+            text.replacen(
+                r#""outputs":{"files":1}"#,
+                r#""outputs":{"files":999,"files":1}"#,
+                1,
+            ),
+            format!("{text} "),
+        ] {
+            let path = store.root().join("receipts").join(&name);
+            std::fs::remove_file(&path).unwrap();
+            store
+                .put_document("receipts", &name, edited.as_bytes())
+                .unwrap();
+            let e = load(&store, &d).unwrap_err();
+            assert!(
+                matches!(e, ChainError::NotCanonical { .. }),
+                "{edited}: {e:?}"
+            );
+            assert_eq!(e.exit_code(), crate::ExitCode::NoDecision);
+        }
         store
             .put_document(
                 "receipts",

@@ -60,9 +60,20 @@ fn head_of(given: &str) -> Result<Digest, String> {
         return Ok(d);
     }
     let text = std::fs::read_to_string(given).map_err(|e| format!("{given}: {e}"))?;
-    Receipt::parse(text.trim_end())
-        .and_then(|r| r.digest())
-        .map_err(|e| format!("{given}: {e}"))
+    // A stage prints its receipt's canonical text and one newline; any other bytes (an edited
+    // file whose parse still hashes to the original, a key given twice) are not that receipt.
+    let text = text.strip_suffix('\n').unwrap_or(&text);
+    let receipt = Receipt::parse(text).map_err(|e| format!("{given}: {e}"))?;
+    if receipt
+        .to_canonical_json()
+        .map_err(|e| format!("{given}: {e}"))?
+        != text
+    {
+        return Err(format!(
+            "{given}: not a receipt's canonical text (edited bytes are not the receipt they parse to)"
+        ));
+    }
+    receipt.digest().map_err(|e| format!("{given}: {e}"))
 }
 
 /// One line per receipt, oldest first: stage, outcome, when, and what it established.

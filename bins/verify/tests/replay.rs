@@ -348,6 +348,21 @@ fn every_tampering_is_caught_with_its_own_message() {
     let e = verify(&c.store, &c.head, &c.key).unwrap_err();
     assert!(e.to_string().contains("hashes to"), "{e}");
 
+    // A receipt's bytes edited so that they still parse to the signed receipt: a key given
+    // twice (the parser keeps the last value). The digest of the parse is the name, the bytes
+    // are not what was signed.
+    let c = chain();
+    let path = receipt_file(&c, &c.prebuild_c);
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains("\"files\":1"), "{text}");
+    rewrite(
+        &path,
+        text.replacen("\"files\":1", "\"files\":7,\"files\":1", 1)
+            .as_bytes(),
+    );
+    let e = verify(&c.store, &c.head, &c.key).unwrap_err();
+    assert!(e.to_string().contains("not the canonical text"), "{e}");
+
     // A signature removed.
     let c = chain();
     let sig = c
@@ -500,16 +515,17 @@ fn an_auditor_without_root_replays_an_export_with_the_binary() {
     export(&c.store, &c.head, &c.key, &Store::open(&copy).unwrap()).unwrap();
     let nobody = 65_534;
     chown_all(&copy, nobody, nobody);
-    let replay = |key: &str| {
+    let auditor = |key: &str, head: &str| {
         std::process::Command::new(&setpriv)
             .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
             .arg(env!("CARGO_BIN_EXE_cordon-verify"))
             .arg("--store")
             .arg(&copy)
-            .args(["--key", key, "--explain", &c.head.to_string()])
+            .args(["--key", key, "--explain", head])
             .output()
             .unwrap()
     };
+    let replay = |key: &str| auditor(key, &c.head.to_string());
     let out = replay(&c.key);
     assert!(out.status.success(), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout);
@@ -518,4 +534,19 @@ fn an_auditor_without_root_replays_an_export_with_the_binary() {
     // The same replay under another key is a verification failure (exit 1), not a crash.
     let other = HostKey::load_or_create(&c.dir.path().join("other-key")).unwrap();
     assert_eq!(replay(&other.public()).status.code(), Some(1));
+    // The head given as a receipt file: its printed text verifies; the same receipt with edited
+    // bytes (they still parse to it) is not that receipt, a usage error.
+    let printed =
+        std::fs::read_to_string(copy.join("receipts").join(format!("{}.json", c.head.hex())))
+            .unwrap();
+    for (name, text, code) in [
+        ("head.json", format!("{printed}\n"), 0),
+        ("edited.json", format!(" {printed}\n"), 2),
+    ] {
+        let file = base.path().join(name);
+        std::fs::write(&file, text).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let out = auditor(&c.key, file.to_str().unwrap());
+        assert_eq!(out.status.code(), Some(code), "{name}: {out:?}");
+    }
 }
