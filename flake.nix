@@ -133,7 +133,7 @@
         nativeBuildInputs = (old.nativeBuildInputs or []) ++ [pkgs.cargo-nextest];
         checkPhase = ''
           cargo nextest run --profile fast --release --offline \
-            -p cordon-canon -p cordon-policy-lang -p cordon-frame -p cordon-docs -p cordon-nixfmt
+            -p cordon-canon -p cordon-evidence -p cordon-policy-lang -p cordon-frame -p cordon-docs -p cordon-nixfmt
         '';
       });
       image-prebuild-pin = pkgs.runCommand "image-prebuild-pin" {} ''

@@ -11,3 +11,16 @@ pub mod exit;
 
 pub use canonical::Digest;
 pub use exit::ExitCode;
+
+/// An error and its causes on one line, for a receipt's reason.
+#[must_use]
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        out.push_str(": ");
+        out.push_str(&e.to_string());
+        cur = e.source();
+    }
+    out
+}

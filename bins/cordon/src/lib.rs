@@ -22,10 +22,11 @@ pub mod identity;
 pub mod image;
 pub mod intake;
 pub mod lease;
-pub mod receipt;
 pub mod runtime;
 pub mod signing;
 pub mod store;
 pub mod tree;
 
-pub use cordon_canon::{Digest, ExitCode, canonical, exit};
+pub use cordon_canon::{Digest, ExitCode, canonical, error_chain, exit};
+/// The receipt lives in the evidence crate (what auditors read); stages reach it from here.
+pub use cordon_evidence::receipt;

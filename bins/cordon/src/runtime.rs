@@ -16,8 +16,6 @@ use std::path::{Path, PathBuf};
 
 use crate::host::{HostRef, Tool};
 
-use serde::{Deserialize, Serialize};
-
 /// The oldest runc cordon drives (its `--root`, `create --pid-file`, `list -f json` and the
 /// seccomp `defaultErrnoRet` field are relied on).
 pub const MIN_RUNC: (u32, u32, u32) = (1, 1, 0);
@@ -172,32 +170,7 @@ pub struct OutputCaps {
     pub stderr: u64,
 }
 
-/// The meta record of one run (the default: nothing recorded).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Meta {
-    /// Exit code when the init exited normally.
-    pub exit_code: Option<i32>,
-    /// Signal number when it was killed by one.
-    pub signal: Option<i32>,
-    /// Whether cordon killed it because the deadline passed.
-    pub killed_by_deadline: bool,
-    /// Whether the kernel's OOM killer acted in its cgroup.
-    pub oom_killed: bool,
-    /// Wall time from start to exit, ms.
-    pub wall_ms: u64,
-    /// CPU time of the cgroup, ms (when the cgroup could be read).
-    pub cpu_ms: Option<u64>,
-    /// Peak memory of the cgroup, bytes (when it could be read).
-    pub peak_memory_bytes: Option<u64>,
-    /// Bytes the container wrote to stdout (all of them, kept or not).
-    pub stdout_bytes: u64,
-    /// Bytes to stderr.
-    pub stderr_bytes: u64,
-    /// Whether stdout went over its cap.
-    pub stdout_truncated: bool,
-    /// Whether stderr went over its cap.
-    pub stderr_truncated: bool,
-}
+pub use cordon_evidence::receipt::Meta;
 
 /// A finished run: the meta record and the kept output.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -26,6 +26,7 @@ use nix::fcntl::{OFlag, RenameFlags, renameat2};
 use serde::{Deserialize, Serialize};
 
 use crate::canonical::Digest;
+use crate::receipt::{Receipt, ReceiptError};
 use crate::store::{Store, StoreError};
 
 /// Where the host's key lives: one fixed directory per host, outside every store.
@@ -222,6 +223,33 @@ impl HostKey {
         })?;
         store.put_document("receipts", &signature_name(digest), &bytes)?;
         Ok(())
+    }
+}
+
+impl HostKey {
+    /// Store `receipt` as its canonical text under `receipts/<hex>.json` and sign it: the one
+    /// path by which a receipt enters a store. Its digest and text.
+    ///
+    /// # Errors
+    /// It cannot be encoded, stored or signed.
+    pub fn store_receipt(
+        &self,
+        store: &Store,
+        receipt: &Receipt,
+    ) -> Result<(Digest, String), SigningError> {
+        let malformed = |e: ReceiptError| SigningError::Malformed {
+            what: "receipt",
+            text: e.to_string(),
+        };
+        let text = receipt.to_canonical_json().map_err(malformed)?;
+        let digest = receipt.digest().map_err(malformed)?;
+        store.put_document(
+            "receipts",
+            &format!("{}.json", digest.hex()),
+            text.as_bytes(),
+        )?;
+        self.sign_stored(store, &digest)?;
+        Ok((digest, text))
     }
 }
 

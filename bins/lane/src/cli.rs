@@ -34,7 +34,8 @@ use cordon_stage::receipt_io as stage;
 use serde_json::json;
 
 use crate::qualify::{self, Build, Plan, QualifyOutputs};
-use crate::session::{Config, Inputs, session, session_under, tree_of};
+use crate::session::{Config, Inputs, session, session_under};
+use cordon::receipt::tree_of;
 
 /// Run engine sessions in the runtime lane.
 #[derive(Debug, Parser)]
@@ -318,7 +319,7 @@ pub fn run(
             });
             // What the authority is frozen on is this host's now; a value cordon cannot read
             // is a no-decision before any read.
-            let frozen = match qualify::Frozen::probe(policy) {
+            let frozen = match qualify::frozen(policy) {
                 Ok(f) => f,
                 Err(e) => {
                     return stage::finish::<QualifyOutputs, _>(

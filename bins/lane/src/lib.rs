@@ -3,7 +3,7 @@
 //! times ([`driver`]), started by cordon's own worker after it has reported the posture from
 //! inside ([`session`]), under the host-global lock that serializes GPU work ([`lock`]). A
 //! speed qualification runs three such sessions — B, C, B′ on the policy's physical lanes —
-//! and decides from the host's own stamps ([`qualify`], [`speed`]).
+//! and decides from the host's own stamps ([`qualify`]; the rule is `cordon_evidence::speed`).
 
 pub mod cli;
 pub mod driver;
@@ -11,5 +11,5 @@ pub mod lock;
 pub mod model;
 pub mod qualify;
 pub mod session;
-pub mod speed;
+pub use cordon_evidence::speed;
 pub mod workload;

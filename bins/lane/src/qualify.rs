@@ -28,19 +28,21 @@ use std::path::PathBuf;
 
 use cordon::canonical::{Digest, domain_digest};
 use cordon::receipt::{
-    Decision, DevicePhase, DeviceReceipts, LaneAssignment, LaneOutputs, LaneWindow, LockSpan,
-    Outcome, Receipt, Rejection, Role, StageName, StageOutputs,
+    Decision, DevicePhase, DeviceReceipts, LaneAssignment, LaneOutputs, Outcome, Receipt,
+    Rejection, Role, StageName,
 };
 use cordon_policy_lang::{Policy, StageKind, cpu_list};
 use cordon_stage::args::Diagnostics;
 use cordon_stage::receipt_io as stage;
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::lock::GpuLock;
 use crate::session::{Config, Inputs, LaneError};
-use crate::speed::{self, SpeedRecord, Verdict};
+use crate::speed::{self, Verdict};
 use crate::workload::Workload;
+pub use cordon_evidence::qualify::{
+    Frozen, Orientation, QualifyOutputs, Reads, Settlement, speed_policy_digest,
+};
 
 /// One role's build: what its reads mount, and the prebuild receipt they continue.
 #[derive(Debug, Clone)]
@@ -51,16 +53,6 @@ pub struct Build {
     pub publication: Digest,
     /// The prebuild receipt.
     pub receipt: Digest,
-}
-
-/// Which lane runs which role.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Orientation {
-    /// Where B and B′ run.
-    pub baseline: LaneAssignment,
-    /// Where C runs.
-    pub candidate: LaneAssignment,
 }
 
 /// What the qualification asks.
@@ -82,148 +74,27 @@ pub struct Plan {
     pub frozen: Frozen,
 }
 
-/// The three reads' session receipts.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Reads<T> {
-    /// B.
-    pub b: T,
-    /// C.
-    pub c: T,
-    /// B′.
-    pub b2: T,
-}
-
-/// What a qualification's authority is frozen on besides the authority identity (policy,
-/// runtime, images, toolchain): a reproduction under any other value is refused.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Frozen {
-    /// The host's kernel release (`/proc/sys/kernel/osrelease`).
-    pub kernel_release: String,
-    /// The GPU driver version (none: the lanes have no GPU).
-    pub gpu_driver: Option<String>,
-    /// The CDI spec's digest (none: no device comes from a CDI spec in this build).
-    pub cdi_spec: Option<Digest>,
-    /// The device policy: the physical lanes and the lane stage's device list.
-    pub device_policy: Digest,
-}
-
-impl Frozen {
-    /// The values on this host under `policy`.
-    ///
-    /// # Errors
-    /// The kernel release cannot be read, or the device policy cannot be encoded.
-    pub fn probe(policy: &Policy) -> Result<Self, LaneError> {
-        let kernel_release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .map(|s| s.trim().to_owned())
-            .map_err(|e| LaneError::NoDecision(format!("the kernel release: {e}")))?;
-        let devices = policy.stage(StageKind::Lane).map(|s| &s.gpu_device);
-        let device_policy = domain_digest(
-            "cordon.device-policy",
-            1,
-            &json!({ "lanes": policy.physical_lanes(), "devices": devices }),
-        )
-        .map_err(|e| LaneError::NoDecision(format!("the device policy digest: {e}")))?;
-        Ok(Self {
-            kernel_release,
-            gpu_driver: None,
-            cdi_spec: None,
-            device_policy,
-        })
-    }
-
-    /// How `self` (a reproduction's) differs from `primary`'s (empty: the same).
-    #[must_use]
-    pub fn differences(&self, primary: &Self) -> Vec<&'static str> {
-        [
-            (
-                self.kernel_release != primary.kernel_release,
-                "the kernel release",
-            ),
-            (
-                self.gpu_driver != primary.gpu_driver,
-                "the GPU driver version",
-            ),
-            (self.cdi_spec != primary.cdi_spec, "the CDI spec"),
-            (
-                self.device_policy != primary.device_policy,
-                "the device policy",
-            ),
-        ]
-        .into_iter()
-        .filter_map(|(differs, what)| differs.then_some(what))
-        .collect()
-    }
-}
-
-/// How a reproduction settles with its primary attempt.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Settlement {
-    /// The primary attempt's receipt.
-    pub primary: Digest,
-    /// The two speedups, primary first, basis points.
-    pub speedups_bp: [u64; 2],
-    /// The lower of the two: the speedup the pair settles at.
-    pub speedup_bp: u64,
-    /// Both attempts passed and both are settling.
-    pub settles: bool,
-}
-
-/// What `cordon-lane qualify` established: an `ok` receipt's outputs (PASS), or a rejected
-/// receipt's evidence (FAIL). Every number the verdict used is here, so it is recomputed from
-/// the receipt alone.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct QualifyOutputs {
-    /// The three session receipts.
-    pub sessions: Reads<Digest>,
-    /// The lanes.
-    pub orientation: Orientation,
-    /// The primary attempt, when this is its reproduction.
-    pub reproduces: Option<Digest>,
-    /// The launch digest all three reads share.
-    pub launch: Digest,
-    /// The one hold of the host's GPU lock all three reads ran under.
-    pub gpu_lock: LockSpan,
-    /// Each read's output tokens, by digest (the reference stage grades C's).
-    pub outputs: Reads<Digest>,
-    /// What the authority is frozen on besides its identity.
-    pub frozen: Frozen,
-    /// The digest of the policy's speed section.
-    pub speed_policy: Digest,
-    /// The speed section itself, so the verdict recomputes from the receipt alone.
-    pub speed_section: cordon_policy_lang::Speed,
-    /// The workload.
-    pub workload: Digest,
-    /// The model.
-    pub model: Digest,
-    /// Every read's host-stamped windows.
-    pub windows: Reads<Vec<LaneWindow>>,
-    /// Every read's device receipts.
-    pub devices: Reads<DeviceReceipts>,
-    /// The verdict and every number in it.
-    pub speed: SpeedRecord,
-    /// Whether this attempt can settle a qualification.
-    pub settling: bool,
-    /// Why not, when it cannot.
-    pub non_settling: Option<String>,
-    /// The pair's settlement, on a reproduction.
-    pub settlement: Option<Settlement>,
-}
-
-impl StageOutputs for QualifyOutputs {
-    const STAGE: StageName = StageName::Qualify;
-}
-
-/// The digest of the policy's speed section.
+/// The values on this host under `policy`.
 ///
 /// # Errors
-/// It cannot be encoded.
-pub fn speed_policy_digest(speed: &cordon_policy_lang::Speed) -> Result<Digest, LaneError> {
-    domain_digest("cordon.speed-policy", 1, speed)
-        .map_err(|e| LaneError::NoDecision(format!("the speed policy digest: {e}")))
+/// The kernel release cannot be read, or the device policy cannot be encoded.
+pub fn frozen(policy: &Policy) -> Result<Frozen, LaneError> {
+    let kernel_release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_owned())
+        .map_err(|e| LaneError::NoDecision(format!("the kernel release: {e}")))?;
+    let devices = policy.stage(StageKind::Lane).map(|s| &s.gpu_device);
+    let device_policy = domain_digest(
+        "cordon.device-policy",
+        1,
+        &json!({ "lanes": policy.physical_lanes(), "devices": devices }),
+    )
+    .map_err(|e| LaneError::NoDecision(format!("the device policy digest: {e}")))?;
+    Ok(Frozen {
+        kernel_release,
+        gpu_driver: None,
+        cdi_spec: None,
+        device_policy,
+    })
 }
 
 /// The primary orientation: B and B′ on the policy's first lane, C on its second.
@@ -306,7 +177,8 @@ pub fn qualify(
     let speed_policy = policy
         .speed()
         .ok_or_else(|| LaneError::Policy("the policy has no speed section".into()))?;
-    let speed_digest = speed_policy_digest(speed_policy)?;
+    let speed_digest = speed_policy_digest(speed_policy)
+        .map_err(|e| LaneError::NoDecision(format!("the speed policy digest: {e}")))?;
     // A workload with fewer timed requests than the verdict needs is refused before any read.
     let (workload, _) = Workload::load(&plan.workload)?;
     let timed = (0..workload.requests.len())

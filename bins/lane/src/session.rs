@@ -634,17 +634,6 @@ fn decide(
     }
 }
 
-/// The tree a prebuild receipt's inputs name.
-///
-/// # Errors
-/// It names none.
-pub fn tree_of(prebuild_inputs: &serde_json::Value) -> Result<Digest, String> {
-    prebuild_inputs["tree"]
-        .as_str()
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| "the prebuild receipt names no tree".to_owned())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

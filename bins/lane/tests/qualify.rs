@@ -178,7 +178,7 @@ fn plan(w: &World) -> Plan {
         model: "model".into(),
         orientation: primary(&w.policy).unwrap(),
         reproduces: None,
-        frozen: Frozen::probe(&w.policy).unwrap(),
+        frozen: cordon_lane::qualify::frozen(&w.policy).unwrap(),
     }
 }
 

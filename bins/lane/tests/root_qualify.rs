@@ -11,7 +11,7 @@ use cordon::lease::Manager;
 use cordon::receipt::{Decision, LaneOutputs, LockSpan};
 use cordon::tree::{PUBLICATIONS, TREES};
 use cordon_lane::lock::GpuLock;
-use cordon_lane::qualify::{Build, Frozen, Plan, QualifyOutputs, primary, qualify};
+use cordon_lane::qualify::{Build, Plan, QualifyOutputs, frozen, primary, qualify};
 use cordon_lane::session::{Config, Inputs, session_under};
 use cordon_lane::speed::Verdict;
 use cordon_stage::args::Diagnostics;
@@ -45,7 +45,7 @@ fn plan(w: &World, incumbent_ms: u64, candidate_ms: u64) -> Plan {
         model: w.model.clone(),
         orientation: primary(&w.policy).unwrap(),
         reproduces: None,
-        frozen: Frozen::probe(&w.policy).unwrap(),
+        frozen: frozen(&w.policy).unwrap(),
     }
 }
 

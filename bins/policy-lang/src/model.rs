@@ -120,24 +120,7 @@ pub fn cpu_list(s: &str) -> Option<std::collections::BTreeSet<u32>> {
     Some(out)
 }
 
-/// The reviewed speed verdict of a qualification (seed 001 §4), integers only: ratios are
-/// basis points (10 000 = 1×), so the verdict is recomputed bit for bit from a receipt.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Speed {
-    /// The least speedup over the baseline, above 1×, that can pass.
-    pub min_margin_bp: u64,
-    /// Multiplies the baseline's noise: the margin required is at least this times the noise.
-    pub noise_multiplier_bp: u64,
-    /// The most relative spread of the two baseline reads the host accepts as one baseline.
-    pub max_noise_bp: u64,
-    /// The fewest timed windows a read must have.
-    pub min_timed_windows: u64,
-    /// The most relative spread of one read's timed windows (per-window rates).
-    pub max_window_scatter_bp: u64,
-    /// The most the candidate's conditioning time may be, relative to the incumbent's.
-    pub max_conditioning_slowdown_bp: u64,
-}
+pub use cordon_evidence::speed::Speed;
 
 /// The per-run account rules (REQ-117).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -234,17 +234,13 @@ pub fn emit(
     stdout: &mut dyn Write,
 ) -> Result<Digest, StageError> {
     receipt.finished_at = cordon::receipt::now_rfc3339();
-    let text = receipt.to_canonical_json()?;
-    let digest = receipt.digest()?;
-    if let Some(store) = store {
-        store.put_document(
-            "receipts",
-            &format!("{}.json", digest.hex()),
-            text.as_bytes(),
-        )?;
+    let (digest, text) = match store {
         // Every stored receipt carries the host's detached signature over its digest.
-        HostKey::load_or_create(Path::new(KEY_DIR))?.sign_stored(store, &digest)?;
-    }
+        Some(store) => {
+            HostKey::load_or_create(Path::new(KEY_DIR))?.store_receipt(store, receipt)?
+        }
+        None => (receipt.digest()?, receipt.to_canonical_json()?),
+    };
     writeln!(stdout, "{text}").map_err(|source| StageError::Stdout { source })?;
     Ok(digest)
 }
@@ -318,18 +314,7 @@ pub fn no_decision(
     ExitCode::NoDecision
 }
 
-/// An error and its causes on one line, for a receipt's reason.
-#[must_use]
-pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut out = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        out.push_str(": ");
-        out.push_str(&e.to_string());
-        cur = e.source();
-    }
-    out
-}
+pub use cordon_canon::error_chain;
 
 #[cfg(test)]
 mod tests {

@@ -19,10 +19,10 @@ use std::path::{Path, PathBuf};
 use clap::Parser;
 use cordon::ExitCode;
 use cordon::canonical::Digest;
+use cordon::error_chain;
 use cordon::receipt::Receipt;
 use cordon::signing::{HostKey, KEY_DIR};
 use cordon::store::Store;
-use cordon_stage::receipt_io::error_chain;
 
 use crate::{Hop, export, verify};
 

@@ -30,8 +30,9 @@ use cordon::receipt::{
 use cordon::signing::{self, SigningError};
 use cordon::store::{Store, StoreError};
 use cordon::tree::{self, PUBLICATIONS, Section, TREES, TreeError};
-use cordon_lane::qualify::{QualifyOutputs, speed_policy_digest};
-use cordon_lane::session::tree_of;
+use cordon_evidence::qualify::{QualifyOutputs, speed_policy_digest};
+use cordon_evidence::receipt::tree_of;
+use cordon_evidence::speed::{self, Verdict};
 
 /// The most receipts one walk visits.
 pub const MAX_HOPS: usize = 256;
@@ -332,8 +333,7 @@ fn recompute(
             "the speed section it records is not the one its digest names".into(),
         ));
     }
-    let again =
-        cordon_lane::speed::decide(&o.speed_section, &o.windows.b, &o.windows.c, &o.windows.b2);
+    let again = speed::decide(&o.speed_section, &o.windows.b, &o.windows.c, &o.windows.b2);
     if again != o.speed {
         return Err(differs(format!(
             "the speed verdict recomputes to {:?} ({}), the receipt says {:?} ({})",
@@ -341,9 +341,9 @@ fn recompute(
         )));
     }
     let outcome = match again.verdict {
-        cordon_lane::speed::Verdict::Pass => Outcome::Ok,
-        cordon_lane::speed::Verdict::Fail => Outcome::Rejected,
-        cordon_lane::speed::Verdict::NoDecision => Outcome::NoDecision,
+        Verdict::Pass => Outcome::Ok,
+        Verdict::Fail => Outcome::Rejected,
+        Verdict::NoDecision => Outcome::NoDecision,
     };
     if r.outcome != outcome {
         return Err(differs(format!(

@@ -19,8 +19,8 @@ use cordon::runtime::Meta;
 use cordon::signing::{HostKey, KEY_DIR};
 use cordon::store::Store;
 use cordon::tree::{self, Entry, PUBLICATIONS, Section, TREES};
-use cordon_lane::qualify::{Frozen, Orientation, QualifyOutputs, Reads, speed_policy_digest};
-use cordon_policy_lang::Speed;
+use cordon_evidence::qualify::{Frozen, Orientation, QualifyOutputs, Reads, speed_policy_digest};
+use cordon_evidence::speed::{self as speed_rule, Speed};
 use cordon_verify::{VerifyError, export, verify};
 use serde_json::json;
 
@@ -52,7 +52,7 @@ fn publish(store: &Store, section: Section, text: &str) -> Digest {
         .digest
 }
 
-/// Store and sign a receipt through the stages' own wrapper; its digest.
+/// Store and sign a receipt through the one path every stage uses; its digest.
 fn emit<T: StageOutputs>(
     store: &Store,
     stage: StageName,
@@ -65,7 +65,11 @@ fn emit<T: StageOutputs>(
     r.prev = prev;
     r.inputs = inputs;
     r.set_outputs(outputs).unwrap();
-    cordon_stage::receipt_io::emit(Some(store), &mut r, &mut std::io::sink()).unwrap()
+    HostKey::load_or_create(std::path::Path::new(KEY_DIR))
+        .unwrap()
+        .store_receipt(store, &r)
+        .unwrap()
+        .0
 }
 
 fn windows(ms: u64) -> Vec<LaneWindow> {
@@ -228,7 +232,7 @@ fn chain() -> Chain {
         lane(prebuild_c, &sc),
         lane(prebuild_b, &sb2),
     );
-    let record = cordon_lane::speed::decide(&speed(), &sb.windows, &sc.windows, &sb2.windows);
+    let record = speed_rule::decide(&speed(), &sb.windows, &sc.windows, &sb2.windows);
     let assignment = |name: &str| cordon::receipt::LaneAssignment {
         name: name.into(),
         cpuset: "0".into(),
@@ -276,7 +280,7 @@ fn chain() -> Chain {
         non_settling: Some("test".into()),
         settlement: None,
     };
-    assert_eq!(qualify.speed.verdict, cordon_lane::speed::Verdict::Pass);
+    assert_eq!(qualify.speed.verdict, speed_rule::Verdict::Pass);
     let head = emit(
         &store,
         StageName::Qualify,

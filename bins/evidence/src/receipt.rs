@@ -6,14 +6,14 @@
 //! rejected with [`Reason`]s — infrastructure failures are errors, never decisions), and the
 //! typed outputs a later stage reads ([`FetchOutputs`], [`MaterializeOutputs`],
 //! [`PrebuildOutputs`]). It does not own where receipts are stored or how a chain of them is
-//! walked ([`crate::chain`] does).
+//! walked (`cordon::chain` does).
 
 use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::canonical::{CanonicalError, Digest, domain_digest, to_canonical_json};
+use cordon_canon::canonical::{CanonicalError, Digest, domain_digest, to_canonical_json};
 
 /// The receipt schema this build writes and accepts.
 pub const RECEIPT_SCHEMA: u32 = 1;
@@ -186,7 +186,7 @@ pub struct PrebuildOutputs {
     /// Whether the cache answered and no container ran.
     pub cached: bool,
     /// The build's meta record (none when cached).
-    pub meta: Option<crate::runtime::Meta>,
+    pub meta: Option<Meta>,
 }
 
 /// The role of an engine session: the standing incumbent (B) or the candidate (C).
@@ -328,7 +328,7 @@ pub struct LaneOutputs {
     /// span from the first timed request sent to the last timed response received.
     pub timed_rate_milli: u64,
     /// The container's meta record.
-    pub meta: crate::runtime::Meta,
+    pub meta: Meta,
     /// The lease the session ran under.
     pub lease: String,
     /// The launch digest: the normalised `config.json` (argv, env, seccomp profile, mount
@@ -618,6 +618,44 @@ impl Receipt {
         domain_digest("cordon.receipt", RECEIPT_SCHEMA, self)
             .map_err(|source| ReceiptError::Encode { source })
     }
+}
+
+/// The meta record of one run (the default: nothing recorded).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Meta {
+    /// Exit code when the init exited normally.
+    pub exit_code: Option<i32>,
+    /// Signal number when it was killed by one.
+    pub signal: Option<i32>,
+    /// Whether cordon killed it because the deadline passed.
+    pub killed_by_deadline: bool,
+    /// Whether the kernel's OOM killer acted in its cgroup.
+    pub oom_killed: bool,
+    /// Wall time from start to exit, ms.
+    pub wall_ms: u64,
+    /// CPU time of the cgroup, ms (when the cgroup could be read).
+    pub cpu_ms: Option<u64>,
+    /// Peak memory of the cgroup, bytes (when it could be read).
+    pub peak_memory_bytes: Option<u64>,
+    /// Bytes the container wrote to stdout (all of them, kept or not).
+    pub stdout_bytes: u64,
+    /// Bytes to stderr.
+    pub stderr_bytes: u64,
+    /// Whether stdout went over its cap.
+    pub stdout_truncated: bool,
+    /// Whether stderr went over its cap.
+    pub stderr_truncated: bool,
+}
+
+/// The tree a prebuild receipt's inputs name.
+///
+/// # Errors
+/// It names none.
+pub fn tree_of(prebuild_inputs: &serde_json::Value) -> Result<Digest, String> {
+    prebuild_inputs["tree"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| "the prebuild receipt names no tree".to_owned())
 }
 
 #[cfg(test)]

@@ -30,9 +30,27 @@
 //! What it does not own: running the reads (the qualify command), the launch comparison, the
 //! lanes.
 
-use cordon::receipt::{LanePhase, LaneWindow};
-use cordon_policy_lang::Speed;
+use crate::receipt::{LanePhase, LaneWindow};
 use serde::{Deserialize, Serialize};
+
+/// The reviewed speed verdict of a qualification (seed 001 §4), integers only: ratios are
+/// basis points (10 000 = 1×), so the verdict is recomputed bit for bit from a receipt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Speed {
+    /// The least speedup over the baseline, above 1×, that can pass.
+    pub min_margin_bp: u64,
+    /// Multiplies the baseline's noise: the margin required is at least this times the noise.
+    pub noise_multiplier_bp: u64,
+    /// The most relative spread of the two baseline reads the host accepts as one baseline.
+    pub max_noise_bp: u64,
+    /// The fewest timed windows a read must have.
+    pub min_timed_windows: u64,
+    /// The most relative spread of one read's timed windows (per-window rates).
+    pub max_window_scatter_bp: u64,
+    /// The most the candidate's conditioning time may be, relative to the incumbent's.
+    pub max_conditioning_slowdown_bp: u64,
+}
 
 /// 1× in basis points.
 pub const ONE: u64 = 10_000;

@@ -1,0 +1,10 @@
+//! What every stage writes and every auditor reads, below the mechanism and beside the policy
+//! language: the receipt and its stage names and outcomes ([`receipt`]), the typed outputs of the
+//! stages, a qualification's record ([`qualify`]) and the pure speed rule and verdict
+//! ([`speed`]) that `cordon-verify` recomputes. It reads no store and runs nothing; the one
+//! clock and host read it still makes is the receipt's own timestamps and host facts
+//! ([`receipt::Receipt::new`]).
+
+pub mod qualify;
+pub mod receipt;
+pub mod speed;

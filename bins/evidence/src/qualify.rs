@@ -1,0 +1,141 @@
+//! What a speed qualification records: its three reads, the lanes they ran on, what its
+//! authority is frozen on, its settlement and the outputs of its receipt, so that
+//! `cordon-verify` reads and recomputes them without the lane that wrote them.
+
+use cordon_canon::canonical::{CanonicalError, Digest, domain_digest};
+use serde::{Deserialize, Serialize};
+
+use crate::receipt::{
+    DeviceReceipts, LaneAssignment, LaneWindow, LockSpan, StageName, StageOutputs,
+};
+use crate::speed::{Speed, SpeedRecord};
+
+/// Which lane runs which role.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Orientation {
+    /// Where B and B′ run.
+    pub baseline: LaneAssignment,
+    /// Where C runs.
+    pub candidate: LaneAssignment,
+}
+
+/// The three reads' session receipts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reads<T> {
+    /// B.
+    pub b: T,
+    /// C.
+    pub c: T,
+    /// B′.
+    pub b2: T,
+}
+
+/// What a qualification's authority is frozen on besides the authority identity (policy,
+/// runtime, images, toolchain): a reproduction under any other value is refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Frozen {
+    /// The host's kernel release (`/proc/sys/kernel/osrelease`).
+    pub kernel_release: String,
+    /// The GPU driver version (none: the lanes have no GPU).
+    pub gpu_driver: Option<String>,
+    /// The CDI spec's digest (none: no device comes from a CDI spec in this build).
+    pub cdi_spec: Option<Digest>,
+    /// The device policy: the physical lanes and the lane stage's device list.
+    pub device_policy: Digest,
+}
+
+impl Frozen {
+    /// How `self` (a reproduction's) differs from `primary`'s (empty: the same).
+    #[must_use]
+    pub fn differences(&self, primary: &Self) -> Vec<&'static str> {
+        [
+            (
+                self.kernel_release != primary.kernel_release,
+                "the kernel release",
+            ),
+            (
+                self.gpu_driver != primary.gpu_driver,
+                "the GPU driver version",
+            ),
+            (self.cdi_spec != primary.cdi_spec, "the CDI spec"),
+            (
+                self.device_policy != primary.device_policy,
+                "the device policy",
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(differs, what)| differs.then_some(what))
+        .collect()
+    }
+}
+
+/// How a reproduction settles with its primary attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settlement {
+    /// The primary attempt's receipt.
+    pub primary: Digest,
+    /// The two speedups, primary first, basis points.
+    pub speedups_bp: [u64; 2],
+    /// The lower of the two: the speedup the pair settles at.
+    pub speedup_bp: u64,
+    /// Both attempts passed and both are settling.
+    pub settles: bool,
+}
+
+/// What `cordon-lane qualify` established: an `ok` receipt's outputs (PASS), or a rejected
+/// receipt's evidence (FAIL). Every number the verdict used is here, so it is recomputed from
+/// the receipt alone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QualifyOutputs {
+    /// The three session receipts.
+    pub sessions: Reads<Digest>,
+    /// The lanes.
+    pub orientation: Orientation,
+    /// The primary attempt, when this is its reproduction.
+    pub reproduces: Option<Digest>,
+    /// The launch digest all three reads share.
+    pub launch: Digest,
+    /// The one hold of the host's GPU lock all three reads ran under.
+    pub gpu_lock: LockSpan,
+    /// Each read's output tokens, by digest (the reference stage grades C's).
+    pub outputs: Reads<Digest>,
+    /// What the authority is frozen on besides its identity.
+    pub frozen: Frozen,
+    /// The digest of the policy's speed section.
+    pub speed_policy: Digest,
+    /// The speed section itself, so the verdict recomputes from the receipt alone.
+    pub speed_section: Speed,
+    /// The workload.
+    pub workload: Digest,
+    /// The model.
+    pub model: Digest,
+    /// Every read's host-stamped windows.
+    pub windows: Reads<Vec<LaneWindow>>,
+    /// Every read's device receipts.
+    pub devices: Reads<DeviceReceipts>,
+    /// The verdict and every number in it.
+    pub speed: SpeedRecord,
+    /// Whether this attempt can settle a qualification.
+    pub settling: bool,
+    /// Why not, when it cannot.
+    pub non_settling: Option<String>,
+    /// The pair's settlement, on a reproduction.
+    pub settlement: Option<Settlement>,
+}
+
+impl StageOutputs for QualifyOutputs {
+    const STAGE: StageName = StageName::Qualify;
+}
+
+/// The digest of the policy's speed section.
+///
+/// # Errors
+/// It cannot be encoded.
+pub fn speed_policy_digest(speed: &Speed) -> Result<Digest, CanonicalError> {
+    domain_digest("cordon.speed-policy", 1, speed)
+}
