@@ -47,9 +47,37 @@ pub fn no_decision_on_panic() {
     }));
 }
 
+/// The whole of every cordon binary's `main`: the panic hook first (before an argument is
+/// parsed or a thread exists), then `run`, whose code the process exits with.
+pub fn main(run: impl FnOnce() -> ExitCode) -> std::process::ExitCode {
+    no_decision_on_panic();
+    run().into()
+}
+
 #[cfg(test)]
 mod tests {
     use super::ExitCode;
+
+    /// Run as its own child (the variable set), this test's process panics inside [`super::main`]:
+    /// the hook must end it with exit 3, never Rust's 101.
+    #[test]
+    fn a_panic_under_main_is_a_no_decision() {
+        if std::env::var_os("CORDON_PANIC_CHILD").is_some() {
+            let _ = super::main(|| panic!("a defect"));
+            return;
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "--nocapture",
+                "exit::tests::a_panic_under_main_is_a_no_decision",
+            ])
+            .env("CORDON_PANIC_CHILD", "1")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(3), "{out:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("cordon::internal"));
+    }
 
     #[test]
     fn codes_are_the_documented_numbers() {

@@ -297,3 +297,25 @@ fn fetch(
         stderr,
     ))
 }
+
+/// The whole of `cordon-fetch`'s `main` (which installs the panic hook first, through
+/// `cordon::exit::main`): parse the arguments, run, the exit code.
+#[must_use]
+pub fn main() -> ExitCode {
+    if let Some((spec, parent)) = cordon::confine::requested() {
+        cordon::confine::run_child(&spec, parent, |kind| match kind {
+            cordon::intake::ARCHIVE_CHILD => cordon::intake::archive_child(
+                &mut std::io::stdin().lock(),
+                &mut std::io::stdout().lock(),
+            ),
+            _ => cordon::confine::UNCONFINED_EXIT,
+        });
+    }
+    let args = <Args as clap::Parser>::parse();
+    run(
+        &args,
+        std::path::Path::new("/proc/self/exe"),
+        &mut std::io::stdout(),
+        &mut std::io::stderr(),
+    )
+}

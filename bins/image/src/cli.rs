@@ -108,3 +108,15 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
         }
     }
 }
+
+/// The whole of `cordon-image`'s `main` (which installs the panic hook first, through
+/// `cordon::exit::main`): parse the arguments, run, the exit code.
+#[must_use]
+pub fn main() -> ExitCode {
+    let args = <Args as clap::Parser>::parse();
+    run(
+        &args,
+        &mut std::io::stdout().lock(),
+        &mut std::io::stderr().lock(),
+    )
+}

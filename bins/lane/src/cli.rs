@@ -420,6 +420,19 @@ fn reproduction(
     Ok((o, (digest, outputs)))
 }
 
+/// The whole of `cordon-lane`'s `main` (which installs the panic hook first, through
+/// `cordon::exit::main`): parse the arguments, run, the exit code.
+#[must_use]
+pub fn main() -> ExitCode {
+    let args = <Args as clap::Parser>::parse();
+    run(
+        &args,
+        &mut std::io::stdin().lock(),
+        &mut std::io::stdout().lock(),
+        &mut std::io::stderr().lock(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use cordon::receipt::{FetchOutputs, IncumbentOutputs, MaterializeOutputs, StageOutputs};

@@ -407,3 +407,23 @@ fn dispatch(
         stderr,
     ))
 }
+
+/// The whole of `cordon-materialize`'s `main` (which installs the panic hook first, through
+/// `cordon::exit::main`): parse the arguments, run, the exit code.
+#[must_use]
+pub fn main() -> ExitCode {
+    if let Some((spec, parent)) = cordon::confine::requested() {
+        cordon::confine::run_child(&spec, parent, |kind| match kind {
+            crate::analysis::ANALYSIS_CHILD => crate::analysis::child_main(),
+            _ => cordon::confine::UNCONFINED_EXIT,
+        });
+    }
+    let args = <Args as clap::Parser>::parse();
+    run(
+        &args,
+        std::path::Path::new("/proc/self/exe"),
+        &mut std::io::stdin().lock(),
+        &mut std::io::stdout().lock(),
+        &mut std::io::stderr().lock(),
+    )
+}

@@ -504,3 +504,15 @@ fn explain_cmd(
     let _ = stdout.write_all(text.as_bytes());
     Ok(ExitCode::Ok)
 }
+
+/// The whole of `cordon-policy`'s `main` (which installs the panic hook first, through
+/// `cordon::exit::main`): parse the arguments, run, the exit code.
+#[must_use]
+pub fn main() -> ExitCode {
+    let args = Args::parse();
+    run(
+        &args,
+        &mut std::io::stdout().lock(),
+        &mut std::io::stderr().lock(),
+    )
+}

@@ -135,3 +135,16 @@ pub fn run(
         stderr,
     )
 }
+
+/// The whole of `cordon-prebuild`'s `main` (which installs the panic hook first, through
+/// `cordon::exit::main`): parse the arguments, run, the exit code.
+#[must_use]
+pub fn main() -> ExitCode {
+    let args = <Args as clap::Parser>::parse();
+    run(
+        &args,
+        &mut std::io::stdin().lock(),
+        &mut std::io::stdout().lock(),
+        &mut std::io::stderr().lock(),
+    )
+}

@@ -312,3 +312,15 @@ fn outputs(
     })?;
     Ok((out, reason))
 }
+
+/// The whole of `cordon-surface`'s `main` (which installs the panic hook first, through
+/// `cordon::exit::main`): parse the arguments, run, the exit code.
+#[must_use]
+pub fn main() -> ExitCode {
+    let args = <Args as clap::Parser>::parse();
+    run(
+        &args,
+        &mut std::io::stdout().lock(),
+        &mut std::io::stderr().lock(),
+    )
+}
