@@ -1,12 +1,14 @@
 //! What every stage binary does around its own work: read the input receipt (and prove that the
 //! store holds it and that its chain walks back to intake under this authority), print exactly
-//! one receipt on stdout, and keep the receipts of established results in the store.
+//! one receipt on stdout, and store it signed.
 //!
-//! Only `ok` receipts are stored (under `receipts/<hex>.json`): a rejection or a no-decision
-//! leaves the store's content byte-for-byte as it was, which is what the "nothing changed"
-//! tests check, and its receipt still reaches the operator on stdout. The one exception is the
-//! verified image cache (`images/<manifest hex>/`): a container stage's first run unpacks the
-//! policy's pinned image there whatever its outcome — the policy's bytes, never a candidate's.
+//! Every receipt [`emit`] is given a store for is stored (under `receipts/<hex>.json`, through
+//! `cordon::signing::HostKey::store_receipt`), whatever its outcome: a rejection or a
+//! no-decision adds only its receipt and signature, the store's content stays byte-for-byte as
+//! it was, which is what the "nothing changed" tests check (they compare
+//! `Store::content_listing`, which leaves `receipts/` out). The one exception is the verified
+//! image cache (`images/<manifest hex>/`): a container stage's first run unpacks the policy's
+//! pinned image there whatever its outcome — the policy's bytes, never a candidate's.
 
 use std::io::{Read, Write};
 use std::path::Path;
