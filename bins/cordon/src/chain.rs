@@ -171,6 +171,30 @@ pub fn load(store: &Store, digest: &Digest) -> Result<Receipt, ChainError> {
 /// # Errors
 /// The first hop that cannot be established.
 pub fn walk(store: &Store, head: &Digest, authority: &Digest) -> Result<Vec<Receipt>, ChainError> {
+    walk_from(store, head, authority, Outcome::Ok)
+}
+
+/// [`walk`] from a head that records a verdict (`rejected` or `no-decision`, or `ok`): the
+/// chain a stage passes on. Below the head, a receipt that is not `ok` may stand only under
+/// a pass-on receipt of the same outcome ([`Receipt::passes_on`]).
+///
+/// # Errors
+/// The first hop that cannot be established.
+pub fn walk_verdict(
+    store: &Store,
+    head: &Digest,
+    authority: &Digest,
+) -> Result<Vec<Receipt>, ChainError> {
+    let r = load(store, head)?;
+    walk_from(store, head, authority, r.outcome)
+}
+
+fn walk_from(
+    store: &Store,
+    head: &Digest,
+    authority: &Digest,
+    head_outcome: Outcome,
+) -> Result<Vec<Receipt>, ChainError> {
     let mut out: Vec<Receipt> = Vec::new();
     let mut next = Some(*head);
     while let Some(digest) = next {
@@ -178,7 +202,14 @@ pub fn walk(store: &Store, head: &Digest, authority: &Digest) -> Result<Vec<Rece
             return Err(ChainError::TooLong { head: *head });
         }
         let r = load(store, &digest)?;
-        if r.outcome != Outcome::Ok {
+        // What this receipt may record: the head's outcome for the head, its successor's for a
+        // receipt a pass-on rests on, else an established result.
+        let may = match out.last() {
+            None => head_outcome,
+            Some(successor) if successor.passes_on() => successor.outcome,
+            Some(_) => Outcome::Ok,
+        };
+        if r.outcome != may {
             return Err(ChainError::NotOk {
                 digest,
                 stage: r.stage,
@@ -363,6 +394,54 @@ mod tests {
             walk(&store, &head, &a),
             Err(ChainError::NotOk { .. })
         ));
+    }
+
+    #[test]
+    fn a_verdict_walks_back_through_its_pass_ons_and_nothing_else_rests_on_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        let a = Digest::of_bytes(b"a");
+        let mut fetch = receipt(StageName::Fetch, a, None);
+        fetch.outcome = Outcome::Rejected;
+        let f = put(&store, &fetch);
+        let materialize = Receipt::pass_on(StageName::Materialize, &fetch, f);
+        assert!(materialize.passes_on());
+        let m = put(&store, &materialize);
+        let prebuild = Receipt::pass_on(StageName::Prebuild, &materialize, m);
+        let p = put(&store, &prebuild);
+        assert_eq!(walk_verdict(&store, &p, &a).unwrap().len(), 3);
+        // Not as an established chain.
+        assert!(matches!(
+            walk(&store, &p, &a),
+            Err(ChainError::NotOk { .. })
+        ));
+        // A pass-on that changes the outcome, or a receipt that is not a pass-on, over a
+        // verdict: refused.
+        let mut flipped = Receipt::pass_on(StageName::Prebuild, &materialize, m);
+        flipped.outcome = Outcome::NoDecision;
+        let flipped = put(&store, &flipped);
+        assert!(matches!(
+            walk_verdict(&store, &flipped, &a),
+            Err(ChainError::NotOk { .. })
+        ));
+        let mut own = receipt(StageName::Prebuild, a, Some(m));
+        own.outcome = Outcome::Rejected;
+        own.reasons.push(crate::receipt::Reason {
+            code: "prebuild.exit".into(),
+            message: "m".into(),
+        });
+        assert!(!own.passes_on());
+        let own = put(&store, &own);
+        assert!(matches!(
+            walk_verdict(&store, &own, &a),
+            Err(ChainError::NotOk { .. })
+        ));
+        // A verdict head the store does not hold is refused as any forged receipt is.
+        let absent = Receipt::pass_on(StageName::Lane, &prebuild, p)
+            .digest()
+            .unwrap();
+        let e = walk_verdict(&store, &absent, &a).unwrap_err();
+        assert_eq!(e.exit_code(), crate::ExitCode::Usage);
     }
 
     #[test]

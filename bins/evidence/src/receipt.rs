@@ -18,6 +18,9 @@ use cordon_canon::canonical::{CanonicalError, Digest, domain_digest, to_canonica
 /// The receipt schema this build writes and accepts.
 pub const RECEIPT_SCHEMA: u32 = 1;
 
+/// The one reason a pass-on receipt carries ([`Receipt::pass_on`]).
+pub const PASS_ON: &str = "stage.upstream";
+
 /// The stage that wrote a receipt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -541,6 +544,39 @@ impl Receipt {
             started_at: now.clone(),
             finished_at: now,
         }
+    }
+
+    /// The receipt of a stage that did nothing because its input, `upstream` (stored as
+    /// `digest`), records a verdict rather than a result: the same outcome, `upstream` as its
+    /// `prev`, one [`PASS_ON`] reason and no outputs. Such a receipt is the one that may rest
+    /// on a receipt that is not `ok` ([`Receipt::passes_on`]).
+    #[must_use]
+    pub fn pass_on(stage: StageName, upstream: &Self, digest: Digest) -> Self {
+        let mut r = Self::new(stage, upstream.authority, upstream.outcome);
+        r.prev = Some(digest);
+        r.reasons.push(Reason {
+            code: PASS_ON.into(),
+            message: format!(
+                "the {} receipt {digest} is {}: this stage did nothing",
+                upstream.stage.as_str(),
+                upstream.outcome.as_str()
+            ),
+        });
+        r
+    }
+
+    /// Whether this receipt only passes on its predecessor's verdict ([`Receipt::pass_on`]'s
+    /// shape): not `ok`, a `prev`, exactly one [`PASS_ON`] reason and empty outputs. A
+    /// chain walker lets such a receipt, and only such, rest on one of the same outcome.
+    #[must_use]
+    pub fn passes_on(&self) -> bool {
+        self.outcome != Outcome::Ok
+            && self.prev.is_some()
+            && matches!(self.reasons.as_slice(), [r] if r.code == PASS_ON)
+            && self
+                .outputs
+                .as_object()
+                .is_some_and(serde_json::Map::is_empty)
     }
 
     /// Parse a receipt and check its schema.

@@ -194,24 +194,25 @@ pub fn run(
             ..
         } => (StageName::Qualify, candidate, images, lease),
     };
-    let (input, prev) = match stage::input_or_exit(
-        file.as_deref(),
-        stdin,
-        stage_name,
-        &authority,
-        mode,
-        stdout,
-        stderr,
-    ) {
-        Ok(x) => x,
-        Err(code) => return code,
-    };
     let store = match Store::open(&args.stage.store_root(policy)) {
         Ok(s) => s,
         Err(e) => {
             report_diagnostic(&e, mode, stderr);
             return ExitCode::NoDecision;
         }
+    };
+    let (input, prev) = match stage::input_or_exit(
+        file.as_deref(),
+        stdin,
+        stage_name,
+        &authority,
+        &store,
+        mode,
+        stdout,
+        stderr,
+    ) {
+        Ok(x) => x,
+        Err(code) => return code,
     };
     let cfg = Config {
         store: store.clone(),

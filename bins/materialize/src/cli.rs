@@ -117,6 +117,27 @@ struct SourceFinding {
     source: Option<NamedSource<Arc<String>>>,
 }
 
+/// The last column a finding is shown on its source at: the renderer pads to the column with a
+/// formatter width, which cannot pass `u16::MAX`, and a line that long is unreadable anyway.
+/// A finding further right is shown as its one line (its receipt keeps line and column).
+const MAX_SHOWN_COLUMN: usize = 4096;
+
+impl SourceFinding {
+    /// `f`, with the source it was found in when it has a place that can be shown.
+    fn on(f: &Finding, sources: &[(String, Arc<String>)]) -> Self {
+        let source = f.at.filter(|at| at.col <= MAX_SHOWN_COLUMN).and_then(|_| {
+            sources.iter().find(|(p, _)| *p == f.path).map(|(p, text)| {
+                let language = if p.ends_with(".kdl") { "kdl" } else { "python" };
+                NamedSource::new(p, text.clone()).with_language(language)
+            })
+        });
+        Self {
+            finding: f.clone(),
+            source,
+        }
+    }
+}
+
 impl fmt::Display for SourceFinding {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.finding.one_line())
@@ -212,11 +233,23 @@ pub fn run(
         stderr,
     ) {
         Ok(code) => code,
-        Err(CommandError::Input(e))
-            if let Some(code) = stage::pass_on(&e, StageName::Materialize, stdout, stderr) =>
-        {
+        Err(CommandError::Input(e @ stage::StageError::NotOk { .. })) => {
             // A verdict upstream is passed on, not reported as a wiring error.
-            code
+            match Store::open(&args.stage.store_root(&loaded.policy)) {
+                Ok(store) => stage::pass_on(
+                    &e,
+                    StageName::Materialize,
+                    &store,
+                    args.stage.diagnostics,
+                    stdout,
+                    stderr,
+                )
+                .unwrap_or(ExitCode::NoDecision),
+                Err(e) => {
+                    report_diagnostic(&e, args.stage.diagnostics, stderr);
+                    ExitCode::NoDecision
+                }
+            }
         }
         Err(e) => {
             report_diagnostic(&e, args.stage.diagnostics, stderr);
@@ -364,23 +397,15 @@ fn dispatch(
                 })
             }),
     };
+    // Findings are shown on the candidate's own source only once the receipt is safe.
+    let mut shown = Vec::new();
     let decision = match result {
         Ok(outputs) => Ok(Decision::Accepted(outputs)),
         Err(MaterializeError::Rejected(findings, sources)) => {
-            // Every finding is shown on the candidate's own source, then recorded.
-            for f in &findings {
-                let source = f.at.and_then(|_| {
-                    sources.iter().find(|(p, _)| *p == f.path).map(|(p, text)| {
-                        let language = if p.ends_with(".kdl") { "kdl" } else { "python" };
-                        NamedSource::new(p, text.clone()).with_language(language)
-                    })
-                });
-                let diag = SourceFinding {
-                    finding: f.clone(),
-                    source,
-                };
-                report_diagnostic(&diag, args.stage.diagnostics, stderr);
-            }
+            shown = findings
+                .iter()
+                .map(|f| SourceFinding::on(f, &sources))
+                .collect();
             Ok(Decision::Rejected(Rejection {
                 findings: findings
                     .iter()
@@ -398,14 +423,18 @@ fn dispatch(
         }
         Err(e) => Err(e),
     };
-    Ok(stage::finish(
+    let code = stage::finish(
         &store,
         &mut receipt,
         decision,
         args.stage.diagnostics,
         stdout,
         stderr,
-    ))
+    );
+    for diag in &shown {
+        report_diagnostic(diag, args.stage.diagnostics, stderr);
+    }
+    Ok(code)
 }
 
 /// The whole of `cordon-materialize`'s `main` (which installs the panic hook first, through

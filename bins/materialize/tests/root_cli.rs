@@ -233,3 +233,32 @@ fn a_tree_of_hundreds_of_realistic_python_files_and_a_long_literal_pass() {
     let receipt: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(receipt["outcome"], "ok");
 }
+
+/// A banned call past column 65 535 (where the source renderer's padding overflows) is an
+/// ordinary rejection: the receipt is stored and printed, exit 1, and the finding reaches
+/// stderr after it, as its one line.
+#[test]
+fn a_finding_far_right_on_a_long_line_is_a_recorded_rejection() {
+    let cli = Cli::new(3);
+    let incumbent = cli.incumbent();
+    let file = format!("x = \"{}\"; eval(\"1\")\n", "a".repeat(70_000));
+    let members: Vec<common::Member<'_>> = vec![
+        ("cordon-delta.kdl", MANIFEST, 0o644),
+        ("engine/attention/__init__.py", file.as_bytes(), 0o644),
+    ];
+    let (receipt_file, _) = cli.fetch(&delta_tar(&members));
+    let out = cli.materialize(&["--incumbent", &incumbent], Some(&receipt_file));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let receipt: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(receipt["outcome"], "rejected");
+    assert!(
+        receipt["reasons"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["code"] == "python.ban-call"),
+        "{receipt}"
+    );
+    assert!(stderr.contains("python.ban-call"), "{stderr}");
+}

@@ -55,11 +55,20 @@ pub fn run(
         Err(code) => return code,
     };
     let policy = &loaded.policy;
+    let store_root = args.stage.store_root(policy);
+    let store = match Store::open(&store_root) {
+        Ok(s) => s,
+        Err(e) => {
+            report_diagnostic(&e, args.stage.diagnostics, stderr);
+            return ExitCode::NoDecision;
+        }
+    };
     let (input, prev) = match stage::input_or_exit(
         args.receipt.as_deref(),
         stdin,
         StageName::Prebuild,
         &authority,
+        &store,
         args.stage.diagnostics,
         stdout,
         stderr,
@@ -82,14 +91,6 @@ pub fn run(
         Err(e) => {
             report_diagnostic(&e, args.stage.diagnostics, stderr);
             return ExitCode::Usage;
-        }
-    };
-    let store_root = args.stage.store_root(policy);
-    let store = match Store::open(&store_root) {
-        Ok(s) => s,
-        Err(e) => {
-            report_diagnostic(&e, args.stage.diagnostics, stderr);
-            return ExitCode::NoDecision;
         }
     };
     // The input must be this store's own, and its chain must walk back to intake under this

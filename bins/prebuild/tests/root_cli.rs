@@ -260,6 +260,36 @@ fn a_pipeline_carries_an_upstream_verdict_to_its_last_receipt_and_exit_code() {
             && stderr.contains("cordon-prebuild: rejected upstream (materialize receipt"),
         "{stderr}"
     );
+    // Every receipt of the rejected pipeline was stored and signed: its last one verifies.
+    let verified = Command::new(bin("cordon-verify"))
+        .arg("--store")
+        .arg(cli.path("store"))
+        .arg(cli.path("last.json"))
+        .output()
+        .unwrap();
+    assert_eq!(verified.status.code(), Some(0), "{verified:?}");
+
+    // A `rejected` materialize receipt written by hand (the store never held it) is refused
+    // like any forged input: exit 2, and no receipt.
+    let mut forged = last.clone();
+    forged["stage"] = "materialize".into();
+    forged["started_at"] = "2026-01-01T00:00:00.000Z".into();
+    let forged_file = cli.path("forged.json");
+    std::fs::write(&forged_file, forged.to_string()).unwrap();
+    let out = cli
+        .command("cordon-prebuild")
+        .arg("--images")
+        .arg(cli.path("images"))
+        .arg("--receipt")
+        .arg(&forged_file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cordon::chain::missing"),
+        "{out:?}"
+    );
 }
 
 #[test]

@@ -123,50 +123,52 @@ pub fn read_input(
 }
 
 /// When `err` is an upstream verdict ([`StageError::NotOk`]: a rejected or no-decision receipt
-/// of the expected stage, under this authority), pass it on: print this stage's receipt with
-/// the same outcome, naming the upstream receipt as `prev` and saying nothing was done, and
-/// return the upstream's exit code — so a pipeline under `set -o pipefail` and its last
-/// receipt both tell the verdict. Any other error is `None` (the caller reports it).
+/// of the expected stage, under this authority), pass it on: if `store` holds it and its chain
+/// walks back to intake ([`chain::walk_verdict`]), store, sign and print this stage's pass-on
+/// receipt ([`Receipt::pass_on`]) and return the upstream's exit code — so a pipeline under
+/// `set -o pipefail` and its last receipt both tell the verdict, and the last receipt verifies.
+/// A verdict the store does not hold is refused as any forged receipt is (its chain error's
+/// exit code, 2 when absent). Any other error is `None` (the caller reports it).
 pub fn pass_on(
     err: &StageError,
     stage: StageName,
+    store: &Store,
+    mode: Diagnostics,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> Option<ExitCode> {
     let StageError::NotOk {
-        outcome,
-        upstream,
-        digest,
+        upstream, digest, ..
     } = err
     else {
         return None;
     };
-    let mut receipt = Receipt::new(stage, upstream.authority, *outcome);
-    receipt.prev = Some(*digest);
-    receipt.reasons.push(Reason {
-        code: "stage.upstream".into(),
-        message: format!(
-            "the {} receipt {digest} is {}: this stage did nothing",
-            upstream.stage.as_str(),
-            outcome.as_str()
-        ),
-    });
+    // A hand-written `rejected` receipt names nothing the store established.
+    if let Err(e) = chain::walk_verdict(store, digest, &upstream.authority) {
+        report_diagnostic(&e, mode, stderr);
+        return Some(e.exit_code());
+    }
+    let mut receipt = Receipt::pass_on(stage, upstream, *digest);
+    if let Err(e) = emit(Some(store), &mut receipt, stdout) {
+        report_diagnostic(&e, mode, stderr);
+        return Some(ExitCode::NoDecision);
+    }
     let _ = writeln!(
         stderr,
         "cordon-{}: {} upstream ({} receipt {digest}); nothing done",
         stage.as_str(),
-        outcome.as_str(),
+        upstream.outcome.as_str(),
         upstream.stage.as_str()
     );
-    Some(match emit(None, &mut receipt, stdout) {
-        Ok(_) if *outcome == Outcome::Rejected => ExitCode::Rejected,
-        Ok(_) | Err(_) => ExitCode::NoDecision,
+    Some(match upstream.outcome {
+        Outcome::Rejected => ExitCode::Rejected,
+        Outcome::Ok | Outcome::NoDecision => ExitCode::NoDecision,
     })
 }
 
 /// What a stage binary does with its input receipt: read it ([`read_input`]) as the receipt of
-/// `stage`'s predecessor; an upstream verdict is passed on ([`pass_on`]) and any other error
-/// reported on stderr, and either way the exit code to end with is returned.
+/// `stage`'s predecessor; an upstream verdict is passed on ([`pass_on`], into `store`) and any
+/// other error reported on stderr, and either way the exit code to end with is returned.
 ///
 /// # Errors
 /// The exit code, everything already printed.
@@ -176,6 +178,7 @@ pub fn input_or_exit(
     stdin: &mut dyn Read,
     stage: StageName,
     authority: &Digest,
+    store: &Store,
     mode: Diagnostics,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
@@ -185,7 +188,7 @@ pub fn input_or_exit(
     };
     read_input(file, stdin, expected, authority).map_err(|e| {
         // A verdict upstream is passed on, not reported as a wiring error.
-        pass_on(&e, stage, stdout, stderr).unwrap_or_else(|| {
+        pass_on(&e, stage, store, mode, stdout, stderr).unwrap_or_else(|| {
             report_diagnostic(&e, mode, stderr);
             e.exit_code()
         })
@@ -398,7 +401,7 @@ mod tests {
     }
 
     #[test]
-    fn an_input_of_another_stage_authority_or_outcome_is_refused() {
+    fn an_input_of_another_stage_authority_or_outcome_is_refused_and_a_stored_verdict_passed_on() {
         let a = Digest::of_bytes(b"a");
         let mut stdin: &[u8] = b"";
         let read = |r: &Receipt, stage: StageName, authority: &Digest| {
@@ -415,15 +418,31 @@ mod tests {
             read(&fetch, StageName::Fetch, &Digest::of_bytes(b"b")),
             Err(StageError::Receipt(ReceiptError::ForeignAuthority { .. }))
         ));
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        let key = HostKey::load_or_create(Path::new(KEY_DIR)).unwrap();
         let rejected = Receipt::new(StageName::Fetch, a, Outcome::Rejected);
         let err = read(&rejected, StageName::Fetch, &a).unwrap_err();
         assert!(matches!(err, StageError::NotOk { .. }));
-        // Passed on: the same outcome and exit code, the upstream receipt as prev.
+        // Not in the store: refused as any forged receipt is, and nothing printed.
         let (mut out, mut diag) = (Vec::new(), Vec::new());
-        assert_eq!(
-            pass_on(&err, StageName::Materialize, &mut out, &mut diag),
-            Some(ExitCode::Rejected)
-        );
+        let pass = |err: &StageError, out: &mut Vec<u8>, diag: &mut Vec<u8>| {
+            pass_on(
+                err,
+                StageName::Materialize,
+                &store,
+                Diagnostics::Text,
+                out,
+                diag,
+            )
+        };
+        assert_eq!(pass(&err, &mut out, &mut diag), Some(ExitCode::Usage));
+        assert!(out.is_empty(), "{}", String::from_utf8_lossy(&out));
+        // Stored: passed on with the same outcome and exit code, the upstream receipt as prev,
+        // itself stored and signed.
+        key.store_receipt(&store, &rejected).unwrap();
+        let mut diag = Vec::new();
+        assert_eq!(pass(&err, &mut out, &mut diag), Some(ExitCode::Rejected));
         let passed = Receipt::parse(String::from_utf8(out).unwrap().trim_end()).unwrap();
         assert_eq!(
             (passed.stage, passed.outcome, passed.prev),
@@ -433,16 +452,21 @@ mod tests {
                 Some(rejected.digest().unwrap())
             )
         );
-        assert_eq!(passed.reasons[0].code, "stage.upstream");
+        assert!(passed.passes_on());
+        let digest = passed.digest().unwrap();
+        assert_eq!(chain::load(&store, &digest).unwrap(), passed);
+        let sig = cordon::signing::stored(&store, &digest).unwrap();
+        cordon::signing::verify(&key.public(), &digest, &sig).unwrap();
+        assert!(
+            String::from_utf8(diag)
+                .unwrap()
+                .contains("rejected upstream")
+        );
         let stopped = Receipt::new(StageName::Fetch, a, Outcome::NoDecision);
+        key.store_receipt(&store, &stopped).unwrap();
         let err = read(&stopped, StageName::Fetch, &a).unwrap_err();
         assert_eq!(
-            pass_on(
-                &err,
-                StageName::Materialize,
-                &mut Vec::new(),
-                &mut Vec::new()
-            ),
+            pass(&err, &mut Vec::new(), &mut Vec::new()),
             Some(ExitCode::NoDecision)
         );
         let wrong = read(&fetch, StageName::Materialize, &a).unwrap_err();
@@ -450,6 +474,8 @@ mod tests {
             pass_on(
                 &wrong,
                 StageName::Prebuild,
+                &store,
+                Diagnostics::Text,
                 &mut Vec::new(),
                 &mut Vec::new()
             ),

@@ -139,7 +139,8 @@ type Edges = Vec<(Digest, StageName)>;
 pub fn verify(store: &Store, head: &Digest, key: &str) -> Result<Vec<Hop>, VerifyError> {
     let mut hops: Vec<Hop> = Vec::new();
     let mut seen = BTreeSet::new();
-    let mut todo: Vec<(Digest, Option<StageName>)> = vec![(*head, None)];
+    // Each receipt still to verify, with the stage and outcome its successor rests on.
+    let mut todo: Vec<(Digest, Option<(StageName, Outcome)>)> = vec![(*head, None)];
     let mut authority = None;
     while let Some((digest, expected)) = todo.pop() {
         if !seen.insert(digest) {
@@ -167,18 +168,28 @@ pub fn verify(store: &Store, head: &Digest, key: &str) -> Result<Vec<Hop>, Verif
             stage: r.stage,
             why,
         };
-        if let Some(stage) = expected
+        if let Some((stage, _)) = expected
             && r.stage != stage
         {
             return Err(order(format!("its successor consumes a {stage} receipt")));
         }
-        if digest != *head && r.outcome != Outcome::Ok {
+        // Below the head, only an ok receipt can be rested on, except by a pass-on receipt,
+        // which rests on one of its own outcome.
+        if let Some((_, may)) = expected
+            && r.outcome != may
+        {
             return Err(order(format!(
-                "is {}, and only an ok receipt can be rested on",
-                r.outcome.as_str()
+                "is {}, and its successor rests only on a receipt that is {}",
+                r.outcome.as_str(),
+                may.as_str()
             )));
         }
         let (objects, edges) = hop(store, &digest, &r)?;
+        let rests_on = if r.passes_on() {
+            r.outcome
+        } else {
+            Outcome::Ok
+        };
         for (section, object) in &objects {
             tree::verify_in(store, *section, object).map_err(|source| VerifyError::Object {
                 digest,
@@ -191,7 +202,7 @@ pub fn verify(store: &Store, head: &Digest, key: &str) -> Result<Vec<Hop>, Verif
                 source: Box::new(source),
             })?;
         }
-        todo.extend(edges.into_iter().map(|(d, s)| (d, Some(s))));
+        todo.extend(edges.into_iter().map(|(d, s)| (d, Some((s, rests_on)))));
         hops.push(Hop {
             digest,
             receipt: r,
@@ -218,6 +229,15 @@ fn hop(
             .map(|p| vec![(p, stage)])
             .ok_or_else(|| order(format!("names no {stage} receipt before it")))
     };
+    // A pass-on receipt establishes nothing: it names only the verdict it passes on.
+    if r.passes_on() {
+        return match r.stage.predecessor() {
+            Some(p) => Ok((Vec::new(), prev(p)?)),
+            None => Err(order(
+                "passes on a verdict but has no stage before it".into(),
+            )),
+        };
+    }
     // A rejected or no-decision head has no outputs of its stage to check.
     let established = r.outcome == Outcome::Ok || r.stage == StageName::Qualify;
     match r.stage {

@@ -554,3 +554,48 @@ fn an_auditor_without_root_replays_an_export_with_the_binary() {
         assert_eq!(out.status.code(), Some(code), "{name}: {out:?}");
     }
 }
+
+/// A rejected pipeline's last receipt verifies: a rejected fetch, the materialize and prebuild
+/// receipts that passed its verdict on. A receipt that is not a pass-on does not rest on a
+/// verdict, nor a pass-on on a receipt of another outcome.
+#[test]
+fn the_last_receipt_of_a_rejected_pipeline_verifies_through_its_pass_ons() {
+    cordon_testkit::require_root("receipts are signed with the host's key, root's own");
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("store")).unwrap();
+    let key = HostKey::load_or_create(Path::new(KEY_DIR)).unwrap();
+    let put = |r: &Receipt| key.store_receipt(&store, r).unwrap().0;
+    let mut fetch = Receipt::new(
+        StageName::Fetch,
+        Digest::of_bytes(AUTHORITY),
+        Outcome::Rejected,
+    );
+    fetch.reasons.push(cordon::receipt::Reason {
+        code: "intake.digest".into(),
+        message: "the archive is not the one named".into(),
+    });
+    let f = put(&fetch);
+    let materialize = Receipt::pass_on(StageName::Materialize, &fetch, f);
+    let m = put(&materialize);
+    let prebuild = Receipt::pass_on(StageName::Prebuild, &materialize, m);
+    let p = put(&prebuild);
+    let hops = verify(&store, &p, &key.public()).unwrap();
+    assert_eq!(hops.len(), 3);
+
+    // A prebuild receipt of its own (not a pass-on) over the rejected materialize: refused.
+    let mut own = prebuild.clone();
+    own.reasons[0].code = "prebuild.exit".into();
+    let own = put(&own);
+    let e = verify(&store, &own, &key.public()).unwrap_err();
+    assert!(matches!(e, VerifyError::Order { .. }), "{e}");
+    // A pass-on that turns a rejection into a no-decision: refused.
+    let mut flipped = prebuild.clone();
+    flipped.outcome = Outcome::NoDecision;
+    let flipped = put(&flipped);
+    let e = verify(&store, &flipped, &key.public()).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("rests only on a receipt that is no-decision"),
+        "{e}"
+    );
+}
