@@ -197,7 +197,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             ExitCode::NoDecision
         }
     };
-    match stage::emit(Some(&store), &mut receipt, stdout) {
+    match stage::emit(&store, &mut receipt, stdout) {
         Ok(_) => code,
         Err(e) => {
             report_diagnostic(&e, args.stage.diagnostics, stderr);

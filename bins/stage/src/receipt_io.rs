@@ -149,7 +149,7 @@ pub fn pass_on(
         return Some(e.exit_code());
     }
     let mut receipt = Receipt::pass_on(stage, upstream, *digest);
-    if let Err(e) = emit(Some(store), &mut receipt, stdout) {
+    if let Err(e) = emit(store, &mut receipt, stdout) {
         report_diagnostic(&e, mode, stderr);
         return Some(ExitCode::NoDecision);
     }
@@ -232,20 +232,28 @@ impl StageError {
 /// and print it as one line of canonical JSON on `stdout`. Returns its digest.
 ///
 /// # Errors
-/// Encoding, storing or printing failed.
+/// Encoding, signing, storing or printing failed.
 pub fn emit(
-    store: Option<&Store>,
+    store: &Store,
+    receipt: &mut Receipt,
+    stdout: &mut dyn Write,
+) -> Result<Digest, StageError> {
+    emit_signed(store, Path::new(KEY_DIR), receipt, stdout)
+}
+
+/// [`emit`], signed with the key kept in `key_dir` (the host's is [`KEY_DIR`]; the rootless
+/// surface keeps its own in its state directory).
+///
+/// # Errors
+/// Encoding, signing, storing or printing failed.
+pub fn emit_signed(
+    store: &Store,
+    key_dir: &Path,
     receipt: &mut Receipt,
     stdout: &mut dyn Write,
 ) -> Result<Digest, StageError> {
     receipt.finished_at = cordon::receipt::now_rfc3339();
-    let (digest, text) = match store {
-        // Every stored receipt carries the host's detached signature over its digest.
-        Some(store) => {
-            HostKey::load_or_create(Path::new(KEY_DIR))?.store_receipt(store, receipt)?
-        }
-        None => (receipt.digest()?, receipt.to_canonical_json()?),
-    };
+    let (digest, text) = HostKey::load_or_create(key_dir)?.store_receipt(store, receipt)?;
     writeln!(stdout, "{text}").map_err(|source| StageError::Stdout { source })?;
     Ok(digest)
 }
@@ -261,8 +269,9 @@ pub trait Infrastructure: miette::Diagnostic {
 /// `ok` receipt with the stage's outputs (exit 0), a rejection a `rejected` receipt with its
 /// findings and evidence (exit 1), an error a `no-decision` receipt whose reason is the error's
 /// chain under its reason code (exit 3, the error also reported on stderr). The receipt is then
-/// emitted (and stored, whatever its outcome); a failure to emit is a no-decision.
-pub fn finish<T: serde::Serialize, E: Infrastructure>(
+/// emitted (and stored, whatever its outcome); a failure to emit is a no-decision. Nothing
+/// reaches stderr before the receipt is safe: a report that fails cannot unrecord a verdict.
+pub fn finish<T: serde::Serialize, E: Infrastructure + 'static>(
     store: &Store,
     receipt: &mut Receipt,
     result: Result<Decision<T>, E>,
@@ -270,53 +279,75 @@ pub fn finish<T: serde::Serialize, E: Infrastructure>(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> ExitCode {
-    let code = match result {
-        Ok(Decision::Accepted(outputs)) => match serde_json::to_value(&outputs) {
-            Ok(v) => {
-                receipt.outputs = v;
-                ExitCode::Ok
+    finish_signed(
+        store,
+        Path::new(KEY_DIR),
+        receipt,
+        result,
+        (mode, stdout, stderr),
+    )
+}
+
+/// [`finish`], the receipt signed with the key in `key_dir` ([`emit_signed`]).
+pub fn finish_signed<T: serde::Serialize, E: Infrastructure + 'static>(
+    store: &Store,
+    key_dir: &Path,
+    receipt: &mut Receipt,
+    result: Result<Decision<T>, E>,
+    (mode, stdout, stderr): (Diagnostics, &mut dyn Write, &mut dyn Write),
+) -> ExitCode {
+    let (code, cause) = decide(receipt, result);
+    match emit_signed(store, key_dir, receipt, stdout) {
+        Ok(_) => {
+            if let Some(e) = cause {
+                report_diagnostic(e.as_ref(), mode, stderr);
             }
-            Err(e) => {
-                let e = ReceiptError::Outputs {
-                    stage: receipt.stage,
-                    source: e,
-                };
-                no_decision(receipt, &e, "receipt.outputs", mode, stderr)
-            }
-        },
-        Ok(Decision::Rejected(r)) => {
-            receipt.outcome = Outcome::Rejected;
-            receipt.reasons.extend(r.findings);
-            receipt.outputs = r.evidence;
-            ExitCode::Rejected
+            code
         }
-        Err(e) => no_decision(receipt, &e, e.reason_code(), mode, stderr),
-    };
-    match emit(Some(store), receipt, stdout) {
-        Ok(_) => code,
         Err(e) => {
+            if let Some(cause) = cause {
+                report_diagnostic(cause.as_ref(), mode, stderr);
+            }
             report_diagnostic(&e, mode, stderr);
             ExitCode::NoDecision
         }
     }
 }
 
-/// Make `receipt` a no-decision whose reason is `e`'s chain under `infrastructure_code`, and
-/// report `e` on stderr.
-pub fn no_decision(
+/// Record `result` on `receipt`: its exit code, and the error behind a no-decision, to be
+/// reported once the receipt is safe.
+fn decide<T: serde::Serialize, E: Infrastructure + 'static>(
     receipt: &mut Receipt,
-    e: &dyn miette::Diagnostic,
-    infrastructure_code: &str,
-    mode: Diagnostics,
-    stderr: &mut dyn Write,
-) -> ExitCode {
-    report_diagnostic(e, mode, stderr);
+    result: Result<Decision<T>, E>,
+) -> (ExitCode, Option<Box<dyn miette::Diagnostic>>) {
+    let (code, e): (&str, Box<dyn miette::Diagnostic>) = match result {
+        Ok(Decision::Accepted(outputs)) => match serde_json::to_value(&outputs) {
+            Ok(v) => {
+                receipt.outputs = v;
+                return (ExitCode::Ok, None);
+            }
+            Err(source) => (
+                "receipt.outputs",
+                Box::new(ReceiptError::Outputs {
+                    stage: receipt.stage,
+                    source,
+                }),
+            ),
+        },
+        Ok(Decision::Rejected(r)) => {
+            receipt.outcome = Outcome::Rejected;
+            receipt.reasons.extend(r.findings);
+            receipt.outputs = r.evidence;
+            return (ExitCode::Rejected, None);
+        }
+        Err(e) => (e.reason_code(), Box::new(e)),
+    };
     receipt.outcome = Outcome::NoDecision;
     receipt.reasons.push(Reason {
-        code: infrastructure_code.to_owned(),
-        message: error_chain(e),
+        code: code.to_owned(),
+        message: error_chain(e.as_ref()),
     });
-    ExitCode::NoDecision
+    (ExitCode::NoDecision, Some(e))
 }
 
 pub use cordon_canon::error_chain;

@@ -8,6 +8,11 @@
 //!   is exit 2 with no receipt. There is no way to run ARGV outside the surface.
 //! - `cordon-surface reap [--policy P]` removes the runs of supervisors that died; prints
 //!   `{"released":[…],"live":[…]}` (exit 0) or exits 3 on residue.
+//! - `cordon-surface key [--policy P]` prints the public key the surface signs with.
+//!
+//! Every receipt is stored in the state directory's own store (`store/receipts/`) and signed
+//! with the surface's own key (`keys/`): the service user holds neither the host's store nor
+//! its key. `cordon-verify --store STATE/store --key "$(cordon-surface key)" RECEIPT` replays it.
 //!
 //! The policy comes only from `--policy` (default `/etc/cordon/surface.kdl`), never from the
 //! environment or the workspace, and is refused when the service user could change it. The
@@ -20,11 +25,13 @@ use std::path::{Path, PathBuf};
 use clap::Parser;
 use cordon::ExitCode;
 use cordon::canonical::{Digest, domain_digest};
-use cordon::receipt::{Outcome, Reason, Receipt, StageName};
+use cordon::receipt::{Decision, Outcome, Reason, Receipt, Rejection, StageName};
 use cordon::runtime::{Meta, Runtime};
+use cordon::signing::HostKey;
+use cordon::store::Store;
 use cordon_policy_lang::StageKind;
 use cordon_stage::args::{Diagnostics, report_diagnostic};
-use cordon_stage::receipt_io::{emit, no_decision};
+use cordon_stage::receipt_io::finish_signed;
 use cordon_stage::start::stage_start;
 use cordon_stage::surface::{Tier, surface_of};
 use serde::Serialize;
@@ -68,6 +75,9 @@ pub enum Command {
     },
     /// Remove what runs of dead supervisors left.
     Reap,
+    /// Print the public key the surface signs its receipts with (`ed25519:<hex>`, made on
+    /// first use), for `cordon-verify --key`.
+    Key,
 }
 
 /// What an `ok` or `rejected` surface receipt records.
@@ -151,7 +161,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             Ok(w) => Some(w),
             Err(e) => return fail(&e.into(), mode, stderr),
         },
-        Command::Reap => None,
+        Command::Reap | Command::Key => None,
     };
     let ws = workspace.as_ref().map(|w| w.path.as_path());
     // Checked before it is read: nothing the service user can change decides the surface.
@@ -196,6 +206,16 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
         authority: started.authority.to_string(),
     };
     match &args.command {
+        Command::Key => match HostKey::load_or_create(&host.state.join(run::KEYS)) {
+            Ok(k) => {
+                let _ = writeln!(stdout, "{}", k.public());
+                ExitCode::Ok
+            }
+            Err(e) => {
+                report_diagnostic(&e, mode, stderr);
+                ExitCode::NoDecision
+            }
+        },
         Command::Reap => match run::reap(&host) {
             Ok(r) => {
                 let _ = writeln!(stdout, "{}", serde_json::json!(r));
@@ -213,38 +233,41 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
                 argv: argv.clone(),
                 invoker_env: std::env::vars_os().collect::<BTreeMap<_, _>>(),
             };
+            // Opened before the run: a run whose receipt could not be kept never starts.
+            let store = match Store::open(&host.state.join(run::RECEIPTS)) {
+                Ok(s) => s,
+                Err(e) => {
+                    report_diagnostic(&e, mode, stderr);
+                    return ExitCode::NoDecision;
+                }
+            };
             let mut receipt = Receipt::new(StageName::Surface, started.authority, Outcome::Ok);
             receipt.inputs = serde_json::json!({
                 "workspace": req.workspace.path,
                 "tier": req.tier,
                 "argv": req.argv,
             });
-            let code = match run::run(policy, &host, &req) {
-                Ok(ran) => match outputs(policy, &host, &req, ran) {
-                    Ok((out, reason)) => {
-                        receipt.outputs = out;
-                        if let Some(reason) = reason {
-                            receipt.outcome = Outcome::Rejected;
-                            receipt.reasons.push(reason);
-                            ExitCode::Rejected
-                        } else {
-                            ExitCode::Ok
-                        }
-                    }
-                    Err(e) => no_decision(&mut receipt, &e, "surface.infrastructure", mode, stderr),
-                },
+            let result = match run::run(policy, &host, &req) {
                 Err(e) if e.is_usage() => return fail(&e, mode, stderr),
-                Err(e) => no_decision(&mut receipt, &e, "surface.infrastructure", mode, stderr),
+                result => result
+                    .and_then(|ran| outputs(policy, &host, &req, ran))
+                    .map(|(out, reason)| match reason {
+                        None => Decision::Accepted(out),
+                        Some(reason) => Decision::Rejected(Rejection {
+                            findings: vec![reason],
+                            evidence: out,
+                        }),
+                    }),
             };
-            // The service user cannot write the store or hold the host key: the receipt is
-            // printed, unsigned, for the integrator to keep.
-            match emit(None, &mut receipt, stdout) {
-                Ok(_) => code,
-                Err(e) => {
-                    report_diagnostic(&e, mode, stderr);
-                    ExitCode::NoDecision
-                }
-            }
+            // The service user cannot write the host's store or hold the host key: the
+            // surface keeps its receipts in its own store, signed with its own key.
+            finish_signed(
+                &store,
+                &host.state.join(run::KEYS),
+                &mut receipt,
+                result,
+                (mode, stdout, stderr),
+            )
         }
     }
 }

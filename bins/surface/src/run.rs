@@ -56,6 +56,11 @@ pub const RECORD_PENDING: &str = "record.json.pending";
 pub const PIDNS: &str = "pidns";
 /// The state directory's lock that orders run publication before reap.
 pub const REAP_LOCK: &str = "reap.lock";
+/// The state directory's store of surface receipts (each signed, as every stage's).
+pub const RECEIPTS: &str = "store";
+/// The state directory's signing key directory: the surface's own key, the service user's,
+/// outside its store and outside every workspace (the host key is root's).
+pub const KEYS: &str = "keys";
 /// How long the processes of a killed pid namespace may take to leave.
 const EXIT_GRACE: Duration = Duration::from_secs(10);
 
@@ -131,6 +136,12 @@ impl RunError {
             | Self::Groups { .. }
             | Self::Prepare(_) => false,
         }
+    }
+}
+
+impl cordon_stage::receipt_io::Infrastructure for RunError {
+    fn reason_code(&self) -> &'static str {
+        "surface.infrastructure"
     }
 }
 

@@ -556,6 +556,57 @@ fn a_run_past_its_deadline_is_killed_and_rejected() {
     s.assert_released();
 }
 
+/// Every surface receipt, ok or rejected, is the one its store holds, signed with the surface's
+/// own key: `cordon-verify`, given that key, replays it; given another, it refuses.
+#[test]
+fn every_surface_receipt_is_stored_signed_and_verifies() {
+    let s = Surface::new(&|t| t);
+    let ok = s.run("command", "echo fine", &[]);
+    assert_eq!(ok.code, 0, "{}", ok.stderr);
+    let failed = s.run("command", "exit 4", &[]);
+    assert_eq!(failed.code, 1, "{}", failed.stderr);
+    let key = s.command(&s.policy, &["key"], &[]).output().unwrap();
+    assert_eq!(key.status.code(), Some(0), "{key:?}");
+    let key = String::from_utf8(key.stdout).unwrap();
+    let verifier = s.dir.path().join("bin/cordon-verify");
+    std::fs::copy(
+        Path::new(env!("CARGO_BIN_EXE_cordon-surface")).with_file_name("cordon-verify"),
+        &verifier,
+    )
+    .unwrap();
+    chmod(&verifier, 0o755);
+    let verify = |done: &Done, key: &str| {
+        let digest = cordon::receipt::Receipt::parse(&done.receipt.to_string())
+            .unwrap()
+            .digest()
+            .unwrap()
+            .to_string();
+        let store = s.state.join("store");
+        Command::new("setpriv")
+            .args([
+                "--reuid",
+                &SERVICE.to_string(),
+                "--regid",
+                &SERVICE.to_string(),
+            ])
+            .args(["--clear-groups", "--"])
+            .arg(&verifier)
+            .arg("--store")
+            .arg(&store)
+            .args(["--key", key.trim(), &digest])
+            .current_dir("/")
+            .output()
+            .unwrap()
+    };
+    for done in [&ok, &failed] {
+        let out = verify(done, &key);
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("verified: 1 receipts"));
+    }
+    let other = format!("ed25519:{}", "11".repeat(32));
+    assert_eq!(verify(&ok, &other).status.code(), Some(1));
+}
+
 #[test]
 fn reap_removes_what_a_killed_supervisor_left() {
     let s = Surface::new(&|t| t);

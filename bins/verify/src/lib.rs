@@ -309,9 +309,14 @@ fn hop(
             );
             Ok((Vec::new(), edges))
         }
-        StageName::Policy | StageName::Reference | StageName::Surface | StageName::Reap => Err(
-            order("this build cannot verify a receipt of this stage".into()),
-        ),
+        // A surface run rests on nothing and names no tree: its receipt is its own evidence.
+        StageName::Surface => match r.prev {
+            None => Ok((Vec::new(), Vec::new())),
+            Some(_) => Err(order("a surface run names a receipt before it".into())),
+        },
+        StageName::Policy | StageName::Reference | StageName::Reap => Err(order(
+            "this build cannot verify a receipt of this stage".into(),
+        )),
     }
 }
 
