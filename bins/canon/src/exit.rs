@@ -37,6 +37,14 @@ impl From<ExitCode> for std::process::ExitCode {
     }
 }
 
+/// The one mapping from an error to how its binary ends: every error type a binary reports
+/// implements it, exhaustively, and nothing else decides an exit code from an error.
+pub trait ExitClass {
+    /// The exit code this error ends its binary with: [`ExitCode::Usage`] for the operator's
+    /// wiring, [`ExitCode::NoDecision`] for what cordon could not establish.
+    fn exit_class(&self) -> ExitCode;
+}
+
 /// Make a panic end the process with a no-decision (exit 3) instead of Rust's 101, after
 /// printing it: a panic is a defect in cordon, never a verdict, and no cordon binary exits
 /// outside 0–3. Every main installs it first.

@@ -107,13 +107,12 @@ pub enum ChainError {
     },
 }
 
-impl ChainError {
-    /// The exit code: a receipt the store does not hold, or a chain out of order, under
-    /// another authority or not `ok`, is an input-wiring error (2); a store that cannot be
-    /// read, or a stored receipt that is unreadable or does not hash to its name, is a
-    /// no-decision (3): the store itself is in doubt.
-    #[must_use]
-    pub fn exit_code(&self) -> crate::ExitCode {
+impl crate::exit::ExitClass for ChainError {
+    /// A receipt the store does not hold, or a chain out of order, under another authority or
+    /// not `ok`, is an input-wiring error (2); a store that cannot be read, or a stored receipt
+    /// that is unreadable or does not hash to its name, is a no-decision (3): the store itself
+    /// is in doubt.
+    fn exit_class(&self) -> crate::ExitCode {
         match self {
             Self::Missing {
                 source: StoreError::Io { source, .. },
@@ -268,6 +267,7 @@ pub fn starts_incumbent_chain(r: &Receipt) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::exit::ExitClass;
 
     fn put(store: &Store, r: &Receipt) -> Digest {
         let d = r.digest().unwrap();
@@ -441,7 +441,7 @@ mod tests {
             .digest()
             .unwrap();
         let e = walk_verdict(&store, &absent, &a).unwrap_err();
-        assert_eq!(e.exit_code(), crate::ExitCode::Usage);
+        assert_eq!(e.exit_class(), crate::ExitCode::Usage);
     }
 
     #[test]
@@ -460,9 +460,9 @@ mod tests {
             .unwrap();
         let tampered = load(&store, &other).unwrap_err();
         assert!(matches!(tampered, ChainError::Tampered { .. }));
-        assert_eq!(tampered.exit_code(), crate::ExitCode::NoDecision);
+        assert_eq!(tampered.exit_class(), crate::ExitCode::NoDecision);
         let missing = load(&store, &Digest::of_bytes(b"absent")).unwrap_err();
-        assert_eq!(missing.exit_code(), crate::ExitCode::Usage);
+        assert_eq!(missing.exit_class(), crate::ExitCode::Usage);
         // A receipt the store holds but cannot open (here a symbolic link under its name: the
         // no-follow open fails with ELOOP) is not "absent": the store is in doubt, a no-decision.
         let odd = Digest::of_bytes(b"odd");
@@ -474,7 +474,7 @@ mod tests {
             matches!(&unreadable, ChainError::Missing { source: StoreError::Io { source, .. }, .. } if source.kind() != std::io::ErrorKind::NotFound),
             "{unreadable:?}"
         );
-        assert_eq!(unreadable.exit_code(), crate::ExitCode::NoDecision);
+        assert_eq!(unreadable.exit_class(), crate::ExitCode::NoDecision);
         // The original's bytes, edited so they still parse and hash to its name: a key twice
         // (the parser keeps the last), or a byte of white space.
         let mut original = receipt(StageName::Fetch, a, None);
@@ -501,7 +501,7 @@ mod tests {
                 matches!(e, ChainError::NotCanonical { .. }),
                 "{edited}: {e:?}"
             );
-            assert_eq!(e.exit_code(), crate::ExitCode::NoDecision);
+            assert_eq!(e.exit_class(), crate::ExitCode::NoDecision);
         }
         store
             .put_document(

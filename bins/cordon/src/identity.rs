@@ -113,10 +113,9 @@ pub enum IdentityError {
     },
 }
 
-impl IdentityError {
-    /// The exit code for this error: always no-decision.
-    #[must_use]
-    pub const fn exit_code(&self) -> ExitCode {
+impl crate::exit::ExitClass for IdentityError {
+    /// Always a no-decision: the authority could not be established.
+    fn exit_class(&self) -> ExitCode {
         ExitCode::NoDecision
     }
 }
@@ -268,6 +267,7 @@ pub fn installed_binaries(host: &dyn Host) -> Result<BTreeMap<String, Digest>, I
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::exit::ExitClass;
     use std::os::unix::fs::PermissionsExt;
 
     fn fake_runtime(dir: &Path, script: &str) -> PathBuf {
@@ -303,7 +303,7 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(err, IdentityError::RuntimeMissing { .. }));
-        assert_eq!(err.exit_code(), ExitCode::NoDecision);
+        assert_eq!(err.exit_class(), ExitCode::NoDecision);
         let path = fake_runtime(dir.path(), "exit 4");
         assert!(matches!(
             probe_runtime(&crate::host::Linux, "runc", &path, None),
@@ -374,7 +374,7 @@ mod tests {
             .unreadable("/opt/cordon/bin/cordon-fetch");
         let e = cordon_binaries(&fake, Path::new("/opt/cordon/bin/cordon-policy")).unwrap_err();
         assert!(matches!(e, IdentityError::Binaries { .. }), "{e}");
-        assert_eq!(e.exit_code(), ExitCode::NoDecision);
+        assert_eq!(e.exit_class(), ExitCode::NoDecision);
         // The runtime is read through the seam as well.
         fake.unreadable("/usr/sbin/runc");
         assert!(matches!(

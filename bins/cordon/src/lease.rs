@@ -29,6 +29,7 @@ use crate::container::{Created, Stdio3};
 use crate::host::MountRequest;
 use crate::runtime::{CgroupProbe, Finished, OutputCaps, Runtime};
 use crate::store::{self, Store};
+pub use cordon_evidence::residue::Leftover;
 
 /// The annotation keys that carry a lease's exact labels on its container.
 pub const LABEL_EXECUTOR: &str = "org.cordon.executor";
@@ -875,45 +876,46 @@ impl Observer {
     ///
     /// # Errors
     /// Something could not be inspected.
-    pub fn check(&self) -> Result<Vec<String>, LeaseError> {
+    pub fn check(&self) -> Result<Vec<Leftover>, LeaseError> {
         // This executor's records (a record that cannot be read, anyone's, is an error).
-        let mut left: Vec<String> = read_records(&self.store, &self.setup.executor)?
-            .iter()
-            .map(|r| {
-                format!(
-                    "lease record {}",
-                    self.store
-                        .path("leases", &format!("{}.json", r.lease))
-                        .display()
-                )
+        let mut left: Vec<Leftover> = read_records(&self.store, &self.setup.executor)?
+            .into_iter()
+            .map(|r| Leftover::LeaseRecord {
+                path: self
+                    .store
+                    .path("leases", &format!("{}.json", r.lease))
+                    .display()
+                    .to_string(),
+                lease: r.lease,
             })
             .collect();
-        for id in self.own_containers()? {
-            left.push(format!("container {id}"));
-        }
+        left.extend(
+            self.own_containers()?
+                .into_iter()
+                .map(|id| Leftover::Container { id }),
+        );
+        let shown = |p: &Path| p.display().to_string();
         let (ours, unattributed) = self.run_dirs()?;
-        for path in ours {
-            left.push(format!("run directory {}", path.display()));
-        }
-        for path in unattributed {
-            left.push(format!(
-                "run directory {} (no readable owner)",
-                path.display()
-            ));
+        for (paths, attributed) in [(ours, true), (unattributed, false)] {
+            left.extend(paths.iter().map(|p| Leftover::RunDirectory {
+                path: shown(p),
+                attributed,
+            }));
         }
         let (ours, unattributed) = self.accounts()?;
-        for a in ours {
-            left.push(format!("account {} (uid {})", a.name, a.uid));
-        }
-        for a in unattributed {
-            left.push(format!("account {} (uid {}, no owner tag)", a.name, a.uid));
+        for (accounts, attributed) in [(ours, true), (unattributed, false)] {
+            left.extend(accounts.into_iter().map(|a| Leftover::Account {
+                name: a.name,
+                uid: a.uid,
+                attributed,
+            }));
         }
         for cg in self.setup.leftover_cgroups()? {
-            left.push(format!("cgroup {}", cg.display()));
+            left.push(Leftover::Cgroup { path: shown(&cg) });
         }
         for p in self.setup.mount_points()? {
             if p.starts_with(&self.setup.run_root) || p.starts_with(self.store.root()) {
-                left.push(format!("mount {}", p.display()));
+                left.push(Leftover::Mount { path: shown(&p) });
             }
         }
         Ok(left)
@@ -1820,7 +1822,7 @@ impl Manager {
     ///
     /// # Errors
     /// Something could not be inspected.
-    pub fn check(&self) -> Result<Vec<String>, LeaseError> {
+    pub fn check(&self) -> Result<Vec<Leftover>, LeaseError> {
         self.view().check()
     }
 }
@@ -2017,11 +2019,17 @@ mod tests {
         );
         // The check lists only this executor's and store's containers as residue.
         let left = observer.check().unwrap();
-        let containers: Vec<&String> = left.iter().filter(|l| l.contains("container")).collect();
+        let containers: Vec<&String> = left
+            .iter()
+            .filter_map(|l| match l {
+                Leftover::Container { id } => Some(id),
+                _ => None,
+            })
+            .collect();
         assert!(
             containers
                 .iter()
-                .all(|l| !l.contains(&others[0].0) && !l.contains(&others[1].0)),
+                .all(|id| **id != others[0].0 && **id != others[1].0),
             "{left:?}"
         );
     }
@@ -2254,7 +2262,10 @@ mod tests {
         .reply("list", ToolOutput::ok(b"[]"));
         let m = with_host(&w, f.clone());
         assert!(
-            m.check().unwrap().iter().any(|l| l.starts_with("mount ")),
+            m.check()
+                .unwrap()
+                .iter()
+                .any(|l| matches!(l, Leftover::Mount { .. })),
             "a mount under the run root is residue"
         );
         m.recover().unwrap();
@@ -2306,7 +2317,11 @@ mod tests {
             f
         });
         let left = m.check().unwrap();
-        let named = |d: &Path| left.iter().any(|l| l.contains(&*d.to_string_lossy()));
+        let named = |d: &Path| {
+            left.iter().any(
+                |l| matches!(l, Leftover::RunDirectory { path, .. } if *path == d.display().to_string()),
+            )
+        };
         assert!(
             named(&ours) && named(&pending) && named(&unowned),
             "{left:?}"
@@ -2836,7 +2851,7 @@ mod tests {
         let m = with_host(&w, f.clone());
         let left = m.check().unwrap();
         assert_eq!(left.len(), 1, "{left:?}");
-        assert!(left[0].starts_with("cgroup "), "{left:?}");
+        assert!(matches!(left[0], Leftover::Cgroup { .. }), "{left:?}");
         let done = m.recover().unwrap();
         assert!(done.iter().any(|d| d.starts_with("cgroup ")), "{done:?}");
         assert!(f.calls().contains(&Call::RemoveDir(
@@ -2880,11 +2895,11 @@ mod tests {
         assert_eq!(left.len(), 2, "{left:?}");
         assert!(
             left.iter()
-                .any(|l| l.starts_with("account cordon-00000001"))
+                .any(|l| matches!(l, Leftover::Account { name, attributed: true, .. } if name == "cordon-00000001"))
         );
         assert!(
             left.iter()
-                .any(|l| l.contains("cordon-00000003") && l.contains("no owner tag"))
+                .any(|l| matches!(l, Leftover::Account { name, attributed: false, .. } if name == "cordon-00000003"))
         );
         let residue = match m.recover() {
             Err(LeaseError::Residue(r)) => r.items,
@@ -2974,7 +2989,7 @@ mod tests {
             m.check()
                 .unwrap()
                 .iter()
-                .any(|l| l.starts_with("lease record"))
+                .any(|l| matches!(l, Leftover::LeaseRecord { .. }))
         );
     }
 }

@@ -7,4 +7,5 @@
 
 pub mod qualify;
 pub mod receipt;
+pub mod residue;
 pub mod speed;

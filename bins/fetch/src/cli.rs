@@ -5,6 +5,7 @@
 //! 2), open the store (exit 3), then stream the source through intake. The receipt says `ok`
 //! (exit 0), `rejected` with a reason code and member path (exit 1), or `no-decision` (exit 3).
 
+use cordon::exit::ExitClass;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -87,8 +88,8 @@ pub enum FetchError {
     Store(#[from] cordon::store::StoreError),
 }
 
-impl FetchError {
-    fn exit_code(&self) -> ExitCode {
+impl ExitClass for FetchError {
+    fn exit_class(&self) -> ExitCode {
         match self {
             Self::Digest { .. }
             | Self::OpenSource { .. }
@@ -186,7 +187,7 @@ pub fn run(args: &Args, child: &Path, stdout: &mut dyn Write, stderr: &mut dyn W
         Ok(code) => code,
         Err(e) => {
             report_diagnostic(&e, args.stage.diagnostics, stderr);
-            e.exit_code()
+            e.exit_class()
         }
     }
 }

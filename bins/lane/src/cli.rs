@@ -18,6 +18,7 @@
 //! cordon could not establish the session (exit 3). A workload, model or policy the session
 //! cannot use is a usage error (exit 2) and prints no receipt.
 
+use cordon::exit::ExitClass;
 use std::io::{Read, Write};
 use std::path::PathBuf;
 
@@ -138,7 +139,7 @@ fn build_of(
     let tree = tree_of(&input.inputs).map_err(|why| usage(stderr, &why))?;
     let chain = stage::require_chain(store, &prev, authority).map_err(|e| {
         report_diagnostic(&e, mode, stderr);
-        e.exit_code()
+        e.exit_class()
     })?;
     // The host owns the role: a candidate's build never runs as the incumbent, nor the reverse.
     let incumbent = chain.last().is_some_and(starts_incumbent_chain);
@@ -255,7 +256,7 @@ pub fn run(
             });
             match session(policy, &cfg, &inputs) {
                 // The operator's inputs: nothing ran, nothing to record.
-                Err(e) if e.is_usage() => {
+                Err(e) if e.exit_class() == ExitCode::Usage => {
                     report_diagnostic(&e, mode, stderr);
                     ExitCode::Usage
                 }
@@ -363,7 +364,7 @@ pub fn run(
                 session_under(policy, &cfg, inputs, lock)
             };
             match qualify::qualify(policy, &cfg, &plan, &mut read, mode, stderr) {
-                Err(e) if e.is_usage() => {
+                Err(e) if e.exit_class() == ExitCode::Usage => {
                     report_diagnostic(&e, mode, stderr);
                     ExitCode::Usage
                 }

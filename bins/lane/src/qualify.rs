@@ -23,6 +23,7 @@
 //! What it does not own: reading and checking the input receipts (the CLI's), one session
 //! (the session module's), the arithmetic of the verdict (the speed module's).
 
+use cordon::exit::ExitClass;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -221,7 +222,7 @@ pub fn qualify(
             "lane": lane,
         });
         let result = match read(&inputs, &lock) {
-            Err(e) if e.is_usage() => return Err(e),
+            Err(e) if e.exit_class() == cordon::ExitCode::Usage => return Err(e),
             r => r,
         };
         // Each read's receipt is stored like any session's; only the qualification's is

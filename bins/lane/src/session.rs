@@ -17,6 +17,8 @@
 //! What it does not own: the verdict on speed and the roles' order and lanes (the qualify
 //! module's), and the receipt (the CLI's).
 
+use cordon::ExitCode;
+use cordon::exit::ExitClass;
 use std::path::{Component, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -149,14 +151,14 @@ pub enum LaneError {
     NoDecision(String),
 }
 
-impl LaneError {
-    /// Whether this is the operator's wiring error (exit 2) rather than a no-decision.
-    #[must_use]
-    pub fn is_usage(&self) -> bool {
+impl ExitClass for LaneError {
+    /// The operator's wiring (policy, workload, model, a session's plan) is exit 2; anything
+    /// else cordon could not establish is a no-decision.
+    fn exit_class(&self) -> ExitCode {
         match self {
-            Self::Policy(_) | Self::Workload(_) | Self::Model(_) => true,
-            Self::Session(s) => s.is_usage(),
-            _ => false,
+            Self::Policy(_) | Self::Workload(_) | Self::Model(_) => ExitCode::Usage,
+            Self::Session(s) => s.exit_class(),
+            Self::Tree(_) | Self::Image(_) | Self::NoDecision(_) => ExitCode::NoDecision,
         }
     }
 }
@@ -678,7 +680,7 @@ mod tests {
         ] {
             let edited = cordon_testkit::replace_once(lane, from, to) + rest;
             let e = lane_caches(&edited).unwrap_err();
-            assert!(e.is_usage(), "{e}");
+            assert_eq!(e.exit_class(), ExitCode::Usage, "{e}");
             assert!(
                 e.to_string().contains(from.split(' ').next().unwrap()),
                 "{e}"

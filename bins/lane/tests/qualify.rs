@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use cordon::exit::ExitClass;
 use std::cell::Cell;
 use std::time::Duration;
 
@@ -508,7 +509,7 @@ fn a_workload_too_short_for_the_verdict_is_refused_before_any_read() {
     let (r, reads) = run(&w, &plan(&w), &workload(0, 3), [(0, 1); 3], &|_, _| {});
     match r {
         Err(e) => {
-            assert!(e.is_usage(), "{e}");
+            assert_eq!(e.exit_class(), cordon::ExitCode::Usage, "{e}");
             assert!(e.to_string().contains("timed requests"), "{e}");
         }
         other => panic!("{other:?}"),

@@ -9,6 +9,7 @@
 //! candidate's own source, and in the receipt); 2 usage, policy or input-wiring error; 3 the
 //! store or a tree could not be established.
 
+use cordon::exit::ExitClass;
 use std::collections::BTreeSet;
 use std::fmt;
 use std::io::{Read, Write};
@@ -100,11 +101,11 @@ pub enum CommandError {
     Store(#[from] cordon::store::StoreError),
 }
 
-impl CommandError {
-    fn exit_code(&self) -> ExitCode {
+impl ExitClass for CommandError {
+    fn exit_class(&self) -> ExitCode {
         match self {
             Self::Digest { .. } | Self::Usage => ExitCode::Usage,
-            Self::Input(e) => e.exit_code(),
+            Self::Input(e) => e.exit_class(),
             Self::Store(_) => ExitCode::NoDecision,
         }
     }
@@ -253,7 +254,7 @@ pub fn run(
         }
         Err(e) => {
             report_diagnostic(&e, args.stage.diagnostics, stderr);
-            e.exit_code()
+            e.exit_class()
         }
     }
 }

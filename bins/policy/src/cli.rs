@@ -4,6 +4,7 @@
 //! tests drive the real command without spawning it. Output for pipelines (receipts, JSON) goes
 //! to `out`; everything for humans goes to `err`.
 
+use cordon::exit::ExitClass;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -163,12 +164,10 @@ impl From<identity::IdentityError> for CliError {
     }
 }
 
-impl CliError {
-    /// The exit code this failure maps to.
-    #[must_use]
-    pub fn exit_code(&self) -> ExitCode {
+impl ExitClass for CliError {
+    fn exit_class(&self) -> ExitCode {
         match self {
-            Self::Start(e) => e.exit_code(),
+            Self::Start(e) => e.exit_class(),
             Self::Encode { .. } | Self::Receipt { .. } => ExitCode::NoDecision,
             Self::NoStage { .. } | Self::Plan(_) | Self::Render(_) | Self::Write { .. } => {
                 ExitCode::Usage
@@ -259,7 +258,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
         Ok(code) => code,
         Err(err) => {
             report(&err, args.diagnostics, stderr);
-            err.exit_code()
+            err.exit_class()
         }
     }
 }

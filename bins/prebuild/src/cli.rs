@@ -6,6 +6,7 @@
 //! build's meta record (exit 0), `rejected` with a reason code (exit 1), or `no-decision`
 //! (exit 3: image missing, runtime failure, cleanup or absence proof failed).
 
+use cordon::exit::ExitClass;
 use std::io::{Read, Write};
 use std::path::PathBuf;
 
@@ -97,7 +98,7 @@ pub fn run(
     // authority: a receipt written by hand names nothing the store established.
     if let Err(e) = stage::require_chain(&store, &prev, &authority) {
         report_diagnostic(&e, args.stage.diagnostics, stderr);
-        return e.exit_code();
+        return e.exit_class();
     }
     let cfg = Config {
         store: store.clone(),

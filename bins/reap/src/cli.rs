@@ -26,9 +26,10 @@ use clap::Parser;
 use cordon::ExitCode;
 use std::time::SystemTime;
 
-use cordon::lease::{LeaseError, Manager, Observer};
+use cordon::lease::{LeaseError, Leftover, Manager, Observer};
 use cordon::receipt::{Outcome, Reason, Receipt};
 use cordon::store::Store;
+use cordon_evidence::residue::ReapOutputs;
 use cordon_stage::args::{LeaseArgs, StageArgs, report_diagnostic};
 use cordon_stage::receipt_io as stage;
 use serde_json::json;
@@ -62,13 +63,17 @@ struct Found {
     residue: Vec<String>,
 }
 
+fn lines(items: impl IntoIterator<Item = Leftover>) -> Vec<String> {
+    items.into_iter().map(|l| l.to_string()).collect()
+}
+
 /// Recover (or only look) while holding the executor.
 fn as_manager(m: &Manager, change: bool) -> Result<Found, LeaseError> {
     let released = if change { m.recover()? } else { Vec::new() };
     Ok(Found {
         released,
         active: Vec::new(),
-        residue: m.check()?,
+        residue: lines(m.check()?),
     })
 }
 
@@ -107,14 +112,13 @@ fn as_observer(o: &Observer, change: bool) -> Result<Found, LeaseError> {
     }
     // What an active lease owns is named by its record: its id in every path and container id,
     // and its account's name.
-    let of_live = |item: &str| {
+    let of_live = |item: &Leftover| {
         live.iter().any(|r| {
-            item.contains(&r.lease)
-                || r.account()
-                    .is_some_and(|a| item.contains(&format!("account {} ", a.name)))
+            let account = r.account().map(|a| a.name);
+            item.belongs_to(&r.lease, account.as_deref())
         })
     };
-    residue.extend(o.check()?.into_iter().filter(|item| !of_live(item)));
+    residue.extend(lines(o.check()?.into_iter().filter(|i| !of_live(i))));
     Ok(Found {
         released,
         active,
@@ -165,39 +169,57 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             })
             .collect()
     };
-    let code = match result {
+    let (code, outputs, failed) = match result {
         Ok(f) => {
             let quiescent = f.active.is_empty() && f.residue.is_empty();
-            receipt.outputs = json!({
-                "quiescent": quiescent,
-                "released": f.released,
-                "active": f.active,
-                "remaining": f.residue,
-            });
             // --status and --sweep raise no alarm for live leases; the strict check and
             // recovery do.
-            if f.residue.is_empty() && (args.status || args.sweep || f.active.is_empty()) {
+            let code = if f.residue.is_empty() && (args.status || args.sweep || f.active.is_empty())
+            {
                 ExitCode::Ok
             } else {
                 receipt.outcome = Outcome::NoDecision;
                 receipt.reasons = reasons("reap.residue", &f.residue);
                 receipt.reasons.extend(reasons("reap.active", &f.active));
                 ExitCode::NoDecision
-            }
+            };
+            let outputs = ReapOutputs {
+                quiescent,
+                released: Some(f.released),
+                active: Some(f.active),
+                remaining: f.residue,
+            };
+            (code, outputs, None)
         }
         Err(e) => {
-            report_diagnostic(&e, args.stage.diagnostics, stderr);
             receipt.outcome = Outcome::NoDecision;
             let items = match &e {
                 LeaseError::Residue(r) => r.items.clone(),
                 other => vec![stage::error_chain(other)],
             };
             receipt.reasons = reasons("reap.residue", &items);
-            receipt.outputs = json!({ "quiescent": false, "remaining": items });
-            ExitCode::NoDecision
+            let outputs = ReapOutputs {
+                quiescent: false,
+                released: None,
+                active: None,
+                remaining: items,
+            };
+            (ExitCode::NoDecision, outputs, Some(e))
         }
     };
-    match stage::emit(&store, &mut receipt, stdout) {
+    let code = match receipt.set_outputs(&outputs) {
+        Ok(()) => code,
+        Err(e) => {
+            report_diagnostic(&e, args.stage.diagnostics, stderr);
+            return ExitCode::NoDecision;
+        }
+    };
+    let emitted = stage::emit(&store, &mut receipt, stdout);
+    // Reported once the receipt is safe.
+    if let Some(e) = failed {
+        report_diagnostic(&e, args.stage.diagnostics, stderr);
+    }
+    match emitted {
         Ok(_) => code,
         Err(e) => {
             report_diagnostic(&e, args.stage.diagnostics, stderr);

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cordon::lease::{Lease, Manager, Setup};
+use cordon::lease::{Lease, Leftover, Manager, Setup};
 use cordon::runtime::OutputCaps;
 use cordon::store::Store;
 use cordon_policy_lang::{MountSource, StageKind};
@@ -222,7 +222,9 @@ fn a_supervisor_killed_at_any_point_leaves_nothing_recovery_cannot_remove() {
         }
         if point == "after-staging" {
             assert!(
-                before.iter().any(|l| l.contains(bundle::STAGING_DIR)),
+                before.iter().any(
+                    |l| matches!(l, Leftover::Mount { path } if path.contains(bundle::STAGING_DIR))
+                ),
                 "{point}: the staging mount is residue: {before:?}"
             );
         }

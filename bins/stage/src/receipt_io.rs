@@ -16,6 +16,7 @@ use std::path::Path;
 use cordon::chain::{self, ChainError};
 use cordon::receipt::{Decision, Outcome, Reason, Receipt, ReceiptError, StageName};
 use cordon_canon::ExitCode;
+use cordon_canon::exit::ExitClass;
 
 use crate::args::{Diagnostics, report_diagnostic};
 use cordon::signing::{HostKey, KEY_DIR, SigningError};
@@ -146,7 +147,7 @@ pub fn pass_on(
     // A hand-written `rejected` receipt names nothing the store established.
     if let Err(e) = chain::walk_verdict(store, digest, &upstream.authority) {
         report_diagnostic(&e, mode, stderr);
-        return Some(e.exit_code());
+        return Some(e.exit_class());
     }
     let mut receipt = Receipt::pass_on(stage, upstream, *digest);
     if let Err(e) = emit(store, &mut receipt, stdout) {
@@ -190,7 +191,7 @@ pub fn input_or_exit(
         // A verdict upstream is passed on, not reported as a wiring error.
         pass_on(&e, stage, store, mode, stdout, stderr).unwrap_or_else(|| {
             report_diagnostic(&e, mode, stderr);
-            e.exit_code()
+            e.exit_class()
         })
     })
 }
@@ -208,14 +209,13 @@ pub fn require_chain(
     Ok(chain::walk(store, digest, authority)?)
 }
 
-impl StageError {
-    /// The exit code: an input that is not a usable receipt is a wiring error (2), except a
-    /// chain the store cannot establish because the store itself is in doubt, or a receipt
-    /// that cannot be stored or printed (3).
-    #[must_use]
-    pub fn exit_code(&self) -> ExitCode {
+impl ExitClass for StageError {
+    /// An input that is not a usable receipt is a wiring error (2), except a chain the store
+    /// cannot establish because the store itself is in doubt, or a receipt that cannot be
+    /// stored or printed (3).
+    fn exit_class(&self) -> ExitCode {
         match self {
-            Self::Chain(e) => e.exit_code(),
+            Self::Chain(e) => e.exit_class(),
             Self::Store(_) | Self::Signing(_) | Self::Stdout { .. } => ExitCode::NoDecision,
             Self::ReadReceipt { .. }
             | Self::Receipt(_)

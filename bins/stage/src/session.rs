@@ -22,6 +22,8 @@
 //! account. What the session does not own: what the workload is (the caller's argv and
 //! sources), what its result means (the caller's `inspect`), and the receipt.
 
+use cordon::ExitCode;
+use cordon::exit::ExitClass;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -101,11 +103,19 @@ impl From<RuntimeError> for SessionError {
     }
 }
 
-impl SessionError {
-    /// Whether this is a wiring error (exit 2) rather than a no-decision (exit 3).
-    #[must_use]
-    pub fn is_usage(&self) -> bool {
-        matches!(self, Self::Plan(p) if !matches!(p, PlanError::NoDevice { .. }))
+impl ExitClass for SessionError {
+    /// A plan the policy cannot make is the operator's wiring (2), except a device this host
+    /// lacks; anything else is a no-decision (3).
+    fn exit_class(&self) -> ExitCode {
+        match self {
+            Self::Plan(PlanError::NoDevice { .. }) => ExitCode::NoDecision,
+            Self::Plan(_) => ExitCode::Usage,
+            Self::Device { .. }
+            | Self::Nofile { .. }
+            | Self::Lease(_)
+            | Self::WorkingDirectory { .. }
+            | Self::Canonical(_) => ExitCode::NoDecision,
+        }
     }
 }
 
@@ -500,7 +510,11 @@ mod tests {
         // The reference stage lists GPU nodes (the lane's come from CDI in part 2).
         let (e, calls, leases) = try_run(StageKind::Reference, "runc version 1.1.12");
         assert!(matches!(e, SessionError::Device { .. }), "{e}");
-        assert!(!e.is_usage(), "a host without the device is a no-decision");
+        assert_eq!(
+            e.exit_class(),
+            ExitCode::NoDecision,
+            "a host without the device is a no-decision"
+        );
         assert!(matches!(calls[0], Call::Device(_)), "{calls:?}");
         assert_eq!(leases, 0);
     }
@@ -532,8 +546,9 @@ mod tests {
             matches!(e, SessionError::Nofile { wanted, .. } if wanted == hard + 1),
             "{e}"
         );
-        assert!(
-            !e.is_usage(),
+        assert_eq!(
+            e.exit_class(),
+            ExitCode::NoDecision,
             "a control this host cannot apply is a no-decision"
         );
         assert!(calls.is_empty(), "{calls:?}");
@@ -543,7 +558,7 @@ mod tests {
     #[test]
     fn an_undeclared_stage_is_a_wiring_error() {
         let (e, _, leases) = try_run(StageKind::Surface, "runc version 1.1.12");
-        assert!(e.is_usage(), "{e}");
+        assert_eq!(e.exit_class(), ExitCode::Usage, "{e}");
         assert_eq!(leases, 0);
     }
 }

@@ -10,6 +10,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use cordon::identity::{self, AuthorityComponents};
+use cordon_canon::exit::ExitClass;
 use cordon_canon::{Digest, ExitCode};
 use cordon_policy_lang::{Policy, PolicyError};
 
@@ -52,17 +53,17 @@ pub enum StartError {
     },
 }
 
-impl StartError {
-    /// The exit code this failure maps to.
-    #[must_use]
-    pub fn exit_code(&self) -> ExitCode {
+impl ExitClass for StartError {
+    fn exit_class(&self) -> ExitCode {
         match self {
-            Self::Identity(e) => e.exit_code(),
+            Self::Identity(e) => e.exit_class(),
             Self::Encode { .. } => ExitCode::NoDecision,
             Self::Read { .. } | Self::Encoding { .. } | Self::Policy(_) => ExitCode::Usage,
         }
     }
+}
 
+impl StartError {
     /// Print it on stderr: policy problems each labelled on the source, anything else as a
     /// miette report, in text or JSON.
     pub fn report(&self, mode: Diagnostics, stderr: &mut dyn Write) {
@@ -178,7 +179,7 @@ pub fn stage_start(
     });
     started.map_err(|e| {
         e.report(mode, stderr);
-        e.exit_code()
+        e.exit_class()
     })
 }
 

@@ -8,6 +8,8 @@
 
 mod common;
 
+use cordon::exit::ExitClass;
+use cordon::lease::Leftover;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -22,7 +24,7 @@ use cordon::lease::Manager;
 fn fail_one(
     slot: u32,
     fail: impl Fn(&Call) -> bool + Send + Sync + 'static,
-) -> (String, Vec<String>, Arc<Interposed>) {
+) -> (String, Vec<Leftover>, Arc<Interposed>) {
     let w = common::world();
     let policy = common::policy(&w, "stage-faults", slot);
     let host = Arc::new(Interposed::new().failing(fail));
@@ -34,7 +36,11 @@ fn fail_one(
     );
     let err = common::run(&w, &policy, &setup, "echo ran")
         .expect_err("the injected failure must end the session");
-    assert!(!err.is_usage(), "a host failure is a no-decision: {err}");
+    assert_eq!(
+        err.exit_class(),
+        cordon::ExitCode::NoDecision,
+        "a host failure is a no-decision: {err}"
+    );
     let left = common::left(&w, &setup);
     let mut clean = setup.clone();
     clean.runtime.host = Linux::shared();
@@ -83,7 +89,7 @@ fn a_second_run_on_a_held_executor_is_refused_and_creates_nothing() {
         ),
         "{err}"
     );
-    assert!(!err.is_usage());
+    assert_eq!(err.exit_class(), cordon::ExitCode::NoDecision);
     assert!(
         !host
             .calls()
@@ -160,7 +166,8 @@ fn an_unmount_that_fails_at_release_is_residue_until_recovery() {
         |c| matches!(c, Call::Unmount(t) if t.ends_with("staging")),
     );
     assert!(
-        left.iter().any(|l| l.contains("staging")),
+        left.iter()
+            .any(|l| matches!(l, Leftover::Mount { path } if path.contains("staging"))),
         "the mount that would not go is residue, and the lease with it: {left:?}"
     );
 }
@@ -185,7 +192,7 @@ fn a_runtime_start_that_fails_deletes_the_created_container() {
 fn a_runtime_delete_that_fails_is_residue_until_recovery() {
     let (_, left, _) = fail_one(6, |c| runs(c, " delete "));
     assert!(
-        left.iter().any(|l| l.contains("container")),
+        left.iter().any(|l| matches!(l, Leftover::Container { .. })),
         "a container that could not be deleted is residue, never quiescence: {left:?}"
     );
 }

@@ -18,6 +18,7 @@
 //! environment or the workspace, and is refused when the service user could change it. The
 //! surface runs as the invoking user; root is refused (it is never the service user).
 
+use cordon::exit::ExitClass;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -124,11 +125,7 @@ pub struct UserMapping {
 
 fn fail(e: &RunError, mode: Diagnostics, stderr: &mut dyn Write) -> ExitCode {
     report_diagnostic(e, mode, stderr);
-    if e.is_usage() {
-        ExitCode::Usage
-    } else {
-        ExitCode::NoDecision
-    }
+    e.exit_class()
 }
 
 /// Run the command.
@@ -248,7 +245,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
                 "argv": req.argv,
             });
             let result = match run::run(policy, &host, &req) {
-                Err(e) if e.is_usage() => return fail(&e, mode, stderr),
+                Err(e) if e.exit_class() == ExitCode::Usage => return fail(&e, mode, stderr),
                 result => result
                     .and_then(|ran| outputs(policy, &host, &req, ran))
                     .map(|(out, reason)| match reason {

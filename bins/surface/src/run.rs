@@ -26,6 +26,8 @@
 //! (the OS boundary bounds it), the policy's checks (the language and the planner) and the
 //! receipt (the CLI).
 
+use cordon::ExitCode;
+use cordon::exit::ExitClass;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
@@ -123,18 +125,19 @@ pub enum RunError {
     },
 }
 
-impl RunError {
-    /// Whether this is a wiring error (exit 2) rather than a no-decision (exit 3).
-    #[must_use]
-    pub fn is_usage(&self) -> bool {
+impl ExitClass for RunError {
+    /// Untrusted inputs and a plan the policy cannot make are wiring errors (2), except a
+    /// control this host cannot apply; anything else is a no-decision (3).
+    fn exit_class(&self) -> ExitCode {
         match self {
-            Self::Trust(_) => true,
-            Self::Plan(p) => !matches!(p, PlanError::Unenforceable { .. }),
+            Self::Trust(_) => ExitCode::Usage,
+            Self::Plan(PlanError::Unenforceable { .. }) => ExitCode::NoDecision,
+            Self::Plan(_) => ExitCode::Usage,
             Self::Runtime(_)
             | Self::State { .. }
             | Self::Residue { .. }
             | Self::Groups { .. }
-            | Self::Prepare(_) => false,
+            | Self::Prepare(_) => ExitCode::NoDecision,
         }
     }
 }

@@ -13,6 +13,7 @@
 //!
 //! A usage error is exit 2; a store that cannot be opened or a key that cannot be read, exit 3.
 
+use cordon::exit::ExitClass;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -244,7 +245,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
         }
         Err(e) => {
             report(stderr, &e);
-            ExitCode::Rejected
+            e.exit_class()
         }
     }
 }

@@ -118,6 +118,34 @@ pub enum VerifyError {
     Tree(Box<TreeError>),
 }
 
+impl cordon::exit::ExitClass for VerifyError {
+    /// A chain that does not verify — a receipt or signature missing, edited, forged, out of
+    /// order, under another authority, an object that does not re-hash, a verdict that does not
+    /// recompute — is 1: the evidence fails. A store that cannot be read or an export that
+    /// cannot be written is 3: nothing was established either way.
+    fn exit_class(&self) -> cordon::ExitCode {
+        use cordon::ExitCode::{NoDecision, Rejected};
+        match self {
+            Self::Receipt(ChainError::Missing {
+                source: StoreError::Io { source, .. },
+                ..
+            })
+            | Self::Signature {
+                source: SigningError::Store(StoreError::Io { source, .. }),
+                ..
+            } if source.kind() != std::io::ErrorKind::NotFound => NoDecision,
+            Self::Receipt(_)
+            | Self::Signature { .. }
+            | Self::Authority { .. }
+            | Self::Order { .. }
+            | Self::Object { .. }
+            | Self::Recompute { .. }
+            | Self::TooLong { .. } => Rejected,
+            Self::Store(_) | Self::Tree(_) => NoDecision,
+        }
+    }
+}
+
 /// One receipt the walk established, with the objects it names.
 #[derive(Debug, Clone)]
 pub struct Hop {

@@ -599,3 +599,26 @@ fn the_last_receipt_of_a_rejected_pipeline_verifies_through_its_pass_ons() {
         "{e}"
     );
 }
+
+/// How `cordon-verify` ends: evidence that does not verify is 1, a store it cannot read is 3.
+#[test]
+fn a_chain_that_does_not_verify_is_1_and_a_store_that_cannot_be_read_is_3() {
+    use cordon::exit::ExitClass;
+    cordon_testkit::require_root("receipts are signed with the host's key, root's own");
+    let c = chain();
+    let path = receipt_file(&c, &c.prebuild_c);
+    let text = std::fs::read_to_string(&path).unwrap();
+    rewrite(&path, text.replace("\"files\":1", "\"files\":7").as_bytes());
+    let e = verify(&c.store, &c.head, &c.key).unwrap_err();
+    assert_eq!(e.exit_class(), cordon::ExitCode::Rejected, "{e}");
+    let absent = verify(&c.store, &Digest::of_bytes(b"absent"), &c.key).unwrap_err();
+    assert_eq!(absent.exit_class(), cordon::ExitCode::Rejected, "{absent}");
+    // A receipt the store holds but cannot open (a link under its name: the no-follow open
+    // fails with ELOOP) is not evidence either way.
+    let c = chain();
+    let path = receipt_file(&c, &c.prebuild_c);
+    std::fs::remove_file(&path).unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", &path).unwrap();
+    let e = verify(&c.store, &c.head, &c.key).unwrap_err();
+    assert_eq!(e.exit_class(), cordon::ExitCode::NoDecision, "{e}");
+}

@@ -192,7 +192,7 @@ pub fn run(
 }
 
 /// What the executor of `setup` has left, read on the real host.
-pub fn left(w: &World, setup: &Setup) -> Vec<String> {
+pub fn left(w: &World, setup: &Setup) -> Vec<cordon::lease::Leftover> {
     let mut clean = setup.clone();
     clean.runtime.host = Linux::shared();
     Manager::open(&w.store, clean).unwrap().check().unwrap()

@@ -1,0 +1,147 @@
+//! What an executor left behind, as the quiescence check names it: one typed item per thing,
+//! so a reader (`cordon-reap` telling a live lease's own resources from residue) decides on
+//! its fields, never on the wording of a message. Its display is the line a receipt records.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// One thing of an executor's that exists when nothing should.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum Leftover {
+    /// A lease record in the store.
+    LeaseRecord {
+        /// The lease.
+        lease: String,
+        /// The record's path.
+        path: String,
+    },
+    /// A container labelled with the executor and the store.
+    Container {
+        /// Its id (`cordon-<lease>`, or a sidecar's `cordon-<lease>-…`).
+        id: String,
+    },
+    /// A run directory under the run root.
+    RunDirectory {
+        /// Its path (its name is the lease).
+        path: String,
+        /// Whether its owner could be read (an unreadable one cannot be attributed).
+        attributed: bool,
+    },
+    /// A per-run account in the policy's range.
+    Account {
+        /// Its name.
+        name: String,
+        /// Its uid.
+        uid: u32,
+        /// Whether it carries this executor's owner tag.
+        attributed: bool,
+    },
+    /// A cgroup under the executor's parent.
+    Cgroup {
+        /// Its path (its last component is the lease).
+        path: String,
+    },
+    /// A mount under the run root or the store.
+    Mount {
+        /// Its mount point.
+        path: String,
+    },
+}
+
+/// What `cordon-reap` established (its receipt's outputs, whatever its outcome).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReapOutputs {
+    /// Nothing of the executor exists: no residue and no live lease.
+    pub quiescent: bool,
+    /// What this run released (absent when the run could not be completed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released: Option<Vec<String>>,
+    /// Live leases, not residue (absent when the run could not be completed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active: Option<Vec<String>>,
+    /// What remains: residue, one line each.
+    pub remaining: Vec<String>,
+}
+
+impl crate::receipt::StageOutputs for ReapOutputs {
+    const STAGE: crate::receipt::StageName = crate::receipt::StageName::Reap;
+}
+
+impl Leftover {
+    /// Whether this item is one of lease `lease`'s own resources (its id in the container id or
+    /// in a path, or its account `account`).
+    #[must_use]
+    pub fn belongs_to(&self, lease: &str, account: Option<&str>) -> bool {
+        match self {
+            Self::LeaseRecord { lease: l, .. } => l == lease,
+            Self::Container { id } => id.contains(lease),
+            Self::RunDirectory { path, .. } | Self::Cgroup { path } | Self::Mount { path } => {
+                path.contains(lease)
+            }
+            Self::Account { name, .. } => account == Some(name.as_str()),
+        }
+    }
+}
+
+impl fmt::Display for Leftover {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::LeaseRecord { path, .. } => write!(f, "lease record {path}"),
+            Self::Container { id } => write!(f, "container {id}"),
+            Self::RunDirectory {
+                path,
+                attributed: true,
+            } => write!(f, "run directory {path}"),
+            Self::RunDirectory {
+                path,
+                attributed: false,
+            } => write!(f, "run directory {path} (no readable owner)"),
+            Self::Account {
+                name,
+                uid,
+                attributed: true,
+            } => write!(f, "account {name} (uid {uid})"),
+            Self::Account {
+                name,
+                uid,
+                attributed: false,
+            } => write!(f, "account {name} (uid {uid}, no owner tag)"),
+            Self::Cgroup { path } => write!(f, "cgroup {path}"),
+            Self::Mount { path } => write!(f, "mount {path}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_item_belongs_to_a_lease_by_its_fields_and_reads_as_before() {
+        let c = Leftover::Container {
+            id: "cordon-l1-s".into(),
+        };
+        assert!(c.belongs_to("l1", None) && !c.belongs_to("l2", None));
+        let a = Leftover::Account {
+            name: "cordon-run-3".into(),
+            uid: 3,
+            attributed: true,
+        };
+        assert!(a.belongs_to("l1", Some("cordon-run-3")));
+        // An account is its lease's only by its name, never by a lease id inside it.
+        assert!(!a.belongs_to("run", None));
+        assert_eq!(a.to_string(), "account cordon-run-3 (uid 3)");
+        let d = Leftover::RunDirectory {
+            path: "/run/cordon/l1".into(),
+            attributed: false,
+        };
+        assert_eq!(
+            d.to_string(),
+            "run directory /run/cordon/l1 (no readable owner)"
+        );
+        assert!(d.belongs_to("l1", None));
+    }
+}
