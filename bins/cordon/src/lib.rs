@@ -28,5 +28,6 @@ pub mod store;
 pub mod tree;
 
 pub use cordon_canon::{Digest, ExitCode, canonical, error_chain, exit};
-/// The receipt lives in the evidence crate (what auditors read); stages reach it from here.
-pub use cordon_evidence::receipt;
+/// The receipt, the stages' typed inputs and residue live in the evidence crate (what auditors
+/// read); stages reach them from here.
+pub use cordon_evidence::{inputs, receipt, residue};

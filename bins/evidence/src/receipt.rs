@@ -500,6 +500,16 @@ pub enum ReceiptError {
         #[source]
         source: serde_json::Error,
     },
+    /// The receipt's inputs are not what its stage records.
+    #[error("the {stage} receipt's inputs are not {stage} inputs")]
+    #[diagnostic(code(cordon::receipt::inputs))]
+    Inputs {
+        /// The stage.
+        stage: StageName,
+        /// What serde said.
+        #[source]
+        source: serde_json::Error,
+    },
     /// The receipt is another stage's than the outputs asked for.
     #[error("the receipt is from stage {found}, not {expected}")]
     #[diagnostic(code(cordon::receipt::stage))]
@@ -634,6 +644,38 @@ impl Receipt {
         })
     }
 
+    /// The inputs of this receipt as its stage's typed inputs.
+    ///
+    /// # Errors
+    /// Another stage's receipt, or inputs of another shape.
+    pub fn inputs_as<T: crate::inputs::StageInputs>(&self) -> Result<T, ReceiptError> {
+        if self.stage != T::STAGE {
+            return Err(ReceiptError::Stage {
+                found: self.stage,
+                expected: T::STAGE,
+            });
+        }
+        serde_json::from_value(self.inputs.clone()).map_err(|source| ReceiptError::Inputs {
+            stage: self.stage,
+            source,
+        })
+    }
+
+    /// Set the inputs from a stage's typed inputs.
+    ///
+    /// # Errors
+    /// The inputs do not serialize.
+    pub fn set_inputs<T: crate::inputs::StageInputs>(
+        &mut self,
+        inputs: &T,
+    ) -> Result<(), ReceiptError> {
+        self.inputs = serde_json::to_value(inputs).map_err(|source| ReceiptError::Inputs {
+            stage: T::STAGE,
+            source,
+        })?;
+        Ok(())
+    }
+
     /// Set the outputs from a stage's typed outputs.
     ///
     /// # Errors
@@ -681,17 +723,6 @@ pub struct Meta {
     pub stdout_truncated: bool,
     /// Whether stderr went over its cap.
     pub stderr_truncated: bool,
-}
-
-/// The tree a prebuild receipt's inputs name.
-///
-/// # Errors
-/// It names none.
-pub fn tree_of(prebuild_inputs: &serde_json::Value) -> Result<Digest, String> {
-    prebuild_inputs["tree"]
-        .as_str()
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| "the prebuild receipt names no tree".to_owned())
 }
 
 #[cfg(test)]

@@ -86,6 +86,10 @@ pub enum FetchError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Store(#[from] cordon::store::StoreError),
+    /// The receipt's inputs could not be recorded.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Receipt(#[from] cordon::receipt::ReceiptError),
 }
 
 impl ExitClass for FetchError {
@@ -96,7 +100,7 @@ impl ExitClass for FetchError {
             | Self::SourceKind { .. }
             | Self::TrustAnchor { .. }
             | Self::Transport(TransportError::Refused { .. }) => ExitCode::Usage,
-            Self::Transport(_) | Self::Store(_) => ExitCode::NoDecision,
+            Self::Transport(_) | Self::Store(_) | Self::Receipt(_) => ExitCode::NoDecision,
         }
     }
 }
@@ -232,7 +236,10 @@ fn fetch(
     let store_root = args.stage.store_root(policy);
     let store = Store::open(&store_root)?;
     let mut receipt = Receipt::new(StageName::Fetch, authority, Outcome::Ok);
-    receipt.inputs = json!({ "source": args.source, "sha256": committed });
+    receipt.set_inputs(&cordon::inputs::FetchInputs {
+        source: args.source.clone(),
+        sha256: committed,
+    })?;
     let limits = cordon_stage::settings::archive_limits(policy);
     // The child may wait on the transfer for its whole deadline, then needs its CPU time.
     let budget = Duration::from_millis(policy.transport().deadline_ms)

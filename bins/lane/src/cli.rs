@@ -32,11 +32,10 @@ use cordon::receipt::{
 use cordon::store::Store;
 use cordon_stage::args::{Diagnostics, LeaseArgs, StageArgs, report_diagnostic};
 use cordon_stage::receipt_io as stage;
-use serde_json::json;
 
 use crate::qualify::{self, Build, Plan, QualifyOutputs};
 use crate::session::{Config, Inputs, session, session_under};
-use cordon::receipt::tree_of;
+use cordon_evidence::inputs::{LaneInputs, PrebuildInputs, QualifyInputs};
 
 /// Run engine sessions in the runtime lane.
 #[derive(Debug, Parser)]
@@ -136,7 +135,13 @@ fn build_of(
             ExitCode::Usage
         })?
         .publication;
-    let tree = tree_of(&input.inputs).map_err(|why| usage(stderr, &why))?;
+    let tree = input
+        .inputs_as::<PrebuildInputs>()
+        .map_err(|e| {
+            report_diagnostic(&e, mode, stderr);
+            ExitCode::Usage
+        })?
+        .tree;
     let chain = stage::require_chain(store, &prev, authority).map_err(|e| {
         report_diagnostic(&e, mode, stderr);
         e.exit_class()
@@ -247,13 +252,19 @@ pub fn run(
             };
             let mut receipt = Receipt::new(StageName::Lane, authority, Outcome::Ok);
             receipt.prev = Some(prev);
-            receipt.inputs = json!({
-                "role": inputs.role,
-                "tree": inputs.tree,
-                "publication": inputs.publication,
-                "workload": workload,
-                "model": model,
-            });
+            let recorded = LaneInputs {
+                role: inputs.role,
+                read: None,
+                tree: inputs.tree,
+                publication: inputs.publication,
+                workload: workload.clone(),
+                model: model.clone(),
+                lane: None,
+            };
+            if let Err(e) = receipt.set_inputs(&recorded) {
+                report_diagnostic(&e, mode, stderr);
+                return ExitCode::NoDecision;
+            }
             match session(policy, &cfg, &inputs) {
                 // The operator's inputs: nothing ran, nothing to record.
                 Err(e) if e.exit_class() == ExitCode::Usage => {
@@ -313,12 +324,17 @@ pub fn run(
             }
             let mut receipt = Receipt::new(StageName::Qualify, authority, Outcome::Ok);
             receipt.prev = Some(prev);
-            receipt.inputs = json!({
-                "incumbent": b_prev,
-                "candidate": prev,
-                "workload": workload,
-                "model": model,
-            });
+            let mut recorded = QualifyInputs {
+                incumbent: b_prev,
+                candidate: prev,
+                workload: workload.clone(),
+                model: model.clone(),
+                reproduces: None,
+            };
+            if let Err(e) = receipt.set_inputs(&recorded) {
+                report_diagnostic(&e, mode, stderr);
+                return ExitCode::NoDecision;
+            }
             // What the authority is frozen on is this host's now; a value cordon cannot read
             // is a no-decision before any read.
             let frozen = match qualify::frozen(policy) {
@@ -359,7 +375,11 @@ pub fn run(
                 reproduces,
                 frozen,
             };
-            receipt.inputs["reproduces"] = json!(plan.reproduces.as_ref().map(|(d, _)| d));
+            recorded.reproduces = plan.reproduces.as_ref().map(|(d, _)| *d);
+            if let Err(e) = receipt.set_inputs(&recorded) {
+                report_diagnostic(&e, mode, stderr);
+                return ExitCode::NoDecision;
+            }
             let mut read = |inputs: &Inputs, lock: &crate::lock::GpuLock| {
                 session_under(policy, &cfg, inputs, lock)
             };
@@ -403,9 +423,10 @@ fn reproduction(
     let outputs = first
         .outputs_as::<QualifyOutputs>()
         .map_err(|e| format!("the primary attempt: {e}"))?;
-    if first.inputs["incumbent"] != json!(incumbent)
-        || first.inputs["candidate"] != json!(candidate)
-    {
+    let asked = first
+        .inputs_as::<QualifyInputs>()
+        .map_err(|e| format!("the primary attempt: {e}"))?;
+    if (asked.incumbent, asked.candidate) != (incumbent, candidate) {
         return Err("the primary attempt qualified other builds".into());
     }
     let speed = policy
@@ -451,7 +472,7 @@ mod tests {
         let mut r = Receipt::new(stage, a, Outcome::Ok);
         r.prev = prev;
         r.set_outputs(outputs).unwrap();
-        r.inputs = json!({ "tree": Digest::of_bytes(b"tree") });
+        r.inputs = serde_json::json!({ "tree": Digest::of_bytes(b"tree") });
         let d = r.digest().unwrap();
         store
             .put_document(

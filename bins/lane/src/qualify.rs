@@ -41,6 +41,7 @@ use crate::lock::GpuLock;
 use crate::session::{Config, Inputs, LaneError};
 use crate::speed::{self, Verdict};
 use crate::workload::Workload;
+use cordon::inputs::LaneInputs;
 pub use cordon_evidence::qualify::{
     Frozen, Orientation, QualifyOutputs, Reads, Settlement, speed_policy_digest,
 };
@@ -212,15 +213,17 @@ pub fn qualify(
         };
         let mut receipt = Receipt::new(StageName::Lane, cfg.authority, Outcome::Ok);
         receipt.prev = Some(build.receipt);
-        receipt.inputs = json!({
-            "role": role,
-            "read": name,
-            "tree": build.tree,
-            "publication": build.publication,
-            "workload": plan.workload,
-            "model": plan.model,
-            "lane": lane,
-        });
+        receipt
+            .set_inputs(&LaneInputs {
+                role,
+                read: Some(name.to_owned()),
+                tree: build.tree,
+                publication: build.publication,
+                workload: plan.workload.clone(),
+                model: plan.model.clone(),
+                lane: Some(lane.clone()),
+            })
+            .map_err(|e| LaneError::NoDecision(e.to_string()))?;
         let result = match read(&inputs, &lock) {
             Err(e) if e.exit_class() == cordon::ExitCode::Usage => return Err(e),
             r => r,

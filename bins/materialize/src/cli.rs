@@ -20,6 +20,7 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use cordon::ExitCode;
 use cordon::canonical::Digest;
+use cordon::inputs::MaterializeInputs;
 use cordon::intake;
 use cordon::receipt::{
     Decision, FetchOutputs, IncumbentOutputs, MaterializeOutputs, Outcome, Reason, Receipt,
@@ -280,12 +281,18 @@ fn dispatch(
     let job = match (&args.command, &args.incumbent) {
         (Some(_), Some(_)) | (None, None) => return Err(CommandError::Usage),
         (Some(Command::Incumbent { dir }), None) => {
-            receipt.inputs = json!({ "incumbent_dir": dir });
+            receipt
+                .set_inputs(&MaterializeInputs::Incumbent {
+                    incumbent_dir: dir.clone(),
+                })
+                .map_err(|e| CommandError::Input(e.into()))?;
             Job::Incumbent(dir)
         }
         (Some(Command::Verify { tree: t }), None) => {
             let digest = parse_digest(t)?;
-            receipt.inputs = json!({ "tree": digest });
+            receipt
+                .set_inputs(&MaterializeInputs::Verify { tree: digest })
+                .map_err(|e| CommandError::Input(e.into()))?;
             Job::Verify(digest)
         }
         (None, Some(inc)) => {
@@ -298,7 +305,12 @@ fn dispatch(
                 .map_err(|e| CommandError::Input(e.into()))?
                 .content_digest;
             receipt.prev = Some(prev);
-            receipt.inputs = json!({ "incumbent": incumbent, "delta": content });
+            receipt
+                .set_inputs(&MaterializeInputs::Delta {
+                    incumbent,
+                    delta: content,
+                })
+                .map_err(|e| CommandError::Input(e.into()))?;
             Job::Delta { incumbent, content }
         }
     };

@@ -12,13 +12,13 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use cordon::ExitCode;
+use cordon::inputs::PrebuildInputs;
 use cordon::receipt::{
     Decision, IncumbentOutputs, MaterializeOutputs, Outcome, PrebuildOutputs, Receipt, StageName,
 };
 use cordon::store::Store;
 use cordon_stage::args::{LeaseArgs, StageArgs, report_diagnostic};
 use cordon_stage::receipt_io as stage;
-use serde_json::json;
 
 use crate::prebuild::{Config, prebuild, rejected};
 
@@ -109,7 +109,13 @@ pub fn run(
     };
     let mut receipt = Receipt::new(StageName::Prebuild, authority, Outcome::Ok);
     receipt.prev = Some(prev);
-    receipt.inputs = json!({ "tree": tree, "step": step });
+    if let Err(e) = receipt.set_inputs(&PrebuildInputs {
+        tree,
+        step: step.clone(),
+    }) {
+        report_diagnostic(&e, args.stage.diagnostics, stderr);
+        return ExitCode::NoDecision;
+    }
     let result = match &step {
         Some(step) => prebuild(policy, &cfg, &tree, step),
         None => Ok(rejected(

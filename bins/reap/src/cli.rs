@@ -26,13 +26,13 @@ use clap::Parser;
 use cordon::ExitCode;
 use std::time::SystemTime;
 
+use cordon::inputs::ReapInputs;
 use cordon::lease::{LeaseError, Leftover, Manager, Observer};
 use cordon::receipt::{Outcome, Reason, Receipt};
 use cordon::store::Store;
 use cordon_evidence::residue::ReapOutputs;
 use cordon_stage::args::{LeaseArgs, StageArgs, report_diagnostic};
 use cordon_stage::receipt_io as stage;
-use serde_json::json;
 
 /// Recover and prove quiescence.
 #[derive(Debug, Parser)]
@@ -147,12 +147,16 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
         }
     };
     let mut receipt = Receipt::new(cordon::receipt::StageName::Reap, authority, Outcome::Ok);
-    receipt.inputs = json!({
-        "executor": executor,
-        "check": args.check,
-        "status": args.status,
-        "sweep": args.sweep,
-    });
+    let inputs = ReapInputs {
+        executor,
+        check: args.check,
+        status: args.status,
+        sweep: args.sweep,
+    };
+    if let Err(e) = receipt.set_inputs(&inputs) {
+        report_diagnostic(&e, args.stage.diagnostics, stderr);
+        return ExitCode::NoDecision;
+    }
     let change = !args.check && !args.status;
     let setup = args.lease.setup(policy);
     let result = match Manager::open(&store, setup.clone()) {

@@ -38,18 +38,8 @@ use oci_spec::runtime::{
 
 use crate::bundle::{MASKED_PATHS, MASKED_WITHOUT_GPU, PlanError, READONLY_PATHS, invalid, mount};
 
-/// Which run of an agent this is: the ADR's two credential tiers.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum Tier {
-    /// The agent process: `pass-env` and `agent-env` cross.
-    Agent,
-    /// One shell command of the agent: only `pass-env` crosses, and home and temp are private
-    /// tmpfs of its own over the agent's.
-    Command,
-}
+/// Which run of an agent this is (the evidence crate's, as its receipt records it).
+pub use cordon::inputs::Tier;
 
 /// What only the run knows.
 #[derive(Debug, Clone, PartialEq, Eq)]

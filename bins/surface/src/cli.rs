@@ -25,9 +25,10 @@ use std::path::{Path, PathBuf};
 
 use clap::Parser;
 use cordon::ExitCode;
-use cordon::canonical::{Digest, domain_digest};
+use cordon::canonical::domain_digest;
+use cordon::inputs::{SurfaceInputs, SurfaceOutputs, UserMapping};
 use cordon::receipt::{Decision, Outcome, Reason, Receipt, Rejection, StageName};
-use cordon::runtime::{Meta, Runtime};
+use cordon::runtime::Runtime;
 use cordon::signing::HostKey;
 use cordon::store::Store;
 use cordon_policy_lang::StageKind;
@@ -35,7 +36,6 @@ use cordon_stage::args::{Diagnostics, report_diagnostic};
 use cordon_stage::receipt_io::finish_signed;
 use cordon_stage::start::stage_start;
 use cordon_stage::surface::{Tier, surface_of};
-use serde::Serialize;
 
 use crate::run::{self, Host, Ran, Request, RunError};
 use crate::trust;
@@ -68,8 +68,8 @@ pub enum Command {
         workspace: PathBuf,
         /// The agent itself (`agent`: its provider variables cross) or one of its shell
         /// commands (`command`: they never do).
-        #[arg(long, value_enum, default_value_t = Tier::Command)]
-        tier: Tier,
+        #[arg(long, value_enum, default_value_t = TierArg::Command)]
+        tier: TierArg,
         /// The program and its arguments.
         #[arg(last = true, required = true)]
         argv: Vec<String>,
@@ -81,46 +81,22 @@ pub enum Command {
     Key,
 }
 
-/// What an `ok` or `rejected` surface receipt records.
-#[derive(Debug, Serialize)]
-pub struct SurfaceOutputs {
-    /// The run id.
-    pub run: String,
-    /// The tier.
-    pub tier: Tier,
-    /// The workspace (canonical host path) and where it was inside.
-    pub workspace: PathBuf,
-    /// Where the workspace was inside.
-    pub workspace_dest: String,
-    /// The digest of the policy's surface stage.
-    pub surface_policy: Digest,
-    /// The named read set.
-    pub read_set: Vec<String>,
-    /// The variables set inside (names only, never values).
-    pub env_names: Vec<String>,
-    /// The network mode: `none` is the stage's own empty namespace (loopback only).
-    pub network: &'static str,
-    /// Whom the run was, on the host and inside.
-    pub user: UserMapping,
-    /// The argv.
-    pub argv: Vec<String>,
-    /// The container's meta record (no cgroup accounting: see `cordon::container`).
-    pub meta: Meta,
-    /// Kept stdout (lossy UTF-8).
-    pub stdout: String,
-    /// Kept stderr (lossy UTF-8).
-    pub stderr: String,
+/// `--tier`: which run of an agent this is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TierArg {
+    /// The agent process: its provider variables cross.
+    Agent,
+    /// One of its shell commands: they never do.
+    Command,
 }
 
-/// The user namespace's mapping.
-#[derive(Debug, Serialize)]
-pub struct UserMapping {
-    /// The service user's uid, mapped as the container's uid 0 with no capabilities.
-    pub host_uid: u32,
-    /// Its gid.
-    pub host_gid: u32,
-    /// How many ids the namespace maps: one.
-    pub mapped: u32,
+impl From<TierArg> for Tier {
+    fn from(t: TierArg) -> Self {
+        match t {
+            TierArg::Agent => Self::Agent,
+            TierArg::Command => Self::Command,
+        }
+    }
 }
 
 fn fail(e: &RunError, mode: Diagnostics, stderr: &mut dyn Write) -> ExitCode {
@@ -226,7 +202,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             };
             let req = Request {
                 workspace,
-                tier: *tier,
+                tier: (*tier).into(),
                 argv: argv.clone(),
                 invoker_env: std::env::vars_os().collect::<BTreeMap<_, _>>(),
             };
@@ -239,11 +215,15 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
                 }
             };
             let mut receipt = Receipt::new(StageName::Surface, started.authority, Outcome::Ok);
-            receipt.inputs = serde_json::json!({
-                "workspace": req.workspace.path,
-                "tier": req.tier,
-                "argv": req.argv,
-            });
+            let inputs = SurfaceInputs {
+                workspace: req.workspace.path.clone(),
+                tier: req.tier,
+                argv: req.argv.clone(),
+            };
+            if let Err(e) = receipt.set_inputs(&inputs) {
+                report_diagnostic(&e, mode, stderr);
+                return ExitCode::NoDecision;
+            }
             let result = match run::run(policy, &host, &req) {
                 Err(e) if e.exit_class() == ExitCode::Usage => return fail(&e, mode, stderr),
                 result => result
@@ -314,7 +294,7 @@ fn outputs(
         surface_policy,
         read_set: block.read.keys().cloned().collect(),
         env_names: ran.plan.env_names.clone(),
-        network: stage.network.as_str(),
+        network: stage.network.as_str().to_owned(),
         user: UserMapping {
             host_uid: host.uid,
             host_gid: host.gid,

@@ -13,7 +13,6 @@
 //!
 //! A usage error is exit 2; a store that cannot be opened or a key that cannot be read, exit 3.
 
-use cordon::exit::ExitClass;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -21,9 +20,14 @@ use clap::Parser;
 use cordon::ExitCode;
 use cordon::canonical::Digest;
 use cordon::error_chain;
-use cordon::receipt::Receipt;
+use cordon::exit::ExitClass;
+use cordon::receipt::{
+    FetchOutputs, IncumbentOutputs, LaneOutputs, MaterializeOutputs, PrebuildOutputs, Receipt,
+    StageName,
+};
 use cordon::signing::{HostKey, KEY_DIR};
 use cordon::store::Store;
+use cordon_evidence::qualify::QualifyOutputs;
 
 use crate::{Hop, export, verify};
 
@@ -103,15 +107,8 @@ fn timeline(hops: &[Hop]) -> Vec<String> {
         .collect()
 }
 
-/// The key facts a reviewer looks for, per stage.
+/// The key facts a reviewer looks for, per stage, read from its typed outputs.
 fn facts(r: &Receipt) -> String {
-    let o = &r.outputs;
-    let pick = |keys: &[&str]| {
-        keys.iter()
-            .filter_map(|k| o.get(*k).map(|v| format!("{k}={v}")))
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
     let reasons = r
         .reasons
         .iter()
@@ -119,29 +116,42 @@ fn facts(r: &Receipt) -> String {
         .collect::<Vec<_>>()
         .join("; ");
     let own = match r.stage {
-        cordon::receipt::StageName::Qualify => o.get("speed").map_or_else(String::new, |s| {
+        StageName::Qualify => r.outputs_as::<QualifyOutputs>().ok().map(|o| {
+            let s = &o.speed;
             format!(
-                "verdict={} code={} speedup_bp={} noise_bp={} required_bp={} settling={}",
-                s["verdict"],
-                s["code"],
-                s["speedup_bp"],
-                s["noise_bp"],
-                s["required_bp"],
-                o["settling"]
+                "verdict={:?} code={:?} speedup_bp={} noise_bp={} required_bp={} settling={}",
+                s.verdict, s.code, s.speedup_bp, s.noise_bp, s.required_bp, o.settling
             )
         }),
-        cordon::receipt::StageName::Lane => {
-            pick(&["role", "tree", "publication", "timed_rate_milli"])
-        }
-        _ => pick(&[
-            "tree_digest",
-            "publication",
-            "content_digest",
-            "incumbent",
-            "step",
-        ]),
+        StageName::Lane => r.outputs_as::<LaneOutputs>().ok().map(|o| {
+            format!(
+                "role={:?} tree={} publication={} timed_rate_milli={}",
+                o.role, o.tree, o.publication, o.timed_rate_milli
+            )
+        }),
+        StageName::Fetch => r
+            .outputs_as::<FetchOutputs>()
+            .ok()
+            .map(|o| format!("content_digest={}", o.content_digest)),
+        StageName::Materialize => r
+            .outputs_as::<MaterializeOutputs>()
+            .ok()
+            .map(|o| (o.tree_digest, o.incumbent.to_string(), o.step))
+            .or_else(|| {
+                r.outputs_as::<IncumbentOutputs>()
+                    .ok()
+                    .map(|o| (o.tree_digest, o.incumbent, o.step))
+            })
+            .map(|(tree, incumbent, step)| {
+                format!("tree_digest={tree} incumbent={incumbent} step={step:?}")
+            }),
+        StageName::Prebuild => r
+            .outputs_as::<PrebuildOutputs>()
+            .ok()
+            .map(|o| format!("publication={}", o.publication)),
+        StageName::Policy | StageName::Reference | StageName::Surface | StageName::Reap => None,
     };
-    [own, reasons]
+    [own.unwrap_or_default(), reasons]
         .into_iter()
         .filter(|s| !s.is_empty())
         .collect::<Vec<_>>()

@@ -30,8 +30,8 @@ use cordon::receipt::{
 use cordon::signing::{self, SigningError};
 use cordon::store::{Store, StoreError};
 use cordon::tree::{self, PUBLICATIONS, Section, TREES, TreeError};
+use cordon_evidence::inputs::PrebuildInputs;
 use cordon_evidence::qualify::{QualifyOutputs, speed_policy_digest};
-use cordon_evidence::receipt::tree_of;
 use cordon_evidence::speed::{self, Verdict};
 
 /// The most receipts one walk visits.
@@ -291,7 +291,7 @@ fn hop(
             Ok((objects, prev(StageName::Fetch)?))
         }
         StageName::Prebuild => {
-            let mut objects = vec![(TREES, tree_of(&r.inputs).map_err(order)?)];
+            let mut objects = vec![(TREES, r.inputs_as::<PrebuildInputs>().map_err(shape)?.tree)];
             if established {
                 let o = r.outputs_as::<PrebuildOutputs>().map_err(shape)?;
                 objects.push((PUBLICATIONS, o.publication));
@@ -310,7 +310,8 @@ fn hop(
                 .outputs_as::<PrebuildOutputs>()
                 .map_err(shape)?
                 .publication;
-            if (tree_of(&built.inputs).ok(), publication) != (Some(o.tree), o.publication) {
+            let built_tree = built.inputs_as::<PrebuildInputs>().map_err(shape)?.tree;
+            if (built_tree, publication) != (o.tree, o.publication) {
                 return Err(order(
                     "its tree or publication is not its prebuild's".into(),
                 ));
