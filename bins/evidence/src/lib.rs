@@ -6,6 +6,7 @@
 //! one clock and host read it still makes is the receipt's own timestamps and host facts
 //! ([`receipt::Receipt::new`]).
 
+pub mod examples;
 pub mod inputs;
 pub mod qualify;
 pub mod receipt;

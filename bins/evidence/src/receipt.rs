@@ -540,7 +540,19 @@ impl Receipt {
     /// the stage did work worth timing.
     #[must_use]
     pub fn new(stage: StageName, authority: Digest, outcome: Outcome) -> Self {
-        let now = now_rfc3339();
+        Self::at(stage, authority, outcome, Host::probe(), &now_rfc3339())
+    }
+
+    /// A receipt made on `host` at `now` (both timestamps): the host facts and the clock passed
+    /// in, so a receipt can be built exactly (goldens, [`crate::examples`]).
+    #[must_use]
+    pub fn at(
+        stage: StageName,
+        authority: Digest,
+        outcome: Outcome,
+        host: Host,
+        now: &str,
+    ) -> Self {
         Self {
             schema: RECEIPT_SCHEMA,
             stage,
@@ -550,9 +562,9 @@ impl Receipt {
             inputs: Value::Object(serde_json::Map::new()),
             outputs: Value::Object(serde_json::Map::new()),
             prev: None,
-            host: Host::probe(),
-            started_at: now.clone(),
-            finished_at: now,
+            host,
+            started_at: now.to_owned(),
+            finished_at: now.to_owned(),
         }
     }
 

@@ -11,31 +11,19 @@ use std::path::Path;
 
 use cordon::canonical::Digest;
 use cordon::receipt::{
-    DevicePhase, DeviceReceipt, DeviceReceipts, FetchOutputs, IncumbentOutputs, LaneOutputs,
-    LanePhase, LaneWindow, LockSpan, MaterializeOutputs, Outcome, PrebuildOutputs, Receipt, Role,
-    StageName, StageOutputs,
+    FetchOutputs, IncumbentOutputs, LaneOutputs, MaterializeOutputs, Outcome, PrebuildOutputs,
+    Receipt, Role, StageName, StageOutputs,
 };
-use cordon::runtime::Meta;
 use cordon::signing::{HostKey, KEY_DIR};
 use cordon::store::Store;
 use cordon::tree::{self, Entry, PUBLICATIONS, Section, TREES};
-use cordon_evidence::qualify::{Frozen, Orientation, QualifyOutputs, Reads, speed_policy_digest};
-use cordon_evidence::speed::{self as speed_rule, Speed};
+use cordon_evidence::examples;
+use cordon_evidence::qualify::{QualifyOutputs, Reads};
+use cordon_evidence::speed as speed_rule;
 use cordon_verify::{VerifyError, export, verify};
 use serde_json::json;
 
 const AUTHORITY: &[u8] = b"authority";
-
-fn speed() -> Speed {
-    Speed {
-        min_margin_bp: 500,
-        noise_multiplier_bp: 30_000,
-        max_noise_bp: 1_000,
-        min_timed_windows: 4,
-        max_window_scatter_bp: 100_000,
-        max_conditioning_slowdown_bp: 15_000,
-    }
-}
 
 fn publish(store: &Store, section: Section, text: &str) -> Digest {
     let mut batch = store.batch().unwrap();
@@ -70,66 +58,6 @@ fn emit<T: StageOutputs>(
         .store_receipt(store, &r)
         .unwrap()
         .0
-}
-
-fn windows(ms: u64) -> Vec<LaneWindow> {
-    (0..5)
-        .map(|i| LaneWindow {
-            index: i,
-            phase: if i == 0 {
-                LanePhase::Warmup
-            } else {
-                LanePhase::Timed
-            },
-            tokens: 10,
-            sent_ns: u64::from(i) * ms * 1_000_000,
-            received_ns: (u64::from(i) + 1) * ms * 1_000_000,
-        })
-        .collect()
-}
-
-fn session(role: Role, tree: Digest, publication: Digest, ms: u64) -> LaneOutputs {
-    let receipt = |seq, phase| DeviceReceipt {
-        launch: "lease".into(),
-        seq,
-        phase,
-        at_ns: u64::from(seq),
-        gpus: Vec::new(),
-        cpuset: None,
-        quiescent: None,
-        note: String::new(),
-    };
-    LaneOutputs {
-        role,
-        tree,
-        publication,
-        model: Digest::of_bytes(b"model"),
-        workload: Digest::of_bytes(b"workload"),
-        worker: Digest::of_bytes(b"worker"),
-        posture: Digest::of_bytes(b"posture"),
-        step: "serve".into(),
-        ready_ns: 0,
-        windows: windows(ms),
-        outputs: Digest::of_bytes(b"tokens"),
-        timed_rate_milli: 0,
-        meta: Meta {
-            exit_code: Some(0),
-            ..Meta::default()
-        },
-        lease: "lease".into(),
-        launch: Digest::of_bytes(b"launch"),
-        lane: None,
-        devices: DeviceReceipts {
-            pre: receipt(0, DevicePhase::Pre),
-            active: receipt(1, DevicePhase::Active),
-            post: receipt(2, DevicePhase::Post),
-        },
-        gpu_lock: LockSpan {
-            waited_ns: 0,
-            from_unix_ns: 0,
-            until_unix_ns: 0,
-        },
-    }
 }
 
 /// The chain's parts the tampering tests reach for.
@@ -223,63 +151,27 @@ fn chain() -> Chain {
     );
     let lane = |prev, o: &LaneOutputs| emit(&store, StageName::Lane, a, Some(prev), json!({}), o);
     let (sb, sc, sb2) = (
-        session(Role::B, tree_b, pub_b, 40),
-        session(Role::C, tree_c, pub_c, 20),
-        session(Role::B, tree_b, pub_b, 40),
+        examples::session(Role::B, tree_b, pub_b, 40),
+        examples::session(Role::C, tree_c, pub_c, 20),
+        examples::session(Role::B, tree_b, pub_b, 40),
     );
     let (db, dc, db2) = (
         lane(prebuild_b, &sb),
         lane(prebuild_c, &sc),
         lane(prebuild_b, &sb2),
     );
-    let record = speed_rule::decide(&speed(), &sb.windows, &sc.windows, &sb2.windows);
-    let assignment = |name: &str| cordon::receipt::LaneAssignment {
-        name: name.into(),
-        cpuset: "0".into(),
-    };
-    let qualify = QualifyOutputs {
-        sessions: Reads {
+    let qualify = examples::qualification(
+        &Reads {
+            b: sb,
+            c: sc,
+            b2: sb2,
+        },
+        Reads {
             b: db,
             c: dc,
             b2: db2,
         },
-        orientation: Orientation {
-            baseline: assignment("a"),
-            candidate: assignment("b"),
-        },
-        reproduces: None,
-        launch: Digest::of_bytes(b"launch"),
-        gpu_lock: sb.gpu_lock.clone(),
-        outputs: Reads {
-            b: sb.outputs,
-            c: sc.outputs,
-            b2: sb2.outputs,
-        },
-        frozen: Frozen {
-            kernel_release: "6.1".into(),
-            gpu_driver: None,
-            cdi_spec: None,
-            device_policy: Digest::of_bytes(b"devices"),
-        },
-        speed_policy: speed_policy_digest(&speed()).unwrap(),
-        speed_section: speed(),
-        workload: sb.workload,
-        model: sb.model,
-        windows: Reads {
-            b: sb.windows,
-            c: sc.windows,
-            b2: sb2.windows,
-        },
-        devices: Reads {
-            b: sb.devices,
-            c: sc.devices,
-            b2: sb2.devices,
-        },
-        speed: record,
-        settling: false,
-        non_settling: Some("test".into()),
-        settlement: None,
-    };
+    );
     assert_eq!(qualify.speed.verdict, speed_rule::Verdict::Pass);
     let head = emit(
         &store,
@@ -414,7 +306,7 @@ fn every_tampering_is_caught_with_its_own_message() {
     // A qualify receipt, properly signed, whose verdict does not follow from its windows.
     let c = chain();
     let mut lie = c.qualify.clone();
-    lie.windows.c = windows(39);
+    lie.windows.c = examples::windows(39);
     let a = Digest::of_bytes(AUTHORITY);
     let head = emit(
         &c.store,
