@@ -1,0 +1,540 @@
+//! The section decoders: KDL document → validated [`Policy`].
+//!
+//! Each decoder reads one section, reports every problem it finds through [`Cx`], and goes on;
+//! cross-references (stage → image, stage → seccomp profile, step → stage, step → secret) are
+//! resolved once every section has been read. A [`Policy`] is returned only when nothing at
+//! all was reported. The language itself is documented in `policy/README.md`.
+//!
+//! This module reads the document and the small sections (header, runtime, lanes, speed,
+//! accounts) and keeps the shared readers; `intake` holds the intake and tree sections,
+//! `seccomp` the profiles, `stage` one stage block, `surface` the surface block and `steps` the
+//! build steps and the cross-references.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::str::FromStr;
+
+use cordon_canon::Digest;
+use kdl::{KdlDocument, KdlEntry, KdlNode, KdlValue};
+use miette::SourceSpan;
+
+use crate::kit::{
+    Block, Cx, Seen, arg, boolean, choice, duration, integer, name_span, path, positional, prop,
+    reason, required_prop, shape, single, size, string, suggest,
+};
+use crate::model::*;
+use crate::syscalls::{self, BaselineEntry};
+use crate::units;
+
+mod intake;
+mod seccomp;
+mod stage;
+mod steps;
+mod surface;
+
+use intake::*;
+use seccomp::*;
+use stage::*;
+use steps::*;
+pub use surface::SURFACE_SET_ENV;
+use surface::*;
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+const TIB: u64 = 1 << 40;
+const SECOND: u64 = 1000;
+const HOUR: u64 = 3_600_000;
+
+/// A keyword of type `T`, reported like any other choice when it is not one.
+fn keyword<T: Keyword>(cx: &mut Cx, entry: &KdlEntry, what: &str) -> Option<T> {
+    choice(cx, entry, what, &T::keywords()).and_then(|s| T::from_keyword(&s))
+}
+
+/// The Python AST bans no policy may drop (seed 001, "Static scanning").
+const MIN_BAN_CALL: &[&str] = &["__import__", "compile", "eval", "exec"];
+const MIN_BAN_IMPORT: &[&str] = &["builtins", "importlib"];
+const MIN_BAN_ATTRIBUTE_CALL: &[&str] = &["exec_module", "load_module", "spec_from_file_location"];
+
+/// Read a whole policy document.
+pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Option<Policy> {
+    let top = Block::read(
+        cx,
+        Some(doc),
+        "the policy file",
+        whole,
+        &[
+            "policy",
+            "store",
+            "run-dir",
+            "runtime",
+            "accounts",
+            "secret",
+            "intake",
+            "tree",
+            "image",
+            "worker",
+            "seccomp",
+            "physical-lane",
+            "speed",
+            "stage",
+            "step",
+        ],
+        &[
+            "secret",
+            "image",
+            "seccomp",
+            "physical-lane",
+            "stage",
+            "step",
+        ],
+    );
+    let header = top.required(cx, "policy").and_then(|n| header(cx, n));
+    let store = value(cx, &top, "store", None, |cx, e| path(cx, e, "store"));
+    let run_dir = value(
+        cx,
+        &top,
+        "run-dir",
+        Some("/run/cordon".to_owned()),
+        |cx, e| path(cx, e, "run-dir"),
+    );
+    if let (Some(s), Some(r)) = (&store, &run_dir) {
+        let span = |name: &str| top.one(name).map_or(whole, name_span);
+        if nested(s, r) {
+            cx.report_at(
+                "overlap",
+                vec![
+                    (span("store"), "store".into()),
+                    (span("run-dir"), "run-dir".into()),
+                ],
+                format!("store {s} and run-dir {r} overlap"),
+                Some("the private store and the run directories must be disjoint trees".into()),
+            );
+        }
+    }
+    let runtime = top.required(cx, "runtime").and_then(|n| runtime(cx, n));
+    let accounts = top.required(cx, "accounts").and_then(|n| accounts(cx, n));
+    let secret = named(cx, &top.all("secret"), "secret")
+        .into_iter()
+        .filter_map(|(name, node)| {
+            shape(cx, node, 1, 1, &["path"], false);
+            let p = required_prop(cx, node, "path").and_then(|e| path(cx, e, "secret path"));
+            Some((name, Secret { path: p? }))
+        })
+        .collect::<BTreeMap<_, _>>();
+    let intake = intake(cx, top.one("intake"), whole);
+    let tree = tree(cx, top.one("tree"), whole);
+    let image = named(cx, &top.all("image"), "image role")
+        .into_iter()
+        .filter_map(|(name, node)| {
+            shape(cx, node, 1, 1, &["digest"], false);
+            let digest = required_prop(cx, node, "digest").and_then(|e| digest(cx, e));
+            Some((name, digest?))
+        })
+        .collect::<BTreeMap<_, _>>();
+    // cordon's own worker inside the runtime image: its digest is pinned on its own, so the
+    // host seals the reviewed bytes, never what it finds in an image cache.
+    let worker = match top.one("worker") {
+        Some(node) => {
+            shape(cx, node, 0, 0, &["digest"], false);
+            required_prop(cx, node, "digest").and_then(|e| digest(cx, e))
+        }
+        None => None,
+    };
+    let physical_lane = physical_lanes(cx, &top.all("physical-lane"));
+    let speed = match top.one("speed") {
+        Some(node) => speed(cx, node).map(Some),
+        None => Some(None),
+    };
+    let seccomp = named(cx, &top.all("seccomp"), "seccomp profile")
+        .into_iter()
+        .filter_map(|(name, node)| Some((name, seccomp(cx, node)?)))
+        .collect::<BTreeMap<_, _>>();
+    let stage_nodes = top.all("stage");
+    let mut stages = BTreeMap::new();
+    let mut seen_kind = Seen::default();
+    for node in &stage_nodes {
+        shape(cx, node, 1, 1, &[], true);
+        let Some(kind) = arg(node, 0).and_then(|e| keyword::<StageKind>(cx, e, "stage kind"))
+        else {
+            continue;
+        };
+        if !seen_kind.first(cx, kind.as_str(), name_span(node), || {
+            format!("stage {:?} is declared twice", kind.as_str())
+        }) {
+            continue;
+        }
+        if let Some(stage) = stage(cx, node, kind) {
+            stages.insert(kind, stage);
+        }
+    }
+    let steps = named(cx, &top.all("step"), "step")
+        .into_iter()
+        .filter_map(|(name, node)| Some((name, step(cx, node)?)))
+        .collect::<BTreeMap<_, _>>();
+
+    // A read's CPUs are its physical lane's: a lane stage with a cpuset of its own would
+    // contradict one of them.
+    if let (Some(lanes), Some(lane)) = (&physical_lane, stages.get(&StageKind::Lane))
+        && !lanes.is_empty()
+        && lane.cpuset.is_some()
+        && let Some(first) = top.all("physical-lane").first()
+    {
+        cx.report(
+            "invalid-value",
+            name_span(first),
+            "the lane stage sets a cpuset",
+            "stage \"lane\" sets `cpuset` and the policy declares physical lanes".to_owned(),
+            Some("each read runs on its physical lane's CPUs: drop the stage's cpuset".into()),
+        );
+    }
+    resolve(cx, &top, &stage_nodes, &steps, &secret);
+    steps_inside_image(cx, &top.all("step"), &stages);
+
+    let policy = Policy {
+        policy: header?,
+        store: store?,
+        run_dir: run_dir?,
+        runtime: runtime?,
+        accounts: accounts?,
+        secret,
+        intake: intake?,
+        tree: tree?,
+        image,
+        worker,
+        seccomp,
+        physical_lane: physical_lane?,
+        speed: speed?,
+        stage: stages,
+        step: steps,
+    };
+    cx.problems.is_empty().then_some(policy)
+}
+
+/// A node's single value, or `default` when the node is absent (`None`: the node is required).
+fn value<T>(
+    cx: &mut Cx,
+    block: &Block<'_>,
+    name: &str,
+    default: Option<T>,
+    read: impl FnOnce(&mut Cx, &KdlEntry) -> Option<T>,
+) -> Option<T> {
+    match block.one(name) {
+        Some(node) => single(cx, node, &[], read),
+        None if default.is_some() => default,
+        None => {
+            block.required(cx, name);
+            None
+        }
+    }
+}
+
+/// Whether `a` and `b` are the same path or one lies under the other.
+fn nested(a: &str, b: &str) -> bool {
+    let under = |inner: &str, outer: &str| {
+        inner == outer
+            || outer == "/"
+            || inner
+                .strip_prefix(outer)
+                .is_some_and(|r| r.starts_with('/'))
+    };
+    under(a, b) || under(b, a)
+}
+
+fn identifier(cx: &mut Cx, entry: &KdlEntry, what: &str) -> Option<String> {
+    let text = string(cx, entry)?;
+    let ok = text.len() <= 64
+        && text.starts_with(|c: char| c.is_ascii_lowercase())
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if ok {
+        return Some(text);
+    }
+    cx.report(
+        "invalid-value",
+        entry.span(),
+        "not a name",
+        format!("{what} {text:?} is not a valid name"),
+        Some("names are 1 to 64 of a-z, 0-9 and -, starting with a letter".into()),
+    );
+    None
+}
+
+/// Nodes named by their first argument, each name once (duplicates labelled at both places).
+fn named<'a>(cx: &mut Cx, nodes: &[&'a KdlNode], what: &str) -> Vec<(String, &'a KdlNode)> {
+    let mut seen = Seen::default();
+    let mut out = Vec::new();
+    for node in nodes {
+        let Some(entry) = arg(node, 0) else {
+            shape(cx, node, 1, 1, &[], true);
+            continue;
+        };
+        let Some(name) = identifier(cx, entry, what) else {
+            continue;
+        };
+        if !seen.first(cx, &name, entry.span(), || {
+            format!("{what} {name:?} is declared twice")
+        }) {
+            continue;
+        }
+        out.push((name, *node));
+    }
+    out
+}
+
+fn digest(cx: &mut Cx, entry: &KdlEntry) -> Option<Digest> {
+    let text = string(cx, entry)?;
+    match Digest::from_str(&text) {
+        Ok(d) => Some(d),
+        Err(_) => {
+            cx.report(
+                "invalid-value",
+                entry.span(),
+                "not a digest",
+                format!("{text:?} is not a digest"),
+                Some("write sha256: followed by 64 lowercase hex digits".into()),
+            );
+            None
+        }
+    }
+}
+
+fn header(cx: &mut Cx, node: &KdlNode) -> Option<Header> {
+    shape(cx, node, 1, 1, &["version"], false);
+    let name = arg(node, 0).and_then(|e| identifier(cx, e, "policy name"));
+    let version = required_prop(cx, node, "version").and_then(|e| {
+        let v = integer(cx, e, "version", 0, u64::MAX)?;
+        if v != 1 {
+            cx.report(
+                "unsupported-version",
+                e.span(),
+                "unsupported",
+                format!("policy language version {v} is not supported"),
+                Some("this build reads version=1".into()),
+            );
+            return None;
+        }
+        Some(v)
+    });
+    Some(Header {
+        name: name?,
+        version: version?,
+    })
+}
+
+fn runtime(cx: &mut Cx, node: &KdlNode) -> Option<Runtime> {
+    shape(cx, node, 1, 1, &["path", "sha256", "min-version"], false);
+    let kind = arg(node, 0).and_then(|e| keyword::<RuntimeKind>(cx, e, "runtime"));
+    let p = required_prop(cx, node, "path").and_then(|e| path(cx, e, "runtime path"));
+    let sha256 = match prop(node, "sha256") {
+        Some(e) => Some(digest(cx, e)?),
+        None => None,
+    };
+    let min_version = match prop(node, "min-version") {
+        Some(e) => Some(release(cx, e)?),
+        None => None,
+    };
+    Some(Runtime {
+        kind: kind?,
+        path: p?,
+        sha256,
+        min_version,
+    })
+}
+
+/// A release number `MAJOR.MINOR.PATCH`.
+fn release(cx: &mut Cx, entry: &KdlEntry) -> Option<(u32, u32, u32)> {
+    let text = string(cx, entry)?;
+    let parts: Vec<Option<u32>> = text.split('.').map(|p| p.parse().ok()).collect();
+    if let [Some(a), Some(b), Some(c)] = parts[..] {
+        return Some((a, b, c));
+    }
+    cx.report(
+        "invalid-value",
+        entry.span(),
+        "not a release number",
+        format!("{text:?} is not a release number"),
+        Some("write MAJOR.MINOR.PATCH, for example \"1.1.12\"".into()),
+    );
+    None
+}
+
+/// The physical lanes: none, or two disjoint CPU sets of identical shape (a qualification's
+/// baseline and candidate lanes, exchanged by its reproduction).
+fn physical_lanes(cx: &mut Cx, nodes: &[&KdlNode]) -> Option<BTreeMap<String, PhysicalLane>> {
+    let lanes: Vec<(String, &KdlNode, PhysicalLane)> = named(cx, nodes, "physical lane")
+        .into_iter()
+        .filter_map(|(name, node)| {
+            shape(cx, node, 1, 1, &["cpuset"], false);
+            let set = required_prop(cx, node, "cpuset").and_then(|e| cpuset(cx, e))?;
+            Some((name, node, PhysicalLane { cpuset: set }))
+        })
+        .collect();
+    if lanes.len() != nodes.len() {
+        return None;
+    }
+    let span = |n: &KdlNode| name_span(n);
+    match lanes.as_slice() {
+        [] => Some(BTreeMap::new()),
+        [(_, a, la), (_, b, lb)] => {
+            let (sa, sb) = (cpu_list(&la.cpuset)?, cpu_list(&lb.cpuset)?);
+            if !sa.is_disjoint(&sb) {
+                cx.report_at(
+                    "overlap",
+                    vec![(span(a), la.cpuset.clone()), (span(b), lb.cpuset.clone())],
+                    "the two physical lanes share CPUs",
+                    Some("each lane is a device set of its own".into()),
+                );
+                return None;
+            }
+            if sa.len() != sb.len() {
+                cx.report_at(
+                    "invalid-value",
+                    vec![(span(a), la.cpuset.clone()), (span(b), lb.cpuset.clone())],
+                    format!(
+                        "the physical lanes differ in shape ({} and {} CPUs)",
+                        sa.len(),
+                        sb.len()
+                    ),
+                    Some("a qualification compares reads on lanes of identical shape".into()),
+                );
+                return None;
+            }
+            Some(lanes.into_iter().map(|(n, _, l)| (n, l)).collect())
+        }
+        [(_, first, _), ..] => {
+            cx.report(
+                "invalid-value",
+                span(first),
+                "not two lanes",
+                format!("{} physical lanes are declared, not two", lanes.len()),
+                Some("declare a baseline lane and a candidate lane, or none".into()),
+            );
+            None
+        }
+    }
+}
+
+/// The largest ratio a speed value may name, in basis points (100×).
+const MAX_BP: u64 = 1_000_000;
+
+fn speed(cx: &mut Cx, node: &KdlNode) -> Option<Speed> {
+    shape(cx, node, 0, 0, &[], true);
+    let names = [
+        "min-margin-bp",
+        "noise-multiplier-bp",
+        "max-noise-bp",
+        "min-timed-windows",
+        "max-window-scatter-bp",
+        "max-conditioning-slowdown-bp",
+    ];
+    let b = Block::read(cx, node.children(), "speed", name_span(node), &names, &[]);
+    // Every value is required: a verdict threshold is reviewed, never defaulted.
+    let mut get = |name: &str, min: u64, max: u64| {
+        b.required(cx, name)
+            .and_then(|n| single(cx, n, &[], |cx, e| integer(cx, e, name, min, max)))
+    };
+    let min_margin_bp = get("min-margin-bp", 1, MAX_BP);
+    let noise_multiplier_bp = get("noise-multiplier-bp", 0, MAX_BP);
+    let max_noise_bp = get("max-noise-bp", 0, MAX_BP);
+    // Two halves of one read stand in for a dropped bracket (the drift rule): each needs one.
+    let min_timed_windows = get("min-timed-windows", 2, 1_000_000);
+    let max_window_scatter_bp = get("max-window-scatter-bp", 0, MAX_BP);
+    // Below 1× would fail a candidate for conditioning as fast as the incumbent.
+    let max_conditioning_slowdown_bp = get("max-conditioning-slowdown-bp", 10_000, MAX_BP);
+    Some(Speed {
+        min_margin_bp: min_margin_bp?,
+        noise_multiplier_bp: noise_multiplier_bp?,
+        max_noise_bp: max_noise_bp?,
+        min_timed_windows: min_timed_windows?,
+        max_window_scatter_bp: max_window_scatter_bp?,
+        max_conditioning_slowdown_bp: max_conditioning_slowdown_bp?,
+    })
+}
+
+fn id_range(cx: &mut Cx, node: &KdlNode) -> Option<IdRange> {
+    shape(cx, node, 2, 2, &[], false);
+    let what = node.name().value();
+    let first = arg(node, 0).and_then(|e| integer(cx, e, what, 0, u64::from(u32::MAX - 1)));
+    let last = arg(node, 1).and_then(|e| integer(cx, e, what, 0, u64::from(u32::MAX - 1)));
+    let (first, last) = (first?, last?);
+    if first == 0 || last == 0 || first > last {
+        cx.report(
+            "invalid-range",
+            name_span(node),
+            "invalid range",
+            format!("{what} {first}..={last} is not a range of nonzero ids"),
+            Some("both ends are nonzero (id 0 is root) and the first is not above the last".into()),
+        );
+        return None;
+    }
+    // Both ends are at most u32::MAX - 1 (checked above), so the conversions hold.
+    Some(IdRange {
+        first: u32::try_from(first).ok()?,
+        last: u32::try_from(last).ok()?,
+    })
+}
+
+fn accounts(cx: &mut Cx, node: &KdlNode) -> Option<Accounts> {
+    shape(cx, node, 0, 0, &[], true);
+    let b = Block::read(
+        cx,
+        node.children(),
+        "accounts",
+        name_span(node),
+        &["uid-range", "gid-range", "shell", "cron-deny", "at-deny"],
+        &[],
+    );
+    let uid_range = b.required(cx, "uid-range").and_then(|n| id_range(cx, n));
+    let gid_range = b.required(cx, "gid-range").and_then(|n| id_range(cx, n));
+    let shell = value(
+        cx,
+        &b,
+        "shell",
+        Some("/usr/sbin/nologin".into()),
+        |cx, e| path(cx, e, "shell"),
+    );
+    let cron_deny = value(
+        cx,
+        &b,
+        "cron-deny",
+        Some("/etc/cron.deny".into()),
+        |cx, e| path(cx, e, "cron-deny"),
+    );
+    let at_deny = value(cx, &b, "at-deny", Some("/etc/at.deny".into()), |cx, e| {
+        path(cx, e, "at-deny")
+    });
+    Some(Accounts {
+        uid_range: uid_range?,
+        gid_range: gid_range?,
+        shell: shell?,
+        cron_deny: cron_deny?,
+        at_deny: at_deny?,
+    })
+}
+
+fn host_name(cx: &mut Cx, entry: &KdlEntry) -> Option<String> {
+    let text = string(cx, entry)?;
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    };
+    if text.len() <= 253 && text.split('.').all(label_ok) {
+        return Some(text);
+    }
+    cx.report(
+        "invalid-value",
+        entry.span(),
+        "not a host name",
+        format!("{text:?} is not a lowercase DNS host name"),
+        Some("write the exact host, without scheme, port, path or wildcard".into()),
+    );
+    None
+}
+
+#[cfg(test)]
+mod tests;

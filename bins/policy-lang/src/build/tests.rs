@@ -1,0 +1,447 @@
+use super::*;
+use cordon_testkit::EditOnce as _;
+
+fn default_policy() -> String {
+    std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../policy/evaluator.kdl"
+    ))
+    .unwrap()
+}
+
+fn codes(text: &str) -> Vec<String> {
+    crate::parse("t.kdl", text)
+        .err()
+        .map(|e| {
+            e.problems()
+                .iter()
+                .map(|p| p.short_code().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn the_default_policy_decodes_to_typed_values() {
+    let p = crate::parse("evaluator.kdl", &default_policy()).unwrap();
+    let prebuild = p.stage(StageKind::Prebuild).unwrap();
+    assert_eq!(prebuild.network, Network::None);
+    assert_eq!(prebuild.root, RootMode::ReadOnly);
+    assert_eq!((prebuild.ipc, prebuild.shm_bytes), (Ipc::None, None));
+    let lane = p.stage(StageKind::Lane).unwrap();
+    assert_eq!(lane.root, RootMode::Overlay);
+    assert_eq!((lane.ipc, lane.shm_bytes), (Ipc::Private, Some(16 << 30)));
+    assert!(
+        lane.gpu_device.is_empty(),
+        "gpu \"none\" until part 2's CDI devices"
+    );
+    let reference = p.stage(StageKind::Reference).unwrap();
+    assert_eq!(reference.gpu_device.len(), 3);
+    assert!(p.worker_pin().is_some());
+    assert_eq!(
+        p.steps_of(StageKind::Lane).collect::<Vec<_>>(),
+        ["serve-example"]
+    );
+    let profile = p.seccomp_profile(&prebuild.seccomp).unwrap();
+    assert_eq!(profile.default_action, SeccompAction::Errno(1));
+    let socket = &profile.syscall["socket"];
+    assert_eq!(socket.args[0].op, ArgOp::OneOf);
+    assert_eq!(socket.args[0].bits, 32);
+}
+
+#[test]
+fn speed_and_physical_lanes_are_typed_and_every_bad_value_is_named() {
+    let p = crate::parse("evaluator.kdl", &default_policy()).unwrap();
+    let speed = p.speed().unwrap();
+    assert_eq!((speed.min_margin_bp, speed.min_timed_windows), (500, 4));
+    let lanes: Vec<&str> = p
+        .physical_lanes()
+        .values()
+        .map(|l| l.cpuset.as_str())
+        .collect();
+    assert_eq!(lanes, ["0", "1"]);
+    let text = default_policy();
+    for (from, to, code) in [
+        ("min-timed-windows 4", "min-timed-windows 1", "out-of-range"),
+        ("min-margin-bp 500", "min-margin-bp \"5%\"", "wrong-type"),
+        ("    min-margin-bp 500\n", "", "missing-node"),
+        (
+            "max-conditioning-slowdown-bp 15000",
+            "max-conditioning-slowdown-bp 9999",
+            "out-of-range",
+        ),
+        ("cpuset=\"1\"", "cpuset=\"0\"", "overlap"),
+        ("cpuset=\"1\"", "cpuset=\"1-2\"", "invalid-value"),
+        ("cpuset=\"1\"", "cpuset=\"x\"", "invalid-value"),
+        (
+            "physical-lane \"b\" cpuset=\"1\"",
+            "physical-lane \"b\" cpuset=\"1\"\nphysical-lane \"c\" cpuset=\"2\"",
+            "invalid-value",
+        ),
+        (
+            "phase-deadline \"workload\" \"90m\"",
+            "phase-deadline \"workload\" \"90m\"\n    cpuset \"0-1\"",
+            "invalid-value",
+        ),
+    ] {
+        let edited = text.replace_once(from, to);
+        assert!(
+            codes(&edited).contains(&code.to_owned()),
+            "{from} → {to}: {:?}",
+            codes(&edited)
+        );
+    }
+    // No lanes and no speed: a policy that cannot qualify, but a valid one.
+    let bare = text
+        .replace_once("physical-lane \"a\" cpuset=\"0\"\n", "")
+        .replace_once("physical-lane \"b\" cpuset=\"1\"\n", "");
+    let p = crate::parse("t.kdl", &bare).unwrap();
+    assert!(p.physical_lanes().is_empty());
+}
+
+/// The default policy with its socket condition replaced by `conditions` on `syscall`.
+fn with_rule(syscall: &str, conditions: &str) -> String {
+    let text = default_policy();
+    let start = text.find("    rule \"socket\"").unwrap();
+    let end = start + text[start..].find("    }\n").unwrap() + 6;
+    format!(
+        "{}    rule \"{syscall}\" action=\"allow\" reason=\"t\" {{\n{conditions}    }}\n{}",
+        &text[..start],
+        &text[end..]
+    )
+}
+
+#[test]
+fn conditions_on_32_bit_arguments_admit_only_what_a_masked_test_enforces() {
+    let ok = |syscall: &str, c: &str| {
+        let text = with_rule(syscall, c);
+        assert_eq!(codes(&text), Vec::<String>::new(), "{syscall}: {c}");
+        let p = crate::parse("t.kdl", &text).unwrap();
+        p.seccomp_profile("candidate").unwrap().syscall[syscall]
+            .args
+            .clone()
+    };
+    let bad = |syscall: &str, c: &str| codes(&with_rule(syscall, c));
+    // Sound on 32 bits: eq, one-of, masked-eq within the low half.
+    let a = ok("socket", "arg index=0 op=\"one-of\" 10 1 2\n");
+    assert_eq!((a[0].bits, a[0].values.clone()), (32, vec![1, 2, 10]));
+    ok("fcntl", "arg index=1 op=\"eq\" value=1\n");
+    ok(
+        "personality",
+        "arg index=0 op=\"masked-eq\" value=8 mask=4294967295\n",
+    );
+    // Unsound on 32 bits: every ordering and ne.
+    for op in ["ne", "lt", "le", "gt", "ge"] {
+        let c = format!("arg index=0 op=\"{op}\" value=40\n");
+        assert_eq!(bad("socket", &c), ["unsound-condition"], "{op}");
+        // ... and meaningful on a 64-bit argument.
+        let c = format!("arg index=2 op=\"{op}\" value=40\n");
+        assert_eq!(ok("ioctl", &c)[0].bits, 64, "{op}");
+    }
+    // Values and masks must fit the width; the index must be an argument.
+    assert_eq!(
+        bad("socket", "arg index=0 op=\"eq\" value=4294967336\n"),
+        ["out-of-range"]
+    );
+    assert_eq!(
+        bad(
+            "socket",
+            "arg index=0 op=\"masked-eq\" value=0 mask=4294967296\n"
+        ),
+        ["out-of-range"]
+    );
+    assert_eq!(
+        bad("socket", "arg index=3 op=\"eq\" value=1\n"),
+        ["out-of-range"]
+    );
+    // Syscalls cordon does not model take no conditions.
+    assert_eq!(
+        bad("read", "arg index=2 op=\"lt\" value=4096\n"),
+        ["unmodelled-argument"]
+    );
+    // one-of takes its values as arguments, at least two, once each.
+    assert_eq!(
+        bad("socket", "arg index=0 op=\"one-of\" value=1\n"),
+        ["missing-argument", "unknown-property"]
+    );
+    assert_eq!(
+        bad("socket", "arg index=0 op=\"one-of\" 1 1\n"),
+        ["redundant-entry"]
+    );
+    // One argument tested twice would be ORed by the runtime.
+    assert_eq!(
+        bad(
+            "socket",
+            "arg index=0 op=\"eq\" value=1\narg index=0 op=\"masked-eq\" value=0 mask=1\n"
+        ),
+        ["duplicate"]
+    );
+    // Conditions are x86_64's: a filter that also covers x86 refuses them.
+    let text = with_rule("socket", "arg index=0 op=\"one-of\" 1 2\n").replace_once(
+        "architectures \"x86_64\"",
+        "architectures \"x86_64\" \"x86\"",
+    );
+    assert_eq!(codes(&text), ["unsound-condition"]);
+    let many: Vec<String> = (0..9).map(|v| v.to_string()).collect();
+    let c = format!(
+        "arg index=0 op=\"one-of\" {0}\narg index=1 op=\"one-of\" {0}\n",
+        many.join(" ")
+    );
+    assert_eq!(bad("socket", &c), ["invalid-value"], "81 entries > 64");
+    // Exactly the bound is admitted: 8 × 8 = 64 entries.
+    let eight: Vec<String> = (0..8).map(|v| v.to_string()).collect();
+    let c = format!(
+        "arg index=0 op=\"one-of\" {0}\narg index=1 op=\"one-of\" {0}\n",
+        eight.join(" ")
+    );
+    assert_eq!(
+        codes(&with_rule("socketpair", &c)),
+        Vec::<String>::new(),
+        "64 entries"
+    );
+    // A filter without argument conditions may cover x86 too (nothing to misread there),
+    // and an unmodelled call may be allowed as long as it carries no condition.
+    let prebuild = "    seccomp \"candidate\"\n    user \"per-run\"\n    cpus 4\n";
+    let text = format!(
+        "{}\nseccomp \"plain\" {{\n    default-action \"errno\" errno=1\n    \
+         architectures \"x86_64\" \"x86\"\n    \
+         rule \"read\" action=\"allow\" reason=\"t\"\n    \
+         rule \"io_uring_setup\" action=\"allow\" reason=\"t\"\n}}\n",
+        default_policy().replace_once(prebuild, &prebuild.replace("candidate", "plain"))
+    );
+    assert_eq!(codes(&text), Vec::<String>::new());
+}
+
+/// The stage bounds admit exactly their ends and refuse one step past them; a phase may
+/// last as long as its stage, not longer, and has one deadline.
+#[test]
+fn stage_bounds_admit_their_ends_and_refuse_one_past() {
+    let lane = crate::parse("t.kdl", &default_policy()).unwrap();
+    let phases = &lane.stage(StageKind::Lane).unwrap().phase_deadline_ms;
+    assert_eq!(
+        phases
+            .iter()
+            .map(|(k, v)| (k.as_str(), *v))
+            .collect::<Vec<_>>(),
+        [("startup", 20 * 60_000), ("workload", 90 * 60_000)],
+        "every phase deadline is kept, the first included"
+    );
+    let none = Vec::<String>::new();
+    let publication = "max-file-bytes=\"1GiB\" max-depth=16";
+    let lane = "    phase-deadline \"workload\" \"90m\"\n";
+    for (from, to, want) in [
+        ("memory \"8GiB\"", "memory \"256MiB\"", none.clone()),
+        (
+            "memory \"8GiB\"",
+            "memory \"255MiB\"",
+            vec!["out-of-range".to_owned()],
+        ),
+        ("memory \"8GiB\"", "memory \"4TiB\"", none.clone()),
+        (
+            "memory \"8GiB\"",
+            "memory \"4097GiB\"",
+            vec!["out-of-range".to_owned()],
+        ),
+        (
+            publication,
+            "max-file-bytes=\"64GiB\" max-depth=16",
+            none.clone(),
+        ),
+        (
+            publication,
+            "max-file-bytes=\"65GiB\" max-depth=16",
+            vec!["out-of-range".to_owned()],
+        ),
+        (
+            lane,
+            "    phase-deadline \"workload\" \"2h\"\n",
+            none.clone(),
+        ),
+        (
+            lane,
+            "    phase-deadline \"workload\" \"121m\"\n",
+            vec!["out-of-range".to_owned()],
+        ),
+        (
+            lane,
+            "    phase-deadline \"workload\" \"90m\"\n    phase-deadline \"workload\" \"9m\"\n",
+            vec!["duplicate".to_owned()],
+        ),
+    ] {
+        let text = default_policy().replace_once(from, to);
+        assert_eq!(codes(&text), want, "{to}");
+    }
+}
+
+/// The runtime's own destinations are reserved: the root, `/tmp`, and anything at or below
+/// `/proc`, `/sys` or `/dev`.
+#[test]
+fn the_runtimes_own_mount_destinations_are_reserved() {
+    let line = "    mount \"tree\" \"/engine\" mode=\"ro\"\n    mount \"staging\"";
+    for dest in ["/", "/tmp", "/proc", "/sys/fs", "/dev/shm"] {
+        let text = default_policy().replace_once(line, &line.replace("/engine", dest));
+        assert_eq!(codes(&text), ["overlap"], "{dest}");
+    }
+    let text = default_policy().replace_once(line, &line.replace("/engine", "/procs"));
+    assert_eq!(codes(&text), Vec::<String>::new(), "/procs is not /proc");
+}
+
+/// Each block a stage kind may not have is refused in it, by name.
+#[test]
+fn blocks_a_stage_kind_may_not_have_are_refused_in_it() {
+    for (stage, block) in [
+        (
+            "stage \"lane\" {\n",
+            "    staging size=\"1GiB\" inodes=10\n",
+        ),
+        (
+            "stage \"lane\" {\n",
+            "    publication max-files=1 max-bytes=\"1MiB\" max-file-bytes=\"1MiB\" max-depth=2 max-path-length=9\n",
+        ),
+    ] {
+        let text = default_policy().replace_once(stage, &format!("{stage}{block}"));
+        assert_eq!(codes(&text), ["not-allowed-in-stage"], "{block}");
+    }
+}
+
+#[test]
+fn the_surface_is_typed_apart_from_the_candidate_stages() {
+    let surface = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../policy/examples/surface.kdl"
+    ))
+    .unwrap();
+    let p = crate::parse("s.kdl", &surface).unwrap();
+    let s = p.stage(StageKind::Surface).unwrap();
+    assert_eq!(
+        (s.image.as_deref(), s.root, s.user),
+        (None, RootMode::Empty, User::Service)
+    );
+    assert_eq!((s.memory_bytes, s.pids), (None, None));
+    let block = s.surface.as_ref().unwrap();
+    assert!(block.agent_env.contains("ANTHROPIC_API_KEY"));
+    assert_eq!(
+        (block.home.as_str(), block.temp.as_str()),
+        (".cph/agent-runtime", ".cph/t")
+    );
+    for (from, to, code) in [
+        // One source per variable.
+        (
+            "pass-env \"TERM\"",
+            "pass-env \"TERM\" \"DATABASE_URL\"",
+            "duplicate",
+        ),
+        (
+            "pass-env \"TERM\"",
+            "pass-env \"TERM\" \"HOME\"",
+            "duplicate",
+        ),
+        (
+            "pass-env \"TERM\"",
+            "pass-env \"TERM\" \"PATH\"",
+            "duplicate",
+        ),
+        (
+            "temp-env \"CLAUDE_CODE_TMPDIR\"",
+            "temp-env \"ANTHROPIC_API_KEY\"",
+            "duplicate",
+        ),
+        (
+            "home \".cph/agent-runtime\"",
+            "home \"../up\"",
+            "invalid-path",
+        ),
+        (
+            "home \".cph/agent-runtime\"",
+            "home \"/abs\"",
+            "invalid-path",
+        ),
+        ("home \".cph/agent-runtime\"", "home \".cph\"", "overlap"),
+        (
+            "    root \"empty\"\n",
+            "    root \"read-only\"\n",
+            "not-allowed-in-stage",
+        ),
+        (
+            "    root \"empty\"\n",
+            "    root \"empty\"\n    image \"x\"\n",
+            "not-allowed-in-stage",
+        ),
+        (
+            "    network \"none\"\n",
+            "    network \"host\"\n",
+            "invalid-value",
+        ),
+        ("read \"/usr\" ", "read \"/\" ", "overlap"),
+        ("read \"/usr\" ", "read \"/tmp\" ", "overlap"),
+        ("read \"/usr\" ", "read \"/workspace/x\" ", "overlap"),
+    ] {
+        let text = replace_exactly_once(&surface, from, to);
+        assert!(
+            codes(&text).contains(&code.to_owned()),
+            "{to:?}: {:?}",
+            codes(&text)
+        );
+    }
+    // And the candidate stages keep every control they had.
+    for (from, to, code) in [
+        (
+            "    root \"read-only\"\n",
+            "    root \"empty\"\n",
+            "not-allowed-in-stage",
+        ),
+        (
+            "    user \"per-run\"\n",
+            "    user \"service\"\n",
+            "weakened-control",
+        ),
+        (
+            "    network \"none\"\n",
+            "    network \"egress\"\n",
+            "not-allowed-in-stage",
+        ),
+        ("    memory \"8GiB\"\n", "", "missing-node"),
+    ] {
+        // The first occurrence: the prebuild stage's.
+        let text = default_policy().replacen(from, to, 1);
+        assert_ne!(text, default_policy(), "{from:?}");
+        assert!(
+            codes(&text).contains(&code.to_owned()),
+            "{to:?}: {:?}",
+            codes(&text)
+        );
+    }
+}
+
+fn replace_exactly_once(text: &str, from: &str, to: &str) -> String {
+    assert_eq!(text.matches(from).count(), 1, "{from:?}");
+    text.replacen(from, to, 1)
+}
+
+#[test]
+fn a_runtime_minimum_is_a_release_number() {
+    let p = crate::parse("t.kdl", &default_policy()).unwrap();
+    assert_eq!(p.runtime().min_version(), Some((1, 1, 5)));
+    for bad in ["1.1", "1.x.5", "v1.1.5", ""] {
+        let text =
+            default_policy().replace_once("min-version=\"1.1.5\"", &format!("min-version={bad:?}"));
+        assert_eq!(codes(&text), ["invalid-value"], "{bad:?}");
+    }
+}
+
+#[test]
+fn shm_is_sized_only_for_a_private_ipc_namespace() {
+    let text = default_policy().replace_once(
+        "    ipc \"none\"\n",
+        "    ipc \"none\"\n    shm \"64MiB\"\n",
+    );
+    assert_ne!(text, default_policy(), "the edit must apply");
+    assert_eq!(codes(&text), ["redundant-entry"]);
+    let text = default_policy().replace_once("    ipc \"none\"\n", "    ipc \"private\"\n");
+    let p = crate::parse("t.kdl", &text).unwrap();
+    assert_eq!(
+        p.stage(StageKind::Prebuild).unwrap().shm_bytes,
+        Some(64 << 20),
+        "a private namespace without shm gets the 64MiB default"
+    );
+}
