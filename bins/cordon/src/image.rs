@@ -428,9 +428,14 @@ pub fn unpack(store: &Store, dir: &Path, manifest: &Digest) -> Result<PathBuf, I
         archive::scan(file, &layer_limits(), &mut sink)?;
     }
     seal(&root)?;
-    fs::set_permissions(&staged, fs::Permissions::from_mode(0o555)).map_err(io_at(&staged))?;
+    // Moved while still writable (another parent means a new `..`, which needs write
+    // permission for anyone but root), sealed right after.
     match store::rename_noreplace(&staged, &target) {
-        Ok(()) => store::fsync_dir(&store.root().join("images"))?,
+        Ok(()) => {
+            fs::set_permissions(&target, fs::Permissions::from_mode(0o555))
+                .map_err(io_at(&target))?;
+            store::fsync_dir(&store.root().join("images"))?;
+        }
         Err(e) if store::is_exists(&e) => {}
         Err(e) => return Err(e.into()),
     }

@@ -320,11 +320,15 @@ pub fn publish_in(
             .map_err(io_err("chmod", dir))?;
         store::zero_mtime(dir)?;
     }
-    fs::set_permissions(&staged, fs::Permissions::from_mode(0o555))
-        .map_err(io_err("chmod", &staged))?;
     store::fsync_dir(&staged)?;
+    // Moved while still writable: moving a directory to another parent rewrites its `..`, which
+    // needs write permission on it for anyone but root. Sealed right after.
     match store::rename_noreplace(&staged, &target) {
-        Ok(()) => store::fsync_dir(&store.root().join(section.dir))?,
+        Ok(()) => {
+            fs::set_permissions(&target, fs::Permissions::from_mode(0o555))
+                .map_err(io_err("chmod", &target))?;
+            store::fsync_dir(&store.root().join(section.dir))?;
+        }
         // Another writer published the same tree first: check theirs below.
         Err(e) if store::is_exists(&e) => {}
         Err(e) => return Err(e.into()),
@@ -508,6 +512,8 @@ mod tests {
         // A faithful copy of the tree elsewhere, and a link to it under the tree's name.
         let target = dir_in(&store, TREES, &record.digest);
         let elsewhere = dir.path().join("elsewhere");
+        // Moving a sealed directory to another parent needs write permission on it (not root).
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755)).unwrap();
         std::fs::rename(&target, &elsewhere).unwrap();
         std::os::unix::fs::symlink(&elsewhere, &target).unwrap();
         assert!(matches!(

@@ -226,6 +226,7 @@ pub fn run(
         setup: lease.setup(policy),
         authority,
         runtime_version,
+        key_dir: PathBuf::from(cordon::signing::KEY_DIR),
     };
     match &args.command {
         Command::Session {

@@ -230,13 +230,12 @@ pub fn qualify(
         };
         // Each read's receipt is stored like any session's; only the qualification's is
         // printed.
-        stage::finish(
+        stage::finish_signed(
             &cfg.store,
+            &cfg.key_dir,
             &mut receipt,
             result,
-            mode,
-            &mut std::io::sink(),
-            stderr,
+            (mode, &mut std::io::sink(), stderr),
         );
         // The qualify receipt links only session receipts the store holds.
         let digest = receipt

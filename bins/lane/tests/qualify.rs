@@ -63,6 +63,8 @@ fn world(edits: &[(&str, &str)]) -> World {
         setup,
         authority: Digest::of_bytes(b"authority"),
         runtime_version: "test".into(),
+        // The test's own key: fake-backed tests never touch the host's.
+        key_dir: dir.path().join("keys"),
     };
     World {
         dir,

@@ -241,7 +241,7 @@ pub fn run(
                 Ok(store) => stage::pass_on(
                     &e,
                     StageName::Materialize,
-                    &store,
+                    (&store, std::path::Path::new(cordon::signing::KEY_DIR)),
                     args.stage.diagnostics,
                     stdout,
                     stderr,

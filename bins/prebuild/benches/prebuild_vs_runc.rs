@@ -112,6 +112,7 @@ fn main() {
         // A fresh authority per run, so the cache never answers and a container always runs.
         authority: Digest::of_bytes(format!("bench-{i}").as_bytes()),
         runtime_version: runtime_version.clone(),
+        key_dir: std::path::PathBuf::from(cordon::signing::KEY_DIR),
     };
     let mut lib = Vec::new();
     for i in 0..runs {

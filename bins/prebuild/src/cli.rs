@@ -106,6 +106,7 @@ pub fn run(
         setup: args.lease.setup(policy),
         authority,
         runtime_version,
+        key_dir: PathBuf::from(cordon::signing::KEY_DIR),
     };
     let mut receipt = Receipt::new(StageName::Prebuild, authority, Outcome::Ok);
     receipt.prev = Some(prev);

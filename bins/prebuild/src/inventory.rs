@@ -375,9 +375,10 @@ mod tests {
         let name = std::ffi::OsStr::from_bytes(b"bad\xff");
         std::fs::write(dir.path().join(name), b"x").unwrap();
         assert_eq!(outcome(dir.path(), &b), "publication.non-utf8");
-        // Admitted: sorted, sized, executable by any x bit.
+        // Admitted: sorted, sized, executable by any x bit (the owner's alone for `b/x`; readable,
+        // so that the inventory reads it without root as the stage, as root, always can).
         let dir = staged(&[("b/x", 3), ("a", 5), ("c", 0)]);
-        for (path, mode) in [("a", 0o644), ("b/x", 0o100), ("c", 0o755)] {
+        for (path, mode) in [("a", 0o644), ("b/x", 0o500), ("c", 0o755)] {
             std::fs::set_permissions(dir.path().join(path), std::fs::Permissions::from_mode(mode))
                 .unwrap();
         }

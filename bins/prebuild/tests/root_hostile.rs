@@ -102,6 +102,7 @@ fn env_with(slot: u32, edit: impl Fn(String) -> String) -> Env {
         setup,
         authority,
         runtime_version,
+        key_dir: std::path::PathBuf::from(cordon::signing::KEY_DIR),
     };
     Env {
         dir,

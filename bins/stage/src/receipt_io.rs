@@ -124,7 +124,8 @@ pub fn read_input(
 }
 
 /// When `err` is an upstream verdict ([`StageError::NotOk`]: a rejected or no-decision receipt
-/// of the expected stage, under this authority), pass it on: if `store` holds it and its chain
+/// of the expected stage, under this authority), pass it on, signed with the key in `key_dir`:
+/// if `store` holds it and its chain
 /// walks back to intake ([`chain::walk_verdict`]), store, sign and print this stage's pass-on
 /// receipt ([`Receipt::pass_on`]) and return the upstream's exit code — so a pipeline under
 /// `set -o pipefail` and its last receipt both tell the verdict, and the last receipt verifies.
@@ -133,7 +134,7 @@ pub fn read_input(
 pub fn pass_on(
     err: &StageError,
     stage: StageName,
-    store: &Store,
+    (store, key_dir): (&Store, &Path),
     mode: Diagnostics,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
@@ -150,7 +151,7 @@ pub fn pass_on(
         return Some(e.exit_class());
     }
     let mut receipt = Receipt::pass_on(stage, upstream, *digest);
-    if let Err(e) = emit(store, &mut receipt, stdout) {
+    if let Err(e) = emit_signed(store, key_dir, &mut receipt, stdout) {
         report_diagnostic(&e, mode, stderr);
         return Some(ExitCode::NoDecision);
     }
@@ -189,7 +190,7 @@ pub fn input_or_exit(
     };
     read_input(file, stdin, expected, authority).map_err(|e| {
         // A verdict upstream is passed on, not reported as a wiring error.
-        pass_on(&e, stage, store, mode, stdout, stderr).unwrap_or_else(|| {
+        pass_on(&e, stage, (store, Path::new(KEY_DIR)), mode, stdout, stderr).unwrap_or_else(|| {
             report_diagnostic(&e, mode, stderr);
             e.exit_class()
         })
@@ -380,15 +381,15 @@ mod tests {
     fn finish_with(result: Result<Decision<FetchOutputs>, Broken>) -> (ExitCode, Receipt, usize) {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("store")).unwrap();
+        let keys = dir.path().join("keys");
         let mut r = Receipt::new(StageName::Fetch, Digest::of_bytes(b"x"), Outcome::Ok);
         let (mut out, mut err) = (Vec::new(), Vec::new());
-        let code = finish(
+        let code = finish_signed(
             &store,
+            &keys,
             &mut r,
             result,
-            Diagnostics::Text,
-            &mut out,
-            &mut err,
+            (Diagnostics::Text, &mut out, &mut err),
         );
         let printed = Receipt::parse(String::from_utf8(out).unwrap().trim_end()).unwrap();
         assert_eq!(printed, r);
@@ -400,7 +401,7 @@ mod tests {
         // Every stored receipt is signed with the host's key, the signature beside it.
         let digest = printed.digest().unwrap();
         let sig = cordon::signing::stored(&store, &digest).unwrap();
-        let key = HostKey::load(Path::new(KEY_DIR)).unwrap().public();
+        let key = HostKey::load(&keys).unwrap().public();
         cordon::signing::verify(&key, &digest, &sig).unwrap();
         assert_eq!(names.len(), 2 * stored, "{names:?}");
         (code, printed, stored)
@@ -451,7 +452,8 @@ mod tests {
         ));
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("store")).unwrap();
-        let key = HostKey::load_or_create(Path::new(KEY_DIR)).unwrap();
+        let keys = dir.path().join("keys");
+        let key = HostKey::load_or_create(&keys).unwrap();
         let rejected = Receipt::new(StageName::Fetch, a, Outcome::Rejected);
         let err = read(&rejected, StageName::Fetch, &a).unwrap_err();
         assert!(matches!(err, StageError::NotOk { .. }));
@@ -461,7 +463,7 @@ mod tests {
             pass_on(
                 err,
                 StageName::Materialize,
-                &store,
+                (&store, &keys),
                 Diagnostics::Text,
                 out,
                 diag,
@@ -505,7 +507,7 @@ mod tests {
             pass_on(
                 &wrong,
                 StageName::Prebuild,
-                &store,
+                (&store, &keys),
                 Diagnostics::Text,
                 &mut Vec::new(),
                 &mut Vec::new()

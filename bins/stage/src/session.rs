@@ -157,6 +157,9 @@ pub struct StageConfig {
     pub authority: Digest,
     /// The runtime's `--version` text, as the identity read it.
     pub runtime_version: String,
+    /// The directory of the key that signs the receipts this stage stores besides its own
+    /// (the host's: `cordon::signing::KEY_DIR`).
+    pub key_dir: PathBuf,
 }
 
 impl StageConfig {

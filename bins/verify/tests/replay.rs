@@ -2,7 +2,8 @@
 //! registration and prebuild, the candidate's fetch, materialize and prebuild, three lane
 //! sessions and the qualify receipt, each stored and signed by the real stage wrapper — and
 //! against each way of tampering with it: every one is caught, with its own message.
-//! Receipts are signed with the host's key (`/var/lib/cordon-keys`), as every stage signs.
+//! Receipts are signed with a key of the test's own (beside its store), through the one path
+//! every stage signs with; only the unprivileged-auditor test needs root.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -14,7 +15,7 @@ use cordon::receipt::{
     FetchOutputs, IncumbentOutputs, LaneOutputs, MaterializeOutputs, Outcome, PrebuildOutputs,
     Receipt, Role, StageName, StageOutputs,
 };
-use cordon::signing::{HostKey, KEY_DIR};
+use cordon::signing::HostKey;
 use cordon::store::Store;
 use cordon::tree::{self, Entry, PUBLICATIONS, Section, TREES};
 use cordon_evidence::examples;
@@ -40,6 +41,12 @@ fn publish(store: &Store, section: Section, text: &str) -> Digest {
         .digest
 }
 
+/// The test's signing key directory, beside its store (never the host's key: these tests need
+/// no root).
+fn keys(store: &Store) -> std::path::PathBuf {
+    store.root().with_file_name("keys")
+}
+
 /// Store and sign a receipt through the one path every stage uses; its digest.
 fn emit<T: StageOutputs>(
     store: &Store,
@@ -53,7 +60,7 @@ fn emit<T: StageOutputs>(
     r.prev = prev;
     r.inputs = inputs;
     r.set_outputs(outputs).unwrap();
-    HostKey::load_or_create(std::path::Path::new(KEY_DIR))
+    HostKey::load_or_create(&keys(store))
         .unwrap()
         .store_receipt(store, &r)
         .unwrap()
@@ -181,7 +188,7 @@ fn chain() -> Chain {
         json!({}),
         &qualify,
     );
-    let key = HostKey::load(Path::new(KEY_DIR)).unwrap().public();
+    let key = HostKey::load(&keys(&store)).unwrap().public();
     Chain {
         dir,
         store,
@@ -209,7 +216,6 @@ fn receipt_file(c: &Chain, d: &Digest) -> std::path::PathBuf {
 
 #[test]
 fn a_qualification_chain_verifies_here_and_from_its_export_alone() {
-    cordon_testkit::require_root("receipts are signed with the host's key, root's own");
     let c = chain();
     let hops = verify(&c.store, &c.head, &c.key).unwrap();
     // Qualify, three sessions, two prebuilds, materialize, fetch, the registration.
@@ -229,7 +235,6 @@ fn a_qualification_chain_verifies_here_and_from_its_export_alone() {
 
 #[test]
 fn every_tampering_is_caught_with_its_own_message() {
-    cordon_testkit::require_root("receipts are signed with the host's key, root's own");
     // Another trusted key: every signature fails.
     let c = chain();
     let other = HostKey::load_or_create(&c.dir.path().join("other-key")).unwrap();
@@ -385,77 +390,14 @@ fn every_tampering_is_caught_with_its_own_message() {
     assert!(matches!(e, VerifyError::Authority { .. }), "{e}");
 }
 
-/// Give every entry under `dir` to `uid`:`gid` (links are not followed).
-fn chown_all(dir: &Path, uid: u32, gid: u32) {
-    std::os::unix::fs::lchown(dir, Some(uid), Some(gid)).unwrap();
-    if std::fs::symlink_metadata(dir).unwrap().is_dir() {
-        for e in std::fs::read_dir(dir).unwrap() {
-            chown_all(&e.unwrap().path(), uid, gid);
-        }
-    }
-}
-
-#[test]
-fn an_auditor_without_root_replays_an_export_with_the_binary() {
-    cordon_testkit::require_root("the test hands an export to an unprivileged auditor");
-    let setpriv = cordon_testkit::tool(
-        "SETPRIV",
-        "/usr/bin/setpriv",
-        "apt-get install -y util-linux",
-    );
-    let c = chain();
-    // A place the auditor can reach, holding the auditor's own copy.
-    let base = tempfile::Builder::new().tempdir_in("/tmp").unwrap();
-    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let copy = base.path().join("bundle");
-    export(&c.store, &c.head, &c.key, &Store::open(&copy).unwrap()).unwrap();
-    let nobody = 65_534;
-    chown_all(&copy, nobody, nobody);
-    let auditor = |key: &str, head: &str| {
-        std::process::Command::new(&setpriv)
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-            .arg(env!("CARGO_BIN_EXE_cordon-verify"))
-            .arg("--store")
-            .arg(&copy)
-            .args(["--key", key, "--explain", head])
-            .output()
-            .unwrap()
-    };
-    let replay = |key: &str| auditor(key, &c.head.to_string());
-    let out = replay(&c.key);
-    assert!(out.status.success(), "{out:?}");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("verified: 9 receipts"), "{text}");
-    assert!(text.contains("speed.pass"), "{text}");
-    // The same replay under another key is a verification failure (exit 1), not a crash.
-    let other = HostKey::load_or_create(&c.dir.path().join("other-key")).unwrap();
-    assert_eq!(replay(&other.public()).status.code(), Some(1));
-    // The head given as a receipt file: its printed text verifies; the same receipt with edited
-    // bytes (they still parse to it) is not that receipt, a usage error.
-    let printed =
-        std::fs::read_to_string(copy.join("receipts").join(format!("{}.json", c.head.hex())))
-            .unwrap();
-    for (name, text, code) in [
-        ("head.json", format!("{printed}\n"), 0),
-        ("edited.json", format!(" {printed}\n"), 2),
-    ] {
-        let file = base.path().join(name);
-        std::fs::write(&file, text).unwrap();
-        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let out = auditor(&c.key, file.to_str().unwrap());
-        assert_eq!(out.status.code(), Some(code), "{name}: {out:?}");
-    }
-}
-
 /// A rejected pipeline's last receipt verifies: a rejected fetch, the materialize and prebuild
 /// receipts that passed its verdict on. A receipt that is not a pass-on does not rest on a
 /// verdict, nor a pass-on on a receipt of another outcome.
 #[test]
 fn the_last_receipt_of_a_rejected_pipeline_verifies_through_its_pass_ons() {
-    cordon_testkit::require_root("receipts are signed with the host's key, root's own");
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("store")).unwrap();
-    let key = HostKey::load_or_create(Path::new(KEY_DIR)).unwrap();
+    let key = HostKey::load_or_create(&keys(&store)).unwrap();
     let put = |r: &Receipt| key.store_receipt(&store, r).unwrap().0;
     let mut fetch = Receipt::new(
         StageName::Fetch,
@@ -496,7 +438,6 @@ fn the_last_receipt_of_a_rejected_pipeline_verifies_through_its_pass_ons() {
 #[test]
 fn a_chain_that_does_not_verify_is_1_and_a_store_that_cannot_be_read_is_3() {
     use cordon::exit::ExitClass;
-    cordon_testkit::require_root("receipts are signed with the host's key, root's own");
     let c = chain();
     let path = receipt_file(&c, &c.prebuild_c);
     let text = std::fs::read_to_string(&path).unwrap();
@@ -513,4 +454,71 @@ fn a_chain_that_does_not_verify_is_1_and_a_store_that_cannot_be_read_is_3() {
     std::os::unix::fs::symlink("/etc/hostname", &path).unwrap();
     let e = verify(&c.store, &c.head, &c.key).unwrap_err();
     assert_eq!(e.exit_class(), cordon::ExitCode::NoDecision, "{e}");
+}
+
+/// What needs root: handing an export to another user.
+mod root_tests {
+    use super::*;
+
+    /// Give every entry under `dir` to `uid`:`gid` (links are not followed).
+    fn chown_all(dir: &Path, uid: u32, gid: u32) {
+        std::os::unix::fs::lchown(dir, Some(uid), Some(gid)).unwrap();
+        if std::fs::symlink_metadata(dir).unwrap().is_dir() {
+            for e in std::fs::read_dir(dir).unwrap() {
+                chown_all(&e.unwrap().path(), uid, gid);
+            }
+        }
+    }
+
+    #[test]
+    fn an_auditor_without_root_replays_an_export_with_the_binary() {
+        cordon_testkit::require_root("the test hands an export to an unprivileged auditor");
+        let setpriv = cordon_testkit::tool(
+            "SETPRIV",
+            "/usr/bin/setpriv",
+            "apt-get install -y util-linux",
+        );
+        let c = chain();
+        // A place the auditor can reach, holding the auditor's own copy.
+        let base = tempfile::Builder::new().tempdir_in("/tmp").unwrap();
+        std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let copy = base.path().join("bundle");
+        export(&c.store, &c.head, &c.key, &Store::open(&copy).unwrap()).unwrap();
+        let nobody = 65_534;
+        chown_all(&copy, nobody, nobody);
+        let auditor = |key: &str, head: &str| {
+            std::process::Command::new(&setpriv)
+                .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+                .arg(env!("CARGO_BIN_EXE_cordon-verify"))
+                .arg("--store")
+                .arg(&copy)
+                .args(["--key", key, "--explain", head])
+                .output()
+                .unwrap()
+        };
+        let replay = |key: &str| auditor(key, &c.head.to_string());
+        let out = replay(&c.key);
+        assert!(out.status.success(), "{out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("verified: 9 receipts"), "{text}");
+        assert!(text.contains("speed.pass"), "{text}");
+        // The same replay under another key is a verification failure (exit 1), not a crash.
+        let other = HostKey::load_or_create(&c.dir.path().join("other-key")).unwrap();
+        assert_eq!(replay(&other.public()).status.code(), Some(1));
+        // The head given as a receipt file: its printed text verifies; the same receipt with edited
+        // bytes (they still parse to it) is not that receipt, a usage error.
+        let printed =
+            std::fs::read_to_string(copy.join("receipts").join(format!("{}.json", c.head.hex())))
+                .unwrap();
+        for (name, text, code) in [
+            ("head.json", format!("{printed}\n"), 0),
+            ("edited.json", format!(" {printed}\n"), 2),
+        ] {
+            let file = base.path().join(name);
+            std::fs::write(&file, text).unwrap();
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+            let out = auditor(&c.key, file.to_str().unwrap());
+            assert_eq!(out.status.code(), Some(code), "{name}: {out:?}");
+        }
+    }
 }

@@ -666,14 +666,21 @@ fn tamper_each_way(path: &Path, mode: u32, good: &[u8], hashed: bool, refused: &
     fs::hard_link(path, &link).unwrap();
     refused("a second link");
     fs::remove_file(&link).unwrap();
+    // Rewritten through a writable mode (only root writes a 0400 file as it is), then the
+    // mode the check expects restored: only the bytes differ.
+    let rewrite = |bytes: &[u8]| {
+        fs::set_permissions(path, fs::Permissions::from_mode(mode | 0o200)).unwrap();
+        fs::write(path, bytes).unwrap();
+        fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+    };
     let mut longer = good.to_vec();
     longer.push(b'+');
-    fs::write(path, &longer).unwrap();
+    rewrite(&longer);
     refused("size");
     if hashed {
         let mut other = good.to_vec();
         other[0] ^= 1;
-        fs::write(path, &other).unwrap();
+        rewrite(&other);
         refused("bytes at the same size");
     }
     fs::remove_file(path).unwrap();

@@ -66,6 +66,7 @@ pub fn world(owner: &str, slot: u32, executor: &str, edits: &[(&str, &str)]) -> 
         setup,
         authority: Digest::of_bytes(executor.as_bytes()),
         runtime_version,
+        key_dir: std::path::PathBuf::from(cordon::signing::KEY_DIR),
     };
     World {
         dir,
