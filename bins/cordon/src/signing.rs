@@ -127,9 +127,11 @@ impl HostKey {
             .mode(0o700)
             .create(dir)
             .map_err(|e| key_error(dir, e))?;
-        match Self::read(&path) {
-            Err(SigningError::Key { why, .. }) if why.contains("No such file") => {}
-            other => return other,
+        // Only an absent key is made; anything else there (a link, another mode) is read, and
+        // refused by the read's checks.
+        match fs::symlink_metadata(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            _ => return Self::read(&path),
         }
         let mut seed = [0u8; 32];
         getrandom::fill(&mut seed).map_err(|e| key_error(&path, e))?;
