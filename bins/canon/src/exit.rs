@@ -62,6 +62,39 @@ pub fn main(run: impl FnOnce() -> ExitCode) -> std::process::ExitCode {
     run().into()
 }
 
+/// A binary's `cli::main` body: parse the arguments with `parse` (clap's, in each binary), then
+/// `run` them against this process's stdout and stderr.
+pub fn with_stdio<A>(
+    parse: impl FnOnce() -> A,
+    run: impl FnOnce(&A, &mut dyn std::io::Write, &mut dyn std::io::Write) -> ExitCode,
+) -> ExitCode {
+    let args = parse();
+    run(
+        &args,
+        &mut std::io::stdout().lock(),
+        &mut std::io::stderr().lock(),
+    )
+}
+
+/// [`with_stdio`] for a stage that also reads its input receipt from stdin.
+pub fn with_stdin<A>(
+    parse: impl FnOnce() -> A,
+    run: impl FnOnce(
+        &A,
+        &mut dyn std::io::Read,
+        &mut dyn std::io::Write,
+        &mut dyn std::io::Write,
+    ) -> ExitCode,
+) -> ExitCode {
+    let args = parse();
+    run(
+        &args,
+        &mut std::io::stdin().lock(),
+        &mut std::io::stdout().lock(),
+        &mut std::io::stderr().lock(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::ExitCode;

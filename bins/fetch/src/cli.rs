@@ -319,11 +319,7 @@ pub fn main() -> ExitCode {
             _ => cordon::confine::UNCONFINED_EXIT,
         });
     }
-    let args = <Args as clap::Parser>::parse();
-    run(
-        &args,
-        std::path::Path::new("/proc/self/exe"),
-        &mut std::io::stdout(),
-        &mut std::io::stderr(),
-    )
+    cordon::exit::with_stdio(<Args as clap::Parser>::parse, |args, stdout, stderr| {
+        run(args, std::path::Path::new("/proc/self/exe"), stdout, stderr)
+    })
 }

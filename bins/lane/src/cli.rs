@@ -448,13 +448,7 @@ fn reproduction(
 /// `cordon::exit::main`): parse the arguments, run, the exit code.
 #[must_use]
 pub fn main() -> ExitCode {
-    let args = <Args as clap::Parser>::parse();
-    run(
-        &args,
-        &mut std::io::stdin().lock(),
-        &mut std::io::stdout().lock(),
-        &mut std::io::stderr().lock(),
-    )
+    cordon::exit::with_stdin(<Args as clap::Parser>::parse, run)
 }
 
 #[cfg(test)]

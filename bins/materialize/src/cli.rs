@@ -460,12 +460,16 @@ pub fn main() -> ExitCode {
             _ => cordon::confine::UNCONFINED_EXIT,
         });
     }
-    let args = <Args as clap::Parser>::parse();
-    run(
-        &args,
-        std::path::Path::new("/proc/self/exe"),
-        &mut std::io::stdin().lock(),
-        &mut std::io::stdout().lock(),
-        &mut std::io::stderr().lock(),
+    cordon::exit::with_stdin(
+        <Args as clap::Parser>::parse,
+        |args, stdin, stdout, stderr| {
+            run(
+                args,
+                std::path::Path::new("/proc/self/exe"),
+                stdin,
+                stdout,
+                stderr,
+            )
+        },
     )
 }

@@ -317,10 +317,5 @@ fn outputs(
 /// `cordon::exit::main`): parse the arguments, run, the exit code.
 #[must_use]
 pub fn main() -> ExitCode {
-    let args = <Args as clap::Parser>::parse();
-    run(
-        &args,
-        &mut std::io::stdout().lock(),
-        &mut std::io::stderr().lock(),
-    )
+    cordon::exit::with_stdio(<Args as clap::Parser>::parse, run)
 }

@@ -264,10 +264,5 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
 /// `cordon::exit::main`): parse the arguments, run, the exit code.
 #[must_use]
 pub fn main() -> ExitCode {
-    let args = <Args as clap::Parser>::parse();
-    run(
-        &args,
-        &mut std::io::stdout().lock(),
-        &mut std::io::stderr().lock(),
-    )
+    cordon::exit::with_stdio(<Args as clap::Parser>::parse, run)
 }
