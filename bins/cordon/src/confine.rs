@@ -2,8 +2,10 @@
 //! given up everything before it reads them, never by the root process that owns the store.
 //!
 //! It owns both ends of that split:
-//! - the parent's [`spawn`]: the same executable, started with [`CHILD_ARG`], no environment,
-//!   the working directory `/`, its input on stdin, its facts on stdout, its stderr captured;
+//! - the parent's [`spawn`]: the same executable, started through the host seam with
+//!   [`CHILD_ARG`], no environment, the working directory `/`, its input on stdin, its facts on
+//!   stdout, its stderr captured, and [`Supervised`]: its deadline watched, its end classified,
+//!   by the seam's one process supervisor (so the fake host drives every failure path);
 //! - the child's [`enter`], which runs before any candidate byte is read and in this order:
 //!   die with the parent, new network and IPC namespaces, `chroot` into an empty root-owned
 //!   directory, every capability dropped from the bounding set, no supplementary groups, the
@@ -24,18 +26,19 @@
 //! lease that owns them does, and removes them.
 
 use std::ffi::OsString;
-use std::io::{self, Read, Write};
+use std::io::{self, PipeReader, PipeWriter, Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use nix::libc;
 use nix::sys::resource::{Resource, setrlimit};
 use nix::sys::signal::Signal;
 use nix::unistd::{Gid, Uid};
+
+use crate::host::{Host, HostRef, Process, Tool};
 
 /// The first argument that turns a stage binary into its own confined parser child.
 pub const CHILD_ARG: &str = "--cordon-confined-child";
@@ -123,25 +126,31 @@ impl Spec {
     }
 }
 
-/// Start `exe` as a confined child for `spec`, reading `stdin`. Its stdout (the facts) and
-/// stderr are pipes the caller drains.
+/// The command line of a confined child for `spec`: `exe` itself with [`CHILD_ARG`], no
+/// environment at all, the working directory `/`.
+#[must_use]
+pub fn tool(exe: &Path, spec: &Spec) -> Tool {
+    let mut tool = Tool::new(exe, &[]);
+    tool.args = spec.to_args();
+    tool.dir = Some(PathBuf::from("/"));
+    tool.tool_path = false;
+    tool
+}
+
+/// Start `exe` through `host` as a confined child for `spec`, its stdin piped when `stdin` is
+/// set. Its stdout (the facts) and stderr are pipes the caller drains.
 ///
 /// # Errors
 /// The process cannot be started.
-pub fn spawn(exe: &Path, spec: &Spec, stdin: Stdio) -> io::Result<Child> {
-    Command::new(exe)
-        .args(spec.to_args())
-        .env_clear()
-        .current_dir("/")
-        .stdin(stdin)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
+pub fn spawn(host: &dyn Host, exe: &Path, spec: &Spec, stdin: bool) -> io::Result<Process> {
+    host.spawn(&tool(exe, spec), stdin)
 }
 
 /// How a parent starts a child.
 #[derive(Debug, Clone)]
 pub struct Launch {
+    /// The host seam it is started and supervised through.
+    pub host: HostRef,
     /// The stage binary itself (`/proc/self/exe` in production).
     pub exe: PathBuf,
     /// The account, jail and limits.
@@ -156,14 +165,12 @@ const PIPE_BYTES: i32 = 1 << 20;
 /// Bytes of a child's stderr kept for the message.
 const STDERR_CAP: u64 = 4096;
 
-/// A running child: its stderr drained (the first [`STDERR_CAP`] bytes kept) and its deadline
-/// watched by threads of the parent, its stdin and stdout the caller's.
+/// A running child: its stderr drained (the first [`STDERR_CAP`] bytes kept) by a thread of
+/// the parent and its deadline watched by its supervisor, its stdin and stdout the caller's.
 pub struct Supervised {
-    child: Child,
+    process: Process,
     cpu_limit: u64,
     stderr: std::thread::JoinHandle<String>,
-    done: mpsc::Sender<()>,
-    watchdog: std::thread::JoinHandle<bool>,
 }
 
 /// How a supervised child ended.
@@ -241,13 +248,15 @@ impl Supervised {
     ///
     /// # Errors
     /// It cannot be started (a no-decision for the caller).
-    pub fn start(launch: &Launch) -> io::Result<(Self, ChildStdin, ChildStdout)> {
-        let mut child = spawn(&launch.exe, &launch.spec, Stdio::piped())?;
-        let (Some(stdin), Some(stdout), Some(stderr)) =
-            (child.stdin.take(), child.stdout.take(), child.stderr.take())
-        else {
-            let _ = child.kill();
-            let _ = child.wait();
+    pub fn start(launch: &Launch) -> io::Result<(Self, PipeWriter, PipeReader)> {
+        let mut process = spawn(&*launch.host, &launch.exe, &launch.spec, true)?;
+        let (Some(stdin), Some(stdout), Some(stderr)) = (
+            process.stdin.take(),
+            process.stdout.take(),
+            process.stderr.take(),
+        ) else {
+            let _ = process.kill();
+            let _ = process.wait();
             return Err(io::Error::other("the child's pipes are missing"));
         };
         // Bulk facts cross these pipes: a larger buffer means fewer switches between parent
@@ -263,29 +272,12 @@ impl Supervised {
             let _ = io::copy(&mut capped.into_inner(), &mut io::sink());
             String::from_utf8_lossy(&text).into_owned()
         });
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
-        let (done, done_rx) = mpsc::channel::<()>();
-        let deadline = Instant::now() + launch.budget;
-        let cpu_limit = launch.spec.limits.cpu_seconds;
-        // The child stays unreaped until `finish` has stopped this thread, so the pid it
-        // signals is always the child's own.
-        let watchdog = std::thread::spawn(move || {
-            let wait = deadline.saturating_duration_since(Instant::now());
-            match done_rx.recv_timeout(wait) {
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
-                    true
-                }
-                _ => false,
-            }
-        });
+        process.kill_at(Instant::now() + launch.budget);
         Ok((
             Self {
-                child,
-                cpu_limit,
+                process,
+                cpu_limit: launch.spec.limits.cpu_seconds,
                 stderr,
-                done,
-                watchdog,
             },
             stdin,
             stdout,
@@ -297,30 +289,18 @@ impl Supervised {
     ///
     /// # Errors
     /// It cannot be waited for.
-    pub fn finish(mut self, kill: bool, confined: bool) -> io::Result<Finished> {
-        use nix::sys::wait::{Id, WaitPidFlag, waitid};
+    pub fn finish(self, kill: bool, confined: bool) -> io::Result<Finished> {
         if kill {
-            let _ = self.child.kill();
+            let _ = self.process.kill();
         }
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).unwrap_or(i32::MAX));
-        // Wait without reaping: until the watchdog is stopped the pid stays the child's, and
-        // its CPU time stays readable.
-        loop {
-            match waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT) {
-                Err(nix::errno::Errno::EINTR) => {}
-                Err(e) => return Err(io::Error::from(e)),
-                Ok(_) => break,
-            }
-        }
-        let _ = self.done.send(());
-        let watchdog_killed = self.watchdog.join().unwrap_or(false);
-        let at_cpu_limit = cpu_seconds(pid.as_raw()).is_some_and(|s| s >= self.cpu_limit);
-        let status = self.child.wait()?;
+        let exit = self.process.wait()?;
+        let at_cpu_limit = exit.cpu_seconds.is_some_and(|s| s >= self.cpu_limit);
         // A watchdog that signalled a child which had already exited did not end it.
-        let deadline_kill = watchdog_killed && status.signal() == Some(Signal::SIGKILL as i32);
+        let deadline_kill =
+            exit.killed_at_deadline && exit.status.signal() == Some(Signal::SIGKILL as i32);
         let stderr = self.stderr.join().unwrap_or_default();
         Ok(Finished {
-            status,
+            status: exit.status,
             deadline_kill,
             parent_kill: kill,
             confined,
@@ -328,19 +308,6 @@ impl Supervised {
             stderr,
         })
     }
-}
-
-/// The whole seconds of CPU (user and system) process `pid` has used, from `/proc/<pid>/stat`
-/// (an unreaped child's stays readable).
-fn cpu_seconds(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command (which may hold spaces and parentheses): utime is the 14th
-    // field of the line, the 12th after the closing parenthesis.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok()??;
-    Some(ticks / u64::try_from(hz).ok()?.max(1))
 }
 
 /// Read the child's first frame: whether it is the [`CONFINED`] marker.
@@ -936,7 +903,143 @@ pub fn classify(status: ExitStatus, deadline_kill: bool) -> Ended {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
+    use crate::host::fake::{Call, End, Fake, Script};
+
+    /// A launch of a child the fake host runs as `script` says, its CPU limit 2 s.
+    fn scripted(script: Script, budget: Duration) -> (Arc<Fake>, Launch) {
+        let fake = Arc::new(Fake::new());
+        fake.process(CHILD_ARG, script);
+        let launch = Launch {
+            host: fake.clone(),
+            exe: "/stage".into(),
+            spec: Spec {
+                kind: "k".into(),
+                uid: 4000,
+                gid: 4000,
+                jail: "/run/j".into(),
+                limits: Limits {
+                    address_space: 1 << 30,
+                    cpu_seconds: 2,
+                },
+            },
+            budget,
+        };
+        (fake, launch)
+    }
+
+    fn frames(list: &[(u8, &[u8])]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (tag, payload) in list {
+            write_frame(&mut out, *tag, payload).unwrap();
+        }
+        out
+    }
+
+    fn answering(stdout: Vec<u8>, end: End) -> Script {
+        Script {
+            stdout,
+            end,
+            ..Script::default()
+        }
+    }
+
+    fn exits(code: i32) -> End {
+        End::Exits(ExitStatus::from_raw(code << 8))
+    }
+
+    fn signalled(signal: Signal) -> End {
+        End::Exits(ExitStatus::from_raw(signal as i32))
+    }
+
+    const LONG: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn the_parent_spawns_through_the_seam_with_nothing_of_its_own() {
+        let answer = frames(&[(CONFINED, b""), (b'A', b"facts")]);
+        let (fake, launch) = scripted(answering(answer, exits(0)), LONG);
+        assert_eq!(exchange(&launch, b"q", 100).unwrap(), b"facts");
+        let line = tool(&launch.exe, &launch.spec);
+        assert_eq!(line.dir.as_deref(), Some(Path::new("/")));
+        assert!(!line.tool_path, "the child's environment is empty");
+        assert_eq!(fake.calls(), vec![Call::Spawn(line.display())]);
+    }
+
+    #[test]
+    fn a_child_that_cannot_be_started_waited_for_or_confined_is_a_no_decision() {
+        let infrastructure = |r: Result<Vec<u8>, ExchangeError>| match r {
+            Err(ExchangeError::Infrastructure(why)) => why,
+            other => panic!("expected a no-decision, got {other:?}"),
+        };
+        // No such process.
+        let (_, mut launch) = scripted(Script::default(), LONG);
+        launch.exe = "/other".into();
+        launch.spec.kind = "other".into();
+        let fake = Arc::new(Fake::new());
+        launch.host = fake;
+        assert!(infrastructure(exchange(&launch, b"q", 100)).contains("cannot start"));
+        // It confirms and answers, but cannot be waited for.
+        let answer = frames(&[(CONFINED, b""), (b'A', b"x")]);
+        let (_, launch) = scripted(answering(answer, End::Unwaitable), LONG);
+        assert!(infrastructure(exchange(&launch, b"q", 100)).contains("cannot wait"));
+        // It never confirms its confinement: it is ended, and whatever it did is not the
+        // candidate's.
+        let (fake, launch) = scripted(
+            Script {
+                stderr: b"chroot: \x1b[31m".to_vec(),
+                ..answering(Vec::new(), exits(UNCONFINED_EXIT))
+            },
+            LONG,
+        );
+        let why = infrastructure(exchange(&launch, b"q", 100));
+        assert!(why.contains("did not confine itself"), "{why}");
+        assert!(why.contains("\\u{1b}"), "its stderr is escaped: {why}");
+        assert!(fake.calls().iter().any(|c| matches!(c, Call::Kill(_))));
+        // It confirms, then something other than its parent kills it.
+        let answer = frames(&[(CONFINED, b"")]);
+        let (_, launch) = scripted(answering(answer, signalled(Signal::SIGKILL)), LONG);
+        assert!(infrastructure(exchange(&launch, b"q", 100)).contains("from outside"));
+    }
+
+    #[test]
+    fn a_child_that_confirmed_and_then_failed_is_the_candidates_fault() {
+        let broke = |r: Result<Vec<u8>, ExchangeError>| match r {
+            Err(ExchangeError::Broke(why)) => why,
+            other => panic!("expected the child's fault, got {other:?}"),
+        };
+        let confirmed = || frames(&[(CONFINED, b"")]);
+        // Past its deadline: the watchdog kills it, and says so.
+        let (fake, launch) = scripted(
+            answering(confirmed(), End::Hangs),
+            Duration::from_millis(50),
+        );
+        let why = broke(exchange(&launch, b"q", 100));
+        assert!(why.contains("past its deadline"), "{why}");
+        assert!(fake.calls().iter().any(|c| matches!(c, Call::Kill(_))));
+        // Killed at its CPU hard limit.
+        let (_, launch) = scripted(
+            Script {
+                cpu_seconds: Some(2),
+                ..answering(confirmed(), signalled(Signal::SIGKILL))
+            },
+            LONG,
+        );
+        assert!(broke(exchange(&launch, b"q", 100)).contains("CPU hard limit"));
+        // A filter kill.
+        let (_, launch) = scripted(answering(confirmed(), signalled(Signal::SIGSYS)), LONG);
+        assert!(broke(exchange(&launch, b"q", 100)).contains("SIGSYS"));
+        // Output after its answer: the parent refuses it and ends the child.
+        let answer = frames(&[(CONFINED, b""), (b'A', b"x"), (b'A', b"y")]);
+        let (fake, launch) = scripted(answering(answer, End::Hangs), LONG);
+        assert!(broke(exchange(&launch, b"q", 100)).contains("framing"));
+        assert!(fake.calls().iter().any(|c| matches!(c, Call::Kill(_))));
+        // An answer over its bound.
+        let answer = frames(&[(CONFINED, b""), (b'A', &[0u8; 200])]);
+        let (_, launch) = scripted(answering(answer, End::Hangs), LONG);
+        assert!(broke(exchange(&launch, b"q", 100)).contains("framing"));
+    }
 
     #[test]
     fn a_spec_round_trips_through_its_arguments_and_nothing_else_parses() {

@@ -5,8 +5,9 @@
 //! the [`Finished`] record. [`Runtime::run`] is the four steps in a row.
 //!
 //! How the exit status is obtained: this process makes itself a child subreaper, so the
-//! container's init, orphaned when `runtime create` exits, is reparented here and waited for
-//! directly, with no shim in between. Output not held live is captured with byte caps; what is
+//! container's init, orphaned when `runtime create` exits, is reparented here, taken on through
+//! the host seam ([`Host::adopt`](crate::host::Host::adopt)) and waited for directly by its
+//! supervisor, with no shim in between. Output not held live is captured with byte caps; what is
 //! over the cap is read and dropped, so the supervisor's memory stays flat under a flood.
 //!
 //! Crash story: a value dropped before `delete` (a supervisor error, a panic) leaves the
@@ -14,21 +15,21 @@
 //! removes it and proves it absent. Nothing here decides cleanup.
 //!
 //! It does not write bundles (the planner does) or hold leases (the lease does). Every spawn,
-//! runtime call and file read goes through the host seam.
+//! wait, kill, runtime call and file read goes through the host seam, so the fake host drives
+//! each failure path of the lifecycle (see the tests below).
 
-use std::io::Write;
+use std::io::{PipeReader, PipeWriter, Write};
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{ChildStderr, ChildStdin, ChildStdout};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use nix::sys::wait::{WaitStatus, waitpid};
-use nix::unistd::Pid;
-
-use crate::host::Tool;
+use crate::host::{Process, Tool};
 use crate::runtime::{CgroupProbe, Finished, Meta, OutputCaps, Runtime, RuntimeError};
 
 type Capture = std::thread::JoinHandle<(Vec<u8>, u64)>;
+
+/// How long an init killed at its deadline has to die before the supervisor gives up on it.
+const KILL_GRACE: Duration = Duration::from_secs(30);
 
 fn join(h: Capture) -> (Vec<u8>, u64) {
     h.join().unwrap_or_default()
@@ -122,9 +123,9 @@ pub struct Created {
     runtime: Runtime,
     id: String,
     pid: i32,
-    stdin: Option<ChildStdin>,
-    stdout: Stream<ChildStdout>,
-    stderr: Stream<ChildStderr>,
+    stdin: Option<PipeWriter>,
+    stdout: Stream<PipeReader>,
+    stderr: Stream<PipeReader>,
 }
 
 impl std::fmt::Debug for Created {
@@ -141,7 +142,7 @@ impl std::fmt::Debug for Created {
 pub struct Running {
     created: Created,
     started: Instant,
-    exit: mpsc::Receiver<nix::Result<WaitStatus>>,
+    init: Process,
 }
 
 /// A container whose init has exited (or was killed at the deadline), not yet deleted.
@@ -206,7 +207,7 @@ impl Runtime {
             (Input::Null, _) => None,
         };
         let status = child.wait().map_err(|e| sup(format!("create: {e}")))?;
-        if !status.success() {
+        if !status.status.success() {
             let err = stderr.drain(64 * 1024);
             return Err(RuntimeError::Command {
                 command: format!("{} create {id}", self.binary.display()),
@@ -270,27 +271,30 @@ impl Created {
     pub fn start(self) -> Result<Running, RuntimeError> {
         let started = Instant::now();
         self.runtime.call(&["start", &self.id])?;
-        let (tx, rx) = mpsc::channel();
-        let pid = self.pid;
-        std::thread::spawn(move || {
-            let _ = tx.send(waitpid(Pid::from_raw(pid), None));
-        });
+        let init = self
+            .runtime
+            .host
+            .adopt(self.pid)
+            .map_err(|e| RuntimeError::Supervise {
+                id: self.id.clone(),
+                why: format!("cannot supervise the init: {e}"),
+            })?;
         Ok(Running {
             created: self,
             started,
-            exit: rx,
+            init,
         })
     }
 }
 
 impl Running {
     /// The live stdin, when it was asked for (once).
-    pub fn take_stdin(&mut self) -> Option<ChildStdin> {
+    pub fn take_stdin(&mut self) -> Option<PipeWriter> {
         self.created.stdin.take()
     }
 
     /// The live stdout, when it was asked for (once).
-    pub fn take_stdout(&mut self) -> Option<ChildStdout> {
+    pub fn take_stdout(&mut self) -> Option<PipeReader> {
         match &mut self.created.stdout {
             Stream::Live(out) => out.take(),
             Stream::Captured(..) => None,
@@ -298,7 +302,7 @@ impl Running {
     }
 
     /// The live stderr, when it was asked for (once).
-    pub fn take_stderr(&mut self) -> Option<ChildStderr> {
+    pub fn take_stderr(&mut self) -> Option<PipeReader> {
         match &mut self.created.stderr {
             Stream::Live(err) => err.take(),
             Stream::Captured(..) => None,
@@ -346,38 +350,42 @@ impl Running {
             id: id.clone(),
             why,
         };
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        let (status, killed_by_deadline) = match self.exit.recv_timeout(remaining) {
-            Ok(s) => (s, false),
-            Err(_) => {
-                // The deadline is absolute: kill everything in the container, then reap.
-                // Without a cgroup the runtime cannot enumerate the container's processes;
-                // SIGKILL to its init ends its pid namespace and with it every process in it.
-                // The init is this process's unreaped child, so its pid cannot have been reused.
-                match cgroup {
-                    Some(_) => {
-                        let _ = self.kill();
-                    }
-                    None => {
-                        let _ = nix::sys::signal::kill(
-                            Pid::from_raw(self.created.pid),
-                            nix::sys::signal::Signal::SIGKILL,
-                        );
-                    }
+        let exited = self
+            .init
+            .exited_by(deadline)
+            .map_err(|e| sup(format!("cannot wait for the init: {e}")))?;
+        let killed_by_deadline = !exited;
+        if killed_by_deadline {
+            // The deadline is absolute: kill everything in the container, then reap.
+            // Without a cgroup the runtime cannot enumerate the container's processes;
+            // SIGKILL to its init ends its pid namespace and with it every process in it.
+            // The init is unreaped until its supervisor reaps it, so its pid is its own.
+            match cgroup {
+                Some(_) => {
+                    let _ = self.kill();
                 }
-                let s = self
-                    .exit
-                    .recv_timeout(Duration::from_secs(30))
-                    .map_err(|_| sup("the init did not die after SIGKILL".into()))?;
-                (s, true)
+                None => {
+                    let _ = self.init.kill();
+                }
             }
-        };
+            let died = self
+                .init
+                .exited_by(Instant::now() + KILL_GRACE)
+                .map_err(|e| sup(format!("cannot wait for the init: {e}")))?;
+            if !died {
+                return Err(sup("the init did not die after SIGKILL".into()));
+            }
+        }
+        let status = self
+            .init
+            .wait()
+            .map_err(|e| sup(format!("cannot reap the init: {e}")))?
+            .status;
         let wall_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let (exit_code, signal) = match status {
-            Ok(WaitStatus::Exited(_, code)) => (Some(code), None),
-            Ok(WaitStatus::Signaled(_, sig, _)) => (None, Some(sig as i32)),
-            Ok(other) => return Err(sup(format!("unexpected wait status {other:?}"))),
-            Err(e) => return Err(sup(format!("waitpid: {e}"))),
+        let (exit_code, signal) = match (status.code(), status.signal()) {
+            (Some(code), _) => (Some(code), None),
+            (None, Some(sig)) => (None, Some(sig)),
+            (None, None) => return Err(sup(format!("unexpected wait status {status:?}"))),
         };
         let (oom, peak, cpu) = match cgroup {
             Some(cgroup) => {
@@ -445,7 +453,48 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::host::fake::{Call, Fake};
+    use crate::host::ToolOutput;
+    use crate::host::fake::{Call, End, Fake, Script};
+    use crate::runtime::CgroupProbe;
+
+    const INIT: i32 = 4242;
+
+    /// A runtime on the fake host whose `create` reports init [`INIT`] and writes `out`.
+    fn runtime(fake: &Arc<Fake>, out: &[u8]) -> Runtime {
+        fake.process(" create ", Script::exits(0, out))
+            .file("/b/init.pid", &INIT.to_string());
+        Runtime {
+            binary: "/usr/sbin/runc".into(),
+            state_root: "/run/cordon-runc/x".into(),
+            host: fake.clone(),
+        }
+    }
+
+    fn caps() -> OutputCaps {
+        OutputCaps {
+            stdout: 10,
+            stderr: 10,
+        }
+    }
+
+    fn probe(fake: &Arc<Fake>) -> CgroupProbe {
+        CgroupProbe {
+            host: fake.clone(),
+            root: "/cg".into(),
+            path: "/cordon/l1".into(),
+        }
+    }
+
+    fn running(rt: &Runtime) -> Running {
+        rt.create("c1", Path::new("/b"), Stdio3::captured(None, caps()))
+            .unwrap()
+            .start()
+            .unwrap()
+    }
+
+    fn soon() -> Instant {
+        Instant::now() + Duration::from_millis(50)
+    }
 
     #[test]
     fn create_spawns_through_the_seam_and_a_failed_spawn_is_an_error() {
@@ -455,13 +504,7 @@ mod tests {
             state_root: "/run/cordon-runc/x".into(),
             host: fake.clone(),
         };
-        let stdio = Stdio3::captured(
-            Some(b"secret".to_vec()),
-            OutputCaps {
-                stdout: 10,
-                stderr: 10,
-            },
-        );
+        let stdio = Stdio3::captured(Some(b"secret".to_vec()), caps());
         let e = rt.create("c1", Path::new("/b"), stdio).unwrap_err();
         assert!(matches!(e, RuntimeError::Spawn { .. }), "{e}");
         assert_eq!(
@@ -471,6 +514,144 @@ mod tests {
                     .into()
             )]
         );
+    }
+
+    #[test]
+    fn a_run_to_its_end_is_reaped_with_its_status_and_capped_output_then_deleted() {
+        let fake = Arc::new(Fake::new());
+        let rt = runtime(&fake, b"0123456789abcdef");
+        fake.process(&format!("pid {INIT}"), Script::exits(3, b""));
+        let finished = rt
+            .create("c1", Path::new("/b"), Stdio3::captured(None, caps()))
+            .unwrap()
+            .start()
+            .unwrap()
+            .wait_without_cgroup(Instant::now() + Duration::from_secs(60))
+            .unwrap()
+            .delete()
+            .unwrap();
+        assert_eq!(finished.meta.exit_code, Some(3));
+        assert!(!finished.meta.killed_by_deadline);
+        assert_eq!(finished.stdout, b"0123456789");
+        assert!(finished.meta.stdout_truncated && finished.meta.stdout_bytes == 16);
+        let calls = fake.calls();
+        assert!(calls.contains(&Call::Adopt(INIT)), "{calls:?}");
+        assert!(!calls.contains(&Call::Kill(INIT)), "{calls:?}");
+        assert!(fake.runs().last().unwrap().contains("delete --force c1"));
+    }
+
+    #[test]
+    fn past_its_deadline_a_container_without_a_cgroup_has_its_init_killed() {
+        let fake = Arc::new(Fake::new());
+        let rt = runtime(&fake, b"");
+        let exited = running(&rt).wait_without_cgroup(soon()).unwrap();
+        let meta = &exited.finished().meta;
+        assert!(
+            meta.killed_by_deadline && meta.signal == Some(9),
+            "{meta:?}"
+        );
+        assert!(fake.calls().contains(&Call::Kill(INIT)));
+        assert!(!fake.runs().iter().any(|r| r.contains("kill --all")));
+    }
+
+    #[test]
+    fn past_its_deadline_a_container_with_a_cgroup_is_killed_whole_by_the_runtime() {
+        let fake = Arc::new(Fake::new());
+        let rt = runtime(&fake, b"");
+        fake.kills_on("kill --all c1 KILL")
+            .file("/cg/cgroup.controllers", "memory")
+            .file("/cg/cordon/l1/memory.events", "oom 0\noom_kill 0\n")
+            .file("/cg/cordon/l1/memory.peak", "1024");
+        let exited = running(&rt).wait(soon(), &probe(&fake)).unwrap();
+        let meta = &exited.finished().meta;
+        assert!(meta.killed_by_deadline && !meta.oom_killed, "{meta:?}");
+        assert_eq!(meta.peak_memory_bytes, Some(1024));
+        assert!(!fake.calls().contains(&Call::Kill(INIT)));
+    }
+
+    #[test]
+    fn an_oom_count_that_cannot_be_read_decides_nothing() {
+        let fake = Arc::new(Fake::new());
+        let rt = runtime(&fake, b"");
+        fake.process(&format!("pid {INIT}"), Script::exits(0, b""))
+            .file("/cg/cgroup.controllers", "memory");
+        let e = running(&rt)
+            .wait(Instant::now() + Duration::from_secs(60), &probe(&fake))
+            .unwrap_err();
+        assert!(e.to_string().contains("OOM-kill count"), "{e}");
+    }
+
+    #[test]
+    fn every_failed_step_of_the_lifecycle_is_an_error_not_a_verdict() {
+        // create exits non-zero: its stderr is the error.
+        let fake = Arc::new(Fake::new());
+        fake.process(
+            " create ",
+            Script {
+                stderr: b"no bundle".to_vec(),
+                ..Script::exits(1, b"")
+            },
+        );
+        let rt = runtime(&fake, b"");
+        let e = rt
+            .create("c1", Path::new("/b"), Stdio3::captured(None, caps()))
+            .unwrap_err();
+        assert!(e.to_string().contains("no bundle"), "{e}");
+        // create cannot be waited for.
+        let fake = Arc::new(Fake::new());
+        fake.process(" create ", Script::ending(End::Unwaitable));
+        let e = runtime(&fake, b"")
+            .create("c1", Path::new("/b"), Stdio3::captured(None, caps()))
+            .unwrap_err();
+        assert!(e.to_string().contains("create"), "{e}");
+        // No init pid.
+        let fake = Arc::new(Fake::new());
+        let rt = runtime(&fake, b"");
+        fake.file("/b/init.pid", "not a pid");
+        let e = rt
+            .create("c1", Path::new("/b"), Stdio3::captured(None, caps()))
+            .unwrap_err();
+        assert!(e.to_string().contains("no init pid"), "{e}");
+        // start refused.
+        let fake = Arc::new(Fake::new());
+        let rt = runtime(&fake, b"");
+        fake.reply(" start c1", ToolOutput::failed("cannot start"));
+        let e = rt
+            .create("c1", Path::new("/b"), Stdio3::captured(None, caps()))
+            .unwrap()
+            .start()
+            .unwrap_err();
+        assert!(e.to_string().contains("cannot start"), "{e}");
+        // The init cannot be waited for.
+        let fake = Arc::new(Fake::new());
+        let rt = runtime(&fake, b"");
+        fake.process(&format!("pid {INIT}"), Script::ending(End::Unwaitable));
+        let e = running(&rt).wait_without_cgroup(soon()).unwrap_err();
+        assert!(e.to_string().contains("cannot wait for the init"), "{e}");
+        // delete fails on a container that exists.
+        let fake = Arc::new(Fake::new());
+        let rt = runtime(&fake, b"");
+        fake.process(&format!("pid {INIT}"), Script::exits(0, b""))
+            .reply("delete --force", ToolOutput::failed("device busy"));
+        let e = running(&rt)
+            .wait_without_cgroup(soon())
+            .unwrap()
+            .delete()
+            .unwrap_err();
+        assert!(e.to_string().contains("device busy"), "{e}");
+        // ... but one already gone is deleted.
+        let fake = Arc::new(Fake::new());
+        let rt = runtime(&fake, b"");
+        fake.process(&format!("pid {INIT}"), Script::exits(0, b""))
+            .reply(
+                "delete --force",
+                ToolOutput::failed("container does not exist"),
+            );
+        running(&rt)
+            .wait_without_cgroup(soon())
+            .unwrap()
+            .delete()
+            .unwrap();
     }
 
     #[test]

@@ -14,12 +14,13 @@
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use cordon::archive::{ArchiveLimits, Rejection};
 use cordon::canonical::Digest;
 use cordon::confine::{self, Ended, Launch, Limits, Spec};
+use cordon::host::{Linux, Process};
 use cordon::intake::{IntakeError, ingest_confined};
 use cordon::store::Store;
 use libtest_mimic::{Arguments, Failed, Trial};
@@ -198,13 +199,30 @@ fn spec(e: &Env, kind: &str, cpu_seconds: u64) -> Spec {
     }
 }
 
-fn start(e: &Env, kind: &str, cpu_seconds: u64) -> Child {
+fn start(e: &Env, kind: &str, cpu_seconds: u64) -> Process {
     confine::spawn(
+        &Linux,
         &std::env::current_exe().unwrap(),
         &spec(e, kind, cpu_seconds),
-        Stdio::piped(),
+        true,
     )
     .unwrap()
+}
+
+/// Its status and stderr, its output drained to the end.
+fn output(mut child: Process) -> (ExitStatus, String) {
+    let drain = |pipe: Option<std::io::PipeReader>| {
+        let mut pipe = pipe.unwrap();
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            pipe.read_to_end(&mut bytes).unwrap();
+            String::from_utf8_lossy(&bytes).into_owned()
+        })
+    };
+    let (out, err) = (drain(child.stdout.take()), drain(child.stderr.take()));
+    let status = child.wait().unwrap().status;
+    out.join().unwrap();
+    (status, err.join().unwrap())
 }
 
 /// Run probe `kind` with `input` on stdin; how it ended.
@@ -218,12 +236,8 @@ fn ended(
     let mut stdin = child.stdin.take().unwrap();
     let _ = stdin.write_all(input.as_bytes());
     drop(stdin);
-    let out = child.wait_with_output().unwrap();
-    (
-        confine::classify(out.status, false),
-        out.status,
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let (status, stderr) = output(child);
+    (confine::classify(status, false), status, stderr)
 }
 
 fn status_field(pid: u32, key: &str) -> String {
@@ -236,8 +250,8 @@ fn status_field(pid: u32, key: &str) -> String {
 }
 
 /// Wait until the child has confined itself (its uid changed) or fail.
-fn confined_pid(child: &Child, uid: u32) -> u32 {
-    let pid = child.id();
+fn confined_pid(child: &Process, uid: u32) -> u32 {
+    let pid = u32::try_from(child.pid()).unwrap();
     let until = Instant::now() + Duration::from_secs(10);
     loop {
         let seccomp = status_field(pid, "Seccomp");
@@ -296,7 +310,7 @@ fn the_child_runs_as_the_account_with_nothing_left_observed_from_outside() -> Re
     assert_eq!(row("Max core file size"), ["0", "0"]);
     assert_eq!(row("Max processes"), ["4", "4"]);
     drop(child.stdin.take());
-    assert!(child.wait().unwrap().success());
+    assert!(output(child).0.success());
     Ok(())
 }
 
@@ -348,24 +362,20 @@ fn a_child_that_cannot_confine_itself_reads_nothing_and_says_so() -> Result<(), 
     // Root is refused as the run account, before anything else changes.
     let mut s = spec(&e, "open", 10);
     s.uid = 0;
-    let out = confine::spawn(&std::env::current_exe().unwrap(), &s, Stdio::null())
-        .unwrap()
-        .wait_with_output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(confine::UNCONFINED_EXIT));
+    let (status, _) =
+        output(confine::spawn(&Linux, &std::env::current_exe().unwrap(), &s, false).unwrap());
+    assert_eq!(status.code(), Some(confine::UNCONFINED_EXIT));
     assert!(matches!(
-        confine::classify(out.status, false),
+        confine::classify(status, false),
         Ended::Infrastructure(_)
     ));
     // A jail that does not exist.
     let mut s = spec(&e, "open", 10);
     s.jail = Path::new("/nonexistent/jail").to_path_buf();
-    let out = confine::spawn(&std::env::current_exe().unwrap(), &s, Stdio::null())
-        .unwrap()
-        .wait_with_output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(confine::UNCONFINED_EXIT));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("chroot"));
+    let (status, stderr) =
+        output(confine::spawn(&Linux, &std::env::current_exe().unwrap(), &s, false).unwrap());
+    assert_eq!(status.code(), Some(confine::UNCONFINED_EXIT));
+    assert!(stderr.contains("chroot"));
     Ok(())
 }
 
@@ -396,6 +406,7 @@ fn limits() -> ArchiveLimits {
 
 fn launch(e: &Env, kind: &str, cpu_seconds: u64, deadline: Duration) -> Launch {
     Launch {
+        host: Linux::shared(),
         exe: std::env::current_exe().unwrap(),
         spec: spec(e, kind, cpu_seconds),
         budget: deadline,
@@ -582,6 +593,7 @@ fn an_exchange_returns_the_answer_and_judges_every_other_end() -> Result<(), Fai
     let mut s = spec(&e, "answer-echo", 10);
     s.uid = 0;
     let unconfined = Launch {
+        host: Linux::shared(),
         exe: std::env::current_exe().unwrap(),
         spec: s,
         budget: Duration::from_secs(30),
@@ -627,7 +639,15 @@ fn intermediate(uid: u32, jail: &Path) -> ! {
     };
     // Its input is this process's: the test holds it open, so only the parent-death signal
     // can end the child.
-    let child = confine::spawn(&std::env::current_exe().unwrap(), &spec, Stdio::inherit()).unwrap();
+    // The product's command line, spawned here with this process's stdin (the seam pipes it).
+    let tool = confine::tool(&std::env::current_exe().unwrap(), &spec);
+    let child = std::process::Command::new(&tool.program)
+        .args(&tool.args)
+        .env_clear()
+        .current_dir("/")
+        .stdin(Stdio::inherit())
+        .spawn()
+        .unwrap();
     println!("{}", child.id());
     std::io::stdout().flush().unwrap();
     std::thread::sleep(Duration::from_secs(60));

@@ -96,7 +96,7 @@ pub enum PayloadError {
 }
 
 fn words(what: &'static str, payload: &[u8], fixed: usize) -> Result<Vec<u32>, PayloadError> {
-    if payload.len() < fixed * 4 || payload.len() % 4 != 0 {
+    if payload.len() < fixed * 4 || !payload.len().is_multiple_of(4) {
         return Err(PayloadError::Shape {
             what,
             len: payload.len(),

@@ -79,7 +79,7 @@ pub fn parse_millis(text: &str) -> Result<u64, String> {
 
 fn format_with(n: u64, units: &[(&str, u64)], sep: &str) -> String {
     for (unit, factor) in units {
-        if n >= *factor && n % factor == 0 {
+        if n >= *factor && n.is_multiple_of(*factor) {
             return format!("{}{sep}{unit}", n / factor);
         }
     }

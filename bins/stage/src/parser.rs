@@ -40,6 +40,7 @@ pub fn under_lease<T>(
     let ran = manager.provision_child(&held).map(|jail| {
         let account = held.account();
         work(&Launch {
+            host: manager.runtime().host.clone(),
             exe: exe.to_path_buf(),
             spec: Spec {
                 kind: kind.to_owned(),

@@ -1,6 +1,7 @@
 //! The one seam between cordon's mechanisms and the host: every host tool run (the OCI
 //! runtime's CLI, the account tools), every process spawned with live pipes (a container's
-//! `runtime create`), every read of a host file that a decision rests on (passwd, group,
+//! `runtime create`, the confined parser child) or taken on (a container's init), each under
+//! the one supervisor of [`process`], every read of a host file that a decision rests on (passwd, group,
 //! mountinfo, cgroup files), every mount and unmount, and every crash-safe edit of a host file
 //! (cron and at deny lists) goes through [`Host`].
 //!
@@ -21,15 +22,17 @@
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
 use nix::fcntl::{Flock, FlockArg};
 
 use crate::canonical::Digest;
+pub use process::{Exit, Process};
 
 /// The `PATH` every host tool runs with (its environment is otherwise empty): Debian's system
 /// directories, or the one a package fixes at build time in `CORDON_TOOL_PATH` (the Nix package
@@ -51,6 +54,10 @@ pub struct Tool {
     pub timeout: Duration,
     /// The most bytes of stdout and of stderr kept (the rest is read and dropped).
     pub max_output: u64,
+    /// Its working directory (this process's when `None`).
+    pub dir: Option<PathBuf>,
+    /// Whether its environment holds `PATH=`[`TOOL_PATH`]; it is otherwise empty.
+    pub tool_path: bool,
 }
 
 impl Tool {
@@ -62,6 +69,8 @@ impl Tool {
             args: args.iter().map(OsString::from).collect(),
             timeout: Duration::from_secs(60),
             max_output: 16 << 20,
+            dir: None,
+            tool_path: true,
         }
     }
 
@@ -171,14 +180,21 @@ pub trait Host: std::fmt::Debug + Send + Sync {
     /// It could not be started, or ran past its timeout (then it is killed).
     fn run(&self, tool: &Tool) -> io::Result<ToolOutput>;
 
-    /// Spawn `tool` (its timeout and output cap unused: the caller supervises it) with piped
-    /// stdout and stderr, stdin piped when `stdin` is set (else `/dev/null`), its environment
-    /// cleared to [`TOOL_PATH`]: a container's `runtime create`, whose pipes the container
-    /// inherits.
+    /// Spawn `tool` (its timeout and output cap unused: the caller supervises it through the
+    /// returned [`Process`]) with piped stdout and stderr, stdin piped when `stdin` is set (else
+    /// `/dev/null`): a container's `runtime create`, whose pipes the container inherits, or a
+    /// confined parser child.
     ///
     /// # Errors
     /// It could not be started.
-    fn spawn(&self, tool: &Tool, stdin: bool) -> io::Result<Child>;
+    fn spawn(&self, tool: &Tool, stdin: bool) -> io::Result<Process>;
+
+    /// Take on child `pid`, which this process did not spawn but is the parent of: a
+    /// container's init, reparented to this subreaper when `runtime create` exited. No pipes.
+    ///
+    /// # Errors
+    /// It cannot be supervised.
+    fn adopt(&self, pid: i32) -> io::Result<Process>;
 
     /// Read a host file a decision rests on.
     ///
@@ -271,82 +287,61 @@ pub(crate) fn capped(
     })
 }
 
-/// Wait for `child` under `tool`'s timeout, blocking (no polling interval added to every tool
-/// call): a watchdog thread sends SIGKILL at the deadline unless told the child exited first.
-/// The child is waited for without being reaped (`WNOWAIT`) until the watchdog is joined, so
-/// the pid it signals is this child's, never a reused one.
-fn wait_within(child: &mut Child, tool: &Tool) -> io::Result<std::process::ExitStatus> {
-    use nix::sys::wait::{Id, WaitPidFlag, waitid};
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).map_err(io::Error::other)?);
-    let (exited, watched) = std::sync::mpsc::channel::<()>();
-    let timeout = tool.timeout;
-    let watchdog = std::thread::spawn(move || {
-        let late = matches!(
-            watched.recv_timeout(timeout),
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout)
-        );
-        if late {
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-        }
-        late
-    });
-    let waited = loop {
-        match waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT) {
-            Err(nix::errno::Errno::EINTR) => {}
-            other => break other,
-        }
-    };
-    let _ = exited.send(());
-    let late = watchdog.join().unwrap_or(true);
-    // Reaped only now, after the watchdog can no longer signal the pid.
-    let status = child.wait()?;
-    waited.map_err(io::Error::from)?;
-    if late {
-        return Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            format!("`{}` ran past {:?}", tool.display(), tool.timeout),
-        ));
-    }
-    Ok(status)
-}
-
 impl Host for Linux {
     fn run(&self, tool: &Tool) -> io::Result<ToolOutput> {
-        let mut child = Command::new(&tool.program)
-            .args(&tool.args)
-            .env_clear()
-            .env("PATH", TOOL_PATH)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()?;
-        let out = child.stdout.take().map(|r| capped(r, tool.max_output));
-        let err = child.stderr.take().map(|r| capped(r, tool.max_output));
-        let status = wait_within(&mut child, tool)?;
+        let mut process = self.spawn(tool, false)?;
+        let out = process.stdout.take().map(|r| capped(r, tool.max_output));
+        let err = process.stderr.take().map(|r| capped(r, tool.max_output));
+        process.kill_at(std::time::Instant::now() + tool.timeout);
+        let exit = process.wait()?;
+        if exit.killed_at_deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("`{}` ran past {:?}", tool.display(), tool.timeout),
+            ));
+        }
         let join = |h: Option<std::thread::JoinHandle<(Vec<u8>, u64)>>| {
             h.and_then(|h| h.join().ok()).unwrap_or_default()
         };
         let (stdout, out_total) = join(out);
         let (stderr, err_total) = join(err);
         Ok(ToolOutput {
-            code: status.code(),
+            code: exit.status.code(),
             stdout,
             stderr,
             truncated: out_total > tool.max_output || err_total > tool.max_output,
         })
     }
 
-    fn spawn(&self, tool: &Tool, stdin: bool) -> io::Result<Child> {
-        // Nothing of the supervisor's environment reaches the runtime, or through it the
-        // container: the bundle's process.env is the container's whole environment.
-        Command::new(&tool.program)
+    fn spawn(&self, tool: &Tool, stdin: bool) -> io::Result<Process> {
+        // Nothing of the supervisor's environment reaches the tool, the runtime, or through it
+        // the container: the bundle's process.env is the container's whole environment.
+        let mut command = Command::new(&tool.program);
+        command
             .args(&tool.args)
             .env_clear()
-            .env("PATH", TOOL_PATH)
             .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
+            .stderr(Stdio::piped());
+        if tool.tool_path {
+            command.env("PATH", TOOL_PATH);
+        }
+        if let Some(dir) = &tool.dir {
+            command.current_dir(dir);
+        }
+        let mut child = command.spawn()?;
+        let pid = i32::try_from(child.id()).map_err(io::Error::other)?;
+        // The std handle is dropped (that neither kills nor reaps): the waiter reaps the pid.
+        Ok(Process::new(
+            process::Waiter::watch(pid),
+            child.stdin.take().map(|p| OwnedFd::from(p).into()),
+            child.stdout.take().map(|p| OwnedFd::from(p).into()),
+            child.stderr.take().map(|p| OwnedFd::from(p).into()),
+        ))
+    }
+
+    fn adopt(&self, pid: i32) -> io::Result<Process> {
+        Ok(Process::new(process::Waiter::watch(pid), None, None, None))
     }
 
     fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
@@ -492,414 +487,8 @@ impl Host for Linux {
     }
 }
 
-pub mod fake {
-    //! A recording, failure-injecting [`Host`] for tests: it answers tool runs from a script of
-    //! replies, reads from an in-memory file table, records every call in order, and fails the
-    //! call that a test names — so every "cannot establish" path can be driven without a kernel.
-    //! [`Interposed`] is its counterpart for tests that run on the real host: the real calls,
-    //! recorded, with the named ones failed or rewritten.
-
-    use std::collections::BTreeMap;
-    use std::io;
-    use std::path::{Path, PathBuf};
-    use std::process::Child;
-    use std::sync::Mutex;
-
-    use super::{DeviceNode, Digest, Host, MountRequest, Tool, ToolOutput};
-
-    /// One recorded call.
-    #[derive(Debug, Clone, PartialEq, Eq)]
-    pub enum Call {
-        /// A tool run: its command line.
-        Run(String),
-        /// A spawn: its command line.
-        Spawn(String),
-        /// A read.
-        Read(PathBuf),
-        /// A mount.
-        Mount(MountRequest),
-        /// An unmount.
-        Unmount(PathBuf),
-        /// A file edit.
-        Edit(PathBuf),
-        /// A device lookup.
-        Device(PathBuf),
-        /// A directory removal.
-        RemoveDir(PathBuf),
-        /// A directory listing.
-        ListDir(PathBuf),
-    }
-
-    #[derive(Debug, Default)]
-    struct State {
-        calls: Vec<Call>,
-        files: BTreeMap<PathBuf, Vec<u8>>,
-        dirs: BTreeMap<PathBuf, Vec<String>>,
-        devices: BTreeMap<PathBuf, DeviceNode>,
-        unreadable: Vec<PathBuf>,
-        replies: Vec<(String, ToolOutput)>,
-        fail_mounts: bool,
-        fail_unmounts: bool,
-        fail_edits: bool,
-    }
-
-    /// The fake host.
-    #[derive(Debug, Default)]
-    pub struct Fake {
-        state: Mutex<State>,
-    }
-
-    fn broken() -> io::Error {
-        io::Error::other("injected failure")
-    }
-
-    impl Fake {
-        /// An empty host: no files, every tool succeeds with empty output.
-        #[must_use]
-        pub fn new() -> Self {
-            Self::default()
-        }
-
-        fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
-            // A poisoned lock means a test already panicked; its state is still what it was.
-            let mut s = self
-                .state
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            f(&mut s)
-        }
-
-        /// Put a file in the table.
-        pub fn file(&self, path: impl Into<PathBuf>, text: &str) -> &Self {
-            self.with(|s| s.files.insert(path.into(), text.as_bytes().to_vec()));
-            self
-        }
-
-        /// Put a directory with these subdirectories in the table.
-        pub fn dir(&self, path: impl Into<PathBuf>, names: &[&str]) -> &Self {
-            let names = names.iter().map(|n| (*n).to_owned()).collect();
-            self.with(|s| s.dirs.insert(path.into(), names));
-            self
-        }
-
-        /// Put a device node in the table.
-        pub fn device_node(&self, path: impl Into<PathBuf>, node: DeviceNode) -> &Self {
-            self.with(|s| s.devices.insert(path.into(), node));
-            self
-        }
-
-        /// Make a path unreadable (reads fail with an I/O error).
-        pub fn unreadable(&self, path: impl Into<PathBuf>) -> &Self {
-            self.with(|s| s.unreadable.push(path.into()));
-            self
-        }
-
-        /// Answer tool runs whose command line contains `needle` with `output` (the first
-        /// registered reply that matches wins).
-        pub fn reply(&self, needle: &str, output: ToolOutput) -> &Self {
-            self.with(|s| s.replies.push((needle.to_owned(), output)));
-            self
-        }
-
-        /// Make every mount (or unmount, or file edit) fail.
-        pub fn fail(&self, mounts: bool, unmounts: bool, edits: bool) -> &Self {
-            self.with(|s| {
-                s.fail_mounts = mounts;
-                s.fail_unmounts = unmounts;
-                s.fail_edits = edits;
-            });
-            self
-        }
-
-        /// Every call so far, in order.
-        #[must_use]
-        pub fn calls(&self) -> Vec<Call> {
-            self.with(|s| s.calls.clone())
-        }
-
-        /// The command lines of the tool runs so far, in order.
-        #[must_use]
-        pub fn runs(&self) -> Vec<String> {
-            self.calls()
-                .into_iter()
-                .filter_map(|c| match c {
-                    Call::Run(l) => Some(l),
-                    _ => None,
-                })
-                .collect()
-        }
-
-        /// The current text of a file in the table.
-        #[must_use]
-        pub fn text(&self, path: &Path) -> Option<String> {
-            self.with(|s| {
-                s.files
-                    .get(path)
-                    .map(|b| String::from_utf8_lossy(b).into_owned())
-            })
-        }
-    }
-
-    impl Host for Fake {
-        fn run(&self, tool: &Tool) -> io::Result<ToolOutput> {
-            let line = tool.display();
-            self.with(|s| {
-                s.calls.push(Call::Run(line.clone()));
-                Ok(s.replies
-                    .iter()
-                    .find(|(needle, _)| line.contains(needle.as_str()))
-                    .map(|(_, out)| out.clone())
-                    .unwrap_or_else(|| ToolOutput::ok(b"")))
-            })
-        }
-
-        fn spawn(&self, tool: &Tool, _stdin: bool) -> io::Result<Child> {
-            self.with(|s| s.calls.push(Call::Spawn(tool.display())));
-            Err(io::Error::other("the fake host runs no processes"))
-        }
-
-        fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
-            self.with(|s| {
-                s.calls.push(Call::Read(path.to_path_buf()));
-                if s.unreadable.iter().any(|p| p == path) {
-                    return Err(broken());
-                }
-                s.files
-                    .get(path)
-                    .cloned()
-                    .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
-            })
-        }
-
-        fn digest(&self, path: &Path) -> io::Result<Digest> {
-            self.read(path).map(|bytes| Digest::of_bytes(&bytes))
-        }
-
-        fn mount(&self, request: &MountRequest) -> io::Result<()> {
-            self.with(|s| {
-                s.calls.push(Call::Mount(request.clone()));
-                if s.fail_mounts { Err(broken()) } else { Ok(()) }
-            })
-        }
-
-        fn unmount(&self, target: &Path) -> io::Result<()> {
-            self.with(|s| {
-                s.calls.push(Call::Unmount(target.to_path_buf()));
-                if s.fail_unmounts {
-                    Err(broken())
-                } else {
-                    Ok(())
-                }
-            })
-        }
-
-        fn list_dir(&self, path: &Path) -> io::Result<Vec<String>> {
-            self.with(|s| {
-                s.calls.push(Call::ListDir(path.to_path_buf()));
-                if s.unreadable.iter().any(|p| p == path) {
-                    return Err(broken());
-                }
-                s.dirs
-                    .get(path)
-                    .cloned()
-                    .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
-            })
-        }
-
-        fn remove_dir(&self, path: &Path) -> io::Result<()> {
-            self.with(|s| {
-                s.calls.push(Call::RemoveDir(path.to_path_buf()));
-                if s.unreadable.iter().any(|p| p == path) {
-                    Err(broken())
-                } else {
-                    Ok(())
-                }
-            })
-        }
-
-        fn device(&self, path: &Path) -> io::Result<DeviceNode> {
-            self.with(|s| {
-                s.calls.push(Call::Device(path.to_path_buf()));
-                s.devices
-                    .get(path)
-                    .copied()
-                    .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
-            })
-        }
-
-        fn edit_file(&self, path: &Path, edit: &dyn Fn(&str) -> Option<String>) -> io::Result<()> {
-            self.with(|s| {
-                s.calls.push(Call::Edit(path.to_path_buf()));
-                if s.fail_edits || s.unreadable.iter().any(|p| p == path) {
-                    return Err(broken());
-                }
-                let old = s
-                    .files
-                    .get(path)
-                    .map(|b| String::from_utf8_lossy(b).into_owned())
-                    .unwrap_or_default();
-                if let Some(new) = edit(&old) {
-                    s.files.insert(path.to_path_buf(), new.into_bytes());
-                }
-                Ok(())
-            })
-        }
-    }
-
-    type Hook<A, R> = Box<dyn Fn(&A) -> R + Send + Sync>;
-
-    /// The real host ([`Linux`](super::Linux)) with a test's hand on the seam, for tests that
-    /// run real tools, mounts and containers: every call is recorded as a [`Call`], then either
-    /// failed (when the `failing` predicate says so: a tool run answers a failed output without
-    /// running, anything else an I/O error) or passed on — what `rewriting_spawns` makes of a
-    /// spawn, what `rewriting_mounts` makes of a mount request. That is how a test makes
-    /// `useradd` fail after a real `groupadd`, or removes one control from a bundle (an
-    /// ablation) without a switch in product code.
-    pub struct Interposed {
-        calls: Mutex<Vec<Call>>,
-        fail: Hook<Call, bool>,
-        spawn: Hook<Tool, Tool>,
-        mount: Hook<MountRequest, MountRequest>,
-    }
-
-    impl std::fmt::Debug for Interposed {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.debug_struct("Interposed")
-                .field("calls", &self.calls())
-                .finish_non_exhaustive()
-        }
-    }
-
-    impl Default for Interposed {
-        fn default() -> Self {
-            Self {
-                calls: Mutex::default(),
-                fail: Box::new(|_| false),
-                spawn: Box::new(Clone::clone),
-                mount: Box::new(Clone::clone),
-            }
-        }
-    }
-
-    impl Interposed {
-        /// The real host, every call recorded, none changed.
-        #[must_use]
-        pub fn new() -> Self {
-            Self::default()
-        }
-
-        /// Fail every call `fail` picks.
-        #[must_use]
-        pub fn failing(mut self, fail: impl Fn(&Call) -> bool + Send + Sync + 'static) -> Self {
-            self.fail = Box::new(fail);
-            self
-        }
-
-        /// Spawn what `rewrite` makes of each tool instead (it may also act first: change the
-        /// bundle a `runc create` is about to read, say).
-        #[must_use]
-        pub fn rewriting_spawns(
-            mut self,
-            rewrite: impl Fn(&Tool) -> Tool + Send + Sync + 'static,
-        ) -> Self {
-            self.spawn = Box::new(rewrite);
-            self
-        }
-
-        /// Mount what `rewrite` makes of each mount request instead.
-        #[must_use]
-        pub fn rewriting_mounts(
-            mut self,
-            rewrite: impl Fn(&MountRequest) -> MountRequest + Send + Sync + 'static,
-        ) -> Self {
-            self.mount = Box::new(rewrite);
-            self
-        }
-
-        /// Every call so far, in order (failed ones included).
-        #[must_use]
-        pub fn calls(&self) -> Vec<Call> {
-            self.calls
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .clone()
-        }
-
-        /// Record `call`; whether it is to fail.
-        fn record(&self, call: Call) -> bool {
-            let fail = (self.fail)(&call);
-            self.calls
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .push(call);
-            fail
-        }
-
-        /// Record `call`, then fail it or do it.
-        fn pass<T>(&self, call: Call, real: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
-            if self.record(call) {
-                Err(broken())
-            } else {
-                real()
-            }
-        }
-    }
-
-    impl Host for Interposed {
-        fn run(&self, tool: &Tool) -> io::Result<ToolOutput> {
-            if self.record(Call::Run(tool.display())) {
-                return Ok(ToolOutput::failed("injected failure"));
-            }
-            super::Linux.run(tool)
-        }
-
-        fn spawn(&self, tool: &Tool, stdin: bool) -> io::Result<Child> {
-            self.pass(Call::Spawn(tool.display()), || {
-                super::Linux.spawn(&(self.spawn)(tool), stdin)
-            })
-        }
-
-        fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
-            self.pass(Call::Read(path.into()), || super::Linux.read(path))
-        }
-
-        fn digest(&self, path: &Path) -> io::Result<Digest> {
-            self.pass(Call::Read(path.into()), || super::Linux.digest(path))
-        }
-
-        fn mount(&self, request: &MountRequest) -> io::Result<()> {
-            self.pass(Call::Mount(request.clone()), || {
-                super::Linux.mount(&(self.mount)(request))
-            })
-        }
-
-        fn unmount(&self, target: &Path) -> io::Result<()> {
-            self.pass(Call::Unmount(target.into()), || {
-                super::Linux.unmount(target)
-            })
-        }
-
-        fn remove_dir(&self, path: &Path) -> io::Result<()> {
-            self.pass(Call::RemoveDir(path.into()), || {
-                super::Linux.remove_dir(path)
-            })
-        }
-
-        fn list_dir(&self, path: &Path) -> io::Result<Vec<String>> {
-            self.pass(Call::ListDir(path.into()), || super::Linux.list_dir(path))
-        }
-
-        fn device(&self, path: &Path) -> io::Result<DeviceNode> {
-            self.pass(Call::Device(path.into()), || super::Linux.device(path))
-        }
-
-        fn edit_file(&self, path: &Path, edit: &dyn Fn(&str) -> Option<String>) -> io::Result<()> {
-            self.pass(Call::Edit(path.into()), || {
-                super::Linux.edit_file(path, edit)
-            })
-        }
-    }
-}
+pub mod fake;
+pub mod process;
 
 #[cfg(test)]
 mod tests {
@@ -911,6 +500,27 @@ mod tests {
         t.timeout = Duration::from_millis(100);
         let e = Linux.run(&t).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+    }
+
+    #[test]
+    fn a_supervised_child_is_killed_at_its_deadline_and_its_pid_let_go_only_once_reaped() {
+        use std::os::unix::process::ExitStatusExt;
+        let mut p = Linux.spawn(&Tool::new("/bin/sleep", &["5"]), true).unwrap();
+        assert!(p.stdin.is_some() && p.stdout.is_some() && p.stderr.is_some());
+        p.kill_at(std::time::Instant::now() + Duration::from_millis(50));
+        let exit = p.wait().unwrap();
+        assert!(exit.killed_at_deadline && exit.status.signal() == Some(9));
+        // Reaped once: a second reap is refused and a kill sends nothing.
+        let p = Linux.spawn(&Tool::new("/bin/true", &[]), false).unwrap();
+        let waiter = process::Waiter::watch(p.pid());
+        use process::Supervise;
+        assert!(waiter.exited(None).unwrap());
+        assert!(waiter.reap().unwrap().0.success());
+        assert!(waiter.reap().is_err());
+        waiter.kill().unwrap();
+        // A process that is not this one's child cannot be supervised: an error, not "exited".
+        let later = std::time::Instant::now() + Duration::from_secs(10);
+        assert!(Linux.adopt(1).unwrap().exited_by(later).is_err());
     }
 
     #[test]
