@@ -24,62 +24,27 @@
 //! It does not create the run directory, the account or the mounts (the lease does, from
 //! [`Planned::host_mounts`]), nor run anything (the runtime driver does).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use cordon::lease::{LABEL_AUTHORITY, LABEL_EXECUTOR, LABEL_LEASE, LABEL_STORE};
 use cordon_canon::Digest;
 use cordon_policy_lang::{
-    Arch, ArgCondition, ArgOp, Frame, Ipc, Mount as PolicyMount, MountMode, MountSource, Network,
-    Output, Policy, PublicationLimits, RootMode, SeccompAction, SeccompProfile, Stage, StageKind,
-    Staging, Sys, Tmp, User,
+    Frame, Mount as PolicyMount, MountMode, MountSource, Network, Output, Policy,
+    PublicationLimits, RootMode, Stage, StageKind, Staging, Sys, Tmp, User,
 };
 use oci_spec::runtime::{
-    Arch as OciArch, Capability, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxCpuBuilder,
-    LinuxDeviceBuilder, LinuxDeviceCgroupBuilder, LinuxDeviceType, LinuxMemoryBuilder,
-    LinuxNamespaceBuilder, LinuxNamespaceType, LinuxPidsBuilder, LinuxResourcesBuilder,
-    LinuxSeccompAction, LinuxSeccompArgBuilder, LinuxSeccompBuilder, LinuxSeccompOperator,
-    LinuxSyscallBuilder, Mount, MountBuilder, PosixRlimitBuilder, PosixRlimitType, ProcessBuilder,
-    RootBuilder, Spec, SpecBuilder, UserBuilder,
+    Capability, LinuxBuilder, LinuxCpuBuilder, LinuxDevice, LinuxDeviceBuilder, LinuxDeviceCgroup,
+    LinuxDeviceCgroupBuilder, LinuxDeviceType, LinuxMemoryBuilder, LinuxNamespace,
+    LinuxNamespaceType, LinuxPidsBuilder, LinuxResources, LinuxResourcesBuilder, Mount,
+    MountBuilder, Spec,
 };
 
-/// Paths runc masks by default, plus the ones cordon adds: kernel memory, keys, timers, and
-/// host facts a candidate has no use for (the boot command line, the kernel's configuration,
-/// symbols and modules, other users' key quotas, the host's boot id). A path the kernel does
-/// not have is skipped by the runtime.
-pub const MASKED_PATHS: [&str; 18] = [
-    "/proc/acpi",
-    "/proc/asound",
-    "/proc/kcore",
-    "/proc/keys",
-    "/proc/latency_stats",
-    "/proc/timer_list",
-    "/proc/timer_stats",
-    "/proc/sched_debug",
-    "/proc/scsi",
-    "/sys/firmware",
-    "/sys/devices/virtual/powercap",
-    "/proc/interrupts",
-    "/proc/cmdline",
-    "/proc/config.gz",
-    "/proc/kallsyms",
-    "/proc/key-users",
-    "/proc/modules",
-    "/proc/sys/kernel/random/boot_id",
-];
-
-/// Masked as well in a stage granted no GPU: the driver's view of the host's devices.
-pub const MASKED_WITHOUT_GPU: [&str; 1] = ["/proc/driver"];
-
-/// Paths runc makes read-only by default, plus `/proc/sysrq-trigger`.
-pub const READONLY_PATHS: [&str; 5] = [
-    "/proc/bus",
-    "/proc/fs",
-    "/proc/irq",
-    "/proc/sys",
-    "/proc/sysrq-trigger",
-];
+use crate::oci::{self, mount, seccomp};
+pub use crate::oci::{MASKED_PATHS, MASKED_WITHOUT_GPU, READONLY_PATHS};
+pub use crate::plan_error::PlanError;
+pub(crate) use crate::plan_error::invalid;
 
 /// Destinations the bundle itself mounts; a bind may not land on or under them.
 const RESERVED: [&str; 5] = ["/proc", "/dev", "/sys", "/tmp", "/dev/shm"];
@@ -331,137 +296,6 @@ pub fn launch_identity(spec: &Spec, run: &RunInputs) -> Result<serde_json::Value
     Ok(v)
 }
 
-/// Why a stage could not be planned. All are wiring or policy errors (exit 2), found before
-/// anything touches the host.
-#[derive(Debug, thiserror::Error, miette::Diagnostic)]
-pub enum PlanError {
-    /// The stage kind is not declared.
-    #[error("the policy declares no stage {kind}")]
-    #[diagnostic(code(cordon::plan::no_stage))]
-    NoStage {
-        /// The kind.
-        kind: StageKind,
-    },
-    /// The stage kind (or one of its values) has no planner yet: refused, not half-planned.
-    #[error("stage {kind} cannot be planned: {what} is not implemented by this build")]
-    #[diagnostic(
-        code(cordon::plan::unimplemented),
-        help("a value cordon cannot enforce is refused rather than ignored")
-    )]
-    Unimplemented {
-        /// The kind.
-        kind: StageKind,
-        /// What has no planner.
-        what: &'static str,
-    },
-    /// The stage's image role has no pinned digest.
-    #[error("image role {role:?} of stage {kind} is not pinned")]
-    #[diagnostic(code(cordon::plan::unpinned))]
-    Unpinned {
-        /// The kind.
-        kind: StageKind,
-        /// The role.
-        role: String,
-    },
-    /// The stage's seccomp profile does not exist (the validator checks this; a missing one is
-    /// never replaced by a default).
-    #[error("stage {kind} names seccomp profile {name:?}, which the policy does not define")]
-    #[diagnostic(code(cordon::plan::no_seccomp))]
-    NoSeccomp {
-        /// The kind.
-        kind: StageKind,
-        /// The profile.
-        name: String,
-    },
-    /// A mount role has no source.
-    #[error("stage {kind} mounts {role} at {dest}, but no source was given for it")]
-    #[diagnostic(code(cordon::plan::no_source))]
-    NoSource {
-        /// The kind.
-        kind: StageKind,
-        /// The role.
-        role: MountSource,
-        /// Where it mounts.
-        dest: String,
-    },
-    /// A GPU device the policy names is not on this host.
-    #[error("stage {kind} allows GPU device {path}, which this host does not have")]
-    #[diagnostic(
-        code(cordon::plan::no_device),
-        help("the lane runs only on a host with the devices its policy names")
-    )]
-    NoDevice {
-        /// The kind.
-        kind: StageKind,
-        /// The device path.
-        path: String,
-    },
-    /// Two mount sources overlap, or two destinations do.
-    #[error("mounts are not pairwise disjoint: {a} and {b}")]
-    #[diagnostic(code(cordon::plan::overlap))]
-    Overlap {
-        /// One path.
-        a: String,
-        /// The other.
-        b: String,
-    },
-    /// A mount would expose a protected path.
-    #[error("mount source {source_path} would expose the protected path {protected}")]
-    #[diagnostic(
-        code(cordon::plan::protected),
-        help(
-            "only published trees, publications and the lease's staging directory may be mounted"
-        )
-    )]
-    Protected {
-        /// The source.
-        source_path: String,
-        /// What it would expose.
-        protected: String,
-    },
-    /// A control the policy asks for cannot be enforced in the mode this run would use: it
-    /// is refused, never applied as a no-op.
-    #[error("stage {kind} asks for {what}, which {mode} cannot enforce on this host")]
-    #[diagnostic(
-        code(cordon::plan::unenforceable),
-        help("drop the value from the stage, or run where the control can be applied")
-    )]
-    Unenforceable {
-        /// The kind.
-        kind: StageKind,
-        /// The value.
-        what: String,
-        /// The mode.
-        mode: &'static str,
-    },
-    /// A temporary-directory prefix is longer than the policy allows: a tool appending a
-    /// socket name to it would overflow `sockaddr_un.sun_path`.
-    #[error("temporary-directory prefix {prefix} is {bytes} bytes, above the policy's {max}")]
-    #[diagnostic(
-        code(cordon::plan::temp_prefix),
-        help("use a shorter workspace root with compact path segments")
-    )]
-    TempPrefix {
-        /// The prefix.
-        prefix: String,
-        /// Its length.
-        bytes: usize,
-        /// The policy's bound.
-        max: u64,
-    },
-    /// A value has no OCI form.
-    #[error("cannot build the bundle: {why}")]
-    #[diagnostic(code(cordon::plan::invalid))]
-    Invalid {
-        /// What is wrong.
-        why: String,
-    },
-}
-
-pub(crate) fn invalid(e: impl std::fmt::Display) -> PlanError {
-    PlanError::Invalid { why: e.to_string() }
-}
-
 /// The run-directory entries a stage's host mounts occupy: what a lease record names before
 /// any of them exists, so a crash after mounting leaves a record that says what to unmount.
 #[must_use]
@@ -564,182 +398,6 @@ fn check_mounts(binds: &[Bind], run: &RunInputs) -> Result<(), PlanError> {
     Ok(())
 }
 
-pub(crate) fn mount(
-    dest: &str,
-    typ: &str,
-    source: &str,
-    options: &[&str],
-) -> Result<Mount, PlanError> {
-    MountBuilder::default()
-        .destination(dest)
-        .typ(typ)
-        .source(source)
-        .options(options.iter().map(|o| (*o).to_owned()).collect::<Vec<_>>())
-        .build()
-        .map_err(invalid)
-}
-
-fn action(a: SeccompAction) -> (LinuxSeccompAction, Option<u32>) {
-    match a {
-        SeccompAction::Allow => (LinuxSeccompAction::ScmpActAllow, None),
-        SeccompAction::Errno(n) => (LinuxSeccompAction::ScmpActErrno, Some(n)),
-        SeccompAction::KillProcess => (LinuxSeccompAction::ScmpActKillProcess, None),
-        SeccompAction::KillThread => (LinuxSeccompAction::ScmpActKillThread, None),
-        SeccompAction::Trap => (LinuxSeccompAction::ScmpActTrap, None),
-        SeccompAction::Log => (LinuxSeccompAction::ScmpActLog, None),
-    }
-}
-
-fn arch(a: Arch) -> OciArch {
-    match a {
-        Arch::X86_64 => OciArch::ScmpArchX86_64,
-        Arch::X86 => OciArch::ScmpArchX86,
-        Arch::X32 => OciArch::ScmpArchX32,
-    }
-}
-
-/// The OCI alternatives one condition compiles to: any one of them admits the call.
-///
-/// Seccomp compares the whole 64-bit register and the kernel reads a 32-bit argument from its
-/// low half, so every test on a 32-bit argument is masked to that half; the language refuses
-/// the operators that cannot be (and so does this, should a hand-built policy carry one).
-fn seccomp_alternatives(
-    c: &ArgCondition,
-) -> Result<Vec<oci_spec::runtime::LinuxSeccompArg>, PlanError> {
-    use LinuxSeccompOperator as Op;
-    let ArgCondition {
-        index,
-        bits,
-        op,
-        values,
-        mask,
-    } = c;
-    let low_half = u64::from(u32::MAX);
-    // (operator, value, valueTwo) per admitted alternative; for masked-eq the OCI form is
-    // value = mask, valueTwo = the compared value.
-    let tests: Vec<(Op, u64, Option<u64>)> = match (op, bits, mask) {
-        (ArgOp::Eq | ArgOp::OneOf, 32, None) => values
-            .iter()
-            .map(|v| (Op::ScmpCmpMaskedEq, low_half, Some(*v)))
-            .collect(),
-        (ArgOp::Eq | ArgOp::OneOf, 64, None) => {
-            values.iter().map(|v| (Op::ScmpCmpEq, *v, None)).collect()
-        }
-        (ArgOp::MaskedEq, 32 | 64, Some(m)) if *bits == 64 || *m <= low_half => values
-            .iter()
-            .map(|v| (Op::ScmpCmpMaskedEq, *m, Some(*v)))
-            .collect(),
-        (ArgOp::Ne | ArgOp::Lt | ArgOp::Le | ArgOp::Gt | ArgOp::Ge, 64, None) => {
-            let o = ordering(*op).ok_or_else(|| invalid("not an ordering"))?;
-            values.iter().map(|v| (o, *v, None)).collect()
-        }
-        _ => {
-            return Err(invalid(format!(
-                "argument condition {op:?} on a {bits}-bit argument (mask {mask:?}) has no sound \
-                 seccomp form"
-            )));
-        }
-    };
-    if tests.is_empty() || (*op != ArgOp::OneOf && tests.len() != 1) {
-        return Err(invalid(format!(
-            "argument condition {op:?} with {} values",
-            tests.len()
-        )));
-    }
-    tests
-        .into_iter()
-        .map(|(o, value, two)| {
-            let mut b = LinuxSeccompArgBuilder::default()
-                .index(usize::try_from(*index).map_err(invalid)?)
-                .value(value)
-                .op(o);
-            if let Some(t) = two {
-                b = b.value_two(t);
-            }
-            b.build().map_err(invalid)
-        })
-        .collect()
-}
-
-/// The seccomp operator of a plain comparison; `None` for the ones compiled otherwise.
-fn ordering(op: ArgOp) -> Option<LinuxSeccompOperator> {
-    match op {
-        ArgOp::Ne => Some(LinuxSeccompOperator::ScmpCmpNe),
-        ArgOp::Lt => Some(LinuxSeccompOperator::ScmpCmpLt),
-        ArgOp::Le => Some(LinuxSeccompOperator::ScmpCmpLe),
-        ArgOp::Gt => Some(LinuxSeccompOperator::ScmpCmpGt),
-        ArgOp::Ge => Some(LinuxSeccompOperator::ScmpCmpGe),
-        ArgOp::Eq | ArgOp::MaskedEq | ArgOp::OneOf => None,
-    }
-}
-
-/// Every combination of one alternative per condition: the OCI entries of one rule.
-fn seccomp_entries(
-    args: &[ArgCondition],
-) -> Result<Vec<Vec<oci_spec::runtime::LinuxSeccompArg>>, PlanError> {
-    let mut entries = vec![Vec::new()];
-    for c in args {
-        let alternatives = seccomp_alternatives(c)?;
-        entries = entries
-            .iter()
-            .flat_map(|prefix| {
-                alternatives.iter().map(move |a| {
-                    let mut e = prefix.clone();
-                    e.push(*a);
-                    e
-                })
-            })
-            .collect();
-    }
-    Ok(entries)
-}
-
-pub(crate) fn seccomp(p: &SeccompProfile) -> Result<oci_spec::runtime::LinuxSeccomp, PlanError> {
-    let SeccompProfile {
-        baseline: _,
-        default_action,
-        architectures,
-        syscall,
-    } = p;
-    let (default, default_errno) = action(*default_action);
-    // Rules with the same action and no arguments share one entry, as Moby's profile does.
-    let mut plain: BTreeMap<SeccompAction, Vec<String>> = BTreeMap::new();
-    let mut syscalls = Vec::new();
-    for (name, r) in syscall {
-        if r.args.is_empty() {
-            plain.entry(r.action).or_default().push(name.clone());
-            continue;
-        }
-        let (act, errno) = action(r.action);
-        for args in seccomp_entries(&r.args)? {
-            let mut b = LinuxSyscallBuilder::default()
-                .names(vec![name.clone()])
-                .action(act)
-                .args(args);
-            if let Some(e) = errno {
-                b = b.errno_ret(e);
-            }
-            syscalls.push(b.build().map_err(invalid)?);
-        }
-    }
-    for (a, names) in plain {
-        let (act, errno) = action(a);
-        let mut b = LinuxSyscallBuilder::default().names(names).action(act);
-        if let Some(e) = errno {
-            b = b.errno_ret(e);
-        }
-        syscalls.insert(0, b.build().map_err(invalid)?);
-    }
-    let mut b = LinuxSeccompBuilder::default()
-        .default_action(default)
-        .architectures(architectures.iter().map(|a| arch(*a)).collect::<Vec<_>>())
-        .syscalls(syscalls);
-    if let Some(e) = default_errno {
-        b = b.default_errno_ret(e);
-    }
-    b.build().map_err(invalid)
-}
-
 /// The image role of candidate stage `kind` and its pinned digest.
 ///
 /// # Errors
@@ -757,123 +415,52 @@ pub fn image_of(policy: &Policy, kind: StageKind) -> Result<(&str, Digest), Plan
     Ok((role, *pin))
 }
 
-/// Plan stage `kind` of `policy` for one run.
-///
-/// # Errors
-/// The stage is missing or not implemented, a value has no source or device on this host, or
-/// the mounts are not disjoint or would expose a protected path.
-#[allow(clippy::too_many_lines)]
-pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned, PlanError> {
-    let stage = policy.stage(kind).ok_or(PlanError::NoStage { kind })?;
-    match kind {
-        StageKind::Prebuild | StageKind::Lane | StageKind::Reference => {}
-        // The surface runs as its service user behind a user namespace, not in a per-run
-        // lease: `surface::plan` plans it.
-        StageKind::Surface => {
-            return Err(PlanError::Unimplemented {
-                kind,
-                what: "the surface stage in a per-run lease (cordon-surface plans it)",
-            });
-        }
-    }
-    // Every field, by name: a field added to the language does not compile here until it is
-    // planned, carried into the session settings, or refused.
-    let Stage {
-        image,
-        network,
-        root,
-        ipc,
-        capability,
-        no_new_privileges,
-        seccomp: seccomp_name,
-        user,
-        cpus_milli,
-        cpuset,
-        memory_bytes,
-        pids,
-        nofile,
-        core_bytes,
-        shm_bytes,
-        tmp,
-        staging,
-        cache,
-        deadline_ms,
-        phase_deadline_ms,
-        gpu_device,
-        env,
-        mount: binds_by_dest,
-        output,
-        publication,
-        frame,
-        surface,
-        sys,
-    } = stage;
-    if surface.is_some() {
-        return Err(PlanError::Unimplemented {
-            kind,
-            what: "a surface block",
-        });
-    }
-    // The language requires these of every candidate stage; a policy value without them is
-    // refused, never run unlimited.
-    let _ = image;
-    let (image, pin) = image_of(policy, kind)?;
-    let (Some(memory_bytes), Some(pids)) = (memory_bytes, pids) else {
-        return Err(invalid("a candidate stage without a memory or pids limit"));
-    };
-    let profile = policy
-        .seccomp_profile(seccomp_name)
-        .ok_or_else(|| PlanError::NoSeccomp {
-            kind,
-            name: seccomp_name.clone(),
-        })?;
-    let (uid, gid) = match user {
-        User::PerRun => (run.uid, run.gid),
-        User::Service => return Err(invalid("only the surface runs as its service user")),
-    };
-    if uid == 0 || gid == 0 {
-        return Err(invalid("the per-run account has id 0"));
-    }
+/// Where a run's writable storage lives on the host: the mounts the lease makes for it, and the
+/// container's root.
+struct Storage {
+    host_mounts: Vec<HostMount>,
+    tmp_dir: PathBuf,
+    staging_dir: PathBuf,
+    cache_dir: PathBuf,
+    root: PathBuf,
+    root_readonly: bool,
+}
 
+/// The lease's tmpfs mounts (`/tmp`, staging, cache) and the root (the image read-only, or an
+/// overlay over it).
+fn storage(stage: &Stage, run: &RunInputs, uid: u32, gid: u32) -> Result<Storage, PlanError> {
+    let tmpfs = |target: &PathBuf, bounds: &Staging| HostMount::Tmpfs {
+        target: target.clone(),
+        bytes: bounds.size_bytes,
+        inodes: Some(bounds.inodes),
+        uid,
+        gid,
+    };
     // /tmp is the lease's own tmpfs, made by the host and bound in: a tmpfs mounted by the
     // runtime would take the 0555 mode of the sealed image's /tmp and be unwritable.
     let tmp_dir = run.run_dir.join(TMP_DIR);
     let mut host_mounts = vec![HostMount::Tmpfs {
         target: tmp_dir.clone(),
-        bytes: tmp.size_bytes,
+        bytes: stage.tmp.size_bytes,
         inodes: None,
         uid,
         gid,
     }];
     let staging_dir = run.run_dir.join(STAGING_DIR);
-    if let Some(Staging { size_bytes, inodes }) = staging {
-        host_mounts.push(HostMount::Tmpfs {
-            target: staging_dir.clone(),
-            bytes: *size_bytes,
-            inodes: Some(*inodes),
-            uid,
-            gid,
-        });
+    if let Some(bounds) = &stage.staging {
+        host_mounts.push(tmpfs(&staging_dir, bounds));
     }
     // The runtime cache: the lease's own bounded tmpfs, the run account's, executable (JIT
     // kernels are written and loaded there), gone at release.
     let cache_dir = run.run_dir.join(CACHE_DIR);
-    if let Some(Staging { size_bytes, inodes }) = cache {
-        host_mounts.push(HostMount::Tmpfs {
-            target: cache_dir.clone(),
-            bytes: *size_bytes,
-            inodes: Some(*inodes),
-            uid,
-            gid,
-        });
+    if let Some(bounds) = &stage.cache {
+        host_mounts.push(tmpfs(&cache_dir, bounds));
     }
-    let cache_mounted = binds_by_dest
-        .values()
-        .any(|m| m.source == MountSource::Cache);
-    if cache.is_some() && !cache_mounted {
+    let cache_mounted = stage.mount.values().any(|m| m.source == MountSource::Cache);
+    if stage.cache.is_some() && !cache_mounted {
         return Err(invalid("cache bounds without a cache mount"));
     }
-    let (root_path, root_readonly) = match root {
+    let (root, root_readonly) = match stage.root {
         RootMode::Empty => return Err(invalid("only the surface's root is empty")),
         RootMode::ReadOnly => (run.image_rootfs.clone(), true),
         RootMode::Overlay => {
@@ -888,14 +475,31 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
             (target, false)
         }
     };
+    Ok(Storage {
+        host_mounts,
+        tmp_dir,
+        staging_dir,
+        cache_dir,
+        root,
+        root_readonly,
+    })
+}
 
+/// The policy's binds with their host sources, checked; a store tree is then bound from the
+/// lease's own copy of it (a copy the lease makes: added to `storage`'s host mounts).
+fn binds(
+    kind: StageKind,
+    stage: &Stage,
+    run: &RunInputs,
+    storage: &mut Storage,
+) -> Result<Vec<Bind>, PlanError> {
     let mut binds = Vec::new();
     let mut roles = Vec::new();
-    for (dest, PolicyMount { source, mode }) in binds_by_dest {
+    for (dest, PolicyMount { source, mode }) in &stage.mount {
         let host = match source {
-            MountSource::Staging if staging.is_some() => staging_dir.clone(),
+            MountSource::Staging if stage.staging.is_some() => storage.staging_dir.clone(),
             MountSource::Staging => return Err(invalid("a staging mount without staging bounds")),
-            MountSource::Cache if cache.is_some() => cache_dir.clone(),
+            MountSource::Cache if stage.cache.is_some() => storage.cache_dir.clone(),
             MountSource::Cache => return Err(invalid("a cache mount without cache bounds")),
             MountSource::Tree
             | MountSource::Publication
@@ -922,113 +526,39 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
         });
         roles.push(*source);
     }
-    // The sources the policy names are checked; a store tree is then bound from the lease's
-    // own copy of it.
     check_mounts(&binds, run)?;
     for (b, role) in binds.iter_mut().zip(&roles) {
         if let Some(name) = copy_dir(*role) {
             let target = run.run_dir.join(name);
-            host_mounts.push(HostMount::Copy {
+            storage.host_mounts.push(HostMount::Copy {
                 target: target.clone(),
                 source: std::mem::replace(&mut b.source, target),
             });
         }
     }
+    Ok(binds)
+}
 
-    let caps: HashSet<Capability> = capability
-        .keys()
-        .map(|c| Capability::from_str(c).map_err(invalid))
-        .collect::<Result<_, _>>()?;
-    let capabilities = LinuxCapabilitiesBuilder::default()
-        .bounding(caps.clone())
-        .effective(caps.clone())
-        .inheritable(HashSet::new())
-        .permitted(caps)
-        .ambient(HashSet::new())
-        .build()
-        .map_err(invalid)?;
-    let rlimit = |typ, n: u64| {
-        PosixRlimitBuilder::default()
-            .typ(typ)
-            .hard(n)
-            .soft(n)
-            .build()
-            .map_err(invalid)
-    };
-    let process = ProcessBuilder::default()
-        .terminal(false)
-        .user(
-            UserBuilder::default()
-                .uid(uid)
-                .gid(gid)
-                .additional_gids(Vec::<u32>::new())
-                .build()
-                .map_err(invalid)?,
-        )
-        .args(run.argv.clone())
-        .env(
-            env.iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>(),
-        )
-        .cwd("/")
-        .capabilities(capabilities)
-        .rlimits(vec![
-            rlimit(PosixRlimitType::RlimitNofile, *nofile)?,
-            rlimit(PosixRlimitType::RlimitCore, *core_bytes)?,
-        ])
-        .no_new_privileges(*no_new_privileges)
-        .build()
-        .map_err(invalid)?;
-
+/// The container's mount table: the base, `/dev/shm`, the lease's `/tmp`, `/sys` when asked
+/// for, then the binds.
+fn mounts(stage: &Stage, tmp_dir: &Path, binds: &[Bind]) -> Result<Vec<Mount>, PlanError> {
     // noexec stops execve of a file on /tmp; it does not stop memfd_create + execveat, nor an
     // interpreter reading a script from /tmp, and the staging area stays executable.
     let Tmp {
         size_bytes: _,
         exec,
-    } = tmp;
+    } = stage.tmp;
     let mut tmp_opts = vec!["rbind", "rw", "rprivate", "nosuid", "nodev"];
     if !exec {
         tmp_opts.push("noexec");
     }
-    let mut mounts = vec![
-        mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"])?,
-        mount(
-            "/dev",
-            "tmpfs",
-            "tmpfs",
-            &["nosuid", "noexec", "strictatime", "mode=755", "size=65536k"],
-        )?,
-    ];
-    let mut namespaces = vec![
-        LinuxNamespaceType::Pid,
-        LinuxNamespaceType::Uts,
-        LinuxNamespaceType::Mount,
-        LinuxNamespaceType::Cgroup,
-        // Both IPC settings are a new IPC namespace; they differ in /dev/shm.
-        LinuxNamespaceType::Ipc,
-    ];
-    match (ipc, shm_bytes) {
-        // Docker's --ipc=none: a private namespace and no /dev/shm to share anything through.
-        (Ipc::None, None) => {}
-        (Ipc::Private, Some(bytes)) => {
-            let shm_size = format!("size={bytes}");
-            mounts.push(mount(
-                "/dev/shm",
-                "tmpfs",
-                "shm",
-                &["nosuid", "noexec", "nodev", "mode=1777", shm_size.as_str()],
-            )?);
-        }
-        (Ipc::None, Some(_)) | (Ipc::Private, None) => {
-            return Err(invalid("shm is sized exactly when ipc is private"));
-        }
-    }
+    let mut mounts = oci::base_mounts()?;
+    mounts.extend(oci::shm(stage.ipc, stage.shm_bytes)?);
     let tmp_source = tmp_dir
         .to_str()
         .ok_or_else(|| invalid("the run directory is not UTF-8"))?;
     mounts.push(mount("/tmp", "bind", tmp_source, &tmp_opts)?);
-    match sys {
+    match stage.sys {
         Sys::None => {}
         Sys::ReadOnly => mounts.push(mount(
             "/sys",
@@ -1037,7 +567,7 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
             &["nosuid", "noexec", "nodev", "ro"],
         )?),
     }
-    for b in &binds {
+    for b in binds {
         let mode = if b.writable { "rw" } else { "ro" };
         let mut options = vec!["rbind", mode, "rprivate", "nosuid", "nodev"];
         if !b.executable {
@@ -1053,36 +583,26 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
                 .map_err(invalid)?,
         );
     }
-    match network {
-        Network::None => namespaces.push(LinuxNamespaceType::Network),
-        Network::Egress => {
-            return Err(PlanError::Unimplemented {
-                kind,
-                what: "network \"egress\" outside the surface",
-            });
-        }
-    }
-    let namespaces = namespaces
-        .into_iter()
-        .map(|t| {
-            LinuxNamespaceBuilder::default()
-                .typ(t)
-                .build()
-                .map_err(invalid)
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    Ok(mounts)
+}
 
-    // Devices: deny everything, then allow exactly the GPU nodes the policy names (runc adds
-    // its default pseudo-devices — null, zero, full, random, urandom, tty — after these rules).
+/// Devices: deny everything, then allow exactly the GPU nodes the policy names (runc adds
+/// its default pseudo-devices — null, zero, full, random, urandom, tty — after these rules).
+fn devices(
+    kind: StageKind,
+    stage: &Stage,
+    run: &RunInputs,
+    gid: u32,
+) -> Result<(Vec<LinuxDevice>, Vec<LinuxDeviceCgroup>), PlanError> {
     let mut devices = Vec::new();
-    let mut device_rules = vec![
+    let mut rules = vec![
         LinuxDeviceCgroupBuilder::default()
             .allow(false)
             .access("rwm")
             .build()
             .map_err(invalid)?,
     ];
-    for path in gpu_device.keys() {
+    for path in stage.gpu_device.keys() {
         let node = run.devices.get(path).ok_or_else(|| PlanError::NoDevice {
             kind,
             path: path.clone(),
@@ -1106,7 +626,7 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
                 .build()
                 .map_err(invalid)?,
         );
-        device_rules.push(
+        rules.push(
             LinuxDeviceCgroupBuilder::default()
                 .allow(true)
                 .typ(typ)
@@ -1117,18 +637,29 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
                 .map_err(invalid)?,
         );
     }
+    Ok((devices, rules))
+}
 
-    let memory = i64::try_from(*memory_bytes).map_err(invalid)?;
+/// The cgroup resources: memory (swap included) and pids as limited, the CPU quota and set,
+/// the device rules.
+fn resources(
+    stage: &Stage,
+    run: &RunInputs,
+    memory_bytes: u64,
+    pids: u64,
+    device_rules: Vec<LinuxDeviceCgroup>,
+) -> Result<LinuxResources, PlanError> {
+    let memory = i64::try_from(memory_bytes).map_err(invalid)?;
     let mut cpu = LinuxCpuBuilder::default();
-    if let Some(m) = cpus_milli {
+    if let Some(m) = stage.cpus_milli {
         cpu = cpu
             .period(100_000u64)
             .quota(i64::try_from(m * 100).map_err(invalid)?);
     }
-    if let Some(set) = run.cpuset.as_ref().or(cpuset.as_ref()) {
+    if let Some(set) = run.cpuset.as_ref().or(stage.cpuset.as_ref()) {
         cpu = cpu.cpus(set.clone());
     }
-    let resources = LinuxResourcesBuilder::default()
+    LinuxResourcesBuilder::default()
         .memory(
             LinuxMemoryBuilder::default()
                 .limit(memory)
@@ -1139,15 +670,133 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
         .cpu(cpu.build().map_err(invalid)?)
         .pids(
             LinuxPidsBuilder::default()
-                .limit(i64::try_from(*pids).map_err(invalid)?)
+                .limit(i64::try_from(pids).map_err(invalid)?)
                 .build()
                 .map_err(invalid)?,
         )
         .devices(device_rules)
         .build()
-        .map_err(invalid)?;
+        .map_err(invalid)
+}
+
+/// The namespaces: all new, the network one included (the only network a per-run stage has).
+fn namespaces(kind: StageKind, network: Network) -> Result<Vec<LinuxNamespace>, PlanError> {
+    let mut namespaces = vec![
+        LinuxNamespaceType::Pid,
+        LinuxNamespaceType::Uts,
+        LinuxNamespaceType::Mount,
+        LinuxNamespaceType::Cgroup,
+        // Both IPC settings are a new IPC namespace; they differ in /dev/shm.
+        LinuxNamespaceType::Ipc,
+    ];
+    match network {
+        Network::None => namespaces.push(LinuxNamespaceType::Network),
+        Network::Egress => {
+            return Err(PlanError::Unimplemented {
+                kind,
+                what: "network \"egress\" outside the surface",
+            });
+        }
+    }
+    oci::namespaces(namespaces)
+}
+
+/// Plan stage `kind` of `policy` for one run.
+///
+/// # Errors
+/// The stage is missing or not implemented, a value has no source or device on this host, or
+/// the mounts are not disjoint or would expose a protected path.
+pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned, PlanError> {
+    let stage = policy.stage(kind).ok_or(PlanError::NoStage { kind })?;
+    match kind {
+        StageKind::Prebuild | StageKind::Lane | StageKind::Reference => {}
+        // The surface runs as its service user behind a user namespace, not in a per-run
+        // lease: `surface::plan` plans it.
+        StageKind::Surface => {
+            return Err(PlanError::Unimplemented {
+                kind,
+                what: "the surface stage in a per-run lease (cordon-surface plans it)",
+            });
+        }
+    }
+    // Every field, by name: a field added to the language does not compile here until it is
+    // planned (here or in the helpers above, which read it from `stage`), carried into the
+    // session settings, or refused.
+    let Stage {
+        image: _,
+        network,
+        root: _,
+        ipc: _,
+        capability,
+        no_new_privileges,
+        seccomp: seccomp_name,
+        user,
+        cpus_milli: _,
+        cpuset: _,
+        memory_bytes,
+        pids,
+        nofile,
+        core_bytes,
+        shm_bytes: _,
+        tmp: _,
+        staging,
+        cache: _,
+        deadline_ms,
+        phase_deadline_ms,
+        gpu_device,
+        env,
+        mount: _,
+        output,
+        publication,
+        frame,
+        surface,
+        sys: _,
+    } = stage;
+    if surface.is_some() {
+        return Err(PlanError::Unimplemented {
+            kind,
+            what: "a surface block",
+        });
+    }
+    // The language requires these of every candidate stage; a policy value without them is
+    // refused, never run unlimited.
+    let (image, pin) = image_of(policy, kind)?;
+    let (Some(memory_bytes), Some(pids)) = (memory_bytes, pids) else {
+        return Err(invalid("a candidate stage without a memory or pids limit"));
+    };
+    let profile = policy
+        .seccomp_profile(seccomp_name)
+        .ok_or_else(|| PlanError::NoSeccomp {
+            kind,
+            name: seccomp_name.clone(),
+        })?;
+    let (uid, gid) = match user {
+        User::PerRun => (run.uid, run.gid),
+        User::Service => return Err(invalid("only the surface runs as its service user")),
+    };
+    if uid == 0 || gid == 0 {
+        return Err(invalid("the per-run account has id 0"));
+    }
+    let mut storage = storage(stage, run, uid, gid)?;
+    let binds = binds(kind, stage, run, &mut storage)?;
+    let process = oci::process(oci::ProcessPlan {
+        uid,
+        gid,
+        argv: &run.argv,
+        env: env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        cwd: "/",
+        capabilities: capability
+            .keys()
+            .map(|c| Capability::from_str(c).map_err(invalid))
+            .collect::<Result<_, _>>()?,
+        nofile: *nofile,
+        core_bytes: *core_bytes,
+        no_new_privileges: *no_new_privileges,
+    })?;
+    let mounts = mounts(stage, &storage.tmp_dir, &binds)?;
+    let (devices, device_rules) = devices(kind, stage, run, gid)?;
     let linux = LinuxBuilder::default()
-        .namespaces(namespaces)
+        .namespaces(namespaces(kind, *network)?)
         .devices(devices)
         .masked_paths(
             MASKED_PATHS
@@ -1160,13 +809,8 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
                 .map(|s| (*s).to_owned())
                 .collect::<Vec<_>>(),
         )
-        .readonly_paths(
-            READONLY_PATHS
-                .iter()
-                .map(|s| (*s).to_owned())
-                .collect::<Vec<_>>(),
-        )
-        .resources(resources)
+        .readonly_paths(oci::readonly_paths())
+        .resources(resources(stage, run, *memory_bytes, *pids, device_rules)?)
         .seccomp(seccomp(profile)?)
         .cgroups_path(PathBuf::from(cordon::lease::cgroup_path(
             &run.executor,
@@ -1183,27 +827,19 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
     ]
     .into_iter()
     .collect();
-    let spec = SpecBuilder::default()
-        .version("1.0.2")
-        .root(
-            RootBuilder::default()
-                .path(&root_path)
-                .readonly(root_readonly)
-                .build()
-                .map_err(invalid)?,
-        )
-        .hostname("cordon")
-        .process(process)
-        .mounts(mounts)
-        .linux(linux)
-        .annotations(annotations)
-        .build()
-        .map_err(invalid)?;
+    let spec = oci::spec(
+        &storage.root,
+        storage.root_readonly,
+        process,
+        mounts,
+        linux,
+        annotations,
+    )?;
     Ok(Planned {
         launch: launch_identity(&spec, run)?,
         spec,
-        host_mounts,
-        staging_dir: staging.as_ref().map(|_| staging_dir.clone()),
+        host_mounts: storage.host_mounts,
+        staging_dir: staging.as_ref().map(|_| storage.staging_dir.clone()),
         session: SessionSettings {
             image: (image.to_owned(), pin),
             deadline_ms: *deadline_ms,

@@ -10,6 +10,7 @@
 //!   rules, the lease manager's setup), in one place;
 //! - [`bundle`]: planning a typed policy stage into an OCI bundle, host mounts and session
 //!   settings (pure, exhaustive);
+//! - [`oci`]: the OCI spec pieces the bundle and surface planners share;
 //! - [`session`]: one container of one stage under one lease, from validation to the absence
 //!   proof — the sequence every container stage runs instead of copying it;
 //! - [`parser`]: a stage's confined parser child under its own lease (fetch, materialize);
@@ -21,7 +22,9 @@
 
 pub mod args;
 pub mod bundle;
+pub mod oci;
 pub mod parser;
+mod plan_error;
 pub mod receipt_io;
 pub mod session;
 pub mod settings;

@@ -27,16 +27,13 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use cordon_policy_lang::{
-    Ipc, MountMode, MountSource, Network, Output, Policy, RootMode, Stage, StageKind, Surface, Sys,
-    Tmp, User,
+    MountMode, MountSource, Network, Output, Policy, RootMode, Stage, StageKind, Surface, Sys, Tmp,
+    User,
 };
-use oci_spec::runtime::{
-    LinuxBuilder, LinuxCapabilitiesBuilder, LinuxIdMappingBuilder, LinuxNamespaceBuilder,
-    LinuxNamespaceType, PosixRlimitBuilder, PosixRlimitType, ProcessBuilder, RootBuilder, Spec,
-    SpecBuilder, UserBuilder,
-};
+use oci_spec::runtime::{LinuxBuilder, LinuxIdMappingBuilder, LinuxNamespaceType, Spec};
 
-use crate::bundle::{MASKED_PATHS, MASKED_WITHOUT_GPU, PlanError, READONLY_PATHS, invalid, mount};
+use crate::bundle::{PlanError, invalid};
+use crate::oci::{self, MASKED_PATHS, MASKED_WITHOUT_GPU, mount};
 
 /// Which run of an agent this is (the evidence crate's, as its receipt records it).
 pub use cordon::inputs::Tier;
@@ -204,6 +201,113 @@ pub fn example_inputs(policy: &Policy) -> SurfaceInputs {
     }
 }
 
+/// The user namespace's one mapping: the container's id 0 is host id `host`, and nothing else
+/// is mapped.
+fn id_map(host: u32) -> Result<oci_spec::runtime::LinuxIdMapping, PlanError> {
+    LinuxIdMappingBuilder::default()
+        .container_id(0u32)
+        .host_id(host)
+        .size(1u32)
+        .build()
+        .map_err(invalid)
+}
+
+/// A control this host cannot apply for the surface (exit 3).
+fn unenforceable(what: &str) -> PlanError {
+    PlanError::Unenforceable {
+        kind: StageKind::Surface,
+        what: what.to_owned(),
+        mode: "a service user's rootless runtime",
+    }
+}
+
+/// What a service user's rootless runtime cannot apply, refused: devices, cgroup limits,
+/// capabilities.
+fn rootless_refusals(stage: &Stage) -> Result<(), PlanError> {
+    if !stage.gpu_device.is_empty() {
+        return Err(unenforceable("GPU devices"));
+    }
+    // Cgroup limits: the runtime would need a cgroup delegated to the service user.
+    for (set, what) in [
+        (stage.cpus_milli.is_some(), "a cpus quota"),
+        (stage.cpuset.is_some(), "a cpuset"),
+        (stage.memory_bytes.is_some(), "a memory limit"),
+        (stage.pids.is_some(), "a pids limit"),
+    ] {
+        if set {
+            return Err(unenforceable(what));
+        }
+    }
+    // A capability in the user namespace would be root's power over everything the namespace
+    // owns (its mounts, its network): the surface grants none.
+    if !stage.capability.is_empty() {
+        return Err(unenforceable("capabilities"));
+    }
+    Ok(())
+}
+
+/// The container's mount table: the base, a private `/tmp`, `/dev/shm`, the read set, the
+/// workspace, and for a command its own home and temp.
+fn mounts(
+    stage: &Stage,
+    surface: &Surface,
+    run: &SurfaceInputs,
+    dest: &str,
+) -> Result<Vec<oci_spec::runtime::Mount>, PlanError> {
+    let Tmp { size_bytes, exec } = &stage.tmp;
+    let tmp_size = format!("size={size_bytes}");
+    let mut tmp_opts = vec!["nosuid", "nodev", "mode=1777", tmp_size.as_str()];
+    if !exec {
+        tmp_opts.push("noexec");
+    }
+    let mut mounts = oci::base_mounts()?;
+    // A tmpfs the runtime mounts inside the container's own mount namespace: writes to /tmp
+    // never reach the host, and it is gone with the container.
+    mounts.push(mount("/tmp", "tmpfs", "tmpfs", &tmp_opts)?);
+    mounts.extend(oci::shm(stage.ipc, stage.shm_bytes)?);
+    match stage.sys {
+        Sys::None => {}
+        Sys::ReadOnly => return Err(unenforceable("/sys")),
+    }
+    // The read set: plain binds (not recursive), read-only, no setuid, no devices.
+    for path in surface.read.keys() {
+        mounts.push(mount(
+            path,
+            "bind",
+            path,
+            &["bind", "ro", "rprivate", "nosuid", "nodev"],
+        )?);
+    }
+    let ws = run
+        .workspace
+        .to_str()
+        .ok_or_else(|| invalid("the workspace path is not UTF-8"))?;
+    // The one writable host path. Not recursive: a mount beneath the workspace on the host does
+    // not cross.
+    mounts.push(mount(
+        dest,
+        "bind",
+        ws,
+        &["bind", "rw", "rprivate", "nosuid", "nodev"],
+    )?);
+    // A command gets home and temp of its own, disposable: it can neither plant configuration
+    // the agent (which holds the provider variables) would run, nor reach the agent's sockets.
+    match run.tier {
+        Tier::Agent => {}
+        Tier::Command => {
+            for rel in [&surface.home, &surface.temp] {
+                mounts.push(mount(
+                    &format!("{dest}/{rel}"),
+                    "tmpfs",
+                    "tmpfs",
+                    &tmp_opts,
+                )?);
+            }
+        }
+    }
+    Ok(mounts)
+}
+
 /// Plan one surface run of `policy`.
 ///
 /// # Errors
@@ -213,41 +317,37 @@ pub fn example_inputs(policy: &Policy) -> SurfaceInputs {
 pub fn plan(policy: &Policy, run: &SurfaceInputs) -> Result<SurfacePlan, PlanError> {
     let kind = StageKind::Surface;
     let (stage, surface) = surface_of(policy)?;
-    let mode = "a service user's rootless runtime";
-    let unenforceable = |what: &str| PlanError::Unenforceable {
-        kind,
-        what: what.to_owned(),
-        mode,
-    };
+    // Every field, by name (those read through `stage` by the helpers above as `_`): a field
+    // added to the language does not compile here until it is planned or refused.
     let Stage {
         image,
         network,
         root,
-        ipc,
-        capability,
+        ipc: _,
+        capability: _,
         no_new_privileges,
         seccomp: seccomp_name,
         user,
-        cpus_milli,
-        cpuset,
-        memory_bytes,
-        pids,
+        cpus_milli: _,
+        cpuset: _,
+        memory_bytes: _,
+        pids: _,
         nofile,
         core_bytes,
-        shm_bytes,
-        tmp,
+        shm_bytes: _,
+        tmp: _,
         staging,
         cache,
         deadline_ms,
         phase_deadline_ms,
-        gpu_device,
+        gpu_device: _,
         env,
         mount: binds,
         output,
         publication,
         frame,
         surface: _,
-        sys,
+        sys: _,
     } = stage;
     match user {
         User::Service => {}
@@ -275,25 +375,7 @@ pub fn plan(policy: &Policy, run: &SurfaceInputs) -> Result<SurfacePlan, PlanErr
             what: "framing or phase deadlines in the surface",
         });
     }
-    if !gpu_device.is_empty() {
-        return Err(unenforceable("GPU devices"));
-    }
-    // Cgroup limits: the runtime would need a cgroup delegated to the service user.
-    for (set, what) in [
-        (cpus_milli.is_some(), "a cpus quota"),
-        (cpuset.is_some(), "a cpuset"),
-        (memory_bytes.is_some(), "a memory limit"),
-        (pids.is_some(), "a pids limit"),
-    ] {
-        if set {
-            return Err(unenforceable(what));
-        }
-    }
-    // A capability in the user namespace would be root's power over everything the namespace
-    // owns (its mounts, its network): the surface grants none.
-    if !capability.is_empty() {
-        return Err(unenforceable("capabilities"));
-    }
+    rootless_refusals(stage)?;
     if !no_new_privileges {
         return Err(invalid("no_new_privileges cannot be off"));
     }
@@ -326,133 +408,22 @@ pub fn plan(policy: &Policy, run: &SurfaceInputs) -> Result<SurfacePlan, PlanErr
     let env = environment(env, surface, run.tier, &run.invoker_env, &dest)?;
     let env_names: Vec<String> = env.keys().cloned().collect();
 
-    let rlimit = |typ, n: u64| {
-        PosixRlimitBuilder::default()
-            .typ(typ)
-            .hard(n)
-            .soft(n)
-            .build()
-            .map_err(invalid)
-    };
-    let none = HashSet::new();
-    let capabilities = LinuxCapabilitiesBuilder::default()
-        .bounding(none.clone())
-        .effective(none.clone())
-        .inheritable(none.clone())
-        .permitted(none.clone())
-        .ambient(none)
-        .build()
-        .map_err(invalid)?;
-    let process = ProcessBuilder::default()
-        .terminal(false)
-        // The container's root is the service user (the only id mapped), with no capability.
-        .user(
-            UserBuilder::default()
-                .uid(0u32)
-                .gid(0u32)
-                .additional_gids(Vec::<u32>::new())
-                .build()
-                .map_err(invalid)?,
-        )
-        .args(run.argv.clone())
-        .env(
-            env.iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>(),
-        )
-        .cwd(&dest)
-        .capabilities(capabilities)
-        .rlimits(vec![
-            rlimit(PosixRlimitType::RlimitNofile, *nofile)?,
-            rlimit(PosixRlimitType::RlimitCore, *core_bytes)?,
-        ])
-        .no_new_privileges(true)
-        .build()
-        .map_err(invalid)?;
+    // The container's root is the service user (the only id mapped), with no capability.
+    let process = oci::process(oci::ProcessPlan {
+        uid: 0,
+        gid: 0,
+        argv: &run.argv,
+        env: env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        cwd: &dest,
+        capabilities: HashSet::new(),
+        nofile: *nofile,
+        core_bytes: *core_bytes,
+        no_new_privileges: true,
+    })?;
 
-    let Tmp { size_bytes, exec } = tmp;
-    let tmp_size = format!("size={size_bytes}");
-    let mut tmp_opts = vec!["nosuid", "nodev", "mode=1777", tmp_size.as_str()];
-    if !exec {
-        tmp_opts.push("noexec");
-    }
-    let mut mounts = vec![
-        mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"])?,
-        mount(
-            "/dev",
-            "tmpfs",
-            "tmpfs",
-            &["nosuid", "noexec", "strictatime", "mode=755", "size=65536k"],
-        )?,
-        // A tmpfs the runtime mounts inside the container's own mount namespace: writes to
-        // /tmp never reach the host, and it is gone with the container.
-        mount("/tmp", "tmpfs", "tmpfs", &tmp_opts)?,
-    ];
-    match (ipc, shm_bytes) {
-        (Ipc::None, None) => {}
-        (Ipc::Private, Some(bytes)) => {
-            let shm_size = format!("size={bytes}");
-            mounts.push(mount(
-                "/dev/shm",
-                "tmpfs",
-                "shm",
-                &["nosuid", "noexec", "nodev", "mode=1777", shm_size.as_str()],
-            )?);
-        }
-        (Ipc::None, Some(_)) | (Ipc::Private, None) => {
-            return Err(invalid("shm is sized exactly when ipc is private"));
-        }
-    }
-    match sys {
-        Sys::None => {}
-        Sys::ReadOnly => return Err(unenforceable("/sys")),
-    }
-    // The read set: plain binds (not recursive), read-only, no setuid, no devices.
-    for path in surface.read.keys() {
-        mounts.push(mount(
-            path,
-            "bind",
-            path,
-            &["bind", "ro", "rprivate", "nosuid", "nodev"],
-        )?);
-    }
-    let ws = run
-        .workspace
-        .to_str()
-        .ok_or_else(|| invalid("the workspace path is not UTF-8"))?;
-    // The one writable host path. Not recursive: a mount beneath the workspace on the host does
-    // not cross.
-    mounts.push(mount(
-        &dest,
-        "bind",
-        ws,
-        &["bind", "rw", "rprivate", "nosuid", "nodev"],
-    )?);
-    // A command gets home and temp of its own, disposable: it can neither plant configuration
-    // the agent (which holds the provider variables) would run, nor reach the agent's sockets.
-    match run.tier {
-        Tier::Agent => {}
-        Tier::Command => {
-            for rel in [&surface.home, &surface.temp] {
-                mounts.push(mount(
-                    &format!("{dest}/{rel}"),
-                    "tmpfs",
-                    "tmpfs",
-                    &tmp_opts,
-                )?);
-            }
-        }
-    }
+    let mounts = mounts(stage, surface, run, &dest)?;
 
-    let map = |host: u32| {
-        LinuxIdMappingBuilder::default()
-            .container_id(0u32)
-            .host_id(host)
-            .size(1u32)
-            .build()
-            .map_err(invalid)
-    };
-    let namespaces = [
+    let namespaces = oci::namespaces([
         LinuxNamespaceType::User,
         LinuxNamespaceType::Pid,
         LinuxNamespaceType::Ipc,
@@ -460,15 +431,7 @@ pub fn plan(policy: &Policy, run: &SurfaceInputs) -> Result<SurfacePlan, PlanErr
         LinuxNamespaceType::Mount,
         LinuxNamespaceType::Cgroup,
         LinuxNamespaceType::Network,
-    ]
-    .into_iter()
-    .map(|t| {
-        LinuxNamespaceBuilder::default()
-            .typ(t)
-            .build()
-            .map_err(invalid)
-    })
-    .collect::<Result<Vec<_>, _>>()?;
+    ])?;
     // Denied files: the runtime binds /dev/null over a file and an empty read-only tmpfs over a
     // directory, wherever the read set would have exposed it.
     let masked: Vec<String> = MASKED_PATHS
@@ -478,17 +441,12 @@ pub fn plan(policy: &Policy, run: &SurfaceInputs) -> Result<SurfacePlan, PlanErr
         .chain(surface.deny_file.iter().cloned())
         .collect();
     let mut linux = LinuxBuilder::default()
-        .uid_mappings(vec![map(run.uid)?])
-        .gid_mappings(vec![map(run.gid)?])
+        .uid_mappings(vec![id_map(run.uid)?])
+        .gid_mappings(vec![id_map(run.gid)?])
         .namespaces(namespaces)
         .masked_paths(masked)
-        .readonly_paths(
-            READONLY_PATHS
-                .iter()
-                .map(|s| (*s).to_owned())
-                .collect::<Vec<_>>(),
-        )
-        .seccomp(crate::bundle::seccomp(profile)?)
+        .readonly_paths(oci::readonly_paths())
+        .seccomp(oci::seccomp(profile)?)
         .rootfs_propagation("private")
         .build()
         .map_err(invalid)?;
@@ -504,22 +462,7 @@ pub fn plan(policy: &Policy, run: &SurfaceInputs) -> Result<SurfacePlan, PlanErr
     ]
     .into_iter()
     .collect();
-    let spec = SpecBuilder::default()
-        .version("1.0.2")
-        .root(
-            RootBuilder::default()
-                .path(&run.root)
-                .readonly(true)
-                .build()
-                .map_err(invalid)?,
-        )
-        .hostname("cordon")
-        .process(process)
-        .mounts(mounts)
-        .linux(linux)
-        .annotations(annotations)
-        .build()
-        .map_err(invalid)?;
+    let spec = oci::spec(&run.root, true, process, mounts, linux, annotations)?;
     Ok(SurfacePlan {
         spec,
         env_names,
