@@ -246,56 +246,67 @@ fn under(path: &str, dir: &str) -> bool {
     path.len() > dir.len() && path.starts_with(dir) && path.as_bytes()[dir.len()] == b'/'
 }
 
-/// Materialize the delta of `intake` over the incumbent tree `incumbent`.
-///
-/// # Errors
-/// [`MaterializeError::Rejected`] with every finding; the other variants for infrastructure.
-pub fn materialize(
+/// The incumbent's registered targets, from the manifest it carries (written by the operator
+/// at registration, so a problem here is a corrupt tree, not a finding).
+fn registered_targets(
     store: &Store,
+    base: &TreeRecord,
     incumbent: &Digest,
-    intake: &IntakeRecord,
-    rules: &TreeRules,
-    registered_steps: &BTreeSet<String>,
-    analyze: &dyn Fn(&analysis::Request) -> Result<analysis::Answer, MaterializeError>,
-) -> Result<Materialized, MaterializeError> {
-    let base = tree::load(store, incumbent)?;
-    let reject = |f: Finding| MaterializeError::Rejected(vec![f], Vec::new());
-    let incumbent_manifest = base
+) -> Result<manifest::Incumbent, MaterializeError> {
+    let corrupt = |why: String| TreeError::Corrupt {
+        digest: *incumbent,
+        why,
+    };
+    let entry = base
         .entries
         .iter()
         .find(|e| e.path == INCUMBENT_MANIFEST)
-        .ok_or_else(|| TreeError::Corrupt {
-            digest: *incumbent,
-            why: format!("it has no {INCUMBENT_MANIFEST}"),
-        })?;
-    let text = store.read_object(&incumbent_manifest.sha256, incumbent_manifest.executable())?;
-    let registered = String::from_utf8(text)
+        .ok_or_else(|| corrupt(format!("it has no {INCUMBENT_MANIFEST}")))?;
+    let text = store.read_object(&entry.sha256, entry.executable())?;
+    String::from_utf8(text)
         .ok()
         .and_then(|t| manifest::incumbent(&t).ok())
-        .ok_or_else(|| TreeError::Corrupt {
-            digest: *incumbent,
-            why: format!("its {INCUMBENT_MANIFEST} does not parse"),
-        })?;
+        .ok_or_else(|| corrupt(format!("its {INCUMBENT_MANIFEST} does not parse")).into())
+}
 
-    // The delta's manifest: candidate-written, so every problem is a rejection.
-    let Some(delta_file) = intake.files.iter().find(|f| f.path == DELTA_MANIFEST) else {
+/// The delta's manifest text: candidate-written, so every problem is a rejection.
+fn delta_manifest(store: &Store, intake: &IntakeRecord) -> Result<String, MaterializeError> {
+    let Some(file) = intake.files.iter().find(|f| f.path == DELTA_MANIFEST) else {
         return Err(reject(Finding::file(
             "tree.manifest",
             DELTA_MANIFEST,
             "the delta carries no manifest",
         )));
     };
-    let delta_text =
-        String::from_utf8(store.read_object(&delta_file.sha256, delta_file.executable)?)
-            .map_err(|_| reject(Finding::file("tree.manifest", DELTA_MANIFEST, "not UTF-8")))?;
-    // Every candidate-written file a parser reads — the manifest and the Python sources — is
-    // analysed by `analyze` (a confined child in production), and its answer checked here.
+    String::from_utf8(store.read_object(&file.sha256, file.executable)?)
+        .map_err(|_| reject(Finding::file("tree.manifest", DELTA_MANIFEST, "not UTF-8")))
+}
+
+fn reject(f: Finding) -> MaterializeError {
+    MaterializeError::Rejected(vec![f], Vec::new())
+}
+
+/// The candidate's sources a rejection's findings point into, by path.
+type Sources = Vec<(String, Arc<String>)>;
+
+/// path → its text, for every UTF-8 `.py` file of the delta; `None` for one that is not UTF-8.
+type PythonTexts<'a> = BTreeMap<&'a str, Option<String>>;
+
+/// What the analysis child is asked: the manifest and every UTF-8 Python source, with the
+/// rules they are checked against.
+fn analysis_request(
+    intake: &IntakeRecord,
+    rules: &TreeRules,
+    registered: &manifest::Incumbent,
+    manifest: &str,
+    python_texts: &PythonTexts<'_>,
+) -> analysis::Request {
     let local_cutlass = intake.files.iter().any(|f| {
         f.path
             .split('/')
             .any(|c| c == "cutlass" || c == "cutlass.py")
     });
-    let py_rules = PyRules {
+    let rules = PyRules {
         ban_call: rules.ban_call.clone(),
         ban_import: rules.ban_import.clone(),
         ban_attribute_call: rules.ban_attribute_call.clone(),
@@ -307,22 +318,15 @@ pub fn materialize(
             .collect(),
         local_cutlass,
     };
-    let ns = namespace(&intake.content_digest);
-    // path → its text, for every UTF-8 `.py` file of the delta; `None` for one that is not UTF-8.
-    let mut python_texts: BTreeMap<&str, Option<String>> = BTreeMap::new();
-    for f in intake.files.iter().filter(|f| f.path.ends_with(".py")) {
-        let bytes = store.read_object(&f.sha256, f.executable)?;
-        python_texts.insert(&f.path, String::from_utf8(bytes).ok());
-    }
-    let request = analysis::Request {
-        manifest: delta_text.clone(),
+    analysis::Request {
+        manifest: manifest.to_owned(),
         python_targets: registered
             .targets
             .iter()
             .map(|(name, t)| (name.clone(), t.python.is_some()))
             .collect(),
-        namespace: ns.clone(),
-        rules: py_rules,
+        namespace: namespace(&intake.content_digest),
+        rules,
         files: python_texts
             .iter()
             .filter_map(|(path, text)| {
@@ -332,41 +336,42 @@ pub fn materialize(
                 })
             })
             .collect(),
-    };
-    let answer = analyze(&request)?;
-    let accepted = analysis::accept(&request, answer).map_err(|why| reject(parser_finding(why)))?;
-    let delta = accepted.manifest.map_err(|problems| {
-        // Each problem is a finding located on the candidate's own manifest.
-        let findings = problems
-            .into_iter()
-            .map(|p| {
-                let (at, label) = p
-                    .label
-                    .map_or((None, String::new()), |(label, start, end)| {
-                        (Some(Position::of(&delta_text, start, end)), label)
-                    });
-                Finding {
-                    code: "tree.manifest",
-                    path: DELTA_MANIFEST.to_owned(),
-                    at,
-                    label,
-                    message: format!("{} (cordon::manifest::{})", p.message, p.code),
-                }
-            })
-            .collect();
-        MaterializeError::Rejected(
-            findings,
-            vec![(DELTA_MANIFEST.to_owned(), Arc::new(delta_text.clone()))],
-        )
-    })?;
-    let mut analysed: BTreeMap<&str, (Vec<python::Finding>, Option<String>)> = request
-        .files
-        .iter()
-        .map(|s| s.path.as_str())
-        .zip(accepted.files)
+    }
+}
+
+/// The rejection for a delta manifest that does not decode: each problem a finding located on
+/// the candidate's own manifest.
+fn manifest_rejection(problems: Vec<analysis::Problem>, text: &str) -> MaterializeError {
+    let findings = problems
+        .into_iter()
+        .map(|p| {
+            let (at, label) = p
+                .label
+                .map_or((None, String::new()), |(label, start, end)| {
+                    (Some(Position::of(text, start, end)), label)
+                });
+            Finding {
+                code: "tree.manifest",
+                path: DELTA_MANIFEST.to_owned(),
+                at,
+                label,
+                message: format!("{} (cordon::manifest::{})", p.message, p.code),
+            }
+        })
         .collect();
-    let Some(target) = registered.targets.get(&delta.target) else {
-        return Err(reject(Finding::file(
+    MaterializeError::Rejected(
+        findings,
+        vec![(DELTA_MANIFEST.to_owned(), Arc::new(text.to_owned()))],
+    )
+}
+
+/// The registered target the delta names, else the rejection.
+fn target_of<'a>(
+    registered: &'a manifest::Incumbent,
+    delta: &manifest::Delta,
+) -> Result<&'a Target, MaterializeError> {
+    registered.targets.get(&delta.target).ok_or_else(|| {
+        reject(Finding::file(
             "tree.unknown-target",
             DELTA_MANIFEST,
             format!(
@@ -379,9 +384,18 @@ pub fn materialize(
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
-        )));
-    };
-    let mut findings = Vec::new();
+        ))
+    })
+}
+
+/// The manifest's step must be registered and its package must fit the target (the rename
+/// itself is `analysis::rename_for`'s).
+fn check_manifest_fit(
+    target: &Target,
+    delta: &manifest::Delta,
+    registered_steps: &BTreeSet<String>,
+    findings: &mut Vec<Finding>,
+) {
     if let Some(step) = &delta.step
         && !registered_steps.contains(step)
     {
@@ -391,7 +405,6 @@ pub fn materialize(
             format!("step {step:?} is not a registered prebuild step of the policy"),
         ));
     }
-    // The manifest's package must fit the target; the rename itself is analysis::rename_for's.
     match (&target.python, &delta.package) {
         (Some(_), Some(p)) if !p.contains('.') => {}
         (Some(_), _) => findings.push(Finding::file(
@@ -412,6 +425,222 @@ pub fn materialize(
         )),
         (None, None) => {}
     }
+}
+
+/// One delta file's place in the new tree: its path, mode, digest, size, and its rewritten
+/// contents when the rename changed it.
+struct PlannedFile {
+    dest: String,
+    executable: bool,
+    sha256: Digest,
+    size: u64,
+    rewritten: Option<String>,
+}
+
+/// The delta's files checked and placed: every finding goes to `findings`, the sources they
+/// point into to the returned list.
+struct Placement<'a> {
+    store: &'a Store,
+    rules: &'a TreeRules,
+    target: &'a Target,
+    delta: &'a manifest::Delta,
+    namespace: &'a str,
+    python_texts: &'a PythonTexts<'a>,
+}
+
+impl Placement<'_> {
+    fn place(
+        &self,
+        files: &[&cordon::archive::Member],
+        mut analysed: BTreeMap<&str, (Vec<python::Finding>, Option<String>)>,
+        findings: &mut Vec<Finding>,
+    ) -> Result<(Vec<PlannedFile>, Sources), MaterializeError> {
+        let (target, ns) = (self.target, self.namespace);
+        let rename = analysis::rename_for(target.python.is_some(), self.delta);
+        let mut sources = Vec::new();
+        let mut planned = Vec::new();
+        for f in files {
+            if !under(&f.path, &target.path) {
+                findings.push(Finding::file(
+                    "tree.outside-target",
+                    &f.path,
+                    format!(
+                        "the delta may only change target {:?} ({}/)",
+                        target.name, target.path
+                    ),
+                ));
+                continue;
+            }
+            // A UTF-8 Python file was read for the analysis already; any other file is read
+            // here.
+            let read;
+            let bytes: &[u8] = match self.python_texts.get(f.path.as_str()) {
+                Some(Some(text)) => text.as_bytes(),
+                _ => {
+                    read = self.store.read_object(&f.sha256, f.executable)?;
+                    &read
+                }
+            };
+            guard::check_file(
+                &FileFacts {
+                    path: &f.path,
+                    executable: f.executable,
+                    size: f.size,
+                    head: &bytes[..bytes.len().min(16)],
+                },
+                self.delta,
+                self.rules,
+                findings,
+            );
+            let rel = &f.path[target.path.len() + 1..];
+            let dest = match (&target.python, rename.is_some()) {
+                (Some(_), true) => format!("{ns}/{rel}"),
+                _ => f.path.clone(),
+            };
+            let mut rewritten = None;
+            match self.python_texts.get(f.path.as_str()) {
+                Some(None) => findings.push(Finding::file(
+                    "python.encoding",
+                    &f.path,
+                    "the file is not UTF-8",
+                )),
+                Some(Some(text)) => {
+                    let (found, new_text) = analysed.remove(f.path.as_str()).unwrap_or_default();
+                    let source = Arc::new(text.clone());
+                    if !found.is_empty() {
+                        sources.push((f.path.clone(), source.clone()));
+                    }
+                    for pf in found {
+                        findings.push(Finding {
+                            code: pf.code,
+                            path: f.path.clone(),
+                            at: Some(Position::of(&source, pf.start, pf.end)),
+                            label: pf.label,
+                            message: pf.message,
+                        });
+                    }
+                    rewritten = new_text;
+                }
+                None => {}
+            }
+            planned.push(PlannedFile {
+                dest,
+                executable: self.delta.executables.contains(&f.path),
+                sha256: f.sha256,
+                size: f.size,
+                rewritten,
+            });
+        }
+        Ok((planned, sources))
+    }
+}
+
+/// Bounds over the resulting tree: its file count and total size.
+fn check_bounds(
+    kept: &[&Entry],
+    planned: &[PlannedFile],
+    rules: &TreeRules,
+    target: &Target,
+    findings: &mut Vec<Finding>,
+) {
+    let count = kept.len() + planned.len() + 1;
+    if count as u64 > rules.max_files {
+        findings.push(Finding::file(
+            "tree.too-many-files",
+            &target.path,
+            format!("the tree would hold more than {} files", rules.max_files),
+        ));
+    }
+    let total: u64 =
+        kept.iter().map(|e| e.size).sum::<u64>() + planned.iter().map(|p| p.size).sum::<u64>();
+    if total > rules.max_total_bytes {
+        findings.push(Finding::file(
+            "tree.too-big",
+            &target.path,
+            format!("the tree would exceed {} bytes", rules.max_total_bytes),
+        ));
+    }
+}
+
+/// Apply: new objects for rewritten files, mode variants, the shim, in one store batch; the
+/// new tree's entries, and the namespace the shim re-exports.
+fn apply(
+    store: &Store,
+    mut entries: Vec<Entry>,
+    planned: Vec<PlannedFile>,
+    target: &Target,
+    ns: String,
+) -> Result<(Vec<Entry>, Option<String>), MaterializeError> {
+    let mut batch = store.batch()?;
+    for p in planned {
+        let (sha256, size) = match p.rewritten {
+            Some(text) => batch.add_reader(text.as_bytes(), p.executable)?,
+            None => {
+                batch.ensure_variant(&p.sha256, p.executable)?;
+                (p.sha256, p.size)
+            }
+        };
+        entries.push(Entry {
+            path: p.dest,
+            mode: if p.executable { 0o555 } else { 0o444 },
+            size,
+            sha256,
+        });
+    }
+    let namespace = if target.python.is_some() {
+        let text = shim(target, &ns);
+        let (sha256, size) = batch.add_reader(text.as_bytes(), false)?;
+        entries.push(Entry {
+            path: format!("{}/__init__.py", target.path),
+            mode: 0o444,
+            size,
+            sha256,
+        });
+        Some(ns)
+    } else {
+        None
+    };
+    batch.commit()?;
+    Ok((entries, namespace))
+}
+
+/// Materialize the delta of `intake` over the incumbent tree `incumbent`.
+///
+/// # Errors
+/// [`MaterializeError::Rejected`] with every finding; the other variants for infrastructure.
+pub fn materialize(
+    store: &Store,
+    incumbent: &Digest,
+    intake: &IntakeRecord,
+    rules: &TreeRules,
+    registered_steps: &BTreeSet<String>,
+    analyze: &dyn Fn(&analysis::Request) -> Result<analysis::Answer, MaterializeError>,
+) -> Result<Materialized, MaterializeError> {
+    let base = tree::load(store, incumbent)?;
+    let registered = registered_targets(store, &base, incumbent)?;
+    let delta_text = delta_manifest(store, intake)?;
+    // Every candidate-written file a parser reads — the manifest and the Python sources — is
+    // analysed by `analyze` (a confined child in production), and its answer checked here.
+    let mut python_texts: PythonTexts<'_> = BTreeMap::new();
+    for f in intake.files.iter().filter(|f| f.path.ends_with(".py")) {
+        let bytes = store.read_object(&f.sha256, f.executable)?;
+        python_texts.insert(&f.path, String::from_utf8(bytes).ok());
+    }
+    let request = analysis_request(intake, rules, &registered, &delta_text, &python_texts);
+    let answer = analyze(&request)?;
+    let accepted = analysis::accept(&request, answer).map_err(|why| reject(parser_finding(why)))?;
+    let delta = accepted
+        .manifest
+        .map_err(|problems| manifest_rejection(problems, &delta_text))?;
+    let analysed = request
+        .files
+        .iter()
+        .map(|s| s.path.as_str())
+        .zip(accepted.files)
+        .collect();
+    let target = target_of(&registered, &delta)?;
+    let mut findings = Vec::new();
+    check_manifest_fit(target, &delta, registered_steps, &mut findings);
     let files: Vec<_> = intake
         .files
         .iter()
@@ -419,76 +648,16 @@ pub fn materialize(
         .collect();
     let carried: BTreeSet<&str> = files.iter().map(|f| f.path.as_str()).collect();
     guard::check_declarations(&delta, &|p| carried.contains(p), rules, &mut findings);
-    let rename = analysis::rename_for(target.python.is_some(), &delta);
-    let mut sources: Vec<(String, Arc<String>)> = Vec::new();
-    // (tree path, mode, sha256, size, new contents) for the delta's part of the new tree.
-    let mut planned: Vec<(String, bool, Digest, u64, Option<String>)> = Vec::new();
-    for f in &files {
-        if !under(&f.path, &target.path) {
-            findings.push(Finding::file(
-                "tree.outside-target",
-                &f.path,
-                format!(
-                    "the delta may only change target {:?} ({}/)",
-                    target.name, target.path
-                ),
-            ));
-            continue;
-        }
-        // A UTF-8 Python file was read for the analysis already; any other file is read here.
-        let read;
-        let bytes: &[u8] = match python_texts.get(f.path.as_str()) {
-            Some(Some(text)) => text.as_bytes(),
-            _ => {
-                read = store.read_object(&f.sha256, f.executable)?;
-                &read
-            }
-        };
-        guard::check_file(
-            &FileFacts {
-                path: &f.path,
-                executable: f.executable,
-                size: f.size,
-                head: &bytes[..bytes.len().min(16)],
-            },
-            &delta,
-            rules,
-            &mut findings,
-        );
-        let executable = delta.executables.contains(&f.path);
-        let rel = &f.path[target.path.len() + 1..];
-        let dest = match (&target.python, rename.is_some()) {
-            (Some(_), true) => format!("{ns}/{rel}"),
-            _ => f.path.clone(),
-        };
-        let mut rewritten = None;
-        match python_texts.get(f.path.as_str()) {
-            Some(None) => findings.push(Finding::file(
-                "python.encoding",
-                &f.path,
-                "the file is not UTF-8",
-            )),
-            Some(Some(text)) => {
-                let (found, new_text) = analysed.remove(f.path.as_str()).unwrap_or_default();
-                let source = Arc::new(text.clone());
-                if !found.is_empty() {
-                    sources.push((f.path.clone(), source.clone()));
-                }
-                for pf in found {
-                    findings.push(Finding {
-                        code: pf.code,
-                        path: f.path.clone(),
-                        at: Some(Position::of(&source, pf.start, pf.end)),
-                        label: pf.label,
-                        message: pf.message,
-                    });
-                }
-                rewritten = new_text;
-            }
-            None => {}
-        }
-        planned.push((dest, executable, f.sha256, f.size, rewritten));
+    let ns = request.namespace.clone();
+    let (planned, sources) = Placement {
+        store,
+        rules,
+        target,
+        delta: &delta,
+        namespace: &ns,
+        python_texts: &python_texts,
     }
+    .place(&files, analysed, &mut findings)?;
     if files.is_empty() {
         findings.push(Finding::file(
             "tree.empty-delta",
@@ -496,7 +665,6 @@ pub fn materialize(
             format!("the delta carries no file for target {:?}", target.name),
         ));
     }
-    // Bounds over the resulting tree.
     let kept: Vec<&Entry> = base
         .entries
         .iter()
@@ -509,59 +677,12 @@ pub fn materialize(
         }
         .into());
     }
-    let count = kept.len() + planned.len() + 1;
-    if count as u64 > rules.max_files {
-        findings.push(Finding::file(
-            "tree.too-many-files",
-            &target.path,
-            format!("the tree would hold more than {} files", rules.max_files),
-        ));
-    }
-    let total: u64 =
-        kept.iter().map(|e| e.size).sum::<u64>() + planned.iter().map(|p| p.3).sum::<u64>();
-    if total > rules.max_total_bytes {
-        findings.push(Finding::file(
-            "tree.too-big",
-            &target.path,
-            format!("the tree would exceed {} bytes", rules.max_total_bytes),
-        ));
-    }
+    check_bounds(&kept, &planned, rules, target, &mut findings);
     if !findings.is_empty() {
         return Err(MaterializeError::Rejected(findings, sources));
     }
-
-    // Apply: new objects for rewritten files, mode variants, the shim; then the tree.
-    let mut entries: Vec<Entry> = kept.into_iter().cloned().collect();
-    let mut batch = store.batch()?;
-    for (dest, executable, sha, size, rewritten) in planned {
-        let (sha, size) = match rewritten {
-            Some(text) => batch.add_reader(text.as_bytes(), executable)?,
-            None => {
-                batch.ensure_variant(&sha, executable)?;
-                (sha, size)
-            }
-        };
-        entries.push(Entry {
-            path: dest,
-            mode: if executable { 0o555 } else { 0o444 },
-            size,
-            sha256: sha,
-        });
-    }
-    let namespace = if target.python.is_some() {
-        let text = shim(target, &ns);
-        let (sha, size) = batch.add_reader(text.as_bytes(), false)?;
-        entries.push(Entry {
-            path: format!("{}/__init__.py", target.path),
-            mode: 0o444,
-            size,
-            sha256: sha,
-        });
-        Some(ns)
-    } else {
-        None
-    };
-    batch.commit()?;
+    let kept = kept.into_iter().cloned().collect();
+    let (entries, namespace) = apply(store, kept, planned, target, ns)?;
     let origin = json!({
         "kind": "candidate",
         "incumbent": incumbent,
