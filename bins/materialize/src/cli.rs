@@ -260,25 +260,22 @@ pub fn run(
     }
 }
 
-fn dispatch(
-    args: &Args,
-    child: &Path,
-    policy: &Policy,
-    authority: Digest,
+/// What one invocation does, parsed (with its input receipt) before the store is touched.
+enum Job<'a> {
+    Incumbent(&'a Path),
+    Verify(Digest),
+    Delta { incumbent: Digest, content: Digest },
+}
+
+/// The job `args` ask for, its inputs set on `receipt` (and, for a delta, the fetch receipt it
+/// chains to).
+fn job<'a>(
+    args: &'a Args,
+    authority: &Digest,
     stdin: &mut dyn Read,
-    stdout: &mut dyn Write,
-    stderr: &mut dyn Write,
-) -> Result<ExitCode, CommandError> {
-    let store_root = args.stage.store_root(policy);
-    let rules = policy.tree_rules();
-    let mut receipt = Receipt::new(StageName::Materialize, authority, Outcome::Ok);
-    // Parse every argument (and the input receipt) before the store is touched.
-    enum Job<'a> {
-        Incumbent(&'a std::path::Path),
-        Verify(Digest),
-        Delta { incumbent: Digest, content: Digest },
-    }
-    let job = match (&args.command, &args.incumbent) {
+    receipt: &mut Receipt,
+) -> Result<Job<'a>, CommandError> {
+    Ok(match (&args.command, &args.incumbent) {
         (Some(_), Some(_)) | (None, None) => return Err(CommandError::Usage),
         (Some(Command::Incumbent { dir }), None) => {
             receipt
@@ -298,7 +295,7 @@ fn dispatch(
         (None, Some(inc)) => {
             let incumbent = parse_digest(inc)?;
             let (input, prev) =
-                stage::read_input(args.receipt.as_deref(), stdin, StageName::Fetch, &authority)
+                stage::read_input(args.receipt.as_deref(), stdin, StageName::Fetch, authority)
                     .map_err(CommandError::Input)?;
             let content = input
                 .outputs_as::<FetchOutputs>()
@@ -313,7 +310,60 @@ fn dispatch(
                 .map_err(|e| CommandError::Input(e.into()))?;
             Job::Delta { incumbent, content }
         }
-    };
+    })
+}
+
+fn outputs_error(source: serde_json::Error) -> MaterializeError {
+    MaterializeError::Receipt(cordon::receipt::ReceiptError::Outputs {
+        stage: StageName::Materialize,
+        source,
+    })
+}
+
+/// Register the incumbent in `dir`: its receipt's outputs.
+fn incumbent_outputs(
+    store: &Store,
+    dir: &Path,
+    rules: &cordon_policy_lang::TreeRules,
+    steps: &BTreeSet<String>,
+) -> Result<Value, MaterializeError> {
+    materialize::register_incumbent(store, dir, rules).and_then(|record| {
+        let step = record.origin["build"].as_str().map(str::to_owned);
+        // The operator's manifest names the incumbent's build: it must be one the
+        // policy registers, as a candidate's must.
+        if let Some(s) = step.as_ref().filter(|s| !steps.contains(*s)) {
+            return Err(MaterializeError::Incumbent {
+                path: dir.join(manifest::INCUMBENT_MANIFEST),
+                why: format!("build step {s:?} is not a registered prebuild step of the policy"),
+            });
+        }
+        serde_json::to_value(IncumbentOutputs {
+            tree_digest: record.digest,
+            incumbent: record.origin["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            step,
+            files: record.entries.len() as u64,
+            bytes: record.entries.iter().map(|e| e.size).sum::<u64>(),
+        })
+        .map_err(outputs_error)
+    })
+}
+
+fn dispatch(
+    args: &Args,
+    child: &Path,
+    policy: &Policy,
+    authority: Digest,
+    stdin: &mut dyn Read,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> Result<ExitCode, CommandError> {
+    let store_root = args.stage.store_root(policy);
+    let rules = policy.tree_rules();
+    let mut receipt = Receipt::new(StageName::Materialize, authority, Outcome::Ok);
+    let job = job(args, &authority, stdin, &mut receipt)?;
     let store = Store::open(&store_root)?;
     // A delta's fetch receipt must be this store's own, and start its chain under this
     // authority: a receipt written by hand names nothing the store established.
@@ -330,37 +380,7 @@ fn dispatch(
         .map(str::to_owned)
         .collect();
     let result: Result<Value, MaterializeError> = match job {
-        Job::Incumbent(dir) => {
-            materialize::register_incumbent(&store, dir, &rules).and_then(|record| {
-                let step = record.origin["build"].as_str().map(str::to_owned);
-                // The operator's manifest names the incumbent's build: it must be one the
-                // policy registers, as a candidate's must.
-                if let Some(s) = step.as_ref().filter(|s| !steps.contains(*s)) {
-                    return Err(MaterializeError::Incumbent {
-                        path: dir.join(manifest::INCUMBENT_MANIFEST),
-                        why: format!(
-                            "build step {s:?} is not a registered prebuild step of the policy"
-                        ),
-                    });
-                }
-                serde_json::to_value(IncumbentOutputs {
-                    tree_digest: record.digest,
-                    incumbent: record.origin["name"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_owned(),
-                    step,
-                    files: record.entries.len() as u64,
-                    bytes: record.entries.iter().map(|e| e.size).sum::<u64>(),
-                })
-                .map_err(|source| {
-                    MaterializeError::Receipt(cordon::receipt::ReceiptError::Outputs {
-                        stage: StageName::Materialize,
-                        source,
-                    })
-                })
-            })
-        }
+        Job::Incumbent(dir) => incumbent_outputs(&store, dir, &rules, &steps),
         Job::Verify(digest) => tree::verify(&store, &digest)
             .map(|record| {
                 json!({
@@ -402,12 +422,7 @@ fn dispatch(
                     step: m.step,
                     findings: Vec::new(),
                 })
-                .map_err(|source| {
-                    MaterializeError::Receipt(cordon::receipt::ReceiptError::Outputs {
-                        stage: StageName::Materialize,
-                        source,
-                    })
-                })
+                .map_err(outputs_error)
             }),
     };
     // Findings are shown on the candidate's own source only once the receipt is safe.

@@ -5,8 +5,10 @@
 //! guard, [`analysis`] the candidate-facing request and answer its confined child computes and
 //! the parent checks, [`python`] the AST policy and namespace rewrite (before it parses a file,
 //! [`python_coding`] refuses encodings other than UTF-8 and [`python_nesting`] bounds its
-//! nesting), [`materialize`] the plan and its publication, [`cli`] the binary. Trees themselves (digest, publication, verification) are
-//! the `cordon` library's [`cordon::tree`], because every stage that mounts one verifies it.
+//! nesting; [`python_rename`] checks and applies the rename's edits in the parent),
+//! [`materialize`] the plan and its publication, [`cli`] the binary. Trees themselves (digest,
+//! publication, verification) are the `cordon` library's [`cordon::tree`], because every stage
+//! that mounts one verifies it.
 
 #![forbid(unsafe_code)]
 
@@ -18,3 +20,4 @@ pub mod materialize;
 pub mod python;
 pub mod python_coding;
 pub mod python_nesting;
+pub mod python_rename;

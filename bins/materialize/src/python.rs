@@ -46,6 +46,8 @@ use unicode_normalization::UnicodeNormalization;
 use crate::python_coding as coding;
 use crate::python_nesting as nesting;
 
+pub use crate::python_rename::{Edit, Rename, apply};
+
 /// Attributes (and names) that lead from any object to the builtins, a module's globals, code
 /// objects or every class in the process: banned in every context, as `x.__globals__`,
 /// `__builtins__["eval"]`, `del x.__dict__[k]` alike. Fixed mechanism, not policy: no engine
@@ -120,15 +122,6 @@ pub struct Finding {
     pub message: String,
 }
 
-/// A rename of the candidate's package to its namespace.
-#[derive(Debug, Clone, Copy)]
-pub struct Rename<'a> {
-    /// The package name the candidate's own imports use.
-    pub package: &'a str,
-    /// The namespace it becomes.
-    pub namespace: &'a str,
-}
-
 /// The result of checking one file.
 #[derive(Debug, Default)]
 pub struct Checked {
@@ -136,18 +129,6 @@ pub struct Checked {
     pub findings: Vec<Finding>,
     /// The rename's edits, sorted ([`apply`] makes the new text from them).
     pub edits: Vec<Edit>,
-}
-
-/// One edit of a rename: the bytes `start..end` become `replacement`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Edit {
-    /// Start of the replaced bytes.
-    pub start: usize,
-    /// End of the replaced bytes (`start` for an insertion).
-    pub end: usize,
-    /// What they become.
-    pub replacement: String,
 }
 
 /// Every finding code the checks use.
@@ -164,72 +145,6 @@ pub const CODES: &[&str] = &[
     "python.syntax",
     "python.unsupported-spelling",
 ];
-
-/// The rewritten source: `edits` applied to `source`, or `None` when there are none. Each edit
-/// must be one a rename makes — the package's own dotted name (ASCII, as written) becoming
-/// the namespace's, `package` becoming `namespace as package`, or the insertion
-/// `; package = namespace` — sorted, in bounds and not overlapping: edits computed by a
-/// confined child are checked here, so a subverted child can rename, never write code.
-///
-/// # Errors
-/// The first edit that is not a rename's.
-pub fn apply(source: &str, edits: &[Edit], rename: Rename<'_>) -> Result<Option<String>, String> {
-    if edits.is_empty() {
-        return Ok(None);
-    }
-    let (p, ns) = (rename.package, rename.namespace);
-    let mut out = String::with_capacity(source.len() + edits.len() * 16);
-    let mut pos = 0;
-    // The end of the last rename (not insertion) edit: a rebinding insertion must follow one.
-    let mut renamed_to: Option<usize> = None;
-    for e in edits {
-        let Some(original) = source.get(e.start..e.end).filter(|_| e.start >= pos) else {
-            return Err(format!(
-                "edit {}..{} is out of order, out of bounds or splits a character",
-                e.start, e.end
-            ));
-        };
-        let dotted = original == p
-            || (original.starts_with(p)
-                && original[p.len()..].starts_with('.')
-                && original
-                    .bytes()
-                    .all(|b| b == b'.' || b == b'_' || b.is_ascii_alphanumeric()));
-        let ok = if e.start == e.end {
-            // Only at the end of the logical line a rename is on: nothing but names, dots,
-            // commas, blanks and line continuations since that rename, and a token boundary
-            // after (so it can never split a quote and turn a string into code).
-            let between = renamed_to.and_then(|r| source.get(r..e.start));
-            let after = source[e.start..].chars().next();
-            e.replacement == format!("; {p} = {ns}")
-                && between.is_some_and(|b| {
-                    let joined = b.replace("\\\r\n", "").replace("\\\n", "");
-                    joined
-                        .chars()
-                        .all(|c| c.is_alphanumeric() || "_., \t\x0c".contains(c))
-                })
-                && after.is_none_or(|c| "\n\r;# \t\x0c".contains(c))
-        } else {
-            dotted
-                && (e.replacement == format!("{ns}{}", &original[p.len()..])
-                    || (original == p && e.replacement == format!("{ns} as {p}")))
-        };
-        if !ok {
-            return Err(format!(
-                "edit {}..{} ({original:?} → {:?}) is not a rename of {p:?} to {ns:?}",
-                e.start, e.end, e.replacement
-            ));
-        }
-        out.push_str(&source[pos..e.start]);
-        out.push_str(&e.replacement);
-        pos = e.end;
-        if e.start != e.end {
-            renamed_to = Some(e.end);
-        }
-    }
-    out.push_str(&source[pos..]);
-    Ok(Some(out))
-}
 
 /// What the visitor collects from one file. Every name in it is NFKC-normalised.
 #[derive(Default)]
