@@ -15,10 +15,9 @@
 //! It does not decide where file contents go: the caller's [`Sink`] receives them. It never
 //! creates a link, a device or a special file, because it never admits one.
 
-use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::fmt;
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, Read, Write};
 use std::rc::Rc;
 
 use sha2::{Digest as _, Sha256};
@@ -26,6 +25,10 @@ use tar::EntryType;
 use unicode_normalization::UnicodeNormalization;
 
 use crate::canonical::Digest;
+
+mod stream;
+
+use stream::{Shared, classify};
 
 /// The bounds an archive must stay within (policy `intake { archive { … } }`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -182,188 +185,6 @@ pub struct Scanned {
     pub files: Vec<Member>,
     /// The directories named explicitly or implicitly, sorted.
     pub dirs: Vec<String>,
-}
-
-/// State shared by the reader layers: a limit tripped deep inside a decoder is reported as
-/// itself, not as whatever error the decoder wraps it in.
-#[derive(Default)]
-struct Shared {
-    raw_bytes: Cell<u64>,
-    tripped: RefCell<Option<Rejection>>,
-    source_failed: Cell<bool>,
-}
-
-/// The archive hash, computed on its own thread: the archive and the files inside it are both
-/// hashed, and on two cores the two passes then cost about one.
-/// Or no hash at all, for a reader whose caller hashes the bytes itself.
-struct ArchiveHasher {
-    tx: Option<std::sync::mpsc::SyncSender<Vec<u8>>>,
-    done: Option<std::thread::JoinHandle<Sha256>>,
-    enabled: bool,
-}
-
-impl ArchiveHasher {
-    fn off() -> Self {
-        Self {
-            tx: None,
-            done: None,
-            enabled: false,
-        }
-    }
-
-    fn start() -> Self {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(8);
-        let done = std::thread::Builder::new()
-            .name("cordon-archive-sha256".into())
-            .spawn(move || {
-                let mut hasher = Sha256::new();
-                for chunk in rx {
-                    hasher.update(&chunk);
-                }
-                hasher
-            })
-            .ok();
-        Self {
-            tx: Some(tx),
-            done,
-            enabled: true,
-        }
-    }
-
-    fn update(&mut self, bytes: &[u8]) -> io::Result<()> {
-        if !self.enabled {
-            return Ok(());
-        }
-        let sent = match (&self.tx, &self.done) {
-            (Some(tx), Some(_)) => tx.send(bytes.to_vec()).is_ok(),
-            _ => false,
-        };
-        if sent {
-            Ok(())
-        } else {
-            Err(io::Error::other("the archive hashing thread is gone"))
-        }
-    }
-
-    fn finish(mut self) -> io::Result<Digest> {
-        drop(self.tx.take());
-        self.done
-            .take()
-            .and_then(|h| h.join().ok())
-            .map(Digest::from_hasher)
-            .ok_or_else(|| io::Error::other("the archive hashing thread failed"))
-    }
-}
-
-/// The bottom layer: counts and hashes what the source yields and enforces the archive cap.
-struct Raw<R> {
-    inner: R,
-    hasher: ArchiveHasher,
-    cap: u64,
-    shared: Rc<Shared>,
-}
-
-impl<R: Read> Read for Raw<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.inner.read(buf).inspect_err(|_| {
-            self.shared.source_failed.set(true);
-        })?;
-        self.hasher.update(&buf[..n])?;
-        let total = self.shared.raw_bytes.get() + n as u64;
-        self.shared.raw_bytes.set(total);
-        if total > self.cap {
-            let r = reject(
-                "intake.archive-too-big",
-                None,
-                format!("the archive exceeds {} bytes", self.cap),
-            );
-            *self.shared.tripped.borrow_mut() = Some(r);
-            return Err(io::Error::other("archive byte cap"));
-        }
-        Ok(n)
-    }
-}
-
-/// The decompressed stream, whichever format it is.
-enum Decoder<R: Read> {
-    Plain(BufReader<Raw<R>>),
-    Gzip(flate2::bufread::GzDecoder<BufReader<Raw<R>>>),
-    Zstd(zstd::stream::read::Decoder<'static, BufReader<Raw<R>>>),
-}
-
-impl<R: Read> Read for Decoder<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Self::Plain(r) => r.read(buf),
-            Self::Gzip(r) => r.read(buf),
-            Self::Zstd(r) => r.read(buf),
-        }
-    }
-}
-
-impl<R: Read> Decoder<R> {
-    fn into_raw(self) -> BufReader<Raw<R>> {
-        match self {
-            Self::Plain(r) => r,
-            Self::Gzip(r) => r.into_inner(),
-            Self::Zstd(r) => r.finish(),
-        }
-    }
-}
-
-/// The top layer, read by the tar parser: counts decompressed bytes and enforces the ratio.
-struct Expanded<R: Read> {
-    inner: Decoder<R>,
-    pos: u64,
-    ratio: u64,
-    shared: Rc<Shared>,
-}
-
-impl<R: Read> Read for Expanded<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.pos += n as u64;
-        let allowed = self
-            .shared
-            .raw_bytes
-            .get()
-            .saturating_mul(self.ratio)
-            .saturating_add(RATIO_ALLOWANCE);
-        if self.pos > allowed {
-            let r = reject(
-                "intake.compression-ratio",
-                None,
-                format!(
-                    "{} bytes expanded from {} compressed, above the ratio {}",
-                    self.pos,
-                    self.shared.raw_bytes.get(),
-                    self.ratio
-                ),
-            );
-            *self.shared.tripped.borrow_mut() = Some(r);
-            return Err(io::Error::other("compression ratio"));
-        }
-        Ok(n)
-    }
-}
-
-/// Classify an I/O error met while reading the archive: a tripped limit, a failed source, a
-/// truncation, or a malformed archive.
-fn classify(shared: &Shared, err: io::Error, path: Option<&str>) -> ArchiveError {
-    if let Some(r) = shared.tripped.borrow_mut().take() {
-        return ArchiveError::Rejected(r);
-    }
-    if shared.source_failed.get() {
-        return ArchiveError::Source { source: err };
-    }
-    if err.kind() == io::ErrorKind::UnexpectedEof || err.to_string().contains("unexpected EOF") {
-        return ArchiveError::Rejected(reject(
-            "intake.truncated",
-            path,
-            "the archive ends inside a member",
-        ));
-    }
-    ArchiveError::Rejected(reject("intake.corrupt", path, err.to_string()))
 }
 
 /// The kind an admitted path has, for duplicate detection.
@@ -693,6 +514,181 @@ pub fn check(
 /// directories.
 type Walked = (Option<Digest>, u64, Vec<Member>, Vec<String>);
 
+/// Read an extension header (PAX, global PAX, GNU long name) into `pending`; whether the
+/// entry was one (and so is no member).
+fn extension<R: Read>(
+    entry: &mut tar::Entry<'_, R>,
+    entry_type: EntryType,
+    size: u64,
+    limits: &ArchiveLimits,
+    pending: &mut Pending,
+    shared: &Shared,
+) -> Result<bool, ArchiveError> {
+    let ext_err = |e: io::Result<Rejection>| match e {
+        Ok(r) => ArchiveError::Rejected(r),
+        Err(e) => classify(shared, e, None),
+    };
+    match entry_type {
+        EntryType::XHeader => {
+            if pending.pax_seen {
+                return Err(ArchiveError::Rejected(reject(
+                    "intake.pax-path",
+                    None,
+                    "two PAX headers precede one member",
+                )));
+            }
+            let data = read_extension(
+                entry,
+                size,
+                limits.max_pax_bytes,
+                "intake.pax-too-big",
+                "PAX header",
+            )
+            .map_err(ext_err)?;
+            apply_pax(&data, false, pending).map_err(ArchiveError::Rejected)?;
+            pending.pax_seen = true;
+            Ok(true)
+        }
+        EntryType::XGlobalHeader => {
+            let data = read_extension(
+                entry,
+                size,
+                limits.max_pax_bytes,
+                "intake.pax-too-big",
+                "global PAX header",
+            )
+            .map_err(ext_err)?;
+            apply_pax(&data, true, pending).map_err(ArchiveError::Rejected)?;
+            Ok(true)
+        }
+        EntryType::GNULongName => {
+            if pending.long_name.is_some() {
+                return Err(ArchiveError::Rejected(reject(
+                    "intake.pax-path",
+                    None,
+                    "two GNU long names precede one member",
+                )));
+            }
+            let mut data = read_extension(
+                entry,
+                size,
+                limits.max_path_length + 1,
+                "intake.path-too-long",
+                "GNU long name",
+            )
+            .map_err(ext_err)?;
+            while data.last() == Some(&0) {
+                data.pop();
+            }
+            pending.long_name = Some(data);
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
+}
+
+/// The kind of member `entry_type` is: a regular file or a directory, else the rejection.
+fn member_kind(entry_type: EntryType, at: Option<&str>) -> Result<Kind, ArchiveError> {
+    Ok(match entry_type {
+        EntryType::Regular => Kind::File,
+        EntryType::Directory => Kind::Dir,
+        EntryType::Symlink => {
+            return Err(ArchiveError::Rejected(reject(
+                "intake.symlink",
+                at,
+                "symbolic links are not admitted",
+            )));
+        }
+        EntryType::Link | EntryType::GNULongLink => {
+            return Err(ArchiveError::Rejected(reject(
+                "intake.hardlink",
+                at,
+                "hard links are not admitted",
+            )));
+        }
+        EntryType::Char | EntryType::Block => {
+            return Err(ArchiveError::Rejected(reject(
+                "intake.device",
+                at,
+                "device nodes are not admitted",
+            )));
+        }
+        EntryType::Fifo => {
+            return Err(ArchiveError::Rejected(reject(
+                "intake.fifo",
+                at,
+                "fifos are not admitted",
+            )));
+        }
+        EntryType::GNUSparse => {
+            return Err(ArchiveError::Rejected(reject(
+                "intake.sparse",
+                at,
+                "sparse files are not admitted",
+            )));
+        }
+        other => {
+            return Err(ArchiveError::Rejected(reject(
+                "intake.entry-type",
+                at,
+                format!(
+                    "member type {:?} is not admitted (only regular files and directories)",
+                    other.as_byte() as char
+                ),
+            )));
+        }
+    })
+}
+
+/// Stream one regular member into the sink (hashing it when asked), checking it is whole.
+#[allow(clippy::too_many_arguments)]
+fn copy_member<R: Read>(
+    entry: &mut tar::Entry<'_, R>,
+    path: String,
+    executable: bool,
+    size: u64,
+    sink: &mut dyn Sink,
+    hash: bool,
+    buf: &mut [u8],
+    shared: &Shared,
+) -> Result<Option<Member>, ArchiveError> {
+    let at = Some(path.as_str());
+    let mut hasher = hash.then(Sha256::new);
+    let sink_err = |source| ArchiveError::Sink {
+        path: path.clone(),
+        source,
+    };
+    let mut out = sink.file(&path, executable, size).map_err(sink_err)?;
+    let mut copied = 0u64;
+    loop {
+        let n = entry.read(buf).map_err(|e| classify(shared, e, at))?;
+        if n == 0 {
+            break;
+        }
+        if let Some(h) = hasher.as_mut() {
+            h.update(&buf[..n]);
+        }
+        copied += n as u64;
+        out.write_all(&buf[..n]).map_err(sink_err)?;
+    }
+    // The parser hands out at most `size` bytes and stops quietly at EOF.
+    if copied != size {
+        return Err(ArchiveError::Rejected(reject(
+            "intake.truncated",
+            at,
+            format!("the archive ends after {copied} of the member's {size} bytes"),
+        )));
+    }
+    out.flush().map_err(sink_err)?;
+    drop(out);
+    Ok(hasher.map(|h| Member {
+        path,
+        executable,
+        size,
+        sha256: Digest::from_hasher(h),
+    }))
+}
+
 fn walk(
     source: impl Read,
     limits: &ArchiveLimits,
@@ -700,43 +696,7 @@ fn walk(
     hash: bool,
 ) -> Result<Walked, ArchiveError> {
     let shared = Rc::new(Shared::default());
-    let raw = Raw {
-        inner: source,
-        hasher: if hash {
-            ArchiveHasher::start()
-        } else {
-            ArchiveHasher::off()
-        },
-        cap: limits.max_archive_bytes,
-        shared: shared.clone(),
-    };
-    let mut buffered = BufReader::with_capacity(256 * 1024, raw);
-    let magic = buffered
-        .fill_buf()
-        .map_err(|e| classify(&shared, e, None))?
-        .to_vec();
-    let decoder = if magic.starts_with(&[0x1f, 0x8b]) {
-        Decoder::Gzip(flate2::bufread::GzDecoder::new(buffered))
-    } else if magic.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
-        let d = zstd::stream::read::Decoder::with_buffer(buffered)
-            .map_err(|e| classify(&shared, e, None))?
-            .single_frame();
-        Decoder::Zstd(d)
-    } else if magic.starts_with(&[0xfd, b'7', b'z', b'X', b'Z', 0]) || magic.starts_with(b"BZh") {
-        return Err(ArchiveError::Rejected(reject(
-            "intake.format",
-            None,
-            "xz and bzip2 are not admitted; use tar, tar+gzip or tar+zstd",
-        )));
-    } else {
-        Decoder::Plain(buffered)
-    };
-    let expanded = Expanded {
-        inner: decoder,
-        pos: 0,
-        ratio: limits.max_compression_ratio,
-        shared: shared.clone(),
-    };
+    let expanded = stream::open(source, limits, hash, &shared)?;
     let mut archive = tar::Archive::new(expanded);
     let mut admission = Admission::new(limits);
     let mut files = Vec::new();
@@ -754,67 +714,10 @@ fn walk(
             let size = header
                 .entry_size()
                 .map_err(|e| classify(&shared, e, None))?;
-            let ext_err = |e: io::Result<Rejection>| match e {
-                Ok(r) => ArchiveError::Rejected(r),
-                Err(e) => classify(&shared, e, None),
-            };
-            match entry_type {
-                EntryType::XHeader => {
-                    if pending.pax_seen {
-                        return Err(ArchiveError::Rejected(reject(
-                            "intake.pax-path",
-                            None,
-                            "two PAX headers precede one member",
-                        )));
-                    }
-                    let data = read_extension(
-                        &mut entry,
-                        size,
-                        limits.max_pax_bytes,
-                        "intake.pax-too-big",
-                        "PAX header",
-                    )
-                    .map_err(ext_err)?;
-                    apply_pax(&data, false, &mut pending).map_err(ArchiveError::Rejected)?;
-                    pending.pax_seen = true;
-                    continue;
-                }
-                EntryType::XGlobalHeader => {
-                    let data = read_extension(
-                        &mut entry,
-                        size,
-                        limits.max_pax_bytes,
-                        "intake.pax-too-big",
-                        "global PAX header",
-                    )
-                    .map_err(ext_err)?;
-                    apply_pax(&data, true, &mut pending).map_err(ArchiveError::Rejected)?;
-                    continue;
-                }
-                EntryType::GNULongName => {
-                    if pending.long_name.is_some() {
-                        return Err(ArchiveError::Rejected(reject(
-                            "intake.pax-path",
-                            None,
-                            "two GNU long names precede one member",
-                        )));
-                    }
-                    let mut data = read_extension(
-                        &mut entry,
-                        size,
-                        limits.max_path_length + 1,
-                        "intake.path-too-long",
-                        "GNU long name",
-                    )
-                    .map_err(ext_err)?;
-                    while data.last() == Some(&0) {
-                        data.pop();
-                    }
-                    pending.long_name = Some(data);
-                    continue;
-                }
-                _ => {}
+            if extension(&mut entry, entry_type, size, limits, &mut pending, &shared)? {
+                continue;
             }
+            let header = entry.header();
             let path_bytes = match (pending.pax_path.take(), pending.long_name.take()) {
                 (Some(_), Some(_)) => {
                     return Err(ArchiveError::Rejected(reject(
@@ -829,55 +732,7 @@ fn walk(
             pending.pax_seen = false;
             let lossy = String::from_utf8_lossy(&path_bytes).into_owned();
             let at = Some(lossy.as_str());
-            let kind = match entry_type {
-                EntryType::Regular => Kind::File,
-                EntryType::Directory => Kind::Dir,
-                EntryType::Symlink => {
-                    return Err(ArchiveError::Rejected(reject(
-                        "intake.symlink",
-                        at,
-                        "symbolic links are not admitted",
-                    )));
-                }
-                EntryType::Link | EntryType::GNULongLink => {
-                    return Err(ArchiveError::Rejected(reject(
-                        "intake.hardlink",
-                        at,
-                        "hard links are not admitted",
-                    )));
-                }
-                EntryType::Char | EntryType::Block => {
-                    return Err(ArchiveError::Rejected(reject(
-                        "intake.device",
-                        at,
-                        "device nodes are not admitted",
-                    )));
-                }
-                EntryType::Fifo => {
-                    return Err(ArchiveError::Rejected(reject(
-                        "intake.fifo",
-                        at,
-                        "fifos are not admitted",
-                    )));
-                }
-                EntryType::GNUSparse => {
-                    return Err(ArchiveError::Rejected(reject(
-                        "intake.sparse",
-                        at,
-                        "sparse files are not admitted",
-                    )));
-                }
-                other => {
-                    return Err(ArchiveError::Rejected(reject(
-                        "intake.entry-type",
-                        at,
-                        format!(
-                            "member type {:?} is not admitted (only regular files and directories)",
-                            other.as_byte() as char
-                        ),
-                    )));
-                }
-            };
+            let kind = member_kind(entry_type, at)?;
             // Mode first: a setuid member is refused as such, whatever else it breaks.
             let mode = header.mode().map_err(|e| classify(&shared, e, at))?;
             if mode & 0o7000 != 0 {
@@ -897,43 +752,17 @@ fn walk(
                 })?;
                 continue;
             }
-            let executable = mode & 0o111 != 0;
-            let mut hasher = hash.then(Sha256::new);
-            let sink_err = |source| ArchiveError::Sink {
-                path: path.clone(),
-                source,
-            };
-            let mut out = sink.file(&path, executable, size).map_err(sink_err)?;
-            let mut copied = 0u64;
-            loop {
-                let n = entry.read(&mut buf).map_err(|e| classify(&shared, e, at))?;
-                if n == 0 {
-                    break;
-                }
-                if let Some(h) = hasher.as_mut() {
-                    h.update(&buf[..n]);
-                }
-                copied += n as u64;
-                out.write_all(&buf[..n]).map_err(sink_err)?;
-            }
-            // The parser hands out at most `size` bytes and stops quietly at EOF.
-            if copied != size {
-                return Err(ArchiveError::Rejected(reject(
-                    "intake.truncated",
-                    at,
-                    format!("the archive ends after {copied} of the member's {size} bytes"),
-                )));
-            }
-            out.flush().map_err(sink_err)?;
-            drop(out);
-            if let Some(h) = hasher {
-                files.push(Member {
-                    path,
-                    executable,
-                    size,
-                    sha256: Digest::from_hasher(h),
-                });
-            }
+            let member = copy_member(
+                &mut entry,
+                path,
+                mode & 0o111 != 0,
+                size,
+                sink,
+                hash,
+                &mut buf,
+                &shared,
+            )?;
+            files.extend(member);
         }
     }
     if pending.pax_path.is_some() || pending.long_name.is_some() || pending.pax_seen {
@@ -943,48 +772,7 @@ fn walk(
             "an extension header is followed by no member",
         )));
     }
-    let mut expanded = archive.into_inner();
-    let end_seen = expanded.pos;
-    // The parser stopped at a zero block or at EOF. What follows must be the second zero block
-    // and nothing but zero padding; a stream that just stops has lost its end marker.
-    let mut rest = 0u64;
-    loop {
-        let n = expanded
-            .read(&mut buf)
-            .map_err(|e| classify(&shared, e, None))?;
-        if n == 0 {
-            break;
-        }
-        if buf[..n].iter().any(|b| *b != 0) {
-            return Err(ArchiveError::Rejected(reject(
-                "intake.trailing-data",
-                None,
-                "non-zero data follows the end-of-archive marker",
-            )));
-        }
-        rest += n as u64;
-    }
-    if end_seen % 512 != 0 || rest < 512 {
-        return Err(ArchiveError::Rejected(reject(
-            "intake.truncated",
-            None,
-            "the archive has no complete end-of-archive marker",
-        )));
-    }
-    let mut raw = expanded.inner.into_raw();
-    let mut tail = [0u8; 1];
-    match raw.read(&mut tail) {
-        Ok(0) => {}
-        Ok(_) => {
-            return Err(ArchiveError::Rejected(reject(
-                "intake.trailing-data",
-                None,
-                "bytes follow the end of the compressed stream",
-            )));
-        }
-        Err(e) => return Err(classify(&shared, e, None)),
-    }
-    let raw = raw.into_inner();
+    let raw = stream::end(archive.into_inner(), &mut buf, &shared)?;
     let archive_sha256 = if hash {
         Some(
             raw.hasher
