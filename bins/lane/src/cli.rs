@@ -20,7 +20,7 @@
 
 use cordon::exit::ExitClass;
 use std::io::{Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand, ValueEnum};
 use cordon::ExitCode;
@@ -172,6 +172,221 @@ fn build_of(
     ))
 }
 
+/// One invocation's established context: the policy, its store, the lane configuration, the
+/// input receipt and what it chains to.
+struct Invocation<'a> {
+    policy: &'a cordon_policy_lang::Policy,
+    store: Store,
+    cfg: Config,
+    authority: cordon::canonical::Digest,
+    input: Receipt,
+    prev: cordon::canonical::Digest,
+    mode: cordon_stage::args::Diagnostics,
+}
+
+impl Invocation<'_> {
+    /// `cordon-lane session`: one read of one role's build.
+    fn session(
+        &self,
+        role: &RoleArg,
+        workload: &Path,
+        model: &Path,
+        stdout: &mut dyn Write,
+        stderr: &mut dyn Write,
+    ) -> ExitCode {
+        let role = match role {
+            RoleArg::B => Role::B,
+            RoleArg::C => Role::C,
+        };
+        let build = match build_of(
+            &self.store,
+            &self.input,
+            self.prev,
+            role,
+            &self.authority,
+            self.mode,
+            stderr,
+        ) {
+            Ok((b, _)) => b,
+            Err(code) => return code,
+        };
+        let inputs = Inputs {
+            role,
+            tree: build.tree,
+            publication: build.publication,
+            workload: workload.to_path_buf(),
+            model: model.to_path_buf(),
+            lane: None,
+        };
+        let mut receipt = Receipt::new(StageName::Lane, self.authority, Outcome::Ok);
+        receipt.prev = Some(self.prev);
+        let recorded = LaneInputs {
+            role: inputs.role,
+            read: None,
+            tree: inputs.tree,
+            publication: inputs.publication,
+            workload: workload.to_path_buf(),
+            model: model.to_path_buf(),
+            lane: None,
+        };
+        if let Err(e) = receipt.set_inputs(&recorded) {
+            report_diagnostic(&e, self.mode, stderr);
+            return ExitCode::NoDecision;
+        }
+        match session(self.policy, &self.cfg, &inputs) {
+            // The operator's inputs: nothing ran, nothing to record.
+            Err(e) if e.exit_class() == ExitCode::Usage => {
+                report_diagnostic(&e, self.mode, stderr);
+                ExitCode::Usage
+            }
+            result => stage::finish(&self.store, &mut receipt, result, self.mode, stdout, stderr),
+        }
+    }
+
+    /// `cordon-lane qualify`: the incumbent and the candidate read in the policy's order, and
+    /// the speed verdict.
+    fn qualify(
+        &self,
+        incumbent: &Path,
+        workload: &Path,
+        model: &Path,
+        reproduce: Option<&Path>,
+        stdout: &mut dyn Write,
+        stderr: &mut dyn Write,
+    ) -> ExitCode {
+        let (candidate, c_chain) = match build_of(
+            &self.store,
+            &self.input,
+            self.prev,
+            Role::C,
+            &self.authority,
+            self.mode,
+            stderr,
+        ) {
+            Ok(x) => x,
+            Err(code) => return code,
+        };
+        // The incumbent's build must be an established one: a failed incumbent build is
+        // the operator's input, not a verdict to pass on.
+        let (b_input, b_prev) = match stage::read_input(
+            Some(incumbent),
+            &mut std::io::empty(),
+            StageName::Prebuild,
+            &self.authority,
+        ) {
+            Ok(x) => x,
+            Err(e) => {
+                report_diagnostic(&e, self.mode, stderr);
+                return ExitCode::Usage;
+            }
+        };
+        let (incumbent_build, b_chain) = match build_of(
+            &self.store,
+            &b_input,
+            b_prev,
+            Role::B,
+            &self.authority,
+            self.mode,
+            stderr,
+        ) {
+            Ok(x) => x,
+            Err(code) => return code,
+        };
+        // The candidate's delta is over exactly this incumbent.
+        let registered = b_chain
+            .last()
+            .and_then(|r| r.outputs_as::<IncumbentOutputs>().ok())
+            .map(|o| o.tree_digest);
+        let over = c_chain
+            .iter()
+            .find_map(|r| r.outputs_as::<MaterializeOutputs>().ok())
+            .map(|o| o.incumbent);
+        if registered.is_none() || registered != over {
+            return usage(
+                stderr,
+                &format!(
+                    "the candidate's delta is over incumbent {over:?}, not the registered {registered:?}"
+                ),
+            );
+        }
+        let mut receipt = Receipt::new(StageName::Qualify, self.authority, Outcome::Ok);
+        receipt.prev = Some(self.prev);
+        let mut recorded = QualifyInputs {
+            incumbent: b_prev,
+            candidate: self.prev,
+            workload: workload.to_path_buf(),
+            model: model.to_path_buf(),
+            reproduces: None,
+        };
+        if let Err(e) = receipt.set_inputs(&recorded) {
+            report_diagnostic(&e, self.mode, stderr);
+            return ExitCode::NoDecision;
+        }
+        // What the authority is frozen on is this host's now; a value cordon cannot read
+        // is a no-decision before any read.
+        let frozen = match qualify::frozen(self.policy) {
+            Ok(f) => f,
+            Err(e) => {
+                return stage::finish::<QualifyOutputs, _>(
+                    &self.store,
+                    &mut receipt,
+                    Err(e),
+                    self.mode,
+                    stdout,
+                    stderr,
+                );
+            }
+        };
+        let (orientation, reproduces) = match reproduce {
+            None => (qualify::primary(self.policy), None),
+            Some(path) => {
+                match reproduction(
+                    &self.store,
+                    self.policy,
+                    path,
+                    &self.authority,
+                    (b_prev, self.prev),
+                    &frozen,
+                ) {
+                    Ok((o, first)) => (Ok(o), Some(first)),
+                    Err(why) => return usage(stderr, &why),
+                }
+            }
+        };
+        let orientation = match orientation {
+            Ok(o) => o,
+            Err(e) => {
+                report_diagnostic(&e, self.mode, stderr);
+                return ExitCode::Usage;
+            }
+        };
+        let plan = Plan {
+            incumbent: incumbent_build,
+            candidate,
+            workload: workload.to_path_buf(),
+            model: model.to_path_buf(),
+            orientation,
+            reproduces,
+            frozen,
+        };
+        recorded.reproduces = plan.reproduces.as_ref().map(|(d, _)| *d);
+        if let Err(e) = receipt.set_inputs(&recorded) {
+            report_diagnostic(&e, self.mode, stderr);
+            return ExitCode::NoDecision;
+        }
+        let mut read = |inputs: &Inputs, lock: &crate::lock::GpuLock| {
+            session_under(self.policy, &self.cfg, inputs, lock)
+        };
+        match qualify::qualify(self.policy, &self.cfg, &plan, &mut read, self.mode, stderr) {
+            Err(e) if e.exit_class() == ExitCode::Usage => {
+                report_diagnostic(&e, self.mode, stderr);
+                ExitCode::Usage
+            }
+            result => stage::finish(&self.store, &mut receipt, result, self.mode, stdout, stderr),
+        }
+    }
+}
+
 /// Run the tool: the whole of `main`.
 pub fn run(
     args: &Args,
@@ -228,170 +443,36 @@ pub fn run(
         runtime_version,
         key_dir: PathBuf::from(cordon::signing::KEY_DIR),
     };
+    let invocation = Invocation {
+        policy,
+        store,
+        cfg,
+        authority,
+        input,
+        prev,
+        mode,
+    };
     match &args.command {
         Command::Session {
             role,
             workload,
             model,
             ..
-        } => {
-            let role = match role {
-                RoleArg::B => Role::B,
-                RoleArg::C => Role::C,
-            };
-            let build = match build_of(&store, &input, prev, role, &authority, mode, stderr) {
-                Ok((b, _)) => b,
-                Err(code) => return code,
-            };
-            let inputs = Inputs {
-                role,
-                tree: build.tree,
-                publication: build.publication,
-                workload: workload.clone(),
-                model: model.clone(),
-                lane: None,
-            };
-            let mut receipt = Receipt::new(StageName::Lane, authority, Outcome::Ok);
-            receipt.prev = Some(prev);
-            let recorded = LaneInputs {
-                role: inputs.role,
-                read: None,
-                tree: inputs.tree,
-                publication: inputs.publication,
-                workload: workload.clone(),
-                model: model.clone(),
-                lane: None,
-            };
-            if let Err(e) = receipt.set_inputs(&recorded) {
-                report_diagnostic(&e, mode, stderr);
-                return ExitCode::NoDecision;
-            }
-            match session(policy, &cfg, &inputs) {
-                // The operator's inputs: nothing ran, nothing to record.
-                Err(e) if e.exit_class() == ExitCode::Usage => {
-                    report_diagnostic(&e, mode, stderr);
-                    ExitCode::Usage
-                }
-                result => stage::finish(&store, &mut receipt, result, mode, stdout, stderr),
-            }
-        }
+        } => invocation.session(role, workload, model, stdout, stderr),
         Command::Qualify {
             incumbent,
             workload,
             model,
             reproduce,
             ..
-        } => {
-            let (candidate, c_chain) =
-                match build_of(&store, &input, prev, Role::C, &authority, mode, stderr) {
-                    Ok(x) => x,
-                    Err(code) => return code,
-                };
-            // The incumbent's build must be an established one: a failed incumbent build is
-            // the operator's input, not a verdict to pass on.
-            let (b_input, b_prev) = match stage::read_input(
-                Some(incumbent),
-                &mut std::io::empty(),
-                StageName::Prebuild,
-                &authority,
-            ) {
-                Ok(x) => x,
-                Err(e) => {
-                    report_diagnostic(&e, mode, stderr);
-                    return ExitCode::Usage;
-                }
-            };
-            let (incumbent_build, b_chain) =
-                match build_of(&store, &b_input, b_prev, Role::B, &authority, mode, stderr) {
-                    Ok(x) => x,
-                    Err(code) => return code,
-                };
-            // The candidate's delta is over exactly this incumbent.
-            let registered = b_chain
-                .last()
-                .and_then(|r| r.outputs_as::<IncumbentOutputs>().ok())
-                .map(|o| o.tree_digest);
-            let over = c_chain
-                .iter()
-                .find_map(|r| r.outputs_as::<MaterializeOutputs>().ok())
-                .map(|o| o.incumbent);
-            if registered.is_none() || registered != over {
-                return usage(
-                    stderr,
-                    &format!(
-                        "the candidate's delta is over incumbent {over:?}, not the registered {registered:?}"
-                    ),
-                );
-            }
-            let mut receipt = Receipt::new(StageName::Qualify, authority, Outcome::Ok);
-            receipt.prev = Some(prev);
-            let mut recorded = QualifyInputs {
-                incumbent: b_prev,
-                candidate: prev,
-                workload: workload.clone(),
-                model: model.clone(),
-                reproduces: None,
-            };
-            if let Err(e) = receipt.set_inputs(&recorded) {
-                report_diagnostic(&e, mode, stderr);
-                return ExitCode::NoDecision;
-            }
-            // What the authority is frozen on is this host's now; a value cordon cannot read
-            // is a no-decision before any read.
-            let frozen = match qualify::frozen(policy) {
-                Ok(f) => f,
-                Err(e) => {
-                    return stage::finish::<QualifyOutputs, _>(
-                        &store,
-                        &mut receipt,
-                        Err(e),
-                        mode,
-                        stdout,
-                        stderr,
-                    );
-                }
-            };
-            let (orientation, reproduces) = match reproduce {
-                None => (qualify::primary(policy), None),
-                Some(path) => {
-                    match reproduction(&store, policy, path, &authority, (b_prev, prev), &frozen) {
-                        Ok((o, first)) => (Ok(o), Some(first)),
-                        Err(why) => return usage(stderr, &why),
-                    }
-                }
-            };
-            let orientation = match orientation {
-                Ok(o) => o,
-                Err(e) => {
-                    report_diagnostic(&e, mode, stderr);
-                    return ExitCode::Usage;
-                }
-            };
-            let plan = Plan {
-                incumbent: incumbent_build,
-                candidate,
-                workload: workload.clone(),
-                model: model.clone(),
-                orientation,
-                reproduces,
-                frozen,
-            };
-            recorded.reproduces = plan.reproduces.as_ref().map(|(d, _)| *d);
-            if let Err(e) = receipt.set_inputs(&recorded) {
-                report_diagnostic(&e, mode, stderr);
-                return ExitCode::NoDecision;
-            }
-            let mut read = |inputs: &Inputs, lock: &crate::lock::GpuLock| {
-                session_under(policy, &cfg, inputs, lock)
-            };
-            match qualify::qualify(policy, &cfg, &plan, &mut read, mode, stderr) {
-                Err(e) if e.exit_class() == ExitCode::Usage => {
-                    report_diagnostic(&e, mode, stderr);
-                    ExitCode::Usage
-                }
-                result => stage::finish(&store, &mut receipt, result, mode, stdout, stderr),
-            }
-        }
+        } => invocation.qualify(
+            incumbent,
+            workload,
+            model,
+            reproduce.as_deref(),
+            stdout,
+            stderr,
+        ),
     }
 }
 

@@ -313,21 +313,20 @@ pub fn session(policy: &Policy, cfg: &Config, inputs: &Inputs) -> Result<Outcome
     session_under(policy, cfg, inputs, &lock)
 }
 
-/// Run one engine session under `lock`, the host's GPU lock the caller holds (a
-/// qualification holds it for all its reads).
-///
-/// # Errors
-/// Anything cordon could not establish, or the operator's wiring error.
-#[allow(clippy::too_many_lines)]
-pub fn session_under(
-    policy: &Policy,
-    cfg: &Config,
-    inputs: &Inputs,
-    lock: &GpuLock,
-) -> Result<Outcome, LaneError> {
-    let started = Instant::now();
-    let from_unix_ns = crate::lock::unix_ns();
-    // Parse: the stage's values this session enforces, each required.
+/// What the lane stage of the policy fixes for a session, each value required.
+struct LaneStage<'p> {
+    stage: &'p cordon_policy_lang::Stage,
+    limits: Limits,
+    startup: Duration,
+    workload_phase: Duration,
+    step: &'p str,
+    engine: Vec<String>,
+    role: &'p str,
+    pin: Digest,
+}
+
+/// Parse: the lane stage's values this session enforces.
+fn lane_stage(policy: &Policy) -> Result<LaneStage<'_>, LaneError> {
     let stage = policy
         .stage(StageKind::Lane)
         .ok_or(SessionError::Plan(PlanError::NoStage {
@@ -383,6 +382,122 @@ pub fn session_under(
     let (role, pin) =
         cordon_stage::bundle::image_of(policy, StageKind::Lane).map_err(SessionError::Plan)?;
 
+    Ok(LaneStage {
+        stage,
+        limits,
+        startup,
+        workload_phase,
+        step,
+        engine,
+        role,
+        pin,
+    })
+}
+
+/// The worker's argv: the sealed digest, the frame bounds, the read-only paths it checks, the
+/// caches, then the engine's own argv.
+fn worker_argv(
+    worker: &Digest,
+    limits: Limits,
+    asked: &[String],
+    cache_root: Option<&String>,
+    caches: &[String],
+    engine: Vec<String>,
+) -> Vec<String> {
+    let mut argv = vec![
+        WORKER.to_owned(),
+        "--sealed".into(),
+        worker.hex(),
+        "--max-bytes".into(),
+        limits.max_bytes.to_string(),
+        "--max-frames".into(),
+        limits.max_frames.to_string(),
+    ];
+    for path in asked {
+        argv.extend(["--read-only".to_owned(), path.clone()]);
+    }
+    if let (Some(root), false) = (cache_root, caches.is_empty()) {
+        argv.extend(["--cache-root".to_owned(), root.clone()]);
+        for dir in caches {
+            argv.extend(["--cache".to_owned(), dir.clone()]);
+        }
+    }
+    argv.push("--".into());
+    argv.extend(engine);
+    argv
+}
+
+/// The device receipts of a lane without a GPU: the lock held before, the cgroup's CPUs during
+/// the last warmup, OCI quiescence after.
+fn device_receipts(
+    lease: &str,
+    pre_ns: u64,
+    (active_ns, cpuset): (u64, Option<String>),
+    post_ns: u64,
+) -> DeviceReceipts {
+    let receipt = |seq: u32, phase, at_ns, note: &str| DeviceReceipt {
+        launch: lease.to_owned(),
+        seq,
+        phase,
+        at_ns,
+        gpus: Vec::new(),
+        cpuset: None,
+        quiescent: None,
+        note: note.to_owned(),
+    };
+    DeviceReceipts {
+        pre: receipt(
+            0,
+            DevicePhase::Pre,
+            pre_ns,
+            "no GPU on the lane: nothing to drain; the host's GPU lock is held (another read waits for it)",
+        ),
+        active: DeviceReceipt {
+            cpuset,
+            ..receipt(
+                1,
+                DevicePhase::Active,
+                active_ns,
+                "no GPU on the lane: the CPUs of the container's cgroup (cpuset, effective) during the last warmup",
+            )
+        },
+        post: DeviceReceipt {
+            quiescent: Some(true),
+            ..receipt(
+                2,
+                DevicePhase::Post,
+                post_ns,
+                "no GPU on the lane: OCI quiescence only (the lease's absence proof), no drain observed",
+            )
+        },
+    }
+}
+
+/// Run one engine session under `lock`, the host's GPU lock the caller holds (a
+/// qualification holds it for all its reads).
+///
+/// # Errors
+/// Anything cordon could not establish, or the operator's wiring error.
+#[allow(clippy::too_many_lines)]
+pub fn session_under(
+    policy: &Policy,
+    cfg: &Config,
+    inputs: &Inputs,
+    lock: &GpuLock,
+) -> Result<Outcome, LaneError> {
+    let started = Instant::now();
+    let from_unix_ns = crate::lock::unix_ns();
+    let LaneStage {
+        stage,
+        limits,
+        startup,
+        workload_phase,
+        step,
+        engine,
+        role,
+        pin,
+    } = lane_stage(policy)?;
+
     // Plan: everything is verified before anything runs.
     let (workload, workload_digest) = Workload::load(&inputs.workload)?;
     workload
@@ -404,26 +519,14 @@ pub fn session_under(
     let asked: Vec<String> = std::iter::once("/".to_owned())
         .chain(stage.mount.keys().cloned())
         .collect();
-    let mut argv = vec![
-        WORKER.to_owned(),
-        "--sealed".into(),
-        worker.hex(),
-        "--max-bytes".into(),
-        limits.max_bytes.to_string(),
-        "--max-frames".into(),
-        limits.max_frames.to_string(),
-    ];
-    for path in &asked {
-        argv.extend(["--read-only".to_owned(), path.clone()]);
-    }
-    if let (Some(root), false) = (&cache_root, caches.is_empty()) {
-        argv.extend(["--cache-root".to_owned(), root.clone()]);
-        for dir in &caches {
-            argv.extend(["--cache".to_owned(), dir.clone()]);
-        }
-    }
-    argv.push("--".into());
-    argv.extend(engine);
+    let argv = worker_argv(
+        &worker,
+        limits,
+        &asked,
+        cache_root.as_ref(),
+        &caches,
+        engine,
+    );
 
     let session = cfg.session(policy, StageKind::Lane);
     let job = Job {
@@ -516,43 +619,7 @@ pub fn session_under(
         verdict.ok_or_else(|| LaneError::NoDecision("the session was not driven".into()))?;
     let launch =
         launch.ok_or_else(|| LaneError::NoDecision("the session was not driven".into()))?;
-    let (active_ns, cpuset) = active.unwrap_or((0, None));
-    let receipt = |seq: u32, phase, at_ns, note: &str| DeviceReceipt {
-        launch: lease.clone(),
-        seq,
-        phase,
-        at_ns,
-        gpus: Vec::new(),
-        cpuset: None,
-        quiescent: None,
-        note: note.to_owned(),
-    };
-    let devices = DeviceReceipts {
-        pre: receipt(
-            0,
-            DevicePhase::Pre,
-            pre_ns,
-            "no GPU on the lane: nothing to drain; the host's GPU lock is held (another read waits for it)",
-        ),
-        active: DeviceReceipt {
-            cpuset,
-            ..receipt(
-                1,
-                DevicePhase::Active,
-                active_ns,
-                "no GPU on the lane: the CPUs of the container's cgroup (cpuset, effective) during the last warmup",
-            )
-        },
-        post: DeviceReceipt {
-            quiescent: Some(true),
-            ..receipt(
-                2,
-                DevicePhase::Post,
-                post_ns,
-                "no GPU on the lane: OCI quiescence only (the lease's absence proof), no drain observed",
-            )
-        },
-    };
+    let devices = device_receipts(&lease, pre_ns, active.unwrap_or((0, None)), post_ns);
     decide(verdict, meta, lease, |t, meta, lease| {
         let windows = t.windows;
         LaneOutputs {
