@@ -258,6 +258,122 @@ pub fn drive(
     }
 }
 
+/// The worker's posture, its first frame before the startup deadline: anything wrong before
+/// it is the worker's, not the candidate's (nothing of the candidate runs yet).
+fn posture(s: &mut Stream<'_>, startup: Instant) -> Result<(Posture, Digest), Verdict> {
+    Ok(match s.next(startup) {
+        Next::Frame(_, f) if f.kind == Kind::Posture => {
+            match message::from_payload::<Posture>(&f.payload) {
+                Ok(p) => (p, Digest::of_bytes(&f.payload)),
+                Err(e) => return Err(Verdict::NoDecision(format!("the posture frame: {e}"))),
+            }
+        }
+        Next::Frame(_, f) if f.kind == Kind::Fault => return Err(fault(&f)),
+        Next::Frame(_, f) => {
+            return Err(Verdict::NoDecision(format!(
+                "the worker sent {:?} before its posture",
+                f.kind
+            )));
+        }
+        Next::End => {
+            return Err(Verdict::NoDecision(
+                "the worker ended before its posture".into(),
+            ));
+        }
+        Next::Late => {
+            return Err(Verdict::NoDecision(
+                "no posture before the startup deadline".into(),
+            ));
+        }
+        Next::Broken(e) => {
+            return Err(Verdict::NoDecision(format!("the worker's stream: {e}")));
+        }
+    })
+}
+
+/// Startup: the engine's first frame must be `ready`, in this protocol, before the startup
+/// deadline. When it came (ns after `origin`).
+fn ready(
+    s: &mut Stream<'_>,
+    origin: Instant,
+    startup: Instant,
+    plan: &Plan<'_>,
+) -> Result<u64, Verdict> {
+    Ok(match s.next(startup) {
+        Next::Frame(at, f) if f.kind == Kind::Ready => match message::ready_protocol(&f.payload) {
+            Ok(PROTOCOL) => ns(origin, at),
+            Ok(v) => {
+                return Err(violation(
+                    "lane.protocol",
+                    format!("the engine speaks protocol {v}, not {PROTOCOL}"),
+                ));
+            }
+            Err(e) => return Err(violation("lane.protocol", e.to_string())),
+        },
+        Next::Frame(at, f) => return Err(after_start(&f, "before it was ready", ns(origin, at))),
+        Next::End | Next::Broken(_) => {
+            return Err(Verdict::NoDecision(
+                "the worker's stream ended without a report".into(),
+            ));
+        }
+        Next::Late if startup == plan.absolute => return Err(absolute_deadline()),
+        Next::Late => {
+            return Err(violation(
+                "lane.startup-deadline",
+                format!(
+                    "the engine was not ready within the startup phase ({:?})",
+                    plan.startup
+                ),
+            ));
+        }
+    })
+}
+
+/// After the last response (the stream closed): the worker's report that the engine ended
+/// cleanly, then the end of the stream, all before `deadline` (`late` says what passing it
+/// is). The report.
+fn ended_cleanly(
+    s: &mut Stream<'_>,
+    origin: Instant,
+    deadline: Instant,
+    late: &dyn Fn() -> Verdict,
+) -> Result<Ended, Verdict> {
+    let stream_ended = || Verdict::NoDecision("the worker's stream ended without a report".into());
+    let ended = match s.next(deadline) {
+        Next::Frame(_, f) if f.kind == Kind::Ended => message::from_payload::<Ended>(&f.payload)
+            .map_err(|e| Verdict::NoDecision(format!("the worker's report: {e}")))?,
+        Next::Frame(at, f) => {
+            return Err(after_start(&f, "after the last response", ns(origin, at)));
+        }
+        Next::End | Next::Broken(_) => return Err(stream_ended()),
+        Next::Late => return Err(late()),
+    };
+    if let Some(v) = &ended.violation {
+        return Err(violation(
+            "lane.protocol",
+            format!("the engine broke the wire: {v}"),
+        ));
+    }
+    if ended.code != Some(0) {
+        return Err(violation(
+            "lane.exit",
+            format!("the engine {} after the workload", how(&ended)),
+        ));
+    }
+    match s.next(deadline) {
+        Next::End => {}
+        Next::Frame(_, f) => {
+            return Err(Verdict::NoDecision(format!(
+                "the worker sent {:?} after its report",
+                f.kind
+            )));
+        }
+        Next::Late => return Err(late()),
+        Next::Broken(e) => return Err(Verdict::NoDecision(format!("the worker's stream: {e}"))),
+    }
+    Ok(ended)
+}
+
 fn session(
     s: &mut Stream<'_>,
     tx: Sender<Vec<u8>>,
@@ -268,24 +384,9 @@ fn session(
     started: &mut bool,
 ) -> Verdict {
     let startup = (origin + plan.startup).min(plan.absolute);
-    // The worker's posture comes first; anything wrong before it is the worker's, not the
-    // candidate's (nothing of the candidate runs yet).
-    let (posture, posture_digest) = match s.next(startup) {
-        Next::Frame(_, f) if f.kind == Kind::Posture => {
-            match message::from_payload::<Posture>(&f.payload) {
-                Ok(p) => (p, Digest::of_bytes(&f.payload)),
-                Err(e) => return Verdict::NoDecision(format!("the posture frame: {e}")),
-            }
-        }
-        Next::Frame(_, f) if f.kind == Kind::Fault => return fault(&f),
-        Next::Frame(_, f) => {
-            return Verdict::NoDecision(format!("the worker sent {:?} before its posture", f.kind));
-        }
-        Next::End => return Verdict::NoDecision("the worker ended before its posture".into()),
-        Next::Late => {
-            return Verdict::NoDecision("no posture before the startup deadline".into());
-        }
-        Next::Broken(e) => return Verdict::NoDecision(format!("the worker's stream: {e}")),
+    let (posture, posture_digest) = match posture(s, startup) {
+        Ok(p) => p,
+        Err(v) => return v,
     };
     let differs = expect(&posture);
     if !differs.is_empty() {
@@ -304,32 +405,9 @@ fn session(
         return Verdict::NoDecision(e);
     }
     *started = true;
-    // Startup: the engine's first frame must be `ready`, before the startup deadline.
-    let ready_ns = match s.next(startup) {
-        Next::Frame(at, f) if f.kind == Kind::Ready => match message::ready_protocol(&f.payload) {
-            Ok(PROTOCOL) => ns(origin, at),
-            Ok(v) => {
-                return violation(
-                    "lane.protocol",
-                    format!("the engine speaks protocol {v}, not {PROTOCOL}"),
-                );
-            }
-            Err(e) => return violation("lane.protocol", e.to_string()),
-        },
-        Next::Frame(at, f) => return after_start(&f, "before it was ready", ns(origin, at)),
-        Next::End | Next::Broken(_) => {
-            return Verdict::NoDecision("the worker's stream ended without a report".into());
-        }
-        Next::Late if startup == plan.absolute => return absolute_deadline(),
-        Next::Late => {
-            return violation(
-                "lane.startup-deadline",
-                format!(
-                    "the engine was not ready within the startup phase ({:?})",
-                    plan.startup
-                ),
-            );
-        }
+    let ready_ns = match ready(s, origin, startup, plan) {
+        Ok(at) => at,
+        Err(v) => return v,
     };
     let ready_at = origin + Duration::from_nanos(ready_ns);
     let deadline = (ready_at + plan.workload_phase).min(plan.absolute);
@@ -419,36 +497,10 @@ fn session(
     // The workload is over: closing the stream tells the engine so; the next frame must be the
     // worker's report that it ended cleanly.
     drop(tx);
-    let ended = match s.next(deadline) {
-        Next::Frame(_, f) if f.kind == Kind::Ended => {
-            match message::from_payload::<Ended>(&f.payload) {
-                Ok(e) => e,
-                Err(e) => return Verdict::NoDecision(format!("the worker's report: {e}")),
-            }
-        }
-        Next::Frame(at, f) => return after_start(&f, "after the last response", ns(origin, at)),
-        Next::End | Next::Broken(_) => {
-            return Verdict::NoDecision("the worker's stream ended without a report".into());
-        }
-        Next::Late => return late(),
+    let ended = match ended_cleanly(s, origin, deadline, &late) {
+        Ok(ended) => ended,
+        Err(v) => return v,
     };
-    if let Some(v) = &ended.violation {
-        return violation("lane.protocol", format!("the engine broke the wire: {v}"));
-    }
-    if ended.code != Some(0) {
-        return violation(
-            "lane.exit",
-            format!("the engine {} after the workload", how(&ended)),
-        );
-    }
-    match s.next(deadline) {
-        Next::End => {}
-        Next::Frame(_, f) => {
-            return Verdict::NoDecision(format!("the worker sent {:?} after its report", f.kind));
-        }
-        Next::Late => return late(),
-        Next::Broken(e) => return Verdict::NoDecision(format!("the worker's stream: {e}")),
-    }
     let outputs = match outputs_digest(&outputs) {
         Ok(d) => d,
         Err(e) => return Verdict::NoDecision(e.to_string()),

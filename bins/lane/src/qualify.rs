@@ -163,6 +163,67 @@ fn stopped(role: &str, outcome: Outcome, digest: &Digest, first_reason: &str) ->
     )
 }
 
+/// A workload with fewer timed requests than the verdict needs is refused before any read.
+fn check_timed(plan: &Plan, speed_policy: &cordon_policy_lang::Speed) -> Result<(), LaneError> {
+    let (workload, _) = Workload::load(&plan.workload)?;
+    let timed = (0..workload.requests.len())
+        .filter(|&i| workload.phase(i) == cordon::receipt::LanePhase::Timed)
+        .count() as u64;
+    if timed < speed_policy.min_timed_windows {
+        return Err(LaneError::Policy(format!(
+            "the workload has {timed} timed requests; the speed policy needs at least {}",
+            speed_policy.min_timed_windows
+        )));
+    }
+    Ok(())
+}
+
+/// The session receipt of read `name`, its inputs set, chained to the build it reads.
+fn read_receipt(
+    cfg: &Config,
+    plan: &Plan,
+    name: &str,
+    role: Role,
+    build: &Build,
+    lane: &LaneAssignment,
+) -> Result<Receipt, LaneError> {
+    let mut receipt = Receipt::new(StageName::Lane, cfg.authority, Outcome::Ok);
+    receipt.prev = Some(build.receipt);
+    receipt
+        .set_inputs(&LaneInputs {
+            role,
+            read: Some(name.to_owned()),
+            tree: build.tree,
+            publication: build.publication,
+            workload: plan.workload.clone(),
+            model: plan.model.clone(),
+            lane: Some(lane.clone()),
+        })
+        .map_err(|e| LaneError::NoDecision(e.to_string()))?;
+    Ok(receipt)
+}
+
+/// A reproduction's settlement: the lower of its two speedups, settling only when both
+/// attempts passed on settling reads.
+fn settlement(
+    plan: &Plan,
+    record: &cordon_evidence::speed::SpeedRecord,
+    settling: bool,
+) -> Option<Settlement> {
+    plan.reproduces.as_ref().map(|(primary, first)| {
+        let speedups_bp = [first.speed.speedup_bp, record.speedup_bp];
+        Settlement {
+            primary: *primary,
+            speedups_bp,
+            speedup_bp: speedups_bp[0].min(speedups_bp[1]),
+            settles: first.speed.verdict == Verdict::Pass
+                && record.verdict == Verdict::Pass
+                && first.settling
+                && settling,
+        }
+    })
+}
+
 /// Run the three reads, each with `read` (a real session: [`crate::session::session`]), and
 /// decide.
 ///
@@ -181,17 +242,7 @@ pub fn qualify(
         .ok_or_else(|| LaneError::Policy("the policy has no speed section".into()))?;
     let speed_digest = speed_policy_digest(speed_policy)
         .map_err(|e| LaneError::NoDecision(format!("the speed policy digest: {e}")))?;
-    // A workload with fewer timed requests than the verdict needs is refused before any read.
-    let (workload, _) = Workload::load(&plan.workload)?;
-    let timed = (0..workload.requests.len())
-        .filter(|&i| workload.phase(i) == cordon::receipt::LanePhase::Timed)
-        .count() as u64;
-    if timed < speed_policy.min_timed_windows {
-        return Err(LaneError::Policy(format!(
-            "the workload has {timed} timed requests; the speed policy needs at least {}",
-            speed_policy.min_timed_windows
-        )));
-    }
+    check_timed(plan, speed_policy)?;
     // One hold of the host's GPU lock for all three reads: no other read runs between them.
     let lock = crate::lock::acquire(&cfg.setup.lock_dir)
         .map_err(|e| LaneError::NoDecision(format!("cannot take the host's GPU lock: {e}")))?;
@@ -211,19 +262,7 @@ pub fn qualify(
             model: plan.model.clone(),
             lane: Some(lane.clone()),
         };
-        let mut receipt = Receipt::new(StageName::Lane, cfg.authority, Outcome::Ok);
-        receipt.prev = Some(build.receipt);
-        receipt
-            .set_inputs(&LaneInputs {
-                role,
-                read: Some(name.to_owned()),
-                tree: build.tree,
-                publication: build.publication,
-                workload: plan.workload.clone(),
-                model: plan.model.clone(),
-                lane: Some(lane.clone()),
-            })
-            .map_err(|e| LaneError::NoDecision(e.to_string()))?;
+        let mut receipt = read_receipt(cfg, plan, name, role, build, lane)?;
         let result = match read(&inputs, &lock) {
             Err(e) if e.exit_class() == cordon::ExitCode::Usage => return Err(e),
             r => r,
@@ -288,18 +327,7 @@ pub fn qualify(
     } else {
         Some("this build has no device guard: no pre, active and post device receipts".to_owned())
     };
-    let settlement = plan.reproduces.as_ref().map(|(primary, first)| {
-        let speedups_bp = [first.speed.speedup_bp, record.speedup_bp];
-        Settlement {
-            primary: *primary,
-            speedups_bp,
-            speedup_bp: speedups_bp[0].min(speedups_bp[1]),
-            settles: first.speed.verdict == Verdict::Pass
-                && record.verdict == Verdict::Pass
-                && first.settling
-                && non_settling.is_none(),
-        }
-    });
+    let settlement = settlement(plan, &record, non_settling.is_none());
     let outputs = QualifyOutputs {
         sessions: Reads {
             b: db,
