@@ -186,6 +186,86 @@ pub fn qualification(sessions: &Reads<LaneOutputs>, digests: Reads<Digest>) -> Q
     }
 }
 
+/// `cordon-reap --check` on a quiescent executor.
+fn reap_example() -> Receipt {
+    receipt(
+        None,
+        &ReapInputs {
+            executor: "evaluator".into(),
+            check: true,
+            status: false,
+            sweep: false,
+        },
+        &ReapOutputs {
+            quiescent: true,
+            released: Some(Vec::new()),
+            active: Some(Vec::new()),
+            remaining: Vec::new(),
+        },
+    )
+}
+
+/// One command run on the surface.
+fn surface_example() -> Receipt {
+    let d = |s: &[u8]| Digest::of_bytes(s);
+    receipt(
+        None,
+        &SurfaceInputs {
+            workspace: "/srv/ws/run-1".into(),
+            tier: Tier::Command,
+            argv: vec!["/bin/sh".into(), "-c".into(), "make test".into()],
+        },
+        &SurfaceOutputs {
+            run: "run-1".into(),
+            tier: Tier::Command,
+            workspace: "/srv/ws/run-1".into(),
+            workspace_dest: "/workspace".into(),
+            surface_policy: d(b"surface section"),
+            read_set: vec!["/usr".into()],
+            env_names: vec!["HOME".into(), "PATH".into()],
+            network: "none".into(),
+            user: UserMapping {
+                host_uid: 990,
+                host_gid: 990,
+                mapped: 1,
+            },
+            argv: vec!["/bin/sh".into(), "-c".into(), "make test".into()],
+            meta: Meta {
+                exit_code: Some(0),
+                ..Meta::default()
+            },
+            stdout: "ok\n".into(),
+            stderr: String::new(),
+        },
+    )
+}
+
+/// The non-ok shapes: a rejected fetch, the pass-on of it, a no-decision prebuild.
+fn non_ok(fetch: &Receipt, prebuild: &Receipt) -> [Receipt; 3] {
+    #[allow(clippy::expect_used)]
+    let digest = |r: &Receipt| r.digest().expect("an example receipt encodes");
+    let mut rejected = fetch.clone();
+    rejected.outcome = Outcome::Rejected;
+    rejected.outputs = serde_json::json!({});
+    rejected.reasons.push(Reason {
+        code: "intake.digest".into(),
+        message: "the archive is not the one named".into(),
+    });
+    let pass_on = {
+        let mut r = Receipt::pass_on(StageName::Materialize, &rejected, digest(&rejected));
+        (r.host, r.started_at, r.finished_at) = (host(), AT.into(), AT.into());
+        r
+    };
+    let mut no_decision = prebuild.clone();
+    no_decision.outcome = Outcome::NoDecision;
+    no_decision.outputs = serde_json::json!({});
+    no_decision.reasons.push(Reason {
+        code: "prebuild.infrastructure".into(),
+        message: "cannot verify the image".into(),
+    });
+    [rejected, pass_on, no_decision]
+}
+
 /// One receipt of every stage and shape, by name: intake, a delta, an incumbent's
 /// registration, both prebuilds, a session, a qualification, reap, a surface run, a pass-on
 /// and a no-decision.
@@ -316,70 +396,7 @@ pub fn every_stage() -> Vec<(&'static str, Receipt)> {
             },
         ),
     );
-    let reap = receipt(
-        None,
-        &ReapInputs {
-            executor: "evaluator".into(),
-            check: true,
-            status: false,
-            sweep: false,
-        },
-        &ReapOutputs {
-            quiescent: true,
-            released: Some(Vec::new()),
-            active: Some(Vec::new()),
-            remaining: Vec::new(),
-        },
-    );
-    let surface = receipt(
-        None,
-        &SurfaceInputs {
-            workspace: "/srv/ws/run-1".into(),
-            tier: Tier::Command,
-            argv: vec!["/bin/sh".into(), "-c".into(), "make test".into()],
-        },
-        &SurfaceOutputs {
-            run: "run-1".into(),
-            tier: Tier::Command,
-            workspace: "/srv/ws/run-1".into(),
-            workspace_dest: "/workspace".into(),
-            surface_policy: d(b"surface section"),
-            read_set: vec!["/usr".into()],
-            env_names: vec!["HOME".into(), "PATH".into()],
-            network: "none".into(),
-            user: UserMapping {
-                host_uid: 990,
-                host_gid: 990,
-                mapped: 1,
-            },
-            argv: vec!["/bin/sh".into(), "-c".into(), "make test".into()],
-            meta: Meta {
-                exit_code: Some(0),
-                ..Meta::default()
-            },
-            stdout: "ok\n".into(),
-            stderr: String::new(),
-        },
-    );
-    let mut rejected = fetch.clone();
-    rejected.outcome = Outcome::Rejected;
-    rejected.outputs = serde_json::json!({});
-    rejected.reasons.push(Reason {
-        code: "intake.digest".into(),
-        message: "the archive is not the one named".into(),
-    });
-    let pass_on = {
-        let mut r = Receipt::pass_on(StageName::Materialize, &rejected, digest(&rejected));
-        (r.host, r.started_at, r.finished_at) = (host(), AT.into(), AT.into());
-        r
-    };
-    let mut no_decision = prebuild_c.clone();
-    no_decision.outcome = Outcome::NoDecision;
-    no_decision.outputs = serde_json::json!({});
-    no_decision.reasons.push(Reason {
-        code: "prebuild.infrastructure".into(),
-        message: "cannot verify the image".into(),
-    });
+    let [rejected, pass_on, no_decision] = non_ok(&fetch, &prebuild_c);
     vec![
         ("fetch", fetch),
         ("materialize-delta", materialize),
@@ -388,8 +405,8 @@ pub fn every_stage() -> Vec<(&'static str, Receipt)> {
         ("prebuild-candidate", prebuild_c),
         ("lane-read-c", lane_c),
         ("qualify", qualify),
-        ("reap", reap),
-        ("surface", surface),
+        ("reap", reap_example()),
+        ("surface", surface_example()),
         ("fetch-rejected", rejected),
         ("materialize-pass-on", pass_on),
         ("prebuild-no-decision", no_decision),
