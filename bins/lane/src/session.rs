@@ -313,6 +313,40 @@ pub fn session(policy: &Policy, cfg: &Config, inputs: &Inputs) -> Result<Outcome
     session_under(policy, cfg, inputs, &lock)
 }
 
+/// The container job of one read: the worker's argv in the pinned image, the tree, the
+/// publication and the model bound in, its stdin and stdout live for the frames.
+fn lane_job(
+    cfg: &Config,
+    inputs: &Inputs,
+    argv: Vec<String>,
+    image_rootfs: PathBuf,
+    model_dir: PathBuf,
+    started: Instant,
+) -> Job {
+    Job {
+        argv,
+        image_rootfs,
+        sources: [
+            (
+                MountSource::Tree,
+                tree::root_in(&cfg.store, TREES, &inputs.tree),
+            ),
+            (
+                MountSource::Publication,
+                tree::root_in(&cfg.store, PUBLICATIONS, &inputs.publication),
+            ),
+            (MountSource::Model, model_dir),
+        ]
+        .into(),
+        stdin: Input::Live,
+        live_stdout: true,
+        live_stderr: false,
+        started,
+        framed: true,
+        cpuset: inputs.lane.as_ref().map(|l| l.cpuset.clone()),
+    }
+}
+
 /// What the lane stage of the policy fixes for a session, each value required.
 struct LaneStage<'p> {
     stage: &'p cordon_policy_lang::Stage,
@@ -529,28 +563,7 @@ pub fn session_under(
     );
 
     let session = cfg.session(policy, StageKind::Lane);
-    let job = Job {
-        argv,
-        image_rootfs: rootfs,
-        sources: [
-            (
-                MountSource::Tree,
-                tree::root_in(&cfg.store, TREES, &inputs.tree),
-            ),
-            (
-                MountSource::Publication,
-                tree::root_in(&cfg.store, PUBLICATIONS, &inputs.publication),
-            ),
-            (MountSource::Model, model_dir),
-        ]
-        .into(),
-        stdin: Input::Live,
-        live_stdout: true,
-        live_stderr: false,
-        started,
-        framed: true,
-        cpuset: inputs.lane.as_ref().map(|l| l.cpuset.clone()),
-    };
+    let job = lane_job(cfg, inputs, argv, rootfs, model_dir, started);
     let mut verdict = None;
     let mut launch = None;
     let mut active = None;
