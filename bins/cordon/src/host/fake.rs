@@ -14,7 +14,7 @@ use std::process::ExitStatus;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Instant;
 
-use super::process::{Process, Supervise};
+use super::process::{Process, Supervise, wait_until};
 use super::{DeviceNode, Digest, Host, MountRequest, Tool, ToolOutput};
 
 /// One recorded call.
@@ -396,28 +396,8 @@ impl Supervise for Scripted {
         if matches!(self.script.end, End::Unwaitable) {
             return Err(io::Error::other("injected failure: waitid"));
         }
-        let mut ended = self.ended.lock().unwrap_or_else(PoisonError::into_inner);
-        loop {
-            if ended.0.is_some() {
-                return Ok(true);
-            }
-            ended = match deadline {
-                None => self
-                    .changed
-                    .wait(ended)
-                    .unwrap_or_else(PoisonError::into_inner),
-                Some(deadline) => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Ok(false);
-                    }
-                    self.changed
-                        .wait_timeout(ended, left)
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0
-                }
-            };
-        }
+        let ended = self.ended.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok(wait_until(&self.changed, ended, deadline, |e| e.0.map(|_| ())).is_some())
     }
 
     fn kill(&self) -> io::Result<()> {

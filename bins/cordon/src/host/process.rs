@@ -148,6 +148,35 @@ impl Process {
     }
 }
 
+/// Wait on `changed` (holding `guard`) until `settled` reads an answer from the guarded state,
+/// or until `deadline` passes (`None`; no deadline waits for ever): the one wait of every
+/// supervisor, real or scripted.
+pub fn wait_until<T, R>(
+    changed: &Condvar,
+    mut guard: MutexGuard<'_, T>,
+    deadline: Option<Instant>,
+    settled: impl Fn(&T) -> Option<R>,
+) -> Option<R> {
+    loop {
+        if let Some(answer) = settled(&guard) {
+            return Some(answer);
+        }
+        guard = match deadline {
+            None => changed.wait(guard).unwrap_or_else(PoisonError::into_inner),
+            Some(deadline) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return None;
+                }
+                changed
+                    .wait_timeout(guard, left)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0
+            }
+        };
+    }
+}
+
 /// Where a real child stands.
 #[derive(Debug)]
 enum Stand {
@@ -207,29 +236,15 @@ impl Supervise for Waiter {
     }
 
     fn exited(&self, deadline: Option<Instant>) -> io::Result<bool> {
-        let mut stand = self.lock();
-        loop {
-            match *stand {
-                Stand::Exited | Stand::Reaped => return Ok(true),
-                Stand::Unwaitable(e) => return Err(io::Error::from(e)),
-                Stand::Running => {}
-            }
-            stand = match deadline {
-                None => self
-                    .changed
-                    .wait(stand)
-                    .unwrap_or_else(PoisonError::into_inner),
-                Some(deadline) => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Ok(false);
-                    }
-                    self.changed
-                        .wait_timeout(stand, left)
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0
-                }
-            };
+        let settled = wait_until(&self.changed, self.lock(), deadline, |stand| match stand {
+            Stand::Exited | Stand::Reaped => Some(Ok(())),
+            Stand::Unwaitable(e) => Some(Err(*e)),
+            Stand::Running => None,
+        });
+        match settled {
+            Some(Ok(())) => Ok(true),
+            Some(Err(e)) => Err(io::Error::from(e)),
+            None => Ok(false),
         }
     }
 
