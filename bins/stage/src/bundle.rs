@@ -764,12 +764,7 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
     let (Some(memory_bytes), Some(pids)) = (memory_bytes, pids) else {
         return Err(invalid("a candidate stage without a memory or pids limit"));
     };
-    let profile = policy
-        .seccomp_profile(seccomp_name)
-        .ok_or_else(|| PlanError::NoSeccomp {
-            kind,
-            name: seccomp_name.clone(),
-        })?;
+    let profile = oci::seccomp_profile(policy, kind, seccomp_name)?;
     let (uid, gid) = match user {
         User::PerRun => (run.uid, run.gid),
         User::Service => return Err(invalid("only the surface runs as its service user")),

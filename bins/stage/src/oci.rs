@@ -8,7 +8,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
-use cordon_policy_lang::{Arch, ArgCondition, ArgOp, Ipc, SeccompAction, SeccompProfile};
+use cordon_policy_lang::{
+    Arch, ArgCondition, ArgOp, Ipc, Policy, SeccompAction, SeccompProfile, StageKind,
+};
 use oci_spec::runtime::{
     Arch as OciArch, Capability, Linux, LinuxCapabilitiesBuilder, LinuxNamespace,
     LinuxNamespaceBuilder, LinuxNamespaceType, LinuxSeccompAction, LinuxSeccompArgBuilder,
@@ -199,6 +201,21 @@ pub(crate) fn spec(
         .annotations(annotations)
         .build()
         .map_err(invalid)
+}
+
+/// The seccomp profile stage `kind` names; a missing one is an error, never a substituted
+/// default.
+pub(crate) fn seccomp_profile<'p>(
+    policy: &'p Policy,
+    kind: StageKind,
+    name: &str,
+) -> Result<&'p SeccompProfile, PlanError> {
+    policy
+        .seccomp_profile(name)
+        .ok_or_else(|| PlanError::NoSeccomp {
+            kind,
+            name: name.to_owned(),
+        })
 }
 
 /// A mount of the spec.

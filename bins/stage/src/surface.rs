@@ -388,12 +388,7 @@ pub fn plan(policy: &Policy, run: &SurfaceInputs) -> Result<SurfacePlan, PlanErr
             });
         }
     }
-    let profile = policy
-        .seccomp_profile(seccomp_name)
-        .ok_or_else(|| PlanError::NoSeccomp {
-            kind,
-            name: seccomp_name.clone(),
-        })?;
+    let profile = oci::seccomp_profile(policy, kind, seccomp_name)?;
     let dest = workspace_dest(stage)?.to_owned();
     if binds.len() != 1 {
         return Err(invalid("the surface mounts its workspace and nothing else"));
