@@ -854,9 +854,10 @@ mod tests {
 
 #[cfg(test)]
 mod root_tests {
-    //! Removal against a real mount (root, as CI runs).
+    //! Removal against a real mount (root, as CI runs), made through the host seam.
 
     use super::*;
+    use crate::host::Host;
 
     /// A tmpfs still mounted inside a directory (a live lease's staging, say) is never emptied
     /// by removing the directory: the removal stops at the mount point with an error.
@@ -870,19 +871,17 @@ mod root_tests {
         let run = dir.path().join("run");
         let staging = run.join("staging");
         fs::create_dir_all(&staging).unwrap();
-        nix::mount::mount(
-            Some("tmpfs"),
-            &staging,
-            Some("tmpfs"),
-            nix::mount::MsFlags::empty(),
-            Some("size=1m"),
-        )
+        let host = crate::host::Linux;
+        host.mount(&crate::host::MountRequest::Tmpfs {
+            target: staging.clone(),
+            options: "size=1m".into(),
+        })
         .unwrap();
         fs::write(staging.join("live"), "x").unwrap();
         let err = remove_tree(&run).unwrap_err();
         assert!(err.to_string().contains("mount point"), "{err}");
         assert_eq!(fs::read_to_string(staging.join("live")).unwrap(), "x");
-        nix::mount::umount(&staging).unwrap();
+        host.unmount(&staging).unwrap();
         remove_tree(&run).unwrap();
         assert!(!run.exists());
     }
