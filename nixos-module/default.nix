@@ -463,6 +463,9 @@ in {
           User = surface.user;
           Group = surface.user;
           SupplementaryGroups = [];
+          # What runs of a dead supervisor left is released before the agent starts, as this
+          # user: the runs and their state directory are the service user's own.
+          ExecStartPre = "${cfg.package}/bin/cordon-reap --surface --policy /etc/cordon/surface.kdl --sweep";
           ExecStart = utils.escapeSystemdExecArgs surface.command;
           ProtectSystem = "strict";
           ReadWritePaths = lib.unique [

@@ -463,6 +463,13 @@ impl Runtime {
     }
 }
 
+impl crate::exit::ExitClass for RuntimeError {
+    /// A runtime that fails is cordon's infrastructure: a no-decision (3).
+    fn exit_class(&self) -> crate::ExitCode {
+        crate::ExitCode::NoDecision
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;

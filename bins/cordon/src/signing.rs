@@ -307,6 +307,14 @@ pub fn stored(store: &Store, digest: &Digest) -> Result<Signature, SigningError>
     })
 }
 
+impl crate::exit::ExitClass for SigningError {
+    /// A key or signature cordon cannot make or read is a no-decision (3); a receipt whose
+    /// signature does not verify is judged by its reader (`cordon-verify`), not here.
+    fn exit_class(&self) -> crate::ExitCode {
+        crate::ExitCode::NoDecision
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

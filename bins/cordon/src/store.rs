@@ -754,6 +754,13 @@ fn list_into(root: &Path, dir: &Path, out: &mut Vec<String>) -> Result<(), Store
     Ok(())
 }
 
+impl crate::exit::ExitClass for StoreError {
+    /// Everything a store cannot do is cordon's own failure: a no-decision (3).
+    fn exit_class(&self) -> crate::ExitCode {
+        crate::ExitCode::NoDecision
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};

@@ -195,10 +195,31 @@ fn reap_example() -> Receipt {
             check: true,
             status: false,
             sweep: false,
+            surface_state: None,
         },
         &ReapOutputs {
             quiescent: true,
             released: Some(Vec::new()),
+            active: Some(Vec::new()),
+            remaining: Vec::new(),
+        },
+    )
+}
+
+/// `cordon-reap --surface --sweep` that released one run of a dead supervisor.
+fn surface_reap_example() -> Receipt {
+    receipt(
+        None,
+        &ReapInputs {
+            executor: "agent-surface".into(),
+            check: false,
+            status: false,
+            sweep: true,
+            surface_state: Some("/var/lib/cordon-agent/surface".into()),
+        },
+        &ReapOutputs {
+            quiescent: true,
+            released: Some(vec!["cs-0123456789abcdef0123".into()]),
             active: Some(Vec::new()),
             remaining: Vec::new(),
         },
@@ -406,6 +427,7 @@ pub fn every_stage() -> Vec<(&'static str, Receipt)> {
         ("lane-read-c", lane_c),
         ("qualify", qualify),
         ("reap", reap_example()),
+        ("reap-surface", surface_reap_example()),
         ("surface", surface_example()),
         ("fetch-rejected", rejected),
         ("materialize-pass-on", pass_on),

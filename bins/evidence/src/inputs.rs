@@ -109,6 +109,10 @@ pub struct ReapInputs {
     pub status: bool,
     /// `--sweep`.
     pub sweep: bool,
+    /// `--surface`: the surface's state directory whose rootless runs were reaped (absent for
+    /// the host's leases).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub surface_state: Option<PathBuf>,
 }
 
 /// Which run of an agent a surface run is: the ADR's two credential tiers.

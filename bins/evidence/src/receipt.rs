@@ -529,6 +529,22 @@ pub enum ReceiptError {
     },
 }
 
+impl cordon_canon::exit::ExitClass for ReceiptError {
+    /// A receipt that is not usable as an input is the operator's wiring (2); one cordon cannot
+    /// encode is a no-decision (3).
+    fn exit_class(&self) -> cordon_canon::ExitCode {
+        match self {
+            Self::Encode { .. } => cordon_canon::ExitCode::NoDecision,
+            Self::ForeignAuthority { .. }
+            | Self::Schema { .. }
+            | Self::Parse { .. }
+            | Self::Outputs { .. }
+            | Self::Inputs { .. }
+            | Self::Stage { .. } => cordon_canon::ExitCode::Usage,
+        }
+    }
+}
+
 /// The current time as RFC 3339 UTC with millisecond precision.
 #[must_use]
 pub fn now_rfc3339() -> String {

@@ -48,6 +48,13 @@ pub enum Leftover {
         /// Its mount point.
         path: String,
     },
+    /// A rootless run (the surface's) that could not be released or is past its deadline.
+    Run {
+        /// The run (and its container's) id.
+        run: String,
+        /// What remains or could not be established.
+        why: String,
+    },
 }
 
 /// What `cordon-reap` established (its receipt's outputs, whatever its outcome).
@@ -82,6 +89,7 @@ impl Leftover {
                 path.contains(lease)
             }
             Self::Account { name, .. } => account == Some(name.as_str()),
+            Self::Run { run, .. } => run == lease,
         }
     }
 }
@@ -111,6 +119,7 @@ impl fmt::Display for Leftover {
             } => write!(f, "account {name} (uid {uid}, no owner tag)"),
             Self::Cgroup { path } => write!(f, "cgroup {path}"),
             Self::Mount { path } => write!(f, "mount {path}"),
+            Self::Run { run, why } => write!(f, "run {run}: {why}"),
         }
     }
 }

@@ -30,7 +30,7 @@ use cordon::receipt::{
     IncumbentOutputs, MaterializeOutputs, Outcome, PrebuildOutputs, Receipt, Role, StageName,
 };
 use cordon::store::Store;
-use cordon_stage::args::{Diagnostics, LeaseArgs, StageArgs, report_diagnostic};
+use cordon_stage::args::{Diagnostics, LeaseArgs, StageArgs, fail, report_diagnostic};
 use cordon_stage::receipt_io as stage;
 
 use crate::qualify::{self, Build, Plan, QualifyOutputs};
@@ -130,17 +130,11 @@ fn build_of(
 ) -> Result<(Build, Vec<Receipt>), ExitCode> {
     let publication = input
         .outputs_as::<PrebuildOutputs>()
-        .map_err(|e| {
-            report_diagnostic(&e, mode, stderr);
-            ExitCode::Usage
-        })?
+        .map_err(|e| fail(&e, mode, stderr))?
         .publication;
     let tree = input
         .inputs_as::<PrebuildInputs>()
-        .map_err(|e| {
-            report_diagnostic(&e, mode, stderr);
-            ExitCode::Usage
-        })?
+        .map_err(|e| fail(&e, mode, stderr))?
         .tree;
     let chain = stage::require_chain(store, &prev, authority).map_err(|e| {
         report_diagnostic(&e, mode, stderr);
@@ -230,15 +224,11 @@ impl Invocation<'_> {
             lane: None,
         };
         if let Err(e) = receipt.set_inputs(&recorded) {
-            report_diagnostic(&e, self.mode, stderr);
-            return ExitCode::NoDecision;
+            return fail(&e, self.mode, stderr);
         }
         match session(self.policy, &self.cfg, &inputs) {
             // The operator's inputs: nothing ran, nothing to record.
-            Err(e) if e.exit_class() == ExitCode::Usage => {
-                report_diagnostic(&e, self.mode, stderr);
-                ExitCode::Usage
-            }
+            Err(e) if e.exit_class() == ExitCode::Usage => fail(&e, self.mode, stderr),
             result => stage::finish(&self.store, &mut receipt, result, self.mode, stdout, stderr),
         }
     }
@@ -276,8 +266,7 @@ impl Invocation<'_> {
         ) {
             Ok(x) => x,
             Err(e) => {
-                report_diagnostic(&e, self.mode, stderr);
-                return ExitCode::Usage;
+                return fail(&e, self.mode, stderr);
             }
         };
         let (incumbent_build, b_chain) = match build_of(
@@ -319,8 +308,7 @@ impl Invocation<'_> {
             reproduces: None,
         };
         if let Err(e) = receipt.set_inputs(&recorded) {
-            report_diagnostic(&e, self.mode, stderr);
-            return ExitCode::NoDecision;
+            return fail(&e, self.mode, stderr);
         }
         // What the authority is frozen on is this host's now; a value cordon cannot read
         // is a no-decision before any read.
@@ -356,8 +344,7 @@ impl Invocation<'_> {
         let orientation = match orientation {
             Ok(o) => o,
             Err(e) => {
-                report_diagnostic(&e, self.mode, stderr);
-                return ExitCode::Usage;
+                return fail(&e, self.mode, stderr);
             }
         };
         let plan = Plan {
@@ -371,17 +358,13 @@ impl Invocation<'_> {
         };
         recorded.reproduces = plan.reproduces.as_ref().map(|(d, _)| *d);
         if let Err(e) = receipt.set_inputs(&recorded) {
-            report_diagnostic(&e, self.mode, stderr);
-            return ExitCode::NoDecision;
+            return fail(&e, self.mode, stderr);
         }
         let mut read = |inputs: &Inputs, lock: &crate::lock::GpuLock| {
             session_under(self.policy, &self.cfg, inputs, lock)
         };
         match qualify::qualify(self.policy, &self.cfg, &plan, &mut read, self.mode, stderr) {
-            Err(e) if e.exit_class() == ExitCode::Usage => {
-                report_diagnostic(&e, self.mode, stderr);
-                ExitCode::Usage
-            }
+            Err(e) if e.exit_class() == ExitCode::Usage => fail(&e, self.mode, stderr),
             result => stage::finish(&self.store, &mut receipt, result, self.mode, stdout, stderr),
         }
     }
@@ -418,8 +401,7 @@ pub fn run(
     let store = match Store::open(&args.stage.store_root(policy)) {
         Ok(s) => s,
         Err(e) => {
-            report_diagnostic(&e, mode, stderr);
-            return ExitCode::NoDecision;
+            return fail(&e, mode, stderr);
         }
     };
     let (input, prev) = match stage::input_or_exit(

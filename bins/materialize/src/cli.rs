@@ -29,7 +29,7 @@ use cordon::receipt::{
 use cordon::store::Store;
 use cordon::tree;
 use cordon_policy_lang::Policy;
-use cordon_stage::args::{LeaseArgs, StageArgs, report_diagnostic};
+use cordon_stage::args::{LeaseArgs, StageArgs, fail, report_diagnostic};
 use cordon_stage::receipt_io::{self as stage, StageError};
 use miette::{Diagnostic, LabeledSpan, NamedSource, SourceCode};
 use serde_json::{Value, json};
@@ -247,10 +247,7 @@ pub fn run(
                     stderr,
                 )
                 .unwrap_or(ExitCode::NoDecision),
-                Err(e) => {
-                    report_diagnostic(&e, args.stage.diagnostics, stderr);
-                    ExitCode::NoDecision
-                }
+                Err(e) => fail(&e, args.stage.diagnostics, stderr),
             }
         }
         Err(e) => {

@@ -17,7 +17,7 @@ use cordon::receipt::{
     Decision, IncumbentOutputs, MaterializeOutputs, Outcome, PrebuildOutputs, Receipt, StageName,
 };
 use cordon::store::Store;
-use cordon_stage::args::{LeaseArgs, StageArgs, report_diagnostic};
+use cordon_stage::args::{LeaseArgs, StageArgs, fail, report_diagnostic};
 use cordon_stage::receipt_io as stage;
 
 use crate::prebuild::{Config, prebuild, rejected};
@@ -60,8 +60,7 @@ pub fn run(
     let store = match Store::open(&store_root) {
         Ok(s) => s,
         Err(e) => {
-            report_diagnostic(&e, args.stage.diagnostics, stderr);
-            return ExitCode::NoDecision;
+            return fail(&e, args.stage.diagnostics, stderr);
         }
     };
     let (input, prev) = match stage::input_or_exit(
@@ -90,8 +89,7 @@ pub fn run(
         }) {
         Ok(o) => o,
         Err(e) => {
-            report_diagnostic(&e, args.stage.diagnostics, stderr);
-            return ExitCode::Usage;
+            return fail(&e, args.stage.diagnostics, stderr);
         }
     };
     // The input must be this store's own, and its chain must walk back to intake under this
@@ -114,8 +112,7 @@ pub fn run(
         tree,
         step: step.clone(),
     }) {
-        report_diagnostic(&e, args.stage.diagnostics, stderr);
-        return ExitCode::NoDecision;
+        return fail(&e, args.stage.diagnostics, stderr);
     }
     let result = match &step {
         Some(step) => prebuild(policy, &cfg, &tree, step),

@@ -12,6 +12,11 @@
 //! - `cordon-reap --sweep`: recovery for a timer — the default's work, with `--status`'s
 //!   verdict (a live lease is not an alarm).
 //!
+//! - `cordon-reap --surface --policy SURFACE.kdl [--check|--status|--sweep]`: the same for the
+//!   rootless runs of the policy's surface stage ([`cordon::lease::rootless`]), run as the
+//!   surface's service user (root is refused: those runs and their state directory are the
+//!   service user's); its receipt is kept in the surface's own store and signed with its key.
+//!
 //! While a live supervisor holds the executor (its host-global lock), recovery does not wait:
 //! it ends the container of every lease past its deadline (plus a grace) or whose supervisor is
 //! gone — only a container with this executor's, this store's and that lease's exact labels —
@@ -21,17 +26,22 @@
 //! established (a corrupt or linked record stops recovery), with what remains in the receipt.
 
 use std::io::Write;
+use std::path::PathBuf;
+use std::time::SystemTime;
 
 use clap::Parser;
 use cordon::ExitCode;
-use std::time::SystemTime;
+use cordon::exit::ExitClass;
+use cordon::lease::rootless;
+use cordon::runtime::Runtime;
+use cordon_policy_lang::Policy;
 
 use cordon::inputs::ReapInputs;
 use cordon::lease::{LeaseError, Leftover, Manager, Observer};
 use cordon::receipt::{Outcome, Reason, Receipt};
 use cordon::store::Store;
 use cordon_evidence::residue::ReapOutputs;
-use cordon_stage::args::{LeaseArgs, StageArgs, report_diagnostic};
+use cordon_stage::args::{LeaseArgs, StageArgs, fail, report_diagnostic};
 use cordon_stage::receipt_io as stage;
 
 /// Recover and prove quiescence.
@@ -54,6 +64,9 @@ pub struct Args {
     /// exit 0 while stages run, 3 only for residue or expired leases).
     #[arg(long, conflicts_with_all = ["check", "status"])]
     pub sweep: bool,
+    /// Reap the rootless runs of the policy's surface stage instead of the host's leases.
+    #[arg(long, conflicts_with_all = ["store", "run_dir", "state_root"])]
+    pub surface: bool,
 }
 
 /// What a run of the tool found.
@@ -126,44 +139,147 @@ fn as_observer(o: &Observer, change: bool) -> Result<Found, LeaseError> {
     })
 }
 
+/// The rootless runs of the surface stage, as the service user: released, active, residue.
+fn as_surface(setup: &rootless::Setup, change: bool) -> Result<Found, LeaseError> {
+    let now = SystemTime::now();
+    let now_ms = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let seen = rootless::observe(setup, change, now)?;
+    Ok(Found {
+        released: seen.released,
+        active: seen
+            .active
+            .iter()
+            .map(|r| {
+                format!(
+                    "run {} (supervisor pid {}, {} ms to its deadline)",
+                    r.run,
+                    r.supervisor.pid,
+                    r.expires_at_ms.saturating_sub(now_ms)
+                )
+            })
+            .collect(),
+        residue: lines(seen.residue),
+    })
+}
+
+/// Where this reap looks and keeps its receipt.
+struct Place {
+    store: Store,
+    key_dir: PathBuf,
+    surface_state: Option<PathBuf>,
+}
+
+/// Why a reap cannot start.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+enum StartError {
+    /// Root asked for the surface's runs.
+    #[error("cordon-reap --surface runs as the surface's service user, never as root")]
+    #[diagnostic(
+        code(cordon::reap::surface_root),
+        help("run it as the user whose state directory it is (the surface's own timer does)")
+    )]
+    SurfaceAsRoot,
+    /// The policy has no usable surface stage.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Plan(#[from] cordon_stage::bundle::PlanError),
+    /// The store or the state directory cannot be used.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Store(#[from] cordon::store::StoreError),
+    /// The state directory cannot be used.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Lease(#[from] LeaseError),
+}
+
+impl ExitClass for StartError {
+    /// Root for the surface and a policy without one are wiring errors (2); a store or state
+    /// directory that cannot be used is a no-decision (3).
+    fn exit_class(&self) -> ExitCode {
+        match self {
+            Self::SurfaceAsRoot => ExitCode::Usage,
+            Self::Plan(e) => e.exit_class(),
+            Self::Store(_) | Self::Lease(_) => ExitCode::NoDecision,
+        }
+    }
+}
+
+/// The surface's state directory, its lease setup and its own store and key.
+fn surface_place(policy: &Policy) -> Result<(Place, rootless::Setup), StartError> {
+    let uid = nix::unistd::geteuid().as_raw();
+    if uid == 0 {
+        return Err(StartError::SurfaceAsRoot);
+    }
+    let (_, block) = cordon_stage::surface::surface_of(policy)?;
+    let state = PathBuf::from(&block.state_dir);
+    rootless::existing_private_dir(&state)?;
+    let setup = rootless::Setup {
+        runtime: Runtime {
+            binary: PathBuf::from(policy.runtime().path()),
+            state_root: state.join(rootless::RUNTIME_STATE),
+            host: cordon::host::Linux::shared(),
+        },
+        state: state.clone(),
+        uid,
+        exit_grace: rootless::EXIT_GRACE,
+    };
+    let place = Place {
+        store: Store::open(&state.join(rootless::RECEIPTS))?,
+        key_dir: state.join(rootless::KEYS),
+        surface_state: Some(state),
+    };
+    Ok((place, setup))
+}
+
+/// Recover or look: the surface's runs, or the host's leases (as their sole manager, or
+/// beside a live one).
+fn found(args: &Args, policy: &Policy) -> Result<(Place, Result<Found, LeaseError>), StartError> {
+    let change = !args.check && !args.status;
+    if args.surface {
+        let (place, setup) = surface_place(policy)?;
+        return Ok((place, as_surface(&setup, change)));
+    }
+    let place = Place {
+        store: Store::open(&args.stage.store_root(policy))?,
+        key_dir: PathBuf::from(stage::KEY_DIR),
+        surface_state: None,
+    };
+    let setup = args.lease.setup(policy);
+    let result = match Manager::open(&place.store, setup.clone()) {
+        Ok(m) => as_manager(&m, change),
+        Err(LeaseError::Busy { .. }) => as_observer(&Observer::new(&place.store, setup), change),
+        Err(e) => Err(e),
+    };
+    Ok((place, result))
+}
+
 /// Run the tool: the whole of `main`.
 pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitCode {
-    let (loaded, authority) = match cordon_stage::start::stage_start(
-        &args.stage.policy,
-        args.stage.diagnostics,
-        stderr,
-    ) {
-        Ok(s) => (s.loaded, s.authority),
-        Err(code) => return code,
-    };
+    let mode = args.stage.diagnostics;
+    let (loaded, authority) =
+        match cordon_stage::start::stage_start(&args.stage.policy, mode, stderr) {
+            Ok(s) => (s.loaded, s.authority),
+            Err(code) => return code,
+        };
     let policy = &loaded.policy;
-    let store_root = args.stage.store_root(policy);
-    let executor = args.lease.executor(policy);
-    let store = match Store::open(&store_root) {
-        Ok(s) => s,
-        Err(e) => {
-            report_diagnostic(&e, args.stage.diagnostics, stderr);
-            return ExitCode::NoDecision;
-        }
+    let (place, result) = match found(args, policy) {
+        Ok(f) => f,
+        Err(e) => return fail(&e, mode, stderr),
     };
     let mut receipt = Receipt::new(cordon::receipt::StageName::Reap, authority, Outcome::Ok);
     let inputs = ReapInputs {
-        executor,
+        executor: args.lease.executor(policy),
         check: args.check,
         status: args.status,
         sweep: args.sweep,
+        surface_state: place.surface_state.clone(),
     };
     if let Err(e) = receipt.set_inputs(&inputs) {
-        report_diagnostic(&e, args.stage.diagnostics, stderr);
-        return ExitCode::NoDecision;
+        return fail(&e, mode, stderr);
     }
-    let change = !args.check && !args.status;
-    let setup = args.lease.setup(policy);
-    let result = match Manager::open(&store, setup.clone()) {
-        Ok(m) => as_manager(&m, change),
-        Err(LeaseError::Busy { .. }) => as_observer(&Observer::new(&store, setup), change),
-        Err(e) => Err(e),
-    };
     let reasons = |code: &str, items: &[String]| -> Vec<Reason> {
         items
             .iter()
@@ -211,24 +327,17 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             (ExitCode::NoDecision, outputs, Some(e))
         }
     };
-    let code = match receipt.set_outputs(&outputs) {
-        Ok(()) => code,
-        Err(e) => {
-            report_diagnostic(&e, args.stage.diagnostics, stderr);
-            return ExitCode::NoDecision;
-        }
-    };
-    let emitted = stage::emit(&store, &mut receipt, stdout);
+    if let Err(e) = receipt.set_outputs(&outputs) {
+        return fail(&e, mode, stderr);
+    }
+    let emitted = stage::emit_signed(&place.store, &place.key_dir, &mut receipt, stdout);
     // Reported once the receipt is safe.
     if let Some(e) = failed {
-        report_diagnostic(&e, args.stage.diagnostics, stderr);
+        report_diagnostic(&e, mode, stderr);
     }
     match emitted {
         Ok(_) => code,
-        Err(e) => {
-            report_diagnostic(&e, args.stage.diagnostics, stderr);
-            ExitCode::NoDecision
-        }
+        Err(e) => fail(&e, mode, stderr),
     }
 }
 

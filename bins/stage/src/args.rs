@@ -8,6 +8,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use clap::ValueEnum;
+use cordon::exit::ExitClass;
 use cordon_policy_lang::Policy;
 use miette::{Diagnostic, GraphicalReportHandler, GraphicalTheme, JSONReportHandler};
 
@@ -92,6 +93,17 @@ impl LeaseArgs {
             .unwrap_or_else(|| PathBuf::from(policy.run_dir()));
         crate::settings::lease_setup(policy, &self.executor(policy), &self.state_root, run_dir)
     }
+}
+
+/// Report `e` on stderr and end with its exit class: the one way a stage fails where it prints
+/// no receipt (before its receipt exists, or when the receipt itself cannot be kept).
+pub fn fail<E: Diagnostic + ExitClass>(
+    e: &E,
+    mode: Diagnostics,
+    stderr: &mut dyn Write,
+) -> cordon::ExitCode {
+    report_diagnostic(e, mode, stderr);
+    e.exit_class()
 }
 
 /// Print any diagnostic on stderr, in text (fixed width, no colour) or JSON.

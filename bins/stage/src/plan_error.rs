@@ -3,8 +3,8 @@
 
 use cordon_policy_lang::{MountSource, StageKind};
 
-/// Why a stage could not be planned. All are wiring or policy errors (exit 2), found before
-/// anything touches the host.
+/// Why a stage could not be planned: wiring or policy errors (exit 2), found before anything
+/// touches the host — except a device or a control this host cannot give (exit 3).
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
 pub enum PlanError {
     /// The stage kind is not declared.
@@ -132,4 +132,23 @@ pub enum PlanError {
 
 pub(crate) fn invalid(e: impl std::fmt::Display) -> PlanError {
     PlanError::Invalid { why: e.to_string() }
+}
+
+impl cordon::exit::ExitClass for PlanError {
+    /// A value this host cannot honour (a device it lacks, a control its mode cannot apply) is
+    /// a no-decision (3); every other refusal is the policy's (2).
+    fn exit_class(&self) -> cordon::ExitCode {
+        match self {
+            Self::NoDevice { .. } | Self::Unenforceable { .. } => cordon::ExitCode::NoDecision,
+            Self::NoStage { .. }
+            | Self::Unimplemented { .. }
+            | Self::Unpinned { .. }
+            | Self::NoSeccomp { .. }
+            | Self::NoSource { .. }
+            | Self::Overlap { .. }
+            | Self::Protected { .. }
+            | Self::TempPrefix { .. }
+            | Self::Invalid { .. } => cordon::ExitCode::Usage,
+        }
+    }
 }

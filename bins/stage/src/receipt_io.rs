@@ -18,8 +18,9 @@ use cordon::receipt::{Decision, Outcome, Reason, Receipt, ReceiptError, StageNam
 use cordon_canon::ExitCode;
 use cordon_canon::exit::ExitClass;
 
-use crate::args::{Diagnostics, report_diagnostic};
-use cordon::signing::{HostKey, KEY_DIR, SigningError};
+use crate::args::{Diagnostics, fail, report_diagnostic};
+pub use cordon::signing::KEY_DIR;
+use cordon::signing::{HostKey, SigningError};
 use cordon::store::{Store, StoreError};
 use cordon_canon::Digest;
 
@@ -152,8 +153,7 @@ pub fn pass_on(
     }
     let mut receipt = Receipt::pass_on(stage, upstream, *digest);
     if let Err(e) = emit_signed(store, key_dir, &mut receipt, stdout) {
-        report_diagnostic(&e, mode, stderr);
-        return Some(ExitCode::NoDecision);
+        return Some(fail(&e, mode, stderr));
     }
     let _ = writeln!(
         stderr,
@@ -218,10 +218,10 @@ impl ExitClass for StageError {
         match self {
             Self::Chain(e) => e.exit_class(),
             Self::Store(_) | Self::Signing(_) | Self::Stdout { .. } => ExitCode::NoDecision,
-            Self::ReadReceipt { .. }
-            | Self::Receipt(_)
-            | Self::NotOk { .. }
-            | Self::WrongStage { .. } => ExitCode::Usage,
+            Self::Receipt(e) => e.exit_class(),
+            Self::ReadReceipt { .. } | Self::NotOk { .. } | Self::WrongStage { .. } => {
+                ExitCode::Usage
+            }
         }
     }
 }

@@ -108,8 +108,7 @@ impl ExitClass for SessionError {
     /// lacks; anything else is a no-decision (3).
     fn exit_class(&self) -> ExitCode {
         match self {
-            Self::Plan(PlanError::NoDevice { .. }) => ExitCode::NoDecision,
-            Self::Plan(_) => ExitCode::Usage,
+            Self::Plan(e) => e.exit_class(),
             Self::Device { .. }
             | Self::Nofile { .. }
             | Self::Lease(_)

@@ -6,9 +6,10 @@
 //!   when it did not, `no-decision` (exit 3) when the surface could not be established or
 //!   released — and then ARGV either never ran or its run is residue. A usage or policy error
 //!   is exit 2 with no receipt. There is no way to run ARGV outside the surface.
-//! - `cordon-surface reap [--policy P]` removes the runs of supervisors that died; prints
-//!   `{"released":[…],"live":[…]}` (exit 0) or exits 3 on residue.
 //! - `cordon-surface key [--policy P]` prints the public key the surface signs with.
+//!
+//! Runs whose supervisor died are released by `cordon-reap --surface --policy P`, run as the
+//! service user: the surface's runs live on the rootless lease ([`cordon::lease::rootless`]).
 //!
 //! Every receipt is stored in the state directory's own store (`store/receipts/`) and signed
 //! with the surface's own key (`keys/`): the service user holds neither the host's store nor
@@ -32,13 +33,14 @@ use cordon::runtime::Runtime;
 use cordon::signing::HostKey;
 use cordon::store::Store;
 use cordon_policy_lang::StageKind;
-use cordon_stage::args::{Diagnostics, report_diagnostic};
+use cordon_stage::args::{Diagnostics, fail};
 use cordon_stage::receipt_io::finish_signed;
 use cordon_stage::start::stage_start;
 use cordon_stage::surface::{Tier, surface_of};
 
 use crate::run::{self, Host, Ran, Request, RunError};
 use crate::trust;
+use cordon::lease::rootless;
 
 /// The surface policy read when `--policy` is not given (the NixOS module installs it).
 pub const DEFAULT_SURFACE_POLICY: &str = "/etc/cordon/surface.kdl";
@@ -74,8 +76,6 @@ pub enum Command {
         #[arg(last = true, required = true)]
         argv: Vec<String>,
     },
-    /// Remove what runs of dead supervisors left.
-    Reap,
     /// Print the public key the surface signs its receipts with (`ed25519:<hex>`, made on
     /// first use), for `cordon-verify --key`.
     Key,
@@ -97,11 +97,6 @@ impl From<TierArg> for Tier {
             TierArg::Command => Self::Command,
         }
     }
-}
-
-fn fail(e: &RunError, mode: Diagnostics, stderr: &mut dyn Write) -> ExitCode {
-    report_diagnostic(e, mode, stderr);
-    e.exit_class()
 }
 
 /// Run the command.
@@ -132,15 +127,15 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
     let workspace = match &args.command {
         Command::Run { workspace, .. } => match trust::workspace(workspace, uid) {
             Ok(w) => Some(w),
-            Err(e) => return fail(&e.into(), mode, stderr),
+            Err(e) => return fail(&RunError::from(e), mode, stderr),
         },
-        Command::Reap | Command::Key => None,
+        Command::Key => None,
     };
     let ws = workspace.as_ref().map(|w| w.path.as_path());
     // Checked before it is read: nothing the service user can change decides the surface.
     let policy_path = match trust::policy_file(&args.policy, ws, uid, &gids) {
         Ok(p) => p,
-        Err(e) => return fail(&e.into(), mode, stderr),
+        Err(e) => return fail(&RunError::from(e), mode, stderr),
     };
     let started = match stage_start(&policy_path, mode, stderr) {
         Ok(s) => s,
@@ -149,7 +144,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
     let policy = &started.loaded.policy;
     let block = match surface_of(policy) {
         Ok((_, b)) => b,
-        Err(e) => return fail(&e.into(), mode, stderr),
+        Err(e) => return fail(&RunError::from(e), mode, stderr),
     };
     let state = PathBuf::from(&block.state_dir);
     let checked = trust::state_dir(&state, ws, uid)
@@ -159,39 +154,32 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             trust::read_set(block.read.keys(), guarded.into_iter().flatten())
         });
     if let Err(e) = checked {
-        return fail(&e.into(), mode, stderr);
+        return fail(&RunError::from(e), mode, stderr);
     }
     let runtime = Runtime {
         binary: PathBuf::from(policy.runtime().path()),
-        state_root: state.join(run::RUNTIME_STATE),
+        state_root: state.join(rootless::RUNTIME_STATE),
         host: cordon::host::Linux::shared(),
     };
     if let Err(e) = runtime.check_version(&started.runtime.version, policy.runtime().min_version())
     {
-        return fail(&e.into(), mode, stderr);
+        return fail(&RunError::from(e), mode, stderr);
     }
     let host = Host {
-        runtime,
-        state,
-        uid,
+        lease: rootless::Setup {
+            runtime,
+            state,
+            uid,
+            exit_grace: rootless::EXIT_GRACE,
+        },
         gid,
         groups,
         authority: started.authority.to_string(),
     };
     match &args.command {
-        Command::Key => match HostKey::load_or_create(&host.state.join(run::KEYS)) {
+        Command::Key => match HostKey::load_or_create(&host.lease.state.join(rootless::KEYS)) {
             Ok(k) => {
                 let _ = writeln!(stdout, "{}", k.public());
-                ExitCode::Ok
-            }
-            Err(e) => {
-                report_diagnostic(&e, mode, stderr);
-                ExitCode::NoDecision
-            }
-        },
-        Command::Reap => match run::reap(&host) {
-            Ok(r) => {
-                let _ = writeln!(stdout, "{}", serde_json::json!(r));
                 ExitCode::Ok
             }
             Err(e) => fail(&e, mode, stderr),
@@ -207,11 +195,10 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
                 invoker_env: std::env::vars_os().collect::<BTreeMap<_, _>>(),
             };
             // Opened before the run: a run whose receipt could not be kept never starts.
-            let store = match Store::open(&host.state.join(run::RECEIPTS)) {
+            let store = match Store::open(&host.lease.state.join(rootless::RECEIPTS)) {
                 Ok(s) => s,
                 Err(e) => {
-                    report_diagnostic(&e, mode, stderr);
-                    return ExitCode::NoDecision;
+                    return fail(&e, mode, stderr);
                 }
             };
             let mut receipt = Receipt::new(StageName::Surface, started.authority, Outcome::Ok);
@@ -221,8 +208,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
                 argv: req.argv.clone(),
             };
             if let Err(e) = receipt.set_inputs(&inputs) {
-                report_diagnostic(&e, mode, stderr);
-                return ExitCode::NoDecision;
+                return fail(&e, mode, stderr);
             }
             let result = match run::run(policy, &host, &req) {
                 Err(e) if e.exit_class() == ExitCode::Usage => return fail(&e, mode, stderr),
@@ -240,7 +226,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             // surface keeps its receipts in its own store, signed with its own key.
             finish_signed(
                 &store,
-                &host.state.join(run::KEYS),
+                &host.lease.state.join(rootless::KEYS),
                 &mut receipt,
                 result,
                 (mode, stdout, stderr),
@@ -296,7 +282,7 @@ fn outputs(
         env_names: ran.plan.env_names.clone(),
         network: stage.network.as_str().to_owned(),
         user: UserMapping {
-            host_uid: host.uid,
+            host_uid: host.lease.uid,
             host_gid: host.gid,
             mapped: 1,
         },

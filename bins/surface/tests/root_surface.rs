@@ -21,6 +21,7 @@ struct Surface {
     state: PathBuf,
     policy: PathBuf,
     bin: PathBuf,
+    reaper: PathBuf,
     outside: PathBuf,
     // Beside /tmp, which a read path may not touch.
     _outside_dir: tempfile::TempDir,
@@ -64,6 +65,14 @@ impl Surface {
         let exe = bin.join("cordon-surface");
         std::fs::copy(env!("CARGO_BIN_EXE_cordon-surface"), &exe).unwrap();
         chmod(&exe, 0o755);
+        // The surface's runs are reaped by cordon-reap, built beside it.
+        let reaper = bin.join("cordon-reap");
+        std::fs::copy(
+            Path::new(env!("CARGO_BIN_EXE_cordon-surface")).with_file_name("cordon-reap"),
+            &reaper,
+        )
+        .unwrap();
+        chmod(&reaper, 0o755);
         let ws = dir.path().join(ws_name);
         std::fs::create_dir(&ws).unwrap();
         chown(&ws);
@@ -101,6 +110,7 @@ impl Surface {
             state,
             policy,
             bin: exe,
+            reaper,
             outside,
             _outside_dir: outside_dir,
         }
@@ -117,6 +127,25 @@ impl Surface {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Command {
+        self.as_service(&self.bin, groups, policy, args, env)
+    }
+
+    /// `cordon-reap --surface ARGS` on this surface's policy, as the service user.
+    fn reap(&self, args: &[&str]) -> std::process::Output {
+        let args: Vec<&str> = ["--surface"].iter().chain(args).copied().collect();
+        self.as_service(&self.reaper, &["--clear-groups"], &self.policy, &args, &[])
+            .output()
+            .unwrap()
+    }
+
+    fn as_service(
+        &self,
+        program: &Path,
+        groups: &[&str],
+        policy: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Command {
         let mut c = Command::new("setpriv");
         c.args([
             "--reuid",
@@ -126,7 +155,7 @@ impl Surface {
         ])
         .args(groups)
         .arg("--")
-        .arg(&self.bin)
+        .arg(program)
         .arg("--policy")
         .arg(policy)
         .args(args)
@@ -607,8 +636,11 @@ fn every_surface_receipt_is_stored_signed_and_verifies() {
     assert_eq!(verify(&ok, &other).status.code(), Some(1));
 }
 
+/// The rootless lease's recovery, end to end: `cordon-reap --surface` as the service user
+/// names the dead run in its check, releases it, proves it gone, and its receipt is stored and
+/// signed in the surface's own store.
 #[test]
-fn reap_removes_what_a_killed_supervisor_left() {
+fn cordon_reap_releases_what_a_killed_supervisor_left() {
     let s = Surface::new(&|t| t);
     let mut child = s.spawn("command", "touch /workspace/up; exec sleep 3173", &[]);
     wait_for(&s.ws.join("up"), "the run's marker");
@@ -620,17 +652,65 @@ fn reap_removes_what_a_killed_supervisor_left() {
         1,
         "the killed run's record is left for reap"
     );
-    let out = s.command(&s.policy, &["reap"], &[]).output().unwrap();
+    let check = s.reap(&["--check"]);
+    assert_eq!(check.status.code(), Some(3), "{check:?}");
+    let receipt: Value = serde_json::from_slice(&check.stdout).unwrap();
+    assert!(
+        receipt["outputs"]["remaining"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("lease record "),
+        "{receipt}"
+    );
+    assert!(
+        process_exists(&["sleep", "3173"]),
+        "the check changes nothing"
+    );
+    let out = s.reap(&[]);
     assert_eq!(
         out.status.code(),
         Some(0),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let reaped: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(reaped["released"].as_array().unwrap().len(), 1, "{reaped}");
+    let receipt: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(receipt["stage"], "reap", "{receipt}");
+    assert_eq!(
+        receipt["inputs"]["surface_state"],
+        s.state.display().to_string()
+    );
+    assert_eq!(
+        receipt["outputs"]["released"].as_array().unwrap().len(),
+        1,
+        "{receipt}"
+    );
+    let digest = cordon::receipt::Receipt::parse(&receipt.to_string())
+        .unwrap()
+        .digest()
+        .unwrap();
+    assert!(
+        s.state
+            .join(format!("store/receipts/{}.sig", digest.hex()))
+            .exists()
+    );
     assert!(!process_exists(&["sleep", "3173"]));
     s.assert_released();
+    let check = s.reap(&["--check"]);
+    assert_eq!(check.status.code(), Some(0), "{check:?}");
+}
+
+/// Root never reaps the service user's runs: those runs and their state are the user's.
+#[test]
+fn cordon_reap_refuses_the_surface_as_root() {
+    let s = Surface::new(&|t| t);
+    let out = Command::new(&s.reaper)
+        .args(["--surface", "--policy"])
+        .arg(&s.policy)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cordon::reap::surface_root"));
+    assert!(out.stdout.is_empty());
 }
 
 #[test]
@@ -696,7 +776,7 @@ fn a_workspace_given_through_a_link_is_refused() {
 }
 
 #[test]
-fn reap_leaves_a_live_run_alone() {
+fn cordon_reap_leaves_a_live_run_alone() {
     let s = Surface::new(&|t| t);
     let child = s.spawn(
         "command",
@@ -704,13 +784,17 @@ fn reap_leaves_a_live_run_alone() {
         &[],
     );
     wait_for(&s.ws.join("up"), "the run's marker");
-    let out = s.command(&s.policy, &["reap"], &[]).output().unwrap();
+    let out = s.reap(&["--sweep"]);
     std::fs::write(s.ws.join("go"), "").unwrap();
-    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
     let reaped: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(reaped["live"].as_array().unwrap().len(), 1, "{reaped}");
+    assert_eq!(
+        reaped["outputs"]["active"].as_array().unwrap().len(),
+        1,
+        "{reaped}"
+    );
     assert!(
-        reaped["released"].as_array().unwrap().is_empty(),
+        reaped["outputs"]["released"].as_array().unwrap().is_empty(),
         "{reaped}"
     );
     let out = child.wait_with_output().unwrap();

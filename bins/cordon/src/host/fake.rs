@@ -42,6 +42,16 @@ pub enum Call {
     RemoveDir(PathBuf),
     /// A directory listing.
     ListDir(PathBuf),
+    /// A process's pid namespace looked up: its pid.
+    PidNamespace(u32),
+}
+
+/// A process in the fake's process table.
+#[derive(Debug, Clone, Copy)]
+struct Listed {
+    uid: u32,
+    ns: u64,
+    killable: bool,
 }
 
 #[derive(Debug, Default)]
@@ -50,6 +60,7 @@ struct State {
     files: BTreeMap<PathBuf, Vec<u8>>,
     dirs: BTreeMap<PathBuf, Vec<String>>,
     devices: BTreeMap<PathBuf, DeviceNode>,
+    processes: BTreeMap<u32, Listed>,
     unreadable: Vec<PathBuf>,
     replies: Vec<(String, ToolOutput)>,
     scripts: Vec<(String, Script)>,
@@ -98,6 +109,19 @@ impl Fake {
     /// Put a device node in the table.
     pub fn device_node(&self, path: impl Into<PathBuf>, node: DeviceNode) -> &Self {
         self.with(|s| s.devices.insert(path.into(), node));
+        self
+    }
+
+    /// Put process `pid` of `uid` in pid namespace `ns` in the process table (and its
+    /// directory in `/proc`'s listing); a `killable` one leaves it when a [`Fake::kills_on`]
+    /// tool runs, as a container's processes do.
+    pub fn pid_in(&self, pid: u32, uid: u32, ns: u64, killable: bool) -> &Self {
+        self.with(|s| {
+            s.processes.insert(pid, Listed { uid, ns, killable });
+            let names = s.dirs.entry(PathBuf::from("/proc")).or_default();
+            names.push(pid.to_string());
+            names.sort();
+        });
         self
     }
 
@@ -180,6 +204,11 @@ impl Host for Fake {
                 .map(|(_, out)| out.clone())
                 .unwrap_or_else(|| ToolOutput::ok(b""));
             let kills = s.killers.iter().any(|n| line.contains(n.as_str()));
+            if kills {
+                s.processes.retain(|_, p| !p.killable);
+                let table = s.processes.keys().map(ToString::to_string).collect();
+                s.dirs.insert(PathBuf::from("/proc"), table);
+            }
             (out, if kills { s.live.clone() } else { Vec::new() })
         });
         for process in killed {
@@ -284,6 +313,20 @@ impl Host for Fake {
                 .get(path)
                 .copied()
                 .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
+        })
+    }
+
+    fn pid_namespace(&self, pid: u32) -> io::Result<(u32, Option<u64>)> {
+        self.with(|s| {
+            s.calls.push(Call::PidNamespace(pid));
+            let p = s
+                .processes
+                .get(&pid)
+                .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+            let hidden = s
+                .unreadable
+                .contains(&PathBuf::from(format!("/proc/{pid}/ns/pid")));
+            Ok((p.uid, if hidden { None } else { Some(p.ns) }))
         })
     }
 
@@ -613,6 +656,10 @@ impl Host for Interposed {
 
     fn device(&self, path: &Path) -> io::Result<DeviceNode> {
         self.pass(Call::Device(path.into()), || super::Linux.device(path))
+    }
+
+    fn pid_namespace(&self, pid: u32) -> io::Result<(u32, Option<u64>)> {
+        self.pass(Call::PidNamespace(pid), || super::Linux.pid_namespace(pid))
     }
 
     fn edit_file(&self, path: &Path, edit: &dyn Fn(&str) -> Option<String>) -> io::Result<()> {

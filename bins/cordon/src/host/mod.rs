@@ -240,6 +240,14 @@ pub trait Host: std::fmt::Debug + Send + Sync {
     /// It does not exist, or is not a character or block device.
     fn device(&self, path: &Path) -> io::Result<DeviceNode>;
 
+    /// The owner uid of process `pid` and the inode of its pid namespace (`/proc/<pid>`'s owner,
+    /// `/proc/<pid>/ns/pid`'s inode, `None` when that cannot be read — another user's process,
+    /// say): how a rootless release proves a container's processes gone.
+    ///
+    /// # Errors
+    /// `NotFound` once it has exited; any other error is an unreadable process.
+    fn pid_namespace(&self, pid: u32) -> io::Result<(u32, Option<u64>)>;
+
     /// Rewrite a host file crash-safely under a lock: `edit` gets the current text (empty when
     /// the file does not exist) and returns the new text, or `None` to leave it as it is.
     ///
@@ -430,6 +438,16 @@ impl Host for Linux {
             major: major(st.st_rdev),
             minor: minor(st.st_rdev),
         })
+    }
+
+    fn pid_namespace(&self, pid: u32) -> io::Result<(u32, Option<u64>)> {
+        use std::os::unix::fs::MetadataExt;
+        let owner = fs::metadata(format!("/proc/{pid}"))?.uid();
+        match fs::metadata(format!("/proc/{pid}/ns/pid")) {
+            Ok(m) => Ok((owner, Some(m.ino()))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(e),
+            Err(_) => Ok((owner, None)),
+        }
     }
 
     fn edit_file(&self, path: &Path, edit: &dyn Fn(&str) -> Option<String>) -> io::Result<()> {

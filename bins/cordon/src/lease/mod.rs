@@ -39,6 +39,7 @@ mod observe;
 mod provision;
 mod record;
 mod release;
+pub mod rootless;
 
 pub use observe::{Observed, Observer};
 pub use record::*;
@@ -514,6 +515,13 @@ impl Manager {
     /// Something could not be inspected.
     pub fn check(&self) -> Result<Vec<Leftover>, LeaseError> {
         self.view().check()
+    }
+}
+
+impl crate::exit::ExitClass for LeaseError {
+    /// Every lease failure — a busy executor, a record in doubt, residue — is a no-decision (3).
+    fn exit_class(&self) -> crate::ExitCode {
+        crate::ExitCode::NoDecision
     }
 }
 
