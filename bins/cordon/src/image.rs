@@ -89,6 +89,10 @@ pub enum ImageError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Store(#[from] StoreError),
+    /// The unpacked image could not be walked to be sealed.
+    #[error("cannot seal the unpacked image: {0}")]
+    #[diagnostic(code(cordon::image::seal))]
+    Seal(#[from] crate::walk::WalkError),
 }
 
 fn io_at(path: &Path) -> impl FnOnce(io::Error) -> ImageError + use<> {
@@ -442,25 +446,20 @@ pub fn unpack(store: &Store, dir: &Path, manifest: &Digest) -> Result<PathBuf, I
     Ok(rootfs)
 }
 
-/// Make every directory under `root` 0555 and every time zero, deepest first.
+/// Make every directory under `root` 0555 and every time zero, deepest first: the entries are
+/// found on the one tree walk, a directory always after its parent, so in reverse a directory
+/// is sealed only after everything inside it.
 fn seal(root: &Path) -> Result<(), ImageError> {
-    let mut dirs = vec![root.to_path_buf()];
-    let mut i = 0;
-    while i < dirs.len() {
-        for entry in fs::read_dir(&dirs[i]).map_err(io_at(&dirs[i]))? {
-            let entry = entry.map_err(io_at(&dirs[i]))?;
-            let meta = fs::symlink_metadata(entry.path()).map_err(io_at(&entry.path()))?;
-            if meta.is_dir() {
-                dirs.push(entry.path());
-            } else {
-                store::zero_mtime(&entry.path())?;
-            }
+    let mut found: Vec<(PathBuf, bool)> = Vec::new();
+    crate::walk::walk(root, &mut |n| -> Result<(), ImageError> {
+        found.push((root.join(n.path), n.stat.kind == crate::walk::Kind::Dir));
+        Ok(())
+    })?;
+    for (path, dir) in found.iter().rev() {
+        if *dir {
+            fs::set_permissions(path, fs::Permissions::from_mode(0o555)).map_err(io_at(path))?;
         }
-        i += 1;
-    }
-    for d in dirs.iter().rev() {
-        fs::set_permissions(d, fs::Permissions::from_mode(0o555)).map_err(io_at(d))?;
-        store::zero_mtime(d)?;
+        store::zero_mtime(path)?;
     }
     Ok(())
 }

@@ -26,6 +26,7 @@ pub mod runtime;
 pub mod signing;
 pub mod store;
 pub mod tree;
+pub mod walk;
 
 pub use cordon_canon::{Digest, ExitCode, canonical, error_chain, exit};
 /// The receipt, the stages' typed inputs and residue live in the evidence crate (what auditors

@@ -27,6 +27,7 @@ use nix::sys::stat::{UtimensatFlags, utimensat};
 use nix::sys::time::TimeSpec;
 
 use crate::canonical::Digest;
+use crate::walk::{Kind, Node, Stop, WalkError, walk};
 
 /// The subdirectories of a store, created by [`Store::open`].
 pub const LAYOUT: [&str; 9] = [
@@ -336,38 +337,45 @@ pub fn is_exists(err: &StoreError) -> bool {
 }
 
 /// Remove a directory tree without following links out of it and without crossing a mount
-/// point: an entry on another filesystem than `path` itself (a tmpfs or overlay still mounted
-/// inside, say) is an error, never emptied — it may be someone's live mount.
+/// point: the one tree walk finds every entry first, and a mount point inside (a tmpfs or
+/// overlay still mounted, say) is an error before anything is removed — it may be someone's
+/// live mount.
 ///
 /// # Errors
 /// Something could not be removed, or a mount point was found inside.
 pub fn remove_tree(path: &Path) -> io::Result<()> {
     match fs::symlink_metadata(path) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
-        Ok(m) if !m.is_dir() => fs::remove_file(path),
-        Ok(m) => remove_tree_on(path, m.dev()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+        Ok(m) if !m.is_dir() => return fs::remove_file(path),
+        Ok(_) => {}
     }
-}
-
-fn remove_tree_on(path: &Path, dev: u64) -> io::Result<()> {
-    let m = fs::symlink_metadata(path)?;
-    if m.dev() != dev {
-        return Err(io::Error::other(format!(
+    let mut found: Vec<(PathBuf, bool)> = Vec::new();
+    walk(path, &mut |n| -> Result<(), WalkError> {
+        found.push((path.join(n.path), n.stat.kind == Kind::Dir));
+        Ok(())
+    })
+    .map_err(|e| match e {
+        WalkError::Mount { path: inner } => io::Error::other(format!(
             "{} is a mount point: not crossing it",
-            path.display()
-        )));
+            path.join(inner).display()
+        )),
+        other => io::Error::other(other),
+    })?;
+    // A tree published read-only (0555 directories) must be made writable before its entries
+    // can be unlinked by a non-root owner; root ignores the mode but the chmod is harmless.
+    for (dir, _) in found.iter().filter(|(_, d)| *d) {
+        let _ = fs::set_permissions(dir, fs::Permissions::from_mode(0o700));
     }
-    if !m.is_dir() {
-        return fs::remove_file(path);
+    // A directory after its parent in the walk: in reverse, each is empty when it is removed.
+    for (entry, dir) in found.iter().rev() {
+        if *dir {
+            fs::remove_dir(entry)?;
+        } else {
+            fs::remove_file(entry)?;
+        }
     }
-    // A tree published read-only (0555 directories) must be made writable before its entries can
-    // be unlinked by a non-root owner; root ignores the mode but the chmod is harmless.
-    let _ = fs::set_permissions(path, fs::Permissions::from_mode(0o700));
-    for entry in fs::read_dir(path)? {
-        remove_tree_on(&entry?.path(), dev)?;
-    }
-    fs::remove_dir(path)
+    Ok(())
 }
 
 impl Store {
@@ -695,7 +703,7 @@ impl Store {
     /// The store could not be listed.
     pub fn listing(&self) -> Result<Vec<String>, StoreError> {
         let mut out = Vec::new();
-        list_into(&self.root, &self.root, &mut out)?;
+        list_into(&self.root, &mut out)?;
         out.sort();
         Ok(out)
     }
@@ -712,46 +720,46 @@ impl Store {
     }
 }
 
-fn list_into(root: &Path, dir: &Path, out: &mut Vec<String>) -> Result<(), StoreError> {
-    for entry in fs::read_dir(dir).map_err(io_err("list", dir))? {
-        let entry = entry.map_err(io_err("list", dir))?;
-        let path = entry.path();
-        let meta = fs::symlink_metadata(&path).map_err(io_err("stat", &path))?;
-        let rel = path
-            .strip_prefix(root)
-            .unwrap_or(&path)
-            .display()
-            .to_string();
-        let what = if meta.is_file() {
-            Digest::of_file(&path)
-                .map_err(|e| StoreError::Unsafe {
-                    path: path.clone(),
-                    why: format!("cannot hash: {e}"),
-                })?
-                .to_string()
-        } else if meta.is_symlink() {
-            format!(
-                "-> {}",
-                fs::read_link(&path)
-                    .map_err(io_err("read link", &path))?
-                    .display()
-            )
-        } else {
-            String::new()
-        };
-        out.push(format!(
-            "{rel} {:o} {} {}:{} links={} {what}",
-            meta.mode(),
-            if meta.is_dir() { 0 } else { meta.len() },
-            meta.uid(),
-            meta.gid(),
-            if meta.is_dir() { 0 } else { meta.nlink() },
-        ));
-        if meta.is_dir() {
-            list_into(root, &path, out)?;
+fn list_into(root: &Path, out: &mut Vec<String>) -> Result<(), StoreError> {
+    let mut list = |n: &Node<'_>| -> Result<(), Stop<StoreError>> {
+        let st = &n.stat;
+        if n.path.is_empty() {
+            return Ok(());
         }
-    }
-    Ok(())
+        let at = |why: String| {
+            Stop::Visit(StoreError::Unsafe {
+                path: root.join(n.path),
+                why,
+            })
+        };
+        let what = match st.kind {
+            Kind::File => Digest::of_reader(n.open()?)
+                .map_err(|e| at(format!("cannot hash: {e}")))?
+                .0
+                .to_string(),
+            Kind::Symlink => format!("-> {}", n.read_link()?.display()),
+            Kind::Dir | Kind::Fifo | Kind::Socket | Kind::Device => String::new(),
+        };
+        let dir = st.kind == Kind::Dir;
+        out.push(format!(
+            "{} {:?} {:o} {} {}:{} links={} {what}",
+            n.path,
+            st.kind,
+            st.mode,
+            if dir { 0 } else { st.size },
+            st.uid,
+            st.gid,
+            if dir { 0 } else { st.nlink },
+        ));
+        Ok(())
+    };
+    walk(root, &mut list).map_err(|stop| match stop {
+        Stop::Walk(e) => StoreError::Unsafe {
+            path: root.to_path_buf(),
+            why: e.to_string(),
+        },
+        Stop::Visit(e) => e,
+    })
 }
 
 impl crate::exit::ExitClass for StoreError {

@@ -23,6 +23,7 @@ use serde_json::Value;
 
 use crate::canonical::{CanonicalError, Digest, domain_digest, to_canonical_json};
 use crate::store::{self, Store, StoreError};
+use crate::walk::{Kind, Node, WalkError};
 
 /// The schema of tree records and of the tree digest's payload.
 pub const TREE_SCHEMA: u32 = 1;
@@ -376,6 +377,16 @@ pub fn verify_in(
     Ok(record)
 }
 
+/// Why a stored tree fails verification, as one sentence: the walk's findings and the record's
+/// are alike a corrupt tree.
+struct Why(String);
+
+impl From<WalkError> for Why {
+    fn from(e: WalkError) -> Self {
+        Self(e.to_string())
+    }
+}
+
 fn walk(
     store: &Store,
     section: Section,
@@ -383,68 +394,49 @@ fn walk(
     rehash: bool,
 ) -> Result<(), TreeError> {
     let root = root_in(store, section, &record.digest);
-    let corrupt = |why: String| TreeError::Corrupt {
-        digest: record.digest,
-        why,
-    };
     let owner = nix::unistd::geteuid().as_raw();
     let mut expected: BTreeMap<&str, &Entry> = record
         .entries
         .iter()
         .map(|e| (e.path.as_str(), e))
         .collect();
-    let mut stack = vec![(root.clone(), String::new())];
-    while let Some((dir, rel)) = stack.pop() {
-        let meta = fs::symlink_metadata(&dir).map_err(|e| corrupt(format!("{dir:?}: {e}")))?;
-        if !meta.is_dir() || meta.mode() & 0o7777 != 0o555 || meta.uid() != owner {
-            return Err(corrupt(format!(
-                "directory {rel:?} is not a 0555 directory of the store's owner"
-            )));
-        }
-        let listing = fs::read_dir(&dir).map_err(|e| corrupt(format!("{dir:?}: {e}")))?;
-        for item in listing {
-            let item = item.map_err(|e| corrupt(format!("{dir:?}: {e}")))?;
-            let name = item.file_name();
-            let Some(name) = name.to_str() else {
-                return Err(corrupt(format!("a non-UTF-8 name under {rel:?}")));
-            };
-            let path = if rel.is_empty() {
-                name.to_owned()
-            } else {
-                format!("{rel}/{name}")
-            };
-            let meta =
-                fs::symlink_metadata(item.path()).map_err(|e| corrupt(format!("{path:?}: {e}")))?;
-            if meta.is_dir() {
-                stack.push((item.path(), path));
-                continue;
-            }
-            let Some(entry) = expected.remove(path.as_str()) else {
-                return Err(corrupt(format!("{path:?} is not in the record")));
-            };
-            if !meta.is_file()
-                || meta.mode() & 0o7777 != entry.mode
-                || meta.len() != entry.size
-                || meta.uid() != owner
-            {
-                return Err(corrupt(format!(
-                    "{path:?} is not a regular file of mode {:o} and size {}",
-                    entry.mode, entry.size
+    let mut check = |n: &Node<'_>| -> Result<(), Why> {
+        let (path, st) = (n.path, &n.stat);
+        if st.kind == Kind::Dir {
+            if st.mode != 0o555 || st.uid != owner {
+                return Err(Why(format!(
+                    "directory {path:?} is not a 0555 directory of the store's owner"
                 )));
             }
-            if rehash {
-                let file = store::open_nofollow(&item.path())?;
-                let (sha, _) =
-                    Digest::of_reader(file).map_err(|e| corrupt(format!("{path:?}: {e}")))?;
-                if sha != entry.sha256 {
-                    return Err(corrupt(format!(
-                        "{path:?} does not hash to {}",
-                        entry.sha256
-                    )));
-                }
+            return Ok(());
+        }
+        let Some(entry) = expected.remove(path) else {
+            return Err(Why(format!("{path:?} is not in the record")));
+        };
+        if st.kind != Kind::File
+            || st.mode != entry.mode
+            || st.size != entry.size
+            || st.uid != owner
+        {
+            return Err(Why(format!(
+                "{path:?} is not a regular file of mode {:o} and size {}",
+                entry.mode, entry.size
+            )));
+        }
+        if rehash {
+            let (sha, _) =
+                Digest::of_reader(n.open()?).map_err(|e| Why(format!("{path:?}: {e}")))?;
+            if sha != entry.sha256 {
+                return Err(Why(format!("{path:?} does not hash to {}", entry.sha256)));
             }
         }
-    }
+        Ok(())
+    };
+    let corrupt = |why: String| TreeError::Corrupt {
+        digest: record.digest,
+        why,
+    };
+    crate::walk::walk(&root, &mut check).map_err(|Why(why)| corrupt(why))?;
     if let Some((path, _)) = expected.into_iter().next() {
         return Err(corrupt(format!("{path:?} is missing")));
     }

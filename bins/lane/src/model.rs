@@ -15,6 +15,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use cordon::canonical::{Digest, domain_digest};
+use cordon::walk::{Kind, Node, Stop, walk};
 use serde::Serialize;
 
 /// Why a model cannot be used (the operator's input: a usage error).
@@ -59,10 +60,6 @@ struct Item {
     sha256: Option<Digest>,
 }
 
-fn owned(path: &Path, m: &fs::Metadata) -> Result<(), ModelError> {
-    owned_or_sticky(path, m, false)
-}
-
 fn owned_or_sticky(path: &Path, m: &fs::Metadata, sticky_ok: bool) -> Result<(), ModelError> {
     let unfit = |why| ModelError::Unfit {
         path: path.to_path_buf(),
@@ -79,67 +76,78 @@ fn owned_or_sticky(path: &Path, m: &fs::Metadata, sticky_ok: bool) -> Result<(),
 }
 
 /// The deepest directory and the most entries a model may have.
-const MAX_DEPTH: usize = 32;
+const MAX_DEPTH: u64 = 32;
 const MAX_ENTRIES: usize = 1_000_000;
 
-fn walk(root: &Path, rel: &Path, out: &mut Vec<Item>) -> Result<(), ModelError> {
-    let dir = root.join(rel);
-    if rel.components().count() > MAX_DEPTH {
-        return Err(ModelError::Unfit {
-            path: dir,
-            why: "is deeper than 32 directories",
-        });
-    }
-    let read = |source| ModelError::Read {
-        path: dir.clone(),
-        source,
-    };
-    let mut names: Vec<_> = fs::read_dir(&dir)
-        .map_err(read)?
-        .map(|e| e.map(|e| e.file_name()))
-        .collect::<Result<_, _>>()
-        .map_err(read)?;
-    names.sort();
-    if out.len() + names.len() > MAX_ENTRIES {
-        return Err(ModelError::Unfit {
-            path: dir,
-            why: "takes the model past 1,000,000 entries",
-        });
-    }
-    for name in names {
-        let rel = rel.join(&name);
-        let path = root.join(&rel);
-        let m = fs::symlink_metadata(&path).map_err(|source| ModelError::Read {
-            path: path.clone(),
-            source,
-        })?;
-        owned(&path, &m)?;
-        let shown = rel.to_string_lossy().into_owned();
-        if m.is_dir() {
-            out.push(Item {
-                path: shown,
+/// Every entry under `root`, on the one tree walk, in the order the digest covers them: a
+/// directory before its contents, names in byte order.
+fn items(root: &Path) -> Result<Vec<Item>, ModelError> {
+    let mut out = Vec::new();
+    let mut visit = |n: &Node<'_>| -> Result<(), Stop<ModelError>> {
+        if n.path.is_empty() {
+            return Ok(());
+        }
+        let path = root.join(n.path);
+        let unfit = |why| {
+            Stop::Visit(ModelError::Unfit {
+                path: path.clone(),
+                why,
+            })
+        };
+        let st = &n.stat;
+        if st.uid != 0 {
+            return Err(unfit("is not owned by root"));
+        }
+        if st.mode & 0o022 != 0 {
+            return Err(unfit("is writable by its group or by others"));
+        }
+        if out.len() >= MAX_ENTRIES {
+            return Err(unfit("takes the model past 1,000,000 entries"));
+        }
+        let item = match st.kind {
+            Kind::Dir if n.depth + 1 > MAX_DEPTH => {
+                return Err(unfit("is deeper than 32 directories"));
+            }
+            Kind::Dir => Item {
+                path: n.path.to_owned(),
                 dir: true,
-                mode: m.permissions().mode() & 0o7777,
+                mode: st.mode,
                 size: 0,
                 sha256: None,
-            });
-            walk(root, &rel, out)?;
-        } else if m.is_file() {
-            out.push(Item {
-                path: shown,
+            },
+            Kind::File => Item {
+                path: n.path.to_owned(),
                 dir: false,
-                mode: m.permissions().mode() & 0o7777,
-                size: m.len(),
-                sha256: Some(Digest::of_file(&path)?),
-            });
-        } else {
-            return Err(ModelError::Unfit {
-                path,
-                why: "is neither a directory nor a regular file",
-            });
-        }
-    }
-    Ok(())
+                mode: st.mode,
+                size: st.size,
+                sha256: Some(
+                    Digest::of_reader(n.open()?)
+                        .map_err(|source| {
+                            Stop::Visit(ModelError::Read {
+                                path: path.clone(),
+                                source,
+                            })
+                        })?
+                        .0,
+                ),
+            },
+            Kind::Symlink | Kind::Fifo | Kind::Socket | Kind::Device => {
+                return Err(unfit("is neither a directory nor a regular file"));
+            }
+        };
+        out.push(item);
+        Ok(())
+    };
+    walk(root, &mut visit).map_err(|stop| match stop {
+        Stop::Walk(e) => ModelError::Read {
+            path: root.to_path_buf(),
+            source: std::io::Error::other(e),
+        },
+        Stop::Visit(e) => e,
+    })?;
+    // Pre-order by components: what the digest has always covered.
+    out.sort_by(|a, b| a.path.split('/').cmp(b.path.split('/')));
+    Ok(out)
 }
 
 /// Check the model at `dir` and return its canonical path and digest.
@@ -164,8 +172,7 @@ pub fn verify(dir: &Path) -> Result<(PathBuf, Digest), ModelError> {
             why: "is not a directory",
         });
     }
-    let mut items = Vec::new();
-    walk(&real, Path::new(""), &mut items)?;
+    let items = items(&real)?;
     let digest = domain_digest("cordon.model", 1, &items)?;
     Ok((real, digest))
 }

@@ -14,7 +14,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -22,6 +21,7 @@ use cordon::canonical::Digest;
 use cordon::intake::IntakeRecord;
 use cordon::store::{Store, StoreError};
 use cordon::tree::{self, Entry, TreeError, TreeRecord};
+use cordon::walk::{Kind, Node, WalkError, walk};
 use cordon_policy_lang::TreeRules;
 use serde_json::json;
 
@@ -136,12 +136,57 @@ pub fn register_incumbent(
     let text = fs::read_to_string(&manifest_path)
         .map_err(|e| bad(&manifest_path, format!("cannot read the manifest: {e}")))?;
     let incumbent = manifest::incumbent(&text).map_err(MaterializeError::IncumbentManifest)?;
-    let mut files = Vec::new();
-    walk_dir(dir, String::new(), &mut files).map_err(|(p, why)| bad(&p, why))?;
-    files.sort();
-    if files.len() as u64 > rules.max_files {
-        return Err(bad(dir, format!("more than {} files", rules.max_files)));
+    let mut entries = Vec::new();
+    let mut total = 0u64;
+    let mut batch = store.batch()?;
+    let mut admit = |n: &Node<'_>| -> Result<(), Unfit> {
+        let unfit = |why: String| Unfit::Bad(n.path.to_owned(), why);
+        match n.stat.kind {
+            Kind::Dir => return Ok(()),
+            Kind::File if n.stat.mode & 0o7000 != 0 => {
+                return Err(unfit("a setuid, setgid or sticky bit is set".into()));
+            }
+            Kind::File => {}
+            Kind::Symlink | Kind::Fifo | Kind::Socket | Kind::Device => {
+                return Err(unfit(
+                    "only regular files and directories are admitted".into(),
+                ));
+            }
+        }
+        if entries.len() as u64 >= rules.max_files {
+            return Err(Unfit::Bad(
+                String::new(),
+                format!("more than {} files", rules.max_files),
+            ));
+        }
+        if n.stat.size > rules.max_file_bytes {
+            return Err(unfit(format!("larger than {} bytes", rules.max_file_bytes)));
+        }
+        total += n.stat.size;
+        if total > rules.max_total_bytes {
+            return Err(Unfit::Bad(
+                String::new(),
+                format!("larger than {} bytes", rules.max_total_bytes),
+            ));
+        }
+        let executable = n.stat.mode & 0o111 != 0;
+        // The file read is the inode examined: opened without following, checked again.
+        let (sha, size) = batch.add_reader(n.open()?, executable)?;
+        entries.push(Entry {
+            path: n.path.to_owned(),
+            mode: if executable { 0o555 } else { 0o444 },
+            size,
+            sha256: sha,
+        });
+        Ok(())
+    };
+    match walk(dir, &mut admit) {
+        Ok(()) => {}
+        Err(Unfit::Bad(rel, why)) if rel.is_empty() => return Err(bad(dir, why)),
+        Err(Unfit::Bad(rel, why)) => return Err(bad(&dir.join(rel), why)),
+        Err(Unfit::Store(e)) => return Err(e.into()),
     }
+    entries.sort_by(|a, b| a.path.cmp(&b.path));
     for target in incumbent.targets.values() {
         let p = dir.join(&target.path);
         if !fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir()) {
@@ -150,35 +195,6 @@ pub fn register_incumbent(
                 format!("target {:?} is not a directory", target.name),
             ));
         }
-    }
-    let mut entries = Vec::new();
-    let mut total = 0u64;
-    let mut batch = store.batch()?;
-    for rel in files {
-        let path = dir.join(&rel);
-        let mut src = fs::File::open(&path).map_err(|e| bad(&path, e.to_string()))?;
-        let meta = src.metadata().map_err(|e| bad(&path, e.to_string()))?;
-        if meta.len() > rules.max_file_bytes {
-            return Err(bad(
-                &path,
-                format!("larger than {} bytes", rules.max_file_bytes),
-            ));
-        }
-        total += meta.len();
-        if total > rules.max_total_bytes {
-            return Err(bad(
-                dir,
-                format!("larger than {} bytes", rules.max_total_bytes),
-            ));
-        }
-        let executable = meta.mode() & 0o111 != 0;
-        let (sha, size) = batch.add_reader(&mut src, executable)?;
-        entries.push(Entry {
-            path: rel,
-            mode: if executable { 0o555 } else { 0o444 },
-            size,
-            sha256: sha,
-        });
     }
     batch.commit()?;
     let origin = json!({
@@ -190,36 +206,31 @@ pub fn register_incumbent(
     Ok(tree::publish(store, entries, origin)?)
 }
 
-/// Collect the regular files under `dir`, refusing links, special files and non-UTF-8 names.
-fn walk_dir(dir: &Path, rel: String, out: &mut Vec<String>) -> Result<(), (PathBuf, String)> {
-    let listing = fs::read_dir(dir).map_err(|e| (dir.to_path_buf(), e.to_string()))?;
-    for item in listing {
-        let item = item.map_err(|e| (dir.to_path_buf(), e.to_string()))?;
-        let path = item.path();
-        let Some(name) = item.file_name().to_str().map(str::to_owned) else {
-            return Err((path, "a name is not UTF-8".into()));
+/// Why an incumbent directory cannot be registered: one of its entries (by relative path, `""`
+/// for the directory as a whole) is not admissible, or the store failed.
+enum Unfit {
+    Bad(String, String),
+    Store(StoreError),
+}
+
+impl From<WalkError> for Unfit {
+    fn from(e: WalkError) -> Self {
+        let path = match &e {
+            WalkError::Host { path, .. }
+            | WalkError::Unreadable { path, .. }
+            | WalkError::Changed { path }
+            | WalkError::Mount { path }
+            | WalkError::UnknownKind { path } => path.clone(),
+            WalkError::NonUtf8 { dir } => dir.clone(),
         };
-        let child = if rel.is_empty() {
-            name
-        } else {
-            format!("{rel}/{name}")
-        };
-        let meta = fs::symlink_metadata(&path).map_err(|e| (path.clone(), e.to_string()))?;
-        if meta.is_dir() {
-            walk_dir(&path, child, out)?;
-        } else if meta.is_file() {
-            if meta.mode() & 0o7000 != 0 {
-                return Err((path, "a setuid, setgid or sticky bit is set".into()));
-            }
-            out.push(child);
-        } else {
-            return Err((
-                path,
-                "only regular files and directories are admitted".into(),
-            ));
-        }
+        Self::Bad(path, e.to_string())
     }
-    Ok(())
+}
+
+impl From<StoreError> for Unfit {
+    fn from(e: StoreError) -> Self {
+        Self::Store(e)
+    }
 }
 
 /// The namespace of a delta: a name no incumbent or standard module has.

@@ -1,27 +1,20 @@
-//! The inventory of a staging area after the build container has exited: a walk by file
-//! descriptors (`openat` with `O_NOFOLLOW`, `fstatat` with `AT_SYMLINK_NOFOLLOW`), so nothing
-//! the candidate left — a symbolic link, a rename race — can steer the host outside it.
+//! The inventory of a staging area after the build container has exited, on the one tree
+//! walk ([`cordon::walk`]: by file descriptors, never across a mount), so nothing the candidate
+//! left — a symbolic link, a rename race — can steer the host outside it.
 //!
 //! Only regular files and directories are admitted. Refused: symbolic links, hard links (a
 //! link count above one), fifos, sockets, devices, setuid/setgid bits, sparse files (fewer
 //! blocks than bytes), non-UTF-8 names, and anything over the policy's bounds (files, total
 //! bytes, bytes per file, depth, path length). Every file is opened once, checked to be the
 //! inode that was listed, and handed on as an open descriptor, so what is copied is what was
-//! checked. Nothing is ever executed or loaded.
-//!
-//! Descriptors: the walk holds the root and at most one directory per level of the path being
-//! read, never one per pending directory — a pending directory is remembered by its path and
-//! inode and reopened, component by component with `O_NOFOLLOW`, when its turn comes (and
-//! refused if the inode changed). A host-side resource error (out of descriptors or memory) is
-//! the host's, reported as [`InventoryError::Host`], never as the candidate's refusal.
+//! checked. Nothing is ever executed or loaded. A host-side resource error (out of descriptors
+//! or memory), or a mount inside the staging area (which only the host can make), is
+//! [`InventoryError::Host`], never the candidate's refusal.
 
 use std::fs::File;
-use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
-use nix::dir::Dir;
-use nix::fcntl::{AtFlags, OFlag, openat};
-use nix::sys::stat::{FileStat, Mode, SFlag, fstat, fstatat};
+use cordon::walk::{Kind, Node, WalkError, walk};
 
 /// The publication bounds (policy `publication …`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,57 +70,129 @@ pub enum InventoryError {
     /// The staging area breaks a rule: the candidate's build produced it.
     #[error(transparent)]
     Refused(#[from] Refused),
-    /// The host ran out of a resource while reading it: not the candidate's fault.
-    #[error("the host could not inventory {path}: {source}")]
-    Host {
-        /// The path in the staging area.
-        path: String,
-        /// The kernel's error.
-        source: nix::Error,
-    },
+    /// The host ran out of a resource while reading it, or found a mount inside it: not the
+    /// candidate's fault.
+    #[error("the host could not inventory the staging area: {0}")]
+    Host(WalkError),
 }
 
-/// A failed call on `path`: the host's when it ran out of a resource, otherwise something the
-/// candidate left that cannot be inspected.
-fn failed(path: &str, e: nix::Error) -> InventoryError {
-    use nix::errno::Errno;
-    match e {
-        Errno::EMFILE | Errno::ENFILE | Errno::ENOMEM | Errno::ENOBUFS => InventoryError::Host {
-            path: path.to_owned(),
-            source: e,
-        },
-        _ => refuse(
-            "publication.unreadable",
-            path,
-            format!("cannot inspect: {e}"),
-        ),
+impl From<WalkError> for InventoryError {
+    /// What the walk found in the staging area is the candidate's, except what only the host
+    /// can cause.
+    fn from(e: WalkError) -> Self {
+        match e {
+            WalkError::Host { .. } | WalkError::Mount { .. } => Self::Host(e),
+            WalkError::Unreadable { path, source } => refuse(
+                "publication.unreadable",
+                &path,
+                format!("cannot inspect: {source}"),
+            ),
+            WalkError::NonUtf8 { dir } => {
+                refuse("publication.non-utf8", &dir, "a name is not UTF-8")
+            }
+            WalkError::Changed { path } => refuse(
+                "publication.changed",
+                &path,
+                "it changed while it was inventoried",
+            ),
+            WalkError::UnknownKind { path } => refuse(
+                "publication.entry-type",
+                &path,
+                "only regular files and directories are admitted",
+            ),
+        }
     }
 }
 
-/// Open the directory `rel` under `top`, one component at a time without following links, and
-/// check it is still the inode that was listed.
-fn reopen(top: &OwnedFd, rel: &str, listed: (u64, u64)) -> Result<OwnedFd, InventoryError> {
-    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    let mut fd = top.try_clone().map_err(|e| InventoryError::Host {
-        path: rel.to_owned(),
-        source: nix::Error::from_raw(e.raw_os_error().unwrap_or(0)),
-    })?;
-    for component in rel.split('/').filter(|c| !c.is_empty()) {
-        fd = openat(fd.as_fd(), component, flags, Mode::empty()).map_err(|e| failed(rel, e))?;
+/// The rules for one entry; an admitted file is opened and added to `items`.
+fn admit(
+    n: &Node<'_>,
+    b: &Bounds,
+    items: &mut Vec<Item>,
+    total: &mut u64,
+) -> Result<(), InventoryError> {
+    let (path, st) = (n.path, &n.stat);
+    if path.is_empty() {
+        return Ok(());
     }
-    let st = fstat(fd.as_fd()).map_err(|e| failed(rel, e))?;
-    if (st.st_dev, st.st_ino) != listed {
+    if path.len() as u64 > b.max_path_length {
         return Err(refuse(
-            "publication.changed",
-            rel,
-            "the directory changed while it was inventoried",
+            "publication.path-too-long",
+            path,
+            format!("longer than {} bytes", b.max_path_length),
         ));
     }
-    Ok(fd)
-}
-
-fn kind(st: &FileStat) -> SFlag {
-    SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits())
+    if st.mode & 0o6000 != 0 {
+        return Err(refuse(
+            "publication.special-mode",
+            path,
+            format!("mode {:o} has a setuid or setgid bit", st.mode),
+        ));
+    }
+    let code = match st.kind {
+        Kind::Dir if n.depth + 1 >= b.max_depth => Some((
+            "publication.too-deep",
+            format!("deeper than {} components", b.max_depth),
+        )),
+        Kind::Dir => return Ok(()),
+        Kind::File => None,
+        Kind::Symlink => Some((
+            "publication.symlink",
+            "symbolic links are not admitted".into(),
+        )),
+        Kind::Fifo => Some(("publication.fifo", "fifos are not admitted".into())),
+        Kind::Socket => Some(("publication.socket", "sockets are not admitted".into())),
+        Kind::Device => Some(("publication.device", "devices are not admitted".into())),
+    };
+    if let Some((code, msg)) = code {
+        return Err(refuse(code, path, msg));
+    }
+    if st.nlink > 1 {
+        return Err(refuse(
+            "publication.hardlink",
+            path,
+            format!("{} links to one file", st.nlink),
+        ));
+    }
+    let allocated = st.blocks.saturating_mul(512);
+    if allocated < st.size {
+        return Err(refuse(
+            "publication.sparse",
+            path,
+            format!("{} bytes in {allocated} allocated", st.size),
+        ));
+    }
+    if st.size > b.max_file_bytes {
+        return Err(refuse(
+            "publication.file-too-big",
+            path,
+            format!("{} bytes exceeds {}", st.size, b.max_file_bytes),
+        ));
+    }
+    *total += st.size;
+    if *total > b.max_bytes {
+        return Err(refuse(
+            "publication.too-big",
+            path,
+            format!("the publication exceeds {} bytes", b.max_bytes),
+        ));
+    }
+    if items.len() as u64 >= b.max_files {
+        return Err(refuse(
+            "publication.too-many-files",
+            path,
+            format!("more than {} files", b.max_files),
+        ));
+    }
+    // The inode opened is the inode listed: nothing swapped it in between.
+    let file = n.open()?;
+    items.push(Item {
+        path: path.to_owned(),
+        executable: st.mode & 0o111 != 0,
+        size: st.size,
+        file,
+    });
+    Ok(())
 }
 
 /// Inventory the staging area at `root`.
@@ -135,149 +200,9 @@ fn kind(st: &FileStat) -> SFlag {
 /// # Errors
 /// The first rule broken, or the host failed.
 pub fn inventory(root: &Path, b: &Bounds) -> Result<Vec<Item>, InventoryError> {
-    let top = nix::fcntl::open(
-        root,
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| failed("", e))?;
-    let root_st = fstat(top.as_fd()).map_err(|e| failed("", e))?;
     let mut items = Vec::new();
     let mut total = 0u64;
-    // Pending directories by path, depth and listed (device, inode): no descriptor each.
-    let mut stack: Vec<(String, u64, (u64, u64))> =
-        vec![(String::new(), 0, (root_st.st_dev, root_st.st_ino))];
-    while let Some((rel, depth, listed)) = stack.pop() {
-        let fd = reopen(&top, &rel, listed)?;
-        let dup = fd.try_clone().map_err(|e| InventoryError::Host {
-            path: rel.clone(),
-            source: nix::Error::from_raw(e.raw_os_error().unwrap_or(0)),
-        })?;
-        let mut dir = Dir::from_fd(dup).map_err(|e| failed(&rel, e))?;
-        let mut names = Vec::new();
-        for entry in dir.iter() {
-            let entry = entry.map_err(|e| failed(&rel, e))?;
-            let name = entry.file_name().to_bytes();
-            if name != b"." && name != b".." {
-                names.push(name.to_vec());
-            }
-        }
-        names.sort();
-        for raw in names {
-            let Ok(name) = String::from_utf8(raw.clone()) else {
-                return Err(refuse("publication.non-utf8", &rel, "a name is not UTF-8"));
-            };
-            let path = if rel.is_empty() {
-                name.clone()
-            } else {
-                format!("{rel}/{name}")
-            };
-            if path.len() as u64 > b.max_path_length {
-                return Err(refuse(
-                    "publication.path-too-long",
-                    &path,
-                    format!("longer than {} bytes", b.max_path_length),
-                ));
-            }
-            let st = fstatat(fd.as_fd(), name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
-                .map_err(|e| failed(&path, e))?;
-            if st.st_mode & 0o6000 != 0 {
-                return Err(refuse(
-                    "publication.special-mode",
-                    &path,
-                    format!("mode {:o} has a setuid or setgid bit", st.st_mode & 0o7777),
-                ));
-            }
-            let k = kind(&st);
-            if k == SFlag::S_IFDIR {
-                if depth + 1 >= b.max_depth {
-                    return Err(refuse(
-                        "publication.too-deep",
-                        &path,
-                        format!("deeper than {} components", b.max_depth),
-                    ));
-                }
-                stack.push((path, depth + 1, (st.st_dev, st.st_ino)));
-                continue;
-            }
-            let code = match k {
-                SFlag::S_IFREG => None,
-                SFlag::S_IFLNK => Some(("publication.symlink", "symbolic links are not admitted")),
-                SFlag::S_IFIFO => Some(("publication.fifo", "fifos are not admitted")),
-                SFlag::S_IFSOCK => Some(("publication.socket", "sockets are not admitted")),
-                SFlag::S_IFCHR | SFlag::S_IFBLK => {
-                    Some(("publication.device", "devices are not admitted"))
-                }
-                _ => Some((
-                    "publication.entry-type",
-                    "only regular files and directories are admitted",
-                )),
-            };
-            if let Some((code, msg)) = code {
-                return Err(refuse(code, &path, msg));
-            }
-            if st.st_nlink > 1 {
-                return Err(refuse(
-                    "publication.hardlink",
-                    &path,
-                    format!("{} links to one file", st.st_nlink),
-                ));
-            }
-            let size = u64::try_from(st.st_size).unwrap_or(u64::MAX);
-            let allocated = u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512);
-            if allocated < size {
-                return Err(refuse(
-                    "publication.sparse",
-                    &path,
-                    format!("{size} bytes in {allocated} allocated"),
-                ));
-            }
-            if size > b.max_file_bytes {
-                return Err(refuse(
-                    "publication.file-too-big",
-                    &path,
-                    format!("{size} bytes exceeds {}", b.max_file_bytes),
-                ));
-            }
-            total += size;
-            if total > b.max_bytes {
-                return Err(refuse(
-                    "publication.too-big",
-                    &path,
-                    format!("the publication exceeds {} bytes", b.max_bytes),
-                ));
-            }
-            if items.len() as u64 >= b.max_files {
-                return Err(refuse(
-                    "publication.too-many-files",
-                    &path,
-                    format!("more than {} files", b.max_files),
-                ));
-            }
-            let file = openat(
-                fd.as_fd(),
-                name.as_str(),
-                OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-                Mode::empty(),
-            )
-            .map_err(|e| failed(&path, e))?;
-            let again = fstat(file.as_fd()).map_err(|e| failed(&path, e))?;
-            // The inode opened is the inode listed: nothing swapped it in between.
-            if again.st_ino != st.st_ino || again.st_dev != st.st_dev || again.st_nlink > 1 {
-                return Err(refuse(
-                    "publication.changed",
-                    &path,
-                    "the file changed while it was inventoried",
-                ));
-            }
-            items.push(Item {
-                path,
-                executable: st.st_mode & 0o111 != 0,
-                size,
-                file: File::from(file),
-            });
-        }
-    }
+    walk(root, &mut |n| admit(n, b, &mut items, &mut total))?;
     items.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(items)
 }
@@ -285,6 +210,7 @@ pub fn inventory(root: &Path, b: &Bounds) -> Result<Vec<Item>, InventoryError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nix::sys::stat::Mode;
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::PermissionsExt;
 
@@ -400,29 +326,6 @@ mod tests {
         assert!(inventory(&dir.path().join("real"), &bounds()).is_ok());
         match inventory(&link, &bounds()) {
             Err(InventoryError::Refused(r)) => assert_eq!(r.code, "publication.unreadable"),
-            Err(InventoryError::Host { source, .. }) => assert_eq!(source, nix::Error::ELOOP),
-            other => panic!("a link must not be followed: {other:?}"),
-        }
-    }
-
-    /// A pending directory whose name became a symbolic link to it (same inode) is not
-    /// followed: the reopen is refused, never steered through a link.
-    #[test]
-    fn a_directory_replaced_by_a_link_to_itself_is_not_followed() {
-        let dir = staged(&[("a/f", 1)]);
-        let top = nix::fcntl::open(
-            dir.path(),
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY,
-            Mode::empty(),
-        )
-        .unwrap();
-        let st = nix::sys::stat::stat(&dir.path().join("a")).unwrap();
-        let listed = (st.st_dev, st.st_ino);
-        assert!(reopen(&top, "a", listed).is_ok());
-        std::fs::rename(dir.path().join("a"), dir.path().join("b")).unwrap();
-        std::os::unix::fs::symlink("b", dir.path().join("a")).unwrap();
-        match reopen(&top, "a", listed) {
-            Err(InventoryError::Refused(r)) => assert_eq!(r.code, "publication.unreadable"),
             other => panic!("a link must not be followed: {other:?}"),
         }
     }
@@ -465,44 +368,6 @@ mod tests {
         }
         assert!(inventory(empty.path(), &bounds()).unwrap().is_empty());
     }
-
-    #[test]
-    fn running_out_of_a_host_resource_is_the_hosts_error() {
-        for e in [
-            nix::errno::Errno::EMFILE,
-            nix::errno::Errno::ENFILE,
-            nix::errno::Errno::ENOMEM,
-        ] {
-            assert!(matches!(failed("x", e), InventoryError::Host { .. }), "{e}");
-        }
-        assert!(matches!(
-            failed("x", nix::errno::Errno::EACCES),
-            InventoryError::Refused(Refused {
-                code: "publication.unreadable",
-                ..
-            })
-        ));
-    }
-
-    #[test]
-    fn a_directory_swapped_for_another_is_refused_as_changed() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir(dir.path().join("a")).unwrap();
-        let top = nix::fcntl::open(
-            dir.path(),
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY,
-            Mode::empty(),
-        )
-        .unwrap();
-        let st = fstat(top.as_fd()).unwrap();
-        assert!(matches!(
-            reopen(&top, "a", (st.st_dev, st.st_ino)),
-            Err(InventoryError::Refused(Refused {
-                code: "publication.changed",
-                ..
-            }))
-        ));
-    }
 }
 
 #[cfg(test)]
@@ -510,6 +375,7 @@ mod root_tests {
     //! Entries only root can make (root, as CI runs).
 
     use super::*;
+    use nix::sys::stat::{Mode, SFlag};
 
     /// A device node left in staging is refused as a device (`mknod` needs root).
     #[test]

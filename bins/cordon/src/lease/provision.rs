@@ -3,56 +3,81 @@
 //! protected files and secret, and creating and running its container.
 
 use super::*;
+use crate::walk::{Kind, Stop};
+
+/// The walk's findings in a store tree are the tree's: not what cordon wrote there.
+fn walked(root: &Path) -> impl FnOnce(Stop<LeaseError>) -> LeaseError + '_ {
+    move |stop| match stop {
+        Stop::Walk(e) => LeaseError::Protected {
+            path: root.to_path_buf(),
+            why: e.to_string(),
+        },
+        Stop::Visit(e) => e,
+    }
+}
 
 /// The bytes (whole pages per file, plus one) and inodes (plus slack) a tmpfs needs to hold a
 /// copy of the tree at `root`.
 pub(super) fn tree_size(root: &Path) -> Result<(u64, u64), LeaseError> {
     const PAGE: u64 = 4096;
     let (mut bytes, mut inodes) = (PAGE, 16u64);
-    let mut dirs = vec![root.to_path_buf()];
-    while let Some(d) = dirs.pop() {
-        for entry in fs::read_dir(&d).map_err(io("list", &d))? {
-            let path = entry.map_err(io("list", &d))?.path();
-            let m = fs::symlink_metadata(&path).map_err(io("stat", &path))?;
-            inodes += 1;
-            if m.is_dir() {
-                dirs.push(path);
-            } else if m.is_file() {
-                bytes += m.len().div_ceil(PAGE) * PAGE;
-            } else {
-                return Err(LeaseError::Protected {
-                    path,
+    crate::walk::walk(root, &mut |n| -> Result<(), Stop<LeaseError>> {
+        match n.stat.kind {
+            _ if n.path.is_empty() => {}
+            Kind::Dir => inodes += 1,
+            Kind::File => {
+                inodes += 1;
+                bytes += n.stat.size.div_ceil(PAGE) * PAGE;
+            }
+            Kind::Symlink | Kind::Fifo | Kind::Socket | Kind::Device => {
+                return Err(Stop::Visit(LeaseError::Protected {
+                    path: root.join(n.path),
                     why: "a store tree holds only regular files and directories".into(),
-                });
+                }));
             }
         }
-    }
+        Ok(())
+    })
+    .map_err(walked(root))?;
     Ok((bytes, inodes))
 }
 
-/// Copy the tree at `from` into the empty directory `to`: directories 0555, files 0444 or 0555
-/// (executable as in the store), no link followed.
+/// Copy the tree at `from` into the empty directory `to`: directories 0555 (sealed once their
+/// contents are in), files 0444 or 0555 (executable as in the store), no link followed, each
+/// file read from the inode the walk examined.
 pub(super) fn copy_tree(from: &Path, to: &Path) -> Result<(), LeaseError> {
-    for entry in fs::read_dir(from).map_err(io("list", from))? {
-        let src = entry.map_err(io("list", from))?.path();
-        let dst = to.join(src.file_name().unwrap_or_default());
-        let m = fs::symlink_metadata(&src).map_err(io("stat", &src))?;
-        if m.is_dir() {
+    let mut dirs = vec![to.to_path_buf()];
+    crate::walk::walk(from, &mut |n| -> Result<(), Stop<LeaseError>> {
+        if n.path.is_empty() {
+            return Ok(());
+        }
+        let dst = to.join(n.path);
+        if n.stat.kind == Kind::Dir {
             fs::DirBuilder::new()
                 .mode(0o755)
                 .create(&dst)
-                .map_err(io("create", &dst))?;
-            copy_tree(&src, &dst)?;
-        } else {
-            let mut input = store::open_nofollow(&src)?;
-            let mut out = store::create_exclusive(&dst, 0o600)?;
-            std::io::copy(&mut input, &mut out).map_err(io("copy", &dst))?;
-            let mode = if m.mode() & 0o111 != 0 { 0o555 } else { 0o444 };
-            out.set_permissions(fs::Permissions::from_mode(mode))
-                .map_err(io("chmod", &dst))?;
+                .map_err(|e| Stop::Visit(io("create", &dst)(e)))?;
+            dirs.push(dst);
+            return Ok(());
         }
+        let mut input = n.open()?;
+        let mut out = store::create_exclusive(&dst, 0o600).map_err(|e| Stop::Visit(e.into()))?;
+        std::io::copy(&mut input, &mut out).map_err(|e| Stop::Visit(io("copy", &dst)(e)))?;
+        let mode = if n.stat.mode & 0o111 != 0 {
+            0o555
+        } else {
+            0o444
+        };
+        out.set_permissions(fs::Permissions::from_mode(mode))
+            .map_err(|e| Stop::Visit(io("chmod", &dst)(e)))?;
+        Ok(())
+    })
+    .map_err(walked(from))?;
+    // A directory after its parent in the walk: in reverse, each is sealed after its contents.
+    for d in dirs.iter().rev() {
+        fs::set_permissions(d, fs::Permissions::from_mode(0o555)).map_err(io("chmod", d))?;
     }
-    fs::set_permissions(to, fs::Permissions::from_mode(0o555)).map_err(io("chmod", to))
+    Ok(())
 }
 
 impl Manager {

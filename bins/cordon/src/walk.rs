@@ -1,0 +1,504 @@
+//! The one tree walk: by file descriptors (`openat` with `O_NOFOLLOW`, `statx` with
+//! `AT_SYMLINK_NOFOLLOW`), never by path, and never across a mount — so nothing a tree holds (a
+//! symbolic link, a rename race, a mount planted inside it) can steer the host outside it.
+//! Every tree cordon reads goes through it: a staging area's inventory, a stored tree's
+//! verification, a delta's file list, a store's listing, a model directory, an image's seal.
+//!
+//! It owns the traversal and its three proofs: each entry is examined relative to its
+//! directory's descriptor, each directory is reopened component by component without following
+//! a link and refused if it is no longer the inode that was listed, and each entry's mount id
+//! must be the root's. It does not decide what a tree may hold: the visitor does, on the
+//! [`Node`] it is shown (kind, mode, owner, size, links), and may open a regular file through
+//! [`Node::open`], which checks that the inode opened is the one examined.
+//!
+//! Order: the root first (path `""`), then each directory's entries in byte order of their
+//! names; a directory's contents after all of its siblings (depth-first, last sibling first).
+//! Descriptors: the root and at most one directory per level being read, never one per
+//! pending directory. A host-side resource error (out of descriptors or memory) is
+//! [`WalkError::Host`], never the tree's fault.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::Path;
+
+use nix::dir::Dir;
+use nix::fcntl::{OFlag, openat};
+use nix::sys::stat::Mode;
+use rustix::fs::{AtFlags, StatxFlags, statx};
+
+/// What an entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A directory.
+    Dir,
+    /// A regular file.
+    File,
+    /// A symbolic link (never followed).
+    Symlink,
+    /// A fifo.
+    Fifo,
+    /// A socket.
+    Socket,
+    /// A character or block device.
+    Device,
+}
+
+/// What the walk examined of an entry (without following it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stat {
+    /// Its kind.
+    pub kind: Kind,
+    /// The permission bits with setuid, setgid and sticky (`mode & 0o7777`).
+    pub mode: u32,
+    /// Its owner.
+    pub uid: u32,
+    /// Its group.
+    pub gid: u32,
+    /// Its link count.
+    pub nlink: u64,
+    /// Its size in bytes.
+    pub size: u64,
+    /// 512-byte blocks allocated.
+    pub blocks: u64,
+    /// Device and inode: its identity.
+    pub id: (u64, u64),
+    /// The mount it is on.
+    pub mount: u64,
+}
+
+/// Why a walk could not go on.
+#[derive(Debug, thiserror::Error)]
+pub enum WalkError {
+    /// The host ran out of a resource while reading: not the tree's fault.
+    #[error("the host could not read {path}: {source}")]
+    Host {
+        /// The entry's relative path.
+        path: String,
+        /// The kernel's error.
+        source: io::Error,
+    },
+    /// An entry cannot be examined or opened.
+    #[error("{path}: cannot inspect: {source}")]
+    Unreadable {
+        /// The entry's relative path.
+        path: String,
+        /// The kernel's error.
+        source: io::Error,
+    },
+    /// A name is not UTF-8.
+    #[error("a name under {dir:?} is not UTF-8")]
+    NonUtf8 {
+        /// The directory's relative path.
+        dir: String,
+    },
+    /// A directory or file was replaced between being listed and being opened.
+    #[error("{path}: changed while it was walked")]
+    Changed {
+        /// The entry's relative path.
+        path: String,
+    },
+    /// An entry is on another mount than the root: a mount point inside the tree.
+    #[error("{path}: a mount point inside the tree; the walk does not cross it")]
+    Mount {
+        /// The entry's relative path.
+        path: String,
+    },
+    /// The kind is none the walk knows.
+    #[error("{path}: an entry of unknown type")]
+    UnknownKind {
+        /// The entry's relative path.
+        path: String,
+    },
+}
+
+/// What ended a walk whose visitor has errors of its own: the walk's finding or the visitor's.
+#[derive(Debug)]
+pub enum Stop<E> {
+    /// The walk's own.
+    Walk(WalkError),
+    /// The visitor's.
+    Visit(E),
+}
+
+impl<E> From<WalkError> for Stop<E> {
+    fn from(e: WalkError) -> Self {
+        Self::Walk(e)
+    }
+}
+
+/// A failed call on `path`: the host's when it ran out of a resource, else the tree's.
+fn failed(path: &str, e: impl Into<io::Error>) -> WalkError {
+    let e = e.into();
+    let host = [
+        libc_err::EMFILE,
+        libc_err::ENFILE,
+        libc_err::ENOMEM,
+        libc_err::ENOBUFS,
+    ];
+    if e.raw_os_error().is_some_and(|c| host.contains(&c)) {
+        WalkError::Host {
+            path: path.to_owned(),
+            source: e,
+        }
+    } else {
+        WalkError::Unreadable {
+            path: path.to_owned(),
+            source: e,
+        }
+    }
+}
+
+mod libc_err {
+    pub const EMFILE: i32 = nix::libc::EMFILE;
+    pub const ENFILE: i32 = nix::libc::ENFILE;
+    pub const ENOMEM: i32 = nix::libc::ENOMEM;
+    pub const ENOBUFS: i32 = nix::libc::ENOBUFS;
+}
+
+/// `statx` of `name` in `dir` without following it; the mount id must be reported.
+fn stat_at(dir: BorrowedFd<'_>, name: &str, path: &str) -> Result<Stat, WalkError> {
+    let flags = if name.is_empty() {
+        AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW
+    } else {
+        AtFlags::SYMLINK_NOFOLLOW
+    };
+    let want = StatxFlags::BASIC_STATS | StatxFlags::MNT_ID;
+    let x = statx(dir, name, flags, want).map_err(|e| failed(path, e))?;
+    if !StatxFlags::from_bits_retain(x.stx_mask).contains(StatxFlags::MNT_ID) {
+        // Without the mount id the walk cannot prove it stays on one mount: refuse.
+        return Err(failed(
+            path,
+            io::Error::other("this kernel does not report mount ids (statx STATX_MNT_ID)"),
+        ));
+    }
+    let mode = u32::from(x.stx_mode);
+    let kind = match mode & nix::libc::S_IFMT {
+        nix::libc::S_IFDIR => Kind::Dir,
+        nix::libc::S_IFREG => Kind::File,
+        nix::libc::S_IFLNK => Kind::Symlink,
+        nix::libc::S_IFIFO => Kind::Fifo,
+        nix::libc::S_IFSOCK => Kind::Socket,
+        nix::libc::S_IFCHR | nix::libc::S_IFBLK => Kind::Device,
+        _ => {
+            return Err(WalkError::UnknownKind {
+                path: path.to_owned(),
+            });
+        }
+    };
+    let dev = nix::libc::makedev(x.stx_dev_major, x.stx_dev_minor);
+    Ok(Stat {
+        kind,
+        mode: mode & 0o7777,
+        uid: x.stx_uid,
+        gid: x.stx_gid,
+        nlink: u64::from(x.stx_nlink),
+        size: x.stx_size,
+        blocks: x.stx_blocks,
+        id: (dev, x.stx_ino),
+        mount: x.stx_mnt_id,
+    })
+}
+
+/// One entry, as the visitor sees it.
+#[derive(Debug)]
+pub struct Node<'a> {
+    /// Its path relative to the root, `/`-separated (`""` for the root).
+    pub path: &'a str,
+    /// Directories above it below the root (0 for the root and its entries).
+    pub depth: u64,
+    /// What the walk examined.
+    pub stat: Stat,
+    dir: BorrowedFd<'a>,
+    name: &'a str,
+}
+
+impl Node<'_> {
+    /// Open this regular file for reading, without following a link, and prove the inode
+    /// opened is the one examined (with the same link count): what is read is what was checked.
+    ///
+    /// # Errors
+    /// It cannot be opened, or was replaced.
+    pub fn open(&self) -> Result<File, WalkError> {
+        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
+        let fd = if self.name.is_empty() {
+            return Err(WalkError::Changed {
+                path: self.path.to_owned(),
+            });
+        } else {
+            openat(self.dir, self.name, flags, Mode::empty()).map_err(|e| failed(self.path, e))?
+        };
+        let again = stat_at(fd.as_fd(), "", self.path)?;
+        if again.id != self.stat.id || again.nlink != self.stat.nlink || again.kind != Kind::File {
+            return Err(WalkError::Changed {
+                path: self.path.to_owned(),
+            });
+        }
+        Ok(File::from(fd))
+    }
+}
+
+impl Node<'_> {
+    /// This symbolic link's target, read relative to its directory (never followed).
+    ///
+    /// # Errors
+    /// It is not a link, or cannot be read.
+    pub fn read_link(&self) -> Result<std::path::PathBuf, WalkError> {
+        nix::fcntl::readlinkat(self.dir, self.name)
+            .map(std::path::PathBuf::from)
+            .map_err(|e| failed(self.path, e))
+    }
+}
+
+/// Open the directory `rel` under `top`, one component at a time without following links, and
+/// check it is still the inode that was listed.
+fn reopen(top: &OwnedFd, rel: &str, listed: (u64, u64)) -> Result<OwnedFd, WalkError> {
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let mut fd = top.try_clone().map_err(|e| failed(rel, e))?;
+    for component in rel.split('/').filter(|c| !c.is_empty()) {
+        fd = openat(fd.as_fd(), component, flags, Mode::empty()).map_err(|e| failed(rel, e))?;
+    }
+    if stat_at(fd.as_fd(), "", rel)?.id != listed {
+        return Err(WalkError::Changed {
+            path: rel.to_owned(),
+        });
+    }
+    Ok(fd)
+}
+
+/// The names in directory `fd` (`rel`), sorted, without `.` and `..`.
+fn names(fd: &OwnedFd, rel: &str) -> Result<Vec<String>, WalkError> {
+    let dup = fd.try_clone().map_err(|e| failed(rel, e))?;
+    let mut dir = Dir::from_fd(dup).map_err(|e| failed(rel, e))?;
+    let mut names = Vec::new();
+    for entry in dir.iter() {
+        let entry = entry.map_err(|e| failed(rel, e))?;
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        let name = String::from_utf8(name.to_vec()).map_err(|_| WalkError::NonUtf8 {
+            dir: rel.to_owned(),
+        })?;
+        names.push(name);
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// Walk the tree at `root` (itself not followed if a link), showing `visit` the root and every
+/// entry (see the module documentation). The first error, the walk's or the visitor's, ends
+/// it.
+///
+/// # Errors
+/// The walk's own ([`WalkError`], converted) or the visitor's.
+pub fn walk<E: From<WalkError>>(
+    root: &Path,
+    visit: &mut dyn FnMut(&Node<'_>) -> Result<(), E>,
+) -> Result<(), E> {
+    let top = nix::fcntl::open(
+        root,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| failed("", e))?;
+    let root_stat = stat_at(top.as_fd(), "", "")?;
+    visit(&Node {
+        path: "",
+        depth: 0,
+        stat: root_stat,
+        dir: top.as_fd(),
+        name: "",
+    })?;
+    // Pending directories by path, depth and listed identity: no descriptor each.
+    let mut stack: Vec<(String, u64, (u64, u64))> = vec![(String::new(), 0, root_stat.id)];
+    while let Some((rel, depth, listed)) = stack.pop() {
+        let fd = reopen(&top, &rel, listed)?;
+        for name in names(&fd, &rel)? {
+            let path = if rel.is_empty() {
+                name.clone()
+            } else {
+                format!("{rel}/{name}")
+            };
+            let stat = stat_at(fd.as_fd(), &name, &path)?;
+            // A mount inside the tree is another tree: never walked, never reported as content.
+            if stat.mount != root_stat.mount {
+                return Err(WalkError::Mount { path }.into());
+            }
+            visit(&Node {
+                path: &path,
+                depth,
+                stat,
+                dir: fd.as_fd(),
+                name: &name,
+            })?;
+            if stat.kind == Kind::Dir {
+                stack.push((path, depth + 1, stat.id));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::ffi::OsStrExt;
+
+    fn paths(root: &Path) -> Result<Vec<(String, Kind, u64)>, WalkError> {
+        let mut out = Vec::new();
+        walk::<WalkError>(root, &mut |n| {
+            out.push((n.path.to_owned(), n.stat.kind, n.depth));
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    #[test]
+    fn every_entry_is_shown_once_without_following_a_link() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("a/b")).unwrap();
+        std::fs::write(d.path().join("a/b/f"), b"x").unwrap();
+        std::fs::write(d.path().join("z"), b"y").unwrap();
+        std::os::unix::fs::symlink("/etc", d.path().join("a/l")).unwrap();
+        let got = paths(d.path()).unwrap();
+        assert_eq!(
+            got,
+            vec![
+                (String::new(), Kind::Dir, 0),
+                ("a".into(), Kind::Dir, 0),
+                ("z".into(), Kind::File, 0),
+                ("a/b".into(), Kind::Dir, 1),
+                ("a/l".into(), Kind::Symlink, 1),
+                ("a/b/f".into(), Kind::File, 2),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_root_that_is_a_link_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("real")).unwrap();
+        std::os::unix::fs::symlink(d.path().join("real"), d.path().join("link")).unwrap();
+        assert!(matches!(
+            paths(&d.path().join("link")),
+            Err(WalkError::Unreadable { .. })
+        ));
+    }
+
+    #[test]
+    fn a_non_utf8_name_is_its_own_error() {
+        let d = tempfile::tempdir().unwrap();
+        let name = std::ffi::OsStr::from_bytes(b"bad\xff");
+        std::fs::write(d.path().join(name), b"").unwrap();
+        assert!(matches!(paths(d.path()), Err(WalkError::NonUtf8 { .. })));
+    }
+
+    #[test]
+    fn an_opened_file_is_the_one_examined() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("f"), b"first").unwrap();
+        let mut seen = Vec::new();
+        walk::<WalkError>(d.path(), &mut |n| {
+            if n.stat.kind == Kind::File {
+                // Swapped after it was examined, before it is opened (the old inode kept, so
+                // the new file cannot reuse its number).
+                std::fs::rename(d.path().join("f"), d.path().join("f.old")).unwrap();
+                std::fs::write(d.path().join("f"), b"second").unwrap();
+                seen.push(n.open().map(|_| ()));
+            }
+            Ok(())
+        })
+        .unwrap();
+        assert!(
+            matches!(&seen[..], [Err(WalkError::Changed { .. })]),
+            "{seen:?}"
+        );
+    }
+
+    fn listed(path: &Path) -> (u64, u64) {
+        let st = nix::sys::stat::stat(path).unwrap();
+        (st.st_dev, st.st_ino)
+    }
+
+    fn top(path: &Path) -> OwnedFd {
+        nix::fcntl::open(path, OFlag::O_RDONLY | OFlag::O_DIRECTORY, Mode::empty()).unwrap()
+    }
+
+    /// A pending directory whose name became a symbolic link to it (same inode) is not
+    /// followed: the reopen is refused, never steered through a link.
+    #[test]
+    fn a_directory_replaced_by_a_link_to_itself_is_not_followed() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("a")).unwrap();
+        let top = top(d.path());
+        let was = listed(&d.path().join("a"));
+        assert!(reopen(&top, "a", was).is_ok());
+        std::fs::rename(d.path().join("a"), d.path().join("b")).unwrap();
+        std::os::unix::fs::symlink("b", d.path().join("a")).unwrap();
+        assert!(matches!(
+            reopen(&top, "a", was),
+            Err(WalkError::Unreadable { .. })
+        ));
+    }
+
+    #[test]
+    fn a_directory_swapped_for_another_is_refused_as_changed() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("a")).unwrap();
+        let top = top(d.path());
+        assert!(matches!(
+            reopen(&top, "a", listed(d.path())),
+            Err(WalkError::Changed { .. })
+        ));
+    }
+
+    #[test]
+    fn running_out_of_a_host_resource_is_the_hosts_error() {
+        for e in [
+            nix::errno::Errno::EMFILE,
+            nix::errno::Errno::ENFILE,
+            nix::errno::Errno::ENOMEM,
+            nix::errno::Errno::ENOBUFS,
+        ] {
+            assert!(matches!(failed("x", e), WalkError::Host { .. }), "{e}");
+        }
+        assert!(matches!(
+            failed("x", nix::errno::Errno::EACCES),
+            WalkError::Unreadable { .. }
+        ));
+    }
+}
+
+/// Root only (the root tier): mounting needs it.
+#[cfg(test)]
+mod root_tests {
+    use super::*;
+
+    /// A tmpfs mounted inside the tree is refused, never walked; without the mount the same
+    /// directory is walked (the check, not the directory, refuses it).
+    #[test]
+    fn a_mount_inside_the_tree_is_refused() {
+        cordon_testkit::require_root("the walk's mount check mounts a tmpfs inside a tree");
+        let d = tempfile::tempdir().unwrap();
+        let inner = d.path().join("inner");
+        std::fs::create_dir(&inner).unwrap();
+        let walked = |root: &Path| walk::<WalkError>(root, &mut |_| Ok(()));
+        assert!(walked(d.path()).is_ok());
+        let host = crate::host::Linux;
+        crate::host::Host::mount(
+            &host,
+            &crate::host::MountRequest::Tmpfs {
+                target: inner.clone(),
+                options: "size=1m,mode=0755".into(),
+            },
+        )
+        .unwrap();
+        let got = walked(d.path());
+        crate::host::Host::unmount(&host, &inner).unwrap();
+        assert!(
+            matches!(got, Err(WalkError::Mount { ref path }) if path == "inner"),
+            "{got:?}"
+        );
+    }
+}
