@@ -27,7 +27,7 @@ use nix::sys::stat::{UtimensatFlags, utimensat};
 use nix::sys::time::TimeSpec;
 
 use crate::canonical::Digest;
-use crate::walk::{Kind, Node, Stop, WalkError, walk};
+use crate::walk::{Kind, Node, Stop, walk};
 
 /// The subdirectories of a store, created by [`Store::open`].
 pub const LAYOUT: [&str; 9] = [
@@ -337,45 +337,40 @@ pub fn is_exists(err: &StoreError) -> bool {
 }
 
 /// Remove a directory tree without following links out of it and without crossing a mount
-/// point: the one tree walk finds every entry first, and a mount point inside (a tmpfs or
-/// overlay still mounted, say) is an error before anything is removed — it may be someone's
-/// live mount.
+/// point: an entry on another filesystem than `path` itself (a tmpfs or overlay still mounted
+/// inside, say) is an error, never emptied — it may be someone's live mount. Not on the one tree
+/// walk: what it removes (a lease's run directory, its staging) may hold any name a candidate
+/// wrote, UTF-8 or not, and removal must never be refused for a name.
 ///
 /// # Errors
 /// Something could not be removed, or a mount point was found inside.
 pub fn remove_tree(path: &Path) -> io::Result<()> {
     match fs::symlink_metadata(path) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-        Ok(m) if !m.is_dir() => return fs::remove_file(path),
-        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+        Ok(m) if !m.is_dir() => fs::remove_file(path),
+        Ok(m) => remove_tree_on(path, m.dev()),
     }
-    let mut found: Vec<(PathBuf, bool)> = Vec::new();
-    walk(path, &mut |n| -> Result<(), WalkError> {
-        found.push((path.join(n.path), n.stat.kind == Kind::Dir));
-        Ok(())
-    })
-    .map_err(|e| match e {
-        WalkError::Mount { path: inner } => io::Error::other(format!(
+}
+
+fn remove_tree_on(path: &Path, dev: u64) -> io::Result<()> {
+    let m = fs::symlink_metadata(path)?;
+    if m.dev() != dev {
+        return Err(io::Error::other(format!(
             "{} is a mount point: not crossing it",
-            path.join(inner).display()
-        )),
-        other => io::Error::other(other),
-    })?;
-    // A tree published read-only (0555 directories) must be made writable before its entries
-    // can be unlinked by a non-root owner; root ignores the mode but the chmod is harmless.
-    for (dir, _) in found.iter().filter(|(_, d)| *d) {
-        let _ = fs::set_permissions(dir, fs::Permissions::from_mode(0o700));
+            path.display()
+        )));
     }
-    // A directory after its parent in the walk: in reverse, each is empty when it is removed.
-    for (entry, dir) in found.iter().rev() {
-        if *dir {
-            fs::remove_dir(entry)?;
-        } else {
-            fs::remove_file(entry)?;
-        }
+    if !m.is_dir() {
+        return fs::remove_file(path);
     }
-    Ok(())
+    // A tree published read-only (0555 directories) must be made writable before its entries can
+    // be unlinked by a non-root owner; root ignores the mode but the chmod is harmless.
+    let _ = fs::set_permissions(path, fs::Permissions::from_mode(0o700));
+    for entry in fs::read_dir(path)? {
+        remove_tree_on(&entry?.path(), dev)?;
+    }
+    fs::remove_dir(path)
 }
 
 impl Store {
@@ -774,6 +769,7 @@ mod tests {
     use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
 
     use super::*;
+    use std::os::unix::ffi::OsStrExt;
 
     fn store() -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().unwrap();
@@ -862,6 +858,10 @@ mod tests {
             open_nofollow(&l),
             Err(StoreError::Io { source, .. }) if source.raw_os_error() == Some(nix::libc::ELOOP)
         ));
+        // Any name a candidate could write is removed, UTF-8 or not.
+        let odd = dir.path().join("d");
+        fs::create_dir(&odd).unwrap();
+        fs::write(odd.join(std::ffi::OsStr::from_bytes(b"bad\xff")), "x").unwrap();
         remove_tree(dir.path()).unwrap();
         assert!(!dir.path().exists());
     }

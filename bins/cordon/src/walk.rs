@@ -166,11 +166,12 @@ fn stat_at(dir: BorrowedFd<'_>, name: &str, path: &str) -> Result<Stat, WalkErro
     let want = StatxFlags::BASIC_STATS | StatxFlags::MNT_ID;
     let x = statx(dir, name, flags, want).map_err(|e| failed(path, e))?;
     if !StatxFlags::from_bits_retain(x.stx_mask).contains(StatxFlags::MNT_ID) {
-        // Without the mount id the walk cannot prove it stays on one mount: refuse.
-        return Err(failed(
-            path,
-            io::Error::other("this kernel does not report mount ids (statx STATX_MNT_ID)"),
-        ));
+        // Without the mount id the walk cannot prove it stays on one mount: refuse — the
+        // host's limit, never the tree's fault.
+        return Err(WalkError::Host {
+            path: path.to_owned(),
+            source: io::Error::other("this kernel does not report mount ids (statx STATX_MNT_ID)"),
+        });
     }
     let mode = u32::from(x.stx_mode);
     let kind = match mode & nix::libc::S_IFMT {
@@ -215,30 +216,29 @@ pub struct Node<'a> {
 
 impl Node<'_> {
     /// Open this regular file for reading, without following a link, and prove the inode
-    /// opened is the one examined (with the same link count): what is read is what was checked.
+    /// opened is the one examined: what is read is what was checked. (Its link count may have
+    /// changed — a store object gains links as trees share it; a caller that requires one link
+    /// checks the opened file's.) Anything but a regular file is never opened.
     ///
     /// # Errors
-    /// It cannot be opened, or was replaced.
+    /// It is not a regular file, cannot be opened, or was replaced.
     pub fn open(&self) -> Result<File, WalkError> {
-        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
-        let fd = if self.name.is_empty() {
-            return Err(WalkError::Changed {
-                path: self.path.to_owned(),
-            });
-        } else {
-            openat(self.dir, self.name, flags, Mode::empty()).map_err(|e| failed(self.path, e))?
+        let changed = || WalkError::Changed {
+            path: self.path.to_owned(),
         };
+        if self.name.is_empty() || self.stat.kind != Kind::File {
+            return Err(changed());
+        }
+        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
+        let fd =
+            openat(self.dir, self.name, flags, Mode::empty()).map_err(|e| failed(self.path, e))?;
         let again = stat_at(fd.as_fd(), "", self.path)?;
-        if again.id != self.stat.id || again.nlink != self.stat.nlink || again.kind != Kind::File {
-            return Err(WalkError::Changed {
-                path: self.path.to_owned(),
-            });
+        if again.id != self.stat.id || again.kind != Kind::File {
+            return Err(changed());
         }
         Ok(File::from(fd))
     }
-}
 
-impl Node<'_> {
     /// This symbolic link's target, read relative to its directory (never followed).
     ///
     /// # Errors
@@ -414,6 +414,28 @@ mod tests {
             matches!(&seen[..], [Err(WalkError::Changed { .. })]),
             "{seen:?}"
         );
+    }
+
+    /// A file that gains a link between its examination and its opening is still the file
+    /// examined (a store object shared by another tree); anything but a regular file is never
+    /// opened.
+    #[test]
+    fn an_open_follows_the_inode_not_its_link_count_and_never_opens_a_non_file() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("f"), b"x").unwrap();
+        std::os::unix::fs::symlink("f", d.path().join("l")).unwrap();
+        let mut seen = Vec::new();
+        walk::<WalkError>(d.path(), &mut |n| {
+            if n.path == "f" {
+                std::fs::hard_link(d.path().join("f"), d.path().join("g")).unwrap();
+            }
+            if !n.path.is_empty() && n.path != "g" {
+                seen.push((n.path.to_owned(), n.open().is_ok()));
+            }
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(seen, [("f".to_owned(), true), ("l".to_owned(), false)]);
     }
 
     fn listed(path: &Path) -> (u64, u64) {

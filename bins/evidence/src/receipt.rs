@@ -519,6 +519,16 @@ pub enum ReceiptError {
         /// The stage asked for.
         expected: StageName,
     },
+    /// A stage's own inputs or outputs could not be recorded in its receipt.
+    #[error("the {stage} stage cannot record its own inputs or outputs")]
+    #[diagnostic(code(cordon::receipt::record))]
+    Record {
+        /// The stage.
+        stage: StageName,
+        /// What serde said.
+        #[source]
+        source: serde_json::Error,
+    },
     /// The receipt could not be encoded.
     #[error("receipt cannot be encoded")]
     #[diagnostic(code(cordon::receipt::encode))]
@@ -531,10 +541,11 @@ pub enum ReceiptError {
 
 impl cordon_canon::exit::ExitClass for ReceiptError {
     /// A receipt that is not usable as an input is the operator's wiring (2); one cordon cannot
-    /// encode is a no-decision (3).
+    /// record or encode is a no-decision (3). (An input receipt that does not encode reaches a
+    /// stage through `StageError::Receipt`, which keeps it the operator's.)
     fn exit_class(&self) -> cordon_canon::ExitCode {
         match self {
-            Self::Encode { .. } => cordon_canon::ExitCode::NoDecision,
+            Self::Record { .. } | Self::Encode { .. } => cordon_canon::ExitCode::NoDecision,
             Self::ForeignAuthority { .. }
             | Self::Schema { .. }
             | Self::Parse { .. }
@@ -697,7 +708,7 @@ impl Receipt {
         &mut self,
         inputs: &T,
     ) -> Result<(), ReceiptError> {
-        self.inputs = serde_json::to_value(inputs).map_err(|source| ReceiptError::Inputs {
+        self.inputs = serde_json::to_value(inputs).map_err(|source| ReceiptError::Record {
             stage: T::STAGE,
             source,
         })?;
@@ -709,7 +720,7 @@ impl Receipt {
     /// # Errors
     /// The outputs do not serialize.
     pub fn set_outputs<T: StageOutputs>(&mut self, outputs: &T) -> Result<(), ReceiptError> {
-        self.outputs = serde_json::to_value(outputs).map_err(|source| ReceiptError::Outputs {
+        self.outputs = serde_json::to_value(outputs).map_err(|source| ReceiptError::Record {
             stage: T::STAGE,
             source,
         })?;

@@ -311,7 +311,7 @@ fn job<'a>(
 }
 
 fn outputs_error(source: serde_json::Error) -> MaterializeError {
-    MaterializeError::Receipt(cordon::receipt::ReceiptError::Outputs {
+    MaterializeError::Receipt(cordon::receipt::ReceiptError::Record {
         stage: StageName::Materialize,
         source,
     })

@@ -184,8 +184,22 @@ fn admit(
             format!("more than {} files", b.max_files),
         ));
     }
-    // The inode opened is the inode listed: nothing swapped it in between.
+    // The inode opened is the inode listed (nothing swapped it in between), and it still has
+    // one link (none was made to it since).
     let file = n.open()?;
+    let links = std::os::unix::fs::MetadataExt::nlink(&file.metadata().map_err(|source| {
+        InventoryError::Host(WalkError::Host {
+            path: path.to_owned(),
+            source,
+        })
+    })?);
+    if links > 1 {
+        return Err(refuse(
+            "publication.hardlink",
+            path,
+            format!("{links} links to one file"),
+        ));
+    }
     items.push(Item {
         path: path.to_owned(),
         executable: st.mode & 0o111 != 0,

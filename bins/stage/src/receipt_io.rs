@@ -218,10 +218,12 @@ impl ExitClass for StageError {
         match self {
             Self::Chain(e) => e.exit_class(),
             Self::Store(_) | Self::Signing(_) | Self::Stdout { .. } => ExitCode::NoDecision,
-            Self::Receipt(e) => e.exit_class(),
-            Self::ReadReceipt { .. } | Self::NotOk { .. } | Self::WrongStage { .. } => {
-                ExitCode::Usage
-            }
+            // An input receipt, whichever way it is unusable (a float that does not encode
+            // included): the operator's wiring.
+            Self::ReadReceipt { .. }
+            | Self::Receipt(_)
+            | Self::NotOk { .. }
+            | Self::WrongStage { .. } => ExitCode::Usage,
         }
     }
 }
@@ -329,7 +331,7 @@ fn decide<T: serde::Serialize, E: Infrastructure + 'static>(
             }
             Err(source) => (
                 "receipt.outputs",
-                Box::new(ReceiptError::Outputs {
+                Box::new(ReceiptError::Record {
                     stage: receipt.stage,
                     source,
                 }),

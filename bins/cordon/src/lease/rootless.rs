@@ -45,6 +45,8 @@ pub const RECORD: &str = "record.json";
 pub const RECORD_PENDING: &str = "record.json.pending";
 /// A run directory's note of its container's pid namespace (written after create).
 pub const PIDNS: &str = "pidns";
+/// The note before it is published.
+const PIDNS_PENDING: &str = "pidns.pending";
 /// The state directory's lock that orders run publication before recovery.
 pub const REAP_LOCK: &str = "recovery.lock";
 /// The state directory's store of surface and surface-reap receipts (each signed).
@@ -244,8 +246,21 @@ impl Run {
                 io("read the pid namespace of", &proc)(std::io::Error::other("unreadable"))
             })?;
         self.namespace = Some(ns);
+        // Durable and whole, or absent: a torn note would be read as another namespace.
         let note = self.dir.join(PIDNS);
-        fs::write(&note, ns.to_string()).map_err(io("write", &note))
+        let pending = self.dir.join(PIDNS_PENDING);
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&pending)
+            .map_err(io("create", &pending))?;
+        f.write_all(ns.to_string().as_bytes())
+            .and_then(|()| f.sync_all())
+            .map_err(io("write", &pending))?;
+        fs::rename(&pending, &note).map_err(io("publish", &note))?;
+        fsync_dir(&self.dir)
     }
 
     /// Release the run (see the module documentation); its record's lock is held until the
@@ -254,6 +269,9 @@ impl Run {
     /// # Errors
     /// [`LeaseError::Residue`] naming what remains or could not be established.
     pub fn release(self, setup: &Setup) -> Result<(), LeaseError> {
+        // Held shared while the run directory goes: recovery (exclusive) never sees it half
+        // removed — a directory without its record — and removes it under this release.
+        let _gate = lock_file(&setup.state.join(REAP_LOCK), true)?;
         release(setup, &self.record.run, self.namespace).map_err(|l| {
             LeaseError::Residue(Residue {
                 items: vec![l.to_string()],
@@ -325,7 +343,14 @@ pub fn release(setup: &Setup, run: &str, ns: Option<u64>) -> Result<(), Leftover
         }
     }
     let dir = setup.run_dir(run);
-    for name in ["root", "config.json", "init.pid", PIDNS, RECORD_PENDING] {
+    for name in [
+        "root",
+        "config.json",
+        "init.pid",
+        PIDNS,
+        PIDNS_PENDING,
+        RECORD_PENDING,
+    ] {
         let p = dir.join(name);
         let gone = match fs::symlink_metadata(&p) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -348,6 +373,8 @@ enum Found {
     Live(Record),
     /// Nobody holds it: the record (locked now by this process) and the noted namespace.
     Dead(Record, Option<u64>, Flock<File>),
+    /// Released by its own supervisor while recovery looked.
+    Gone,
 }
 
 /// Read a run directory's record: a regular file of this user's with one link, not too large,
@@ -407,6 +434,15 @@ fn found(dir: &Path) -> Result<Found, LeaseError> {
             ));
         }
     };
+    // Unlinked between the open and the lock: its supervisor released it and let go.
+    if lock
+        .metadata()
+        .map_err(io("examine", &dir.join(RECORD)))?
+        .nlink()
+        == 0
+    {
+        return Ok(Found::Gone);
+    }
     let note = dir.join(PIDNS);
     let ns = match fs::read_to_string(&note) {
         Ok(text) => Some(text.trim().parse::<u64>().map_err(|e| LeaseError::Record {
@@ -437,8 +473,8 @@ fn now_ms(now: SystemTime) -> u64 {
 
 /// Recover (`change`) or only look: every run directory, under `recovery.lock` held exclusively
 /// so no run is mid-publication, then the runtime's containers that no run directory owns.
-/// One run's residue does not stop the others; a state directory that is not there is an
-/// error, never "nothing there".
+/// One run's residue — a record in doubt included — does not stop the others; a state
+/// directory that is not there is an error, never "nothing there".
 ///
 /// # Errors
 /// The state directory or a record cannot be read.
@@ -460,7 +496,19 @@ pub fn observe(setup: &Setup, change: bool, now: SystemTime) -> Result<Observed,
     names.sort();
     for run in &names {
         let dir = runs.join(run);
-        match found(&dir)? {
+        let seen = match found(&dir) {
+            Ok(seen) => seen,
+            // One run in doubt is that run's residue; the others are still recovered.
+            Err(e) => {
+                out.residue.push(Leftover::Run {
+                    run: run.clone(),
+                    why: crate::error_chain(&e),
+                });
+                continue;
+            }
+        };
+        match seen {
+            Found::Gone => {}
             Found::Live(record) => {
                 if now_ms(now) > record.expires_at_ms.saturating_add(grace_ms()) {
                     out.residue.push(Leftover::Run {
@@ -476,8 +524,13 @@ pub fn observe(setup: &Setup, change: bool, now: SystemTime) -> Result<Observed,
             }
             Found::Unpublished if change => {
                 let _ = fs::remove_file(dir.join(RECORD_PENDING));
-                fs::remove_dir(&dir).map_err(io("remove", &dir))?;
-                out.released.push(run.clone());
+                match fs::remove_dir(&dir) {
+                    Ok(()) => out.released.push(run.clone()),
+                    Err(e) => out.residue.push(Leftover::Run {
+                        run: run.clone(),
+                        why: format!("cannot remove {}: {e}", dir.display()),
+                    }),
+                }
             }
             Found::Unpublished => out.residue.push(Leftover::RunDirectory {
                 path: dir.display().to_string(),
