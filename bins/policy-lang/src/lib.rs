@@ -35,7 +35,7 @@ pub use model::cpu_list;
 pub use model::{
     Accounts, Arch, ArchiveLimits, ArgCondition, ArgOp, Frame, IdRange, Ipc, Keyword, Mount,
     MountMode, MountSource, Network, Output, ParserLimits, PhysicalLane, Policy, PublicationLimits,
-    Reasoned, RootMode, Runtime, RuntimeKind, SeccompAction, SeccompProfile, Speed, Stage,
+    Quality, Reasoned, RootMode, Runtime, RuntimeKind, SeccompAction, SeccompProfile, Speed, Stage,
     StageKind, Staging, Surface, Sys, SyscallRule, Tmp, TransportRules, TreeRules, User,
     WriteScope,
 };

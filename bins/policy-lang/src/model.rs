@@ -33,6 +33,9 @@ pub struct Policy {
     /// The reviewed speed verdict (absent: no qualification can be decided).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) speed: Option<Speed>,
+    /// The reviewed quality verdict (absent: no final verdict can be decided).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) quality: Option<Quality>,
     pub(crate) stage: BTreeMap<StageKind, Stage>,
     pub(crate) step: BTreeMap<String, Step>,
 }
@@ -120,6 +123,7 @@ pub fn cpu_list(s: &str) -> Option<std::collections::BTreeSet<u32>> {
     Some(out)
 }
 
+pub use cordon_evidence::quality::Quality;
 pub use cordon_evidence::speed::Speed;
 
 /// The per-run account rules (REQ-117).
@@ -882,6 +886,12 @@ impl Policy {
     #[must_use]
     pub fn speed(&self) -> Option<&Speed> {
         self.speed.as_ref()
+    }
+
+    /// The reviewed quality verdict, when the policy has one.
+    #[must_use]
+    pub fn quality(&self) -> Option<&Quality> {
+        self.quality.as_ref()
     }
 
     /// The pinned digest of cordon-worker, the runtime image's first process.

@@ -76,6 +76,7 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
             "seccomp",
             "physical-lane",
             "speed",
+            "quality",
             "stage",
             "step",
         ],
@@ -145,6 +146,10 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
         Some(node) => speed(cx, node).map(Some),
         None => Some(None),
     };
+    let quality = match top.one("quality") {
+        Some(node) => quality(cx, node).map(Some),
+        None => Some(None),
+    };
     let seccomp = named(cx, &top.all("seccomp"), "seccomp profile")
         .into_iter()
         .filter_map(|(name, node)| Some((name, seccomp(cx, node)?)))
@@ -204,6 +209,7 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
         seccomp,
         physical_lane: physical_lane?,
         speed: speed?,
+        quality: quality?,
         stage: stages,
         step: steps,
     };
@@ -449,6 +455,23 @@ fn speed(cx: &mut Cx, node: &KdlNode) -> Option<Speed> {
         min_timed_windows: min_timed_windows?,
         max_window_scatter_bp: max_window_scatter_bp?,
         max_conditioning_slowdown_bp: max_conditioning_slowdown_bp?,
+    })
+}
+
+fn quality(cx: &mut Cx, node: &KdlNode) -> Option<Quality> {
+    shape(cx, node, 0, 0, &[], true);
+    let names = ["min-exact-bp", "min-prefix-bp"];
+    let b = Block::read(cx, node.children(), "quality", name_span(node), &names, &[]);
+    // Both required: a verdict threshold is reviewed, never defaulted. Shares: at most all.
+    let mut get = |name: &str| {
+        b.required(cx, name)
+            .and_then(|n| single(cx, n, &[], |cx, e| integer(cx, e, name, 0, 10_000)))
+    };
+    let min_exact_bp = get("min-exact-bp");
+    let min_prefix_bp = get("min-prefix-bp");
+    Some(Quality {
+        min_exact_bp: min_exact_bp?,
+        min_prefix_bp: min_prefix_bp?,
     })
 }
 

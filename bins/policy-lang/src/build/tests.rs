@@ -99,6 +99,35 @@ fn speed_and_physical_lanes_are_typed_and_every_bad_value_is_named() {
     assert!(p.physical_lanes().is_empty());
 }
 
+#[test]
+fn quality_is_typed_required_in_full_and_bounded_by_all() {
+    let p = crate::parse("evaluator.kdl", &default_policy()).unwrap();
+    let q = p.quality().unwrap();
+    assert_eq!((q.min_exact_bp, q.min_prefix_bp), (10_000, 10_000));
+    let text = default_policy();
+    for (from, to, code) in [
+        ("min-exact-bp 10000", "min-exact-bp 10001", "out-of-range"),
+        ("min-prefix-bp 10000", "min-prefix-bp \"all\"", "wrong-type"),
+        ("    min-prefix-bp 10000\n", "", "missing-node"),
+        (
+            "min-exact-bp 10000",
+            "min-exact-bp 10000\n    max-exact-bp 1",
+            "unknown-node",
+        ),
+    ] {
+        let edited = text.replace_once(from, to);
+        assert!(
+            codes(&edited).contains(&code.to_owned()),
+            "{from} → {to}: {:?}",
+            codes(&edited)
+        );
+    }
+    // Lowering a floor is a different policy: the digest (so the authority) moves.
+    let lower = text.replace_once("min-exact-bp 10000", "min-exact-bp 9000");
+    let digest = |t: &str| crate::parse("t.kdl", t).unwrap().digest().unwrap();
+    assert_ne!(digest(&text), digest(&lower));
+}
+
 /// The default policy with its socket condition replaced by `conditions` on `syscall`.
 fn with_rule(syscall: &str, conditions: &str) -> String {
     let text = default_policy();
