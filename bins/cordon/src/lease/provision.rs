@@ -80,6 +80,28 @@ pub(super) fn copy_tree(from: &Path, to: &Path) -> Result<(), LeaseError> {
     Ok(())
 }
 
+/// Whether the open file `f` is exactly what cordon wrote: a regular file of this user's with
+/// `mode`, one link and `size` bytes; else what it is instead.
+fn exactly(f: &File, mode: u32, size: u64) -> Result<(), String> {
+    let m = f.metadata().map_err(|e| e.to_string())?;
+    if m.is_file()
+        && m.uid() == nix::unistd::geteuid().as_raw()
+        && m.mode() & 0o7777 == mode
+        && m.nlink() == 1
+        && m.len() == size
+    {
+        Ok(())
+    } else {
+        Err(format!(
+            "owner {} mode {:o} links {} size {}",
+            m.uid(),
+            m.mode() & 0o7777,
+            m.nlink(),
+            m.len()
+        ))
+    }
+}
+
 impl Manager {
     /// Begin a lease that expires at `expires` (the run's absolute deadline): write its record
     /// (durably, before any resource exists), naming this process as its supervisor.
@@ -404,21 +426,7 @@ impl Manager {
             why,
         };
         let mut f = store::open_nofollow(path).map_err(|e| bad(e.to_string()))?;
-        let m = f.metadata().map_err(|e| bad(e.to_string()))?;
-        if !m.is_file()
-            || m.uid() != nix::unistd::geteuid().as_raw()
-            || m.mode() & 0o7777 != 0o400
-            || m.nlink() != 1
-            || m.len() != *size
-        {
-            return Err(bad(format!(
-                "owner {} mode {:o} links {} size {}",
-                m.uid(),
-                m.mode() & 0o7777,
-                m.nlink(),
-                m.len()
-            )));
-        }
+        exactly(&f, 0o400, *size).map_err(bad)?;
         let mut bytes = Vec::with_capacity(usize::try_from(*size).unwrap_or(0));
         f.read_to_end(&mut bytes).map_err(|e| bad(e.to_string()))?;
         if bytes.len() as u64 != *size {
@@ -433,24 +441,13 @@ impl Manager {
     /// # Errors
     /// [`LeaseError::Protected`] naming what changed.
     pub fn check_protected(&self, lease: &Lease) -> Result<(), LeaseError> {
-        let owner = nix::unistd::geteuid().as_raw();
         for (path, (size, sha)) in &lease.protected {
             let bad = |why: String| LeaseError::Protected {
                 path: path.clone(),
                 why,
             };
             let f = store::open_nofollow(path).map_err(|e| bad(e.to_string()))?;
-            let m = f.metadata().map_err(|e| bad(e.to_string()))?;
-            if m.uid() != owner || m.mode() & 0o7777 != 0o600 || m.nlink() != 1 || m.len() != *size
-            {
-                return Err(bad(format!(
-                    "owner {} mode {:o} links {} size {}",
-                    m.uid(),
-                    m.mode() & 0o7777,
-                    m.nlink(),
-                    m.len()
-                )));
-            }
+            exactly(&f, 0o600, *size).map_err(bad)?;
             let (found, _) = Digest::of_reader(f).map_err(|e| bad(e.to_string()))?;
             if &found != sha {
                 return Err(bad(format!("sha256 is {found}")));

@@ -188,13 +188,7 @@ pub fn begin(setup: &Setup, record: Record) -> Result<Run, LeaseError> {
         .create(&dir)
         .map_err(io("make", &dir))?;
     let pending = dir.join(RECORD_PENDING);
-    let file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(&pending)
-        .map_err(io("create", &pending))?;
+    let file = crate::store::create_exclusive(&pending, 0o600)?;
     let mut lock = Flock::lock(file, FlockArg::LockExclusiveNonblock)
         .map_err(|(_, e)| io("lock", &pending)(std::io::Error::from_raw_os_error(e as i32)))?;
     let text = serde_json::to_vec(&record)
@@ -249,13 +243,7 @@ impl Run {
         // Durable and whole, or absent: a torn note would be read as another namespace.
         let note = self.dir.join(PIDNS);
         let pending = self.dir.join(PIDNS_PENDING);
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(nix::libc::O_NOFOLLOW)
-            .open(&pending)
-            .map_err(io("create", &pending))?;
+        let mut f = crate::store::create_exclusive(&pending, 0o600)?;
         f.write_all(ns.to_string().as_bytes())
             .and_then(|()| f.sync_all())
             .map_err(io("write", &pending))?;
