@@ -4,7 +4,8 @@
 #   prebuild its own publication → pack and fetch the example candidate delta → materialize it
 #   → prebuild it in a disposable runc container → qualify it: lane sessions B (incumbent), C
 #   (candidate), B′ (incumbent again) on the policy's two CPU lanes, host-framed and
-#   host-timed, and the host's speed verdict → reap --check → cordon-verify the signed chain,
+#   host-timed, and the host's speed verdict → the referee: quiescence proven, the pristine
+#   reference session T, B, C and B′ graded against it, the final verdict → reap --check → cordon-verify the signed chain,
 #   export it and replay the export offline → print the chain of receipts, the timeline and the
 #   B, C, B′ rates, the speedup, the noise and the verdict → the agent surface: one shell
 #   command of an agent run by an unprivileged service user (nobody) with cordon-surface in a
@@ -44,6 +45,10 @@ sha=$(sha256sum "$work/candidate.tar" | cut -c1-64)
 $bin/cordon-materialize --policy "$policy" --store "$store" incumbent checks/example/incumbent \
     > "$work/incumbent.json"
 incumbent=$(sed -n 's/.*"tree_digest":"\(sha256:[0-9a-f]*\)".*/\1/p' "$work/incumbent.json")
+# The pristine reference tree T runs: the stock engine, registered on its own (the policy pins
+# its digest); never the incumbent.
+$bin/cordon-materialize --policy "$policy" --store "$store" incumbent checks/example/pristine \
+    > "$work/pristine.json"
 # Role B's publication is the incumbent's own build (the step its manifest names).
 $bin/cordon-prebuild --policy "$policy" --store "$store" --images "$work/images" \
     --receipt "$work/incumbent.json" > "$work/incumbent-prebuild.json"
@@ -64,7 +69,10 @@ $bin/cordon-fetch --policy "$policy" --store "$store" --sha256 "$sha" "$work/can
         --incumbent "$work/incumbent-prebuild.json" \
         --images "$work/images" --workload checks/example/workload/example.json \
         --model "$work/models/example" \
-    > "$work/qualify.json"
+    | tee "$work/qualify.json" \
+    | $bin/cordon-reference --policy "$policy" --store "$store" --images "$work/images" \
+        --pristine "$work/pristine.json" \
+    > "$work/verdict.json"
 $bin/cordon-reap --policy "$policy" --store "$store" --check > "$work/reap.json"
 # The evidence: every stored receipt is signed with this host's key; the chain under the
 # qualify receipt replays offline, here and from an exported bundle with the published key.
@@ -90,7 +98,7 @@ setpriv --reuid 65534 --regid 65534 --clear-groups \
     /bin/sh -c 'echo "agent notes" > notes.txt; ls /; cat /etc/shadow || true; env | sort' \
     > "$work/surface.json"
 
-for stage in incumbent incumbent-prebuild fetch materialize prebuild qualify reap surface; do
+for stage in incumbent pristine incumbent-prebuild fetch materialize prebuild qualify verdict reap surface; do
     echo "== $stage receipt"
     cat "$work/$stage.json"
 done
@@ -124,5 +132,21 @@ print(f"== speedup {s['speedup_bp'] / 10000:.2f}x the baseline, noise {s['noise_
 settling = "settling" if o["settling"] else f"non-settling: {o['non_settling']}"
 print(f"== lanes: B and B' on {o['orientation']['baseline']['name']}, C on "
       f"{o['orientation']['candidate']['name']}; {settling}")
-sys.exit(0 if s["verdict"] == "pass" else 1)
+PY
+# The final verdict (seed 001 §5): speed from the qualification, quality against the pristine
+# reference T, which ran only after B, C and B' were proven gone.
+python3 - "$work/verdict.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+if r["outcome"] == "no-decision":
+    print(f"== final verdict: NO_DECISION ({r['reasons'][0]['code']}): {r['reasons'][0]['message']}")
+    sys.exit(3)
+o = r["outputs"]
+for read in ("b", "c", "b2"):
+    g = o["graded"][read]
+    print(f"== quality of {read.upper().replace('B2', 'B prime')} against T: {g['exact']} of "
+          f"{g['requests']} requests exact, least prefix {g['least_prefix_bp'] / 100:.2f}%: "
+          f"{g['verdict'].upper()} ({g['code']})")
+print(f"== final verdict: {o['verdict'].upper()} ({o['code']}): {o['reason']}")
+sys.exit(0 if o["verdict"] == "pass" else 1)
 PY

@@ -1,13 +1,14 @@
 //! The leaf of the crate map: what every other cordon crate hashes and returns with.
 //!
-//! It owns canonical JSON and domain-separated digests ([`canonical`]) and the exit-code enum
-//! ([`exit`]). It knows nothing of policies, stores or kernels, so both the policy language and
+//! It owns canonical JSON and domain-separated digests ([`canonical`]), the exit-code enum
+//! ([`exit`]) and the tree digest ([`tree_digest`]). It knows nothing of policies, stores or kernels, so both the policy language and
 //! the mechanism library can stand on it without standing on each other.
 
 #![forbid(unsafe_code)]
 
 pub mod canonical;
 pub mod exit;
+pub mod tree_digest;
 
 pub use canonical::Digest;
 pub use exit::ExitCode;

@@ -663,6 +663,35 @@ impl Store {
         Ok(out)
     }
 
+    /// Read content object `sha` (the plain variant) and check that its bytes still hash to
+    /// its name: an object read as evidence may have been edited in place.
+    ///
+    /// # Errors
+    /// It is missing, unreadable, or its bytes are not the named ones.
+    pub fn read_object_checked(&self, sha: &Digest) -> Result<Vec<u8>, StoreError> {
+        let bytes = self.read_object(sha, false)?;
+        let found = Digest::of_bytes(&bytes);
+        if &found != sha {
+            return Err(StoreError::Mismatch {
+                path: self.object_path(sha, false),
+                expected: sha.to_string(),
+                found: found.to_string(),
+            });
+        }
+        Ok(bytes)
+    }
+
+    /// Publish `bytes` as one plain content object (nothing is written twice); its sha256.
+    ///
+    /// # Errors
+    /// Writing or publishing failed.
+    pub fn put_object(&self, bytes: &[u8]) -> Result<Digest, StoreError> {
+        let mut batch = self.batch()?;
+        let (sha, _) = batch.add_reader(bytes, false)?;
+        batch.commit()?;
+        Ok(sha)
+    }
+
     /// A batch of content objects to write and publish together.
     ///
     /// # Errors

@@ -2,8 +2,9 @@
 //! (the tree record) and `root/`, the tree itself, whose files are hard links to content
 //! objects.
 //!
-//! This module owns the tree digest (domain `cordon.tree` over the materializer version and the
-//! sorted `(path, mode, size, sha256)` list), publication (built in scratch, published by
+//! This module owns, for trees named by the tree digest (domain `cordon.tree` over the
+//! materializer version and the sorted `(path, mode, size, sha256)` list; computed in
+//! [`cordon_canon::tree_digest`], which the worker shares), publication (built in scratch, published by
 //! rename-no-replace, so a tree is either whole or absent) and [`verify`], the one check every
 //! stage runs before it mounts a tree: reopen the record, recompute the digest, walk `root/`
 //! without following links and re-hash every file.
@@ -21,34 +22,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::canonical::{CanonicalError, Digest, domain_digest, to_canonical_json};
+use crate::canonical::{CanonicalError, Digest, to_canonical_json};
 use crate::store::{self, Store, StoreError};
 use crate::walk::{Kind, Node, WalkError};
-
-/// The schema of tree records and of the tree digest's payload.
-pub const TREE_SCHEMA: u32 = 1;
-
-/// One file of a tree.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Entry {
-    /// Relative, clean, UTF-8 path.
-    pub path: String,
-    /// 0o444 or 0o555.
-    pub mode: u32,
-    /// Bytes.
-    pub size: u64,
-    /// sha256 of the contents: also the content object's name.
-    pub sha256: Digest,
-}
-
-impl Entry {
-    /// Whether the entry is executable (mode 0555).
-    #[must_use]
-    pub fn executable(&self) -> bool {
-        self.mode == 0o555
-    }
-}
 
 /// A tree record, `trees/<hex>/manifest.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -101,59 +77,9 @@ pub enum TreeError {
     },
 }
 
-/// The materializer version bound into every tree digest.
-pub const MATERIALIZER: &str = concat!("cordon-materialize ", env!("CARGO_PKG_VERSION"));
-
-/// Where a kind of content-addressed tree lives in the store, and the digest domain that names
-/// it: engine trees (`trees`, `cordon.tree`) and native publications (`publications`,
-/// `cordon.publication`) share one format, one publication and one verification.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Section {
-    /// The store section.
-    pub dir: &'static str,
-    /// The digest domain.
-    pub domain: &'static str,
-}
-
-/// Materialized engine trees.
-pub const TREES: Section = Section {
-    dir: "trees",
-    domain: "cordon.tree",
+pub use cordon_canon::tree_digest::{
+    Entry, MATERIALIZER, PUBLICATIONS, Section, TREE_SCHEMA, TREES, digest, digest_in,
 };
-
-/// Sealed native publications.
-pub const PUBLICATIONS: Section = Section {
-    dir: "publications",
-    domain: "cordon.publication",
-};
-
-/// The tree digest of a sorted entry list.
-///
-/// # Errors
-/// As [`domain_digest`].
-pub fn digest(entries: &[Entry]) -> Result<Digest, CanonicalError> {
-    digest_in(TREES, entries)
-}
-
-/// The digest of a sorted entry list in a section's domain.
-///
-/// # Errors
-/// As [`domain_digest`].
-pub fn digest_in(section: Section, entries: &[Entry]) -> Result<Digest, CanonicalError> {
-    #[derive(Serialize)]
-    struct Payload<'a> {
-        materializer: &'a str,
-        entries: &'a [Entry],
-    }
-    domain_digest(
-        section.domain,
-        TREE_SCHEMA,
-        &Payload {
-            materializer: MATERIALIZER,
-            entries,
-        },
-    )
-}
 
 /// The directory of tree `digest` in the store.
 #[must_use]

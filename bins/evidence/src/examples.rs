@@ -186,6 +186,113 @@ pub fn qualification(sessions: &Reads<LaneOutputs>, digests: Reads<Digest>) -> Q
     }
 }
 
+/// The referee after `qualify`: the quiescence receipt naming B, C and B′ gone, the reference
+/// session T, and the final verdict (PASS: every read agrees with T exactly).
+fn referee(qualify: &Receipt, sessions: &Reads<LaneOutputs>) -> (Receipt, Receipt, Receipt) {
+    let d = |s: &[u8]| Digest::of_bytes(s);
+    #[allow(clippy::expect_used)]
+    let digest = |r: &Receipt| r.digest().expect("an example receipt encodes");
+    let gone = |read: &str, o: &LaneOutputs| crate::verdict::Gone {
+        read: read.into(),
+        lease: o.lease.clone(),
+        post: d(read.as_bytes()),
+    };
+    let quiescence = receipt(
+        None,
+        &ReapInputs {
+            executor: "evaluator".into(),
+            check: true,
+            status: false,
+            sweep: false,
+            surface_state: None,
+        },
+        &ReapOutputs {
+            quiescent: true,
+            released: None,
+            active: Some(Vec::new()),
+            remaining: Vec::new(),
+            gone: vec![
+                gone("B", &sessions.b),
+                gone("C", &sessions.c),
+                gone("B′", &sessions.b2),
+            ],
+        },
+    );
+    let b = &sessions.b;
+    let reference = receipt(
+        Some(digest(qualify)),
+        &crate::verdict::ReferenceInputs {
+            pristine: d(b"pristine registration"),
+            tree: d(b"pristine tree"),
+            publication: d(b"control-only publication"),
+            workload: "/srv/workload.json".into(),
+            model: "/srv/model".into(),
+            quiescence: digest(&quiescence),
+        },
+        &crate::verdict::ReferenceOutputs {
+            tree: d(b"pristine tree"),
+            publication: d(b"control-only publication"),
+            model: b.model,
+            workload: b.workload,
+            worker: b.worker,
+            posture: d(b"reference posture"),
+            step: "serve-reference".into(),
+            requests: b.windows.len() as u64,
+            outputs: b.outputs,
+            meta: b.meta.clone(),
+            lease: "reference lease".into(),
+            launch: d(b"reference launch"),
+            devices: b.devices.clone(),
+            quiescence: digest(&quiescence),
+        },
+    );
+    let rule = crate::quality::Quality {
+        min_exact_bp: 10_000,
+        min_prefix_bp: 10_000,
+    };
+    let tokens = vec![vec![1, 2, 3]; b.windows.len()];
+    let graded = Reads {
+        b: crate::quality::grade(&rule, &tokens, &tokens),
+        c: crate::quality::grade(&rule, &tokens, &tokens),
+        b2: crate::quality::grade(&rule, &tokens, &tokens),
+    };
+    #[allow(clippy::expect_used)]
+    let q = qualify
+        .outputs_as::<QualifyOutputs>()
+        .expect("the example qualification reads back");
+    #[allow(clippy::expect_used)]
+    let (verdict, code, reason) =
+        crate::verdict::decide(&q.speed, &graded).expect("the example incumbent agrees with T");
+    let outputs = crate::verdict::VerdictOutputs {
+        qualify: digest(qualify),
+        reference: digest(&reference),
+        quiescence: digest(&quiescence),
+        speed: q.speed.clone(),
+        #[allow(clippy::expect_used)]
+        quality_policy: crate::verdict::quality_policy_digest(&rule).expect("the rule encodes"),
+        quality_section: rule,
+        reference_outputs: b.outputs,
+        outputs: q.outputs.clone(),
+        graded,
+        settling: q.settling,
+        non_settling: q.non_settling,
+        verdict,
+        code,
+        reason,
+    };
+    let verdict = receipt(
+        Some(digest(qualify)),
+        &crate::verdict::VerdictInputs {
+            qualify: digest(qualify),
+            pristine: d(b"pristine registration"),
+            quiescence: Some(digest(&quiescence)),
+            reference: Some(digest(&reference)),
+        },
+        &outputs,
+    );
+    (quiescence, reference, verdict)
+}
+
 /// `cordon-reap --check` on a quiescent executor.
 fn reap_example() -> Receipt {
     receipt(
@@ -202,6 +309,7 @@ fn reap_example() -> Receipt {
             released: Some(Vec::new()),
             active: Some(Vec::new()),
             remaining: Vec::new(),
+            gone: Vec::new(),
         },
     )
 }
@@ -222,6 +330,7 @@ fn surface_reap_example() -> Receipt {
             released: Some(vec!["cs-0123456789abcdef0123".into()]),
             active: Some(Vec::new()),
             remaining: Vec::new(),
+            gone: Vec::new(),
         },
     )
 }
@@ -417,6 +526,7 @@ pub fn every_stage() -> Vec<(&'static str, Receipt)> {
             },
         ),
     );
+    let (quiescence, reference, verdict) = referee(&qualify, &sessions);
     let [rejected, pass_on, no_decision] = non_ok(&fetch, &prebuild_c);
     vec![
         ("fetch", fetch),
@@ -426,6 +536,9 @@ pub fn every_stage() -> Vec<(&'static str, Receipt)> {
         ("prebuild-candidate", prebuild_c),
         ("lane-read-c", lane_c),
         ("qualify", qualify),
+        ("reap-quiescence", quiescence),
+        ("reference", reference),
+        ("verdict", verdict),
         ("reap", reap_example()),
         ("reap-surface", surface_reap_example()),
         ("surface", surface_example()),

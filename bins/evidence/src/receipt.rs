@@ -39,6 +39,8 @@ pub enum StageName {
     Qualify,
     /// The pristine reference session.
     Reference,
+    /// The final verdict: speed, quality and quiescence together.
+    Verdict,
     /// The agent surface.
     Surface,
     /// Hygiene: recovery and quiescence.
@@ -55,7 +57,7 @@ impl StageName {
             Self::Prebuild => Some(Self::Materialize),
             Self::Lane => Some(Self::Prebuild),
             Self::Qualify => Some(Self::Prebuild),
-            Self::Reference => Some(Self::Qualify),
+            Self::Reference | Self::Verdict => Some(Self::Qualify),
             Self::Policy | Self::Fetch | Self::Surface | Self::Reap => None,
         }
     }
@@ -71,6 +73,7 @@ impl StageName {
             Self::Lane => "lane",
             Self::Qualify => "qualify",
             Self::Reference => "reference",
+            Self::Verdict => "verdict",
             Self::Surface => "surface",
             Self::Reap => "reap",
         }
@@ -192,13 +195,16 @@ pub struct PrebuildOutputs {
     pub meta: Option<Meta>,
 }
 
-/// The role of an engine session: the standing incumbent (B) or the candidate (C).
+/// The role of an engine session: the standing incumbent (B), the candidate (C), or the
+/// pristine reference (T), the quality authority, which runs in its own stage and protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Role {
     /// The incumbent.
     B,
     /// The candidate.
     C,
+    /// The pristine reference.
+    T,
 }
 
 /// Which part of a workload a request belongs to.

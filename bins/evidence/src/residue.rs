@@ -71,6 +71,10 @@ pub struct ReapOutputs {
     pub active: Option<Vec<String>>,
     /// What remains: residue, one line each.
     pub remaining: Vec<String>,
+    /// The sessions this check was asked to prove gone (the reference session's gate names a
+    /// qualification's reads); none for an operator's check.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gone: Vec<crate::verdict::Gone>,
 }
 
 impl crate::receipt::StageOutputs for ReapOutputs {

@@ -62,7 +62,20 @@ fn every_example_reads_back_through_its_typed_inputs_and_outputs() {
                 r.inputs_as::<i::SurfaceInputs>().is_ok()
                     && r.outputs_as::<i::SurfaceOutputs>().is_ok()
             }
-            StageName::Policy | StageName::Reference => false,
+            StageName::Reference => {
+                r.inputs_as::<cordon_evidence::verdict::ReferenceInputs>()
+                    .is_ok()
+                    && r.outputs_as::<cordon_evidence::verdict::ReferenceOutputs>()
+                        .is_ok()
+            }
+            StageName::Verdict => {
+                r.inputs_as::<cordon_evidence::verdict::VerdictInputs>()
+                    .is_ok()
+                    && (!established
+                        || r.outputs_as::<cordon_evidence::verdict::VerdictOutputs>()
+                            .is_ok())
+            }
+            StageName::Policy => false,
         };
         assert!(ok, "{name}: {r:?}");
     }

@@ -4,32 +4,76 @@
 //! What this crate owns: the byte format (a 4-byte protocol magic, a 1-byte kind, a 4-byte
 //! big-endian payload length, the payload), its bounds (the policy's `frame max-bytes
 //! max-frames`), and the messages' shapes. What it does not own: clocks, ordering, deadlines
-//! and verdicts — those are the host's (`cordon-lane`), which stamps every frame on its own
-//! monotonic clock; nothing in a frame is a time the host believes.
+//! and verdicts — those are the host's (`cordon-lane`, `cordon-reference`), which stamps every
+//! frame on its own monotonic clock; nothing in a frame is a time the host believes.
 //!
 //! Every byte that arrives is hostile input: [`Decoder`] is pure (no I/O, no clock), never
 //! buffers more than one header plus `max-bytes`, refuses a length larger than the bound
 //! before reading its payload, counts frames against `max-frames`, and reports a truncated
 //! frame at the end of the stream. It is fuzzed in `tests/fuzz.rs`.
 //!
-//! A protocol is a magic: the lane's is [`LANE`]; the reference session (issue 16) gets its own,
-//! so a frame of one is refused by the other.
+//! A [`Protocol`] is a magic and its own kind numbers: the lane's is [`LANE`], the pristine
+//! reference session's is [`REFERENCE`]. The kinds mean the same in both, but neither their
+//! magic nor any of their kind bytes is shared, so a frame of one is refused by the other's
+//! decoder — a lane stream can never be taken for the reference's evidence, nor the reverse.
+//! Inside the container the engine always speaks the lane's protocol to cordon's worker; the
+//! worker speaks the session's protocol to the host.
 
 use serde::{Deserialize, Serialize};
 
 pub mod message;
 
-/// The lane protocol's magic.
-pub const LANE: Magic = Magic(*b"CDL1");
-
-/// Bytes of a frame header: magic, kind, payload length.
-pub const HEADER: usize = 9;
-
 /// A protocol's 4-byte magic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Magic(pub [u8; 4]);
 
-/// What a frame is. The numbers are the wire's; an unknown one is a protocol violation.
+/// A protocol on the wire: its magic and the byte of its first kind (the others follow in
+/// [`Kind`]'s order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Protocol {
+    /// Its name, for people.
+    pub name: &'static str,
+    /// Its magic.
+    pub magic: Magic,
+    first: u8,
+}
+
+/// The lane protocol: kinds 1 to 7.
+pub const LANE: Protocol = Protocol {
+    name: "lane",
+    magic: Magic(*b"CDL1"),
+    first: 1,
+};
+
+/// The pristine reference session's protocol: kinds 0x41 to 0x47.
+pub const REFERENCE: Protocol = Protocol {
+    name: "reference",
+    magic: Magic(*b"CDT1"),
+    first: 0x41,
+};
+
+impl Protocol {
+    /// The wire byte of `kind` in this protocol.
+    #[must_use]
+    pub const fn byte(self, kind: Kind) -> u8 {
+        self.first + (kind as u8 - 1)
+    }
+
+    /// The kind of wire byte `b` in this protocol (`None`: not one of its kinds).
+    #[must_use]
+    pub const fn kind(self, b: u8) -> Option<Kind> {
+        match b.checked_sub(self.first) {
+            Some(i) => Kind::from_index(i),
+            None => None,
+        }
+    }
+}
+
+/// Bytes of a frame header: magic, kind, payload length.
+pub const HEADER: usize = 9;
+
+/// What a frame is. The numbers are the order of the kinds (the lane's wire bytes); each
+/// protocol has its own bytes ([`Protocol::byte`]), and an unknown one is a protocol violation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Kind {
@@ -52,17 +96,17 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// The kind of a wire byte.
+    /// The kind at position `i` (0-based) of the protocol's kinds.
     #[must_use]
-    pub const fn from_byte(b: u8) -> Option<Self> {
-        Some(match b {
-            1 => Self::Posture,
-            2 => Self::Start,
-            3 => Self::Ready,
-            4 => Self::Request,
-            5 => Self::Response,
-            6 => Self::Ended,
-            7 => Self::Fault,
+    pub const fn from_index(i: u8) -> Option<Self> {
+        Some(match i {
+            0 => Self::Posture,
+            1 => Self::Start,
+            2 => Self::Ready,
+            3 => Self::Request,
+            4 => Self::Response,
+            5 => Self::Ended,
+            6 => Self::Fault,
             _ => return None,
         })
     }
@@ -144,7 +188,7 @@ pub enum FrameError {
 /// The payload is over `limits.max_bytes` (the sender's own bound: it never sends what the
 /// receiver must refuse).
 pub fn encode(
-    magic: Magic,
+    protocol: Protocol,
     kind: Kind,
     payload: &[u8],
     limits: Limits,
@@ -158,8 +202,8 @@ pub fn encode(
         });
     }
     let mut out = Vec::with_capacity(HEADER + payload.len());
-    out.extend_from_slice(&magic.0);
-    out.push(kind as u8);
+    out.extend_from_slice(&protocol.magic.0);
+    out.push(protocol.byte(kind));
     out.extend_from_slice(&length.to_be_bytes());
     out.extend_from_slice(payload);
     Ok(out)
@@ -169,7 +213,7 @@ pub fn encode(
 /// complete. After the first error the stream is dead: every later call repeats it.
 #[derive(Debug)]
 pub struct Decoder {
-    magic: Magic,
+    protocol: Protocol,
     limits: Limits,
     buf: Vec<u8>,
     decoded: u64,
@@ -177,11 +221,11 @@ pub struct Decoder {
 }
 
 impl Decoder {
-    /// A decoder of one stream of `magic` under `limits`.
+    /// A decoder of one stream of `protocol` under `limits`.
     #[must_use]
-    pub const fn new(magic: Magic, limits: Limits) -> Self {
+    pub const fn new(protocol: Protocol, limits: Limits) -> Self {
         Self {
-            magic,
+            protocol,
             limits,
             buf: Vec::new(),
             decoded: 0,
@@ -224,10 +268,13 @@ impl Decoder {
                 }
             }
             if self.buf.len() >= HEADER && self.buf.len() == self.needed() {
-                let kind = Kind::from_byte(self.buf[4]).ok_or(FrameError::UnknownKind {
-                    index: self.decoded,
-                    kind: self.buf[4],
-                })?;
+                let kind = self
+                    .protocol
+                    .kind(self.buf[4])
+                    .ok_or(FrameError::UnknownKind {
+                        index: self.decoded,
+                        kind: self.buf[4],
+                    })?;
                 let payload = self.buf.split_off(HEADER);
                 self.buf.clear();
                 self.decoded += 1;
@@ -273,7 +320,7 @@ impl Decoder {
     fn check_header(&self) -> Result<(), FrameError> {
         let index = self.decoded;
         let found = [self.buf[0], self.buf[1], self.buf[2], self.buf[3]];
-        if found != self.magic.0 {
+        if found != self.protocol.magic.0 {
             return Err(FrameError::Magic { index, found });
         }
         if index >= self.limits.max_frames {
@@ -281,7 +328,7 @@ impl Decoder {
                 max: self.limits.max_frames,
             });
         }
-        if Kind::from_byte(self.buf[4]).is_none() {
+        if self.protocol.kind(self.buf[4]).is_none() {
             return Err(FrameError::UnknownKind {
                 index,
                 kind: self.buf[4],
@@ -324,8 +371,8 @@ mod tests {
 
     #[test]
     fn an_oversized_length_is_refused_before_its_payload() {
-        let mut header = LANE.0.to_vec();
-        header.push(Kind::Response as u8);
+        let mut header = LANE.magic.0.to_vec();
+        header.push(LANE.byte(Kind::Response));
         header.extend(17u32.to_be_bytes());
         let mut d = Decoder::new(LANE, L);
         assert_eq!(
@@ -342,7 +389,11 @@ mod tests {
 
     #[test]
     fn another_protocols_magic_unknown_kinds_and_too_many_frames_are_refused() {
-        let other = Magic(*b"CDR1");
+        let other = Protocol {
+            name: "other",
+            magic: Magic(*b"CDX1"),
+            first: 1,
+        };
         let mut d = Decoder::new(LANE, L);
         let wire = encode(other, Kind::Ready, b"", L).unwrap();
         assert!(matches!(d.push(&wire), Err(FrameError::Magic { .. })));
@@ -361,6 +412,37 @@ mod tests {
             assert_eq!(d.push(&one).unwrap().len(), 1);
         }
         assert_eq!(d.push(&one), Err(FrameError::TooMany { max: 3 }));
+    }
+
+    #[test]
+    fn a_lane_frame_is_refused_by_the_reference_and_a_reference_frame_by_the_lane() {
+        let kinds = [
+            Kind::Posture,
+            Kind::Start,
+            Kind::Ready,
+            Kind::Request,
+            Kind::Response,
+            Kind::Ended,
+            Kind::Fault,
+        ];
+        for (from, to) in [(LANE, REFERENCE), (REFERENCE, LANE)] {
+            for kind in kinds {
+                assert_eq!(from.kind(from.byte(kind)), Some(kind), "{}", from.name);
+                // Neither the magic nor the kind byte of one protocol is the other's.
+                assert_eq!(to.kind(from.byte(kind)), None, "{kind:?} of {}", from.name);
+                let wire = encode(from, kind, b"", L).unwrap();
+                let mut d = Decoder::new(to, L);
+                assert!(matches!(d.push(&wire), Err(FrameError::Magic { .. })));
+                // The other's magic with this kind byte: still refused, by its kind.
+                let mut forged = wire.clone();
+                forged[..4].copy_from_slice(&to.magic.0);
+                let mut d = Decoder::new(to, L);
+                assert!(matches!(
+                    d.push(&forged),
+                    Err(FrameError::UnknownKind { .. })
+                ));
+            }
+        }
     }
 
     #[test]

@@ -53,6 +53,19 @@ pub struct Posture {
     /// Cache directory → `ok`, or what failed: made by the worker as the run account, mode
     /// 0700, on the cache mount, a file written, renamed and deleted, a program run from it.
     pub caches: BTreeMap<String, String>,
+    /// In the pristine reference session only: the tree and publication as seen from inside.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seen: Option<Seen>,
+}
+
+/// What the worker of the pristine reference session sees of its inputs from inside.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Seen {
+    /// The tree digest of the tree mount, recomputed from every file (`sha256:…`).
+    pub tree: String,
+    /// Every name in the publication mount (a control-only publication has none).
+    pub publication: Vec<String>,
 }
 
 /// One request of the host's workload. Binary on the wire (the engine's hot path, and no

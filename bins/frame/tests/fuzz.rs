@@ -12,7 +12,7 @@ const L: Limits = Limits {
 };
 
 fn kind() -> impl Strategy<Value = Kind> {
-    (1u8..=7).prop_map(|b| Kind::from_byte(b).unwrap_or(Kind::Ready))
+    (0u8..7).prop_map(|i| Kind::from_index(i).unwrap_or(Kind::Ready))
 }
 
 proptest! {

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use cordon::canonical::Digest;
 use cordon_frame::message::{self, Ended, Fault, PROTOCOL, Posture, Request, Response};
-use cordon_frame::{Decoder, Frame, Kind, LANE, Limits, encode};
+use cordon_frame::{Decoder, Frame, Kind, Limits, Protocol, encode};
 
 use cordon::receipt::LaneWindow as Window;
 
@@ -106,6 +106,9 @@ pub fn writer(mut input: impl Write + Send + 'static) -> Sender<Vec<u8>> {
 /// What the host asks of one session.
 #[derive(Debug, Clone)]
 pub struct Plan<'a> {
+    /// The protocol the worker speaks (the lane's, or the reference session's): a frame of
+    /// any other is a broken stream.
+    pub protocol: Protocol,
     /// The workload.
     pub workload: &'a Workload,
     /// The policy's frame bounds.
@@ -129,8 +132,8 @@ pub struct Transcript {
     pub ready_ns: u64,
     /// Every request, in order.
     pub windows: Vec<Window>,
-    /// The digest of every response's output tokens, in order.
-    pub outputs: Digest,
+    /// Every response's output tokens, in request order.
+    pub outputs: Vec<Vec<u32>>,
     /// How the engine ended.
     pub ended: Ended,
 }
@@ -230,7 +233,7 @@ pub fn drive(
 ) -> Verdict {
     let mut s = Stream {
         rx,
-        decoder: Decoder::new(LANE, plan.limits),
+        decoder: Decoder::new(plan.protocol, plan.limits),
         queue: std::collections::VecDeque::new(),
         ended: false,
         overflow: None,
@@ -397,7 +400,7 @@ fn session(
         ));
     }
     let send = |kind: Kind, payload: &[u8]| -> Result<(), String> {
-        let bytes = encode(LANE, kind, payload, plan.limits).map_err(|e| e.to_string())?;
+        let bytes = encode(plan.protocol, kind, payload, plan.limits).map_err(|e| e.to_string())?;
         tx.send(bytes)
             .map_err(|_| "the host's writer is gone".to_owned())
     };
@@ -501,10 +504,6 @@ fn session(
         Ok(ended) => ended,
         Err(v) => return v,
     };
-    let outputs = match outputs_digest(&outputs) {
-        Ok(d) => d,
-        Err(e) => return Verdict::NoDecision(e.to_string()),
-    };
     Verdict::Served(Box::new(Transcript {
         posture,
         posture_digest,
@@ -513,14 +512,6 @@ fn session(
         outputs,
         ended,
     }))
-}
-
-/// The digest of a session's output tokens, in request order (what a receipt names).
-///
-/// # Errors
-/// Encoding failed.
-pub fn outputs_digest(outputs: &[Vec<u32>]) -> Result<Digest, cordon::canonical::CanonicalError> {
-    cordon::canonical::domain_digest("cordon.lane-outputs", 1, &outputs)
 }
 
 fn absolute_deadline() -> Verdict {

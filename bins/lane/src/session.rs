@@ -1,5 +1,6 @@
-//! One engine session of the `lane` stage: parse → plan → apply, with the framed protocol driven
-//! by the host.
+//! One engine session of the `lane` stage (roles B and C) or of the `reference` stage (T, the
+//! pristine reference, in its own protocol): parse → plan → apply, with the framed protocol
+//! driven by the host.
 //!
 //! Parse: the stage, its frame bounds and both phase deadlines, the one registered lane step,
 //! the image pin. Plan: reopen and verify the tree and the publication (the exact ones the
@@ -30,8 +31,8 @@ use cordon::receipt::{
 };
 use cordon::runtime::Meta;
 use cordon::tree::{self, PUBLICATIONS, TREES};
-use cordon_frame::Limits;
-use cordon_frame::message::{PROTOCOL, Posture};
+use cordon_frame::message::{PROTOCOL, Posture, Seen};
+use cordon_frame::{LANE, Limits, Protocol, REFERENCE};
 use cordon_policy_lang::{MountSource, Policy, StageKind};
 use cordon_stage::bundle::{PlanError, Planned};
 use cordon_stage::session::{Job, SessionError};
@@ -200,10 +201,19 @@ pub struct Expected {
     pub read_only: std::collections::BTreeMap<String, bool>,
     /// The cache directories the worker must make and prove.
     pub caches: Vec<String>,
+    /// In the pristine reference session: the tree and publication the worker must see from
+    /// inside (the pinned tree, a publication with nothing in it). Nothing in a lane's.
+    pub seen: Option<Seen>,
 }
 
 impl Expected {
-    fn from_plan(planned: &Planned, worker: &Digest, asked: &[String], caches: &[String]) -> Self {
+    fn from_plan(
+        planned: &Planned,
+        worker: &Digest,
+        asked: &[String],
+        caches: &[String],
+        seen: Option<Seen>,
+    ) -> Self {
         let user = planned.spec.process().as_ref().map(|p| p.user().clone());
         let root_ro = planned
             .spec
@@ -234,6 +244,7 @@ impl Expected {
             gid: user.as_ref().map_or(u32::MAX, |u| u.gid()),
             read_only,
             caches: caches.to_vec(),
+            seen,
         }
     }
 
@@ -299,6 +310,13 @@ impl Expected {
             p.caches == caches,
             format!("cache directories {:?}, not all ok", p.caches),
         );
+        want(
+            p.seen == self.seen,
+            format!(
+                "from inside it sees the tree and publication {:?}, not {:?}",
+                p.seen, self.seen
+            ),
+        );
         d
     }
 }
@@ -347,8 +365,19 @@ fn lane_job(
     }
 }
 
-/// What the lane stage of the policy fixes for a session, each value required.
+/// The stage a role's sessions run in and the protocol its worker speaks to the host: B and C
+/// read in the lane; T, the pristine reference, in its own stage and protocol.
+#[must_use]
+pub const fn stage_of(role: Role) -> (StageKind, Protocol) {
+    match role {
+        Role::B | Role::C => (StageKind::Lane, LANE),
+        Role::T => (StageKind::Reference, REFERENCE),
+    }
+}
+
+/// What a session's stage of the policy fixes for it, each value required.
 struct LaneStage<'p> {
+    kind: StageKind,
     stage: &'p cordon_policy_lang::Stage,
     limits: Limits,
     startup: Duration,
@@ -359,17 +388,16 @@ struct LaneStage<'p> {
     pin: Digest,
 }
 
-/// Parse: the lane stage's values this session enforces.
-fn lane_stage(policy: &Policy) -> Result<LaneStage<'_>, LaneError> {
+/// Parse: the values of stage `kind` (the lane's or the reference session's) this session
+/// enforces.
+fn lane_stage(policy: &Policy, kind: StageKind) -> Result<LaneStage<'_>, LaneError> {
     let stage = policy
-        .stage(StageKind::Lane)
-        .ok_or(SessionError::Plan(PlanError::NoStage {
-            kind: StageKind::Lane,
-        }))?;
+        .stage(kind)
+        .ok_or(SessionError::Plan(PlanError::NoStage { kind }))?;
     let frame = stage
         .frame
         .as_ref()
-        .ok_or_else(|| LaneError::Policy("the lane stage has no frame bounds".into()))?;
+        .ok_or_else(|| LaneError::Policy(format!("the {kind} stage has no frame bounds")))?;
     let limits = Limits {
         max_bytes: u32::try_from(frame.max_bytes)
             .map_err(|_| LaneError::Policy("frame max-bytes is over 4 GiB".into()))?,
@@ -382,7 +410,7 @@ fn lane_stage(policy: &Policy) -> Result<LaneStage<'_>, LaneError> {
             .copied()
             .map(Duration::from_millis)
             .ok_or_else(|| {
-                LaneError::Policy(format!("the lane stage has no phase-deadline {name:?}"))
+                LaneError::Policy(format!("the {kind} stage has no phase-deadline {name:?}"))
             })
     };
     let (startup, workload_phase) = (phase_ms("startup")?, phase_ms("workload")?);
@@ -399,13 +427,13 @@ fn lane_stage(policy: &Policy) -> Result<LaneStage<'_>, LaneError> {
         .find(|k| !matches!(k.as_str(), "startup" | "workload"))
     {
         return Err(LaneError::Policy(format!(
-            "phase-deadline {extra:?} is not a phase of the lane session (startup, workload)"
+            "phase-deadline {extra:?} is not a phase of the {kind} session (startup, workload)"
         )));
     }
-    let steps: Vec<&str> = policy.steps_of(StageKind::Lane).collect();
+    let steps: Vec<&str> = policy.steps_of(kind).collect();
     let [step] = steps.as_slice() else {
         return Err(LaneError::Policy(format!(
-            "exactly one step of stage \"lane\" must be registered, not {}",
+            "exactly one step of stage \"{kind}\" must be registered, not {}",
             steps.len()
         )));
     };
@@ -413,10 +441,10 @@ fn lane_stage(policy: &Policy) -> Result<LaneStage<'_>, LaneError> {
         .step(step)
         .map(|(_, argv)| argv.to_vec())
         .unwrap_or_default();
-    let (role, pin) =
-        cordon_stage::bundle::image_of(policy, StageKind::Lane).map_err(SessionError::Plan)?;
+    let (role, pin) = cordon_stage::bundle::image_of(policy, kind).map_err(SessionError::Plan)?;
 
     Ok(LaneStage {
+        kind,
         stage,
         limits,
         startup,
@@ -428,25 +456,49 @@ fn lane_stage(policy: &Policy) -> Result<LaneStage<'_>, LaneError> {
     })
 }
 
-/// The worker's argv: the sealed digest, the frame bounds, the read-only paths it checks, the
-/// caches, then the engine's own argv.
+/// Where a stage mounts the source `source` (the pristine checks need the tree's and the
+/// publication's).
+fn mounted_at(stage: &cordon_policy_lang::Stage, source: MountSource) -> Result<String, LaneError> {
+    stage
+        .mount
+        .iter()
+        .find(|(_, m)| m.source == source)
+        .map(|(dest, _)| dest.clone())
+        .ok_or_else(|| LaneError::Policy(format!("the stage mounts no {source:?}")))
+}
+
+/// The worker's argv: the protocol (with the pristine checks' mounts in the reference
+/// session), the sealed digest, the frame bounds, the read-only paths it checks, the caches,
+/// then the engine's own argv.
 fn worker_argv(
+    protocol: Protocol,
+    pristine: Option<(String, String)>,
     worker: &Digest,
     limits: Limits,
-    asked: &[String],
-    cache_root: Option<&String>,
-    caches: &[String],
+    (asked, cache_root, caches): (&[String], Option<&String>, &[String]),
     engine: Vec<String>,
 ) -> Vec<String> {
     let mut argv = vec![
         WORKER.to_owned(),
+        "--protocol".into(),
+        protocol.name.to_owned(),
+    ];
+    if let Some((tree, publication)) = pristine {
+        argv.extend([
+            "--tree".to_owned(),
+            tree,
+            "--publication".into(),
+            publication,
+        ]);
+    }
+    argv.extend([
         "--sealed".into(),
         worker.hex(),
         "--max-bytes".into(),
         limits.max_bytes.to_string(),
         "--max-frames".into(),
         limits.max_frames.to_string(),
-    ];
+    ]);
     for path in asked {
         argv.extend(["--read-only".to_owned(), path.clone()]);
     }
@@ -512,16 +564,33 @@ fn device_receipts(
 ///
 /// # Errors
 /// Anything cordon could not establish, or the operator's wiring error.
-#[allow(clippy::too_many_lines)]
 pub fn session_under(
     policy: &Policy,
     cfg: &Config,
     inputs: &Inputs,
     lock: &GpuLock,
 ) -> Result<Outcome, LaneError> {
+    session_gated(policy, cfg, inputs, lock, |_| Ok(()))
+}
+
+/// [`session_under`] with a `gate` run as the executor's one manager before the lease begins
+/// (the reference session's strict quiescence: nothing can start between it and T).
+///
+/// # Errors
+/// Anything cordon could not establish, the operator's wiring error, or the gate's.
+#[allow(clippy::too_many_lines)]
+pub fn session_gated(
+    policy: &Policy,
+    cfg: &Config,
+    inputs: &Inputs,
+    lock: &GpuLock,
+    gate: impl FnOnce(&cordon::lease::Manager) -> Result<(), LaneError>,
+) -> Result<Outcome, LaneError> {
     let started = Instant::now();
     let from_unix_ns = crate::lock::unix_ns();
+    let (kind, protocol) = stage_of(inputs.role);
     let LaneStage {
+        kind,
         stage,
         limits,
         startup,
@@ -530,7 +599,7 @@ pub fn session_under(
         engine,
         role,
         pin,
-    } = lane_stage(policy)?;
+    } = lane_stage(policy, kind)?;
 
     // Plan: everything is verified before anything runs.
     let (workload, workload_digest) = Workload::load(&inputs.workload)?;
@@ -542,7 +611,30 @@ pub fn session_under(
         })?;
     let (model_dir, model_digest) = model::verify(&inputs.model)?;
     tree::verify(&cfg.store, &inputs.tree)?;
-    tree::verify_in(&cfg.store, PUBLICATIONS, &inputs.publication)?;
+    let publication = tree::verify_in(&cfg.store, PUBLICATIONS, &inputs.publication)?;
+    // The pristine reference session: its publication holds nothing (checked here before
+    // launch, and from inside by the worker), and the worker must see exactly the pinned tree.
+    let seen = match inputs.role {
+        Role::T if !publication.entries.is_empty() => {
+            return Err(LaneError::NoDecision(format!(
+                "the reference session's publication {} is not control-only: it holds {} files",
+                inputs.publication,
+                publication.entries.len()
+            )));
+        }
+        Role::T => Some(Seen {
+            tree: inputs.tree.to_string(),
+            publication: Vec::new(),
+        }),
+        Role::B | Role::C => None,
+    };
+    let pristine = match seen {
+        Some(_) => Some((
+            mounted_at(stage, MountSource::Tree)?,
+            mounted_at(stage, MountSource::Publication)?,
+        )),
+        None => None,
+    };
     let rootfs = cordon::image::unpack(&cfg.store, &cfg.images.join(role), &pin)?;
     // The reviewed digest is sealed, never the bytes found in the image cache: a worker
     // replaced there reports its own digest in the posture, and the session is a no-decision.
@@ -554,15 +646,15 @@ pub fn session_under(
         .chain(stage.mount.keys().cloned())
         .collect();
     let argv = worker_argv(
+        protocol,
+        pristine,
         &worker,
         limits,
-        &asked,
-        cache_root.as_ref(),
-        &caches,
+        (&asked, cache_root.as_ref(), &caches),
         engine,
     );
 
-    let session = cfg.session(policy, StageKind::Lane);
+    let session = cfg.session(policy, kind);
     let job = lane_job(cfg, inputs, argv, rootfs, model_dir, started);
     let mut verdict = None;
     let mut launch = None;
@@ -570,8 +662,9 @@ pub fn session_under(
     let since =
         |t: Instant| u64::try_from(t.duration_since(started).as_nanos()).unwrap_or(u64::MAX);
     let pre_ns = since(Instant::now());
-    let ran = session.run(
+    let ran = session.run_gated(
         &job,
+        gate,
         |running, planned, deadline| {
             launch = Some(launch_digest(planned, &pin)?);
             // The container's cgroup, whose cpuset only the host can change.
@@ -584,13 +677,14 @@ pub fn session_under(
                 .unwrap_or_default();
             let cgroup = cfg.setup.probe(&lease);
             let plan = Plan {
+                protocol,
                 workload: &workload,
                 limits,
                 startup,
                 workload_phase,
                 absolute: deadline,
             };
-            let expected = Expected::from_plan(planned, &worker, &asked, &caches);
+            let expected = Expected::from_plan(planned, &worker, &asked, &caches, seen.clone());
             let (Some(stdin), Some(stdout)) = (running.take_stdin(), running.take_stdout()) else {
                 return Err(LaneError::NoDecision(
                     "the container's pipes are not live".into(),
@@ -633,9 +727,11 @@ pub fn session_under(
     let launch =
         launch.ok_or_else(|| LaneError::NoDecision("the session was not driven".into()))?;
     let devices = device_receipts(&lease, pre_ns, active.unwrap_or((0, None)), post_ns);
+    let cap = stage.output.stdout_bytes;
     decide(verdict, meta, lease, |t, meta, lease| {
+        let outputs = keep_outputs(&cfg.store, &t.outputs, cap)?;
         let windows = t.windows;
-        LaneOutputs {
+        Ok(LaneOutputs {
             role: inputs.role,
             tree: inputs.tree,
             publication: inputs.publication,
@@ -647,15 +743,39 @@ pub fn session_under(
             ready_ns: t.ready_ns,
             timed_rate_milli: timed_rate_milli(&windows),
             windows,
-            outputs: t.outputs,
+            outputs,
             meta,
             lease,
             launch,
             lane: inputs.lane.clone(),
             devices,
             gpu_lock,
-        }
+        })
     })
+}
+
+/// Store a served session's output tokens as one content object (so grading replays from the
+/// store alone) and name it by digest. Its binary form is never larger than the frames it came
+/// from, which the stage's stdout cap bounded as they arrived; the cap is checked again here.
+///
+/// # Errors
+/// The object cannot be encoded or stored, or is over the cap.
+pub fn keep_outputs(
+    store: &cordon::store::Store,
+    outputs: &[Vec<u32>],
+    cap: u64,
+) -> Result<Digest, LaneError> {
+    let bytes = cordon_evidence::outputs::encode(outputs)
+        .map_err(|e| LaneError::NoDecision(format!("the outputs object: {e}")))?;
+    if bytes.len() as u64 > cap {
+        return Err(LaneError::NoDecision(format!(
+            "the outputs object of {} bytes is over the stage's stdout cap of {cap}",
+            bytes.len()
+        )));
+    }
+    store
+        .put_object(&bytes)
+        .map_err(|e| LaneError::NoDecision(format!("storing the outputs object: {e}")))
 }
 
 /// The launch digest of a planned read: its launch identity (the spec less the run's own
@@ -684,7 +804,7 @@ fn decide(
     verdict: Verdict,
     meta: Meta,
     lease: String,
-    outputs: impl FnOnce(Box<driver::Transcript>, Meta, String) -> LaneOutputs,
+    outputs: impl FnOnce(Box<driver::Transcript>, Meta, String) -> Result<LaneOutputs, LaneError>,
 ) -> Result<Outcome, LaneError> {
     let reject = |code: &str, message: String, meta: &Meta, lease: &str| {
         Ok(Decision::Rejected(Rejection::one(
@@ -710,7 +830,7 @@ fn decide(
         );
     }
     match verdict {
-        Verdict::Served(t) => Ok(Decision::Accepted(outputs(t, meta, lease))),
+        Verdict::Served(t) => Ok(Decision::Accepted(outputs(t, meta, lease)?)),
         Verdict::Violation { code, message } => reject(code, message, &meta, &lease),
         Verdict::NoDecision(why) => Err(LaneError::NoDecision(why)),
     }

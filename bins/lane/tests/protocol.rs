@@ -7,13 +7,13 @@
 use std::time::{Duration, Instant};
 
 use cordon_frame::message::{self, Fault, Request, Response, ready_payload};
-use cordon_frame::{Kind, LANE, encode};
+use cordon_frame::{Kind, LANE, REFERENCE, encode};
 use cordon_lane::driver::Verdict;
 use cordon_lane::workload::{Item, Workload};
 
 mod common;
 
-use common::fake::{Fake, LIMITS, answer_bytes, drive_script};
+use common::fake::{Fake, LIMITS, answer_bytes, drive_between, drive_script};
 
 fn workload(n: u32) -> Workload {
     Workload {
@@ -112,6 +112,36 @@ fn an_honest_engine_is_served_with_host_stamped_windows_in_order() {
         );
     }
     assert_eq!(t.ended.code, Some(0));
+}
+
+#[test]
+fn the_reference_protocol_serves_its_own_frames_and_refuses_the_lanes_and_the_reverse() {
+    let long = Duration::from_secs(10);
+    let between = |host, worker| {
+        drive_between(
+            (host, worker),
+            &workload(3),
+            (long, long, Duration::from_secs(60)),
+            true,
+            honest,
+            &mut || {},
+        )
+    };
+    let Verdict::Served(t) = between(REFERENCE, REFERENCE) else {
+        panic!("the reference session was not served in its own protocol")
+    };
+    assert_eq!(t.outputs.len(), 3);
+    // A lane worker's stream in T, and T's in a lane: refused at the first frame, before any
+    // posture is believed (the worker's side: cordon could not establish the session).
+    for (host, worker) in [(REFERENCE, LANE), (LANE, REFERENCE)] {
+        let why = no_decision(&between(host, worker));
+        assert!(
+            why.contains("magic"),
+            "{} host, {} worker: {why}",
+            host.name,
+            worker.name
+        );
+    }
 }
 
 #[test]

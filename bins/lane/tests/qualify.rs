@@ -126,7 +126,7 @@ fn outputs(inputs: &Inputs, t: &cordon_lane::driver::Transcript) -> LaneOutputs 
         ready_ns: t.ready_ns,
         timed_rate_milli: timed_rate_milli(&t.windows),
         windows: t.windows.clone(),
-        outputs: t.outputs,
+        outputs: Digest::of_bytes(&cordon_evidence::outputs::encode(&t.outputs).unwrap()),
         meta: Meta {
             exit_code: Some(0),
             ..Meta::default()

@@ -12,7 +12,6 @@ use cordon::lease::Manager;
 use cordon::receipt::{Decision, LaneOutputs, Role};
 use cordon::store::Store;
 use cordon::tree::{self, PUBLICATIONS, TREES};
-use cordon_lane::driver::outputs_digest;
 use cordon_lane::session::{Config, Inputs, LaneError, Outcome, session};
 use cordon_policy_lang::Policy;
 use cordon_testkit::workspace_root;
@@ -125,10 +124,10 @@ fn rejected(o: Result<Outcome, LaneError>) -> (String, String) {
     }
 }
 
-/// The outputs digest of an engine that answers `result` (repeated) to every request.
+/// The outputs object's digest of an engine that answers `result` (repeated) to every request.
 fn expected(result: &[u32]) -> Digest {
     let one: Vec<u32> = result.iter().copied().cycle().take(TOKENS).collect();
-    outputs_digest(&vec![one; REQUESTS]).unwrap()
+    Digest::of_bytes(&cordon_evidence::outputs::encode(&vec![one; REQUESTS]).unwrap())
 }
 
 /// Outside, after the session: no lease, account, mount, container or run directory left.
@@ -155,6 +154,11 @@ fn the_example_engine_is_served_and_a_faster_kernel_gives_the_same_tokens_faster
     let fast = served(run(&e, engine(&e, &example_serve(), fast_kernel)));
     nothing_left(&e);
     assert_eq!(slow.outputs, fast.outputs, "the same tokens");
+    // The tokens are kept in the store under the digest the receipt names, for offline grading.
+    let kept = e.store.read_object_checked(&slow.outputs).unwrap();
+    let tokens = cordon_evidence::outputs::decode(&kept).unwrap();
+    assert_eq!(tokens.len(), REQUESTS);
+    assert!(tokens.iter().all(|t| t.len() == TOKENS));
     assert_eq!(slow.windows.len(), REQUESTS);
     assert!(
         fast.timed_rate_milli > slow.timed_rate_milli,

@@ -26,6 +26,10 @@ pub struct Policy {
     /// cordon-worker's sha256, the bytes the runtime image ships (absent: no lane can run).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) worker: Option<Digest>,
+    /// The pristine reference tree's digest: a separately registered stock tree, never the
+    /// incumbent (absent: no reference session can run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) pristine: Option<Digest>,
     pub(crate) seccomp: BTreeMap<String, SeccompProfile>,
     /// The two physical lanes of a qualification, by name (none: no qualification can run).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
@@ -898,6 +902,12 @@ impl Policy {
     #[must_use]
     pub fn worker_pin(&self) -> Option<&Digest> {
         self.worker.as_ref()
+    }
+
+    /// The pinned digest of the pristine reference tree, the only tree T runs.
+    #[must_use]
+    pub fn pristine_pin(&self) -> Option<&Digest> {
+        self.pristine.as_ref()
     }
 
     /// The digest pinned for image role `role`.

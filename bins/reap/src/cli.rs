@@ -308,6 +308,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
                 released: Some(f.released),
                 active: Some(f.active),
                 remaining: f.residue,
+                gone: Vec::new(),
             };
             (code, outputs, None)
         }
@@ -323,6 +324,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
                 released: None,
                 active: None,
                 remaining: items,
+                gone: Vec::new(),
             };
             (ExitCode::NoDecision, outputs, Some(e))
         }

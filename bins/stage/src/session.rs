@@ -220,6 +220,23 @@ impl Session<'_> {
         drive: impl FnOnce(&mut Running, &Planned, Instant) -> Result<(), E>,
         inspect: impl FnOnce(&Lease, &Planned, &Finished) -> Result<T, E>,
     ) -> Result<Ran<T>, E> {
+        self.run_gated(job, |_| Ok(()), drive, inspect)
+    }
+
+    /// [`Session::run`] with a `gate` that runs once this process is the executor's one
+    /// manager and before the lease begins: nothing of this executor can start between what the
+    /// gate establishes (the reference session's strict quiescence) and this run, and a gate
+    /// that fails ends the session before anything exists.
+    ///
+    /// # Errors
+    /// As [`Session::run`], or what `gate` returned.
+    pub fn run_gated<T, E: From<SessionError>>(
+        &self,
+        job: &Job,
+        gate: impl FnOnce(&Manager) -> Result<(), E>,
+        drive: impl FnOnce(&mut Running, &Planned, Instant) -> Result<(), E>,
+        inspect: impl FnOnce(&Lease, &Planned, &Finished) -> Result<T, E>,
+    ) -> Result<Ran<T>, E> {
         // 1. Validate everything before touching anything.
         let stage = self
             .policy
@@ -284,6 +301,7 @@ impl Session<'_> {
         }
         // 2. The lease record names every mount point before any exists.
         let manager = Manager::open(&self.store, self.setup.clone()).map_err(SessionError::from)?;
+        gate(&manager)?;
         let lease = manager
             .begin_with(
                 &self.authority.to_string(),

@@ -149,7 +149,11 @@ fn facts(r: &Receipt) -> String {
             .outputs_as::<PrebuildOutputs>()
             .ok()
             .map(|o| format!("publication={}", o.publication)),
-        StageName::Policy | StageName::Reference | StageName::Surface | StageName::Reap => None,
+        StageName::Policy
+        | StageName::Reference
+        | StageName::Verdict
+        | StageName::Surface
+        | StageName::Reap => None,
     };
     [own.unwrap_or_default(), reasons]
         .into_iter()

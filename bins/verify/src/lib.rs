@@ -343,9 +343,9 @@ fn hop(
             None => Ok((Vec::new(), Vec::new())),
             Some(_) => Err(order("a surface run names a receipt before it".into())),
         },
-        StageName::Policy | StageName::Reference | StageName::Reap => Err(order(
-            "this build cannot verify a receipt of this stage".into(),
-        )),
+        StageName::Policy | StageName::Reference | StageName::Verdict | StageName::Reap => Err(
+            order("this build cannot verify a receipt of this stage".into()),
+        ),
     }
 }
 

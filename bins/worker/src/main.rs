@@ -2,8 +2,16 @@
 //! runtime image (so the image digest covers its bytes) and started as the container's first
 //! process by the host's exact argv:
 //!
-//! `/cordon/worker --sealed HEX --max-bytes N --max-frames N [--read-only PATH]…
-//! [--cache-root DIR --cache DIR…] -- ENGINE ARGV…`
+//! `/cordon/worker --protocol lane|reference --sealed HEX --max-bytes N --max-frames N
+//! [--read-only PATH]… [--cache-root DIR --cache DIR…] [--tree DIR --publication DIR]
+//! -- ENGINE ARGV…`
+//!
+//! The protocol is the one it speaks to the host (the engine always speaks the lane's to it:
+//! the worker re-encodes every frame it relays). In the pristine reference session
+//! (`reference`, which needs `--tree` and `--publication`) the posture also reports what the
+//! worker sees from inside: the tree digest of the tree mount, recomputed file by file, and
+//! every name in the publication mount — the host compares them with the policy's pin and the
+//! control-only publication, so a candidate's or incumbent's artifact reaching T is seen there.
 //!
 //! What it owns: establishing the posture from inside, before anything of the candidate runs,
 //! and reporting it as one `posture` frame (facts only — the host compares them with what it
@@ -32,8 +40,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cordon_frame::message::{self, Ended, Fault, PROTOCOL, Posture};
-use cordon_frame::{Decoder, Frame, Kind, LANE, Limits, encode};
+use cordon_frame::message::{self, Ended, Fault, PROTOCOL, Posture, Seen};
+use cordon_frame::{Decoder, Frame, Kind, LANE, Limits, Protocol, REFERENCE, encode};
 use sha2::{Digest as _, Sha256};
 
 /// How long the relay may drain the engine's output after the engine exited.
@@ -42,6 +50,9 @@ const DRAIN: Duration = Duration::from_secs(1);
 /// The worker's argv.
 #[derive(Debug, Default)]
 struct Args {
+    protocol: Option<Protocol>,
+    tree: Option<String>,
+    publication: Option<String>,
     sealed: String,
     limits: Option<Limits>,
     read_only: Vec<String>,
@@ -60,6 +71,15 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
         }
         let value = argv.next().ok_or_else(|| format!("{flag} needs a value"))?;
         match flag.as_str() {
+            "--protocol" => {
+                a.protocol = Some(match value.as_str() {
+                    "lane" => LANE,
+                    "reference" => REFERENCE,
+                    _ => return Err(format!("unknown protocol {value}")),
+                });
+            }
+            "--tree" => a.tree = Some(value),
+            "--publication" => a.publication = Some(value),
             "--sealed" => a.sealed = value,
             "--max-bytes" => max_bytes = Some(value.parse().map_err(|_| "bad --max-bytes")?),
             "--max-frames" => max_frames = Some(value.parse().map_err(|_| "bad --max-frames")?),
@@ -71,6 +91,15 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
     }
     if a.caches.is_empty() != a.cache_root.is_none() {
         return Err("--cache needs --cache-root, and --cache-root a --cache".into());
+    }
+    // The pristine checks belong to the reference session, and it cannot run without them.
+    let pristine = a.tree.is_some() && a.publication.is_some();
+    match a.protocol {
+        None => return Err("--protocol is required".into()),
+        Some(p) if (p == REFERENCE) != pristine => {
+            return Err("--tree and --publication go with --protocol reference, and only".into());
+        }
+        Some(_) => {}
     }
     if a.sealed.len() != 64 || a.engine.is_empty() {
         return Err("--sealed HEX and an engine argv after -- are required".into());
@@ -85,12 +114,13 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
 /// The frame writer towards the host (the container's stdout).
 struct Host {
     out: std::io::Stdout,
+    protocol: Protocol,
     limits: Limits,
 }
 
 impl Host {
     fn send(&mut self, kind: Kind, payload: &[u8]) -> Result<(), String> {
-        let bytes = encode(LANE, kind, payload, self.limits).map_err(|e| e.to_string())?;
+        let bytes = encode(self.protocol, kind, payload, self.limits).map_err(|e| e.to_string())?;
         let mut out = self.out.lock();
         out.write_all(&bytes)
             .and_then(|()| out.flush())
@@ -219,6 +249,65 @@ fn cache_check(root: &str, dir: &str) -> String {
     check().map_or_else(|e| e, |()| "ok".to_owned())
 }
 
+/// The tree digest of the tree mounted at `root`, recomputed from inside: every regular file's
+/// path, mode, size and sha256, sorted by path. Anything but directories and regular files (a
+/// tree has neither links nor devices) or a name that is not UTF-8 is reported as a failure.
+fn tree_digest(root: &str) -> Result<String, String> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    fn walk(dir: &std::path::Path, rel: &str, out: &mut Vec<Entry>) -> Result<(), String> {
+        let e = |what: &str, err: std::io::Error| format!("{}: {what}: {err}", dir.display());
+        for item in std::fs::read_dir(dir).map_err(|x| e("read_dir", x))? {
+            let item = item.map_err(|x| e("read_dir", x))?;
+            let name = item
+                .file_name()
+                .into_string()
+                .map_err(|n| format!("{}: a name that is not UTF-8: {n:?}", dir.display()))?;
+            let path = if rel.is_empty() {
+                name
+            } else {
+                format!("{rel}/{name}")
+            };
+            let meta = item.metadata().map_err(|x| e("stat", x))?;
+            if meta.is_dir() {
+                walk(&item.path(), &path, out)?;
+            } else if meta.is_file() {
+                let mut f = std::fs::File::open(item.path()).map_err(|x| e("open", x))?;
+                let mut h = Sha256::new();
+                std::io::copy(&mut f, &mut h).map_err(|x| e("read", x))?;
+                out.push(Entry {
+                    path,
+                    mode: meta.permissions().mode() & 0o7777,
+                    size: meta.size(),
+                    sha256: cordon_canon::Digest::from_hasher(h),
+                });
+            } else {
+                return Err(format!("{path} is neither a file nor a directory"));
+            }
+        }
+        Ok(())
+    }
+    use cordon_canon::tree_digest::Entry;
+    let mut entries = Vec::new();
+    walk(std::path::Path::new(root), "", &mut entries)?;
+    entries.sort();
+    cordon_canon::tree_digest::digest(&entries)
+        .map(|d| d.to_string())
+        .map_err(|e| format!("the tree digest: {e}"))
+}
+
+/// Every name in directory `dir`, sorted (a control-only publication has none).
+fn names_in(dir: &str) -> Result<Vec<String>, String> {
+    let mut names = std::fs::read_dir(dir)
+        .map_err(|e| format!("{dir}: {e}"))?
+        .map(|i| {
+            i.map(|i| i.file_name().to_string_lossy().into_owned())
+                .map_err(|e| format!("{dir}: {e}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    names.sort();
+    Ok(names)
+}
+
 /// Everything the posture frame reports, read from inside.
 fn posture(args: &Args) -> Result<Posture, String> {
     let exe = std::fs::read("/proc/self/exe").map_err(|e| format!("/proc/self/exe: {e}"))?;
@@ -261,6 +350,13 @@ fn posture(args: &Args) -> Result<Posture, String> {
         routes: u32::try_from(routes).unwrap_or(u32::MAX),
         connect_errno,
         read_only,
+        seen: match (&args.tree, &args.publication) {
+            (Some(tree), Some(publication)) => Some(Seen {
+                tree: tree_digest(tree)?,
+                publication: names_in(publication)?,
+            }),
+            _ => None,
+        },
         caches: match &args.cache_root {
             Some(root) => args
                 .caches
@@ -402,12 +498,15 @@ fn no_foreign_limits() -> Result<(), String> {
 }
 
 fn run(args: &Args, shared: &Arc<Shared>) -> Result<(), String> {
-    let limits = shared.host()?.limits;
+    let (protocol, limits) = {
+        let host = shared.host()?;
+        (host.protocol, host.limits)
+    };
     let report = posture(args)?;
     shared.host()?.message(Kind::Posture, &report)?;
     // Nothing of the candidate starts until the host has compared the posture and said so.
     let mut input = std::io::stdin();
-    let mut d = Decoder::new(LANE, limits);
+    let mut d = Decoder::new(protocol, limits);
     let mut queue = Vec::new();
     match next_from_host(&mut input, &mut d, &mut queue)? {
         Some(f) if f.kind == Kind::Start => {}
@@ -483,12 +582,13 @@ fn main() -> ExitCode {
             return ExitCode::from(64);
         }
     };
-    let Some(limits) = args.limits else {
+    let (Some(limits), Some(protocol)) = (args.limits, args.protocol) else {
         return ExitCode::from(64);
     };
     let shared = Arc::new(Shared {
         host: Mutex::new(Host {
             out: std::io::stdout(),
+            protocol,
             limits,
         }),
         closed: AtomicBool::new(false),
@@ -533,7 +633,7 @@ mod tests {
 
     #[test]
     fn the_argv_needs_a_seal_bounds_an_engine_and_caches_with_their_root() {
-        let argv = |s: &str| parse(s.split(' ').map(str::to_owned));
+        let argv = |s: &str| parse(format!("--protocol lane {s}").split(' ').map(str::to_owned));
         let seal = "0".repeat(64);
         assert!(
             argv(&format!(
@@ -551,5 +651,16 @@ mod tests {
             .is_err()
         );
         assert!(argv(&format!("--sealed {seal} --bogus 1 -- /e")).is_err());
+        let bare = |s: &str| parse(s.split(' ').map(str::to_owned));
+        let rest = format!("--sealed {seal} --max-bytes 9 --max-frames 9");
+        assert!(bare(&format!("{rest} -- /e")).is_err(), "no protocol");
+        assert!(bare(&format!("--protocol bogus {rest} -- /e")).is_err());
+        let t = "--tree /engine --publication /native";
+        assert!(bare(&format!("--protocol reference {t} {rest} -- /e")).is_ok());
+        assert!(
+            bare(&format!("--protocol reference {rest} -- /e")).is_err(),
+            "T unchecked"
+        );
+        assert!(bare(&format!("--protocol lane {t} {rest} -- /e")).is_err());
     }
 }

@@ -7,7 +7,7 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 use std::time::{Duration, Instant};
 
 use cordon_frame::message::{self, Ended, Posture, Request, Response, ready_payload};
-use cordon_frame::{Decoder, Frame, Kind, LANE, Limits, encode};
+use cordon_frame::{Decoder, Frame, Kind, LANE, Limits, Protocol, encode};
 use cordon_lane::driver::{Plan, Stamped, Verdict, drive};
 use cordon_lane::workload::Workload;
 
@@ -18,6 +18,8 @@ pub const LIMITS: Limits = Limits {
 
 /// The worker-and-engine side of a session, written as a script.
 pub struct Fake {
+    /// The protocol this side speaks.
+    pub protocol: Protocol,
     pub from_host: Receiver<Vec<u8>>,
     pub decoder: Decoder,
     pub queue: Vec<Frame>,
@@ -46,7 +48,7 @@ impl Fake {
     }
 
     pub fn send(&self, kind: Kind, payload: &[u8]) {
-        self.raw(encode(LANE, kind, payload, LIMITS).unwrap());
+        self.raw(encode(self.protocol, kind, payload, LIMITS).unwrap());
     }
 
     pub fn posture(&self) {
@@ -71,7 +73,7 @@ impl Fake {
     }
 
     pub fn answer(&self, r: &Request) {
-        self.raw(answer_bytes(r));
+        self.raw(answer_in(self.protocol, r));
     }
 
     pub fn ended(&self, code: Option<i32>, violation: Option<&str>) {
@@ -96,13 +98,18 @@ impl Fake {
 }
 
 pub fn answer_bytes(r: &Request) -> Vec<u8> {
+    answer_in(LANE, r)
+}
+
+/// [`answer_bytes`] in `protocol`.
+pub fn answer_in(protocol: Protocol, r: &Request) -> Vec<u8> {
     let output = (0..r.tokens).map(|t| t + r.index).collect();
     let resp = Response {
         index: r.index,
         tokens: r.tokens,
         output,
     };
-    encode(LANE, Kind::Response, &resp.encode(), LIMITS).unwrap()
+    encode(protocol, Kind::Response, &resp.encode(), LIMITS).unwrap()
 }
 
 pub fn posture() -> Posture {
@@ -123,6 +130,7 @@ pub fn posture() -> Posture {
         routes: 0,
         connect_errno: Some(101),
         read_only: [("/".to_owned(), false)].into(),
+        seen: None,
         caches: std::collections::BTreeMap::new(),
     }
 }
@@ -145,6 +153,18 @@ pub fn drive_script(
 /// driver's warmup hook.
 pub fn drive_observed(
     w: &Workload,
+    phases: (Duration, Duration, Duration),
+    expect_ok: bool,
+    script: impl FnOnce(&mut Fake) + Send + 'static,
+    during_warmup: &mut dyn FnMut(),
+) -> Verdict {
+    drive_between((LANE, LANE), w, phases, expect_ok, script, during_warmup)
+}
+
+/// [`drive_observed`] with the host speaking `host` and the scripted side `worker`.
+pub fn drive_between(
+    (host, worker): (Protocol, Protocol),
+    w: &Workload,
     (startup, phase, absolute): (Duration, Duration, Duration),
     expect_ok: bool,
     script: impl FnOnce(&mut Fake) + Send + 'static,
@@ -154,8 +174,9 @@ pub fn drive_observed(
     let (tx, from_host) = channel();
     let handle = std::thread::spawn(move || {
         let mut fake = Fake {
+            protocol: worker,
             from_host,
-            decoder: Decoder::new(LANE, LIMITS),
+            decoder: Decoder::new(worker, LIMITS),
             queue: Vec::new(),
             to_host,
         };
@@ -163,6 +184,7 @@ pub fn drive_observed(
     });
     let origin = Instant::now();
     let plan = Plan {
+        protocol: host,
         workload: w,
         limits: LIMITS,
         startup,

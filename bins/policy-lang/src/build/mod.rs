@@ -73,6 +73,7 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
             "tree",
             "image",
             "worker",
+            "pristine",
             "seccomp",
             "physical-lane",
             "speed",
@@ -135,6 +136,15 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
     // cordon's own worker inside the runtime image: its digest is pinned on its own, so the
     // host seals the reviewed bytes, never what it finds in an image cache.
     let worker = match top.one("worker") {
+        Some(node) => {
+            shape(cx, node, 0, 0, &["digest"], false);
+            required_prop(cx, node, "digest").and_then(|e| digest(cx, e))
+        }
+        None => None,
+    };
+    // The pristine reference tree (seed 001 §5): pinned like the worker, so T runs only the
+    // reviewed stock tree, never one a stage was handed.
+    let pristine = match top.one("pristine") {
         Some(node) => {
             shape(cx, node, 0, 0, &["digest"], false);
             required_prop(cx, node, "digest").and_then(|e| digest(cx, e))
@@ -206,6 +216,7 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
         tree: tree?,
         image,
         worker,
+        pristine,
         seccomp,
         physical_lane: physical_lane?,
         speed: speed?,

@@ -1,0 +1,272 @@
+//! The referee's records (seed 001 §5): what the pristine reference session T established, the
+//! quiescence it started after, and the final verdict that combines speed, quality and
+//! quiescence — with [`decide`], the pure rule `cordon-reference` applies and `cordon-verify`
+//! recomputes.
+//!
+//! T returns primitive evidence only (its output tokens, stored as an object named by digest)
+//! and no verdict. The final verdict grades the candidate's outputs (C) and the incumbent's (B
+//! and B′) against T's under the policy's quality rule:
+//! - the incumbent disagreeing with T beyond the rule makes the whole qualification a
+//!   no-decision: the reference or the baseline is broken, not the candidate;
+//! - otherwise the candidate's speed FAIL or quality FAIL is a FAIL (proven and its own);
+//! - otherwise PASS.
+//!
+//! A final verdict that could not be established (T did not serve, quiescence was not proven,
+//! an output object is missing or edited) is a no-decision receipt, with no outputs of this
+//! shape at all.
+
+use std::path::PathBuf;
+
+use cordon_canon::canonical::{CanonicalError, Digest, domain_digest};
+use serde::{Deserialize, Serialize};
+
+use crate::qualify::Reads;
+use crate::quality::{Quality, QualityRecord, QualityVerdict};
+use crate::receipt::{DeviceReceipts, StageName, StageOutputs};
+use crate::speed::{SpeedRecord, Verdict};
+
+/// One of the qualification's reads that the quiescence receipt names as gone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Gone {
+    /// The read (`B`, `C`, `B′`).
+    pub read: String,
+    /// Its lease.
+    pub lease: String,
+    /// The digest of its post device receipt, as its session receipt holds it.
+    pub post: Digest,
+}
+
+/// What `cordon-reference` was given.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReferenceInputs {
+    /// The pristine tree's registration receipt.
+    pub pristine: Digest,
+    /// The pristine tree (the policy's pin).
+    pub tree: Digest,
+    /// The control-only publication.
+    pub publication: Digest,
+    /// The workload file (the qualification's).
+    pub workload: PathBuf,
+    /// The model directory (the qualification's).
+    pub model: PathBuf,
+    /// The quiescence receipt T started after.
+    pub quiescence: Digest,
+}
+
+/// What the pristine reference session established: its launch and its outputs, no verdict.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReferenceOutputs {
+    /// The pristine tree it mounted.
+    pub tree: Digest,
+    /// The control-only publication it mounted.
+    pub publication: Digest,
+    /// The model.
+    pub model: Digest,
+    /// The workload.
+    pub workload: Digest,
+    /// The worker's installed bytes.
+    pub worker: Digest,
+    /// The posture frame's payload as received (it holds what the worker saw from inside).
+    pub posture: Digest,
+    /// The registered engine step.
+    pub step: String,
+    /// Requests answered.
+    pub requests: u64,
+    /// The outputs object: every request's tokens.
+    pub outputs: Digest,
+    /// The container's meta record.
+    pub meta: crate::receipt::Meta,
+    /// The lease it ran under.
+    pub lease: String,
+    /// Its launch digest.
+    pub launch: Digest,
+    /// What the host observed of the devices.
+    pub devices: DeviceReceipts,
+    /// The quiescence receipt it started after.
+    pub quiescence: Digest,
+}
+
+impl StageOutputs for ReferenceOutputs {
+    const STAGE: StageName = StageName::Reference;
+}
+
+/// What the final verdict was given.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VerdictInputs {
+    /// The qualification (its `prev` too).
+    pub qualify: Digest,
+    /// The pristine tree's registration receipt.
+    pub pristine: Digest,
+    /// The quiescence receipt, once stored.
+    pub quiescence: Option<Digest>,
+    /// The reference session's receipt, once stored.
+    pub reference: Option<Digest>,
+}
+
+/// The final verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Final {
+    /// Speed and quality pass.
+    Pass,
+    /// A candidate-attributable failure is proven.
+    Fail,
+}
+
+/// Every number the final verdict rests on, and the verdict.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VerdictOutputs {
+    /// The qualification.
+    pub qualify: Digest,
+    /// The reference session.
+    pub reference: Digest,
+    /// The quiescence receipt T started after.
+    pub quiescence: Digest,
+    /// The qualification's speed record.
+    pub speed: SpeedRecord,
+    /// The quality rule's digest (what the authority reviewed).
+    pub quality_policy: Digest,
+    /// The quality rule itself.
+    pub quality_section: Quality,
+    /// T's outputs object.
+    pub reference_outputs: Digest,
+    /// The graded reads' outputs objects.
+    pub outputs: Reads<Digest>,
+    /// B, C and B′ graded against T.
+    pub graded: Reads<QualityRecord>,
+    /// Whether the qualification settles (a CPU rehearsal never does).
+    pub settling: bool,
+    /// Why not, when it does not.
+    pub non_settling: Option<String>,
+    /// The verdict.
+    pub verdict: Final,
+    /// Its reason code.
+    pub code: String,
+    /// For people.
+    pub reason: String,
+}
+
+impl StageOutputs for VerdictOutputs {
+    const STAGE: StageName = StageName::Verdict;
+}
+
+/// The digest of a quality rule, as the final verdict names it.
+///
+/// # Errors
+/// Encoding failed.
+pub fn quality_policy_digest(rule: &Quality) -> Result<Digest, CanonicalError> {
+    domain_digest("cordon.quality-policy", 1, rule)
+}
+
+/// The final verdict's rule: `Ok((verdict, code, reason))`, or `Err(reason)` for a
+/// no-decision.
+///
+/// # Errors
+/// The incumbent disagrees with the reference: no valid authority for this qualification.
+pub fn decide(
+    speed: &SpeedRecord,
+    graded: &Reads<QualityRecord>,
+) -> Result<(Final, String, String), String> {
+    for (read, g) in [("B", &graded.b), ("B′", &graded.b2)] {
+        if g.verdict != QualityVerdict::Pass {
+            return Err(format!(
+                "quality.baseline: the incumbent's read {read} disagrees with the pristine reference ({}: {}): the reference or the baseline is broken, not the candidate",
+                g.code, g.reason
+            ));
+        }
+    }
+    if speed.verdict != Verdict::Pass {
+        return Ok((Final::Fail, speed.code.clone(), speed.reason.clone()));
+    }
+    if graded.c.verdict != QualityVerdict::Pass {
+        return Ok((Final::Fail, graded.c.code.clone(), graded.c.reason.clone()));
+    }
+    Ok((
+        Final::Pass,
+        "verdict.pass".to_owned(),
+        format!(
+            "faster ({}) and every output within the quality rule ({})",
+            speed.code, graded.c.code
+        ),
+    ))
+}
+
+impl crate::inputs::StageInputs for ReferenceInputs {
+    const STAGE: StageName = StageName::Reference;
+}
+
+impl crate::inputs::StageInputs for VerdictInputs {
+    const STAGE: StageName = StageName::Verdict;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quality::grade;
+
+    fn speed(verdict: Verdict) -> SpeedRecord {
+        let mut s = crate::examples::qualification(
+            &Reads {
+                b: crate::examples::session(
+                    crate::receipt::Role::B,
+                    Digest::of_bytes(b"b"),
+                    Digest::of_bytes(b"p"),
+                    40,
+                ),
+                c: crate::examples::session(
+                    crate::receipt::Role::C,
+                    Digest::of_bytes(b"c"),
+                    Digest::of_bytes(b"p"),
+                    20,
+                ),
+                b2: crate::examples::session(
+                    crate::receipt::Role::B,
+                    Digest::of_bytes(b"b"),
+                    Digest::of_bytes(b"p"),
+                    40,
+                ),
+            },
+            Reads {
+                b: Digest::of_bytes(b"1"),
+                c: Digest::of_bytes(b"2"),
+                b2: Digest::of_bytes(b"3"),
+            },
+        )
+        .speed;
+        s.verdict = verdict;
+        s
+    }
+
+    #[test]
+    fn the_incumbent_disagreeing_with_t_is_a_no_decision_whatever_the_candidate_did() {
+        let rule = Quality {
+            min_exact_bp: 10_000,
+            min_prefix_bp: 10_000,
+        };
+        let t = vec![vec![1, 2], vec![3, 4]];
+        let wrong = vec![vec![1, 2], vec![3, 5]];
+        let g = |b: &[Vec<u32>], c: &[Vec<u32>], b2: &[Vec<u32>]| Reads {
+            b: grade(&rule, &t, b),
+            c: grade(&rule, &t, c),
+            b2: grade(&rule, &t, b2),
+        };
+        let pass = speed(Verdict::Pass);
+        assert_eq!(decide(&pass, &g(&t, &t, &t)).unwrap().0, Final::Pass);
+        let (v, code, reason) = decide(&pass, &g(&t, &wrong, &t)).unwrap();
+        assert_eq!((v, code.as_str()), (Final::Fail, "quality.exact"));
+        assert!(reason.contains("request 1"), "{reason}");
+        // Slower and wrong: the speed FAIL is named first; both are the candidate's.
+        let slow = speed(Verdict::Fail);
+        assert_eq!(decide(&slow, &g(&t, &wrong, &t)).unwrap().0, Final::Fail);
+        assert_eq!(decide(&slow, &g(&t, &t, &t)).unwrap().0, Final::Fail);
+        for (b, b2) in [(&wrong, &t), (&t, &wrong)] {
+            let why = decide(&pass, &g(b, &t, b2)).unwrap_err();
+            assert!(why.starts_with("quality.baseline"), "{why}");
+        }
+    }
+}

@@ -1,0 +1,435 @@
+//! The referee's steps after a qualification, in order:
+//! 1. **The pristine tree.** The tree T runs is the policy's pin, registered on its own (a
+//!    registration receipt whose chain starts at an incumbent registration, never a delta's);
+//!    it is neither the qualification's incumbent nor its candidate, verifies in the store and
+//!    holds no delta manifest. Anything else is refused before launch.
+//! 2. **A control-only publication.** T mounts the publication with no entries at all (made
+//!    here, named by its digest), checked before launch by the session and again from inside
+//!    by the worker, which also recomputes the tree digest it sees.
+//! 3. **Candidate destruction first.** Under the host's GPU lock and as the executor's one
+//!    manager, before T's lease begins, the executor must be strictly quiescent: nothing of B,
+//!    C, B′ or any other session left. The quiescence receipt names the three reads' leases and
+//!    post device receipts as gone and is stored before T starts; residue stops T.
+//! 4. **T.** One session of role T in the `reference` stage and protocol; its receipt (outputs
+//!    object by digest, no verdict) is stored and linked.
+//! 5. **Grading.** B, C and B′'s outputs objects and T's, re-read from the store and re-hashed,
+//!    graded by the policy's quality rule; the final verdict by [`cordon_evidence::verdict::decide`].
+//!
+//! What cannot be established — T not serving, residue, an output object missing or edited, an
+//! incumbent that disagrees with T — is a no-decision; only the candidate's proven failures
+//! (speed, quality) are a FAIL.
+
+use std::io::Write;
+
+use cordon::canonical::Digest;
+use cordon::exit::ExitClass;
+use cordon::receipt::{
+    Decision, IncumbentOutputs, LaneOutputs, Outcome, Receipt, Rejection, Role, StageName,
+};
+use cordon::residue::ReapOutputs;
+use cordon::tree::{self, PUBLICATIONS};
+use cordon_evidence::inputs::{QualifyInputs, ReapInputs};
+use cordon_evidence::qualify::{QualifyOutputs, Reads};
+use cordon_evidence::quality::grade;
+use cordon_evidence::verdict::{
+    self, Gone, ReferenceInputs, ReferenceOutputs, VerdictInputs, VerdictOutputs,
+};
+use cordon_lane::session::{Config, Inputs, LaneError, session_gated};
+use cordon_policy_lang::Policy;
+use cordon_stage::args::Diagnostics;
+use cordon_stage::receipt_io as stage;
+use serde_json::json;
+
+/// The delta manifest's name: a tree that holds one anywhere carries a contribution.
+const DELTA_MANIFEST: &str = "cordon-delta.kdl";
+
+/// Why the referee could not establish a verdict (exit 3), or the operator's wiring (exit 2).
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum RefereeError {
+    /// The operator's inputs: the pristine registration, the policy's pins or rule.
+    #[error("{0}")]
+    #[diagnostic(code(cordon::reference::usage))]
+    Usage(String),
+    /// No valid quality authority, or a verdict that cannot be established.
+    #[error("{0}")]
+    #[diagnostic(code(cordon::reference::no_decision))]
+    NoDecision(String),
+    /// The reference session failed.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Lane(#[from] LaneError),
+}
+
+impl ExitClass for RefereeError {
+    fn exit_class(&self) -> cordon::ExitCode {
+        match self {
+            Self::Usage(_) => cordon::ExitCode::Usage,
+            Self::NoDecision(_) => cordon::ExitCode::NoDecision,
+            Self::Lane(e) => e.exit_class(),
+        }
+    }
+}
+
+impl stage::Infrastructure for RefereeError {
+    fn reason_code(&self) -> &'static str {
+        "reference.no-decision"
+    }
+}
+
+fn no(why: impl Into<String>) -> RefereeError {
+    RefereeError::NoDecision(why.into())
+}
+
+/// What the referee was given, established by the CLI: the qualification and the pristine
+/// registration, each the store's copy under this authority.
+#[derive(Debug)]
+pub struct Given {
+    /// The qualify receipt's digest.
+    pub qualify: Digest,
+    /// Its outputs.
+    pub outputs: QualifyOutputs,
+    /// Its inputs (the workload and model T reads).
+    pub inputs: QualifyInputs,
+    /// The pristine registration receipt's digest.
+    pub pristine: Digest,
+    /// The tree it registered.
+    pub tree: Digest,
+}
+
+/// Step 1: the pristine registration checked against the policy's pin.
+///
+/// # Errors
+/// The policy pins no pristine tree, or the receipt is not a registration of the pinned tree.
+pub fn pristine_tree(policy: &Policy, registration: &Receipt) -> Result<Digest, RefereeError> {
+    let pin = policy.pristine_pin().ok_or_else(|| {
+        RefereeError::Usage("the policy pins no pristine reference tree (pristine digest=…)".into())
+    })?;
+    if !cordon::chain::starts_incumbent_chain(registration) {
+        return Err(RefereeError::Usage(
+            "the pristine receipt is not a tree registration (cordon-materialize incumbent DIR): a delta's tree carries a contribution".into(),
+        ));
+    }
+    let tree = registration
+        .outputs_as::<IncumbentOutputs>()
+        .map_err(|e| RefereeError::Usage(format!("the pristine registration: {e}")))?
+        .tree_digest;
+    if &tree != pin {
+        return Err(RefereeError::Usage(format!(
+            "the pristine registration registers tree {tree}; the policy pins {pin}"
+        )));
+    }
+    Ok(tree)
+}
+
+/// Where the referee works and reports.
+pub struct Referee<'a> {
+    /// The policy.
+    pub policy: &'a Policy,
+    /// The stage configuration (store, images, lease setup, authority, key).
+    pub cfg: &'a Config,
+    /// Diagnostics mode.
+    pub mode: Diagnostics,
+}
+
+/// The three reads' session receipts, their outputs.
+fn reads(cfg: &Config, q: &QualifyOutputs) -> Result<Reads<LaneOutputs>, RefereeError> {
+    let one = |name: &str, d: &Digest| {
+        cordon::chain::load(&cfg.store, d)
+            .map_err(|e| no(format!("read {name}'s session receipt: {e}")))?
+            .outputs_as::<LaneOutputs>()
+            .map_err(|e| no(format!("read {name}'s outputs: {e}")))
+    };
+    Ok(Reads {
+        b: one("B", &q.sessions.b)?,
+        c: one("C", &q.sessions.c)?,
+        b2: one("B′", &q.sessions.b2)?,
+    })
+}
+
+/// An outputs object from the store, re-hashed and decoded.
+fn tokens(cfg: &Config, whose: &str, d: &Digest) -> Result<Vec<Vec<u32>>, RefereeError> {
+    let bytes = cfg
+        .store
+        .read_object_checked(d)
+        .map_err(|e| no(format!("{whose}'s outputs object {d}: {e}")))?;
+    cordon_evidence::outputs::decode(&bytes)
+        .map_err(|e| no(format!("{whose}'s outputs object {d}: {e}")))
+}
+
+impl Referee<'_> {
+    /// Steps 1 (store side) and 2: the pinned tree verifies, is neither role's and holds no
+    /// delta manifest; the control-only publication exists. Its digest.
+    fn plan(&self, given: &Given, read: &Reads<LaneOutputs>) -> Result<Digest, RefereeError> {
+        for (role, o) in [("incumbent", &read.b), ("candidate", &read.c)] {
+            if o.tree == given.tree {
+                return Err(no(format!(
+                    "the pristine tree {} is the qualification's {role} tree: T would not be independent of it",
+                    given.tree
+                )));
+            }
+        }
+        let record = tree::verify(&self.cfg.store, &given.tree)
+            .map_err(|e| no(format!("the pristine tree: {e}")))?;
+        if let Some(e) = record
+            .entries
+            .iter()
+            .find(|e| e.path == DELTA_MANIFEST || e.path.ends_with(&format!("/{DELTA_MANIFEST}")))
+        {
+            return Err(no(format!(
+                "the pristine tree holds a delta manifest ({}): it carries a contribution",
+                e.path
+            )));
+        }
+        let publication = tree::publish_in(
+            &self.cfg.store,
+            PUBLICATIONS,
+            Vec::new(),
+            json!({ "kind": "control-only", "for": "the pristine reference session" }),
+        )
+        .map_err(|e| no(format!("the control-only publication: {e}")))?;
+        Ok(publication.digest)
+    }
+
+    /// Step 3, as the gate of T's session: the strict quiescence check, its receipt stored
+    /// (and its digest kept) whatever it found; residue stops T.
+    fn quiescence(
+        &self,
+        manager: &cordon::lease::Manager,
+        read: &Reads<LaneOutputs>,
+        stderr: &mut dyn Write,
+    ) -> Result<Digest, RefereeError> {
+        let left = manager
+            .check()
+            .map_err(|e| no(format!("the quiescence check: {e}")))?;
+        let post = |o: &LaneOutputs| {
+            cordon::canonical::domain_digest("cordon.device-receipt", 1, &o.devices.post)
+                .map_err(|e| no(format!("a post device receipt: {e}")))
+        };
+        let gone = [("B", &read.b), ("C", &read.c), ("B′", &read.b2)]
+            .into_iter()
+            .map(|(name, o)| {
+                Ok(Gone {
+                    read: name.to_owned(),
+                    lease: o.lease.clone(),
+                    post: post(o)?,
+                })
+            })
+            .collect::<Result<Vec<_>, RefereeError>>()?;
+        let remaining: Vec<String> = left.iter().map(ToString::to_string).collect();
+        let mut receipt = Receipt::new(StageName::Reap, self.cfg.authority, Outcome::Ok);
+        let setup = &self.cfg.setup;
+        receipt
+            .set_inputs(&ReapInputs {
+                executor: setup.executor.clone(),
+                check: true,
+                status: false,
+                sweep: false,
+                surface_state: None,
+            })
+            .map_err(|e| no(e.to_string()))?;
+        let result: Result<Decision<ReapOutputs>, RefereeError> = if remaining.is_empty() {
+            Ok(Decision::Accepted(ReapOutputs {
+                quiescent: true,
+                released: None,
+                active: Some(Vec::new()),
+                remaining,
+                gone,
+            }))
+        } else {
+            Err(no(format!(
+                "the executor is not quiescent before the reference session: {}",
+                remaining.join("; ")
+            )))
+        };
+        let quiet = result.is_ok();
+        stage::finish_signed(
+            &self.cfg.store,
+            &self.cfg.key_dir,
+            &mut receipt,
+            result,
+            (self.mode, &mut std::io::sink(), stderr),
+        );
+        let digest = receipt.digest().map_err(|e| no(e.to_string()))?;
+        cordon::chain::load(&self.cfg.store, &digest)
+            .map_err(|e| no(format!("the quiescence receipt is not stored: {e}")))?;
+        if !quiet {
+            return Err(no(format!(
+                "the executor is not quiescent before the reference session (quiescence receipt {digest}): {}",
+                left.iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            )));
+        }
+        Ok(digest)
+    }
+
+    /// Steps 3 and 4: T after proven quiescence, its receipt stored. Its outputs and the two
+    /// receipts' digests are recorded in `recorded` as they exist.
+    fn reference(
+        &self,
+        given: &Given,
+        read: &Reads<LaneOutputs>,
+        publication: Digest,
+        recorded: &mut VerdictInputs,
+        stderr: &mut dyn Write,
+    ) -> Result<ReferenceOutputs, RefereeError> {
+        let inputs = Inputs {
+            role: Role::T,
+            tree: given.tree,
+            publication,
+            workload: given.inputs.workload.clone(),
+            model: given.inputs.model.clone(),
+            lane: None,
+        };
+        let lock = cordon_lane::lock::acquire(&self.cfg.setup.lock_dir)
+            .map_err(|e| no(format!("cannot take the host's GPU lock: {e}")))?;
+        let mut quiescence = None;
+        let mut gate_err = None;
+        let mut gate_stderr = Vec::new();
+        let session = session_gated(self.policy, self.cfg, &inputs, &lock, |m| {
+            match self.quiescence(m, read, &mut gate_stderr) {
+                Ok(d) => {
+                    quiescence = Some(d);
+                    Ok(())
+                }
+                Err(e) => {
+                    let why = e.to_string();
+                    gate_err = Some(e);
+                    Err(LaneError::NoDecision(why))
+                }
+            }
+        });
+        drop(lock);
+        let _ = stderr.write_all(&gate_stderr);
+        if let Some(e) = gate_err {
+            return Err(e);
+        }
+        let Some(quiescence) = quiescence else {
+            return Err(match session {
+                Err(e) => e.into(),
+                Ok(_) => no("the reference session ran without its gate"),
+            });
+        };
+        recorded.quiescence = Some(quiescence);
+        let mut receipt = Receipt::new(StageName::Reference, self.cfg.authority, Outcome::Ok);
+        receipt.prev = Some(given.qualify);
+        receipt
+            .set_inputs(&ReferenceInputs {
+                pristine: given.pristine,
+                tree: given.tree,
+                publication,
+                workload: inputs.workload.clone(),
+                model: inputs.model.clone(),
+                quiescence,
+            })
+            .map_err(|e| no(e.to_string()))?;
+        let result = session.map(|d| match d {
+            Decision::Accepted(o) => Decision::Accepted(ReferenceOutputs {
+                tree: o.tree,
+                publication: o.publication,
+                model: o.model,
+                workload: o.workload,
+                worker: o.worker,
+                posture: o.posture,
+                step: o.step,
+                requests: o.windows.len() as u64,
+                outputs: o.outputs,
+                meta: o.meta,
+                lease: o.lease,
+                launch: o.launch,
+                devices: o.devices,
+                quiescence,
+            }),
+            Decision::Rejected(r) => Decision::Rejected(r),
+        });
+        let served = match &result {
+            Ok(Decision::Accepted(o)) => Some(o.clone()),
+            _ => None,
+        };
+        stage::finish_signed(
+            &self.cfg.store,
+            &self.cfg.key_dir,
+            &mut receipt,
+            result,
+            (self.mode, &mut std::io::sink(), stderr),
+        );
+        let digest = receipt.digest().map_err(|e| no(e.to_string()))?;
+        cordon::chain::load(&self.cfg.store, &digest)
+            .map_err(|e| no(format!("the reference receipt is not stored: {e}")))?;
+        recorded.reference = Some(digest);
+        let why = receipt
+            .reasons
+            .first()
+            .map_or_else(String::new, |r| format!("{}: {}", r.code, r.message));
+        let o = served.ok_or_else(|| {
+            no(format!(
+                "the reference session is {} (receipt {digest}): no valid quality authority: {why}",
+                receipt.outcome.as_str()
+            ))
+        })?;
+        // T answered the qualification's own workload on its own model, or it is no reference.
+        if (o.workload, o.model) != (given.outputs.workload, given.outputs.model) {
+            return Err(no(
+                "the reference session read another workload or model than the qualification",
+            ));
+        }
+        Ok(o)
+    }
+
+    /// The whole referee: the final verdict's decision, and what it rests on in `recorded`.
+    ///
+    /// # Errors
+    /// What could not be established (no-decision), or the operator's wiring.
+    pub fn verdict(
+        &self,
+        given: &Given,
+        recorded: &mut VerdictInputs,
+        stderr: &mut dyn Write,
+    ) -> Result<Decision<VerdictOutputs>, RefereeError> {
+        let rule = self
+            .policy
+            .quality()
+            .ok_or_else(|| RefereeError::Usage("the policy has no quality section".into()))?;
+        let quality_policy = verdict::quality_policy_digest(rule)
+            .map_err(|e| no(format!("the quality rule's digest: {e}")))?;
+        let read = reads(self.cfg, &given.outputs)?;
+        let publication = self.plan(given, &read)?;
+        let t = self.reference(given, &read, publication, recorded, stderr)?;
+        let q = &given.outputs;
+        let reference = tokens(self.cfg, "T", &t.outputs)?;
+        let graded = Reads {
+            b: grade(rule, &reference, &tokens(self.cfg, "B", &q.outputs.b)?),
+            c: grade(rule, &reference, &tokens(self.cfg, "C", &q.outputs.c)?),
+            b2: grade(rule, &reference, &tokens(self.cfg, "B′", &q.outputs.b2)?),
+        };
+        let (verdict, code, reason) = verdict::decide(&q.speed, &graded).map_err(no)?;
+        let outputs = VerdictOutputs {
+            qualify: given.qualify,
+            reference: recorded
+                .reference
+                .ok_or_else(|| no("the reference receipt was not recorded"))?,
+            quiescence: t.quiescence,
+            speed: q.speed.clone(),
+            quality_policy,
+            quality_section: rule.clone(),
+            reference_outputs: t.outputs,
+            outputs: q.outputs.clone(),
+            graded,
+            settling: q.settling,
+            non_settling: q.non_settling.clone(),
+            verdict,
+            code,
+            reason,
+        };
+        Ok(match outputs.verdict {
+            verdict::Final::Pass => Decision::Accepted(outputs),
+            verdict::Final::Fail => Decision::Rejected(Rejection::one(
+                &outputs.code.clone(),
+                outputs.reason.clone(),
+                serde_json::to_value(&outputs)
+                    .map_err(|e| no(format!("the evidence: {e}")))?,
+            )),
+        })
+    }
+}

@@ -1,0 +1,4 @@
+"""The incumbent attention target."""
+from engine.attention.kernel import attend
+
+__all__ = ["attend"]
