@@ -20,7 +20,7 @@ use crate::exit::ExitCode;
 use crate::host::{Host, Tool};
 
 /// The binaries whose digests enter the identity when installed beside the running one.
-pub const CORDON_BINARIES: [&str; 8] = [
+pub const CORDON_BINARIES: [&str; 9] = [
     "cordon-fetch",
     "cordon-image",
     "cordon-lane",
@@ -28,6 +28,7 @@ pub const CORDON_BINARIES: [&str; 8] = [
     "cordon-policy",
     "cordon-prebuild",
     "cordon-reap",
+    "cordon-reference",
     "cordon-surface",
 ];
 

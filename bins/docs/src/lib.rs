@@ -23,6 +23,7 @@ pub fn commands() -> Vec<clap::Command> {
         cordon_policy::cli::Args::command().name("cordon-policy"),
         cordon_prebuild::cli::Args::command().name("cordon-prebuild"),
         cordon_reap::cli::Args::command().name("cordon-reap"),
+        cordon_reference::cli::Args::command().name("cordon-reference"),
         cordon_surface::cli::Args::command().name("cordon-surface"),
         cordon_verify::cli::Args::command().name("cordon-verify"),
     ]

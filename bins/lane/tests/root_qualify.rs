@@ -7,18 +7,14 @@
 
 use cordon::canonical::Digest;
 use cordon::chain;
-use cordon::lease::Manager;
-use cordon::receipt::{Decision, LaneOutputs, LockSpan};
+use cordon::receipt::{LaneOutputs, LockSpan};
 use cordon::tree::{PUBLICATIONS, TREES};
-use cordon_lane::lock::GpuLock;
-use cordon_lane::qualify::{Build, Plan, QualifyOutputs, frozen, primary, qualify};
-use cordon_lane::session::{Config, Inputs, session_under};
+use cordon_lane::qualify::{Build, Plan, QualifyOutputs, frozen, primary};
 use cordon_lane::speed::Verdict;
-use cordon_stage::args::Diagnostics;
 
 mod common;
 
-use common::{World, publish};
+use common::{World, nothing_left, publish, qualified};
 
 /// A build whose engine sleeps `ms` per request and answers the prompt's first id repeated.
 fn build(w: &World, ms: u64) -> Build {
@@ -49,21 +45,6 @@ fn plan(w: &World, incumbent_ms: u64, candidate_ms: u64) -> Plan {
     }
 }
 
-fn qualified(w: &World, cfg: &Config, p: &Plan) -> QualifyOutputs {
-    let mut read = |inputs: &Inputs, lock: &GpuLock| session_under(&w.policy, cfg, inputs, lock);
-    match qualify(
-        &w.policy,
-        cfg,
-        p,
-        &mut read,
-        Diagnostics::Text,
-        &mut std::io::sink(),
-    ) {
-        Ok(Decision::Accepted(o)) => o,
-        other => panic!("expected a PASS, got {other:?}"),
-    }
-}
-
 fn spans(w: &World, o: &QualifyOutputs) -> Vec<LockSpan> {
     [o.sessions.b, o.sessions.c, o.sessions.b2]
         .iter()
@@ -75,14 +56,6 @@ fn spans(w: &World, o: &QualifyOutputs) -> Vec<LockSpan> {
                 .gpu_lock
         })
         .collect()
-}
-
-fn nothing_left(w: &World) {
-    let left = Manager::open(&w.store, w.cfg.setup.clone())
-        .unwrap()
-        .check()
-        .unwrap();
-    assert!(left.is_empty(), "{left:?}");
 }
 
 #[test]

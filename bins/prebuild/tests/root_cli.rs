@@ -20,6 +20,9 @@ fn bin(name: &str) -> PathBuf {
 /// One store, policy (its accounts in this test's block) and image directory.
 struct Cli {
     dir: tempfile::TempDir,
+    /// Its own executor: the executor's lock is host-global, so tests sharing one would see
+    /// each other's prebuilds as a busy executor.
+    executor: String,
 }
 
 impl Cli {
@@ -38,7 +41,10 @@ impl Cli {
         .unwrap();
         let spec = cordon_image::spec::load(&workspace_root().join("images/prebuild.kdl")).unwrap();
         cordon::image::build(&spec, &dir.path().join("images/prebuild")).unwrap();
-        Self { dir }
+        Self {
+            dir,
+            executor: format!("prebuild-cli-{slot}"),
+        }
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -63,7 +69,7 @@ impl Cli {
             "--run-dir".into(),
             path("run"),
             "--executor".into(),
-            "prebuild-cli-test".into(),
+            self.executor.clone(),
         ]
     }
 

@@ -191,13 +191,13 @@ impl Referee<'_> {
     }
 
     /// Step 3, as the gate of T's session: the strict quiescence check, its receipt stored
-    /// (and its digest kept) whatever it found; residue stops T.
+    /// whatever it found. Its digest, and what was left (residue stops T).
     fn quiescence(
         &self,
         manager: &cordon::lease::Manager,
         read: &Reads<LaneOutputs>,
         stderr: &mut dyn Write,
-    ) -> Result<Digest, RefereeError> {
+    ) -> Result<(Digest, Vec<String>), RefereeError> {
         let left = manager
             .check()
             .map_err(|e| no(format!("the quiescence check: {e}")))?;
@@ -241,7 +241,6 @@ impl Referee<'_> {
                 remaining.join("; ")
             )))
         };
-        let quiet = result.is_ok();
         stage::finish_signed(
             &self.cfg.store,
             &self.cfg.key_dir,
@@ -252,16 +251,7 @@ impl Referee<'_> {
         let digest = receipt.digest().map_err(|e| no(e.to_string()))?;
         cordon::chain::load(&self.cfg.store, &digest)
             .map_err(|e| no(format!("the quiescence receipt is not stored: {e}")))?;
-        if !quiet {
-            return Err(no(format!(
-                "the executor is not quiescent before the reference session (quiescence receipt {digest}): {}",
-                left.iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            )));
-        }
-        Ok(digest)
+        Ok((digest, left.iter().map(ToString::to_string).collect()))
     }
 
     /// Steps 3 and 4: T after proven quiescence, its receipt stored. Its outputs and the two
@@ -288,12 +278,21 @@ impl Referee<'_> {
         let mut gate_err = None;
         let mut gate_stderr = Vec::new();
         let session = session_gated(self.policy, self.cfg, &inputs, &lock, |m| {
-            match self.quiescence(m, read, &mut gate_stderr) {
-                Ok(d) => {
+            let refused = match self.quiescence(m, read, &mut gate_stderr) {
+                Ok((d, left)) => {
                     quiescence = Some(d);
-                    Ok(())
+                    (!left.is_empty()).then(|| {
+                        no(format!(
+                            "the executor is not quiescent before the reference session (quiescence receipt {d}): {}",
+                            left.join("; ")
+                        ))
+                    })
                 }
-                Err(e) => {
+                Err(e) => Some(e),
+            };
+            match refused {
+                None => Ok(()),
+                Some(e) => {
                     let why = e.to_string();
                     gate_err = Some(e);
                     Err(LaneError::NoDecision(why))
@@ -302,6 +301,7 @@ impl Referee<'_> {
         });
         drop(lock);
         let _ = stderr.write_all(&gate_stderr);
+        recorded.quiescence = quiescence;
         if let Some(e) = gate_err {
             return Err(e);
         }
@@ -311,7 +311,6 @@ impl Referee<'_> {
                 Ok(_) => no("the reference session ran without its gate"),
             });
         };
-        recorded.quiescence = Some(quiescence);
         let mut receipt = Receipt::new(StageName::Reference, self.cfg.authority, Outcome::Ok);
         receipt.prev = Some(given.qualify);
         receipt
@@ -427,8 +426,7 @@ impl Referee<'_> {
             verdict::Final::Fail => Decision::Rejected(Rejection::one(
                 &outputs.code.clone(),
                 outputs.reason.clone(),
-                serde_json::to_value(&outputs)
-                    .map_err(|e| no(format!("the evidence: {e}")))?,
+                serde_json::to_value(&outputs).map_err(|e| no(format!("the evidence: {e}")))?,
             )),
         })
     }

@@ -1055,8 +1055,8 @@ mod tests {
 
     #[test]
     fn gpu_devices_are_planned_and_a_missing_one_is_refused() {
-        // The reference stage lists GPU nodes (the lane takes its devices from CDI in part 2).
-        let p = policy(|t| t);
+        // A reference stage that lists GPU nodes (the lane takes its devices from CDI in part 2).
+        let p = policy(|t| cordon_testkit::with_reference_gpus(&t));
         let mut run = example_inputs(&p, StageKind::Reference);
         let planned = plan(&p, StageKind::Reference, &run).unwrap();
         let j = spec_json(&planned);

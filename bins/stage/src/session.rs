@@ -527,8 +527,13 @@ mod tests {
 
     #[test]
     fn a_missing_gpu_device_stops_before_any_lease_exists() {
-        // The reference stage lists GPU nodes (the lane's come from CDI in part 2).
-        let (e, calls, leases) = try_run(StageKind::Reference, "runc version 1.1.12");
+        // A reference stage that lists GPU nodes (the lane's come from CDI in part 2).
+        let (e, calls, leases) = try_run_with(
+            &policy(|t| cordon_testkit::with_reference_gpus(&t)),
+            StageKind::Reference,
+            "runc version 1.1.12",
+            &[],
+        );
         assert!(matches!(e, SessionError::Device { .. }), "{e}");
         assert_eq!(
             e.exit_class(),

@@ -64,7 +64,7 @@ pub fn require_root(why: &str) {
 /// gets its own block of ids, so tests running side by side — and the recovery that removes
 /// orphans in a range — never meet each other's accounts or the host's (the blocks lie above the
 /// default policy's 3000000..=3099999).
-const ACCOUNT_OWNERS: [&str; 18] = [
+const ACCOUNT_OWNERS: [&str; 19] = [
     "cordon-lease",
     "prebuild-hostile",
     "prebuild-bench",
@@ -83,6 +83,7 @@ const ACCOUNT_OWNERS: [&str; 18] = [
     "lane-session",
     "lane-bench",
     "lane-qualify",
+    "reference",
 ];
 
 /// The first id of the account blocks.
@@ -102,6 +103,18 @@ pub fn account_range(owner: &str, slot: u32) -> (u32, u32) {
     assert!(slot < 10, "account slots are 0..10, not {slot}");
     let first = ACCOUNT_BASE + u32::try_from(index).unwrap() * 10_000 + slot * 1000;
     (first, first + 999)
+}
+
+/// The default policy's text with the reference stage's `gpu "none"` replaced by the three
+/// NVIDIA nodes a GPU host would list: what the device-planning tests plan (the shipped policy
+/// has no device until the lanes take theirs from a CDI spec).
+#[must_use]
+pub fn with_reference_gpus(text: &str) -> String {
+    replace_once(
+        text,
+        "reason=\"the reference session's GPU\"; … }\n    gpu \"none\"",
+        "reason=\"the reference session's GPU\"; … }\n    gpu {\n        device \"/dev/nvidia0\" reason=\"the reference session's GPU, assigned by the host\"\n        device \"/dev/nvidiactl\" reason=\"NVIDIA control node the user-space driver opens\"\n        device \"/dev/nvidia-uvm\" reason=\"unified memory, required by CUDA contexts\"\n    }",
+    )
 }
 
 /// `text` with exactly one occurrence of `from` replaced by `to`. A policy edit whose pattern

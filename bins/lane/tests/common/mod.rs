@@ -11,10 +11,14 @@ use std::path::{Path, PathBuf};
 
 use cordon::canonical::Digest;
 use cordon::lease::Manager;
+use cordon::receipt::Decision;
 use cordon::store::Store;
 use cordon::tree::{self, Entry};
-use cordon_lane::session::Config;
+use cordon_lane::lock::GpuLock;
+use cordon_lane::qualify::{Plan, QualifyOutputs, qualify};
+use cordon_lane::session::{Config, Inputs, session_under};
 use cordon_policy_lang::Policy;
+use cordon_stage::args::Diagnostics;
 use cordon_testkit::{replace_once, workspace_root};
 
 /// One lane world in a temporary directory.
@@ -125,4 +129,29 @@ pub fn workload(dir: &Path, n: usize, warmup: usize, tokens: usize) -> PathBuf {
     )
     .unwrap();
     path
+}
+
+/// Qualify `p` with real reads under `cfg`: its outputs, which must be a speed PASS.
+pub fn qualified(w: &World, cfg: &Config, p: &Plan) -> QualifyOutputs {
+    let mut read = |inputs: &Inputs, lock: &GpuLock| session_under(&w.policy, cfg, inputs, lock);
+    match qualify(
+        &w.policy,
+        cfg,
+        p,
+        &mut read,
+        Diagnostics::Text,
+        &mut std::io::sink(),
+    ) {
+        Ok(Decision::Accepted(o)) => o,
+        other => panic!("expected a PASS, got {other:?}"),
+    }
+}
+
+/// Outside, after the sessions: nothing of the world's executor is left.
+pub fn nothing_left(w: &World) {
+    let left = Manager::open(&w.store, w.cfg.setup.clone())
+        .unwrap()
+        .check()
+        .unwrap();
+    assert!(left.is_empty(), "{left:?}");
 }

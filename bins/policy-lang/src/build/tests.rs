@@ -36,7 +36,24 @@ fn the_default_policy_decodes_to_typed_values() {
         "gpu \"none\" until part 2's CDI devices"
     );
     let reference = p.stage(StageKind::Reference).unwrap();
-    assert_eq!(reference.gpu_device.len(), 3);
+    assert!(
+        reference.gpu_device.is_empty(),
+        "gpu \"none\" like the lane's"
+    );
+    assert!(p.pristine_pin().is_some());
+    assert_eq!(
+        p.steps_of(StageKind::Reference).collect::<Vec<_>>(),
+        ["serve-reference"]
+    );
+    let gpus = crate::parse(
+        "p.kdl",
+        &cordon_testkit::with_reference_gpus(&default_policy()),
+    )
+    .unwrap();
+    assert_eq!(
+        gpus.stage(StageKind::Reference).unwrap().gpu_device.len(),
+        3
+    );
     assert!(p.worker_pin().is_some());
     assert_eq!(
         p.steps_of(StageKind::Lane).collect::<Vec<_>>(),
