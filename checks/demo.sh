@@ -5,11 +5,13 @@
 #   → prebuild it in a disposable runc container → qualify it: lane sessions B (incumbent), C
 #   (candidate), B′ (incumbent again) on the policy's two CPU lanes, host-framed and
 #   host-timed, and the host's speed verdict → the referee: quiescence proven, the pristine
-#   reference session T, B, C and B′ graded against it, the final verdict → reap --check → cordon-verify the signed chain,
-#   export it and replay the export offline → print the chain of receipts, the timeline and the
-#   B, C, B′ rates, the speedup, the noise and the verdict → the agent surface: one shell
-#   command of an agent run by an unprivileged service user (nobody) with cordon-surface in a
-#   rootless container bounded by its workspace, its host environment full of secrets.
+#   reference session T, B, C and B′ graded against it, the final verdict → reap --check →
+#   cordon-verify the signed chain under the final verdict (its grades recomputed from the
+#   stored outputs), export it and replay the export offline → print the chain of receipts, the
+#   timeline, the B, C, B′ rates, the speedup, the noise, the grades and the final verdict →
+#   the agent surface: one shell command of an agent run by an unprivileged service user
+#   (nobody) with cordon-surface in a rootless container bounded by its workspace, its host
+#   environment full of secrets.
 # Runs as root on a fresh Debian machine: installs the OCI runtime (part of the authority
 # identity), busybox-static (the prebuild image's one binary) and python3 (the runtime image's
 # interpreter) if they are missing.
@@ -77,9 +79,9 @@ $bin/cordon-reap --policy "$policy" --store "$store" --check > "$work/reap.json"
 # The evidence: every stored receipt is signed with this host's key; the chain under the
 # qualify receipt replays offline, here and from an exported bundle with the published key.
 key=$($bin/cordon-verify --public-key)
-$bin/cordon-verify --store "$store" --key "$key" --export "$work/bundle" "$work/qualify.json" \
+$bin/cordon-verify --store "$store" --key "$key" --export "$work/bundle" "$work/verdict.json" \
     > "$work/verify.txt"
-$bin/cordon-verify --store "$work/bundle" --key "$key" --explain "$work/qualify.json" \
+$bin/cordon-verify --store "$work/bundle" --key "$key" --explain "$work/verdict.json" \
     > "$work/explain.txt"
 
 # The agent surface (seed 002, policy/examples/surface.kdl): the service user's workspace and

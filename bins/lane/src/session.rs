@@ -467,6 +467,38 @@ fn mounted_at(stage: &cordon_policy_lang::Stage, source: MountSource) -> Result<
         .ok_or_else(|| LaneError::Policy(format!("the stage mounts no {source:?}")))
 }
 
+/// What the worker of the pristine reference session must see, and the tree and publication
+/// mounts it looks at.
+type Pristine = (Option<Seen>, Option<(String, String)>);
+
+/// The pristine reference session's checks: its publication holds nothing (checked here before
+/// launch, and from inside by the worker), and the worker must see exactly the pinned tree.
+/// What the worker must see and the mounts it looks at; nothing for a lane read.
+fn pristine_checks(
+    stage: &cordon_policy_lang::Stage,
+    inputs: &Inputs,
+    publication: &tree::TreeRecord,
+) -> Result<Pristine, LaneError> {
+    match inputs.role {
+        Role::B | Role::C => Ok((None, None)),
+        Role::T if !publication.entries.is_empty() => Err(LaneError::NoDecision(format!(
+            "the reference session's publication {} is not control-only: it holds {} files",
+            inputs.publication,
+            publication.entries.len()
+        ))),
+        Role::T => Ok((
+            Some(Seen {
+                tree: inputs.tree.to_string(),
+                publication: Vec::new(),
+            }),
+            Some((
+                mounted_at(stage, MountSource::Tree)?,
+                mounted_at(stage, MountSource::Publication)?,
+            )),
+        )),
+    }
+}
+
 /// The worker's argv: the protocol (with the pristine checks' mounts in the reference
 /// session), the sealed digest, the frame bounds, the read-only paths it checks, the caches,
 /// then the engine's own argv.
@@ -612,29 +644,7 @@ pub fn session_gated(
     let (model_dir, model_digest) = model::verify(&inputs.model)?;
     tree::verify(&cfg.store, &inputs.tree)?;
     let publication = tree::verify_in(&cfg.store, PUBLICATIONS, &inputs.publication)?;
-    // The pristine reference session: its publication holds nothing (checked here before
-    // launch, and from inside by the worker), and the worker must see exactly the pinned tree.
-    let seen = match inputs.role {
-        Role::T if !publication.entries.is_empty() => {
-            return Err(LaneError::NoDecision(format!(
-                "the reference session's publication {} is not control-only: it holds {} files",
-                inputs.publication,
-                publication.entries.len()
-            )));
-        }
-        Role::T => Some(Seen {
-            tree: inputs.tree.to_string(),
-            publication: Vec::new(),
-        }),
-        Role::B | Role::C => None,
-    };
-    let pristine = match seen {
-        Some(_) => Some((
-            mounted_at(stage, MountSource::Tree)?,
-            mounted_at(stage, MountSource::Publication)?,
-        )),
-        None => None,
-    };
+    let (seen, pristine) = pristine_checks(stage, inputs, &publication)?;
     let rootfs = cordon::image::unpack(&cfg.store, &cfg.images.join(role), &pin)?;
     // The reviewed digest is sealed, never the bytes found in the image cache: a worker
     // replaced there reports its own digest in the posture, and the session is a no-decision.

@@ -13,6 +13,7 @@
 //!
 //! A usage error is exit 2; a store that cannot be opened or a key that cannot be read, exit 3.
 
+use cordon_evidence::verdict::{ReferenceOutputs, VerdictOutputs};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -149,11 +150,35 @@ fn facts(r: &Receipt) -> String {
             .outputs_as::<PrebuildOutputs>()
             .ok()
             .map(|o| format!("publication={}", o.publication)),
-        StageName::Policy
-        | StageName::Reference
-        | StageName::Verdict
-        | StageName::Surface
-        | StageName::Reap => None,
+        StageName::Verdict => r.outputs_as::<VerdictOutputs>().ok().map(|o| {
+            let (g, speed) = (&o.graded, &o.speed);
+            format!(
+                "verdict={:?} code={:?} speed={:?} c_exact={}/{} b_exact={}/{} b2_exact={}/{}",
+                o.verdict,
+                o.code,
+                speed.code,
+                g.c.exact,
+                g.c.requests,
+                g.b.exact,
+                g.b.requests,
+                g.b2.exact,
+                g.b2.requests
+            )
+        }),
+        StageName::Reference => r.outputs_as::<ReferenceOutputs>().ok().map(|o| {
+            format!(
+                "tree={} publication={} requests={} outputs={}",
+                o.tree, o.publication, o.requests, o.outputs
+            )
+        }),
+        StageName::Reap => r
+            .outputs_as::<cordon_evidence::residue::ReapOutputs>()
+            .ok()
+            .map(|o| {
+                let gone: Vec<&str> = o.gone.iter().map(|g| g.read.as_str()).collect();
+                format!("quiescent={} gone={gone:?}", o.quiescent)
+            }),
+        StageName::Policy | StageName::Surface => None,
     };
     [own.unwrap_or_default(), reasons]
         .into_iter()

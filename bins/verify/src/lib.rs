@@ -9,14 +9,17 @@
 //! the head is `ok`; every tree and publication a hop names still exists and re-hashes; a
 //! session's tree and publication are its prebuild's; and a qualify receipt's windows are its
 //! sessions' and its speed verdict recomputes from them, under the speed section it records
-//! (whose digest it also records), to exactly what it says.
+//! (whose digest it also records), to exactly what it says. A final verdict rests on its
+//! qualification, its reference session T and the quiescence receipt T started after; every
+//! outputs object a session or T names re-hashes and decodes, and the verdict recomputes from
+//! those objects — each read graded against T under the quality rule it records (whose digest
+//! it also records) — to exactly what it says.
 //!
 //! It needs no root, no runtime and no network: only a store, or a copy of one made by
 //! [`export`] (the receipts, their signatures and the trees and publications they name).
 //!
 //! What it does not own: intake records (a fetch receipt's content is not re-hashed here; its
-//! tree, materialized from it, is), the quality verdict and the reference session (issue 16's
-//! remainder), key rotation.
+//! tree, materialized from it, is), the audit role (not built yet), key rotation.
 
 pub mod cli;
 
@@ -31,8 +34,12 @@ use cordon::signing::{self, SigningError};
 use cordon::store::{Store, StoreError};
 use cordon::tree::{self, PUBLICATIONS, Section, TREES, TreeError};
 use cordon_evidence::inputs::PrebuildInputs;
-use cordon_evidence::qualify::{QualifyOutputs, speed_policy_digest};
+use cordon_evidence::qualify::{QualifyOutputs, Reads, speed_policy_digest};
+use cordon_evidence::quality::grade;
 use cordon_evidence::speed::{self, Verdict};
+use cordon_evidence::verdict::{
+    self, Final, ReferenceInputs, ReferenceOutputs, VerdictInputs, VerdictOutputs,
+};
 
 /// The most receipts one walk visits.
 pub const MAX_HOPS: usize = 256;
@@ -155,6 +162,49 @@ pub struct Hop {
     pub receipt: Receipt,
     /// The trees and publications it names, all verified.
     pub objects: Vec<(Section, Digest)>,
+    /// The outputs objects (a session's or T's tokens) it names, all re-hashed and decoded.
+    pub outputs: Vec<Digest>,
+}
+
+/// What one receipt names and rests on.
+#[derive(Debug, Default)]
+struct Names {
+    objects: Vec<(Section, Digest)>,
+    outputs: Vec<Digest>,
+    edges: Edges,
+}
+
+impl Names {
+    fn edges(edges: Edges) -> Self {
+        Self {
+            edges,
+            ..Self::default()
+        }
+    }
+
+    fn objects(objects: Vec<(Section, Digest)>, edges: Edges) -> Self {
+        Self {
+            objects,
+            edges,
+            ..Self::default()
+        }
+    }
+}
+
+/// An outputs object from the store, re-hashed and decoded.
+fn tokens(store: &Store, digest: &Digest, object: &Digest) -> Result<Vec<Vec<u32>>, VerifyError> {
+    let bad = |why: String| VerifyError::Recompute {
+        digest: *digest,
+        why: format!("its outputs object {object}: {why}"),
+    };
+    let bytes = store.read_object_checked(object).map_err(|e| match e {
+        // A store that cannot be read establishes nothing either way.
+        StoreError::Io { ref source, .. } if source.kind() != std::io::ErrorKind::NotFound => {
+            VerifyError::Store(e)
+        }
+        e => bad(e.to_string()),
+    })?;
+    cordon_evidence::outputs::decode(&bytes).map_err(|e| bad(e.to_string()))
 }
 
 /// What one receipt leads to: the receipts it rests on, each with the stage it must be.
@@ -212,7 +262,14 @@ pub fn verify(store: &Store, head: &Digest, key: &str) -> Result<Vec<Hop>, Verif
                 may.as_str()
             )));
         }
-        let (objects, edges) = hop(store, &digest, &r)?;
+        let Names {
+            objects,
+            outputs,
+            edges,
+        } = hop(store, &digest, &r)?;
+        for object in &outputs {
+            tokens(store, &digest, object)?;
+        }
         let rests_on = if r.passes_on() {
             r.outcome
         } else {
@@ -235,17 +292,15 @@ pub fn verify(store: &Store, head: &Digest, key: &str) -> Result<Vec<Hop>, Verif
             digest,
             receipt: r,
             objects,
+            outputs,
         });
     }
     Ok(hops)
 }
 
 /// A receipt's own checks: the objects it names and the receipts it rests on.
-fn hop(
-    store: &Store,
-    digest: &Digest,
-    r: &Receipt,
-) -> Result<(Vec<(Section, Digest)>, Edges), VerifyError> {
+#[allow(clippy::too_many_lines)]
+fn hop(store: &Store, digest: &Digest, r: &Receipt) -> Result<Names, VerifyError> {
     let order = |why: String| VerifyError::Order {
         digest: *digest,
         stage: r.stage,
@@ -260,22 +315,23 @@ fn hop(
     // A pass-on receipt establishes nothing: it names only the verdict it passes on.
     if r.passes_on() {
         return match r.stage.predecessor() {
-            Some(p) => Ok((Vec::new(), prev(p)?)),
+            Some(p) => Ok(Names::edges(prev(p)?)),
             None => Err(order(
                 "passes on a verdict but has no stage before it".into(),
             )),
         };
     }
     // A rejected or no-decision head has no outputs of its stage to check.
-    let established = r.outcome == Outcome::Ok || r.stage == StageName::Qualify;
+    let established =
+        r.outcome == Outcome::Ok || matches!(r.stage, StageName::Qualify | StageName::Verdict);
     match r.stage {
         StageName::Fetch => match r.prev {
-            None => Ok((Vec::new(), Vec::new())),
+            None => Ok(Names::default()),
             Some(_) => Err(order("starts a chain but names a receipt before it".into())),
         },
         StageName::Materialize if starts_incumbent_chain(r) => {
             let o = r.outputs_as::<IncumbentOutputs>().map_err(shape)?;
-            Ok((vec![(TREES, o.tree_digest)], Vec::new()))
+            Ok(Names::objects(vec![(TREES, o.tree_digest)], Vec::new()))
         }
         StageName::Materialize => {
             let objects = if established {
@@ -288,7 +344,7 @@ fn hop(
             } else {
                 Vec::new()
             };
-            Ok((objects, prev(StageName::Fetch)?))
+            Ok(Names::objects(objects, prev(StageName::Fetch)?))
         }
         StageName::Prebuild => {
             let mut objects = vec![(TREES, r.inputs_as::<PrebuildInputs>().map_err(shape)?.tree)];
@@ -296,12 +352,12 @@ fn hop(
                 let o = r.outputs_as::<PrebuildOutputs>().map_err(shape)?;
                 objects.push((PUBLICATIONS, o.publication));
             }
-            Ok((objects, prev(StageName::Materialize)?))
+            Ok(Names::objects(objects, prev(StageName::Materialize)?))
         }
         StageName::Lane => {
             let edges = prev(StageName::Prebuild)?;
             if !established {
-                return Ok((Vec::new(), edges));
+                return Ok(Names::edges(edges));
             }
             let o = r.outputs_as::<LaneOutputs>().map_err(shape)?;
             // A session mounts exactly what its prebuild established.
@@ -316,18 +372,22 @@ fn hop(
                     "its tree or publication is not its prebuild's".into(),
                 ));
             }
-            Ok((vec![(TREES, o.tree), (PUBLICATIONS, o.publication)], edges))
+            Ok(Names {
+                objects: vec![(TREES, o.tree), (PUBLICATIONS, o.publication)],
+                outputs: vec![o.outputs],
+                edges,
+            })
         }
         StageName::Qualify => {
             let mut edges = prev(StageName::Prebuild)?;
             if r.outcome == Outcome::NoDecision {
-                return Ok((Vec::new(), edges));
+                return Ok(Names::edges(edges));
             }
             let o = match r.outputs_as::<QualifyOutputs>() {
                 Ok(o) => o,
                 // A candidate that broke its own session: the evidence names that session,
                 // not a verdict to recompute.
-                Err(_) if r.outcome == Outcome::Rejected => return Ok((Vec::new(), edges)),
+                Err(_) if r.outcome == Outcome::Rejected => return Ok(Names::edges(edges)),
                 Err(e) => return Err(shape(e)),
             };
             recompute(store, digest, r, &o)?;
@@ -336,17 +396,167 @@ fn hop(
                     .into_iter()
                     .map(|d| (d, StageName::Lane)),
             );
-            Ok((Vec::new(), edges))
+            Ok(Names::edges(edges))
         }
         // A surface run rests on nothing and names no tree: its receipt is its own evidence.
-        StageName::Surface => match r.prev {
-            None => Ok((Vec::new(), Vec::new())),
-            Some(_) => Err(order("a surface run names a receipt before it".into())),
+        // A surface run and a quiescence check rest on nothing and name no tree: each receipt is
+        // its own evidence.
+        StageName::Surface | StageName::Reap => match r.prev {
+            None => Ok(Names::default()),
+            Some(_) => Err(order(format!(
+                "a {} receipt names a receipt before it",
+                r.stage
+            ))),
         },
-        StageName::Policy | StageName::Reference | StageName::Verdict | StageName::Reap => Err(
-            order("this build cannot verify a receipt of this stage".into()),
-        ),
+        StageName::Reference => {
+            reference(store, r, prev(StageName::Qualify)?, established).map_err(&order)
+        }
+        StageName::Verdict => {
+            let mut edges = prev(StageName::Qualify)?;
+            let i = r.inputs_as::<VerdictInputs>().map_err(shape)?;
+            edges.extend(i.reference.map(|d| (d, StageName::Reference)));
+            edges.extend(i.quiescence.map(|d| (d, StageName::Reap)));
+            if r.outcome == Outcome::NoDecision {
+                return Ok(Names::edges(edges));
+            }
+            let o = r.outputs_as::<VerdictOutputs>().map_err(shape)?;
+            recompute_verdict(store, digest, r, &i, &o)?;
+            Ok(Names::edges(edges))
+        }
+        StageName::Policy => Err(order(
+            "this build cannot verify a receipt of this stage".into(),
+        )),
     }
+}
+
+/// A reference session's receipt: it rests on its qualification and on the quiescence receipt
+/// it names; it mounted the tree and the control-only publication its inputs name, and names
+/// its outputs object.
+fn reference(
+    store: &Store,
+    r: &Receipt,
+    mut edges: Edges,
+    established: bool,
+) -> Result<Names, String> {
+    let i = r
+        .inputs_as::<ReferenceInputs>()
+        .map_err(|e| e.to_string())?;
+    edges.push((i.quiescence, StageName::Reap));
+    if !established {
+        return Ok(Names::edges(edges));
+    }
+    let o = r
+        .outputs_as::<ReferenceOutputs>()
+        .map_err(|e| e.to_string())?;
+    if (o.tree, o.publication, o.quiescence) != (i.tree, i.publication, i.quiescence) {
+        return Err(
+            "its outputs name another tree, publication or quiescence than its inputs".into(),
+        );
+    }
+    // Control-only: T's publication holds nothing.
+    let publication =
+        tree::load_in(store, PUBLICATIONS, &o.publication).map_err(|e| e.to_string())?;
+    if !publication.entries.is_empty() {
+        return Err("its publication is not control-only".into());
+    }
+    Ok(Names {
+        objects: vec![(TREES, o.tree), (PUBLICATIONS, o.publication)],
+        outputs: vec![o.outputs],
+        edges,
+    })
+}
+
+/// A final verdict against what it rests on: its qualification's speed record and reads, T's
+/// outputs, the quality rule it records, every read regraded from the stored objects, and the
+/// verdict recomputed from them.
+fn recompute_verdict(
+    store: &Store,
+    digest: &Digest,
+    r: &Receipt,
+    i: &VerdictInputs,
+    o: &VerdictOutputs,
+) -> Result<(), VerifyError> {
+    let differs = |why: String| VerifyError::Recompute {
+        digest: *digest,
+        why,
+    };
+    if (Some(o.qualify), Some(o.reference), Some(o.quiescence))
+        != (r.prev, i.reference, i.quiescence)
+        || i.qualify != o.qualify
+    {
+        return Err(differs(
+            "its outputs name other receipts than it rests on".into(),
+        ));
+    }
+    let q = chain::load(store, &o.qualify)?
+        .outputs_as::<QualifyOutputs>()
+        .map_err(|e| differs(format!("its qualification: {e}")))?;
+    let t_receipt = chain::load(store, &o.reference)?;
+    let t = t_receipt
+        .outputs_as::<ReferenceOutputs>()
+        .map_err(|e| differs(format!("its reference session: {e}")))?;
+    if t_receipt.prev != Some(o.qualify) || t.quiescence != o.quiescence {
+        return Err(differs(
+            "its reference session is not its qualification's".into(),
+        ));
+    }
+    if (&q.speed, &q.outputs, q.settling) != (&o.speed, &o.outputs, o.settling)
+        || t.outputs != o.reference_outputs
+    {
+        return Err(differs(
+            "its speed record or outputs are not its qualification's and T's".into(),
+        ));
+    }
+    let rule = verdict::quality_policy_digest(&o.quality_section)
+        .map_err(|e| differs(format!("the quality section: {e}")))?;
+    if rule != o.quality_policy {
+        return Err(differs(
+            "the quality section it records is not the one its digest names".into(),
+        ));
+    }
+    let reference = tokens(store, digest, &t.outputs)?;
+    let graded = Reads {
+        b: grade(
+            &o.quality_section,
+            &reference,
+            &tokens(store, digest, &q.outputs.b)?,
+        ),
+        c: grade(
+            &o.quality_section,
+            &reference,
+            &tokens(store, digest, &q.outputs.c)?,
+        ),
+        b2: grade(
+            &o.quality_section,
+            &reference,
+            &tokens(store, digest, &q.outputs.b2)?,
+        ),
+    };
+    if graded != o.graded {
+        return Err(differs(
+            "the grades do not recompute from the stored outputs".into(),
+        ));
+    }
+    let again = verdict::decide(&o.speed, &graded)
+        .map_err(|why| differs(format!("the verdict recomputes to a no-decision: {why}")))?;
+    if again != (o.verdict, o.code.clone(), o.reason.clone()) {
+        return Err(differs(format!(
+            "the verdict recomputes to {:?} ({}), the receipt says {:?} ({})",
+            again.0, again.1, o.verdict, o.code
+        )));
+    }
+    let outcome = match again.0 {
+        Final::Pass => Outcome::Ok,
+        Final::Fail => Outcome::Rejected,
+    };
+    if r.outcome != outcome {
+        return Err(differs(format!(
+            "its outcome is {}, the verdict it records is {:?}",
+            r.outcome.as_str(),
+            again.0
+        )));
+    }
+    Ok(())
 }
 
 /// A qualify receipt against its sessions: their windows and builds, and the speed verdict
@@ -414,7 +624,8 @@ fn boxed(e: TreeError) -> VerifyError {
 }
 
 /// Verify the chain under `head`, then copy it into a fresh store at `dest`: every receipt and
-/// its signature, every tree and publication they name (records and content objects), so
+/// its signature, every tree and publication they name (records and content objects) and every
+/// outputs object, so
 /// [`verify`] runs there alone. Returns the hops copied.
 ///
 /// # Errors
@@ -433,6 +644,11 @@ pub fn export(
             signing::signature_name(&hop.digest),
         ] {
             dest.put_document("receipts", &name, &store.read_document("receipts", &name)?)?;
+        }
+        for object in &hop.outputs {
+            if copied.insert(("objects", *object)) {
+                dest.put_object(&store.read_object_checked(object)?)?;
+            }
         }
         for (section, object) in &hop.objects {
             if !copied.insert((section.dir, *object)) {

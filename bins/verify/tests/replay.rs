@@ -157,11 +157,19 @@ fn chain() -> Chain {
         &built(pub_c),
     );
     let lane = |prev, o: &LaneOutputs| emit(&store, StageName::Lane, a, Some(prev), json!({}), o);
-    let (sb, sc, sb2) = (
+    let (mut sb, mut sc, mut sb2) = (
         examples::session(Role::B, tree_b, pub_b, 40),
         examples::session(Role::C, tree_c, pub_c, 20),
         examples::session(Role::B, tree_b, pub_b, 40),
     );
+    // Each read's tokens, kept as its outputs object.
+    let kept = |first: u32| {
+        let tokens: Vec<Vec<u32>> = (0..5).map(|i| vec![first + i; 3]).collect();
+        store
+            .put_object(&cordon_evidence::outputs::encode(&tokens).unwrap())
+            .unwrap()
+    };
+    (sb.outputs, sc.outputs, sb2.outputs) = (kept(1), kept(2), kept(1));
     let (db, dc, db2) = (
         lane(prebuild_b, &sb),
         lane(prebuild_c, &sc),
@@ -290,6 +298,18 @@ fn every_tampering_is_caught_with_its_own_message() {
     );
     let e = verify(&c.store, &c.head, &c.key).unwrap_err();
     assert!(matches!(e, VerifyError::Signature { .. }), "{e}");
+
+    // A read's outputs object edited in place: it no longer hashes to its name.
+    let c = chain();
+    let outputs = c.store.object_path(&c.qualify.outputs.c, false);
+    let mut bytes = std::fs::read(&outputs).unwrap();
+    *bytes.last_mut().unwrap() ^= 1;
+    rewrite(&outputs, &bytes);
+    let e = verify(&c.store, &c.head, &c.key).unwrap_err();
+    assert!(
+        matches!(&e, VerifyError::Recompute { digest, why } if *digest == c.session_c && why.contains("outputs object")),
+        "{e}"
+    );
 
     // A publication's content object changed.
     let c = chain();

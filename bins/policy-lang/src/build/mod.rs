@@ -55,6 +55,13 @@ const MIN_BAN_CALL: &[&str] = &["__import__", "compile", "eval", "exec"];
 const MIN_BAN_IMPORT: &[&str] = &["builtins", "importlib"];
 const MIN_BAN_ATTRIBUTE_CALL: &[&str] = &["exec_module", "load_module", "spec_from_file_location"];
 
+/// A top-level `NAME digest="sha256:…"` pin, when the policy has one.
+fn pin(cx: &mut Cx, top: &Block<'_>, name: &str) -> Option<Digest> {
+    let node = top.one(name)?;
+    shape(cx, node, 0, 0, &["digest"], false);
+    required_prop(cx, node, "digest").and_then(|e| digest(cx, e))
+}
+
 /// Read a whole policy document.
 pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Option<Policy> {
     let top = Block::read(
@@ -135,22 +142,10 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
         .collect::<BTreeMap<_, _>>();
     // cordon's own worker inside the runtime image: its digest is pinned on its own, so the
     // host seals the reviewed bytes, never what it finds in an image cache.
-    let worker = match top.one("worker") {
-        Some(node) => {
-            shape(cx, node, 0, 0, &["digest"], false);
-            required_prop(cx, node, "digest").and_then(|e| digest(cx, e))
-        }
-        None => None,
-    };
+    let worker = pin(cx, &top, "worker");
     // The pristine reference tree (seed 001 §5): pinned like the worker, so T runs only the
     // reviewed stock tree, never one a stage was handed.
-    let pristine = match top.one("pristine") {
-        Some(node) => {
-            shape(cx, node, 0, 0, &["digest"], false);
-            required_prop(cx, node, "digest").and_then(|e| digest(cx, e))
-        }
-        None => None,
-    };
+    let pristine = pin(cx, &top, "pristine");
     let physical_lane = physical_lanes(cx, &top.all("physical-lane"));
     let speed = match top.one("speed") {
         Some(node) => speed(cx, node).map(Some),
