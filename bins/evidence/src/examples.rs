@@ -199,13 +199,7 @@ fn referee(qualify: &Receipt, sessions: &Reads<LaneOutputs>) -> (Receipt, Receip
     };
     let quiescence = receipt(
         None,
-        &ReapInputs {
-            executor: "evaluator".into(),
-            check: true,
-            status: false,
-            sweep: false,
-            surface_state: None,
-        },
+        &check_inputs(),
         &ReapOutputs {
             quiescent: true,
             released: None,
@@ -293,17 +287,23 @@ fn referee(qualify: &Receipt, sessions: &Reads<LaneOutputs>) -> (Receipt, Receip
     (quiescence, reference, verdict)
 }
 
+/// What `cordon-reap --check` of the example executor is asked (the referee's gate records the
+/// same).
+fn check_inputs() -> ReapInputs {
+    ReapInputs {
+        executor: "evaluator".into(),
+        check: true,
+        status: false,
+        sweep: false,
+        surface_state: None,
+    }
+}
+
 /// `cordon-reap --check` on a quiescent executor.
 fn reap_example() -> Receipt {
     receipt(
         None,
-        &ReapInputs {
-            executor: "evaluator".into(),
-            check: true,
-            status: false,
-            sweep: false,
-            surface_state: None,
-        },
+        &check_inputs(),
         &ReapOutputs {
             quiescent: true,
             released: Some(Vec::new()),

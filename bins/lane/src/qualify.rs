@@ -269,20 +269,15 @@ pub fn qualify(
         };
         // Each read's receipt is stored like any session's; only the qualification's is
         // printed.
-        stage::finish_signed(
+        // The qualify receipt links only session receipts the store holds.
+        let digest = stage::store_linked(
             &cfg.store,
             &cfg.key_dir,
             &mut receipt,
             result,
-            (mode, &mut std::io::sink(), stderr),
-        );
-        // The qualify receipt links only session receipts the store holds.
-        let digest = receipt
-            .digest()
-            .map_err(|e| LaneError::NoDecision(format!("the session receipt: {e}")))?;
-        cordon::chain::load(&cfg.store, &digest).map_err(|e| {
-            LaneError::NoDecision(format!("read {name}'s session receipt is not stored: {e}"))
-        })?;
+            (mode, stderr),
+        )
+        .map_err(|e| LaneError::NoDecision(format!("read {name}'s session receipt: {e}")))?;
         let why = receipt
             .reasons
             .first()

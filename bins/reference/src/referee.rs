@@ -157,6 +157,22 @@ fn tokens(cfg: &Config, whose: &str, d: &Digest) -> Result<Vec<Vec<u32>>, Refere
 }
 
 impl Referee<'_> {
+    /// A receipt the final verdict links, stored and signed with this host's key.
+    fn store_linked<T: serde::Serialize, E: stage::Infrastructure + 'static>(
+        &self,
+        receipt: &mut Receipt,
+        result: Result<Decision<T>, E>,
+        stderr: &mut dyn Write,
+    ) -> Result<Digest, String> {
+        stage::store_linked(
+            &self.cfg.store,
+            &self.cfg.key_dir,
+            receipt,
+            result,
+            (self.mode, stderr),
+        )
+    }
+
     /// Steps 1 (store side) and 2: the pinned tree verifies, is neither role's and holds no
     /// delta manifest; the control-only publication exists. Its digest.
     fn plan(&self, given: &Given, read: &Reads<LaneOutputs>) -> Result<Digest, RefereeError> {
@@ -168,7 +184,8 @@ impl Referee<'_> {
                 )));
             }
         }
-        let record = tree::verify(&self.cfg.store, &given.tree)
+        // The record only: T's session verifies the whole tree before launch.
+        let record = tree::load(&self.cfg.store, &given.tree)
             .map_err(|e| no(format!("the pristine tree: {e}")))?;
         if let Some(e) = record
             .entries
@@ -241,16 +258,9 @@ impl Referee<'_> {
                 remaining.join("; ")
             )))
         };
-        stage::finish_signed(
-            &self.cfg.store,
-            &self.cfg.key_dir,
-            &mut receipt,
-            result,
-            (self.mode, &mut std::io::sink(), stderr),
-        );
-        let digest = receipt.digest().map_err(|e| no(e.to_string()))?;
-        cordon::chain::load(&self.cfg.store, &digest)
-            .map_err(|e| no(format!("the quiescence receipt is not stored: {e}")))?;
+        let digest = self
+            .store_linked(&mut receipt, result, stderr)
+            .map_err(|e| no(format!("the quiescence receipt: {e}")))?;
         Ok((digest, left.iter().map(ToString::to_string).collect()))
     }
 
@@ -346,16 +356,9 @@ impl Referee<'_> {
             Ok(Decision::Accepted(o)) => Some(o.clone()),
             _ => None,
         };
-        stage::finish_signed(
-            &self.cfg.store,
-            &self.cfg.key_dir,
-            &mut receipt,
-            result,
-            (self.mode, &mut std::io::sink(), stderr),
-        );
-        let digest = receipt.digest().map_err(|e| no(e.to_string()))?;
-        cordon::chain::load(&self.cfg.store, &digest)
-            .map_err(|e| no(format!("the reference receipt is not stored: {e}")))?;
+        let digest = self
+            .store_linked(&mut receipt, result, stderr)
+            .map_err(|e| no(format!("the reference receipt: {e}")))?;
         recorded.reference = Some(digest);
         let why = receipt
             .reasons

@@ -317,6 +317,31 @@ pub fn finish_signed<T: serde::Serialize, E: Infrastructure + 'static>(
     }
 }
 
+/// [`finish_signed`] for a receipt another one links (a qualification's sessions, the
+/// referee's quiescence and reference receipts): stored and signed, never printed, and linked
+/// only once the store holds it. Its digest.
+///
+/// # Errors
+/// It cannot be encoded, or the store does not hold it (why, for the linking receipt's reason).
+pub fn store_linked<T: serde::Serialize, E: Infrastructure + 'static>(
+    store: &Store,
+    key_dir: &Path,
+    receipt: &mut Receipt,
+    result: Result<Decision<T>, E>,
+    (mode, stderr): (Diagnostics, &mut dyn Write),
+) -> Result<Digest, String> {
+    finish_signed(
+        store,
+        key_dir,
+        receipt,
+        result,
+        (mode, &mut std::io::sink(), stderr),
+    );
+    let digest = receipt.digest().map_err(|e| e.to_string())?;
+    chain::load(store, &digest).map_err(|e| format!("it is not stored: {e}"))?;
+    Ok(digest)
+}
+
 /// Record `result` on `receipt`: its exit code, and the error behind a no-decision, to be
 /// reported once the receipt is safe.
 fn decide<T: serde::Serialize, E: Infrastructure + 'static>(
