@@ -4,8 +4,9 @@
 #   prebuild its own publication → pack and fetch the example candidate delta → materialize it
 #   → prebuild it in a disposable runc container → qualify it: lane sessions B (incumbent), C
 #   (candidate), B′ (incumbent again) on the policy's two CPU lanes, host-framed and
-#   host-timed, and the host's speed verdict → the referee: quiescence proven, the pristine
-#   reference session T, B, C and B′ graded against it, the final verdict → reap --check →
+#   host-timed, and the host's speed verdict → the referee: the candidate's untimed audit on
+#   host-drawn requests, quiescence proven, the pristine reference session T, B, C, B′ and the
+#   audit graded against it, the final verdict → reap --check →
 #   cordon-verify the signed chain under the final verdict (its grades recomputed from the
 #   stored outputs), export it and replay the export offline → print the chain of receipts, the
 #   timeline, the B, C, B′ rates, the speedup, the noise, the grades and the final verdict →
@@ -136,7 +137,7 @@ print(f"== lanes: B and B' on {o['orientation']['baseline']['name']}, C on "
       f"{o['orientation']['candidate']['name']}; {settling}")
 PY
 # The final verdict (seed 001 §5): speed from the qualification, quality against the pristine
-# reference T, which ran only after B, C and B' were proven gone.
+# reference T, which ran only after B, C, B' and the audit were proven gone.
 python3 - "$work/verdict.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -149,6 +150,15 @@ for read in ("b", "c", "b2"):
     print(f"== quality of {read.upper().replace('B2', 'B prime')} against T: {g['exact']} of "
           f"{g['requests']} requests exact, least prefix {g['least_prefix_bp'] / 100:.2f}%: "
           f"{g['verdict'].upper()} ({g['code']})")
+a = o.get("audit")
+if a:
+    out = a["outcome"]
+    if "served" in out:
+        g = out["served"]["graded"]
+        print(f"== audit of C on host-drawn requests {a['sample']} (untimed, regraded against T): "
+              f"{g['exact']} of {g['requests']} exact: {g['verdict'].upper()} ({g['code']})")
+    else:
+        print(f"== audit of C: the candidate broke its audit session ({out['rejected']['code']})")
 print(f"== final verdict: {o['verdict'].upper()} ({o['code']}): {o['reason']}")
 sys.exit(0 if o["verdict"] == "pass" else 1)
 PY

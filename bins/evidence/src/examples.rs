@@ -186,9 +186,47 @@ pub fn qualification(sessions: &Reads<LaneOutputs>, digests: Reads<Digest>) -> Q
     }
 }
 
-/// The referee after `qualify`: the quiescence receipt naming B, C and B′ gone, the reference
-/// session T, and the final verdict (PASS: every read agrees with T exactly).
-fn referee(qualify: &Receipt, sessions: &Reads<LaneOutputs>) -> (Receipt, Receipt, Receipt) {
+/// The candidate's audit after `qualify`: two workload requests, drawn by the host, untimed.
+fn audit(qualify: &Receipt, c: &LaneOutputs) -> Receipt {
+    let d = |s: &[u8]| Digest::of_bytes(s);
+    #[allow(clippy::expect_used)]
+    let digest = |r: &Receipt| r.digest().expect("an example receipt encodes");
+    receipt(
+        Some(digest(qualify)),
+        &crate::audit::AuditInputs {
+            qualify: digest(qualify),
+            tree: c.tree,
+            publication: c.publication,
+            workload: "/srv/workload.json".into(),
+            model: "/srv/model".into(),
+            sample: vec![3, 1],
+            plan: d(b"audit plan"),
+        },
+        &crate::audit::AuditOutputs {
+            tree: c.tree,
+            publication: c.publication,
+            model: c.model,
+            plan: d(b"audit plan"),
+            worker: c.worker,
+            posture: c.posture,
+            step: c.step.clone(),
+            sample: vec![3, 1],
+            outputs: d(b"audit outputs"),
+            meta: c.meta.clone(),
+            lease: "audit lease".into(),
+            launch: c.launch,
+            devices: c.devices.clone(),
+        },
+    )
+}
+
+/// The referee after `qualify`: the candidate's audit, the quiescence receipt naming B, C, B′
+/// and the audit gone, the reference session T, and the final verdict (PASS: every read and
+/// the audit agree with T exactly).
+fn referee(
+    qualify: &Receipt,
+    sessions: &Reads<LaneOutputs>,
+) -> (Receipt, Receipt, Receipt, Receipt) {
     let d = |s: &[u8]| Digest::of_bytes(s);
     #[allow(clippy::expect_used)]
     let digest = |r: &Receipt| r.digest().expect("an example receipt encodes");
@@ -209,6 +247,11 @@ fn referee(qualify: &Receipt, sessions: &Reads<LaneOutputs>) -> (Receipt, Receip
                 gone("B", &sessions.b),
                 gone("C", &sessions.c),
                 gone("B′", &sessions.b2),
+                crate::verdict::Gone {
+                    read: "A".into(),
+                    lease: "audit lease".into(),
+                    post: d(b"A"),
+                },
             ],
         },
     );
@@ -255,8 +298,17 @@ fn referee(qualify: &Receipt, sessions: &Reads<LaneOutputs>) -> (Receipt, Receip
         .outputs_as::<QualifyOutputs>()
         .expect("the example qualification reads back");
     #[allow(clippy::expect_used)]
-    let (verdict, code, reason) =
-        crate::verdict::decide(&q.speed, &graded).expect("the example incumbent agrees with T");
+    let audit = audit(qualify, &sessions.c);
+    let sample = vec![3, 1];
+    #[allow(clippy::expect_used)]
+    let outcome = crate::audit::AuditOutcome::Served {
+        outputs: d(b"audit outputs"),
+        graded: crate::audit::regrade(&rule, &tokens, &sample, &vec![vec![1, 2, 3]; 2])
+            .expect("the example samples requests T answered"),
+    };
+    #[allow(clippy::expect_used)]
+    let (verdict, code, reason) = crate::verdict::decide(&q.speed, &graded, Some(&outcome))
+        .expect("the example incumbent agrees with T");
     let outputs = crate::verdict::VerdictOutputs {
         qualify: digest(qualify),
         reference: digest(&reference),
@@ -268,6 +320,12 @@ fn referee(qualify: &Receipt, sessions: &Reads<LaneOutputs>) -> (Receipt, Receip
         reference_outputs: b.outputs,
         outputs: q.outputs.clone(),
         graded,
+        audit_section: Some(crate::audit::Audit { requests: 2 }),
+        audit: Some(crate::audit::AuditRecord {
+            receipt: digest(&audit),
+            sample,
+            outcome,
+        }),
         settling: q.settling,
         non_settling: q.non_settling,
         verdict,
@@ -279,12 +337,13 @@ fn referee(qualify: &Receipt, sessions: &Reads<LaneOutputs>) -> (Receipt, Receip
         &crate::verdict::VerdictInputs {
             qualify: digest(qualify),
             pristine: d(b"pristine registration"),
+            audit: Some(digest(&audit)),
             quiescence: Some(digest(&quiescence)),
             reference: Some(digest(&reference)),
         },
         &outputs,
     );
-    (quiescence, reference, verdict)
+    (audit, quiescence, reference, verdict)
 }
 
 /// What `cordon-reap --check` of the example executor is asked (the referee's gate records the
@@ -526,7 +585,7 @@ pub fn every_stage() -> Vec<(&'static str, Receipt)> {
             },
         ),
     );
-    let (quiescence, reference, verdict) = referee(&qualify, &sessions);
+    let (audit, quiescence, reference, verdict) = referee(&qualify, &sessions);
     let [rejected, pass_on, no_decision] = non_ok(&fetch, &prebuild_c);
     vec![
         ("fetch", fetch),
@@ -536,6 +595,7 @@ pub fn every_stage() -> Vec<(&'static str, Receipt)> {
         ("prebuild-candidate", prebuild_c),
         ("lane-read-c", lane_c),
         ("qualify", qualify),
+        ("audit", audit),
         ("reap-quiescence", quiescence),
         ("reference", reference),
         ("verdict", verdict),

@@ -3,11 +3,12 @@
 //! every stage and the surface's outputs ([`inputs`]), a qualification's record ([`qualify`]),
 //! what an executor left and what reap established ([`residue`]), the stored form of a session's
 //! output tokens ([`outputs`]), the pure speed and quality rules and verdicts ([`speed`],
-//! [`quality`]) and the referee's records and final rule ([`verdict`]) that `cordon-verify`
-//! recomputes. It reads no store and runs nothing; the
+//! [`quality`]), the audit role's records ([`audit`]) and the referee's records and final rule
+//! ([`verdict`]) that `cordon-verify` recomputes. It reads no store and runs nothing; the
 //! one clock and host read it still makes is the receipt's own timestamps and host facts
 //! ([`receipt::Receipt::new`]).
 
+pub mod audit;
 pub mod examples;
 pub mod inputs;
 pub mod outputs;

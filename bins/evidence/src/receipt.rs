@@ -37,6 +37,8 @@ pub enum StageName {
     Lane,
     /// A speed qualification: the three lane sessions B, C, B′ and the host's verdict.
     Qualify,
+    /// The candidate's untimed audit session: regraded against T, never speed evidence.
+    Audit,
     /// The pristine reference session.
     Reference,
     /// The final verdict: speed, quality and quiescence together.
@@ -57,7 +59,7 @@ impl StageName {
             Self::Prebuild => Some(Self::Materialize),
             Self::Lane => Some(Self::Prebuild),
             Self::Qualify => Some(Self::Prebuild),
-            Self::Reference | Self::Verdict => Some(Self::Qualify),
+            Self::Audit | Self::Reference | Self::Verdict => Some(Self::Qualify),
             Self::Policy | Self::Fetch | Self::Surface | Self::Reap => None,
         }
     }
@@ -72,6 +74,7 @@ impl StageName {
             Self::Prebuild => "prebuild",
             Self::Lane => "lane",
             Self::Qualify => "qualify",
+            Self::Audit => "audit",
             Self::Reference => "reference",
             Self::Verdict => "verdict",
             Self::Surface => "surface",
@@ -195,8 +198,9 @@ pub struct PrebuildOutputs {
     pub meta: Option<Meta>,
 }
 
-/// The role of an engine session: the standing incumbent (B), the candidate (C), or the
-/// pristine reference (T), the quality authority, which runs in its own stage and protocol.
+/// The role of an engine session: the standing incumbent (B), the candidate (C), the pristine
+/// reference (T), the quality authority, which runs in its own stage and protocol, or the
+/// candidate again in its untimed audit session (A).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Role {
     /// The incumbent.
@@ -205,6 +209,8 @@ pub enum Role {
     C,
     /// The pristine reference.
     T,
+    /// The candidate in its untimed audit session (host-sampled requests, regraded against T).
+    A,
 }
 
 /// Which part of a workload a request belongs to.

@@ -8,7 +8,9 @@
 //! and B′) against T's under the policy's quality rule:
 //! - the incumbent disagreeing with T beyond the rule makes the whole qualification a
 //!   no-decision: the reference or the baseline is broken, not the candidate;
-//! - otherwise the candidate's speed FAIL or quality FAIL is a FAIL (proven and its own);
+//! - otherwise the candidate's speed FAIL or quality FAIL is a FAIL (proven and its own), and
+//!   so is an audit (when the policy asks for one, [`crate::audit`]) that the candidate broke
+//!   or whose outputs regrade below the rule;
 //! - otherwise PASS.
 //!
 //! A final verdict that could not be established (T did not serve, quiescence was not proven,
@@ -20,6 +22,7 @@ use std::path::PathBuf;
 use cordon_canon::canonical::{CanonicalError, Digest, domain_digest};
 use serde::{Deserialize, Serialize};
 
+use crate::audit::{Audit, AuditOutcome, AuditRecord};
 use crate::qualify::Reads;
 use crate::quality::{Quality, QualityRecord, QualityVerdict};
 use crate::receipt::{DeviceReceipts, StageName, StageOutputs};
@@ -101,6 +104,8 @@ pub struct VerdictInputs {
     pub qualify: Digest,
     /// The pristine tree's registration receipt.
     pub pristine: Digest,
+    /// The audit receipt, once stored (when the policy asks for an audit).
+    pub audit: Option<Digest>,
     /// The quiescence receipt, once stored.
     pub quiescence: Option<Digest>,
     /// The reference session's receipt, once stored.
@@ -139,6 +144,10 @@ pub struct VerdictOutputs {
     pub outputs: Reads<Digest>,
     /// B, C and B′ graded against T.
     pub graded: Reads<QualityRecord>,
+    /// The audit plan the policy asked for (none: no audit).
+    pub audit_section: Option<Audit>,
+    /// The audit, when the policy asked for one.
+    pub audit: Option<AuditRecord>,
     /// Whether the qualification settles (a CPU rehearsal never does).
     pub settling: bool,
     /// Why not, when it does not.
@@ -171,6 +180,7 @@ pub fn quality_policy_digest(rule: &Quality) -> Result<Digest, CanonicalError> {
 pub fn decide(
     speed: &SpeedRecord,
     graded: &Reads<QualityRecord>,
+    audit: Option<&AuditOutcome>,
 ) -> Result<(Final, String, String), String> {
     for (read, g) in [("B", &graded.b), ("B′", &graded.b2)] {
         if g.verdict != QualityVerdict::Pass {
@@ -185,6 +195,26 @@ pub fn decide(
     }
     if graded.c.verdict != QualityVerdict::Pass {
         return Ok((Final::Fail, graded.c.code.clone(), graded.c.reason.clone()));
+    }
+    match audit {
+        Some(AuditOutcome::Served { graded: g, .. }) if g.verdict != QualityVerdict::Pass => {
+            return Ok((
+                Final::Fail,
+                "audit.mismatch".to_owned(),
+                format!(
+                    "the audited outputs disagree with the reference ({}: {}; audit requests in the order sent)",
+                    g.code, g.reason
+                ),
+            ));
+        }
+        Some(AuditOutcome::Rejected { code, reason }) => {
+            return Ok((
+                Final::Fail,
+                "audit.rejected".to_owned(),
+                format!("the candidate broke its audit session ({code}: {reason})"),
+            ));
+        }
+        Some(AuditOutcome::Served { .. }) | None => {}
     }
     Ok((
         Final::Pass,
@@ -256,17 +286,58 @@ mod tests {
             b2: grade(&rule, &t, b2),
         };
         let pass = speed(Verdict::Pass);
-        assert_eq!(decide(&pass, &g(&t, &t, &t)).unwrap().0, Final::Pass);
-        let (v, code, reason) = decide(&pass, &g(&t, &wrong, &t)).unwrap();
+        assert_eq!(decide(&pass, &g(&t, &t, &t), None).unwrap().0, Final::Pass);
+        let (v, code, reason) = decide(&pass, &g(&t, &wrong, &t), None).unwrap();
         assert_eq!((v, code.as_str()), (Final::Fail, "quality.exact"));
         assert!(reason.contains("request 1"), "{reason}");
         // Slower and wrong: the speed FAIL is named first; both are the candidate's.
         let slow = speed(Verdict::Fail);
-        assert_eq!(decide(&slow, &g(&t, &wrong, &t)).unwrap().0, Final::Fail);
-        assert_eq!(decide(&slow, &g(&t, &t, &t)).unwrap().0, Final::Fail);
+        assert_eq!(
+            decide(&slow, &g(&t, &wrong, &t), None).unwrap().0,
+            Final::Fail
+        );
+        assert_eq!(decide(&slow, &g(&t, &t, &t), None).unwrap().0, Final::Fail);
         for (b, b2) in [(&wrong, &t), (&t, &wrong)] {
-            let why = decide(&pass, &g(b, &t, b2)).unwrap_err();
+            let why = decide(&pass, &g(b, &t, b2), None).unwrap_err();
             assert!(why.starts_with("quality.baseline"), "{why}");
         }
+    }
+
+    #[test]
+    fn an_audit_the_candidate_broke_or_that_regrades_below_the_rule_is_its_fail() {
+        let rule = Quality {
+            min_exact_bp: 10_000,
+            min_prefix_bp: 10_000,
+        };
+        let t = vec![vec![1, 2], vec![3, 4]];
+        let graded = Reads {
+            b: grade(&rule, &t, &t),
+            c: grade(&rule, &t, &t),
+            b2: grade(&rule, &t, &t),
+        };
+        let served = |tokens: Vec<Vec<u32>>| AuditOutcome::Served {
+            outputs: Digest::of_bytes(b"a"),
+            graded: crate::audit::regrade(&rule, &t, &[1, 0], &tokens).unwrap(),
+        };
+        let pass = speed(Verdict::Pass);
+        let right = served(vec![vec![3, 4], vec![1, 2]]);
+        assert_eq!(decide(&pass, &graded, Some(&right)).unwrap().0, Final::Pass);
+        // Right on every timed read, wrong where the host audited it.
+        let (v, code, reason) =
+            decide(&pass, &graded, Some(&served(vec![vec![3, 4], vec![1, 9]]))).unwrap();
+        assert_eq!((v, code.as_str()), (Final::Fail, "audit.mismatch"));
+        assert!(reason.contains("request 1"), "{reason}");
+        let broke = AuditOutcome::Rejected {
+            code: "lane.exit".into(),
+            reason: "the engine exited".into(),
+        };
+        let (v, code, _) = decide(&pass, &graded, Some(&broke)).unwrap();
+        assert_eq!((v, code.as_str()), (Final::Fail, "audit.rejected"));
+        // The incumbent disagreeing with T still makes the audit moot: no valid authority.
+        let broken_baseline = Reads {
+            b: grade(&rule, &t, &[vec![1, 2], vec![3, 5]]),
+            ..graded
+        };
+        assert!(decide(&pass, &broken_baseline, Some(&broke)).is_err());
     }
 }

@@ -62,6 +62,11 @@ fn every_example_reads_back_through_its_typed_inputs_and_outputs() {
                 r.inputs_as::<i::SurfaceInputs>().is_ok()
                     && r.outputs_as::<i::SurfaceOutputs>().is_ok()
             }
+            StageName::Audit => {
+                r.inputs_as::<cordon_evidence::audit::AuditInputs>().is_ok()
+                    && r.outputs_as::<cordon_evidence::audit::AuditOutputs>()
+                        .is_ok()
+            }
             StageName::Reference => {
                 r.inputs_as::<cordon_evidence::verdict::ReferenceInputs>()
                     .is_ok()

@@ -365,12 +365,12 @@ fn lane_job(
     }
 }
 
-/// The stage a role's sessions run in and the protocol its worker speaks to the host: B and C
-/// read in the lane; T, the pristine reference, in its own stage and protocol.
+/// The stage a role's sessions run in and the protocol its worker speaks to the host: B, C and
+/// C's audit (A) read in the lane; T, the pristine reference, in its own stage and protocol.
 #[must_use]
 pub const fn stage_of(role: Role) -> (StageKind, Protocol) {
     match role {
-        Role::B | Role::C => (StageKind::Lane, LANE),
+        Role::B | Role::C | Role::A => (StageKind::Lane, LANE),
         Role::T => (StageKind::Reference, REFERENCE),
     }
 }
@@ -480,7 +480,7 @@ fn pristine_checks(
     publication: &tree::TreeRecord,
 ) -> Result<Pristine, LaneError> {
     match inputs.role {
-        Role::B | Role::C => Ok((None, None)),
+        Role::B | Role::C | Role::A => Ok((None, None)),
         Role::T if !publication.entries.is_empty() => Err(LaneError::NoDecision(format!(
             "the reference session's publication {} is not control-only: it holds {} files",
             inputs.publication,

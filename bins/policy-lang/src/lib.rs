@@ -33,7 +33,7 @@ pub use canonical::POLICY_SCHEMA;
 pub use diag::{CODES, KdlError, Language, PolicyError, Problem};
 pub use model::cpu_list;
 pub use model::{
-    Accounts, Arch, ArchiveLimits, ArgCondition, ArgOp, Frame, IdRange, Ipc, Keyword, Mount,
+    Accounts, Arch, ArchiveLimits, ArgCondition, ArgOp, Audit, Frame, IdRange, Ipc, Keyword, Mount,
     MountMode, MountSource, Network, Output, ParserLimits, PhysicalLane, Policy, PublicationLimits,
     Quality, Reasoned, RootMode, Runtime, RuntimeKind, SeccompAction, SeccompProfile, Speed, Stage,
     StageKind, Staging, Surface, Sys, SyscallRule, Tmp, TransportRules, TreeRules, User,

@@ -37,6 +37,9 @@ pub struct Policy {
     /// The reviewed speed verdict (absent: no qualification can be decided).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) speed: Option<Speed>,
+    /// The sampled slot audit the qualification plan asks for (absent: none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) audit: Option<Audit>,
     /// The reviewed quality verdict (absent: no final verdict can be decided).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) quality: Option<Quality>,
@@ -127,6 +130,7 @@ pub fn cpu_list(s: &str) -> Option<std::collections::BTreeSet<u32>> {
     Some(out)
 }
 
+pub use cordon_evidence::audit::Audit;
 pub use cordon_evidence::quality::Quality;
 pub use cordon_evidence::speed::Speed;
 
@@ -890,6 +894,12 @@ impl Policy {
     #[must_use]
     pub fn speed(&self) -> Option<&Speed> {
         self.speed.as_ref()
+    }
+
+    /// The sampled slot audit, when the policy's qualification plan asks for one.
+    #[must_use]
+    pub fn audit(&self) -> Option<&Audit> {
+        self.audit.as_ref()
     }
 
     /// The reviewed quality verdict, when the policy has one.

@@ -3,11 +3,12 @@
 //! `cordon-reference --pristine REGISTRATION [--qualify QUALIFY] [--policy P] [--store S]
 //! [--images DIR]` consumes a qualify receipt (stdin by default) and the pristine tree's
 //! registration receipt (`cordon-materialize incumbent` on the stock engine the policy pins as
-//! `pristine digest=…`), runs the pristine reference session T after proving the executor
-//! quiescent, grades B, C and B′ against T under the policy's quality rule, and prints the
+//! `pristine digest=…`), runs the candidate's audit when the policy's `audit` section asks for
+//! one, runs the pristine reference session T after proving the executor quiescent, grades B, C,
+//! B′ and the audit against T under the policy's quality rule, and prints the
 //! final verdict ([`crate::referee`]): `ok` on PASS (exit 0), `rejected` on FAIL with every
 //! number as evidence (exit 1), `no-decision` when an authority is incomplete (exit 3). The
-//! quiescence and reference receipts are stored and linked, not printed.
+//! audit, quiescence and reference receipts are stored and linked, not printed.
 //!
 //! A qualify receipt that is not `ok` (the candidate was slower, or broke its session) is
 //! passed on with its exit code: the qualification already decided, and T does not run. A
@@ -140,6 +141,7 @@ pub fn run(
     let mut recorded = VerdictInputs {
         qualify: digest,
         pristine: given.pristine,
+        audit: None,
         quiescence: None,
         reference: None,
     };

@@ -6,18 +6,22 @@
 //! 2. **A control-only publication.** T mounts the publication with no entries at all (made
 //!    here, named by its digest), checked before launch by the session and again from inside
 //!    by the worker, which also recomputes the tree digest it sees.
-//! 3. **Candidate destruction first.** Under the host's GPU lock and as the executor's one
-//!    manager, before T's lease begins, the executor must be strictly quiescent: nothing of B,
-//!    C, B′ or any other session left. The quiescence receipt names the three reads' leases and
-//!    post device receipts as gone and is stored before T starts; residue stops T.
-//! 4. **T.** One session of role T in the `reference` stage and protocol; its receipt (outputs
+//! 3. **The audit**, when the policy asks for one ([`crate::audit`]): the candidate answers
+//!    host-drawn requests in an untimed session of its own; its receipt is stored and linked.
+//!    From here to T's end the referee holds the host's GPU lock once: nothing runs between.
+//! 4. **Candidate destruction first.** As the executor's one manager, before T's lease begins,
+//!    the executor must be strictly quiescent: nothing of B, C, B′, the audit or any other
+//!    session left. The quiescence receipt names the reads' and the audit's leases and post
+//!    device receipts as gone and is stored before T starts; residue stops T.
+//! 5. **T.** One session of role T in the `reference` stage and protocol; its receipt (outputs
 //!    object by digest, no verdict) is stored and linked.
-//! 5. **Grading.** B, C and B′'s outputs objects and T's, re-read from the store and re-hashed,
-//!    graded by the policy's quality rule; the final verdict by [`cordon_evidence::verdict::decide`].
+//! 6. **Grading.** B, C and B′'s outputs objects and T's, re-read from the store and re-hashed,
+//!    graded by the policy's quality rule, and the audit's regraded against T's for the same
+//!    workload requests; the final verdict by [`cordon_evidence::verdict::decide`].
 //!
 //! What cannot be established — T not serving, residue, an output object missing or edited, an
 //! incumbent that disagrees with T — is a no-decision; only the candidate's proven failures
-//! (speed, quality) are a FAIL.
+//! (speed, quality, a broken or mismatched audit) are a FAIL.
 
 use std::io::Write;
 
@@ -28,17 +32,21 @@ use cordon::receipt::{
 };
 use cordon::residue::ReapOutputs;
 use cordon::tree::{self, PUBLICATIONS};
+use cordon_evidence::audit::{AuditOutcome, AuditRecord, regrade};
 use cordon_evidence::inputs::{QualifyInputs, ReapInputs};
 use cordon_evidence::qualify::{QualifyOutputs, Reads};
 use cordon_evidence::quality::grade;
 use cordon_evidence::verdict::{
     self, Gone, ReferenceInputs, ReferenceOutputs, VerdictInputs, VerdictOutputs,
 };
+use cordon_lane::lock::GpuLock;
 use cordon_lane::session::{Config, Inputs, LaneError, session_gated};
 use cordon_policy_lang::Policy;
 use cordon_stage::args::Diagnostics;
 use cordon_stage::receipt_io as stage;
 use serde_json::json;
+
+use crate::audit::{AuditRun, Ended};
 
 /// The delta manifest's name: a tree that holds one anywhere carries a contribution.
 const DELTA_MANIFEST: &str = "cordon-delta.kdl";
@@ -76,7 +84,7 @@ impl stage::Infrastructure for RefereeError {
     }
 }
 
-fn no(why: impl Into<String>) -> RefereeError {
+pub(crate) fn no(why: impl Into<String>) -> RefereeError {
     RefereeError::NoDecision(why.into())
 }
 
@@ -158,7 +166,7 @@ fn tokens(cfg: &Config, whose: &str, d: &Digest) -> Result<Vec<Vec<u32>>, Refere
 
 impl Referee<'_> {
     /// A receipt the final verdict links, stored and signed with this host's key.
-    fn store_linked<T: serde::Serialize, E: stage::Infrastructure + 'static>(
+    pub(crate) fn store_linked<T: serde::Serialize, E: stage::Infrastructure + 'static>(
         &self,
         receipt: &mut Receipt,
         result: Result<Decision<T>, E>,
@@ -213,6 +221,7 @@ impl Referee<'_> {
         &self,
         manager: &cordon::lease::Manager,
         read: &Reads<LaneOutputs>,
+        audit: Option<&Gone>,
         stderr: &mut dyn Write,
     ) -> Result<(Digest, Vec<String>), RefereeError> {
         let left = manager
@@ -231,6 +240,7 @@ impl Referee<'_> {
                     post: post(o)?,
                 })
             })
+            .chain(audit.cloned().map(Ok))
             .collect::<Result<Vec<_>, RefereeError>>()?;
         let remaining: Vec<String> = left.iter().map(ToString::to_string).collect();
         let mut receipt = Receipt::new(StageName::Reap, self.cfg.authority, Outcome::Ok);
@@ -264,13 +274,15 @@ impl Referee<'_> {
         Ok((digest, left.iter().map(ToString::to_string).collect()))
     }
 
-    /// Steps 3 and 4: T after proven quiescence, its receipt stored. Its outputs and the two
-    /// receipts' digests are recorded in `recorded` as they exist.
+    /// Steps 4 and 5: T after proven quiescence, under `lock`, its receipt stored. Its outputs
+    /// and the two receipts' digests are recorded in `recorded` as they exist.
+    #[allow(clippy::too_many_arguments)]
     fn reference(
         &self,
         given: &Given,
-        read: &Reads<LaneOutputs>,
+        (read, audit): (&Reads<LaneOutputs>, Option<&Gone>),
         publication: Digest,
+        lock: &GpuLock,
         recorded: &mut VerdictInputs,
         stderr: &mut dyn Write,
     ) -> Result<ReferenceOutputs, RefereeError> {
@@ -282,13 +294,11 @@ impl Referee<'_> {
             model: given.inputs.model.clone(),
             lane: None,
         };
-        let lock = cordon_lane::lock::acquire(&self.cfg.setup.lock_dir)
-            .map_err(|e| no(format!("cannot take the host's GPU lock: {e}")))?;
         let mut quiescence = None;
         let mut gate_err = None;
         let mut gate_stderr = Vec::new();
-        let session = session_gated(self.policy, self.cfg, &inputs, &lock, |m| {
-            let refused = match self.quiescence(m, read, &mut gate_stderr) {
+        let session = session_gated(self.policy, self.cfg, &inputs, lock, |m| {
+            let refused = match self.quiescence(m, read, audit, &mut gate_stderr) {
                 Ok((d, left)) => {
                     quiescence = Some(d);
                     (!left.is_empty()).then(|| {
@@ -309,7 +319,6 @@ impl Referee<'_> {
                 }
             }
         });
-        drop(lock);
         let _ = stderr.write_all(&gate_stderr);
         recorded.quiescence = quiescence;
         if let Some(e) = gate_err {
@@ -379,6 +388,33 @@ impl Referee<'_> {
         Ok(o)
     }
 
+    /// The audit regraded against T's outputs for the requests it sampled.
+    fn regrade(
+        &self,
+        rule: &cordon_evidence::quality::Quality,
+        reference: &[Vec<u32>],
+        a: AuditRun,
+    ) -> Result<AuditRecord, RefereeError> {
+        let outcome = match a.ended {
+            Ended::Served(outputs) => AuditOutcome::Served {
+                outputs,
+                graded: regrade(
+                    rule,
+                    reference,
+                    &a.sample,
+                    &tokens(self.cfg, "A", &outputs)?,
+                )
+                .map_err(no)?,
+            },
+            Ended::Rejected { code, reason } => AuditOutcome::Rejected { code, reason },
+        };
+        Ok(AuditRecord {
+            receipt: a.receipt,
+            sample: a.sample,
+            outcome,
+        })
+    }
+
     /// The whole referee: the final verdict's decision, and what it rests on in `recorded`.
     ///
     /// # Errors
@@ -397,7 +433,16 @@ impl Referee<'_> {
             .map_err(|e| no(format!("the quality rule's digest: {e}")))?;
         let read = reads(self.cfg, &given.outputs)?;
         let publication = self.plan(given, &read)?;
-        let t = self.reference(given, &read, publication, recorded, stderr)?;
+        // One hold of the host's GPU lock from the audit to T's end: nothing runs between.
+        let lock = cordon_lane::lock::acquire(&self.cfg.setup.lock_dir)
+            .map_err(|e| no(format!("cannot take the host's GPU lock: {e}")))?;
+        let audit = match self.policy.audit() {
+            Some(a) => Some(self.audit(given, &read.c, a, &lock, recorded, stderr)?),
+            None => None,
+        };
+        let gone = audit.as_ref().and_then(|a| a.gone.as_ref());
+        let t = self.reference(given, (&read, gone), publication, &lock, recorded, stderr)?;
+        drop(lock);
         let q = &given.outputs;
         let reference = tokens(self.cfg, "T", &t.outputs)?;
         let graded = Reads {
@@ -405,7 +450,11 @@ impl Referee<'_> {
             c: grade(rule, &reference, &tokens(self.cfg, "C", &q.outputs.c)?),
             b2: grade(rule, &reference, &tokens(self.cfg, "B′", &q.outputs.b2)?),
         };
-        let (verdict, code, reason) = verdict::decide(&q.speed, &graded).map_err(no)?;
+        let audit = audit
+            .map(|a| self.regrade(rule, &reference, a))
+            .transpose()?;
+        let (verdict, code, reason) =
+            verdict::decide(&q.speed, &graded, audit.as_ref().map(|a| &a.outcome)).map_err(no)?;
         let outputs = VerdictOutputs {
             qualify: given.qualify,
             reference: recorded
@@ -418,6 +467,8 @@ impl Referee<'_> {
             reference_outputs: t.outputs,
             outputs: q.outputs.clone(),
             graded,
+            audit_section: self.policy.audit().cloned(),
+            audit,
             settling: q.settling,
             non_settling: q.non_settling.clone(),
             verdict,

@@ -11,7 +11,9 @@ use cordon::lease::Manager;
 use cordon::receipt::{Decision, IncumbentOutputs, Outcome, Receipt, StageName};
 use cordon::residue::ReapOutputs;
 use cordon::tree::{self, Entry, PUBLICATIONS, TREES};
+use cordon_evidence::audit::{AuditOutcome, AuditOutputs};
 use cordon_evidence::inputs::{MaterializeInputs, QualifyInputs};
+use cordon_evidence::quality::QualityVerdict;
 use cordon_evidence::verdict::{Final, ReferenceOutputs, VerdictInputs, VerdictOutputs};
 use cordon_lane::qualify::{Build, Plan, frozen, primary};
 use cordon_lane::session::{Inputs, session_under};
@@ -28,6 +30,21 @@ use common::{World, nothing_left, publish};
 fn serve(ms: u64, wrong: &[u32]) -> String {
     format!(
         "import time\n\n\ndef generate(prompt, tokens, model_dir):\n    time.sleep({ms} / 1000)\n    off = 1 if prompt[0] in {wrong:?} else 0\n    return [prompt[0] + off] * tokens\n"
+    )
+}
+
+/// An engine right only where it is timed: it answers correctly while each request is the
+/// next of the workload it memorised (request `n` of a session has prompt `[n, 7]`) — as every
+/// qualification read is — and otherwise answers wrongly (`quit`: exits instead), as in an
+/// audit, whose requests the host draws and shuffles.
+fn by_position(quit: bool) -> String {
+    let otherwise = if quit {
+        "raise SystemExit(0)"
+    } else {
+        "return [prompt[0] + 1] * tokens"
+    };
+    format!(
+        "SEEN = [0]\n\n\ndef generate(prompt, tokens, model_dir):\n    n = SEEN[0]\n    SEEN[0] += 1\n    if prompt[0] != n:\n        {otherwise}\n    return [prompt[0]] * tokens\n"
     )
 }
 
@@ -68,6 +85,11 @@ fn put(w: &World, r: &Receipt) -> Digest {
 
 /// A world whose policy pins the test's pristine engine, registered in its store.
 fn world(slot: u32) -> (World, Digest, Digest) {
+    world_edited(slot, &[])
+}
+
+/// [`world`] with further `edits` to the default policy.
+fn world_edited(slot: u32, edits: &[(&str, &str)]) -> (World, Digest, Digest) {
     let pristine = files(&serve(0, &[]), "pristine");
     let pin = digest_of(&pristine);
     let from = format!(
@@ -75,12 +97,9 @@ fn world(slot: u32) -> (World, Digest, Digest) {
         cordon_testkit::policy_pin("pristine")
     );
     let to = format!("pristine digest=\"{pin}\"");
-    let w = common::world(
-        "reference",
-        slot,
-        &format!("reference-{slot}"),
-        &[(&from, &to)],
-    );
+    let mut all = vec![(from.as_str(), to.as_str())];
+    all.extend_from_slice(edits);
+    let w = common::world("reference", slot, &format!("reference-{slot}"), &all);
     let refs: Vec<(&str, &str)> = pristine.iter().map(|(p, t)| (*p, t.as_str())).collect();
     assert_eq!(publish(&w.store, TREES, &refs), pin);
     let mut registration = Receipt::new(StageName::Materialize, w.cfg.authority, Outcome::Ok);
@@ -150,6 +169,7 @@ fn referee(
     let mut recorded = VerdictInputs {
         qualify: given.qualify,
         pristine: given.pristine,
+        audit: None,
         quiescence: None,
         reference: None,
     };
@@ -242,6 +262,65 @@ fn a_fast_engine_with_wrong_tokens_fails_on_quality_and_a_correct_faster_one_pas
             assert_eq!((o.verdict, o.code.as_str()), (Final::Pass, "verdict.pass"));
         }
         other => panic!("expected a PASS, got {other:?}"),
+    }
+    nothing_left(&w);
+}
+
+#[test]
+fn an_engine_right_when_timed_and_wrong_or_gone_when_audited_fails_on_its_audit() {
+    let (w, pin, registration) = world(3);
+    let incumbent = serve(40, &[]);
+
+    let given = qualified(&w, (pin, registration), &incumbent, &by_position(false));
+    let (r, recorded) = referee(&w, &given);
+    let (code, o) = failed(r);
+    nothing_left(&w);
+    assert_eq!(code, "audit.mismatch", "{}", o.reason);
+    // Right on every read of the qualification: only the audit shows it.
+    assert_eq!(o.graded.c.verdict, QualityVerdict::Pass);
+    assert_eq!(o.speed.verdict, cordon_lane::speed::Verdict::Pass);
+    let record = o.audit.unwrap();
+    assert_eq!(
+        record.sample.len(),
+        3,
+        "the policy's audit samples 3 requests"
+    );
+    assert!(matches!(
+        record.outcome,
+        AuditOutcome::Served { ref graded, .. } if graded.verdict == QualityVerdict::Fail
+    ));
+    // Its own receipt, of its own stage, with no timing in it, after the qualification.
+    let audit = cordon::chain::load(&w.store, &recorded.audit.unwrap()).unwrap();
+    assert_eq!(
+        (audit.stage, audit.prev),
+        (StageName::Audit, Some(given.qualify))
+    );
+    let a = audit.outputs_as::<AuditOutputs>().unwrap();
+    assert!(audit.outputs_as::<cordon::receipt::LaneOutputs>().is_err());
+    assert_eq!(a.sample, record.sample);
+    // T started only after the audit's lease was named gone with the reads'.
+    let q = cordon::chain::load(&w.store, &recorded.quiescence.unwrap()).unwrap();
+    let gone = q.outputs_as::<ReapOutputs>().unwrap().gone;
+    assert!(
+        gone.iter().any(|g| g.read == "A" && g.lease == a.lease),
+        "{gone:?}"
+    );
+
+    // One that notices the audit and quits: it broke its own session, a FAIL.
+    let given = qualified(&w, (pin, registration), &incumbent, &by_position(true));
+    let (code, o) = failed(referee(&w, &given).0);
+    nothing_left(&w);
+    assert_eq!(code, "audit.rejected", "{}", o.reason);
+
+    // The same engine under a plan that asks for no audit: a PASS, so the audit is what
+    // failed it above.
+    let (w, pin, registration) = world_edited(4, &[("audit {\n    requests 3\n}\n", "")]);
+    let given = qualified(&w, (pin, registration), &incumbent, &by_position(false));
+    match referee(&w, &given) {
+        (Ok(Decision::Accepted(o)), recorded) => {
+            assert!(o.audit.is_none() && recorded.audit.is_none());
+        }
+        other => panic!("expected a PASS without an audit, got {other:?}"),
     }
     nothing_left(&w);
 }

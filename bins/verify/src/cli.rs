@@ -152,8 +152,15 @@ fn facts(r: &Receipt) -> String {
             .map(|o| format!("publication={}", o.publication)),
         StageName::Verdict => r.outputs_as::<VerdictOutputs>().ok().map(|o| {
             let (g, speed) = (&o.graded, &o.speed);
+            let audit = match o.audit.as_ref().map(|a| &a.outcome) {
+                None => "none".to_owned(),
+                Some(cordon_evidence::audit::AuditOutcome::Served { graded, .. }) => {
+                    format!("{}/{}", graded.exact, graded.requests)
+                }
+                Some(cordon_evidence::audit::AuditOutcome::Rejected { code, .. }) => code.clone(),
+            };
             format!(
-                "verdict={:?} code={:?} speed={:?} c_exact={}/{} b_exact={}/{} b2_exact={}/{}",
+                "verdict={:?} code={:?} speed={:?} c_exact={}/{} b_exact={}/{} b2_exact={}/{} audit={audit}",
                 o.verdict,
                 o.code,
                 speed.code,
@@ -162,9 +169,13 @@ fn facts(r: &Receipt) -> String {
                 g.b.exact,
                 g.b.requests,
                 g.b2.exact,
-                g.b2.requests
+                g.b2.requests,
             )
         }),
+        StageName::Audit => r
+            .outputs_as::<cordon_evidence::audit::AuditOutputs>()
+            .ok()
+            .map(|o| format!("tree={} sample={:?} outputs={}", o.tree, o.sample, o.outputs)),
         StageName::Reference => r.outputs_as::<ReferenceOutputs>().ok().map(|o| {
             format!(
                 "tree={} publication={} requests={} outputs={}",

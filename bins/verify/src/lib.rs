@@ -13,15 +13,19 @@
 //! qualification, its reference session T and the quiescence receipt T started after; every
 //! outputs object a session or T names re-hashes and decodes, and the verdict recomputes from
 //! those objects — each read graded against T under the quality rule it records (whose digest
-//! it also records) — to exactly what it says.
+//! it also records), and the candidate's audit regraded against T's outputs for the requests
+//! it sampled — to exactly what it says. An audit receipt is its own stage: a qualify receipt
+//! whose session is one is refused (no speed computation reads an audit).
 //!
 //! It needs no root, no runtime and no network: only a store, or a copy of one made by
 //! [`export`] (the receipts, their signatures and the trees and publications they name).
 //!
 //! What it does not own: intake records (a fetch receipt's content is not re-hashed here; its
-//! tree, materialized from it, is), the audit role (not built yet), key rotation.
+//! tree, materialized from it, is), the audit's plan object (the sampled requests it sent: its
+//! digest is recorded, not re-read), key rotation.
 
 pub mod cli;
+mod referee;
 
 use std::collections::BTreeSet;
 
@@ -34,12 +38,8 @@ use cordon::signing::{self, SigningError};
 use cordon::store::{Store, StoreError};
 use cordon::tree::{self, PUBLICATIONS, Section, TREES, TreeError};
 use cordon_evidence::inputs::PrebuildInputs;
-use cordon_evidence::qualify::{QualifyOutputs, Reads, speed_policy_digest};
-use cordon_evidence::quality::grade;
+use cordon_evidence::qualify::{QualifyOutputs, speed_policy_digest};
 use cordon_evidence::speed::{self, Verdict};
-use cordon_evidence::verdict::{
-    self, Final, ReferenceInputs, ReferenceOutputs, VerdictInputs, VerdictOutputs,
-};
 
 /// The most receipts one walk visits.
 pub const MAX_HOPS: usize = 256;
@@ -172,6 +172,9 @@ struct Names {
     objects: Vec<(Section, Digest)>,
     outputs: Vec<Digest>,
     edges: Edges,
+    /// Receipts it rests on as evidence of the candidate's own failure: each must be
+    /// `rejected` (the final verdict's FAIL over an audit the candidate broke).
+    rejected: Edges,
 }
 
 impl Names {
@@ -192,7 +195,11 @@ impl Names {
 }
 
 /// An outputs object from the store, re-hashed and decoded.
-fn tokens(store: &Store, digest: &Digest, object: &Digest) -> Result<Vec<Vec<u32>>, VerifyError> {
+pub(crate) fn tokens(
+    store: &Store,
+    digest: &Digest,
+    object: &Digest,
+) -> Result<Vec<Vec<u32>>, VerifyError> {
     let bad = |why: String| VerifyError::Recompute {
         digest: *digest,
         why: format!("its outputs object {object}: {why}"),
@@ -208,7 +215,7 @@ fn tokens(store: &Store, digest: &Digest, object: &Digest) -> Result<Vec<Vec<u32
 }
 
 /// What one receipt leads to: the receipts it rests on, each with the stage it must be.
-type Edges = Vec<(Digest, StageName)>;
+pub(crate) type Edges = Vec<(Digest, StageName)>;
 
 /// Verify the chain under `head` with the trusted public key `key`; the hops, head first.
 ///
@@ -266,6 +273,7 @@ pub fn verify(store: &Store, head: &Digest, key: &str) -> Result<Vec<Hop>, Verif
             objects,
             outputs,
             edges,
+            rejected,
         } = hop(store, &digest, &r)?;
         for object in &outputs {
             tokens(store, &digest, object)?;
@@ -288,6 +296,11 @@ pub fn verify(store: &Store, head: &Digest, key: &str) -> Result<Vec<Hop>, Verif
             })?;
         }
         todo.extend(edges.into_iter().map(|(d, s)| (d, Some((s, rests_on)))));
+        todo.extend(
+            rejected
+                .into_iter()
+                .map(|(d, s)| (d, Some((s, Outcome::Rejected)))),
+        );
         hops.push(Hop {
             digest,
             receipt: r,
@@ -376,6 +389,7 @@ fn hop(store: &Store, digest: &Digest, r: &Receipt) -> Result<Names, VerifyError
                 objects: vec![(TREES, o.tree), (PUBLICATIONS, o.publication)],
                 outputs: vec![o.outputs],
                 edges,
+                ..Names::default()
             })
         }
         StageName::Qualify => {
@@ -409,154 +423,16 @@ fn hop(store: &Store, digest: &Digest, r: &Receipt) -> Result<Names, VerifyError
             ))),
         },
         StageName::Reference => {
-            reference(store, r, prev(StageName::Qualify)?, established).map_err(&order)
+            referee::reference(store, r, prev(StageName::Qualify)?, established).map_err(&order)
         }
-        StageName::Verdict => {
-            let mut edges = prev(StageName::Qualify)?;
-            let i = r.inputs_as::<VerdictInputs>().map_err(shape)?;
-            edges.extend(i.reference.map(|d| (d, StageName::Reference)));
-            edges.extend(i.quiescence.map(|d| (d, StageName::Reap)));
-            if r.outcome == Outcome::NoDecision {
-                return Ok(Names::edges(edges));
-            }
-            let o = r.outputs_as::<VerdictOutputs>().map_err(shape)?;
-            recompute_verdict(store, digest, r, &i, &o)?;
-            Ok(Names::edges(edges))
+        StageName::Audit => {
+            referee::audit(store, r, prev(StageName::Qualify)?, established).map_err(&order)
         }
+        StageName::Verdict => referee::verdict(store, digest, r, prev(StageName::Qualify)?),
         StageName::Policy => Err(order(
             "this build cannot verify a receipt of this stage".into(),
         )),
     }
-}
-
-/// A reference session's receipt: it rests on its qualification and on the quiescence receipt
-/// it names; it mounted the tree and the control-only publication its inputs name, and names
-/// its outputs object.
-fn reference(
-    store: &Store,
-    r: &Receipt,
-    mut edges: Edges,
-    established: bool,
-) -> Result<Names, String> {
-    let i = r
-        .inputs_as::<ReferenceInputs>()
-        .map_err(|e| e.to_string())?;
-    edges.push((i.quiescence, StageName::Reap));
-    if !established {
-        return Ok(Names::edges(edges));
-    }
-    let o = r
-        .outputs_as::<ReferenceOutputs>()
-        .map_err(|e| e.to_string())?;
-    if (o.tree, o.publication, o.quiescence) != (i.tree, i.publication, i.quiescence) {
-        return Err(
-            "its outputs name another tree, publication or quiescence than its inputs".into(),
-        );
-    }
-    // Control-only: T's publication holds nothing.
-    let publication =
-        tree::load_in(store, PUBLICATIONS, &o.publication).map_err(|e| e.to_string())?;
-    if !publication.entries.is_empty() {
-        return Err("its publication is not control-only".into());
-    }
-    Ok(Names {
-        objects: vec![(TREES, o.tree), (PUBLICATIONS, o.publication)],
-        outputs: vec![o.outputs],
-        edges,
-    })
-}
-
-/// A final verdict against what it rests on: its qualification's speed record and reads, T's
-/// outputs, the quality rule it records, every read regraded from the stored objects, and the
-/// verdict recomputed from them.
-fn recompute_verdict(
-    store: &Store,
-    digest: &Digest,
-    r: &Receipt,
-    i: &VerdictInputs,
-    o: &VerdictOutputs,
-) -> Result<(), VerifyError> {
-    let differs = |why: String| VerifyError::Recompute {
-        digest: *digest,
-        why,
-    };
-    if (Some(o.qualify), Some(o.reference), Some(o.quiescence))
-        != (r.prev, i.reference, i.quiescence)
-        || i.qualify != o.qualify
-    {
-        return Err(differs(
-            "its outputs name other receipts than it rests on".into(),
-        ));
-    }
-    let q = chain::load(store, &o.qualify)?
-        .outputs_as::<QualifyOutputs>()
-        .map_err(|e| differs(format!("its qualification: {e}")))?;
-    let t_receipt = chain::load(store, &o.reference)?;
-    let t = t_receipt
-        .outputs_as::<ReferenceOutputs>()
-        .map_err(|e| differs(format!("its reference session: {e}")))?;
-    if t_receipt.prev != Some(o.qualify) || t.quiescence != o.quiescence {
-        return Err(differs(
-            "its reference session is not its qualification's".into(),
-        ));
-    }
-    if (&q.speed, &q.outputs, q.settling) != (&o.speed, &o.outputs, o.settling)
-        || t.outputs != o.reference_outputs
-    {
-        return Err(differs(
-            "its speed record or outputs are not its qualification's and T's".into(),
-        ));
-    }
-    let rule = verdict::quality_policy_digest(&o.quality_section)
-        .map_err(|e| differs(format!("the quality section: {e}")))?;
-    if rule != o.quality_policy {
-        return Err(differs(
-            "the quality section it records is not the one its digest names".into(),
-        ));
-    }
-    let reference = tokens(store, digest, &t.outputs)?;
-    let graded = Reads {
-        b: grade(
-            &o.quality_section,
-            &reference,
-            &tokens(store, digest, &q.outputs.b)?,
-        ),
-        c: grade(
-            &o.quality_section,
-            &reference,
-            &tokens(store, digest, &q.outputs.c)?,
-        ),
-        b2: grade(
-            &o.quality_section,
-            &reference,
-            &tokens(store, digest, &q.outputs.b2)?,
-        ),
-    };
-    if graded != o.graded {
-        return Err(differs(
-            "the grades do not recompute from the stored outputs".into(),
-        ));
-    }
-    let again = verdict::decide(&o.speed, &graded)
-        .map_err(|why| differs(format!("the verdict recomputes to a no-decision: {why}")))?;
-    if again != (o.verdict, o.code.clone(), o.reason.clone()) {
-        return Err(differs(format!(
-            "the verdict recomputes to {:?} ({}), the receipt says {:?} ({})",
-            again.0, again.1, o.verdict, o.code
-        )));
-    }
-    let outcome = match again.0 {
-        Final::Pass => Outcome::Ok,
-        Final::Fail => Outcome::Rejected,
-    };
-    if r.outcome != outcome {
-        return Err(differs(format!(
-            "its outcome is {}, the verdict it records is {:?}",
-            r.outcome.as_str(),
-            again.0
-        )));
-    }
-    Ok(())
 }
 
 /// A qualify receipt against its sessions: their windows and builds, and the speed verdict

@@ -85,6 +85,7 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
             "physical-lane",
             "speed",
             "quality",
+            "audit",
             "stage",
             "step",
         ],
@@ -155,6 +156,10 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
         Some(node) => quality(cx, node).map(Some),
         None => Some(None),
     };
+    let audit = match top.one("audit") {
+        Some(node) => audit(cx, node).map(Some),
+        None => Some(None),
+    };
     let seccomp = named(cx, &top.all("seccomp"), "seccomp profile")
         .into_iter()
         .filter_map(|(name, node)| Some((name, seccomp(cx, node)?)))
@@ -216,6 +221,7 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
         physical_lane: physical_lane?,
         speed: speed?,
         quality: quality?,
+        audit: audit?,
         stage: stages,
         step: steps,
     };
@@ -478,6 +484,25 @@ fn quality(cx: &mut Cx, node: &KdlNode) -> Option<Quality> {
     Some(Quality {
         min_exact_bp: min_exact_bp?,
         min_prefix_bp: min_prefix_bp?,
+    })
+}
+
+fn audit(cx: &mut Cx, node: &KdlNode) -> Option<Audit> {
+    shape(cx, node, 0, 0, &[], true);
+    let b = Block::read(
+        cx,
+        node.children(),
+        "audit",
+        name_span(node),
+        &["requests"],
+        &[],
+    );
+    // Required when the section is there: an audit of no request would audit nothing.
+    let requests = b
+        .required(cx, "requests")
+        .and_then(|n| single(cx, n, &[], |cx, e| integer(cx, e, "requests", 1, 1_000_000)));
+    Some(Audit {
+        requests: requests?,
     })
 }
 

@@ -117,6 +117,33 @@ fn speed_and_physical_lanes_are_typed_and_every_bad_value_is_named() {
 }
 
 #[test]
+fn the_audit_is_optional_typed_and_samples_at_least_one_request() {
+    let text = default_policy();
+    let p = crate::parse("evaluator.kdl", &text).unwrap();
+    assert_eq!(p.audit().map(|a| a.requests), Some(3));
+    for (to, code) in [
+        ("requests 0", "out-of-range"),
+        ("requests \"3\"", "wrong-type"),
+        ("", "missing-node"),
+        ("requests 3\n    seed 1", "unknown-node"),
+    ] {
+        let edited = text.replace_once("requests 3", to);
+        assert!(
+            codes(&edited).contains(&code.to_owned()),
+            "{to}: {:?}",
+            codes(&edited)
+        );
+    }
+    // Absent, the plan asks for no audit: a valid policy, and one of another digest.
+    let start = text.find("audit {").unwrap();
+    let end = start + text[start..].find('}').unwrap() + 1;
+    let none = format!("{}{}", &text[..start], &text[end..]);
+    let q = crate::parse("t.kdl", &none).unwrap();
+    assert!(q.audit().is_none());
+    assert_ne!(q.digest().unwrap(), p.digest().unwrap());
+}
+
+#[test]
 fn quality_is_typed_required_in_full_and_bounded_by_all() {
     let p = crate::parse("evaluator.kdl", &default_policy()).unwrap();
     let q = p.quality().unwrap();
