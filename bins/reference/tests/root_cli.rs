@@ -1,0 +1,246 @@
+//! The whole pipeline with the binaries, as root, as a reviewer would check it: a candidate
+//! delta whose engine answers every request with the right number of wrong tokens, fast, goes
+//! through `cordon-fetch`, `cordon-materialize`, `cordon-prebuild`, `cordon-lane qualify` (a
+//! speed PASS) and `cordon-reference`, and ends in FAIL on quality (exit 1) naming the first
+//! differing request; the chain under the final verdict replays with `cordon-verify`; and the
+//! same qualification offered to a referee under another quality rule (another authority) is
+//! refused (exit 2). The incumbent here waits per token instead of computing, so its reads are
+//! steady on a busy CPU host; the pristine tree is the bundled example's, which the policy pins.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use cordon::canonical::Digest;
+use cordon_testkit::{replace_once, workspace_root};
+use serde_json::Value;
+
+fn bin(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_cordon-reference")).with_file_name(name)
+}
+
+/// The example incumbent's kernel, waiting instead of computing (the same tokens).
+const STEADY_KERNEL: &str = "import time\n\nEXPONENT = 65537\n\n\ndef attend(query, modulus=1000003):\n    time.sleep(0.003)\n    return [pow(q, EXPONENT, modulus) for q in query]\n";
+
+/// The example candidate's kernel, off by one on every token: the right number, all wrong.
+const WRONG_KERNEL: &str = "from fast_attn import util\n\nEXPONENT = 65537\n\n\ndef attend(query, modulus=1000003):\n    return [(t + 1) % modulus for t in util.power(query, EXPONENT, modulus)]\n";
+
+struct Cli {
+    dir: tempfile::TempDir,
+}
+
+impl Cli {
+    fn new() -> Self {
+        cordon_testkit::require_root("the pipeline runs real containers and accounts");
+        let _ = cordon_testkit::runc();
+        let _ = cordon_testkit::busybox();
+        assert!(cordon_testkit::runtime_image_inputs().is_file());
+        let dir = tempfile::tempdir().unwrap();
+        let policy = cordon_testkit::isolated_policy(
+            dir.path(),
+            cordon_testkit::account_range("reference", 5),
+        );
+        std::fs::write(dir.path().join("policy.kdl"), &policy).unwrap();
+        // Another authority: the same policy under a looser quality rule.
+        std::fs::write(
+            dir.path().join("looser.kdl"),
+            replace_once(&policy, "min-exact-bp 10000", "min-exact-bp 9000"),
+        )
+        .unwrap();
+        for role in ["prebuild", "runtime"] {
+            let spec =
+                cordon_image::spec::load(&workspace_root().join(format!("images/{role}.kdl")))
+                    .unwrap();
+            cordon::image::build(&spec, &dir.path().join("images").join(role)).unwrap();
+        }
+        let cli = Self { dir };
+        cli.copy("checks/example/incumbent", "incumbent");
+        std::fs::write(
+            cli.path("incumbent/engine/attention/kernel.py"),
+            STEADY_KERNEL,
+        )
+        .unwrap();
+        cli.copy("checks/example/candidate", "candidate");
+        std::fs::write(
+            cli.path("candidate/engine/attention/kernel.py"),
+            WRONG_KERNEL,
+        )
+        .unwrap();
+        // The model lives in a root-owned directory nobody else may write (the lane checks).
+        let model = cli.path("models/example");
+        std::fs::create_dir_all(&model).unwrap();
+        std::fs::copy(
+            workspace_root().join("checks/example/model/vocab"),
+            model.join("vocab"),
+        )
+        .unwrap();
+        cli
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn copy(&self, from: &str, to: &str) {
+        let ok = Command::new("cp")
+            .arg("-r")
+            .arg(workspace_root().join(from))
+            .arg(self.path(to))
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
+
+    /// `binary` under `policy` with this test's store and lease options.
+    fn command(&self, binary: &str, policy: &str) -> Command {
+        let mut c = Command::new(bin(binary));
+        c.arg("--policy")
+            .arg(self.path(policy))
+            .arg("--store")
+            .arg(self.path("store"));
+        if matches!(binary, "cordon-prebuild" | "cordon-reference") {
+            c.args(self.lease());
+        }
+        c
+    }
+
+    /// The lease options (the lane takes them after its subcommand).
+    fn lease(&self) -> [String; 4] {
+        [
+            "--run-dir".into(),
+            self.path("run").display().to_string(),
+            "--executor".into(),
+            "reference-cli".into(),
+        ]
+    }
+
+    /// Run `c` with `stdin` (a receipt file, or nothing); its output, the receipt kept as
+    /// `keep`.
+    fn run(&self, mut c: Command, stdin: Option<&str>, keep: &str) -> (Output, Value) {
+        c.stdin(match stdin {
+            Some(f) => Stdio::from(std::fs::File::open(self.path(f)).unwrap()),
+            None => Stdio::null(),
+        });
+        let out = c.output().unwrap();
+        std::fs::write(self.path(keep), &out.stdout).unwrap();
+        let receipt = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        (out, receipt)
+    }
+}
+
+fn ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_fast_engine_with_wrong_tokens_ends_the_whole_pipeline_in_fail_and_the_chain_replays() {
+    let cli = Cli::new();
+    let images = cli.path("images");
+    let mut c = cli.command("cordon-materialize", "policy.kdl");
+    c.arg("incumbent").arg(cli.path("incumbent"));
+    let (out, incumbent) = cli.run(c, None, "incumbent.json");
+    ok(&out);
+    let mut c = cli.command("cordon-materialize", "policy.kdl");
+    c.arg("incumbent")
+        .arg(workspace_root().join("checks/example/pristine"));
+    ok(&cli.run(c, None, "pristine.json").0);
+    let mut c = cli.command("cordon-prebuild", "policy.kdl");
+    c.arg("--images").arg(&images);
+    ok(&cli
+        .run(c, Some("incumbent.json"), "incumbent-prebuild.json")
+        .0);
+
+    let archive = cli.path("candidate.tar");
+    let tar = Command::new("tar")
+        .args(["--sort=name", "--owner=0", "--group=0", "--numeric-owner"])
+        .args(["--mtime=@0", "--format=ustar", "-C"])
+        .arg(cli.path("candidate"))
+        .arg("-cf")
+        .arg(&archive)
+        .args(["cordon-delta.kdl", "engine"])
+        .status()
+        .unwrap();
+    assert!(tar.success());
+    let mut c = cli.command("cordon-fetch", "policy.kdl");
+    c.args(["--sha256", &Digest::of_file(&archive).unwrap().to_string()])
+        .arg(&archive);
+    ok(&cli.run(c, None, "fetch.json").0);
+    let mut c = cli.command("cordon-materialize", "policy.kdl");
+    c.args([
+        "--incumbent",
+        incumbent["outputs"]["tree_digest"].as_str().unwrap(),
+    ]);
+    ok(&cli.run(c, Some("fetch.json"), "materialize.json").0);
+    let mut c = cli.command("cordon-prebuild", "policy.kdl");
+    c.arg("--images").arg(&images);
+    ok(&cli.run(c, Some("materialize.json"), "prebuild.json").0);
+
+    let mut c = cli.command("cordon-lane", "policy.kdl");
+    c.arg("qualify")
+        .args(cli.lease())
+        .arg("--incumbent")
+        .arg(cli.path("incumbent-prebuild.json"))
+        .arg("--images")
+        .arg(&images)
+        .arg("--workload")
+        .arg(workspace_root().join("checks/example/workload/example.json"))
+        .arg("--model")
+        .arg(cli.path("models/example"));
+    let (out, qualify) = cli.run(c, Some("prebuild.json"), "qualify.json");
+    ok(&out);
+    assert_eq!(
+        qualify["outputs"]["speed"]["code"], "speed.pass",
+        "speed alone passes it"
+    );
+
+    let mut c = cli.command("cordon-reference", "policy.kdl");
+    c.arg("--images")
+        .arg(&images)
+        .arg("--pristine")
+        .arg(cli.path("pristine.json"));
+    let (out, verdict) = cli.run(c, Some("qualify.json"), "verdict.json");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        (verdict["stage"].as_str(), verdict["outcome"].as_str()),
+        (Some("verdict"), Some("rejected"))
+    );
+    let finding = &verdict["reasons"][0];
+    assert_eq!(finding["code"], "quality.exact", "{verdict}");
+    assert!(
+        finding["message"].as_str().unwrap().contains("request 0"),
+        "the first differing request is named: {finding}"
+    );
+    // The audit ran too, and its receipt is linked.
+    assert!(verdict["inputs"]["audit"].is_string(), "{verdict}");
+
+    let mut c = Command::new(bin("cordon-verify"));
+    c.arg("--store")
+        .arg(cli.path("store"))
+        .arg(cli.path("verdict.json"));
+    let out = c.output().unwrap();
+    ok(&out);
+
+    // The same qualification under a looser quality rule: another authority, refused.
+    let mut c = cli.command("cordon-reference", "looser.kdl");
+    c.arg("--images")
+        .arg(&images)
+        .arg("--pristine")
+        .arg(cli.path("pristine.json"));
+    let (out, _) = cli.run(c, Some("qualify.json"), "looser.json");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
