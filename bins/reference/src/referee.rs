@@ -215,14 +215,13 @@ impl Referee<'_> {
         Ok(publication.digest)
     }
 
-    /// Step 3, as the gate of T's session: the strict quiescence check, its receipt stored
-    /// whatever it found. Its digest, and what was left (residue stops T).
+    /// Step 4, as the gate of T's session: the strict quiescence check, its receipt stored
+    /// whatever it found (residue item by item, as `cordon-reap --check` records it). Its digest, and what was left (residue stops T).
     fn quiescence(
         &self,
         manager: &cordon::lease::Manager,
         read: &Reads<LaneOutputs>,
         audit: Option<&Gone>,
-        stderr: &mut dyn Write,
     ) -> Result<(Digest, Vec<String>), RefereeError> {
         let left = manager
             .check()
@@ -254,23 +253,35 @@ impl Referee<'_> {
                 surface_state: None,
             })
             .map_err(|e| no(e.to_string()))?;
-        let result: Result<Decision<ReapOutputs>, RefereeError> = if remaining.is_empty() {
-            Ok(Decision::Accepted(ReapOutputs {
-                quiescent: true,
+        let quiescent = remaining.is_empty();
+        // Residue is recorded as `cordon-reap --check` records it: one `reap.residue` reason
+        // per item and the items themselves in the outputs, so an operator reads what was left.
+        if !quiescent {
+            receipt.outcome = Outcome::NoDecision;
+            receipt.reasons = remaining
+                .iter()
+                .map(|item| cordon::receipt::Reason {
+                    code: "reap.residue".to_owned(),
+                    message: item.clone(),
+                })
+                .collect();
+        }
+        receipt
+            .set_outputs(&ReapOutputs {
+                quiescent,
                 released: None,
                 active: Some(Vec::new()),
                 remaining,
                 gone,
-            }))
-        } else {
-            Err(no(format!(
-                "the executor is not quiescent before the reference session: {}",
-                remaining.join("; ")
-            )))
-        };
-        let digest = self
-            .store_linked(&mut receipt, result, stderr)
+            })
             .map_err(|e| no(format!("the quiescence receipt: {e}")))?;
+        let digest = stage::emit_signed(
+            &self.cfg.store,
+            &self.cfg.key_dir,
+            &mut receipt,
+            &mut std::io::sink(),
+        )
+        .map_err(|e| no(format!("the quiescence receipt: {e}")))?;
         Ok((digest, left.iter().map(ToString::to_string).collect()))
     }
 
@@ -296,9 +307,8 @@ impl Referee<'_> {
         };
         let mut quiescence = None;
         let mut gate_err = None;
-        let mut gate_stderr = Vec::new();
         let session = session_gated(self.policy, self.cfg, &inputs, lock, |m| {
-            let refused = match self.quiescence(m, read, audit, &mut gate_stderr) {
+            let refused = match self.quiescence(m, read, audit) {
                 Ok((d, left)) => {
                     quiescence = Some(d);
                     (!left.is_empty()).then(|| {
@@ -319,7 +329,6 @@ impl Referee<'_> {
                 }
             }
         });
-        let _ = stderr.write_all(&gate_stderr);
         recorded.quiescence = quiescence;
         if let Some(e) = gate_err {
             return Err(e);

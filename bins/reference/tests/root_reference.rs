@@ -1,8 +1,9 @@
 //! The referee with real containers: real qualifications (B, C, B′ in the pinned runtime image,
 //! per-run accounts, runc) followed by the real pristine reference session T and the final
 //! verdict. Engines answer the prompt's first id (the pristine's and an honest engine's
-//! tokens), or a wrong id on chosen requests; the incumbent sleeps per request, so every
-//! candidate here is faster and speed alone would pass it.
+//! tokens), or a wrong id on chosen requests; the incumbent sleeps 40 ms per request and every
+//! candidate 4 ms (steady windows on a busy host, where an engine doing no work at all
+//! scatters past the speed rule's bound), so each is faster and speed alone would pass it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -44,7 +45,7 @@ fn by_position(quit: bool) -> String {
         "return [prompt[0] + 1] * tokens"
     };
     format!(
-        "SEEN = [0]\n\n\ndef generate(prompt, tokens, model_dir):\n    n = SEEN[0]\n    SEEN[0] += 1\n    if prompt[0] != n:\n        {otherwise}\n    return [prompt[0]] * tokens\n"
+        "import time\n\nSEEN = [0]\n\n\ndef generate(prompt, tokens, model_dir):\n    time.sleep(0.004)\n    n = SEEN[0]\n    SEEN[0] += 1\n    if prompt[0] != n:\n        {otherwise}\n    return [prompt[0]] * tokens\n"
     )
 }
 
@@ -90,7 +91,7 @@ fn world(slot: u32) -> (World, Digest, Digest) {
 
 /// [`world`] with further `edits` to the default policy.
 fn world_edited(slot: u32, edits: &[(&str, &str)]) -> (World, Digest, Digest) {
-    let pristine = files(&serve(0, &[]), "pristine");
+    let pristine = files(&serve(4, &[]), "pristine");
     let pin = digest_of(&pristine);
     let from = format!(
         "pristine digest=\"{}\"",
@@ -202,7 +203,7 @@ fn a_fast_engine_with_wrong_tokens_fails_on_quality_and_a_correct_faster_one_pas
         &w,
         (pin, registration),
         &incumbent,
-        &serve(0, &[0, 1, 2, 3, 4]),
+        &serve(4, &[0, 1, 2, 3, 4]),
     );
     let (r, recorded) = referee(&w, &given);
     let (code, o) = failed(r);
@@ -247,7 +248,7 @@ fn a_fast_engine_with_wrong_tokens_fails_on_quality_and_a_correct_faster_one_pas
     }
 
     // Wrong on one request only: still a FAIL, naming that request.
-    let given = qualified(&w, (pin, registration), &incumbent, &serve(0, &[3]));
+    let given = qualified(&w, (pin, registration), &incumbent, &serve(4, &[3]));
     let (code, o) = failed(referee(&w, &given).0);
     assert_eq!(
         (code.as_str(), o.graded.c.first_mismatch),
@@ -256,7 +257,7 @@ fn a_fast_engine_with_wrong_tokens_fails_on_quality_and_a_correct_faster_one_pas
     assert_eq!(o.graded.c.exact, 4);
 
     // Correct and faster: PASS.
-    let given = qualified(&w, (pin, registration), &incumbent, &serve(0, &[]));
+    let given = qualified(&w, (pin, registration), &incumbent, &serve(4, &[]));
     match referee(&w, &given).0 {
         Ok(Decision::Accepted(o)) => {
             assert_eq!((o.verdict, o.code.as_str()), (Final::Pass, "verdict.pass"));
@@ -329,7 +330,7 @@ fn an_engine_right_when_timed_and_wrong_or_gone_when_audited_fails_on_its_audit(
 fn t_refuses_a_live_leftover_a_candidate_tree_and_an_incumbent_that_disagrees() {
     let (w, pin, registration) = world(1);
     let incumbent = serve(40, &[]);
-    let given = qualified(&w, (pin, registration), &incumbent, &serve(0, &[]));
+    let given = qualified(&w, (pin, registration), &incumbent, &serve(4, &[]));
 
     // A session whose supervisor died: its record, account and run directory are left.
     {
@@ -362,9 +363,14 @@ fn t_refuses_a_live_leftover_a_candidate_tree_and_an_incumbent_that_disagrees() 
         Outcome::NoDecision,
         "the quiescence receipt says so"
     );
+    // Item by item: the leftover's record, account and run directory, as reap records them.
+    let left = q.outputs_as::<ReapOutputs>().unwrap();
+    assert!(!left.quiescent && !left.remaining.is_empty(), "{left:?}");
+    assert_eq!(q.reasons.len(), left.remaining.len());
+    assert!(q.reasons.iter().all(|r| r.code == "reap.residue"));
 
     // The candidate's own tree as the pristine one: refused before launch.
-    let mut as_candidate = qualified(&w, (pin, registration), &incumbent, &serve(0, &[]));
+    let mut as_candidate = qualified(&w, (pin, registration), &incumbent, &serve(4, &[]));
     let candidate_tree = cordon::chain::load(&w.store, &as_candidate.outputs.sessions.c)
         .unwrap()
         .outputs_as::<cordon::receipt::LaneOutputs>()
@@ -381,7 +387,7 @@ fn t_refuses_a_live_leftover_a_candidate_tree_and_an_incumbent_that_disagrees() 
 
     // An incumbent that disagrees with T: the reference or the baseline is broken, never the
     // candidate's FAIL, even though the candidate agrees with T.
-    let given = qualified(&w, (pin, registration), &serve(40, &[2]), &serve(0, &[]));
+    let given = qualified(&w, (pin, registration), &serve(40, &[2]), &serve(4, &[]));
     match referee(&w, &given).0 {
         Err(RefereeError::NoDecision(why)) => assert!(why.starts_with("quality.baseline"), "{why}"),
         other => panic!("expected a no-decision, got {other:?}"),
