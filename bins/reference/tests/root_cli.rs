@@ -23,8 +23,10 @@ fn bin(name: &str) -> PathBuf {
 /// The example incumbent's kernel, waiting instead of computing (the same tokens).
 const STEADY_KERNEL: &str = "import time\n\nEXPONENT = 65537\n\n\ndef attend(query, modulus=1000003):\n    time.sleep(0.003)\n    return [pow(q, EXPONENT, modulus) for q in query]\n";
 
-/// The example candidate's kernel, off by one on every token: the right number, all wrong.
-const WRONG_KERNEL: &str = "from fast_attn import util\n\nEXPONENT = 65537\n\n\ndef attend(query, modulus=1000003):\n    return [(t + 1) % modulus for t in util.power(query, EXPONENT, modulus)]\n";
+/// The example candidate's kernel, off by one on every token: the right number, all wrong,
+/// ten times as fast as the incumbent and as steady (an engine of no work at all scatters past
+/// the speed rule's bound on a busy host).
+const WRONG_KERNEL: &str = "import time\n\nfrom fast_attn import util\n\nEXPONENT = 65537\n\n\ndef attend(query, modulus=1000003):\n    time.sleep(0.0003)\n    return [(t + 1) % modulus for t in util.power(query, EXPONENT, modulus)]\n";
 
 struct Cli {
     dir: tempfile::TempDir,
@@ -132,7 +134,8 @@ impl Cli {
 fn ok(out: &Output) {
     assert!(
         out.status.success(),
-        "{}",
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
 }
