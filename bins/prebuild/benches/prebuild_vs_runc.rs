@@ -7,7 +7,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cordon::canonical::Digest;
@@ -52,21 +51,7 @@ fn main() {
     .unwrap()
     .digest;
     let t_inc = t.elapsed();
-    let tar = Command::new("tar")
-        .args([
-            "--sort=name",
-            "--owner=0",
-            "--group=0",
-            "--numeric-owner",
-            "--mtime=@0",
-            "--format=ustar",
-            "-C",
-        ])
-        .arg(root.join("checks/example/candidate"))
-        .args(["-cf", "-", "cordon-delta.kdl", "engine"])
-        .output()
-        .unwrap()
-        .stdout;
+    let tar = cordon_testkit::pack_delta(&root.join("checks/example/candidate"));
     let t = Instant::now();
     let record = cordon::intake::ingest(
         &store,

@@ -98,16 +98,11 @@ impl Cli {
             .unwrap()
             .to_owned();
         let archive = self.path("candidate.tar");
-        let tar = Command::new("tar")
-            .args(["--sort=name", "--owner=0", "--group=0", "--numeric-owner"])
-            .args(["--mtime=@0", "--format=ustar", "-C"])
-            .arg(workspace_root().join("checks/example/candidate"))
-            .arg("-cf")
-            .arg(&archive)
-            .args(["cordon-delta.kdl", "engine"])
-            .status()
-            .unwrap();
-        assert!(tar.success());
+        std::fs::write(
+            &archive,
+            cordon_testkit::pack_delta(&workspace_root().join("checks/example/candidate")),
+        )
+        .unwrap();
         let sha = Digest::of_file(&archive).unwrap();
         let fetched = self
             .command("cordon-fetch")

@@ -21,7 +21,7 @@ use cordon_lane::session::{Inputs, session_under};
 use cordon_lane::workload::Workload;
 use rand::SeedableRng;
 
-use crate::referee::{Given, Referee, RefereeError, no};
+use crate::referee::{Given, Referee, RefereeError, no, post_digest};
 
 /// How the audit session ended.
 #[derive(Debug, Clone)]
@@ -173,18 +173,9 @@ impl Referee<'_> {
             }),
             Decision::Rejected(r) => Decision::Rejected(r),
         });
-        let served = match &result {
-            Ok(Decision::Accepted(o)) => Some(o.clone()),
-            _ => None,
-        };
-        let digest = self
-            .store_linked(&mut receipt, result, stderr)
-            .map_err(|e| no(format!("the audit receipt: {e}")))?;
+        let (digest, served, (code, reason)) =
+            self.store_session(&mut receipt, result, "audit", stderr)?;
         recorded.audit = Some(digest);
-        let (code, reason) = receipt
-            .reasons
-            .first()
-            .map_or_else(Default::default, |r| (r.code.clone(), r.message.clone()));
         let (gone, ended) = match (receipt.outcome, served) {
             (Outcome::Ok, Some(o)) => {
                 if (o.plan, o.model) != (plan_digest, given.outputs.model) {
@@ -192,9 +183,7 @@ impl Referee<'_> {
                         "the audit session read another plan or model than the host gave it",
                     ));
                 }
-                let post =
-                    cordon::canonical::domain_digest("cordon.device-receipt", 1, &o.devices.post)
-                        .map_err(|e| no(format!("the audit's post device receipt: {e}")))?;
+                let post = post_digest(&o.devices)?;
                 (
                     Some(Gone {
                         read: "A".to_owned(),

@@ -154,6 +154,18 @@ fn reads(cfg: &Config, q: &QualifyOutputs) -> Result<Reads<LaneOutputs>, Referee
     })
 }
 
+/// A stored session receipt: its digest, the outputs when it served, and its first reason
+/// (code, message) when it did not.
+pub(crate) type Stored<T> = (Digest, Option<T>, (String, String));
+
+/// The digest of a session's post device receipt, as the quiescence receipt names it.
+pub(crate) fn post_digest(
+    devices: &cordon::receipt::DeviceReceipts,
+) -> Result<Digest, RefereeError> {
+    cordon::canonical::domain_digest("cordon.device-receipt", 1, &devices.post)
+        .map_err(|e| no(format!("a post device receipt: {e}")))
+}
+
 /// An outputs object from the store, re-hashed and decoded.
 fn tokens(cfg: &Config, whose: &str, d: &Digest) -> Result<Vec<Vec<u32>>, RefereeError> {
     let bytes = cfg
@@ -179,6 +191,29 @@ impl Referee<'_> {
             result,
             (self.mode, stderr),
         )
+    }
+
+    /// Store a session's receipt, its `result` already in this stage's outputs: its digest, the
+    /// outputs when the session served, and its first reason (code, message) when it did not.
+    pub(crate) fn store_session<T: serde::Serialize + Clone>(
+        &self,
+        receipt: &mut Receipt,
+        result: Result<Decision<T>, LaneError>,
+        what: &str,
+        stderr: &mut dyn Write,
+    ) -> Result<Stored<T>, RefereeError> {
+        let served = match &result {
+            Ok(Decision::Accepted(o)) => Some(o.clone()),
+            _ => None,
+        };
+        let digest = self
+            .store_linked(receipt, result, stderr)
+            .map_err(|e| no(format!("the {what} receipt: {e}")))?;
+        let why = receipt
+            .reasons
+            .first()
+            .map_or_else(Default::default, |r| (r.code.clone(), r.message.clone()));
+        Ok((digest, served, why))
     }
 
     /// Steps 1 (store side) and 2: the pinned tree verifies, is neither role's and holds no
@@ -226,10 +261,7 @@ impl Referee<'_> {
         let left = manager
             .check()
             .map_err(|e| no(format!("the quiescence check: {e}")))?;
-        let post = |o: &LaneOutputs| {
-            cordon::canonical::domain_digest("cordon.device-receipt", 1, &o.devices.post)
-                .map_err(|e| no(format!("a post device receipt: {e}")))
-        };
+        let post = |o: &LaneOutputs| post_digest(&o.devices);
         let gone = [("B", &read.b), ("C", &read.c), ("B′", &read.b2)]
             .into_iter()
             .map(|(name, o)| {
@@ -370,21 +402,12 @@ impl Referee<'_> {
             }),
             Decision::Rejected(r) => Decision::Rejected(r),
         });
-        let served = match &result {
-            Ok(Decision::Accepted(o)) => Some(o.clone()),
-            _ => None,
-        };
-        let digest = self
-            .store_linked(&mut receipt, result, stderr)
-            .map_err(|e| no(format!("the reference receipt: {e}")))?;
+        let (digest, served, (code, message)) =
+            self.store_session(&mut receipt, result, "reference", stderr)?;
         recorded.reference = Some(digest);
-        let why = receipt
-            .reasons
-            .first()
-            .map_or_else(String::new, |r| format!("{}: {}", r.code, r.message));
         let o = served.ok_or_else(|| {
             no(format!(
-                "the reference session is {} (receipt {digest}): no valid quality authority: {why}",
+                "the reference session is {} (receipt {digest}): no valid quality authority: {code}: {message}",
                 receipt.outcome.as_str()
             ))
         })?;

@@ -189,6 +189,21 @@ pub fn runc() -> PathBuf {
     )
 }
 
+/// A candidate delta directory packed as a submitter publishes it: a deterministic ustar of its
+/// manifest and `engine` tree (the demo's `tar` line). The archive's bytes.
+#[must_use]
+pub fn pack_delta(dir: &Path) -> Vec<u8> {
+    let out = std::process::Command::new("tar")
+        .args(["--sort=name", "--owner=0", "--group=0", "--numeric-owner"])
+        .args(["--mtime=@0", "--format=ustar", "-C"])
+        .arg(dir)
+        .args(["-cf", "-", "cordon-delta.kdl", "engine"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "tar: {out:?}");
+    out.stdout
+}
+
 /// The static busybox the test images copy (`CORDON_TEST_BUSYBOX`, default `/bin/busybox`).
 #[must_use]
 pub fn busybox() -> PathBuf {

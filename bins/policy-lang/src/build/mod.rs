@@ -56,6 +56,19 @@ const MIN_BAN_IMPORT: &[&str] = &["builtins", "importlib"];
 const MIN_BAN_ATTRIBUTE_CALL: &[&str] = &["exec_module", "load_module", "spec_from_file_location"];
 
 /// A top-level `NAME digest="sha256:…"` pin, when the policy has one.
+/// An optional top-level section: `Some(None)` when absent, `None` when present and invalid.
+fn optional<T>(
+    cx: &mut Cx,
+    top: &Block<'_>,
+    name: &str,
+    build: fn(&mut Cx, &KdlNode) -> Option<T>,
+) -> Option<Option<T>> {
+    match top.one(name) {
+        Some(node) => build(cx, node).map(Some),
+        None => Some(None),
+    }
+}
+
 fn pin(cx: &mut Cx, top: &Block<'_>, name: &str) -> Option<Digest> {
     let node = top.one(name)?;
     shape(cx, node, 0, 0, &["digest"], false);
@@ -148,18 +161,9 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
     // reviewed stock tree, never one a stage was handed.
     let pristine = pin(cx, &top, "pristine");
     let physical_lane = physical_lanes(cx, &top.all("physical-lane"));
-    let speed = match top.one("speed") {
-        Some(node) => speed(cx, node).map(Some),
-        None => Some(None),
-    };
-    let quality = match top.one("quality") {
-        Some(node) => quality(cx, node).map(Some),
-        None => Some(None),
-    };
-    let audit = match top.one("audit") {
-        Some(node) => audit(cx, node).map(Some),
-        None => Some(None),
-    };
+    let speed = optional(cx, &top, "speed", speed);
+    let quality = optional(cx, &top, "quality", quality);
+    let audit = optional(cx, &top, "audit", audit);
     let seccomp = named(cx, &top.all("seccomp"), "seccomp profile")
         .into_iter()
         .filter_map(|(name, node)| Some((name, seccomp(cx, node)?)))
