@@ -417,14 +417,12 @@ pub fn run(
         Ok(x) => x,
         Err(code) => return code,
     };
-    let cfg = Config {
-        store: store.clone(),
-        images: images.clone(),
-        setup: lease.setup(policy),
-        authority,
-        runtime_version,
-        key_dir: PathBuf::from(cordon::signing::KEY_DIR),
-    };
+    let cfg = Config::on_host(
+        &store,
+        images,
+        lease.setup(policy),
+        (authority, runtime_version),
+    );
     let invocation = Invocation {
         policy,
         store,

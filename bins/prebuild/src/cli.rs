@@ -98,14 +98,12 @@ pub fn run(
         report_diagnostic(&e, args.stage.diagnostics, stderr);
         return e.exit_class();
     }
-    let cfg = Config {
-        store: store.clone(),
-        images: args.images.clone(),
-        setup: args.lease.setup(policy),
-        authority,
-        runtime_version,
-        key_dir: PathBuf::from(cordon::signing::KEY_DIR),
-    };
+    let cfg = Config::on_host(
+        &store,
+        &args.images,
+        args.lease.setup(policy),
+        (authority, runtime_version),
+    );
     let mut receipt = Receipt::new(StageName::Prebuild, authority, Outcome::Ok);
     receipt.prev = Some(prev);
     if let Err(e) = receipt.set_inputs(&PrebuildInputs {

@@ -128,14 +128,12 @@ pub fn run(
         Ok(g) => g,
         Err(why) => return usage(stderr, &why),
     };
-    let cfg = cordon_lane::session::Config {
-        store: store.clone(),
-        images: args.images.clone(),
-        setup: args.lease.setup(policy),
-        authority,
-        runtime_version,
-        key_dir: PathBuf::from(cordon::signing::KEY_DIR),
-    };
+    let cfg = cordon_lane::session::Config::on_host(
+        &store,
+        &args.images,
+        args.lease.setup(policy),
+        (authority, runtime_version),
+    );
     let mut receipt = Receipt::new(StageName::Verdict, authority, Outcome::Ok);
     receipt.prev = Some(digest);
     let mut recorded = VerdictInputs {

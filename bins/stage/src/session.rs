@@ -162,6 +162,25 @@ pub struct StageConfig {
 }
 
 impl StageConfig {
+    /// A stage binary's configuration on this host: what it established at start, the
+    /// operator's paths, and the host's own signing key (`cordon::signing::KEY_DIR`).
+    #[must_use]
+    pub fn on_host(
+        store: &Store,
+        images: &std::path::Path,
+        setup: Setup,
+        (authority, runtime_version): (Digest, String),
+    ) -> Self {
+        Self {
+            store: store.clone(),
+            images: images.to_path_buf(),
+            setup,
+            authority,
+            runtime_version,
+            key_dir: PathBuf::from(cordon::signing::KEY_DIR),
+        }
+    }
+
     /// The sessions of stage `kind` of `policy` here.
     #[must_use]
     pub fn session<'a>(&self, policy: &'a Policy, kind: StageKind) -> Session<'a> {

@@ -274,4 +274,10 @@ fn a_forged_or_linked_record_is_that_runs_residue_and_recovery_goes_on() {
         &observe(&c.setup, true, SystemTime::now()).unwrap()
     ));
     assert!(dir.exists(), "a run in doubt is never removed");
+    let runs = c.fake.runs();
+    assert!(
+        runs.iter()
+            .all(|r| !(r.contains("delete") && r.contains("cs-m"))),
+        "nor its container deleted: {runs:?}"
+    );
 }
