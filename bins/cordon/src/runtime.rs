@@ -300,6 +300,20 @@ impl CgroupProbe {
         Some(self.text(&file)?.trim().to_owned())
     }
 
+    /// Whether the kernel gives this cgroup the CPU weight of `shares` (OCI's
+    /// `cpu.shares`): `cpu.shares` itself on v1; on v2 the `cpu.weight` runc converts it to
+    /// (`1 + (shares − 2) × 9999 / 262142`). `None` when it cannot be read.
+    #[must_use]
+    pub fn has_cpu_shares(&self, shares: u64) -> Option<bool> {
+        if self.unified().ok()? {
+            let weight = self.read_u64(&self.root.join(self.rel()).join("cpu.weight"))?;
+            Some(weight == 1 + (shares.saturating_sub(2) * 9999) / 262_142)
+        } else {
+            let file = self.root.join("cpu").join(self.rel()).join("cpu.shares");
+            Some(self.read_u64(&file)? == shares)
+        }
+    }
+
     /// The pids limit the kernel applied.
     #[must_use]
     pub fn pids_limit(&self) -> Option<u64> {
@@ -558,7 +572,8 @@ mod tests {
             .file("/cg/cordon/l/memory.events", "low 0\noom 1\noom_kill 2\n")
             .file("/cg/cordon/l/memory.peak", "4096\n")
             .file("/cg/cordon/l/cpu.stat", "usage_usec 5000\n")
-            .file("/cg/cordon/l/memory.max", "1048576\n");
+            .file("/cg/cordon/l/memory.max", "1048576\n")
+            .file("/cg/cordon/l/cpu.weight", "10000\n");
         let p = CgroupProbe {
             host: fake.clone(),
             root: "/cg".into(),
@@ -567,9 +582,14 @@ mod tests {
         assert!(p.unified().unwrap());
         assert_eq!(p.accounting(), (Some(2), Some(4096), Some(5)));
         assert_eq!(p.memory_limit(), Some(1_048_576));
+        assert_eq!(
+            (p.has_cpu_shares(262_144), p.has_cpu_shares(1024)),
+            (Some(true), Some(false))
+        );
         assert_eq!(p.dirs().unwrap(), vec![PathBuf::from("/cg/cordon/l")]);
         let fake = Arc::new(Fake::new());
-        fake.file("/cg/pids/cordon/l/pids.max", "64\n");
+        fake.file("/cg/pids/cordon/l/pids.max", "64\n")
+            .file("/cg/cpu/cordon/l/cpu.shares", "262144\n");
         let p = CgroupProbe {
             host: fake,
             root: "/cg".into(),
@@ -577,6 +597,10 @@ mod tests {
         };
         assert!(!p.unified().unwrap());
         assert_eq!(p.pids_limit(), Some(64));
+        assert_eq!(
+            (p.has_cpu_shares(262_144), p.has_cpu_shares(2)),
+            (Some(true), Some(false))
+        );
         assert_eq!(p.dirs().unwrap().len(), 8);
         // A hierarchy that cannot be told is an error, never a guess.
         let fake = Arc::new(Fake::new());

@@ -141,6 +141,7 @@ pub fn qualification(sessions: &Reads<LaneOutputs>, digests: Reads<Digest>) -> Q
     let assignment = |name: &str| LaneAssignment {
         name: name.into(),
         cpuset: "0".into(),
+        cpu_shares: None,
     };
     let (b, c, b2) = (&sessions.b, &sessions.c, &sessions.b2);
     #[allow(clippy::expect_used)]

@@ -250,6 +250,9 @@ pub struct LaneAssignment {
     pub name: String,
     /// Its CPUs, as a cpu list.
     pub cpuset: String,
+    /// The read's CPU weight on it (the policy's `cpu-shares`), when the policy names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_shares: Option<u64>,
 }
 
 /// When a device receipt was taken.

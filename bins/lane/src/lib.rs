@@ -5,6 +5,7 @@
 //! speed qualification runs three such sessions — B, C, B′ on the policy's physical lanes —
 //! and decides from the host's own stamps ([`qualify`]; the rule is `cordon_evidence::speed`).
 
+pub mod apart;
 pub mod cli;
 pub mod driver;
 pub mod lock;

@@ -110,6 +110,7 @@ pub fn primary(policy: &Policy) -> Result<Orientation, LaneError> {
         .map(|(name, l)| LaneAssignment {
             name: name.clone(),
             cpuset: l.cpuset.clone(),
+            cpu_shares: l.cpu_shares,
         })
         .collect();
     match <[LaneAssignment; 2]>::try_from(lanes) {

@@ -33,11 +33,12 @@ use cordon::runtime::Meta;
 use cordon::tree::{self, PUBLICATIONS, TREES};
 use cordon_frame::message::{PROTOCOL, Posture, Seen};
 use cordon_frame::{LANE, Limits, Protocol, REFERENCE};
-use cordon_policy_lang::{MountSource, Policy, StageKind};
+use cordon_policy_lang::{MountSource, PhysicalLane, Policy, StageKind};
 use cordon_stage::bundle::{PlanError, Planned};
 use cordon_stage::session::{Job, SessionError};
 use serde_json::json;
 
+use crate::apart::Apart;
 use crate::driver::{self, Plan, Verdict};
 use crate::lock::GpuLock;
 use crate::model::{self, ModelError};
@@ -361,7 +362,10 @@ fn lane_job(
         live_stderr: false,
         started,
         framed: true,
-        cpuset: inputs.lane.as_ref().map(|l| l.cpuset.clone()),
+        lane: inputs.lane.as_ref().map(|l| PhysicalLane {
+            cpuset: l.cpuset.clone(),
+            cpu_shares: l.cpu_shares,
+        }),
     }
 }
 
@@ -669,6 +673,8 @@ pub fn session_gated(
     let mut verdict = None;
     let mut launch = None;
     let mut active = None;
+    let shares = inputs.lane.as_ref().and_then(|l| l.cpu_shares);
+    let mut weighted = None;
     let since =
         |t: Instant| u64::try_from(t.duration_since(started).as_nanos()).unwrap_or(u64::MAX);
     let pre_ns = since(Instant::now());
@@ -700,13 +706,28 @@ pub fn session_gated(
                     "the container's pipes are not live".into(),
                 ));
             };
+            // The supervisor's own threads leave a timed read's lane (the reader and writer
+            // spawned below inherit it) until the session is over.
+            let _apart = inputs
+                .lane
+                .as_ref()
+                .map(|l| {
+                    let cpus = cordon_policy_lang::cpu_list(&l.cpuset).ok_or_else(|| {
+                        LaneError::NoDecision(format!("the lane's cpu list {:?}", l.cpuset))
+                    })?;
+                    Apart::enter(&cpus).map_err(LaneError::NoDecision)
+                })
+                .transpose()?;
             let origin = Instant::now();
             let rx = driver::reader(stdout, stage.output.stdout_bytes);
             // While the engine works on its last warmup request: the CPUs the kernel's cpuset
             // gives the container's cgroup (its lane's). Not a process's affinity: the engine
             // could narrow the worker's, never widen the cgroup's.
-            let mut during_warmup =
-                || active = Some((since(Instant::now()), cgroup.cpuset_effective()));
+            let mut during_warmup = || {
+                active = Some((since(Instant::now()), cgroup.cpuset_effective()));
+                // The lane's CPU weight, as the kernel holds it for the container's cgroup.
+                weighted = shares.map(|s| (s, cgroup.has_cpu_shares(s)));
+            };
             let v = driver::drive(
                 &rx,
                 driver::writer(stdin),
@@ -736,6 +757,14 @@ pub fn session_gated(
         verdict.ok_or_else(|| LaneError::NoDecision("the session was not driven".into()))?;
     let launch =
         launch.ok_or_else(|| LaneError::NoDecision("the session was not driven".into()))?;
+    if let Some((shares, applied)) = weighted
+        && applied != Some(true)
+    {
+        // A read timed without the weight the policy gives it measured another host.
+        return Err(LaneError::NoDecision(format!(
+            "the lane's CPU weight (cpu-shares {shares}) was not the container's cgroup's during the read"
+        )));
+    }
     let devices = device_receipts(&lease, pre_ns, active.unwrap_or((0, None)), post_ns);
     let cap = stage.output.stdout_bytes;
     decide(verdict, meta, lease, |t, meta, lease| {

@@ -107,6 +107,11 @@ pub struct IdRange {
 pub struct PhysicalLane {
     /// The CPUs, as a cpu list (`"0-3"`).
     pub cpuset: String,
+    /// The CPU weight of a session on the lane (OCI `linux.resources.cpu.shares`, 2–262144;
+    /// runc converts it to `cpu.weight` on cgroup v2): host work the operator left on the
+    /// lane's CPUs yields to the timed read. Absent, the kernel's default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_shares: Option<u64>,
 }
 
 /// The CPUs a cpu list names (`"0-3,8"` → 0, 1, 2, 3, 8), or `None` when it is not one.

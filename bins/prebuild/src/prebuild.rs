@@ -201,7 +201,7 @@ pub fn prebuild(
         live_stderr: false,
         started,
         framed: false,
-        cpuset: None,
+        lane: None,
     };
     let ran = session.run(
         &job,

@@ -31,7 +31,7 @@ use std::str::FromStr;
 use cordon::lease::{LABEL_AUTHORITY, LABEL_EXECUTOR, LABEL_LEASE, LABEL_STORE};
 use cordon_canon::Digest;
 use cordon_policy_lang::{
-    Frame, Mount as PolicyMount, MountMode, MountSource, Network, Output, Policy,
+    Frame, Mount as PolicyMount, MountMode, MountSource, Network, Output, PhysicalLane, Policy,
     PublicationLimits, RootMode, Stage, StageKind, Staging, Sys, Tmp, User,
 };
 use oci_spec::runtime::{
@@ -98,9 +98,10 @@ pub struct RunInputs {
     pub sources: BTreeMap<MountSource, PathBuf>,
     /// The GPU device nodes the host found, by path.
     pub devices: BTreeMap<String, DeviceNode>,
-    /// The run's physical lane, as a cpu list: replaces the stage's cpuset (the policy refuses
-    /// a lane stage with a cpuset of its own when it declares physical lanes).
-    pub cpuset: Option<String>,
+    /// The run's physical lane: its cpu list replaces the stage's cpuset (the policy refuses a
+    /// lane stage with a cpuset of its own when it declares physical lanes), its CPU weight
+    /// is the container's.
+    pub lane: Option<PhysicalLane>,
     /// The executor label.
     pub executor: String,
     /// The lease id.
@@ -132,7 +133,7 @@ impl RunInputs {
             run_dir: lease.run_dir().to_path_buf(),
             sources: BTreeMap::new(),
             devices: BTreeMap::new(),
-            cpuset: None,
+            lane: None,
             executor: lease.record.executor.clone(),
             lease: lease.record.lease.clone(),
             authority: lease.record.authority.clone(),
@@ -656,8 +657,16 @@ fn resources(
             .period(100_000u64)
             .quota(i64::try_from(m * 100).map_err(invalid)?);
     }
-    if let Some(set) = run.cpuset.as_ref().or(stage.cpuset.as_ref()) {
+    if let Some(set) = run
+        .lane
+        .as_ref()
+        .map(|l| &l.cpuset)
+        .or(stage.cpuset.as_ref())
+    {
         cpu = cpu.cpus(set.clone());
+    }
+    if let Some(shares) = run.lane.as_ref().and_then(|l| l.cpu_shares) {
+        cpu = cpu.shares(shares);
     }
     LinuxResourcesBuilder::default()
         .memory(
@@ -907,7 +916,7 @@ pub fn example_inputs(policy: &Policy, kind: StageKind) -> RunInputs {
         run_dir: run_dir.clone(),
         sources,
         devices,
-        cpuset: None,
+        lane: None,
         executor: "EXECUTOR".into(),
         lease: "LEASE".into(),
         authority: "AUTHORITY".into(),
@@ -1051,6 +1060,30 @@ mod tests {
             .cloned()
             .unwrap();
         assert!(shm["options"].to_string().contains("size=17179869184"));
+    }
+
+    #[test]
+    fn a_read_on_a_physical_lane_gets_its_cpus_and_weight_and_one_launch_identity() {
+        let p = policy(|t| t);
+        let on = |name: &str| {
+            let mut run = example_inputs(&p, StageKind::Lane);
+            run.lane = p.physical_lanes().get(name).cloned();
+            plan(&p, StageKind::Lane, &run).unwrap()
+        };
+        let (a, b) = (on("a"), on("b"));
+        for (planned, cpus) in [(&a, "0"), (&b, "1")] {
+            let cpu = spec_json(planned)["linux"]["resources"]["cpu"].clone();
+            assert_eq!(
+                (cpu["cpus"].as_str(), cpu["shares"].as_u64()),
+                (Some(cpus), Some(262_144))
+            );
+        }
+        // The lane's CPUs are the run's own; its weight is every read's.
+        assert_eq!(a.launch, b.launch);
+        assert_eq!(a.launch["linux"]["resources"]["cpu"]["shares"], 262_144);
+        // Off a lane (the audit, T): the kernel's default weight, nothing written.
+        let off = plan(&p, StageKind::Lane, &example_inputs(&p, StageKind::Lane)).unwrap();
+        assert!(spec_json(&off)["linux"]["resources"]["cpu"]["shares"].is_null());
     }
 
     #[test]

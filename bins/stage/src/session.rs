@@ -33,7 +33,7 @@ use cordon::lease::{Lease, LeaseError, Manager, Setup};
 use cordon::runtime::{Finished, RuntimeError};
 use cordon::store::Store;
 use cordon_canon::Digest;
-use cordon_policy_lang::{MountSource, Policy, RuntimeKind, StageKind};
+use cordon_policy_lang::{MountSource, PhysicalLane, Policy, RuntimeKind, StageKind};
 
 use crate::bundle::{self, HostMount, PlanError, Planned, RunInputs};
 
@@ -138,8 +138,9 @@ pub struct Job {
     /// The caller drives the stage's framed protocol and enforces its phase deadlines (the
     /// lane). A stage with framing or phases run by a caller that does not is refused.
     pub framed: bool,
-    /// The run's physical lane (a cpu list), replacing the stage's cpuset.
-    pub cpuset: Option<String>,
+    /// The run's physical lane: its CPUs replace the stage's cpuset; its CPU weight is the
+    /// container's.
+    pub lane: Option<PhysicalLane>,
 }
 
 /// Where a container stage works on this host: what its binary establishes at start and the
@@ -354,7 +355,7 @@ impl Session<'_> {
         let mut inputs = RunInputs::for_lease(&lease, job.argv.clone(), job.image_rootfs.clone());
         inputs.sources.clone_from(&job.sources);
         inputs.devices = devices;
-        inputs.cpuset.clone_from(&job.cpuset);
+        inputs.lane.clone_from(&job.lane);
         // No mount may expose the store's private parts, the protected bundle, the runtime's
         // state or the controller's working directory; published trees and publications may be
         // mounted (read-only, by the plan).
@@ -512,7 +513,7 @@ mod tests {
             live_stderr: false,
             started: Instant::now(),
             framed: false,
-            cpuset: None,
+            lane: None,
         };
         let e = session
             .run(&job, |_, _, _| Ok::<(), SessionError>(()), |_, _, _| Ok(()))

@@ -387,9 +387,21 @@ fn physical_lanes(cx: &mut Cx, nodes: &[&KdlNode]) -> Option<BTreeMap<String, Ph
     let lanes: Vec<(String, &KdlNode, PhysicalLane)> = named(cx, nodes, "physical lane")
         .into_iter()
         .filter_map(|(name, node)| {
-            shape(cx, node, 1, 1, &["cpuset"], false);
-            let set = required_prop(cx, node, "cpuset").and_then(|e| cpuset(cx, e))?;
-            Some((name, node, PhysicalLane { cpuset: set }))
+            shape(cx, node, 1, 1, &["cpuset", "cpu-shares"], false);
+            let set = required_prop(cx, node, "cpuset").and_then(|e| cpuset(cx, e));
+            let cpu_shares = match prop(node, "cpu-shares") {
+                // The kernel's own bounds for cpu.shares.
+                Some(e) => Some(integer(cx, e, "cpu-shares", 2, 262_144)?),
+                None => None,
+            };
+            Some((
+                name,
+                node,
+                PhysicalLane {
+                    cpuset: set?,
+                    cpu_shares,
+                },
+            ))
         })
         .collect();
     if lanes.len() != nodes.len() {
@@ -406,6 +418,19 @@ fn physical_lanes(cx: &mut Cx, nodes: &[&KdlNode]) -> Option<BTreeMap<String, Ph
                     vec![(span(a), la.cpuset.clone()), (span(b), lb.cpuset.clone())],
                     "the two physical lanes share CPUs",
                     Some("each lane is a device set of its own".into()),
+                );
+                return None;
+            }
+            if la.cpu_shares != lb.cpu_shares {
+                let shares = |l: &PhysicalLane| {
+                    l.cpu_shares
+                        .map_or_else(|| "the default".to_owned(), |n| n.to_string())
+                };
+                cx.report_at(
+                    "invalid-value",
+                    vec![(span(a), shares(la)), (span(b), shares(lb))],
+                    "the physical lanes differ in CPU weight",
+                    Some("a qualification compares reads on lanes of identical shape".into()),
                 );
                 return None;
             }

@@ -71,12 +71,12 @@ fn speed_and_physical_lanes_are_typed_and_every_bad_value_is_named() {
     let p = crate::parse("evaluator.kdl", &default_policy()).unwrap();
     let speed = p.speed().unwrap();
     assert_eq!((speed.min_margin_bp, speed.min_timed_windows), (500, 4));
-    let lanes: Vec<&str> = p
+    let lanes: Vec<(&str, Option<u64>)> = p
         .physical_lanes()
         .values()
-        .map(|l| l.cpuset.as_str())
+        .map(|l| (l.cpuset.as_str(), l.cpu_shares))
         .collect();
-    assert_eq!(lanes, ["0", "1"]);
+    assert_eq!(lanes, [("0", Some(262_144)), ("1", Some(262_144))]);
     let text = default_policy();
     for (from, to, code) in [
         ("min-timed-windows 4", "min-timed-windows 1", "out-of-range"),
@@ -90,6 +90,26 @@ fn speed_and_physical_lanes_are_typed_and_every_bad_value_is_named() {
         ("cpuset=\"1\"", "cpuset=\"0\"", "overlap"),
         ("cpuset=\"1\"", "cpuset=\"1-2\"", "invalid-value"),
         ("cpuset=\"1\"", "cpuset=\"x\"", "invalid-value"),
+        (
+            "\"1\" cpu-shares=262144",
+            "\"1\" cpu-shares=262145",
+            "out-of-range",
+        ),
+        (
+            "\"1\" cpu-shares=262144",
+            "\"1\" cpu-shares=1",
+            "out-of-range",
+        ),
+        (
+            "\"1\" cpu-shares=262144",
+            "\"1\" cpu-shares=\"max\"",
+            "wrong-type",
+        ),
+        (
+            "physical-lane \"b\" cpuset=\"1\" cpu-shares=262144",
+            "physical-lane \"b\" cpuset=\"1\"",
+            "invalid-value",
+        ),
         (
             "physical-lane \"b\" cpuset=\"1\"",
             "physical-lane \"b\" cpuset=\"1\"\nphysical-lane \"c\" cpuset=\"2\"",
@@ -110,8 +130,8 @@ fn speed_and_physical_lanes_are_typed_and_every_bad_value_is_named() {
     }
     // No lanes and no speed: a policy that cannot qualify, but a valid one.
     let bare = text
-        .replace_once("physical-lane \"a\" cpuset=\"0\"\n", "")
-        .replace_once("physical-lane \"b\" cpuset=\"1\"\n", "");
+        .replace_once("physical-lane \"a\" cpuset=\"0\" cpu-shares=262144\n", "")
+        .replace_once("physical-lane \"b\" cpuset=\"1\" cpu-shares=262144\n", "");
     let p = crate::parse("t.kdl", &bare).unwrap();
     assert!(p.physical_lanes().is_empty());
 }

@@ -166,7 +166,7 @@ pub fn job(w: &World, script: &str, stdin: Input, live: bool) -> Job {
         live_stderr: false,
         framed: false,
         started: Instant::now(),
-        cpuset: None,
+        lane: None,
     }
 }
 
