@@ -308,8 +308,13 @@ fn referee(
             .expect("the example samples requests T answered"),
     };
     #[allow(clippy::expect_used)]
-    let (verdict, code, reason) = crate::verdict::decide(&q.speed, &graded, Some(&outcome))
-        .expect("the example incumbent agrees with T");
+    let (verdict, code, reason) = crate::verdict::decide(
+        &q.speed,
+        &graded,
+        Some(&outcome),
+        crate::verdict::Pairing::default(),
+    )
+    .expect("the example incumbent agrees with T");
     let outputs = crate::verdict::VerdictOutputs {
         qualify: digest(qualify),
         reference: digest(&reference),
@@ -327,6 +332,8 @@ fn referee(
             sample,
             outcome,
         }),
+        reproduction_required: false,
+        primary: None,
         settling: q.settling,
         non_settling: q.non_settling,
         verdict,

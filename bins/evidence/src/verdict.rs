@@ -11,6 +11,10 @@
 //! - otherwise the candidate's speed FAIL or quality FAIL is a FAIL (proven and its own), and
 //!   so is an audit (when the policy asks for one, [`crate::audit`]) that the candidate broke
 //!   or whose outputs regrade below the rule;
+//! - a policy that requires a reproduction (`reproduction "required"`) gets a final verdict
+//!   only over a reproduction and its primary attempt, both graded and both weighed: a single
+//!   attempt, or a pair that does not settle (non-settling reads), is a no-decision; either
+//!   attempt's proven failure is a FAIL;
 //! - otherwise PASS.
 //!
 //! A final verdict that could not be established (T did not serve, quiescence was not proven,
@@ -23,7 +27,7 @@ use cordon_canon::canonical::{CanonicalError, Digest, domain_digest};
 use serde::{Deserialize, Serialize};
 
 use crate::audit::{Audit, AuditOutcome, AuditRecord};
-use crate::qualify::Reads;
+use crate::qualify::{Reads, Settlement};
 use crate::quality::{Quality, QualityRecord, QualityVerdict};
 use crate::receipt::{DeviceReceipts, StageName, StageOutputs};
 use crate::speed::{SpeedRecord, Verdict};
@@ -148,6 +152,12 @@ pub struct VerdictOutputs {
     pub audit_section: Option<Audit>,
     /// The audit, when the policy asked for one.
     pub audit: Option<AuditRecord>,
+    /// The policy requires a reproduction (`reproduction "required"`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reproduction_required: bool,
+    /// The primary attempt, graded, when the qualification is its reproduction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary: Option<Primary>,
     /// Whether the qualification settles (a CPU rehearsal never does).
     pub settling: bool,
     /// Why not, when it does not.
@@ -158,6 +168,32 @@ pub struct VerdictOutputs {
     pub code: String,
     /// For people.
     pub reason: String,
+}
+
+/// A reproduction's primary attempt as the final verdict weighs it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Primary {
+    /// Its qualify receipt (the reproduction's `reproduces`).
+    pub qualify: Digest,
+    /// Its speed record.
+    pub speed: SpeedRecord,
+    /// Its reads' outputs objects.
+    pub outputs: Reads<Digest>,
+    /// Its reads graded against T.
+    pub graded: Reads<QualityRecord>,
+    /// How the pair settles, as the reproduction recorded it.
+    pub settlement: Settlement,
+}
+
+/// The reproduction a final verdict weighs: whether the policy requires one, and the primary
+/// attempt when the qualification is a reproduction.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Pairing<'a> {
+    /// `reproduction "required"`.
+    pub required: bool,
+    /// The primary attempt.
+    pub primary: Option<&'a Primary>,
 }
 
 impl StageOutputs for VerdictOutputs {
@@ -176,25 +212,52 @@ pub fn quality_policy_digest(rule: &Quality) -> Result<Digest, CanonicalError> {
 /// no-decision.
 ///
 /// # Errors
-/// The incumbent disagrees with the reference: no valid authority for this qualification.
+/// The incumbent disagrees with the reference (in either attempt): no valid authority for this
+/// qualification; or the policy requires a reproduction and there is none, or it does not
+/// settle.
 pub fn decide(
     speed: &SpeedRecord,
     graded: &Reads<QualityRecord>,
     audit: Option<&AuditOutcome>,
+    pairing: Pairing<'_>,
 ) -> Result<(Final, String, String), String> {
-    for (read, g) in [("B", &graded.b), ("B′", &graded.b2)] {
-        if g.verdict != QualityVerdict::Pass {
-            return Err(format!(
-                "quality.baseline: the incumbent's read {read} disagrees with the pristine reference ({}: {}): the reference or the baseline is broken, not the candidate",
-                g.code, g.reason
-            ));
+    // Every attempt the verdict rests on, the primary first, each with how a reason names it.
+    let attempts: Vec<(&str, &SpeedRecord, &Reads<QualityRecord>)> = match pairing.primary {
+        Some(p) => vec![
+            ("the primary attempt: ", &p.speed, &p.graded),
+            ("the reproduction: ", speed, graded),
+        ],
+        None => vec![("", speed, graded)],
+    };
+    for (which, _, g) in &attempts {
+        for (read, g) in [("B", &g.b), ("B′", &g.b2)] {
+            if g.verdict != QualityVerdict::Pass {
+                return Err(format!(
+                    "quality.baseline: {which}the incumbent's read {read} disagrees with the pristine reference ({}: {}): the reference or the baseline is broken, not the candidate",
+                    g.code, g.reason
+                ));
+            }
         }
     }
-    if speed.verdict != Verdict::Pass {
-        return Ok((Final::Fail, speed.code.clone(), speed.reason.clone()));
+    if pairing.required && pairing.primary.is_none() {
+        return Err(
+            "verdict.reproduction: the policy requires a reproduction and this qualification is a primary attempt: qualify again with --reproduce and give the reproduction's receipt"
+                .to_owned(),
+        );
     }
-    if graded.c.verdict != QualityVerdict::Pass {
-        return Ok((Final::Fail, graded.c.code.clone(), graded.c.reason.clone()));
+    for (which, s, _) in &attempts {
+        if s.verdict != Verdict::Pass {
+            return Ok((Final::Fail, s.code.clone(), format!("{which}{}", s.reason)));
+        }
+    }
+    for (which, _, g) in &attempts {
+        if g.c.verdict != QualityVerdict::Pass {
+            return Ok((
+                Final::Fail,
+                g.c.code.clone(),
+                format!("{which}{}", g.c.reason),
+            ));
+        }
     }
     match audit {
         Some(AuditOutcome::Served { graded: g, .. }) if g.verdict != QualityVerdict::Pass => {
@@ -216,14 +279,28 @@ pub fn decide(
         }
         Some(AuditOutcome::Served { .. }) | None => {}
     }
-    Ok((
-        Final::Pass,
-        "verdict.pass".to_owned(),
-        format!(
-            "faster ({}) and every output within the quality rule ({})",
-            speed.code, graded.c.code
-        ),
-    ))
+    match pairing.primary {
+        Some(p) if pairing.required && !p.settlement.settles => Err(format!(
+            "verdict.unsettled: the policy requires a settled reproduction and the pair with primary attempt {} does not settle (both attempts must pass on settling reads)",
+            p.qualify
+        )),
+        Some(_) => Ok((
+            Final::Pass,
+            "verdict.pass".to_owned(),
+            format!(
+                "faster ({}) and every output within the quality rule ({}), in the primary attempt and its reproduction",
+                speed.code, graded.c.code
+            ),
+        )),
+        None => Ok((
+            Final::Pass,
+            "verdict.pass".to_owned(),
+            format!(
+                "faster ({}) and every output within the quality rule ({})",
+                speed.code, graded.c.code
+            ),
+        )),
+    }
 }
 
 impl crate::inputs::StageInputs for ReferenceInputs {
@@ -238,6 +315,11 @@ impl crate::inputs::StageInputs for VerdictInputs {
 mod tests {
     use super::*;
     use crate::quality::grade;
+
+    /// One attempt, under a policy that requires no reproduction.
+    fn one() -> Pairing<'static> {
+        Pairing::default()
+    }
 
     fn speed(verdict: Verdict) -> SpeedRecord {
         let mut s = crate::examples::qualification(
@@ -286,19 +368,25 @@ mod tests {
             b2: grade(&rule, &t, b2),
         };
         let pass = speed(Verdict::Pass);
-        assert_eq!(decide(&pass, &g(&t, &t, &t), None).unwrap().0, Final::Pass);
-        let (v, code, reason) = decide(&pass, &g(&t, &wrong, &t), None).unwrap();
+        assert_eq!(
+            decide(&pass, &g(&t, &t, &t), None, one()).unwrap().0,
+            Final::Pass
+        );
+        let (v, code, reason) = decide(&pass, &g(&t, &wrong, &t), None, one()).unwrap();
         assert_eq!((v, code.as_str()), (Final::Fail, "quality.exact"));
         assert!(reason.contains("request 1"), "{reason}");
         // Slower and wrong: the speed FAIL is named first; both are the candidate's.
         let slow = speed(Verdict::Fail);
         assert_eq!(
-            decide(&slow, &g(&t, &wrong, &t), None).unwrap().0,
+            decide(&slow, &g(&t, &wrong, &t), None, one()).unwrap().0,
             Final::Fail
         );
-        assert_eq!(decide(&slow, &g(&t, &t, &t), None).unwrap().0, Final::Fail);
+        assert_eq!(
+            decide(&slow, &g(&t, &t, &t), None, one()).unwrap().0,
+            Final::Fail
+        );
         for (b, b2) in [(&wrong, &t), (&t, &wrong)] {
-            let why = decide(&pass, &g(b, &t, b2), None).unwrap_err();
+            let why = decide(&pass, &g(b, &t, b2), None, one()).unwrap_err();
             assert!(why.starts_with("quality.baseline"), "{why}");
         }
     }
@@ -321,23 +409,111 @@ mod tests {
         };
         let pass = speed(Verdict::Pass);
         let right = served(vec![vec![3, 4], vec![1, 2]]);
-        assert_eq!(decide(&pass, &graded, Some(&right)).unwrap().0, Final::Pass);
+        assert_eq!(
+            decide(&pass, &graded, Some(&right), one()).unwrap().0,
+            Final::Pass
+        );
         // Right on every timed read, wrong where the host audited it.
-        let (v, code, reason) =
-            decide(&pass, &graded, Some(&served(vec![vec![3, 4], vec![1, 9]]))).unwrap();
+        let (v, code, reason) = decide(
+            &pass,
+            &graded,
+            Some(&served(vec![vec![3, 4], vec![1, 9]])),
+            one(),
+        )
+        .unwrap();
         assert_eq!((v, code.as_str()), (Final::Fail, "audit.mismatch"));
         assert!(reason.contains("request 1"), "{reason}");
         let broke = AuditOutcome::Rejected {
             code: "lane.exit".into(),
             reason: "the engine exited".into(),
         };
-        let (v, code, _) = decide(&pass, &graded, Some(&broke)).unwrap();
+        let (v, code, _) = decide(&pass, &graded, Some(&broke), one()).unwrap();
         assert_eq!((v, code.as_str()), (Final::Fail, "audit.rejected"));
         // The incumbent disagreeing with T still makes the audit moot: no valid authority.
         let broken_baseline = Reads {
             b: grade(&rule, &t, &[vec![1, 2], vec![3, 5]]),
             ..graded
         };
-        assert!(decide(&pass, &broken_baseline, Some(&broke)).is_err());
+        assert!(decide(&pass, &broken_baseline, Some(&broke), one()).is_err());
+    }
+
+    #[test]
+    fn a_required_reproduction_weighs_both_attempts_and_only_a_settled_pair_passes() {
+        let rule = Quality {
+            min_exact_bp: 10_000,
+            min_prefix_bp: 10_000,
+        };
+        let t = vec![vec![1, 2], vec![3, 4]];
+        let wrong = vec![vec![1, 2], vec![3, 5]];
+        let g = |b: &[Vec<u32>], c: &[Vec<u32>]| Reads {
+            b: grade(&rule, &t, b),
+            c: grade(&rule, &t, c),
+            b2: grade(&rule, &t, &t),
+        };
+        let primary = |speed: SpeedRecord, graded: Reads<QualityRecord>, settles: bool| Primary {
+            qualify: Digest::of_bytes(b"primary"),
+            speed,
+            outputs: Reads {
+                b: Digest::of_bytes(b"1"),
+                c: Digest::of_bytes(b"2"),
+                b2: Digest::of_bytes(b"3"),
+            },
+            graded,
+            settlement: Settlement {
+                primary: Digest::of_bytes(b"primary"),
+                speedups_bp: [20_000, 19_000],
+                speedup_bp: 19_000,
+                settles,
+            },
+        };
+        let pass = speed(Verdict::Pass);
+        fn required(p: Option<&Primary>) -> Pairing<'_> {
+            Pairing {
+                required: true,
+                primary: p,
+            }
+        }
+        // One attempt where the policy requires two: no authority for a verdict.
+        let why = decide(&pass, &g(&t, &t), None, required(None)).unwrap_err();
+        assert!(why.starts_with("verdict.reproduction"), "{why}");
+        // A settled pair, both right and faster: PASS, naming both attempts.
+        let settled = primary(pass.clone(), g(&t, &t), true);
+        let (v, code, reason) = decide(&pass, &g(&t, &t), None, required(Some(&settled))).unwrap();
+        assert_eq!((v, code.as_str()), (Final::Pass, "verdict.pass"));
+        assert!(reason.contains("reproduction"), "{reason}");
+        // Right and faster but unsettled (non-settling reads): no-decision, never a PASS…
+        let unsettled = primary(pass.clone(), g(&t, &t), false);
+        let why = decide(&pass, &g(&t, &t), None, required(Some(&unsettled))).unwrap_err();
+        assert!(why.starts_with("verdict.unsettled"), "{why}");
+        // …and never needed when the policy does not require it.
+        let optional = Pairing {
+            required: false,
+            primary: Some(&unsettled),
+        };
+        assert_eq!(
+            decide(&pass, &g(&t, &t), None, optional).unwrap().0,
+            Final::Pass
+        );
+        // Either attempt's proven failure is the candidate's: wrong in the primary only, or
+        // slower in it only.
+        let wrong_first = primary(pass.clone(), g(&t, &wrong), true);
+        let (v, code, reason) =
+            decide(&pass, &g(&t, &t), None, required(Some(&wrong_first))).unwrap();
+        assert_eq!((v, code.as_str()), (Final::Fail, "quality.exact"));
+        assert!(reason.starts_with("the primary attempt: "), "{reason}");
+        let slow_first = primary(speed(Verdict::Fail), g(&t, &t), false);
+        let (v, _, reason) = decide(&pass, &g(&t, &t), None, required(Some(&slow_first))).unwrap();
+        assert_eq!(v, Final::Fail);
+        assert!(reason.starts_with("the primary attempt: "), "{reason}");
+        let (v, _, reason) = decide(&pass, &g(&t, &wrong), None, required(Some(&settled))).unwrap();
+        assert_eq!(v, Final::Fail);
+        assert!(reason.starts_with("the reproduction: "), "{reason}");
+        // The incumbent disagreeing with T in the primary attempt: no-decision.
+        let broken = primary(pass.clone(), g(&wrong, &t), true);
+        let why = decide(&pass, &g(&t, &t), None, required(Some(&broken))).unwrap_err();
+        assert!(
+            why.starts_with("quality.baseline: the primary attempt"),
+            "{why}"
+        );
     }
 }

@@ -40,6 +40,10 @@ pub struct Policy {
     /// The sampled slot audit the qualification plan asks for (absent: none).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) audit: Option<Audit>,
+    /// The final verdict needs a primary attempt and its reproduction (`reproduction
+    /// "required"`), not one attempt.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) reproduction_required: bool,
     /// The reviewed quality verdict (absent: no final verdict can be decided).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) quality: Option<Quality>,
@@ -899,6 +903,12 @@ impl Policy {
     #[must_use]
     pub fn speed(&self) -> Option<&Speed> {
         self.speed.as_ref()
+    }
+
+    /// Whether the final verdict needs a reproduction of the primary attempt.
+    #[must_use]
+    pub fn reproduction_required(&self) -> bool {
+        self.reproduction_required
     }
 
     /// The sampled slot audit, when the policy's qualification plan asks for one.

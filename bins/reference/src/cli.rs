@@ -84,13 +84,46 @@ fn given(
     let stored = cordon::chain::load(store, &registration)
         .map_err(|e| format!("the pristine registration: {e}"))?;
     let tree = pristine_tree(policy, &stored).map_err(|e| e.to_string())?;
+    let primary = match outputs.reproduces {
+        Some(first) => Some((first, primary(store, first, &outputs, authority)?)),
+        None => None,
+    };
     Ok(Given {
         qualify: digest,
         outputs,
         inputs,
         pristine: registration,
         tree,
+        primary,
     })
+}
+
+/// The primary attempt a reproduction names: the store's copy, an `ok` qualification under
+/// this authority, on the same workload and model, the one the reproduction's settlement
+/// pairs with.
+fn primary(
+    store: &Store,
+    first: cordon::canonical::Digest,
+    reproduction: &QualifyOutputs,
+    authority: &cordon::canonical::Digest,
+) -> Result<QualifyOutputs, String> {
+    let why = |e: &dyn std::fmt::Display| format!("the primary attempt {first}: {e}");
+    stage::require_chain(store, &first, authority).map_err(|e| why(&e))?;
+    let receipt = cordon::chain::load(store, &first).map_err(|e| why(&e))?;
+    if receipt.stage != StageName::Qualify || receipt.outcome != cordon::receipt::Outcome::Ok {
+        return Err(why(&"not an ok qualification"));
+    }
+    let outputs = receipt
+        .outputs_as::<QualifyOutputs>()
+        .map_err(|e| why(&e))?;
+    if reproduction.settlement.as_ref().map(|s| s.primary) != Some(first)
+        || (outputs.workload, outputs.model) != (reproduction.workload, reproduction.model)
+    {
+        return Err(why(
+            &"the reproduction does not pair with it (settlement, workload or model)",
+        ));
+    }
+    Ok(outputs)
 }
 
 /// Run the tool: the whole of `main`.

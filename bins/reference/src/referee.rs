@@ -102,6 +102,9 @@ pub struct Given {
     pub pristine: Digest,
     /// The tree it registered.
     pub tree: Digest,
+    /// The primary attempt, when the qualification is its reproduction: its receipt's digest
+    /// and outputs (the store's copy, `ok`, under this authority).
+    pub primary: Option<(Digest, QualifyOutputs)>,
 }
 
 /// Step 1: the pristine registration checked against the policy's pin.
@@ -152,6 +155,21 @@ fn reads(cfg: &Config, q: &QualifyOutputs) -> Result<Reads<LaneOutputs>, Referee
         c: one("C", &q.sessions.c)?,
         b2: one("B′", &q.sessions.b2)?,
     })
+}
+
+/// The reads a quiescence receipt names as gone: each read's lease and post device receipt,
+/// named `B`, `C`, `B′` with `prefix` before (the primary attempt's).
+fn gone(prefix: &str, read: &Reads<LaneOutputs>) -> Result<Vec<Gone>, RefereeError> {
+    [("B", &read.b), ("C", &read.c), ("B′", &read.b2)]
+        .into_iter()
+        .map(|(name, o)| {
+            Ok(Gone {
+                read: format!("{prefix}{name}"),
+                lease: o.lease.clone(),
+                post: post_digest(&o.devices)?,
+            })
+        })
+        .collect()
 }
 
 /// A stored session receipt: its digest, the outputs when it served, and its first reason
@@ -255,24 +273,12 @@ impl Referee<'_> {
     fn quiescence(
         &self,
         manager: &cordon::lease::Manager,
-        read: &Reads<LaneOutputs>,
-        audit: Option<&Gone>,
+        gone: &[Gone],
     ) -> Result<(Digest, Vec<String>), RefereeError> {
         let left = manager
             .check()
             .map_err(|e| no(format!("the quiescence check: {e}")))?;
-        let post = |o: &LaneOutputs| post_digest(&o.devices);
-        let gone = [("B", &read.b), ("C", &read.c), ("B′", &read.b2)]
-            .into_iter()
-            .map(|(name, o)| {
-                Ok(Gone {
-                    read: name.to_owned(),
-                    lease: o.lease.clone(),
-                    post: post(o)?,
-                })
-            })
-            .chain(audit.cloned().map(Ok))
-            .collect::<Result<Vec<_>, RefereeError>>()?;
+        let gone = gone.to_vec();
         let remaining: Vec<String> = left.iter().map(ToString::to_string).collect();
         let mut receipt = Receipt::new(StageName::Reap, self.cfg.authority, Outcome::Ok);
         let setup = &self.cfg.setup;
@@ -317,13 +323,13 @@ impl Referee<'_> {
         Ok((digest, left.iter().map(ToString::to_string).collect()))
     }
 
-    /// Steps 4 and 5: T after proven quiescence, under `lock`, its receipt stored. Its outputs
-    /// and the two receipts' digests are recorded in `recorded` as they exist.
-    #[allow(clippy::too_many_arguments)]
+    /// Steps 4 and 5: T after proven quiescence of every session in `gone`, under `lock`, its
+    /// receipt stored. Its outputs and the two receipts' digests are recorded in `recorded` as
+    /// they exist.
     fn reference(
         &self,
         given: &Given,
-        (read, audit): (&Reads<LaneOutputs>, Option<&Gone>),
+        gone: &[Gone],
         publication: Digest,
         lock: &GpuLock,
         recorded: &mut VerdictInputs,
@@ -340,7 +346,7 @@ impl Referee<'_> {
         let mut quiescence = None;
         let mut gate_err = None;
         let session = session_gated(self.policy, self.cfg, &inputs, lock, |m| {
-            let refused = match self.quiescence(m, read, audit) {
+            let refused = match self.quiescence(m, gone) {
                 Ok((d, left)) => {
                     quiescence = Some(d);
                     (!left.is_empty()).then(|| {
@@ -472,21 +478,57 @@ impl Referee<'_> {
             Some(a) => Some(self.audit(given, &read.c, a, &lock, recorded, stderr)?),
             None => None,
         };
-        let gone = audit.as_ref().and_then(|a| a.gone.as_ref());
-        let t = self.reference(given, (&read, gone), publication, &lock, recorded, stderr)?;
+        // Every session of the primary attempt, the reproduction and the audit must be gone.
+        let mut left = match &given.primary {
+            Some((_, first)) => gone("primary ", &reads(self.cfg, first)?)?,
+            None => Vec::new(),
+        };
+        left.extend(gone("", &read)?);
+        left.extend(audit.as_ref().and_then(|a| a.gone.clone()));
+        let t = self.reference(given, &left, publication, &lock, recorded, stderr)?;
         drop(lock);
         let q = &given.outputs;
         let reference = tokens(self.cfg, "T", &t.outputs)?;
-        let graded = Reads {
-            b: grade(rule, &reference, &tokens(self.cfg, "B", &q.outputs.b)?),
-            c: grade(rule, &reference, &tokens(self.cfg, "C", &q.outputs.c)?),
-            b2: grade(rule, &reference, &tokens(self.cfg, "B′", &q.outputs.b2)?),
+        let graded_of = |prefix: &str, o: &Reads<Digest>| -> Result<_, RefereeError> {
+            let of = |name: &str, d: &Digest| {
+                Ok::<_, RefereeError>(grade(
+                    rule,
+                    &reference,
+                    &tokens(self.cfg, &format!("{prefix}{name}"), d)?,
+                ))
+            };
+            Ok(Reads {
+                b: of("B", &o.b)?,
+                c: of("C", &o.c)?,
+                b2: of("B′", &o.b2)?,
+            })
+        };
+        let graded = graded_of("", &q.outputs)?;
+        let primary = match (&given.primary, &q.settlement) {
+            (Some((digest, first)), Some(settlement)) => Some(verdict::Primary {
+                qualify: *digest,
+                speed: first.speed.clone(),
+                outputs: first.outputs.clone(),
+                graded: graded_of("the primary attempt's ", &first.outputs)?,
+                settlement: settlement.clone(),
+            }),
+            (None, None) => None,
+            _ => return Err(no("a reproduction without its settlement, or the reverse")),
         };
         let audit = audit
             .map(|a| self.regrade(rule, &reference, a))
             .transpose()?;
-        let (verdict, code, reason) =
-            verdict::decide(&q.speed, &graded, audit.as_ref().map(|a| &a.outcome)).map_err(no)?;
+        let pairing = verdict::Pairing {
+            required: self.policy.reproduction_required(),
+            primary: primary.as_ref(),
+        };
+        let (verdict, code, reason) = verdict::decide(
+            &q.speed,
+            &graded,
+            audit.as_ref().map(|a| &a.outcome),
+            pairing,
+        )
+        .map_err(no)?;
         let outputs = VerdictOutputs {
             qualify: given.qualify,
             reference: recorded
@@ -501,6 +543,8 @@ impl Referee<'_> {
             graded,
             audit_section: self.policy.audit().cloned(),
             audit,
+            reproduction_required: pairing.required,
+            primary,
             settling: q.settling,
             non_settling: q.non_settling.clone(),
             verdict,

@@ -4,7 +4,8 @@
 //! speed PASS) and `cordon-reference`, and ends in FAIL on quality (exit 1) naming the first
 //! differing request; the chain under the final verdict replays with `cordon-verify`; and the
 //! same qualification offered to a referee under another quality rule (another authority) is
-//! refused (exit 2). The incumbent here waits per token instead of computing, so its reads are
+//! refused (exit 2). The policy requires a reproduction: the primary attempt alone is a
+//! no-decision (exit 3), and the final verdict over the reproduction weighs both attempts. The incumbent here waits per token instead of computing, so its reads are
 //! steady on a busy CPU host; the pristine tree is the bundled example's, which the policy pins.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -39,9 +40,13 @@ impl Cli {
         let _ = cordon_testkit::busybox();
         assert!(cordon_testkit::runtime_image_inputs().is_file());
         let dir = tempfile::tempdir().unwrap();
-        let policy = cordon_testkit::isolated_policy(
-            dir.path(),
-            cordon_testkit::account_range("reference", 5),
+        // The final verdict rests on a primary attempt and its reproduction.
+        let policy = format!(
+            "{}\nreproduction \"required\"\n",
+            cordon_testkit::isolated_policy(
+                dir.path(),
+                cordon_testkit::account_range("reference", 5),
+            )
         );
         std::fs::write(dir.path().join("policy.kdl"), &policy).unwrap();
         // Another authority: the same policy under a looser quality rule.
@@ -181,35 +186,74 @@ fn a_fast_engine_with_wrong_tokens_ends_the_whole_pipeline_in_fail_and_the_chain
     .unwrap();
     workload["requests"].as_array_mut().unwrap().truncate(10);
     std::fs::write(cli.path("workload.json"), workload.to_string()).unwrap();
-    let mut c = cli.command("cordon-lane", "policy.kdl");
-    c.arg("qualify")
-        .args(cli.lease())
-        .arg("--incumbent")
-        .arg(cli.path("incumbent-prebuild.json"))
-        .arg("--images")
-        .arg(&images)
-        .arg("--workload")
-        .arg(cli.path("workload.json"))
-        .arg("--model")
-        .arg(cli.path("models/example"));
-    let (out, qualify) = cli.run(c, Some("prebuild.json"), "qualify.json");
+    let qualify_command = || {
+        let mut c = cli.command("cordon-lane", "policy.kdl");
+        c.arg("qualify")
+            .args(cli.lease())
+            .arg("--incumbent")
+            .arg(cli.path("incumbent-prebuild.json"))
+            .arg("--images")
+            .arg(&images)
+            .arg("--workload")
+            .arg(cli.path("workload.json"))
+            .arg("--model")
+            .arg(cli.path("models/example"));
+        c
+    };
+    let (out, qualify) = cli.run(qualify_command(), Some("prebuild.json"), "qualify.json");
     ok(&out);
     assert_eq!(
         qualify["outputs"]["speed"]["code"], "speed.pass",
         "speed alone passes it"
     );
 
-    let mut c = cli.command("cordon-reference", "policy.kdl");
-    c.arg("--images")
-        .arg(&images)
-        .arg("--pristine")
-        .arg(cli.path("pristine.json"));
-    let (out, verdict) = cli.run(c, Some("qualify.json"), "verdict.json");
+    let referee = || {
+        let mut c = cli.command("cordon-reference", "policy.kdl");
+        c.arg("--images")
+            .arg(&images)
+            .arg("--pristine")
+            .arg(cli.path("pristine.json"));
+        c
+    };
+    // One attempt where the policy requires two: no verdict either way.
+    let (out, primary_only) = cli.run(referee(), Some("qualify.json"), "primary-only.json");
+    assert_eq!(out.status.code(), Some(3), "{primary_only}");
+    assert_eq!(primary_only["outcome"], "no-decision");
+    assert!(
+        primary_only["reasons"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("verdict.reproduction"),
+        "{primary_only}"
+    );
+
+    // The reproduction: the exact lane exchange of the primary attempt.
+    let mut c = qualify_command();
+    c.arg("--reproduce").arg(cli.path("qualify.json"));
+    let (out, reproduction) = cli.run(c, Some("prebuild.json"), "reproduction.json");
+    ok(&out);
+    // The primary attempt's receipt, as the referee's no-decision rested on it.
+    let first = &primary_only["prev"];
+    assert_eq!(&reproduction["outputs"]["reproduces"], first);
+
+    let (out, verdict) = cli.run(referee(), Some("reproduction.json"), "verdict.json");
     assert_eq!(
         out.status.code(),
         Some(1),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    // Both attempts weighed: the primary's wrong tokens are named first.
+    assert_eq!(
+        &verdict["outputs"]["primary"]["qualify"], first,
+        "{verdict}"
+    );
+    assert!(
+        verdict["reasons"][0]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("the primary attempt: "),
+        "{verdict}"
     );
     assert_eq!(
         (verdict["stage"].as_str(), verdict["outcome"].as_str()),
@@ -237,7 +281,7 @@ fn a_fast_engine_with_wrong_tokens_ends_the_whole_pipeline_in_fail_and_the_chain
         .arg(&images)
         .arg("--pristine")
         .arg(cli.path("pristine.json"));
-    let (out, _) = cli.run(c, Some("qualify.json"), "looser.json");
+    let (out, _) = cli.run(c, Some("reproduction.json"), "looser.json");
     assert_eq!(
         out.status.code(),
         Some(2),

@@ -146,6 +146,7 @@ fn qualified(w: &World, (pin, registration): (Digest, Digest), b: &str, c: &str)
     };
     let outputs = common::qualified(w, &w.cfg, &p);
     Given {
+        primary: None,
         qualify: Digest::of_bytes(b"qualify"),
         outputs,
         inputs: QualifyInputs {

@@ -43,6 +43,8 @@ pub(crate) fn verdict(
     }
     let o = r.outputs_as::<VerdictOutputs>().map_err(shape)?;
     recompute_verdict(store, digest, r, &i, &o)?;
+    // A reproduction's primary attempt is walked too: its chain, signature and authority.
+    edges.extend(o.primary.as_ref().map(|p| (p.qualify, StageName::Qualify)));
     let broke = matches!(
         o.audit.as_ref().map(|a| &a.outcome),
         Some(AuditOutcome::Rejected { .. })
@@ -205,6 +207,63 @@ pub(crate) fn reference(
     })
 }
 
+/// Each read's stored outputs object graded against T's.
+fn regraded(
+    store: &Store,
+    digest: &Digest,
+    rule: &cordon_evidence::quality::Quality,
+    reference: &[Vec<u32>],
+    outputs: &Reads<Digest>,
+) -> Result<Reads<cordon_evidence::quality::QualityRecord>, VerifyError> {
+    let of = |d: &Digest| Ok::<_, VerifyError>(grade(rule, reference, &tokens(store, digest, d)?));
+    Ok(Reads {
+        b: of(&outputs.b)?,
+        c: of(&outputs.c)?,
+        b2: of(&outputs.b2)?,
+    })
+}
+
+/// The primary attempt a final verdict weighs: exactly the one its qualification reproduces,
+/// with that receipt's speed record and outputs, and its grades recomputed against T's.
+fn recompute_primary(
+    store: &Store,
+    digest: &Digest,
+    (q, o): (&QualifyOutputs, &VerdictOutputs),
+    reference: &[Vec<u32>],
+) -> Result<(), VerifyError> {
+    let differs = |why: &str| VerifyError::Recompute {
+        digest: *digest,
+        why: why.to_owned(),
+    };
+    let Some(p) = &o.primary else {
+        return match q.reproduces {
+            None => Ok(()),
+            Some(_) => Err(differs(
+                "its qualification is a reproduction and it weighs no primary attempt",
+            )),
+        };
+    };
+    if q.reproduces != Some(p.qualify) || q.settlement.as_ref() != Some(&p.settlement) {
+        return Err(differs(
+            "the primary attempt it weighs is not the one its qualification reproduces",
+        ));
+    }
+    let first = chain::load(store, &p.qualify)?
+        .outputs_as::<QualifyOutputs>()
+        .map_err(|_| differs("its primary attempt is not a qualification"))?;
+    if (first.speed, first.outputs) != (p.speed.clone(), p.outputs.clone()) {
+        return Err(differs(
+            "the primary attempt's speed record or outputs are not its receipt's",
+        ));
+    }
+    if regraded(store, digest, &o.quality_section, reference, &p.outputs)? != p.graded {
+        return Err(differs(
+            "the primary attempt's grades do not recompute from the stored outputs",
+        ));
+    }
+    Ok(())
+}
+
 /// A final verdict against what it rests on: its qualification's speed record and reads, T's
 /// outputs, the quality rule it records, every read regraded from the stored objects, and the
 /// verdict recomputed from them.
@@ -254,30 +313,19 @@ fn recompute_verdict(
         ));
     }
     let reference = tokens(store, digest, &t.outputs)?;
-    let graded = Reads {
-        b: grade(
-            &o.quality_section,
-            &reference,
-            &tokens(store, digest, &q.outputs.b)?,
-        ),
-        c: grade(
-            &o.quality_section,
-            &reference,
-            &tokens(store, digest, &q.outputs.c)?,
-        ),
-        b2: grade(
-            &o.quality_section,
-            &reference,
-            &tokens(store, digest, &q.outputs.b2)?,
-        ),
-    };
+    let graded = regraded(store, digest, &o.quality_section, &reference, &q.outputs)?;
     if graded != o.graded {
         return Err(differs(
             "the grades do not recompute from the stored outputs".into(),
         ));
     }
     let audit = recompute_audit(store, digest, (i, o), &reference)?;
-    let again = verdict::decide(&o.speed, &graded, audit.as_ref())
+    recompute_primary(store, digest, (&q, o), &reference)?;
+    let pairing = verdict::Pairing {
+        required: o.reproduction_required,
+        primary: o.primary.as_ref(),
+    };
+    let again = verdict::decide(&o.speed, &graded, audit.as_ref(), pairing)
         .map_err(|why| differs(format!("the verdict recomputes to a no-decision: {why}")))?;
     if again != (o.verdict, o.code.clone(), o.reason.clone()) {
         return Err(differs(format!(

@@ -247,7 +247,8 @@ fn referee(c: &Chain, how: Audited) -> Referee {
             reason: "the engine exited".into(),
         },
     };
-    let (v, code, reason) = verdict::decide(&q.speed, &graded, Some(&outcome)).unwrap();
+    let (v, code, reason) =
+        verdict::decide(&q.speed, &graded, Some(&outcome), Default::default()).unwrap();
     let inputs = VerdictInputs {
         qualify: c.head,
         pristine: registration,
@@ -271,6 +272,8 @@ fn referee(c: &Chain, how: Audited) -> Referee {
             sample,
             outcome,
         }),
+        reproduction_required: false,
+        primary: None,
         settling: q.settling,
         non_settling: q.non_settling.clone(),
         verdict: v,

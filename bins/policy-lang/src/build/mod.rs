@@ -99,6 +99,7 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
             "speed",
             "quality",
             "audit",
+            "reproduction",
             "stage",
             "step",
         ],
@@ -164,6 +165,7 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
     let speed = optional(cx, &top, "speed", speed);
     let quality = optional(cx, &top, "quality", quality);
     let audit = optional(cx, &top, "audit", audit);
+    let reproduction = optional(cx, &top, "reproduction", reproduction);
     let seccomp = named(cx, &top.all("seccomp"), "seccomp profile")
         .into_iter()
         .filter_map(|(name, node)| Some((name, seccomp(cx, node)?)))
@@ -226,6 +228,7 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
         speed: speed?,
         quality: quality?,
         audit: audit?,
+        reproduction_required: reproduction?.is_some(),
         stage: stages,
         step: steps,
     };
@@ -533,6 +536,15 @@ fn audit(cx: &mut Cx, node: &KdlNode) -> Option<Audit> {
     Some(Audit {
         requests: requests?,
     })
+}
+
+/// `reproduction "required"`: the final verdict rests on a primary attempt and its exchanged
+/// reproduction, never on one attempt. The one value there is: absent is "not required".
+fn reproduction(cx: &mut Cx, node: &KdlNode) -> Option<()> {
+    shape(cx, node, 1, 1, &[], false);
+    arg(node, 0)
+        .and_then(|e| choice(cx, e, "reproduction", &["required"]))
+        .map(|_| ())
 }
 
 fn id_range(cx: &mut Cx, node: &KdlNode) -> Option<IdRange> {

@@ -164,6 +164,30 @@ fn the_audit_is_optional_typed_and_samples_at_least_one_request() {
 }
 
 #[test]
+fn a_required_reproduction_is_one_typed_value_and_changes_the_authority() {
+    let text = default_policy();
+    let p = crate::parse("evaluator.kdl", &text).unwrap();
+    assert!(!p.reproduction_required());
+    let required = format!("{text}\nreproduction \"required\"\n");
+    let q = crate::parse("t.kdl", &required).unwrap();
+    assert!(q.reproduction_required());
+    assert_ne!(q.digest().unwrap(), p.digest().unwrap());
+    for (node, code) in [
+        ("reproduction \"optional\"", "invalid-value"),
+        ("reproduction #true", "wrong-type"),
+        ("reproduction", "missing-argument"),
+        ("reproduction \"required\" times=2", "unknown-property"),
+    ] {
+        let edited = format!("{text}\n{node}\n");
+        assert!(
+            codes(&edited).contains(&code.to_owned()),
+            "{node}: {:?}",
+            codes(&edited)
+        );
+    }
+}
+
+#[test]
 fn quality_is_typed_required_in_full_and_bounded_by_all() {
     let p = crate::parse("evaluator.kdl", &default_policy()).unwrap();
     let q = p.quality().unwrap();
