@@ -86,6 +86,69 @@ pub struct Settlement {
     pub settles: bool,
 }
 
+impl Settlement {
+    /// How a reproduction (its speed record and whether its reads settle) settles with its
+    /// primary attempt `first` (receipt `primary`): the lower of the two speedups, settling only
+    /// when both attempts passed on settling reads. The one rule the lane records and the
+    /// referee and `cordon-verify` recompute.
+    #[must_use]
+    pub fn between(
+        primary: Digest,
+        first: &QualifyOutputs,
+        speed: &crate::speed::SpeedRecord,
+        settling: bool,
+    ) -> Self {
+        use crate::speed::Verdict;
+        let speedups_bp = [first.speed.speedup_bp, speed.speedup_bp];
+        Self {
+            primary,
+            speedups_bp,
+            speedup_bp: speedups_bp[0].min(speedups_bp[1]),
+            settles: first.speed.verdict == Verdict::Pass
+                && speed.verdict == Verdict::Pass
+                && first.settling
+                && settling,
+        }
+    }
+
+    /// Whether `reproduction` is the exact reproduction of `first` (receipt `primary`) this
+    /// settlement records: `first` is a primary attempt, the lanes are exchanged, the launch,
+    /// workload and model are the same, and the settlement recomputes.
+    ///
+    /// # Errors
+    /// What does not pair, for a person.
+    pub fn check_pair(
+        primary: Digest,
+        first: &QualifyOutputs,
+        reproduction: &QualifyOutputs,
+    ) -> Result<(), &'static str> {
+        let exchanged = Orientation {
+            baseline: first.orientation.candidate.clone(),
+            candidate: first.orientation.baseline.clone(),
+        };
+        if first.reproduces.is_some() || reproduction.reproduces != Some(primary) {
+            return Err("the primary attempt is itself a reproduction, or not the one reproduced");
+        }
+        if reproduction.orientation != exchanged {
+            return Err("the reproduction's lanes are not the primary attempt's, exchanged");
+        }
+        if (first.launch, first.workload, first.model)
+            != (
+                reproduction.launch,
+                reproduction.workload,
+                reproduction.model,
+            )
+        {
+            return Err("the reproduction was launched differently (launch, workload or model)");
+        }
+        let again = Self::between(primary, first, &reproduction.speed, reproduction.settling);
+        if reproduction.settlement.as_ref() != Some(&again) {
+            return Err("the settlement does not recompute from the two attempts");
+        }
+        Ok(())
+    }
+}
+
 /// What `cordon-lane qualify` established: an `ok` receipt's outputs (PASS), or a rejected
 /// receipt's evidence (FAIL). Every number the verdict used is here, so it is recomputed from
 /// the receipt alone.

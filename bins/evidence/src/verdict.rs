@@ -11,10 +11,10 @@
 //! - otherwise the candidate's speed FAIL or quality FAIL is a FAIL (proven and its own), and
 //!   so is an audit (when the policy asks for one, [`crate::audit`]) that the candidate broke
 //!   or whose outputs regrade below the rule;
-//! - a policy that requires a reproduction (`reproduction "required"`) gets a final verdict
-//!   only over a reproduction and its primary attempt, both graded and both weighed: a single
-//!   attempt, or a pair that does not settle (non-settling reads), is a no-decision; either
-//!   attempt's proven failure is a FAIL;
+//! - a policy that requires a reproduction (`reproduction "required"`) gets a PASS only over a
+//!   reproduction and its primary attempt, both graded and both weighed, whose pair settles:
+//!   either attempt's proven failure is a FAIL (one attempt given alone included); a single
+//!   attempt that would pass, or a pair that does not settle, is a no-decision;
 //! - otherwise PASS.
 //!
 //! A final verdict that could not be established (T did not serve, quiescence was not proven,
@@ -36,7 +36,7 @@ use crate::speed::{SpeedRecord, Verdict};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Gone {
-    /// The read (`B`, `C`, `B′`).
+    /// The read (`B`, `C`, `B′`; `primary B`… for a reproduction's primary attempt; `A`).
     pub read: String,
     /// Its lease.
     pub lease: String,
@@ -239,15 +239,14 @@ pub fn decide(
             }
         }
     }
-    if pairing.required && pairing.primary.is_none() {
-        return Err(
-            "verdict.reproduction: the policy requires a reproduction and this qualification is a primary attempt: qualify again with --reproduce and give the reproduction's receipt"
-                .to_owned(),
-        );
-    }
     for (which, s, _) in &attempts {
-        if s.verdict != Verdict::Pass {
-            return Ok((Final::Fail, s.code.clone(), format!("{which}{}", s.reason)));
+        match s.verdict {
+            Verdict::Pass => {}
+            Verdict::Fail => {
+                return Ok((Final::Fail, s.code.clone(), format!("{which}{}", s.reason)));
+            }
+            // The host could not measure: never the candidate's failure.
+            Verdict::NoDecision => return Err(format!("{}: {which}{}", s.code, s.reason)),
         }
     }
     for (which, _, g) in &attempts {
@@ -279,7 +278,12 @@ pub fn decide(
         }
         Some(AuditOutcome::Served { .. }) | None => {}
     }
+    // What a PASS needs beyond one attempt; a proven failure above needs none of it.
     match pairing.primary {
+        None if pairing.required => Err(
+            "verdict.reproduction: the policy requires a reproduction and this qualification is a primary attempt: qualify again with --reproduce and give the reproduction's receipt"
+                .to_owned(),
+        ),
         Some(p) if pairing.required && !p.settlement.settles => Err(format!(
             "verdict.unsettled: the policy requires a settled reproduction and the pair with primary attempt {} does not settle (both attempts must pass on settling reads)",
             p.qualify
@@ -473,9 +477,17 @@ mod tests {
                 primary: p,
             }
         }
-        // One attempt where the policy requires two: no authority for a verdict.
+        // One attempt where the policy requires two: no authority for a PASS…
         let why = decide(&pass, &g(&t, &t), None, required(None)).unwrap_err();
         assert!(why.starts_with("verdict.reproduction"), "{why}");
+        // …while a failure proven in it is the candidate's all the same.
+        let (v, code, _) = decide(&pass, &g(&t, &wrong), None, required(None)).unwrap();
+        assert_eq!((v, code.as_str()), (Final::Fail, "quality.exact"));
+        // A speed record the host could not decide is never the candidate's FAIL.
+        let mut undecided = speed(Verdict::NoDecision);
+        undecided.code = "speed.noise".into();
+        let why = decide(&undecided, &g(&t, &wrong), None, one()).unwrap_err();
+        assert!(why.starts_with("speed.noise"), "{why}");
         // A settled pair, both right and faster: PASS, naming both attempts.
         let settled = primary(pass.clone(), g(&t, &t), true);
         let (v, code, reason) = decide(&pass, &g(&t, &t), None, required(Some(&settled))).unwrap();

@@ -1,6 +1,7 @@
-//! The supervisor kept off the lane it times: while a read runs on a physical lane, the host's
-//! own threads (the one that stamps the engine's frames and the one that feeds it) run on the
-//! CPUs outside the lane, so the supervisor neither slows the read it measures nor, under the
+//! The supervisor kept off the lane it times: while a read runs on a physical lane, the
+//! supervisor's thread that drives it and the threads it starts for it (the one that stamps
+//! the engine's frames and the one that feeds it) run on the CPUs outside the lane (threads
+//! and runtime processes started before the read keep their CPUs), so the supervisor neither slows the read it measures nor, under the
 //! lane's CPU weight, waits behind it for its stamps.
 //!
 //! Owns the calling thread's CPU affinity for the span of a read, and nothing else: threads

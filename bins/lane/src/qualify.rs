@@ -204,27 +204,6 @@ fn read_receipt(
     Ok(receipt)
 }
 
-/// A reproduction's settlement: the lower of its two speedups, settling only when both
-/// attempts passed on settling reads.
-fn settlement(
-    plan: &Plan,
-    record: &cordon_evidence::speed::SpeedRecord,
-    settling: bool,
-) -> Option<Settlement> {
-    plan.reproduces.as_ref().map(|(primary, first)| {
-        let speedups_bp = [first.speed.speedup_bp, record.speedup_bp];
-        Settlement {
-            primary: *primary,
-            speedups_bp,
-            speedup_bp: speedups_bp[0].min(speedups_bp[1]),
-            settles: first.speed.verdict == Verdict::Pass
-                && record.verdict == Verdict::Pass
-                && first.settling
-                && settling,
-        }
-    })
-}
-
 /// Run the three reads, each with `read` (a real session: [`crate::session::session`]), and
 /// decide.
 ///
@@ -323,7 +302,9 @@ pub fn qualify(
     } else {
         Some("this build has no device guard: no pre, active and post device receipts".to_owned())
     };
-    let settlement = settlement(plan, &record, non_settling.is_none());
+    let settlement = plan.reproduces.as_ref().map(|(primary, first)| {
+        Settlement::between(*primary, first, &record, non_settling.is_none())
+    });
     let outputs = QualifyOutputs {
         sessions: Reads {
             b: db,

@@ -24,7 +24,7 @@ use cordon::exit::ExitClass;
 use cordon::receipt::{Outcome, Receipt, StageName};
 use cordon::store::Store;
 use cordon_evidence::inputs::QualifyInputs;
-use cordon_evidence::qualify::QualifyOutputs;
+use cordon_evidence::qualify::{QualifyOutputs, Settlement};
 use cordon_evidence::verdict::VerdictInputs;
 use cordon_stage::args::{LeaseArgs, StageArgs, fail};
 use cordon_stage::receipt_io as stage;
@@ -85,7 +85,10 @@ fn given(
         .map_err(|e| format!("the pristine registration: {e}"))?;
     let tree = pristine_tree(policy, &stored).map_err(|e| e.to_string())?;
     let primary = match outputs.reproduces {
-        Some(first) => Some((first, primary(store, first, &outputs, authority)?)),
+        Some(first) => Some((
+            first,
+            primary(store, first, (&inputs, &outputs), authority)?,
+        )),
         None => None,
     };
     Ok(Given {
@@ -99,12 +102,12 @@ fn given(
 }
 
 /// The primary attempt a reproduction names: the store's copy, an `ok` qualification under
-/// this authority, on the same workload and model, the one the reproduction's settlement
-/// pairs with.
+/// this authority, of the same builds, that the reproduction exactly exchanges and whose
+/// settlement recomputes.
 fn primary(
     store: &Store,
     first: cordon::canonical::Digest,
-    reproduction: &QualifyOutputs,
+    (asked, reproduction): (&QualifyInputs, &QualifyOutputs),
     authority: &cordon::canonical::Digest,
 ) -> Result<QualifyOutputs, String> {
     let why = |e: &dyn std::fmt::Display| format!("the primary attempt {first}: {e}");
@@ -116,13 +119,11 @@ fn primary(
     let outputs = receipt
         .outputs_as::<QualifyOutputs>()
         .map_err(|e| why(&e))?;
-    if reproduction.settlement.as_ref().map(|s| s.primary) != Some(first)
-        || (outputs.workload, outputs.model) != (reproduction.workload, reproduction.model)
-    {
-        return Err(why(
-            &"the reproduction does not pair with it (settlement, workload or model)",
-        ));
+    let builds = receipt.inputs_as::<QualifyInputs>().map_err(|e| why(&e))?;
+    if (builds.incumbent, builds.candidate) != (asked.incumbent, asked.candidate) {
+        return Err(why(&"it qualified other builds than the reproduction"));
     }
+    Settlement::check_pair(first, &outputs, reproduction).map_err(|e| why(&e))?;
     Ok(outputs)
 }
 

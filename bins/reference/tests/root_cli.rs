@@ -4,8 +4,9 @@
 //! speed PASS) and `cordon-reference`, and ends in FAIL on quality (exit 1) naming the first
 //! differing request; the chain under the final verdict replays with `cordon-verify`; and the
 //! same qualification offered to a referee under another quality rule (another authority) is
-//! refused (exit 2). The policy requires a reproduction: the primary attempt alone is a
-//! no-decision (exit 3), and the final verdict over the reproduction weighs both attempts. The incumbent here waits per token instead of computing, so its reads are
+//! refused (exit 2). The policy requires a reproduction: the primary attempt alone is already
+//! a FAIL (a proven failure needs no reproduction), and the final verdict over the
+//! reproduction weighs both attempts. The incumbent here waits per token instead of computing, so its reads are
 //! steady on a busy CPU host; the pristine tree is the bundled example's, which the policy pins.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -215,17 +216,11 @@ fn a_fast_engine_with_wrong_tokens_ends_the_whole_pipeline_in_fail_and_the_chain
             .arg(cli.path("pristine.json"));
         c
     };
-    // One attempt where the policy requires two: no verdict either way.
+    // One attempt where the policy requires two could never PASS, but its wrong tokens are
+    // a failure proven all the same.
     let (out, primary_only) = cli.run(referee(), Some("qualify.json"), "primary-only.json");
-    assert_eq!(out.status.code(), Some(3), "{primary_only}");
-    assert_eq!(primary_only["outcome"], "no-decision");
-    assert!(
-        primary_only["reasons"][0]["message"]
-            .as_str()
-            .unwrap()
-            .contains("verdict.reproduction"),
-        "{primary_only}"
-    );
+    assert_eq!(out.status.code(), Some(1), "{primary_only}");
+    assert_eq!(primary_only["reasons"][0]["code"], "quality.exact");
 
     // The reproduction: the exact lane exchange of the primary attempt.
     let mut c = qualify_command();
