@@ -111,13 +111,43 @@ impl Settlement {
         }
     }
 
-    /// Whether `reproduction` is the exact reproduction of `first` (receipt `primary`) this
-    /// settlement records: `first` is a primary attempt, the lanes are exchanged, the launch,
-    /// workload and model are the same, and the settlement recomputes.
+    /// The primary attempt's outputs, when `reproduction` (a qualify receipt) is the exact
+    /// reproduction of `first` (receipt `primary`): `first` is an `ok` qualification of the
+    /// same builds and itself a primary attempt, the lanes are exchanged, the launch, workload
+    /// and model are the same, and the settlement recomputes.
     ///
     /// # Errors
     /// What does not pair, for a person.
     pub fn check_pair(
+        primary: Digest,
+        first: &crate::receipt::Receipt,
+        reproduction: &crate::receipt::Receipt,
+    ) -> Result<QualifyOutputs, &'static str> {
+        use crate::inputs::QualifyInputs;
+        use crate::receipt::Outcome;
+        if first.stage != StageName::Qualify || first.outcome != Outcome::Ok {
+            return Err("the primary attempt is not an ok qualification");
+        }
+        let decode = |r: &crate::receipt::Receipt| {
+            let i = r.inputs_as::<QualifyInputs>().ok()?;
+            Some((
+                (i.incumbent, i.candidate),
+                r.outputs_as::<QualifyOutputs>().ok()?,
+            ))
+        };
+        let (Some((builds, first)), Some((asked, reproduction))) =
+            (decode(first), decode(reproduction))
+        else {
+            return Err("a qualification's inputs or outputs do not decode");
+        };
+        if builds != asked {
+            return Err("the primary attempt qualified other builds");
+        }
+        Self::check_outputs(primary, &first, &reproduction)?;
+        Ok(first)
+    }
+
+    fn check_outputs(
         primary: Digest,
         first: &QualifyOutputs,
         reproduction: &QualifyOutputs,

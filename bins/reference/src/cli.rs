@@ -85,10 +85,7 @@ fn given(
         .map_err(|e| format!("the pristine registration: {e}"))?;
     let tree = pristine_tree(policy, &stored).map_err(|e| e.to_string())?;
     let primary = match outputs.reproduces {
-        Some(first) => Some((
-            first,
-            primary(store, first, (&inputs, &outputs), authority)?,
-        )),
+        Some(first) => Some((first, primary(store, first, qualify, authority)?)),
         None => None,
     };
     Ok(Given {
@@ -107,24 +104,13 @@ fn given(
 fn primary(
     store: &Store,
     first: cordon::canonical::Digest,
-    (asked, reproduction): (&QualifyInputs, &QualifyOutputs),
+    reproduction: &Receipt,
     authority: &cordon::canonical::Digest,
 ) -> Result<QualifyOutputs, String> {
     let why = |e: &dyn std::fmt::Display| format!("the primary attempt {first}: {e}");
     stage::require_chain(store, &first, authority).map_err(|e| why(&e))?;
     let receipt = cordon::chain::load(store, &first).map_err(|e| why(&e))?;
-    if receipt.stage != StageName::Qualify || receipt.outcome != cordon::receipt::Outcome::Ok {
-        return Err(why(&"not an ok qualification"));
-    }
-    let outputs = receipt
-        .outputs_as::<QualifyOutputs>()
-        .map_err(|e| why(&e))?;
-    let builds = receipt.inputs_as::<QualifyInputs>().map_err(|e| why(&e))?;
-    if (builds.incumbent, builds.candidate) != (asked.incumbent, asked.candidate) {
-        return Err(why(&"it qualified other builds than the reproduction"));
-    }
-    Settlement::check_pair(first, &outputs, reproduction).map_err(|e| why(&e))?;
-    Ok(outputs)
+    Settlement::check_pair(first, &receipt, reproduction).map_err(|e| why(&e))
 }
 
 /// Run the tool: the whole of `main`.

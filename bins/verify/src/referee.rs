@@ -8,7 +8,6 @@ use cordon::receipt::{LaneOutputs, Outcome, Receipt, StageName};
 use cordon::store::Store;
 use cordon::tree::{self, PUBLICATIONS, TREES};
 use cordon_evidence::audit::{AuditInputs, AuditOutcome, AuditOutputs, regrade};
-use cordon_evidence::inputs::QualifyInputs;
 use cordon_evidence::qualify::{QualifyOutputs, Reads, Settlement};
 use cordon_evidence::quality::grade;
 use cordon_evidence::verdict::{
@@ -249,24 +248,12 @@ fn recompute_primary(
             "the primary attempt it weighs is not the one its qualification reproduces",
         ));
     }
-    let first_receipt = chain::load(store, &p.qualify)?;
-    let first = first_receipt
-        .outputs_as::<QualifyOutputs>()
-        .map_err(|_| differs("its primary attempt is not a qualification"))?;
-    let builds = |r: &Receipt| {
-        r.inputs_as::<QualifyInputs>()
-            .map(|i| (i.incumbent, i.candidate))
-            .map_err(|_| differs("a qualification's inputs"))
-    };
-    if first_receipt.stage != StageName::Qualify
-        || first_receipt.outcome != Outcome::Ok
-        || builds(&first_receipt)? != builds(&chain::load(store, &o.qualify)?)?
-    {
-        return Err(differs(
-            "its primary attempt is not an ok qualification of the same builds",
-        ));
-    }
-    Settlement::check_pair(p.qualify, &first, q).map_err(differs)?;
+    let first = Settlement::check_pair(
+        p.qualify,
+        &chain::load(store, &p.qualify)?,
+        &chain::load(store, &o.qualify)?,
+    )
+    .map_err(differs)?;
     if (first.speed, first.outputs) != (p.speed.clone(), p.outputs.clone()) {
         return Err(differs(
             "the primary attempt's speed record or outputs are not its receipt's",
