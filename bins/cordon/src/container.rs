@@ -123,6 +123,7 @@ pub struct Created {
     runtime: Runtime,
     id: String,
     pid: i32,
+    init: Process,
     stdin: Option<PipeWriter>,
     stdout: Stream<PipeReader>,
     stderr: Stream<PipeReader>,
@@ -142,7 +143,6 @@ impl std::fmt::Debug for Created {
 pub struct Running {
     created: Created,
     started: Instant,
-    init: Process,
 }
 
 /// A container whose init has exited (or was killed at the deadline), not yet deleted.
@@ -220,10 +220,18 @@ impl Runtime {
             .ok()
             .and_then(|t| String::from_utf8_lossy(&t).trim().parse().ok())
             .ok_or_else(|| sup("no init pid from the runtime's create".into()))?;
+        // Supervised from here on, and stopped by a signal to this process: a created container
+        // is the candidate's as much as a running one.
+        let mut init = self
+            .host
+            .adopt(pid)
+            .map_err(|e| sup(format!("cannot supervise the init: {e}")))?;
+        init.stop_on_interrupt();
         Ok(Created {
             runtime: self.clone(),
             id: id.to_owned(),
             pid,
+            init,
             stdin,
             stdout,
             stderr,
@@ -271,18 +279,9 @@ impl Created {
     pub fn start(self) -> Result<Running, RuntimeError> {
         let started = Instant::now();
         self.runtime.call(&["start", &self.id])?;
-        let init = self
-            .runtime
-            .host
-            .adopt(self.pid)
-            .map_err(|e| RuntimeError::Supervise {
-                id: self.id.clone(),
-                why: format!("cannot supervise the init: {e}"),
-            })?;
         Ok(Running {
             created: self,
             started,
-            init,
         })
     }
 }
@@ -351,6 +350,7 @@ impl Running {
             why,
         };
         let exited = self
+            .created
             .init
             .exited_by(deadline)
             .map_err(|e| sup(format!("cannot wait for the init: {e}")))?;
@@ -365,10 +365,11 @@ impl Running {
                     let _ = self.kill();
                 }
                 None => {
-                    let _ = self.init.kill();
+                    let _ = self.created.init.kill();
                 }
             }
             let died = self
+                .created
                 .init
                 .exited_by(Instant::now() + KILL_GRACE)
                 .map_err(|e| sup(format!("cannot wait for the init: {e}")))?;
@@ -377,6 +378,7 @@ impl Running {
             }
         }
         let status = self
+            .created
             .init
             .wait()
             .map_err(|e| sup(format!("cannot reap the init: {e}")))?

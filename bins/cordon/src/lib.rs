@@ -4,7 +4,7 @@
 //! and intake into the store ([`intake`]), the confined parser child that decodes candidate
 //! bytes for the root process ([`confine`]), content-addressed trees ([`tree`]), OCI image layouts
 //! ([`image`]), the OCI runtime driver ([`runtime`]), durable leases ([`lease`]), per-run
-//! accounts ([`account`]), the receipt type ([`receipt`]) and the host components of the
+//! accounts ([`account`]), what a stage does on SIGINT, SIGTERM and SIGHUP ([`interrupt`]), the receipt type ([`receipt`]) and the host components of the
 //! authority identity ([`identity`]). It re-exports the leaf crate's canonical JSON, digests and
 //! exit codes.
 //!
@@ -21,6 +21,7 @@ pub mod host;
 pub mod identity;
 pub mod image;
 pub mod intake;
+pub mod interrupt;
 pub mod lease;
 pub mod runtime;
 pub mod signing;

@@ -261,6 +261,9 @@ pub struct Body {
     done: bool,
     /// The failure that ended the stream, kept for the caller to classify.
     failure: Option<TransportError>,
+    /// A signal to this process ends a read that waits on the network, instead of letting it
+    /// wait out the transfer's deadline.
+    _stop: cordon::interrupt::Registered,
 }
 
 impl Body {
@@ -335,6 +338,14 @@ pub fn open(source: &str, rules: &Rules) -> Result<Body, TransportError> {
             why: cordon_stage::receipt_io::error_chain(&e),
         })?;
     let (tx, rx) = channel::<Chunk>(16);
+    let stop = tx.clone();
+    let stop = cordon::interrupt::on_signal(move || {
+        // A full channel means the reader is not waiting: it reads on, and its writes to the
+        // stopped parser child fail.
+        let _ = stop.try_send(Err(TransportError::Failed {
+            why: "a signal stopped the transfer".into(),
+        }));
+    });
     let rules = rules.clone();
     let deadline = Instant::now() + rules.deadline;
     std::thread::Builder::new()
@@ -349,6 +360,7 @@ pub fn open(source: &str, rules: &Rules) -> Result<Body, TransportError> {
         offset: 0,
         done: false,
         failure: None,
+        _stop: stop,
     })
 }
 

@@ -571,3 +571,62 @@ fn the_archive_is_parsed_by_a_fresh_run_account_and_a_parser_killed_from_outside
         "a no-decision leaves the store's content as a fresh store's"
     );
 }
+
+/// SIGINT while the parser child waits on a slow transfer: the child is stopped, the transfer
+/// abandoned without waiting out its deadline, the lease released (no account, no run
+/// directory, no record), and the receipt is a stored no-decision naming the signal.
+#[test]
+fn a_signal_mid_transfer_stops_the_parser_and_releases_its_lease() {
+    let (s, body) = https_with_archive();
+    let policy = loopback_policy(&s, 7, "");
+    let store_dir = s.dir.path().join("store");
+    let sha = Digest::of_bytes(&body);
+    let url = format!("https://localhost:{}/slow", s.port);
+    let started = std::time::Instant::now();
+    let fetching = std::thread::spawn({
+        let (policy, store_dir) = (policy.clone(), store_dir.clone());
+        move || fetch(&policy, &store_dir, &sha, &url)
+    });
+    let (_, uid) = parser_child();
+    nix::sys::signal::kill(nix::unistd::getpid(), nix::sys::signal::Signal::SIGINT).unwrap();
+    let o = fetching.join().unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "the fetch ended before the transfer's 3 s deadline: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(o.code, ExitCode::NoDecision, "{}", o.stderr);
+    assert!(o.stderr.contains("SIGINT received"), "{}", o.stderr);
+    let receipt = o.receipt.unwrap();
+    assert_eq!(receipt["outcome"], "no-decision");
+    assert_eq!(
+        receipt["reasons"][0]["code"], "receipt.interrupted",
+        "{receipt}"
+    );
+    let stored = std::fs::read_dir(store_dir.join("receipts"))
+        .unwrap()
+        .count();
+    assert_eq!(stored, 2, "the receipt and its signature are stored");
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+    assert!(
+        !passwd
+            .lines()
+            .any(|l| l.split(':').nth(2) == Some(&uid.to_string())),
+        "the run account outlived its lease"
+    );
+    assert_eq!(
+        std::fs::read_dir(s.dir.path().join("run")).unwrap().count(),
+        0
+    );
+    let records = std::fs::read_dir(store_dir.join("leases"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "json")
+        })
+        .count();
+    assert_eq!(records, 0, "no lease record is left");
+}

@@ -13,7 +13,7 @@
 
 use std::fs::File;
 use std::path::Path;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use cordon::receipt::LockSpan;
 use nix::fcntl::{Flock, FlockArg};
@@ -37,14 +37,29 @@ pub fn unix_ns() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
-/// Wait for the lock in `lock_dir`.
+/// How often a waiter looks again: a signal ends the wait within this.
+const RETRY: Duration = Duration::from_millis(25);
+
+/// Wait for the lock in `lock_dir`, until it is taken or a signal reaches this process
+/// ([`cordon::interrupt`]; a blocking `flock` would hold an operator's Ctrl-C until another
+/// lane's whole read ended).
 ///
 /// # Errors
-/// The lock file cannot be made, opened or trusted, or the lock cannot be taken.
+/// The lock file cannot be made, opened or trusted, the lock cannot be taken, or a signal
+/// arrived while waiting (`ErrorKind::Interrupted`).
 pub fn acquire(lock_dir: &Path) -> std::io::Result<GpuLock> {
-    let file = cordon::lease::open_lock_file(&lock_dir.join(LOCK_FILE))?;
+    let mut file = cordon::lease::open_lock_file(&lock_dir.join(LOCK_FILE))?;
     let asked = Instant::now();
-    let lock = Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, e)| e)?;
+    let lock = loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => break lock,
+            Err((back, nix::errno::Errno::EWOULDBLOCK)) => file = back,
+            Err((_, e)) => return Err(e.into()),
+        }
+        cordon::interrupt::check()
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::Interrupted, e))?;
+        std::thread::sleep(RETRY);
+    };
     Ok(GpuLock {
         _lock: lock,
         waited_ns: u64::try_from(asked.elapsed().as_nanos()).unwrap_or(u64::MAX),

@@ -330,3 +330,50 @@ fn a_build_step_that_fails_is_a_rejection_with_exit_1() {
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert_eq!(store.content_listing().unwrap(), after);
 }
+
+/// SIGINT, SIGTERM and SIGHUP to `cordon-prebuild` while its build runs (a build that would
+/// run for ever): each stops the build, releases the lease (no container, mount, account,
+/// cgroup, run directory or lease record left) and ends with exit 3 and a stored no-decision
+/// receipt naming the signal.
+#[test]
+fn a_signal_mid_build_stops_it_and_leaves_a_no_decision_naming_it() {
+    let cli = Cli::new(3);
+    let incumbent = cli.path("incumbent");
+    cordon_testkit::copy_tree(
+        &workspace_root().join("checks/example/incumbent"),
+        &incumbent,
+    );
+    std::fs::write(
+        incumbent.join("build.sh"),
+        "#!/bin/sh\nwhile :; do :; done\n",
+    )
+    .unwrap();
+    let receipt = cli.materialized(&incumbent);
+    let state_root = Path::new(cordon::lease::DEFAULT_STATE_ROOT).join(&cli.executor);
+    for signal in [
+        nix::sys::signal::Signal::SIGINT,
+        nix::sys::signal::Signal::SIGTERM,
+        nix::sys::signal::Signal::SIGHUP,
+    ] {
+        let child = cli
+            .command("cordon-prebuild")
+            .arg("--images")
+            .arg(cli.path("images"))
+            .stdin(std::fs::File::open(&receipt).unwrap())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let id = cordon_testkit::wait_running(&cli.path("store"), &state_root);
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+        nix::sys::signal::kill(pid, signal).unwrap();
+        let out = child.wait_with_output().unwrap();
+        cordon_testkit::assert_stopped_by(
+            signal.as_str(),
+            &out,
+            (&cli.path("store"), &cli.path("run"), &state_root),
+            Some(&id),
+            ("prebuild-cli", 3),
+        );
+    }
+}

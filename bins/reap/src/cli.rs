@@ -332,14 +332,21 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
     if let Err(e) = receipt.set_outputs(&outputs) {
         return fail(&e, mode, stderr);
     }
+    // A recovery a signal reached ran to its end (the signal never cuts a release short), but
+    // its receipt says it was asked to stop.
+    let interrupted = stage::stamp_interrupted(&mut receipt);
     let emitted = stage::emit_signed(&place.store, &place.key_dir, &mut receipt, stdout);
     // Reported once the receipt is safe.
     if let Some(e) = failed {
         report_diagnostic(&e, mode, stderr);
     }
-    match emitted {
-        Ok(_) => code,
-        Err(e) => fail(&e, mode, stderr),
+    if let Some(e) = interrupted {
+        report_diagnostic(&e, mode, stderr);
+    }
+    match (emitted, interrupted) {
+        (Ok(_), None) => code,
+        (Ok(_), Some(_)) => ExitCode::NoDecision,
+        (Err(e), _) => fail(&e, mode, stderr),
     }
 }
 

@@ -37,21 +37,26 @@ pub fn under_lease<T>(
 ) -> Result<T, LeaseError> {
     let manager = Manager::open_shared(store, lease.setup(policy))?;
     let held = manager.begin_child(&authority.to_string(), SystemTime::now() + budget)?;
-    let ran = manager.provision_child(&held).map(|jail| {
-        let account = held.account();
-        work(&Launch {
-            host: manager.runtime().host.clone(),
-            exe: exe.to_path_buf(),
-            spec: Spec {
-                kind: kind.to_owned(),
-                uid: account.uid,
-                gid: account.gid,
-                jail,
-                limits: crate::settings::parser_limits(policy),
-            },
-            budget,
-        })
-    });
+    // A signal before the child exists ends here; one after it kills the child
+    // (`cordon::confine::spawn`). Either way the release below runs.
+    let ran = cordon::interrupt::check()
+        .map_err(LeaseError::from)
+        .and_then(|()| manager.provision_child(&held))
+        .map(|jail| {
+            let account = held.account();
+            work(&Launch {
+                host: manager.runtime().host.clone(),
+                exe: exe.to_path_buf(),
+                spec: Spec {
+                    kind: kind.to_owned(),
+                    uid: account.uid,
+                    gid: account.gid,
+                    jail,
+                    limits: crate::settings::parser_limits(policy),
+                },
+                budget,
+            })
+        });
     manager.release(&held.record)?;
     ran
 }

@@ -343,8 +343,40 @@ pub fn store_linked<T: serde::Serialize, E: Infrastructure + 'static>(
 }
 
 /// Record `result` on `receipt`: its exit code, and the error behind a no-decision, to be
-/// reported once the receipt is safe.
+/// reported once the receipt is safe. A stage a signal reached ([`cordon::interrupt`]) records
+/// a no-decision naming the signal, whatever its result: a candidate stopped by the host did
+/// not pass or fail (its own result follows, as information, without its outputs).
 fn decide<T: serde::Serialize, E: Infrastructure + 'static>(
+    receipt: &mut Receipt,
+    result: Result<Decision<T>, E>,
+) -> (ExitCode, Option<Box<dyn miette::Diagnostic>>) {
+    let decided = decide_result(receipt, result);
+    match stamp_interrupted(receipt) {
+        Some(interrupted) => {
+            receipt.outputs = serde_json::Value::Object(serde_json::Map::new());
+            (ExitCode::NoDecision, Some(Box::new(interrupted)))
+        }
+        None => decided,
+    }
+}
+
+/// If a signal reached this stage ([`cordon::interrupt`]), make `receipt` a no-decision naming
+/// it: the signal's reason first, the stage's own reasons after it. The signal, if one arrived.
+pub fn stamp_interrupted(receipt: &mut Receipt) -> Option<cordon::interrupt::Interrupted> {
+    let interrupted = cordon::interrupt::check().err()?;
+    receipt.outcome = Outcome::NoDecision;
+    receipt.reasons.insert(
+        0,
+        Reason {
+            code: "receipt.interrupted".to_owned(),
+            message: interrupted.to_string(),
+        },
+    );
+    Some(interrupted)
+}
+
+/// [`decide`] for a stage no signal reached.
+fn decide_result<T: serde::Serialize, E: Infrastructure + 'static>(
     receipt: &mut Receipt,
     result: Result<Decision<T>, E>,
 ) -> (ExitCode, Option<Box<dyn miette::Diagnostic>>) {
@@ -457,6 +489,39 @@ mod tests {
         );
         assert_eq!(r.reasons[0].code, "fetch.infrastructure");
         assert_eq!(r.reasons[0].message, "the disk is on fire");
+    }
+
+    #[test]
+    fn after_a_signal_every_result_is_a_stored_no_decision_naming_it() {
+        // This test's process (nextest gives it one of its own) receives SIGTERM.
+        cordon::interrupt::install().unwrap();
+        nix::sys::signal::kill(nix::unistd::getpid(), nix::sys::signal::Signal::SIGTERM).unwrap();
+        while cordon::interrupt::raised().is_none() {
+            std::thread::yield_now();
+        }
+        let rejection = Rejection::one("intake.symlink", "a link".into(), serde_json::json!({}));
+        for (result, then) in [
+            (Ok(Decision::Accepted(outputs())), None),
+            (Ok(Decision::Rejected(rejection)), Some("intake.symlink")),
+            (Err(Broken), Some("fetch.infrastructure")),
+        ] {
+            let (code, r, stored) = finish_with(result);
+            assert_eq!(
+                (code, r.outcome, stored),
+                (ExitCode::NoDecision, Outcome::NoDecision, 1)
+            );
+            assert_eq!(r.reasons[0].code, "receipt.interrupted");
+            assert!(
+                r.reasons[0].message.starts_with("SIGTERM received"),
+                "{r:?}"
+            );
+            assert_eq!(r.reasons.get(1).map(|x| x.code.as_str()), then, "{r:?}");
+            assert_eq!(
+                r.outputs,
+                serde_json::json!({}),
+                "no outputs of a stopped run"
+            );
+        }
     }
 
     #[test]

@@ -17,6 +17,11 @@
 //! 7. release — always, whatever happened — with its absence proof; a release that cannot be
 //!    established overrides the result: residue is a no-decision.
 //!
+//! A signal (SIGINT, SIGTERM, SIGHUP; [`cordon::interrupt`]) kills the container's init from
+//! the moment it is created; before that, each step that would make something new checks for
+//! one and ends the session as an error. Either way the release of step 7 runs as after any
+//! other failure, and a second signal does not cut it short.
+//!
 //! Crash story: the lease record is durable before step 3; a supervisor killed anywhere after it
 //! leaves a record from which `cordon-reap` removes the container, mounts, run directory and
 //! account. What the session does not own: what the workload is (the caller's argv and
@@ -24,6 +29,7 @@
 
 use cordon::ExitCode;
 use cordon::exit::ExitClass;
+use cordon::interrupt;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -95,6 +101,10 @@ pub enum SessionError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Canonical(#[from] cordon_canon::canonical::CanonicalError),
+    /// A signal stopped the session before its result was established.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Interrupted(#[from] cordon::interrupt::Interrupted),
 }
 
 impl From<RuntimeError> for SessionError {
@@ -113,7 +123,8 @@ impl ExitClass for SessionError {
             | Self::Nofile { .. }
             | Self::Lease(_)
             | Self::WorkingDirectory { .. }
-            | Self::Canonical(_) => ExitCode::NoDecision,
+            | Self::Canonical(_)
+            | Self::Interrupted(_) => ExitCode::NoDecision,
         }
     }
 }
@@ -257,7 +268,9 @@ impl Session<'_> {
         drive: impl FnOnce(&mut Running, &Planned, Instant) -> Result<(), E>,
         inspect: impl FnOnce(&Lease, &Planned, &Finished) -> Result<T, E>,
     ) -> Result<Ran<T>, E> {
-        // 1. Validate everything before touching anything.
+        // 1. Validate everything before touching anything; a signal already received makes
+        // nothing new (here, before the container, before its start: each step that would).
+        interrupt::check().map_err(SessionError::from)?;
         let stage = self
             .policy
             .stage(self.kind)
@@ -424,11 +437,12 @@ impl Session<'_> {
                 cordon::container::Output::Captured(output.stderr_bytes)
             },
         };
-        let mut running = manager
-            .create(&lease, stdio)
-            .map_err(SessionError::from)?
-            .start()
-            .map_err(SessionError::from)?;
+        interrupt::check().map_err(SessionError::from)?;
+        let created = manager.create(&lease, stdio).map_err(SessionError::from)?;
+        // From here the init is stopped by a signal; a created container is not started after
+        // one (the release deletes it).
+        interrupt::check().map_err(SessionError::from)?;
+        let mut running = created.start().map_err(SessionError::from)?;
         drive(&mut running, &planned, deadline)?;
         let finished = running
             .wait(deadline, &manager.cgroup(&lease))

@@ -118,6 +118,11 @@ pub enum PrologueError {
     #[error("cannot raise the soft open-file limit to the hard limit")]
     #[diagnostic(code(cordon::stage::prologue))]
     Nofile(#[source] nix::Error),
+    /// SIGINT, SIGTERM and SIGHUP could not be caught: a stage that would die on them with its
+    /// candidate running does not start.
+    #[error("cannot catch SIGINT, SIGTERM and SIGHUP")]
+    #[diagnostic(code(cordon::stage::prologue))]
+    Signals(#[source] std::io::Error),
 }
 
 /// Process-wide settings, made before any thread starts (brief §6):
@@ -127,7 +132,9 @@ pub enum PrologueError {
 /// - the soft open-file limit is raised to the hard one, so walking a candidate's tree (within
 ///   every policy bound) never runs out of descriptors at the default soft 1024;
 /// - a panic — a defect in cordon, never a verdict on the candidate — ends the process with a
-///   no-decision (exit 3) instead of Rust's 101, so no stage exits outside 0–3.
+///   no-decision (exit 3) instead of Rust's 101, so no stage exits outside 0–3;
+/// - SIGINT, SIGTERM and SIGHUP stop the candidate and end the stage through its release with
+///   a no-decision receipt naming the signal ([`cordon::interrupt`]).
 ///
 /// # Errors
 /// The kernel refused.
@@ -137,7 +144,8 @@ pub fn prologue() -> Result<(), PrologueError> {
     let (_, hard) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
         .map_err(PrologueError::Nofile)?;
     nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard)
-        .map_err(PrologueError::Nofile)
+        .map_err(PrologueError::Nofile)?;
+    cordon::interrupt::install().map_err(PrologueError::Signals)
 }
 
 /// A stage that has started: its policy, its authority on this host, and the runtime facts the

@@ -64,7 +64,7 @@ pub fn require_root(why: &str) {
 /// gets its own block of ids, so tests running side by side — and the recovery that removes
 /// orphans in a range — never meet each other's accounts or the host's (the blocks lie above the
 /// default policy's 3000000..=3099999).
-const ACCOUNT_OWNERS: [&str; 19] = [
+const ACCOUNT_OWNERS: [&str; 23] = [
     "cordon-lease",
     "prebuild-hostile",
     "prebuild-bench",
@@ -84,6 +84,10 @@ const ACCOUNT_OWNERS: [&str; 19] = [
     "lane-bench",
     "lane-qualify",
     "reference",
+    "stage-sigint",
+    "stage-sigterm",
+    "stage-sighup",
+    "signals-cli",
 ];
 
 /// The first id of the account blocks.
@@ -366,4 +370,130 @@ pub fn runtime_image_inputs() -> PathBuf {
         String::from_utf8_lossy(&out.stderr)
     );
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+/// Nothing of `owner`'s account slot `slot` is left in the host's account databases.
+///
+/// # Panics
+/// An account or group of the slot is left, or a database cannot be read.
+pub fn assert_no_accounts(owner: &str, slot: u32) {
+    let (first, last) = account_range(owner, slot);
+    for db in ["/etc/passwd", "/etc/group"] {
+        let text = std::fs::read_to_string(db).unwrap();
+        for line in text.lines() {
+            let id: u32 = line.split(':').nth(2).unwrap().parse().unwrap();
+            assert!(!(first..=last).contains(&id), "{db} still has {line}");
+        }
+    }
+}
+
+/// The lease records in `store` (`<store>/leases/*.json`), parsed.
+///
+/// # Panics
+/// The directory or a record cannot be read or parsed.
+#[must_use]
+pub fn lease_records(store: &Path) -> Vec<serde_json::Value> {
+    let Ok(entries) = std::fs::read_dir(store.join("leases")) else {
+        return Vec::new();
+    };
+    entries
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .map(|p| serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap())
+        .collect()
+}
+
+/// Wait (up to a minute) until a container that a lease record of `store` names is running in
+/// the runtime state root `state_root`; its id.
+///
+/// # Panics
+/// None runs within the minute.
+#[must_use]
+pub fn wait_running(store: &Path, state_root: &Path) -> String {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        for record in lease_records(store) {
+            let ids = record["resources"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|r| r["kind"] == "container")
+                .filter_map(|r| r["id"].as_str().map(str::to_owned));
+            for id in ids {
+                let out = std::process::Command::new(runc())
+                    .arg("--root")
+                    .arg(state_root)
+                    .args(["state", &id])
+                    .output()
+                    .unwrap();
+                let state: serde_json::Value =
+                    serde_json::from_slice(&out.stdout).unwrap_or_default();
+                if state["status"] == "running" {
+                    return id;
+                }
+            }
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "no container of {} ran",
+            store.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// A stage stopped by `signal` left nothing: its output is exit 3 with one stored no-decision
+/// receipt naming the signal; the store holds no lease record, the run root no run directory,
+/// the state root no container `id`, and `owner`'s slot `slot` no account.
+///
+/// # Panics
+/// Any of it does not hold.
+pub fn assert_stopped_by(
+    signal: &str,
+    out: &std::process::Output,
+    (store, run_root, state_root): (&Path, &Path, &Path),
+    id: Option<&str>,
+    (owner, slot): (&str, u32),
+) {
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let receipt: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("one receipt on stdout ({e}): {out:?}"));
+    assert_eq!(receipt["outcome"], "no-decision", "{receipt}");
+    assert_eq!(
+        receipt["reasons"][0]["code"], "receipt.interrupted",
+        "{receipt}"
+    );
+    let message = receipt["reasons"][0]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with(&format!("{signal} received")),
+        "{message}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&format!("{signal} received")),
+        "{out:?}"
+    );
+    let stored = std::fs::read_dir(store.join("receipts"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+        .any(|e| {
+            serde_json::from_slice::<serde_json::Value>(&std::fs::read(e.path()).unwrap())
+                .is_ok_and(|r| r == receipt)
+        });
+    assert!(stored, "the printed receipt is stored");
+    assert!(lease_records(store).is_empty(), "a lease record is left");
+    let runs: Vec<_> = std::fs::read_dir(run_root)
+        .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(runs.is_empty(), "run directories are left: {runs:?}");
+    if let Some(id) = id {
+        let out = std::process::Command::new(runc())
+            .arg("--root")
+            .arg(state_root)
+            .args(["state", id])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "container {id} is left: {out:?}");
+    }
+    assert_no_accounts(owner, slot);
 }

@@ -147,7 +147,10 @@ pub fn tool(exe: &Path, spec: &Spec) -> Tool {
 /// # Errors
 /// The process cannot be started.
 pub fn spawn(host: &dyn Host, exe: &Path, spec: &Spec, stdin: bool) -> io::Result<Process> {
-    host.spawn(&tool(exe, spec), stdin)
+    let mut child = host.spawn(&tool(exe, spec), stdin)?;
+    // It parses candidate bytes: a signal to this process stops it.
+    child.stop_on_interrupt();
+    Ok(child)
 }
 
 /// How a parent starts a child.

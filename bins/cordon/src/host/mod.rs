@@ -24,6 +24,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -337,6 +338,9 @@ impl Host for Linux {
         if let Some(dir) = &tool.dir {
             command.current_dir(dir);
         }
+        // A process group of its own: a terminal's Ctrl-C reaches the supervisor alone, which
+        // stops the candidate and releases; a `runtime delete` mid-release is never cut short.
+        command.process_group(0);
         let mut child = command.spawn()?;
         let pid = i32::try_from(child.id()).map_err(io::Error::other)?;
         // The std handle is dropped (that neither kills nor reaps): the waiter reaps the pid.

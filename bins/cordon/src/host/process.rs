@@ -72,6 +72,7 @@ pub struct Process {
     pub stderr: Option<PipeReader>,
     supervisor: Arc<dyn Supervise>,
     watchdog: Option<JoinHandle<io::Result<bool>>>,
+    interrupt: Option<crate::interrupt::Registered>,
 }
 
 impl Process {
@@ -89,6 +90,7 @@ impl Process {
             stderr,
             supervisor,
             watchdog: None,
+            interrupt: None,
         }
     }
 
@@ -104,6 +106,15 @@ impl Process {
     /// The kernel refused the signal.
     pub fn kill(&self) -> io::Result<()> {
         self.supervisor.kill()
+    }
+
+    /// Kill it when SIGINT, SIGTERM or SIGHUP reaches this process (at once if one already
+    /// has): a candidate's process — a container's init, a confined parser child — never the
+    /// host's own tools, which a release needs to finish ([`crate::interrupt`]).
+    pub fn stop_on_interrupt(&mut self) {
+        self.interrupt = Some(crate::interrupt::stop_on_signal(Arc::clone(
+            &self.supervisor,
+        )));
     }
 
     /// Kill it at `deadline` unless it exits first: a watchdog that runs beside whatever the

@@ -143,6 +143,10 @@ pub struct Residue {
 /// Why a lease operation failed (all no-decisions).
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
 pub enum LeaseError {
+    /// A signal stopped the run before the lease's work began.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Interrupted(#[from] crate::interrupt::Interrupted),
     /// This process sees another mount namespace than the host's init: the mounts it would
     /// remove or prove absent are not the host's.
     #[error(
