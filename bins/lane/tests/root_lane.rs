@@ -408,3 +408,36 @@ fn the_engine_cannot_lower_the_workers_limits_but_its_own() {
     assert_eq!(out.outputs, expected(&[1, 0]));
     nothing_left(&e);
 }
+
+/// SIGTERM to the supervisor while the engine serves (asleep, far from either phase deadline):
+/// the container is stopped at once, the framed session ends, and the release leaves nothing;
+/// the receipt path turns the session's end into a no-decision naming the signal.
+#[test]
+fn a_signal_mid_read_stops_the_engine_and_releases_the_lane() {
+    cordon::interrupt::install().unwrap();
+    let e = env(7, &[]);
+    let asleep_serving =
+        "import time\n\n\ndef generate(prompt, tokens, model_dir):\n    time.sleep(600)\n";
+    let tree = engine(&e, asleep_serving, &incumbent_kernel());
+    let (store, state_root) = (
+        e.store.root().to_path_buf(),
+        e.cfg.setup.runtime.state_root.clone(),
+    );
+    let signaller = std::thread::spawn(move || {
+        let _ = cordon_testkit::wait_running(&store, &state_root);
+        nix::sys::signal::kill(nix::unistd::getpid(), nix::sys::signal::Signal::SIGTERM).unwrap();
+    });
+    let started = std::time::Instant::now();
+    let _ = run(&e, tree);
+    signaller.join().unwrap();
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "stopped by the signal, not by a phase deadline: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        cordon::interrupt::raised(),
+        Some(nix::sys::signal::Signal::SIGTERM)
+    );
+    nothing_left(&e);
+}

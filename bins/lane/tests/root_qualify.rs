@@ -135,3 +135,56 @@ fn two_qualifications_at_once_never_overlap_and_never_interleave_their_reads() {
         second.gpu_lock
     );
 }
+
+/// SIGTERM while B reads: B's engine is stopped, and neither C nor B′ makes a lease or a
+/// container (each session checks before it begins); the qualification ends without a verdict
+/// and the executor holds nothing.
+#[test]
+fn a_signal_during_b_ends_the_qualification_before_c_and_b_prime() {
+    cordon::interrupt::install().unwrap();
+    let w = common::world("lane-qualify", 2, "qualify-2", &[]);
+    // B's engine sleeps far past anything the test waits for.
+    let p = plan(&w, 600_000, 10);
+    let (store, state_root) = (
+        w.store.root().to_path_buf(),
+        w.cfg.setup.runtime.state_root.clone(),
+    );
+    let signaller = std::thread::spawn(move || {
+        let _ = cordon_testkit::wait_running(&store, &state_root);
+        nix::sys::signal::kill(nix::unistd::getpid(), nix::sys::signal::Signal::SIGTERM).unwrap();
+    });
+    let mut ends = Vec::new();
+    let mut read = |inputs: &cordon_lane::session::Inputs, lock: &cordon_lane::lock::GpuLock| {
+        let r = cordon_lane::session::session_under(&w.policy, &w.cfg, inputs, lock);
+        ends.push(match &r {
+            Err(e) => e.to_string(),
+            Ok(_) => "a result".to_owned(),
+        });
+        r
+    };
+    let started = std::time::Instant::now();
+    let result = cordon_lane::qualify::qualify(
+        &w.policy,
+        &w.cfg,
+        &p,
+        &mut read,
+        cordon_stage::args::Diagnostics::Text,
+        &mut std::io::sink(),
+    );
+    signaller.join().unwrap();
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        !matches!(result, Ok(cordon::receipt::Decision::Accepted(_))),
+        "{result:?}"
+    );
+    // B ran and was stopped; every later read ended before it began.
+    assert!(!ends.is_empty());
+    for later in ends.iter().skip(1) {
+        assert!(later.contains("SIGTERM received"), "{ends:?}");
+    }
+    nothing_left(&w);
+}

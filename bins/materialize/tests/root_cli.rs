@@ -200,29 +200,7 @@ fn a_tree_of_hundreds_of_realistic_python_files_and_a_long_literal_pass() {
     // 320 modules of 2 to 32 KiB (about 5.5 MiB) in nested packages, and one valid file holding a
     // 65 000-character literal: each shape once killed the analysis child (its allocator opened
     // a /proc file under the seccomp filter), an honest candidate rejected for cordon's fault.
-    let mut owned: Vec<(String, Vec<u8>)> = (0..320)
-        .map(|i| {
-            let size = 2048 + (i * 9_973) % (30 * 1024);
-            (
-                format!("engine/attention/pkg{}/mod{i}.py", i % 16),
-                module(i, size).into_bytes(),
-            )
-        })
-        .collect();
-    for p in 0..16 {
-        owned.push((format!("engine/attention/pkg{p}/__init__.py"), Vec::new()));
-    }
-    owned.push((
-        "engine/attention/table.py".into(),
-        format!("TABLE = \"{}\"\n", "ab".repeat(32_500)).into_bytes(),
-    ));
-    owned.push((
-        "engine/attention/__init__.py".into(),
-        b"from . import table\n".to_vec(),
-    ));
-    let mut members: Vec<common::Member<'_>> = vec![("cordon-delta.kdl", MANIFEST, 0o644)];
-    members.extend(owned.iter().map(|(p, d)| (p.as_str(), d.as_slice(), 0o644)));
-    let (receipt_file, _) = cli.fetch(&delta_tar(&members));
+    let (receipt_file, _) = cli.fetch(&hundreds_of_modules());
     let out = cli.materialize(&["--incumbent", &incumbent], Some(&receipt_file));
     assert_eq!(
         out.status.code(),
@@ -261,4 +239,69 @@ fn a_finding_far_right_on_a_long_line_is_a_recorded_rejection() {
         "{receipt}"
     );
     assert!(stderr.contains("python.ban-call"), "{stderr}");
+}
+
+/// A delta of 320 realistic modules of 2 to 32 KiB (about 5.5 MiB) in 16 nested packages and
+/// one file holding a 65 000-character literal: its archive.
+fn hundreds_of_modules() -> Vec<u8> {
+    let mut owned: Vec<(String, Vec<u8>)> = (0..320)
+        .map(|i| {
+            let size = 2048 + (i * 9_973) % (30 * 1024);
+            (
+                format!("engine/attention/pkg{}/mod{i}.py", i % 16),
+                module(i, size).into_bytes(),
+            )
+        })
+        .collect();
+    for p in 0..16 {
+        owned.push((format!("engine/attention/pkg{p}/__init__.py"), Vec::new()));
+    }
+    owned.push((
+        "engine/attention/table.py".into(),
+        format!("TABLE = \"{}\"\n", "ab".repeat(32_500)).into_bytes(),
+    ));
+    owned.push((
+        "engine/attention/__init__.py".into(),
+        b"from . import table\n".to_vec(),
+    ));
+    let mut members: Vec<common::Member<'_>> = vec![("cordon-delta.kdl", MANIFEST, 0o644)];
+    members.extend(owned.iter().map(|(p, d)| (p.as_str(), d.as_slice(), 0o644)));
+    delta_tar(&members)
+}
+
+/// SIGHUP to `cordon-materialize` while its confined child analyses a large delta: the child
+/// is stopped, its lease released (no account, run directory or record), and the stage ends with
+/// exit 3 and a stored no-decision naming the signal.
+#[test]
+fn a_signal_mid_analysis_stops_the_child_and_leaves_a_no_decision_naming_it() {
+    let cli = Cli::new(4);
+    let incumbent = cli.incumbent();
+    let (receipt_file, _) = cli.fetch(&hundreds_of_modules());
+    let child = cli
+        .command("cordon-materialize")
+        .args(["--incumbent", &incumbent])
+        .stdin(std::fs::File::open(&receipt_file).unwrap())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stage = child.id();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while cordon_testkit::children_with_arg(stage, cordon::confine::CHILD_ARG).is_empty() {
+        assert!(
+            std::time::Instant::now() < until,
+            "no analysis child appeared"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(stage).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    let out = child.wait_with_output().unwrap();
+    cordon_testkit::assert_stopped_by(
+        "SIGHUP",
+        &out,
+        (&cli.store, &cli.dir.path().join("run"), cli.dir.path()),
+        None,
+        ("materialize", 4),
+    );
 }

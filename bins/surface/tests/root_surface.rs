@@ -802,3 +802,47 @@ fn cordon_reap_leaves_a_live_run_alone() {
     assert_eq!(receipt["outputs"]["stdout"], "survived\n");
     s.assert_released();
 }
+
+/// SIGINT, SIGTERM and SIGHUP to `cordon-surface run` while its command runs: the command is
+/// stopped, the run released (no run directory, no container), and the surface ends with exit
+/// 3 and a no-decision receipt naming the signal.
+#[test]
+fn a_signal_stops_the_command_and_releases_the_run() {
+    let s = Surface::new(&|t| t);
+    for (signal, seconds) in [
+        (nix::sys::signal::Signal::SIGINT, "3181"),
+        (nix::sys::signal::Signal::SIGTERM, "3182"),
+        (nix::sys::signal::Signal::SIGHUP, "3183"),
+    ] {
+        let marker = s.ws.join(format!("up-{seconds}"));
+        let child = s.spawn(
+            "command",
+            &format!("touch /workspace/up-{seconds}; exec sleep {seconds}"),
+            &[],
+        );
+        wait_for(&marker, "the run's marker");
+        // setpriv execs cordon-surface: the child is the supervisor.
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+        nix::sys::signal::kill(pid, signal).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(3), "{out:?}");
+        let receipt: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(receipt["outcome"], "no-decision", "{receipt}");
+        assert_eq!(
+            receipt["reasons"][0]["code"], "receipt.interrupted",
+            "{receipt}"
+        );
+        assert!(
+            receipt["reasons"][0]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("{} received", signal.as_str())),
+            "{receipt}"
+        );
+        assert!(
+            !process_exists(&["sleep", seconds]),
+            "the command outlived its supervisor's signal"
+        );
+        s.assert_released();
+    }
+}

@@ -497,3 +497,20 @@ pub fn assert_stopped_by(
     }
     assert_no_accounts(owner, slot);
 }
+
+/// The children of process `parent` whose command line holds `arg` (a confined parser child's
+/// marker, `cordon::confine::CHILD_ARG`), read from `/proc` now.
+#[must_use]
+pub fn children_with_arg(parent: u32, arg: &str) -> Vec<u32> {
+    let ppid = format!("PPid:\t{parent}\n");
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            status.contains(&ppid) && String::from_utf8_lossy(&cmdline).contains(arg)
+        })
+        .collect()
+}
