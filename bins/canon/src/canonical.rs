@@ -190,7 +190,10 @@ fn write_canonical(
     out: &mut String,
 ) -> Result<(), CanonicalError> {
     match value {
-        Value::Null | Value::Bool(_) | Value::String(_) => out.push_str(&value.to_string()),
+        Value::Null | Value::Bool(_) => out.push_str(&value.to_string()),
+        // Strings carry candidate text: nothing in one may drive the terminal a receipt is
+        // printed on (`\uXXXX` escapes: the same JSON value).
+        Value::String(_) => out.push_str(&crate::text::json(&value.to_string())),
         Value::Number(n) => {
             if n.is_f64() {
                 return Err(CanonicalError::Float { path: path.clone() });
@@ -218,7 +221,7 @@ fn write_canonical(
                 if i > 0 {
                     out.push(',');
                 }
-                out.push_str(&Value::String(key.clone()).to_string());
+                out.push_str(&crate::text::json(&Value::String(key.clone()).to_string()));
                 out.push(':');
                 let len = path.len();
                 path.push('/');

@@ -1,13 +1,15 @@
 //! The leaf of the crate map: what every other cordon crate hashes and returns with.
 //!
 //! It owns canonical JSON and domain-separated digests ([`canonical`]), the exit-code enum
-//! ([`exit`]) and the tree digest ([`tree_digest`]). It knows nothing of policies, stores or kernels, so both the policy language and
+//! ([`exit`]), the tree digest ([`tree_digest`]) and the escapes that keep candidate text from
+//! driving a terminal ([`text`]). It knows nothing of policies, stores or kernels, so both the policy language and
 //! the mechanism library can stand on it without standing on each other.
 
 #![forbid(unsafe_code)]
 
 pub mod canonical;
 pub mod exit;
+pub mod text;
 pub mod tree_digest;
 
 pub use canonical::Digest;

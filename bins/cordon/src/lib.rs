@@ -29,7 +29,7 @@ pub mod store;
 pub mod tree;
 pub mod walk;
 
-pub use cordon_canon::{Digest, ExitCode, canonical, error_chain, exit};
+pub use cordon_canon::{Digest, ExitCode, canonical, error_chain, exit, text};
 /// The receipt, the stages' typed inputs and residue live in the evidence crate (what auditors
 /// read); stages reach them from here.
 pub use cordon_evidence::{inputs, receipt, residue};

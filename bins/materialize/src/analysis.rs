@@ -17,9 +17,8 @@
 
 use std::collections::BTreeMap;
 
+use cordon::text::printable;
 use serde::{Deserialize, Serialize};
-
-use cordon::confine::printable;
 
 use crate::manifest::{self, Delta};
 use crate::python::{self, Edit, PyRules, Rename};
@@ -240,9 +239,9 @@ pub fn accept(request: &Request, answer: Answer) -> Result<Accepted, String> {
     let delta = match answer.manifest {
         Err(mut problems) => {
             for p in &mut problems {
-                p.message = printable(&p.message);
+                p.message = printable(&p.message).into_owned();
                 if let Some((label, _, _)) = &mut p.label {
-                    *label = printable(label);
+                    *label = printable(label).into_owned();
                 }
                 if !manifest::CODES.iter().any(|(c, _)| *c == p.code) {
                     return Err(format!(
@@ -304,8 +303,8 @@ pub fn accept(request: &Request, answer: Answer) -> Result<Accepted, String> {
                 code,
                 start: f.start,
                 end: f.end,
-                label: printable(&f.label),
-                message: printable(&f.message),
+                label: printable(&f.label).into_owned(),
+                message: printable(&f.message).into_owned(),
             });
         }
         let rewritten = match rename {

@@ -124,6 +124,52 @@ pub fn report_diagnostic(err: &dyn Diagnostic, mode: Diagnostics, stderr: &mut d
             s
         }
     };
-    // A closed stderr leaves nothing better to do; the exit code still tells.
-    let _ = stderr.write_all(text.as_bytes());
+    // Candidate text (a finding's source line, a path, an engine's message) may be in it:
+    // nothing of it drives the operator's terminal. A closed stderr leaves nothing better to
+    // do; the exit code still tells.
+    let safe = match mode {
+        Diagnostics::Text => cordon::text::terminal(&text),
+        Diagnostics::Json => cordon::text::json(&text),
+    };
+    let _ = stderr.write_all(safe.as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A finding whose text and source line came from a candidate.
+    #[derive(Debug, thiserror::Error, miette::Diagnostic)]
+    #[error("banned call in \u{1b}]0;pwned\u{7}engine/serve.py\u{202e}yp.")]
+    struct Hostile {
+        #[source_code]
+        src: String,
+        #[label("here\r\u{1b}[32m all checks passed")]
+        at: miette::SourceSpan,
+    }
+
+    #[test]
+    fn candidate_text_never_reaches_the_terminal_raw_in_either_mode() {
+        let e = Hostile {
+            src: "x = '\u{1b}[2J\u{1b}[32mall checks passed\u{9b}0m'\neval(x)\n".into(),
+            at: (44, 4).into(),
+        };
+        for mode in [Diagnostics::Text, Diagnostics::Json] {
+            let mut out = Vec::new();
+            report_diagnostic(&e, mode, &mut out);
+            let out = String::from_utf8(out).unwrap();
+            assert!(
+                !out.chars().any(|c| cordon::text::hostile(c) && c != '\n'),
+                "{mode:?}: {out:?}"
+            );
+            assert!(out.contains("banned call"), "{out}");
+            if mode == Diagnostics::Json {
+                let v: serde_json::Value = serde_json::from_str(out.trim_end()).unwrap();
+                assert!(
+                    v["message"].as_str().unwrap().contains('\u{202e}'),
+                    "the same value"
+                );
+            }
+        }
+    }
 }

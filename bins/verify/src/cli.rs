@@ -57,7 +57,12 @@ pub struct Args {
 }
 
 fn report(stderr: &mut dyn Write, e: &dyn std::error::Error) {
-    let _ = writeln!(stderr, "cordon-verify: {}", error_chain(e));
+    // A receipt's text may be a candidate's: escaped before the terminal.
+    let _ = writeln!(
+        stderr,
+        "cordon-verify: {}",
+        cordon::text::printable(&error_chain(e))
+    );
 }
 
 /// The head's digest: a `sha256:` digest as given, or the digest of a receipt file.

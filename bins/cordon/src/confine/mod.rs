@@ -245,7 +245,7 @@ impl Finished {
         if tail.is_empty() {
             why.to_owned()
         } else {
-            format!("{why}; its stderr ends: {}", tail.escape_debug())
+            format!("{why}; its stderr ends: {}", crate::text::printable(tail))
         }
     }
 }
@@ -424,23 +424,6 @@ pub fn exchange(
             "the child's exit ({ended:?}) contradicts its output"
         )))),
     }
-}
-
-/// Text a child reported, fit for a receipt and a terminal: every control character escaped
-/// (candidate-influenced bytes never drive the operator's terminal).
-#[must_use]
-pub fn printable(text: &str) -> String {
-    // Bidirectional and zero-width formatting characters too: they can disguise the text.
-    let format = |c: char| matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}');
-    text.chars()
-        .map(|c| {
-            if c.is_control() || format(c) {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
 }
 
 /// How a child ended, as the parent classifies it.
@@ -719,13 +702,6 @@ mod tests {
             stderr: String::new(),
         };
         assert_eq!(parent.ended(), None);
-    }
-
-    #[test]
-    fn printable_escapes_controls_and_direction_overrides() {
-        assert_eq!(printable("a\u{1b}[2Jb"), "a\\u{1b}[2Jb");
-        assert_eq!(printable("x\u{202e}y"), "x\\u{202e}y");
-        assert_eq!(printable("plain — ok"), "plain — ok");
     }
 
     #[test]

@@ -322,8 +322,11 @@ fn read_facts(
                 return Ok(match fact.and_then(|f| Some((known_code(&f.code)?, f))) {
                     Some((code, f)) => Facts::Rejected(Rejection {
                         code,
-                        path: f.path.as_deref().map(confine::printable),
-                        message: confine::printable(&f.message),
+                        path: f
+                            .path
+                            .as_deref()
+                            .map(|p| crate::text::printable(p).into_owned()),
+                        message: crate::text::printable(&f.message).into_owned(),
                     }),
                     None => Facts::Broken("a rejection frame does not decode".into()),
                 });
