@@ -476,20 +476,13 @@ fn a_local_archive_is_admitted_and_a_wrong_digest_rejected_with_the_store_unchan
     assert_eq!(o.code, ExitCode::Usage);
 }
 
-/// The confined parser child of this test process, found from outside: its pid and uid.
+/// The confined parser child of this test process, found from outside once it has confined
+/// itself (its seccomp filter on): its pid and uid.
 fn parser_child() -> (u32, u32) {
-    let me = std::process::id().to_string();
     let until = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        for entry in std::fs::read_dir("/proc").unwrap() {
-            let Some(pid) = entry
-                .unwrap()
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<u32>().ok())
-            else {
-                continue;
-            };
+        for pid in cordon_testkit::children_with_arg(std::process::id(), cordon::confine::CHILD_ARG)
+        {
             let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
                 continue;
             };
@@ -499,12 +492,7 @@ fn parser_child() -> (u32, u32) {
                     .find_map(|l| l.strip_prefix(k))
                     .and_then(|v| v.split_whitespace().next().map(str::to_owned))
             };
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let is_child = String::from_utf8_lossy(&cmdline).contains(cordon::confine::CHILD_ARG);
-            if is_child
-                && field("PPid:").as_deref() == Some(me.as_str())
-                && field("Seccomp:").as_deref() == Some("2")
-            {
+            if field("Seccomp:").as_deref() == Some("2") {
                 return (pid, field("Uid:").unwrap().parse().unwrap());
             }
         }
