@@ -327,15 +327,22 @@ impl CgroupProbe {
 }
 
 impl Runtime {
+    /// The runtime's command line for a subcommand under cordon's state root.
+    #[must_use]
+    pub fn tool(&self, args: &[&str]) -> Tool {
+        let mut tool = Tool::new(&self.binary, &["--root"]);
+        tool.args.push(self.state_root.clone().into_os_string());
+        tool.args.extend(args.iter().map(std::ffi::OsString::from));
+        tool
+    }
+
     /// Run a runtime subcommand to completion through the host seam (bounded in time and
     /// output); its stderr is the error.
     ///
     /// # Errors
     /// It could not be started, ran past its timeout, or exited non-zero.
     pub fn call(&self, args: &[&str]) -> Result<Vec<u8>, RuntimeError> {
-        let mut tool = Tool::new(&self.binary, &["--root"]);
-        tool.args.push(self.state_root.clone().into_os_string());
-        tool.args.extend(args.iter().map(std::ffi::OsString::from));
+        let tool = self.tool(args);
         let out = self.host.run(&tool).map_err(|source| RuntimeError::Spawn {
             binary: self.binary.clone(),
             source,

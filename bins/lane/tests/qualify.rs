@@ -55,6 +55,7 @@ fn world(edits: &[(&str, &str)]) -> World {
         &dir.path().join("state"),
         dir.path().join("run"),
     );
+    setup.watchdog = cordon_testkit::watchdog();
     // The fake reads touch no device: a private lock, not the host's.
     setup.lock_dir = dir.path().join("locks");
     let cfg = Config {

@@ -76,12 +76,13 @@ fn main() {
     .record
     .digest;
     let t_mat = t.elapsed();
-    let setup = cordon_stage::settings::lease_setup(
+    let mut setup = cordon_stage::settings::lease_setup(
         &policy,
         "bench",
         &dir.path().join("state"),
         dir.path().join("run"),
     );
+    setup.watchdog = cordon_testkit::watchdog();
     Manager::open(&store, setup.clone())
         .unwrap()
         .recover()

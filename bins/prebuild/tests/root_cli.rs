@@ -377,3 +377,94 @@ fn a_signal_mid_build_stops_it_and_leaves_a_no_decision_naming_it() {
         );
     }
 }
+
+/// A SIGKILLed `cordon-prebuild` handles nothing, and nothing else runs after it: its lease's
+/// watchdog sees it gone and ends the build's container at once (the run directory marked as
+/// ended from outside), then exits. What the lease still holds runs no process; `cordon-reap`
+/// releases it and the quiescence check finds nothing.
+#[test]
+fn a_sigkilled_supervisors_container_is_ended_by_its_lease_watchdog() {
+    let cli = Cli::new(4);
+    let incumbent = cli.path("incumbent");
+    cordon_testkit::copy_tree(
+        &workspace_root().join("checks/example/incumbent"),
+        &incumbent,
+    );
+    std::fs::write(
+        incumbent.join("build.sh"),
+        "#!/bin/sh\nwhile :; do :; done\n",
+    )
+    .unwrap();
+    let receipt = cli.materialized(&incumbent);
+    let (store, run_root) = (cli.path("store"), cli.path("run"));
+    let state_root = Path::new(cordon::lease::DEFAULT_STATE_ROOT).join(&cli.executor);
+    let mut child = cli
+        .command("cordon-prebuild")
+        .arg("--images")
+        .arg(cli.path("images"))
+        .stdin(std::fs::File::open(&receipt).unwrap())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let id = cordon_testkit::wait_running(&store, &state_root);
+    assert_eq!(
+        cordon_testkit::watchdogs_of(&store).len(),
+        1,
+        "one watchdog for the one lease"
+    );
+    child.kill().unwrap();
+    assert!(child.wait().unwrap().code().is_none(), "killed, not exited");
+    let runc_state = || {
+        Command::new(cordon_testkit::runc())
+            .arg("--root")
+            .arg(&state_root)
+            .args(["state", &id])
+            .output()
+            .unwrap()
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let out = runc_state();
+        let state: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        if state["status"] == "stopped" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "the container still runs 10 s after its supervisor died: {out:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let records = cordon_testkit::lease_records(&store);
+    assert_eq!(records.len(), 1, "the lease was never released");
+    let run_dir = records[0]["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["kind"] == "run-dir")
+        .and_then(|r| r["path"].as_str())
+        .map(PathBuf::from)
+        .unwrap();
+    assert!(
+        run_dir.join(cordon::lease::ENDED_BY_REAP).exists(),
+        "the watchdog marks the run ended from outside"
+    );
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !cordon_testkit::watchdogs_of(&store).is_empty() {
+        assert!(
+            std::time::Instant::now() < until,
+            "the watchdog outlived its work"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let reaped = cli.command("cordon-reap").output().unwrap();
+    assert_eq!(reaped.status.code(), Some(0), "{reaped:?}");
+    let checked = cli.command("cordon-reap").arg("--check").output().unwrap();
+    assert_eq!(checked.status.code(), Some(0), "{checked:?}");
+    cordon_testkit::assert_left_nothing(
+        (&store, &run_root, &state_root),
+        Some(&id),
+        ("prebuild-cli", 4),
+    );
+}

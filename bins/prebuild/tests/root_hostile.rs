@@ -87,6 +87,7 @@ fn env_with(slot: u32, edit: impl Fn(String) -> String) -> Env {
         &dir.path().join("state"),
         dir.path().join("run"),
     );
+    setup.watchdog = cordon_testkit::watchdog();
     setup.runtime.binary = cordon_testkit::runc();
     Manager::open(&store, setup.clone())
         .unwrap()
@@ -827,8 +828,10 @@ fn only_a_kill_by_cordon_reap_is_a_no_decision() {
                 continue;
             }
             // Long past any deadline: every live lease counts as expired.
-            let later = std::time::SystemTime::now() + std::time::Duration::from_secs(86_400);
-            if !observer.end_expired(later).unwrap().is_empty() {
+            let later = cordon::lease::BootTime::now(&cordon::host::Linux)
+                .unwrap()
+                .after(std::time::Duration::from_secs(86_400));
+            if !observer.end_expired(&later).unwrap().is_empty() {
                 return true;
             }
         }

@@ -36,6 +36,7 @@ fn main() {
         &dir.path().join("state"),
         dir.path().join("run"),
     );
+    setup.watchdog = cordon_testkit::watchdog();
     setup.accounts.uids = cordon_testkit::account_range("reap-bench", 0);
     setup.accounts.gids = setup.accounts.uids;
     setup.accounts.cron_deny = dir.path().join("cron.deny");

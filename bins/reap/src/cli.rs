@@ -27,7 +27,6 @@
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::SystemTime;
 
 use clap::Parser;
 use cordon::ExitCode;
@@ -37,7 +36,7 @@ use cordon::runtime::Runtime;
 use cordon_policy_lang::Policy;
 
 use cordon::inputs::ReapInputs;
-use cordon::lease::{LeaseError, Leftover, Manager, Observer};
+use cordon::lease::{BOOT_ID, BootTime, LeaseError, Leftover, Manager, Observer};
 use cordon::receipt::{Outcome, Reason, Receipt};
 use cordon::store::Store;
 use cordon_evidence::residue::ReapOutputs;
@@ -94,16 +93,12 @@ fn as_manager(m: &Manager, change: bool) -> Result<Found, LeaseError> {
 /// report the live ones as active, and everything else of this executor that the lock-free
 /// check finds — containers, run directories, accounts, cgroups, mounts — as residue unless it
 /// belongs to an active lease. Never "quiescent" on the strength of the records alone.
-fn as_observer(o: &Observer, change: bool) -> Result<Found, LeaseError> {
-    let now = SystemTime::now();
+fn as_observer(o: &Observer, change: bool, now: &BootTime) -> Result<Found, LeaseError> {
     let released = if change {
         o.end_expired(now)?
     } else {
         Vec::new()
     };
-    let now_ms = now
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     let (mut active, mut residue) = (Vec::new(), Vec::new());
     let mut live = Vec::new();
     for l in o.leases(now)? {
@@ -118,7 +113,7 @@ fn as_observer(o: &Observer, change: bool) -> Result<Found, LeaseError> {
                 "lease {} (supervisor pid {}, {} ms to its deadline)",
                 r.lease,
                 r.supervisor.pid,
-                r.expires_at_ms.saturating_sub(now_ms)
+                r.deadline.left(now)
             ));
             live.push(r.clone());
         }
@@ -140,11 +135,7 @@ fn as_observer(o: &Observer, change: bool) -> Result<Found, LeaseError> {
 }
 
 /// The rootless runs of the surface stage, as the service user: released, active, residue.
-fn as_surface(setup: &rootless::Setup, change: bool) -> Result<Found, LeaseError> {
-    let now = SystemTime::now();
-    let now_ms = now
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+fn as_surface(setup: &rootless::Setup, change: bool, now: &BootTime) -> Result<Found, LeaseError> {
     let seen = rootless::observe(setup, change, now)?;
     Ok(Found {
         released: seen.released,
@@ -156,7 +147,7 @@ fn as_surface(setup: &rootless::Setup, change: bool) -> Result<Found, LeaseError
                     "run {} (supervisor pid {}, {} ms to its deadline)",
                     r.run,
                     r.supervisor.pid,
-                    r.expires_at_ms.saturating_sub(now_ms)
+                    r.deadline.left(now)
                 )
             })
             .collect(),
@@ -234,13 +225,23 @@ fn surface_place(policy: &Policy) -> Result<(Place, rootless::Setup), StartError
     Ok((place, setup))
 }
 
+/// This boot's clock, through the runtime's host seam.
+fn now(runtime: &Runtime) -> Result<BootTime, LeaseError> {
+    BootTime::now(&*runtime.host).map_err(|source| LeaseError::Io {
+        op: "read the boot clock and",
+        path: PathBuf::from(BOOT_ID),
+        source,
+    })
+}
+
 /// Recover or look: the surface's runs, or the host's leases (as their sole manager, or
 /// beside a live one).
 fn found(args: &Args, policy: &Policy) -> Result<(Place, Result<Found, LeaseError>), StartError> {
     let change = !args.check && !args.status;
     if args.surface {
         let (place, setup) = surface_place(policy)?;
-        return Ok((place, as_surface(&setup, change)));
+        let result = now(&setup.runtime).and_then(|now| as_surface(&setup, change, &now));
+        return Ok((place, result));
     }
     let place = Place {
         store: Store::open(&args.stage.store_root(policy))?,
@@ -250,7 +251,8 @@ fn found(args: &Args, policy: &Policy) -> Result<(Place, Result<Found, LeaseErro
     let setup = args.lease.setup(policy);
     let result = match Manager::open(&place.store, setup.clone()) {
         Ok(m) => as_manager(&m, change),
-        Err(LeaseError::Busy { .. }) => as_observer(&Observer::new(&place.store, setup), change),
+        Err(LeaseError::Busy { .. }) => now(&setup.runtime)
+            .and_then(|now| as_observer(&Observer::new(&place.store, setup), change, &now)),
         Err(e) => Err(e),
     };
     Ok((place, result))

@@ -1,5 +1,6 @@
-//! `cordon-reap`: see the library's [`cordon_reap::cli`].
+//! `cordon-reap`: see the library's [`cordon_reap::cli`]. Started with
+//! [`cordon::lease::watchdog::WATCHDOG_ARG`] it is instead a container lease's watchdog.
 
 fn main() -> std::process::ExitCode {
-    cordon::exit::main(cordon_reap::cli::main)
+    cordon::lease::watchdog::or_main(cordon_reap::cli::main)
 }

@@ -71,12 +71,13 @@ fn check_is_a_quiescence_receipt_and_recovery_releases_a_stale_lease() {
     let text = std::fs::read_to_string(&policy).unwrap();
     let p = cordon_policy_lang::parse("policy.kdl", &text).unwrap();
     let store = Store::open(&dir.path().join("store")).unwrap();
-    let setup = cordon_stage::settings::lease_setup(
+    let mut setup = cordon_stage::settings::lease_setup(
         &p,
         &executor(),
         &dir.path().join("state"),
         dir.path().join("run"),
     );
+    setup.watchdog = cordon_testkit::watchdog();
     {
         let m = Manager::open(&store, setup).unwrap();
         let lease = m
@@ -105,17 +106,28 @@ fn check_is_a_quiescence_receipt_and_recovery_releases_a_stale_lease() {
 fn live_lease(
     dir: &Path,
     policy: &Path,
-    expires: std::time::SystemTime,
+    budget: std::time::Duration,
 ) -> (Manager, cordon::lease::Lease) {
     let text = std::fs::read_to_string(policy).unwrap();
     let p = cordon_policy_lang::parse("policy.kdl", &text).unwrap();
     let store = Store::open(&dir.join("store")).unwrap();
-    let setup =
+    let mut setup =
         cordon_stage::settings::lease_setup(&p, &executor(), &dir.join("state"), dir.join("run"));
+    setup.watchdog = cordon_testkit::watchdog();
     let m = Manager::open(&store, setup).unwrap();
-    let lease = m.begin("sha256:live", expires).unwrap();
+    let lease = m.begin("sha256:live", budget).unwrap();
     m.provision(&lease).unwrap();
     (m, lease)
+}
+
+/// Move a lease's recorded deadline an hour into the past (a budget cannot be negative).
+fn backdate(dir: &Path, lease: &cordon::lease::Lease) {
+    let path = dir.join(format!("store/leases/{}.json", lease.record.lease));
+    let mut record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let ms = record["deadline"]["ms"].as_u64().unwrap();
+    record["deadline"]["ms"] = ms.saturating_sub(3_600_000).into();
+    std::fs::write(&path, serde_json::to_vec(&record).unwrap()).unwrap();
 }
 
 /// Recovery by another executor, or by the same executor against another store, must not touch
@@ -203,8 +215,8 @@ fn live_leases_are_active_expired_ones_are_an_alarm_and_a_dead_supervisors_are_r
     m.release(&lease.record).unwrap();
     drop(m);
 
-    let past = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
-    let (m, lease) = live_lease(dir.path(), &policy, past);
+    let (m, lease) = live_lease(dir.path(), &policy, std::time::Duration::ZERO);
+    backdate(dir.path(), &lease);
     let (code, r) = reap_as(dir.path(), &policy, "store", &executor(), &["--status"]);
     assert_eq!(code, Some(3), "{r}");
     assert!(

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use cordon::image::{self, ImageSpec};
-use cordon::lease::{Lease, Manager, Setup};
+use cordon::lease::{BootTime, Lease, Manager, Setup};
 use cordon::runtime::{Finished, OutputCaps};
 use cordon::store::Store;
 use cordon_policy_lang::{MountSource, StageKind};
@@ -71,6 +71,7 @@ fn env(slot: u32) -> Env {
         &dir.path().join("state"),
         dir.path().join("run"),
     );
+    setup.watchdog = cordon_testkit::watchdog();
     setup.runtime.binary = cordon_testkit::runc();
     setup.accounts.uids = cordon_testkit::account_range("reap-container", slot);
     setup.accounts.gids = setup.accounts.uids;
@@ -415,9 +416,7 @@ fn an_account_whose_id_is_taken_stops_the_run() {
 fn an_expired_lease_is_ended_while_its_supervisor_still_holds_it() {
     let e = env(5);
     let m = Manager::open(&e.store, e.setup.clone()).unwrap();
-    let lease = m
-        .begin("sha256:test-authority", std::time::SystemTime::now())
-        .unwrap();
+    let lease = m.begin("sha256:test-authority", Duration::ZERO).unwrap();
     let observer = cordon::lease::Observer::new(&e.store, e.setup.clone());
     let started = Instant::now();
     let (lease, result) = std::thread::scope(|s| {
@@ -436,12 +435,14 @@ fn an_expired_lease_is_ended_while_its_supervisor_still_holds_it() {
         std::thread::sleep(Duration::from_secs(3));
         assert!(
             observer
-                .end_expired(std::time::SystemTime::now())
+                .end_expired(&BootTime::now(&cordon::host::Linux).unwrap())
                 .unwrap()
                 .is_empty()
         );
-        let later = std::time::SystemTime::now() + cordon::lease::EXPIRY_GRACE * 2;
-        let ended = observer.end_expired(later).unwrap();
+        let later = BootTime::now(&cordon::host::Linux)
+            .unwrap()
+            .after(cordon::lease::EXPIRY_GRACE * 2);
+        let ended = observer.end_expired(&later).unwrap();
         assert_eq!(ended.len(), 1, "{ended:?}");
         running.join().unwrap()
     });
@@ -453,5 +454,39 @@ fn an_expired_lease_is_ended_while_its_supervisor_still_holds_it() {
     assert_eq!(f.meta.signal, Some(9), "{:?}", f.meta);
     assert!(!f.meta.killed_by_deadline);
     m.release(&lease.record).unwrap();
+    assert_quiescent(&m, &lease);
+}
+
+/// A supervisor past its deadline that no `cordon-reap` looks at (hung, or stopped): the
+/// lease's watchdog ends the container at the deadline plus the grace, on the boot clock, and
+/// marks it ended from outside; the supervisor's wait returns with the kill (not its own
+/// deadline's), and its release ends the watchdog and leaves nothing.
+#[test]
+fn a_leases_watchdog_ends_its_container_at_the_deadline_plus_the_grace() {
+    let e = env(6);
+    let m = Manager::open(&e.store, e.setup.clone()).unwrap();
+    let lease = m.begin("sha256:test-authority", Duration::ZERO).unwrap();
+    let started = Instant::now();
+    let (lease, result) = run_in(
+        &e,
+        &m,
+        lease,
+        "echo up; sleep 120",
+        |_| {},
+        Duration::from_secs(120),
+        CAPS,
+    );
+    let took = started.elapsed();
+    let grace = cordon::lease::EXPIRY_GRACE;
+    assert!(
+        took >= grace && took < grace + Duration::from_secs(20),
+        "ended after {took:?}, not at the grace ({grace:?})"
+    );
+    let f = result.unwrap();
+    assert_eq!(f.meta.signal, Some(9), "{:?}", f.meta);
+    assert!(!f.meta.killed_by_deadline, "{:?}", f.meta);
+    assert!(lease.ended_by_reap(), "the watchdog marks the kill");
+    m.release(&lease.record).unwrap();
+    assert!(cordon_testkit::watchdogs_of(e.store.root()).is_empty());
     assert_quiescent(&m, &lease);
 }

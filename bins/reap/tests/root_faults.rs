@@ -42,6 +42,7 @@ fn setup(dir: &Path, slot: u32) -> Setup {
         &dir.join("state"),
         dir.join("run"),
     );
+    s.watchdog = cordon_testkit::watchdog();
     s.runtime.binary = cordon_testkit::runc();
     s.lock_dir = dir.join("locks");
     s.accounts.uids = cordon_testkit::account_range("reap-faults", slot);

@@ -9,7 +9,7 @@
 //! result. A crash in between leaves the record for `cordon-reap`'s recovery.
 
 use std::path::Path;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use cordon::canonical::Digest;
 use cordon::confine::{Launch, Spec};
@@ -36,7 +36,7 @@ pub fn under_lease<T>(
     work: impl FnOnce(&Launch) -> T,
 ) -> Result<T, LeaseError> {
     let manager = Manager::open_shared(store, lease.setup(policy))?;
-    let held = manager.begin_child(&authority.to_string(), SystemTime::now() + budget)?;
+    let held = manager.begin_child(&authority.to_string(), budget)?;
     // A signal before the child exists ends here; one after it kills the child
     // (`cordon::confine::spawn`). Either way the release below runs.
     let ran = cordon::interrupt::check()

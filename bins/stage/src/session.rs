@@ -341,9 +341,7 @@ impl Session<'_> {
                 &bundle::lease_mount_points(stage),
                 // The record carries the absolute deadline, so cordon-reap can end a run whose
                 // supervisor is gone or hung (plus the grace for release).
-                std::time::SystemTime::now()
-                    + Duration::from_millis(stage.deadline_ms)
-                        .saturating_sub(job.started.elapsed()),
+                Duration::from_millis(stage.deadline_ms).saturating_sub(job.started.elapsed()),
             )
             .map_err(SessionError::from)?;
         let result = self.inside(&manager, lease.clone(), job, devices, drive, inspect);

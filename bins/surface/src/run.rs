@@ -31,11 +31,11 @@ use std::fs::OpenOptions;
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use cordon::container::Stdio3;
 use cordon::lease::rootless;
-use cordon::lease::{LeaseError, Supervisor};
+use cordon::lease::{BootTime, LeaseError, Supervisor};
 use cordon::runtime::{Finished, OutputCaps, RuntimeError};
 use cordon_policy_lang::Policy;
 use cordon_stage::bundle::PlanError;
@@ -203,9 +203,8 @@ pub fn run(policy: &Policy, host: &Host, req: &Request) -> Result<Ran, RunError>
         },
     )?;
     let deadline = started + Duration::from_millis(plan.settings.deadline_ms);
-    let now_ms = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let now = BootTime::now(&*lease.runtime.host)
+        .map_err(state_err("read", Path::new(cordon::lease::BOOT_ID)))?;
     let supervisor = Supervisor::this(&*lease.runtime.host)
         .map_err(state_err("read", Path::new("/proc/self")))?;
     let record = rootless::Record {
@@ -213,7 +212,7 @@ pub fn run(policy: &Policy, host: &Host, req: &Request) -> Result<Ran, RunError>
         run: run.clone(),
         authority: host.authority.clone(),
         created_at: cordon::receipt::now_rfc3339(),
-        expires_at_ms: now_ms.saturating_add(plan.settings.deadline_ms),
+        deadline: now.after(Duration::from_millis(plan.settings.deadline_ms)),
         supervisor,
         workspace: req.workspace.path.clone(),
         tier: req.tier,

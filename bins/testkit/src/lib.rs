@@ -183,6 +183,25 @@ pub fn tool(var: &str, default: &str, install: &str) -> PathBuf {
     path
 }
 
+/// A cordon stage binary to start as a lease's watchdog in a test whose supervisor is the test
+/// itself (`cordon-reap`, built beside the test binary: `cargo nextest run --workspace` builds
+/// every binary). The test fails naming what is missing otherwise.
+#[must_use]
+pub fn watchdog() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/<test> → target/<profile>/cordon-reap
+    let path = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|d| d.join("cordon-reap"))
+        .unwrap();
+    require_executable(
+        &path,
+        "cargo build --workspace (cargo nextest run --workspace does)",
+    );
+    path
+}
+
 /// The OCI runtime the tests drive (`CORDON_TEST_RUNC`, default `/usr/sbin/runc`).
 #[must_use]
 pub fn runc() -> PathBuf {
@@ -329,10 +348,10 @@ pub fn copy_tree(from: &Path, to: &Path) {
     }
 }
 
-/// A lease deadline an hour away: for tests whose runs must not expire while they look.
+/// A lease budget of an hour: for tests whose runs must not expire while they look.
 #[must_use]
-pub fn in_an_hour() -> std::time::SystemTime {
-    std::time::SystemTime::now() + std::time::Duration::from_secs(3600)
+pub fn in_an_hour() -> std::time::Duration {
+    std::time::Duration::from_secs(3600)
 }
 
 /// The digest `policy/evaluator.kdl` pins on the top-level line starting with `node` (`image
@@ -443,8 +462,7 @@ pub fn wait_running(store: &Path, state_root: &Path) -> String {
 }
 
 /// A stage stopped by `signal` left nothing: its output is exit 3 with one stored no-decision
-/// receipt naming the signal; the store holds no lease record, the run root no run directory,
-/// the state root no container `id`, and `owner`'s slot `slot` no account.
+/// receipt naming the signal, and [`assert_left_nothing`] holds.
 ///
 /// # Panics
 /// Any of it does not hold.
@@ -481,6 +499,20 @@ pub fn assert_stopped_by(
                 .is_ok_and(|r| r == receipt)
         });
     assert!(stored, "the printed receipt is stored");
+    assert_left_nothing((store, run_root, state_root), id, (owner, slot));
+}
+
+/// A stage's run left nothing on the host: the store holds no lease record, the run root no
+/// run directory, the state root no container `id`, `owner`'s slot `slot` no account, and no
+/// lease watchdog of the store is alive.
+///
+/// # Panics
+/// Any of it does not hold.
+pub fn assert_left_nothing(
+    (store, run_root, state_root): (&Path, &Path, &Path),
+    id: Option<&str>,
+    (owner, slot): (&str, u32),
+) {
     assert!(lease_records(store).is_empty(), "a lease record is left");
     let runs: Vec<_> = std::fs::read_dir(run_root)
         .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
@@ -496,13 +528,38 @@ pub fn assert_stopped_by(
         assert!(!out.status.success(), "container {id} is left: {out:?}");
     }
     assert_no_accounts(owner, slot);
+    let watchdogs = watchdogs_of(store);
+    assert!(
+        watchdogs.is_empty(),
+        "lease watchdogs are left: {watchdogs:?}"
+    );
 }
 
 /// The children of process `parent` whose command line holds `arg` (a confined parser child's
 /// marker, `cordon::confine::CHILD_ARG`), read from `/proc` now.
 #[must_use]
 pub fn children_with_arg(parent: u32, arg: &str) -> Vec<u32> {
-    let ppid = format!("PPid:\t{parent}\n");
+    processes(Some(parent), &[arg])
+}
+
+/// What a lease's watchdog has first on its command line
+/// (`cordon::lease::watchdog::WATCHDOG_ARG`; the testkit does not link cordon).
+pub const WATCHDOG_ARG: &str = "--cordon-lease-watchdog";
+
+/// The live watchdogs of leases in `store` (their command line names the store's records),
+/// read from `/proc` now.
+#[must_use]
+pub fn watchdogs_of(store: &Path) -> Vec<u32> {
+    processes(
+        None,
+        &[WATCHDOG_ARG, &store.join("leases").display().to_string()],
+    )
+}
+
+/// The processes (children of `parent`, when given) whose command line holds every one of
+/// `args`; zombies, which have none, never match.
+fn processes(parent: Option<u32>, args: &[&str]) -> Vec<u32> {
+    let ppid = parent.map(|p| format!("PPid:\t{p}\n"));
     std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
@@ -510,7 +567,9 @@ pub fn children_with_arg(parent: u32, arg: &str) -> Vec<u32> {
         .filter(|pid| {
             let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            status.contains(&ppid) && String::from_utf8_lossy(&cmdline).contains(arg)
+            let cmdline = String::from_utf8_lossy(&cmdline);
+            ppid.as_ref().is_none_or(|p| status.contains(p))
+                && args.iter().all(|a| cmdline.contains(a))
         })
         .collect()
 }

@@ -362,6 +362,8 @@ pub enum End {
     /// It runs until killed (by its supervisor, or a tool run [`Fake::kills_on`] names).
     #[default]
     Hangs,
+    /// It runs until its stdin closes, then exits 0 (a lease's watchdog), or until killed.
+    UntilStdinCloses,
     /// It runs and a kill does not end it (a process stuck in the kernel).
     Unkillable,
     /// It cannot be waited for.
@@ -400,6 +402,17 @@ impl Script {
         Self::default()
     }
 
+    /// A lease's watchdog: it reports itself armed (`armed` on stdout) and exits 0 when its
+    /// stdin closes.
+    #[must_use]
+    pub fn watchdog(armed: &[u8]) -> Self {
+        Self {
+            stdout: armed.to_vec(),
+            end: End::UntilStdinCloses,
+            ..Self::default()
+        }
+    }
+
     /// It ends as `end` says.
     #[must_use]
     pub fn ending(end: End) -> Self {
@@ -422,7 +435,7 @@ struct Scripted {
 
 impl Scripted {
     fn end_by_kill(&self) {
-        if matches!(self.script.end, End::Hangs) {
+        if matches!(self.script.end, End::Hangs | End::UntilStdinCloses) {
             let mut ended = self.ended.lock().unwrap_or_else(PoisonError::into_inner);
             ended.0.get_or_insert(ExitStatus::from_raw(9));
             self.changed.notify_all();
@@ -482,7 +495,7 @@ impl Fake {
             ended: Mutex::new((
                 match script.end {
                     End::Exits(status) => Some(status),
-                    End::Hangs | End::Unkillable | End::Unwaitable => None,
+                    End::Hangs | End::UntilStdinCloses | End::Unkillable | End::Unwaitable => None,
                 },
                 false,
             )),
@@ -492,8 +505,16 @@ impl Fake {
         self.with(|s| s.live.push(Arc::clone(&scripted)));
         let stdin = if stdin {
             let (mut reader, writer) = io::pipe()?;
+            let process = Arc::clone(&scripted);
             // What the caller writes is read and dropped, as a process that reads it would.
-            std::thread::spawn(move || io::copy(&mut reader, &mut io::sink()));
+            std::thread::spawn(move || {
+                let _ = io::copy(&mut reader, &mut io::sink());
+                if process.script.end == End::UntilStdinCloses {
+                    let mut ended = process.ended.lock().unwrap_or_else(PoisonError::into_inner);
+                    ended.0.get_or_insert(ExitStatus::from_raw(0));
+                    process.changed.notify_all();
+                }
+            });
             Some(writer)
         } else {
             None

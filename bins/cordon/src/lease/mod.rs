@@ -22,7 +22,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use nix::fcntl::{Flock, FlockArg, OFlag};
 use serde::{Deserialize, Serialize};
@@ -40,6 +40,7 @@ mod provision;
 mod record;
 mod release;
 pub mod rootless;
+pub mod watchdog;
 
 pub use observe::{Observed, Observer};
 pub use record::*;
@@ -53,8 +54,9 @@ pub const LABEL_AUTHORITY: &str = "org.cordon.authority";
 /// The store label: the store root whose records own the container.
 pub const LABEL_STORE: &str = "org.cordon.store";
 
-/// The marker `cordon-reap` leaves in a lease's run directory before it ends the lease's
-/// container: the supervisor's positive evidence that the kill came from outside the run.
+/// The marker `cordon-reap` or a lease's [`watchdog`] leaves in a lease's run directory before
+/// it ends the lease's container: the supervisor's positive evidence that the kill came from
+/// outside the run.
 pub const ENDED_BY_REAP: &str = "ended-by-reap";
 
 /// The owner file inside every run directory: which executor, store and lease it belongs to.
@@ -268,6 +270,9 @@ pub struct Setup {
     pub mountinfo: PathBuf,
     /// The host init's mount table (`/proc/1/mountinfo`): the two must be one namespace's.
     pub init_mountinfo: PathBuf,
+    /// The program a container lease's [`watchdog`] runs: a cordon stage binary, started with
+    /// [`watchdog::WATCHDOG_ARG`] (`/proc/self/exe` in production: the supervisor's own).
+    pub watchdog: PathBuf,
 }
 
 impl Setup {
@@ -359,6 +364,9 @@ pub struct Manager {
     setup: Setup,
     /// Held with others (intake's parser children), or alone (containers, recovery).
     shared: bool,
+    /// The watchdog of each container lease this manager began and has not yet released:
+    /// dropping one (this manager's end) closes its pipe, and it ends what is left.
+    watchdogs: std::sync::Mutex<BTreeMap<String, crate::host::Process>>,
     _lock: Flock<File>,
 }
 
@@ -494,6 +502,7 @@ impl Manager {
             store: store.clone(),
             setup,
             shared,
+            watchdogs: std::sync::Mutex::default(),
             _lock: lock,
         })
     }

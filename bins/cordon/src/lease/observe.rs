@@ -36,19 +36,18 @@ impl Observer {
     ///
     /// # Errors
     /// A record is unsafe or corrupt, or a supervisor's state cannot be read.
-    pub fn leases(&self, now: SystemTime) -> Result<Vec<Observed>, LeaseError> {
-        let now_ms = now
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        let grace = u64::try_from(EXPIRY_GRACE.as_millis()).unwrap_or(u64::MAX);
+    pub fn leases(&self, now: &BootTime) -> Result<Vec<Observed>, LeaseError> {
         read_records(&self.store, &self.setup.executor)?
             .into_iter()
             .map(|record| {
-                let gone = !record
-                    .supervisor
-                    .alive(self.setup.host())
-                    .map_err(io("read the supervisor of", Path::new(&record.lease)))?;
-                let late = now_ms > record.expires_at_ms.saturating_add(grace);
+                // A lease of an earlier boot is late whatever its numbers say, and its pid and
+                // start time may name a process of this boot: its supervisor is not asked.
+                let late = record.deadline.passed(EXPIRY_GRACE, now);
+                let gone = late
+                    || !record
+                        .supervisor
+                        .alive(self.setup.host())
+                        .map_err(io("read the supervisor of", Path::new(&record.lease)))?;
                 Ok(Observed {
                     expired: gone || late,
                     record,
@@ -66,7 +65,7 @@ impl Observer {
     ///
     /// # Errors
     /// The runtime's listing cannot be read, or a kill failed (residue).
-    pub fn end_expired(&self, now: SystemTime) -> Result<Vec<String>, LeaseError> {
+    pub fn end_expired(&self, now: &BootTime) -> Result<Vec<String>, LeaseError> {
         let expired: Vec<Record> = self
             .leases(now)?
             .into_iter()

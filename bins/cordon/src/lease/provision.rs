@@ -103,13 +103,14 @@ fn exactly(f: &File, mode: u32, size: u64) -> Result<(), String> {
 }
 
 impl Manager {
-    /// Begin a lease that expires at `expires` (the run's absolute deadline): write its record
-    /// (durably, before any resource exists), naming this process as its supervisor.
+    /// Begin a lease that ends `budget` from now (the run's absolute deadline, on this boot's
+    /// `CLOCK_BOOTTIME`): write its record (durably, before any resource exists), naming this
+    /// process as its supervisor.
     ///
     /// # Errors
     /// The store failed.
-    pub fn begin(&self, authority: &str, expires: SystemTime) -> Result<Lease, LeaseError> {
-        self.begin_with(authority, &[], expires)
+    pub fn begin(&self, authority: &str, budget: Duration) -> Result<Lease, LeaseError> {
+        self.begin_with(authority, &[], budget)
     }
 
     /// [`Manager::begin`], naming the mount points (relative to the run directory) the lease
@@ -121,9 +122,9 @@ impl Manager {
         &self,
         authority: &str,
         mounts: &[&str],
-        expires: SystemTime,
+        budget: Duration,
     ) -> Result<Lease, LeaseError> {
-        self.begin_resources(authority, mounts, expires, true)
+        self.begin_resources(authority, mounts, budget, true)
     }
 
     /// Begin a lease for a parser child: an account and a run directory, no cgroup, no
@@ -131,24 +132,22 @@ impl Manager {
     ///
     /// # Errors
     /// The store failed.
-    pub fn begin_child(&self, authority: &str, expires: SystemTime) -> Result<Lease, LeaseError> {
-        self.begin_resources(authority, &[], expires, false)
+    pub fn begin_child(&self, authority: &str, budget: Duration) -> Result<Lease, LeaseError> {
+        self.begin_resources(authority, &[], budget, false)
     }
 
     pub(super) fn begin_resources(
         &self,
         authority: &str,
         mounts: &[&str],
-        expires: SystemTime,
+        budget: Duration,
         container: bool,
     ) -> Result<Lease, LeaseError> {
         let supervisor = Supervisor::this(self.setup.host())
             .map_err(io("read", Path::new("/proc/self/stat")))?;
-        let expires_at_ms = expires
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .ok()
-            .and_then(|d| u64::try_from(d.as_millis()).ok())
-            .unwrap_or(0);
+        let deadline = BootTime::now(self.setup.host())
+            .map_err(io("read the boot clock and", Path::new(BOOT_ID)))?
+            .after(budget);
         let lease = fresh_id();
         let run_dir = self.setup.run_root.join(&lease);
         let account = account::for_lease(&self.setup.accounts, &lease);
@@ -181,21 +180,31 @@ impl Manager {
             authority: authority.to_owned(),
             created_at: crate::receipt::now_rfc3339(),
             store: self.store.root().display().to_string(),
-            expires_at_ms,
+            deadline,
             supervisor,
             lease,
             resources,
         };
-        let text = to_canonical_json(&record)?;
-        let mut scratch = self.store.scratch()?;
-        let (staged, mut f) = scratch.create_file()?;
-        f.write_all(text.as_bytes()).map_err(io("write", &staged))?;
-        f.sync_all().map_err(io("fsync", &staged))?;
         let path = self.record_path(&record.lease);
-        fs::hard_link(&staged, &path).map_err(io("publish", &path))?;
-        // One hard link: the scratch name goes, so the record's link count is 1.
-        fs::remove_file(&staged).map_err(io("unlink", &staged))?;
-        store::fsync_dir(&self.store.root().join("leases"))?;
+        // Armed before the record exists: from the record's first moment, a container it names
+        // is ended at the deadline or when this process is gone, whoever else runs or not.
+        let watchdog = if container {
+            Some(self.start_watchdog(&record, &path, &run_dir)?)
+        } else {
+            None
+        };
+        if let Err(e) = self.publish(&record, &path) {
+            if let Some(w) = watchdog {
+                let _ = watchdog::end(w);
+            }
+            return Err(e);
+        }
+        if let Some(w) = watchdog {
+            self.watchdogs
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(record.lease.clone(), w);
+        }
         Ok(Lease {
             container: format!("cordon-{}", record.lease),
             record,
@@ -204,6 +213,41 @@ impl Manager {
             protected: BTreeMap::new(),
             secret: None,
         })
+    }
+
+    /// Write `record` at `path` durably: staged in scratch, fsynced, published by link, one link.
+    fn publish(&self, record: &Record, path: &Path) -> Result<(), LeaseError> {
+        let text = to_canonical_json(record)?;
+        let mut scratch = self.store.scratch()?;
+        let (staged, mut f) = scratch.create_file()?;
+        f.write_all(text.as_bytes()).map_err(io("write", &staged))?;
+        f.sync_all().map_err(io("fsync", &staged))?;
+        fs::hard_link(&staged, path).map_err(io("publish", path))?;
+        // One hard link: the scratch name goes, so the record's link count is 1.
+        fs::remove_file(&staged).map_err(io("unlink", &staged))?;
+        store::fsync_dir(&self.store.root().join("leases"))?;
+        Ok(())
+    }
+
+    /// Start and arm the watchdog of a container lease ([`watchdog`]): it kills the container
+    /// at the deadline plus [`EXPIRY_GRACE`], or as soon as this process is gone, unless the
+    /// record at `path` is gone first.
+    fn start_watchdog(
+        &self,
+        record: &Record,
+        path: &Path,
+        run_dir: &Path,
+    ) -> Result<crate::host::Process, LeaseError> {
+        let id = record.container().unwrap_or_default();
+        let watch = watchdog::Watch {
+            exe: self.setup.watchdog.clone(),
+            record: path.to_path_buf(),
+            marker: run_dir.join(ENDED_BY_REAP),
+            lease: record.lease.clone(),
+            until: record.deadline.after(EXPIRY_GRACE),
+            kill: self.setup.runtime.tool(&["kill", "--all", id, "KILL"]),
+        };
+        watchdog::start(self.setup.host(), &watch).map_err(io("start the watchdog of", path))
     }
 
     /// Create the lease's account and run directory (which must not exist).

@@ -4,8 +4,76 @@
 
 use super::*;
 
-/// The lease record schema (2: resources are one typed list).
-pub const LEASE_SCHEMA: u32 = 3;
+/// The lease record schema (2: resources are one typed list; 4: the deadline is a moment of
+/// one boot's `CLOCK_BOOTTIME`, with that boot's id).
+pub const LEASE_SCHEMA: u32 = 4;
+
+/// Where the kernel names the running boot: a fresh random id at every boot.
+pub const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+
+/// A moment on one boot's `CLOCK_BOOTTIME`: NTP steps and `settimeofday` do not move it, and it
+/// keeps counting through a suspend, so a deadline passes while the host sleeps. It means
+/// something only with its boot id: the clock starts again at every boot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BootTime {
+    /// The boot ([`BOOT_ID`]'s text).
+    pub boot_id: String,
+    /// Milliseconds of `CLOCK_BOOTTIME`.
+    pub ms: u64,
+}
+
+impl BootTime {
+    /// Now: the boot id read through the host seam, the clock from the kernel.
+    ///
+    /// # Errors
+    /// The boot id cannot be read or is not a boot id, or the clock cannot be read.
+    pub fn now(host: &dyn crate::host::Host) -> std::io::Result<Self> {
+        let text = host.read(Path::new(BOOT_ID))?;
+        let boot_id = String::from_utf8_lossy(&text).trim().to_owned();
+        // A UUID's 36 characters: what the kernel writes, and all a record may carry.
+        if boot_id.len() != 36 || !boot_id.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
+            return Err(std::io::Error::other(format!(
+                "{BOOT_ID} does not hold a boot id: {:?}",
+                crate::text::printable(&boot_id)
+            )));
+        }
+        let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)?;
+        let ms = u64::try_from(t.tv_sec())
+            .unwrap_or(0)
+            .saturating_mul(1000)
+            .saturating_add(u64::try_from(t.tv_nsec() / 1_000_000).unwrap_or(0));
+        Ok(Self { boot_id, ms })
+    }
+
+    /// `d` later, on the same boot.
+    #[must_use]
+    pub fn after(&self, d: Duration) -> Self {
+        Self {
+            boot_id: self.boot_id.clone(),
+            ms: self
+                .ms
+                .saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        }
+    }
+
+    /// Whether `self` (a deadline) has passed by more than `grace` at `now`: always, when
+    /// `now` is of another boot (the clock it was set on is gone).
+    #[must_use]
+    pub fn passed(&self, grace: Duration, now: &Self) -> bool {
+        now.boot_id != self.boot_id || now.ms > self.after(grace).ms
+    }
+
+    /// The milliseconds left until `self` at `now` (none on another boot).
+    #[must_use]
+    pub fn left(&self, now: &Self) -> u64 {
+        if now.boot_id == self.boot_id {
+            self.ms.saturating_sub(now.ms)
+        } else {
+            0
+        }
+    }
+}
 
 /// One host resource a lease owns. A record lists them in the order they are created; release
 /// undoes them in reverse, one loop over this list, each kind with its own undo step.
@@ -65,9 +133,9 @@ pub struct Record {
     pub created_at: String,
     /// The store whose `leases/` holds this record (its root path).
     pub store: String,
-    /// The absolute deadline, Unix milliseconds: past it (and [`EXPIRY_GRACE`]) the lease is
-    /// expired, whoever still holds it.
-    pub expires_at_ms: u64,
+    /// The absolute deadline, on the boot the lease began in: past it (and [`EXPIRY_GRACE`])
+    /// the lease is expired, whoever still holds it, and so is every lease of an earlier boot.
+    pub deadline: BootTime,
     /// The supervising process.
     pub supervisor: Supervisor,
     /// What the lease owns, in creation order.

@@ -12,7 +12,28 @@ impl Manager {
     /// # Errors
     /// [`LeaseError::Residue`] listing what remains.
     pub fn release(&self, record: &Record) -> Result<(), LeaseError> {
-        self.release_all(std::slice::from_ref(record))
+        let released = self.release_all(std::slice::from_ref(record));
+        let watched = self.end_watchdog(&record.lease);
+        match (released, watched) {
+            (Err(e), _) => Err(e),
+            (Ok(()), Err(why)) => Err(Residue { items: vec![why] }.into()),
+            (Ok(()), Ok(())) => Ok(()),
+        }
+    }
+
+    /// End the watchdog of `lease` once its record is gone; while the record stays (residue),
+    /// the watchdog stays too, until this manager ends.
+    fn end_watchdog(&self, lease: &str) -> Result<(), String> {
+        match fs::symlink_metadata(self.record_path(lease)) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            _ => return Ok(()),
+        }
+        let held = self
+            .watchdogs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(lease);
+        held.map_or(Ok(()), watchdog::end)
     }
 
     /// Release many leases with one container listing before and two after (the absence

@@ -25,12 +25,12 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
-use super::{EXPIRY_GRACE, LeaseError, Residue, Supervisor, io};
+use super::{BootTime, EXPIRY_GRACE, LeaseError, Residue, Supervisor, io};
 use crate::runtime::Runtime;
 use cordon_evidence::inputs::Tier;
 use cordon_evidence::residue::Leftover;
@@ -56,8 +56,8 @@ pub const RECEIPTS: &str = "store";
 pub const KEYS: &str = "keys";
 /// How long the processes of a killed pid namespace may take to leave.
 pub const EXIT_GRACE: Duration = Duration::from_secs(10);
-/// The rootless record's schema.
-pub const ROOTLESS_SCHEMA: u32 = 1;
+/// The rootless record's schema (2: the deadline is a [`BootTime`]).
+pub const ROOTLESS_SCHEMA: u32 = 2;
 /// The most a record may hold: it is a few hundred bytes.
 const RECORD_MAX: u64 = 64 * 1024;
 
@@ -73,9 +73,10 @@ pub struct Record {
     pub authority: String,
     /// RFC 3339.
     pub created_at: String,
-    /// The run's absolute deadline, Unix milliseconds: a supervisor still holding the record
-    /// past it (and [`EXPIRY_GRACE`]) is reported, never trusted as live.
-    pub expires_at_ms: u64,
+    /// The run's absolute deadline, on the boot it began in: a supervisor still holding the
+    /// record past it (and [`EXPIRY_GRACE`]), or a record of an earlier boot, is reported, never
+    /// trusted as live.
+    pub deadline: BootTime,
     /// The supervising process.
     pub supervisor: Supervisor,
     /// The workspace.
@@ -454,11 +455,6 @@ pub struct Observed {
     pub residue: Vec<Leftover>,
 }
 
-fn now_ms(now: SystemTime) -> u64 {
-    now.duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 /// Recover (`change`) or only look: every run directory, under `recovery.lock` held exclusively
 /// so no run is mid-publication, then the runtime's containers that no run directory owns.
 /// One run's residue — a record in doubt included — does not stop the others; a state
@@ -466,7 +462,7 @@ fn now_ms(now: SystemTime) -> u64 {
 ///
 /// # Errors
 /// The state directory or a record cannot be read.
-pub fn observe(setup: &Setup, change: bool, now: SystemTime) -> Result<Observed, LeaseError> {
+pub fn observe(setup: &Setup, change: bool, now: &BootTime) -> Result<Observed, LeaseError> {
     let mut out = Observed::default();
     let _gate = lock_file(&setup.state.join(REAP_LOCK), false)?;
     let runs = setup.state.join(RUNS);
@@ -498,7 +494,7 @@ pub fn observe(setup: &Setup, change: bool, now: SystemTime) -> Result<Observed,
         match seen {
             Found::Gone => {}
             Found::Live(record) => {
-                if now_ms(now) > record.expires_at_ms.saturating_add(grace_ms()) {
+                if record.deadline.passed(EXPIRY_GRACE, now) {
                     out.residue.push(Leftover::Run {
                         why: format!(
                             "past its deadline, its supervisor (pid {}) still holds it",
@@ -546,10 +542,6 @@ pub fn observe(setup: &Setup, change: bool, now: SystemTime) -> Result<Observed,
         }
     }
     Ok(out)
-}
-
-fn grace_ms() -> u64 {
-    u64::try_from(EXPIRY_GRACE.as_millis()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::host::ToolOutput;
-use crate::host::fake::{Call, Fake};
+use crate::host::fake::{Call, Fake, Script};
 
 struct World {
     dir: tempfile::TempDir,
@@ -20,11 +20,13 @@ fn world() -> World {
     fake.file("/etc/passwd", "root:x:0:0::/root:/bin/sh\n")
         .file("/etc/group", "root:x:0:\n")
         .file(this_stat(), STAT_LINE)
+        .file(BOOT_ID, BOOT)
         .file(
             "/proc/self/mountinfo",
             "22 1 0:21 / / rw - ext4 /dev/vda rw\n",
         )
-        .reply("list", ToolOutput::ok(b"null"));
+        .reply("list", ToolOutput::ok(b"null"))
+        .process(watchdog::WATCHDOG_ARG, Script::watchdog(b"W"));
     let setup = Setup {
         executor: "fake".into(),
         runtime: Runtime {
@@ -38,6 +40,7 @@ fn world() -> World {
         cgroup_root: dir.path().join("cgroup"),
         mountinfo: "/proc/self/mountinfo".into(),
         init_mountinfo: "/proc/self/mountinfo".into(),
+        watchdog: "/usr/libexec/cordon-test-watchdog".into(),
     };
     let manager = Manager::open(&store, setup).unwrap();
     World { dir, fake, manager }
@@ -56,9 +59,14 @@ fn empty_host() -> Arc<Fake> {
     f.file("/etc/passwd", "")
         .file("/etc/group", "")
         .file(this_stat(), STAT_LINE)
-        .file("/proc/self/mountinfo", "");
+        .file(BOOT_ID, BOOT)
+        .file("/proc/self/mountinfo", "")
+        .process(watchdog::WATCHDOG_ARG, Script::watchdog(b"W"));
     f
 }
+
+/// The fake hosts' boot id.
+const BOOT: &str = "0f0e0d0c-0b0a-0908-0706-050403020100\n";
 
 #[test]
 fn a_supervisor_is_its_pid_and_start_time_and_a_reused_pid_is_not_it() {
@@ -106,13 +114,13 @@ pub(super) fn own_run_dir(lease: &Lease) {
     .unwrap();
 }
 
-/// A lease whose deadline passed long ago (its supervisor, this process, alive), with its
-/// run directory; and that deadline.
-fn expired_lease(w: &World) -> (Lease, SystemTime) {
-    let expires = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
-    let lease = w.manager.begin("sha256:a", expires).unwrap();
+/// A lease whose deadline is now (its supervisor, this process, alive), with its run
+/// directory; and a moment past that deadline and the grace.
+fn expired_lease(w: &World) -> (Lease, BootTime) {
+    let lease = w.manager.begin("sha256:a", Duration::ZERO).unwrap();
     own_run_dir(&lease);
-    (lease, expires)
+    let late = lease.record.deadline.after(EXPIRY_GRACE * 2);
+    (lease, late)
 }
 
 /// A `runc state` answer whose annotations are these labels.
@@ -129,7 +137,7 @@ fn state_with(executor: &str, store: &str, lease: &str) -> String {
 #[test]
 fn the_observer_ends_only_an_expired_leases_exactly_labelled_container() {
     let w = world();
-    let (lease, expires) = expired_lease(&w);
+    let (lease, _) = expired_lease(&w);
     let id = lease.container().to_owned();
     let store = w.manager.store.root().display().to_string();
     let f = empty_host();
@@ -164,14 +172,19 @@ fn the_observer_ends_only_an_expired_leases_exactly_labelled_container() {
     let mut setup = w.manager.setup.clone();
     setup.runtime.host = f.clone();
     let observer = Observer::new(&w.manager.store, setup);
-    // At the deadline plus the grace, not yet expired; a millisecond later, expired.
-    let edge = expires + EXPIRY_GRACE;
-    assert!(!observer.leases(edge).unwrap()[0].expired);
-    assert!(observer.end_expired(edge).unwrap().is_empty());
-    assert!(observer.leases(edge + Duration::from_millis(1)).unwrap()[0].expired);
-    let ended = observer
-        .end_expired(edge + Duration::from_millis(1))
-        .unwrap();
+    // At the deadline plus the grace, not yet expired; a millisecond later, expired; on
+    // another boot, expired whatever the clock says.
+    let edge = lease.record.deadline.after(EXPIRY_GRACE);
+    assert!(!observer.leases(&edge).unwrap()[0].expired);
+    assert!(observer.end_expired(&edge).unwrap().is_empty());
+    let later = edge.after(Duration::from_millis(1));
+    assert!(observer.leases(&later).unwrap()[0].expired);
+    let rebooted = BootTime {
+        boot_id: "ffffffff-0b0a-0908-0706-050403020100".into(),
+        ms: 0,
+    };
+    assert!(observer.leases(&rebooted).unwrap()[0].expired);
+    let ended = observer.end_expired(&later).unwrap();
     assert_eq!(ended.len(), 1, "{ended:?}");
     let kills: Vec<String> = f
         .runs()
@@ -292,7 +305,7 @@ fn release_proves_its_own_containers_gone_and_ignores_others() {
 #[test]
 fn an_expired_leases_id_under_other_labels_is_not_ended() {
     let w = world();
-    let (lease, _) = expired_lease(&w);
+    let (lease, late) = expired_lease(&w);
     let id = lease.container().to_owned();
     let store = w.manager.store.root().display().to_string();
     for (executor, store, lease_id) in [
@@ -313,7 +326,7 @@ fn an_expired_leases_id_under_other_labels_is_not_ended() {
         let mut setup = w.manager.setup.clone();
         setup.runtime.host = f;
         let ended = Observer::new(&w.manager.store, setup)
-            .end_expired(SystemTime::now())
+            .end_expired(&late)
             .unwrap();
         assert!(ended.is_empty(), "{executor} {store} {lease_id}: {ended:?}");
     }
@@ -826,6 +839,7 @@ fn with_host(w: &World, fake: Arc<Fake>) -> Manager {
         store,
         setup,
         shared: false,
+        watchdogs: std::sync::Mutex::default(),
         _lock: Flock::lock(
             File::open(w.manager.store.root()).unwrap(),
             FlockArg::LockSharedNonblock,
@@ -1208,6 +1222,7 @@ mod root_tests {
             cgroup_root: dir.path().join("cgroup"),
             mountinfo: "/proc/self/mountinfo".into(),
             init_mountinfo: "/proc/self/mountinfo".into(),
+            watchdog: cordon_testkit::watchdog(),
         };
         let lower = dir.path().join("image");
         fs::create_dir_all(lower.join("etc")).unwrap();

@@ -52,6 +52,7 @@ pub fn world(owner: &str, slot: u32, executor: &str, edits: &[(&str, &str)]) -> 
         &dir.path().join("state"),
         dir.path().join("run"),
     );
+    setup.watchdog = cordon_testkit::watchdog();
     setup.runtime.binary = runc;
     Manager::open(&store, setup.clone())
         .unwrap()

@@ -127,6 +127,7 @@ pub fn setup(w: &World, policy: &Policy, executor: &str, host: HostRef) -> Setup
         &w.dir.path().join("state"),
         w.dir.path().join("run"),
     );
+    setup.watchdog = cordon_testkit::watchdog();
     setup.runtime.binary = cordon_testkit::runc();
     let mut clean = setup.clone();
     clean.runtime.host = Linux::shared();

@@ -49,13 +49,27 @@ fn case(replies: &[(&str, ToolOutput)], listing: &[u8]) -> Case {
     }
 }
 
-fn record(run: &str, expires_at_ms: u64) -> Record {
+/// The tests' boot.
+const BOOT: &str = "0f0e0d0c-0b0a-0908-0706-050403020100";
+
+/// The moment the tests observe at: a hundred seconds into their boot.
+fn now() -> BootTime {
+    BootTime {
+        boot_id: BOOT.into(),
+        ms: 100_000,
+    }
+}
+
+fn record(run: &str, deadline_ms: u64) -> Record {
     Record {
         schema: ROOTLESS_SCHEMA,
         run: run.into(),
         authority: "sha256:00".into(),
         created_at: "2026-12-03T00:00:00Z".into(),
-        expires_at_ms,
+        deadline: BootTime {
+            boot_id: BOOT.into(),
+            ms: deadline_ms,
+        },
         supervisor: Supervisor {
             pid: 1,
             start_ticks: 1,
@@ -93,7 +107,7 @@ fn a_released_run_is_removed_proven_gone_and_leaves_nothing() {
     assert!(runs[0].contains(" kill --all cs-a KILL"), "{runs:?}");
     assert!(runs[1].contains(" delete --force cs-a"), "{runs:?}");
     assert!(runs[2].contains(" list -f json"), "{runs:?}");
-    let seen = observe(&c.setup, false, SystemTime::now()).unwrap();
+    let seen = observe(&c.setup, false, &now()).unwrap();
     assert_eq!(seen, Observed::default());
 }
 
@@ -157,7 +171,7 @@ fn a_process_whose_namespace_cannot_be_read_is_residue_and_an_unreadable_proc_to
 fn recovery_leaves_a_live_run_alone_and_releases_a_dead_supervisors() {
     let c = case(&[], b"null");
     let live = started(&c, "cs-h", true);
-    let seen = observe(&c.setup, true, SystemTime::now()).unwrap();
+    let seen = observe(&c.setup, true, &now()).unwrap();
     assert_eq!(seen.active, vec![live.record().clone()]);
     assert!(
         seen.released.is_empty() && seen.residue.is_empty(),
@@ -167,7 +181,7 @@ fn recovery_leaves_a_live_run_alone_and_releases_a_dead_supervisors() {
     // The supervisor dies: its lock goes with it; the record stays.
     let dir = live.dir().to_path_buf();
     drop(live);
-    let seen = observe(&c.setup, false, SystemTime::now()).unwrap();
+    let seen = observe(&c.setup, false, &now()).unwrap();
     assert_eq!(
         seen.residue,
         vec![Leftover::LeaseRecord {
@@ -177,7 +191,7 @@ fn recovery_leaves_a_live_run_alone_and_releases_a_dead_supervisors() {
         "the check names a dead run and changes nothing"
     );
     assert!(dir.exists());
-    let seen = observe(&c.setup, true, SystemTime::now()).unwrap();
+    let seen = observe(&c.setup, true, &now()).unwrap();
     assert_eq!(seen.released, vec!["cs-h".to_owned()]);
     assert!(seen.residue.is_empty(), "{seen:?}");
     assert!(!dir.exists());
@@ -191,7 +205,7 @@ fn recovery_reports_a_dead_run_it_cannot_release_and_goes_on_to_the_next() {
     );
     drop(started(&c, "cs-i", true));
     drop(begin(&c.setup, record("cs-j", FAR)).unwrap());
-    let seen = observe(&c.setup, true, SystemTime::now()).unwrap();
+    let seen = observe(&c.setup, true, &now()).unwrap();
     assert_eq!(seen.released, vec!["cs-j".to_owned()]);
     assert!(
         matches!(&seen.residue[..], [Leftover::Run { run, why }] if run == "cs-i" && why.contains("cannot remove")),
@@ -206,7 +220,7 @@ fn a_run_directory_without_a_published_record_is_removed_by_recovery_only() {
     private_dir(&c.setup.state.join(RUNS)).unwrap();
     private_dir(&dir).unwrap();
     fs::write(dir.join(RECORD_PENDING), b"{").unwrap();
-    let seen = observe(&c.setup, false, SystemTime::now()).unwrap();
+    let seen = observe(&c.setup, false, &now()).unwrap();
     assert!(
         matches!(
             &seen.residue[..],
@@ -217,7 +231,7 @@ fn a_run_directory_without_a_published_record_is_removed_by_recovery_only() {
         ),
         "{seen:?}"
     );
-    let seen = observe(&c.setup, true, SystemTime::now()).unwrap();
+    let seen = observe(&c.setup, true, &now()).unwrap();
     assert_eq!(seen.released, vec!["cs-k".to_owned()]);
     assert!(!dir.exists());
 }
@@ -226,7 +240,7 @@ fn a_run_directory_without_a_published_record_is_removed_by_recovery_only() {
 fn a_live_run_past_its_deadline_is_residue_not_active() {
     let c = case(&[], b"null");
     let _held = begin(&c.setup, record("cs-l", 1_000)).unwrap();
-    let seen = observe(&c.setup, false, SystemTime::now()).unwrap();
+    let seen = observe(&c.setup, false, &now()).unwrap();
     assert!(seen.active.is_empty(), "{seen:?}");
     assert!(
         matches!(&seen.residue[..], [Leftover::Run { run, why }] if run == "cs-l" && why.contains("past its deadline")),
@@ -237,7 +251,7 @@ fn a_live_run_past_its_deadline_is_residue_not_active() {
 #[test]
 fn a_container_no_run_owns_is_residue() {
     let c = case(&[], br#"[{"id":"cs-orphan"}]"#);
-    let seen = observe(&c.setup, false, SystemTime::now()).unwrap();
+    let seen = observe(&c.setup, false, &now()).unwrap();
     assert_eq!(
         seen.residue,
         vec![Leftover::Container {
@@ -254,7 +268,7 @@ fn a_forged_or_linked_record_is_that_runs_residue_and_recovery_goes_on() {
     private_dir(&dir).unwrap();
     let in_doubt = |seen: &Observed| matches!(&seen.residue[..], [Leftover::Run { run, why }] if run == "cs-m" && why.contains("unsafe"));
     fs::write(dir.join(RECORD), b"{\"run\":\"cs-m\"}").unwrap();
-    let seen = observe(&c.setup, true, SystemTime::now()).unwrap();
+    let seen = observe(&c.setup, true, &now()).unwrap();
     assert!(in_doubt(&seen), "{seen:?}");
     assert_eq!(
         seen.released,
@@ -265,14 +279,10 @@ fn a_forged_or_linked_record_is_that_runs_residue_and_recovery_goes_on() {
     let mut other = record("cs-other", FAR);
     other.run = "cs-other".into();
     fs::write(dir.join(RECORD), serde_json::to_vec(&other).unwrap()).unwrap();
-    assert!(in_doubt(
-        &observe(&c.setup, true, SystemTime::now()).unwrap()
-    ));
+    assert!(in_doubt(&observe(&c.setup, true, &now()).unwrap()));
     fs::remove_file(dir.join(RECORD)).unwrap();
     std::os::unix::fs::symlink("/etc/passwd", dir.join(RECORD)).unwrap();
-    assert!(in_doubt(
-        &observe(&c.setup, true, SystemTime::now()).unwrap()
-    ));
+    assert!(in_doubt(&observe(&c.setup, true, &now()).unwrap()));
     assert!(dir.exists(), "a run in doubt is never removed");
     let runs = c.fake.runs();
     assert!(
