@@ -216,6 +216,7 @@ fn surface_place(policy: &Policy) -> Result<(Place, rootless::Setup), StartError
         state: state.clone(),
         uid,
         exit_grace: rootless::EXIT_GRACE,
+        watchdog: PathBuf::from("/proc/self/exe"),
     };
     let place = Place {
         store: Store::open(&state.join(rootless::RECEIPTS))?,

@@ -171,6 +171,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             state,
             uid,
             exit_grace: rootless::EXIT_GRACE,
+            watchdog: PathBuf::from("/proc/self/exe"),
         },
         gid,
         groups,

@@ -662,8 +662,11 @@ fn cordon_reap_releases_what_a_killed_supervisor_left() {
             .starts_with("lease record "),
         "{receipt}"
     );
-    assert!(
-        process_exists(&["sleep", "3173"]),
+    // The command itself is ended by the run's watchdog (a_sigkilled_surface_runs_command_…);
+    // what the check must leave alone is the run it reports.
+    assert_eq!(
+        std::fs::read_dir(s.state.join("runs")).unwrap().count(),
+        1,
         "the check changes nothing"
     );
     let out = s.reap(&[]);
@@ -845,4 +848,36 @@ fn a_signal_stops_the_command_and_releases_the_run() {
         );
         s.assert_released();
     }
+}
+
+/// A SIGKILLed `cordon-surface run` handles nothing: its run's watchdog sees it gone and ends
+/// the command's container at once, then exits; `cordon-reap --surface` releases the rest and
+/// nothing is left.
+#[test]
+fn a_sigkilled_surface_runs_command_is_ended_by_its_watchdog() {
+    let s = Surface::new(&|t| t);
+    let seconds = "3184";
+    let marker = s.ws.join(format!("up-{seconds}"));
+    let mut child = s.spawn(
+        "command",
+        &format!("touch /workspace/up-{seconds}; exec sleep {seconds}"),
+        &[],
+    );
+    wait_for(&marker, "the run's marker");
+    assert_eq!(cordon_testkit::watchdogs_of(&s.state).len(), 1);
+    // setpriv execs cordon-surface: the child is the supervisor.
+    child.kill().unwrap();
+    assert!(child.wait().unwrap().code().is_none(), "killed, not exited");
+    let until = Instant::now() + Duration::from_secs(10);
+    while process_exists(&["sleep", seconds]) || !cordon_testkit::watchdogs_of(&s.state).is_empty()
+    {
+        assert!(
+            Instant::now() < until,
+            "the command or its watchdog outlived the SIGKILLed supervisor by 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = s.reap(&[]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    s.assert_released();
 }

@@ -546,14 +546,11 @@ pub fn children_with_arg(parent: u32, arg: &str) -> Vec<u32> {
 /// (`cordon::lease::watchdog::WATCHDOG_ARG`; the testkit does not link cordon).
 pub const WATCHDOG_ARG: &str = "--cordon-lease-watchdog";
 
-/// The live watchdogs of leases in `store` (their command line names the store's records),
-/// read from `/proc` now.
+/// The live watchdogs of leases or runs whose records lie under `dir` (a store, a surface's
+/// state directory: their command line names the record), read from `/proc` now.
 #[must_use]
-pub fn watchdogs_of(store: &Path) -> Vec<u32> {
-    processes(
-        None,
-        &[WATCHDOG_ARG, &store.join("leases").display().to_string()],
-    )
+pub fn watchdogs_of(dir: &Path) -> Vec<u32> {
+    processes(None, &[WATCHDOG_ARG, &dir.display().to_string()])
 }
 
 /// The processes (children of `parent`, when given) whose command line holds every one of

@@ -211,8 +211,11 @@ impl Host for Fake {
             }
             (out, if kills { s.live.clone() } else { Vec::new() })
         });
+        // A container's processes; a lease's watchdog is the host's, outside every container.
         for process in killed {
-            process.end_by_kill();
+            if process.script.end != End::UntilStdinCloses {
+                process.end_by_kill();
+            }
         }
         Ok(out)
     }

@@ -96,6 +96,8 @@ pub struct Setup {
     pub uid: u32,
     /// How long the processes of a killed pid namespace may take to leave.
     pub exit_grace: Duration,
+    /// The program a run's [`watchdog`](super::watchdog) runs (`/proc/self/exe` in production).
+    pub watchdog: PathBuf,
 }
 
 impl Setup {
@@ -110,13 +112,15 @@ impl Setup {
     }
 }
 
-/// A run in progress: its record published and locked. Dropping it without [`Run::release`]
-/// leaves the record for recovery, as a crash would.
+/// A run in progress: its record published and locked, its [`watchdog`](super::watchdog)
+/// armed. Dropping it without [`Run::release`] leaves the record for recovery, as a crash
+/// would, and the watchdog ends the container.
 #[derive(Debug)]
 pub struct Run {
     record: Record,
     dir: PathBuf,
     namespace: Option<u64>,
+    watchdog: crate::host::Process,
     _lock: Flock<File>,
 }
 
@@ -198,6 +202,20 @@ pub fn begin(setup: &Setup, record: Record) -> Result<Run, LeaseError> {
         .and_then(|()| lock.sync_all())
         .map_err(io("write", &pending))?;
     let published = dir.join(RECORD);
+    // Armed before the record is published: from its first moment, the container it names is
+    // ended at the deadline or when this process is gone, whoever else runs or not.
+    let watch = super::watchdog::Watch {
+        exe: setup.watchdog.clone(),
+        record: published.clone(),
+        marker: dir.join(super::ENDED_BY_REAP),
+        lease: record.run.clone(),
+        until: record.deadline.after(EXPIRY_GRACE),
+        // The init alone: its pid namespace dies with it, and a rootless runtime on cgroup v1
+        // has no cgroup in which to find the rest (`kill --all` fails there).
+        kill: setup.runtime.tool(&["kill", &record.run, "KILL"]),
+    };
+    let watchdog = super::watchdog::start(setup.host(), &watch)
+        .map_err(io("start the watchdog of", &published))?;
     fs::rename(&pending, &published).map_err(io("publish", &published))?;
     fsync_dir(&dir)?;
     fsync_dir(&runs)?;
@@ -206,6 +224,7 @@ pub fn begin(setup: &Setup, record: Record) -> Result<Run, LeaseError> {
         record,
         dir,
         namespace: None,
+        watchdog,
         _lock: lock,
     })
 }
@@ -265,7 +284,9 @@ impl Run {
             LeaseError::Residue(Residue {
                 items: vec![l.to_string()],
             })
-        })
+        })?;
+        // The record is gone: the watchdog exits at its pipe's end.
+        super::watchdog::end(self.watchdog).map_err(|why| Residue { items: vec![why] }.into())
     }
 }
 
@@ -339,6 +360,7 @@ pub fn release(setup: &Setup, run: &str, ns: Option<u64>) -> Result<(), Leftover
         PIDNS,
         PIDNS_PENDING,
         RECORD_PENDING,
+        super::ENDED_BY_REAP,
     ] {
         let p = dir.join(name);
         let gone = match fs::symlink_metadata(&p) {

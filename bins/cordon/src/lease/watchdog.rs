@@ -331,14 +331,33 @@ fn end_container(watch: &Watch) -> Result<(), String> {
         .env_clear()
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|e| format!("run {}: {e}", watch.kill.display()))
+        .and_then(|out| {
+            let said = String::from_utf8_lossy(&out.stderr);
+            // A container that already ended, or was never made, needs no kill.
+            if out.status.success()
+                || ["not running", "not exist"]
+                    .iter()
+                    .any(|w| said.contains(w))
+            {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{} failed ({}): {}",
+                    watch.kill.display(),
+                    out.status,
+                    crate::text::printable(said.trim())
+                ))
+            }
+        });
     match (marked, killed) {
         // No run directory: none was made yet, or the release removed it after the container.
-        (Ok(()), Ok(_)) => Ok(()),
-        (Err(e), Ok(_)) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        (Ok(()), Ok(())) => Ok(()),
+        (Err(e), Ok(())) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         (Err(e), _) => Err(format!("mark {}: {e}", watch.marker.display())),
-        (_, Err(e)) => Err(format!("run {}: {e}", watch.kill.display())),
+        (_, Err(e)) => Err(e),
     }
 }
 

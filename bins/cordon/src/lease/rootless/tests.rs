@@ -29,6 +29,10 @@ fn case(replies: &[(&str, ToolOutput)], listing: &[u8]) -> Case {
     fake.reply(" list ", ToolOutput::ok(listing))
         .reply(" state ", ToolOutput::ok(b"{}"))
         .kills_on(" kill ")
+        .process(
+            super::super::watchdog::WATCHDOG_ARG,
+            crate::host::fake::Script::watchdog(b"W"),
+        )
         // Someone else's process, and one of the service user's outside the run.
         .pid_in(1, 0, 1, false)
         .pid_in(500, UID, 1, false);
@@ -41,6 +45,7 @@ fn case(replies: &[(&str, ToolOutput)], listing: &[u8]) -> Case {
         state: dir.path().to_path_buf(),
         uid: UID,
         exit_grace: Duration::from_millis(60),
+        watchdog: "/usr/libexec/cordon-test-watchdog".into(),
     };
     Case {
         _dir: dir,
