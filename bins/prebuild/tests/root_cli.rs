@@ -125,6 +125,21 @@ impl Cli {
         file
     }
 
+    /// [`Cli::materialized`] over the example incumbent with a build that runs for ever.
+    fn materialized_forever(&self) -> PathBuf {
+        let incumbent = self.path("incumbent");
+        cordon_testkit::copy_tree(
+            &workspace_root().join("checks/example/incumbent"),
+            &incumbent,
+        );
+        std::fs::write(
+            incumbent.join("build.sh"),
+            "#!/bin/sh\nwhile :; do :; done\n",
+        )
+        .unwrap();
+        self.materialized(&incumbent)
+    }
+
     /// `cordon-prebuild` on the receipt in `receipt` with image directory `images`.
     fn prebuild(&self, receipt: &Path, images: &Path) -> (Output, Value) {
         let out = self
@@ -338,17 +353,7 @@ fn a_build_step_that_fails_is_a_rejection_with_exit_1() {
 #[test]
 fn a_signal_mid_build_stops_it_and_leaves_a_no_decision_naming_it() {
     let cli = Cli::new(3);
-    let incumbent = cli.path("incumbent");
-    cordon_testkit::copy_tree(
-        &workspace_root().join("checks/example/incumbent"),
-        &incumbent,
-    );
-    std::fs::write(
-        incumbent.join("build.sh"),
-        "#!/bin/sh\nwhile :; do :; done\n",
-    )
-    .unwrap();
-    let receipt = cli.materialized(&incumbent);
+    let receipt = cli.materialized_forever();
     let state_root = Path::new(cordon::lease::DEFAULT_STATE_ROOT).join(&cli.executor);
     for signal in [
         nix::sys::signal::Signal::SIGINT,
@@ -385,17 +390,7 @@ fn a_signal_mid_build_stops_it_and_leaves_a_no_decision_naming_it() {
 #[test]
 fn a_sigkilled_supervisors_container_is_ended_by_its_lease_watchdog() {
     let cli = Cli::new(4);
-    let incumbent = cli.path("incumbent");
-    cordon_testkit::copy_tree(
-        &workspace_root().join("checks/example/incumbent"),
-        &incumbent,
-    );
-    std::fs::write(
-        incumbent.join("build.sh"),
-        "#!/bin/sh\nwhile :; do :; done\n",
-    )
-    .unwrap();
-    let receipt = cli.materialized(&incumbent);
+    let receipt = cli.materialized_forever();
     let (store, run_root) = (cli.path("store"), cli.path("run"));
     let state_root = Path::new(cordon::lease::DEFAULT_STATE_ROOT).join(&cli.executor);
     let mut child = cli
