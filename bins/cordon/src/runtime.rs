@@ -326,6 +326,10 @@ impl CgroupProbe {
     }
 }
 
+/// What the runtime says when a kill finds no container to kill: it already ended, or never
+/// was made. Such a kill needs nothing done.
+pub const ALREADY_ENDED: &[&str] = &["not running", "not exist"];
+
 impl Runtime {
     /// The runtime's command line for a subcommand under cordon's state root.
     #[must_use]
@@ -442,10 +446,7 @@ impl Runtime {
     /// # Errors
     /// The kill failed for another reason.
     pub fn kill_all(&self, id: &str) -> Result<(), RuntimeError> {
-        self.call_unless(
-            &["kill", "--all", id, "KILL"],
-            &["not running", "not exist"],
-        )
+        self.call_unless(&["kill", "--all", id, "KILL"], ALREADY_ENDED)
     }
 
     /// Force-remove a container: kill everything in it, then delete it. A container that does

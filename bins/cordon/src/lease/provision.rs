@@ -239,14 +239,14 @@ impl Manager {
         run_dir: &Path,
     ) -> Result<crate::host::Process, LeaseError> {
         let id = record.container().unwrap_or_default();
-        let watch = watchdog::Watch {
-            exe: self.setup.watchdog.clone(),
-            record: path.to_path_buf(),
-            marker: run_dir.join(ENDED_BY_REAP),
-            lease: record.lease.clone(),
-            until: record.deadline.after(EXPIRY_GRACE),
-            kill: self.setup.runtime.tool(&["kill", "--all", id, "KILL"]),
-        };
+        let watch = watchdog::Watch::for_run(
+            &self.setup.watchdog,
+            path,
+            run_dir,
+            &record.lease,
+            &record.deadline,
+            self.setup.runtime.tool(&["kill", "--all", id, "KILL"]),
+        );
         watchdog::start(self.setup.host(), &watch).map_err(io("start the watchdog of", path))
     }
 

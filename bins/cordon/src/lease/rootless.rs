@@ -204,16 +204,16 @@ pub fn begin(setup: &Setup, record: Record) -> Result<Run, LeaseError> {
     let published = dir.join(RECORD);
     // Armed before the record is published: from its first moment, the container it names is
     // ended at the deadline or when this process is gone, whoever else runs or not.
-    let watch = super::watchdog::Watch {
-        exe: setup.watchdog.clone(),
-        record: published.clone(),
-        marker: dir.join(super::ENDED_BY_REAP),
-        lease: record.run.clone(),
-        until: record.deadline.after(EXPIRY_GRACE),
+    let watch = super::watchdog::Watch::for_run(
+        &setup.watchdog,
+        &published,
+        &dir,
+        &record.run,
+        &record.deadline,
         // The init alone: its pid namespace dies with it, and a rootless runtime on cgroup v1
         // has no cgroup in which to find the rest (`kill --all` fails there).
-        kill: setup.runtime.tool(&["kill", &record.run, "KILL"]),
-    };
+        setup.runtime.tool(&["kill", &record.run, "KILL"]),
+    );
     let watchdog = super::watchdog::start(setup.host(), &watch)
         .map_err(io("start the watchdog of", &published))?;
     fs::rename(&pending, &published).map_err(io("publish", &published))?;

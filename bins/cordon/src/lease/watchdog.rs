@@ -29,7 +29,6 @@ use std::io::{self, Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -39,6 +38,7 @@ use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFl
 
 use super::BootTime;
 use crate::host::{Host, Process, Tool};
+use crate::runtime::ALREADY_ENDED;
 
 /// The first argument that turns a stage binary into a lease's watchdog.
 pub const WATCHDOG_ARG: &str = "--cordon-lease-watchdog";
@@ -70,6 +70,27 @@ pub struct Watch {
 }
 
 impl Watch {
+    /// The watch of one run: its record, the marker in its run directory, and the kill due at
+    /// its deadline plus [`EXPIRY_GRACE`](super::EXPIRY_GRACE).
+    #[must_use]
+    pub fn for_run(
+        exe: &std::path::Path,
+        record: &std::path::Path,
+        run_dir: &std::path::Path,
+        lease: &str,
+        deadline: &BootTime,
+        kill: Tool,
+    ) -> Self {
+        Self {
+            exe: exe.to_path_buf(),
+            record: record.to_path_buf(),
+            marker: run_dir.join(super::ENDED_BY_REAP),
+            lease: lease.to_owned(),
+            until: deadline.after(super::EXPIRY_GRACE),
+            kill,
+        }
+    }
+
     /// The watchdog's command line.
     #[must_use]
     pub fn tool(&self) -> Tool {
@@ -326,28 +347,19 @@ fn end_container(watch: &Watch) -> Result<(), String> {
         .custom_flags(nix::libc::O_NOFOLLOW)
         .open(&watch.marker)
         .and_then(|mut f| f.write_all(watch.lease.as_bytes()));
-    let killed = Command::new(&watch.kill.program)
-        .args(&watch.kill.args)
-        .env_clear()
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .output()
+    // Through the host seam: the runtime's kill with its timeout, an empty environment.
+    let killed = crate::host::Linux
+        .run(&watch.kill)
         .map_err(|e| format!("run {}: {e}", watch.kill.display()))
         .and_then(|out| {
             let said = String::from_utf8_lossy(&out.stderr);
-            // A container that already ended, or was never made, needs no kill.
-            if out.status.success()
-                || ["not running", "not exist"]
-                    .iter()
-                    .any(|w| said.contains(w))
-            {
+            if out.success() || ALREADY_ENDED.iter().any(|w| said.contains(w)) {
                 Ok(())
             } else {
                 Err(format!(
-                    "{} failed ({}): {}",
+                    "{} failed ({:?}): {}",
                     watch.kill.display(),
-                    out.status,
+                    out.code,
                     crate::text::printable(said.trim())
                 ))
             }
