@@ -269,6 +269,49 @@ impl CgroupProbe {
         )
     }
 
+    /// The cgroup's event and usage counters as text, one `file: value` line each (a file's
+    /// lines joined by `; `), for the evidence a run leaves: OOM and pids-limit events,
+    /// memory and CPU use. A file that cannot be read says so on its line.
+    #[must_use]
+    pub fn events(&self) -> String {
+        let files: &[(&str, &str)] = match self.unified() {
+            Ok(true) => &[
+                ("", "cgroup.events"),
+                ("", "memory.events"),
+                ("", "memory.peak"),
+                ("", "memory.current"),
+                ("", "pids.events"),
+                ("", "pids.current"),
+                ("", "cpu.stat"),
+            ],
+            Ok(false) => &[
+                ("memory", "memory.oom_control"),
+                ("memory", "memory.failcnt"),
+                ("memory", "memory.max_usage_in_bytes"),
+                ("memory", "memory.usage_in_bytes"),
+                ("pids", "pids.events"),
+                ("pids", "pids.current"),
+                ("cpuacct", "cpuacct.usage"),
+            ],
+            Err(e) => return format!("hierarchy: unknown: {e}\n"),
+        };
+        let mut out = String::new();
+        for (controller, file) in files {
+            let path = self.root.join(controller).join(self.rel()).join(file);
+            let value = match self.host.read(&path) {
+                Ok(bytes) => String::from_utf8_lossy(&bytes)
+                    .trim()
+                    .lines()
+                    .collect::<Vec<_>>()
+                    .join("; "),
+                Err(e) => format!("unavailable: {e}"),
+            };
+            let name = Path::new(controller).join(file);
+            out.push_str(&format!("{}: {value}\n", name.display()));
+        }
+        out
+    }
+
     /// The memory limit the kernel applied (bytes), to check the bundle took effect.
     #[must_use]
     pub fn memory_limit(&self) -> Option<u64> {

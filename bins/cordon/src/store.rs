@@ -1,5 +1,6 @@
 //! The validator-owned store: one directory (root-owned, mode 0700) holding content-addressed
-//! file objects, intake and archive records, trees, publications, receipts and leases.
+//! file objects, intake and archive records, trees, publications, receipts, the evidence
+//! receipts name and leases.
 //!
 //! This module owns the store's layout and its durable-write discipline (brief §5): every entry
 //! is first written under `tmp/` (create-exclusive, no-follow, explicit mode), fsynced, then
@@ -30,7 +31,7 @@ use crate::canonical::Digest;
 use crate::walk::{Kind, Node, Stop, walk};
 
 /// The subdirectories of a store, created by [`Store::open`].
-pub const LAYOUT: [&str; 9] = [
+pub const LAYOUT: [&str; 10] = [
     "objects",
     "images",
     "intake",
@@ -38,9 +39,15 @@ pub const LAYOUT: [&str; 9] = [
     "trees",
     "publications",
     "receipts",
+    "evidence",
     "leases",
     "tmp",
 ];
+
+/// The section holding what receipts name as evidence (logs, the host's records of a run):
+/// content-addressed like `objects/` but apart from it, so no tree or publication can name a
+/// log and a rejection's logs never read as content it added.
+pub const EVIDENCE: &str = "evidence";
 
 /// Why a store operation failed. Every variant is an infrastructure failure: the stage could
 /// not establish its result (no-decision), never a verdict on a candidate.
@@ -670,15 +677,7 @@ impl Store {
     /// It is missing, unreadable, or its bytes are not the named ones.
     pub fn read_object_checked(&self, sha: &Digest) -> Result<Vec<u8>, StoreError> {
         let bytes = self.read_object(sha, false)?;
-        let found = Digest::of_bytes(&bytes);
-        if &found != sha {
-            return Err(StoreError::Mismatch {
-                path: self.object_path(sha, false),
-                expected: sha.to_string(),
-                found: found.to_string(),
-            });
-        }
-        Ok(bytes)
+        named(bytes, sha, || self.object_path(sha, false))
     }
 
     /// Publish `bytes` as one plain content object (nothing is written twice); its sha256.
@@ -732,16 +731,51 @@ impl Store {
         Ok(out)
     }
 
-    /// [`Store::listing`] without `receipts/`: the content a rejection or a no-decision must
-    /// leave exactly as it was (its receipt is stored; nothing else is).
+    /// [`Store::listing`] without `receipts/` and `evidence/`: the content a rejection or a
+    /// no-decision must leave exactly as it was (its receipt and the evidence it names are
+    /// stored; nothing else is).
     ///
     /// # Errors
     /// As [`Store::listing`].
     pub fn content_listing(&self) -> Result<Vec<String>, StoreError> {
         let mut out = self.listing()?;
-        out.retain(|l| !l.starts_with("receipts/"));
+        out.retain(|l| !l.starts_with("receipts/") && !l.starts_with("evidence/"));
         Ok(out)
     }
+
+    /// Store `bytes` as evidence (`evidence/<sha256 hex>`, mode 0444, published as every
+    /// document is); its sha256.
+    ///
+    /// # Errors
+    /// Writing or publishing failed.
+    pub fn put_evidence(&self, bytes: &[u8]) -> Result<Digest, StoreError> {
+        let sha = Digest::of_bytes(bytes);
+        self.put_document(EVIDENCE, &sha.hex(), bytes)?;
+        Ok(sha)
+    }
+
+    /// Read evidence `sha` back, checking that its bytes still hash to its name.
+    ///
+    /// # Errors
+    /// It is missing, unreadable, or not the named bytes.
+    pub fn read_evidence(&self, sha: &Digest) -> Result<Vec<u8>, StoreError> {
+        let bytes = self.read_document(EVIDENCE, &sha.hex())?;
+        named(bytes, sha, || self.path(EVIDENCE, &sha.hex()))
+    }
+}
+
+/// `bytes`, read from `path`, when they hash to `sha`: an object read as evidence may have been
+/// edited in place.
+fn named(bytes: Vec<u8>, sha: &Digest, path: impl Fn() -> PathBuf) -> Result<Vec<u8>, StoreError> {
+    let found = Digest::of_bytes(&bytes);
+    if &found != sha {
+        return Err(StoreError::Mismatch {
+            path: path(),
+            expected: sha.to_string(),
+            found: found.to_string(),
+        });
+    }
+    Ok(bytes)
 }
 
 fn list_into(root: &Path, out: &mut Vec<String>) -> Result<(), StoreError> {

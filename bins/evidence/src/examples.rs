@@ -457,9 +457,24 @@ fn non_ok(fetch: &Receipt, prebuild: &Receipt) -> [Receipt; 3] {
     no_decision.outcome = Outcome::NoDecision;
     no_decision.outputs = serde_json::json!({});
     no_decision.reasons.push(Reason {
-        code: "prebuild.infrastructure".into(),
-        message: "cannot verify the image".into(),
+        code: "receipt.interrupted".into(),
+        message: "SIGTERM received: the run was stopped before its result was established".into(),
     });
+    // What the host kept of the run before its release took it apart.
+    no_decision.evidence = [
+        "bundle",
+        "lease-record",
+        "runtime-state",
+        "cgroup-events",
+        "stderr",
+    ]
+    .iter()
+    .map(|name| crate::receipt::Evidence {
+        name: (*name).into(),
+        sha256: Digest::of_bytes(name.as_bytes()),
+        bytes: 64,
+    })
+    .collect();
     [rejected, pass_on, no_decision]
 }
 

@@ -15,8 +15,8 @@ use serde_json::Value;
 
 use cordon_canon::canonical::{CanonicalError, Digest, domain_digest, to_canonical_json};
 
-/// The receipt schema this build writes and accepts.
-pub const RECEIPT_SCHEMA: u32 = 1;
+/// The receipt schema this build writes and accepts (2: receipts name their [`Evidence`]).
+pub const RECEIPT_SCHEMA: u32 = 2;
 
 /// The one reason a pass-on receipt carries ([`Receipt::pass_on`]).
 pub const PASS_ON: &str = "stage.upstream";
@@ -421,6 +421,22 @@ pub struct Reason {
     pub message: String,
 }
 
+/// One object a stage preserved for whoever reads its receipt later: the build's or engine's
+/// output, or the host's own record of the run (its lease record, the runtime's state, the
+/// cgroup's events, the container's mount table, teardown errors). Stored by content under the
+/// store's `evidence/`; candidate bytes in it are shown only escaped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Evidence {
+    /// What it is: `stdout`, `stderr`, `lease-record`, `runtime-state`, `cgroup-events`,
+    /// `mountinfo`, `bundle`, `teardown`, `frames`.
+    pub name: String,
+    /// Its sha256: its name in the store's `evidence/`.
+    pub sha256: Digest,
+    /// Its size in bytes (after its bound).
+    pub bytes: u64,
+}
+
 /// Facts about the host that produced a receipt.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Host {
@@ -467,6 +483,11 @@ pub struct Receipt {
     pub outputs: Value,
     /// The digest of the receipt this stage consumed, if any.
     pub prev: Option<Digest>,
+    /// What the stage preserved beside its result: logs and host evidence, stored by digest
+    /// under the store's `evidence/` (absent when empty). Supplementary: a reader may inspect
+    /// it, no verdict rests on it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub evidence: Vec<Evidence>,
     /// Where it ran.
     pub host: Host,
     /// RFC 3339 UTC, millisecond precision.
@@ -604,6 +625,7 @@ impl Receipt {
             inputs: Value::Object(serde_json::Map::new()),
             outputs: Value::Object(serde_json::Map::new()),
             prev: None,
+            evidence: Vec::new(),
             host,
             started_at: now.to_owned(),
             finished_at: now.to_owned(),
@@ -815,10 +837,10 @@ mod tests {
             Outcome::NoDecision,
         );
         let text = r.to_canonical_json().unwrap();
-        let bumped = text.replace(r#""schema":1"#, r#""schema":2"#);
+        let old = text.replace(r#""schema":2"#, r#""schema":1"#);
         assert!(matches!(
-            Receipt::parse(&bumped),
-            Err(ReceiptError::Schema { found: 2 })
+            Receipt::parse(&old),
+            Err(ReceiptError::Schema { found: 1 })
         ));
         let extra = text.replacen('{', r#"{"zzz":1,"#, 1);
         assert!(matches!(

@@ -229,7 +229,10 @@ impl Invocation<'_> {
         match session(self.policy, &self.cfg, &inputs) {
             // The operator's inputs: nothing ran, nothing to record.
             Err(e) if e.exit_class() == ExitCode::Usage => fail(&e, self.mode, stderr),
-            result => stage::finish(&self.store, &mut receipt, result, self.mode, stdout, stderr),
+            result => {
+                receipt.evidence = self.cfg.evidence.take();
+                stage::finish(&self.store, &mut receipt, result, self.mode, stdout, stderr)
+            }
         }
     }
 
@@ -365,7 +368,10 @@ impl Invocation<'_> {
         };
         match qualify::qualify(self.policy, &self.cfg, &plan, &mut read, self.mode, stderr) {
             Err(e) if e.exit_class() == ExitCode::Usage => fail(&e, self.mode, stderr),
-            result => stage::finish(&self.store, &mut receipt, result, self.mode, stdout, stderr),
+            result => {
+                receipt.evidence = self.cfg.evidence.take();
+                stage::finish(&self.store, &mut receipt, result, self.mode, stdout, stderr)
+            }
         }
     }
 }

@@ -48,6 +48,32 @@ pub enum Stamped {
     },
 }
 
+/// The most recent bytes of the container's framed stream, as the host read them: the evidence
+/// a session that did not serve leaves (`frames`), bounded to the last
+/// [`cordon::lease::EVIDENCE_MAX`] bytes.
+#[derive(Debug, Default)]
+pub struct Recent {
+    bytes: Vec<u8>,
+}
+
+impl Recent {
+    fn push(&mut self, chunk: &[u8]) {
+        self.bytes.extend_from_slice(chunk);
+        // Amortised: trim once it holds twice the bound.
+        if self.bytes.len() > 2 * cordon::lease::EVIDENCE_MAX {
+            let cut = self.bytes.len() - cordon::lease::EVIDENCE_MAX;
+            self.bytes.drain(..cut);
+        }
+    }
+
+    /// The last [`cordon::lease::EVIDENCE_MAX`] bytes read.
+    #[must_use]
+    pub fn last(&self) -> &[u8] {
+        let from = self.bytes.len().saturating_sub(cordon::lease::EVIDENCE_MAX);
+        &self.bytes[from..]
+    }
+}
+
 /// Chunks in flight between the reader and the session: the reader waits when the session is
 /// behind, so a flooding container meets back-pressure, not the host's memory.
 const IN_FLIGHT: usize = 16;
@@ -172,6 +198,7 @@ enum Next {
 struct Stream<'a> {
     rx: &'a Receiver<Stamped>,
     decoder: Decoder,
+    recent: &'a mut Recent,
     queue: std::collections::VecDeque<(Instant, Frame)>,
     ended: bool,
     /// The stdout cap, once the stream passed it.
@@ -204,10 +231,13 @@ impl Stream<'_> {
                     self.overflow = Some(cap);
                     return Next::Broken(format!("the output passed its cap of {cap} bytes"));
                 }
-                Ok(Stamped::Bytes { at, bytes }) => match self.decoder.push(&bytes) {
-                    Ok(frames) => self.queue.extend(frames.into_iter().map(|f| (at, f))),
-                    Err(e) => return Next::Broken(e.to_string()),
-                },
+                Ok(Stamped::Bytes { at, bytes }) => {
+                    self.recent.push(&bytes);
+                    match self.decoder.push(&bytes) {
+                        Ok(frames) => self.queue.extend(frames.into_iter().map(|f| (at, f))),
+                        Err(e) => return Next::Broken(e.to_string()),
+                    }
+                }
                 Err(RecvTimeoutError::Timeout) => return Next::Late,
             }
         }
@@ -230,10 +260,12 @@ pub fn drive(
     plan: &Plan<'_>,
     expect: &dyn Fn(&Posture) -> Vec<String>,
     during_warmup: &mut dyn FnMut(),
+    recent: &mut Recent,
 ) -> Verdict {
     let mut s = Stream {
         rx,
         decoder: Decoder::new(plan.protocol, plan.limits),
+        recent,
         queue: std::collections::VecDeque::new(),
         ended: false,
         overflow: None,

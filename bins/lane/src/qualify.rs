@@ -250,6 +250,7 @@ pub fn qualify(
         // Each read's receipt is stored like any session's; only the qualification's is
         // printed.
         // The qualify receipt links only session receipts the store holds.
+        receipt.evidence = cfg.evidence.take();
         let digest = stage::store_linked(
             &cfg.store,
             &cfg.key_dir,

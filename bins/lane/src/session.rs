@@ -728,6 +728,7 @@ pub fn session_gated(
                 // The lane's CPU weight, as the kernel holds it for the container's cgroup.
                 weighted = shares.map(|s| (s, cgroup.has_cpu_shares(s)));
             };
+            let mut recent = driver::Recent::default();
             let v = driver::drive(
                 &rx,
                 driver::writer(stdin),
@@ -735,12 +736,17 @@ pub fn session_gated(
                 &plan,
                 &|p| expected.differences(p),
                 &mut during_warmup,
+                &mut recent,
             );
             if !matches!(v, Verdict::Served(_)) {
                 // The session is over: nothing of the engine may keep running until the
                 // stage deadline. A container already gone is not an error here; release
                 // proves absence either way.
                 let _ = running.kill();
+                // What the engine said last, as the host read it: the incident's frames.
+                cfg.evidence
+                    .keep("frames", recent.last())
+                    .map_err(|e| LaneError::NoDecision(format!("keeping the frames: {e}")))?;
             }
             verdict = Some(v);
             Ok(())

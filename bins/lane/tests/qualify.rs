@@ -66,6 +66,7 @@ fn world(edits: &[(&str, &str)]) -> World {
         runtime_version: "test".into(),
         // The test's own key: fake-backed tests never touch the host's.
         key_dir: dir.path().join("keys"),
+        evidence: cordon_stage::evidence::Evidence::new(&store),
     };
     World {
         dir,

@@ -226,6 +226,19 @@ fn garbage_forged_frames_and_token_lies_from_the_engine_are_rejected() {
     assert_eq!(code, "lane.protocol", "{message}");
     assert!(message.contains("magic"), "{message}");
     nothing_left(&e);
+    // The frames the host read (the worker's posture and its report of the engine's garbage)
+    // are the incident's evidence.
+    let kept = e.cfg.evidence.take();
+    let frames = kept
+        .iter()
+        .find(|k| k.name == "frames")
+        .expect("frames kept");
+    let heard =
+        String::from_utf8_lossy(&e.store.read_evidence(&frames.sha256).unwrap()).into_owned();
+    assert!(
+        heard.starts_with("CDL1") && heard.contains("protocol's magic"),
+        "{heard:?}"
+    );
 
     let forged = "import sys\n\n\ndef generate(prompt, tokens, model_dir):\n    sys.stdout.buffer.write(b'CDL1' + bytes([1]) + (2).to_bytes(4, 'big') + b'{}')\n    sys.stdout.buffer.flush()\n    return [0] * tokens\n";
     let (code, message) = rejected(run(&e, engine(&e, forged, &incumbent_kernel())));
@@ -233,10 +246,31 @@ fn garbage_forged_frames_and_token_lies_from_the_engine_are_rejected() {
     assert!(message.contains("Posture"), "{message}");
     nothing_left(&e);
 
-    let short = "def generate(prompt, tokens, model_dir):\n    return [1] * (tokens - 1)\n";
+    let short = "import sys\n\n\ndef generate(prompt, tokens, model_dir):\n    sys.stderr.write('short by one\\n')\n    return [1] * (tokens - 1)\n";
+    let _ = e.cfg.evidence.take();
     let (code, message) = rejected(run(&e, engine(&e, short, &incumbent_kernel())));
     assert_eq!(code, "lane.count", "{message}");
     nothing_left(&e);
+    // The engine's stderr is kept as evidence for the receipt, with the host's records.
+    let kept = e.cfg.evidence.take();
+    let stderr = kept
+        .iter()
+        .find(|k| k.name == "stderr")
+        .expect("stderr kept");
+    let text = e.store.read_evidence(&stderr.sha256).unwrap();
+    assert!(
+        String::from_utf8_lossy(&text).contains("short by one"),
+        "{text:?}"
+    );
+    for name in [
+        "bundle",
+        "mountinfo",
+        "lease-record",
+        "runtime-state",
+        "cgroup-events",
+    ] {
+        assert!(kept.iter().any(|k| k.name == name), "{name}: {kept:?}");
+    }
 }
 
 #[test]

@@ -99,6 +99,7 @@ fn main() {
         authority: Digest::of_bytes(format!("bench-{i}").as_bytes()),
         runtime_version: runtime_version.clone(),
         key_dir: std::path::PathBuf::from(cordon::signing::KEY_DIR),
+        evidence: cordon_stage::evidence::Evidence::new(&store),
     };
     let mut lib = Vec::new();
     for i in 0..runs {

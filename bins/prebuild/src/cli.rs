@@ -130,6 +130,7 @@ pub fn run(
         }),
         Decision::Rejected(r) => Decision::Rejected(r),
     });
+    receipt.evidence = cfg.evidence.take();
     stage::finish(
         &store,
         &mut receipt,

@@ -316,7 +316,10 @@ fn a_build_step_that_fails_is_a_rejection_with_exit_1() {
         &workspace_root().join("checks/example/incumbent"),
         &incumbent,
     );
-    std::fs::write(incumbent.join("build.sh"), "#!/bin/sh\nexit 7\n").unwrap();
+    // Its last words try to drive the operator's terminal: clear it, fake a pass, retitle it.
+    let build = "#!/bin/sh\necho compiling\ni=1; while [ $i -le 20 ]; do echo \"warning $i\" >&2; i=$((i+1)); done\n\
+                 printf '\\033[2J\\033[32mall checks passed\\033]0;owned\\007\\n' >&2\nexit 7\n";
+    std::fs::write(incumbent.join("build.sh"), build).unwrap();
     let receipt = cli.materialized(&incumbent);
     let input: Value = serde_json::from_slice(&std::fs::read(&receipt).unwrap()).unwrap();
     let store = cordon::store::Store::open(&cli.path("store")).unwrap();
@@ -329,6 +332,48 @@ fn a_build_step_that_fails_is_a_rejection_with_exit_1() {
     assert_eq!(
         r["reasons"][0]["message"], "the build step exited with code 7",
         "{r}"
+    );
+    // Its output and the host's records of the run are kept as evidence the receipt names;
+    // the stored stderr is the build's, byte for byte.
+    let evidence = |name: &str| -> Vec<u8> {
+        let named = r["evidence"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name);
+        let sha: cordon::Digest = named.unwrap_or_else(|| panic!("no {name}: {r}"))["sha256"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        store.read_evidence(&sha).unwrap()
+    };
+    let log = String::from_utf8(evidence("stderr")).unwrap();
+    assert!(
+        log.starts_with("warning 1\n") && log.contains("\u{1b}[2J"),
+        "{log:?}"
+    );
+    assert_eq!(evidence("stdout"), b"compiling\n");
+    for name in ["bundle", "lease-record", "runtime-state", "cgroup-events"] {
+        assert!(!evidence(name).is_empty(), "{name}");
+    }
+    // The container's mount table as the kernel listed it at create: its root and /proc.
+    let mounts = String::from_utf8(evidence("mountinfo")).unwrap();
+    assert!(
+        mounts.lines().any(|l| l.split(' ').nth(4) == Some("/proc")),
+        "{mounts}"
+    );
+    // On the operator's terminal: the tail, escaped — nothing of it drives the terminal.
+    let said = String::from_utf8(out.stderr.clone()).unwrap();
+    assert!(said.contains("the run's stderr ended with"), "{said}");
+    assert!(
+        said.contains("warning 20\n") && !said.contains("warning 10\n"),
+        "{said}"
+    );
+    assert!(said.contains("\\u{1b}[2J"), "{said}");
+    assert!(
+        !said.contains('\u{1b}') && !said.contains('\u{7}'),
+        "{said:?}"
     );
     // The first run on a fresh store unpacks the pinned image into the verified image cache
     // (`images/<manifest hex>/`: the policy's image, never candidate bytes); nothing else of
@@ -380,6 +425,14 @@ fn a_signal_mid_build_stops_it_and_leaves_a_no_decision_naming_it() {
             Some(&id),
             ("prebuild-cli", 3),
         );
+        // The no-decision names what the host kept of the run before its release.
+        let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let evidence = |name| cordon_testkit::evidence(&cli.path("store"), &r, name);
+        let state = String::from_utf8(evidence("runtime-state")).unwrap();
+        assert!(state.contains(&id), "{state}");
+        let record = String::from_utf8(evidence("lease-record")).unwrap();
+        assert!(record.contains(&id), "{record}");
+        assert!(!evidence("cgroup-events").is_empty());
     }
 }
 

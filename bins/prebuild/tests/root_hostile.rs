@@ -104,6 +104,7 @@ fn env_with(slot: u32, edit: impl Fn(String) -> String) -> Env {
         authority,
         runtime_version,
         key_dir: std::path::PathBuf::from(cordon::signing::KEY_DIR),
+        evidence: cordon_stage::evidence::Evidence::new(&store),
     };
     Env {
         dir,

@@ -175,7 +175,10 @@ pub fn run(
     }
     match result {
         Err(e) if e.exit_class() == ExitCode::Usage => fail(&e, mode, stderr),
-        result => stage::finish(&store, &mut receipt, result, mode, stdout, stderr),
+        result => {
+            receipt.evidence = cfg.evidence.take();
+            stage::finish(&store, &mut receipt, result, mode, stdout, stderr)
+        }
     }
 }
 

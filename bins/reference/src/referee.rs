@@ -202,6 +202,7 @@ impl Referee<'_> {
         result: Result<Decision<T>, E>,
         stderr: &mut dyn Write,
     ) -> Result<Digest, String> {
+        receipt.evidence = self.cfg.evidence.take();
         stage::store_linked(
             &self.cfg.store,
             &self.cfg.key_dir,

@@ -15,6 +15,7 @@
 //!   proof — the sequence every container stage runs instead of copying it;
 //! - [`parser`]: a stage's confined parser child under its own lease (fetch, materialize);
 //! - [`receipt_io`]: reading an input receipt and emitting the one output receipt;
+//! - [`evidence`]: what a stage preserved of a run, named by its receipt;
 //! - [`surface`]: planning the agent surface's rootless container (pure).
 //!
 //! It does not parse KDL (the language crate does) or touch the kernel itself (the mechanism
@@ -22,6 +23,7 @@
 
 pub mod args;
 pub mod bundle;
+pub mod evidence;
 pub mod oci;
 pub mod parser;
 mod plan_error;

@@ -274,6 +274,8 @@ pub trait Infrastructure: miette::Diagnostic {
 /// chain under its reason code (exit 3, the error also reported on stderr). The receipt is then
 /// emitted (and stored, whatever its outcome); a failure to emit is a no-decision. Nothing
 /// reaches stderr before the receipt is safe: a report that fails cannot unrecord a verdict.
+/// After a receipt that is not `ok`, the escaped tail of the output it names follows
+/// ([`crate::evidence::tail`]). The caller sets the receipt's `evidence` before.
 pub fn finish<T: serde::Serialize, E: Infrastructure + 'static>(
     store: &Store,
     receipt: &mut Receipt,
@@ -304,6 +306,11 @@ pub fn finish_signed<T: serde::Serialize, E: Infrastructure + 'static>(
         Ok(_) => {
             if let Some(e) = cause {
                 report_diagnostic(e.as_ref(), mode, stderr);
+            }
+            // The run's own last words, escaped, after everything cordon says (text only: JSON
+            // diagnostics stay one document per error).
+            if mode == Diagnostics::Text {
+                crate::evidence::tail(store, receipt, receipt.stage.as_str(), stderr);
             }
             code
         }

@@ -17,6 +17,13 @@
 //! 7. release — always, whatever happened — with its absence proof; a release that cannot be
 //!    established overrides the result: residue is a no-decision.
 //!
+//! Evidence ([`crate::evidence`]): the bundle as launched (step 4), the container's mount table
+//! once created (before the workload runs), the host's records of the run read once its init has exited and before the
+//! delete (the lease record, the runtime's state, the cgroup's counters), the captured stdout
+//! and stderr (step 5), and — when the run failed before that — the same host records, read
+//! before the release of step 7 takes them apart; a release that fails leaves its error as
+//! `teardown`. The receipt names them all.
+//!
 //! A signal (SIGINT, SIGTERM, SIGHUP; [`cordon::interrupt`]) kills the container's init from
 //! the moment it is created; before that, each step that would make something new checks for
 //! one and ends the session as an error. Either way the release of step 7 runs as after any
@@ -42,6 +49,7 @@ use cordon_canon::Digest;
 use cordon_policy_lang::{MountSource, PhysicalLane, Policy, RuntimeKind, StageKind};
 
 use crate::bundle::{self, HostMount, PlanError, Planned, RunInputs};
+use crate::evidence::Evidence;
 
 /// Why a session could not establish its run. A wiring error is exit 2; everything else is a
 /// no-decision (exit 3).
@@ -105,6 +113,10 @@ pub enum SessionError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Interrupted(#[from] cordon::interrupt::Interrupted),
+    /// The run's evidence could not be kept: a receipt would name what the store lacks.
+    #[error("cannot keep the run's evidence")]
+    #[diagnostic(code(cordon::session::evidence))]
+    Evidence(#[source] cordon::store::StoreError),
 }
 
 impl From<RuntimeError> for SessionError {
@@ -124,7 +136,8 @@ impl ExitClass for SessionError {
             | Self::Lease(_)
             | Self::WorkingDirectory { .. }
             | Self::Canonical(_)
-            | Self::Interrupted(_) => ExitCode::NoDecision,
+            | Self::Interrupted(_)
+            | Self::Evidence(_) => ExitCode::NoDecision,
         }
     }
 }
@@ -171,6 +184,8 @@ pub struct StageConfig {
     /// The directory of the key that signs the receipts this stage stores besides its own
     /// (the host's: `cordon::signing::KEY_DIR`).
     pub key_dir: PathBuf,
+    /// What this stage's sessions preserved, until a receipt names it.
+    pub evidence: Evidence,
 }
 
 impl StageConfig {
@@ -190,6 +205,7 @@ impl StageConfig {
             authority,
             runtime_version,
             key_dir: PathBuf::from(cordon::signing::KEY_DIR),
+            evidence: Evidence::new(store),
         }
     }
 
@@ -203,6 +219,7 @@ impl StageConfig {
             setup: self.setup.clone(),
             authority: self.authority,
             runtime_version: self.runtime_version.clone(),
+            evidence: self.evidence.clone(),
         }
     }
 }
@@ -222,6 +239,8 @@ pub struct Session<'a> {
     pub authority: Digest,
     /// The runtime's `--version` text, as the identity read it.
     pub runtime_version: String,
+    /// Where the session's evidence is kept.
+    pub evidence: Evidence,
 }
 
 /// What a run left, with what the caller's inspection made of it.
@@ -345,9 +364,29 @@ impl Session<'_> {
             )
             .map_err(SessionError::from)?;
         let result = self.inside(&manager, lease.clone(), job, devices, drive, inspect);
+        // A run that failed before its init exited leaves the host's records as they are now:
+        // the release below takes them apart.
+        if result.is_err() && !self.evidence.has("lease-record") {
+            let _ = self.keep_host_evidence(&manager, &lease);
+        }
         // 7. Release whatever happened; a release that cannot be established overrides.
-        manager.release(&lease.record).map_err(SessionError::from)?;
+        if let Err(e) = manager.release(&lease.record) {
+            let _ = self
+                .evidence
+                .keep("teardown", crate::receipt_io::error_chain(&e).as_bytes());
+            return Err(SessionError::from(e).into());
+        }
         result
+    }
+
+    /// Keep the host's records of `lease`'s run ([`Manager::host_evidence`]).
+    fn keep_host_evidence(&self, manager: &Manager, lease: &Lease) -> Result<(), SessionError> {
+        for (name, bytes) in manager.host_evidence(lease) {
+            self.evidence
+                .keep(name, &bytes)
+                .map_err(SessionError::Evidence)?;
+        }
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -408,6 +447,9 @@ impl Session<'_> {
         manager
             .write_protected(&mut lease, "config.json", config.as_bytes())
             .map_err(SessionError::from)?;
+        self.evidence
+            .keep("bundle", config.as_bytes())
+            .map_err(SessionError::Evidence)?;
         // A declared secret lives in the run directory (root, 0400, one link), checked and
         // read back at launch: its bytes cross on stdin and nowhere else.
         let stdin = match &job.stdin {
@@ -437,16 +479,35 @@ impl Session<'_> {
         };
         interrupt::check().map_err(SessionError::from)?;
         let created = manager.create(&lease, stdio).map_err(SessionError::from)?;
+        // The mount table the runtime made, before any of the workload's code has run.
+        self.evidence
+            .keep(
+                "mountinfo",
+                &cordon::lease::mount_table(self.setup.host(), created.pid()),
+            )
+            .map_err(SessionError::Evidence)?;
         // From here the init is stopped by a signal; a created container is not started after
         // one (the release deletes it).
         interrupt::check().map_err(SessionError::from)?;
         let mut running = created.start().map_err(SessionError::from)?;
         drive(&mut running, &planned, deadline)?;
-        let finished = running
+        let exited = running
             .wait(deadline, &manager.cgroup(&lease))
-            .map_err(SessionError::from)?
-            .delete()
             .map_err(SessionError::from)?;
+        // The cgroup and the runtime's state go with the delete.
+        self.keep_host_evidence(manager, &lease)?;
+        let finished = exited.delete().map_err(SessionError::from)?;
+        // Captured output (the live streams are the caller's), bounded by the stage's caps.
+        for (name, live, bytes) in [
+            ("stdout", job.live_stdout, &finished.stdout),
+            ("stderr", job.live_stderr, &finished.stderr),
+        ] {
+            if !live && !bytes.is_empty() {
+                self.evidence
+                    .keep(name, bytes)
+                    .map_err(SessionError::Evidence)?;
+            }
+        }
         // 6. The caller reads what the run left while the mounts exist.
         let inspected = inspect(&lease, &planned, &finished)?;
         Ok(Ran {
@@ -515,6 +576,7 @@ mod tests {
             setup,
             authority: Digest::of_bytes(b"a"),
             runtime_version: version.to_owned(),
+            evidence: crate::evidence::Evidence::new(&store),
         };
         let job = Job {
             argv: vec!["/bin/true".into()],

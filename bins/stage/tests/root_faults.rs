@@ -19,12 +19,13 @@ use cordon::host::{HostRef, Linux};
 use cordon::lease::Manager;
 
 /// Run a trivial session with the calls `fail` picks failed; the session must fail with a
-/// no-decision. Returns the failure's text, what the executor had left right after, and that
-/// left after a recovery on the plain host (which must be nothing).
+/// no-decision. Returns the failure's text, what the executor had left right after (after a
+/// recovery on the plain host it must be nothing), the interposed host, and the text of every
+/// piece of evidence the store kept.
 fn fail_one(
     slot: u32,
     fail: impl Fn(&Call) -> bool + Send + Sync + 'static,
-) -> (String, Vec<Leftover>, Arc<Interposed>) {
+) -> (String, Vec<Leftover>, Arc<Interposed>, Vec<String>) {
     let w = common::world();
     let policy = common::policy(&w, "stage-faults", slot);
     let host = Arc::new(Interposed::new().failing(fail));
@@ -62,7 +63,11 @@ fn fail_one(
         };
         assert!(!text.contains("cordon-"), "{deny} still names {text}");
     }
-    (format!("{err}"), left, host)
+    let evidence = std::fs::read_dir(w.store.root().join("evidence"))
+        .unwrap()
+        .map(|e| String::from_utf8_lossy(&std::fs::read(e.unwrap().path()).unwrap()).into_owned())
+        .collect();
+    (format!("{err}"), left, host, evidence)
 }
 
 /// A second session on an executor a live manager holds is refused at once, creating nothing:
@@ -104,7 +109,7 @@ fn runs(call: &Call, needle: &str) -> bool {
 
 #[test]
 fn useradd_failing_after_a_real_groupadd_leaves_no_group() {
-    let (err, left, host) = fail_one(0, |c| runs(c, "useradd "));
+    let (err, left, host, _) = fail_one(0, |c| runs(c, "useradd "));
     assert!(err.contains("useradd"), "{err}");
     assert!(
         host.calls().iter().any(|c| runs(c, "groupdel ")),
@@ -117,7 +122,7 @@ fn useradd_failing_after_a_real_groupadd_leaves_no_group() {
 fn a_deny_file_that_cannot_be_edited_ends_the_run_before_anything_starts() {
     // Only the first edit (the append) fails; release's own edit works.
     let failed = AtomicBool::new(false);
-    let (err, left, host) = fail_one(1, move |c| {
+    let (err, left, host, _) = fail_one(1, move |c| {
         matches!(c, Call::Edit(p) if p.ends_with("cron.deny"))
             && !failed.swap(true, Ordering::SeqCst)
     });
@@ -134,7 +139,7 @@ fn a_deny_file_that_cannot_be_edited_ends_the_run_before_anything_starts() {
 
 #[test]
 fn a_staging_mount_that_fails_after_tmp_unmounts_tmp() {
-    let (err, left, host) = fail_one(
+    let (err, left, host, _) = fail_one(
         2,
         |c| matches!(c, Call::Mount(MountRequest::Tmpfs { target, .. }) if target.ends_with("staging")),
     );
@@ -157,7 +162,7 @@ fn a_staging_mount_that_fails_after_tmp_unmounts_tmp() {
 
 #[test]
 fn an_unmount_that_fails_at_release_is_residue_until_recovery() {
-    let (_, left, _) = fail_one(
+    let (err, left, _, evidence) = fail_one(
         3,
         |c| matches!(c, Call::Unmount(t) if t.ends_with("staging")),
     );
@@ -166,27 +171,41 @@ fn an_unmount_that_fails_at_release_is_residue_until_recovery() {
             .any(|l| matches!(l, Leftover::Mount { path } if path.contains("staging"))),
         "the mount that would not go is residue, and the lease with it: {left:?}"
     );
+    // The release's own error is kept as evidence (`teardown`) beside the host's records.
+    assert!(
+        evidence
+            .iter()
+            .any(|e| e.starts_with(&err) && e.contains("staging")),
+        "no teardown evidence naming {err:?}: {evidence:?}"
+    );
 }
 
 #[test]
 fn a_runtime_create_that_fails_leaves_nothing() {
-    let (_, left, _) = fail_one(4, |c| matches!(c, Call::Spawn(l) if l.contains(" create ")));
+    let (_, left, _, _) = fail_one(4, |c| matches!(c, Call::Spawn(l) if l.contains(" create ")));
     assert!(left.is_empty(), "release left {left:?}");
 }
 
 #[test]
 fn a_runtime_start_that_fails_deletes_the_created_container() {
-    let (_, left, host) = fail_one(5, |c| runs(c, " start "));
+    let (_, left, host, evidence) = fail_one(5, |c| runs(c, " start "));
     assert!(
         host.calls().iter().any(|c| runs(c, " delete ")),
         "the created container is deleted"
+    );
+    // Before the release deleted it, the host kept the runtime's state of it: created.
+    assert!(
+        evidence
+            .iter()
+            .any(|e| e.contains(r#""status": "created""#)),
+        "{evidence:?}"
     );
     assert!(left.is_empty(), "release left {left:?}");
 }
 
 #[test]
 fn a_runtime_delete_that_fails_is_residue_until_recovery() {
-    let (_, left, _) = fail_one(6, |c| runs(c, " delete "));
+    let (_, left, _, _) = fail_one(6, |c| runs(c, " delete "));
     assert!(
         left.iter().any(|l| matches!(l, Leftover::Container { .. })),
         "a container that could not be deleted is residue, never quiescence: {left:?}"

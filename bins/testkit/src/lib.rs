@@ -502,6 +502,28 @@ pub fn assert_stopped_by(
     assert_left_nothing((store, run_root, state_root), id, (owner, slot));
 }
 
+/// The bytes of the evidence `name` that `receipt` names, read from `store`'s `evidence/` and
+/// checked against their digest.
+///
+/// # Panics
+/// The receipt names no such evidence, or the store does not hold its bytes.
+#[must_use]
+pub fn evidence(store: &Path, receipt: &serde_json::Value, name: &str) -> Vec<u8> {
+    let named = receipt["evidence"]
+        .as_array()
+        .and_then(|all| all.iter().find(|e| e["name"] == name))
+        .unwrap_or_else(|| panic!("the receipt names no {name} evidence: {receipt}"));
+    let hex = named["sha256"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("sha256:");
+    let bytes = std::fs::read(store.join("evidence").join(hex)).unwrap();
+    use sha2::Digest as _;
+    assert_eq!(hex::encode(sha2::Sha256::digest(&bytes)), hex, "{name}");
+    assert_eq!(Some(bytes.len() as u64), named["bytes"].as_u64(), "{name}");
+    bytes
+}
+
 /// A stage's run left nothing on the host: the store holds no lease record, the run root no
 /// run directory, the state root no container `id`, `owner`'s slot `slot` no account, and no
 /// lease watchdog of the store is alive.

@@ -18,7 +18,8 @@
 //! whose session is one is refused (no speed computation reads an audit).
 //!
 //! It needs no root, no runtime and no network: only a store, or a copy of one made by
-//! [`export`] (the receipts, their signatures and the trees and publications they name).
+//! [`export`] (the receipts, their signatures, the trees and publications they name and the
+//! evidence they name, which travels with them but is never part of what verifies).
 //!
 //! What it does not own: intake records (a fetch receipt's content is not re-hashed here; its
 //! tree, materialized from it, is), the audit's plan object (the sampled requests it sent: its
@@ -500,8 +501,8 @@ fn boxed(e: TreeError) -> VerifyError {
 }
 
 /// Verify the chain under `head`, then copy it into a fresh store at `dest`: every receipt and
-/// its signature, every tree and publication they name (records and content objects) and every
-/// outputs object, so
+/// its signature, every tree and publication they name (records and content objects), every
+/// outputs object and every piece of evidence a receipt names, so
 /// [`verify`] runs there alone. Returns the hops copied.
 ///
 /// # Errors
@@ -524,6 +525,13 @@ pub fn export(
         for object in &hop.outputs {
             if copied.insert(("objects", *object)) {
                 dest.put_object(&store.read_object_checked(object)?)?;
+            }
+        }
+        // The evidence it names travels with it, checked against its name (never verified
+        // as part of the chain: no verdict rests on it).
+        for named in &hop.receipt.evidence {
+            if copied.insert((cordon::store::EVIDENCE, named.sha256)) {
+                dest.put_evidence(&store.read_evidence(&named.sha256)?)?;
             }
         }
         for (section, object) in &hop.objects {

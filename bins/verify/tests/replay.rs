@@ -44,7 +44,22 @@ fn a_qualification_chain_verifies_here_and_from_its_export_alone() {
     assert_eq!(hops.len(), 9);
     let bundle = Store::open(&c.dir.path().join("bundle")).unwrap();
     assert_eq!(export(&c.store, &c.head, &c.key, &bundle).unwrap().len(), 9);
-    assert_eq!(verify(&bundle, &c.head, &c.key).unwrap().len(), 9);
+    let hops = verify(&bundle, &c.head, &c.key).unwrap();
+    assert_eq!(hops.len(), 9);
+    // The evidence every hop names travels with it.
+    for hop in &hops {
+        for named in &hop.receipt.evidence {
+            bundle.read_evidence(&named.sha256).unwrap();
+        }
+    }
+    // No verdict rests on evidence: without it the chain still verifies, but an export that
+    // would lose it fails, naming it.
+    let named = hops[0].receipt.evidence[0].sha256;
+    std::fs::remove_file(c.store.path(cordon::store::EVIDENCE, &named.hex())).unwrap();
+    verify(&c.store, &c.head, &c.key).unwrap();
+    let again = Store::open(&c.dir.path().join("again")).unwrap();
+    let e = export(&c.store, &c.head, &c.key, &again).unwrap_err();
+    assert!(e.to_string().contains(&named.hex()), "{e}");
     // The bundle holds no key: only receipts, signatures, records and objects.
     assert!(
         !c.dir

@@ -35,6 +35,7 @@ use crate::runtime::{CgroupProbe, Finished, OutputCaps, Runtime};
 use crate::store::{self, Store};
 pub use cordon_evidence::residue::Leftover;
 
+mod evidence;
 mod observe;
 mod provision;
 mod record;
@@ -42,6 +43,7 @@ mod release;
 pub mod rootless;
 pub mod watchdog;
 
+pub use evidence::{EVIDENCE_MAX, bounded, mount_table};
 pub use observe::{Observed, Observer};
 pub use record::*;
 

@@ -204,6 +204,7 @@ pub fn drive_between(
             }
         },
         during_warmup,
+        &mut cordon_lane::driver::Recent::default(),
     );
     drop(rx);
     let _ = handle.join();

@@ -72,6 +72,7 @@ pub fn world(owner: &str, slot: u32, executor: &str, edits: &[(&str, &str)]) -> 
         authority: Digest::of_bytes(executor.as_bytes()),
         runtime_version,
         key_dir: std::path::PathBuf::from(cordon::signing::KEY_DIR),
+        evidence: cordon_stage::evidence::Evidence::new(&store),
     };
     World {
         dir,

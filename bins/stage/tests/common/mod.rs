@@ -152,6 +152,7 @@ pub fn session<'a>(w: &World, policy: &'a Policy, setup: &Setup) -> Session<'a> 
         )
         .unwrap()
         .version,
+        evidence: cordon_stage::evidence::Evidence::new(&w.store),
     }
 }
 
