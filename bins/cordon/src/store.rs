@@ -1,6 +1,6 @@
 //! The validator-owned store: one directory (root-owned, mode 0700) holding content-addressed
 //! file objects, intake and archive records, trees, publications, receipts, the evidence
-//! receipts name and leases.
+//! receipts name, quarantine records and leases.
 //!
 //! This module owns the store's layout and its durable-write discipline (brief §5): every entry
 //! is first written under `tmp/` (create-exclusive, no-follow, explicit mode), fsynced, then
@@ -31,7 +31,7 @@ use crate::canonical::Digest;
 use crate::walk::{Kind, Node, Stop, walk};
 
 /// The subdirectories of a store, created by [`Store::open`].
-pub const LAYOUT: [&str; 10] = [
+pub const LAYOUT: [&str; 11] = [
     "objects",
     "images",
     "intake",
@@ -40,6 +40,7 @@ pub const LAYOUT: [&str; 10] = [
     "publications",
     "receipts",
     "evidence",
+    "quarantine",
     "leases",
     "tmp",
 ];

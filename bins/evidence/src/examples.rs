@@ -254,6 +254,7 @@ fn referee(
                     post: d(b"A"),
                 },
             ],
+            ..ReapOutputs::default()
         },
     );
     let b = &sessions.b;
@@ -363,6 +364,7 @@ fn check_inputs() -> ReapInputs {
         status: false,
         sweep: false,
         surface_state: None,
+        clear: None,
     }
 }
 
@@ -377,6 +379,7 @@ fn reap_example() -> Receipt {
             active: Some(Vec::new()),
             remaining: Vec::new(),
             gone: Vec::new(),
+            ..ReapOutputs::default()
         },
     )
 }
@@ -391,6 +394,7 @@ fn surface_reap_example() -> Receipt {
             status: false,
             sweep: true,
             surface_state: Some("/var/lib/cordon-agent/surface".into()),
+            clear: None,
         },
         &ReapOutputs {
             quiescent: true,
@@ -398,6 +402,7 @@ fn surface_reap_example() -> Receipt {
             active: Some(Vec::new()),
             remaining: Vec::new(),
             gone: Vec::new(),
+            ..ReapOutputs::default()
         },
     )
 }

@@ -98,7 +98,7 @@ pub struct QualifyInputs {
 }
 
 /// What `cordon-reap` was asked to do.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReapInputs {
     /// The executor.
@@ -113,6 +113,9 @@ pub struct ReapInputs {
     /// the host's leases).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub surface_state: Option<PathBuf>,
+    /// `--clear`: the quarantine this run was asked to lift.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clear: Option<String>,
 }
 
 /// Which run of an agent a surface run is: the ADR's two credential tiers.

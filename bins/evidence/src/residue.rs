@@ -58,7 +58,7 @@ pub enum Leftover {
 }
 
 /// What `cordon-reap` established (its receipt's outputs, whatever its outcome).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReapOutputs {
     /// Nothing of the executor exists: no residue and no live lease.
@@ -75,6 +75,81 @@ pub struct ReapOutputs {
     /// qualification's reads); none for an operator's check.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gone: Vec<crate::verdict::Gone>,
+    /// The quarantines in force, by record id: each is an alarm, and no lease is taken under
+    /// one.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub quarantined: std::collections::BTreeMap<String, Quarantine>,
+    /// The quarantine this run lifted (`--clear`), after proving quiescence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cleared: Option<Quarantine>,
+}
+
+/// What a quarantine holds back from new work (seed 001's incident checklist, step 1).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(tag = "scope", content = "name", rename_all = "kebab-case")]
+pub enum Scope {
+    /// The whole host: every lease of every executor.
+    Host,
+    /// One executor (its leases, accounts, cgroups and runtime state share a fate).
+    Executor(String),
+    /// One device node, by path.
+    Device(String),
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Host => write!(f, "the host"),
+            Self::Executor(e) => write!(f, "executor {e}"),
+            Self::Device(d) => write!(f, "device {d}"),
+        }
+    }
+}
+
+/// Why a quarantine was imposed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Cause {
+    /// A release could not prove what its lease held gone.
+    Residue,
+    /// Leases of an earlier boot were found: the host reset under them.
+    HostReset,
+    /// A run broke out of, or changed, a control it was held by.
+    Containment,
+    /// A device did not drain to idle.
+    Drain,
+}
+
+impl Cause {
+    /// The cause as written in records and receipts.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Residue => "residue",
+            Self::HostReset => "host-reset",
+            Self::Containment => "containment",
+            Self::Drain => "drain",
+        }
+    }
+}
+
+/// A persistent quarantine record (`quarantine/<id>.json` in the store): while one matches,
+/// every lease-taking stage refuses; only `cordon-reap --clear` lifts it, after a strict
+/// quiescence proof, with a signed receipt that names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Quarantine {
+    /// What it holds back.
+    pub scope: Scope,
+    /// Why.
+    pub cause: Cause,
+    /// What happened, for people (escaped before display).
+    pub why: String,
+    /// The lease the incident happened under, when one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<String>,
+    /// When it was imposed (RFC 3339 UTC).
+    pub at: String,
 }
 
 impl crate::receipt::StageOutputs for ReapOutputs {

@@ -11,6 +11,12 @@
 //!   exit 3 only for residue or expired leases.
 //! - `cordon-reap --sweep`: recovery for a timer — the default's work, with `--status`'s
 //!   verdict (a live lease is not an alarm).
+//! - `cordon-reap --clear ID`: lift quarantine `ID` of this executor
+//!   ([`cordon::lease::quarantine`]) once the strict quiescence check holds, holding the
+//!   executor so nothing starts between the proof and the lift; the receipt names the record.
+//!
+//! Every mode lists the quarantines in force in its receipt (`quarantined`), and each is an
+//! alarm: exit 3 until it is cleared.
 //!
 //! - `cordon-reap --surface --policy SURFACE.kdl [--check|--status|--sweep]`: the same for the
 //!   rootless runs of the policy's surface stage ([`cordon::lease::rootless`]), run as the
@@ -36,7 +42,7 @@ use cordon::runtime::Runtime;
 use cordon_policy_lang::Policy;
 
 use cordon::inputs::ReapInputs;
-use cordon::lease::{BOOT_ID, BootTime, LeaseError, Leftover, Manager, Observer};
+use cordon::lease::{BOOT_ID, BootTime, LeaseError, Leftover, Manager, Observer, quarantine};
 use cordon::receipt::{Outcome, Reason, Receipt};
 use cordon::store::Store;
 use cordon_evidence::residue::ReapOutputs;
@@ -66,6 +72,9 @@ pub struct Args {
     /// Reap the rootless runs of the policy's surface stage instead of the host's leases.
     #[arg(long, conflicts_with_all = ["store", "run_dir", "state_root"])]
     pub surface: bool,
+    /// Lift quarantine ID of this executor once it is proven quiescent (`--status` lists ids).
+    #[arg(long, value_name = "ID", conflicts_with_all = ["check", "status", "sweep", "surface"])]
+    pub clear: Option<String>,
 }
 
 /// What a run of the tool found.
@@ -73,6 +82,8 @@ struct Found {
     released: Vec<String>,
     active: Vec<String>,
     residue: Vec<String>,
+    /// The quarantine `--clear` lifted.
+    cleared: Option<quarantine::Quarantine>,
 }
 
 fn lines(items: impl IntoIterator<Item = Leftover>) -> Vec<String> {
@@ -86,7 +97,29 @@ fn as_manager(m: &Manager, change: bool) -> Result<Found, LeaseError> {
         released,
         active: Vec::new(),
         residue: lines(m.check()?),
+        cleared: None,
     })
+}
+
+/// `--clear ID`: as this executor's sole manager (nothing can start meanwhile), the strict
+/// quiescence check, then the lift. Only an executor's own quarantine is lifted here: a
+/// host's needs every executor proven, a device's a drain receipt (the GPU lane's), and
+/// neither exists yet — refused, never lifted on less.
+fn clear(m: &Manager, store: &Store, executor: &str, id: &str) -> Result<Found, LeaseError> {
+    let mut found = as_manager(m, false)?;
+    let q = quarantine::in_force(store)?
+        .remove(id)
+        .ok_or_else(|| LeaseError::NoQuarantine { id: id.to_owned() })?;
+    if q.scope != quarantine::Scope::Executor(executor.to_owned()) {
+        found.residue.push(format!(
+            "quarantine {id} holds {}: cordon-reap lifts only executor {executor}'s own",
+            q.scope
+        ));
+    }
+    if found.residue.is_empty() {
+        found.cleared = Some(quarantine::lift(store, id)?);
+    }
+    Ok(found)
 }
 
 /// A live supervisor holds the executor: end expired leases (when allowed to change anything),
@@ -131,6 +164,7 @@ fn as_observer(o: &Observer, change: bool, now: &BootTime) -> Result<Found, Leas
         released,
         active,
         residue,
+        cleared: None,
     })
 }
 
@@ -152,6 +186,7 @@ fn as_surface(setup: &rootless::Setup, change: bool, now: &BootTime) -> Result<F
             })
             .collect(),
         residue: lines(seen.residue),
+        cleared: None,
     })
 }
 
@@ -251,8 +286,12 @@ fn found(args: &Args, policy: &Policy) -> Result<(Place, Result<Found, LeaseErro
     };
     let setup = args.lease.setup(policy);
     let result = match Manager::open(&place.store, setup.clone()) {
-        Ok(m) => as_manager(&m, change),
-        Err(LeaseError::Busy { .. }) => now(&setup.runtime)
+        Ok(m) => match &args.clear {
+            Some(id) => clear(&m, &place.store, &setup.executor, id),
+            None => as_manager(&m, change),
+        },
+        // A lift needs the executor to itself: beside a live supervisor it is refused (Busy).
+        Err(LeaseError::Busy { .. }) if args.clear.is_none() => now(&setup.runtime)
             .and_then(|now| as_observer(&Observer::new(&place.store, setup), change, &now)),
         Err(e) => Err(e),
     };
@@ -279,6 +318,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
         status: args.status,
         sweep: args.sweep,
         surface_state: place.surface_state.clone(),
+        clear: args.clear.clone(),
     };
     if let Err(e) = receipt.set_inputs(&inputs) {
         return fail(&e, mode, stderr);
@@ -292,18 +332,38 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             })
             .collect()
     };
-    let (code, outputs, failed) = match result {
-        Ok(f) => {
+    // The quarantines in force after this run (the surface's own store holds none).
+    let quarantined = if args.surface {
+        Ok(std::collections::BTreeMap::new())
+    } else {
+        quarantine::in_force(&place.store)
+    };
+    let (code, outputs, failed) = match result.and_then(|f| Ok((f, quarantined?))) {
+        Ok((f, quarantined)) => {
             let quiescent = f.active.is_empty() && f.residue.is_empty();
+            let alarms: Vec<String> = quarantined
+                .iter()
+                .map(|(id, q)| {
+                    format!(
+                        "{} is quarantined ({}, record {id}): {}",
+                        q.scope,
+                        q.cause.as_str(),
+                        q.why
+                    )
+                })
+                .collect();
             // --status and --sweep raise no alarm for live leases; the strict check and
-            // recovery do.
-            let code = if f.residue.is_empty() && (args.status || args.sweep || f.active.is_empty())
+            // recovery do. A quarantine in force is an alarm in every mode.
+            let code = if f.residue.is_empty()
+                && alarms.is_empty()
+                && (args.status || args.sweep || f.active.is_empty())
             {
                 ExitCode::Ok
             } else {
                 receipt.outcome = Outcome::NoDecision;
                 receipt.reasons = reasons("reap.residue", &f.residue);
                 receipt.reasons.extend(reasons("reap.active", &f.active));
+                receipt.reasons.extend(reasons("reap.quarantined", &alarms));
                 ExitCode::NoDecision
             };
             let outputs = ReapOutputs {
@@ -312,6 +372,8 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
                 active: Some(f.active),
                 remaining: f.residue,
                 gone: Vec::new(),
+                quarantined,
+                cleared: f.cleared,
             };
             (code, outputs, None)
         }
@@ -328,6 +390,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
                 active: None,
                 remaining: items,
                 gone: Vec::new(),
+                ..ReapOutputs::default()
             };
             (ExitCode::NoDecision, outputs, Some(e))
         }

@@ -231,3 +231,85 @@ fn live_leases_are_active_expired_ones_are_an_alarm_and_a_dead_supervisors_are_r
     assert_eq!(code, Some(0), "{r}");
     assert!(!lease.run_dir().exists());
 }
+
+/// A host reset found by recovery quarantines the executor: every mode of `cordon-reap` then
+/// raises it (exit 3, `reap.quarantined`), stages refuse, and only `--clear ID` lifts it — after
+/// the strict quiescence check, with a receipt naming the record, and never another
+/// executor's.
+#[test]
+fn a_host_reset_quarantines_the_executor_until_reap_clears_it() {
+    cordon_testkit::require_root("recovery removes real accounts");
+    let dir = tempfile::tempdir().unwrap();
+    let policy = policy(dir.path(), 3);
+    let text = std::fs::read_to_string(&policy).unwrap();
+    let p = cordon_policy_lang::parse("policy.kdl", &text).unwrap();
+    let store = Store::open(&dir.path().join("store")).unwrap();
+    let mut setup = cordon_stage::settings::lease_setup(
+        &p,
+        &executor(),
+        &dir.path().join("state"),
+        dir.path().join("run"),
+    );
+    setup.watchdog = cordon_testkit::watchdog();
+    // A lease whose record says it was taken on another boot (its supervisor long gone).
+    {
+        let m = Manager::open(&store, setup.clone()).unwrap();
+        let lease = m
+            .begin_child("sha256:old", cordon_testkit::in_an_hour())
+            .unwrap();
+        m.provision(&lease).unwrap();
+        let path = store.path("leases", &format!("{}.json", lease.record.lease));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let boot = std::fs::read_to_string(cordon::lease::BOOT_ID).unwrap();
+        let moved = text.replace(boot.trim(), "ffffffff-0000-4000-8000-000000000000");
+        assert_ne!(moved, text);
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, moved).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+    }
+    // Recovery releases it, and quarantines the executor.
+    let (code, r) = reap(dir.path(), &policy, false);
+    assert_eq!(code, Some(3), "{r}");
+    assert!(
+        r["outputs"]["released"].to_string().contains("lease"),
+        "{r}"
+    );
+    let quarantined = r["outputs"]["quarantined"].as_object().unwrap().clone();
+    let (id, q) = quarantined.iter().next().unwrap();
+    assert_eq!(q["cause"], "host-reset", "{r}");
+    assert_eq!(r["reasons"][0]["code"], "reap.quarantined", "{r}");
+    // Every mode says so.
+    for mode in [&["--status"][..], &["--check"], &["--sweep"]] {
+        let (code, r) = reap_as(dir.path(), &policy, "store", &executor(), mode);
+        assert_eq!(code, Some(3), "{mode:?}: {r}");
+        assert!(r["outputs"]["quarantined"].get(id).is_some(), "{r}");
+    }
+    // No lease is begun under it.
+    let m = Manager::open(&store, setup).unwrap();
+    assert!(matches!(
+        m.begin_child("sha256:new", cordon_testkit::in_an_hour()),
+        Err(cordon::lease::LeaseError::Quarantined { .. })
+    ));
+    drop(m);
+    // Another executor cannot lift it; an unknown id is no lift.
+    let (code, r) = reap_as(dir.path(), &policy, "store", "cli-other", &["--clear", id]);
+    assert_eq!(code, Some(3), "{r}");
+    assert!(r["outputs"]["cleared"].is_null(), "{r}");
+    let (code, r) = reap_as(
+        dir.path(),
+        &policy,
+        "store",
+        &executor(),
+        &["--clear", "00"],
+    );
+    assert_eq!(code, Some(3), "{r}");
+    // Lifted once quiescent, with a receipt naming what it lifted.
+    let (code, r) = reap_as(dir.path(), &policy, "store", &executor(), &["--clear", id]);
+    assert_eq!(code, Some(0), "{r}");
+    assert_eq!(r["inputs"]["clear"], id.as_str(), "{r}");
+    assert_eq!(&r["outputs"]["cleared"], q, "{r}");
+    assert_eq!(r["outputs"]["quiescent"], true, "{r}");
+    let (code, r) = reap_as(dir.path(), &policy, "store", &executor(), &["--status"]);
+    assert_eq!(code, Some(0), "{r}");
+}

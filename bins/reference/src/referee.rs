@@ -290,6 +290,7 @@ impl Referee<'_> {
                 status: false,
                 sweep: false,
                 surface_state: None,
+                clear: None,
             })
             .map_err(|e| no(e.to_string()))?;
         let quiescent = remaining.is_empty();
@@ -312,6 +313,7 @@ impl Referee<'_> {
                 active: Some(Vec::new()),
                 remaining,
                 gone,
+                ..ReapOutputs::default()
             })
             .map_err(|e| no(format!("the quiescence receipt: {e}")))?;
         let digest = stage::emit_signed(

@@ -353,6 +353,14 @@ impl Session<'_> {
         }
         // 2. The lease record names every mount point before any exists.
         let manager = Manager::open(&self.store, self.setup.clone()).map_err(SessionError::from)?;
+        // No new work on a quarantined host, executor or device (the lease refuses the first
+        // two itself; only the session knows its devices).
+        cordon::lease::quarantine::check(
+            &self.store,
+            &self.setup.executor,
+            &devices.keys().cloned().collect::<Vec<_>>(),
+        )
+        .map_err(SessionError::from)?;
         gate(&manager)?;
         let lease = manager
             .begin_with(

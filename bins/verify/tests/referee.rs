@@ -160,6 +160,7 @@ fn referee(c: &Chain, how: Audited) -> Referee {
             status: false,
             sweep: false,
             surface_state: None,
+            clear: None,
         }),
         &ReapOutputs {
             quiescent: true,
@@ -167,6 +168,7 @@ fn referee(c: &Chain, how: Audited) -> Referee {
             active: Some(Vec::new()),
             remaining: Vec::new(),
             gone: Vec::new(),
+            ..ReapOutputs::default()
         },
     );
     let pristine = publish(&c.store, TREES, "pristine");

@@ -38,6 +38,7 @@ pub use cordon_evidence::residue::Leftover;
 mod evidence;
 mod observe;
 mod provision;
+pub mod quarantine;
 mod record;
 mod release;
 pub mod rootless;
@@ -246,6 +247,37 @@ pub enum LeaseError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Residue(#[from] Residue),
+    /// A quarantine stops new work here.
+    #[error(
+        "{} is quarantined ({}: {}), record {id} at {path}",
+        quarantine.scope,
+        quarantine.cause.as_str(),
+        crate::text::printable(&quarantine.why)
+    )]
+    #[diagnostic(
+        code(cordon::lease::quarantined),
+        help(
+            "read the record and the receipts of its lease; once the cause is dealt with, `cordon-reap --clear ID` proves quiescence and lifts it"
+        )
+    )]
+    Quarantined {
+        /// The record's id.
+        id: String,
+        /// Its path.
+        path: PathBuf,
+        /// The record.
+        quarantine: Box<quarantine::Quarantine>,
+    },
+    /// `--clear` named no quarantine in force.
+    #[error("no quarantine {id} is in force")]
+    #[diagnostic(
+        code(cordon::lease::no_quarantine),
+        help("`cordon-reap --status` lists the quarantines in force with their ids")
+    )]
+    NoQuarantine {
+        /// The id given.
+        id: String,
+    },
 }
 
 fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> LeaseError + use<> {

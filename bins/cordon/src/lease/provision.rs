@@ -143,6 +143,8 @@ impl Manager {
         budget: Duration,
         container: bool,
     ) -> Result<Lease, LeaseError> {
+        // No new work where a quarantine stands (the host's or this executor's).
+        quarantine::check(&self.store, &self.setup.executor, &[])?;
         let supervisor = Supervisor::this(self.setup.host())
             .map_err(io("read", Path::new("/proc/self/stat")))?;
         let deadline = BootTime::now(self.setup.host())

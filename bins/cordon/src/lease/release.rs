@@ -14,11 +14,18 @@ impl Manager {
     pub fn release(&self, record: &Record) -> Result<(), LeaseError> {
         let released = self.release_all(std::slice::from_ref(record));
         let watched = self.end_watchdog(&record.lease);
-        match (released, watched) {
-            (Err(e), _) => Err(e),
-            (Ok(()), Err(why)) => Err(Residue { items: vec![why] }.into()),
-            (Ok(()), Ok(())) => Ok(()),
-        }
+        let mut residue = match (released, watched) {
+            (Err(LeaseError::Residue(r)), _) => r,
+            (Err(e), _) => return Err(e),
+            (Ok(()), Err(why)) => Residue { items: vec![why] },
+            (Ok(()), Ok(())) => return Ok(()),
+        };
+        // Ambiguous residue stops new work on this executor until it is proven quiescent.
+        let why = residue.items.join("; ");
+        residue
+            .items
+            .push(self.quarantine(quarantine::Cause::Residue, &why, Some(&record.lease)));
+        Err(residue.into())
     }
 
     /// End the watchdog of `lease` once its record is gone; while the record stays (residue),
@@ -275,6 +282,23 @@ impl Manager {
         let mut done = Vec::new();
         let mut residue = Vec::new();
         let records = self.records()?;
+        // Leases of an earlier boot: the host reset under them. What they held is quarantined
+        // until an operator proves it quiescent, whatever this recovery manages to remove.
+        let boot = BootTime::now(self.setup.host())
+            .map_err(io("read the boot clock and", Path::new(BOOT_ID)))?;
+        let reset: Vec<&str> = records
+            .iter()
+            .filter(|r| r.deadline.boot_id != boot.boot_id)
+            .map(|r| r.lease.as_str())
+            .collect();
+        if let Some(first) = reset.first() {
+            let why = format!(
+                "{} lease(s) of an earlier boot found at recovery: {}",
+                reset.len(),
+                reset.join(", ")
+            );
+            done.push(self.quarantine(quarantine::Cause::HostReset, &why, Some(first)));
+        }
         match self.release_all(&records) {
             Ok(()) => done.extend(records.iter().map(|r| format!("lease {}", r.lease))),
             Err(LeaseError::Residue(x)) => residue.extend(x.items),
@@ -341,6 +365,8 @@ impl Manager {
         if residue.is_empty() {
             Ok(done)
         } else {
+            let why = residue.join("; ");
+            residue.push(self.quarantine(quarantine::Cause::Residue, &why, None));
             Err(Residue { items: residue }.into())
         }
     }

@@ -91,6 +91,16 @@ fn a_supervisor_is_its_pid_and_start_time_and_a_reused_pid_is_not_it() {
     );
 }
 
+/// Lift every quarantine in force in `m`'s store (an operator's `--clear` after residue the
+/// test made on purpose), asserting there was one: the next lease may begin.
+fn lift_all(m: &Manager) {
+    let all = quarantine::in_force(&m.store).unwrap();
+    assert!(!all.is_empty(), "residue quarantines the executor");
+    for id in all.keys() {
+        quarantine::lift(&m.store, id).unwrap();
+    }
+}
+
 fn residue(r: Result<(), LeaseError>) -> Vec<String> {
     match r {
         Err(LeaseError::Residue(x)) => x.items,
@@ -361,6 +371,7 @@ fn release_edges_are_each_what_they_must_be() {
         m.release(&lease.record),
         Err(LeaseError::Residue(_))
     ));
+    lift_all(&m);
     fs::remove_dir(&record).unwrap();
     // The empty pending directory a crash left before its owner file: removed.
     let lease = m.begin("sha256:a", cordon_testkit::in_an_hour()).unwrap();
@@ -388,6 +399,7 @@ fn release_edges_are_each_what_they_must_be() {
         m.release(&lease.record),
         Err(LeaseError::Residue(_))
     ));
+    lift_all(&m);
     assert!(elsewhere.join(OWNER_FILE).exists());
     fs::remove_file(lease.run_dir()).unwrap();
     m.release(&lease.record).unwrap();
@@ -404,6 +416,7 @@ fn release_edges_are_each_what_they_must_be() {
         m.release(&lease.record),
         Err(LeaseError::Residue(_))
     ));
+    lift_all(&m);
     assert!(outside.exists());
     // A run directory that cannot be looked at (the run root replaced by a file: ENOTDIR)
     // is not "absent": residue.
@@ -415,6 +428,7 @@ fn release_edges_are_each_what_they_must_be() {
         m.release(&lease.record),
         Err(LeaseError::Residue(_))
     ));
+    lift_all(&m);
     fs::remove_file(&root).unwrap();
 }
 
@@ -599,6 +613,7 @@ fn a_run_directory_that_is_not_the_leases_own_is_never_removed() {
             "{err:?}"
         );
         assert!(dir.is_dir(), "the planted directory is left");
+        lift_all(&w.manager);
         if planted_owner != Some("") {
             assert_eq!(fs::read(dir.join("keep")).unwrap(), b"not cordon's");
         }
@@ -943,8 +958,12 @@ fn resources_are_released_in_reverse_and_a_device_is_residue_until_drains_exist(
         path: "/dev/nvidia0".into(),
     });
     let items = residue(w.manager.release(&lease.record));
-    assert_eq!(items.len(), 2, "{items:?}");
+    assert_eq!(items.len(), 3, "{items:?}");
     assert!(items[0].starts_with("device /dev/nvidia0"), "{items:?}");
+    assert!(
+        items[2].starts_with("executor fake quarantined (residue"),
+        "{items:?}"
+    );
     // The run directory is kept whole while anything released before it remains.
     assert!(
         items[1].contains("kept while the residue above remains"),
@@ -1266,4 +1285,122 @@ mod root_tests {
         assert!(m.check().unwrap().is_empty());
         assert_eq!(fs::read_to_string(lower.join("etc/base")).unwrap(), "image");
     }
+}
+
+/// Residue quarantines the executor: no lease is begun while the record stands, the record
+/// names the lease and the residue, and lifting it lets work start again.
+#[test]
+fn residue_quarantines_the_executor_until_the_quarantine_is_lifted() {
+    let w = world();
+    let f = empty_host();
+    f.reply("list", ToolOutput::ok(b"not json"));
+    let m = with_host(&w, f);
+    let lease = m.begin("sha256:a", cordon_testkit::in_an_hour()).unwrap();
+    let items = residue(m.release(&lease.record));
+    assert!(
+        items
+            .iter()
+            .any(|i| i.starts_with("executor fake quarantined (residue, record ")),
+        "{items:?}"
+    );
+    let store = &w.manager.store;
+    let all = quarantine::in_force(store).unwrap();
+    let (id, q) = all.iter().next().unwrap();
+    assert_eq!(q.scope, quarantine::Scope::Executor("fake".into()));
+    assert_eq!(q.cause, quarantine::Cause::Residue);
+    assert_eq!(q.lease.as_deref(), Some(lease.record.lease.as_str()));
+    assert!(q.why.contains("cannot list"), "{q:?}");
+    // Every lease-taking path is refused, naming the record; a parser child's too.
+    for e in [
+        w.manager.begin("sha256:a", cordon_testkit::in_an_hour()),
+        w.manager
+            .begin_child("sha256:a", cordon_testkit::in_an_hour()),
+    ] {
+        match e {
+            Err(LeaseError::Quarantined { id: named, .. }) => assert_eq!(&named, id),
+            other => panic!("not refused: {other:?}"),
+        }
+    }
+    // Another executor's leases are not this quarantine's business.
+    quarantine::check(store, "other", &[]).unwrap();
+    // A second incident keeps the first record.
+    let again = w
+        .manager
+        .quarantine(quarantine::Cause::HostReset, "later", None);
+    assert!(again.contains(id.as_str()), "{again}");
+    assert_eq!(
+        quarantine::in_force(store).unwrap()[id].cause,
+        quarantine::Cause::Residue
+    );
+    let lifted = quarantine::lift(store, id).unwrap();
+    assert_eq!(&lifted, q);
+    assert!(matches!(
+        quarantine::lift(store, id),
+        Err(LeaseError::NoQuarantine { .. })
+    ));
+    let again = w
+        .manager
+        .begin_child("sha256:a", cordon_testkit::in_an_hour())
+        .unwrap();
+    own_run_dir(&again);
+}
+
+/// A device quarantine stops only the sessions that use that device.
+#[test]
+fn a_device_quarantine_stops_only_leases_that_use_the_device() {
+    let w = world();
+    let store = &w.manager.store;
+    quarantine::impose(
+        store,
+        &quarantine::Quarantine {
+            scope: quarantine::Scope::Device("/dev/nvidia0".into()),
+            cause: quarantine::Cause::Drain,
+            why: "did not drain".into(),
+            lease: None,
+            at: "2026-12-03T00:00:00.000Z".into(),
+        },
+    )
+    .unwrap();
+    quarantine::check(store, "fake", &["/dev/nvidia1".into()]).unwrap();
+    assert!(matches!(
+        quarantine::check(store, "fake", &["/dev/nvidia0".into()]),
+        Err(LeaseError::Quarantined { .. })
+    ));
+    // An unreadable record is never read as none.
+    fs::write(store.root().join(quarantine::QUARANTINE).join("junk"), "x").unwrap();
+    assert!(quarantine::check(store, "fake", &[]).is_err());
+}
+
+/// Recovery that finds a lease of an earlier boot quarantines the executor as a host reset —
+/// and still releases what it can.
+#[test]
+fn a_lease_of_an_earlier_boot_is_a_host_reset_and_quarantines_the_executor() {
+    let w = world();
+    let lease = w
+        .manager
+        .begin_child("sha256:a", cordon_testkit::in_an_hour())
+        .unwrap();
+    own_run_dir(&lease);
+    let mut record = lease.record.clone();
+    record.deadline.boot_id = "ffffffff-0000-0000-0000-000000000000".into();
+    overwrite_record(&w, &record);
+    let done = w.manager.recover().unwrap();
+    assert!(
+        done.iter()
+            .any(|d| d.starts_with("executor fake quarantined (host-reset")),
+        "{done:?}"
+    );
+    assert!(
+        w.manager.records().unwrap().is_empty(),
+        "released all the same"
+    );
+    let all = quarantine::in_force(&w.manager.store).unwrap();
+    let q = all.values().next().unwrap();
+    assert_eq!(q.cause, quarantine::Cause::HostReset);
+    assert!(q.why.contains(&lease.record.lease), "{q:?}");
+    assert!(matches!(
+        w.manager
+            .begin_child("sha256:a", cordon_testkit::in_an_hour()),
+        Err(LeaseError::Quarantined { .. })
+    ));
 }
