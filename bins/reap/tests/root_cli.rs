@@ -24,6 +24,18 @@ fn policy(dir: &Path, slot: u32) -> std::path::PathBuf {
     path
 }
 
+/// The store in `dir` and this test's executor's lease setup under `policy`, as the stages
+/// and `cordon-reap` see them.
+fn lease_setup(dir: &Path, policy: &Path) -> (Store, cordon::lease::Setup) {
+    let text = std::fs::read_to_string(policy).unwrap();
+    let p = cordon_policy_lang::parse("policy.kdl", &text).unwrap();
+    let store = Store::open(&dir.join("store")).unwrap();
+    let mut setup =
+        cordon_stage::settings::lease_setup(&p, &executor(), &dir.join("state"), dir.join("run"));
+    setup.watchdog = cordon_testkit::watchdog();
+    (store, setup)
+}
+
 fn reap(dir: &Path, policy: &Path, check: bool) -> (Option<i32>, serde_json::Value) {
     let mode: &[&str] = if check { &["--check"] } else { &[] };
     reap_as(dir, policy, "store", &executor(), mode)
@@ -68,16 +80,7 @@ fn check_is_a_quiescence_receipt_and_recovery_releases_a_stale_lease() {
     assert_eq!(r["outputs"]["quiescent"], true);
 
     // A supervisor that died after writing its record and creating its account.
-    let text = std::fs::read_to_string(&policy).unwrap();
-    let p = cordon_policy_lang::parse("policy.kdl", &text).unwrap();
-    let store = Store::open(&dir.path().join("store")).unwrap();
-    let mut setup = cordon_stage::settings::lease_setup(
-        &p,
-        &executor(),
-        &dir.path().join("state"),
-        dir.path().join("run"),
-    );
-    setup.watchdog = cordon_testkit::watchdog();
+    let (store, setup) = lease_setup(dir.path(), &policy);
     {
         let m = Manager::open(&store, setup).unwrap();
         let lease = m
@@ -108,12 +111,7 @@ fn live_lease(
     policy: &Path,
     budget: std::time::Duration,
 ) -> (Manager, cordon::lease::Lease) {
-    let text = std::fs::read_to_string(policy).unwrap();
-    let p = cordon_policy_lang::parse("policy.kdl", &text).unwrap();
-    let store = Store::open(&dir.join("store")).unwrap();
-    let mut setup =
-        cordon_stage::settings::lease_setup(&p, &executor(), &dir.join("state"), dir.join("run"));
-    setup.watchdog = cordon_testkit::watchdog();
+    let (store, setup) = lease_setup(dir, policy);
     let m = Manager::open(&store, setup).unwrap();
     let lease = m.begin("sha256:live", budget).unwrap();
     m.provision(&lease).unwrap();
@@ -241,16 +239,7 @@ fn a_host_reset_quarantines_the_executor_until_reap_clears_it() {
     cordon_testkit::require_root("recovery removes real accounts");
     let dir = tempfile::tempdir().unwrap();
     let policy = policy(dir.path(), 3);
-    let text = std::fs::read_to_string(&policy).unwrap();
-    let p = cordon_policy_lang::parse("policy.kdl", &text).unwrap();
-    let store = Store::open(&dir.path().join("store")).unwrap();
-    let mut setup = cordon_stage::settings::lease_setup(
-        &p,
-        &executor(),
-        &dir.path().join("state"),
-        dir.path().join("run"),
-    );
-    setup.watchdog = cordon_testkit::watchdog();
+    let (store, setup) = lease_setup(dir.path(), &policy);
     // A lease whose record says it was taken on another boot (its supervisor long gone).
     {
         let m = Manager::open(&store, setup.clone()).unwrap();

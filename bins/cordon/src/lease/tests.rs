@@ -110,6 +110,16 @@ fn residue(r: Result<(), LeaseError>) -> Vec<String> {
 
 /// The lease's run directory with its owner file, as `provision` makes it (for tests that
 /// do not create an account).
+/// A parser child's lease of `w`'s manager, its run directory made as provisioning makes it.
+fn child(w: &World) -> Lease {
+    let lease = w
+        .manager
+        .begin_child("sha256:a", cordon_testkit::in_an_hour())
+        .unwrap();
+    own_run_dir(&lease);
+    lease
+}
+
 pub(super) fn own_run_dir(lease: &Lease) {
     fs::create_dir_all(lease.run_dir()).unwrap();
     let owner = Owner {
@@ -769,11 +779,7 @@ fn a_parser_childs_lease_owns_an_account_and_a_run_directory_and_asks_no_runtime
 #[test]
 fn a_parser_lease_left_by_a_crash_is_recovered() {
     let w = world();
-    let lease = w
-        .manager
-        .begin_child("sha256:a", cordon_testkit::in_an_hour())
-        .unwrap();
-    own_run_dir(&lease);
+    let lease = child(&w);
     fs::create_dir_all(lease.jail_dir()).unwrap();
     // The supervisor is gone (a crash): its record is read back and released by recovery.
     assert_eq!(w.manager.records().unwrap().len(), 1);
@@ -1376,11 +1382,7 @@ fn a_device_quarantine_stops_only_leases_that_use_the_device() {
 #[test]
 fn a_lease_of_an_earlier_boot_is_a_host_reset_and_quarantines_the_executor() {
     let w = world();
-    let lease = w
-        .manager
-        .begin_child("sha256:a", cordon_testkit::in_an_hour())
-        .unwrap();
-    own_run_dir(&lease);
+    let lease = child(&w);
     let mut record = lease.record.clone();
     record.deadline.boot_id = "ffffffff-0000-0000-0000-000000000000".into();
     overwrite_record(&w, &record);
