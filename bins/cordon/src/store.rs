@@ -361,6 +361,22 @@ pub fn remove_tree(path: &Path) -> io::Result<()> {
     }
 }
 
+/// [`remove_tree`] of every entry of directory `path` but the one named `keep`, with the same
+/// refusal to cross a mount point (relative to `path` itself); `path` and `keep` stay.
+///
+/// # Errors
+/// As [`remove_tree`].
+pub fn remove_entries_except(path: &Path, keep: &str) -> io::Result<()> {
+    let dev = fs::symlink_metadata(path)?.dev();
+    for entry in fs::read_dir(path)? {
+        let entry = entry?;
+        if entry.file_name() != keep {
+            remove_tree_on(&entry.path(), dev)?;
+        }
+    }
+    Ok(())
+}
+
 fn remove_tree_on(path: &Path, dev: u64) -> io::Result<()> {
     let m = fs::symlink_metadata(path)?;
     if m.dev() != dev {

@@ -4,6 +4,22 @@
 
 use super::*;
 
+/// Remove run directory `dir` so that a crash at any moment leaves it attributable: every
+/// entry but the owner file first; then, under the pending dot-name (renamed without replace),
+/// the owner file and the directory. A crash before the rename leaves the owner file in place;
+/// after it, a pending directory that is owned or empty — both of which release removes.
+fn remove_run_dir(dir: &Path, pending: &Path) -> std::io::Result<()> {
+    store::remove_entries_except(dir, OWNER_FILE)?;
+    if dir != pending {
+        store::rename_noreplace(dir, pending).map_err(std::io::Error::other)?;
+    }
+    match fs::remove_file(pending.join(OWNER_FILE)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    fs::remove_dir(pending)
+}
+
 impl Manager {
     /// Release a lease: remove the container, prove it absent (twice, to close the
     /// create/delete race), unmount, remove the run directory and the account, unlink the
@@ -200,11 +216,13 @@ impl Manager {
                             store: record.store.clone(),
                             lease: record.lease.clone(),
                         };
-                        std::iter::once((path.clone(), false))
-                            .chain(pending.map(|p| (p, true)))
-                            .try_for_each(|(dir, pending)| {
-                                if owned_by(&dir, &owner, pending)? {
-                                    store::remove_tree(&dir).map_err(|e| {
+                        let pending = pending.unwrap_or_else(|| path.clone());
+                        // The pending name first: the run directory is renamed onto it.
+                        [(pending.clone(), true), (path.clone(), false)]
+                            .into_iter()
+                            .try_for_each(|(dir, is_pending)| {
+                                if owned_by(&dir, &owner, is_pending)? {
+                                    remove_run_dir(&dir, &pending).map_err(|e| {
                                         format!("run directory {}: {e}", dir.display())
                                     })
                                 } else {
@@ -325,9 +343,13 @@ impl Manager {
             if id.is_some_and(|id| kept.contains(id)) {
                 continue;
             }
+            let pending = match path.file_name().and_then(|n| n.to_str()) {
+                Some(n) if !n.starts_with('.') => path.with_file_name(format!(".{n}")),
+                _ => path.clone(),
+            };
             match self
                 .unmount_inside(&path)
-                .and_then(|()| store::remove_tree(&path).map_err(|e| e.to_string()))
+                .and_then(|()| remove_run_dir(&path, &pending).map_err(|e| e.to_string()))
             {
                 Ok(()) => done.push(format!("run directory {}", path.display())),
                 Err(e) => residue.push(format!("run directory {}: {e}", path.display())),
