@@ -141,6 +141,23 @@ impl Cli {
     }
 
     /// `cordon-prebuild` on the receipt in `receipt` with image directory `images`.
+    /// `cordon-prebuild` started on `receipt` with the test's images, its stdout and stderr
+    /// each `stdio()`: for a test that signals or kills it mid-build.
+    fn spawn_prebuild(
+        &self,
+        receipt: &Path,
+        stdio: fn() -> std::process::Stdio,
+    ) -> std::process::Child {
+        self.command("cordon-prebuild")
+            .arg("--images")
+            .arg(self.path("images"))
+            .stdin(std::fs::File::open(receipt).unwrap())
+            .stdout(stdio())
+            .stderr(stdio())
+            .spawn()
+            .unwrap()
+    }
+
     fn prebuild(&self, receipt: &Path, images: &Path) -> (Output, Value) {
         let out = self
             .command("cordon-prebuild")
@@ -405,15 +422,7 @@ fn a_signal_mid_build_stops_it_and_leaves_a_no_decision_naming_it() {
         nix::sys::signal::Signal::SIGTERM,
         nix::sys::signal::Signal::SIGHUP,
     ] {
-        let child = cli
-            .command("cordon-prebuild")
-            .arg("--images")
-            .arg(cli.path("images"))
-            .stdin(std::fs::File::open(&receipt).unwrap())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let child = cli.spawn_prebuild(&receipt, std::process::Stdio::piped);
         let id = cordon_testkit::wait_running(&cli.path("store"), &state_root);
         let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
         nix::sys::signal::kill(pid, signal).unwrap();
@@ -446,15 +455,7 @@ fn a_sigkilled_supervisors_container_is_ended_by_its_lease_watchdog() {
     let receipt = cli.materialized_forever();
     let (store, run_root) = (cli.path("store"), cli.path("run"));
     let state_root = Path::new(cordon::lease::DEFAULT_STATE_ROOT).join(&cli.executor);
-    let mut child = cli
-        .command("cordon-prebuild")
-        .arg("--images")
-        .arg(cli.path("images"))
-        .stdin(std::fs::File::open(&receipt).unwrap())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = cli.spawn_prebuild(&receipt, std::process::Stdio::null);
     let id = cordon_testkit::wait_running(&store, &state_root);
     assert_eq!(
         cordon_testkit::watchdogs_of(&store).len(),

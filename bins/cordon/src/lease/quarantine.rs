@@ -22,26 +22,29 @@ use crate::store::{self, Store};
 pub const QUARANTINE: &str = "quarantine";
 
 /// The record id of a quarantine on `scope`: one record per scope.
-#[must_use]
-pub fn id(scope: &Scope) -> String {
-    domain_digest("cordon.quarantine", 1, scope)
-        .map(|d| d.hex()[..16].to_owned())
-        .unwrap_or_else(|_| "unencodable".to_owned())
+///
+/// # Errors
+/// The scope cannot be encoded.
+pub fn id(scope: &Scope) -> Result<String, LeaseError> {
+    Ok(domain_digest("cordon.quarantine", 1, scope)?.hex()[..16].to_owned())
 }
 
-/// Impose `q` (published as every store document is). A scope already quarantined keeps its
-/// first record: the first incident stands until cleared. Its id.
+/// Impose `q` (published as every store document is, never replacing). A scope already
+/// quarantined keeps its first record: the first incident stands until cleared. Its id.
 ///
 /// # Errors
 /// The record could not be written.
 pub fn impose(store: &Store, q: &Quarantine) -> Result<String, LeaseError> {
-    let id = id(&q.scope);
-    let name = format!("{id}.json");
-    if store.path(QUARANTINE, &name).exists() {
-        return Ok(id);
+    let id = id(&q.scope)?;
+    match store.put_document(
+        QUARANTINE,
+        &format!("{id}.json"),
+        to_canonical_json(q)?.as_bytes(),
+    ) {
+        // Another incident's record holds the name: it stands.
+        Ok(_) | Err(store::StoreError::Mismatch { .. }) => Ok(id),
+        Err(e) => Err(e.into()),
     }
-    store.put_document(QUARANTINE, &name, to_canonical_json(q)?.as_bytes())?;
-    Ok(id)
 }
 
 /// Every quarantine in force, by id. A record that is not one is an error: an unreadable
