@@ -31,7 +31,7 @@ use crate::canonical::Digest;
 use crate::walk::{Kind, Node, Stop, walk};
 
 /// The subdirectories of a store, created by [`Store::open`].
-pub const LAYOUT: [&str; 11] = [
+pub const LAYOUT: [&str; 12] = [
     "objects",
     "images",
     "intake",
@@ -41,6 +41,7 @@ pub const LAYOUT: [&str; 11] = [
     "receipts",
     "evidence",
     "quarantine",
+    "incidents",
     "leases",
     "tmp",
 ];

@@ -366,6 +366,7 @@ fn lane_job(
             cpuset: l.cpuset.clone(),
             cpu_shares: l.cpu_shares,
         }),
+        candidate: Some(inputs.tree),
     }
 }
 

@@ -202,6 +202,7 @@ pub fn prebuild(
         started,
         framed: false,
         lane: None,
+        candidate: Some(*tree_digest),
     };
     let ran = session.run(
         &job,

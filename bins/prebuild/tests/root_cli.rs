@@ -517,3 +517,78 @@ fn a_sigkilled_supervisors_container_is_ended_by_its_lease_watchdog() {
         ("prebuild-cli", 4),
     );
 }
+
+/// Seed 001's checklist, step 7: a candidate whose run ended in an incident is refused under
+/// the same authority before any lease is taken, naming the incident's receipt; nothing is
+/// built and nothing of a run is left.
+#[test]
+fn a_candidate_with_an_incident_under_this_authority_is_not_run_again() {
+    use cordon::lease::incident::{self, Incident};
+    let cli = Cli::new(5);
+    let receipt = cli.materialized(&workspace_root().join("checks/example/incumbent"));
+    let input: Value = serde_json::from_slice(&std::fs::read(&receipt).unwrap()).unwrap();
+    let authority = input["authority"].as_str().unwrap();
+    let tree: Digest = input["outputs"]["tree_digest"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // An earlier run's incident, as a release that left residue records it.
+    let store = cordon::store::Store::open(&cli.path("store")).unwrap();
+    let key = incident::key(authority, &tree).unwrap();
+    let earlier = Incident {
+        authority: authority.to_owned(),
+        candidate: tree,
+        cause: incident::Cause::Residue,
+        why: "container cordon-0123 could not be proven absent".into(),
+        lease: "0123".into(),
+        quarantine: "0123456789abcdef".into(),
+        reporter: cordon::lease::Supervisor {
+            pid: 1,
+            start_ticks: 1,
+        },
+        at: "2026-12-03T00:00:00.000Z".into(),
+    };
+    store
+        .put_document(
+            incident::INCIDENTS,
+            &format!("{key}.json"),
+            cordon::canonical::to_canonical_json(&earlier)
+                .unwrap()
+                .as_bytes(),
+        )
+        .unwrap();
+    let reported = Digest::of_bytes(b"the incident's receipt");
+    store
+        .put_document(
+            incident::INCIDENTS,
+            &format!("{key}.receipt"),
+            reported.to_string().as_bytes(),
+        )
+        .unwrap();
+
+    let (out, r) = cli.prebuild(&receipt, &cli.path("images"));
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    common_shape(&r, &input, "no-decision");
+    let reason = r["reasons"][0]["message"].as_str().unwrap();
+    assert!(
+        reason.contains(&format!("candidate {tree} ended in an incident"))
+            && reason.contains(&format!("receipt {reported}")),
+        "{r}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("a new authority identity"),
+        "{out:?}"
+    );
+    // No lease was taken, nothing was published.
+    for section in ["leases", "publications"] {
+        let left: Vec<_> = std::fs::read_dir(cli.path("store").join(section))
+            .unwrap()
+            .collect();
+        assert!(left.is_empty(), "{section}: {left:?}");
+    }
+    assert_eq!(
+        std::fs::read_dir(cli.path("run")).map_or(0, Iterator::count),
+        0
+    );
+}

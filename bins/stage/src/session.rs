@@ -165,6 +165,9 @@ pub struct Job {
     /// The run's physical lane: its CPUs replace the stage's cpuset; its CPU weight is the
     /// container's.
     pub lane: Option<PhysicalLane>,
+    /// The engine tree the run runs: refused when an earlier run of it ended in an incident
+    /// under this authority, and named in the lease record so an incident of this run stops it.
+    pub candidate: Option<Digest>,
 }
 
 /// Where a container stage works on this host: what its binary establishes at start and the
@@ -361,16 +364,23 @@ impl Session<'_> {
             &devices.keys().cloned().collect::<Vec<_>>(),
         )
         .map_err(SessionError::from)?;
+        // Nor a candidate whose earlier run ended in an incident under this authority (seed
+        // 001's checklist, step 7).
+        let authority = self.authority.to_string();
+        if let Some(c) = &job.candidate {
+            cordon::lease::incident::check(&self.store, &authority, c)
+                .map_err(SessionError::from)?;
+        }
         gate(&manager)?;
-        let lease = manager
-            .begin_with(
-                &self.authority.to_string(),
-                &bundle::lease_mount_points(stage),
-                // The record carries the absolute deadline, so cordon-reap can end a run whose
-                // supervisor is gone or hung (plus the grace for release).
-                Duration::from_millis(stage.deadline_ms).saturating_sub(job.started.elapsed()),
-            )
-            .map_err(SessionError::from)?;
+        let mounts = bundle::lease_mount_points(stage);
+        // The record carries the absolute deadline, so cordon-reap can end a run whose
+        // supervisor is gone or hung (plus the grace for release).
+        let budget = Duration::from_millis(stage.deadline_ms).saturating_sub(job.started.elapsed());
+        let lease = match &job.candidate {
+            Some(c) => manager.begin_for(&authority, c, &mounts, budget),
+            None => manager.begin_with(&authority, &mounts, budget),
+        }
+        .map_err(SessionError::from)?;
         let result = self.inside(&manager, lease.clone(), job, devices, drive, inspect);
         // A run that failed before its init exited leaves the host's records as they are now:
         // the release below takes them apart.
@@ -596,6 +606,7 @@ mod tests {
             started: Instant::now(),
             framed: false,
             lane: None,
+            candidate: None,
         };
         let e = session
             .run(&job, |_, _, _| Ok::<(), SessionError>(()), |_, _, _| Ok(()))

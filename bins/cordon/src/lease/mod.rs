@@ -36,6 +36,7 @@ use crate::store::{self, Store};
 pub use cordon_evidence::residue::Leftover;
 
 mod evidence;
+pub mod incident;
 mod observe;
 mod provision;
 pub mod quarantine;
@@ -278,6 +279,22 @@ pub enum LeaseError {
         /// The id given.
         id: String,
     },
+    /// The candidate's run already ended in an incident under this authority.
+    #[error(
+        "candidate {} ended in an incident under this authority ({}, lease {}, {}): it is not run again under it",
+        .0.incident.candidate,
+        .0.incident.cause.as_str(),
+        .0.incident.lease,
+        .0.receipt.as_ref().map_or_else(|| "no receipt was stored".to_owned(), |r| format!("receipt {r}"))
+    )]
+    #[diagnostic(
+        code(cordon::lease::incident),
+        help(
+            "seed 001's checklist, step 7: a change of image, seccomp, mounts, device policy or toolchain is a new authority identity; record {} says what happened",
+            .0.path.display()
+        )
+    )]
+    Incident(Box<incident::Found>),
 }
 
 fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> LeaseError + use<> {

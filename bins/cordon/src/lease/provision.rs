@@ -124,7 +124,22 @@ impl Manager {
         mounts: &[&str],
         budget: Duration,
     ) -> Result<Lease, LeaseError> {
-        self.begin_resources(authority, mounts, budget, true)
+        self.begin_resources(authority, None, mounts, budget, true)
+    }
+
+    /// [`Manager::begin_with`] for a run of `candidate`'s engine tree: its record names the
+    /// candidate, so an incident of the run stops it under this authority ([`super::incident`]).
+    ///
+    /// # Errors
+    /// The store failed.
+    pub fn begin_for(
+        &self,
+        authority: &str,
+        candidate: &crate::canonical::Digest,
+        mounts: &[&str],
+        budget: Duration,
+    ) -> Result<Lease, LeaseError> {
+        self.begin_resources(authority, Some(candidate), mounts, budget, true)
     }
 
     /// Begin a lease for a parser child: an account and a run directory, no cgroup, no
@@ -133,12 +148,13 @@ impl Manager {
     /// # Errors
     /// The store failed.
     pub fn begin_child(&self, authority: &str, budget: Duration) -> Result<Lease, LeaseError> {
-        self.begin_resources(authority, &[], budget, false)
+        self.begin_resources(authority, None, &[], budget, false)
     }
 
     pub(super) fn begin_resources(
         &self,
         authority: &str,
+        candidate: Option<&crate::canonical::Digest>,
         mounts: &[&str],
         budget: Duration,
         container: bool,
@@ -180,6 +196,7 @@ impl Manager {
             schema: LEASE_SCHEMA,
             executor: self.setup.executor.clone(),
             authority: authority.to_owned(),
+            candidate: candidate.copied(),
             created_at: crate::receipt::now_rfc3339(),
             store: self.store.root().display().to_string(),
             deadline,

@@ -129,6 +129,10 @@ pub struct Record {
     pub lease: String,
     /// The authority identity the run is under.
     pub authority: String,
+    /// The engine tree the run runs, when it runs one: an incident of the run stops that
+    /// candidate under this authority ([`super::incident`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidate: Option<crate::canonical::Digest>,
     /// RFC 3339.
     pub created_at: String,
     /// The store whose `leases/` holds this record (its root path).

@@ -41,6 +41,9 @@ impl Manager {
         residue
             .items
             .push(self.quarantine(quarantine::Cause::Residue, &why, Some(&record.lease)));
+        residue
+            .items
+            .extend(self.incident(quarantine::Cause::Residue, &why, record));
         Err(residue.into())
     }
 
@@ -304,18 +307,25 @@ impl Manager {
         // until an operator proves it quiescent, whatever this recovery manages to remove.
         let boot = BootTime::now(self.setup.host())
             .map_err(io("read the boot clock and", Path::new(BOOT_ID)))?;
-        let reset: Vec<&str> = records
+        let reset: Vec<&Record> = records
             .iter()
             .filter(|r| r.deadline.boot_id != boot.boot_id)
-            .map(|r| r.lease.as_str())
             .collect();
         if let Some(first) = reset.first() {
             let why = format!(
                 "{} lease(s) of an earlier boot found at recovery: {}",
                 reset.len(),
-                reset.join(", ")
+                reset
+                    .iter()
+                    .map(|r| r.lease.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
-            done.push(self.quarantine(quarantine::Cause::HostReset, &why, Some(first)));
+            done.push(self.quarantine(quarantine::Cause::HostReset, &why, Some(&first.lease)));
+            // Each candidate a reset interrupted is not run again under its authority.
+            for r in &reset {
+                done.extend(self.incident(quarantine::Cause::HostReset, &why, r));
+            }
         }
         match self.release_all(&records) {
             Ok(()) => done.extend(records.iter().map(|r| format!("lease {}", r.lease))),

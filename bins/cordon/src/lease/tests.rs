@@ -1385,8 +1385,16 @@ fn a_lease_of_an_earlier_boot_is_a_host_reset_and_quarantines_the_executor() {
     let lease = child(&w);
     let mut record = lease.record.clone();
     record.deadline.boot_id = "ffffffff-0000-0000-0000-000000000000".into();
+    let candidate = Digest::of_bytes(b"engine tree");
+    record.candidate = Some(candidate);
     overwrite_record(&w, &record);
     let done = w.manager.recover().unwrap();
+    // The candidate the reset interrupted is not run again under that authority.
+    let found = incident::find(&w.manager.store, &record.authority, &candidate)
+        .unwrap()
+        .expect("an incident of the interrupted candidate");
+    assert_eq!(found.incident.cause, quarantine::Cause::HostReset);
+    assert_eq!(found.incident.lease, record.lease);
     assert!(
         done.iter()
             .any(|d| d.starts_with("executor fake quarantined (host-reset")),
@@ -1404,5 +1412,59 @@ fn a_lease_of_an_earlier_boot_is_a_host_reset_and_quarantines_the_executor() {
         w.manager
             .begin_child("sha256:a", cordon_testkit::in_an_hour()),
         Err(LeaseError::Quarantined { .. })
+    ));
+}
+
+/// A lease of a named candidate that leaves residue records an incident: that candidate is not
+/// run again under that authority (another authority, another candidate are unaffected), and the
+/// first receipt this process stores afterwards is named as the one that reported it.
+#[test]
+fn an_incident_stops_its_candidate_under_its_authority_only() {
+    let w = world();
+    let f = empty_host();
+    f.reply("list", ToolOutput::ok(b"not json"));
+    let m = with_host(&w, f);
+    let candidate = Digest::of_bytes(b"engine tree");
+    let lease = m
+        .begin_for("sha256:a", &candidate, &[], cordon_testkit::in_an_hour())
+        .unwrap();
+    assert_eq!(lease.record.candidate.as_ref(), Some(&candidate));
+    let items = residue(m.release(&lease.record));
+    assert!(
+        items
+            .iter()
+            .any(|i| i
+                == &format!("candidate {candidate} is not run again under authority sha256:a")),
+        "{items:?}"
+    );
+    let store = &w.manager.store;
+    let e = incident::check(store, "sha256:a", &candidate).unwrap_err();
+    let LeaseError::Incident(found) = &e else {
+        panic!("not refused as an incident: {e:?}")
+    };
+    assert_eq!(found.incident.cause, quarantine::Cause::Residue);
+    assert_eq!(found.incident.lease, lease.record.lease);
+    assert!(found.receipt.is_none());
+    assert!(e.to_string().contains("no receipt was stored"), "{e}");
+    // Under another authority, or for another tree, it is a new attempt.
+    incident::check(store, "sha256:b", &candidate).unwrap();
+    incident::check(store, "sha256:a", &Digest::of_bytes(b"other tree")).unwrap();
+    // The receipt stored next names it; a later one does not replace it.
+    let receipt = Digest::of_bytes(b"the no-decision receipt");
+    incident::link_pending(store, &receipt).unwrap();
+    incident::link_pending(store, &Digest::of_bytes(b"later")).unwrap();
+    let e = incident::check(store, "sha256:a", &candidate).unwrap_err();
+    assert!(e.to_string().contains(&format!("receipt {receipt}")), "{e}");
+    // Lifting the quarantine does not lift the incident.
+    lift_all(&w.manager);
+    assert!(incident::check(store, "sha256:a", &candidate).is_err());
+    // An unreadable record is never read as none.
+    let key = incident::key("sha256:a", &candidate).unwrap();
+    let path = store.path(incident::INCIDENTS, &format!("{key}.receipt"));
+    fs::remove_file(&path).unwrap();
+    fs::write(&path, "junk").unwrap();
+    assert!(matches!(
+        incident::find(store, "sha256:a", &candidate),
+        Err(LeaseError::Record { .. })
     ));
 }

@@ -169,6 +169,7 @@ pub fn job(w: &World, script: &str, stdin: Input, live: bool) -> Job {
         framed: false,
         started: Instant::now(),
         lane: None,
+        candidate: None,
     }
 }
 
