@@ -46,6 +46,9 @@ pub const LAYOUT: [&str; 12] = [
     "tmp",
 ];
 
+/// The section holding every stored receipt (`<hex>.json`) and its signature.
+pub const RECEIPTS: &str = "receipts";
+
 /// The section holding what receipts name as evidence (logs, the host's records of a run):
 /// content-addressed like `objects/` but apart from it, so no tree or publication can name a
 /// log and a rejection's logs never read as content it added.

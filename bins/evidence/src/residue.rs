@@ -82,6 +82,28 @@ pub struct ReapOutputs {
     /// The quarantine this run lifted (`--clear`), after proving quiescence.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cleared: Option<Quarantine>,
+    /// What a monitor counts (`--status` only; seed 001's operator requirements).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counters: Option<Counters>,
+}
+
+/// The incident counts a monitor watches (`cordon-reap --status`): stale leases now, and over
+/// the store's whole history the runs killed for memory or time, host resets and device drain
+/// failures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Counters {
+    /// Lease records no live supervisor holds within its deadline: past it, or (seen as the
+    /// executor's sole manager) every record there is.
+    pub stale_leases: u64,
+    /// Stored run receipts (prebuild, lane, audit, reference, surface) ended by the OOM killer.
+    pub oom_kills: u64,
+    /// Stored run receipts ended by a deadline (the run's or a phase's).
+    pub deadline_kills: u64,
+    /// Host resets: host-reset quarantines in force, and those lifted (`outputs.cleared`).
+    pub host_resets: u64,
+    /// Device drain failures: drain quarantines in force, and those lifted.
+    pub drain_failures: u64,
 }
 
 /// What a quarantine holds back from new work (seed 001's incident checklist, step 1).

@@ -8,7 +8,9 @@
 //!   nothing of this executor exists in this store, exit 3 listing what does: residue, and
 //!   live leases as *active* (distinct from residue).
 //! - `cordon-reap --status`: the monitor's view — active leases reported without alarm (exit 0),
-//!   exit 3 only for residue or expired leases.
+//!   exit 3 only for residue or expired leases; its receipt counts what seed 001 asks an
+//!   operator to monitor (`outputs.counters`: stale leases now; OOM kills, deadline kills, host
+//!   resets and drain failures over the store's stored receipts and quarantines).
 //! - `cordon-reap --sweep`: recovery for a timer — the default's work, with `--status`'s
 //!   verdict (a live lease is not an alarm).
 //! - `cordon-reap --clear ID`: lift quarantine `ID` of this executor
@@ -43,11 +45,12 @@ use cordon_policy_lang::Policy;
 
 use cordon::inputs::ReapInputs;
 use cordon::lease::{BOOT_ID, BootTime, LeaseError, Leftover, Manager, Observer, quarantine};
-use cordon::receipt::{Outcome, Reason, Receipt};
+use cordon::receipt::{Outcome, Reason, Receipt, StageName};
 use cordon::store::Store;
-use cordon_evidence::residue::ReapOutputs;
+use cordon_evidence::residue::{Counters, ReapOutputs};
 use cordon_stage::args::{LeaseArgs, StageArgs, fail, report_diagnostic};
 use cordon_stage::receipt_io as stage;
+use std::collections::BTreeMap;
 
 /// Recover and prove quiescence.
 #[derive(Debug, Parser)]
@@ -84,6 +87,8 @@ struct Found {
     residue: Vec<String>,
     /// The quarantine `--clear` lifted.
     cleared: Option<quarantine::Quarantine>,
+    /// Lease records (or rootless runs) no live supervisor holds within their deadline.
+    stale: u64,
 }
 
 fn lines(items: impl IntoIterator<Item = Leftover>) -> Vec<String> {
@@ -92,12 +97,15 @@ fn lines(items: impl IntoIterator<Item = Leftover>) -> Vec<String> {
 
 /// Recover (or only look) while holding the executor.
 fn as_manager(m: &Manager, change: bool) -> Result<Found, LeaseError> {
+    // As the sole manager, every record left is one no supervisor holds.
+    let stale = m.records()?.len() as u64;
     let released = if change { m.recover()? } else { Vec::new() };
     Ok(Found {
         released,
         active: Vec::new(),
         residue: lines(m.check()?),
         cleared: None,
+        stale,
     })
 }
 
@@ -134,9 +142,11 @@ fn as_observer(o: &Observer, change: bool, now: &BootTime) -> Result<Found, Leas
     };
     let (mut active, mut residue) = (Vec::new(), Vec::new());
     let mut live = Vec::new();
+    let mut stale = 0;
     for l in o.leases(now)? {
         let r = &l.record;
         if l.expired {
+            stale += 1;
             residue.push(format!(
                 "expired lease {} (supervisor pid {})",
                 r.lease, r.supervisor.pid
@@ -165,6 +175,7 @@ fn as_observer(o: &Observer, change: bool, now: &BootTime) -> Result<Found, Leas
         active,
         residue,
         cleared: None,
+        stale,
     })
 }
 
@@ -185,9 +196,85 @@ fn as_surface(setup: &rootless::Setup, change: bool, now: &BootTime) -> Result<F
                 )
             })
             .collect(),
+        stale: seen
+            .residue
+            .iter()
+            .filter(|l| matches!(l, Leftover::Run { .. }))
+            .count() as u64,
         residue: lines(seen.residue),
         cleared: None,
     })
+}
+
+/// The stages whose receipts report one run each: the ones the OOM killer or a deadline can
+/// end. Summaries (qualify, verdict) repeat their sessions' reasons and are not counted again.
+const RUNS: [StageName; 5] = [
+    StageName::Prebuild,
+    StageName::Lane,
+    StageName::Audit,
+    StageName::Reference,
+    StageName::Surface,
+];
+
+/// `--status`'s counters: `stale` as found, the quarantines in force, and the store's stored
+/// receipts (every one read: a receipt that cannot be read is an error, never a zero).
+fn counters(
+    store: &Store,
+    quarantined: &BTreeMap<String, quarantine::Quarantine>,
+    stale: u64,
+) -> Result<Counters, LeaseError> {
+    let mut c = Counters {
+        stale_leases: stale,
+        ..Counters::default()
+    };
+    let mut incident = |cause| match cause {
+        quarantine::Cause::HostReset => c.host_resets += 1,
+        quarantine::Cause::Drain => c.drain_failures += 1,
+        quarantine::Cause::Residue | quarantine::Cause::Containment => {}
+    };
+    for q in quarantined.values() {
+        incident(q.cause);
+    }
+    let dir = store.root().join(cordon::store::RECEIPTS);
+    let (mut oom, mut deadline) = (0, 0);
+    for entry in std::fs::read_dir(&dir).map_err(|source| LeaseError::Io {
+        op: "list",
+        path: dir.clone(),
+        source,
+    })? {
+        let entry = entry.map_err(|source| LeaseError::Io {
+            op: "list",
+            path: dir.clone(),
+            source,
+        })?;
+        let name = entry.file_name();
+        // Signatures sit beside their receipts.
+        let Some(name) = name.to_str().filter(|n| n.ends_with(".json")) else {
+            continue;
+        };
+        let unreadable = |why: String| LeaseError::Record {
+            path: dir.join(name),
+            why,
+        };
+        let r: Receipt =
+            serde_json::from_slice(&store.read_document(cordon::store::RECEIPTS, name)?)
+                .map_err(|e| unreadable(e.to_string()))?;
+        let has = |suffix: &str| r.reasons.iter().any(|x| x.code.ends_with(suffix));
+        if r.stage == StageName::Reap {
+            // A lifted quarantine is counted where its receipt says so.
+            if let Some(q) = r.outputs.get("cleared") {
+                let q: quarantine::Quarantine =
+                    serde_json::from_value(q.clone()).map_err(|e| unreadable(e.to_string()))?;
+                incident(q.cause);
+            }
+        } else if RUNS.contains(&r.stage) {
+            oom += u64::from(has(".oom"));
+            deadline += u64::from(has("deadline"));
+        }
+    }
+    c.oom_kills = oom;
+    c.deadline_kills = deadline;
+    Ok(c)
 }
 
 /// Where this reap looks and keeps its receipt.
@@ -334,12 +421,21 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
     };
     // The quarantines in force after this run (the surface's own store holds none).
     let quarantined = if args.surface {
-        Ok(std::collections::BTreeMap::new())
+        Ok(BTreeMap::new())
     } else {
         quarantine::in_force(&place.store)
     };
-    let (code, outputs, failed) = match result.and_then(|f| Ok((f, quarantined?))) {
-        Ok((f, quarantined)) => {
+    let counted = |f: Found| -> Result<(Found, BTreeMap<_, _>, Option<Counters>), LeaseError> {
+        let quarantined = quarantined?;
+        let counters = if args.status {
+            Some(counters(&place.store, &quarantined, f.stale)?)
+        } else {
+            None
+        };
+        Ok((f, quarantined, counters))
+    };
+    let (code, outputs, failed) = match result.and_then(counted) {
+        Ok((f, quarantined, counters)) => {
             let quiescent = f.active.is_empty() && f.residue.is_empty();
             let alarms: Vec<String> = quarantined
                 .iter()
@@ -374,6 +470,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
                 gone: Vec::new(),
                 quarantined,
                 cleared: f.cleared,
+                counters,
             };
             (code, outputs, None)
         }

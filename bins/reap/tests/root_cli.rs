@@ -6,7 +6,9 @@
 use std::path::Path;
 use std::process::Command;
 
+use cordon::canonical::Digest;
 use cordon::lease::Manager;
+use cordon::receipt::{Outcome, Reason, Receipt, StageName};
 use cordon::store::Store;
 
 /// This test's executor: executor locks are host-global, and tests run side by side.
@@ -250,16 +252,42 @@ fn a_host_reset_quarantines_the_executor_until_reap_clears_it() {
         let path = store.path("leases", &format!("{}.json", lease.record.lease));
         let text = std::fs::read_to_string(&path).unwrap();
         let boot = std::fs::read_to_string(cordon::lease::BOOT_ID).unwrap();
-        let moved = text.replace(boot.trim(), "ffffffff-0000-4000-8000-000000000000");
+        // It ran a candidate's tree (as a container session's lease names it).
+        let moved = text
+            .replace(boot.trim(), "ffffffff-0000-4000-8000-000000000000")
+            .replace(
+                "\"created_at\"",
+                &format!("\"candidate\":\"{}\",\"created_at\"", candidate()),
+            );
         assert_ne!(moved, text);
         std::fs::remove_file(&path).unwrap();
         std::fs::write(&path, moved).unwrap();
         std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
             .unwrap();
     }
+    // The monitor's view before recovery: one stale lease, nothing else yet.
+    let (code, r) = reap_as(dir.path(), &policy, "store", &executor(), &["--status"]);
+    assert_eq!(code, Some(3), "{r}");
+    assert_eq!(r["outputs"]["counters"]["stale_leases"], 1, "{r}");
+    assert_eq!(r["outputs"]["counters"]["host_resets"], 0, "{r}");
     // Recovery releases it, and quarantines the executor.
     let (code, r) = reap(dir.path(), &policy, false);
     assert_eq!(code, Some(3), "{r}");
+    assert!(r["outputs"]["counters"].is_null(), "--status only: {r}");
+    // The candidate it ran is not run again under that authority; the recovery's receipt is
+    // the one that reported it.
+    let found = cordon::lease::incident::find(&store, "sha256:old", &candidate())
+        .unwrap()
+        .expect("an incident of the candidate the reset interrupted");
+    let reported = found.receipt.expect("linked to the recovery's receipt");
+    let stored: serde_json::Value = serde_json::from_slice(
+        &store
+            .read_document("receipts", &format!("{}.json", reported.hex()))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(stored["stage"], "reap", "{stored}");
+    assert_eq!(stored["started_at"], r["started_at"], "{stored}");
     assert!(
         r["outputs"]["released"].to_string().contains("lease"),
         "{r}"
@@ -274,6 +302,13 @@ fn a_host_reset_quarantines_the_executor_until_reap_clears_it() {
         assert_eq!(code, Some(3), "{mode:?}: {r}");
         assert!(r["outputs"]["quarantined"].get(id).is_some(), "{r}");
     }
+    let (_, r) = reap_as(dir.path(), &policy, "store", &executor(), &["--status"]);
+    assert_eq!(
+        r["outputs"]["counters"],
+        serde_json::json!({"stale_leases": 0, "oom_kills": 0, "deadline_kills": 0,
+            "host_resets": 1, "drain_failures": 0}),
+        "{r}"
+    );
     // No lease is begun under it.
     let m = Manager::open(&store, setup).unwrap();
     assert!(matches!(
@@ -301,4 +336,42 @@ fn a_host_reset_quarantines_the_executor_until_reap_clears_it() {
     assert_eq!(r["outputs"]["quiescent"], true, "{r}");
     let (code, r) = reap_as(dir.path(), &policy, "store", &executor(), &["--status"]);
     assert_eq!(code, Some(0), "{r}");
+    // The lifted reset still counts (its --clear receipt says so); runs the OOM killer or a
+    // deadline ended count once each, from their own receipts, not from summaries.
+    assert_eq!(r["outputs"]["counters"]["host_resets"], 1, "{r}");
+    for (stage, code) in [
+        (StageName::Lane, "lane.oom"),
+        (StageName::Prebuild, "prebuild.deadline"),
+        (StageName::Qualify, "lane.workload-deadline"),
+    ] {
+        let mut run = Receipt::new(stage, Digest::of_bytes(b"a"), Outcome::Rejected);
+        run.reasons.push(Reason {
+            code: code.into(),
+            message: "ended".into(),
+        });
+        let text = cordon::canonical::to_canonical_json(&run).unwrap();
+        let name = format!("{}.json", Digest::of_bytes(text.as_bytes()).hex());
+        store
+            .put_document("receipts", &name, text.as_bytes())
+            .unwrap();
+    }
+    let (code, r) = reap_as(dir.path(), &policy, "store", &executor(), &["--status"]);
+    assert_eq!(code, Some(0), "{r}");
+    assert_eq!(r["outputs"]["counters"]["oom_kills"], 1, "{r}");
+    assert_eq!(r["outputs"]["counters"]["deadline_kills"], 1, "{r}");
+    // A receipt that cannot be read is never counted as nothing.
+    store
+        .put_document("receipts", "junk.json", b"not a receipt")
+        .unwrap();
+    let (code, r) = reap_as(dir.path(), &policy, "store", &executor(), &["--status"]);
+    assert_eq!(code, Some(3), "{r}");
+    assert!(
+        r["outputs"]["remaining"].to_string().contains("junk.json"),
+        "{r}"
+    );
+}
+
+/// The engine tree the host-reset test's lease ran.
+fn candidate() -> Digest {
+    Digest::of_bytes(b"the interrupted candidate's tree")
 }
