@@ -22,6 +22,7 @@ pub mod identity;
 pub mod image;
 pub mod intake;
 pub mod interrupt;
+pub mod keyset;
 pub mod lease;
 pub mod runtime;
 pub mod signing;

@@ -14,7 +14,8 @@
 //! deterministic, so storing a receipt twice stores the same signature.
 //!
 //! What it does not own: which receipts are signed (every receipt a stage stores:
-//! `cordon-stage`'s `emit`), key rotation and retirement (not yet).
+//! `cordon-stage`'s `emit`), and the key's history — rotation, retirement, compromise and
+//! verification under a key set ([`crate::keyset`]).
 
 use std::fs::{self, OpenOptions};
 use std::io::{Read, Write};
@@ -72,6 +73,32 @@ pub enum SigningError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Store(#[from] StoreError),
+    /// A key set is not usable ([`crate::keyset`]).
+    #[error("key set: {why}")]
+    #[diagnostic(
+        code(cordon::signing::key_set),
+        help("a key set is the host's published `cordon-verify --key-set` output")
+    )]
+    KeySet {
+        /// What is wrong.
+        why: String,
+    },
+    /// The signature is good but was made outside its key's validity window.
+    #[error("the signature over receipt {digest} by {key} is not valid: {why}")]
+    #[diagnostic(
+        code(cordon::signing::window),
+        help(
+            "a retired key signs nothing after its retirement, a compromised one nothing after its compromise time"
+        )
+    )]
+    Window {
+        /// The receipt.
+        digest: Digest,
+        /// The key.
+        key: String,
+        /// Which bound, with the times.
+        why: String,
+    },
 }
 
 /// A stored detached signature.
@@ -189,9 +216,15 @@ impl HostKey {
         }
         let mut seed = [0u8; 32];
         f.read_exact(&mut seed).map_err(|e| key_error(path, e))?;
-        Ok(Self {
+        Ok(Self::from_seed(seed))
+    }
+
+    /// The key of `seed`.
+    #[must_use]
+    pub fn from_seed(seed: [u8; 32]) -> Self {
+        Self {
             key: SigningKey::from_bytes(&seed),
-        })
+        }
     }
 
     /// The public key, `ed25519:<hex>`.
@@ -273,26 +306,37 @@ pub fn verify(key: &str, digest: &Digest, sig: &Signature) -> Result<(), Signing
     if sig.schema != SIGNATURE_SCHEMA || sig.key != key {
         return Err(bad());
     }
-    let malformed = |what, text: &str| SigningError::Malformed {
-        what,
-        text: text.to_owned(),
-    };
-    let raw: [u8; 32] = key
-        .strip_prefix("ed25519:")
-        .and_then(|h| hex::decode(h).ok())
-        .and_then(|b| b.try_into().ok())
-        .ok_or_else(|| malformed("public key", key))?;
-    let public = VerifyingKey::from_bytes(&raw).map_err(|_| malformed("public key", key))?;
+    let public = public_key(key)?;
     let bytes: [u8; 64] = hex::decode(&sig.signature)
         .ok()
         .and_then(|b| b.try_into().ok())
-        .ok_or_else(|| malformed("signature", &sig.signature))?;
+        .ok_or_else(|| SigningError::Malformed {
+            what: "signature",
+            text: sig.signature.clone(),
+        })?;
     public
         .verify_strict(
             &message(digest),
             &ed25519_dalek::Signature::from_bytes(&bytes),
         )
         .map_err(|_| bad())
+}
+
+/// The Ed25519 key of `key` (`ed25519:<hex>`).
+///
+/// # Errors
+/// It is not a well-formed public key.
+pub fn public_key(key: &str) -> Result<VerifyingKey, SigningError> {
+    let malformed = || SigningError::Malformed {
+        what: "public key",
+        text: key.to_owned(),
+    };
+    let raw: [u8; 32] = key
+        .strip_prefix("ed25519:")
+        .and_then(|h| hex::decode(h).ok())
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(malformed)?;
+    VerifyingKey::from_bytes(&raw).map_err(|_| malformed())
 }
 
 /// Read the stored signature of receipt `digest`.

@@ -10,6 +10,14 @@
 //!   signatures, trees and publications, for an auditor's `cordon-verify --store DIR --key …`.
 //! - `cordon-verify --public-key` prints the host's public key (`ed25519:<hex>`), making the
 //!   key on first use: what a host publishes for auditors.
+//! - Key rotation ([`cordon::keyset`], seed 001's checklist step 6): `--key-set` prints the
+//!   host's key set (every key it signed with, with its validity window: what a host publishes
+//!   once it has rotated); `--rotate-key` retires the current key now and makes a fresh one;
+//!   `--compromised KEY --at TIME` declares a retired key compromised from TIME. An auditor
+//!   verifies with `--keys FILE` (a published set) instead of `--key`; without either, the
+//!   host's own set is used. A receipt verifies under a set only when signed inside its key's
+//!   window and before its compromise; one accepted under a key later declared compromised is
+//!   said on stderr.
 //!
 //! A usage error is exit 2; a store that cannot be opened or a key that cannot be read, exit 3.
 
@@ -22,6 +30,7 @@ use cordon::ExitCode;
 use cordon::canonical::Digest;
 use cordon::error_chain;
 use cordon::exit::ExitClass;
+use cordon::keyset::{self, KeySet};
 use cordon::receipt::{
     FetchOutputs, IncumbentOutputs, LaneOutputs, MaterializeOutputs, PrebuildOutputs, Receipt,
     StageName,
@@ -37,11 +46,14 @@ use crate::{Hop, export, verify};
 #[command(name = "cordon-verify", version, about)]
 pub struct Args {
     /// The store (or an exported copy of one).
-    #[arg(long, required_unless_present = "public_key")]
+    #[arg(long, required_unless_present_any = ["public_key", "key_set", "rotate_key", "compromised"])]
     pub store: Option<PathBuf>,
-    /// The trusted public key, `ed25519:<hex>` (default: this host's own).
-    #[arg(long)]
+    /// The trusted public key, `ed25519:<hex>` (default: this host's own key set).
+    #[arg(long, conflicts_with = "keys")]
     pub key: Option<String>,
+    /// The trusted key set: a file holding a host's published `--key-set`.
+    #[arg(long, value_name = "FILE")]
+    pub keys: Option<PathBuf>,
     /// Print the chain as a timeline.
     #[arg(long)]
     pub explain: bool,
@@ -49,10 +61,23 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     pub export: Option<PathBuf>,
     /// Print this host's public key and exit.
-    #[arg(long, conflicts_with_all = ["store", "key", "explain", "export", "receipt"])]
+    #[arg(long, conflicts_with_all = ["store", "key", "keys", "explain", "export", "receipt"])]
     pub public_key: bool,
+    /// Print this host's key set and exit.
+    #[arg(long, conflicts_with_all = ["store", "key", "keys", "explain", "export", "receipt", "public_key"])]
+    pub key_set: bool,
+    /// Retire this host's key now, make a fresh one current, and print the new key set.
+    #[arg(long, conflicts_with_all = ["store", "key", "keys", "explain", "export", "receipt", "public_key", "key_set"])]
+    pub rotate_key: bool,
+    /// Declare this host's retired key KEY compromised (from `--at`), and print the key set.
+    #[arg(long, value_name = "KEY", requires = "at", conflicts_with_all = ["store", "key", "keys", "explain", "export", "receipt", "public_key", "key_set", "rotate_key"])]
+    pub compromised: Option<String>,
+    /// When the key was compromised (RFC 3339, e.g. 2026-12-01T00:00:00Z): no signature it
+    /// made from then on verifies.
+    #[arg(long, value_name = "TIME", requires = "compromised")]
+    pub at: Option<String>,
     /// The head receipt: `sha256:…`, or a receipt file.
-    #[arg(required_unless_present = "public_key")]
+    #[arg(required_unless_present_any = ["public_key", "key_set", "rotate_key", "compromised"])]
     pub receipt: Option<String>,
 }
 
@@ -203,6 +228,53 @@ fn facts(r: &Receipt) -> String {
         .join("\n    ")
 }
 
+/// The trusted key set: `--key` alone, `--keys FILE`, or this host's own set.
+fn trusted(args: &Args) -> Result<KeySet, (Box<dyn std::error::Error>, ExitCode)> {
+    match (&args.key, &args.keys) {
+        (Some(k), _) => {
+            cordon::signing::public_key(k).map_err(|e| (e.into(), ExitCode::Usage))?;
+            Ok(KeySet::single(k))
+        }
+        (None, Some(file)) => std::fs::read_to_string(file)
+            .map_err(|e| format!("{}: {e}", file.display()).into())
+            .and_then(|t| KeySet::parse(&t).map_err(Into::into))
+            .map_err(|e| (e, ExitCode::Usage)),
+        (None, None) => {
+            keyset::host_set(Path::new(KEY_DIR)).map_err(|e| (e.into(), ExitCode::NoDecision))
+        }
+    }
+}
+
+/// `--key-set`, `--rotate-key`, `--compromised`: the host's key operations, each printing the
+/// key set as it now is (canonical JSON, what the host publishes). `None`: not one of them.
+fn host_keys(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> Option<ExitCode> {
+    let dir = Path::new(KEY_DIR);
+    let set = if args.key_set {
+        keyset::host_set(dir)
+    } else if args.rotate_key {
+        keyset::rotate(dir)
+    } else if let (Some(key), Some(at)) = (&args.compromised, &args.at) {
+        keyset::declare_compromised(dir, key, at)
+    } else {
+        return None;
+    };
+    Some(
+        match set.and_then(|s| {
+            cordon::canonical::to_canonical_json(&s)
+                .map_err(|e| cordon::signing::SigningError::KeySet { why: e.to_string() })
+        }) {
+            Ok(text) => {
+                let _ = writeln!(stdout, "{text}");
+                ExitCode::Ok
+            }
+            Err(e) => {
+                report(stderr, &e);
+                e.exit_class()
+            }
+        },
+    )
+}
+
 /// Run the tool: the whole of `main`.
 pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitCode {
     if args.public_key {
@@ -217,6 +289,9 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             }
         };
     }
+    if let Some(code) = host_keys(args, stdout, stderr) {
+        return code;
+    }
     let (Some(store_dir), Some(given)) = (&args.store, &args.receipt) else {
         return ExitCode::Usage;
     };
@@ -227,19 +302,16 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             return ExitCode::Usage;
         }
     };
-    let key = match &args.key {
-        Some(k) => k.clone(),
-        None => match HostKey::load(Path::new(KEY_DIR)) {
-            Ok(k) => k.public(),
-            Err(e) => {
-                report(stderr, &e);
-                let _ = writeln!(
-                    stderr,
-                    "cordon-verify: give the host's published key with --key ed25519:…"
-                );
-                return ExitCode::NoDecision;
-            }
-        },
+    let keys = match trusted(args) {
+        Ok(k) => k,
+        Err((e, code)) => {
+            report(stderr, &*e);
+            let _ = writeln!(
+                stderr,
+                "cordon-verify: give the host's published key with --key ed25519:… or its key set with --keys FILE"
+            );
+            return code;
+        }
     };
     // A verifier never makes a store: the one it is given must already be one.
     if !store_dir.is_dir() {
@@ -254,14 +326,14 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
         }
     };
     let result = match &args.export {
-        None => verify(&store, &head, &key),
+        None => verify(&store, &head, &keys),
         Some(dir) => {
             if dir.exists() {
                 let _ = writeln!(stderr, "cordon-verify: {} exists", dir.display());
                 return ExitCode::Usage;
             }
             match Store::open(dir) {
-                Ok(dest) => export(&store, &head, &key, &dest),
+                Ok(dest) => export(&store, &head, &keys, &dest),
                 Err(e) => {
                     report(stderr, &e);
                     return ExitCode::NoDecision;
@@ -286,12 +358,27 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
                     );
                 }
             }
+            // Accepted only as signed before the compromise: the time is the signer's own.
+            for h in hops.iter().filter(|h| h.signed_by.compromised_at.is_some()) {
+                let _ = writeln!(
+                    stderr,
+                    "cordon-verify: warning: receipt {} is signed by {}, declared compromised from {}; it verifies as signed at {}, a time its signer states: trust it only if its digest was known before the compromise",
+                    h.digest,
+                    h.signed_by.key,
+                    h.signed_by.compromised_at.as_deref().unwrap_or_default(),
+                    h.receipt.finished_at
+                );
+            }
+            let mut signers: Vec<&str> = hops.iter().map(|h| h.signed_by.key.as_str()).collect();
+            signers.sort_unstable();
+            signers.dedup();
             let _ = writeln!(
                 stdout,
-                "verified: {} receipts under authority {}, signed by {key}{}",
+                "verified: {} receipts under authority {}, signed by {}{}",
                 hops.len(),
                 hops.first()
                     .map_or_else(String::new, |h| h.receipt.authority.to_string()),
+                signers.join(", "),
                 args.export
                     .as_ref()
                     .map_or_else(String::new, |d| format!("; exported to {}", d.display()))

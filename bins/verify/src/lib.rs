@@ -23,7 +23,8 @@
 //!
 //! What it does not own: intake records (a fetch receipt's content is not re-hashed here; its
 //! tree, materialized from it, is), the audit's plan object (the sampled requests it sent: its
-//! digest is recorded, not re-read), key rotation.
+//! digest is recorded, not re-read), the key set's history (`cordon::keyset`: rotation and
+//! compromise are the host's; this checks each signature against the set it is given).
 
 pub mod cli;
 mod referee;
@@ -32,6 +33,7 @@ use std::collections::BTreeSet;
 
 use cordon::canonical::Digest;
 use cordon::chain::{self, ChainError, starts_incumbent_chain};
+use cordon::keyset::{KeyEntry, KeySet};
 use cordon::receipt::{
     IncumbentOutputs, LaneOutputs, MaterializeOutputs, Outcome, PrebuildOutputs, Receipt, StageName,
 };
@@ -165,6 +167,8 @@ pub struct Hop {
     pub objects: Vec<(Section, Digest)>,
     /// The outputs objects (a session's or T's tokens) it names, all re-hashed and decoded.
     pub outputs: Vec<Digest>,
+    /// The key of the set its signature verified under.
+    pub signed_by: KeyEntry,
 }
 
 /// What one receipt names and rests on.
@@ -218,11 +222,12 @@ pub(crate) fn tokens(
 /// What one receipt leads to: the receipts it rests on, each with the stage it must be.
 pub(crate) type Edges = Vec<(Digest, StageName)>;
 
-/// Verify the chain under `head` with the trusted public key `key`; the hops, head first.
+/// Verify the chain under `head` with the trusted key set `keys` (each receipt's signature by
+/// a key of the set, made inside that key's window: [`KeySet::verify`]); the hops, head first.
 ///
 /// # Errors
 /// The first thing that does not verify.
-pub fn verify(store: &Store, head: &Digest, key: &str) -> Result<Vec<Hop>, VerifyError> {
+pub fn verify(store: &Store, head: &Digest, keys: &KeySet) -> Result<Vec<Hop>, VerifyError> {
     let mut hops: Vec<Hop> = Vec::new();
     let mut seen = BTreeSet::new();
     // Each receipt still to verify, with the stage and outcome its successor rests on.
@@ -238,8 +243,10 @@ pub fn verify(store: &Store, head: &Digest, key: &str) -> Result<Vec<Hop>, Verif
         let r = chain::load(store, &digest)?;
         let sig = signing::stored(store, &digest)
             .map_err(|source| VerifyError::Signature { digest, source })?;
-        signing::verify(key, &digest, &sig)
-            .map_err(|source| VerifyError::Signature { digest, source })?;
+        let signed_by = keys
+            .verify(&digest, &sig, &r.finished_at)
+            .map_err(|source| VerifyError::Signature { digest, source })?
+            .clone();
         let expected_authority = *authority.get_or_insert(r.authority);
         if r.authority != expected_authority {
             return Err(VerifyError::Authority {
@@ -307,6 +314,7 @@ pub fn verify(store: &Store, head: &Digest, key: &str) -> Result<Vec<Hop>, Verif
             receipt: r,
             objects,
             outputs,
+            signed_by,
         });
     }
     Ok(hops)
@@ -510,10 +518,10 @@ fn boxed(e: TreeError) -> VerifyError {
 pub fn export(
     store: &Store,
     head: &Digest,
-    key: &str,
+    keys: &KeySet,
     dest: &Store,
 ) -> Result<Vec<Hop>, VerifyError> {
-    let hops = verify(store, head, key)?;
+    let hops = verify(store, head, keys)?;
     let mut copied = BTreeSet::new();
     for hop in &hops {
         for name in [

@@ -8,6 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use cordon::canonical::Digest;
+use cordon::keyset::KeySet;
 use cordon::receipt::{
     IncumbentOutputs, LaneOutputs, Outcome, Receipt, Rejection, StageName, StageOutputs,
 };
@@ -311,7 +312,7 @@ fn sign_verdict(
 }
 
 fn recompute_error(c: &Chain, head: &Digest) -> String {
-    match verify(&c.store, head, &c.key) {
+    match verify(&c.store, head, &KeySet::single(&c.key)) {
         Err(VerifyError::Recompute { digest, why }) if digest == *head => why,
         other => panic!("expected the verdict not to recompute, got {other:?}"),
     }
@@ -322,7 +323,7 @@ fn a_final_verdict_with_its_audit_verifies_here_and_from_its_export_alone() {
     let c = chain_with(1);
     let r = referee(&c, Audited::Right);
     assert_eq!(r.outputs.verdict, Final::Pass);
-    let hops = verify(&c.store, &r.verdict, &c.key).unwrap();
+    let hops = verify(&c.store, &r.verdict, &KeySet::single(&c.key)).unwrap();
     let stages: Vec<StageName> = hops.iter().map(|h| h.receipt.stage).collect();
     for s in [
         StageName::Verdict,
@@ -334,9 +335,11 @@ fn a_final_verdict_with_its_audit_verifies_here_and_from_its_export_alone() {
         assert!(stages.contains(&s), "{s} is walked: {stages:?}");
     }
     let bundle = cordon::store::Store::open(&c.dir.path().join("bundle")).unwrap();
-    export(&c.store, &r.verdict, &c.key, &bundle).unwrap();
+    export(&c.store, &r.verdict, &KeySet::single(&c.key), &bundle).unwrap();
     assert_eq!(
-        verify(&bundle, &r.verdict, &c.key).unwrap().len(),
+        verify(&bundle, &r.verdict, &KeySet::single(&c.key))
+            .unwrap()
+            .len(),
         hops.len()
     );
 }
@@ -349,12 +352,12 @@ fn an_audit_that_regrades_wrong_or_that_the_candidate_broke_is_a_fail_that_verif
         (wrong.outputs.verdict, wrong.outputs.code.as_str()),
         (Final::Fail, "audit.mismatch")
     );
-    verify(&c.store, &wrong.verdict, &c.key).unwrap();
+    verify(&c.store, &wrong.verdict, &KeySet::single(&c.key)).unwrap();
 
     let broke = referee(&c, Audited::Broke);
     assert_eq!(broke.outputs.code, "audit.rejected");
     // The rejected audit receipt is rested on as the candidate's own failure.
-    let hops = verify(&c.store, &broke.verdict, &c.key).unwrap();
+    let hops = verify(&c.store, &broke.verdict, &KeySet::single(&c.key)).unwrap();
     assert!(hops.iter().any(|h| h.digest == broke.audit));
 
     // A PASS that says the audit served, over a rejected audit receipt: refused.
@@ -368,7 +371,7 @@ fn an_audit_that_regrades_wrong_or_that_the_candidate_broke_is_a_fail_that_verif
     let mut inputs = wrong.inputs.clone();
     inputs.audit = Some(broke.audit);
     let head = sign_verdict(&c, &inputs, &pass, Digest::of_bytes(AUTHORITY));
-    let e = verify(&c.store, &head, &c.key).unwrap_err();
+    let e = verify(&c.store, &head, &KeySet::single(&c.key)).unwrap_err();
     assert!(e.to_string().contains("its audit"), "{e}");
 }
 
@@ -417,7 +420,7 @@ fn every_tampering_with_what_the_verdict_rests_on_is_caught() {
     *bytes.last_mut().unwrap() ^= 1;
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
     std::fs::write(&path, &bytes).unwrap();
-    let e = verify(&c.store, &r.verdict, &c.key).unwrap_err();
+    let e = verify(&c.store, &r.verdict, &KeySet::single(&c.key)).unwrap_err();
     assert!(e.to_string().contains("outputs object"), "{e}");
 }
 
@@ -427,7 +430,7 @@ fn a_verdict_over_another_authoritys_qualification_and_an_audit_as_speed_evidenc
     let r = referee(&c, Audited::Right);
     // The same verdict, signed under another authority: its qualification is not its own.
     let head = sign_verdict(&c, &r.inputs, &r.outputs, Digest::of_bytes(b"another"));
-    match verify(&c.store, &head, &c.key) {
+    match verify(&c.store, &head, &KeySet::single(&c.key)) {
         Err(VerifyError::Authority { .. }) => {}
         other => panic!("expected an authority mismatch, got {other:?}"),
     }
@@ -444,7 +447,7 @@ fn a_verdict_over_another_authoritys_qualification_and_an_audit_as_speed_evidenc
         json!({}),
         &q,
     );
-    let e = verify(&c.store, &head, &c.key).unwrap_err();
+    let e = verify(&c.store, &head, &KeySet::single(&c.key)).unwrap_err();
     assert!(
         matches!(&e, VerifyError::Recompute { why, .. } if why.contains("a session's outputs")),
         "{e}"

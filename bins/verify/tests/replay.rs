@@ -7,6 +7,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use cordon::keyset::KeySet;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
@@ -39,12 +40,17 @@ fn receipt_file(c: &Chain, d: &Digest) -> std::path::PathBuf {
 #[test]
 fn a_qualification_chain_verifies_here_and_from_its_export_alone() {
     let c = chain();
-    let hops = verify(&c.store, &c.head, &c.key).unwrap();
+    let hops = verify(&c.store, &c.head, &KeySet::single(&c.key)).unwrap();
     // Qualify, three sessions, two prebuilds, materialize, fetch, the registration.
     assert_eq!(hops.len(), 9);
     let bundle = Store::open(&c.dir.path().join("bundle")).unwrap();
-    assert_eq!(export(&c.store, &c.head, &c.key, &bundle).unwrap().len(), 9);
-    let hops = verify(&bundle, &c.head, &c.key).unwrap();
+    assert_eq!(
+        export(&c.store, &c.head, &KeySet::single(&c.key), &bundle)
+            .unwrap()
+            .len(),
+        9
+    );
+    let hops = verify(&bundle, &c.head, &KeySet::single(&c.key)).unwrap();
     assert_eq!(hops.len(), 9);
     // The evidence every hop names travels with it.
     for hop in &hops {
@@ -56,9 +62,9 @@ fn a_qualification_chain_verifies_here_and_from_its_export_alone() {
     // would lose it fails, naming it.
     let named = hops[0].receipt.evidence[0].sha256;
     std::fs::remove_file(c.store.path(cordon::store::EVIDENCE, &named.hex())).unwrap();
-    verify(&c.store, &c.head, &c.key).unwrap();
+    verify(&c.store, &c.head, &KeySet::single(&c.key)).unwrap();
     let again = Store::open(&c.dir.path().join("again")).unwrap();
-    let e = export(&c.store, &c.head, &c.key, &again).unwrap_err();
+    let e = export(&c.store, &c.head, &KeySet::single(&c.key), &again).unwrap_err();
     assert!(e.to_string().contains(&named.hex()), "{e}");
     // The bundle holds no key: only receipts, signatures, records and objects.
     assert!(
@@ -75,7 +81,7 @@ fn every_tampering_is_caught_with_its_own_message() {
     // Another trusted key: every signature fails.
     let c = chain();
     let other = HostKey::load_or_create(&c.dir.path().join("other-key")).unwrap();
-    let e = verify(&c.store, &c.head, &other.public()).unwrap_err();
+    let e = verify(&c.store, &c.head, &KeySet::single(&other.public())).unwrap_err();
     assert!(matches!(e, VerifyError::Signature { .. }), "{e}");
 
     // A receipt's bytes changed: it no longer hashes to its name.
@@ -83,7 +89,7 @@ fn every_tampering_is_caught_with_its_own_message() {
     let path = receipt_file(&c, &c.prebuild_c);
     let text = std::fs::read_to_string(&path).unwrap();
     rewrite(&path, text.replace("\"files\":1", "\"files\":7").as_bytes());
-    let e = verify(&c.store, &c.head, &c.key).unwrap_err();
+    let e = verify(&c.store, &c.head, &KeySet::single(&c.key)).unwrap_err();
     assert!(e.to_string().contains("hashes to"), "{e}");
 
     // A receipt's bytes edited so that they still parse to the signed receipt: a key given
@@ -98,7 +104,7 @@ fn every_tampering_is_caught_with_its_own_message() {
         text.replacen("\"files\":1", "\"files\":7,\"files\":1", 1)
             .as_bytes(),
     );
-    let e = verify(&c.store, &c.head, &c.key).unwrap_err();
+    let e = verify(&c.store, &c.head, &KeySet::single(&c.key)).unwrap_err();
     assert!(e.to_string().contains("not the canonical text"), "{e}");
 
     // A signature removed.
@@ -109,7 +115,7 @@ fn every_tampering_is_caught_with_its_own_message() {
         .join("receipts")
         .join(cordon::signing::signature_name(&c.session_c));
     std::fs::remove_file(&sig).unwrap();
-    let e = verify(&c.store, &c.head, &c.key).unwrap_err();
+    let e = verify(&c.store, &c.head, &KeySet::single(&c.key)).unwrap_err();
     assert!(
         matches!(e, VerifyError::Signature { digest, .. } if digest == c.session_c),
         "{e}"
@@ -125,7 +131,7 @@ fn every_tampering_is_caught_with_its_own_message() {
             .join(cordon::signing::signature_name(&c.session_c)),
         &forged,
     );
-    let e = verify(&c.store, &c.head, &c.key).unwrap_err();
+    let e = verify(&c.store, &c.head, &KeySet::single(&c.key)).unwrap_err();
     assert!(matches!(e, VerifyError::Signature { .. }), "{e}");
 
     // A read's outputs object edited in place: it no longer hashes to its name.
@@ -134,7 +140,7 @@ fn every_tampering_is_caught_with_its_own_message() {
     let mut bytes = std::fs::read(&outputs).unwrap();
     *bytes.last_mut().unwrap() ^= 1;
     rewrite(&outputs, &bytes);
-    let e = verify(&c.store, &c.head, &c.key).unwrap_err();
+    let e = verify(&c.store, &c.head, &KeySet::single(&c.key)).unwrap_err();
     assert!(
         matches!(&e, VerifyError::Recompute { digest, why } if *digest == c.session_c && why.contains("outputs object")),
         "{e}"
@@ -145,7 +151,7 @@ fn every_tampering_is_caught_with_its_own_message() {
     let record = tree::load_in(&c.store, PUBLICATIONS, &c.publication_c).unwrap();
     let object = c.store.object_path(&record.entries[0].sha256, false);
     rewrite(&object, b"px");
-    let e = verify(&c.store, &c.head, &c.key).unwrap_err();
+    let e = verify(&c.store, &c.head, &KeySet::single(&c.key)).unwrap_err();
     assert!(
         matches!(
             e,
@@ -170,7 +176,7 @@ fn every_tampering_is_caught_with_its_own_message() {
         json!({}),
         &lie,
     );
-    let e = verify(&c.store, &head, &c.key).unwrap_err();
+    let e = verify(&c.store, &head, &KeySet::single(&c.key)).unwrap_err();
     assert!(
         e.to_string().contains("windows are not its sessions'"),
         "{e}"
@@ -185,7 +191,7 @@ fn every_tampering_is_caught_with_its_own_message() {
         json!({}),
         &lie,
     );
-    let e = verify(&c.store, &head, &c.key).unwrap_err();
+    let e = verify(&c.store, &head, &KeySet::single(&c.key)).unwrap_err();
     assert!(e.to_string().contains("recomputes to"), "{e}");
     let mut lie = c.qualify.clone();
     lie.speed_section.min_margin_bp = 1;
@@ -197,7 +203,7 @@ fn every_tampering_is_caught_with_its_own_message() {
         json!({}),
         &lie,
     );
-    let e = verify(&c.store, &head, &c.key).unwrap_err();
+    let e = verify(&c.store, &head, &KeySet::single(&c.key)).unwrap_err();
     assert!(
         e.to_string().contains("not the one its digest names"),
         "{e}"
@@ -235,7 +241,7 @@ fn every_tampering_is_caught_with_its_own_message() {
             meta: None,
         },
     );
-    let e = verify(&c.store, &foreign, &c.key).unwrap_err();
+    let e = verify(&c.store, &foreign, &KeySet::single(&c.key)).unwrap_err();
     assert!(matches!(e, VerifyError::Authority { .. }), "{e}");
 }
 
@@ -262,20 +268,20 @@ fn the_last_receipt_of_a_rejected_pipeline_verifies_through_its_pass_ons() {
     let m = put(&materialize);
     let prebuild = Receipt::pass_on(StageName::Prebuild, &materialize, m);
     let p = put(&prebuild);
-    let hops = verify(&store, &p, &key.public()).unwrap();
+    let hops = verify(&store, &p, &KeySet::single(&key.public())).unwrap();
     assert_eq!(hops.len(), 3);
 
     // A prebuild receipt of its own (not a pass-on) over the rejected materialize: refused.
     let mut own = prebuild.clone();
     own.reasons[0].code = "prebuild.exit".into();
     let own = put(&own);
-    let e = verify(&store, &own, &key.public()).unwrap_err();
+    let e = verify(&store, &own, &KeySet::single(&key.public())).unwrap_err();
     assert!(matches!(e, VerifyError::Order { .. }), "{e}");
     // A pass-on that turns a rejection into a no-decision: refused.
     let mut flipped = prebuild.clone();
     flipped.outcome = Outcome::NoDecision;
     let flipped = put(&flipped);
-    let e = verify(&store, &flipped, &key.public()).unwrap_err();
+    let e = verify(&store, &flipped, &KeySet::single(&key.public())).unwrap_err();
     assert!(
         e.to_string()
             .contains("rests only on a receipt that is no-decision"),
@@ -284,6 +290,67 @@ fn the_last_receipt_of_a_rejected_pipeline_verifies_through_its_pass_ons() {
 }
 
 /// How `cordon-verify` ends: evidence that does not verify is 1, a store it cannot read is 3.
+/// Seed 001's checklist, step 6: an auditor verifies against the host's published key set.
+/// A chain signed inside its key's window verifies; a retired key's signatures after its
+/// retirement, or a compromised key's after its compromise, do not; one accepted under a key
+/// later declared compromised is said on stderr.
+#[test]
+fn a_key_set_bounds_what_each_key_signed() {
+    let c = chain();
+    let set_file = c.dir.path().join("keys.json");
+    let replay = |entry: serde_json::Value| {
+        let set = json!({"schema": 1, "keys": [entry]});
+        std::fs::write(&set_file, set.to_string()).unwrap();
+        std::process::Command::new(env!("CARGO_BIN_EXE_cordon-verify"))
+            .arg("--store")
+            .arg(c.store.root())
+            .arg("--keys")
+            .arg(&set_file)
+            .arg(c.head.to_string())
+            .output()
+            .unwrap()
+    };
+    let stderr = |o: &std::process::Output| String::from_utf8_lossy(&o.stderr).into_owned();
+    // Inside its window: verifies, quietly.
+    let out = replay(json!({"key": c.key, "valid_from": "2000-01-01T00:00:00Z"}));
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(stderr(&out).is_empty(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&format!("signed by {}", c.key)),
+        "{out:?}"
+    );
+    // Declared compromised later than the chain: verifies, with the warning.
+    let out = replay(json!({"key": c.key, "valid_until": "2100-01-01T00:00:00Z",
+        "compromised_at": "2099-01-01T00:00:00Z"}));
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        stderr(&out).contains("declared compromised from 2099"),
+        "{out:?}"
+    );
+    // Retired, or compromised, before the chain was signed: a failed verification (exit 1).
+    for (entry, why) in [
+        (
+            json!({"key": c.key, "valid_until": "2001-01-01T00:00:00Z"}),
+            "after the key was retired",
+        ),
+        (
+            json!({"key": c.key, "compromised_at": "2001-01-01T00:00:00Z"}),
+            "after the key was declared compromised",
+        ),
+        (
+            json!({"key": c.key, "valid_from": "2099-01-01T00:00:00Z"}),
+            "before the key's window opens",
+        ),
+    ] {
+        let out = replay(entry);
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        assert!(stderr(&out).contains(why), "{why}: {out:?}");
+    }
+    // A key set that is not one: the auditor's wiring (exit 2).
+    let out = replay(json!({"key": c.key, "trusted": true}));
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+}
+
 #[test]
 fn a_chain_that_does_not_verify_is_1_and_a_store_that_cannot_be_read_is_3() {
     use cordon::exit::ExitClass;
@@ -291,9 +358,14 @@ fn a_chain_that_does_not_verify_is_1_and_a_store_that_cannot_be_read_is_3() {
     let path = receipt_file(&c, &c.prebuild_c);
     let text = std::fs::read_to_string(&path).unwrap();
     rewrite(&path, text.replace("\"files\":1", "\"files\":7").as_bytes());
-    let e = verify(&c.store, &c.head, &c.key).unwrap_err();
+    let e = verify(&c.store, &c.head, &KeySet::single(&c.key)).unwrap_err();
     assert_eq!(e.exit_class(), cordon::ExitCode::Rejected, "{e}");
-    let absent = verify(&c.store, &Digest::of_bytes(b"absent"), &c.key).unwrap_err();
+    let absent = verify(
+        &c.store,
+        &Digest::of_bytes(b"absent"),
+        &KeySet::single(&c.key),
+    )
+    .unwrap_err();
     assert_eq!(absent.exit_class(), cordon::ExitCode::Rejected, "{absent}");
     // A receipt the store holds but cannot open (a link under its name: the no-follow open
     // fails with ELOOP) is not evidence either way.
@@ -301,7 +373,7 @@ fn a_chain_that_does_not_verify_is_1_and_a_store_that_cannot_be_read_is_3() {
     let path = receipt_file(&c, &c.prebuild_c);
     std::fs::remove_file(&path).unwrap();
     std::os::unix::fs::symlink("/etc/hostname", &path).unwrap();
-    let e = verify(&c.store, &c.head, &c.key).unwrap_err();
+    let e = verify(&c.store, &c.head, &KeySet::single(&c.key)).unwrap_err();
     assert_eq!(e.exit_class(), cordon::ExitCode::NoDecision, "{e}");
 }
 
@@ -332,7 +404,13 @@ mod root_tests {
         let base = tempfile::Builder::new().tempdir_in("/tmp").unwrap();
         std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         let copy = base.path().join("bundle");
-        export(&c.store, &c.head, &c.key, &Store::open(&copy).unwrap()).unwrap();
+        export(
+            &c.store,
+            &c.head,
+            &KeySet::single(&c.key),
+            &Store::open(&copy).unwrap(),
+        )
+        .unwrap();
         let nobody = 65_534;
         chown_all(&copy, nobody, nobody);
         let auditor = |key: &str, head: &str| {
