@@ -178,6 +178,10 @@ pub enum Verdict {
     },
     /// Cordon could not establish the session: a no-decision.
     NoDecision(String),
+    /// The container does not hold the controls the plan gave it (the worker's posture, read
+    /// before any candidate code runs): a no-decision, and a containment incident on the
+    /// executor that ran it.
+    Containment(String),
 }
 
 fn violation(code: &'static str, message: impl Into<String>) -> Verdict {
@@ -426,7 +430,7 @@ fn session(
     let differs = expect(&posture);
     if !differs.is_empty() {
         // Nothing of the candidate has started; closing the stream ends the worker.
-        return Verdict::NoDecision(format!(
+        return Verdict::Containment(format!(
             "the container's posture is not the planned one: {}",
             differs.join("; ")
         ));

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use cordon::canonical::Digest;
 use cordon::container::Input;
+use cordon::lease::quarantine;
 use cordon::receipt::{
     Decision, DevicePhase, DeviceReceipt, DeviceReceipts, LaneAssignment, LaneOutputs, LanePhase,
     LaneWindow, Rejection, Role,
@@ -772,6 +773,9 @@ pub fn session_gated(
             "the lane's CPU weight (cpu-shares {shares}) was not the container's cgroup's during the read"
         )));
     }
+    if let Verdict::Containment(why) = &verdict {
+        return Err(contained(&cfg.store, &cfg.setup.executor, why, &lease));
+    }
     let devices = device_receipts(&lease, pre_ns, active.unwrap_or((0, None)), post_ns);
     let cap = stage.output.stdout_bytes;
     decide(verdict, meta, lease, |t, meta, lease| {
@@ -879,12 +883,48 @@ fn decide(
         Verdict::Served(t) => Ok(Decision::Accepted(outputs(t, meta, lease)?)),
         Verdict::Violation { code, message } => reject(code, message, &meta, &lease),
         Verdict::NoDecision(why) => Err(LaneError::NoDecision(why)),
+        // Imposed by the caller, which knows the executor, before it decides.
+        Verdict::Containment(why) => Err(LaneError::NoDecision(why)),
     }
+}
+
+/// A session whose container did not hold the planned controls: no more work on `executor`
+/// until an operator proves it quiescent (seed 001's checklist, step 1); the no-decision says
+/// so.
+fn contained(store: &cordon::store::Store, executor: &str, why: &str, lease: &str) -> LaneError {
+    let line = quarantine::impose_on_executor(
+        store,
+        executor,
+        quarantine::Cause::Containment,
+        why,
+        Some(lease),
+    );
+    LaneError::NoDecision(format!("{why}; {line}"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_posture_unlike_the_plan_quarantines_the_executor() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = cordon::store::Store::open(&dir.path().join("store")).unwrap();
+        let e = contained(&store, "lane-x", "CapEff is 1", "0123");
+        assert!(
+            e.to_string()
+                .contains("CapEff is 1; executor lane-x quarantined (containment, record "),
+            "{e}"
+        );
+        let all = quarantine::in_force(&store).unwrap();
+        let q = all.values().next().unwrap();
+        assert_eq!(q.cause, quarantine::Cause::Containment);
+        assert_eq!(q.lease.as_deref(), Some("0123"));
+        assert!(matches!(
+            quarantine::check(&store, "lane-x", &[]),
+            Err(cordon::lease::LeaseError::Quarantined { .. })
+        ));
+    }
 
     fn default_policy() -> String {
         std::fs::read_to_string(concat!(

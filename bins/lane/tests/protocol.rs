@@ -145,13 +145,16 @@ fn the_reference_protocol_serves_its_own_frames_and_refuses_the_lanes_and_the_re
 }
 
 #[test]
-fn a_posture_unlike_the_plan_is_a_no_decision_and_the_engine_never_starts() {
+fn a_posture_unlike_the_plan_is_a_containment_incident_and_the_engine_never_starts() {
     let long = Duration::from_secs(10);
     let v = session_with(3, long, long, false, |f| {
         f.posture();
         assert!(f.next().is_none(), "the host closes without start");
     });
-    assert!(no_decision(&v).contains("CapEff is 1"), "{v:?}");
+    let Verdict::Containment(why) = &v else {
+        panic!("expected a containment incident, got {v:?}")
+    };
+    assert!(why.contains("CapEff is 1"), "{v:?}");
 }
 
 #[test]

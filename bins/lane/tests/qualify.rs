@@ -221,7 +221,7 @@ fn run(
             Driven::Violation { code, message } => Ok(Decision::Rejected(
                 cordon::receipt::Rejection::one(code, message, serde_json::Value::Null),
             )),
-            Driven::NoDecision(why) => Err(LaneError::NoDecision(why)),
+            Driven::NoDecision(why) | Driven::Containment(why) => Err(LaneError::NoDecision(why)),
         }
     };
     let plan = with_workload(w, plan, load);

@@ -6,7 +6,7 @@
 //! stands until cleared), which leases they stop ([`check`]: every lease a [`Manager`] begins,
 //! and the devices a session names), and lifting one. What imposes
 //! one: a release that leaves residue, recovery that finds leases of an earlier boot (a host
-//! reset). What lifts one is `cordon-reap --clear`, after a strict quiescence check, with a
+//! reset), a container whose controls are not the planned ones (the lane's posture check). What lifts one is `cordon-reap --clear`, after a strict quiescence check, with a
 //! signed receipt.
 
 use std::collections::BTreeMap;
@@ -112,27 +112,36 @@ pub fn lift(store: &Store, id: &str) -> Result<Quarantine, LeaseError> {
     Ok(q)
 }
 
+/// Impose a quarantine on `executor` for `cause` (found under `lease`, when one), and say so
+/// in the line the error or receipt that caused it carries; a quarantine that cannot be
+/// written is said too.
+#[must_use]
+pub fn impose_on_executor(
+    store: &Store,
+    executor: &str,
+    cause: Cause,
+    why: &str,
+    lease: Option<&str>,
+) -> String {
+    let q = Quarantine {
+        scope: Scope::Executor(executor.to_owned()),
+        cause,
+        why: why.to_owned(),
+        lease: lease.map(str::to_owned),
+        at: cordon_evidence::receipt::now_rfc3339(),
+    };
+    match impose(store, &q) {
+        Ok(id) => format!(
+            "executor {executor} quarantined ({}, record {id})",
+            cause.as_str()
+        ),
+        Err(e) => format!("executor {executor} could not be quarantined: {e}"),
+    }
+}
+
 impl Manager {
-    /// Impose a quarantine on this manager's executor for `cause`, and say so on the error
-    /// that caused it; a quarantine that cannot be written is said too.
+    /// [`impose_on_executor`] on this manager's executor.
     pub(super) fn quarantine(&self, cause: Cause, why: &str, lease: Option<&str>) -> String {
-        let q = Quarantine {
-            scope: Scope::Executor(self.setup.executor.clone()),
-            cause,
-            why: why.to_owned(),
-            lease: lease.map(str::to_owned),
-            at: cordon_evidence::receipt::now_rfc3339(),
-        };
-        match impose(&self.store, &q) {
-            Ok(id) => format!(
-                "executor {} quarantined ({}, record {id})",
-                self.setup.executor,
-                cause.as_str()
-            ),
-            Err(e) => format!(
-                "executor {} could not be quarantined: {e}",
-                self.setup.executor
-            ),
-        }
+        impose_on_executor(&self.store, &self.setup.executor, cause, why, lease)
     }
 }
