@@ -364,7 +364,7 @@ fn check_inputs() -> ReapInputs {
         status: false,
         sweep: false,
         surface_state: None,
-        clear: None,
+        ..ReapInputs::default()
     }
 }
 
@@ -394,7 +394,7 @@ fn surface_reap_example() -> Receipt {
             status: false,
             sweep: true,
             surface_state: Some("/var/lib/cordon-agent/surface".into()),
-            clear: None,
+            ..ReapInputs::default()
         },
         &ReapOutputs {
             quiescent: true,

@@ -116,6 +116,9 @@ pub struct ReapInputs {
     /// `--clear`: the quarantine this run was asked to lift.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clear: Option<String>,
+    /// `--quarantine`: why the operator stopped new work on the executor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantine: Option<String>,
 }
 
 /// Which run of an agent a surface run is: the ADR's two credential tiers.

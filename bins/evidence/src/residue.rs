@@ -140,6 +140,8 @@ pub enum Cause {
     Containment,
     /// A device did not drain to idle.
     Drain,
+    /// An operator stopped new work (`cordon-reap --quarantine`).
+    Operator,
 }
 
 impl Cause {
@@ -151,6 +153,7 @@ impl Cause {
             Self::HostReset => "host-reset",
             Self::Containment => "containment",
             Self::Drain => "drain",
+            Self::Operator => "operator",
         }
     }
 }

@@ -13,6 +13,8 @@
 //!   resets and drain failures over the store's stored receipts and quarantines).
 //! - `cordon-reap --sweep`: recovery for a timer — the default's work, with `--status`'s
 //!   verdict (a live lease is not an alarm).
+//! - `cordon-reap --quarantine WHY`: stop new work on this executor now (seed 001's checklist,
+//!   step 1, for an incident an operator found), then report as `--status` does.
 //! - `cordon-reap --clear ID`: lift quarantine `ID` of this executor
 //!   ([`cordon::lease::quarantine`]) once the strict quiescence check holds, holding the
 //!   executor so nothing starts between the proof and the lift; the receipt names the record.
@@ -78,6 +80,10 @@ pub struct Args {
     /// Lift quarantine ID of this executor once it is proven quiescent (`--status` lists ids).
     #[arg(long, value_name = "ID", conflicts_with_all = ["check", "status", "sweep", "surface"])]
     pub clear: Option<String>,
+    /// Quarantine this executor now, for the reason WHY: no lease is taken on it until
+    /// `--clear` lifts the record.
+    #[arg(long, value_name = "WHY", conflicts_with_all = ["check", "status", "sweep", "surface", "clear"])]
+    pub quarantine: Option<String>,
 }
 
 /// What a run of the tool found.
@@ -230,7 +236,9 @@ fn counters(
     let mut incident = |cause| match cause {
         quarantine::Cause::HostReset => c.host_resets += 1,
         quarantine::Cause::Drain => c.drain_failures += 1,
-        quarantine::Cause::Residue | quarantine::Cause::Containment => {}
+        quarantine::Cause::Residue
+        | quarantine::Cause::Containment
+        | quarantine::Cause::Operator => {}
     };
     for q in quarantined.values() {
         incident(q.cause);
@@ -360,7 +368,7 @@ fn now(runtime: &Runtime) -> Result<BootTime, LeaseError> {
 /// Recover or look: the surface's runs, or the host's leases (as their sole manager, or
 /// beside a live one).
 fn found(args: &Args, policy: &Policy) -> Result<(Place, Result<Found, LeaseError>), StartError> {
-    let change = !args.check && !args.status;
+    let change = !args.check && !args.status && args.quarantine.is_none();
     if args.surface {
         let (place, setup) = surface_place(policy)?;
         let result = now(&setup.runtime).and_then(|now| as_surface(&setup, change, &now));
@@ -372,6 +380,19 @@ fn found(args: &Args, policy: &Policy) -> Result<(Place, Result<Found, LeaseErro
         surface_state: None,
     };
     let setup = args.lease.setup(policy);
+    if let Some(why) = &args.quarantine {
+        // The executor's first record stands; either way it is quarantined from here on.
+        let q = quarantine::Quarantine {
+            scope: quarantine::Scope::Executor(setup.executor.clone()),
+            cause: quarantine::Cause::Operator,
+            why: why.clone(),
+            lease: None,
+            at: cordon::receipt::now_rfc3339(),
+        };
+        if let Err(e) = quarantine::impose(&place.store, &q) {
+            return Ok((place, Err(e)));
+        }
+    }
     let result = match Manager::open(&place.store, setup.clone()) {
         Ok(m) => match &args.clear {
             Some(id) => clear(&m, &place.store, &setup.executor, id),
@@ -406,6 +427,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
         sweep: args.sweep,
         surface_state: place.surface_state.clone(),
         clear: args.clear.clone(),
+        quarantine: args.quarantine.clone(),
     };
     if let Err(e) = receipt.set_inputs(&inputs) {
         return fail(&e, mode, stderr);
@@ -427,7 +449,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
     };
     let counted = |f: Found| -> Result<(Found, BTreeMap<_, _>, Option<Counters>), LeaseError> {
         let quarantined = quarantined?;
-        let counters = if args.status {
+        let counters = if args.status || args.quarantine.is_some() {
             Some(counters(&place.store, &quarantined, f.stale)?)
         } else {
             None
@@ -452,7 +474,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             // recovery do. A quarantine in force is an alarm in every mode.
             let code = if f.residue.is_empty()
                 && alarms.is_empty()
-                && (args.status || args.sweep || f.active.is_empty())
+                && (args.status || args.sweep || args.quarantine.is_some() || f.active.is_empty())
             {
                 ExitCode::Ok
             } else {

@@ -310,7 +310,7 @@ fn a_host_reset_quarantines_the_executor_until_reap_clears_it() {
         "{r}"
     );
     // No lease is begun under it.
-    let m = Manager::open(&store, setup).unwrap();
+    let m = Manager::open(&store, setup.clone()).unwrap();
     assert!(matches!(
         m.begin_child("sha256:new", cordon_testkit::in_an_hour()),
         Err(cordon::lease::LeaseError::Quarantined { .. })
@@ -369,6 +369,30 @@ fn a_host_reset_quarantines_the_executor_until_reap_clears_it() {
         r["outputs"]["remaining"].to_string().contains("junk.json"),
         "{r}"
     );
+    std::fs::remove_file(store.path("receipts", "junk.json")).unwrap();
+    // An operator stops new work by hand (the checklist's step 1 for an incident found
+    // outside cordon); --clear lifts it like any other.
+    let why = "suspected escape: \u{1b}[2J";
+    let (code, r) = reap_as(
+        dir.path(),
+        &policy,
+        "store",
+        &executor(),
+        &["--quarantine", why],
+    );
+    assert_eq!(code, Some(3), "{r}");
+    assert_eq!(r["inputs"]["quarantine"], why, "{r}");
+    let quarantined = r["outputs"]["quarantined"].as_object().unwrap().clone();
+    let (id, q) = quarantined.iter().next().unwrap();
+    assert_eq!(q["cause"], "operator", "{r}");
+    let m = Manager::open(&store, setup).unwrap();
+    assert!(matches!(
+        m.begin_child("sha256:new", cordon_testkit::in_an_hour()),
+        Err(cordon::lease::LeaseError::Quarantined { .. })
+    ));
+    drop(m);
+    let (code, r) = reap_as(dir.path(), &policy, "store", &executor(), &["--clear", id]);
+    assert_eq!(code, Some(0), "{r}");
 }
 
 /// The engine tree the host-reset test's lease ran.

@@ -290,7 +290,7 @@ impl Referee<'_> {
                 status: false,
                 sweep: false,
                 surface_state: None,
-                clear: None,
+                ..ReapInputs::default()
             })
             .map_err(|e| no(e.to_string()))?;
         let quiescent = remaining.is_empty();

@@ -161,7 +161,7 @@ fn referee(c: &Chain, how: Audited) -> Referee {
             status: false,
             sweep: false,
             surface_state: None,
-            clear: None,
+            ..ReapInputs::default()
         }),
         &ReapOutputs {
             quiescent: true,
