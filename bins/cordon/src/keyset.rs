@@ -17,11 +17,13 @@
 //! far as its digest was known (published, exported, chained into a later receipt) before the
 //! compromise — `cordon-verify` says so when it accepts such a signature.
 //!
-//! Rotation makes a fresh key, ends the current key's window now, opens the new one's, writes
-//! the set, then puts the new seed in place: a crash between the two leaves the old seed with a
-//! closed window, so it signs nothing that verifies (fail closed) until rotation runs again.
-//! The retired seed is unlinked (not wiped from the disk). Rotate while no stage runs: a stage
-//! that loaded the old key signs receipts that fall outside its window.
+//! Rotation (under the key directory's lock) makes a fresh key, stages its seed, writes the set
+//! that ends the current key's window now and opens the new one's, then moves the staged seed
+//! into place. A crash before the set is written leaves the old key current (the staged seed is
+//! dropped by the next rotation); after it, the old seed is outside its window, so what it signs
+//! does not verify (fail closed), and the next `--rotate-key` installs the staged seed instead of
+//! rotating again. The retired seed is unlinked (not wiped from the disk). Rotate while no stage
+//! runs: a stage that loaded the old key signs receipts that fall outside its window.
 
 use std::fs::{self, OpenOptions};
 use std::io::{Read, Write};
@@ -39,6 +41,12 @@ pub use crate::signing::KEY_DIR;
 
 /// The key set's file name in [`KEY_DIR`].
 pub const KEY_SET_FILE: &str = "keys.json";
+
+/// A rotation's staged seed in [`KEY_DIR`], until it is moved into place.
+pub const NEXT_KEY_FILE: &str = "host.ed25519.next";
+
+/// The lock one key operation holds in [`KEY_DIR`].
+pub const KEY_LOCK_FILE: &str = "keys.lock";
 
 /// The key set schema.
 pub const KEY_SET_SCHEMA: u32 = 1;
@@ -76,8 +84,11 @@ fn set_error(why: impl std::fmt::Display) -> SigningError {
     }
 }
 
-/// An RFC 3339 time.
-fn time(what: &str, text: &str) -> Result<SystemTime, SigningError> {
+/// An RFC 3339 time (`what` names it in the error).
+///
+/// # Errors
+/// [`SigningError::KeySet`]: it does not parse.
+pub fn time(what: &str, text: &str) -> Result<SystemTime, SigningError> {
     humantime::parse_rfc3339(text).map_err(|e| set_error(format!("{what} {text:?}: {e}")))
 }
 
@@ -222,7 +233,7 @@ pub fn host_set(dir: &Path) -> Result<KeySet, SigningError> {
     match set.keys.iter().find(|k| k.valid_until.is_none()) {
         Some(k) if k.key == current => Ok(set),
         _ => Err(set_error(format!(
-            "{} does not name the host's key {current} as its current key (an interrupted rotation: run it again)",
+            "{} does not name the host's key {current} as its current key (an interrupted rotation: `cordon-verify --rotate-key` finishes it)",
             path.display()
         ))),
     }
@@ -275,12 +286,67 @@ fn write_set(dir: &Path, set: &KeySet) -> Result<(), SigningError> {
     replace(dir, KEY_SET_FILE, text.as_bytes(), 0o600)
 }
 
+/// Hold the key directory's lock: one key operation at a time, so a rotation and a
+/// declaration never write over each other's set.
+fn lock(dir: &Path) -> Result<nix::fcntl::Flock<fs::File>, SigningError> {
+    let path = dir.join(KEY_LOCK_FILE);
+    let f = crate::lease::open_lock_file(&path)
+        .map_err(|e| set_error(format!("{}: {e}", path.display())))?;
+    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| set_error(format!("{}: {e}", path.display())))
+}
+
+/// Move `dir`'s staged seed into place, durably.
+fn install_staged(dir: &Path) -> Result<(), SigningError> {
+    let (next, path) = (dir.join(NEXT_KEY_FILE), dir.join(KEY_FILE));
+    fs::rename(&next, &path)
+        .and_then(|()| fs::File::open(dir)?.sync_all())
+        .map_err(|e| set_error(format!("{}: {e}", path.display())))
+}
+
+/// Finish a rotation that stopped part-way: a staged seed that the set names as current is
+/// moved into place (the set is then the one returned); one the set does not name was never
+/// published and is dropped (`None`: rotate afresh).
+fn finish_rotation(dir: &Path) -> Result<Option<KeySet>, SigningError> {
+    let next = dir.join(NEXT_KEY_FILE);
+    match fs::symlink_metadata(&next) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        _ => {}
+    }
+    let staged = HostKey::read(&next)?.public();
+    let path = dir.join(KEY_SET_FILE);
+    let set = match fs::symlink_metadata(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        _ => Some(KeySet::parse(&read_private(&path)?)?),
+    };
+    match set {
+        Some(set)
+            if set
+                .keys
+                .iter()
+                .any(|k| k.valid_until.is_none() && k.key == staged) =>
+        {
+            install_staged(dir)?;
+            Ok(Some(set))
+        }
+        _ => {
+            fs::remove_file(&next).map_err(|e| set_error(format!("{}: {e}", next.display())))?;
+            Ok(None)
+        }
+    }
+}
+
 /// Rotate the host key in `dir`: a fresh key becomes current from now, the current one is
-/// retired now. The new set.
+/// retired now. A rotation that stopped part-way is finished instead. The new set.
 ///
 /// # Errors
-/// The key or set cannot be read or written.
+/// The key or set cannot be read or written, or the new set would not be valid (a clock
+/// stepped back to before the current key's window).
 pub fn rotate(dir: &Path) -> Result<KeySet, SigningError> {
+    let _held = lock(dir)?;
+    if let Some(set) = finish_rotation(dir)? {
+        return Ok(set);
+    }
     let mut set = host_set(dir)?;
     let now = crate::receipt::now_rfc3339();
     let mut seed = [0u8; 32];
@@ -295,9 +361,12 @@ pub fn rotate(dir: &Path) -> Result<KeySet, SigningError> {
         valid_until: None,
         compromised_at: None,
     });
-    // The set first: a crash before the seed moves leaves the old seed outside its window.
+    let set = KeySet::parse(&serde_json::to_string(&set).map_err(set_error)?)?;
+    // The seed staged, then the set naming it, then the seed in place: a crash at any point
+    // leaves either the old key current or a staged seed the next rotation installs.
+    replace(dir, NEXT_KEY_FILE, &seed, 0o600)?;
     write_set(dir, &set)?;
-    replace(dir, KEY_FILE, &seed, 0o600)?;
+    install_staged(dir)?;
     Ok(set)
 }
 
@@ -309,6 +378,7 @@ pub fn rotate(dir: &Path) -> Result<KeySet, SigningError> {
 /// be read or written.
 pub fn declare_compromised(dir: &Path, key: &str, at: &str) -> Result<KeySet, SigningError> {
     let when = time("the compromise time", at)?;
+    let _held = lock(dir)?;
     let mut set = host_set(dir)?;
     let entry = set
         .keys
@@ -325,7 +395,11 @@ pub fn declare_compromised(dir: &Path, key: &str, at: &str) -> Result<KeySet, Si
         None => false,
     };
     if !earlier {
-        entry.compromised_at = Some(at.to_owned());
+        // A compromise before the key's window opened invalidates all it ever signed.
+        entry.compromised_at = Some(match &entry.valid_from {
+            Some(from) if when < time("valid_from", from)? => from.clone(),
+            _ => at.to_owned(),
+        });
     }
     let set = KeySet::parse(&serde_json::to_string(&set).map_err(set_error)?)?;
     write_set(dir, &set)?;
@@ -416,6 +490,12 @@ mod tests {
             .verify(&d, &signer.sign(&d), "2026-05-01T00:00:00Z")
             .unwrap_err();
         assert!(is_window(&e, "declared compromised"), "{e}");
+        // Compromised before its window opened: all it ever signed.
+        let newer = HostKey::load(&keys).unwrap().public();
+        rotate(&keys).unwrap();
+        let set = declare_compromised(&keys, &newer, "2000-01-01T00:00:00Z").unwrap();
+        let entry = set.keys.iter().find(|k| k.key == newer).unwrap();
+        assert_eq!(entry.compromised_at, entry.valid_from);
         let e = declare_compromised(&keys, "ed25519:00", T0).unwrap_err();
         assert!(e.to_string().contains("not in the host's key set"), "{e}");
         assert!(declare_compromised(&keys, &old, "yesterday").is_err());
@@ -458,19 +538,43 @@ mod tests {
     }
 
     #[test]
-    fn a_set_that_does_not_name_the_seed_as_current_is_refused() {
+    fn an_interrupted_rotation_fails_closed_and_the_next_rotation_finishes_it() {
         let dir = tempfile::tempdir().unwrap();
         let keys = dir.path().join("keys");
         HostKey::load_or_create(&keys).unwrap();
-        rotate(&keys).unwrap();
-        // As if a rotation stopped after writing the set and before the seed moved.
-        let stale = HostKey::from_seed([9; 32]);
-        replace(&keys, KEY_FILE, &[9; 32], 0o600).unwrap();
+        let mut set = rotate(&keys).unwrap();
+        let seed = HostKey::load(&keys).unwrap().public();
+        // Stopped after the set was written, before the staged seed moved into place.
+        let staged = HostKey::from_seed([9; 32]);
+        replace(&keys, NEXT_KEY_FILE, &[9; 32], 0o600).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let at = crate::receipt::now_rfc3339();
+        set.current_mut().unwrap().valid_until = Some(at.clone());
+        set.keys.push(KeyEntry {
+            key: staged.public(),
+            valid_from: Some(at),
+            valid_until: None,
+            compromised_at: None,
+        });
+        write_set(&keys, &set).unwrap();
+        // The seed in place is not the set's current key: refused, never signed past.
         let e = host_set(&keys).unwrap_err();
         assert!(e.to_string().contains("interrupted rotation"), "{e}");
-        assert!(e.to_string().contains(&stale.public()), "{e}");
+        assert!(e.to_string().contains(&seed), "{e}");
+        // The next rotation finishes it rather than rotating again.
+        assert_eq!(rotate(&keys).unwrap(), set);
+        assert_eq!(HostKey::load(&keys).unwrap().public(), staged.public());
+        assert_eq!(host_set(&keys).unwrap(), set);
+        assert!(!keys.join(NEXT_KEY_FILE).exists());
+        // Stopped before its set was written: the staged seed was never published; the next
+        // rotation drops it and rotates afresh.
+        replace(&keys, NEXT_KEY_FILE, &[5; 32], 0o600).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let again = rotate(&keys).unwrap();
+        let current = HostKey::load(&keys).unwrap().public();
+        assert_ne!(current, HostKey::from_seed([5; 32]).public());
+        assert_eq!(again.keys.last().unwrap().key, current);
         // Writable by others: refused.
-        replace(&keys, KEY_FILE, &[1; 32], 0o600).unwrap();
         fs::set_permissions(
             keys.join(KEY_SET_FILE),
             std::os::unix::fs::PermissionsExt::from_mode(0o666),

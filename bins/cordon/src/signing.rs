@@ -197,7 +197,7 @@ impl HostKey {
         Self::read(&dir.join(KEY_FILE))
     }
 
-    fn read(path: &Path) -> Result<Self, SigningError> {
+    pub(crate) fn read(path: &Path) -> Result<Self, SigningError> {
         let mut f = OpenOptions::new()
             .read(true)
             .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).bits())

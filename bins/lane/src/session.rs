@@ -367,7 +367,9 @@ fn lane_job(
             cpuset: l.cpuset.clone(),
             cpu_shares: l.cpu_shares,
         }),
-        candidate: Some(inputs.tree),
+        // Only the candidate's engine (its timed and audit reads) is stopped by an incident:
+        // one in the incumbent's or the pristine reference's read implicates the host.
+        candidate: matches!(inputs.role, Role::C | Role::A).then_some(inputs.tree),
     }
 }
 
@@ -673,6 +675,8 @@ pub fn session_gated(
     let session = cfg.session(policy, kind);
     let job = lane_job(cfg, inputs, argv, rootfs, model_dir, started);
     let mut verdict = None;
+    // The quarantine a containment incident imposed, said in the no-decision.
+    let mut quarantined = None;
     let mut launch = None;
     let mut active = None;
     let shares = inputs.lane.as_ref().and_then(|l| l.cpu_shares);
@@ -740,6 +744,10 @@ pub fn session_gated(
                 &mut during_warmup,
                 &mut recent,
             );
+            if let Verdict::Containment(why) = &v {
+                // Before anything else that could fail: the executor stops whatever follows.
+                quarantined = Some(contained(&cfg.store, &cfg.setup.executor, why));
+            }
             if !matches!(v, Verdict::Served(_)) {
                 // The session is over: nothing of the engine may keep running until the
                 // stage deadline. A container already gone is not an error here; release
@@ -773,10 +781,19 @@ pub fn session_gated(
             "the lane's CPU weight (cpu-shares {shares}) was not the container's cgroup's during the read"
         )));
     }
-    if let Verdict::Containment(why) = &verdict {
-        return Err(contained(&cfg.store, &cfg.setup.executor, why, &lease));
-    }
     let devices = device_receipts(&lease, pre_ns, active.unwrap_or((0, None)), post_ns);
+    if !matches!(verdict, Verdict::Served(_)) {
+        // A read that did not serve names its device receipts as evidence (a served read
+        // carries them in its outputs).
+        let text = cordon::canonical::to_canonical_json(&devices)
+            .map_err(|e| LaneError::NoDecision(format!("the device receipts: {e}")))?;
+        cfg.evidence
+            .keep("devices", text.as_bytes())
+            .map_err(|e| LaneError::NoDecision(format!("keeping the device receipts: {e}")))?;
+    }
+    if let (Verdict::Containment(why), Some(line)) = (&verdict, &quarantined) {
+        return Err(LaneError::NoDecision(format!("{why}; {line}")));
+    }
     let cap = stage.output.stdout_bytes;
     decide(verdict, meta, lease, |t, meta, lease| {
         let outputs = keep_outputs(&cfg.store, &t.outputs, cap)?;
@@ -889,17 +906,11 @@ fn decide(
 }
 
 /// A session whose container did not hold the planned controls: no more work on `executor`
-/// until an operator proves it quiescent (seed 001's checklist, step 1); the no-decision says
-/// so.
-fn contained(store: &cordon::store::Store, executor: &str, why: &str, lease: &str) -> LaneError {
-    let line = quarantine::impose_on_executor(
-        store,
-        executor,
-        quarantine::Cause::Containment,
-        why,
-        Some(lease),
-    );
-    LaneError::NoDecision(format!("{why}; {line}"))
+/// until an operator proves it quiescent (seed 001's checklist, step 1). The line the
+/// no-decision carries. (The record names no lease: it is imposed while the session runs,
+/// before anything that could fail; the receipt's evidence names the lease.)
+fn contained(store: &cordon::store::Store, executor: &str, why: &str) -> String {
+    quarantine::impose_on_executor(store, executor, quarantine::Cause::Containment, why, None)
 }
 
 #[cfg(test)]
@@ -910,16 +921,15 @@ mod tests {
     fn a_posture_unlike_the_plan_quarantines_the_executor() {
         let dir = tempfile::tempdir().unwrap();
         let store = cordon::store::Store::open(&dir.path().join("store")).unwrap();
-        let e = contained(&store, "lane-x", "CapEff is 1", "0123");
+        let line = contained(&store, "lane-x", "CapEff is 1");
         assert!(
-            e.to_string()
-                .contains("CapEff is 1; executor lane-x quarantined (containment, record "),
-            "{e}"
+            line.starts_with("executor lane-x quarantined (containment, record "),
+            "{line}"
         );
         let all = quarantine::in_force(&store).unwrap();
         let q = all.values().next().unwrap();
         assert_eq!(q.cause, quarantine::Cause::Containment);
-        assert_eq!(q.lease.as_deref(), Some("0123"));
+        assert_eq!(q.why, "CapEff is 1");
         assert!(matches!(
             quarantine::check(&store, "lane-x", &[]),
             Err(cordon::lease::LeaseError::Quarantined { .. })

@@ -268,8 +268,16 @@ fn garbage_forged_frames_and_token_lies_from_the_engine_are_rejected() {
         "lease-record",
         "runtime-state",
         "cgroup-events",
+        "devices",
     ] {
         assert!(kept.iter().any(|k| k.name == name), "{name}: {kept:?}");
+    }
+    // The device receipts of the read that did not serve: pre, active, post.
+    let devices = kept.iter().find(|k| k.name == "devices").unwrap();
+    let devices: serde_json::Value =
+        serde_json::from_slice(&e.store.read_evidence(&devices.sha256).unwrap()).unwrap();
+    for phase in ["pre", "active", "post"] {
+        assert!(devices[phase]["launch"].is_string(), "{devices}");
     }
 }
 

@@ -104,7 +104,7 @@ fn main() {
     let mut lib = Vec::new();
     for i in 0..runs {
         let t = Instant::now();
-        let o = prebuild(&policy, &cfg(i), &tree, "build-native").unwrap();
+        let o = prebuild(&policy, &cfg(i), &tree, "build-native", true).unwrap();
         lib.push(t.elapsed());
         assert!(matches!(
             o,

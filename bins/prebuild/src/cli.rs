@@ -78,13 +78,13 @@ pub fn run(
     };
     // A candidate's materialized delta, or an incumbent's registration (role B builds the
     // incumbent's own publication with the step its manifest names).
-    let (tree, step) = match input
+    let (tree, step, candidate) = match input
         .outputs_as::<MaterializeOutputs>()
-        .map(|o| (o.tree_digest, o.step))
+        .map(|o| (o.tree_digest, o.step, true))
         .or_else(|e| {
             input
                 .outputs_as::<IncumbentOutputs>()
-                .map(|o| (o.tree_digest, o.step))
+                .map(|o| (o.tree_digest, o.step, false))
                 .map_err(|_| e)
         }) {
         Ok(o) => o,
@@ -113,7 +113,7 @@ pub fn run(
         return fail(&e, args.stage.diagnostics, stderr);
     }
     let result = match &step {
-        Some(step) => prebuild(policy, &cfg, &tree, step),
+        Some(step) => prebuild(policy, &cfg, &tree, step, candidate),
         None => Ok(rejected(
             "prebuild.unknown-step",
             "the tree names no build step".into(),

@@ -110,7 +110,9 @@ pub fn rejected(code: &str, message: String, meta: Option<Meta>) -> Outcome {
     Decision::Rejected(Rejection::one(code, message, json!({ "meta": meta })))
 }
 
-/// Run the prebuild of `tree` with registered step `step`.
+/// Run the prebuild of `tree` with registered step `step`; `candidate` when the tree is a
+/// candidate's (a materialized delta, not an incumbent's registration): an incident of its
+/// build then stops it under this authority.
 ///
 /// # Errors
 /// Anything cordon could not establish.
@@ -119,6 +121,7 @@ pub fn prebuild(
     cfg: &Config,
     tree_digest: &Digest,
     step: &str,
+    candidate: bool,
 ) -> Result<Outcome, PrebuildError> {
     let started = Instant::now();
     let argv = match policy.step(step) {
@@ -202,7 +205,7 @@ pub fn prebuild(
         started,
         framed: false,
         lane: None,
-        candidate: Some(*tree_digest),
+        candidate: candidate.then_some(*tree_digest),
     };
     let ran = session.run(
         &job,

@@ -149,7 +149,7 @@ fn try_build(
     let tree = cordon_materialize::materialize::register_incumbent(&e.store, src.path(), &rules)
         .unwrap()
         .digest;
-    let outcome = prebuild(&e.policy, &e.cfg, &tree, "build-native");
+    let outcome = prebuild(&e.policy, &e.cfg, &tree, "build-native", true);
     let left = Manager::open(&e.store, e.cfg.setup.clone())
         .unwrap()
         .check()
@@ -390,7 +390,7 @@ fn every_forbidden_leftover_in_staging_is_refused() {
         std::fs::metadata(root.join("tool")).unwrap().mode() & 0o7777,
         0o555
     );
-    let again = prebuild(&e.policy, &e.cfg, &tree, "build-native").unwrap();
+    let again = prebuild(&e.policy, &e.cfg, &tree, "build-native", true).unwrap();
     let Decision::Accepted(Published {
         publication: p2,
         cached: true,
@@ -404,7 +404,7 @@ fn every_forbidden_leftover_in_staging_is_refused() {
     // reused: the build runs again, in a container.
     let mut other = e.cfg.clone();
     other.authority = Digest::of_bytes(b"another authority");
-    let rebuilt = prebuild(&e.policy, &other, &tree, "build-native").unwrap();
+    let rebuilt = prebuild(&e.policy, &other, &tree, "build-native", true).unwrap();
     assert!(
         matches!(
             rebuilt,
@@ -417,7 +417,7 @@ fn every_forbidden_leftover_in_staging_is_refused() {
         "{rebuilt:?}"
     );
     // An unregistered step is a rejection.
-    let o = prebuild(&e.policy, &e.cfg, &tree, "rm-rf").unwrap();
+    let o = prebuild(&e.policy, &e.cfg, &tree, "rm-rf", true).unwrap();
     assert_eq!(rejected(&o), "prebuild.unknown-step");
 }
 
@@ -882,7 +882,7 @@ fn a_tampered_or_mispinned_image_and_a_corrupt_cached_publication_are_no_decisio
     let object = e.store.object_path(&publication.entries[0].sha256, false);
     std::fs::set_permissions(&object, std::fs::Permissions::from_mode(0o644)).unwrap();
     std::fs::write(&object, "ko\n").unwrap();
-    let r = prebuild(&e.policy, &e.cfg, &tree, "build-native");
+    let r = prebuild(&e.policy, &e.cfg, &tree, "build-native", true);
     assert!(
         matches!(r, Err(cordon_prebuild::prebuild::PrebuildError::Tree(_))),
         "a corrupt cached publication: {r:?}"
@@ -897,7 +897,7 @@ fn a_tampered_or_mispinned_image_and_a_corrupt_cached_publication_are_no_decisio
         "sha256:1111111111111111111111111111111111111111111111111111111111111111",
     );
     let policy = cordon_policy_lang::parse("pin.kdl", &pinned).unwrap();
-    let r = prebuild(&policy, &e.cfg, &tree, "build-native");
+    let r = prebuild(&policy, &e.cfg, &tree, "build-native", true);
     assert!(
         matches!(r, Err(cordon_prebuild::prebuild::PrebuildError::Image(_))),
         "a mis-pinned image: {r:?}"
@@ -914,7 +914,7 @@ fn a_tampered_or_mispinned_image_and_a_corrupt_cached_publication_are_no_decisio
     let last = bytes.len() - 1;
     bytes[last] ^= 1;
     std::fs::write(&blob, bytes).unwrap();
-    let r = prebuild(&e.policy, &e.cfg, &tree, "build-native");
+    let r = prebuild(&e.policy, &e.cfg, &tree, "build-native", true);
     assert!(
         matches!(r, Err(cordon_prebuild::prebuild::PrebuildError::Image(_))),
         "a tampered image layout: {r:?}"

@@ -22,10 +22,12 @@
 //! Every mode lists the quarantines in force in its receipt (`quarantined`), and each is an
 //! alarm: exit 3 until it is cleared.
 //!
-//! - `cordon-reap --surface --policy SURFACE.kdl [--check|--status|--sweep]`: the same for the
-//!   rootless runs of the policy's surface stage ([`cordon::lease::rootless`]), run as the
-//!   surface's service user (root is refused: those runs and their state directory are the
-//!   service user's); its receipt is kept in the surface's own store and signed with its key.
+//! - `cordon-reap --surface --policy SURFACE.kdl [--check|--status|--sweep|--quarantine
+//!   WHY|--clear ID]`: the same for the rootless runs of the policy's surface stage
+//!   ([`cordon::lease::rootless`]), run as the surface's service user (root is refused: those
+//!   runs and their state directory are the service user's); its receipt is kept in the
+//!   surface's own store and signed with its key, and so are the surface's quarantines (one
+//!   scope for all its runs, [`rootless::QUARANTINE_SCOPE`]).
 //!
 //! While a live supervisor holds the executor (its host-global lock), recovery does not wait:
 //! it ends the container of every lease past its deadline (plus a grace) or whose supervisor is
@@ -78,11 +80,11 @@ pub struct Args {
     #[arg(long, conflicts_with_all = ["store", "run_dir", "state_root"])]
     pub surface: bool,
     /// Lift quarantine ID of this executor once it is proven quiescent (`--status` lists ids).
-    #[arg(long, value_name = "ID", conflicts_with_all = ["check", "status", "sweep", "surface"])]
+    #[arg(long, value_name = "ID", conflicts_with_all = ["check", "status", "sweep"])]
     pub clear: Option<String>,
     /// Quarantine this executor now, for the reason WHY: no lease is taken on it until
     /// `--clear` lifts the record.
-    #[arg(long, value_name = "WHY", conflicts_with_all = ["check", "status", "sweep", "surface", "clear"])]
+    #[arg(long, value_name = "WHY", conflicts_with_all = ["check", "status", "sweep", "clear"])]
     pub quarantine: Option<String>,
 }
 
@@ -120,7 +122,17 @@ fn as_manager(m: &Manager, change: bool) -> Result<Found, LeaseError> {
 /// host's needs every executor proven, a device's a drain receipt (the GPU lane's), and
 /// neither exists yet — refused, never lifted on less.
 fn clear(m: &Manager, store: &Store, executor: &str, id: &str) -> Result<Found, LeaseError> {
-    let mut found = as_manager(m, false)?;
+    lift_if_quiet(as_manager(m, false)?, store, executor, id)
+}
+
+/// Lift quarantine `id` of `executor` when `found` (a look that changed nothing) is strictly
+/// quiescent: no residue, no active lease or run.
+fn lift_if_quiet(
+    mut found: Found,
+    store: &Store,
+    executor: &str,
+    id: &str,
+) -> Result<Found, LeaseError> {
     let q = quarantine::in_force(store)?
         .remove(id)
         .ok_or_else(|| LeaseError::NoQuarantine { id: id.to_owned() })?;
@@ -130,10 +142,26 @@ fn clear(m: &Manager, store: &Store, executor: &str, id: &str) -> Result<Found, 
             q.scope
         ));
     }
-    if found.residue.is_empty() {
+    if found.residue.is_empty() && found.active.is_empty() {
         found.cleared = Some(quarantine::lift(store, id)?);
     }
     Ok(found)
+}
+
+/// `--quarantine WHY`: stop new work on `executor` now. The executor's first record stands;
+/// either way it is quarantined from here on.
+fn operator_quarantine(store: &Store, executor: &str, why: &str) -> Result<(), LeaseError> {
+    quarantine::impose(
+        store,
+        &quarantine::Quarantine {
+            scope: quarantine::Scope::Executor(executor.to_owned()),
+            cause: quarantine::Cause::Operator,
+            why: why.to_owned(),
+            lease: None,
+            at: cordon::receipt::now_rfc3339(),
+        },
+    )
+    .map(drop)
 }
 
 /// A live supervisor holds the executor: end expired leases (when allowed to change anything),
@@ -371,7 +399,33 @@ fn found(args: &Args, policy: &Policy) -> Result<(Place, Result<Found, LeaseErro
     let change = !args.check && !args.status && args.quarantine.is_none();
     if args.surface {
         let (place, setup) = surface_place(policy)?;
-        let result = now(&setup.runtime).and_then(|now| as_surface(&setup, change, &now));
+        // The surface's runs share one quarantine, kept in its own store.
+        let scope = rootless::QUARANTINE_SCOPE;
+        if let Some(why) = &args.quarantine
+            && let Err(e) = operator_quarantine(&place.store, scope, why)
+        {
+            return Ok((place, Err(e)));
+        }
+        let result = now(&setup.runtime)
+            .and_then(|now| as_surface(&setup, change, &now))
+            .and_then(|mut f| {
+                // Residue recovery could not remove stops new runs until it is proven gone.
+                if change && !f.residue.is_empty() {
+                    let why = f.residue.join("; ");
+                    let line = quarantine::impose_on_executor(
+                        &place.store,
+                        scope,
+                        quarantine::Cause::Residue,
+                        &why,
+                        None,
+                    );
+                    f.residue.push(line);
+                }
+                match &args.clear {
+                    Some(id) => lift_if_quiet(f, &place.store, scope, id),
+                    None => Ok(f),
+                }
+            });
         return Ok((place, result));
     }
     let place = Place {
@@ -380,18 +434,10 @@ fn found(args: &Args, policy: &Policy) -> Result<(Place, Result<Found, LeaseErro
         surface_state: None,
     };
     let setup = args.lease.setup(policy);
-    if let Some(why) = &args.quarantine {
-        // The executor's first record stands; either way it is quarantined from here on.
-        let q = quarantine::Quarantine {
-            scope: quarantine::Scope::Executor(setup.executor.clone()),
-            cause: quarantine::Cause::Operator,
-            why: why.clone(),
-            lease: None,
-            at: cordon::receipt::now_rfc3339(),
-        };
-        if let Err(e) = quarantine::impose(&place.store, &q) {
-            return Ok((place, Err(e)));
-        }
+    if let Some(why) = &args.quarantine
+        && let Err(e) = operator_quarantine(&place.store, &setup.executor, why)
+    {
+        return Ok((place, Err(e)));
     }
     let result = match Manager::open(&place.store, setup.clone()) {
         Ok(m) => match &args.clear {
@@ -441,12 +487,8 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             })
             .collect()
     };
-    // The quarantines in force after this run (the surface's own store holds none).
-    let quarantined = if args.surface {
-        Ok(BTreeMap::new())
-    } else {
-        quarantine::in_force(&place.store)
-    };
+    // The quarantines in force after this run (the surface's are in its own store).
+    let quarantined = quarantine::in_force(&place.store);
     let counted = |f: Found| -> Result<(Found, BTreeMap<_, _>, Option<Counters>), LeaseError> {
         let quarantined = quarantined?;
         let counters = if args.status || args.quarantine.is_some() {

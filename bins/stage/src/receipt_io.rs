@@ -257,8 +257,10 @@ pub fn emit_signed(
 ) -> Result<Digest, StageError> {
     receipt.finished_at = cordon::receipt::now_rfc3339();
     let (digest, text) = HostKey::load_or_create(key_dir)?.store_receipt(store, receipt)?;
-    // An incident this run found names this receipt, the one that reports it.
-    cordon::lease::incident::link_pending(store, &digest)?;
+    // An incident this run found names this receipt, the one that reports it. A link that
+    // cannot be written leaves the incident standing without its receipt's name (the refusal
+    // says so) and must not unprint a stored receipt.
+    let _ = cordon::lease::incident::link_pending(store, &digest);
     writeln!(stdout, "{text}").map_err(|source| StageError::Stdout { source })?;
     Ok(digest)
 }

@@ -211,7 +211,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             if let Err(e) = receipt.set_inputs(&inputs) {
                 return fail(&e, mode, stderr);
             }
-            let result = match run::run(policy, &host, &req) {
+            let result = match run::run(policy, &host, &req, &store) {
                 Err(e) if e.exit_class() == ExitCode::Usage => return fail(&e, mode, stderr),
                 result => result
                     .and_then(|ran| outputs(policy, &host, &req, ran))

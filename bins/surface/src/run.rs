@@ -34,9 +34,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use cordon::container::Stdio3;
-use cordon::lease::rootless;
 use cordon::lease::{BootTime, LeaseError, Supervisor};
+use cordon::lease::{quarantine, rootless};
 use cordon::runtime::{Finished, OutputCaps, RuntimeError};
+use cordon::store::Store;
 use cordon_policy_lang::Policy;
 use cordon_stage::bundle::PlanError;
 use cordon_stage::surface::{self, SurfaceInputs, SurfacePlan, Tier};
@@ -171,7 +172,7 @@ pub struct Ran {
 /// # Errors
 /// The run could not be established, or its release could not prove it gone (then the error
 /// is the residue, whatever the run did).
-pub fn run(policy: &Policy, host: &Host, req: &Request) -> Result<Ran, RunError> {
+pub fn run(policy: &Policy, host: &Host, req: &Request, store: &Store) -> Result<Ran, RunError> {
     let started = Instant::now();
     let lease = &host.lease;
     let extra: Vec<u32> = host
@@ -183,6 +184,9 @@ pub fn run(policy: &Policy, host: &Host, req: &Request) -> Result<Ran, RunError>
     if !extra.is_empty() {
         return Err(RunError::Groups { groups: extra });
     }
+    // No run while a quarantine of the surface stands (seed 001's checklist, step 1): nothing
+    // is made for it, not even its home and temp.
+    quarantine::check(store, rootless::QUARANTINE_SCOPE, &[])?;
     let run = format!("cs-{}", &cordon::lease::fresh_id()[..20]);
     let (_, block) = surface::surface_of(policy)?;
     // The agent's home and temp exist before it starts, made without following any link.
@@ -219,9 +223,22 @@ pub fn run(policy: &Policy, host: &Host, req: &Request) -> Result<Ran, RunError>
     };
     let mut held = rootless::begin(lease, record)?;
     let result = contain(lease, req, &plan, &mut held, deadline);
-    let released = held.release(lease);
-    // Residue first: a run that cannot be proven gone is a no-decision whatever else failed.
-    released?;
+    // Residue first: a run that cannot be proven gone is a no-decision whatever else failed,
+    // and stops the next run until `cordon-reap --surface --clear` proves it gone.
+    match held.release(lease) {
+        Err(LeaseError::Residue(mut r)) => {
+            let why = r.items.join("; ");
+            r.items.push(quarantine::impose_on_executor(
+                store,
+                rootless::QUARANTINE_SCOPE,
+                quarantine::Cause::Residue,
+                &why,
+                Some(&run),
+            ));
+            return Err(LeaseError::Residue(r).into());
+        }
+        released => released?,
+    }
     result.map(|finished| Ran {
         run,
         plan,

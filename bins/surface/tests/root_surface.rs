@@ -881,3 +881,40 @@ fn a_sigkilled_surface_runs_command_is_ended_by_its_watchdog() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     s.assert_released();
 }
+
+/// Seed 001's checklist, step 1, for the surface: a quarantine in its own store stops every run
+/// before anything is made for it; `cordon-reap --surface` lists it (exit 3 in every mode) and
+/// lifts it with `--clear` once no run is left, and the next run runs.
+#[test]
+fn a_quarantine_stops_every_surface_run_until_reap_clears_it() {
+    let s = Surface::new(&|t| t);
+    let out = s.reap(&["--quarantine", "suspected escape"]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let quarantined = r["outputs"]["quarantined"].as_object().unwrap().clone();
+    let (id, q) = quarantined.iter().next().unwrap();
+    assert_eq!(q["scope"]["name"], "surface", "{r}");
+    assert_eq!(q["cause"], "operator", "{r}");
+    let done = s.run("command", "echo x > /workspace/ran", &[]);
+    assert_eq!(done.code, 3, "{}", done.stderr);
+    assert_eq!(done.receipt["outcome"], "no-decision", "{}", done.receipt);
+    assert!(
+        done.receipt["reasons"][0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(id.as_str())),
+        "{}",
+        done.receipt
+    );
+    assert!(!s.ws.join("ran").exists(), "argv never ran");
+    s.assert_released();
+    let status = s.reap(&["--status"]);
+    assert_eq!(status.status.code(), Some(3), "{status:?}");
+    let clear = s.reap(&["--clear", id]);
+    assert_eq!(clear.status.code(), Some(0), "{clear:?}");
+    let r: Value = serde_json::from_slice(&clear.stdout).unwrap();
+    assert_eq!(&r["outputs"]["cleared"], q, "{r}");
+    let done = s.run("command", "echo x > /workspace/ran", &[]);
+    assert_eq!(done.code, 0, "{}", done.stderr);
+    assert!(s.ws.join("ran").exists());
+    s.assert_released();
+}

@@ -19,7 +19,8 @@
 //!   window and before its compromise; one accepted under a key later declared compromised is
 //!   said on stderr.
 //!
-//! A usage error is exit 2; a store that cannot be opened or a key that cannot be read, exit 3.
+//! A usage error is exit 2 (a `--key`, `--keys` file or `--at` that is not one included); a
+//! store that cannot be opened or the host's key or key set that cannot be read, exit 3.
 
 use cordon_evidence::verdict::{ReferenceOutputs, VerdictOutputs};
 use std::io::Write;
@@ -254,6 +255,11 @@ fn host_keys(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> Opt
     } else if args.rotate_key {
         keyset::rotate(dir)
     } else if let (Some(key), Some(at)) = (&args.compromised, &args.at) {
+        // The operator's wiring, told apart from a key directory that cannot be used (3).
+        if let Err(e) = keyset::time("--at", at).and_then(|_| cordon::signing::public_key(key)) {
+            report(stderr, &e);
+            return Some(ExitCode::Usage);
+        }
         keyset::declare_compromised(dir, key, at)
     } else {
         return None;

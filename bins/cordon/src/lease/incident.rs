@@ -56,9 +56,9 @@ pub struct Found {
     pub receipt: Option<Digest>,
 }
 
-/// The incidents this process recorded whose receipt is not linked yet: the stage that runs the
-/// lease stores its receipt after the release that found the incident.
-static PENDING: Mutex<Vec<String>> = Mutex::new(Vec::new());
+/// The incidents this process recorded whose receipt is not linked yet, by store root: the
+/// stage that runs the lease stores its receipt after the release that found the incident.
+static PENDING: Mutex<Vec<(std::path::PathBuf, String)>> = Mutex::new(Vec::new());
 
 /// The record key of `candidate` under `authority`.
 ///
@@ -127,28 +127,34 @@ pub fn check(store: &Store, authority: &str, candidate: &Digest) -> Result<(), L
     }
 }
 
-/// Link every incident this process recorded to `receipt`, the receipt that reports it.
+/// Link every incident this process recorded in `store` to `receipt`, the receipt that
+/// reports it. A link that cannot be written stays pending for the next receipt.
 ///
 /// # Errors
 /// A link could not be written (the incident stands either way; only the name is missing).
 pub fn link_pending(store: &Store, receipt: &Digest) -> Result<(), store::StoreError> {
-    let keys = std::mem::take(
-        &mut *PENDING
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner),
-    );
-    for key in keys {
+    let mut pending = PENDING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut failed = None;
+    pending.retain(|(root, key)| {
+        if root != store.root() || failed.is_some() {
+            return true;
+        }
         match store.put_document(
             INCIDENTS,
             &format!("{key}.receipt"),
             receipt.to_string().as_bytes(),
         ) {
             // An earlier receipt is linked: the first report stands.
-            Ok(_) | Err(store::StoreError::Mismatch { .. }) => {}
-            Err(e) => return Err(e),
+            Ok(_) | Err(store::StoreError::Mismatch { .. }) => false,
+            Err(e) => {
+                failed = Some(e);
+                true
+            }
         }
-    }
-    Ok(())
+    });
+    failed.map_or(Ok(()), Err)
 }
 
 impl Manager {
@@ -186,14 +192,16 @@ impl Manager {
                 &format!("{key}.json"),
                 to_canonical_json(&incident)?.as_bytes(),
             ) {
-                // The first incident of this candidate under this authority stands.
-                Ok(_) | Err(store::StoreError::Mismatch { .. }) => {}
+                // This run's incident: the receipt this process stores next reports it.
+                Ok(_) => PENDING
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push((self.store.root().to_path_buf(), key.clone())),
+                // The first incident of this candidate under this authority stands (with its
+                // own receipt).
+                Err(store::StoreError::Mismatch { .. }) => {}
                 Err(e) => return Err(e.into()),
             }
-            PENDING
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .push(key.clone());
             Ok(key)
         })()))
     }

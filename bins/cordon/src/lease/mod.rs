@@ -279,6 +279,19 @@ pub enum LeaseError {
         /// The id given.
         id: String,
     },
+    /// A lease of an earlier boot is still recorded: the host reset under it and no recovery
+    /// has classified it.
+    #[error("lease {lease} was taken on an earlier boot and no recovery has run since")]
+    #[diagnostic(
+        code(cordon::lease::unrecovered),
+        help(
+            "run `cordon-reap` (the startup recovery): it classifies the host reset, quarantines what the lease held and records the incident"
+        )
+    )]
+    Unrecovered {
+        /// The lease.
+        lease: String,
+    },
     /// The candidate's run already ended in an incident under this authority.
     #[error(
         "candidate {} ended in an incident under this authority ({}, lease {}, {}): it is not run again under it",

@@ -163,9 +163,20 @@ impl Manager {
         quarantine::check(&self.store, &self.setup.executor, &[])?;
         let supervisor = Supervisor::this(self.setup.host())
             .map_err(io("read", Path::new("/proc/self/stat")))?;
-        let deadline = BootTime::now(self.setup.host())
-            .map_err(io("read the boot clock and", Path::new(BOOT_ID)))?
-            .after(budget);
+        let now = BootTime::now(self.setup.host())
+            .map_err(io("read the boot clock and", Path::new(BOOT_ID)))?;
+        // A lease of an earlier boot is a host reset no recovery has classified (and
+        // quarantined) yet: nothing new starts beside it. A sole manager sees every record; a
+        // shared one (parser children) runs beside live peers and leaves this to the next.
+        if !self.shared
+            && let Some(r) = self
+                .records()?
+                .into_iter()
+                .find(|r| r.deadline.boot_id != now.boot_id)
+        {
+            return Err(LeaseError::Unrecovered { lease: r.lease });
+        }
+        let deadline = now.after(budget);
         let lease = fresh_id();
         let run_dir = self.setup.run_root.join(&lease);
         let account = account::for_lease(&self.setup.accounts, &lease);

@@ -36,14 +36,15 @@ impl Manager {
             (Ok(()), Err(why)) => Residue { items: vec![why] },
             (Ok(()), Ok(())) => return Ok(()),
         };
-        // Ambiguous residue stops new work on this executor until it is proven quiescent.
+        // Ambiguous residue stops new work on this executor until it is proven quiescent, and
+        // its candidate under this authority for good — the incident first, so a lift of the
+        // quarantine never finds a candidate without one.
         let why = residue.items.join("; ");
+        let incident = self.incident(quarantine::Cause::Residue, &why, record);
         residue
             .items
             .push(self.quarantine(quarantine::Cause::Residue, &why, Some(&record.lease)));
-        residue
-            .items
-            .extend(self.incident(quarantine::Cause::Residue, &why, record));
+        residue.items.extend(incident);
         Err(residue.into())
     }
 
@@ -321,15 +322,25 @@ impl Manager {
                     .collect::<Vec<_>>()
                     .join(", ")
             );
-            done.push(self.quarantine(quarantine::Cause::HostReset, &why, Some(&first.lease)));
             // Each candidate a reset interrupted is not run again under its authority.
             for r in &reset {
                 done.extend(self.incident(quarantine::Cause::HostReset, &why, r));
             }
+            done.push(self.quarantine(quarantine::Cause::HostReset, &why, Some(&first.lease)));
         }
         match self.release_all(&records) {
             Ok(()) => done.extend(records.iter().map(|r| format!("lease {}", r.lease))),
-            Err(LeaseError::Residue(x)) => residue.extend(x.items),
+            Err(LeaseError::Residue(x)) => {
+                // A run whose lease recovery cannot release ended in an incident too.
+                let why = x.items.join("; ");
+                for r in records
+                    .iter()
+                    .filter(|r| self.record_path(&r.lease).exists())
+                {
+                    residue.extend(self.incident(quarantine::Cause::Residue, &why, r));
+                }
+                residue.extend(x.items);
+            }
             Err(e) => return Err(e),
         }
         for id in view.own_containers()? {

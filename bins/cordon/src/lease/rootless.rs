@@ -51,6 +51,10 @@ const PIDNS_PENDING: &str = "pidns.pending";
 pub const REAP_LOCK: &str = "recovery.lock";
 /// The state directory's store of surface and surface-reap receipts (each signed).
 pub const RECEIPTS: &str = "store";
+
+/// The quarantine scope of every run of a surface, in its own store
+/// (`Scope::Executor(QUARANTINE_SCOPE)`): residue of one run stops the next.
+pub const QUARANTINE_SCOPE: &str = "surface";
 /// The state directory's signing key directory: the service user's own key, outside its store
 /// and outside every workspace (the host key is root's).
 pub const KEYS: &str = "keys";

@@ -1388,6 +1388,11 @@ fn a_lease_of_an_earlier_boot_is_a_host_reset_and_quarantines_the_executor() {
     let candidate = Digest::of_bytes(b"engine tree");
     record.candidate = Some(candidate);
     overwrite_record(&w, &record);
+    // Before any recovery: nothing new starts beside it.
+    match w.manager.begin("sha256:a", cordon_testkit::in_an_hour()) {
+        Err(LeaseError::Unrecovered { lease: l }) => assert_eq!(l, record.lease),
+        other => panic!("not refused: {other:?}"),
+    }
     let done = w.manager.recover().unwrap();
     // The candidate the reset interrupted is not run again under that authority.
     let found = incident::find(&w.manager.store, &record.authority, &candidate)
