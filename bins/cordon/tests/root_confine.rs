@@ -646,6 +646,9 @@ fn intermediate(uid: u32, jail: &Path) -> ! {
         .env_clear()
         .current_dir("/")
         .stdin(Stdio::inherit())
+        // Not this process's stdout: the child's own frames (its confined marker) would race
+        // the pid line the test reads from it.
+        .stdout(Stdio::null())
         .spawn()
         .unwrap();
     println!("{}", child.id());
