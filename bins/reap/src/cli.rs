@@ -273,16 +273,13 @@ fn counters(
     }
     let dir = store.root().join(cordon::store::RECEIPTS);
     let (mut oom, mut deadline) = (0, 0);
-    for entry in std::fs::read_dir(&dir).map_err(|source| LeaseError::Io {
+    let list = |source| LeaseError::Io {
         op: "list",
         path: dir.clone(),
         source,
-    })? {
-        let entry = entry.map_err(|source| LeaseError::Io {
-            op: "list",
-            path: dir.clone(),
-            source,
-        })?;
+    };
+    for entry in std::fs::read_dir(&dir).map_err(list)? {
+        let entry = entry.map_err(list)?;
         let name = entry.file_name();
         // Signatures sit beside their receipts.
         let Some(name) = name.to_str().filter(|n| n.ends_with(".json")) else {

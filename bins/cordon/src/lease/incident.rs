@@ -80,36 +80,40 @@ pub fn find(
     let key = key(authority, candidate)?;
     let name = format!("{key}.json");
     let path = store.path(INCIDENTS, &name);
-    let bytes = match store.read_document(INCIDENTS, &name) {
-        Ok(b) => b,
-        Err(store::StoreError::Io { source, .. })
-            if source.kind() == std::io::ErrorKind::NotFound =>
-        {
-            return Ok(None);
-        }
-        Err(e) => return Err(e.into()),
+    let Some(bytes) = document(store, &name)? else {
+        return Ok(None);
     };
     let incident: Incident = serde_json::from_slice(&bytes).map_err(|e| LeaseError::Record {
         path: path.clone(),
         why: e.to_string(),
     })?;
-    let receipt = match store.read_document(INCIDENTS, &format!("{key}.receipt")) {
-        Ok(b) => Some(parse_link(&b).ok_or_else(|| LeaseError::Record {
-            path: store.path(INCIDENTS, &format!("{key}.receipt")),
-            why: "not a receipt digest".into(),
-        })?),
-        Err(store::StoreError::Io { source, .. })
-            if source.kind() == std::io::ErrorKind::NotFound =>
-        {
-            None
-        }
-        Err(e) => return Err(e.into()),
-    };
+    let link = format!("{key}.receipt");
+    let receipt = document(store, &link)?
+        .map(|b| {
+            parse_link(&b).ok_or_else(|| LeaseError::Record {
+                path: store.path(INCIDENTS, &link),
+                why: "not a receipt digest".into(),
+            })
+        })
+        .transpose()?;
     Ok(Some(Found {
         path,
         incident,
         receipt,
     }))
+}
+
+/// Document `name` of the incidents section; `None` only when it does not exist.
+fn document(store: &Store, name: &str) -> Result<Option<Vec<u8>>, LeaseError> {
+    match store.read_document(INCIDENTS, name) {
+        Ok(b) => Ok(Some(b)),
+        Err(store::StoreError::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn parse_link(bytes: &[u8]) -> Option<Digest> {
@@ -162,47 +166,52 @@ impl Manager {
     /// or recovery report carries.
     pub(super) fn incident(&self, cause: Cause, why: &str, record: &Record) -> Option<String> {
         let candidate = record.candidate?;
-        let line = |r: Result<String, LeaseError>| match r {
-            Ok(_) => format!(
+        Some(match self.record_incident(cause, why, record, candidate) {
+            Ok(()) => format!(
                 "candidate {candidate} is not run again under authority {}",
                 record.authority
             ),
             Err(e) => format!("the incident of candidate {candidate} could not be recorded: {e}"),
+        })
+    }
+
+    fn record_incident(
+        &self,
+        cause: Cause,
+        why: &str,
+        record: &Record,
+        candidate: Digest,
+    ) -> Result<(), LeaseError> {
+        let incident = Incident {
+            authority: record.authority.clone(),
+            candidate,
+            cause,
+            why: why.to_owned(),
+            lease: record.lease.clone(),
+            quarantine: quarantine::id(&quarantine::Scope::Executor(self.setup.executor.clone()))?,
+            reporter: Supervisor::this(self.setup.host()).map_err(|source| LeaseError::Io {
+                op: "read",
+                path: "/proc/self/stat".into(),
+                source,
+            })?,
+            at: cordon_evidence::receipt::now_rfc3339(),
         };
-        Some(line((|| {
-            let incident = Incident {
-                authority: record.authority.clone(),
-                candidate,
-                cause,
-                why: why.to_owned(),
-                lease: record.lease.clone(),
-                quarantine: quarantine::id(&quarantine::Scope::Executor(
-                    self.setup.executor.clone(),
-                ))?,
-                reporter: Supervisor::this(self.setup.host()).map_err(|source| LeaseError::Io {
-                    op: "read",
-                    path: "/proc/self/stat".into(),
-                    source,
-                })?,
-                at: cordon_evidence::receipt::now_rfc3339(),
-            };
-            let key = key(&record.authority, &candidate)?;
-            match self.store.put_document(
-                INCIDENTS,
-                &format!("{key}.json"),
-                to_canonical_json(&incident)?.as_bytes(),
-            ) {
-                // This run's incident: the receipt this process stores next reports it.
-                Ok(_) => PENDING
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .push((self.store.root().to_path_buf(), key.clone())),
-                // The first incident of this candidate under this authority stands (with its
-                // own receipt).
-                Err(store::StoreError::Mismatch { .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
-            Ok(key)
-        })()))
+        let key = key(&record.authority, &candidate)?;
+        match self.store.put_document(
+            INCIDENTS,
+            &format!("{key}.json"),
+            to_canonical_json(&incident)?.as_bytes(),
+        ) {
+            // This run's incident: the receipt this process stores next reports it.
+            Ok(_) => PENDING
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push((self.store.root().to_path_buf(), key)),
+            // The first incident of this candidate under this authority stands (with its own
+            // receipt).
+            Err(store::StoreError::Mismatch { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        Ok(())
     }
 }
