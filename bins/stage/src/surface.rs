@@ -10,7 +10,10 @@
 //! read-only; inside it exist only `/proc`, a minimal `/dev`, a private `/tmp` tmpfs, the
 //! policy's named read set (each a plain — not recursive — read-only bind, so nothing mounted
 //! beneath a named path on the host crosses) and the workspace, read-write, as the working
-//! directory. A read of anything else fails because the path does not exist there.
+//! directory. A read of anything else fails because the path does not exist there. A command's
+//! run gets disposable home and temp of its own, and the workspace directories that hold the
+//! agent's are covered ([`agent_dirs`]): a mount point can be neither renamed nor removed, so a
+//! command can neither read nor move nor replace what the agent keeps there.
 //!
 //! Every field of the stage is destructured: a value is planned, carried into
 //! [`SurfaceSettings`], or refused with a named [`PlanError`]. Cgroup limits (`cpus`, `cpuset`,
@@ -292,10 +295,16 @@ fn mounts(
     )?);
     // A command gets home and temp of its own, disposable: it can neither plant configuration
     // the agent (which holds the provider variables) would run, nor reach the agent's sockets.
+    // The workspace directory that holds them is covered first: a mount point can be neither
+    // renamed nor removed, so the command cannot move the agent's directories aside and leave
+    // directories of its own at their paths (its covers would move with them).
     match run.tier {
         Tier::Agent => {}
         Tier::Command => {
-            for rel in [&surface.home, &surface.temp] {
+            let covers = agent_dirs(surface)
+                .into_iter()
+                .filter(|rel| !rel.contains('/') || *rel == surface.home || *rel == surface.temp);
+            for rel in covers {
                 mounts.push(mount(
                     &format!("{dest}/{rel}"),
                     "tmpfs",
@@ -306,6 +315,28 @@ fn mounts(
         }
     }
     Ok(mounts)
+}
+
+/// The agent's directories relative to the workspace, parents first: every leading path of
+/// home and of temp (`.cph`, `.cph/agent-runtime`, `.cph/t`). Each is made and proven by the
+/// surface before a run, and covered in a command's run.
+#[must_use]
+pub fn agent_dirs(surface: &Surface) -> Vec<String> {
+    let mut dirs = std::collections::BTreeSet::new();
+    for rel in [&surface.home, &surface.temp] {
+        let mut at = String::new();
+        for part in rel.split('/') {
+            if !at.is_empty() {
+                at.push('/');
+            }
+            at.push_str(part);
+            dirs.insert(at.clone());
+        }
+    }
+    // Sorted by depth, so each directory comes after its parent.
+    let mut dirs: Vec<String> = dirs.into_iter().collect();
+    dirs.sort_by_key(|d| d.matches('/').count());
+    dirs
 }
 
 /// Plan one surface run of `policy`.

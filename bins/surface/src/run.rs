@@ -3,14 +3,17 @@
 //! Sequence (each step's why is on the step):
 //! 0. the invoker holds no supplementary group (rootless runc cannot drop them, so they would
 //!    cross into the container);
-//! 1. home and temp made beneath the workspace without following links, and the plan made:
-//!    nothing of the run exists yet, so a refusal leaves nothing behind;
+//! 1. the agent's directories (home, temp and the workspace directories above them) made
+//!    beneath the workspace without following links, or proven the ones the surface made
+//!    ([`trust::agent_dirs`]), and the plan made: nothing of the run exists yet, so a refusal
+//!    leaves nothing behind;
 //! 2. the run published on the rootless lease ([`cordon::lease::rootless`]): its run directory
 //!    and locked record, durable before anything else of the run exists;
 //! 3. the empty root made and the plan written as `config.json`; create; the container's pid
 //!    namespace noted on the lease; the directory the runtime mounted at the workspace's
 //!    destination proven to be the one that was checked (device and inode, through the
-//!    container's root), else the run never starts; then start, wait under the absolute
+//!    container's root), and for the agent each of its directories too, else the run never
+//!    starts; then start, wait under the absolute
 //!    deadline, delete — with the runtime's state root in the state directory (`runc/`);
 //! 4. the lease released, always: the runtime no longer lists the container, no process
 //!    remains in its pid namespace, the run directory is gone. Anything that cannot be
@@ -189,9 +192,16 @@ pub fn run(policy: &Policy, host: &Host, req: &Request, store: &Store) -> Result
     quarantine::check(store, rootless::QUARANTINE_SCOPE, &[])?;
     let run = format!("cs-{}", &cordon::lease::fresh_id()[..20]);
     let (_, block) = surface::surface_of(policy)?;
-    // The agent's home and temp exist before it starts, made without following any link.
-    trust::make_beneath(&req.workspace, &block.home).map_err(RunError::Prepare)?;
-    trust::make_beneath(&req.workspace, &block.temp).map_err(RunError::Prepare)?;
+    // The agent's home and temp exist before it starts, made by the surface without following
+    // any link, or proven the ones it made (a command cannot move or replace them: its run
+    // covers them, and this proof holds against anything else that could).
+    let agent_dirs = trust::agent_dirs(
+        &req.workspace,
+        &lease.state,
+        lease.uid,
+        &surface::agent_dirs(block),
+    )
+    .map_err(RunError::Prepare)?;
     let plan = surface::plan(
         policy,
         &SurfaceInputs {
@@ -222,7 +232,7 @@ pub fn run(policy: &Policy, host: &Host, req: &Request, store: &Store) -> Result
         tier: req.tier,
     };
     let mut held = rootless::begin(lease, record)?;
-    let result = contain(lease, req, &plan, &mut held, deadline);
+    let result = contain(lease, req, &plan, &agent_dirs, &mut held, deadline);
     // Residue first: a run that cannot be proven gone is a no-decision whatever else failed,
     // and stops the next run until `cordon-reap --surface --clear` proves it gone.
     match held.release(lease) {
@@ -251,6 +261,7 @@ fn contain(
     lease: &rootless::Setup,
     req: &Request,
     plan: &SurfacePlan,
+    agent_dirs: &BTreeMap<String, trust::DirId>,
     held: &mut rootless::Run,
     deadline: Instant,
 ) -> Result<Finished, RunError> {
@@ -291,6 +302,21 @@ fn contain(
             path: req.workspace.path.clone(),
             why: "the directory the runtime mounted is not the one that was checked".into(),
         }));
+    }
+    // The agent's directories, seen the same way, are the ones the surface made and proved
+    // (a command's run sees its own covers there instead, so there is nothing of the agent's
+    // to prove).
+    if req.tier == Tier::Agent {
+        for (rel, id) in agent_dirs {
+            let at = mounted.join(rel);
+            let seen = std::fs::symlink_metadata(&at).map_err(state_err("examine", &at))?;
+            if trust::DirId::of(&seen) != *id {
+                return Err(RunError::Prepare(TrustError::AgentDirs {
+                    path: req.workspace.path.clone(),
+                    why: format!("{rel} as the runtime mounted it is not the directory proven"),
+                }));
+            }
+        }
     }
     Ok(created.start()?.wait_without_cgroup(deadline)?.delete()?)
 }

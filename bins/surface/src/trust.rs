@@ -19,7 +19,10 @@
 //!   workspace both ways.
 //! - Home and temp are made beneath the workspace one component at a time, relative to an
 //!   open directory and never following a link, so a link planted in the workspace cannot send
-//!   them outside it.
+//!   them outside it; each directory the surface makes is recorded in the state directory
+//!   (`homes/`), and one found at those paths later must be that directory (device, inode,
+//!   birth, owner, mode 0700), so nothing a command or a checked-out tree put there becomes
+//!   the agent's home or temp.
 //!
 //! It does not read any configuration from the workspace: there is none to read.
 
@@ -99,6 +102,15 @@ pub enum TrustError {
     )]
     StateDir {
         /// The directory.
+        path: PathBuf,
+        /// Why.
+        why: String,
+    },
+    /// The agent's home or temp, or a directory above them, is not what the surface made.
+    #[error("the agent's directories in workspace {path} cannot be trusted: {why}")]
+    #[diagnostic(code(cordon::surface::agent_dirs))]
+    AgentDirs {
+        /// The workspace.
         path: PathBuf,
         /// Why.
         why: String,
@@ -349,40 +361,201 @@ pub fn state_dir(dir: &Path, workspace: Option<&Path>, uid: u32) -> Result<(), T
     Ok(())
 }
 
-/// Make `rel` beneath the checked `workspace`, one component at a time relative to the open
-/// parent, never following a link: the workspace opened must be the directory checked, and an
-/// existing component must be a real directory.
+/// The state directory's subdirectory of agent-directory records, one per workspace path.
+pub const HOMES: &str = "homes";
+/// The record's schema.
+const HOMES_SCHEMA: u32 = 1;
+
+/// A directory's identity: what a replacement made at its path cannot share with it while
+/// it exists (device and inode), and its birth time where the filesystem keeps one, so a
+/// directory made later on a freed inode is not taken for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DirId {
+    /// The device.
+    pub dev: u64,
+    /// The inode.
+    pub ino: u64,
+    /// Birth time, ns since the epoch, when the filesystem records one.
+    pub born_ns: Option<i128>,
+}
+
+impl DirId {
+    /// The identity in `m`.
+    #[must_use]
+    pub fn of(m: &std::fs::Metadata) -> Self {
+        let born_ns = m
+            .created()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| i128::try_from(d.as_nanos()).unwrap_or(i128::MAX));
+        Self {
+            dev: m.dev(),
+            ino: m.ino(),
+            born_ns,
+        }
+    }
+}
+
+/// What the surface made for the agent in one workspace: the workspace's identity and each
+/// agent directory's (relative path → identity), `STATE/homes/<sha256 of the path>.json`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Homes {
+    schema: u32,
+    workspace: PathBuf,
+    id: DirId,
+    dirs: std::collections::BTreeMap<String, DirId>,
+}
+
+/// The agent's directories of `workspace` (`rels`, parents first, from
+/// [`cordon_stage::surface::agent_dirs`]), made or proven: each component is opened relative
+/// to its open parent, never following a link; one the surface makes now (0700) is recorded
+/// in `state`; one that exists must be a directory of `uid`'s, mode 0700, with the identity
+/// the record holds for it. A directory at one of those paths that the surface did not make —
+/// a command's replacement, a checked-out tree's `.cph` — is never the agent's: refused.
 ///
 /// # Errors
-/// The workspace is no longer the directory checked, a component is a link or not a
-/// directory, or cannot be made.
-pub fn make_beneath(workspace: &Workspace, rel: &str) -> Result<(), TrustError> {
-    let bad = |why: String| TrustError::Workspace {
+/// The workspace is not the one checked, a component is a link, not a directory, not the
+/// service user's, not 0700, or not the directory the surface made; the record cannot be
+/// read or written.
+pub fn agent_dirs(
+    workspace: &Workspace,
+    state: &Path,
+    uid: u32,
+    rels: &[String],
+) -> Result<std::collections::BTreeMap<String, DirId>, TrustError> {
+    let bad = |why: String| TrustError::AgentDirs {
         path: workspace.path.clone(),
         why,
     };
+    let file = state.join(HOMES).join(format!(
+        "{}.json",
+        cordon::canonical::Digest::of_bytes(workspace.path.as_os_str().as_encoded_bytes()).hex()
+    ));
+    // One proof at a time per state directory: two first runs never both make, or one see
+    // unrecorded, what the other is making.
+    let homes_dir = state.join(HOMES);
+    cordon::lease::rootless::private_dir(&homes_dir)
+        .map_err(|e| bad(format!("its records' directory: {e}")))?;
+    let lock = std::fs::File::open(&homes_dir).map_err(io(&homes_dir))?;
+    let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| io(&homes_dir)(e.into()))?;
+    let ws = open_checked(workspace)?;
+    let ws_id = DirId::of(&nix_stat(&ws, &workspace.path)?);
+    let mut homes = match std::fs::read(&file) {
+        Ok(bytes) => serde_json::from_slice::<Homes>(&bytes)
+            .map_err(|e| bad(format!("its record {} is unreadable: {e}", file.display())))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Homes {
+            schema: HOMES_SCHEMA,
+            workspace: workspace.path.clone(),
+            id: ws_id,
+            dirs: std::collections::BTreeMap::new(),
+        },
+        Err(e) => return Err(io(&file)(e)),
+    };
+    // A record of another directory once at this path (removed and made again) says nothing
+    // about this one.
+    if homes.schema != HOMES_SCHEMA || homes.id != ws_id || homes.workspace != workspace.path {
+        homes = Homes {
+            schema: HOMES_SCHEMA,
+            workspace: workspace.path.clone(),
+            id: ws_id,
+            dirs: std::collections::BTreeMap::new(),
+        };
+    }
     let flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY;
+    let mut made = false;
+    for rel in rels {
+        let (parent, name) = rel.rsplit_once('/').unwrap_or(("", rel.as_str()));
+        let mut dir = ws.try_clone().map_err(io(&workspace.path))?;
+        for part in parent.split('/').filter(|p| !p.is_empty()) {
+            dir = openat(dir.as_fd(), part, flags, Mode::empty())
+                .map_err(|e| bad(format!("{rel}: cannot open {part:?}: {e}")))?;
+        }
+        let fresh = match mkdirat(dir.as_fd(), name, Mode::from_bits_truncate(0o700)) {
+            Ok(()) => true,
+            Err(nix::errno::Errno::EEXIST) => false,
+            Err(e) => return Err(bad(format!("cannot make {rel}: {e}"))),
+        };
+        let opened = openat(dir.as_fd(), name, flags, Mode::empty()).map_err(|e| {
+            bad(format!(
+                "{rel} is not a directory of its own ({e}); a link is never followed"
+            ))
+        })?;
+        let m = nix_stat(&opened, &workspace.path.join(rel))?;
+        if m.uid() != uid {
+            return Err(bad(format!(
+                "{rel} is owned by uid {}, not the service user",
+                m.uid()
+            )));
+        }
+        if m.mode() & 0o7777 != 0o700 {
+            return Err(bad(format!(
+                "{rel} has mode {:o}, not 0700",
+                m.mode() & 0o7777
+            )));
+        }
+        let id = DirId::of(&m);
+        if fresh {
+            homes.dirs.insert(rel.clone(), id);
+            made = true;
+        } else if homes.dirs.get(rel) != Some(&id) {
+            return Err(bad(format!(
+                "{rel} is not the directory the surface made for the agent (a command's \
+                 replacement or a checked-out tree's); inspect it and remove it, and the surface \
+                 makes a fresh one"
+            )));
+        }
+    }
+    if made {
+        write_record(&file, &homes)?;
+    }
+    Ok(homes.dirs)
+}
+
+/// The workspace opened without following a link, and proven the directory checked.
+fn open_checked(workspace: &Workspace) -> Result<std::os::fd::OwnedFd, TrustError> {
     let opened = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(nix::libc::O_DIRECTORY | nix::libc::O_NOFOLLOW)
         .open(&workspace.path)
         .map_err(io(&workspace.path))?;
     if !workspace.is(&opened.metadata().map_err(io(&workspace.path))?) {
-        return Err(bad("it is no longer the directory that was checked".into()));
+        return Err(TrustError::Workspace {
+            path: workspace.path.clone(),
+            why: "it is no longer the directory that was checked".into(),
+        });
     }
-    let mut dir: std::os::fd::OwnedFd = opened.into();
-    for name in rel.split('/') {
-        match mkdirat(dir.as_fd(), name, Mode::from_bits_truncate(0o700)) {
-            Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
-            Err(e) => return Err(bad(format!("cannot make {rel}: {e}"))),
-        }
-        dir = openat(dir.as_fd(), name, flags, Mode::empty()).map_err(|e| {
-            bad(format!(
-                "{rel}: component {name:?} is not a directory of its own ({e}); a link is never followed"
-            ))
-        })?;
-    }
-    Ok(())
+    Ok(opened.into())
+}
+
+/// The metadata of an open directory.
+fn nix_stat(fd: &std::os::fd::OwnedFd, path: &Path) -> Result<std::fs::Metadata, TrustError> {
+    std::fs::File::from(fd.try_clone().map_err(io(path))?)
+        .metadata()
+        .map_err(io(path))
+}
+
+/// `homes` written whole to `file` (0600, durable before it replaces the old record).
+fn write_record(file: &Path, homes: &Homes) -> Result<(), TrustError> {
+    use std::io::Write;
+    let dir = file.parent().unwrap_or(Path::new("/"));
+    let pending = file.with_extension("json.pending");
+    let bytes = serde_json::to_vec_pretty(homes).map_err(|e| io(file)(std::io::Error::other(e)))?;
+    let _ = std::fs::remove_file(&pending);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(&pending)
+        .and_then(|mut f| f.write_all(&bytes).and_then(|()| f.sync_all()))
+        .map_err(io(&pending))?;
+    std::fs::rename(&pending, file).map_err(io(file))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(dir))
 }
 
 #[cfg(test)]
@@ -458,13 +631,19 @@ mod tests {
         );
     }
 
+    fn dirs(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| (*s).to_owned()).collect()
+    }
+
     #[test]
     fn home_and_temp_are_made_beneath_the_workspace_and_a_planted_link_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let ws = dir.path().join("ws");
         let outside = dir.path().join("outside");
-        std::fs::create_dir(&ws).unwrap();
-        std::fs::create_dir(&outside).unwrap();
+        let state = dir.path().join("state");
+        for d in [&ws, &outside, &state] {
+            std::fs::create_dir(d).unwrap();
+        }
         let me = nix::unistd::geteuid().as_raw();
         let checked = workspace(&std::fs::canonicalize(&ws).unwrap(), me).unwrap();
         let ws = checked.path.clone();
@@ -473,22 +652,86 @@ mod tests {
         std::os::unix::fs::symlink(&ws, dir.path().join("alias")).unwrap();
         assert!(workspace(&dir.path().join("alias"), me).is_err());
         assert!(workspace(&ws.join("sub/.."), me).is_err());
-        let ws_ref = &checked;
-        make_beneath(ws_ref, ".cph/agent-runtime").unwrap();
-        make_beneath(ws_ref, ".cph/t").unwrap();
+        let rels = dirs(&[".cph", ".cph/agent-runtime", ".cph/t"]);
+        let made = agent_dirs(&checked, &state, me, &rels).unwrap();
         assert!(ws.join(".cph/t").is_dir());
-        // Again: existing directories are fine.
-        make_beneath(ws_ref, ".cph/t").unwrap();
+        assert_eq!(made.len(), 3);
+        // Again: the directories the surface made are proven, not made again.
+        assert_eq!(agent_dirs(&checked, &state, me, &rels).unwrap(), made);
         std::os::unix::fs::symlink(&outside, ws.join("evil")).unwrap();
-        assert!(make_beneath(ws_ref, "evil/t").is_err());
+        assert!(agent_dirs(&checked, &state, me, &dirs(&["evil", "evil/t"])).is_err());
         std::fs::write(ws.join("file"), "").unwrap();
-        assert!(make_beneath(ws_ref, "file/t").is_err());
+        assert!(agent_dirs(&checked, &state, me, &dirs(&["file"])).is_err());
         assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
         // The directory at the path replaced by another: refused, nothing made in it.
         std::fs::rename(&ws, dir.path().join("moved")).unwrap();
         std::fs::create_dir(&ws).unwrap();
-        assert!(make_beneath(ws_ref, "new").is_err());
+        assert!(agent_dirs(&checked, &state, me, &dirs(&["new"])).is_err());
         assert!(!ws.join("new").exists());
+    }
+
+    #[test]
+    fn an_agent_directory_the_surface_did_not_make_is_never_the_agents() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        std::fs::create_dir(&state).unwrap();
+        let me = nix::unistd::geteuid().as_raw();
+        let fresh = |name: &str| {
+            let ws = dir.path().join(name);
+            std::fs::create_dir(&ws).unwrap();
+            workspace(&std::fs::canonicalize(&ws).unwrap(), me).unwrap()
+        };
+        let rels = dirs(&[".cph", ".cph/agent-runtime", ".cph/t"]);
+        let refused = |w: &Workspace| match agent_dirs(w, &state, me, &rels) {
+            Err(TrustError::AgentDirs { why, .. }) => why,
+            other => panic!("not refused: {other:?}"),
+        };
+        // A checked-out tree's `.cph`, which the surface never made.
+        let w = fresh("checkout");
+        std::fs::create_dir_all(w.path.join(".cph/agent-runtime")).unwrap();
+        chmod(&w.path.join(".cph"), 0o700);
+        chmod(&w.path.join(".cph/agent-runtime"), 0o700);
+        assert!(refused(&w).contains(".cph is not the directory the surface made"));
+        // The attack: the home moved aside and a directory of the same name and mode made
+        // in its place; then the same for the parent.
+        let w = fresh("moved");
+        agent_dirs(&w, &state, me, &rels).unwrap();
+        let home = w.path.join(".cph/agent-runtime");
+        std::fs::rename(&home, w.path.join(".cph/old")).unwrap();
+        std::fs::create_dir(&home).unwrap();
+        chmod(&home, 0o700);
+        assert!(refused(&w).contains(".cph/agent-runtime is not the directory"));
+        let w = fresh("parent");
+        agent_dirs(&w, &state, me, &rels).unwrap();
+        std::fs::rename(w.path.join(".cph"), w.path.join(".old")).unwrap();
+        std::fs::create_dir_all(w.path.join(".cph/agent-runtime")).unwrap();
+        chmod(&w.path.join(".cph"), 0o700);
+        assert!(refused(&w).contains(".cph is not the directory"));
+        // A mode widened, or a link in place of the directory.
+        let w = fresh("mode");
+        agent_dirs(&w, &state, me, &rels).unwrap();
+        chmod(&w.path.join(".cph/t"), 0o755);
+        assert!(refused(&w).contains("mode 755"));
+        let w = fresh("link");
+        agent_dirs(&w, &state, me, &rels).unwrap();
+        std::fs::remove_dir(w.path.join(".cph/t")).unwrap();
+        std::os::unix::fs::symlink(&state, w.path.join(".cph/t")).unwrap();
+        assert!(refused(&w).contains("a link is never followed"));
+        // The workspace removed and made again at its path: the record of the old one says
+        // nothing, and a fresh set is made.
+        let w = fresh("again");
+        agent_dirs(&w, &state, me, &rels).unwrap();
+        std::fs::remove_dir_all(&w.path).unwrap();
+        std::fs::create_dir(&w.path).unwrap();
+        let w2 = workspace(&w.path, me).unwrap();
+        agent_dirs(&w2, &state, me, &rels).unwrap();
+        // A record the surface cannot read stops the run.
+        let w = fresh("record");
+        agent_dirs(&w, &state, me, &rels).unwrap();
+        for e in std::fs::read_dir(state.join(HOMES)).unwrap() {
+            std::fs::write(e.unwrap().path(), "{").unwrap();
+        }
+        assert!(refused(&w).contains("unreadable"));
     }
 
     #[test]

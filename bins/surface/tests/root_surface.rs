@@ -918,3 +918,172 @@ fn a_quarantine_stops_every_surface_run_until_reap_clears_it() {
     assert!(s.ws.join("ran").exists());
     s.assert_released();
 }
+
+/// Issue 32's attack (a): a command moves the directory that holds the agent's home and temp
+/// aside and makes its own at their paths, with a file the agent would run. Its run covers that
+/// directory, so the moves fail (the same moves of a plain directory succeed), its plants land
+/// in its disposable covers, and the host's directories are the ones the surface made. A
+/// replacement made anyway — by anything outside a run — is refused before the agent runs.
+#[test]
+fn a_command_cannot_move_or_replace_the_agents_home_and_a_replacement_is_refused() {
+    let s = Surface::new(&|t| t);
+    let first = s.run("agent", "echo kept > \"$HOME/settings.json\"", &[]);
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    let id = |p: &Path| {
+        let m = std::fs::symlink_metadata(p).unwrap();
+        (m.dev(), m.ino())
+    };
+    let before: Vec<_> = [".cph", ".cph/agent-runtime", ".cph/t"]
+        .iter()
+        .map(|r| id(&s.ws.join(r)))
+        .collect();
+    std::fs::create_dir(s.ws.join("plain")).unwrap();
+    chown(&s.ws.join("plain"));
+    let script = r#"
+try() { if eval "$2" >/dev/null 2>&1; then echo "$1=yes"; else echo "$1=no"; fi; }
+try move-plain 'mv /workspace/plain /workspace/plain-moved'
+try move-parent 'mv /workspace/.cph /workspace/.cph-moved'
+try move-home 'mv /workspace/.cph/agent-runtime /workspace/.cph/old'
+try remove-home 'rmdir /workspace/.cph/agent-runtime'
+try plant 'mkdir -p /workspace/.cph/agent-runtime && echo planted > /workspace/.cph/agent-runtime/settings.json'
+"#;
+    let done = s.run("command", script, &[]);
+    assert_eq!(done.code, 0, "{}\n{}", done.stderr, done.receipt);
+    for (probe, expect) in [
+        ("move-plain", "yes"),
+        ("move-parent", "no"),
+        ("move-home", "no"),
+        ("remove-home", "no"),
+        // Into its own cover: checked below to be nowhere on the host.
+        ("plant", "yes"),
+    ] {
+        assert!(
+            done.stdout().contains(&format!("{probe}={expect}\n")),
+            "{probe} should be {expect}:\n{}",
+            done.stdout()
+        );
+    }
+    let after: Vec<_> = [".cph", ".cph/agent-runtime", ".cph/t"]
+        .iter()
+        .map(|r| id(&s.ws.join(r)))
+        .collect();
+    assert_eq!(before, after, "the agent's directories are the ones made");
+    assert!(!s.ws.join(".cph-moved").exists() && !s.ws.join(".cph/old").exists());
+    let agent = s.run("agent", "cat \"$HOME/settings.json\"", &[]);
+    assert_eq!(agent.stdout(), "kept\n", "{}", agent.stderr);
+
+    // What a command could once do, done on the host: the parent moved aside, a look-alike
+    // (same names, same owner, mode 0700) made in its place with a planted file.
+    std::fs::rename(s.ws.join(".cph"), s.ws.join(".cph-aside")).unwrap();
+    for rel in [".cph", ".cph/agent-runtime", ".cph/t"] {
+        let p = s.ws.join(rel);
+        std::fs::create_dir(&p).unwrap();
+        chown(&p);
+        chmod(&p, 0o700);
+    }
+    std::fs::write(s.ws.join(".cph/agent-runtime/settings.json"), "planted").unwrap();
+    let refused = s.run("agent", "echo ran > /workspace/agent-ran", &[]);
+    assert_eq!(refused.code, 3, "{}", refused.stderr);
+    assert_eq!(
+        refused.receipt["outcome"], "no-decision",
+        "{}",
+        refused.receipt
+    );
+    let why = refused.receipt["reasons"][0]["message"]
+        .as_str()
+        .unwrap_or("");
+    assert!(
+        why.contains("not the directory the surface made"),
+        "{}",
+        refused.receipt
+    );
+    assert!(!s.ws.join("agent-ran").exists(), "argv never ran");
+    s.assert_released();
+}
+
+/// Issue 32's attack (b): a command reads what the agent kept in its home, directly or by
+/// moving the directory aside. It sees only its own cover.
+#[test]
+fn a_command_cannot_read_the_agents_earlier_home() {
+    let s = Surface::new(&|t| t);
+    let agent = s.run("agent", "echo agent-only-7 > \"$HOME/notes\"", &[]);
+    assert_eq!(agent.code, 0, "{}", agent.stderr);
+    let script = r"
+ls -A /workspace/.cph /workspace/.cph/agent-runtime
+cat /workspace/.cph/agent-runtime/notes
+mv /workspace/.cph /workspace/x && cat /workspace/x/agent-runtime/notes
+grep -r agent-only-7 /workspace
+echo end
+";
+    let done = s.run("command", script, &[]);
+    assert_eq!(done.code, 0, "{}\n{}", done.stderr, done.receipt);
+    assert!(done.stdout().ends_with("end\n"), "{}", done.stdout());
+    assert!(!done.stdout().contains("agent-only-7"), "{}", done.stdout());
+    assert!(!done.stdout().contains("notes"), "{}", done.stdout());
+    // Outside, the agent's file is where it left it.
+    assert_eq!(
+        std::fs::read_to_string(s.ws.join(".cph/agent-runtime/notes")).unwrap(),
+        "agent-only-7\n"
+    );
+    s.assert_released();
+}
+
+/// Issue 32's attack (c): a command, running beside the agent, moves the directory that holds
+/// the agent's temp aside, makes its own at its path and waits for the agent to bind its
+/// socket there, to read the key through it. Its move fails (its run covers that directory),
+/// the agent binds in its own temp, and the command never sees the socket.
+#[test]
+fn a_command_cannot_reach_a_socket_the_agent_binds_in_its_temp() {
+    let s = Surface::new(&|t| t);
+    let first = s.run("agent", "true", &[]);
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    let lurk = r#"
+mv /workspace/.cph /workspace/.cph-moved 2>/dev/null && echo moved
+mkdir -p /workspace/.cph/t 2>/dev/null
+touch /workspace/lurking
+python3 -c '
+import socket, time
+for _ in range(40):
+    try:
+        s = socket.socket(socket.AF_UNIX)
+        s.connect("/workspace/.cph/t/bridge.sock")
+        print("got", s.recv(100))
+        break
+    except OSError as e:
+        err = e.errno
+        time.sleep(0.05)
+else:
+    print("never", err)
+'
+"#;
+    let lurker = s.spawn("command", lurk, &[]);
+    wait_for(&s.ws.join("lurking"), "the lurking command");
+    let serve = r#"python3 -c '
+import os, socket
+s = socket.socket(socket.AF_UNIX)
+s.bind(os.environ["TMPDIR"] + "/bridge.sock")
+s.listen(1)
+s.settimeout(60)
+try:
+    c, _ = s.accept()
+    c.sendall(os.environ["ANTHROPIC_API_KEY"].encode())
+except OSError:
+    pass
+'"#;
+    let mut agent = s.spawn("agent", serve, &[("ANTHROPIC_API_KEY", "sk-ant-SOCKET-9")]);
+    wait_for(&s.ws.join(".cph/t/bridge.sock"), "the agent's socket");
+    let out = lurker.wait_with_output().unwrap();
+    let receipt: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let said = receipt["outputs"]["stdout"].as_str().unwrap_or("");
+    assert_eq!(receipt["outcome"], "ok", "{receipt}");
+    assert!(!said.contains("moved"), "{said}");
+    assert!(!said.contains("SOCKET-9"), "{said}");
+    assert!(said.contains("never 2"), "ENOENT throughout: {said}");
+    // The same connection from the host reaches the agent: the probe proves something.
+    let host = std::os::unix::net::UnixStream::connect(s.ws.join(".cph/t/bridge.sock"));
+    let mut got = String::new();
+    std::io::Read::read_to_string(&mut host.unwrap(), &mut got).unwrap();
+    assert_eq!(got, "sk-ant-SOCKET-9");
+    assert!(agent.wait().unwrap().success());
+    s.assert_released();
+}
