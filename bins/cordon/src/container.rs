@@ -272,6 +272,21 @@ impl Created {
         &self.id
     }
 
+    /// Kill the init of a container that will never start, and reap it, so its caller's
+    /// release finds nothing of it: dropped instead, the init would stay a zombie of this
+    /// subreaper — in the container's pid namespace — until this process exits.
+    ///
+    /// # Errors
+    /// The init could not be killed or reaped.
+    pub fn abandon(self) -> Result<(), RuntimeError> {
+        let sup = |e: std::io::Error| RuntimeError::Supervise {
+            id: self.id.clone(),
+            why: format!("abandoning the init: {e}"),
+        };
+        self.init.kill().map_err(sup)?;
+        self.init.wait().map(|_| ()).map_err(sup)
+    }
+
     /// `runtime start`: the init execs the workload.
     ///
     /// # Errors

@@ -291,7 +291,26 @@ fn contain(
     let created = lease
         .runtime
         .create(&held.record().run, &dir, Stdio3::captured(None, caps))?;
-    let pid = created.pid();
+    // A run refused between create and start leaves no init behind (nor its zombie).
+    match established(req, plan, agent_dirs, held, lease, created.pid()) {
+        Ok(()) => Ok(created.start()?.wait_without_cgroup(deadline)?.delete()?),
+        Err(e) => {
+            let _ = created.abandon();
+            Err(e)
+        }
+    }
+}
+
+/// Between create and start: the container's pid namespace noted on the lease, and what the
+/// runtime mounted proven to be what was checked.
+fn established(
+    req: &Request,
+    plan: &SurfacePlan,
+    agent_dirs: &BTreeMap<String, trust::DirId>,
+    held: &mut rootless::Run,
+    lease: &rootless::Setup,
+    pid: i32,
+) -> Result<(), RunError> {
     held.note_namespace(lease, pid)?;
     // The directory the runtime mounted, seen through the container's root, is the one whose
     // ownership was checked: a rename race above the workspace path cannot substitute another.
@@ -318,5 +337,5 @@ fn contain(
             }
         }
     }
-    Ok(created.start()?.wait_without_cgroup(deadline)?.delete()?)
+    Ok(())
 }

@@ -1087,3 +1087,143 @@ except OSError:
     assert!(agent.wait().unwrap().success());
     s.assert_released();
 }
+
+/// The surface's own check between trust and start, driven by the bundle changing under it:
+/// `run::run` in this test binary, re-executed as the service user
+/// ([`helper_run_on_an_interposed_runtime`]), with the real host interposed. Returns the
+/// helper's `RESULT` line.
+fn interposed_run(s: &Surface, decoy: &Path) -> String {
+    let exe = s.dir.path().join("bin/root_surface");
+    std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+    chmod(&exe, 0o755);
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            "--",
+        ])
+        .arg(&exe)
+        .args([
+            "--ignored",
+            "--exact",
+            "helper_run_on_an_interposed_runtime",
+            "--nocapture",
+        ])
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("CORDON_TEST_POLICY", &s.policy)
+        .env("CORDON_TEST_WORKSPACE", &s.ws)
+        .env("CORDON_TEST_DECOY", decoy)
+        .env("CORDON_TEST_WATCHDOG", &s.bin)
+        .current_dir("/")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("RESULT: "))
+        .unwrap_or_else(|| panic!("no result: {out:?}"))
+        .to_owned()
+}
+
+/// Not a test of its own: [`interposed_run`]'s helper, run as the service user. The
+/// workspace's bind source is changed to the decoy just before `runc create` reads the bundle,
+/// as a rename race between the trust check and the start would.
+#[test]
+#[ignore = "run by interposed_run as the service user"]
+fn helper_run_on_an_interposed_runtime() {
+    use cordon::host::fake::Interposed;
+    use cordon::lease::rootless;
+    let var = |k: &str| PathBuf::from(std::env::var_os(k).unwrap());
+    let (policy_path, ws, decoy) = (
+        var("CORDON_TEST_POLICY"),
+        var("CORDON_TEST_WORKSPACE"),
+        var("CORDON_TEST_DECOY"),
+    );
+    let text = std::fs::read_to_string(&policy_path).unwrap();
+    let policy = cordon_policy_lang::parse("surface.kdl", &text).unwrap();
+    let (_, block) = cordon_stage::surface::surface_of(&policy).unwrap();
+    let state = PathBuf::from(&block.state_dir);
+    let (ws_src, decoy_src) = (ws.display().to_string(), decoy.display().to_string());
+    let host = Interposed::new().rewriting_spawns(move |tool| {
+        let args: Vec<String> = tool
+            .args
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let has = |w: &str| args.iter().any(|a| a == w);
+        if let (true, Some(i)) = (has("create"), args.iter().position(|a| a == "--bundle")) {
+            let config = Path::new(&args[i + 1]).join("config.json");
+            let spec = std::fs::read_to_string(&config).unwrap();
+            let spec = spec.replace(
+                &format!("\"source\": \"{ws_src}\""),
+                &format!("\"source\": \"{decoy_src}\""),
+            );
+            std::fs::write(&config, spec).unwrap();
+        }
+        tool.clone()
+    });
+    let uid = nix::unistd::geteuid().as_raw();
+    let run_host = cordon_surface::run::Host {
+        lease: rootless::Setup {
+            runtime: cordon::runtime::Runtime {
+                binary: PathBuf::from(policy.runtime().path()),
+                state_root: state.join(rootless::RUNTIME_STATE),
+                host: std::sync::Arc::new(host),
+            },
+            state: state.clone(),
+            uid,
+            exit_grace: rootless::EXIT_GRACE,
+            // cordon-surface's main is the watchdog's.
+            watchdog: var("CORDON_TEST_WATCHDOG"),
+        },
+        gid: nix::unistd::getegid().as_raw(),
+        groups: Vec::new(),
+        authority: "sha256:test".into(),
+    };
+    let script = "touch /workspace/ran";
+    let req = cordon_surface::run::Request {
+        workspace: cordon_surface::trust::workspace(&ws, uid).unwrap(),
+        tier: cordon_stage::surface::Tier::Command,
+        argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+        invoker_env: std::collections::BTreeMap::new(),
+    };
+    let store = cordon::store::Store::open(&state.join(rootless::RECEIPTS)).unwrap();
+    let result = cordon_surface::run::run(&policy, &run_host, &req, &store);
+    println!(
+        "RESULT: {}",
+        match result {
+            Ok(ran) => format!("ran {:?}", ran.finished.meta.exit_code),
+            Err(e) => {
+                let chain: Vec<String> =
+                    std::iter::successors(Some(&e as &dyn std::error::Error), |e| e.source())
+                        .map(ToString::to_string)
+                        .collect();
+                format!("refused {}", chain.join(": "))
+            }
+        }
+        .replace('\n', " ")
+    );
+}
+
+/// The directory the runtime mounted is proven the one checked: a decoy substituted between
+/// the trust check and the start (here, in the bundle `runc create` reads) stops the run
+/// before argv runs, in either directory.
+#[test]
+fn a_workspace_substituted_before_the_start_stops_the_run() {
+    let s = Surface::new(&|t| t);
+    let decoy = s.dir.path().join("decoy");
+    std::fs::create_dir(&decoy).unwrap();
+    chown(&decoy);
+    let result = interposed_run(&s, &decoy);
+    assert!(
+        result.starts_with("refused the workspace cannot be prepared")
+            && result.contains("not the one that was checked"),
+        "{result}"
+    );
+    assert!(!decoy.join("ran").exists() && !s.ws.join("ran").exists());
+    s.assert_released();
+}

@@ -580,8 +580,8 @@ impl Interposed {
         self
     }
 
-    /// Spawn what `rewrite` makes of each tool instead (it may also act first: change the
-    /// bundle a `runc create` is about to read, say).
+    /// Spawn or run what `rewrite` makes of each tool instead (it may also act first: change
+    /// the bundle a `runc create` is about to read, say).
     #[must_use]
     pub fn rewriting_spawns(
         mut self,
@@ -635,7 +635,7 @@ impl Host for Interposed {
         if self.record(Call::Run(tool.display())) {
             return Ok(ToolOutput::failed("injected failure"));
         }
-        super::Linux.run(tool)
+        super::Linux.run(&(self.spawn)(tool))
     }
 
     fn spawn(&self, tool: &Tool, stdin: bool) -> io::Result<Process> {
