@@ -5,8 +5,8 @@
 use cordon_canon::Digest;
 
 use crate::inputs::{
-    FetchInputs, LaneInputs, MaterializeInputs, PrebuildInputs, QualifyInputs, ReapInputs,
-    StageInputs, SurfaceInputs, SurfaceOutputs, Tier, UserMapping,
+    EgressConnection, FetchInputs, LaneInputs, MaterializeInputs, PrebuildInputs, QualifyInputs,
+    ReapInputs, StageInputs, SurfaceInputs, SurfaceOutputs, Tier, UserMapping,
 };
 use crate::qualify::{Frozen, Orientation, QualifyOutputs, Reads, speed_policy_digest};
 use crate::receipt::{
@@ -416,6 +416,7 @@ fn surface_example() -> Receipt {
             workspace: "/srv/ws/run-1".into(),
             tier: Tier::Command,
             argv: vec!["/bin/sh".into(), "-c".into(), "make test".into()],
+            skills: vec![format!("review@{}", d(b"skill"))],
         },
         &SurfaceOutputs {
             run: "run-1".into(),
@@ -425,7 +426,7 @@ fn surface_example() -> Receipt {
             surface_policy: d(b"surface section"),
             read_set: vec!["/usr".into()],
             env_names: vec!["HOME".into(), "PATH".into()],
-            network: "none".into(),
+            network: "egress".into(),
             user: UserMapping {
                 host_uid: 990,
                 host_gid: 990,
@@ -438,6 +439,25 @@ fn surface_example() -> Receipt {
             },
             stdout: "ok\n".into(),
             stderr: String::new(),
+            egress: vec![
+                EgressConnection {
+                    domain: "pypi.org".into(),
+                    port: 443,
+                    verdict: "allowed".into(),
+                    address: Some("151.101.0.223:443".into()),
+                    bytes_out: 517,
+                    bytes_in: 4096,
+                },
+                EgressConnection {
+                    domain: "exfil.example".into(),
+                    port: 443,
+                    verdict: "refused: not an allowed domain".into(),
+                    address: None,
+                    bytes_out: 0,
+                    bytes_in: 0,
+                },
+            ],
+            egress_unrecorded: 0,
         },
     )
 }

@@ -142,6 +142,28 @@ pub struct SurfaceInputs {
     pub tier: Tier,
     /// The argv.
     pub argv: Vec<String>,
+    /// The skill versions requested (`NAME@sha256:…`), as given.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skills: Vec<String>,
+}
+
+/// One connection the surface's egress proxy was asked for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressConnection {
+    /// The name asked for (escaped when it is not a name).
+    pub domain: String,
+    /// The port asked for.
+    pub port: u16,
+    /// `allowed`, or `refused: why`.
+    pub verdict: String,
+    /// The address connected to, when allowed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// Bytes from the sandbox out.
+    pub bytes_out: u64,
+    /// Bytes from the far end in.
+    pub bytes_in: u64,
 }
 
 /// What an `ok` or `rejected` surface receipt records.
@@ -174,6 +196,20 @@ pub struct SurfaceOutputs {
     pub stdout: String,
     /// Kept stderr (lossy UTF-8).
     pub stderr: String,
+    /// Under `network "egress"`: every connection asked of the proxy, in order (at most
+    /// [`EGRESS_RECORDED`]; `egress_unrecorded` counts the rest).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress: Vec<EgressConnection>,
+    /// Connections past [`EGRESS_RECORDED`].
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub egress_unrecorded: u64,
+}
+
+/// The most egress connections a receipt lists.
+pub const EGRESS_RECORDED: usize = 1000;
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The user namespace's mapping of a surface run.

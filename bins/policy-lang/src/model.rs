@@ -711,6 +711,26 @@ pub struct Surface {
     pub temp_env: BTreeSet<String>,
     /// The service user's own directory for run state (records, bundles, the runtime's state).
     pub state_dir: String,
+    /// Where a run's skill snapshot is bound read-only inside (`run --skill`); without it a
+    /// run takes no skills.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skills: Option<String>,
+    /// The allow-list of `network "egress"`: present exactly when the stage has egress.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress: Option<Egress>,
+}
+
+/// What the surface's egress proxy admits (`network "egress"`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Egress {
+    /// Allowed names: exact (`pypi.org`) or a suffix (`*.pythonhosted.org`, which does not
+    /// admit the bare name).
+    pub domain: BTreeSet<String>,
+    /// Allowed ports.
+    pub port: BTreeSet<u16>,
+    /// Address ranges (CIDR) a name may resolve into although they are private, loopback or
+    /// link-local, each with its reason; every other such address is refused.
+    pub allow_address: BTreeMap<String, Reasoned>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

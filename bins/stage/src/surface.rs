@@ -19,8 +19,11 @@
 //! [`SurfaceSettings`], or refused with a named [`PlanError`]. Cgroup limits (`cpus`, `cpuset`,
 //! `memory`, `pids`) are refused: a service user's rootless runtime cannot apply them where the
 //! host does not delegate a cgroup to it (cgroup v1 never does), and a limit is never applied as
-//! a no-op. `network "egress"` and the per-run mode (`user "per-run"`, cordon-surface as root)
-//! are refused as not implemented.
+//! a no-op. The per-run mode (`user "per-run"`, cordon-surface as root) is refused as not
+//! implemented. `network "egress"` is the same private namespace as `none` (loopback only) with
+//! every client pointed at the host's proxy on that loopback ([`EGRESS_PORT`], [`PROXY_ENV`]);
+//! the proxy and its allow-list are cordon-surface's. A run's selected skills are bound
+//! read-only at the policy's `skills` path from their run-scoped copies.
 //!
 //! It does not create the root, the workspace's home and temp directories, or run anything
 //! (`cordon-surface` does).
@@ -30,8 +33,8 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use cordon_policy_lang::{
-    MountMode, MountSource, Network, Output, Policy, RootMode, Stage, StageKind, Surface, Sys, Tmp,
-    User,
+    Egress, MountMode, MountSource, Network, Output, Policy, RootMode, Stage, StageKind, Surface,
+    Sys, Tmp, User,
 };
 use oci_spec::runtime::{LinuxBuilder, LinuxIdMappingBuilder, LinuxNamespaceType, Spec};
 
@@ -62,6 +65,9 @@ pub struct SurfaceInputs {
     pub run: String,
     /// The authority identity (a label on the container).
     pub authority: String,
+    /// The run's skill snapshot: each selected skill's name and its run-scoped copy on the
+    /// host, bound read-only at the policy's `skills` path.
+    pub skills: Vec<(String, PathBuf)>,
 }
 
 /// What the surface enforces beyond the bundle.
@@ -77,7 +83,22 @@ pub struct SurfaceSettings {
     pub home: String,
     /// The temporary directory, relative to the workspace (made before the run).
     pub temp: String,
+    /// Under `network "egress"`: what the host's proxy admits.
+    pub egress: Option<Egress>,
 }
+
+/// The loopback port inside a sandbox with egress where the proxy answers (`HTTPS_PROXY`).
+pub const EGRESS_PORT: u16 = 3128;
+
+/// The variables that name the proxy under egress: the surface's own, never the invoker's.
+pub const PROXY_ENV: [&str; 6] = [
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+];
 
 /// A planned surface run.
 #[derive(Debug, Clone, PartialEq)]
@@ -180,6 +201,26 @@ pub fn environment(
     {
         env.insert(k.to_owned(), temp.clone());
     }
+    // Under egress every client is pointed at the proxy, and nothing else may say otherwise:
+    // a policy that could carry a proxy variable (or NO_PROXY, a way around it) from any source
+    // is refused whether or not this invoker happens to have it set.
+    if surface.egress.is_some() {
+        let sources = stage_env
+            .keys()
+            .chain(&surface.pass_env)
+            .chain(&surface.agent_env);
+        for k in sources {
+            if PROXY_ENV.contains(&k.as_str()) || k.eq_ignore_ascii_case("NO_PROXY") {
+                return Err(invalid(format!(
+                    "{k} is the surface's own under egress and may not come from the policy or the invoker"
+                )));
+            }
+        }
+        let proxy = format!("http://127.0.0.1:{EGRESS_PORT}");
+        for k in PROXY_ENV {
+            env.insert(k.to_owned(), proxy.clone());
+        }
+    }
     if let Some(denied) = surface.deny_env.iter().find(|n| env.contains_key(*n)) {
         return Err(invalid(format!("denied variable {denied} would cross")));
     }
@@ -201,6 +242,7 @@ pub fn example_inputs(policy: &Policy) -> SurfaceInputs {
         invoker_env: BTreeMap::new(),
         run: "RUN".into(),
         authority: "AUTHORITY".into(),
+        skills: Vec::new(),
     }
 }
 
@@ -285,6 +327,24 @@ fn mounts(
         .workspace
         .to_str()
         .ok_or_else(|| invalid("the workspace path is not UTF-8"))?;
+    // The run's skill snapshot: run-scoped copies outside the workspace, read-only.
+    if !run.skills.is_empty() {
+        let at = surface
+            .skills
+            .as_ref()
+            .ok_or_else(|| invalid("skills were selected but the policy names no skills path"))?;
+        for (name, copy) in &run.skills {
+            let src = copy
+                .to_str()
+                .ok_or_else(|| invalid("a skill snapshot path is not UTF-8"))?;
+            mounts.push(mount(
+                &format!("{at}/{name}"),
+                "bind",
+                src,
+                &["bind", "ro", "rprivate", "nosuid", "nodev"],
+            )?);
+        }
+    }
     // The one writable host path. Not recursive: a mount beneath the workspace on the host does
     // not cross.
     mounts.push(mount(
@@ -410,13 +470,30 @@ pub fn plan(policy: &Policy, run: &SurfaceInputs) -> Result<SurfacePlan, PlanErr
     if !no_new_privileges {
         return Err(invalid("no_new_privileges cannot be off"));
     }
-    match network {
-        Network::None => {}
-        Network::Egress => {
-            return Err(PlanError::Unimplemented {
-                kind,
-                what: "network \"egress\" (a private namespace behind a user-space forwarder)",
-            });
+    // Every field of the surface block, by name, as for the stage.
+    let Surface {
+        read: _,
+        write: _,
+        deny_env: _,
+        deny_file: _,
+        tmpdir_prefix_max: _,
+        pass_env: _,
+        agent_env: _,
+        home: _,
+        temp: _,
+        temp_env: _,
+        state_dir: _,
+        skills: _,
+        egress,
+    } = surface;
+    // Egress is the same private namespace (loopback only): the host's proxy listens on its
+    // loopback, and the sandbox reaches nothing else.
+    match (network, egress) {
+        (Network::None, None) | (Network::Egress, Some(_)) => {}
+        (Network::None, Some(_)) | (Network::Egress, None) => {
+            return Err(invalid(
+                "an egress allow-list goes with network \"egress\" only",
+            ));
         }
     }
     let profile = oci::seccomp_profile(policy, kind, seccomp_name)?;
@@ -498,6 +575,7 @@ pub fn plan(policy: &Policy, run: &SurfaceInputs) -> Result<SurfacePlan, PlanErr
             workspace_dest: dest,
             home: surface.home.clone(),
             temp: surface.temp.clone(),
+            egress: egress.clone(),
         },
     })
 }
@@ -536,6 +614,7 @@ mod tests {
                 .collect(),
             run: "R".into(),
             authority: "A".into(),
+            skills: Vec::new(),
         }
     }
 
@@ -646,10 +725,44 @@ mod tests {
                 "{limit}"
             );
         }
-        assert!(matches!(
-            refused(&edit("network \"none\"", "network \"egress\"")),
-            Err(PlanError::Unimplemented { .. })
-        ));
+        // Egress without its allow-list does not parse; with one it plans, every client
+        // pointed at the proxy on the sandbox's loopback, and the proxy variables are the
+        // surface's own.
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../policy/examples/surface.kdl"
+        ))
+        .unwrap();
+        let egress = cordon_testkit::replace_once(&text, "network \"none\"", "network \"egress\"");
+        assert!(cordon_policy_lang::parse("s.kdl", &egress).is_err());
+        let egress = cordon_testkit::replace_once(
+            &egress,
+            "        state-dir",
+            "        egress {\n            domain \"pypi.org\"\n            port 443\n        }\n        state-dir",
+        );
+        let planned = plan(&example(&|_| egress.clone()), &inputs(Tier::Command)).unwrap();
+        let env = planned
+            .spec
+            .process()
+            .as_ref()
+            .unwrap()
+            .env()
+            .clone()
+            .unwrap();
+        assert!(env.contains(&"HTTPS_PROXY=http://127.0.0.1:3128".to_owned()));
+        assert!(planned.settings.egress.is_some());
+        let passing = cordon_testkit::replace_once(
+            &egress,
+            "pass-env \"TERM\"",
+            "pass-env \"TERM\" \"HTTPS_PROXY\"",
+        );
+        assert!(plan(&example(&|_| passing.clone()), &inputs(Tier::Command)).is_err());
+        let none = cordon_testkit::replace_once(
+            &text,
+            "        state-dir",
+            "        egress {\n            domain \"pypi.org\"\n            port 443\n        }\n        state-dir",
+        );
+        assert!(cordon_policy_lang::parse("s.kdl", &none).is_err());
         assert!(matches!(
             refused(&edit("user \"service\"", "user \"per-run\"")),
             Err(PlanError::Unimplemented { .. })

@@ -72,6 +72,11 @@ pub enum Command {
         /// commands (`command`: they never do).
         #[arg(long, value_enum, default_value_t = TierArg::Command)]
         tier: TierArg,
+        /// A skill version for the run, `NAME@sha256:<hex>` as `skills import` printed it
+        /// (repeatable): copied into the run's own snapshot, bound read-only at the policy's
+        /// `skills` path, removed with the run.
+        #[arg(long = "skill", value_name = "NAME@DIGEST")]
+        skills: Vec<String>,
         /// The program and its arguments.
         #[arg(last = true, required = true)]
         argv: Vec<String>,
@@ -79,6 +84,20 @@ pub enum Command {
     /// Print the public key the surface signs its receipts with (`ed25519:<hex>`, made on
     /// first use), for `cordon-verify --key`.
     Key,
+    /// The skill store in the state directory (outside every workspace).
+    #[command(subcommand)]
+    Skills(SkillsCommand),
+}
+
+/// `cordon-surface skills …`.
+#[derive(Debug, clap::Subcommand)]
+pub enum SkillsCommand {
+    /// Store the skill in DIR (named by DIR's last component) as an immutable version and
+    /// print its selection, `NAME@sha256:<hex>`, for `run --skill`.
+    Import {
+        /// The skill's directory: regular files and directories only.
+        dir: PathBuf,
+    },
 }
 
 /// `--tier`: which run of an agent this is.
@@ -129,7 +148,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             Ok(w) => Some(w),
             Err(e) => return fail(&RunError::from(e), mode, stderr),
         },
-        Command::Key => None,
+        Command::Key | Command::Skills(_) => None,
     };
     let ws = workspace.as_ref().map(|w| w.path.as_path());
     // Checked before it is read: nothing the service user can change decides the surface.
@@ -185,15 +204,35 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             }
             Err(e) => fail(&e, mode, stderr),
         },
-        Command::Run { tier, argv, .. } => {
+        Command::Skills(SkillsCommand::Import { dir }) => {
+            match crate::skills::import(&host.lease.state, dir) {
+                Ok(selected) => {
+                    let _ = writeln!(stdout, "{selected}");
+                    ExitCode::Ok
+                }
+                Err(e) => fail(&e, mode, stderr),
+            }
+        }
+        Command::Run {
+            tier, argv, skills, ..
+        } => {
             let Some(workspace) = workspace else {
                 return ExitCode::Usage;
+            };
+            let skills = match skills
+                .iter()
+                .map(|s| crate::skills::parse(s))
+                .collect::<Result<Vec<_>, _>>()
+            {
+                Ok(s) => s,
+                Err(e) => return fail(&e, mode, stderr),
             };
             let req = Request {
                 workspace,
                 tier: (*tier).into(),
                 argv: argv.clone(),
                 invoker_env: std::env::vars_os().collect::<BTreeMap<_, _>>(),
+                skills,
             };
             // Opened before the run: a run whose receipt could not be kept never starts.
             let store = match Store::open(&host.lease.state.join(rootless::RECEIPTS)) {
@@ -207,6 +246,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
                 workspace: req.workspace.path.clone(),
                 tier: req.tier,
                 argv: req.argv.clone(),
+                skills: req.skills.iter().map(ToString::to_string).collect(),
             };
             if let Err(e) = receipt.set_inputs(&inputs) {
                 return fail(&e, mode, stderr);
@@ -291,6 +331,8 @@ fn outputs(
         meta,
         stdout: String::from_utf8_lossy(&ran.finished.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&ran.finished.stderr).into_owned(),
+        egress: ran.egress,
+        egress_unrecorded: ran.egress_unrecorded,
     };
     let out = serde_json::to_value(&out).map_err(|e| RunError::State {
         what: "encode",

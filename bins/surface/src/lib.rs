@@ -12,6 +12,8 @@
 //! Planning the container is `cordon_stage::surface` (pure); this crate owns applying it.
 
 pub mod cli;
+pub mod egress;
 pub mod run;
+pub mod skills;
 pub mod trust;
 pub mod within;

@@ -45,7 +45,10 @@ use cordon_policy_lang::Policy;
 use cordon_stage::bundle::PlanError;
 use cordon_stage::surface::{self, SurfaceInputs, SurfacePlan, Tier};
 
+use crate::egress;
+use crate::skills::{self, SkillError};
 use crate::trust::{self, TrustError};
+use cordon::inputs::EgressConnection;
 
 /// Why a run could not be established or released.
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
@@ -96,6 +99,10 @@ pub enum RunError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Lease(#[from] LeaseError),
+    /// A selected skill cannot be had.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Skill(#[from] SkillError),
 }
 
 impl ExitClass for RunError {
@@ -104,6 +111,7 @@ impl ExitClass for RunError {
     fn exit_class(&self) -> ExitCode {
         match self {
             Self::Trust(_) => ExitCode::Usage,
+            Self::Skill(e) => e.exit_class(),
             Self::Plan(e) => e.exit_class(),
             Self::Runtime(_)
             | Self::State { .. }
@@ -142,6 +150,8 @@ pub struct Request {
     pub argv: Vec<String>,
     /// The invoker's environment.
     pub invoker_env: BTreeMap<OsString, OsString>,
+    /// The skill versions selected for the run.
+    pub skills: Vec<skills::Selected>,
 }
 
 /// Where a run happens: the host facts the CLI established.
@@ -167,6 +177,10 @@ pub struct Ran {
     pub plan: SurfacePlan,
     /// The container's meta record and kept output.
     pub finished: Finished,
+    /// Under egress: the connections asked of the proxy, and how many went unrecorded.
+    pub egress: Vec<EgressConnection>,
+    /// Connections past the receipt's limit.
+    pub egress_unrecorded: u64,
 }
 
 /// Run `req` under `policy` on `host`: see the module documentation. The record's lock is held
@@ -190,6 +204,7 @@ pub fn run(policy: &Policy, host: &Host, req: &Request, store: &Store) -> Result
     // No run while a quarantine of the surface stands (seed 001's checklist, step 1): nothing
     // is made for it, not even its home and temp.
     quarantine::check(store, rootless::QUARANTINE_SCOPE, &[])?;
+    skills::check(&lease.state, &req.skills)?;
     let run = format!("cs-{}", &cordon::lease::fresh_id()[..20]);
     let (_, block) = surface::surface_of(policy)?;
     // The agent's home and temp exist before it starts, made by the surface without following
@@ -214,6 +229,7 @@ pub fn run(policy: &Policy, host: &Host, req: &Request, store: &Store) -> Result
             invoker_env: req.invoker_env.clone(),
             run: run.clone(),
             authority: host.authority.clone(),
+            skills: skills::snapshot_paths(&lease.run_dir(&run), &req.skills),
         },
     )?;
     let deadline = started + Duration::from_millis(plan.settings.deadline_ms);
@@ -249,10 +265,12 @@ pub fn run(policy: &Policy, host: &Host, req: &Request, store: &Store) -> Result
         }
         released => released?,
     }
-    result.map(|finished| Ran {
+    result.map(|(finished, (egress, egress_unrecorded))| Ran {
         run,
         plan,
         finished,
+        egress,
+        egress_unrecorded,
     })
 }
 
@@ -264,7 +282,7 @@ fn contain(
     agent_dirs: &BTreeMap<String, trust::DirId>,
     held: &mut rootless::Run,
     deadline: Instant,
-) -> Result<Finished, RunError> {
+) -> Result<(Finished, (Vec<EgressConnection>, u64)), RunError> {
     let dir = held.dir().to_path_buf();
     let root = dir.join("root");
     std::fs::DirBuilder::new()
@@ -288,17 +306,111 @@ fn contain(
         stdout: plan.settings.output.stdout_bytes,
         stderr: plan.settings.output.stderr_bytes,
     };
+    // The selected skill versions, copied (and each byte hashed) into the run directory.
+    skills::snapshot(&lease.state, &dir, &req.skills)?;
+    // The egress proxy listens before anything could ask it.
+    let proxy = match &plan.settings.egress {
+        Some(allow) => {
+            let socket = dir.join(egress::SOCKET);
+            Some(egress::Proxy::start(&socket, allow).map_err(state_err("listen on", &socket))?)
+        }
+        None => None,
+    };
+    let finished = created_and_run(
+        lease,
+        req,
+        plan,
+        agent_dirs,
+        held,
+        deadline,
+        caps,
+        &dir,
+        proxy.is_some(),
+    );
+    let egress = proxy.map(|p| p.finish(EGRESS_GRACE)).unwrap_or_default();
+    finished.map(|f| (f, egress))
+}
+
+/// How long open egress tunnels get to end once the run has.
+const EGRESS_GRACE: Duration = Duration::from_secs(2);
+
+/// Create, establish, (with egress) start the forwarder, start, wait, delete.
+#[allow(clippy::too_many_arguments)]
+fn created_and_run(
+    lease: &rootless::Setup,
+    req: &Request,
+    plan: &SurfacePlan,
+    agent_dirs: &BTreeMap<String, trust::DirId>,
+    held: &mut rootless::Run,
+    deadline: Instant,
+    caps: OutputCaps,
+    dir: &Path,
+    egress: bool,
+) -> Result<Finished, RunError> {
     let created = lease
         .runtime
-        .create(&held.record().run, &dir, Stdio3::captured(None, caps))?;
+        .create(&held.record().run, dir, Stdio3::captured(None, caps))?;
     // A run refused between create and start leaves no init behind (nor its zombie).
-    match established(req, plan, agent_dirs, held, lease, created.pid()) {
-        Ok(()) => Ok(created.start()?.wait_without_cgroup(deadline)?.delete()?),
+    let forwarder = established(req, plan, agent_dirs, held, lease, created.pid()).and_then(|()| {
+        egress
+            .then(|| forwarder(lease, created.pid(), &dir.join(egress::SOCKET)))
+            .transpose()
+    });
+    let forwarder = match forwarder {
+        Ok(f) => f,
         Err(e) => {
             let _ = created.abandon();
-            Err(e)
+            return Err(e);
         }
+    };
+    let finished = created
+        .start()
+        .and_then(|r| r.wait_without_cgroup(deadline))
+        .and_then(cordon::container::Exited::delete);
+    // The forwarder ends with its pipe; it is reaped here, whatever the run did.
+    if let Some(mut f) = forwarder {
+        drop(f.stdin.take());
+        let _ = f.kill();
+        let _ = f.wait();
     }
+    Ok(finished?)
+}
+
+/// Start the egress forwarder in the container `pid`'s user and network namespaces and wait
+/// for it to listen; its stdin is its supervisor's pipe.
+fn forwarder(
+    lease: &rootless::Setup,
+    pid: i32,
+    socket: &Path,
+) -> Result<cordon::host::Process, RunError> {
+    let pid = pid.to_string();
+    let socket_arg = socket.display().to_string();
+    let tool = cordon::host::Tool::new(&lease.watchdog, &[egress::FORWARD_ARG, &pid, &socket_arg]);
+    let mut process = lease
+        .runtime
+        .host
+        .spawn(&tool, true)
+        .map_err(state_err("start the egress forwarder for", socket))?;
+    let mut line = String::new();
+    let ready = process
+        .stdout
+        .take()
+        .map(std::io::BufReader::new)
+        .map(|mut r| std::io::BufRead::read_line(&mut r, &mut line));
+    if !matches!(ready, Some(Ok(_))) || line.trim() != "ready" {
+        let _ = process.kill();
+        let mut why = String::new();
+        if let Some(mut e) = process.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut std::io::Read::take(&mut e, 4096), &mut why);
+        }
+        let _ = process.wait();
+        return Err(RunError::State {
+            what: "start the egress forwarder for",
+            path: socket.to_path_buf(),
+            source: std::io::Error::other(cordon_canon::text::printable(why.trim()).into_owned()),
+        });
+    }
+    Ok(process)
 }
 
 /// Between create and start: the container's pid namespace noted on the lease, and what the

@@ -1190,6 +1190,7 @@ fn helper_run_on_an_interposed_runtime() {
         tier: cordon_stage::surface::Tier::Command,
         argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
         invoker_env: std::collections::BTreeMap::new(),
+        skills: Vec::new(),
     };
     let store = cordon::store::Store::open(&state.join(rootless::RECEIPTS)).unwrap();
     let result = cordon_surface::run::run(&policy, &run_host, &req, &store);

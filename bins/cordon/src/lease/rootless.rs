@@ -365,6 +365,9 @@ pub fn release(setup: &Setup, run: &str, ns: Option<u64>) -> Result<(), Leftover
         PIDNS_PENDING,
         RECORD_PENDING,
         super::ENDED_BY_REAP,
+        // The surface's run-scoped skill snapshot and its egress proxy's socket.
+        "skills",
+        "egress.sock",
     ] {
         let p = dir.join(name);
         let gone = match fs::symlink_metadata(&p) {

@@ -35,8 +35,8 @@ use intake::*;
 use seccomp::*;
 use stage::*;
 use steps::*;
-pub use surface::SURFACE_SET_ENV;
 use surface::*;
+pub use surface::{SURFACE_SET_ENV, domain_ok};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;

@@ -581,7 +581,7 @@ pub(super) fn stage(cx: &mut Cx, node: &KdlNode, kind: StageKind) -> Option<Stag
         (None, _) => None,
     };
     let surface = match (b.one("surface"), kind) {
-        (Some(n), StageKind::Surface) => surface(cx, n, &mount, &env),
+        (Some(n), StageKind::Surface) => surface(cx, n, &mount, &env, network),
         (None, StageKind::Surface) => {
             b.required(cx, "surface");
             None

@@ -43,6 +43,7 @@ pub(super) fn surface(
     node: &KdlNode,
     mounts: &BTreeMap<String, Mount>,
     stage_env: &BTreeMap<String, String>,
+    network: Option<Network>,
 ) -> Option<Surface> {
     shape(cx, node, 0, 0, &[], true);
     let b = Block::read(
@@ -62,6 +63,8 @@ pub(super) fn surface(
             "temp",
             "temp-env",
             "state-dir",
+            "skills",
+            "egress",
         ],
         &[
             "read",
@@ -175,6 +178,53 @@ pub(super) fn surface(
     let tmpdir_prefix_max = value(cx, &b, "tmpdir-prefix-max", Some(56), |cx, e| {
         integer(cx, e, "tmpdir-prefix-max", 8, 80)
     });
+    let skills = match b.one("skills") {
+        Some(n) => {
+            let dest = single(cx, n, &[], |cx, e| path(cx, e, "skills"));
+            // Its own place: never over the runtime's mounts, the workspace or the read set.
+            if let Some(d) = &dest
+                && let Some(taken) = ["/proc", "/sys", "/dev", "/tmp"]
+                    .into_iter()
+                    .chain(mounts.keys().map(String::as_str))
+                    .chain(read.keys().map(String::as_str))
+                    .find(|r| nested(d, r))
+            {
+                cx.report(
+                    "overlap",
+                    name_span(n),
+                    "not disjoint from the container's other mounts",
+                    format!("skills {d} and {taken} are not disjoint"),
+                    None,
+                );
+            }
+            Some(dest)
+        }
+        None => Some(None),
+    };
+    let egress = match (b.one("egress"), network) {
+        (Some(n), Some(Network::Egress)) => egress(cx, n).map(Some),
+        (None, Some(Network::Egress)) => {
+            cx.report(
+                "missing-node",
+                name_span(node),
+                "egress without its allow-list",
+                "network \"egress\" needs an `egress { domain …; port … }` block in the surface",
+                None,
+            );
+            None
+        }
+        (Some(n), _) => {
+            cx.report(
+                "not-allowed-in-stage",
+                name_span(n),
+                "an allow-list for a network the stage does not have",
+                "an egress block needs network \"egress\"",
+                None,
+            );
+            None
+        }
+        (None, _) => Some(None),
+    };
     Some(Surface {
         read,
         write: write?,
@@ -187,5 +237,108 @@ pub(super) fn surface(
         temp: temp?,
         temp_env,
         state_dir: state_dir?,
+        skills: skills?,
+        egress: egress?,
     })
+}
+
+/// `egress { domain "a.example" "*.b.example"; port 443; allow-address "10.0.0.0/8" reason=… }`.
+fn egress(cx: &mut Cx, node: &KdlNode) -> Option<Egress> {
+    shape(cx, node, 0, 0, &[], true);
+    let b = Block::read(
+        cx,
+        node.children(),
+        "egress",
+        name_span(node),
+        &["domain", "port", "allow-address"],
+        &["domain", "port", "allow-address"],
+    );
+    let domain = strings(cx, &b.all("domain"), |cx, e| {
+        let s = string(cx, e)?;
+        if domain_ok(&s) {
+            return Some(s.to_ascii_lowercase());
+        }
+        cx.report(
+            "invalid-value",
+            e.span(),
+            "not a domain name",
+            format!("{s:?} is not a domain name or `*.` and one"),
+            Some(
+                "write a name (`pypi.org`) or a suffix (`*.pythonhosted.org`); never an address"
+                    .into(),
+            ),
+        );
+        None
+    });
+    let mut port = BTreeSet::new();
+    for n in b.all("port") {
+        shape(cx, n, 1, usize::MAX, &[], false);
+        for e in positional(n) {
+            if let Some(p) = integer(cx, e, "port", 1, 65535) {
+                port.insert(u16::try_from(p).unwrap_or(0));
+            }
+        }
+    }
+    let mut allow_address = BTreeMap::new();
+    for n in b.all("allow-address") {
+        shape(cx, n, 1, 1, &["reason"], false);
+        let why = reason(cx, n);
+        let net = arg(n, 0).and_then(|e| {
+            let s = string(cx, e)?;
+            match s.parse::<ipnet::IpNet>() {
+                Ok(net) if net.trunc() == net => Some(net.to_string()),
+                _ => {
+                    cx.report(
+                        "invalid-value",
+                        e.span(),
+                        "not an address range",
+                        format!("{s:?} is not a CIDR range with its host bits zero"),
+                        Some("write `127.0.0.0/8` or `fd00::/8`".into()),
+                    );
+                    None
+                }
+            }
+        });
+        if let (Some(net), Some(reason)) = (net, why) {
+            allow_address.insert(net, Reasoned { reason });
+        }
+    }
+    if domain.is_empty() || port.is_empty() {
+        cx.report(
+            "missing-node",
+            name_span(node),
+            "an empty allow-list",
+            "egress names at least one domain and one port",
+            Some("a surface with nowhere to go is network \"none\"".into()),
+        );
+        return None;
+    }
+    Some(Egress {
+        domain,
+        port,
+        allow_address,
+    })
+}
+
+/// A DNS name of letters, digits and hyphens in dot-separated labels (at most 253 bytes, each
+/// label 1–63, at least two labels or `localhost`), optionally behind one leading `*.`. Never
+/// an IP literal: a literal is an address, and addresses are `allow-address`.
+pub fn domain_ok(s: &str) -> bool {
+    let name = s.strip_prefix("*.").unwrap_or(s);
+    let labels: Vec<&str> = name.split('.').collect();
+    let label_ok = |l: &&str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+            && l.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-')
+    };
+    !name.is_empty()
+        && name.len() <= 253
+        && labels.iter().all(label_ok)
+        && name.parse::<std::net::IpAddr>().is_err()
+        && labels
+            .last()
+            .is_some_and(|l| !l.bytes().all(|c| c.is_ascii_digit()))
+        && (labels.len() >= 2 || name == "localhost")
 }
