@@ -1228,3 +1228,256 @@ fn a_workspace_substituted_before_the_start_stops_the_run() {
     assert!(!decoy.join("ran").exists() && !s.ws.join("ran").exists());
     s.assert_released();
 }
+
+/// The probe of egress: CONNECT through the proxy variable's address, then every way around it.
+const EGRESS_PROBE: &str = r#"
+import os, socket, sys
+port, other, abstract = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+proxy = os.environ.get("HTTPS_PROXY", "")
+print("proxy", proxy)
+def connect(target):
+    s = socket.create_connection(("127.0.0.1", 3128), 5)
+    s.sendall(("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (target, target)).encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        b = s.recv(1)
+        if not b:
+            break
+        head += b
+    return s, head.split(b"\r\n")[0].decode()
+try:
+    s, status = connect("localhost:%d" % port)
+    print("allowed", status)
+    s.sendall(b"ping\n")
+    print("echo", s.makefile().readline().strip())
+    s.close()
+except OSError as e:
+    print("allowed failed", e.errno)
+for t in ["denied.example:%d" % port, "127.0.0.1:%d" % port, "localhost:%d" % other]:
+    try:
+        print("refused", t, connect(t)[1])
+    except OSError as e:
+        print("refused", t, "error", e.errno)
+def attempt(name, f):
+    try:
+        f()
+        print(name, "reached")
+    except OSError as e:
+        print(name, "failed")
+attempt("direct", lambda: socket.create_connection(("127.0.0.1", port), 2))
+attempt("raw", lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW))
+attempt("dns", lambda: socket.getaddrinfo("localhost.", port, socket.AF_INET) and socket.getaddrinfo("example.com", 443))
+attempt("abstract", lambda: socket.socket(socket.AF_UNIX).connect("\0" + abstract))
+"#;
+
+/// Egress by allow-list: the sandbox reaches a listed name and port only through the host's
+/// proxy, whose every decision the receipt records; a name not listed, an address literal and
+/// a port not listed are refused by the proxy and never reach the far end; direct connections,
+/// raw sockets, DNS and the host's abstract sockets reach nothing. The same CONNECT under
+/// `network "none"` reaches nothing: the proxy is the only way out.
+#[test]
+fn egress_reaches_only_the_listed_names_and_ports_through_the_hosts_proxy() {
+    use std::io::{BufRead, Write};
+    let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = server.local_addr().unwrap().port();
+    let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let other_port = other.local_addr().unwrap().port();
+    let reached = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    {
+        let reached = reached.clone();
+        std::thread::spawn(move || {
+            for conn in server.incoming() {
+                let Ok(mut conn) = conn else { return };
+                reached.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut line = String::new();
+                let _ = std::io::BufReader::new(&conn).read_line(&mut line);
+                let _ = conn.write_all(format!("pong:{line}").as_bytes());
+            }
+        });
+    }
+    // A host abstract socket: a network namespace of its own cannot name it.
+    let abstract_name = format!("cordon-egress-test-{}", std::process::id());
+    let _abstract = {
+        use std::os::linux::net::SocketAddrExt;
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(&abstract_name).unwrap();
+        std::os::unix::net::UnixListener::bind_addr(&addr).unwrap()
+    };
+    let egress = |t: String| {
+        let t = cordon_testkit::replace_once(&t, "network \"none\"", "network \"egress\"");
+        cordon_testkit::replace_once(
+            &t,
+            "        state-dir",
+            &format!(
+                "        egress {{\n            domain \"localhost\"\n            port {port}\n            allow-address \"127.0.0.0/8\" reason=\"the test's far end on the host's loopback\"\n        }}\n        state-dir"
+            ),
+        )
+    };
+    let s = Surface::new(&egress);
+    let probe = s.ws.join("probe.py");
+    std::fs::write(&probe, EGRESS_PROBE).unwrap();
+    chown(&probe);
+    let script = format!("python3 /workspace/probe.py {port} {other_port} {abstract_name}");
+    let done = s.run("command", &script, &[]);
+    assert_eq!(done.code, 0, "{}", done.stderr);
+    let out = done.stdout();
+    for line in [
+        "proxy http://127.0.0.1:3128",
+        "allowed HTTP/1.1 200 Connection Established",
+        "echo pong:ping",
+        &format!("refused denied.example:{port} HTTP/1.1 403"),
+        &format!("refused 127.0.0.1:{port} HTTP/1.1 403"),
+        "direct failed",
+        "raw failed",
+        "dns failed",
+        "abstract failed",
+    ] {
+        assert!(out.contains(line), "{line:?} missing from:\n{out}");
+    }
+    // Only the allowed connection reached a far end; the port not listed was never dialled.
+    assert_eq!(
+        reached.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("refused localhost:{other_port} HTTP/1.1 403")),
+        "{out}"
+    );
+    other.set_nonblocking(true).unwrap();
+    assert!(other.accept().is_err(), "the unlisted port was reached");
+    let egress = done.receipt["outputs"]["egress"].as_array().unwrap();
+    let verdicts: Vec<(String, String)> = egress
+        .iter()
+        .map(|c| {
+            (
+                format!("{}:{}", c["domain"].as_str().unwrap(), c["port"]),
+                c["verdict"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(verdicts[0], (format!("localhost:{port}"), "allowed".into()));
+    assert!(egress[0]["bytes_out"].as_u64().unwrap() >= 5);
+    assert!(verdicts[1].1.starts_with("refused: ") && verdicts[1].0.starts_with("denied.example"));
+    assert!(verdicts[2].1.contains("address literal"), "{verdicts:?}");
+    assert!(verdicts[3].1.contains("port"), "{verdicts:?}");
+    // The proxy's socket went with the run directory.
+    s.assert_released();
+
+    // The ablation: without egress the same probe reaches nothing at all.
+    let none = Surface::new(&|t| t);
+    let probe = none.ws.join("probe.py");
+    std::fs::write(&probe, EGRESS_PROBE).unwrap();
+    chown(&probe);
+    let done = none.run("command", &script, &[]);
+    assert_eq!(done.code, 0, "{}", done.stderr);
+    assert!(
+        done.stdout().contains("allowed failed"),
+        "{}",
+        done.stdout()
+    );
+    assert!(
+        done.receipt["outputs"]
+            .get("egress")
+            .is_none_or(|e| e.as_array().is_some_and(Vec::is_empty))
+    );
+    assert_eq!(reached.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+/// Skills (ADR 0018): a version imported by the service user appears, read-only, at the
+/// policy's skills path only in a run that selects it, from a run-scoped copy removed with the
+/// run; the receipt names the version. What the workspace plants as skills never appears there,
+/// a version not imported is refused before anything runs, and a changed stored version is
+/// never exposed.
+#[test]
+fn selected_skill_versions_appear_read_only_for_one_run_and_nothing_else_does() {
+    let s = Surface::new(&|t| t);
+    let src = s.dir.path().join("review");
+    std::fs::create_dir_all(src.join("bin")).unwrap();
+    std::fs::write(src.join("SKILL.md"), "REVIEW-SKILL\n").unwrap();
+    std::fs::write(src.join("bin/run"), "#!/bin/sh\necho skill-ran\n").unwrap();
+    chmod(&src.join("bin/run"), 0o755);
+    for d in [&src, &src.join("bin")] {
+        chmod(d, 0o755);
+    }
+    let import = s
+        .command(&s.policy, &["skills", "import", src.to_str().unwrap()], &[])
+        .output()
+        .unwrap();
+    assert_eq!(import.status.code(), Some(0), "{import:?}");
+    let selected = String::from_utf8(import.stdout).unwrap().trim().to_owned();
+    assert!(selected.starts_with("review@sha256:"), "{selected}");
+    // The workspace plants a skill of its own where agents look for them.
+    let planted = s.ws.join(".claude/skills/evil");
+    std::fs::create_dir_all(&planted).unwrap();
+    std::fs::write(planted.join("SKILL.md"), "EVIL\n").unwrap();
+    for p in [
+        s.ws.join(".claude"),
+        s.ws.join(".claude/skills"),
+        planted.clone(),
+    ] {
+        chown(&p);
+    }
+    chown(&planted.join("SKILL.md"));
+    let run = |skills: &[&str], script: &str| {
+        let mut args = vec![
+            "run",
+            "--workspace",
+            s.ws.to_str().unwrap(),
+            "--tier",
+            "agent",
+        ];
+        for k in skills {
+            args.extend(["--skill", k]);
+        }
+        args.extend(["--", "/bin/sh", "-c", script]);
+        let out = s.command(&s.policy, &args, &[]).output().unwrap();
+        Done {
+            code: out.status.code().unwrap_or(-1),
+            receipt: serde_json::from_slice(&out.stdout).unwrap_or(Value::Null),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    };
+    let script = "ls /skills; cat /skills/review/SKILL.md; /skills/review/bin/run; \
+                  touch /skills/review/x 2>/dev/null && echo wrote || echo read-only; \
+                  echo more >> /skills/review/SKILL.md 2>/dev/null && echo changed || echo unchanged";
+    let done = run(&[&selected], script);
+    assert_eq!(done.code, 0, "{}", done.stderr);
+    assert_eq!(
+        done.stdout(),
+        "review\nREVIEW-SKILL\nskill-ran\nread-only\nunchanged\n"
+    );
+    assert_eq!(done.receipt["inputs"]["skills"][0], selected.as_str());
+    s.assert_released();
+    // Without a selection nothing is there, the workspace's plant included.
+    let bare = run(
+        &[],
+        "ls -A /skills 2>&1 | grep -c . ; cat /skills/*/SKILL.md 2>/dev/null; true",
+    );
+    assert_eq!(bare.code, 0, "{}", bare.stderr);
+    assert!(
+        !bare.stdout().contains("EVIL") && !bare.stdout().contains("REVIEW"),
+        "{}",
+        bare.stdout()
+    );
+    assert!(bare.receipt["inputs"].get("skills").is_none());
+    // A version never imported is refused before anything runs.
+    let unknown = format!("review@{}", cordon::Digest::of_bytes(b"other"));
+    let refused = run(&[&unknown], "touch /workspace/ran");
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("not in the store"),
+        "{}",
+        refused.stderr
+    );
+    assert!(!s.ws.join("ran").exists());
+    // A stored version changed on disk is never exposed: no decision, nothing runs.
+    let hex = selected.rsplit(':').next().unwrap();
+    let stored = s.state.join("skills").join(hex);
+    chmod(&stored, 0o755);
+    chmod(&stored.join("SKILL.md"), 0o644);
+    std::fs::write(stored.join("SKILL.md"), "TAMPERED\n").unwrap();
+    let tampered = run(&[&selected], "touch /workspace/ran");
+    assert_eq!(tampered.code, 3, "{}", tampered.stderr);
+    assert!(!s.ws.join("ran").exists());
+    s.assert_released();
+}
