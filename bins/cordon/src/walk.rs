@@ -239,6 +239,33 @@ impl Node<'_> {
         Ok(File::from(fd))
     }
 
+    /// Give this entry (a link itself, never its target) to `uid`:`gid`, and clear the set-id
+    /// bits of a regular file: a file the previous owner made set-id never becomes the new
+    /// owner's set-id program.
+    ///
+    /// # Errors
+    /// It cannot be changed.
+    pub fn chown(&self, uid: u32, gid: u32) -> Result<(), WalkError> {
+        let (uid, gid) = (
+            Some(rustix::fs::Uid::from_raw(uid)),
+            Some(rustix::fs::Gid::from_raw(gid)),
+        );
+        // The root is named by its own descriptor; every other entry relative to its parent.
+        let flags = if self.name.is_empty() {
+            AtFlags::SYMLINK_NOFOLLOW | AtFlags::EMPTY_PATH
+        } else {
+            AtFlags::SYMLINK_NOFOLLOW
+        };
+        rustix::fs::chownat(self.dir, self.name, uid, gid, flags)
+            .map_err(|e| failed(self.path, e))?;
+        if self.stat.kind == Kind::File && self.stat.mode & 0o6000 != 0 {
+            let mode = rustix::fs::Mode::from_raw_mode(self.stat.mode & 0o1777);
+            rustix::fs::chmodat(self.dir, self.name, mode, AtFlags::empty())
+                .map_err(|e| failed(self.path, e))?;
+        }
+        Ok(())
+    }
+
     /// This symbolic link's target, read relative to its directory (never followed).
     ///
     /// # Errors

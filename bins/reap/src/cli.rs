@@ -38,7 +38,7 @@
 //! established (a corrupt or linked record stops recovery), with what remains in the receipt.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Parser;
 use cordon::ExitCode;
@@ -86,6 +86,10 @@ pub struct Args {
     /// `--clear` lifts the record.
     #[arg(long, value_name = "WHY", conflicts_with_all = ["check", "status", "sweep", "clear"])]
     pub quarantine: Option<String>,
+    /// Root's, under `user "per-run"`: the per-run account's state directory whose runs this
+    /// process (the account) recovers.
+    #[arg(long = "per-run-state", hide = true, requires = "surface")]
+    pub per_run_state: Option<PathBuf>,
 }
 
 /// What a run of the tool found.
@@ -320,13 +324,16 @@ struct Place {
 /// Why a reap cannot start.
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
 enum StartError {
-    /// Root asked for the surface's runs.
-    #[error("cordon-reap --surface runs as the surface's service user, never as root")]
+    /// The wrong user for the policy's surface: root for a service user's, or a user for
+    /// per-run accounts'.
+    #[error("cordon-reap --surface: {0}")]
     #[diagnostic(
         code(cordon::reap::surface_root),
-        help("run it as the user whose state directory it is (the surface's own timer does)")
+        help(
+            "a service user's runs are reaped as that user (the surface's own timer does); per-run accounts' as root"
+        )
     )]
-    SurfaceAsRoot,
+    SurfaceUser(String),
     /// The policy has no usable surface stage.
     #[error(transparent)]
     #[diagnostic(transparent)]
@@ -346,7 +353,7 @@ impl ExitClass for StartError {
     /// directory that cannot be used is a no-decision (3).
     fn exit_class(&self) -> ExitCode {
         match self {
-            Self::SurfaceAsRoot => ExitCode::Usage,
+            Self::SurfaceUser(_) => ExitCode::Usage,
             Self::Plan(e) => e.exit_class(),
             Self::Store(_) | Self::Lease(_) => ExitCode::NoDecision,
         }
@@ -354,14 +361,27 @@ impl ExitClass for StartError {
 }
 
 /// The surface's state directory, its lease setup and its own store and key.
-fn surface_place(policy: &Policy) -> Result<(Place, rootless::Setup), StartError> {
+fn surface_place(
+    policy: &Policy,
+    per_run_state: Option<&Path>,
+) -> Result<(Place, rootless::Setup), StartError> {
     let uid = nix::unistd::geteuid().as_raw();
-    if uid == 0 {
-        return Err(StartError::SurfaceAsRoot);
-    }
-    let (_, block) = cordon_stage::surface::surface_of(policy)?;
-    let state = PathBuf::from(&block.state_dir);
-    rootless::existing_private_dir(&state)?;
+    let state = if uid == 0 {
+        let (stage, block) = cordon_stage::surface::surface_of(policy)?;
+        if stage.user != cordon_policy_lang::User::PerRun || per_run_state.is_some() {
+            return Err(StartError::SurfaceUser(
+                "a service user's runs are never reaped as root".into(),
+            ));
+        }
+        let state = PathBuf::from(&block.state_dir);
+        cordon::lease::per_run::existing_state(&state)?;
+        state
+    } else {
+        let state = cordon_stage::surface::state_dir_for(policy, per_run_state, uid)
+            .map_err(StartError::SurfaceUser)?;
+        rootless::existing_private_dir(&state)?;
+        state
+    };
     let setup = rootless::Setup {
         runtime: Runtime {
             binary: PathBuf::from(policy.runtime().path()),
@@ -381,6 +401,73 @@ fn surface_place(policy: &Policy) -> Result<(Place, rootless::Setup), StartError
     Ok((place, setup))
 }
 
+/// Root's recovery of per-run surface runs: each account's runs released by this binary run
+/// as the account ([`cordon::lease::per_run`]), then the run ended (workspace back, account
+/// and its state removed). Looking changes nothing: every run not ended is residue.
+fn per_run(args: &Args, policy: &Policy, state: &Path, change: bool) -> Result<Found, LeaseError> {
+    use cordon::lease::per_run;
+    let host = cordon::host::Linux::shared();
+    let accounts = cordon_stage::settings::account_policy(policy);
+    let mut f = Found {
+        released: Vec::new(),
+        active: Vec::new(),
+        residue: Vec::new(),
+        cleared: None,
+        stale: 0,
+    };
+    for record in per_run::pending(state)? {
+        let name = &record.account.name;
+        f.stale += 1;
+        if !change {
+            f.residue.push(format!(
+                "per-run account {name} holds workspace {}",
+                record.workspace.display()
+            ));
+            continue;
+        }
+        let own = per_run::account_state(state, &record.account);
+        if own.is_dir() {
+            let mut tool = cordon::host::Tool::new("/proc/self/exe", &[]);
+            tool.tool_path = false;
+            tool.args = vec![
+                "--policy".into(),
+                args.stage.policy.clone().into(),
+                "--surface".into(),
+                "--per-run-state".into(),
+                own.into(),
+            ];
+            tool.user = Some((record.account.uid, record.account.gid));
+            tool.dir = Some(PathBuf::from("/"));
+            match host.run(&tool) {
+                Ok(out) if out.success() => {}
+                Ok(out) => {
+                    f.residue.push(format!(
+                        "per-run account {name}'s runs are not released (its reap exited {:?})",
+                        out.code
+                    ));
+                    continue;
+                }
+                Err(e) => {
+                    f.residue
+                        .push(format!("per-run account {name}'s reap could not run: {e}"));
+                    continue;
+                }
+            }
+        }
+        match per_run::end(&*host, &accounts, state, &record) {
+            Ok(()) => f.released.push(format!(
+                "per-run account {name} removed, workspace {} returned",
+                record.workspace.display()
+            )),
+            Err(e) => f.residue.push(format!(
+                "per-run account {name} not ended: {}",
+                cordon_stage::receipt_io::error_chain(&e)
+            )),
+        }
+    }
+    Ok(f)
+}
+
 /// This boot's clock, through the runtime's host seam.
 fn now(runtime: &Runtime) -> Result<BootTime, LeaseError> {
     BootTime::now(&*runtime.host).map_err(|source| LeaseError::Io {
@@ -395,7 +482,11 @@ fn now(runtime: &Runtime) -> Result<BootTime, LeaseError> {
 fn found(args: &Args, policy: &Policy) -> Result<(Place, Result<Found, LeaseError>), StartError> {
     let change = !args.check && !args.status && args.quarantine.is_none();
     if args.surface {
-        let (place, setup) = surface_place(policy)?;
+        let (place, setup) = surface_place(policy, args.per_run_state.as_deref())?;
+        if setup.uid == 0 {
+            let result = per_run(args, policy, &setup.state, change);
+            return Ok((place, result));
+        }
         // The surface's runs share one quarantine, kept in its own store.
         let scope = rootless::QUARANTINE_SCOPE;
         if let Some(why) = &args.quarantine

@@ -227,6 +227,38 @@ pub fn environment(
     Ok(env)
 }
 
+/// The state directory a non-root process of the surface (cordon-surface, cordon-reap) works
+/// in: the policy's, for its service user; under `user "per-run"`, the per-run account's own,
+/// which root names with `--per-run-state` — accepted only for a uid of the policy's account
+/// range and only in the policy's `per-run/` directory (its owner and mode are checked after).
+///
+/// # Errors
+/// The wrong mode for this policy, or a directory no per-run account of it has: what to do.
+pub fn state_dir_for(policy: &Policy, given: Option<&Path>, uid: u32) -> Result<PathBuf, String> {
+    let (stage, block) = surface_of(policy).map_err(|e| e.to_string())?;
+    match (stage.user, given) {
+        (User::Service, None) => Ok(PathBuf::from(&block.state_dir)),
+        (User::Service, Some(_)) => Err(
+            "--per-run-state is root's, for a policy of user \"per-run\"; this one runs as its service user".into(),
+        ),
+        (User::PerRun, None) => Err(
+            "this policy's surface runs each run in a per-run account (user \"per-run\"): run it as root".into(),
+        ),
+        (User::PerRun, Some(dir)) => {
+            let range = policy.accounts().uid_range;
+            let parent = Path::new(&block.state_dir).join(cordon::lease::per_run::PER_RUN);
+            if (range.first..=range.last).contains(&uid) && dir.parent() == Some(parent.as_path()) {
+                Ok(dir.to_path_buf())
+            } else {
+                Err(format!(
+                    "--per-run-state {} is not a per-run account's state directory for uid {uid}",
+                    dir.display()
+                ))
+            }
+        }
+    }
+}
+
 /// Placeholder run inputs for `explain --bundle`: a command run of service user 1000 in
 /// `/WORKSPACE`, with nothing from the invoker's environment.
 #[must_use]
@@ -440,14 +472,10 @@ pub fn plan(policy: &Policy, run: &SurfaceInputs) -> Result<SurfacePlan, PlanErr
         surface: _,
         sys: _,
     } = stage;
+    // Either way the container maps exactly the invoking uid: the service user's, or the
+    // per-run account's whose surface root started (cordon-surface's per-run module).
     match user {
-        User::Service => {}
-        User::PerRun => {
-            return Err(PlanError::Unimplemented {
-                kind,
-                what: "the surface in a per-run account (cordon-surface as root)",
-            });
-        }
+        User::Service | User::PerRun => {}
     }
     match root {
         RootMode::Empty => {}
@@ -763,10 +791,6 @@ mod tests {
             "        egress {\n            domain \"pypi.org\"\n            port 443\n        }\n        state-dir",
         );
         assert!(cordon_policy_lang::parse("s.kdl", &none).is_err());
-        assert!(matches!(
-            refused(&edit("user \"service\"", "user \"per-run\"")),
-            Err(PlanError::Unimplemented { .. })
-        ));
         assert!(matches!(
             refused(&edit("tmpdir-prefix-max 56", "tmpdir-prefix-max 16")),
             Err(PlanError::TempPrefix { .. })

@@ -55,6 +55,10 @@ pub struct Args {
     /// How errors are printed on stderr.
     #[arg(long, value_enum, default_value_t = Diagnostics::Text, global = true)]
     pub diagnostics: Diagnostics,
+    /// Root's, under `user "per-run"`: the per-run account's own state directory, where this
+    /// process (the account) keeps its run ([`crate::perrun`]).
+    #[arg(long = crate::perrun::PER_RUN_STATE_ARG, hide = true, global = true)]
+    pub per_run_state: Option<PathBuf>,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -124,11 +128,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
     let uid = nix::unistd::geteuid().as_raw();
     let gid = nix::unistd::getegid().as_raw();
     if uid == 0 {
-        let _ = writeln!(
-            stderr,
-            "cordon-surface: refusing to run as root: the surface runs as its unprivileged service user"
-        );
-        return ExitCode::Usage;
+        return crate::perrun::run(args, stdout, stderr);
     }
     // Groups that cannot be read cannot be proven absent: the run refuses them below.
     let groups: Vec<u32> = match nix::unistd::getgroups() {
@@ -161,11 +161,18 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
         Err(code) => return code,
     };
     let policy = &started.loaded.policy;
-    let block = match surface_of(policy) {
-        Ok((_, b)) => b,
+    let (_, block) = match surface_of(policy) {
+        Ok(s) => s,
         Err(e) => return fail(&RunError::from(e), mode, stderr),
     };
-    let state = PathBuf::from(&block.state_dir);
+    let state =
+        match cordon_stage::surface::state_dir_for(policy, args.per_run_state.as_deref(), uid) {
+            Ok(s) => s,
+            Err(why) => {
+                let _ = writeln!(stderr, "cordon-surface: {why}");
+                return ExitCode::Usage;
+            }
+        };
     let checked = trust::state_dir(&state, ws, uid)
         .and_then(|()| trust::runtime(Path::new(policy.runtime().path()), uid, &gids))
         .and_then(|()| {

@@ -13,6 +13,7 @@
 
 pub mod cli;
 pub mod egress;
+pub mod perrun;
 pub mod run;
 pub mod skills;
 pub mod trust;

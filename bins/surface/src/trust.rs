@@ -51,7 +51,7 @@ pub enum TrustError {
         workspace: PathBuf,
     },
     /// The service user could change the policy.
-    #[error("policy {policy} can be changed by the service user: {why}")]
+    #[error("policy {policy} can be changed by a user it binds: {why}")]
     #[diagnostic(
         code(cordon::surface::policy_writable),
         help("install the policy root-owned, 0644, in directories only root can write")
@@ -196,6 +196,34 @@ pub fn policy_file(
     })
 }
 
+/// A file root reads as its authority (the policy, under `user "per-run"`): canonical, and it
+/// and every directory above it root's and writable by no group or other user (a sticky
+/// directory aside). Its canonical path.
+///
+/// # Errors
+/// [`TrustError::PolicyWritable`] naming the path and how; the path cannot be examined.
+pub fn root_only(path: &Path) -> Result<PathBuf, TrustError> {
+    let canonical = std::fs::canonicalize(path).map_err(io(path))?;
+    for p in canonical.ancestors() {
+        let m = std::fs::symlink_metadata(p).map_err(io(p))?;
+        let sticky_dir = m.is_dir() && m.mode() & 0o1000 != 0;
+        let how = if m.uid() != 0 {
+            Some(format!("owned by uid {}, not root", m.uid()))
+        } else if m.mode() & 0o022 != 0 && !sticky_dir {
+            Some("writable by a group or everyone".to_owned())
+        } else {
+            None
+        };
+        if let Some(how) = how {
+            return Err(TrustError::PolicyWritable {
+                policy: path.to_path_buf(),
+                why: format!("{} is {how}", p.display()),
+            });
+        }
+    }
+    Ok(canonical)
+}
+
 /// The runtime binary: neither it nor a directory above it changeable by the service user.
 ///
 /// # Errors
@@ -334,6 +362,20 @@ fn unescape(field: &str) -> std::ffi::OsString {
 /// # Errors
 /// [`TrustError::StateDir`].
 pub fn state_dir(dir: &Path, workspace: Option<&Path>, uid: u32) -> Result<(), TrustError> {
+    state_dir_mode(dir, workspace, uid, 0o700)
+}
+
+/// [`state_dir`] with the exact `mode` required (root's under `user "per-run"` is 0711: each
+/// per-run account must pass through it to its own directory, and no one may list it).
+///
+/// # Errors
+/// [`TrustError::StateDir`].
+pub fn state_dir_mode(
+    dir: &Path,
+    workspace: Option<&Path>,
+    uid: u32,
+    mode: u32,
+) -> Result<(), TrustError> {
     let bad = |why: String| TrustError::StateDir {
         path: dir.to_path_buf(),
         why,
@@ -348,8 +390,8 @@ pub fn state_dir(dir: &Path, workspace: Option<&Path>, uid: u32) -> Result<(), T
             m.uid()
         )));
     }
-    if m.mode() & 0o077 != 0 {
-        return Err(bad(format!("mode {:o}, not 0700", m.mode() & 0o7777)));
+    if m.mode() & 0o7777 != mode {
+        return Err(bad(format!("mode {:o}, not {mode:04o}", m.mode() & 0o7777)));
     }
     let canonical = std::fs::canonicalize(dir).map_err(io(dir))?;
     if let Some(ws) = workspace
@@ -397,6 +439,15 @@ impl DirId {
     }
 }
 
+/// The record of the agent directories of `workspace` in `state`.
+#[must_use]
+pub fn homes_record(state: &Path, workspace: &Path) -> PathBuf {
+    state.join(HOMES).join(format!(
+        "{}.json",
+        cordon::canonical::Digest::of_bytes(workspace.as_os_str().as_encoded_bytes()).hex()
+    ))
+}
+
 /// What the surface made for the agent in one workspace: the workspace's identity and each
 /// agent directory's (relative path → identity), `STATE/homes/<sha256 of the path>.json`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -429,10 +480,7 @@ pub fn agent_dirs(
         path: workspace.path.clone(),
         why,
     };
-    let file = state.join(HOMES).join(format!(
-        "{}.json",
-        cordon::canonical::Digest::of_bytes(workspace.path.as_os_str().as_encoded_bytes()).hex()
-    ));
+    let file = homes_record(state, &workspace.path);
     // One proof at a time per state directory: two first runs never both make, or one see
     // unrecorded, what the other is making.
     let homes_dir = state.join(HOMES);

@@ -1481,3 +1481,268 @@ fn selected_skill_versions_appear_read_only_for_one_run_and_nothing_else_does() 
     assert!(!s.ws.join("ran").exists());
     s.assert_released();
 }
+
+/// The per-run accounts this surface made: `cordon-…` with a uid in the policy's range and the
+/// owner tag of its state directory (tests run side by side).
+fn per_run_accounts(s: &Surface) -> Vec<String> {
+    let tag = cordon::account::owner_tag("surface", &s.state);
+    std::fs::read_to_string("/etc/passwd")
+        .unwrap()
+        .lines()
+        .filter(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            f[0].starts_with("cordon-")
+                && f[2]
+                    .parse::<u32>()
+                    .is_ok_and(|u| (3_100_000..=3_199_999).contains(&u))
+                && f[4] == tag
+        })
+        .map(|l| l.split(':').next().unwrap().to_owned())
+        .collect()
+}
+
+impl Surface {
+    /// This surface under `user "per-run"`: its state directory root's, and its command run
+    /// as root.
+    fn per_run() -> Self {
+        let s = Self::new(&|t| {
+            cordon_testkit::replace_once(&t, "user \"service\"", "user \"per-run\"")
+        });
+        std::os::unix::fs::chown(&s.state, Some(0), Some(0)).unwrap();
+        chmod(&s.state, 0o711);
+        s
+    }
+
+    fn as_root(&self, program: &Path, args: &[&str]) -> Command {
+        let mut c = Command::new(program);
+        c.arg("--policy")
+            .arg(&self.policy)
+            .args(args)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .current_dir("/");
+        c
+    }
+
+    fn root_run(&self, script: &str) -> Done {
+        let ws = self.ws.to_str().unwrap();
+        let out = self
+            .as_root(
+                &self.bin,
+                &["run", "--workspace", ws, "--", "/bin/sh", "-c", script],
+            )
+            .output()
+            .unwrap();
+        Done {
+            code: out.status.code().unwrap_or(-1),
+            receipt: serde_json::from_slice(&out.stdout).unwrap_or(Value::Null),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+}
+
+/// REQ-117 as root: `user "per-run"` runs each command in a fresh account of the policy's range
+/// that holds the workspace only for the run; afterwards every entry is the owner's again (a
+/// set-id file the run made loses its bits), the account, its cron/at lines and its state are
+/// gone, and the receipt of record — root's, signed with the surface's key — names it. A
+/// workspace holding a third user's file is refused before anything changes; a service policy
+/// is still refused as root.
+#[test]
+fn as_root_each_run_gets_a_fresh_account_that_holds_the_workspace_only_for_the_run() {
+    let s = Surface::per_run();
+    assert!(
+        per_run_accounts(&s).is_empty(),
+        "{:?}",
+        per_run_accounts(&s)
+    );
+    std::fs::write(s.ws.join("before.txt"), "mine\n").unwrap();
+    chown(&s.ws.join("before.txt"));
+    let done = s.root_run(
+        "stat -c '%u %a' /workspace/before.txt; grep -c . /etc/passwd 2>/dev/null || echo no-passwd; \
+         echo made > /workspace/made.txt; cp /bin/true /workspace/suid; chmod 6755 /workspace/suid; \
+         cat /proc/self/status | grep -E '^(Uid|CapEff)'",
+    );
+    assert_eq!(done.code, 0, "{}\n{}", done.stderr, done.receipt);
+    let user = &done.receipt["outputs"]["user"];
+    let account = user["account"].as_str().unwrap().to_owned();
+    assert!(account.starts_with("cordon-"), "{user}");
+    let uid = user["host_uid"].as_u64().unwrap();
+    assert!((3_100_000..=3_199_999).contains(&uid), "{user}");
+    assert!(
+        done.stdout().contains("CapEff:\t0000000000000000"),
+        "{}",
+        done.stdout()
+    );
+    // Inside, the workspace was the account's (mapped to the sandbox's only uid).
+    assert!(done.stdout().starts_with("0 644\n"), "{}", done.stdout());
+    // Afterwards everything is the owner's, set-id bits gone; the account and its state too.
+    for f in ["before.txt", "made.txt", "suid", ""] {
+        let m = std::fs::symlink_metadata(s.ws.join(f)).unwrap();
+        assert_eq!((m.uid(), m.gid()), (SERVICE, SERVICE), "{f}");
+        assert_eq!(m.mode() & 0o6000, 0, "{f}");
+    }
+    assert!(
+        per_run_accounts(&s).is_empty(),
+        "{:?}",
+        per_run_accounts(&s)
+    );
+    for deny in ["/etc/cron.deny", "/etc/at.deny"] {
+        let text = std::fs::read_to_string(deny).unwrap_or_default();
+        assert!(!text.contains(&account), "{deny}");
+    }
+    let per_run = s.state.join("per-run");
+    assert_eq!(std::fs::read_dir(&per_run).unwrap().count(), 0);
+    // The receipt of record is root's: stored and signed with the surface's key.
+    let key = s.as_root(&s.bin, &["key"]).output().unwrap();
+    assert_eq!(key.status.code(), Some(0), "{key:?}");
+    let verifier = s.dir.path().join("bin/cordon-verify");
+    std::fs::copy(
+        Path::new(env!("CARGO_BIN_EXE_cordon-surface")).with_file_name("cordon-verify"),
+        &verifier,
+    )
+    .unwrap();
+    let digest = cordon::receipt::Receipt::parse(&done.receipt.to_string())
+        .unwrap()
+        .digest()
+        .unwrap()
+        .to_string();
+    let key = String::from_utf8(key.stdout).unwrap();
+    let verify = Command::new(&verifier)
+        .arg("--store")
+        .arg(s.state.join("store"))
+        .args(["--key", key.trim(), &digest])
+        .output()
+        .unwrap();
+    assert_eq!(verify.status.code(), Some(0), "{verify:?}");
+    // A second run gets an account of its own again, and a failing command is rejected.
+    let failed = s.root_run("exit 5");
+    assert_eq!(failed.code, 1, "{}", failed.stderr);
+    assert!(per_run_accounts(&s).is_empty());
+    // A third user's file in the workspace: refused before anything changes.
+    std::fs::write(s.ws.join("roots.txt"), "root's\n").unwrap();
+    let refused = s.root_run("touch /workspace/ran");
+    assert_eq!(refused.code, 3, "{}", refused.stderr);
+    assert!(!s.ws.join("ran").exists());
+    assert_eq!(std::fs::symlink_metadata(&s.ws).unwrap().uid(), SERVICE);
+    assert_eq!(
+        std::fs::symlink_metadata(s.ws.join("before.txt"))
+            .unwrap()
+            .uid(),
+        SERVICE
+    );
+    assert!(per_run_accounts(&s).is_empty());
+    std::fs::remove_file(s.ws.join("roots.txt")).unwrap();
+    // A hard link to a file of the owner's outside: refused, the file never the account's.
+    let outside = s.dir.path().join("owners-outside.txt");
+    std::fs::write(&outside, "outside\n").unwrap();
+    chown(&outside);
+    std::fs::hard_link(&outside, s.ws.join("linked.txt")).unwrap();
+    let linked = s.root_run("touch /workspace/ran");
+    assert_eq!(linked.code, 3, "{}", linked.stderr);
+    assert!(linked.stderr.contains("hard links"), "{}", linked.stderr);
+    assert!(!s.ws.join("ran").exists());
+    assert_eq!(std::fs::symlink_metadata(&outside).unwrap().uid(), SERVICE);
+    std::fs::remove_file(s.ws.join("linked.txt")).unwrap();
+    // The service policy's surface is never run as root.
+    let service = Surface::new(&|t| t);
+    let out = service
+        .as_root(
+            &service.bin,
+            &[
+                "run",
+                "--workspace",
+                service.ws.to_str().unwrap(),
+                "--",
+                "/bin/true",
+            ],
+        )
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    // And a per-run policy is never run by a plain user.
+    let plain = s
+        .command(
+            &s.policy,
+            &[
+                "run",
+                "--workspace",
+                s.ws.to_str().unwrap(),
+                "--",
+                "/bin/true",
+            ],
+            &[],
+        )
+        .output()
+        .unwrap();
+    assert_eq!(plain.status.code(), Some(2), "{plain:?}");
+}
+
+/// A per-run run whose root supervisor was killed: its account holds the workspace until
+/// `cordon-reap --surface` as root recovers it — the account's runs released as the account,
+/// the workspace returned, the account removed. Until then no per-run run starts.
+#[test]
+fn cordon_reap_as_root_removes_a_crashed_per_run_account_and_returns_the_workspace() {
+    let s = Surface::per_run();
+    let ws = s.ws.to_str().unwrap().to_owned();
+    let mut root = s
+        .as_root(
+            &s.bin,
+            &[
+                "run",
+                "--workspace",
+                &ws,
+                "--",
+                "/bin/sh",
+                "-c",
+                "touch /workspace/up; exec sleep 3175",
+            ],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(&s.ws.join("up"), "the per-run command to start");
+    root.kill().unwrap();
+    root.wait().unwrap();
+    let account = per_run_accounts(&s);
+    assert_eq!(account.len(), 1, "{account:?}");
+    // The account's own surface lives on until its run ends: kill it, as a crash would.
+    let _ = Command::new("pkill")
+        .args(["-KILL", "-u", &account[0]])
+        .status();
+    assert_ne!(std::fs::symlink_metadata(&s.ws).unwrap().uid(), SERVICE);
+    // A new run refuses while the earlier one is not recovered.
+    let blocked = s.root_run("touch /workspace/ran");
+    assert_eq!(blocked.code, 3, "{}", blocked.stderr);
+    assert!(!s.ws.join("ran").exists());
+    let check = s
+        .as_root(&s.reaper, &["--surface", "--check"])
+        .output()
+        .unwrap();
+    assert_eq!(check.status.code(), Some(3), "{check:?}");
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = s.as_root(&s.reaper, &["--surface"]).output().unwrap();
+        if out.status.code() == Some(0) {
+            break;
+        }
+        assert!(Instant::now() < until, "{out:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(per_run_accounts(&s).is_empty());
+    assert!(!process_exists(&["sleep", "3175"]));
+    for f in ["", "up"] {
+        assert_eq!(
+            std::fs::symlink_metadata(s.ws.join(f)).unwrap().uid(),
+            SERVICE,
+            "{f}"
+        );
+    }
+    let check = s
+        .as_root(&s.reaper, &["--surface", "--check"])
+        .output()
+        .unwrap();
+    assert_eq!(check.status.code(), Some(0), "{check:?}");
+    let again = s.root_run("echo again");
+    assert_eq!(again.code, 0, "{}", again.stderr);
+}

@@ -57,8 +57,14 @@ pub struct Tool {
     pub max_output: u64,
     /// Its working directory (this process's when `None`).
     pub dir: Option<PathBuf>,
-    /// Whether its environment holds `PATH=`[`TOOL_PATH`]; it is otherwise empty.
+    /// Whether its environment holds `PATH=`[`TOOL_PATH`]; it is otherwise empty but for
+    /// `env`.
     pub tool_path: bool,
+    /// Variables set in its environment, after `PATH`.
+    pub env: Vec<(OsString, OsString)>,
+    /// The uid and gid it runs as, with no supplementary group (root only); this process's
+    /// when `None`.
+    pub user: Option<(u32, u32)>,
 }
 
 impl Tool {
@@ -72,6 +78,8 @@ impl Tool {
             max_output: 16 << 20,
             dir: None,
             tool_path: true,
+            env: Vec::new(),
+            user: None,
         }
     }
 
@@ -335,8 +343,14 @@ impl Host for Linux {
         if tool.tool_path {
             command.env("PATH", TOOL_PATH);
         }
+        command.envs(tool.env.iter().map(|(k, v)| (k, v)));
         if let Some(dir) = &tool.dir {
             command.current_dir(dir);
+        }
+        // std drops every supplementary group (setgroups(0)) before setuid when root sets a uid
+        // without groups: the tool holds exactly this uid and gid.
+        if let Some((uid, gid)) = tool.user {
+            command.uid(uid).gid(gid);
         }
         // A process group of its own: a terminal's Ctrl-C reaches the supervisor alone, which
         // stops the candidate and releases; a `runtime delete` mid-release is never cut short.

@@ -38,6 +38,7 @@ pub use cordon_evidence::residue::Leftover;
 mod evidence;
 pub mod incident;
 mod observe;
+pub mod per_run;
 mod provision;
 pub mod quarantine;
 mod record;
