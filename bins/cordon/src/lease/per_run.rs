@@ -320,3 +320,99 @@ pub fn end(
     fs::remove_file(&path).map_err(io("remove", &path))?;
     sync_dir(&state.join(PER_RUN))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::account::tests::policy;
+    use crate::host::ToolOutput;
+    use crate::host::fake::Fake;
+
+    /// A state directory of root's and a workspace of uid 1000's, with a file in it.
+    fn setup() -> (tempfile::TempDir, PathBuf, PathBuf) {
+        cordon_testkit::require_root("the per-run handover gives files to other users");
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        fs::DirBuilder::new()
+            .mode(STATE_MODE)
+            .create(&state)
+            .unwrap();
+        fs::set_permissions(&state, fs::Permissions::from_mode(STATE_MODE)).unwrap();
+        let ws = dir.path().join("ws");
+        fs::create_dir(&ws).unwrap();
+        fs::write(ws.join("f"), "x").unwrap();
+        for p in [&ws, &ws.join("f")] {
+            std::os::unix::fs::lchown(p, Some(1000), Some(1000)).unwrap();
+        }
+        (dir, state, ws)
+    }
+
+    fn owner(p: &Path) -> u32 {
+        fs::symlink_metadata(p).unwrap().uid()
+    }
+
+    /// An account whose name or id is taken: nothing is made, no record is left, the workspace
+    /// is untouched. A useradd that fails after groupadd: the record stays for recovery, and
+    /// the workspace was never handed over.
+    #[test]
+    fn an_account_that_cannot_be_made_leaves_the_workspace_and_only_a_recoverable_record() {
+        let (_d, state, ws) = setup();
+        let f = Fake::new();
+        f.file("/etc/passwd", "").file("/etc/group", "");
+        let a = account::for_lease(&policy(), "0000002a");
+        f.file("/etc/passwd", &format!("{}:x:1:1::/:/bin/sh\n", a.name));
+        let e = begin(&f, &policy(), &state, "t", &ws, "0000002a", &[]).unwrap_err();
+        assert!(matches!(
+            e,
+            LeaseError::Account(account::AccountError::Taken { .. })
+        ));
+        assert!(pending(&state).unwrap().is_empty());
+        assert_eq!(owner(&ws.join("f")), 1000);
+        f.file("/etc/passwd", "").reply(
+            "useradd",
+            ToolOutput::failed("useradd: cannot lock /etc/passwd"),
+        );
+        assert!(begin(&f, &policy(), &state, "t", &ws, "0000002a", &[]).is_err());
+        assert_eq!(pending(&state).unwrap().len(), 1);
+        assert_eq!(owner(&ws.join("f")), 1000);
+        // While it is pending nothing else begins.
+        let e = begin(&f, &policy(), &state, "t", &ws, "0000002b", &[]).unwrap_err();
+        assert!(matches!(e, LeaseError::Residue(_)), "{e}");
+    }
+
+    /// A run is ended only when the account's state holds no run; an account userdel refuses
+    /// (a live process) keeps the record: the workspace is returned, the run is residue until
+    /// recovery ends it, which then finishes.
+    #[test]
+    fn an_account_that_cannot_be_removed_is_residue_until_a_later_end_finishes() {
+        let (_d, state, ws) = setup();
+        let f = Fake::new();
+        f.file("/etc/passwd", "").file("/etc/group", "");
+        let record = begin(&f, &policy(), &state, "t", &ws, "0000002c", &[]).unwrap();
+        assert_eq!(owner(&ws.join("f")), record.account.uid);
+        let own = account_state(&state, &record.account);
+        fs::create_dir_all(own.join(rootless::RUNS).join("cs-1")).unwrap();
+        assert!(matches!(
+            end(&f, &policy(), &state, &record),
+            Err(LeaseError::Residue(_))
+        ));
+        assert_eq!(owner(&ws.join("f")), record.account.uid);
+        fs::remove_dir(own.join(rootless::RUNS).join("cs-1")).unwrap();
+        let a = &record.account;
+        f.file(
+            "/etc/passwd",
+            &format!("{}:x:{}:{}::/:/bin/false\n", a.name, a.uid, a.gid),
+        )
+        .reply(
+            "userdel",
+            ToolOutput::failed("userdel: user is currently used by process 7"),
+        );
+        assert!(end(&f, &policy(), &state, &record).is_err());
+        assert_eq!(owner(&ws.join("f")), 1000);
+        assert_eq!(pending(&state).unwrap(), vec![record.clone()]);
+        let f = Fake::new();
+        f.file("/etc/passwd", "").file("/etc/group", "");
+        end(&f, &policy(), &state, &record).unwrap();
+        assert!(pending(&state).unwrap().is_empty());
+    }
+}
