@@ -6,7 +6,9 @@
 //!   when it did not, `no-decision` (exit 3) when the surface could not be established or
 //!   released — and then ARGV either never ran or its run is residue. A usage or policy error
 //!   is exit 2 with no receipt. There is no way to run ARGV outside the surface.
+//!   `--skill NAME@sha256:…` (repeatable) exposes those imported skill versions read-only.
 //! - `cordon-surface key [--policy P]` prints the public key the surface signs with.
+//! - `cordon-surface skills import DIR` stores a skill version and prints its selection.
 //!
 //! Runs whose supervisor died are released by `cordon-reap --surface --policy P`, run as the
 //! service user: the surface's runs live on the rootless lease ([`cordon::lease::rootless`]).
@@ -17,7 +19,8 @@
 //!
 //! The policy comes only from `--policy` (default `/etc/cordon/surface.kdl`), never from the
 //! environment or the workspace, and is refused when the service user could change it. The
-//! surface runs as the invoking user; root is refused (it is never the service user).
+//! surface runs as the invoking user; as root it runs only a policy of `user "per-run"`, each
+//! run as a fresh account ([`crate::perrun`]), and refuses every other.
 
 use cordon::exit::ExitClass;
 use std::collections::BTreeMap;

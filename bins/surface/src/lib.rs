@@ -7,6 +7,9 @@
 //!   workspace, the state directory, home and temp made without following links;
 //! - [`run`]: one run applied (record, bundle, container, release with its absence proof) and
 //!   the recovery of runs whose supervisor died;
+//! - [`egress`]: `network "egress"`'s host proxy and the forwarder inside;
+//! - [`skills`]: the skill store and a run's snapshot;
+//! - [`perrun`]: root's side of `user "per-run"`;
 //! - [`cli`]: the command and its receipt.
 //!
 //! Planning the container is `cordon_stage::surface` (pure); this crate owns applying it.
