@@ -498,7 +498,8 @@ fn secrets_environment_and_inherited_descriptors_stay_out() {
                 dirs.filter_map(Result::ok)
                     .find_map(|d| std::fs::symlink_metadata(d.path().join("secret")).ok())
             });
-            if let Some(m) = found {
+            // Seen once written: the 20 ms poll can catch it between create and write.
+            if let Some(m) = found.filter(|m| m.len() > 0) {
                 return (m.uid(), m.mode() & 0o7777, m.nlink(), m.len());
             }
             assert!(std::time::Instant::now() < until, "no secret file appeared");
