@@ -88,6 +88,10 @@ pub enum Command {
         /// The surface's state directory (`stage "surface"` → `surface` → `state-dir`).
         #[arg(long)]
         state_dir: Option<String>,
+        /// An egress domain of this deployment (repeatable): together they replace the surface's
+        /// `egress` `domain` list, each within the reviewed list (a narrowing only).
+        #[arg(long = "egress-domain", value_name = "DOMAIN")]
+        egress_domains: Vec<String>,
     },
     /// The fully resolved settings of one stage, defaults filled in.
     Explain {
@@ -223,6 +227,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             gid_range,
             shell,
             state_dir,
+            egress_domains,
         } => {
             let pair = |v: &Option<Vec<u32>>| v.as_deref().map(|r| (r[0], r[1]));
             render_cmd(
@@ -236,6 +241,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
                     gid_range: pair(gid_range),
                     shell: shell.clone(),
                     state_dir: state_dir.clone(),
+                    egress_domains: (!egress_domains.is_empty()).then(|| egress_domains.clone()),
                 },
                 runtime.as_deref(),
                 stdout,

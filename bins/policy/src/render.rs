@@ -35,6 +35,10 @@ pub struct HostFacts {
     pub shell: Option<String>,
     /// The surface's state directory (`stage "surface"` → `surface` → `state-dir`).
     pub state_dir: Option<String>,
+    /// The surface's egress domains for this deployment (`stage "surface"` → `surface` →
+    /// `egress` → `domain`): only a narrowing — each must be one the reviewed policy lists, or
+    /// a name or `*.` suffix below one of its `*.` suffixes.
+    pub egress_domains: Option<Vec<String>>,
 }
 
 /// The runtime binary a host runs, with the bytes' digest.
@@ -105,6 +109,13 @@ pub enum RenderError {
     #[error("the reviewed policy is not KDL cordon can rewrite: {0}")]
     #[diagnostic(code(cordon::render::kdl))]
     Kdl(String),
+    /// A deployment's egress domain is not within the reviewed allow-list.
+    #[error("egress domain {0:?} is not within the reviewed policy's egress domains")]
+    #[diagnostic(
+        code(cordon::render::widened),
+        help("rendering only narrows the allow-list; a new domain is a change to the reviewed policy")
+    )]
+    Widened(String),
     /// The rendered policy differs from the reviewed one in a field no fact names.
     #[error("rendering changed {0}, which no host fact names")]
     #[diagnostic(code(cordon::render::unexpected))]
@@ -207,6 +218,51 @@ pub fn render(name: &str, reviewed: &str, facts: &HostFacts) -> Result<Rendered,
         set_arg(node, "surface state-dir", 0, dir)?;
         allowed.push("stage.surface.surface.state-dir");
     }
+    if let Some(domains) = &facts.egress_domains {
+        let reviewed: Vec<&str> = before
+            .stage(cordon_policy_lang::StageKind::Surface)
+            .and_then(|s| s.surface.as_ref())
+            .and_then(|s| s.egress.as_ref())
+            .map(|e| e.domain.iter().map(String::as_str).collect())
+            .unwrap_or_default();
+        for d in domains {
+            if !reviewed.iter().any(|r| within(d, r)) {
+                return Err(RenderError::Widened(d.clone()));
+            }
+        }
+        let stage = only(doc.nodes_mut(), "stage", Some("surface"))?;
+        let surface = only(children(stage)?, "surface", None)?;
+        let egress = only(children(surface)?, "egress", None)?;
+        let nodes = egress
+            .children_mut()
+            .as_mut()
+            .ok_or(RenderError::Node {
+                what: "egress { … }".into(),
+                count: 0,
+            })?
+            .nodes_mut();
+        // One `domain` node holds the deployment's list; the reviewed ones go.
+        let first = nodes
+            .iter()
+            .position(|n| n.name().value() == "domain")
+            .ok_or(RenderError::Node {
+                what: "egress domain".into(),
+                count: 0,
+            })?;
+        let mut index = 0;
+        nodes.retain(|n| {
+            index += 1;
+            index - 1 == first || n.name().value() != "domain"
+        });
+        let node = &mut nodes[first];
+        node.entries_mut().clear();
+        for d in domains {
+            let mut entry = KdlEntry::new(KdlValue::Null);
+            spell(&mut entry, KdlValue::String(d.clone()), quoted("egress domain", d)?);
+            node.push(entry);
+        }
+        allowed.push("stage.surface.surface.egress.domain");
+    }
     let text = doc.to_string();
     let after = cordon_policy_lang::parse(name, &text)?;
     let encode = |p: &Policy| p.canonical_value().map_err(RenderError::Encode);
@@ -220,6 +276,18 @@ pub fn render(name: &str, reviewed: &str, facts: &HostFacts) -> Result<Rendered,
         return Err(RenderError::Unexpected(c.line.clone()));
     }
     Ok(Rendered { text, changes })
+}
+
+/// Whether the egress domain `d` is within the reviewed entry `r`: equal, or below a `*.`
+/// suffix (`api.x.example` or `*.api.x.example` within `*.x.example`).
+fn within(d: &str, r: &str) -> bool {
+    let d = d.to_ascii_lowercase();
+    if d == r {
+        return true;
+    }
+    let name = d.strip_prefix("*.").unwrap_or(&d);
+    r.strip_prefix('*')
+        .is_some_and(|suffix| name.ends_with(suffix) && name.len() > suffix.len())
 }
 
 /// The one node named `name` (whose first argument is `arg0`, when given) in `nodes`.
@@ -370,6 +438,7 @@ mod tests {
             gid_range: Some((4_000_000, 4_000_099)),
             shell: Some("/nix/store/x-shadow/bin/nologin".into()),
             state_dir: None,
+            egress_domains: None,
         };
         let r = render("evaluator.kdl", &evaluator(), &facts)?;
         let changed = lines(&r).join("\n");
@@ -457,6 +526,62 @@ mod tests {
                 .contains("state-dir \"/var/lib/cordon-agent/surface\"")
         );
         assert_eq!(lines(&r).len(), 3, "{:?}", lines(&r));
+        Ok(())
+    }
+
+    /// A deployment's egress domains replace the reviewed list only as a narrowing: each one
+    /// the reviewed list names or below one of its `*.` suffixes; a wider one, or any for a
+    /// policy without egress, is refused.
+    #[test]
+    fn egress_domains_render_only_as_a_narrowing_of_the_reviewed_list() -> Result<(), RenderError>
+    {
+        let reviewed = policy_file("examples/surface.kdl")
+            .replace("network \"none\"", "network \"egress\"")
+            .replace(
+                "        state-dir",
+                "        egress {\n            domain \"pypi.org\" \"*.pythonhosted.org\"\n            domain \"*.anthropic.com\"\n            port 443\n        }\n        state-dir",
+            );
+        let narrowed = |d: &[&str]| HostFacts {
+            egress_domains: Some(d.iter().map(|s| (*s).to_owned()).collect()),
+            ..HostFacts::default()
+        };
+        let r = render(
+            "s.kdl",
+            &reviewed,
+            &narrowed(&["api.anthropic.com", "*.files.pythonhosted.org"]),
+        )?;
+        assert!(
+            r.text
+                .contains("domain \"api.anthropic.com\" \"*.files.pythonhosted.org\""),
+            "{}",
+            r.text
+        );
+        let nodes = r.text.lines().filter(|l| l.trim_start().starts_with("domain "));
+        assert_eq!(nodes.count(), 1, "{}", r.text);
+        assert!(
+            lines(&r)
+                .iter()
+                .all(|l| l.contains("stage.surface.surface.egress.domain")),
+            "{:?}",
+            lines(&r)
+        );
+        for wider in [
+            "anthropic.com",
+            "evil.example",
+            "*.org",
+            "pythonhosted.org",
+            "xanthropic.com",
+        ] {
+            assert!(
+                matches!(
+                    render("s.kdl", &reviewed, &narrowed(&[wider])),
+                    Err(RenderError::Widened(_))
+                ),
+                "{wider}"
+            );
+        }
+        let none = policy_file("examples/surface.kdl");
+        assert!(render("s.kdl", &none, &narrowed(&["pypi.org"])).is_err());
         Ok(())
     }
 
