@@ -78,6 +78,35 @@ for etc in ("cordon/policy.kdl", "cordon/surface.kdl"):
 print("outputs:", f["packages"], "checks:", f["checks"])
 print("units:", sorted(d["services"]), "timers:", sorted(d["timers"]))
 EOF
+# The surface's egress domains and skills: the domains rendered as a narrowing of the reviewed
+# list, the agent service's IP sockets opened for its proxy, the skills copied under their names
+# and imported at start, their selections written to the service's runtime directory.
+evaluate "{
+  services.cordon = { enable = true; surface = { enable = true;
+    policy = $root/policy/examples/surface.kdl; command = [ \"/bin/agent\" ];
+    egress.domains = [ \"api.anthropic.com\" ]; skills = { review = $root/checks/nix; }; }; };
+  users.users = { root = { uid = 0; }; }; users.groups = { root = { gid = 0; }; };
+}" >"$work/egress.json"
+python3 - "$work/egress.json" "$work/host.json" <<'EOF'
+import json, sys
+d, plain = (json.load(open(p)) for p in sys.argv[1:3])
+assert d["failedAssertions"] == [], d["failedAssertions"]
+facts = d["etc"]["cordon/surface.kdl"]["facts"]
+assert facts[-2:] == ["--egress-domain", "api.anthropic.com"], facts
+agent = d["services"]["cordon-agent"]["serviceConfig"]
+assert "AF_INET" in agent["RestrictAddressFamilies"] and agent["PrivateNetwork"] is False, agent
+assert "IPAddressDeny" not in agent, agent
+pre = agent["ExecStartPre"]
+assert len(pre) == 2 and pre[0].endswith("--surface --policy /etc/cordon/surface.kdl --sweep"), pre
+assert pre[1].endswith("-cordon-agent-skills"), pre
+assert agent["RuntimeDirectory"] == "cordon-agent" and agent["RuntimeDirectoryMode"] == "0700"
+# Without either, the service has no IP at all and imports nothing.
+base = plain["services"]["cordon-agent"]["serviceConfig"]
+assert base["PrivateNetwork"] is True and base["IPAddressDeny"] == "any", base
+assert "AF_INET" not in base["RestrictAddressFamilies"], base
+assert len(base["ExecStartPre"]) == 1 and "--egress-domain" not in plain["etc"]["cordon/surface.kdl"]["facts"]
+print("egress and skills: facts", facts[-2:], "ExecStartPre", len(pre))
+EOF
 # Without the surface, no agent unit, user or policy.
 evaluate '{ services.cordon.enable = true; }' >"$work/plain.json"
 python3 -c '

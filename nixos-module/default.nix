@@ -49,14 +49,31 @@
     "--shell"
     nologin
   ];
-  surfaceFacts = [
-    "--store"
-    cfg.store
-    "--runtime"
-    runtimeBinary
-    "--state-dir"
-    surface.stateDir
-  ];
+  surfaceFacts =
+    [
+      "--store"
+      cfg.store
+      "--runtime"
+      runtimeBinary
+      "--state-dir"
+      surface.stateDir
+    ]
+    # A narrowing of the reviewed egress allow-list (render refuses a wider domain).
+    ++ lib.concatMap (d: ["--egress-domain" d]) surface.egress.domains;
+  # The agent service's own sockets reach IP when the agent calls its model directly or when
+  # the surface's egress proxy (which runs in this service) must connect out.
+  surfaceIp = surface.network == "ip" || surface.egress.domains != [];
+  # Each skill copied (not linked: the import follows no link) under its name, imported at
+  # start; the selections, NAME@sha256:…, are written for the agent to pass to run --skill.
+  skillTree = pkgs.runCommand "cordon-agent-skills" {} (
+    "mkdir $out\n"
+    + lib.concatStrings (lib.mapAttrsToList (name: path: "cp -RL ${path} $out/${lib.escapeShellArg name}\n") surface.skills)
+  );
+  importSkills = pkgs.writeShellScript "cordon-agent-skills" (
+    "set -euo pipefail\n"
+    + ": > \"$RUNTIME_DIRECTORY/skills\"\n"
+    + lib.concatStrings (lib.mapAttrsToList (name: _: "${cfg.package}/bin/cordon-surface --policy /etc/cordon/surface.kdl skills import ${skillTree}/${lib.escapeShellArg name} >> \"$RUNTIME_DIRECTORY/skills\"\n") surface.skills)
+  );
   # The rendered policy (render validates it and refuses any change but the facts), and beside
   # it, for the reviewer, what rendering changed.
   render = name: reviewed: facts:
@@ -303,6 +320,18 @@ in {
         type = types.listOf types.str;
         description = "The agent program and its arguments; it runs each command with cordon-surface run --policy /etc/cordon/surface.kdl --workspace <workspace>.";
       };
+      egress.domains = mkOption {
+        type = types.listOf types.str;
+        default = [];
+        example = ["api.anthropic.com" "pypi.org" "*.pythonhosted.org"];
+        description = "The domains this host's surface runs may reach through the egress proxy: rendered into the policy in place of its reviewed egress domains, each of which must lie within them (rendering only narrows; the diff is kept beside the rendered policy). Non-empty only for a policy of network \"egress\"; the agent service may then open IP sockets, for its proxy.";
+      };
+      skills = mkOption {
+        type = types.attrsOf types.path;
+        default = {};
+        example = lib.literalExpression "{ review = ./skills/review; }";
+        description = "Skills imported into the surface's store at service start (each copied from the Nix store under its name); the selections, NAME@sha256:…, are written one per line to /run/cordon-agent/skills for the agent to pass as run --skill. Needs a policy with a skills path.";
+      };
     };
   };
 
@@ -465,7 +494,11 @@ in {
           SupplementaryGroups = [];
           # What runs of a dead supervisor left is released before the agent starts, as this
           # user: the runs and their state directory are the service user's own.
-          ExecStartPre = "${cfg.package}/bin/cordon-reap --surface --policy /etc/cordon/surface.kdl --sweep";
+          ExecStartPre =
+            ["${cfg.package}/bin/cordon-reap --surface --policy /etc/cordon/surface.kdl --sweep"]
+            ++ lib.optional (surface.skills != {}) "${importSkills}";
+          RuntimeDirectory = "cordon-agent";
+          RuntimeDirectoryMode = "0700";
           ExecStart = utils.escapeSystemdExecArgs surface.command;
           ProtectSystem = "strict";
           ReadWritePaths = lib.unique [
@@ -487,18 +520,19 @@ in {
           KeyringMode = "private";
           # Rootless runc: the pid file and console sockets, and netlink to bring up the
           # container's loopback in its own network namespace; IP only when the agent itself
-          # must reach its model over the network (surface.network). Its commands get a
-          # network namespace of their own with nothing in it either way.
+          # must reach its model over the network (surface.network) or the egress proxy must
+          # connect out (surface.egress.domains). Its commands get a network namespace of their
+          # own with nothing in it but loopback either way.
           RestrictAddressFamilies =
             [
               "AF_UNIX"
               "AF_NETLINK"
             ]
-            ++ lib.optionals (surface.network == "ip") [
+            ++ lib.optionals surfaceIp [
               "AF_INET"
               "AF_INET6"
             ];
-          PrivateNetwork = surface.network == "none";
+          PrivateNetwork = !surfaceIp;
           # The surface makes user, mount, pid, ipc, uts, cgroup and network namespaces.
           RestrictNamespaces = [
             "user"
@@ -523,7 +557,7 @@ in {
           AmbientCapabilities = [""];
           DevicePolicy = "closed";
         }
-        // lib.optionalAttrs (surface.network == "none") {IPAddressDeny = "any";};
+        // lib.optionalAttrs (!surfaceIp) {IPAddressDeny = "any";};
     };
   };
 }

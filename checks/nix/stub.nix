@@ -33,6 +33,7 @@ let
       package = type "package";
       enum = values: type "enum" // {inherit values;};
       listOf = t: type "listOf" // {of = t;};
+      attrsOf = t: type "attrsOf" // {of = t;};
       submodule = m: type "submodule" // {module = m;};
       ints = {
         positive = type "positive";
@@ -70,7 +71,14 @@ let
       b;
     versionAtLeast = v: min: builtins.compareVersions v min >= 0;
     getVersion = p: p.version;
-    escapeShellArgs = args: builtins.concatStringsSep " " (builtins.map (a: "'${a}'") args);
+    escapeShellArg = a: "'${a}'";
+    escapeShellArgs = args: builtins.concatStringsSep " " (builtins.map escapeShellArg args);
+    concatStrings = builtins.concatStringsSep "";
+    concatMap = f: xs: builtins.concatLists (builtins.map f xs);
+    literalExpression = text: {
+      _type = "literalExpression";
+      inherit text;
+    };
     makeBinPath = ps: builtins.concatStringsSep ":" (builtins.map (p: "${p}/bin") ps);
     cleanSource = src: src;
     licenses.asl20 = "Apache-2.0";
@@ -86,6 +94,7 @@ let
     gvisor = pkg "gvisor-20250101" {version = "20250101";};
     cargo-nextest = pkg "cargo-nextest" {};
     writeText = name: text: pkg name {inherit text;};
+    writeShellScript = name: text: pkg name {inherit text;};
     # passthru attributes are attributes of the result, as in nixpkgs
     runCommand = name: env: script: pkg name ({inherit env script;} // env.passthru or {});
     fetchurl = args: pkg (baseNameOf args.url) {inherit (args) url sha256;};
