@@ -241,27 +241,44 @@ impl Node<'_> {
 
     /// Give this entry (a link itself, never its target) to `uid`:`gid`, and clear the set-id
     /// bits of a regular file: a file the previous owner made set-id never becomes the new
-    /// owner's set-id program.
+    /// owner's set-id program. The entry is opened (`O_PATH`, never following a link) and
+    /// changed through that descriptor only after it is proven the inode examined, with the
+    /// link count `nlink` (the caller's proof that no name outside its tree shares the inode):
+    /// a name swapped between the examination and the change is refused, never followed.
     ///
     /// # Errors
-    /// It cannot be changed.
-    pub fn chown(&self, uid: u32, gid: u32) -> Result<(), WalkError> {
-        let (uid, gid) = (
+    /// It was replaced, its link count is not `nlink`, or it cannot be changed.
+    pub fn chown(&self, uid: u32, gid: u32, nlink: u64) -> Result<(), WalkError> {
+        let changed = || WalkError::Changed {
+            path: self.path.to_owned(),
+        };
+        let flags = OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let fd = if self.name.is_empty() {
+            self.dir
+                .try_clone_to_owned()
+                .map_err(|e| failed(self.path, e))?
+        } else {
+            openat(self.dir, self.name, flags, Mode::empty()).map_err(|e| failed(self.path, e))?
+        };
+        let now = stat_at(fd.as_fd(), "", self.path)?;
+        if now.id != self.stat.id || now.kind != self.stat.kind || now.nlink != nlink {
+            return Err(changed());
+        }
+        rustix::fs::chownat(
+            &fd,
+            "",
             Some(rustix::fs::Uid::from_raw(uid)),
             Some(rustix::fs::Gid::from_raw(gid)),
-        );
-        // The root is named by its own descriptor; every other entry relative to its parent.
-        let flags = if self.name.is_empty() {
-            AtFlags::SYMLINK_NOFOLLOW | AtFlags::EMPTY_PATH
-        } else {
-            AtFlags::SYMLINK_NOFOLLOW
-        };
-        rustix::fs::chownat(self.dir, self.name, uid, gid, flags)
-            .map_err(|e| failed(self.path, e))?;
-        if self.stat.kind == Kind::File && self.stat.mode & 0o6000 != 0 {
-            let mode = rustix::fs::Mode::from_raw_mode(self.stat.mode & 0o1777);
-            rustix::fs::chmodat(self.dir, self.name, mode, AtFlags::empty())
-                .map_err(|e| failed(self.path, e))?;
+            AtFlags::SYMLINK_NOFOLLOW | AtFlags::EMPTY_PATH,
+        )
+        .map_err(|e| failed(self.path, e))?;
+        // chown clears set-user-id, and set-group-id with group execute; what is left (a
+        // set-group-id bit without it) is cleared through the same inode's descriptor link.
+        let after = stat_at(fd.as_fd(), "", self.path)?;
+        if after.kind == Kind::File && after.mode & 0o6000 != 0 {
+            let link = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+            let mode = rustix::fs::Mode::from_raw_mode(after.mode & 0o1777);
+            rustix::fs::chmod(link.as_str(), mode).map_err(|e| failed(self.path, e))?;
         }
         Ok(())
     }
@@ -329,6 +346,18 @@ pub fn walk<E: From<WalkError>>(
         Mode::empty(),
     )
     .map_err(|e| failed("", e))?;
+    walk_fd(&top, visit)
+}
+
+/// [`walk`] from a directory already open (`O_RDONLY | O_DIRECTORY`): for a caller that proved
+/// which directory it opened (a path an untrusted user could re-point is never reopened).
+///
+/// # Errors
+/// As [`walk`].
+pub fn walk_fd<E: From<WalkError>>(
+    top: &OwnedFd,
+    visit: &mut dyn FnMut(&Node<'_>) -> Result<(), E>,
+) -> Result<(), E> {
     let root_stat = stat_at(top.as_fd(), "", "")?;
     visit(&Node {
         path: "",
@@ -340,7 +369,7 @@ pub fn walk<E: From<WalkError>>(
     // Pending directories by path, depth and listed identity: no descriptor each.
     let mut stack: Vec<(String, u64, (u64, u64))> = vec![(String::new(), 0, root_stat.id)];
     while let Some((rel, depth, listed)) = stack.pop() {
-        let fd = reopen(&top, &rel, listed)?;
+        let fd = reopen(top, &rel, listed)?;
         for name in names(&fd, &rel)? {
             let path = if rel.is_empty() {
                 name.clone()

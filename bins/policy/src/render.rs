@@ -113,7 +113,9 @@ pub enum RenderError {
     #[error("egress domain {0:?} is not within the reviewed policy's egress domains")]
     #[diagnostic(
         code(cordon::render::widened),
-        help("rendering only narrows the allow-list; a new domain is a change to the reviewed policy")
+        help(
+            "rendering only narrows the allow-list; a new domain is a change to the reviewed policy"
+        )
     )]
     Widened(String),
     /// The rendered policy differs from the reviewed one in a field no fact names.
@@ -258,7 +260,11 @@ pub fn render(name: &str, reviewed: &str, facts: &HostFacts) -> Result<Rendered,
         node.entries_mut().clear();
         for d in domains {
             let mut entry = KdlEntry::new(KdlValue::Null);
-            spell(&mut entry, KdlValue::String(d.clone()), quoted("egress domain", d)?);
+            spell(
+                &mut entry,
+                KdlValue::String(d.clone()),
+                quoted("egress domain", d)?,
+            );
             node.push(entry);
         }
         allowed.push("stage.surface.surface.egress.domain");
@@ -533,8 +539,7 @@ mod tests {
     /// the reviewed list names or below one of its `*.` suffixes; a wider one, or any for a
     /// policy without egress, is refused.
     #[test]
-    fn egress_domains_render_only_as_a_narrowing_of_the_reviewed_list() -> Result<(), RenderError>
-    {
+    fn egress_domains_render_only_as_a_narrowing_of_the_reviewed_list() -> Result<(), RenderError> {
         let reviewed = policy_file("examples/surface.kdl")
             .replace("network \"none\"", "network \"egress\"")
             .replace(
@@ -556,7 +561,10 @@ mod tests {
             "{}",
             r.text
         );
-        let nodes = r.text.lines().filter(|l| l.trim_start().starts_with("domain "));
+        let nodes = r
+            .text
+            .lines()
+            .filter(|l| l.trim_start().starts_with("domain "));
         assert_eq!(nodes.count(), 1, "{}", r.text);
         assert!(
             lines(&r)

@@ -415,8 +415,22 @@ fn per_run(args: &Args, policy: &Policy, state: &Path, change: bool) -> Result<F
         cleared: None,
         stale: 0,
     };
-    for record in per_run::pending(state)? {
+    // The child reap is given the policy by its canonical path (it runs from /).
+    let policy_path =
+        std::fs::canonicalize(&args.stage.policy).map_err(|source| LeaseError::Io {
+            op: "resolve",
+            path: args.stage.policy.clone(),
+            source,
+        })?;
+    for (record, live) in per_run::pending(state)? {
         let name = &record.account.name;
+        if live {
+            f.active.push(format!(
+                "per-run account {name} (its supervisor holds the run of {})",
+                record.workspace.display()
+            ));
+            continue;
+        }
         f.stale += 1;
         if !change {
             f.residue.push(format!(
@@ -431,7 +445,7 @@ fn per_run(args: &Args, policy: &Policy, state: &Path, change: bool) -> Result<F
             tool.tool_path = false;
             tool.args = vec![
                 "--policy".into(),
-                args.stage.policy.clone().into(),
+                policy_path.clone().into(),
                 "--surface".into(),
                 "--per-run-state".into(),
                 own.into(),

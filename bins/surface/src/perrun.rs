@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use cordon::ExitCode;
 use cordon::host::Tool;
+use cordon::inputs::SurfaceInputs;
 use cordon::lease::per_run;
 use cordon::lease::{LeaseError, rootless};
 use cordon::receipt::{Decision, Outcome, Reason, Receipt, Rejection, StageName};
@@ -27,7 +28,7 @@ use cordon_stage::args::fail;
 use cordon_stage::receipt_io::finish_signed;
 use cordon_stage::settings::account_policy;
 use cordon_stage::start::stage_start;
-use cordon_stage::surface::surface_of;
+use cordon_stage::surface::{Tier, surface_of};
 
 use crate::cli::{Args, Command, SkillsCommand};
 use crate::run::RunError;
@@ -150,12 +151,30 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             child_args.extend(argv.iter().map(OsString::from));
             let deadline = Duration::from_millis(stage.deadline_ms);
             let mut receipt = Receipt::new(StageName::Surface, started.authority, Outcome::Ok);
+            let inputs = SurfaceInputs {
+                workspace: workspace.path.clone(),
+                tier: (*tier).into(),
+                argv: argv.clone(),
+                skills: selected.iter().map(ToString::to_string).collect(),
+            };
+            let Ok(expected) = serde_json::to_value(&inputs) else {
+                let _ = writeln!(stderr, "cordon-surface: cannot encode the run's inputs");
+                return ExitCode::NoDecision;
+            };
+            let tier: Tier = (*tier).into();
+            let crossing: Vec<String> = block
+                .pass_env
+                .iter()
+                .chain(block.agent_env.iter().filter(|_| tier == Tier::Agent))
+                .cloned()
+                .collect();
             let result = supervise(
                 policy,
                 &state,
                 &workspace,
                 &selected,
                 child_args,
+                (&expected, &crossing),
                 deadline,
                 &mut receipt,
                 stderr,
@@ -197,7 +216,8 @@ fn owned_workspace(path: &Path) -> Result<trust::Workspace, trust::TrustError> {
 }
 
 /// One per-run run: begin (account, state, skills, workspace), the account's surface, end;
-/// `receipt` given the account's inputs.
+/// `receipt` given the account's inputs when they are `expected`; `crossing`, the variables
+/// the account's surface may be given.
 #[allow(clippy::too_many_arguments)]
 fn supervise(
     policy: &cordon_policy_lang::Policy,
@@ -205,6 +225,7 @@ fn supervise(
     workspace: &trust::Workspace,
     selected: &[skills::Selected],
     mut child_args: Vec<OsString>,
+    (expected, crossing): (&serde_json::Value, &[String]),
     deadline: Duration,
     receipt: &mut Receipt,
     stderr: &mut dyn Write,
@@ -215,7 +236,7 @@ fn supervise(
     let tag = cordon::account::owner_tag("surface", state);
     // The record of the agent directories the earlier accounts made, for this one to prove.
     let homes = trust::homes_record(Path::new(""), &workspace.path);
-    let record = per_run::begin(
+    let begun = per_run::begin(
         &*host,
         &accounts,
         state,
@@ -224,15 +245,19 @@ fn supervise(
         &run,
         &[homes],
     )?;
+    let record = &begun.record;
     let own = per_run::account_state(state, &record.account);
     child_args[5] = own.clone().into();
-    let ran = install(state, &own, selected).and_then(|()| {
+    let ran = install(state, &own, selected, record).and_then(|()| {
         let mut tool = Tool::new("/proc/self/exe", &[]);
         tool.args = child_args;
         tool.tool_path = false;
-        // The invoker's environment goes to the account's surface, which lets cross only what
-        // the policy names.
-        tool.env = std::env::vars_os().collect();
+        // Of the invoker's environment only what the policy lets cross into this tier's run
+        // goes to the account's surface (which filters again): nothing else of root's is
+        // readable in the account's process.
+        tool.env = std::env::vars_os()
+            .filter(|(k, _)| crossing.iter().any(|c| k == c.as_str()))
+            .collect();
         tool.user = Some((record.account.uid, record.account.gid));
         tool.dir = Some(PathBuf::from("/"));
         // Its own deadline ends the sandbox; this one ends a surface that hangs past it.
@@ -241,16 +266,22 @@ fn supervise(
             .map_err(|e| PerRunError::Child(format!("could not be run: {e}")))
     });
     // Ended whatever the account's surface did: a run that cannot be ended is residue.
-    let ended = per_run::end(&*host, &accounts, state, &record);
+    let ended = per_run::end(&*host, &accounts, state, record);
     let out = ran?;
     let _ = stderr.write_all(&out.stderr);
     ended?;
     let theirs = Receipt::parse(String::from_utf8_lossy(&out.stdout).trim()).map_err(|e| {
         PerRunError::Child(format!("exited {:?} without a receipt ({e})", out.code))
     })?;
-    if theirs.authority != receipt.authority || theirs.stage != StageName::Surface {
+    // Root signs only what it asked for: the account's receipt must be of this authority and
+    // record exactly these inputs. Its outputs and verdict are the account's surface's, as
+    // trusted as the service user's surface is in the rootless mode.
+    if theirs.authority != receipt.authority
+        || theirs.stage != StageName::Surface
+        || theirs.inputs != *expected
+    {
         return Err(PerRunError::Child(
-            "gave a receipt of another authority or stage".into(),
+            "gave a receipt of another authority, stage or inputs than root asked for".into(),
         ));
     }
     receipt.inputs = theirs.inputs;
@@ -275,9 +306,14 @@ fn supervise(
     }
 }
 
-/// The selected skill versions, copied from the surface's store into the account's, each
-/// verified against its digest on the way.
-fn install(state: &Path, own: &Path, selected: &[skills::Selected]) -> Result<(), PerRunError> {
+/// The selected skill versions, copied from the surface's store into the account's (and then
+/// the account's), each verified against its digest on the way.
+fn install(
+    state: &Path,
+    own: &Path,
+    selected: &[skills::Selected],
+    record: &per_run::Record,
+) -> Result<(), PerRunError> {
     for s in selected {
         let stored = state.join(skills::SKILLS).join(s.digest.hex());
         let copied = skills::import(own, &stored)
@@ -287,6 +323,12 @@ fn install(state: &Path, own: &Path, selected: &[skills::Selected]) -> Result<()
                 "was given skill {s}, which the store no longer holds intact"
             )));
         }
+    }
+    if !selected.is_empty() {
+        per_run::give_tree(
+            &own.join(skills::SKILLS),
+            (record.account.uid, record.account.gid),
+        )?;
     }
     Ok(())
 }

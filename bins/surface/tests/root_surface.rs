@@ -1614,6 +1614,38 @@ fn as_root_each_run_gets_a_fresh_account_that_holds_the_workspace_only_for_the_r
         .output()
         .unwrap();
     assert_eq!(verify.status.code(), Some(0), "{verify:?}");
+    // Skills as root: imported into the surface's store, given to the account, seen read-only.
+    let src = s.dir.path().join("lint");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("SKILL.md"), "LINT-SKILL\n").unwrap();
+    let import = s
+        .as_root(&s.bin, &["skills", "import", src.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(import.status.code(), Some(0), "{import:?}");
+    let selected = String::from_utf8(import.stdout).unwrap().trim().to_owned();
+    let ws = s.ws.to_str().unwrap();
+    let out = s
+        .as_root(
+            &s.bin,
+            &[
+                "run",
+                "--workspace",
+                ws,
+                "--skill",
+                &selected,
+                "--",
+                "/bin/sh",
+                "-c",
+                "cat /skills/lint/SKILL.md; touch /skills/lint/x 2>/dev/null || echo read-only",
+            ],
+        )
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let skilled: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(skilled["outputs"]["stdout"], "LINT-SKILL\nread-only\n");
+    assert_eq!(skilled["inputs"]["skills"][0], selected.as_str());
     // A second run gets an account of its own again, and a failing command is rejected.
     let failed = s.root_run("exit 5");
     assert_eq!(failed.code, 1, "{}", failed.stderr);
@@ -1639,7 +1671,11 @@ fn as_root_each_run_gets_a_fresh_account_that_holds_the_workspace_only_for_the_r
     std::fs::hard_link(&outside, s.ws.join("linked.txt")).unwrap();
     let linked = s.root_run("touch /workspace/ran");
     assert_eq!(linked.code, 3, "{}", linked.stderr);
-    assert!(linked.stderr.contains("hard links"), "{}", linked.stderr);
+    assert!(
+        linked.stderr.contains("hard link outside"),
+        "{}",
+        linked.stderr
+    );
     assert!(!s.ws.join("ran").exists());
     assert_eq!(std::fs::symlink_metadata(&outside).unwrap().uid(), SERVICE);
     std::fs::remove_file(s.ws.join("linked.txt")).unwrap();

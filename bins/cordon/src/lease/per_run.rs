@@ -3,27 +3,36 @@
 //! state directory of the account's own, then takes the workspace back and removes the account.
 //!
 //! It owns the per-run layout under the surface's state directory (root's, [`STATE_MODE`]):
-//! `per-run/<account>.json`, the record, made durable before the account exists, and
-//! `per-run/<account>/`, the account's own state directory (0700, the account's). A record on
-//! disk is a run not yet ended: while one exists no per-run run starts (the run before it may
-//! still hold the workspace), and `cordon-reap --surface` as root recovers it — the account's
-//! runs released as the account, then [`end`].
+//! `per-run/<account>.json`, the record, published (written, made durable, locked, renamed
+//! into place) before the account exists and locked by its supervisor for the run's whole
+//! life, and `per-run/<account>/`, the account's own state directory (0700, the account's). A
+//! record on disk is a run not yet ended: while one names a workspace no other per-run run of
+//! it starts, and `cordon-reap --surface` as root recovers a record nobody holds — the
+//! account's runs released as the account, then [`end`].
 //!
-//! The handover goes by file descriptors ([`crate::walk`], never following a link or crossing
-//! a mount): before the run every entry of the workspace must be its owner's (otherwise
-//! nothing is changed and the run is refused: an entry of a third user's would become the
-//! account's); after it every entry is the owner's again, with set-id bits cleared.
+//! The handover goes by file descriptors: the workspace is opened once, with no link anywhere
+//! in its path (`openat2` `RESOLVE_NO_SYMLINKS`), proven the recorded directory, and walked
+//! from that descriptor ([`crate::walk::walk_fd`]), each entry changed through a descriptor of
+//! the inode examined ([`crate::walk::Node::chown`]). An inode that a name outside the
+//! workspace shares (its link count above the names the walk saw) is never handed over: before
+//! the run the workspace is refused; after it, it is residue. Before the run every entry must be
+//! the owner's; after it every entry is the owner's again, set-id bits cleared — and only once
+//! no process of the account is left.
 
-use std::fs;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::collections::HashMap;
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
 use super::{LeaseError, Residue, io, rootless};
 use crate::account::{self, Account, AccountPolicy};
 use crate::host::Host;
-use crate::walk::{WalkError, walk};
+use crate::walk::{Kind, Node, WalkError, walk_fd};
 
 /// The surface state directory's subdirectory of per-run records and account state.
 pub const PER_RUN: &str = "per-run";
@@ -31,6 +40,8 @@ pub const PER_RUN: &str = "per-run";
 /// to its own directory, and no one but root lists or changes them.
 pub const STATE_MODE: u32 = 0o711;
 const SCHEMA: u32 = 1;
+/// The most bytes of a carried file.
+const CARRIED_MAX: u64 = 1 << 20;
 
 /// What root must know to end a per-run run, whoever ends it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,6 +60,14 @@ pub struct Record {
     /// Files of root's state directory (relative) the account's state gets a copy of at the
     /// start and gives back at the end (the surface's record of the agent's directories).
     pub carried: Vec<PathBuf>,
+}
+
+/// A run begun: its record, and the lock that says its supervisor lives.
+#[derive(Debug)]
+pub struct Begun {
+    /// The record.
+    pub record: Record,
+    _lock: Flock<File>,
 }
 
 /// The account's state directory under the surface's state directory `state`.
@@ -78,16 +97,21 @@ fn record_path(state: &Path, name: &str) -> PathBuf {
 }
 
 fn sync_dir(path: &Path) -> Result<(), LeaseError> {
-    fs::File::open(path)
+    File::open(path)
         .and_then(|d| d.sync_all())
         .map_err(io("sync", path))
 }
 
-/// The per-run runs not yet ended, by their records.
+fn residue(item: String) -> LeaseError {
+    LeaseError::Residue(Residue { items: vec![item] })
+}
+
+/// The per-run runs not yet ended, by their records; with each, whether its supervisor still
+/// holds it (`true`: live, never to be ended by anyone else).
 ///
 /// # Errors
 /// The directory or a record cannot be read: nothing is then known to be ended.
-pub fn pending(state: &Path) -> Result<Vec<Record>, LeaseError> {
+pub fn pending(state: &Path) -> Result<Vec<(Record, bool)>, LeaseError> {
     let dir = state.join(PER_RUN);
     let entries = match fs::read_dir(&dir) {
         Ok(e) => e,
@@ -104,28 +128,124 @@ pub fn pending(state: &Path) -> Result<Vec<Record>, LeaseError> {
             path: path.clone(),
             why,
         };
-        let text = fs::read(&path).map_err(io("read", &path))?;
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(io("read", &path))?;
+        let live = match Flock::lock(
+            file.try_clone().map_err(io("read", &path))?,
+            FlockArg::LockSharedNonblock,
+        ) {
+            Ok(_) => false,
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => true,
+            Err((_, e)) => return Err(io("lock", &path)(e.into())),
+        };
+        let mut text = Vec::new();
+        file.take(CARRIED_MAX)
+            .read_to_end(&mut text)
+            .map_err(io("read", &path))?;
         let record: Record = serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
         if record.schema != SCHEMA || record_path(state, &record.account.name) != path {
             return Err(bad("not a per-run record of this build's".into()));
         }
-        out.push(record);
+        out.push((record, live));
     }
-    out.sort_by(|a, b| a.account.name.cmp(&b.account.name));
+    out.sort_by(|a, b| a.0.account.name.cmp(&b.0.account.name));
     Ok(out)
 }
 
-/// Give every entry of `workspace` to `to`.
-fn hand(workspace: &Path, to: (u32, u32)) -> Result<(), LeaseError> {
-    walk::<WalkError>(workspace, &mut |n| n.chown(to.0, to.1))
-        .map_err(|e| io("hand over", workspace)(std::io::Error::other(e.to_string())))
+/// The workspace at `path`, opened with no link anywhere in the path, and its identity; with
+/// `expect`, only that directory.
+fn open_workspace(
+    path: &Path,
+    expect: Option<(u64, u64)>,
+) -> Result<(OwnedFd, fs::Metadata), LeaseError> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let fd = rustix::fs::openat2(
+        rustix::fs::CWD,
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )
+    .map_err(|e| io("open", path)(e.into()))?;
+    let m = File::from(fd.try_clone().map_err(io("open", path))?)
+        .metadata()
+        .map_err(io("examine", path))?;
+    if expect.is_some_and(|id| (m.dev(), m.ino()) != id) {
+        return Err(residue(format!(
+            "the workspace {} is no longer the directory handed over",
+            path.display()
+        )));
+    }
+    Ok((fd, m))
 }
 
-/// Copy each of `files` (relative, plain names below a directory) that exists under `from` to
-/// `to`, directories made 0700; given `owner`, everything made is theirs. Written whole, then
-/// renamed into place.
+/// How many names the walk of the workspace saw for each inode.
+fn names_seen(top: &OwnedFd, path: &Path) -> Result<HashMap<(u64, u64), u64>, LeaseError> {
+    let mut seen: HashMap<(u64, u64), u64> = HashMap::new();
+    walk_fd::<WalkError>(top, &mut |n| {
+        *seen.entry(n.stat.id).or_default() += 1;
+        Ok(())
+    })
+    .map_err(|e| walk_failed(path, &e))?;
+    Ok(seen)
+}
+
+fn walk_failed(path: &Path, e: &WalkError) -> LeaseError {
+    io("walk", path)(std::io::Error::other(e.to_string()))
+}
+
+/// Whether `n`'s inode has a name the walk did not see (outside the workspace).
+fn linked_outside(n: &Node<'_>, seen: &HashMap<(u64, u64), u64>) -> bool {
+    n.stat.kind != Kind::Dir && seen.get(&n.stat.id).copied().unwrap_or(0) < n.stat.nlink
+}
+
+/// Give every entry of the workspace open at `top` to `to`; an entry linked outside it, or
+/// changed since `seen` was counted, stops the handover.
+fn hand(
+    top: &OwnedFd,
+    path: &Path,
+    seen: &HashMap<(u64, u64), u64>,
+    to: (u32, u32),
+) -> Result<(), LeaseError> {
+    walk_fd::<WalkError>(top, &mut |n| {
+        if linked_outside(n, seen) {
+            return Err(WalkError::Changed {
+                path: n.path.to_owned(),
+            });
+        }
+        n.chown(to.0, to.1, n.stat.nlink)
+    })
+    .map_err(|e| walk_failed(path, &e))
+}
+
+/// Give the tree at `path` (one root just made: the account's copy of its skills) to `to`.
+///
+/// # Errors
+/// It cannot be walked or changed.
+pub fn give_tree(path: &Path, to: (u32, u32)) -> Result<(), LeaseError> {
+    let top = nix::fcntl::open(
+        path,
+        nix::fcntl::OFlag::O_RDONLY
+            | nix::fcntl::OFlag::O_DIRECTORY
+            | nix::fcntl::OFlag::O_NOFOLLOW
+            | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| io("open", path)(e.into()))?;
+    let seen = names_seen(&top, path)?;
+    hand(&top, path, &seen, to)
+}
+
+/// Copy each of `files` (plain relative paths) that exists under `from` to `to`, directories
+/// made 0700; given `owner`, what is made is theirs. A source is read only if it is a regular
+/// file of `from_owner`'s with one link and at most [`CARRIED_MAX`] bytes, never through a link:
+/// the account's state is the account's to fill.
 fn carry(
     from: &Path,
+    from_owner: u32,
     to: &Path,
     files: &[PathBuf],
     owner: Option<(u32, u32)>,
@@ -137,45 +257,65 @@ fn carry(
         None => Ok(()),
     };
     for rel in files {
-        if rel.is_absolute()
-            || rel
-                .components()
-                .any(|c| !matches!(c, std::path::Component::Normal(_)))
+        if rel
+            .components()
+            .any(|c| !matches!(c, std::path::Component::Normal(_)))
         {
             return Err(io("carry", rel)(std::io::Error::other(
                 "not a plain relative path",
             )));
         }
         let source = from.join(rel);
-        let text = match fs::read(&source) {
-            Ok(t) => t,
+        let file = match fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+            .open(&source)
+        {
+            Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => return Err(io("read", &source)(e)),
         };
+        let m = file.metadata().map_err(io("examine", &source))?;
+        if !m.is_file() || m.nlink() != 1 || m.uid() != from_owner || m.len() > CARRIED_MAX {
+            return Err(residue(format!(
+                "{} is not a plain file of uid {from_owner}'s of at most {CARRIED_MAX} bytes",
+                source.display()
+            )));
+        }
+        let mut text = Vec::new();
+        file.take(CARRIED_MAX)
+            .read_to_end(&mut text)
+            .map_err(io("read", &source))?;
         let dest = to.join(rel);
-        if let Some(dir) = dest.parent() {
-            if !dir.is_dir() {
-                fs::DirBuilder::new()
-                    .mode(0o700)
-                    .create(dir)
-                    .map_err(io("make", dir))?;
-                give(dir)?;
-            }
+        if let Some(dir) = dest.parent()
+            && !dir.is_dir()
+        {
+            fs::DirBuilder::new()
+                .mode(0o700)
+                .create(dir)
+                .map_err(io("make", dir))?;
+            give(dir)?;
         }
         let partial = dest.with_extension("partial");
-        fs::write(&partial, text).map_err(io("write", &partial))?;
+        let _ = fs::remove_file(&partial);
+        let mut out = crate::store::create_exclusive(&partial, 0o600)?;
+        out.write_all(&text)
+            .and_then(|()| out.sync_all())
+            .map_err(io("write", &partial))?;
         give(&partial)?;
         fs::rename(&partial, &dest).map_err(io("write", &dest))?;
     }
     Ok(())
 }
 
-/// Begin a per-run run of `workspace`: refuse while an earlier one is not ended, write the
-/// record, make the account, its state directory, and hand it the workspace. The record, so
-/// that whatever fails after it was written is [`end`]ed by recovery.
+/// Begin a per-run run of `workspace`: refuse while an earlier run of it is not ended, publish
+/// the record (locked for as long as the returned [`Begun`] lives), make the account, its state
+/// directory, and hand it the workspace. Whatever fails after the record is published is
+/// [`end`]ed by recovery.
 ///
 /// # Errors
-/// An earlier run is pending, the workspace holds a foreign entry, or a step failed.
+/// An earlier run of the workspace is pending, the workspace holds a foreign or outside-linked
+/// entry, or a step failed.
 pub fn begin(
     host: &dyn Host,
     accounts: &AccountPolicy,
@@ -184,7 +324,7 @@ pub fn begin(
     workspace: &Path,
     run: &str,
     carried: &[PathBuf],
-) -> Result<Record, LeaseError> {
+) -> Result<Begun, LeaseError> {
     let dir = state.join(PER_RUN);
     match fs::DirBuilder::new().mode(STATE_MODE).create(&dir) {
         Ok(()) => fs::set_permissions(&dir, fs::Permissions::from_mode(STATE_MODE))
@@ -193,15 +333,7 @@ pub fn begin(
         Err(e) => return Err(io("make", &dir)(e)),
     }
     existing_state(&dir)?;
-    if let Some(earlier) = pending(state)?.first() {
-        return Err(LeaseError::Residue(Residue {
-            items: vec![format!(
-                "the per-run account {} of an earlier run is not removed (cordon-reap --surface recovers it)",
-                earlier.account.name
-            )],
-        }));
-    }
-    let m = fs::symlink_metadata(workspace).map_err(io("examine", workspace))?;
+    let (top, m) = open_workspace(workspace, None)?;
     let record = Record {
         schema: SCHEMA,
         account: account::for_lease(accounts, run),
@@ -211,13 +343,13 @@ pub fn begin(
         carried: carried.to_vec(),
     };
     // Proven before anything exists: a refused workspace leaves nothing to recover.
+    let seen = names_seen(&top, workspace)?;
     let mut foreign = None;
-    walk::<WalkError>(workspace, &mut |n| {
+    walk_fd::<WalkError>(&top, &mut |n| {
         let why = if (n.stat.uid, n.stat.gid) != record.owner {
             Some("is not the workspace owner's: a third user's file would become the run's")
-        } else if n.stat.kind == crate::walk::Kind::File && n.stat.nlink > 1 {
-            // Its inode may also be a file outside the workspace, which the handover would give.
-            Some("has other hard links: the file they name would become the run's")
+        } else if linked_outside(n, &seen) {
+            Some("has a hard link outside the workspace: the file it names would become the run's")
         } else {
             None
         };
@@ -228,21 +360,38 @@ pub fn begin(
         }
         Ok(())
     })
-    .map_err(|e| io("examine", workspace)(std::io::Error::other(e.to_string())))?;
+    .map_err(|e| walk_failed(workspace, &e))?;
     if let Some(why) = foreign {
         return Err(io("hand over", workspace)(std::io::Error::other(why)));
     }
+    // Published under the directory's lock: two runs of one workspace never both pass.
+    let gate = Flock::lock(
+        File::open(&dir).map_err(io("open", &dir))?,
+        FlockArg::LockExclusive,
+    )
+    .map_err(|(_, e)| io("lock", &dir)(e.into()))?;
+    if let Some((earlier, _)) = pending(state)?
+        .into_iter()
+        .find(|(r, _)| r.workspace == record.workspace || r.workspace_id == record.workspace_id)
+    {
+        return Err(residue(format!(
+            "the per-run account {} of an earlier run of this workspace is not removed (cordon-reap --surface recovers it)",
+            earlier.account.name
+        )));
+    }
     let path = record_path(state, &record.account.name);
+    let pending_path = path.with_extension("json.pending");
     let text =
         serde_json::to_vec(&record).map_err(|e| io("encode", &path)(std::io::Error::other(e)))?;
-    {
-        use std::io::Write;
-        let mut f = crate::store::create_exclusive(&path, 0o600)?;
-        f.write_all(&text)
-            .and_then(|()| f.sync_all())
-            .map_err(io("write", &path))?;
-    }
+    let file = crate::store::create_exclusive(&pending_path, 0o600)?;
+    let mut lock = Flock::lock(file, FlockArg::LockExclusiveNonblock)
+        .map_err(|(_, e)| io("lock", &pending_path)(e.into()))?;
+    lock.write_all(&text)
+        .and_then(|()| lock.sync_all())
+        .map_err(io("write", &pending_path))?;
+    fs::rename(&pending_path, &path).map_err(io("publish", &path))?;
     sync_dir(&dir)?;
+    drop(gate);
     match account::create(host, accounts, &record.account, owner_tag) {
         Ok(()) => {}
         // Nothing was made: the record goes with the refusal.
@@ -259,18 +408,51 @@ pub fn begin(
         .map_err(io("make", &own))?;
     let to = (record.account.uid, record.account.gid);
     std::os::unix::fs::lchown(&own, Some(to.0), Some(to.1)).map_err(io("give", &own))?;
-    carry(state, &own, &record.carried, Some(to))?;
-    hand(workspace, to)?;
-    Ok(record)
+    carry(state, 0, &own, &record.carried, Some(to))?;
+    hand(&top, workspace, &seen, to)?;
+    Ok(Begun {
+        record,
+        _lock: lock,
+    })
+}
+
+/// The processes running as `uid`, by the host's process table.
+fn processes_of(host: &dyn Host, uid: u32) -> Result<Vec<String>, LeaseError> {
+    let proc = Path::new("/proc");
+    let mut out = Vec::new();
+    for pid in host
+        .list_dir(proc)
+        .map_err(io("list", proc))?
+        .into_iter()
+        .filter(|p| p.bytes().all(|b| b.is_ascii_digit()))
+    {
+        let status = proc.join(&pid).join("status");
+        // A process that ended while listed is gone; any other error is not knowing.
+        let text = match host.read(&status) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io("read", &status)(e)),
+        };
+        let text = String::from_utf8_lossy(&text);
+        let uids = text
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .unwrap_or_default();
+        if uids.split_whitespace().any(|u| u == uid.to_string()) {
+            out.push(pid);
+        }
+    }
+    Ok(out)
 }
 
 /// End a per-run run: the account's runs must all be released (its state directory holds no
-/// run), then the workspace is its owner's again, the account's state directory and the
-/// account are removed, and the record last. Ending what is already partly ended finishes it.
+/// run) and no process of the account may be left; then the workspace is its owner's again,
+/// the carried files are root's again, the account's state directory and the account are
+/// removed, and the record last. Ending what is already partly ended finishes it.
 ///
 /// # Errors
-/// A run of the account is left, the workspace at its path is another directory, or a step
-/// failed: the record stays, for recovery.
+/// A run or process of the account is left, the workspace at its path is another directory or
+/// holds an entry linked outside it, or a step failed: the record stays, for recovery.
 pub fn end(
     host: &dyn Host,
     accounts: &AccountPolicy,
@@ -283,31 +465,45 @@ pub fn end(
         Ok(mut d) => {
             if let Some(left) = d.next() {
                 let left = left.map_err(io("list", &runs))?;
-                return Err(LeaseError::Residue(Residue {
-                    items: vec![format!(
-                        "run {:?} of per-run account {} is not released",
-                        left.file_name(),
-                        record.account.name
-                    )],
-                }));
+                return Err(residue(format!(
+                    "run {:?} of per-run account {} is not released",
+                    left.file_name(),
+                    record.account.name
+                )));
             }
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(io("list", &runs)(e)),
     }
-    let m = fs::symlink_metadata(&record.workspace).map_err(io("examine", &record.workspace))?;
-    if !m.is_dir() || (m.dev(), m.ino()) != record.workspace_id {
-        return Err(LeaseError::Residue(Residue {
-            items: vec![format!(
-                "the workspace {} is no longer the directory handed to {}",
-                record.workspace.display(),
-                record.account.name
-            )],
-        }));
+    // Nothing of the account may run while its files change hands.
+    let live = processes_of(host, record.account.uid)?;
+    if !live.is_empty() {
+        return Err(residue(format!(
+            "per-run account {} still runs processes {}",
+            record.account.name,
+            live.join(", ")
+        )));
     }
-    hand(&record.workspace, record.owner)?;
+    let (top, _) = open_workspace(&record.workspace, Some(record.workspace_id))?;
+    let seen = names_seen(&top, &record.workspace)?;
+    let mut outside = Vec::new();
+    walk_fd::<WalkError>(&top, &mut |n| {
+        if linked_outside(n, &seen) && outside.len() < 8 {
+            outside.push(format!("{:?}", n.path));
+        }
+        Ok(())
+    })
+    .map_err(|e| walk_failed(&record.workspace, &e))?;
+    if !outside.is_empty() {
+        return Err(residue(format!(
+            "the workspace {} holds hard links to files outside it ({}): remove them, then recover",
+            record.workspace.display(),
+            outside.join(", ")
+        )));
+    }
+    hand(&top, &record.workspace, &seen, record.owner)?;
     if own.is_dir() {
-        carry(&own, state, &record.carried, None)?;
+        carry(&own, record.account.uid, state, &record.carried, None)?;
     }
     match fs::remove_dir_all(&own) {
         Ok(()) => {}
@@ -347,6 +543,15 @@ mod tests {
         (dir, state, ws)
     }
 
+    /// A host with empty account databases and no process.
+    fn fake() -> Fake {
+        let f = Fake::new();
+        f.file("/etc/passwd", "")
+            .file("/etc/group", "")
+            .dir("/proc", &[]);
+        f
+    }
+
     fn owner(p: &Path) -> u32 {
         fs::symlink_metadata(p).unwrap().uid()
     }
@@ -357,8 +562,7 @@ mod tests {
     #[test]
     fn an_account_that_cannot_be_made_leaves_the_workspace_and_only_a_recoverable_record() {
         let (_d, state, ws) = setup();
-        let f = Fake::new();
-        f.file("/etc/passwd", "").file("/etc/group", "");
+        let f = fake();
         let a = account::for_lease(&policy(), "0000002a");
         f.file("/etc/passwd", &format!("{}:x:1:1::/:/bin/sh\n", a.name));
         let e = begin(&f, &policy(), &state, "t", &ws, "0000002a", &[]).unwrap_err();
@@ -386,9 +590,10 @@ mod tests {
     #[test]
     fn an_account_that_cannot_be_removed_is_residue_until_a_later_end_finishes() {
         let (_d, state, ws) = setup();
-        let f = Fake::new();
-        f.file("/etc/passwd", "").file("/etc/group", "");
-        let record = begin(&f, &policy(), &state, "t", &ws, "0000002c", &[]).unwrap();
+        let f = fake();
+        let record = begin(&f, &policy(), &state, "t", &ws, "0000002c", &[])
+            .unwrap()
+            .record;
         assert_eq!(owner(&ws.join("f")), record.account.uid);
         let own = account_state(&state, &record.account);
         fs::create_dir_all(own.join(rootless::RUNS).join("cs-1")).unwrap();
@@ -409,10 +614,61 @@ mod tests {
         );
         assert!(end(&f, &policy(), &state, &record).is_err());
         assert_eq!(owner(&ws.join("f")), 1000);
-        assert_eq!(pending(&state).unwrap(), vec![record.clone()]);
-        let f = Fake::new();
-        f.file("/etc/passwd", "").file("/etc/group", "");
+        assert_eq!(pending(&state).unwrap(), vec![(record.clone(), false)]);
+        let f = fake();
         end(&f, &policy(), &state, &record).unwrap();
+        assert!(pending(&state).unwrap().is_empty());
+    }
+
+    /// The workspace is never reached through a link, and an inode with a name outside it is
+    /// never handed over: refused before the run; residue after it (removed, recovery ends).
+    /// Hard links inside it are its own. A process of the account left stops the take-back.
+    #[test]
+    fn links_out_of_the_workspace_and_live_processes_stop_the_handover() {
+        let (d, state, ws) = setup();
+        let f = fake();
+        // A link above the workspace (a parent its owner could re-point) is never followed.
+        let via = d.path().join("via");
+        std::os::unix::fs::symlink(d.path(), &via).unwrap();
+        assert!(begin(&f, &policy(), &state, "t", &via.join("ws"), "00000031", &[]).is_err());
+        assert!(pending(&state).unwrap().is_empty());
+        let outside = d.path().join("outside");
+        fs::write(&outside, "o").unwrap();
+        std::os::unix::fs::lchown(&outside, Some(1000), Some(1000)).unwrap();
+        fs::hard_link(&outside, ws.join("out")).unwrap();
+        let e = begin(&f, &policy(), &state, "t", &ws, "00000032", &[]).unwrap_err();
+        assert!(e.to_string().contains("hand over"), "{e}");
+        assert_eq!(owner(&outside), 1000);
+        fs::remove_file(ws.join("out")).unwrap();
+        // Two names inside: handed over and back like any file.
+        fs::hard_link(ws.join("f"), ws.join("g")).unwrap();
+        let begun = begin(&f, &policy(), &state, "t", &ws, "00000033", &[]).unwrap();
+        let record = begun.record.clone();
+        assert_eq!(owner(&ws.join("g")), record.account.uid);
+        // Live: its supervisor holds it.
+        assert_eq!(pending(&state).unwrap(), vec![(record.clone(), true)]);
+        drop(begun);
+        // The run linked a file outside into the workspace: residue, the outside file untouched.
+        fs::hard_link(&outside, ws.join("planted")).unwrap();
+        assert!(matches!(
+            end(&f, &policy(), &state, &record),
+            Err(LeaseError::Residue(_))
+        ));
+        assert_eq!(owner(&outside), 1000);
+        fs::remove_file(ws.join("planted")).unwrap();
+        // A process of the account: residue until it is gone.
+        let busy = fake();
+        busy.dir("/proc", &["7"]).file(
+            "/proc/7/status",
+            &format!("Name:\tsh\nUid:\t{0}\t{0}\t{0}\t{0}\n", record.account.uid),
+        );
+        assert!(matches!(
+            end(&busy, &policy(), &state, &record),
+            Err(LeaseError::Residue(_))
+        ));
+        assert_eq!(owner(&ws.join("f")), record.account.uid);
+        end(&f, &policy(), &state, &record).unwrap();
+        assert_eq!(owner(&ws.join("g")), 1000);
         assert!(pending(&state).unwrap().is_empty());
     }
 }
