@@ -158,14 +158,19 @@ pub fn special(ip: IpAddr) -> bool {
         "224.0.0.0/4",
         "240.0.0.0/4",
     ];
-    const V6: [&str; 8] = [
-        "::/128",
+    const V6: [&str; 13] = [
+        "::/96",
         "::1/128",
         "::ffff:0:0/96",
         "64:ff9b::/96",
+        "64:ff9b:1::/48",
+        "100::/64",
+        "2001::/23",
         "2001:db8::/32",
+        "2002::/16",
         "fc00::/7",
         "fe80::/10",
+        "fec0::/10",
         "ff00::/8",
     ];
     V4.iter()
@@ -223,6 +228,13 @@ pub fn decide(
 }
 
 fn resolve(name: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
+    // Fully qualified: the resolver's search list never makes `pypi.org` another name. The one
+    // single-label name allowed, `localhost`, is the hosts file's.
+    let name = if name.contains('.') {
+        format!("{name}.")
+    } else {
+        name.to_owned()
+    };
     Ok((name, port).to_socket_addrs()?.collect())
 }
 

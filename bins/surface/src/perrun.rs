@@ -101,7 +101,12 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             }
             Err(e) => fail(&e, mode, stderr),
         },
-        Command::Skills(SkillsCommand::Import { dir }) => match skills::import(&state, dir) {
+        // Root copies only a tree no one else can change under it (a parent re-pointed mid-copy
+        // would import what root can read).
+        Command::Skills(SkillsCommand::Import { dir }) => match trust::root_only(dir)
+            .map_err(|e| skills::SkillError::Spec(e.to_string()))
+            .and_then(|dir| skills::import(&state, &dir))
+        {
             Ok(selected) => {
                 let _ = writeln!(stdout, "{selected}");
                 ExitCode::Ok

@@ -253,7 +253,8 @@ fn copy_tree(
         let to = dest.join(&f.rel);
         let input = OpenOptions::new()
             .read(true)
-            .custom_flags(nix::libc::O_NOFOLLOW)
+            // Never a link, and a fifo put in a file's place never blocks the copy.
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
             .open(&from)
             .map_err(io_err("read", &from))?;
         let output = OpenOptions::new()
