@@ -363,6 +363,7 @@ impl ExitClass for StartError {
 /// The surface's state directory, its lease setup and its own store and key.
 fn surface_place(
     policy: &Policy,
+    policy_path: &Path,
     per_run_state: Option<&Path>,
 ) -> Result<(Place, rootless::Setup), StartError> {
     let uid = nix::unistd::geteuid().as_raw();
@@ -373,6 +374,8 @@ fn surface_place(
                 "a service user's runs are never reaped as root".into(),
             ));
         }
+        // Root acts on what the policy names: no one but root may be able to change it.
+        cordon::lease::per_run::root_only(policy_path).map_err(StartError::SurfaceUser)?;
         let state = PathBuf::from(&block.state_dir);
         cordon::lease::per_run::existing_state(&state)?;
         state
@@ -496,7 +499,8 @@ fn now(runtime: &Runtime) -> Result<BootTime, LeaseError> {
 fn found(args: &Args, policy: &Policy) -> Result<(Place, Result<Found, LeaseError>), StartError> {
     let change = !args.check && !args.status && args.quarantine.is_none();
     if args.surface {
-        let (place, setup) = surface_place(policy, args.per_run_state.as_deref())?;
+        let (place, setup) =
+            surface_place(policy, &args.stage.policy, args.per_run_state.as_deref())?;
         if setup.uid == 0 {
             let result = per_run(args, policy, &setup.state, change);
             return Ok((place, result));

@@ -203,25 +203,10 @@ pub fn policy_file(
 /// # Errors
 /// [`TrustError::PolicyWritable`] naming the path and how; the path cannot be examined.
 pub fn root_only(path: &Path) -> Result<PathBuf, TrustError> {
-    let canonical = std::fs::canonicalize(path).map_err(io(path))?;
-    for p in canonical.ancestors() {
-        let m = std::fs::symlink_metadata(p).map_err(io(p))?;
-        let sticky_dir = m.is_dir() && m.mode() & 0o1000 != 0;
-        let how = if m.uid() != 0 {
-            Some(format!("owned by uid {}, not root", m.uid()))
-        } else if m.mode() & 0o022 != 0 && !sticky_dir {
-            Some("writable by a group or everyone".to_owned())
-        } else {
-            None
-        };
-        if let Some(how) = how {
-            return Err(TrustError::PolicyWritable {
-                policy: path.to_path_buf(),
-                why: format!("{} is {how}", p.display()),
-            });
-        }
-    }
-    Ok(canonical)
+    cordon::lease::per_run::root_only(path).map_err(|why| TrustError::PolicyWritable {
+        policy: path.to_path_buf(),
+        why,
+    })
 }
 
 /// The runtime binary: neither it nor a directory above it changeable by the service user.

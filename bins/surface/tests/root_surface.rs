@@ -1781,4 +1781,10 @@ fn cordon_reap_as_root_removes_a_crashed_per_run_account_and_returns_the_workspa
     assert_eq!(check.status.code(), Some(0), "{check:?}");
     let again = s.root_run("echo again");
     assert_eq!(again.code, 0, "{}", again.stderr);
+    // Root acts on nothing another user could have written: a policy writable by others is
+    // refused by both.
+    chmod(&s.policy, 0o666);
+    let out = s.as_root(&s.reaper, &["--surface"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(s.root_run("echo refused").code, 2);
 }

@@ -92,6 +92,34 @@ pub fn existing_state(dir: &Path) -> Result<(), LeaseError> {
     }
 }
 
+/// `path`, canonical, when it and every directory above it are root's and writable by no group
+/// or other user (a sticky directory aside): a file root reads as its authority under
+/// `user "per-run"` (the policy). Otherwise which path is not, and how.
+///
+/// # Errors
+/// The path cannot be examined, or is changeable by someone other than root.
+pub fn root_only(path: &Path) -> Result<PathBuf, String> {
+    let canonical = fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    for p in canonical.ancestors() {
+        let m = fs::symlink_metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let sticky_dir = m.is_dir() && m.mode() & 0o1000 != 0;
+        if m.uid() != 0 {
+            return Err(format!(
+                "{} is owned by uid {}, not root",
+                p.display(),
+                m.uid()
+            ));
+        }
+        if m.mode() & 0o022 != 0 && !sticky_dir {
+            return Err(format!(
+                "{} is writable by a group or everyone",
+                p.display()
+            ));
+        }
+    }
+    Ok(canonical)
+}
+
 fn record_path(state: &Path, name: &str) -> PathBuf {
     state.join(PER_RUN).join(format!("{name}.json"))
 }
