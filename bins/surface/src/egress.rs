@@ -23,7 +23,7 @@ use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -48,6 +48,16 @@ const HANDSHAKE: Duration = Duration::from_secs(10);
 struct Log {
     connections: Vec<EgressConnection>,
     unrecorded: u64,
+    /// Each recorded tunnel's byte counters (out, in), counted as the bytes cross: what a
+    /// tunnel still open when the run ends carried is recorded too.
+    counters: Vec<(usize, Arc<Counters>)>,
+}
+
+/// Bytes out (sandbox → far end) and in, as they cross.
+#[derive(Debug, Default)]
+struct Counters {
+    out: AtomicU64,
+    inn: AtomicU64,
 }
 
 impl Log {
@@ -133,6 +143,13 @@ impl Proxy {
             std::thread::sleep(Duration::from_millis(10));
         }
         let mut log = lock(&self.log);
+        let counters = std::mem::take(&mut log.counters);
+        for (i, c) in counters {
+            if let Some(conn) = log.connections.get_mut(i) {
+                conn.bytes_out = c.out.load(Ordering::SeqCst);
+                conn.bytes_in = c.inn.load(Ordering::SeqCst);
+            }
+        }
         (std::mem::take(&mut log.connections), log.unrecorded)
     }
 }
@@ -297,12 +314,11 @@ fn serve(client: UnixStream, policy: &Egress, log: &Mutex<Log>) {
     {
         return;
     }
-    let (out, inn) = tunnel(client, remote, &rest);
+    let counters = Arc::new(Counters::default());
     if let Some(i) = index {
-        let mut log = lock(log);
-        log.connections[i].bytes_out = out;
-        log.connections[i].bytes_in = inn;
+        lock(log).counters.push((i, counters.clone()));
     }
+    tunnel(client, remote, &rest, &counters);
 }
 
 fn refused(target: &str, port: u16, why: &str) -> EgressConnection {
@@ -343,24 +359,42 @@ fn read_head(mut client: &UnixStream) -> Result<(String, Vec<u8>), ()> {
 }
 
 /// Copy both ways until either side ends; the bytes each way.
-fn tunnel(client: UnixStream, remote: TcpStream, early: &[u8]) -> (u64, u64) {
+fn tunnel(client: UnixStream, remote: TcpStream, early: &[u8], n: &Arc<Counters>) {
     let (Ok(mut client_r), Ok(mut remote_w)) = (client.try_clone(), remote.try_clone()) else {
-        return (0, 0);
+        return;
     };
     let early = early.to_vec();
+    let up_n = n.clone();
     let up = std::thread::spawn(move || {
-        let mut n = early.len() as u64;
         if remote_w.write_all(&early).is_ok() {
-            n += io::copy(&mut client_r, &mut remote_w).unwrap_or(0);
+            up_n.out.fetch_add(early.len() as u64, Ordering::SeqCst);
+            copy_counted(&mut client_r, &mut remote_w, &up_n.out);
         }
         let _ = remote_w.shutdown(std::net::Shutdown::Write);
-        n
     });
     let (mut remote_r, mut client_w) = (remote, client);
-    let down = io::copy(&mut remote_r, &mut client_w).unwrap_or(0);
+    copy_counted(&mut remote_r, &mut client_w, &n.inn);
     let _ = client_w.shutdown(std::net::Shutdown::Both);
     let _ = remote_r.shutdown(std::net::Shutdown::Both);
-    (up.join().unwrap_or(0), down)
+    let _ = up.join();
+}
+
+/// Copy `r` to `w` until either ends, adding each chunk to `n` once it is written.
+fn copy_counted(r: &mut impl Read, w: &mut impl Write, n: &AtomicU64) {
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        match r.read(&mut buf) {
+            Ok(0) => return,
+            Ok(k) => {
+                if w.write_all(&buf[..k]).is_err() {
+                    return;
+                }
+                n.fetch_add(k as u64, Ordering::SeqCst);
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
+    }
 }
 
 /// When this process was started as a forwarder ([`FORWARD_ARG`] first): be one, and return

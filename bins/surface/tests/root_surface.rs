@@ -1258,6 +1258,12 @@ for t in ["denied.example:%d" % port, "127.0.0.1:%d" % port, "localhost:%d" % ot
         print("refused", t, connect(t)[1])
     except OSError as e:
         print("refused", t, "error", e.errno)
+try:
+    held, status = connect("localhost:%d" % port)
+    held.sendall(b"hold\n")
+    print("held", held.makefile().readline().strip())
+except OSError as e:
+    print("held failed", e.errno)
 def attempt(name, f):
     try:
         f()
@@ -1286,12 +1292,17 @@ fn egress_reaches_only_the_listed_names_and_ports_through_the_hosts_proxy() {
     {
         let reached = reached.clone();
         std::thread::spawn(move || {
+            // A far end that never closes the tunnel it is asked to hold.
+            let mut held = Vec::new();
             for conn in server.incoming() {
                 let Ok(mut conn) = conn else { return };
                 reached.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let mut line = String::new();
                 let _ = std::io::BufReader::new(&conn).read_line(&mut line);
                 let _ = conn.write_all(format!("pong:{line}").as_bytes());
+                if line == "hold\n" {
+                    held.push(conn);
+                }
             }
         });
     }
@@ -1324,6 +1335,7 @@ fn egress_reaches_only_the_listed_names_and_ports_through_the_hosts_proxy() {
         "proxy http://127.0.0.1:3128",
         "allowed HTTP/1.1 200 Connection Established",
         "echo pong:ping",
+        "held pong:hold",
         &format!("refused denied.example:{port} HTTP/1.1 403"),
         &format!("refused 127.0.0.1:{port} HTTP/1.1 403"),
         "direct failed",
@@ -1333,10 +1345,11 @@ fn egress_reaches_only_the_listed_names_and_ports_through_the_hosts_proxy() {
     ] {
         assert!(out.contains(line), "{line:?} missing from:\n{out}");
     }
-    // Only the allowed connection reached a far end; the port not listed was never dialled.
+    // Only the two allowed connections reached a far end; the port not listed was never
+    // dialled.
     assert_eq!(
         reached.load(std::sync::atomic::Ordering::SeqCst),
-        1,
+        2,
         "{out}"
     );
     assert!(
@@ -1360,6 +1373,10 @@ fn egress_reaches_only_the_listed_names_and_ports_through_the_hosts_proxy() {
     assert!(verdicts[1].1.starts_with("refused: ") && verdicts[1].0.starts_with("denied.example"));
     assert!(verdicts[2].1.contains("address literal"), "{verdicts:?}");
     assert!(verdicts[3].1.contains("port"), "{verdicts:?}");
+    // A tunnel its far end never closed is recorded with what it carried.
+    assert_eq!(verdicts[4], (format!("localhost:{port}"), "allowed".into()));
+    assert_eq!(egress[4]["bytes_out"], 5, "{egress:?}");
+    assert_eq!(egress[4]["bytes_in"], 10, "{egress:?}");
     // The proxy's socket went with the run directory.
     s.assert_released();
 
@@ -1380,7 +1397,7 @@ fn egress_reaches_only_the_listed_names_and_ports_through_the_hosts_proxy() {
             .get("egress")
             .is_none_or(|e| e.as_array().is_some_and(Vec::is_empty))
     );
-    assert_eq!(reached.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(reached.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
 
 /// Skills (ADR 0018): a version imported by the service user appears, read-only, at the
