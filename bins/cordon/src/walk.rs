@@ -243,12 +243,15 @@ impl Node<'_> {
     /// bits of a regular file: a file the previous owner made set-id never becomes the new
     /// owner's set-id program. The entry is opened (`O_PATH`, never following a link) and
     /// changed through that descriptor only after it is proven the inode examined, with the
-    /// link count `nlink` (the caller's proof that no name outside its tree shares the inode):
-    /// a name swapped between the examination and the change is refused, never followed.
+    /// link count `nlink` (the caller's proof that no name outside its tree shares the inode)
+    /// and an owner among `owners`, on that same examination: a name swapped between the walk's
+    /// look and the change is refused, never followed, and another user's file moved in is
+    /// never given away.
     ///
     /// # Errors
-    /// It was replaced, its link count is not `nlink`, or it cannot be changed.
-    pub fn chown(&self, uid: u32, gid: u32, nlink: u64) -> Result<(), WalkError> {
+    /// It was replaced, its link count is not `nlink`, its owner is not one of `owners`, or it
+    /// cannot be changed.
+    pub fn chown(&self, uid: u32, gid: u32, nlink: u64, owners: &[u32]) -> Result<(), WalkError> {
         let changed = || WalkError::Changed {
             path: self.path.to_owned(),
         };
@@ -261,7 +264,11 @@ impl Node<'_> {
             openat(self.dir, self.name, flags, Mode::empty()).map_err(|e| failed(self.path, e))?
         };
         let now = stat_at(fd.as_fd(), "", self.path)?;
-        if now.id != self.stat.id || now.kind != self.stat.kind || now.nlink != nlink {
+        if now.id != self.stat.id
+            || now.kind != self.stat.kind
+            || now.nlink != nlink
+            || !owners.contains(&now.uid)
+        {
             return Err(changed());
         }
         rustix::fs::chownat(

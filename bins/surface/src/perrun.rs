@@ -246,30 +246,32 @@ fn supervise(
         &accounts,
         state,
         &tag,
-        &workspace.path,
+        (&workspace.path, (workspace.dev, workspace.ino)),
         &run,
         &[homes],
     )?;
     let record = &begun.record;
     let own = per_run::account_state(state, &record.account);
     child_args[5] = own.clone().into();
-    let ran = install(state, &own, selected, record).and_then(|()| {
-        let mut tool = Tool::new("/proc/self/exe", &[]);
-        tool.args = child_args;
-        tool.tool_path = false;
-        // Of the invoker's environment only what the policy lets cross into this tier's run
-        // goes to the account's surface (which filters again): nothing else of root's is
-        // readable in the account's process.
-        tool.env = std::env::vars_os()
-            .filter(|(k, _)| crossing.iter().any(|c| k == c.as_str()))
-            .collect();
-        tool.user = Some((record.account.uid, record.account.gid));
-        tool.dir = Some(PathBuf::from("/"));
-        // Its own deadline ends the sandbox; this one ends a surface that hangs past it.
-        tool.timeout = deadline + Duration::from_secs(120);
-        host.run(&tool)
-            .map_err(|e| PerRunError::Child(format!("could not be run: {e}")))
-    });
+    let ran = install(state, &own, selected)
+        .and_then(|()| Ok(per_run::give_state(state, record)?))
+        .and_then(|()| {
+            let mut tool = Tool::new("/proc/self/exe", &[]);
+            tool.args = child_args;
+            tool.tool_path = false;
+            // Of the invoker's environment only what the policy lets cross into this tier's run
+            // goes to the account's surface (which filters again): nothing else of root's is
+            // readable in the account's process.
+            tool.env = std::env::vars_os()
+                .filter(|(k, _)| crossing.iter().any(|c| k == c.as_str()))
+                .collect();
+            tool.user = Some((record.account.uid, record.account.gid));
+            tool.dir = Some(PathBuf::from("/"));
+            // Its own deadline ends the sandbox; this one ends a surface that hangs past it.
+            tool.timeout = deadline + Duration::from_secs(120);
+            host.run(&tool)
+                .map_err(|e| PerRunError::Child(format!("could not be run: {e}")))
+        });
     // Ended whatever the account's surface did: a run that cannot be ended is residue.
     let ended = per_run::end(&*host, &accounts, state, record);
     let out = ran?;
@@ -281,12 +283,19 @@ fn supervise(
     // Root signs only what it asked for: the account's receipt must be of this authority and
     // record exactly these inputs. Its outputs and verdict are the account's surface's, as
     // trusted as the service user's surface is in the rootless mode.
+    // Its exit status must be the one its receipt's outcome has.
+    let code = match theirs.outcome {
+        Outcome::Ok => 0,
+        Outcome::Rejected => 1,
+        Outcome::NoDecision => 3,
+    };
     if theirs.authority != receipt.authority
         || theirs.stage != StageName::Surface
         || theirs.inputs != *expected
+        || out.code != Some(code)
     {
         return Err(PerRunError::Child(
-            "gave a receipt of another authority, stage or inputs than root asked for".into(),
+            "gave a receipt of another authority, stage or inputs than root asked for, or exited otherwise than it says".into(),
         ));
     }
     receipt.inputs = theirs.inputs;
@@ -311,14 +320,9 @@ fn supervise(
     }
 }
 
-/// The selected skill versions, copied from the surface's store into the account's (and then
-/// the account's), each verified against its digest on the way.
-fn install(
-    state: &Path,
-    own: &Path,
-    selected: &[skills::Selected],
-    record: &per_run::Record,
-) -> Result<(), PerRunError> {
+/// The selected skill versions, copied from the surface's store into the account's state
+/// (still root's), each verified against its digest on the way.
+fn install(state: &Path, own: &Path, selected: &[skills::Selected]) -> Result<(), PerRunError> {
     for s in selected {
         let stored = state.join(skills::SKILLS).join(s.digest.hex());
         let copied = skills::import(own, &stored)
@@ -328,12 +332,6 @@ fn install(
                 "was given skill {s}, which the store no longer holds intact"
             )));
         }
-    }
-    if !selected.is_empty() {
-        per_run::give_tree(
-            &own.join(skills::SKILLS),
-            (record.account.uid, record.account.gid),
-        )?;
     }
     Ok(())
 }

@@ -57,6 +57,8 @@ pub struct Record {
     pub owner: (u32, u32),
     /// Its device and inode: the take-back refuses another directory put at the path.
     pub workspace_id: (u64, u64),
+    /// Its mode before the run (0700 during it: no one but the account passes through it).
+    pub workspace_mode: u32,
     /// Files of root's state directory (relative) the account's state gets a copy of at the
     /// start and gives back at the end (the surface's record of the agent's directories).
     pub carried: Vec<PathBuf>,
@@ -230,23 +232,44 @@ fn linked_outside(n: &Node<'_>, seen: &HashMap<(u64, u64), u64>) -> bool {
     n.stat.kind != Kind::Dir && seen.get(&n.stat.id).copied().unwrap_or(0) < n.stat.nlink
 }
 
-/// Give every entry of the workspace open at `top` to `to`; an entry linked outside it, or
-/// changed since `seen` was counted, stops the handover.
+/// Give every entry below the workspace open at `top` to `to` (the root itself is the
+/// caller's: it decides when anyone may pass through it). Only entries owned by one of
+/// `owners` change hands; one linked outside the workspace, of another owner, or changed since
+/// `seen` was counted stops the handover.
 fn hand(
     top: &OwnedFd,
     path: &Path,
     seen: &HashMap<(u64, u64), u64>,
     to: (u32, u32),
+    owners: &[u32],
 ) -> Result<(), LeaseError> {
+    // An inode with several names inside is changed once, at its first.
+    let mut done = std::collections::HashSet::new();
     walk_fd::<WalkError>(top, &mut |n| {
-        if linked_outside(n, seen) {
+        if n.path.is_empty() || done.contains(&n.stat.id) {
+            return Ok(());
+        }
+        if linked_outside(n, seen) || !owners.contains(&n.stat.uid) {
             return Err(WalkError::Changed {
                 path: n.path.to_owned(),
             });
         }
-        n.chown(to.0, to.1, n.stat.nlink)
+        n.chown(to.0, to.1, n.stat.nlink, owners)?;
+        done.insert(n.stat.id);
+        Ok(())
     })
     .map_err(|e| walk_failed(path, &e))
+}
+
+/// The workspace's root directory given to `to` with `mode`, through its open descriptor.
+fn set_root(top: &OwnedFd, path: &Path, to: (u32, u32), mode: u32) -> Result<(), LeaseError> {
+    rustix::fs::fchown(
+        top,
+        Some(rustix::fs::Uid::from_raw(to.0)),
+        Some(rustix::fs::Gid::from_raw(to.1)),
+    )
+    .and_then(|()| rustix::fs::fchmod(top, rustix::fs::Mode::from_raw_mode(mode)))
+    .map_err(|e| io("give", path)(e.into()))
 }
 
 /// Give the tree at `path` (one root just made: the account's copy of its skills) to `to`.
@@ -264,26 +287,20 @@ pub fn give_tree(path: &Path, to: (u32, u32)) -> Result<(), LeaseError> {
     )
     .map_err(|e| io("open", path)(e.into()))?;
     let seen = names_seen(&top, path)?;
-    hand(&top, path, &seen, to)
+    hand(&top, path, &seen, to, &[0])?;
+    let mode = File::from(top.try_clone().map_err(io("open", path))?)
+        .metadata()
+        .map_err(io("examine", path))?
+        .mode()
+        & 0o7777;
+    set_root(&top, path, to, mode)
 }
 
-/// Copy each of `files` (plain relative paths) that exists under `from` to `to`, directories
-/// made 0700; given `owner`, what is made is theirs. A source is read only if it is a regular
+/// Copy each of `files` (plain relative paths) that exists under `from` to `to` (root's, which
+/// no one else can change while it is written), directories made 0700. A source is read only if it is a regular
 /// file of `from_owner`'s with one link and at most [`CARRIED_MAX`] bytes, never through a link:
 /// the account's state is the account's to fill.
-fn carry(
-    from: &Path,
-    from_owner: u32,
-    to: &Path,
-    files: &[PathBuf],
-    owner: Option<(u32, u32)>,
-) -> Result<(), LeaseError> {
-    let give = |p: &Path| match owner {
-        Some((uid, gid)) => {
-            std::os::unix::fs::lchown(p, Some(uid), Some(gid)).map_err(io("give", p))
-        }
-        None => Ok(()),
-    };
+fn carry(from: &Path, from_owner: u32, to: &Path, files: &[PathBuf]) -> Result<(), LeaseError> {
     for rel in files {
         if rel
             .components()
@@ -322,7 +339,6 @@ fn carry(
                 .mode(0o700)
                 .create(dir)
                 .map_err(io("make", dir))?;
-            give(dir)?;
         }
         let partial = dest.with_extension("partial");
         let _ = fs::remove_file(&partial);
@@ -330,7 +346,6 @@ fn carry(
         out.write_all(&text)
             .and_then(|()| out.sync_all())
             .map_err(io("write", &partial))?;
-        give(&partial)?;
         fs::rename(&partial, &dest).map_err(io("write", &dest))?;
     }
     Ok(())
@@ -349,7 +364,7 @@ pub fn begin(
     accounts: &AccountPolicy,
     state: &Path,
     owner_tag: &str,
-    workspace: &Path,
+    (workspace, checked): (&Path, (u64, u64)),
     run: &str,
     carried: &[PathBuf],
 ) -> Result<Begun, LeaseError> {
@@ -361,13 +376,23 @@ pub fn begin(
         Err(e) => return Err(io("make", &dir)(e)),
     }
     existing_state(&dir)?;
-    let (top, m) = open_workspace(workspace, None)?;
+    // The directory the caller checked, and no other put at its path since.
+    let (top, m) = open_workspace(workspace, Some(checked))?;
+    // Root's directories, and a workspace an account holds now (a nested one), are never
+    // handed over.
+    if m.uid() == 0 || (accounts.uids.0..=accounts.uids.1).contains(&m.uid()) {
+        return Err(io("hand over", workspace)(std::io::Error::other(format!(
+            "the workspace is uid {}'s: neither root's nor a per-run account's is handed over",
+            m.uid()
+        ))));
+    }
     let record = Record {
         schema: SCHEMA,
         account: account::for_lease(accounts, run),
         workspace: workspace.to_path_buf(),
         owner: (m.uid(), m.gid()),
         workspace_id: (m.dev(), m.ino()),
+        workspace_mode: m.mode() & 0o7777,
         carried: carried.to_vec(),
     };
     // Proven before anything exists: a refused workspace leaves nothing to recover.
@@ -429,19 +454,44 @@ pub fn begin(
         }
         Err(e) => return Err(e.into()),
     }
+    // A process of this uid (an account of an earlier run that reused it) would hold the
+    // workspace with the new account.
+    let live = processes_of(host, record.account.uid)?;
+    if !live.is_empty() {
+        return Err(residue(format!(
+            "uid {} of the new account {} already runs processes {}",
+            record.account.uid,
+            record.account.name,
+            live.join(", ")
+        )));
+    }
+    // The account's state is filled while it is root's, and given by [`give_state`].
     let own = account_state(state, &record.account);
     fs::DirBuilder::new()
         .mode(0o700)
         .create(&own)
         .map_err(io("make", &own))?;
+    carry(state, 0, &own, &record.carried)?;
     let to = (record.account.uid, record.account.gid);
-    std::os::unix::fs::lchown(&own, Some(to.0), Some(to.1)).map_err(io("give", &own))?;
-    carry(state, 0, &own, &record.carried, Some(to))?;
-    hand(&top, workspace, &seen, to)?;
+    hand(&top, workspace, &seen, to, &[record.owner.0])?;
+    // Closed to everyone but the account for the run: no one runs what it makes set-id.
+    set_root(&top, workspace, to, 0o700)?;
     Ok(Begun {
         record,
         _lock: lock,
     })
+}
+
+/// Give the account its state directory, once root has filled it (the carried files, its
+/// skills): the last step before anything runs as the account.
+///
+/// # Errors
+/// It cannot be walked or changed.
+pub fn give_state(state: &Path, record: &Record) -> Result<(), LeaseError> {
+    give_tree(
+        &account_state(state, &record.account),
+        (record.account.uid, record.account.gid),
+    )
 }
 
 /// The processes running as `uid`, by the host's process table.
@@ -489,6 +539,12 @@ pub fn end(
 ) -> Result<(), LeaseError> {
     let own = account_state(state, &record.account);
     let runs = own.join(rootless::RUNS);
+    if fs::symlink_metadata(&runs).is_ok_and(|m| !m.is_dir()) {
+        return Err(residue(format!(
+            "{} is not a directory: the account's runs cannot be known released",
+            runs.display()
+        )));
+    }
     match fs::read_dir(&runs) {
         Ok(mut d) => {
             if let Some(left) = d.next() {
@@ -529,9 +585,19 @@ pub fn end(
             outside.join(", ")
         )));
     }
-    hand(&top, &record.workspace, &seen, record.owner)?;
+    // Root's and closed while its entries change hands: no one passes through to run an
+    // entry of the account's before it is the owner's; the owner's, with its mode, last.
+    set_root(&top, &record.workspace, (0, 0), 0o700)?;
+    hand(
+        &top,
+        &record.workspace,
+        &seen,
+        record.owner,
+        &[record.account.uid, record.owner.0],
+    )?;
+    set_root(&top, &record.workspace, record.owner, record.workspace_mode)?;
     if own.is_dir() {
-        carry(&own, record.account.uid, state, &record.carried, None)?;
+        carry(&own, record.account.uid, state, &record.carried)?;
     }
     match fs::remove_dir_all(&own) {
         Ok(()) => {}
@@ -580,6 +646,11 @@ mod tests {
         f
     }
 
+    fn id_of(p: &Path) -> (u64, u64) {
+        let m = fs::symlink_metadata(p).unwrap();
+        (m.dev(), m.ino())
+    }
+
     fn owner(p: &Path) -> u32 {
         fs::symlink_metadata(p).unwrap().uid()
     }
@@ -593,7 +664,16 @@ mod tests {
         let f = fake();
         let a = account::for_lease(&policy(), "0000002a");
         f.file("/etc/passwd", &format!("{}:x:1:1::/:/bin/sh\n", a.name));
-        let e = begin(&f, &policy(), &state, "t", &ws, "0000002a", &[]).unwrap_err();
+        let e = begin(
+            &f,
+            &policy(),
+            &state,
+            "t",
+            (&ws, id_of(&ws)),
+            "0000002a",
+            &[],
+        )
+        .unwrap_err();
         assert!(matches!(
             e,
             LeaseError::Account(account::AccountError::Taken { .. })
@@ -604,11 +684,31 @@ mod tests {
             "useradd",
             ToolOutput::failed("useradd: cannot lock /etc/passwd"),
         );
-        assert!(begin(&f, &policy(), &state, "t", &ws, "0000002a", &[]).is_err());
+        assert!(
+            begin(
+                &f,
+                &policy(),
+                &state,
+                "t",
+                (&ws, id_of(&ws)),
+                "0000002a",
+                &[]
+            )
+            .is_err()
+        );
         assert_eq!(pending(&state).unwrap().len(), 1);
         assert_eq!(owner(&ws.join("f")), 1000);
         // While it is pending nothing else begins.
-        let e = begin(&f, &policy(), &state, "t", &ws, "0000002b", &[]).unwrap_err();
+        let e = begin(
+            &f,
+            &policy(),
+            &state,
+            "t",
+            (&ws, id_of(&ws)),
+            "0000002b",
+            &[],
+        )
+        .unwrap_err();
         assert!(matches!(e, LeaseError::Residue(_)), "{e}");
     }
 
@@ -619,9 +719,17 @@ mod tests {
     fn an_account_that_cannot_be_removed_is_residue_until_a_later_end_finishes() {
         let (_d, state, ws) = setup();
         let f = fake();
-        let record = begin(&f, &policy(), &state, "t", &ws, "0000002c", &[])
-            .unwrap()
-            .record;
+        let record = begin(
+            &f,
+            &policy(),
+            &state,
+            "t",
+            (&ws, id_of(&ws)),
+            "0000002c",
+            &[],
+        )
+        .unwrap()
+        .record;
         assert_eq!(owner(&ws.join("f")), record.account.uid);
         let own = account_state(&state, &record.account);
         fs::create_dir_all(own.join(rootless::RUNS).join("cs-1")).unwrap();
@@ -658,21 +766,59 @@ mod tests {
         // A link above the workspace (a parent its owner could re-point) is never followed.
         let via = d.path().join("via");
         std::os::unix::fs::symlink(d.path(), &via).unwrap();
-        assert!(begin(&f, &policy(), &state, "t", &via.join("ws"), "00000031", &[]).is_err());
+        assert!(
+            begin(
+                &f,
+                &policy(),
+                &state,
+                "t",
+                (&via.join("ws"), id_of(&ws)),
+                "00000031",
+                &[],
+            )
+            .is_err()
+        );
         assert!(pending(&state).unwrap().is_empty());
         let outside = d.path().join("outside");
         fs::write(&outside, "o").unwrap();
         std::os::unix::fs::lchown(&outside, Some(1000), Some(1000)).unwrap();
         fs::hard_link(&outside, ws.join("out")).unwrap();
-        let e = begin(&f, &policy(), &state, "t", &ws, "00000032", &[]).unwrap_err();
+        let e = begin(
+            &f,
+            &policy(),
+            &state,
+            "t",
+            (&ws, id_of(&ws)),
+            "00000032",
+            &[],
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("hand over"), "{e}");
         assert_eq!(owner(&outside), 1000);
         fs::remove_file(ws.join("out")).unwrap();
         // Two names inside: handed over and back like any file.
         fs::hard_link(ws.join("f"), ws.join("g")).unwrap();
-        let begun = begin(&f, &policy(), &state, "t", &ws, "00000033", &[]).unwrap();
+        let begun = begin(
+            &f,
+            &policy(),
+            &state,
+            "t",
+            (&ws, id_of(&ws)),
+            "00000033",
+            &[],
+        )
+        .unwrap();
         let record = begun.record.clone();
         assert_eq!(owner(&ws.join("g")), record.account.uid);
+        // Closed to all but the account while it runs.
+        assert_eq!(fs::metadata(&ws).unwrap().mode() & 0o7777, 0o700);
+        // Another user's file moved in during the run is never given to the owner.
+        let foreign = ws.join("foreign");
+        fs::write(&foreign, "bob's").unwrap();
+        std::os::unix::fs::lchown(&foreign, Some(2000), Some(2000)).unwrap();
+        assert!(end(&f, &policy(), &state, &record).is_err());
+        assert_eq!(owner(&foreign), 2000);
+        fs::remove_file(&foreign).unwrap();
         // Live: its supervisor holds it.
         assert_eq!(pending(&state).unwrap(), vec![(record.clone(), true)]);
         drop(begun);
@@ -694,9 +840,33 @@ mod tests {
             end(&busy, &policy(), &state, &record),
             Err(LeaseError::Residue(_))
         ));
-        assert_eq!(owner(&ws.join("f")), record.account.uid);
+        // Residue keeps the workspace closed: root's, 0700, until an end finishes.
+        assert_eq!(owner(&ws), 0);
+        assert_eq!(fs::metadata(&ws).unwrap().mode() & 0o7777, 0o700);
         end(&f, &policy(), &state, &record).unwrap();
         assert_eq!(owner(&ws.join("g")), 1000);
+        assert_eq!(owner(&ws), 1000);
+        assert_eq!(
+            fs::metadata(&ws).unwrap().mode() & 0o7777,
+            record.workspace_mode
+        );
+        assert!(pending(&state).unwrap().is_empty());
+        // Root's workspace, or one an account holds (a nested run), is never handed over.
+        for uid in [0, 5500] {
+            std::os::unix::fs::lchown(&ws, Some(uid), Some(uid)).unwrap();
+            assert!(
+                begin(
+                    &f,
+                    &policy(),
+                    &state,
+                    "t",
+                    (&ws, id_of(&ws)),
+                    "00000034",
+                    &[]
+                )
+                .is_err()
+            );
+        }
         assert!(pending(&state).unwrap().is_empty());
     }
 }
