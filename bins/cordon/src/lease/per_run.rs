@@ -646,6 +646,11 @@ mod tests {
         f
     }
 
+    /// [`begin`] of `ws` as checked now, run `run`, with the test account rules.
+    fn begin_at(f: &Fake, state: &Path, ws: &Path, run: &str) -> Result<Begun, LeaseError> {
+        begin(f, &policy(), state, "t", (ws, id_of(ws)), run, &[])
+    }
+
     fn id_of(p: &Path) -> (u64, u64) {
         let m = fs::symlink_metadata(p).unwrap();
         (m.dev(), m.ino())
@@ -664,16 +669,7 @@ mod tests {
         let f = fake();
         let a = account::for_lease(&policy(), "0000002a");
         f.file("/etc/passwd", &format!("{}:x:1:1::/:/bin/sh\n", a.name));
-        let e = begin(
-            &f,
-            &policy(),
-            &state,
-            "t",
-            (&ws, id_of(&ws)),
-            "0000002a",
-            &[],
-        )
-        .unwrap_err();
+        let e = begin_at(&f, &state, &ws, "0000002a").unwrap_err();
         assert!(matches!(
             e,
             LeaseError::Account(account::AccountError::Taken { .. })
@@ -684,31 +680,11 @@ mod tests {
             "useradd",
             ToolOutput::failed("useradd: cannot lock /etc/passwd"),
         );
-        assert!(
-            begin(
-                &f,
-                &policy(),
-                &state,
-                "t",
-                (&ws, id_of(&ws)),
-                "0000002a",
-                &[]
-            )
-            .is_err()
-        );
+        assert!(begin_at(&f, &state, &ws, "0000002a").is_err());
         assert_eq!(pending(&state).unwrap().len(), 1);
         assert_eq!(owner(&ws.join("f")), 1000);
         // While it is pending nothing else begins.
-        let e = begin(
-            &f,
-            &policy(),
-            &state,
-            "t",
-            (&ws, id_of(&ws)),
-            "0000002b",
-            &[],
-        )
-        .unwrap_err();
+        let e = begin_at(&f, &state, &ws, "0000002b").unwrap_err();
         assert!(matches!(e, LeaseError::Residue(_)), "{e}");
     }
 
@@ -719,17 +695,7 @@ mod tests {
     fn an_account_that_cannot_be_removed_is_residue_until_a_later_end_finishes() {
         let (_d, state, ws) = setup();
         let f = fake();
-        let record = begin(
-            &f,
-            &policy(),
-            &state,
-            "t",
-            (&ws, id_of(&ws)),
-            "0000002c",
-            &[],
-        )
-        .unwrap()
-        .record;
+        let record = begin_at(&f, &state, &ws, "0000002c").unwrap().record;
         assert_eq!(owner(&ws.join("f")), record.account.uid);
         let own = account_state(&state, &record.account);
         fs::create_dir_all(own.join(rootless::RUNS).join("cs-1")).unwrap();
@@ -783,31 +749,13 @@ mod tests {
         fs::write(&outside, "o").unwrap();
         std::os::unix::fs::lchown(&outside, Some(1000), Some(1000)).unwrap();
         fs::hard_link(&outside, ws.join("out")).unwrap();
-        let e = begin(
-            &f,
-            &policy(),
-            &state,
-            "t",
-            (&ws, id_of(&ws)),
-            "00000032",
-            &[],
-        )
-        .unwrap_err();
+        let e = begin_at(&f, &state, &ws, "00000032").unwrap_err();
         assert!(e.to_string().contains("hand over"), "{e}");
         assert_eq!(owner(&outside), 1000);
         fs::remove_file(ws.join("out")).unwrap();
         // Two names inside: handed over and back like any file.
         fs::hard_link(ws.join("f"), ws.join("g")).unwrap();
-        let begun = begin(
-            &f,
-            &policy(),
-            &state,
-            "t",
-            (&ws, id_of(&ws)),
-            "00000033",
-            &[],
-        )
-        .unwrap();
+        let begun = begin_at(&f, &state, &ws, "00000033").unwrap();
         let record = begun.record.clone();
         assert_eq!(owner(&ws.join("g")), record.account.uid);
         // Closed to all but the account while it runs.
@@ -854,18 +802,7 @@ mod tests {
         // Root's workspace, or one an account holds (a nested run), is never handed over.
         for uid in [0, 5500] {
             std::os::unix::fs::lchown(&ws, Some(uid), Some(uid)).unwrap();
-            assert!(
-                begin(
-                    &f,
-                    &policy(),
-                    &state,
-                    "t",
-                    (&ws, id_of(&ws)),
-                    "00000034",
-                    &[]
-                )
-                .is_err()
-            );
+            assert!(begin_at(&f, &state, &ws, "00000034").is_err());
         }
         assert!(pending(&state).unwrap().is_empty());
     }
