@@ -14,7 +14,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::host::{HostRef, Tool};
+use crate::host::{Host, HostRef, Tool};
 
 /// The oldest runc cordon drives (its `--root`, `create --pid-file`, `list -f json` and the
 /// seccomp `defaultErrnoRet` field are relied on).
@@ -183,6 +183,36 @@ pub struct Finished {
     pub stderr: Vec<u8>,
 }
 
+/// Whether the cgroup filesystem at `root` is the unified (v2) hierarchy.
+///
+/// # Errors
+/// `cgroup.controllers` exists but cannot be read: the hierarchy is not known, and a guess
+/// would look for (and "remove") cgroups where they are not.
+pub fn unified(host: &dyn Host, root: &Path) -> io::Result<bool> {
+    match host.read(&root.join("cgroup.controllers")) {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// The directories cgroup `path` occupies below `root`: one on v2, one per controller on v1.
+///
+/// # Errors
+/// The hierarchy is not known ([`unified`]).
+pub fn cgroup_dirs(host: &dyn Host, root: &Path, path: &str) -> io::Result<Vec<PathBuf>> {
+    let rel = path.trim_start_matches('/');
+    if unified(host, root)? {
+        return Ok(vec![root.join(rel)]);
+    }
+    Ok([
+        "memory", "cpu", "cpuacct", "pids", "cpuset", "devices", "freezer", "blkio",
+    ]
+    .iter()
+    .map(|c| root.join(c).join(rel))
+    .collect())
+}
+
 /// Where the container's cgroup is, to read its accounting before it is deleted.
 #[derive(Debug, Clone)]
 pub struct CgroupProbe {
@@ -221,11 +251,7 @@ impl CgroupProbe {
     /// `cgroup.controllers` exists but cannot be read: the hierarchy is not known, and a guess
     /// would look for (and "remove") cgroups where they are not.
     pub fn unified(&self) -> io::Result<bool> {
-        match self.host.read(&self.root.join("cgroup.controllers")) {
-            Ok(_) => Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(e),
-        }
+        unified(&*self.host, &self.root)
     }
 
     /// The directories this cgroup occupies (one on v2, one per controller on v1).
@@ -233,15 +259,7 @@ impl CgroupProbe {
     /// # Errors
     /// The hierarchy is not known ([`CgroupProbe::unified`]).
     pub fn dirs(&self) -> io::Result<Vec<PathBuf>> {
-        if self.unified()? {
-            return Ok(vec![self.root.join(self.rel())]);
-        }
-        Ok([
-            "memory", "cpu", "cpuacct", "pids", "cpuset", "devices", "freezer", "blkio",
-        ]
-        .iter()
-        .map(|c| self.root.join(c).join(self.rel()))
-        .collect())
+        cgroup_dirs(&*self.host, &self.root, &self.path)
     }
 
     /// (oom kills, peak bytes, cpu ms) as far as the hierarchy tells; the OOM count is what a

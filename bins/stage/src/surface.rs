@@ -17,10 +17,10 @@
 //!
 //! Every field of the stage is destructured: a value is planned, carried into
 //! [`SurfaceSettings`], or refused with a named [`PlanError`]. Cgroup limits (`cpus`, `cpuset`,
-//! `memory`, `pids`) are refused: a service user's rootless runtime cannot apply them where the
-//! host does not delegate a cgroup to it (cgroup v1 never does), and a limit is never applied as
-//! a no-op. The per-run mode (`user "per-run"`, cordon-surface as root) is refused as not
-//! implemented. `network "egress"` is the same private namespace as `none` (loopback only) with
+//! `memory`, `pids`) are refused for a service user: its rootless runtime cannot apply them
+//! where the host does not delegate a cgroup to it (cgroup v1 never does), and a limit is never
+//! applied as a no-op. Under `user "per-run"` root holds them ([`limits_of`]): the account's
+//! process tree runs in a cgroup root prepared. `network "egress"` is the same private namespace as `none` (loopback only) with
 //! every client pointed at the host's proxy on that loopback ([`EGRESS_PORT`], [`PROXY_ENV`]);
 //! the proxy and its allow-list are cordon-surface's. A run's selected skills are bound
 //! read-only at the policy's `skills` path from their run-scoped copies.
@@ -298,20 +298,34 @@ fn unenforceable(what: &str) -> PlanError {
     }
 }
 
-/// What a service user's rootless runtime cannot apply, refused: devices, cgroup limits,
-/// capabilities.
+/// The cgroup limits of a per-run run: root places the account's whole process tree in a
+/// cgroup of its own with them before it runs anything ([`cordon::run_cgroup`]), so the
+/// account's rootless runtime, which cannot set them, need not.
+#[must_use]
+pub fn limits_of(stage: &Stage) -> cordon::run_cgroup::Limits {
+    cordon::run_cgroup::Limits {
+        cpus_milli: stage.cpus_milli,
+        cpuset: stage.cpuset.clone(),
+        memory_bytes: stage.memory_bytes,
+        pids: stage.pids,
+    }
+}
+
+/// What a rootless runtime cannot apply, refused: devices, capabilities, and (for a service
+/// user) cgroup limits; under `user "per-run"` the limits are root's ([`limits_of`]).
 fn rootless_refusals(stage: &Stage) -> Result<(), PlanError> {
     if !stage.gpu_device.is_empty() {
         return Err(unenforceable("GPU devices"));
     }
-    // Cgroup limits: the runtime would need a cgroup delegated to the service user.
+    // Cgroup limits: a service user's runtime would need a cgroup delegated to it.
+    let held_by_root = stage.user == User::PerRun;
     for (set, what) in [
         (stage.cpus_milli.is_some(), "a cpus quota"),
         (stage.cpuset.is_some(), "a cpuset"),
         (stage.memory_bytes.is_some(), "a memory limit"),
         (stage.pids.is_some(), "a pids limit"),
     ] {
-        if set {
+        if set && !held_by_root {
             return Err(unenforceable(what));
         }
     }

@@ -133,6 +133,13 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
     if uid == 0 {
         return crate::perrun::run(args, stdout, stderr);
     }
+    // A per-run account's surface does nothing until root has placed it in the run's cgroup.
+    if args.per_run_state.is_some() {
+        if let Err(why) = crate::perrun::await_release(&mut std::io::stdin().lock()) {
+            let _ = writeln!(stderr, "cordon-surface: {why}");
+            return ExitCode::NoDecision;
+        }
+    }
     // Groups that cannot be read cannot be proven absent: the run refuses them below.
     let groups: Vec<u32> = match nix::unistd::getgroups() {
         Ok(g) => g.into_iter().map(nix::unistd::Gid::as_raw).collect(),

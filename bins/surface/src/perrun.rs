@@ -22,13 +22,14 @@ use cordon::inputs::SurfaceInputs;
 use cordon::lease::per_run;
 use cordon::lease::{LeaseError, rootless};
 use cordon::receipt::{Decision, Outcome, Reason, Receipt, Rejection, StageName};
+use cordon::run_cgroup;
 use cordon::signing::HostKey;
 use cordon::store::Store;
 use cordon_stage::args::fail;
 use cordon_stage::receipt_io::finish_signed;
 use cordon_stage::settings::account_policy;
 use cordon_stage::start::stage_start;
-use cordon_stage::surface::{Tier, surface_of};
+use cordon_stage::surface::{Tier, limits_of, surface_of};
 
 use crate::cli::{Args, Command, SkillsCommand};
 use crate::run::RunError;
@@ -37,6 +38,23 @@ use crate::{skills, trust};
 /// The argument that runs this binary as a per-run account's surface: its state directory,
 /// `STATE/per-run/<account>`. Root passes it; no one else can make the directory it names.
 pub const PER_RUN_STATE_ARG: &str = "per-run-state";
+
+/// The byte root writes to the account's surface once it is in the run's cgroup: until then it
+/// does nothing ([`await_release`]).
+pub const RELEASE: u8 = b'g';
+
+/// The account's side of the release: block until root writes [`RELEASE`] on stdin.
+///
+/// # Errors
+/// Root closed the pipe, or wrote anything else: root did not place this process.
+pub fn await_release(stdin: &mut dyn std::io::Read) -> Result<(), String> {
+    let mut byte = [0u8; 1];
+    match stdin.read_exact(&mut byte) {
+        Ok(()) if byte[0] == RELEASE => Ok(()),
+        Ok(()) => Err("root released this run with an unknown byte".into()),
+        Err(e) => Err(format!("root did not release this run ({e})")),
+    }
+}
 
 /// Why root could not run or end a per-run run.
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
@@ -49,6 +67,10 @@ pub enum PerRunError {
     #[error("the per-run account's surface {0}")]
     #[diagnostic(code(cordon::surface::per_run))]
     Child(String),
+    /// The run's cgroup (its limits) could not be prepared, joined or removed.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Cgroup(#[from] run_cgroup::CgroupError),
     /// The account's surface decided no-decision; its reasons.
     #[error("{0}")]
     #[diagnostic(code(cordon::surface::per_run))]
@@ -253,8 +275,26 @@ fn supervise(
     let record = &begun.record;
     let own = per_run::account_state(state, &record.account);
     child_args[5] = own.clone().into();
+    let limits = limits_of(
+        surface_of(policy)
+            .map_err(|e| PerRunError::Child(e.to_string()))?
+            .0,
+    );
+    let mut cgroup = None;
     let ran = install(state, &own, selected)
         .and_then(|()| Ok(per_run::give_state(state, record)?))
+        .and_then(|()| {
+            if !limits.is_empty() {
+                let root = Path::new(run_cgroup::ROOT);
+                cgroup = Some(run_cgroup::prepare(
+                    &host,
+                    root,
+                    &record.account.name,
+                    &limits,
+                )?);
+            }
+            Ok(())
+        })
         .and_then(|()| {
             let mut tool = Tool::new("/proc/self/exe", &[]);
             tool.args = child_args;
@@ -269,10 +309,38 @@ fn supervise(
             tool.dir = Some(PathBuf::from("/"));
             // Its own deadline ends the sandbox; this one ends a surface that hangs past it.
             tool.timeout = deadline + Duration::from_secs(120);
-            host.run(&tool)
+            let mut child = host
+                .spawn(&tool, true)
+                .map_err(|e| PerRunError::Child(format!("could not be run: {e}")))?;
+            // It waits for one byte before it does anything: it is released only once it is
+            // in the run's cgroup, so nothing it starts is outside the limits.
+            let placed = match &cgroup {
+                Some(cg) => u32::try_from(child.pid())
+                    .map_err(|e| PerRunError::Child(e.to_string()))
+                    .and_then(|pid| Ok(cg.join(pid)?)),
+                None => Ok(()),
+            }
+            .and_then(|()| {
+                let mut go = child.stdin.take().ok_or_else(|| {
+                    PerRunError::Child("was started without the pipe that releases it".into())
+                })?;
+                go.write_all(&[RELEASE])
+                    .map_err(|e| PerRunError::Child(format!("could not be released: {e}")))
+            });
+            if let Err(e) = placed {
+                // Unreleased, it has run nothing; it ends here.
+                let _ = child.kill();
+                drop(child.stdin.take());
+                let _ = cordon::host::collect(child, &tool);
+                return Err(e);
+            }
+            cordon::host::collect(child, &tool)
                 .map_err(|e| PerRunError::Child(format!("could not be run: {e}")))
         });
-    // Ended whatever the account's surface did: a run that cannot be ended is residue.
+    // What the kernel counted against the limits, read before the end removes the cgroup.
+    let held = cgroup.as_ref().map(run_cgroup::RunCgroup::accounting);
+    // Ended whatever the account's surface did: a run that cannot be ended is residue; so is a
+    // cgroup that cannot be removed once no process of the account is left.
     let ended = per_run::end(&*host, &accounts, state, record);
     let out = ran?;
     let _ = stderr.write_all(&out.stderr);
@@ -302,6 +370,14 @@ fn supervise(
     let mut outputs = theirs.outputs;
     if let Some(user) = outputs.get_mut("user").and_then(|u| u.as_object_mut()) {
         user.insert("account".into(), record.account.name.clone().into());
+    }
+    // The limits root held the run to, and what the kernel counted against them.
+    if let (Some(held), Some(o)) = (held, outputs.as_object_mut()) {
+        let mut limits = serde_json::to_value(&limits).unwrap_or_default();
+        if let (Some(l), Some(h)) = (limits.as_object_mut(), held.as_object()) {
+            l.extend(h.clone());
+        }
+        o.insert("limits".into(), limits);
     }
     match theirs.outcome {
         Outcome::Ok => Ok(Decision::Accepted(outputs)),

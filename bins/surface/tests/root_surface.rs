@@ -1522,8 +1522,17 @@ impl Surface {
     /// This surface under `user "per-run"`: its state directory root's, and its command run
     /// as root.
     fn per_run() -> Self {
+        Self::per_run_with(&|t| t)
+    }
+
+    /// A per-run policy, edited further by `edit`.
+    fn per_run_with(edit: &dyn Fn(String) -> String) -> Self {
         let s = Self::new(&|t| {
-            cordon_testkit::replace_once(&t, "user \"service\"", "user \"per-run\"")
+            edit(cordon_testkit::replace_once(
+                &t,
+                "user \"service\"",
+                "user \"per-run\"",
+            ))
         });
         std::os::unix::fs::chown(&s.state, Some(0), Some(0)).unwrap();
         chmod(&s.state, 0o711);
@@ -1804,4 +1813,86 @@ fn cordon_reap_as_root_removes_a_crashed_per_run_account_and_returns_the_workspa
     let out = s.as_root(&s.reaper, &["--surface"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert_eq!(s.root_run("echo refused").code, 2);
+}
+
+/// The run cgroups of the surface's per-run accounts left on the host (v1 memory and pids, or v2).
+fn surface_cgroups() -> Vec<String> {
+    [
+        "memory/cordon-surface",
+        "pids/cordon-surface",
+        "cordon-surface",
+    ]
+    .iter()
+    .filter_map(|d| std::fs::read_dir(Path::new("/sys/fs/cgroup").join(d)).ok())
+    .flatten()
+    .filter_map(Result::ok)
+    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+    .map(|e| e.path().display().to_string())
+    .collect()
+}
+
+/// Limits as root: under `user "per-run"` the account's whole run is held in a cgroup root
+/// prepared (the rootless runtime cannot set limits), so a run that holds more memory than the
+/// policy's is OOM-killed (the receipt counts it) and one that starts more processes than its
+/// pids limit cannot; the same probes succeed with only the limits removed; no run's cgroup is
+/// left on the host.
+#[test]
+fn as_root_a_per_run_run_is_held_to_the_policys_memory_and_pids_limits() {
+    let hog = "x=$(head -c 400000000 /dev/zero | tr '\\0' a); echo held ${#x}";
+    let forks = "i=0; while [ $i -lt 150 ]; do sleep 30 & i=$((i+1)); done; echo spawned $i";
+    let before = surface_cgroups();
+    let limited = Surface::per_run_with(&|t| {
+        cordon_testkit::replace_once(
+            &t,
+            "    nofile 1024\n",
+            "    nofile 1024\n    memory \"256MiB\"\n    pids 64\n",
+        )
+    });
+    let done = limited.root_run(hog);
+    assert!(
+        !done.stdout().contains("held"),
+        "{}\n{}",
+        done.stderr,
+        done.receipt
+    );
+    let limits = &done.receipt["outputs"]["limits"];
+    assert_eq!(limits["memory_bytes"], 256 << 20, "{}", done.receipt);
+    assert_eq!(limits["pids"], 64, "{}", done.receipt);
+    assert!(
+        limits["oom_kills"].as_u64().unwrap() >= 1,
+        "{}",
+        done.receipt
+    );
+    let done = limited.root_run(forks);
+    assert!(
+        !done.stdout().contains("spawned"),
+        "{}\n{}",
+        done.stderr,
+        done.receipt
+    );
+    assert_eq!(surface_cgroups(), before);
+    assert!(per_run_accounts(&limited).is_empty());
+
+    // The same probes, the limits alone removed: both succeed, and no cgroup is made.
+    let free = Surface::per_run();
+    let done = free.root_run(hog);
+    assert!(
+        done.stdout().contains("held 400000000"),
+        "{}\n{}",
+        done.stderr,
+        done.receipt
+    );
+    assert!(
+        done.receipt["outputs"].get("limits").is_none(),
+        "{}",
+        done.receipt
+    );
+    let done = free.root_run(forks);
+    assert!(
+        done.stdout().contains("spawned 150"),
+        "{}\n{}",
+        done.stderr,
+        done.receipt
+    );
+    assert_eq!(surface_cgroups(), before);
 }

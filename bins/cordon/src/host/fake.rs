@@ -42,6 +42,10 @@ pub enum Call {
     RemoveDir(PathBuf),
     /// A directory listing.
     ListDir(PathBuf),
+    /// A directory made.
+    MakeDir(PathBuf),
+    /// A control file written: its path and the value.
+    Write(PathBuf, String),
     /// A process's pid namespace looked up: its pid.
     PidNamespace(u32),
 }
@@ -305,6 +309,38 @@ impl Host for Fake {
                 Err(broken())
             } else {
                 Ok(())
+            }
+        })
+    }
+
+    fn make_dir(&self, path: &Path) -> io::Result<()> {
+        self.with(|s| {
+            s.calls.push(Call::MakeDir(path.to_path_buf()));
+            if s.unreadable.iter().any(|p| p == path) {
+                Err(broken())
+            } else if s.dirs.contains_key(path) {
+                Err(io::Error::from(io::ErrorKind::AlreadyExists))
+            } else {
+                s.dirs.insert(path.to_path_buf(), Vec::new());
+                Ok(())
+            }
+        })
+    }
+
+    fn write_control(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        self.with(|s| {
+            let value = String::from_utf8_lossy(bytes).into_owned();
+            s.calls.push(Call::Write(path.to_path_buf(), value));
+            if s.unreadable.iter().any(|p| p == path) {
+                return Err(broken());
+            }
+            // The fake's control files are the ones its directories would have: any name in a
+            // directory it knows.
+            if path.parent().is_some_and(|d| s.dirs.contains_key(d)) || s.files.contains_key(path) {
+                s.files.insert(path.to_path_buf(), bytes.to_vec());
+                Ok(())
+            } else {
+                Err(io::Error::from(io::ErrorKind::NotFound))
             }
         })
     }
@@ -680,6 +716,17 @@ impl Host for Interposed {
 
     fn device(&self, path: &Path) -> io::Result<DeviceNode> {
         self.pass(Call::Device(path.into()), || super::Linux.device(path))
+    }
+
+    fn make_dir(&self, path: &Path) -> io::Result<()> {
+        self.pass(Call::MakeDir(path.into()), || super::Linux.make_dir(path))
+    }
+
+    fn write_control(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        let value = String::from_utf8_lossy(bytes).into_owned();
+        self.pass(Call::Write(path.into(), value), || {
+            super::Linux.write_control(path, bytes)
+        })
     }
 
     fn pid_namespace(&self, pid: u32) -> io::Result<(u32, Option<u64>)> {

@@ -23,7 +23,7 @@ use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -243,6 +243,19 @@ pub trait Host: std::fmt::Debug + Send + Sync {
     /// It cannot be listed (`NotFound` when it does not exist).
     fn list_dir(&self, path: &Path) -> io::Result<Vec<String>>;
 
+    /// Make a directory of a kernel filesystem (a cgroup), mode 0755.
+    ///
+    /// # Errors
+    /// It could not be made (`AlreadyExists` when it exists).
+    fn make_dir(&self, path: &Path) -> io::Result<()>;
+
+    /// Write `bytes` in one write to an existing control file of a kernel filesystem (a
+    /// cgroup's limit or `cgroup.procs`), never creating or truncating it, following no link.
+    ///
+    /// # Errors
+    /// It does not exist, or the kernel refused the value.
+    fn write_control(&self, path: &Path, bytes: &[u8]) -> io::Result<()>;
+
     /// The device node at `path` (following no link).
     ///
     /// # Errors
@@ -304,30 +317,39 @@ pub(crate) fn capped(
     })
 }
 
+/// See `process` to its end as [`Host::run`] does: its output kept to `tool`'s cap, killed at
+/// `tool`'s timeout (then an error). For a process that was spawned to be prepared before it
+/// runs (placed in a cgroup, then released through its stdin).
+///
+/// # Errors
+/// It ran past its timeout, or could not be waited for.
+pub fn collect(mut process: Process, tool: &Tool) -> io::Result<ToolOutput> {
+    let out = process.stdout.take().map(|r| capped(r, tool.max_output));
+    let err = process.stderr.take().map(|r| capped(r, tool.max_output));
+    process.kill_at(std::time::Instant::now() + tool.timeout);
+    let exit = process.wait()?;
+    if exit.killed_at_deadline {
+        return Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("`{}` ran past {:?}", tool.display(), tool.timeout),
+        ));
+    }
+    let join = |h: Option<std::thread::JoinHandle<(Vec<u8>, u64)>>| {
+        h.and_then(|h| h.join().ok()).unwrap_or_default()
+    };
+    let (stdout, out_total) = join(out);
+    let (stderr, err_total) = join(err);
+    Ok(ToolOutput {
+        code: exit.status.code(),
+        stdout,
+        stderr,
+        truncated: out_total > tool.max_output || err_total > tool.max_output,
+    })
+}
+
 impl Host for Linux {
     fn run(&self, tool: &Tool) -> io::Result<ToolOutput> {
-        let mut process = self.spawn(tool, false)?;
-        let out = process.stdout.take().map(|r| capped(r, tool.max_output));
-        let err = process.stderr.take().map(|r| capped(r, tool.max_output));
-        process.kill_at(std::time::Instant::now() + tool.timeout);
-        let exit = process.wait()?;
-        if exit.killed_at_deadline {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("`{}` ran past {:?}", tool.display(), tool.timeout),
-            ));
-        }
-        let join = |h: Option<std::thread::JoinHandle<(Vec<u8>, u64)>>| {
-            h.and_then(|h| h.join().ok()).unwrap_or_default()
-        };
-        let (stdout, out_total) = join(out);
-        let (stderr, err_total) = join(err);
-        Ok(ToolOutput {
-            code: exit.status.code(),
-            stdout,
-            stderr,
-            truncated: out_total > tool.max_output || err_total > tool.max_output,
-        })
+        collect(self.spawn(tool, false)?, tool)
     }
 
     fn spawn(&self, tool: &Tool, stdin: bool) -> io::Result<Process> {
@@ -435,6 +457,28 @@ impl Host for Linux {
         }
         names.sort();
         Ok(names)
+    }
+
+    fn make_dir(&self, path: &Path) -> io::Result<()> {
+        fs::DirBuilder::new().mode(0o755).create(path)
+    }
+
+    fn write_control(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+            .open(path)?;
+        // A control file takes one value per write: a short write is a refused value.
+        let n = f.write(bytes)?;
+        if n == bytes.len() {
+            Ok(())
+        } else {
+            Err(io::Error::other(format!(
+                "{} took {n} of {} bytes",
+                path.display(),
+                bytes.len()
+            )))
+        }
     }
 
     fn device(&self, path: &Path) -> io::Result<DeviceNode> {

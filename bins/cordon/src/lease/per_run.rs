@@ -568,6 +568,14 @@ pub fn end(
             live.join(", ")
         )));
     }
+    // Its run's cgroup (the limits root held it to) is empty now; one that cannot be removed is
+    // residue, and the record stays for recovery to find it again.
+    crate::run_cgroup::remove_leftover(
+        host,
+        Path::new(crate::run_cgroup::ROOT),
+        &record.account.name,
+    )
+    .map_err(|e| residue(e.to_string()))?;
     let (top, _) = open_workspace(&record.workspace, Some(record.workspace_id))?;
     let seen = names_seen(&top, &record.workspace)?;
     let mut outside = Vec::new();

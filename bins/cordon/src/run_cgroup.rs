@@ -1,0 +1,327 @@
+//! A cgroup root prepares for a process tree it starts but does not containerise itself: a
+//! per-run account's surface (REQ-117), whose rootless runtime cannot set limits of its own.
+//! Root makes `/cordon-surface/<name>` in each v1 hierarchy a limit needs, or once under v2,
+//! writes the limits, places the process there before it runs anything ([`RunCgroup::join`]),
+//! reads its accounting and removes it ([`RunCgroup::remove`], [`remove_leftover`] after a
+//! crash). Every file stays root's: the account can neither raise a limit, nor make a cgroup
+//! below, nor leave (moving a process needs write access to the destination's `cgroup.procs`
+//! on v1, to the common ancestor's on v2, both root's).
+//!
+//! Everything goes through the host seam, so each write and each refusal is driven by the fake.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::host::{Host, HostRef};
+use crate::runtime::{CgroupProbe, cgroup_dirs};
+
+/// The cgroup filesystem.
+pub const ROOT: &str = "/sys/fs/cgroup";
+
+/// Where the surface's run cgroups live, below each hierarchy's root (the lanes' are `/cordon`).
+pub const SURFACE_PARENT: &str = "/cordon-surface";
+
+/// The limits of one run, as the policy's stage gives them; `None` is no limit of that kind.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Limits {
+    /// The CPU quota, thousandths of a CPU per 100 ms period.
+    pub cpus_milli: Option<u64>,
+    /// The CPUs it may run on (a cpuset list).
+    pub cpuset: Option<String>,
+    /// Memory, swap included, bytes.
+    pub memory_bytes: Option<u64>,
+    /// Tasks.
+    pub pids: Option<u64>,
+}
+
+impl Limits {
+    /// Whether no limit is set (then no cgroup is made).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// The controllers the limits need, as v2 names them (v1 mounts each as its own hierarchy).
+    fn controllers(&self) -> Vec<&'static str> {
+        let mut c = Vec::new();
+        if self.cpus_milli.is_some() {
+            c.push("cpu");
+        }
+        if self.cpuset.is_some() {
+            c.push("cpuset");
+        }
+        if self.memory_bytes.is_some() {
+            c.push("memory");
+        }
+        if self.pids.is_some() {
+            c.push("pids");
+        }
+        c
+    }
+}
+
+/// A step of preparing, joining or removing a run cgroup failed: which, and why.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+#[error("the run's cgroup: {what}: {source}")]
+#[diagnostic(code(cordon::cgroup))]
+pub struct CgroupError {
+    /// What was being done, with the path.
+    pub what: String,
+    /// Why it failed.
+    #[source]
+    pub source: io::Error,
+}
+
+fn failed(what: impl std::fmt::Display, path: &Path) -> impl FnOnce(io::Error) -> CgroupError {
+    let what = format!("{what} {}", path.display());
+    move |source| CgroupError { what, source }
+}
+
+/// A prepared run cgroup: its probe (accounting, events) and the directories it occupies.
+#[derive(Debug)]
+pub struct RunCgroup {
+    /// Its accounting and events, read through the host seam.
+    pub probe: CgroupProbe,
+    /// Its directories, one per hierarchy joined (one under v2).
+    dirs: Vec<PathBuf>,
+    /// The v1 hierarchies joined (empty under v2), to check `/proc/<pid>/cgroup`.
+    hierarchies: Vec<&'static str>,
+}
+
+/// Make the run cgroup `/cordon-surface/<name>` below `root` (`/sys/fs/cgroup`) with `limits`.
+/// A cgroup of that name that already exists is refused (it is another run's, or residue);
+/// what was made before a failure is removed again.
+///
+/// # Errors
+/// The hierarchy is not known, or a directory or a limit could not be made or written.
+pub fn prepare(
+    host: &HostRef,
+    root: &Path,
+    name: &str,
+    limits: &Limits,
+) -> Result<RunCgroup, CgroupError> {
+    let probe = CgroupProbe {
+        host: host.clone(),
+        root: root.to_path_buf(),
+        path: format!("{SURFACE_PARENT}/{name}"),
+    };
+    let unified = probe
+        .unified()
+        .map_err(failed("read", &root.join("cgroup.controllers")))?;
+    let mut cg = RunCgroup {
+        probe,
+        dirs: Vec::new(),
+        hierarchies: Vec::new(),
+    };
+    let made = if unified {
+        cg.prepare_v2(host, root, limits)
+    } else {
+        cg.prepare_v1(host, root, limits)
+    };
+    match made {
+        Ok(()) => Ok(cg),
+        Err(e) => {
+            // Nothing has joined it: an empty cgroup is removable, and what cannot be removed
+            // is found again by reap by its name.
+            let _ = cg.remove();
+            Err(e)
+        }
+    }
+}
+
+fn write(host: &HostRef, path: &Path, value: &str) -> Result<(), CgroupError> {
+    host.write_control(path, value.as_bytes())
+        .map_err(failed(format_args!("write {value:?} to"), path))
+}
+
+fn read_text(host: &HostRef, path: &Path) -> Result<String, CgroupError> {
+    let bytes = host.read(path).map_err(failed("read", path))?;
+    Ok(String::from_utf8_lossy(&bytes).trim().to_owned())
+}
+
+/// Make `dir`'s parent if missing, then `dir` itself, fresh.
+fn make_fresh(host: &HostRef, dir: &Path) -> Result<bool, CgroupError> {
+    let parent = dir.parent().unwrap_or(dir);
+    let new_parent = match host.make_dir(parent) {
+        Ok(()) => true,
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
+        Err(e) => return Err(failed("make", parent)(e)),
+    };
+    host.make_dir(dir).map_err(failed("make", dir))?;
+    Ok(new_parent)
+}
+
+impl RunCgroup {
+    fn prepare_v1(
+        &mut self,
+        host: &HostRef,
+        root: &Path,
+        limits: &Limits,
+    ) -> Result<(), CgroupError> {
+        let rel = self.probe.path.trim_start_matches('/').to_owned();
+        for controller in limits.controllers() {
+            let hierarchy = root.join(controller);
+            let dir = hierarchy.join(&rel);
+            make_fresh(host, &dir)?;
+            self.dirs.push(dir.clone());
+            self.hierarchies.push(controller);
+            match controller {
+                "memory" => {
+                    let n = limits.memory_bytes.unwrap_or_default().to_string();
+                    write(host, &dir.join("memory.limit_in_bytes"), &n)?;
+                    // Swap included: without swap accounting the limit would bound RAM alone.
+                    write(host, &dir.join("memory.memsw.limit_in_bytes"), &n)?;
+                }
+                "pids" => write(
+                    host,
+                    &dir.join("pids.max"),
+                    &limits.pids.unwrap_or_default().to_string(),
+                )?,
+                "cpu" => {
+                    write(host, &dir.join("cpu.cfs_period_us"), "100000")?;
+                    let quota = limits.cpus_milli.unwrap_or_default() * 100;
+                    write(host, &dir.join("cpu.cfs_quota_us"), &quota.to_string())?;
+                }
+                _ => {
+                    // A v1 cpuset takes no task until it has CPUs and memory nodes, and takes
+                    // only what its parent has: the parent is given the hierarchy's whole set
+                    // (once), the run its policy's CPUs.
+                    let parent = dir.parent().unwrap_or(&dir);
+                    let mems = read_text(host, &hierarchy.join("cpuset.mems"))?;
+                    for file in ["cpuset.cpus", "cpuset.mems"] {
+                        if read_text(host, &parent.join(file))?.is_empty() {
+                            let all = read_text(host, &hierarchy.join(file))?;
+                            write(host, &parent.join(file), &all)?;
+                        }
+                    }
+                    write(
+                        host,
+                        &dir.join("cpuset.cpus"),
+                        limits.cpuset.as_deref().unwrap_or_default(),
+                    )?;
+                    write(host, &dir.join("cpuset.mems"), &mems)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn prepare_v2(
+        &mut self,
+        host: &HostRef,
+        root: &Path,
+        limits: &Limits,
+    ) -> Result<(), CgroupError> {
+        let dir = root.join(self.probe.path.trim_start_matches('/'));
+        let parent = dir.parent().unwrap_or(&dir).to_path_buf();
+        // Each controller is enabled for the children of the root and of the parent (the v2
+        // root takes processes and children alike; the parent holds no process).
+        let enable: String = limits
+            .controllers()
+            .iter()
+            .map(|c| format!("+{c} "))
+            .collect();
+        let enable = enable.trim_end();
+        write(host, &root.join("cgroup.subtree_control"), enable)?;
+        make_fresh(host, &dir)?;
+        self.dirs.push(dir.clone());
+        write(host, &parent.join("cgroup.subtree_control"), enable)?;
+        if let Some(n) = limits.memory_bytes {
+            write(host, &dir.join("memory.max"), &n.to_string())?;
+            // Swap included: v2 bounds swap apart, so none at all keeps the total at the limit.
+            write(host, &dir.join("memory.swap.max"), "0")?;
+        }
+        if let Some(n) = limits.pids {
+            write(host, &dir.join("pids.max"), &n.to_string())?;
+        }
+        if let Some(m) = limits.cpus_milli {
+            write(host, &dir.join("cpu.max"), &format!("{} 100000", m * 100))?;
+        }
+        if let Some(set) = &limits.cpuset {
+            write(host, &dir.join("cpuset.cpus"), set)?;
+        }
+        Ok(())
+    }
+
+    /// Place process `pid` (stopped before it runs anything of its own) in the cgroup, then
+    /// check from `/proc/<pid>/cgroup` that the kernel has it there in every hierarchy.
+    ///
+    /// # Errors
+    /// A write was refused, or the process is not where it was placed.
+    pub fn join(&self, pid: u32) -> Result<(), CgroupError> {
+        let host = &self.probe.host;
+        for dir in &self.dirs {
+            write(host, &dir.join("cgroup.procs"), &pid.to_string())?;
+        }
+        let proc = PathBuf::from(format!("/proc/{pid}/cgroup"));
+        let text = read_text(host, &proc)?;
+        let at = |controller: Option<&str>| {
+            text.lines().any(|l| {
+                let mut f = l.splitn(3, ':');
+                let (_, list, path) = (f.next(), f.next().unwrap_or("x"), f.next());
+                let listed = match controller {
+                    None => list.is_empty(),
+                    Some(c) => list.split(',').any(|x| x == c),
+                };
+                listed && path == Some(self.probe.path.as_str())
+            })
+        };
+        let placed = if self.hierarchies.is_empty() {
+            at(None)
+        } else {
+            self.hierarchies.iter().all(|c| at(Some(c)))
+        };
+        if placed {
+            Ok(())
+        } else {
+            Err(CgroupError {
+                what: format!("process {pid} is not in {}", self.probe.path),
+                source: io::Error::other(text),
+            })
+        }
+    }
+
+    /// The limits' evidence: OOM kills and peak memory where the hierarchy tells.
+    #[must_use]
+    pub fn accounting(&self) -> serde_json::Value {
+        let (oom_kills, peak_bytes, cpu_ms) = self.probe.accounting();
+        serde_json::json!({
+            "path": self.probe.path,
+            "oom_kills": oom_kills,
+            "peak_bytes": peak_bytes,
+            "cpu_ms": cpu_ms,
+        })
+    }
+
+    /// Remove the cgroup (its directories, never the shared parent).
+    ///
+    /// # Errors
+    /// A directory could not be removed: a process is still in it (residue).
+    pub fn remove(&self) -> Result<(), CgroupError> {
+        remove_dirs(&*self.probe.host, &self.dirs)
+    }
+}
+
+fn remove_dirs(host: &dyn Host, dirs: &[PathBuf]) -> Result<(), CgroupError> {
+    let mut first = None;
+    for dir in dirs {
+        if let Err(e) = host.remove_dir(dir) {
+            first.get_or_insert_with(|| failed("remove", dir)(e));
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
+/// Remove run `name`'s cgroup wherever a run left it (each hierarchy; one already gone, or
+/// never made, is fine): how the end of a per-run run, or its recovery, removes it.
+///
+/// # Errors
+/// The hierarchy is not known, or a directory could not be removed (a process left in it).
+pub fn remove_leftover(host: &dyn Host, root: &Path, name: &str) -> Result<(), CgroupError> {
+    let dirs = cgroup_dirs(host, root, &format!("{SURFACE_PARENT}/{name}"))
+        .map_err(failed("read", &root.join("cgroup.controllers")))?;
+    remove_dirs(host, &dirs)
+}
+
+#[cfg(test)]
+mod tests;
