@@ -105,8 +105,23 @@ base = plain["services"]["cordon-agent"]["serviceConfig"]
 assert base["PrivateNetwork"] is True and base["IPAddressDeny"] == "any", base
 assert "AF_INET" not in base["RestrictAddressFamilies"], base
 assert len(base["ExecStartPre"]) == 1 and "--egress-domain" not in plain["etc"]["cordon/surface.kdl"]["facts"]
+assert "Delegate" not in base and base["ProtectControlGroups"] is True, base
 print("egress and skills: facts", facts[-2:], "ExecStartPre", len(pre))
 EOF
+# Limits: the unit is delegated a cgroup v2 subtree, its processes in the leaf hub, the cgroup
+# tree writable to it; nothing of that without the option (above).
+evaluate "{
+  services.cordon = { enable = true; surface = { enable = true; limits = true;
+    policy = $root/policy/examples/surface.kdl; command = [ \"/bin/agent\" ]; }; };
+  users.users = { root = { uid = 0; }; }; users.groups = { root = { gid = 0; }; };
+}" >"$work/limits.json"
+python3 -c '
+import json, sys
+agent = json.load(open(sys.argv[1]))["services"]["cordon-agent"]["serviceConfig"]
+assert agent["Delegate"] == "cpu cpuset memory pids" and agent["DelegateSubgroup"] == "hub", agent
+assert agent["ProtectControlGroups"] is False and agent["User"] == "cordon-agent", agent
+print("limits: Delegate", agent["Delegate"], "DelegateSubgroup", agent["DelegateSubgroup"])
+' "$work/limits.json"
 # Without the surface, no agent unit, user or policy.
 evaluate '{ services.cordon.enable = true; }' >"$work/plain.json"
 python3 -c '

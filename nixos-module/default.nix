@@ -326,6 +326,11 @@ in {
         example = ["api.anthropic.com" "pypi.org" "*.pythonhosted.org"];
         description = "The domains this host's surface runs may reach through the egress proxy: rendered into the policy in place of its reviewed egress domains, each of which must lie within them (rendering only narrows; the diff is kept beside the rendered policy). Non-empty only for a policy of network \"egress\"; the agent service may then open IP sockets, for its proxy.";
       };
+      limits = mkOption {
+        type = types.bool;
+        default = false;
+        description = "Delegate the agent service a cgroup v2 subtree (Delegate= the cpu, cpuset, memory and pids controllers, the service's processes in its leaf hub: DelegateSubgroup, systemd 254 or later), so that a surface policy's cpus, cpuset, memory and pids are set by the rootless runtime in each run's own cgroup below it; without it such a policy is refused. The cgroup tree is then writable to the service (ProtectControlGroups off), as delegation needs.";
+      };
       skills = mkOption {
         type = types.attrsOf types.path;
         default = {};
@@ -500,6 +505,15 @@ in {
           RuntimeDirectory = "cordon-agent";
           RuntimeDirectoryMode = "0700";
           ExecStart = utils.escapeSystemdExecArgs surface.command;
+        }
+        // lib.optionalAttrs surface.limits {
+          # The unit's cgroup is the service user's; its processes start in the leaf `hub`, so
+          # the unit's own cgroup holds none and can give controllers to the runs' cgroups,
+          # siblings of `hub` (cordon::run_cgroup::delegated).
+          Delegate = "cpu cpuset memory pids";
+          DelegateSubgroup = "hub";
+        }
+        // {
           ProtectSystem = "strict";
           ReadWritePaths = lib.unique [
             "/var/lib/cordon-agent"
@@ -513,7 +527,8 @@ in {
           ProtectClock = true;
           # /usr/lib/modules hidden: a mount outside /proc, which a fresh procfs does not mind.
           ProtectKernelModules = true;
-          ProtectControlGroups = true;
+          # Off only with limits: the delegated subtree is where the runtime writes them.
+          ProtectControlGroups = !surface.limits;
           ProtectProc = "invisible";
           ProcSubset = "all";
           RemoveIPC = true;

@@ -7,13 +7,17 @@
 //! below, nor leave (moving a process needs write access to the destination's `cgroup.procs`
 //! on v1, to the common ancestor's on v2, both root's).
 //!
-//! Everything goes through the host seam, so each write and each refusal is driven by the fake.
+//! A service user's rootless runtime sets limits itself where the host delegates a cgroup v2
+//! subtree to it ([`delegated`]: systemd's `Delegate=yes`); the surface then checks that the
+//! container landed in its cgroup with the limits it asked for ([`check_placed`]).
+//!
+//! Every write goes through the host seam, so each write and each refusal is driven by the fake.
 
 use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::host::{Host, HostRef};
-use crate::runtime::{CgroupProbe, cgroup_dirs};
+use crate::runtime::{CgroupProbe, cgroup_dirs, unified};
 
 /// The cgroup filesystem.
 pub const ROOT: &str = "/sys/fs/cgroup";
@@ -114,9 +118,9 @@ pub fn prepare(
         hierarchies: Vec::new(),
     };
     let made = if unified {
-        cg.prepare_v2(host, root, limits)
+        cg.prepare_v2(&**host, root, limits)
     } else {
-        cg.prepare_v1(host, root, limits)
+        cg.prepare_v1(&**host, root, limits)
     };
     match made {
         Ok(()) => Ok(cg),
@@ -129,18 +133,18 @@ pub fn prepare(
     }
 }
 
-fn write(host: &HostRef, path: &Path, value: &str) -> Result<(), CgroupError> {
+fn write(host: &dyn Host, path: &Path, value: &str) -> Result<(), CgroupError> {
     host.write_control(path, value.as_bytes())
         .map_err(failed(format_args!("write {value:?} to"), path))
 }
 
-fn read_text(host: &HostRef, path: &Path) -> Result<String, CgroupError> {
+fn read_text(host: &dyn Host, path: &Path) -> Result<String, CgroupError> {
     let bytes = host.read(path).map_err(failed("read", path))?;
     Ok(String::from_utf8_lossy(&bytes).trim().to_owned())
 }
 
 /// Make `dir`'s parent if missing, then `dir` itself, fresh.
-fn make_fresh(host: &HostRef, dir: &Path) -> Result<bool, CgroupError> {
+fn make_fresh(host: &dyn Host, dir: &Path) -> Result<bool, CgroupError> {
     let parent = dir.parent().unwrap_or(dir);
     let new_parent = match host.make_dir(parent) {
         Ok(()) => true,
@@ -154,7 +158,7 @@ fn make_fresh(host: &HostRef, dir: &Path) -> Result<bool, CgroupError> {
 impl RunCgroup {
     fn prepare_v1(
         &mut self,
-        host: &HostRef,
+        host: &dyn Host,
         root: &Path,
         limits: &Limits,
     ) -> Result<(), CgroupError> {
@@ -208,7 +212,7 @@ impl RunCgroup {
 
     fn prepare_v2(
         &mut self,
-        host: &HostRef,
+        host: &dyn Host,
         root: &Path,
         limits: &Limits,
     ) -> Result<(), CgroupError> {
@@ -251,34 +255,9 @@ impl RunCgroup {
     pub fn join(&self, pid: u32) -> Result<(), CgroupError> {
         let host = &self.probe.host;
         for dir in &self.dirs {
-            write(host, &dir.join("cgroup.procs"), &pid.to_string())?;
+            write(&**host, &dir.join("cgroup.procs"), &pid.to_string())?;
         }
-        let proc = PathBuf::from(format!("/proc/{pid}/cgroup"));
-        let text = read_text(host, &proc)?;
-        let at = |controller: Option<&str>| {
-            text.lines().any(|l| {
-                let mut f = l.splitn(3, ':');
-                let (_, list, path) = (f.next(), f.next().unwrap_or("x"), f.next());
-                let listed = match controller {
-                    None => list.is_empty(),
-                    Some(c) => list.split(',').any(|x| x == c),
-                };
-                listed && path == Some(self.probe.path.as_str())
-            })
-        };
-        let placed = if self.hierarchies.is_empty() {
-            at(None)
-        } else {
-            self.hierarchies.iter().all(|c| at(Some(c)))
-        };
-        if placed {
-            Ok(())
-        } else {
-            Err(CgroupError {
-                what: format!("process {pid} is not in {}", self.probe.path),
-                source: io::Error::other(text),
-            })
-        }
+        placed(&**host, pid, &self.probe.path, &self.hierarchies)
     }
 
     /// The limits' evidence: OOM kills and peak memory where the hierarchy tells.
@@ -321,6 +300,144 @@ pub fn remove_leftover(host: &dyn Host, root: &Path, name: &str) -> Result<(), C
     let dirs = cgroup_dirs(host, root, &format!("{SURFACE_PARENT}/{name}"))
         .map_err(failed("read", &root.join("cgroup.controllers")))?;
     remove_dirs(host, &dirs)
+}
+
+/// Whether `/proc/<pid>/cgroup` has `pid` at `path` in every hierarchy of `hierarchies` (v1),
+/// or in the unified one when it is empty.
+fn placed(
+    host: &dyn Host,
+    pid: u32,
+    path: &str,
+    hierarchies: &[&'static str],
+) -> Result<(), CgroupError> {
+    let proc = PathBuf::from(format!("/proc/{pid}/cgroup"));
+    let text = read_text(host, &proc)?;
+    let at = |controller: Option<&str>| {
+        text.lines().any(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, list, at) = (f.next(), f.next().unwrap_or("x"), f.next());
+            let listed = match controller {
+                None => list.is_empty(),
+                Some(c) => list.split(',').any(|x| x == c),
+            };
+            listed && at == Some(path)
+        })
+    };
+    let found = if hierarchies.is_empty() {
+        at(None)
+    } else {
+        hierarchies.iter().all(|c| at(Some(c)))
+    };
+    if found {
+        Ok(())
+    } else {
+        Err(CgroupError {
+            what: format!("process {pid} is not in {path}"),
+            source: io::Error::other(text),
+        })
+    }
+}
+
+/// The cgroup v2 subtree delegated to user `uid`, for runs of a process whose own cgroup is
+/// `own` (the `0::` path of its `/proc/self/cgroup`, whose whole text is `self_cgroup`): the
+/// parent of its own cgroup, when `root` is the unified hierarchy alone, that parent is the
+/// user's (the directory, its `cgroup.procs` and `cgroup.subtree_control`, as systemd's
+/// `Delegate=yes` leaves them) and it offers every controller `limits` need. Those controllers
+/// are then enabled for its children (the runs' cgroups, siblings of this process's own).
+/// Returns the parent's path, below which a run's cgroup is `cordon-<run>`.
+///
+/// # Errors
+/// Why no subtree is delegated, for the operator (a refusal, never a run without the limits).
+pub fn delegated(
+    host: &dyn Host,
+    root: &Path,
+    self_cgroup: &str,
+    uid: u32,
+    limits: &Limits,
+) -> Result<String, String> {
+    use std::os::unix::fs::MetadataExt;
+    let mut lines = self_cgroup.lines().filter(|l| !l.is_empty());
+    let own = match (lines.next(), lines.next()) {
+        (Some(l), None) => l.strip_prefix("0::").map(str::to_owned),
+        _ => None,
+    }
+    .ok_or("this process is not on cgroup v2 alone (its /proc/self/cgroup lists v1 hierarchies)")?;
+    if !unified(host, root).unwrap_or(false) {
+        return Err(format!("{} is not the cgroup v2 hierarchy", root.display()));
+    }
+    let parent = Path::new(&own)
+        .parent()
+        .filter(|p| *p != Path::new("/"))
+        .ok_or_else(|| {
+            format!("this process's cgroup {own} has no parent below the root to delegate")
+        })?
+        .to_str()
+        .unwrap_or_default()
+        .to_owned();
+    let dir = root.join(parent.trim_start_matches('/'));
+    for p in [
+        dir.clone(),
+        dir.join("cgroup.procs"),
+        dir.join("cgroup.subtree_control"),
+    ] {
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.uid() == uid => {}
+            Ok(m) => {
+                return Err(format!(
+                    "{} is uid {}'s, not this user's: no cgroup is delegated to it (systemd: Delegate=yes)",
+                    p.display(),
+                    m.uid()
+                ));
+            }
+            Err(e) => return Err(format!("{}: {e}", p.display())),
+        }
+    }
+    let offered = read_text(host, &dir.join("cgroup.controllers")).map_err(|e| e.to_string())?;
+    let needed = limits.controllers();
+    if let Some(missing) = needed
+        .iter()
+        .find(|c| !offered.split_whitespace().any(|o| o == **c))
+    {
+        return Err(format!(
+            "the delegated cgroup {parent} does not offer the {missing} controller"
+        ));
+    }
+    let enable: Vec<String> = needed.iter().map(|c| format!("+{c}")).collect();
+    write(host, &dir.join("cgroup.subtree_control"), &enable.join(" "))
+        .map_err(|e| e.to_string())?;
+    Ok(parent)
+}
+
+/// Check from outside that the container's init `pid` is in cgroup `path` (unified hierarchy)
+/// and that the kernel holds the memory and pids limits `limits` asked for.
+///
+/// # Errors
+/// It is elsewhere, or a limit is not the one asked for.
+pub fn check_placed(
+    host: &HostRef,
+    root: &Path,
+    path: &str,
+    pid: u32,
+    limits: &Limits,
+) -> Result<(), CgroupError> {
+    placed(&**host, pid, path, &[])?;
+    let probe = CgroupProbe {
+        host: host.clone(),
+        root: root.to_path_buf(),
+        path: path.to_owned(),
+    };
+    for (want, got, what) in [
+        (limits.memory_bytes, probe.memory_limit(), "memory.max"),
+        (limits.pids, probe.pids_limit(), "pids.max"),
+    ] {
+        if want.is_some() && want != got {
+            return Err(CgroupError {
+                what: format!("{path}/{what}"),
+                source: io::Error::other(format!("holds {got:?}, not {want:?}")),
+            });
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -36,9 +36,8 @@ use cordon_policy_lang::{
 };
 use oci_spec::runtime::{
     Capability, LinuxBuilder, LinuxCpuBuilder, LinuxDevice, LinuxDeviceBuilder, LinuxDeviceCgroup,
-    LinuxDeviceCgroupBuilder, LinuxDeviceType, LinuxMemoryBuilder, LinuxNamespace,
-    LinuxNamespaceType, LinuxPidsBuilder, LinuxResources, LinuxResourcesBuilder, Mount,
-    MountBuilder, Spec,
+    LinuxDeviceCgroupBuilder, LinuxDeviceType, LinuxNamespace, LinuxNamespaceType, LinuxResources,
+    Mount, MountBuilder, Spec,
 };
 
 use crate::oci::{self, mount, seccomp};
@@ -650,39 +649,21 @@ fn resources(
     pids: u64,
     device_rules: Vec<LinuxDeviceCgroup>,
 ) -> Result<LinuxResources, PlanError> {
-    let memory = i64::try_from(memory_bytes).map_err(invalid)?;
     let mut cpu = LinuxCpuBuilder::default();
-    if let Some(m) = stage.cpus_milli {
-        cpu = cpu
-            .period(100_000u64)
-            .quota(i64::try_from(m * 100).map_err(invalid)?);
-    }
-    if let Some(set) = run
-        .lane
-        .as_ref()
-        .map(|l| &l.cpuset)
-        .or(stage.cpuset.as_ref())
-    {
-        cpu = cpu.cpus(set.clone());
+    // A physical lane's cpu list replaces the stage's cpuset.
+    if let Some(l) = &run.lane {
+        cpu = cpu.cpus(l.cpuset.clone());
     }
     if let Some(shares) = run.lane.as_ref().and_then(|l| l.cpu_shares) {
         cpu = cpu.shares(shares);
     }
-    LinuxResourcesBuilder::default()
-        .memory(
-            LinuxMemoryBuilder::default()
-                .limit(memory)
-                .swap(memory)
-                .build()
-                .map_err(invalid)?,
-        )
-        .cpu(cpu.build().map_err(invalid)?)
-        .pids(
-            LinuxPidsBuilder::default()
-                .limit(i64::try_from(pids).map_err(invalid)?)
-                .build()
-                .map_err(invalid)?,
-        )
+    let limits = cordon::run_cgroup::Limits {
+        cpus_milli: stage.cpus_milli,
+        cpuset: stage.cpuset.clone().filter(|_| run.lane.is_none()),
+        memory_bytes: Some(memory_bytes),
+        pids: Some(pids),
+    };
+    oci::limit_resources(&limits, cpu)?
         .devices(device_rules)
         .build()
         .map_err(invalid)

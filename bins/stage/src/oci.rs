@@ -59,6 +59,45 @@ pub const READONLY_PATHS: [&str; 5] = [
 ];
 
 /// [`READONLY_PATHS`], owned.
+/// The memory, CPU and pids resources of `limits`, each only where set: memory with swap
+/// included (memory+swap equal to the limit), the CPU quota per 100 ms period and the CPU set,
+/// the task count. A lane's CPU set and weight are its caller's to add to `cpu`.
+pub(crate) fn limit_resources(
+    limits: &cordon::run_cgroup::Limits,
+    mut cpu: oci_spec::runtime::LinuxCpuBuilder,
+) -> Result<oci_spec::runtime::LinuxResourcesBuilder, PlanError> {
+    use oci_spec::runtime::{LinuxMemoryBuilder, LinuxPidsBuilder, LinuxResourcesBuilder};
+    let mut r = LinuxResourcesBuilder::default();
+    if let Some(bytes) = limits.memory_bytes {
+        let m = i64::try_from(bytes).map_err(invalid)?;
+        r = r.memory(
+            LinuxMemoryBuilder::default()
+                .limit(m)
+                .swap(m)
+                .build()
+                .map_err(invalid)?,
+        );
+    }
+    if let Some(milli) = limits.cpus_milli {
+        cpu = cpu
+            .period(100_000u64)
+            .quota(i64::try_from(milli * 100).map_err(invalid)?);
+    }
+    if let Some(set) = &limits.cpuset {
+        cpu = cpu.cpus(set.clone());
+    }
+    r = r.cpu(cpu.build().map_err(invalid)?);
+    if let Some(n) = limits.pids {
+        r = r.pids(
+            LinuxPidsBuilder::default()
+                .limit(i64::try_from(n).map_err(invalid)?)
+                .build()
+                .map_err(invalid)?,
+        );
+    }
+    Ok(r)
+}
+
 pub(crate) fn readonly_paths() -> Vec<String> {
     READONLY_PATHS.iter().map(|s| (*s).to_owned()).collect()
 }

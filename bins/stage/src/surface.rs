@@ -17,10 +17,10 @@
 //!
 //! Every field of the stage is destructured: a value is planned, carried into
 //! [`SurfaceSettings`], or refused with a named [`PlanError`]. Cgroup limits (`cpus`, `cpuset`,
-//! `memory`, `pids`) are refused for a service user: its rootless runtime cannot apply them
-//! where the host does not delegate a cgroup to it (cgroup v1 never does), and a limit is never
-//! applied as a no-op. Under `user "per-run"` root holds them ([`limits_of`]): the account's
-//! process tree runs in a cgroup root prepared. `network "egress"` is the same private namespace as `none` (loopback only) with
+//! `memory`, `pids`) of a service user are its rootless runtime's to set, in a cgroup of the run
+//! below the cgroup v2 subtree the host delegates to it; where none is delegated (cgroup v1
+//! never does) they are refused, never applied as a no-op. Under `user "per-run"` root holds
+//! them ([`limits_of`]): the account's process tree runs in a cgroup root prepared. `network "egress"` is the same private namespace as `none` (loopback only) with
 //! every client pointed at the host's proxy on that loopback ([`EGRESS_PORT`], [`PROXY_ENV`]);
 //! the proxy and its allow-list are cordon-surface's. A run's selected skills are bound
 //! read-only at the policy's `skills` path from their run-scoped copies.
@@ -36,7 +36,9 @@ use cordon_policy_lang::{
     Egress, MountMode, MountSource, Network, Output, Policy, RootMode, Stage, StageKind, Surface,
     Sys, Tmp, User,
 };
-use oci_spec::runtime::{LinuxBuilder, LinuxIdMappingBuilder, LinuxNamespaceType, Spec};
+use oci_spec::runtime::{
+    LinuxBuilder, LinuxCpuBuilder, LinuxIdMappingBuilder, LinuxNamespaceType, Spec,
+};
 
 use crate::bundle::{PlanError, invalid};
 use crate::oci::{self, MASKED_PATHS, MASKED_WITHOUT_GPU, mount};
@@ -68,6 +70,10 @@ pub struct SurfaceInputs {
     /// The run's skill snapshot: each selected skill's name and its run-scoped copy on the
     /// host, bound read-only at the policy's `skills` path.
     pub skills: Vec<(String, PathBuf)>,
+    /// The cgroup v2 subtree delegated to the service user ([`cordon::run_cgroup::delegated`]),
+    /// where its runtime sets the policy's limits; or why there is none (then a service policy
+    /// with limits is refused). Not looked at under `user "per-run"`, whose limits are root's.
+    pub delegated: Result<String, String>,
 }
 
 /// What the surface enforces beyond the bundle.
@@ -85,6 +91,9 @@ pub struct SurfaceSettings {
     pub temp: String,
     /// Under `network "egress"`: what the host's proxy admits.
     pub egress: Option<Egress>,
+    /// A service user's run with limits: its cgroup below the delegated subtree, and the
+    /// limits the surface checks the kernel holds there once the container exists.
+    pub cgroup: Option<(String, cordon::run_cgroup::Limits)>,
 }
 
 /// The loopback port inside a sandbox with egress where the proxy answers (`HTTPS_PROXY`).
@@ -275,6 +284,7 @@ pub fn example_inputs(policy: &Policy) -> SurfaceInputs {
         run: "RUN".into(),
         authority: "AUTHORITY".into(),
         skills: Vec::new(),
+        delegated: Err("not examined: explain plans without the host".into()),
     }
 }
 
@@ -311,23 +321,10 @@ pub fn limits_of(stage: &Stage) -> cordon::run_cgroup::Limits {
     }
 }
 
-/// What a rootless runtime cannot apply, refused: devices, capabilities, and (for a service
-/// user) cgroup limits; under `user "per-run"` the limits are root's ([`limits_of`]).
+/// What a rootless runtime cannot apply, refused: devices and capabilities.
 fn rootless_refusals(stage: &Stage) -> Result<(), PlanError> {
     if !stage.gpu_device.is_empty() {
         return Err(unenforceable("GPU devices"));
-    }
-    // Cgroup limits: a service user's runtime would need a cgroup delegated to it.
-    let held_by_root = stage.user == User::PerRun;
-    for (set, what) in [
-        (stage.cpus_milli.is_some(), "a cpus quota"),
-        (stage.cpuset.is_some(), "a cpuset"),
-        (stage.memory_bytes.is_some(), "a memory limit"),
-        (stage.pids.is_some(), "a pids limit"),
-    ] {
-        if set && !held_by_root {
-            return Err(unenforceable(what));
-        }
     }
     // A capability in the user namespace would be root's power over everything the namespace
     // owns (its mounts, its network): the surface grants none.
@@ -335,6 +332,33 @@ fn rootless_refusals(stage: &Stage) -> Result<(), PlanError> {
         return Err(unenforceable("capabilities"));
     }
     Ok(())
+}
+
+/// The cgroup of a service user's run and its resources: the run's own below the delegated
+/// subtree, where the rootless runtime writes the limits; `None` without limits, and under
+/// `user "per-run"` (root holds them, [`limits_of`]).
+///
+/// # Errors
+/// A service policy sets limits and no subtree is delegated: unenforceable, with the reason.
+fn limits_cgroup(
+    stage: &Stage,
+    run: &SurfaceInputs,
+) -> Result<Option<(String, oci_spec::runtime::LinuxResources)>, PlanError> {
+    let limits = limits_of(stage);
+    if limits.is_empty() || stage.user == User::PerRun {
+        return Ok(None);
+    }
+    match &run.delegated {
+        Ok(parent) => {
+            let resources = oci::limit_resources(&limits, LinuxCpuBuilder::default())?
+                .build()
+                .map_err(invalid)?;
+            Ok(Some((format!("{parent}/cordon-{}", run.run), resources)))
+        }
+        Err(why) => Err(unenforceable(&format!(
+            "cgroup limits (cpus, cpuset, memory, pids) without a cgroup v2 subtree delegated to the service user ({why})"
+        ))),
+    }
 }
 
 /// The container's mount table: the base, a private `/tmp`, `/dev/shm`, the read set, the
@@ -595,9 +619,12 @@ pub fn plan(policy: &Policy, run: &SurfaceInputs) -> Result<SurfacePlan, PlanErr
         .rootfs_propagation("private")
         .build()
         .map_err(invalid)?;
-    // No cgroup settings at all: none could be applied (see the module documentation). The
-    // only device nodes are the runtime's default pseudo-devices, bound from the host.
-    linux.set_resources(None);
+    // Cgroup settings only where the service user's runtime can apply them: in its own cgroup
+    // below the delegated subtree. The only device nodes are the runtime's default
+    // pseudo-devices, bound from the host.
+    let cgroup = limits_cgroup(stage, run)?;
+    linux.set_resources(cgroup.as_ref().map(|(_, r)| r.clone()));
+    linux.set_cgroups_path(cgroup.as_ref().map(|(p, _)| PathBuf::from(p)));
     let annotations: HashMap<String, String> = [
         (cordon::lease::LABEL_LEASE.to_owned(), run.run.clone()),
         (
@@ -618,6 +645,7 @@ pub fn plan(policy: &Policy, run: &SurfaceInputs) -> Result<SurfacePlan, PlanErr
             home: surface.home.clone(),
             temp: surface.temp.clone(),
             egress: egress.clone(),
+            cgroup: cgroup.map(|(path, _)| (path, limits_of(stage))),
         },
     })
 }
@@ -657,7 +685,48 @@ mod tests {
             run: "R".into(),
             authority: "A".into(),
             skills: Vec::new(),
+            delegated: Err("none here".into()),
         }
+    }
+
+    /// Limits: a service user's go to its runtime in the run's cgroup below the delegated
+    /// subtree, refused with the reason where none is delegated; a per-run run's are root's.
+    #[test]
+    fn limits_are_the_runtimes_below_a_delegated_subtree_refused_without_one_and_roots_per_run() {
+        let limited = |t: String| {
+            t.replace(
+                "    nofile 1024\n",
+                "    nofile 1024\n    memory \"1GiB\"\n    pids 64\n    cpus \"1.5\"\n",
+            )
+        };
+        let policy = example(&limited);
+        let e = plan(&policy, &inputs(Tier::Command)).unwrap_err();
+        assert!(e.to_string().contains("none here"), "{e}");
+        let mut run = inputs(Tier::Command);
+        run.delegated = Ok("/system.slice/hub.service".into());
+        let p = plan(&policy, &run).unwrap();
+        let spec = serde_json::to_value(&p.spec).unwrap();
+        assert_eq!(
+            spec["linux"]["cgroupsPath"],
+            "/system.slice/hub.service/cordon-R"
+        );
+        let r = &spec["linux"]["resources"];
+        assert_eq!(r["memory"]["limit"], 1 << 30);
+        assert_eq!(r["memory"]["swap"], 1 << 30);
+        assert_eq!(r["pids"]["limit"], 64);
+        assert_eq!(r["cpu"]["quota"], 150_000);
+        let (path, limits) = p.settings.cgroup.unwrap();
+        assert_eq!(path, "/system.slice/hub.service/cordon-R");
+        assert_eq!(limits.memory_bytes, Some(1 << 30));
+        // Without limits: no cgroup at all, delegated or not.
+        let p = plan(&example(&|t| t), &run).unwrap();
+        let spec = serde_json::to_value(&p.spec).unwrap();
+        assert!(spec["linux"].get("cgroupsPath").is_none() && p.settings.cgroup.is_none());
+        // Per-run: root's, whatever the account's surface found.
+        let per_run = example(&|t| limited(t).replace("user \"service\"", "user \"per-run\""));
+        let p = plan(&per_run, &inputs(Tier::Command)).unwrap();
+        let spec = serde_json::to_value(&p.spec).unwrap();
+        assert!(spec["linux"].get("resources").is_none() && p.settings.cgroup.is_none());
     }
 
     #[test]

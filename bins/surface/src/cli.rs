@@ -187,7 +187,13 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
         .and_then(|()| trust::runtime(Path::new(policy.runtime().path()), uid, &gids))
         .and_then(|()| {
             let guarded = [Some(state.as_path()), ws, Some(Path::new(policy.store()))];
-            trust::read_set(block.read.keys(), guarded.into_iter().flatten())
+            let mountinfo = Path::new("/proc/self/mountinfo");
+            let table =
+                std::fs::read_to_string(mountinfo).map_err(|source| trust::TrustError::Io {
+                    path: mountinfo.to_path_buf(),
+                    source,
+                })?;
+            trust::read_set(block.read.keys(), guarded.into_iter().flatten(), &table)
         });
     if let Err(e) = checked {
         return fail(&RunError::from(e), mode, stderr);

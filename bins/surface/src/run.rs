@@ -39,7 +39,8 @@ use std::time::{Duration, Instant};
 use cordon::container::Stdio3;
 use cordon::lease::{BootTime, LeaseError, Supervisor};
 use cordon::lease::{quarantine, rootless};
-use cordon::runtime::{Finished, OutputCaps, RuntimeError};
+use cordon::run_cgroup;
+use cordon::runtime::{CgroupProbe, Finished, OutputCaps, RuntimeError};
 use cordon::store::Store;
 use cordon_policy_lang::Policy;
 use cordon_stage::bundle::PlanError;
@@ -66,6 +67,10 @@ pub enum RunError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Runtime(#[from] RuntimeError),
+    /// The run's cgroup is not where, or does not hold the limits, the plan asked for.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Cgroup(#[from] run_cgroup::CgroupError),
     /// The run's state could not be written or read.
     #[error("cannot {what} {path}")]
     #[diagnostic(code(cordon::surface::state))]
@@ -110,10 +115,13 @@ impl ExitClass for RunError {
     /// control this host cannot apply; anything else is a no-decision (3).
     fn exit_class(&self) -> ExitCode {
         match self {
+            // A host fact, not the operator's wiring: this host cannot run the policy's read set.
+            Self::Trust(TrustError::ReadSetMount { .. }) => ExitCode::NoDecision,
             Self::Trust(_) => ExitCode::Usage,
             Self::Skill(e) => e.exit_class(),
             Self::Plan(e) => e.exit_class(),
             Self::Runtime(_)
+            | Self::Cgroup(_)
             | Self::State { .. }
             | Self::Lease(_)
             | Self::Groups { .. }
@@ -230,6 +238,7 @@ pub fn run(policy: &Policy, host: &Host, req: &Request, store: &Store) -> Result
             run: run.clone(),
             authority: host.authority.clone(),
             skills: skills::snapshot_paths(&lease.run_dir(&run), &req.skills),
+            delegated: delegated(policy, lease)?,
         },
     )?;
     let deadline = started + Duration::from_millis(plan.settings.deadline_ms);
@@ -265,6 +274,19 @@ pub fn run(policy: &Policy, host: &Host, req: &Request, store: &Store) -> Result
         }
         released => released?,
     }
+    // The runtime removes the run's cgroup with its container; one still there is not ours to
+    // leave behind.
+    if let Some((path, _)) = &plan.settings.cgroup {
+        let dir = Path::new(run_cgroup::ROOT).join(path.trim_start_matches('/'));
+        lease
+            .runtime
+            .host
+            .remove_dir(&dir)
+            .map_err(|source| run_cgroup::CgroupError {
+                what: format!("remove {}", dir.display()),
+                source,
+            })?;
+    }
     result.map(|(finished, (egress, egress_unrecorded))| Ran {
         run,
         plan,
@@ -272,6 +294,26 @@ pub fn run(policy: &Policy, host: &Host, req: &Request, store: &Store) -> Result
         egress,
         egress_unrecorded,
     })
+}
+
+/// The cgroup v2 subtree delegated to the service user, looked for only when a service policy
+/// sets limits (its runtime then sets them below it); why there is none otherwise.
+fn delegated(policy: &Policy, lease: &rootless::Setup) -> Result<Result<String, String>, RunError> {
+    let (stage, _) = surface::surface_of(policy)?;
+    let limits = surface::limits_of(stage);
+    if limits.is_empty() || stage.user == cordon_policy_lang::User::PerRun {
+        return Ok(Err("no limits of the service user's to set".into()));
+    }
+    let host = &*lease.runtime.host;
+    let own = Path::new("/proc/self/cgroup");
+    let text = host.read(own).map_err(state_err("read", own))?;
+    Ok(run_cgroup::delegated(
+        host,
+        Path::new(run_cgroup::ROOT),
+        &String::from_utf8_lossy(&text),
+        lease.uid,
+        &limits,
+    ))
 }
 
 /// Step 3; the container's pid namespace is noted on the lease as soon as it exists.
@@ -363,9 +405,19 @@ fn created_and_run(
             return Err(e);
         }
     };
+    // A run with limits waits on its cgroup: the kill reaches every process in it, and the
+    // meta record gets the kernel's OOM count, peak memory and CPU time.
+    let probe = plan.settings.cgroup.as_ref().map(|(path, _)| CgroupProbe {
+        host: lease.runtime.host.clone(),
+        root: PathBuf::from(run_cgroup::ROOT),
+        path: path.clone(),
+    });
     let finished = created
         .start()
-        .and_then(|r| r.wait_without_cgroup(deadline))
+        .and_then(|r| match &probe {
+            Some(p) => r.wait(deadline, p),
+            None => r.wait_without_cgroup(deadline),
+        })
         .and_then(cordon::container::Exited::delete);
     // The forwarder ends with its pipe; it is reaped here, whatever the run did.
     if let Some(mut f) = forwarder {
@@ -424,6 +476,19 @@ fn established(
     pid: i32,
 ) -> Result<(), RunError> {
     held.note_namespace(lease, pid)?;
+    // Limits the runtime was asked to set are checked from outside before anything runs: the
+    // init in the run's cgroup, the kernel holding the memory and pids limits.
+    if let Some((path, limits)) = &plan.settings.cgroup {
+        let pid = u32::try_from(pid)
+            .map_err(|e| state_err("place", Path::new(path))(std::io::Error::other(e)))?;
+        run_cgroup::check_placed(
+            &lease.runtime.host,
+            Path::new(run_cgroup::ROOT),
+            path,
+            pid,
+            limits,
+        )?;
+    }
     // The directory the runtime mounted, seen through the container's root, is the one whose
     // ownership was checked: a rename race above the workspace path cannot substitute another.
     let mounted = PathBuf::from(format!("/proc/{pid}/root{}", plan.settings.workspace_dest));

@@ -85,6 +85,24 @@ pub enum TrustError {
         /// What it contains.
         guarded: PathBuf,
     },
+    /// A read path has a mount beneath it: a rootless runtime cannot bind it without that
+    /// mount (the kernel refuses a non-recursive bind that would uncover what a locked mount
+    /// hides), and a recursive one would carry it in.
+    #[error(
+        "read path {path} has a mount beneath it ({beneath}), which this host's rootless runtime cannot leave out"
+    )]
+    #[diagnostic(
+        code(cordon::surface::read_set),
+        help(
+            "name read paths with no mount beneath them (or run where none is mounted there); nothing mounted beneath a read path ever crosses"
+        )
+    )]
+    ReadSetMount {
+        /// The read path.
+        path: String,
+        /// The first mount point beneath it.
+        beneath: PathBuf,
+    },
     /// The workspace is not usable.
     #[error("workspace {path} cannot be used: {why}")]
     #[diagnostic(code(cordon::surface::workspace))]
@@ -223,15 +241,26 @@ pub fn runtime(binary: &Path, uid: u32, gids: &[u32]) -> Result<(), TrustError> 
 }
 
 /// The read set: no path may contain (or be) one of `guarded` — the workspace (whose
-/// neighbours are other runs' workspaces), the state directory, the store.
+/// neighbours are other runs' workspaces), the state directory, the store — nor have a mount
+/// beneath it in `mountinfo` (the kernel's table, `/proc/self/mountinfo`).
 ///
 /// # Errors
-/// [`TrustError::ReadSet`].
+/// [`TrustError::ReadSet`], [`TrustError::ReadSetMount`].
 pub fn read_set<'a>(
     read: impl IntoIterator<Item = &'a String>,
     guarded: impl IntoIterator<Item = &'a Path> + Clone,
+    mountinfo: &str,
 ) -> Result<(), TrustError> {
     for path in read {
+        if let Some(beneath) = mounts_beneath(mountinfo, Path::new(path))
+            .into_iter()
+            .next()
+        {
+            return Err(TrustError::ReadSetMount {
+                path: path.clone(),
+                beneath,
+            });
+        }
         if let Some(g) = guarded
             .clone()
             .into_iter()
@@ -645,6 +674,28 @@ mod tests {
         assert!(policy_file(&outside, Some(&ws), other, &[]).is_err());
         chmod(dir.path(), 0o1757);
         assert!(policy_file(&outside, Some(&ws), other, &[]).is_ok());
+    }
+
+    /// A read path with a mount beneath it is refused (seen on a GPU host: the driver's
+    /// squashfs at /usr/local/nvidia, beneath /usr, made runc's non-recursive bind of /usr fail
+    /// with EINVAL); a mount beside it, or one that is the read path itself, is not.
+    #[test]
+    fn a_read_path_with_a_mount_beneath_it_is_refused_with_the_mount_named() {
+        let table = "27 1 254:0 / / rw - ext4 /dev/vda rw\n\
+                     29 27 254:16 / /usr/local/nvidia ro - squashfs /dev/vdb ro\n\
+                     40 27 0:30 / /etc/hosts rw - ext4 /dev/vda rw\n\
+                     41 27 0:31 / /usrx rw - tmpfs tmpfs rw\n";
+        let read = |paths: &[&str]| {
+            let paths: Vec<String> = paths.iter().map(|p| (*p).to_owned()).collect();
+            read_set(&paths, [Path::new("/srv/ws")], table)
+        };
+        let e = read(&["/bin", "/usr"]).unwrap_err();
+        assert!(
+            matches!(&e, TrustError::ReadSetMount { path, beneath } if path == "/usr" && beneath == Path::new("/usr/local/nvidia")),
+            "{e}"
+        );
+        read(&["/bin", "/etc/hosts", "/lib"]).unwrap();
+        assert!(matches!(read(&["/srv"]), Err(TrustError::ReadSet { .. })));
     }
 
     #[test]

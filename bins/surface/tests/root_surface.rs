@@ -1896,3 +1896,160 @@ fn as_root_a_per_run_run_is_held_to_the_policys_memory_and_pids_limits() {
     );
     assert_eq!(surface_cgroups(), before);
 }
+
+/// A cgroup v2 subtree delegated to the service user as systemd's `Delegate=yes` leaves one:
+/// `/sys/fs/cgroup/<name>` and its `cgroup.procs`, `cgroup.subtree_control` and
+/// `cgroup.threads` the user's, the service's processes in its leaf `hub`. Removed on drop.
+struct Delegated {
+    dir: PathBuf,
+}
+
+impl Delegated {
+    fn new() -> Self {
+        let root = Path::new("/sys/fs/cgroup");
+        assert!(
+            root.join("cgroup.controllers").exists() && !root.join("memory").exists(),
+            "needs a host on cgroup v2 alone (/sys/fs/cgroup/cgroup.controllers, no v1 hierarchies): checks/cgroup2.sh"
+        );
+        std::fs::write(root.join("cgroup.subtree_control"), "+memory +pids").unwrap();
+        let dir = root.join(format!("cordon-test-{}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::create_dir(dir.join("hub")).unwrap();
+        let d = Self { dir };
+        d.delegate(true);
+        d
+    }
+
+    /// Give the subtree to the service user, or take it back.
+    fn delegate(&self, to_service: bool) {
+        let id = if to_service { SERVICE } else { 0 };
+        for p in [
+            "",
+            "cgroup.procs",
+            "cgroup.subtree_control",
+            "cgroup.threads",
+        ] {
+            std::os::unix::fs::chown(self.dir.join(p), Some(id), Some(id)).unwrap();
+        }
+    }
+
+    /// `command`, started in the subtree's leaf (as systemd starts the service there).
+    fn start_in(&self, command: &Command) -> Command {
+        let mut c = Command::new("/bin/sh");
+        c.arg("-c")
+            .arg("echo $$ > \"$0\" && exec \"$@\"")
+            .arg(self.dir.join("hub/cgroup.procs"))
+            .arg(command.get_program())
+            .args(command.get_args())
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .current_dir("/");
+        c
+    }
+
+    /// The runs' cgroups left in the subtree.
+    fn runs_left(&self) -> Vec<String> {
+        std::fs::read_dir(&self.dir)
+            .unwrap()
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("cordon-"))
+            .collect()
+    }
+}
+
+impl Drop for Delegated {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(self.dir.join("hub"));
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// Limits as the service user, on a host that delegates it a cgroup v2 subtree: the rootless
+/// runtime sets them in the run's own cgroup below it, the surface checks from outside that the
+/// container is there with the limits asked for, a run over its memory is OOM-killed (the meta
+/// record says so) and one past its pids limit cannot fork; with the subtree taken back the same
+/// policy is refused before anything runs, and with only the limits removed both probes succeed.
+/// No run's cgroup is left. CI's hosts are cgroup v1, where this cannot run: `checks/cgroup2.sh`
+/// runs it on a cgroup v2 host.
+#[test]
+#[ignore = "needs a cgroup v2 host: checks/cgroup2.sh"]
+fn as_the_service_user_limits_are_set_in_a_delegated_cgroup_v2_subtree() {
+    let hog = "x=$(head -c 400000000 /dev/zero | tr '\\0' a); echo held ${#x}";
+    let forks = "i=0; while [ $i -lt 150 ]; do sleep 30 & i=$((i+1)); done; echo spawned $i";
+    let delegated = Delegated::new();
+    let run = |s: &Surface, script: &str| {
+        let args = s.run_args(&s.policy, &s.ws, "command", script);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = delegated
+            .start_in(&s.command(&s.policy, &args, &[]))
+            .output()
+            .unwrap();
+        Done {
+            code: out.status.code().unwrap_or(-1),
+            receipt: serde_json::from_slice(&out.stdout).unwrap_or(Value::Null),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    };
+    let limited = Surface::new(&|t| {
+        cordon_testkit::replace_once(
+            &t,
+            "    nofile 1024\n",
+            "    nofile 1024\n    memory \"256MiB\"\n    pids 64\n",
+        )
+    });
+    let done = run(&limited, hog);
+    assert!(
+        !done.stdout().contains("held"),
+        "{}\n{}",
+        done.stderr,
+        done.receipt
+    );
+    let meta = &done.receipt["outputs"]["meta"];
+    assert_eq!(meta["oom_killed"], true, "{}", done.receipt);
+    let done = run(&limited, forks);
+    assert!(
+        !done.stdout().contains("spawned"),
+        "{}\n{}",
+        done.stderr,
+        done.receipt
+    );
+    let said = done.receipt["outputs"]["stderr"].as_str().unwrap_or("");
+    assert!(said.contains("Cannot fork"), "{}", done.receipt);
+    assert!(
+        delegated.runs_left().is_empty(),
+        "{:?}",
+        delegated.runs_left()
+    );
+    limited.assert_released();
+
+    // The subtree taken back: the same policy is refused, and nothing runs.
+    delegated.delegate(false);
+    let done = run(&limited, "touch /workspace/ran");
+    assert_eq!(done.code, 3, "{}", done.stderr);
+    assert!(done.stderr.contains("Delegate=yes"), "{}", done.stderr);
+    assert!(!limited.ws.join("ran").exists());
+    delegated.delegate(true);
+
+    // Only the limits removed: both probes succeed.
+    let free = Surface::new(&|t| t);
+    let done = run(&free, hog);
+    assert!(
+        done.stdout().contains("held 400000000"),
+        "{}\n{}",
+        done.stderr,
+        done.receipt
+    );
+    let done = run(&free, forks);
+    assert!(
+        done.stdout().contains("spawned 150"),
+        "{}\n{}",
+        done.stderr,
+        done.receipt
+    );
+    assert!(
+        delegated.runs_left().is_empty(),
+        "{:?}",
+        delegated.runs_left()
+    );
+}

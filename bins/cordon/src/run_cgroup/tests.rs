@@ -183,3 +183,82 @@ fn a_leftover_is_removed_from_every_hierarchy_and_one_that_stays_is_an_error() {
     fake.unreadable("/cg/pids/cordon-surface/cordon-r6");
     assert!(remove_leftover(&*host, "/cg".as_ref(), "cordon-r6").is_err());
 }
+
+/// A cgroup v2 tree in a temporary directory: the root and `svc` (delegated, holding `hub`).
+fn delegation_tree(controllers: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let svc = dir.path().join("svc");
+    std::fs::create_dir_all(svc.join("hub")).unwrap();
+    std::fs::write(dir.path().join("cgroup.controllers"), "cpu memory pids\n").unwrap();
+    for f in ["cgroup.procs", "cgroup.subtree_control"] {
+        std::fs::write(svc.join(f), "").unwrap();
+    }
+    std::fs::write(svc.join("cgroup.controllers"), controllers).unwrap();
+    dir
+}
+
+#[test]
+fn a_delegated_subtree_is_the_parent_of_this_process_cgroup_owned_by_the_user_with_the_controllers()
+{
+    use std::os::unix::fs::MetadataExt;
+    let tree = delegation_tree("cpu memory pids\n");
+    let uid = std::fs::metadata(tree.path()).unwrap().uid();
+    let limits = Limits {
+        memory_bytes: Some(1 << 30),
+        pids: Some(64),
+        ..Limits::default()
+    };
+    let host = crate::host::Linux;
+    let at = super::delegated(&host, tree.path(), "0::/svc/hub\n", uid, &limits).unwrap();
+    assert_eq!(at, "/svc");
+    // The controllers the limits need are enabled for the runs' cgroups.
+    let enabled = std::fs::read_to_string(tree.path().join("svc/cgroup.subtree_control")).unwrap();
+    assert_eq!(enabled, "+memory +pids");
+
+    // Each missing condition is a refusal that says what is missing.
+    let refused = |self_cgroup: &str, uid: u32, limits: &Limits| {
+        super::delegated(&host, tree.path(), self_cgroup, uid, limits).unwrap_err()
+    };
+    let hybrid = "4:memory:/svc/hub\n0::/svc/hub\n";
+    assert!(refused(hybrid, uid, &limits).contains("v2 alone"));
+    assert!(refused("0::/hub\n", uid, &limits).contains("no parent"));
+    assert!(refused("0::/svc/hub\n", uid + 1, &limits).contains("Delegate=yes"));
+    let cpuset = Limits {
+        cpuset: Some("0".into()),
+        ..Limits::default()
+    };
+    assert!(refused("0::/svc/hub\n", uid, &cpuset).contains("cpuset controller"));
+    std::fs::remove_file(tree.path().join("cgroup.controllers")).unwrap();
+    assert!(refused("0::/svc/hub\n", uid, &limits).contains("not the cgroup v2 hierarchy"));
+}
+
+#[test]
+fn a_container_is_checked_in_its_cgroup_with_the_limits_asked_for() {
+    let fake = Arc::new(Fake::new());
+    fake.file("/cg/cgroup.controllers", "memory pids\n")
+        .file("/cg/svc/cordon-r/memory.max", "1073741824\n")
+        .file("/cg/svc/cordon-r/pids.max", "64\n")
+        .file("/proc/9/cgroup", "0::/svc/cordon-r\n")
+        .file("/proc/10/cgroup", "0::/svc/hub\n");
+    let host: HostRef = fake.clone();
+    let limits = Limits {
+        memory_bytes: Some(1 << 30),
+        pids: Some(64),
+        ..Limits::default()
+    };
+    let check = |pid: u32, limits: &Limits| {
+        super::check_placed(&host, "/cg".as_ref(), "/svc/cordon-r", pid, limits)
+    };
+    check(9, &limits).unwrap();
+    assert!(check(10, &limits).is_err());
+    let other = Limits {
+        pids: Some(65),
+        ..limits
+    };
+    assert!(
+        check(9, &other)
+            .unwrap_err()
+            .to_string()
+            .contains("pids.max")
+    );
+}

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The checks that need a host on cgroup v2 alone, run as root (this project's CI is cgroup v1,
+# where they cannot run; README, "Limits"):
+#   - the service user's limits set by its rootless runtime in a delegated cgroup v2 subtree
+#     (`as_the_service_user_limits_are_set_in_a_delegated_cgroup_v2_subtree`);
+#   - the per-run account's limits held by root in a v2 cgroup
+#     (`as_root_a_per_run_run_is_held_to_the_policys_memory_and_pids_limits`, which CI runs on v1).
+# Needs runc (CORDON_TEST_RUNC or /usr/sbin/runc), setpriv and cargo; or, on a host without a
+# toolchain, `checks/cgroup2.sh --prebuilt DIR` with DIR holding the stripped cordon-surface,
+# cordon-reap and root_surface test binaries built from this checkout (`--pack DIR` makes it, on
+# the build host), which expect the checkout at the path they were built in.
+# Any check that cannot run fails and says what is missing; nothing is skipped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tests=(as_the_service_user_limits_are_set_in_a_delegated_cgroup_v2_subtree
+    as_root_a_per_run_run_is_held_to_the_policys_memory_and_pids_limits)
+case "${1:-}" in
+--pack)
+    out=${2:?--pack DIR}
+    mkdir -p "$out"
+    exe=$(cargo test -p cordon-surface --test root_surface --no-run --message-format json 2>/dev/null |
+        python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "root_surface" and m.get("executable"):
+        print(m["executable"])')
+    for f in target/debug/cordon-surface target/debug/cordon-reap "$exe"; do
+        strip -o "$out/$(basename "$f" | sed 's/-[0-9a-f]*$//')" "$f"
+    done
+    echo "$PWD" >"$out/built-in"
+    exit 0
+    ;;
+--prebuilt)
+    dir=${2:?--prebuilt DIR}
+    built=$(cat "$dir/built-in")
+    # The test binary finds the checkout and its binaries where it was built.
+    if [ "$(realpath "$built" 2>/dev/null)" != "$PWD" ]; then
+        [ -e "$built" ] && { echo "checks/cgroup2.sh: $built exists and is not this checkout" >&2; exit 1; }
+        mkdir -p "$(dirname "$built")" && ln -s "$PWD" "$built"
+    fi
+    mkdir -p target/debug
+    cp "$dir/cordon-surface" "$dir/cordon-reap" target/debug/
+    run=("$dir/root_surface")
+    ;;
+"")
+    command -v cargo >/dev/null || { echo "checks/cgroup2.sh: cargo is missing (or use --prebuilt)" >&2; exit 1; }
+    run=(cargo test -p cordon-surface --test root_surface --)
+    ;;
+*)
+    echo "usage: checks/cgroup2.sh [--pack DIR | --prebuilt DIR]" >&2
+    exit 2
+    ;;
+esac
+[ "$(id -u)" = 0 ] || { echo "checks/cgroup2.sh: run as root" >&2; exit 1; }
+[ -f /sys/fs/cgroup/cgroup.controllers ] && [ ! -d /sys/fs/cgroup/memory ] || {
+    echo "checks/cgroup2.sh: this host is not on cgroup v2 alone" >&2
+    exit 1
+}
+for tool in setpriv "${CORDON_TEST_RUNC:-/usr/sbin/runc}"; do
+    command -v "$tool" >/dev/null || { echo "checks/cgroup2.sh: $tool is missing" >&2; exit 1; }
+done
+for t in "${tests[@]}"; do
+    "${run[@]}" --include-ignored --exact "$t" --test-threads 1
+done
+echo "checks/cgroup2.sh: both pass"
