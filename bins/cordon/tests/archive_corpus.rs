@@ -140,6 +140,7 @@ impl cordon::archive::Sink for Discard {
 fn corpus() -> Vec<(&'static str, Vec<u8>, &'static str)> {
     let long = "d/".repeat(600) + "f";
     let deep = "d/".repeat(40) + "f";
+    let name_max = format!("d/{}", "n".repeat(256));
     let zeros = vec![0u8; 4 << 20];
     let mut bomb_members = Vec::new();
     for i in 0..4 {
@@ -240,6 +241,11 @@ fn corpus() -> Vec<(&'static str, Vec<u8>, &'static str)> {
             "over-long path",
             cat(&[pax(b'x', &[("path", long.as_bytes())]), file("a", b"x")]),
             "intake.path-too-long",
+        ),
+        (
+            "a name over NAME_MAX in a path under the limit",
+            cat(&[pax(b'x', &[("path", name_max.as_bytes())]), file("a", b"x")]),
+            "intake.name-too-long",
         ),
         (
             "over-deep path",

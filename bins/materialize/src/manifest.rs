@@ -124,7 +124,8 @@ pub static MANIFEST: Language = Language {
     codes: CODES,
 };
 
-/// A clean relative directory or file path: no empty, `.` or `..` components, not absolute.
+/// A clean relative directory or file path: no empty, `.` or `..` components, none longer than
+/// `NAME_MAX`, not absolute.
 fn clean_path(cx: &mut Cx, entry: &KdlEntry) -> Option<String> {
     let p = string(cx, entry)?;
     let trimmed = p.strip_suffix('/').unwrap_or(&p);
@@ -132,14 +133,14 @@ fn clean_path(cx: &mut Cx, entry: &KdlEntry) -> Option<String> {
         || trimmed.starts_with('/')
         || trimmed
             .split('/')
-            .any(|c| c.is_empty() || c == "." || c == "..");
+            .any(|c| c.is_empty() || c == "." || c == ".." || c.len() > cordon::archive::NAME_MAX);
     if bad {
         cx.report(
             "invalid-path",
             entry.span(),
             "not a clean relative path",
             format!("{p:?} is not a clean relative path"),
-            Some("write it relative to the tree root, without `.`, `..` or `//`".into()),
+            Some("write it relative to the tree root, without `.`, `..`, `//` or a name over 255 bytes".into()),
         );
         return None;
     }

@@ -37,6 +37,23 @@ extra "node"
     insta::assert_snapshot!("delta-many-mistakes", e.render_text(100));
 }
 
+/// A name over NAME_MAX is the manifest's mistake (a located finding), never a later stage's
+/// "File name too long"; 255 bytes is a name.
+#[test]
+fn a_path_with_a_name_over_name_max_is_an_invalid_path() {
+    let at = |n: usize| {
+        format!(
+            "delta target=\"attention\" package=\"fast_attn\"\nexecutable \"engine/{}.sh\"\n",
+            "n".repeat(n - 3)
+        )
+    };
+    if let Err(e) = manifest::delta(&at(255)) {
+        panic!("{}", e.render_text(100));
+    }
+    let e = manifest::delta(&at(256)).unwrap_err();
+    assert_eq!(codes(&e), ["invalid-path"]);
+}
+
 #[test]
 fn an_incumbent_manifest_with_many_mistakes_reports_them_all_on_their_tokens() {
     let text = r#"incumbent "engine"

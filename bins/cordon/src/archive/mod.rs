@@ -72,6 +72,7 @@ pub const CODES: &[&str] = &[
     "intake.file-too-big",
     "intake.format",
     "intake.hardlink",
+    "intake.name-too-long",
     "intake.non-utf8",
     "intake.nul",
     "intake.path-too-long",
@@ -86,6 +87,11 @@ pub const CODES: &[&str] = &[
     "intake.trailing-data",
     "intake.truncated",
 ];
+
+/// The longest path component Linux takes (`NAME_MAX`): a longer name could never be written,
+/// so it is the candidate's input that is wrong, found at intake rather than as a later stage's
+/// "File name too long".
+pub const NAME_MAX: usize = 255;
 
 /// Decompressed bytes always allowed before the compression ratio is enforced, so that a small
 /// archive whose tar padding compresses to nothing is not mistaken for a bomb.
@@ -242,6 +248,13 @@ pub fn check_path(bytes: &[u8], is_dir: bool, limits: &ArchiveLimits) -> Result<
                 ));
             }
             ".." => return Err(reject("intake.dotdot", p, "the path has a `..` component")),
+            name if name.len() > NAME_MAX => {
+                return Err(reject(
+                    "intake.name-too-long",
+                    p,
+                    format!("a component of the path is longer than {NAME_MAX} bytes"),
+                ));
+            }
             name => {
                 if let Some(pattern) = limits.exclude.iter().find(|pat| excluded(pat, name)) {
                     return Err(reject(
@@ -824,9 +837,25 @@ mod tests {
             let r = check_path(path, false, &l).unwrap_err();
             assert_eq!(r.code, code, "{}", String::from_utf8_lossy(path));
         }
+        // A component over NAME_MAX in a path within max-path-length; NAME_MAX itself passes.
+        let l = ArchiveLimits {
+            max_path_length: 1024,
+            ..limits()
+        };
+        let at_max = format!("a/{}", "n".repeat(255));
+        assert_eq!(check_path(at_max.as_bytes(), false, &l).unwrap(), at_max);
+        for (path, code) in [
+            (format!("a/{}", "n".repeat(256)), "intake.name-too-long"),
+            (format!("{}/b", "é".repeat(128)), "intake.name-too-long"),
+        ] {
+            let r = check_path(path.as_bytes(), false, &l).unwrap_err();
+            assert_eq!(r.code, code, "{path}");
+        }
         let long = "a".repeat(65);
         assert_eq!(
-            check_path(long.as_bytes(), false, &l).unwrap_err().code,
+            check_path(long.as_bytes(), false, &limits())
+                .unwrap_err()
+                .code,
             "intake.path-too-long"
         );
     }
