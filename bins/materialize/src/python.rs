@@ -16,10 +16,13 @@
 //! it is named: loaded, stored, deleted, passed as an argument (`f = eval`, `map(eval, xs)`,
 //! `f = loader.exec_module`), or imported by name (`from m import compile as c`). Reflection is
 //! fixed mechanism, not policy (see [`REFLECTION_DUNDERS`], [`REFLECTION_CALLS`],
-//! [`NAMED_ATTRIBUTE_CALLS`]): the dunders that lead from any object to builtins, globals,
-//! code or every class; `getattr`/`setattr`/`delattr` with a name that is not a string literal
-//! (a literal is judged as the attribute it names); `globals()`, `vars()`, `locals()`; and any
-//! of these functions named other than by calling it.
+//! [`NAMED_ATTRIBUTE_CALLS`], [`NAME_GETTERS`]): the dunders that lead from any object to
+//! builtins, globals, code or every class, `__getattribute__` among them;
+//! `getattr`/`setattr`/`delattr` and `operator`'s `attrgetter`/`methodcaller` with a name that
+//! is not a string literal (a literal is judged as the attribute it names); `globals()`,
+//! `vars()`, `locals()`; any of these functions named other than by calling it; the
+//! interpreter's internal modules (`_imp`, `_operator`: [`INTERNAL_MODULE_ADMITTED`]); and
+//! `sys.modules`, which hands out the banned modules already loaded.
 //!
 //! The one carve-out is the policy's JIT entry-point table (seed 001's
 //! CuTe DSL rule): `cute.compile(arg, …)` is admitted only when `cute` is bound exactly once in
@@ -34,7 +37,7 @@
 //! delta-derived namespace by editing exactly the byte ranges of the parsed import nodes.
 //!
 //! None of this proves code safe: Python reaches names in more ways than any list holds
-//! (`operator.attrgetter`, `type.__getattribute__`, frames). It is defence in depth behind the
+//! (frames, `gc`, descriptors). It is defence in depth behind the
 //! OCI boundary, and it says so.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -57,6 +60,7 @@ pub const REFLECTION_DUNDERS: &[&str] = &[
     "__class__",
     "__code__",
     "__dict__",
+    "__getattribute__",
     "__globals__",
     "__mro__",
     "__subclasses__",
@@ -70,6 +74,19 @@ pub const REFLECTION_CALLS: &[&str] = &["globals", "locals", "vars"];
 /// string literal as the name, which is then judged as the attribute it names; banned when
 /// named without being called. Fixed mechanism, as [`REFLECTION_DUNDERS`].
 pub const NAMED_ATTRIBUTE_CALLS: &[&str] = &["delattr", "getattr", "setattr"];
+
+/// Callables of `operator` (and `_operator`) that reach an attribute or method by a name given
+/// as data: admitted only when called with string literals as the names (every positional
+/// argument of `attrgetter`, the first of `methodcaller`), each dotted part judged as the
+/// attribute it names; banned when named without being called. Fixed mechanism, as
+/// [`REFLECTION_DUNDERS`].
+pub const NAME_GETTERS: &[&str] = &["attrgetter", "methodcaller"];
+
+/// The interpreter's internal modules are the absolute imports whose first component starts
+/// with `_` (`_imp`, `_operator`, `_io`, …): each is a route around the policy's bans (the
+/// banned modules' own implementations among them), so every one is refused, but this one, which
+/// only selects language features at compile time.
+pub const INTERNAL_MODULE_ADMITTED: &str = "__future__";
 
 /// How deep the walk of the tree goes before it refuses the file (`python.nesting`). Above
 /// anything [`nesting::MAX_DEPTH`] admits, so it is a second line, never the first.
@@ -185,12 +202,18 @@ struct Call {
     no_positional: bool,
     /// The second positional argument when it is a string literal (the name of `getattr`).
     literal_name: Option<String>,
+    /// Each positional argument: its text when it is a string literal (not starred).
+    literal_args: Vec<Option<String>>,
+    /// The first positional argument when it is a plain name (the object of `getattr`).
+    first_arg_name: Option<String>,
 }
 
 /// A name or attribute that is not the callee of a call (or an attribute that is).
 struct Ref {
     range: TextRange,
     name: String,
+    /// For an attribute: its object when that is a plain name (`sys` of `sys.modules`).
+    receiver: Option<String>,
     /// What it is: how the finding says it.
     kind: RefKind,
 }
@@ -225,9 +248,14 @@ impl Facts {
     }
 
     fn refer(&mut self, range: TextRange, name: &str, kind: RefKind) {
+        self.refer_on(range, name, kind, None);
+    }
+
+    fn refer_on(&mut self, range: TextRange, name: &str, kind: RefKind, receiver: Option<String>) {
         self.refs.push(Ref {
             range,
             name: ident(name),
+            receiver,
             kind,
         });
     }
@@ -311,7 +339,7 @@ impl Visitor for Facts {
                     _ => None,
                 };
                 let name = ident(a.attr.as_str());
-                self.refer(a.range, &name, RefKind::CalledAttribute);
+                self.refer_on(a.range, &name, RefKind::CalledAttribute, receiver.clone());
                 // The receiver is walked; the attribute itself is judged as a call.
                 self.visit_expr(*a.value);
                 Some((name, receiver, true))
@@ -337,6 +365,21 @@ impl Visitor for Facts {
                 },
                 _ => None,
             };
+            let literal_args = node
+                .args
+                .iter()
+                .map(|a| match a {
+                    ast::Expr::Constant(c) => match &c.value {
+                        ast::Constant::Str(s) => Some(s.clone()),
+                        _ => None,
+                    },
+                    _ => None,
+                })
+                .collect();
+            let first_arg_name = match node.args.first() {
+                Some(ast::Expr::Name(n)) => Some(ident(n.id.as_str())),
+                _ => None,
+            };
             self.calls.push(Call {
                 range: node.range,
                 name,
@@ -345,6 +388,8 @@ impl Visitor for Facts {
                 first_arg_literal,
                 no_positional: node.args.is_empty(),
                 literal_name,
+                literal_args,
+                first_arg_name,
             });
         }
         for a in node.args {
@@ -366,7 +411,11 @@ impl Visitor for Facts {
     }
 
     fn visit_expr_attribute(&mut self, node: ast::ExprAttribute) {
-        self.refer(node.range, node.attr.as_str(), RefKind::Attribute);
+        let receiver = match node.value.as_ref() {
+            ast::Expr::Name(n) => Some(ident(n.id.as_str())),
+            _ => None,
+        };
+        self.refer_on(node.range, node.attr.as_str(), RefKind::Attribute, receiver);
         self.visit_expr(*node.value);
     }
 
@@ -582,6 +631,7 @@ pub fn check(source: &str, file: &str, rules: &PyRules, rename: Option<Rename<'_
 
 /// A banned callable named other than by calling it, and the reflection names and dunders.
 fn ref_findings(facts: &Facts, rules: &PyRules, findings: &mut Vec<Finding>) {
+    let sys = sys_aliases(facts);
     for r in &facts.refs {
         let (start, end) = span(r.range);
         let name = r.name.as_str();
@@ -601,9 +651,24 @@ fn ref_findings(facts: &Facts, rules: &PyRules, findings: &mut Vec<Finding>) {
             });
             continue;
         }
+        let attribute = matches!(r.kind, RefKind::Attribute | RefKind::CalledAttribute);
+        if name == "modules" && attribute && r.receiver.as_ref().is_some_and(|n| sys.contains(n)) {
+            findings.push(Finding {
+                code: "python.reflection",
+                start,
+                end,
+                label: "names sys.modules".into(),
+                message: "sys.modules hands out every loaded module, the banned ones included; it is banned in every context".into(),
+            });
+            continue;
+        }
+        // The name getters are imported by name to be used (`from operator import attrgetter`);
+        // named any other way than by calling them, they are reflection.
+        let getter =
+            NAME_GETTERS.contains(&name) && matches!(r.kind, RefKind::Load | RefKind::Attribute);
         let reflective_function =
             REFLECTION_CALLS.contains(&name) || NAMED_ATTRIBUTE_CALLS.contains(&name);
-        if reflective_function && matches!(r.kind, RefKind::Load | RefKind::Imported) {
+        if getter || (reflective_function && matches!(r.kind, RefKind::Load | RefKind::Imported)) {
             findings.push(Finding {
                 code: "python.reflection",
                 start,
@@ -636,6 +701,44 @@ fn ref_findings(facts: &Facts, rules: &PyRules, findings: &mut Vec<Finding>) {
 
 fn import_findings(facts: &Facts, rules: &PyRules, findings: &mut Vec<Finding>) {
     for imp in &facts.imports {
+        let (start, end) = span(imp.stmt);
+        let absolute: Vec<&str> = match (&imp.from_level, &imp.module) {
+            (None, _) => imp.aliases.iter().map(|(n, _, _)| n.as_str()).collect(),
+            (Some(0), Some(m)) => vec![m.as_str()],
+            _ => Vec::new(),
+        };
+        let internal = absolute.iter().find(|m| {
+            let top = m.split('.').next().unwrap_or("");
+            top.starts_with('_') && top != INTERNAL_MODULE_ADMITTED
+        });
+        let from_sys = imp.module.as_deref() == Some("sys")
+            && imp.from_level == Some(0)
+            && imp.aliases.iter().any(|(n, _, _)| n == "modules");
+        let renamed_getter = imp.from_level.is_some()
+            && imp.aliases.iter().any(|(n, a, _)| {
+                NAME_GETTERS.contains(&n.as_str()) && a.as_ref().is_some_and(|a| a != n)
+            });
+        let why = if let Some(m) = internal {
+            Some(format!(
+                "{m} is an interpreter-internal module: a route around the policy's bans"
+            ))
+        } else if from_sys {
+            Some("sys.modules hands out every loaded module, the banned ones included".into())
+        } else if renamed_getter {
+            Some("a name getter imported under another name would be called unchecked".into())
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            findings.push(Finding {
+                code: "python.reflection",
+                start,
+                end,
+                label: "imports".into(),
+                message: format!("reflection is banned: {why}"),
+            });
+            continue;
+        }
         let mut named: Vec<String> = Vec::new();
         match (&imp.from_level, &imp.module) {
             (None, _) => named.extend(imp.aliases.iter().map(|(n, _, _)| n.clone())),
@@ -721,8 +824,48 @@ fn jit_withdrawn(
 }
 
 /// Why a call of a reflection builtin is banned, or `None` when it is not one or is admitted.
-fn reflection_call(call: &Call, rules: &PyRules) -> Option<String> {
+/// Whether `attribute` is one no reflective route may name: a reflection dunder, a banned call
+/// or attribute call.
+fn banned_attribute(attribute: &str, rules: &PyRules) -> bool {
+    REFLECTION_DUNDERS.contains(&attribute)
+        || rules.ban_call.contains(attribute)
+        || rules.ban_attribute_call.contains(attribute)
+}
+
+/// The names `sys` is bound to by `import sys [as s]`: `sys.modules` hands out every loaded
+/// module, the banned ones and the interpreter's internals included.
+fn sys_aliases(facts: &Facts) -> BTreeSet<String> {
+    facts
+        .imports
+        .iter()
+        .filter(|i| i.from_level.is_none())
+        .flat_map(|i| &i.aliases)
+        .filter(|(name, _, _)| name == "sys")
+        .map(|(name, asname, _)| asname.clone().unwrap_or_else(|| name.clone()))
+        .collect()
+}
+
+fn reflection_call(call: &Call, rules: &PyRules, sys: &BTreeSet<String>) -> Option<String> {
     let name = call.name.as_str();
+    if NAME_GETTERS.contains(&name) {
+        // `attrgetter` takes every positional argument as a dotted name, `methodcaller` its first.
+        let names = match name {
+            "attrgetter" => &call.literal_args[..],
+            _ => call.literal_args.get(..1).unwrap_or(&[]),
+        };
+        if names.is_empty() || names.iter().any(Option::is_none) {
+            return Some(format!(
+                "{name}(…) with a name that is not a string literal reaches any attribute"
+            ));
+        }
+        let banned = names
+            .iter()
+            .flatten()
+            .flat_map(|n| n.split('.'))
+            .map(ident)
+            .find(|a| banned_attribute(a, rules) || a == "modules");
+        return banned.map(|a| format!("{name}(…) names the banned attribute {a:?}"));
+    }
     if call.attribute {
         return None;
     }
@@ -738,16 +881,20 @@ fn reflection_call(call: &Call, rules: &PyRules) -> Option<String> {
         ));
     };
     let attribute = ident(literal);
-    let banned = REFLECTION_DUNDERS.contains(&attribute.as_str())
-        || rules.ban_call.contains(&attribute)
-        || rules.ban_attribute_call.contains(&attribute);
-    banned.then(|| format!("{name}(…) names the banned attribute {attribute:?}"))
+    let of_sys = attribute == "modules"
+        && call
+            .first_arg_name
+            .as_ref()
+            .is_some_and(|n| sys.contains(n));
+    (banned_attribute(&attribute, rules) || of_sys)
+        .then(|| format!("{name}(…) names the banned attribute {attribute:?}"))
 }
 
 fn call_findings(facts: &Facts, rules: &PyRules, findings: &mut Vec<Finding>) {
+    let sys = sys_aliases(facts);
     for call in &facts.calls {
         let (start, end) = span(call.range);
-        if let Some(why) = reflection_call(call, rules) {
+        if let Some(why) = reflection_call(call, rules, &sys) {
             findings.push(Finding {
                 code: "python.reflection",
                 start,

@@ -616,3 +616,61 @@ fn brackets_in_strings_and_comments_cannot_hide_depth() {
         assert!(codes_deep(src.clone()).is_empty(), "{src:.80}");
     }
 }
+
+/// The interpreter's own routes around the bans (issue 33): its internal modules, `sys.modules`,
+/// `__getattribute__`, and `operator`'s name getters with a computed or banned name. Each of the
+/// review's bypasses is found; the ordinary uses beside them are not.
+#[test]
+fn the_interpreters_reflective_routes_are_banned() {
+    let cases = [
+        "import _operator, sys\n_operator.attrgetter('ev' + 'al')(sys.modules['builtins'])",
+        "object.__getattribute__(m, 'eval')",
+        "type.__getattribute__(C, 'x')",
+        "import _operator\n_operator.methodcaller('ev' + 'al')(m)",
+        "import sys\nm = sys.modules['marshal']",
+        "import _imp",
+        "import _operator as op",
+        "from _io import open_code",
+        "import _frozen_importlib.x",
+        "import operator\noperator.attrgetter(name)",
+        "import operator\noperator.attrgetter('shape', n)",
+        "import operator\noperator.attrgetter('eval')",
+        "import operator\noperator.attrgetter('f.__globals__')",
+        "import operator\noperator.methodcaller(n)",
+        "import operator\noperator.methodcaller('exec_module', spec)",
+        "import operator\noperator.attrgetter(*names)",
+        "from operator import attrgetter\nattrgetter(n)",
+        "from operator import attrgetter as ag",
+        "import operator\nf = operator.attrgetter",
+        "from operator import methodcaller\nk = methodcaller",
+        "import sys as s\nx = s.modules",
+        "import sys\nsys.modules.get('marshal')",
+        "import sys\nsys.modules['x'] = m",
+        "from sys import modules",
+        "from sys import modules as mods",
+        "import sys\ngetattr(sys, 'modules')",
+        "import operator\noperator.attrgetter('modules')(sys)",
+    ];
+    for src in cases {
+        assert!(
+            codes(src).contains(&"python.reflection"),
+            "{src:?} must be found, got {:?}",
+            codes(src)
+        );
+    }
+    let admitted = [
+        "from __future__ import annotations",
+        "from . import _impl",
+        "from ._kernels import run",
+        "import operator\nkey = operator.attrgetter('shape', 'dtype.itemsize')",
+        "from operator import attrgetter\nsorted(xs, key=attrgetter('n'))",
+        "import operator\nf = operator.methodcaller('item')",
+        "import sys\nsys.path.insert(0, p)\nprint(sys.argv, file=sys.stderr)",
+        "for m in self.modules():\n    pass",
+        "n = len(model.modules)",
+        "getattr(torch, 'modules')",
+    ];
+    for src in admitted {
+        assert!(codes(src).is_empty(), "{src:?}: {:?}", codes(src));
+    }
+}
