@@ -850,21 +850,33 @@ fn only_a_kill_by_cordon_reap_is_a_no_decision() {
     );
 }
 
+/// A build that kills every process it can signal (`kill -9 -1`: in its pid namespace, as its
+/// account, that is any watchdog the container could hold but the init) still ends at the stage's
+/// deadline, which the host holds from outside, and nothing written after it is published; the
+/// same build with only a deadline it fits in publishes what it wrote. The patcher holds no
+/// deadline of its own, and refuses the argument that once set one.
 #[test]
-fn the_registered_patcher_ends_the_trees_build_at_its_own_deadline() {
-    // The patcher's deadline (its argument) ends the tree's build.sh long before the stage's:
-    // the step fails as the patcher's doing, not the stage's deadline.
-    let e = env_with(9, |t| {
+fn a_build_that_kills_every_process_it_can_still_ends_at_the_hosts_deadline() {
+    let script = "kill -9 -1; busybox sleep 4; echo late > $out/late";
+    let short = env_with(9, |t| t.replace_once("deadline \"8s\"", "deadline \"2s\""));
+    let (_, o) = build(&short, script, &[]);
+    assert_eq!(rejected(&o), "prebuild.deadline");
+    let (_, o) = build(&short, "echo built > $out/r", &[]);
+    assert_eq!(published(&short, &o, "r"), "built\n");
+    drop(short);
+    // Only the deadline changed: the same build runs to its end and its output is published.
+    let e = env_with(9, |t| t);
+    let (_, o) = build(&e, script, &[]);
+    assert_eq!(published(&e, &o, "late"), "late\n");
+    drop(e);
+    let old = env_with(9, |t| {
         t.replace_once(
             "argv \"/bin/sh\" \"/cordon/patchers/native-rebuild\"",
             "argv \"/bin/sh\" \"/cordon/patchers/native-rebuild\" \"1\"",
         )
     });
-    let (_, o) = build(&e, "busybox sleep 30", &[]);
+    let (_, o) = build(&old, "echo built > $out/r", &[]);
     assert_eq!(rejected(&o), "prebuild.exit");
-    // What the tree's build writes still comes back through the patcher.
-    let (_, o) = build(&e, "echo built > $out/r", &[]);
-    assert_eq!(published(&e, &o, "r"), "built\n");
 }
 
 /// What the prebuild reopens before it trusts it: the image layout against the policy's pin,
@@ -894,7 +906,7 @@ fn a_tampered_or_mispinned_image_and_a_corrupt_cached_publication_are_no_decisio
         cordon_testkit::account_range("prebuild-hostile", 0),
     )
     .replace_once(
-        "sha256:90f5a0d82828426b1382ad80947b38bdd0ca6200f11620cbfbaa788d8ebc4de1",
+        "sha256:faf1932b3b9d4cdf5c36ae5830ac3eea497da377bcaff07d7628da9f7a39a348",
         "sha256:1111111111111111111111111111111111111111111111111111111111111111",
     );
     let policy = cordon_policy_lang::parse("pin.kdl", &pinned).unwrap();

@@ -86,7 +86,7 @@ pub fn world() -> World {
 pub fn pinned_policy(w: &World, owner: &str, slot: u32, edits: &[(&str, &str)]) -> Policy {
     let ids = cordon_testkit::account_range(owner, slot);
     let mut text = cordon_testkit::isolated_policy(w.dir.path(), ids).replace_once(
-        "image \"prebuild\" digest=\"sha256:90f5a0d82828426b1382ad80947b38bdd0ca6200f11620cbfbaa788d8ebc4de1\"",
+        "image \"prebuild\" digest=\"sha256:faf1932b3b9d4cdf5c36ae5830ac3eea497da377bcaff07d7628da9f7a39a348\"",
         &format!("image \"prebuild\" digest=\"{}\"", w.digest),
     );
     for (from, to) in edits {
