@@ -450,9 +450,14 @@ impl Host for Linux {
         let mut names = Vec::new();
         for entry in fs::read_dir(path)? {
             let entry = entry?;
-            // Only directories are cgroups; the controller files beside them are not.
-            if entry.file_type()?.is_dir() {
-                names.push(entry.file_name().to_string_lossy().into_owned());
+            // Only directories are cgroups (or processes); the files beside them are not. An
+            // entry gone between the listing and its examination (a process that exited, in
+            // /proc) is not there.
+            match entry.file_type() {
+                Ok(t) if t.is_dir() => names.push(entry.file_name().to_string_lossy().into_owned()),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
             }
         }
         names.sort();
