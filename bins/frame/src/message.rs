@@ -204,6 +204,9 @@ pub struct Ended {
     pub signal: Option<i32>,
     /// The wire violation the worker saw on the engine's stream, if any.
     pub violation: Option<String>,
+    /// The registered engine process ended while the host's workload was still open (before the
+    /// host closed its stream): whatever answered after that was not it.
+    pub early: bool,
 }
 
 /// The worker could not do its job.

@@ -393,6 +393,17 @@ fn ended_cleanly(
             format!("the engine broke the wire: {v}"),
         ));
     }
+    // The registered process must serve the whole workload: one that ended while it was open
+    // left the answers to a process of its own (a fork), which is not the registered engine.
+    if ended.early {
+        return Err(violation(
+            "lane.exit",
+            format!(
+                "the engine {} before the workload ended; what answered after it was another process",
+                how(&ended)
+            ),
+        ));
+    }
     if ended.code != Some(0) {
         return Err(violation(
             "lane.exit",

@@ -114,6 +114,24 @@ fn an_honest_engine_is_served_with_host_stamped_windows_in_order() {
     assert_eq!(t.ended.code, Some(0));
 }
 
+/// The registered engine process ended while the workload was open (the worker says so) and a
+/// process it left answered every request: the answers are not the engine's, `lane.exit`.
+#[test]
+fn an_engine_that_left_a_child_to_answer_is_an_exit_before_the_workload_ended() {
+    let v = session(|f| {
+        f.start();
+        while let Some(frame) = f.next() {
+            let r = Request::decode(&frame.payload).unwrap();
+            f.answer(&r);
+        }
+        f.ended_as(Some(0), None, true);
+        f.eof();
+    });
+    let (code, message) = rejected(&v);
+    assert_eq!(code, "lane.exit");
+    assert!(message.contains("before the workload ended"), "{message}");
+}
+
 #[test]
 fn the_reference_protocol_serves_its_own_frames_and_refuses_the_lanes_and_the_reverse() {
     let long = Duration::from_secs(10);

@@ -316,9 +316,20 @@ fn an_engine_asleep_past_either_phase_is_rejected_and_killed_on_time() {
     nothing_left(&e);
 }
 
+/// Processes the engine leaves behind. One in the background is gone after release. And when
+/// the registered engine process leaves right away and a fork of it serves the whole workload
+/// (within the worker's drain window), the answers are not the registered engine's: the session
+/// is `lane.exit`, never served, and nothing is left.
 #[test]
 fn a_background_process_the_engine_leaves_is_gone_after_release() {
     let e = env(5, &[]);
+    let leaves = "if os.fork() != 0:\n    os._exit(0)\n";
+    let (code, message) = rejected(run(
+        &e,
+        engine(&e, &probing(leaves, "[1]"), &incumbent_kernel()),
+    ));
+    assert_eq!(code, "lane.exit", "{message}");
+    nothing_left(&e);
     let (first, _) = cordon_testkit::account_range("lane-session", 5);
     let forks = "def spawn():\n    pid = os.fork()\n    if pid == 0:\n        os.setsid()\n        time.sleep(600)\n        os._exit(0)\n    return 1\n";
     let out = served(run(

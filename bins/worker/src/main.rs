@@ -402,9 +402,15 @@ fn forward_requests(
     mut d: Decoder,
     mut queue: Vec<Frame>,
     mut engine: ChildStdin,
-    limits: Limits,
+    (limits, workload_over): (Limits, &AtomicBool),
 ) -> Result<(), String> {
-    while let Some(f) = next_from_host(&mut input, &mut d, &mut queue)? {
+    loop {
+        let Some(f) = next_from_host(&mut input, &mut d, &mut queue)? else {
+            // The host closed its workload; only now may the engine end (its stdin closes when
+            // this returns, after the flag is set).
+            workload_over.store(true, Ordering::SeqCst);
+            return Ok(());
+        };
         if f.kind != Kind::Request {
             return Err(format!("the host sent a {:?} frame after start", f.kind));
         }
@@ -526,7 +532,9 @@ fn run(args: &Args, shared: &Arc<Shared>) -> Result<(), String> {
         return Err("the engine's stdin and stdout are not pipes".into());
     };
     // Detached: when the engine has ended, the host closes its stream and the worker exits.
-    std::thread::spawn(move || forward_requests(input, d, queue, engine_in, limits));
+    let workload_over = Arc::new(AtomicBool::new(false));
+    let over = Arc::clone(&workload_over);
+    std::thread::spawn(move || forward_requests(input, d, queue, engine_in, (limits, &over)));
     let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
     let (done, relayed) = std::sync::mpsc::channel();
     let relay = Arc::clone(shared);
@@ -542,6 +550,9 @@ fn run(args: &Args, shared: &Arc<Shared>) -> Result<(), String> {
     let status = child
         .wait()
         .map_err(|e| format!("waiting for the engine: {e}"))?;
+    // Read at its exit, before anything it left could be drained: a registered process that
+    // ends while the workload is open leaves any later answer to a process that is not it.
+    let early = !workload_over.load(Ordering::SeqCst);
     // The engine has exited; its output ends with it unless a process it left holds it open,
     // which gets a moment to be drained and is then cut off.
     let violation = match relayed.recv_timeout(DRAIN) {
@@ -560,6 +571,7 @@ fn run(args: &Args, shared: &Arc<Shared>) -> Result<(), String> {
             code: status.code(),
             signal: status.signal(),
             violation,
+            early,
         },
     )
 }

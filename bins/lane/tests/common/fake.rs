@@ -77,10 +77,16 @@ impl Fake {
     }
 
     pub fn ended(&self, code: Option<i32>, violation: Option<&str>) {
+        self.ended_as(code, violation, false);
+    }
+
+    /// The worker's report, `early` when the engine ended while the workload was open.
+    pub fn ended_as(&self, code: Option<i32>, violation: Option<&str>, early: bool) {
         let e = Ended {
             code,
             signal: None,
             violation: violation.map(str::to_owned),
+            early,
         };
         self.send(Kind::Ended, &message::to_payload(&e).unwrap());
     }
