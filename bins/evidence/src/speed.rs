@@ -412,6 +412,25 @@ mod tests {
         read(&[], &[ms; 8])
     }
 
+    /// Reads with too few timed windows — none, or one, which the policy's own bound (at least 2)
+    /// never admits but a receipt could carry — are a plan the host should not have run, never
+    /// a panic; an even count's scatter is taken over the lower median (the larger scatter: the
+    /// host never understates a read's instability).
+    #[test]
+    fn too_few_windows_are_a_plan_error_and_an_even_count_takes_the_lower_median() {
+        for timed in [&[][..], &[100][..]] {
+            let few = read(&[], timed);
+            let r = decide(&policy(), &even(100), &few, &even(100));
+            assert_eq!((r.verdict, r.code.as_str()), (Verdict::NoDecision, "speed.plan"));
+            let r = decide(&policy(), &few, &even(50), &few);
+            assert_eq!((r.verdict, r.code.as_str()), (Verdict::NoDecision, "speed.plan"));
+        }
+        // Rates 100, 100, 50, 50 tokens/s: (100 − 50) over the lower median 50 is 10 000 bp;
+        // the upper median would say 5 000.
+        let f = facts(&read(&[], &[100, 100, 200, 200]));
+        assert_eq!(f.scatter_bp, 10_000);
+    }
+
     #[test]
     fn a_clearly_faster_candidate_passes_and_an_equal_one_fails() {
         let r = decide(&policy(), &even(100), &even(50), &even(100));
