@@ -421,9 +421,15 @@ mod tests {
         for timed in [&[][..], &[100][..]] {
             let few = read(&[], timed);
             let r = decide(&policy(), &even(100), &few, &even(100));
-            assert_eq!((r.verdict, r.code.as_str()), (Verdict::NoDecision, "speed.plan"));
+            assert_eq!(
+                (r.verdict, r.code.as_str()),
+                (Verdict::NoDecision, "speed.plan")
+            );
             let r = decide(&policy(), &few, &even(50), &few);
-            assert_eq!((r.verdict, r.code.as_str()), (Verdict::NoDecision, "speed.plan"));
+            assert_eq!(
+                (r.verdict, r.code.as_str()),
+                (Verdict::NoDecision, "speed.plan")
+            );
         }
         // Rates 100, 100, 50, 50 tokens/s: (100 − 50) over the lower median 50 is 10 000 bp;
         // the upper median would say 5 000.

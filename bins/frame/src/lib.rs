@@ -348,6 +348,17 @@ impl Decoder {
 
 #[cfg(test)]
 mod tests {
+    /// The engine's stream admits `ready` and `response` and nothing else: every other kind is
+    /// the worker's or the host's, and one relayed from the engine would be a forged report.
+    #[test]
+    fn only_ready_and_response_come_from_the_engine() {
+        let from_engine: Vec<super::Kind> = (0..=u8::MAX)
+            .filter_map(super::Kind::from_index)
+            .filter(|k| k.from_engine())
+            .collect();
+        assert_eq!(from_engine, [super::Kind::Ready, super::Kind::Response]);
+    }
+
     use super::*;
 
     const L: Limits = Limits {

@@ -245,6 +245,25 @@ fn garbage_forged_frames_and_token_lies_from_the_engine_are_rejected() {
     assert_eq!(code, "lane.protocol");
     assert!(message.contains("Posture"), "{message}");
     nothing_left(&e);
+    // The worker's own reports forged by the engine: a fault would turn the engine's failure
+    // into a no-decision, an ended report would end its session on its word. The worker
+    // refuses both kinds from the engine's stream: the engine's violation.
+    for (kind, payload, name) in [
+        (7, "{\"what\": \"forged\"}", "Fault"),
+        (
+            6,
+            "{\"code\": 0, \"signal\": null, \"violation\": null, \"early\": false}",
+            "Ended",
+        ),
+    ] {
+        let forged = format!(
+            "import sys\n\n\ndef generate(prompt, tokens, model_dir):\n    p = {payload:?}.encode()\n    sys.stdout.buffer.write(b'CDL1' + bytes([{kind}]) + len(p).to_bytes(4, 'big') + p)\n    sys.stdout.buffer.flush()\n    return [0] * tokens\n"
+        );
+        let (code, message) = rejected(run(&e, engine(&e, &forged, &incumbent_kernel())));
+        assert_eq!(code, "lane.protocol", "{message}");
+        assert!(message.contains(name), "{message}");
+        nothing_left(&e);
+    }
 
     let short = "import sys\n\n\ndef generate(prompt, tokens, model_dir):\n    sys.stderr.write('short by one\\n')\n    return [1] * (tokens - 1)\n";
     let _ = e.cfg.evidence.take();
