@@ -353,8 +353,11 @@ fn unescape(field: &str) -> std::ffi::OsString {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
+        // Three octal digits of one byte (the first at most 3): the kernel's escapes are
+        // `\040`, `\011`, `\012` and `\134`; anything else is kept as it is.
         let octal = b
             .get(i + 1..i + 4)
+            .filter(|d| (b'0'..=b'3').contains(&d[0]))
             .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
         match (b[i], octal) {
             (b'\\', Some(d)) => {
@@ -676,6 +679,38 @@ mod tests {
         assert!(policy_file(&outside, Some(&ws), other, &[]).is_ok());
     }
 
+    /// The runtime the surface runs is one the service user cannot change: its own binary, or
+    /// one in a directory it could write, is refused; another user's in another's directories
+    /// is accepted.
+    #[test]
+    fn a_runtime_the_service_user_could_change_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        chmod(dir.path(), 0o755);
+        let runc = dir.path().join("runc");
+        std::fs::write(&runc, "").unwrap();
+        chmod(&runc, 0o755);
+        let me = nix::unistd::geteuid().as_raw();
+        let other = me.wrapping_add(1);
+        assert!(runtime(&runc, other, &[]).is_ok());
+        assert!(matches!(
+            runtime(&runc, me, &[]),
+            Err(TrustError::RuntimeWritable { .. })
+        ));
+        chmod(&runc, 0o757);
+        assert!(matches!(
+            runtime(&runc, other, &[]),
+            Err(TrustError::RuntimeWritable { .. })
+        ));
+        chmod(&runc, 0o755);
+        chmod(dir.path(), 0o775);
+        let gid = std::fs::metadata(dir.path()).unwrap().gid();
+        assert!(matches!(
+            runtime(&runc, other, &[gid]),
+            Err(TrustError::RuntimeWritable { .. })
+        ));
+        assert!(runtime(&runc, other, &[]).is_ok());
+    }
+
     /// A read path with a mount beneath it is refused (seen on a GPU host: the driver's
     /// squashfs at /usr/local/nvidia, beneath /usr, made runc's non-recursive bind of /usr fail
     /// with EINVAL); a mount beside it, or one that is the read path itself, is not.
@@ -712,6 +747,15 @@ mod tests {
         assert_eq!(
             mounts_beneath(table, Path::new("/srv/ws two")),
             vec![PathBuf::from("/srv/ws two/x")]
+        );
+        // Every escape the kernel writes, and what is not one kept as it is.
+        assert_eq!(
+            unescape("/a\\040b\\011c\\012d\\134e"),
+            std::ffi::OsString::from("/a b\tc\nd\\e")
+        );
+        assert_eq!(
+            unescape("/x\\777\\8\\04"),
+            std::ffi::OsString::from("/x\\777\\8\\04")
         );
     }
 
