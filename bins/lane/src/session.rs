@@ -936,6 +936,91 @@ mod tests {
         ));
     }
 
+    /// Each control the posture reports is compared: the posture as planned has no difference,
+    /// and every one of these changes alone — a capability in any one set, no_new_privs off, no
+    /// seccomp filter, another interface or a route, a connect that did not fail as planned, a
+    /// writable read-only mount, a cache not made, another worker, uid or protocol, what the
+    /// reference sees — is exactly one difference, named.
+    #[test]
+    fn every_control_in_the_posture_is_compared_with_the_plan() {
+        let expected = Expected {
+            worker: "ab".repeat(32),
+            uid: 3_000_100,
+            gid: 3_000_100,
+            read_only: [("/".to_owned(), true), ("/engine".to_owned(), true)].into(),
+            caches: vec!["/cache/xdg".into()],
+            seen: None,
+        };
+        let planned = Posture {
+            protocol: PROTOCOL,
+            worker_sha256: expected.worker.clone(),
+            sealed_matches: true,
+            uid: expected.uid,
+            gid: expected.gid,
+            cap_eff: 0,
+            cap_prm: 0,
+            cap_bnd: 0,
+            cap_amb: 0,
+            no_new_privs: true,
+            seccomp_mode: 2,
+            seccomp_filters: 1,
+            interfaces: vec!["lo".into()],
+            routes: 0,
+            connect_errno: Some(ENETUNREACH),
+            read_only: expected.read_only.clone(),
+            caches: [("/cache/xdg".to_owned(), "ok".to_owned())].into(),
+            seen: None,
+        };
+        assert_eq!(expected.differences(&planned), Vec::<String>::new());
+        let changes: Vec<(&str, Box<dyn Fn(&mut Posture)>)> = vec![
+            ("protocol", Box::new(|p| p.protocol += 1)),
+            ("the worker", Box::new(|p| p.sealed_matches = false)),
+            (
+                "the worker",
+                Box::new(|p| p.worker_sha256 = "cd".repeat(32)),
+            ),
+            ("runs as", Box::new(|p| p.uid = 0)),
+            ("runs as", Box::new(|p| p.gid = 0)),
+            ("CapEff", Box::new(|p| p.cap_eff = 1 << 19)),
+            ("CapPrm", Box::new(|p| p.cap_prm = 1 << 19)),
+            ("CapBnd", Box::new(|p| p.cap_bnd = 1 << 19)),
+            ("CapAmb", Box::new(|p| p.cap_amb = 1 << 19)),
+            ("no_new_privs", Box::new(|p| p.no_new_privs = false)),
+            ("seccomp", Box::new(|p| p.seccomp_mode = 0)),
+            ("seccomp", Box::new(|p| p.seccomp_filters = 0)),
+            ("interfaces", Box::new(|p| p.interfaces.push("eth0".into()))),
+            ("routes", Box::new(|p| p.routes = 1)),
+            ("connect", Box::new(|p| p.connect_errno = None)),
+            (
+                "read-only",
+                Box::new(|p| *p.read_only.get_mut("/engine").unwrap() = false),
+            ),
+            (
+                "read-only",
+                Box::new(|p| *p.read_only.get_mut("/").unwrap() = false),
+            ),
+            (
+                "cache",
+                Box::new(|p| *p.caches.get_mut("/cache/xdg").unwrap() = "missing".into()),
+            ),
+            (
+                "sees",
+                Box::new(|p| {
+                    p.seen = Some(Seen {
+                        tree: "x".into(),
+                        publication: Vec::new(),
+                    });
+                }),
+            ),
+        ];
+        for (named, change) in changes {
+            let mut p = planned.clone();
+            change(&mut p);
+            let d = expected.differences(&p);
+            assert!(d.len() == 1 && d[0].contains(named), "{named}: {d:?}");
+        }
+    }
+
     fn default_policy() -> String {
         std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
