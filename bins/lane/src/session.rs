@@ -972,7 +972,8 @@ mod tests {
             seen: None,
         };
         assert_eq!(expected.differences(&planned), Vec::<String>::new());
-        let changes: Vec<(&str, Box<dyn Fn(&mut Posture)>)> = vec![
+        type Change = Box<dyn Fn(&mut Posture)>;
+        let changes: Vec<(&str, Change)> = vec![
             ("protocol", Box::new(|p| p.protocol += 1)),
             ("the worker", Box::new(|p| p.sealed_matches = false)),
             (
