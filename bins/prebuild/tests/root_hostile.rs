@@ -228,7 +228,7 @@ fn writes_outside_staging_exec_from_tmp_and_setuid_are_refused() {
         echo treelinks=$(busybox stat -c %h /engine/build.sh) >> $out/r\n\
         echo engineroot=$(busybox grep ' /engine ' /proc/self/mountinfo | busybox cut -d' ' -f4) >> $out/r\n\
         echo storepaths=$(busybox grep -cE 'trees/|publications/' /proc/self/mountinfo) >> $out/r\n\
-        for f in /proc/cmdline /proc/key-users /proc/config.gz /proc/kallsyms /proc/sys/kernel/random/boot_id; do echo \"hostfact $f=$(busybox head -c 64 $f 2>/dev/null | busybox wc -c)\" >> $out/r; done\n\
+        for f in /proc/cmdline /proc/key-users /proc/config.gz /proc/kallsyms /proc/sys/kernel/random/boot_id /proc/loadavg /proc/stat /proc/pressure/cpu /proc/diskstats /proc/vmstat; do echo \"hostfact $f=$(busybox head -c 64 $f 2>/dev/null | busybox wc -c)\" >> $out/r; done\n\
         echo gpuenv=$(busybox env | busybox grep -cE '^(NVIDIA|CUDA)_') >> $out/r\n\
         busybox ln /bin/busybox $out/hl 2>/dev/null && echo hardlink=yes >> $out/r || echo hardlink=no >> $out/r\n\
         echo core=$(busybox grep 'Max core file size' /proc/self/limits | busybox tr -s ' ' | busybox cut -d' ' -f5) >> $out/r\n\
@@ -277,6 +277,12 @@ fn writes_outside_staging_exec_from_tmp_and_setuid_are_refused() {
         "/proc/config.gz",
         "/proc/kallsyms",
         "/proc/sys/kernel/random/boot_id",
+        // The host's activity (MASKED_IN_PREBUILD).
+        "/proc/loadavg",
+        "/proc/stat",
+        "/proc/pressure/cpu",
+        "/proc/diskstats",
+        "/proc/vmstat",
     ] {
         let host = std::fs::read(f).map_or(0, |b| b.len());
         assert!(

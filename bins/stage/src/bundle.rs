@@ -41,7 +41,7 @@ use oci_spec::runtime::{
 };
 
 use crate::oci::{self, mount, seccomp};
-pub use crate::oci::{MASKED_PATHS, MASKED_WITHOUT_GPU, READONLY_PATHS};
+pub use crate::oci::{MASKED_IN_PREBUILD, MASKED_PATHS, MASKED_WITHOUT_GPU, READONLY_PATHS};
 pub use crate::plan_error::PlanError;
 pub(crate) use crate::plan_error::invalid;
 
@@ -788,6 +788,11 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
                 .iter()
                 .chain(if gpu_device.is_empty() {
                     &MASKED_WITHOUT_GPU[..]
+                } else {
+                    &[]
+                })
+                .chain(if kind == StageKind::Prebuild {
+                    &MASKED_IN_PREBUILD[..]
                 } else {
                     &[]
                 })

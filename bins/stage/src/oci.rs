@@ -46,6 +46,18 @@ pub const MASKED_PATHS: [&str; 18] = [
     "/proc/sys/kernel/random/boot_id",
 ];
 
+/// Masked as well in the prebuild: host-wide activity counters no build needs, through which a
+/// build would watch the host's other work (its load, CPU and I/O counters, pressure stalls).
+/// The lane keeps them (an engine's libraries read `/proc/stat`); they are a documented channel
+/// there.
+pub const MASKED_IN_PREBUILD: [&str; 5] = [
+    "/proc/loadavg",
+    "/proc/stat",
+    "/proc/pressure",
+    "/proc/diskstats",
+    "/proc/vmstat",
+];
+
 /// Masked as well in a stage granted no GPU: the driver's view of the host's devices.
 pub const MASKED_WITHOUT_GPU: [&str; 1] = ["/proc/driver"];
 
