@@ -1815,6 +1815,53 @@ fn cordon_reap_as_root_removes_a_crashed_per_run_account_and_returns_the_workspa
     assert_eq!(s.root_run("echo refused").code, 2);
 }
 
+/// The limits' probes: one holds 400 MB of memory, the other starts 150 processes.
+const HOG: &str = "x=$(head -c 400000000 /dev/zero | tr '\\0' a); echo held ${#x}";
+const FORKS: &str = "i=0; while [ $i -lt 150 ]; do sleep 30 & i=$((i+1)); done; echo spawned $i";
+
+/// The example policy with a memory limit of 256 MiB and a pids limit of 64.
+fn with_limits(t: String) -> String {
+    cordon_testkit::replace_once(
+        &t,
+        "    nofile 1024\n",
+        "    nofile 1024\n    memory \"256MiB\"\n    pids 64\n",
+    )
+}
+
+/// Each probe met its limit: the memory was never held, the processes could not all start.
+fn held_to_limits(hog: &Done, forks: &Done) {
+    assert!(
+        !hog.stdout().contains("held"),
+        "{}\n{}",
+        hog.stderr,
+        hog.receipt
+    );
+    assert!(
+        !forks.stdout().contains("spawned"),
+        "{}\n{}",
+        forks.stderr,
+        forks.receipt
+    );
+    let said = forks.receipt["outputs"]["stderr"].as_str().unwrap_or("");
+    assert!(said.contains("Cannot fork"), "{}", forks.receipt);
+}
+
+/// Each probe did what it set out to.
+fn within_no_limits(hog: &Done, forks: &Done) {
+    assert!(
+        hog.stdout().contains("held 400000000"),
+        "{}\n{}",
+        hog.stderr,
+        hog.receipt
+    );
+    assert!(
+        forks.stdout().contains("spawned 150"),
+        "{}\n{}",
+        forks.stderr,
+        forks.receipt
+    );
+}
+
 /// The run cgroups of the surface's per-run accounts left on the host (v1 memory and pids, or v2).
 fn surface_cgroups() -> Vec<String> {
     [
@@ -1838,61 +1885,29 @@ fn surface_cgroups() -> Vec<String> {
 /// left on the host.
 #[test]
 fn as_root_a_per_run_run_is_held_to_the_policys_memory_and_pids_limits() {
-    let hog = "x=$(head -c 400000000 /dev/zero | tr '\\0' a); echo held ${#x}";
-    let forks = "i=0; while [ $i -lt 150 ]; do sleep 30 & i=$((i+1)); done; echo spawned $i";
     let before = surface_cgroups();
-    let limited = Surface::per_run_with(&|t| {
-        cordon_testkit::replace_once(
-            &t,
-            "    nofile 1024\n",
-            "    nofile 1024\n    memory \"256MiB\"\n    pids 64\n",
-        )
-    });
-    let done = limited.root_run(hog);
-    assert!(
-        !done.stdout().contains("held"),
-        "{}\n{}",
-        done.stderr,
-        done.receipt
-    );
-    let limits = &done.receipt["outputs"]["limits"];
-    assert_eq!(limits["memory_bytes"], 256 << 20, "{}", done.receipt);
-    assert_eq!(limits["pids"], 64, "{}", done.receipt);
+    let limited = Surface::per_run_with(&with_limits);
+    let (hog, forks) = (limited.root_run(HOG), limited.root_run(FORKS));
+    held_to_limits(&hog, &forks);
+    let limits = &hog.receipt["outputs"]["limits"];
+    assert_eq!(limits["memory_bytes"], 256 << 20, "{}", hog.receipt);
+    assert_eq!(limits["pids"], 64, "{}", hog.receipt);
     assert!(
         limits["oom_kills"].as_u64().unwrap() >= 1,
         "{}",
-        done.receipt
-    );
-    let done = limited.root_run(forks);
-    assert!(
-        !done.stdout().contains("spawned"),
-        "{}\n{}",
-        done.stderr,
-        done.receipt
+        hog.receipt
     );
     assert_eq!(surface_cgroups(), before);
     assert!(per_run_accounts(&limited).is_empty());
 
     // The same probes, the limits alone removed: both succeed, and no cgroup is made.
     let free = Surface::per_run();
-    let done = free.root_run(hog);
+    let (hog, forks) = (free.root_run(HOG), free.root_run(FORKS));
+    within_no_limits(&hog, &forks);
     assert!(
-        done.stdout().contains("held 400000000"),
-        "{}\n{}",
-        done.stderr,
-        done.receipt
-    );
-    assert!(
-        done.receipt["outputs"].get("limits").is_none(),
+        hog.receipt["outputs"].get("limits").is_none(),
         "{}",
-        done.receipt
-    );
-    let done = free.root_run(forks);
-    assert!(
-        done.stdout().contains("spawned 150"),
-        "{}\n{}",
-        done.stderr,
-        done.receipt
+        hog.receipt
     );
     assert_eq!(surface_cgroups(), before);
 }
@@ -1975,8 +1990,6 @@ impl Drop for Delegated {
 #[test]
 #[ignore = "needs a cgroup v2 host: checks/cgroup2.sh"]
 fn as_the_service_user_limits_are_set_in_a_delegated_cgroup_v2_subtree() {
-    let hog = "x=$(head -c 400000000 /dev/zero | tr '\\0' a); echo held ${#x}";
-    let forks = "i=0; while [ $i -lt 150 ]; do sleep 30 & i=$((i+1)); done; echo spawned $i";
     let delegated = Delegated::new();
     let run = |s: &Surface, script: &str| {
         let args = s.run_args(&s.policy, &s.ws, "command", script);
@@ -1991,31 +2004,11 @@ fn as_the_service_user_limits_are_set_in_a_delegated_cgroup_v2_subtree() {
             stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         }
     };
-    let limited = Surface::new(&|t| {
-        cordon_testkit::replace_once(
-            &t,
-            "    nofile 1024\n",
-            "    nofile 1024\n    memory \"256MiB\"\n    pids 64\n",
-        )
-    });
-    let done = run(&limited, hog);
-    assert!(
-        !done.stdout().contains("held"),
-        "{}\n{}",
-        done.stderr,
-        done.receipt
-    );
-    let meta = &done.receipt["outputs"]["meta"];
-    assert_eq!(meta["oom_killed"], true, "{}", done.receipt);
-    let done = run(&limited, forks);
-    assert!(
-        !done.stdout().contains("spawned"),
-        "{}\n{}",
-        done.stderr,
-        done.receipt
-    );
-    let said = done.receipt["outputs"]["stderr"].as_str().unwrap_or("");
-    assert!(said.contains("Cannot fork"), "{}", done.receipt);
+    let limited = Surface::new(&with_limits);
+    let (hog, forks) = (run(&limited, HOG), run(&limited, FORKS));
+    held_to_limits(&hog, &forks);
+    let meta = &hog.receipt["outputs"]["meta"];
+    assert_eq!(meta["oom_killed"], true, "{}", hog.receipt);
     assert!(
         delegated.runs_left().is_empty(),
         "{:?}",
@@ -2033,20 +2026,7 @@ fn as_the_service_user_limits_are_set_in_a_delegated_cgroup_v2_subtree() {
 
     // Only the limits removed: both probes succeed.
     let free = Surface::new(&|t| t);
-    let done = run(&free, hog);
-    assert!(
-        done.stdout().contains("held 400000000"),
-        "{}\n{}",
-        done.stderr,
-        done.receipt
-    );
-    let done = run(&free, forks);
-    assert!(
-        done.stdout().contains("spawned 150"),
-        "{}\n{}",
-        done.stderr,
-        done.receipt
-    );
+    within_no_limits(&run(&free, HOG), &run(&free, FORKS));
     assert!(
         delegated.runs_left().is_empty(),
         "{:?}",
