@@ -376,8 +376,12 @@ impl Running {
             // SIGKILL to its init ends its pid namespace and with it every process in it.
             // The init is unreaped until its supervisor reaps it, so its pid is its own.
             match cgroup {
+                // Everything in its cgroup; should the runtime fail, its init at least (its
+                // pid namespace ends with it).
                 Some(_) => {
-                    let _ = self.kill();
+                    if self.kill().is_err() {
+                        let _ = self.created.init.kill();
+                    }
                 }
                 None => {
                     let _ = self.created.init.kill();

@@ -1,11 +1,15 @@
 //! A cgroup root prepares for a process tree it starts but does not containerise itself: a
 //! per-run account's surface (REQ-117), whose rootless runtime cannot set limits of its own.
 //! Root makes `/cordon-surface/<name>` in each v1 hierarchy a limit needs, or once under v2,
-//! writes the limits, places the process there before it runs anything ([`RunCgroup::join`]),
-//! reads its accounting and removes it ([`RunCgroup::remove`], [`remove_leftover`] after a
-//! crash). Every file stays root's: the account can neither raise a limit, nor make a cgroup
-//! below, nor leave (moving a process needs write access to the destination's `cgroup.procs`
-//! on v1, to the common ancestor's on v2, both root's).
+//! with two children: [`SUPERVISOR`], where it places the account's surface before that runs
+//! anything ([`RunCgroup::join`]), and [`SANDBOX`], which holds the limits and into which the
+//! account's surface moves the sandbox's init before starting it ([`enter_sandbox`]). Root
+//! reads the sandbox's accounting and removes it all ([`RunCgroup::remove`],
+//! [`remove_leftover`] after a crash). Every file but the sandbox's `cgroup.procs` (under v2,
+//! the run's too) stays root's: the account can neither raise a limit, nor make a cgroup, nor
+//! move a process anywhere but into the sandbox (a move needs write access to the
+//! destination's `cgroup.procs`, and under v2 to the common ancestor's), and the sandbox's
+//! memory pressure and OOM kills stay in the sandbox.
 //!
 //! A service user's rootless runtime sets limits itself where the host delegates a cgroup v2
 //! subtree to it ([`delegated`]: systemd's `Delegate=yes`); the surface then checks that the
@@ -81,33 +85,71 @@ fn failed(what: impl std::fmt::Display, path: &Path) -> impl FnOnce(io::Error) -
     move |source| CgroupError { what, source }
 }
 
-/// A prepared run cgroup: its probe (accounting, events) and the directories it occupies.
+/// The per-run cgroup's two children: the account's surface and runtime are placed in
+/// [`SUPERVISOR`], which has no limit; the account's surface moves the sandbox's init into
+/// [`SANDBOX`], which holds every limit, before it starts. So the sandbox's memory (its tmpfs
+/// pages included), pids and CPU are bounded, and its OOM kills never reach the supervisor.
+pub const SUPERVISOR: &str = "supervisor";
+
+/// See [`SUPERVISOR`].
+pub const SANDBOX: &str = "sandbox";
+
+/// Run `name`'s cgroup, relative to a hierarchy's root.
+fn run_path(name: &str) -> String {
+    format!("{SURFACE_PARENT}/{name}")
+}
+
+/// A prepared run cgroup: its sandbox's probe (accounting, events) and the directories it
+/// occupies.
 #[derive(Debug)]
 pub struct RunCgroup {
-    /// Its accounting and events, read through the host seam.
+    /// The sandbox's accounting and events, read through the host seam.
     pub probe: CgroupProbe,
-    /// Its directories, one per hierarchy joined (one under v2).
+    /// Its directories, parents first: each hierarchy's run, supervisor and sandbox.
     dirs: Vec<PathBuf>,
-    /// The v1 hierarchies joined (empty under v2), to check `/proc/<pid>/cgroup`.
+    /// The v1 hierarchies used (empty under v2), to check `/proc/<pid>/cgroup`.
     hierarchies: Vec<&'static str>,
 }
 
-/// Make the run cgroup `/cordon-surface/<name>` below `root` (`/sys/fs/cgroup`) with `limits`.
-/// A cgroup of that name that already exists is refused (it is another run's, or residue);
-/// what was made before a failure is removed again.
+/// The sandbox cgroup's directories of run `name` with `limits`: one per limited v1
+/// hierarchy, or one under v2.
+fn sandbox_dirs(
+    host: &dyn Host,
+    root: &Path,
+    name: &str,
+    limits: &Limits,
+) -> Result<(Vec<PathBuf>, Vec<&'static str>), CgroupError> {
+    let rel = format!("{}/{SANDBOX}", run_path(name));
+    let rel = rel.trim_start_matches('/');
+    if unified(host, root).map_err(failed("read", &root.join("cgroup.controllers")))? {
+        return Ok((vec![root.join(rel)], Vec::new()));
+    }
+    let controllers = limits.controllers();
+    Ok((
+        controllers.iter().map(|c| root.join(c).join(rel)).collect(),
+        controllers,
+    ))
+}
+
+/// Make the run cgroup `/cordon-surface/<name>` below `root` (`/sys/fs/cgroup`) with its
+/// [`SUPERVISOR`] and its [`SANDBOX`], which holds `limits` and whose `cgroup.procs` (under v2
+/// its parent's too, the moves' common ancestor) is given to `account` (uid, gid). A run cgroup
+/// of that name that already exists is refused (another run's, or residue); what was made
+/// before a failure is removed again.
 ///
 /// # Errors
-/// The hierarchy is not known, or a directory or a limit could not be made or written.
+/// The hierarchy is not known, or a directory, limit or owner could not be made or written.
 pub fn prepare(
     host: &HostRef,
     root: &Path,
     name: &str,
     limits: &Limits,
+    account: (u32, u32),
 ) -> Result<RunCgroup, CgroupError> {
     let probe = CgroupProbe {
         host: host.clone(),
         root: root.to_path_buf(),
-        path: format!("{SURFACE_PARENT}/{name}"),
+        path: format!("{}/{SANDBOX}", run_path(name)),
     };
     let unified = probe
         .unified()
@@ -118,9 +160,9 @@ pub fn prepare(
         hierarchies: Vec::new(),
     };
     let made = if unified {
-        cg.prepare_v2(&**host, root, limits)
+        cg.prepare_v2(&**host, root, name, limits, account)
     } else {
-        cg.prepare_v1(&**host, root, limits)
+        cg.prepare_v1(&**host, root, name, limits, account)
     };
     match made {
         Ok(()) => Ok(cg),
@@ -143,69 +185,92 @@ fn read_text(host: &dyn Host, path: &Path) -> Result<String, CgroupError> {
     Ok(String::from_utf8_lossy(&bytes).trim().to_owned())
 }
 
+fn give(host: &dyn Host, path: &Path, (uid, gid): (u32, u32)) -> Result<(), CgroupError> {
+    host.give(path, uid, gid)
+        .map_err(failed(format_args!("give to {uid}"), path))
+}
+
 /// Make `dir`'s parent if missing, then `dir` itself, fresh.
-fn make_fresh(host: &dyn Host, dir: &Path) -> Result<bool, CgroupError> {
+fn make_fresh(host: &dyn Host, dir: &Path) -> Result<(), CgroupError> {
     let parent = dir.parent().unwrap_or(dir);
-    let new_parent = match host.make_dir(parent) {
-        Ok(()) => true,
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
+    match host.make_dir(parent) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(failed("make", parent)(e)),
-    };
-    host.make_dir(dir).map_err(failed("make", dir))?;
-    Ok(new_parent)
+    }
+    host.make_dir(dir).map_err(failed("make", dir))
 }
 
 impl RunCgroup {
+    /// Make the run's directory in a hierarchy, then its supervisor and sandbox; the caller
+    /// writes the sandbox's limits.
+    fn make(&mut self, host: &dyn Host, run: &Path) -> Result<(PathBuf, PathBuf), CgroupError> {
+        make_fresh(host, run)?;
+        self.dirs.push(run.to_path_buf());
+        let (sup, sb) = (run.join(SUPERVISOR), run.join(SANDBOX));
+        for d in [&sup, &sb] {
+            host.make_dir(d).map_err(failed("make", d))?;
+            self.dirs.push(d.clone());
+        }
+        Ok((sup, sb))
+    }
+
     fn prepare_v1(
         &mut self,
         host: &dyn Host,
         root: &Path,
+        name: &str,
         limits: &Limits,
+        account: (u32, u32),
     ) -> Result<(), CgroupError> {
-        let rel = self.probe.path.trim_start_matches('/').to_owned();
+        let rel = run_path(name);
         for controller in limits.controllers() {
             let hierarchy = root.join(controller);
-            let dir = hierarchy.join(&rel);
-            make_fresh(host, &dir)?;
-            self.dirs.push(dir.clone());
+            let run = hierarchy.join(rel.trim_start_matches('/'));
+            let (sup, sb) = self.make(host, &run)?;
             self.hierarchies.push(controller);
             match controller {
                 "memory" => {
                     let n = limits.memory_bytes.unwrap_or_default().to_string();
-                    write(host, &dir.join("memory.limit_in_bytes"), &n)?;
+                    write(host, &sb.join("memory.limit_in_bytes"), &n)?;
                     // Swap included: without swap accounting the limit would bound RAM alone.
-                    write(host, &dir.join("memory.memsw.limit_in_bytes"), &n)?;
+                    write(host, &sb.join("memory.memsw.limit_in_bytes"), &n)?;
                 }
                 "pids" => write(
                     host,
-                    &dir.join("pids.max"),
+                    &sb.join("pids.max"),
                     &limits.pids.unwrap_or_default().to_string(),
                 )?,
                 "cpu" => {
-                    write(host, &dir.join("cpu.cfs_period_us"), "100000")?;
+                    write(host, &sb.join("cpu.cfs_period_us"), "100000")?;
                     let quota = limits.cpus_milli.unwrap_or_default() * 100;
-                    write(host, &dir.join("cpu.cfs_quota_us"), &quota.to_string())?;
+                    write(host, &sb.join("cpu.cfs_quota_us"), &quota.to_string())?;
                 }
                 _ => {
                     // A v1 cpuset takes no task until it has CPUs and memory nodes, and takes
-                    // only what its parent has: the parent is given the hierarchy's whole set
-                    // (once), the run its policy's CPUs.
-                    let parent = dir.parent().unwrap_or(&dir);
-                    let mems = read_text(host, &hierarchy.join("cpuset.mems"))?;
+                    // only what its parent has: each level above the sandbox is given the
+                    // hierarchy's whole set (the shared parent once), the sandbox its policy's.
+                    let all = |file: &str| read_text(host, &hierarchy.join(file));
+                    let parent = run.parent().unwrap_or(&run);
                     for file in ["cpuset.cpus", "cpuset.mems"] {
                         if read_text(host, &parent.join(file))?.is_empty() {
-                            let all = read_text(host, &hierarchy.join(file))?;
-                            write(host, &parent.join(file), &all)?;
+                            write(host, &parent.join(file), &all(file)?)?;
+                        }
+                        for d in [&run, &sup] {
+                            write(host, &d.join(file), &all(file)?)?;
                         }
                     }
                     write(
                         host,
-                        &dir.join("cpuset.cpus"),
+                        &sb.join("cpuset.cpus"),
                         limits.cpuset.as_deref().unwrap_or_default(),
                     )?;
-                    write(host, &dir.join("cpuset.mems"), &mems)?;
+                    write(host, &sb.join("cpuset.mems"), &all("cpuset.mems")?)?;
                 }
             }
+            // The account moves its sandbox's init in; nothing moves out (every other
+            // `cgroup.procs` is root's).
+            give(host, &sb.join("cgroup.procs"), account)?;
         }
         Ok(())
     }
@@ -214,12 +279,13 @@ impl RunCgroup {
         &mut self,
         host: &dyn Host,
         root: &Path,
+        name: &str,
         limits: &Limits,
+        account: (u32, u32),
     ) -> Result<(), CgroupError> {
-        let dir = root.join(self.probe.path.trim_start_matches('/'));
-        let parent = dir.parent().unwrap_or(&dir).to_path_buf();
-        // Each controller is enabled for the children of the root and of the parent (the v2
-        // root takes processes and children alike; the parent holds no process).
+        let run = root.join(run_path(name).trim_start_matches('/'));
+        // Each controller is enabled for the children of the root, the shared parent and the
+        // run (the v2 root takes processes and children alike; the others hold no process).
         let enable: String = limits
             .controllers()
             .iter()
@@ -227,37 +293,64 @@ impl RunCgroup {
             .collect();
         let enable = enable.trim_end();
         write(host, &root.join("cgroup.subtree_control"), enable)?;
-        make_fresh(host, &dir)?;
-        self.dirs.push(dir.clone());
-        write(host, &parent.join("cgroup.subtree_control"), enable)?;
+        make_fresh(host, &run)?;
+        self.dirs.push(run.clone());
+        for d in [run.parent().unwrap_or(&run), &run] {
+            write(host, &d.join("cgroup.subtree_control"), enable)?;
+        }
+        let (sup, sb) = (run.join(SUPERVISOR), run.join(SANDBOX));
+        for d in [&sup, &sb] {
+            host.make_dir(d).map_err(failed("make", d))?;
+            self.dirs.push(d.clone());
+        }
         if let Some(n) = limits.memory_bytes {
-            write(host, &dir.join("memory.max"), &n.to_string())?;
+            write(host, &sb.join("memory.max"), &n.to_string())?;
             // Swap included: v2 bounds swap apart, so none at all keeps the total at the limit.
-            write(host, &dir.join("memory.swap.max"), "0")?;
+            write(host, &sb.join("memory.swap.max"), "0")?;
         }
         if let Some(n) = limits.pids {
-            write(host, &dir.join("pids.max"), &n.to_string())?;
+            write(host, &sb.join("pids.max"), &n.to_string())?;
         }
         if let Some(m) = limits.cpus_milli {
-            write(host, &dir.join("cpu.max"), &format!("{} 100000", m * 100))?;
+            write(host, &sb.join("cpu.max"), &format!("{} 100000", m * 100))?;
         }
         if let Some(set) = &limits.cpuset {
-            write(host, &dir.join("cpuset.cpus"), set)?;
+            write(host, &sb.join("cpuset.cpus"), set)?;
         }
+        // A move needs write access to the destination's and the common ancestor's
+        // `cgroup.procs`: the account can move the sandbox's init from the supervisor into the
+        // sandbox, and nothing anywhere else (the run itself holds no process: v2's rule).
+        give(host, &sb.join("cgroup.procs"), account)?;
+        give(host, &run.join("cgroup.procs"), account)?;
         Ok(())
     }
 
-    /// Place process `pid` (stopped before it runs anything of its own) in the cgroup, then
-    /// check from `/proc/<pid>/cgroup` that the kernel has it there in every hierarchy.
+    /// Place process `pid` (stopped before it runs anything of its own) in the supervisor,
+    /// then check from `/proc/<pid>/cgroup` that the kernel has it there in every hierarchy.
     ///
     /// # Errors
     /// A write was refused, or the process is not where it was placed.
     pub fn join(&self, pid: u32) -> Result<(), CgroupError> {
         let host = &self.probe.host;
-        for dir in &self.dirs {
+        let sup: Vec<&PathBuf> = self
+            .dirs
+            .iter()
+            .filter(|d| d.ends_with(SUPERVISOR))
+            .collect();
+        for dir in sup {
             write(&**host, &dir.join("cgroup.procs"), &pid.to_string())?;
         }
-        placed(&**host, pid, &self.probe.path, &self.hierarchies)
+        let run = self
+            .probe
+            .path
+            .strip_suffix(&format!("/{SANDBOX}"))
+            .unwrap_or(&self.probe.path);
+        placed(
+            &**host,
+            pid,
+            &format!("{run}/{SUPERVISOR}"),
+            &self.hierarchies,
+        )
     }
 
     /// The limits' evidence: OOM kills and peak memory where the hierarchy tells.
@@ -272,13 +365,39 @@ impl RunCgroup {
         })
     }
 
-    /// Remove the cgroup (its directories, never the shared parent).
+    /// Remove the run's cgroup (its directories, children first, never the shared parent).
     ///
     /// # Errors
     /// A directory could not be removed: a process is still in it (residue).
     pub fn remove(&self) -> Result<(), CgroupError> {
-        remove_dirs(&*self.probe.host, &self.dirs)
+        let mut dirs = self.dirs.clone();
+        dirs.reverse();
+        remove_dirs(&*self.probe.host, &dirs)
     }
+}
+
+/// The account's side: move the sandbox's init `pid` (created, not started) into run `name`'s
+/// [`SANDBOX`], then check `/proc/<pid>/cgroup` has it there.
+///
+/// # Errors
+/// A move was refused, or the process is not there.
+pub fn enter_sandbox(
+    host: &dyn Host,
+    root: &Path,
+    name: &str,
+    limits: &Limits,
+    pid: u32,
+) -> Result<(), CgroupError> {
+    let (dirs, hierarchies) = sandbox_dirs(host, root, name, limits)?;
+    for dir in &dirs {
+        write(host, &dir.join("cgroup.procs"), &pid.to_string())?;
+    }
+    placed(
+        host,
+        pid,
+        &format!("{}/{SANDBOX}", run_path(name)),
+        &hierarchies,
+    )
 }
 
 fn remove_dirs(host: &dyn Host, dirs: &[PathBuf]) -> Result<(), CgroupError> {
@@ -291,14 +410,25 @@ fn remove_dirs(host: &dyn Host, dirs: &[PathBuf]) -> Result<(), CgroupError> {
     first.map_or(Ok(()), Err)
 }
 
-/// Remove run `name`'s cgroup wherever a run left it (each hierarchy; one already gone, or
-/// never made, is fine): how the end of a per-run run, or its recovery, removes it.
+/// Remove run `name`'s cgroup wherever a run left it (each hierarchy, children first; one
+/// already gone, or never made, is fine): how the end of a per-run run, or its recovery,
+/// removes it.
 ///
 /// # Errors
 /// The hierarchy is not known, or a directory could not be removed (a process left in it).
 pub fn remove_leftover(host: &dyn Host, root: &Path, name: &str) -> Result<(), CgroupError> {
-    let dirs = cgroup_dirs(host, root, &format!("{SURFACE_PARENT}/{name}"))
-        .map_err(failed("read", &root.join("cgroup.controllers")))?;
+    let run = run_path(name);
+    let mut dirs = Vec::new();
+    for path in [
+        format!("{run}/{SANDBOX}"),
+        format!("{run}/{SUPERVISOR}"),
+        run.clone(),
+    ] {
+        dirs.extend(
+            cgroup_dirs(host, root, &path)
+                .map_err(failed("read", &root.join("cgroup.controllers")))?,
+        );
+    }
     remove_dirs(host, &dirs)
 }
 
@@ -340,7 +470,8 @@ fn placed(
 
 /// The cgroup v2 subtree delegated to user `uid`, for runs of a process whose own cgroup is
 /// `own` (the `0::` path of its `/proc/self/cgroup`, whose whole text is `self_cgroup`): the
-/// parent of its own cgroup, when `root` is the unified hierarchy alone, that parent is the
+/// parent of its own cgroup, when `root` is the unified hierarchy alone, mounted with
+/// `nsdelegate` (its line in `mountinfo`, `/proc/self/mountinfo`), that parent is the
 /// user's (the directory, its `cgroup.procs` and `cgroup.subtree_control`, as systemd's
 /// `Delegate=yes` leaves them) and it offers every controller `limits` need. Those controllers
 /// are then enabled for its children (the runs' cgroups, siblings of this process's own).
@@ -351,7 +482,7 @@ fn placed(
 pub fn delegated(
     host: &dyn Host,
     root: &Path,
-    self_cgroup: &str,
+    (self_cgroup, mountinfo): (&str, &str),
     uid: u32,
     limits: &Limits,
 ) -> Result<String, String> {
@@ -364,6 +495,24 @@ pub fn delegated(
     .ok_or("this process is not on cgroup v2 alone (its /proc/self/cgroup lists v1 hierarchies)")?;
     if !unified(host, root).unwrap_or(false) {
         return Err(format!("{} is not the cgroup v2 hierarchy", root.display()));
+    }
+    // The run's limit files are the user's (its runtime writes them): only `nsdelegate` keeps a
+    // process in a cgroup namespace below them from writing them too.
+    let root_text = root.to_string_lossy();
+    let nsdelegate = mountinfo.lines().any(|l| {
+        let (mount, sup) = l.split_once(" - ").unwrap_or((l, ""));
+        mount.split(' ').nth(4) == Some(root_text.as_ref())
+            && sup.starts_with("cgroup2 ")
+            && sup
+                .split(' ')
+                .nth(2)
+                .is_some_and(|o| o.split(',').any(|o| o == "nsdelegate"))
+    });
+    if !nsdelegate {
+        return Err(format!(
+            "{} is not mounted with nsdelegate: a run could write its own limits",
+            root.display()
+        ));
     }
     let parent = Path::new(&own)
         .parent()
@@ -426,6 +575,20 @@ pub fn check_placed(
         root: root.to_path_buf(),
         path: path.to_owned(),
     };
+    // Swap included: the runtime turns the planned memory+swap into no swap at all, and skips
+    // that where the file is missing, which would leave swap unbounded.
+    if limits.memory_bytes.is_some() {
+        let swap = root
+            .join(path.trim_start_matches('/'))
+            .join("memory.swap.max");
+        let got = read_text(&**host, &swap)?;
+        if got != "0" {
+            return Err(CgroupError {
+                what: swap.display().to_string(),
+                source: io::Error::other(format!("holds {got:?}, not \"0\": swap is not bounded")),
+            });
+        }
+    }
     for (want, got, what) in [
         (limits.memory_bytes, probe.memory_limit(), "memory.max"),
         (limits.pids, probe.pids_limit(), "pids.max"),

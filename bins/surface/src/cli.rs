@@ -39,7 +39,7 @@ use cordon_policy_lang::StageKind;
 use cordon_stage::args::{Diagnostics, fail};
 use cordon_stage::receipt_io::finish_signed;
 use cordon_stage::start::stage_start;
-use cordon_stage::surface::{Tier, surface_of};
+use cordon_stage::surface::{Tier, limits_of, surface_of};
 
 use crate::run::{self, Host, Ran, Request, RunError};
 use crate::trust;
@@ -171,7 +171,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
         Err(code) => return code,
     };
     let policy = &started.loaded.policy;
-    let (_, block) = match surface_of(policy) {
+    let (stage, block) = match surface_of(policy) {
         Ok(s) => s,
         Err(e) => return fail(&RunError::from(e), mode, stderr),
     };
@@ -250,12 +250,21 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
                 Ok(s) => s,
                 Err(e) => return fail(&e, mode, stderr),
             };
+            // A per-run account's run: its limits hold in the sandbox cgroup root prepared,
+            // named for the account (its state directory's name).
+            let sandbox_cgroup = args
+                .per_run_state
+                .as_ref()
+                .and_then(|d| d.file_name())
+                .map(|n| (n.to_string_lossy().into_owned(), limits_of(stage)))
+                .filter(|(_, l)| !l.is_empty());
             let req = Request {
                 workspace,
                 tier: (*tier).into(),
                 argv: argv.clone(),
                 invoker_env: std::env::vars_os().collect::<BTreeMap<_, _>>(),
                 skills,
+                sandbox_cgroup,
             };
             // Opened before the run: a run whose receipt could not be kept never starts.
             let store = match Store::open(&host.lease.state.join(rootless::RECEIPTS)) {

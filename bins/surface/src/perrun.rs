@@ -259,6 +259,12 @@ fn supervise(
 ) -> Result<Decision<serde_json::Value>, PerRunError> {
     let host = cordon::host::Linux::shared();
     let accounts = account_policy(policy);
+    // Known before anything is begun: every error after `begin` ends the run.
+    let limits = limits_of(
+        surface_of(policy)
+            .map_err(|e| PerRunError::Child(e.to_string()))?
+            .0,
+    );
     let run = format!("cs-{}", &cordon::lease::fresh_id()[..20]);
     let tag = cordon::account::owner_tag("surface", state);
     // The record of the agent directories the earlier accounts made, for this one to prove.
@@ -275,22 +281,19 @@ fn supervise(
     let record = &begun.record;
     let own = per_run::account_state(state, &record.account);
     child_args[5] = own.clone().into();
-    let limits = limits_of(
-        surface_of(policy)
-            .map_err(|e| PerRunError::Child(e.to_string()))?
-            .0,
-    );
     let mut cgroup = None;
     let ran = install(state, &own, selected)
         .and_then(|()| Ok(per_run::give_state(state, record)?))
         .and_then(|()| {
             if !limits.is_empty() {
                 let root = Path::new(run_cgroup::ROOT);
+                let account = (record.account.uid, record.account.gid);
                 cgroup = Some(run_cgroup::prepare(
                     &host,
                     root,
                     &record.account.name,
                     &limits,
+                    account,
                 )?);
             }
             Ok(())

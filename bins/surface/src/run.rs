@@ -160,6 +160,9 @@ pub struct Request {
     pub invoker_env: BTreeMap<OsString, OsString>,
     /// The skill versions selected for the run.
     pub skills: Vec<skills::Selected>,
+    /// Under `user "per-run"` with limits: the account's name (its run cgroup's) and the
+    /// limits, whose sandbox cgroup the sandbox's init is moved into before it starts.
+    pub sandbox_cgroup: Option<(String, run_cgroup::Limits)>,
 }
 
 /// Where a run happens: the host facts the CLI established.
@@ -305,12 +308,16 @@ fn delegated(policy: &Policy, lease: &rootless::Setup) -> Result<Result<String, 
         return Ok(Err("no limits of the service user's to set".into()));
     }
     let host = &*lease.runtime.host;
-    let own = Path::new("/proc/self/cgroup");
-    let text = host.read(own).map_err(state_err("read", own))?;
+    let read = |p: &'static str| {
+        host.read(Path::new(p))
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .map_err(state_err("read", Path::new(p)))
+    };
+    let (own, mounts) = (read("/proc/self/cgroup")?, read("/proc/self/mountinfo")?);
     Ok(run_cgroup::delegated(
         host,
         Path::new(run_cgroup::ROOT),
-        &String::from_utf8_lossy(&text),
+        (&own, &mounts),
         lease.uid,
         &limits,
     ))
@@ -476,6 +483,20 @@ fn established(
     pid: i32,
 ) -> Result<(), RunError> {
     held.note_namespace(lease, pid)?;
+    // A per-run run's limits hold in the sandbox cgroup root prepared: the init goes there
+    // before it runs anything (the account's surface stays in the supervisor cgroup, out of
+    // the sandbox's OOM kills).
+    if let Some((name, limits)) = &req.sandbox_cgroup {
+        let pid = u32::try_from(pid)
+            .map_err(|e| state_err("place", Path::new(name))(std::io::Error::other(e)))?;
+        run_cgroup::enter_sandbox(
+            &*lease.runtime.host,
+            Path::new(run_cgroup::ROOT),
+            name,
+            limits,
+            pid,
+        )?;
+    }
     // Limits the runtime was asked to set are checked from outside before anything runs: the
     // init in the run's cgroup, the kernel holding the memory and pids limits.
     if let Some((path, limits)) = &plan.settings.cgroup {

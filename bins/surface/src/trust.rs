@@ -252,10 +252,9 @@ pub fn read_set<'a>(
     mountinfo: &str,
 ) -> Result<(), TrustError> {
     for path in read {
-        if let Some(beneath) = mounts_beneath(mountinfo, Path::new(path))
-            .into_iter()
-            .next()
-        {
+        // A mount beneath where the path leads (`/bin` is `/usr/bin` on a merged-/usr host).
+        let resolved = std::fs::canonicalize(path).unwrap_or_else(|_| PathBuf::from(path));
+        if let Some(beneath) = mounts_beneath(mountinfo, &resolved).into_iter().next() {
             return Err(TrustError::ReadSetMount {
                 path: path.clone(),
                 beneath,

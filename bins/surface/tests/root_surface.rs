@@ -1191,6 +1191,7 @@ fn helper_run_on_an_interposed_runtime() {
         argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
         invoker_env: std::collections::BTreeMap::new(),
         skills: Vec::new(),
+        sandbox_cgroup: None,
     };
     let store = cordon::store::Store::open(&state.join(rootless::RECEIPTS)).unwrap();
     let result = cordon_surface::run::run(&policy, &run_host, &req, &store);
@@ -1815,8 +1816,10 @@ fn cordon_reap_as_root_removes_a_crashed_per_run_account_and_returns_the_workspa
     assert_eq!(s.root_run("echo refused").code, 2);
 }
 
-/// The limits' probes: one holds 400 MB of memory, the other starts 150 processes.
+/// The limits' probes: one holds 400 MB of memory, one fills /tmp with 400 MB, one starts 150
+/// processes.
 const HOG: &str = "x=$(head -c 400000000 /dev/zero | tr '\\0' a); echo held ${#x}";
+const FILL: &str = "head -c 400000000 /dev/zero > /tmp/fill && echo filled";
 const FORKS: &str = "i=0; while [ $i -lt 150 ]; do sleep 30 & i=$((i+1)); done; echo spawned $i";
 
 /// The example policy with a memory limit of 256 MiB and a pids limit of 64.
@@ -1887,6 +1890,21 @@ fn surface_cgroups() -> Vec<String> {
 fn as_root_a_per_run_run_is_held_to_the_policys_memory_and_pids_limits() {
     let before = surface_cgroups();
     let limited = Surface::per_run_with(&with_limits);
+    // Pages of the sandbox's /tmp (512 MiB) count against the limit and belong to no process:
+    // the kernel still kills in the sandbox, never the account's surface, which ends the run
+    // as the command's failure with nothing left.
+    let fill = limited.root_run(FILL);
+    assert_eq!(fill.code, 1, "{}\n{}", fill.stderr, fill.receipt);
+    assert!(!fill.stdout().contains("filled"), "{}", fill.receipt);
+    assert!(
+        fill.receipt["outputs"]["limits"]["oom_kills"]
+            .as_u64()
+            .unwrap()
+            >= 1,
+        "{}",
+        fill.receipt
+    );
+    assert!(per_run_accounts(&limited).is_empty());
     let (hog, forks) = (limited.root_run(HOG), limited.root_run(FORKS));
     held_to_limits(&hog, &forks);
     let limits = &hog.receipt["outputs"]["limits"];
@@ -1904,6 +1922,7 @@ fn as_root_a_per_run_run_is_held_to_the_policys_memory_and_pids_limits() {
     let free = Surface::per_run();
     let (hog, forks) = (free.root_run(HOG), free.root_run(FORKS));
     within_no_limits(&hog, &forks);
+    assert!(free.root_run(FILL).stdout().contains("filled"));
     assert!(
         hog.receipt["outputs"].get("limits").is_none(),
         "{}",
@@ -2032,4 +2051,47 @@ fn as_the_service_user_limits_are_set_in_a_delegated_cgroup_v2_subtree() {
         "{:?}",
         delegated.runs_left()
     );
+}
+
+/// The account's surface does nothing until root releases it (after placing it in the run's
+/// cgroup): with its stdin closed, or anything but the release byte on it, it ends at once as
+/// a no-decision, before it reads its policy or touches its workspace.
+#[test]
+fn a_per_run_surface_that_root_did_not_release_does_nothing() {
+    use std::io::Write as _;
+    let s = Surface::per_run();
+    let state = s.state.join("per-run/cordon-unreleased");
+    let ws = s.ws.to_str().unwrap().to_owned();
+    let args = [
+        "--per-run-state",
+        state.to_str().unwrap(),
+        "run",
+        "--workspace",
+        &ws,
+        "--",
+        "/bin/sh",
+        "-c",
+        "touch /workspace/ran",
+    ];
+    for (given, why) in [(None, "did not release"), (Some(b"x"), "unknown byte")] {
+        let mut c = s
+            .command(&s.policy, &args, &[])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = c.stdin.take().unwrap();
+        if let Some(b) = given {
+            stdin.write_all(b).unwrap();
+        }
+        drop(stdin);
+        let out = c.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(3), "{out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(why),
+            "{out:?}"
+        );
+        assert!(out.stdout.is_empty() && !s.ws.join("ran").exists());
+    }
 }

@@ -46,6 +46,8 @@ pub enum Call {
     MakeDir(PathBuf),
     /// A control file written: its path and the value.
     Write(PathBuf, String),
+    /// A file given to another owner: its path and the uid.
+    Give(PathBuf, u32),
     /// A process's pid namespace looked up: its pid.
     PidNamespace(u32),
 }
@@ -322,6 +324,17 @@ impl Host for Fake {
                 Err(io::Error::from(io::ErrorKind::AlreadyExists))
             } else {
                 s.dirs.insert(path.to_path_buf(), Vec::new());
+                Ok(())
+            }
+        })
+    }
+
+    fn give(&self, path: &Path, uid: u32, _gid: u32) -> io::Result<()> {
+        self.with(|s| {
+            s.calls.push(Call::Give(path.to_path_buf(), uid));
+            if s.unreadable.iter().any(|p| p == path) {
+                Err(broken())
+            } else {
                 Ok(())
             }
         })
@@ -720,6 +733,12 @@ impl Host for Interposed {
 
     fn make_dir(&self, path: &Path) -> io::Result<()> {
         self.pass(Call::MakeDir(path.into()), || super::Linux.make_dir(path))
+    }
+
+    fn give(&self, path: &Path, uid: u32, gid: u32) -> io::Result<()> {
+        self.pass(Call::Give(path.into(), uid), || {
+            super::Linux.give(path, uid, gid)
+        })
     }
 
     fn write_control(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {

@@ -249,6 +249,13 @@ pub trait Host: std::fmt::Debug + Send + Sync {
     /// It could not be made (`AlreadyExists` when it exists).
     fn make_dir(&self, path: &Path) -> io::Result<()>;
 
+    /// Give a kernel filesystem's file to `uid`:`gid` (a cgroup's `cgroup.procs`, delegating
+    /// the moves into that cgroup), following no link.
+    ///
+    /// # Errors
+    /// It does not exist, or the kernel refused.
+    fn give(&self, path: &Path, uid: u32, gid: u32) -> io::Result<()>;
+
     /// Write `bytes` in one write to an existing control file of a kernel filesystem (a
     /// cgroup's limit or `cgroup.procs`), never creating or truncating it, following no link.
     ///
@@ -466,6 +473,18 @@ impl Host for Linux {
 
     fn make_dir(&self, path: &Path) -> io::Result<()> {
         fs::DirBuilder::new().mode(0o755).create(path)
+    }
+
+    fn give(&self, path: &Path, uid: u32, gid: u32) -> io::Result<()> {
+        use nix::unistd::{Gid, Uid, fchownat};
+        fchownat(
+            nix::fcntl::AT_FDCWD,
+            path,
+            Some(Uid::from_raw(uid)),
+            Some(Gid::from_raw(gid)),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .map_err(io::Error::from)
     }
 
     fn write_control(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
