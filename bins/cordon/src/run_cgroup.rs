@@ -293,15 +293,10 @@ impl RunCgroup {
             .collect();
         let enable = enable.trim_end();
         write(host, &root.join("cgroup.subtree_control"), enable)?;
-        make_fresh(host, &run)?;
-        self.dirs.push(run.clone());
+        let (_, sb) = self.make(host, &run)?;
+        // Enabled once the children exist, the controllers' files appear in them.
         for d in [run.parent().unwrap_or(&run), &run] {
             write(host, &d.join("cgroup.subtree_control"), enable)?;
-        }
-        let (sup, sb) = (run.join(SUPERVISOR), run.join(SANDBOX));
-        for d in [&sup, &sb] {
-            host.make_dir(d).map_err(failed("make", d))?;
-            self.dirs.push(d.clone());
         }
         if let Some(n) = limits.memory_bytes {
             write(host, &sb.join("memory.max"), &n.to_string())?;
