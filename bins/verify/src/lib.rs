@@ -421,7 +421,6 @@ fn hop(store: &Store, digest: &Digest, r: &Receipt) -> Result<Names, VerifyError
             );
             Ok(Names::edges(edges))
         }
-        // A surface run rests on nothing and names no tree: its receipt is its own evidence.
         // A surface run and a quiescence check rest on nothing and name no tree: each receipt is
         // its own evidence.
         StageName::Surface | StageName::Reap => match r.prev {

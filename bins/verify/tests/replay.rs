@@ -449,3 +449,65 @@ mod root_tests {
         }
     }
 }
+
+/// The checks of a receipt against what it rests on, each with its own message: a lane session
+/// that mounted another tree or publication than its prebuild's; a qualify receipt whose
+/// candidate session is the incumbent's (its windows copied to match); an ok qualify receipt
+/// whose outputs are not a qualification's.
+#[test]
+fn a_session_a_qualification_or_its_outputs_that_do_not_follow_from_what_they_rest_on_are_caught() {
+    let c = chain();
+    let a = Digest::of_bytes(AUTHORITY);
+    let (b_session, b_prev) = {
+        let r = cordon::chain::load(&c.store, &c.qualify.sessions.b).unwrap();
+        (
+            r.outputs_as::<cordon::receipt::LaneOutputs>().unwrap(),
+            r.prev,
+        )
+    };
+    // The incumbent's session presented as resting on the candidate's prebuild.
+    let lane = emit(
+        &c.store,
+        StageName::Lane,
+        a,
+        Some(c.prebuild_c),
+        json!({}),
+        &b_session,
+    );
+    let e = verify(&c.store, &lane, &KeySet::single(&c.key)).unwrap_err();
+    assert!(e.to_string().contains("not its prebuild's"), "{e}");
+    assert_ne!(b_prev, Some(c.prebuild_c));
+
+    // The incumbent's read as the candidate's, its windows copied so they match.
+    let mut lie = c.qualify.clone();
+    lie.sessions.c = lie.sessions.b;
+    lie.windows.c = lie.windows.b.clone();
+    let head = emit(
+        &c.store,
+        StageName::Qualify,
+        a,
+        Some(c.prebuild_c),
+        json!({}),
+        &lie,
+    );
+    let e = verify(&c.store, &head, &KeySet::single(&c.key)).unwrap_err();
+    assert!(e.to_string().contains("do not continue"), "{e}");
+
+    // An ok qualify receipt whose outputs are a prebuild's.
+    let head = emit(
+        &c.store,
+        StageName::Qualify,
+        a,
+        Some(c.prebuild_c),
+        json!({}),
+        &PrebuildOutputs {
+            publication: c.publication_c,
+            files: 1,
+            bytes: 1,
+            cached: false,
+            meta: None,
+        },
+    );
+    let e = verify(&c.store, &head, &KeySet::single(&c.key)).unwrap_err();
+    assert!(matches!(e, VerifyError::Order { .. }), "{e}");
+}
