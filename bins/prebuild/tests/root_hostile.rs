@@ -860,7 +860,8 @@ fn only_a_kill_by_cordon_reap_is_a_no_decision() {
 /// account, that is any watchdog the container could hold but the init) still ends at the stage's
 /// deadline, which the host holds from outside, and nothing written after it is published; the
 /// same build with only a deadline it fits in publishes what it wrote. The patcher holds no
-/// deadline of its own, and refuses the argument that once set one.
+/// deadline of its own, and refuses the argument that once set one. And nothing one build
+/// plants in /tmp is there for the next (corpus 17).
 #[test]
 fn a_build_that_kills_every_process_it_can_still_ends_at_the_hosts_deadline() {
     let script = "kill -9 -1; busybox sleep 4; echo late > $out/late";
@@ -874,6 +875,14 @@ fn a_build_that_kills_every_process_it_can_still_ends_at_the_hosts_deadline() {
     let e = env_with(9, |t| t);
     let (_, o) = build(&e, script, &[]);
     assert_eq!(published(&e, &o, "late"), "late\n");
+    // Corpus 17: what one build plants in /tmp (a link to the root, a file) is not there for
+    // the next: each run gets a fresh /tmp and staging.
+    let plant = "busybox ln -s / /tmp/planted; echo x > /tmp/left; echo planted > $out/r";
+    let (_, o) = build(&e, plant, &[]);
+    assert_eq!(published(&e, &o, "r"), "planted\n");
+    let look = "if [ -e /tmp/planted ] || [ -L /tmp/planted ] || [ -e /tmp/left ]; then echo seen > $out/r; else echo fresh > $out/r; fi";
+    let (_, o) = build(&e, look, &[]);
+    assert_eq!(published(&e, &o, "r"), "fresh\n");
     drop(e);
     let old = env_with(9, |t| {
         t.replace_once(
