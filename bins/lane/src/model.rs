@@ -7,8 +7,10 @@
 //! and the mount), every
 //! entry inside is a directory or a regular file with the same ownership rule (no links, no
 //! devices, no sockets), and the digest covers each entry's path, kind, mode, size and content.
-//! What it does not own: where models live (the policy's model root, part of issue 14's roots
-//! preflight, is not implemented yet) and which model a workload expects.
+//! A model that is, holds or lies inside one of the host's own directories (the signing key's,
+//! the store, the image cache, the lease state) is refused ([`apart`]). What it does not own:
+//! where models live (the policy's model root, registered by digest, is not implemented yet)
+//! and which model a workload expects.
 
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -45,10 +47,45 @@ pub enum ModelError {
         /// Why.
         why: &'static str,
     },
+    /// It is, holds or lies inside a directory of the host's own (the signing key's, the
+    /// store, the image cache, the lease state): mounting it would show that to the candidate.
+    #[error("the model {path} overlaps {with}, which is the host's own")]
+    #[diagnostic(
+        code(cordon::lane::model),
+        help(
+            "keep models in a directory of their own, apart from the store, keys, images and lease state"
+        )
+    )]
+    Overlaps {
+        /// The model, canonical.
+        path: PathBuf,
+        /// The host's directory it overlaps.
+        with: PathBuf,
+    },
     /// Encoding failed.
     #[error(transparent)]
     #[diagnostic(transparent)]
     Canonical(#[from] cordon::canonical::CanonicalError),
+}
+
+/// Refuse a model (canonical) that is, holds or lies inside one of the host's own directories
+/// (each canonicalised where it exists; one that does not exist cannot overlap).
+///
+/// # Errors
+/// [`ModelError::Overlaps`] naming the first.
+pub fn apart(model: &Path, host_dirs: &[&Path]) -> Result<(), ModelError> {
+    for dir in host_dirs {
+        let Ok(dir) = fs::canonicalize(dir) else {
+            continue;
+        };
+        if model.starts_with(&dir) || dir.starts_with(model) {
+            return Err(ModelError::Overlaps {
+                path: model.to_path_buf(),
+                with: dir,
+            });
+        }
+    }
+    Ok(())
 }
 
 #[derive(Serialize)]
@@ -175,6 +212,25 @@ pub fn verify(dir: &Path) -> Result<(PathBuf, Digest), ModelError> {
     let items = items(&real)?;
     let digest = domain_digest("cordon.model", 1, &items)?;
     Ok((real, digest))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_model_that_is_holds_or_lies_in_a_host_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (keys, models) = (dir.path().join("keys"), dir.path().join("models"));
+        for d in [&keys, &models.join("m")] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let m = std::fs::canonicalize(models.join("m")).unwrap();
+        super::apart(&m, &[&keys, &dir.path().join("absent")]).unwrap();
+        for host in [&models, &models.join("m"), &dir.path().to_path_buf()] {
+            assert!(super::apart(&m, &[host]).is_err(), "{}", host.display());
+        }
+        let inside = std::fs::canonicalize(&keys).unwrap();
+        assert!(super::apart(&dir.path().canonicalize().unwrap(), &[&inside]).is_err());
+    }
 }
 
 /// The ownership rule needs root-owned files: the root tier.

@@ -650,6 +650,15 @@ pub fn session_gated(
             why,
         })?;
     let (model_dir, model_digest) = model::verify(&inputs.model)?;
+    model::apart(
+        &model_dir,
+        &[
+            cfg.key_dir.as_path(),
+            cfg.store.root(),
+            cfg.images.as_path(),
+            cfg.setup.run_root.as_path(),
+        ],
+    )?;
     tree::verify(&cfg.store, &inputs.tree)?;
     let publication = tree::verify_in(&cfg.store, PUBLICATIONS, &inputs.publication)?;
     let (seen, pristine) = pristine_checks(stage, inputs, &publication)?;

@@ -349,6 +349,28 @@ fn a_background_process_the_engine_leaves_is_gone_after_release() {
     ));
     assert_eq!(code, "lane.exit", "{message}");
     nothing_left(&e);
+    // A model that overlaps a directory of the host's own (here the image cache, root-owned
+    // regular files like any model) is refused before anything runs.
+    let tree = engine(&e, &example_serve(), &incumbent_kernel());
+    let refused = session(
+        &e.policy,
+        &e.cfg,
+        &Inputs {
+            role: Role::C,
+            tree,
+            publication: e.publication,
+            workload: e.workload.clone(),
+            model: e.cfg.images.clone(),
+            lane: None,
+        },
+    );
+    assert!(
+        matches!(&refused, Err(LaneError::Model(_)))
+            && format!("{:?}", refused.as_ref().err()).contains("Overlaps"),
+        "{:?}",
+        refused.err()
+    );
+    nothing_left(&e);
     let (first, _) = cordon_testkit::account_range("lane-session", 5);
     let forks = "def spawn():\n    pid = os.fork()\n    if pid == 0:\n        os.setsid()\n        time.sleep(600)\n        os._exit(0)\n    return 1\n";
     let out = served(run(
