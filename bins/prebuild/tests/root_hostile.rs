@@ -861,7 +861,8 @@ fn only_a_kill_by_cordon_reap_is_a_no_decision() {
 /// deadline, which the host holds from outside, and nothing written after it is published; the
 /// same build with only a deadline it fits in publishes what it wrote. The patcher holds no
 /// deadline of its own, and refuses the argument that once set one. And nothing one build
-/// plants in /tmp is there for the next (corpus 17).
+/// plants in /tmp is there for the next (corpus 17), and the pages it fills in /tmp count
+/// against its memory limit.
 #[test]
 fn a_build_that_kills_every_process_it_can_still_ends_at_the_hosts_deadline() {
     let script = "kill -9 -1; busybox sleep 4; echo late > $out/late";
@@ -892,6 +893,27 @@ fn a_build_that_kills_every_process_it_can_still_ends_at_the_hosts_deadline() {
     });
     let (_, o) = build(&old, "echo built > $out/r", &[]);
     assert_eq!(rejected(&o), "prebuild.exit");
+    drop(old);
+
+    // Pages a build fills in its tmpfs /tmp belong to no process but are charged to its own
+    // cgroup (issue 33's first hole): with /tmp larger than the memory limit, filling it past
+    // the limit is the OOM killer's, and the same fill succeeds with only the limit raised.
+    let fill = "busybox head -c 400000000 /dev/zero > /tmp/fill && echo filled > $out/r";
+    let big_tmp = |t: String| {
+        t.replace_once(
+            "tmp size=\"8MiB\" exec=#false",
+            "tmp size=\"512MiB\" exec=#false",
+        )
+    };
+    let e = env_with(9, big_tmp);
+    let (_, o) = build(&e, fill, &[]);
+    assert_eq!(rejected(&o), "prebuild.oom");
+    drop(e);
+    let e = env_with(9, |t| {
+        big_tmp(t).replace_once("memory \"256MiB\"", "memory \"1GiB\"")
+    });
+    let (_, o) = build(&e, fill, &[]);
+    assert_eq!(published(&e, &o, "r"), "filled\n");
 }
 
 /// What the prebuild reopens before it trusts it: the image layout against the policy's pin,
