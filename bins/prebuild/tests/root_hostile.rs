@@ -439,6 +439,15 @@ fn resource_bounds_hold_and_failures_are_rejections() {
         &[("attempt", &attempt)],
     );
     assert_eq!(published(&e, &o, "r"), "pids=blocked:11\n");
+    // Corpus 5, the benign control: 64 GiB of address space reserved and never touched (as a
+    // GPU runtime reserves at start) is not refused under a 256 MiB memory limit — no
+    // RLIMIT_AS is planned; the memory limit bounds what is used, not what is mapped.
+    let (_, o) = build(
+        &e,
+        "/engine/attempt reserve 65536 > $out/r",
+        &[("attempt", &attempt)],
+    );
+    assert_eq!(published(&e, &o, "r"), "reserve=ok\n");
     let ps = Command::new("ps").args(["-eo", "args"]).output().unwrap();
     assert!(
         !String::from_utf8_lossy(&ps.stdout).contains("sleep 31"),

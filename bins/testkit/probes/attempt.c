@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ipc.h>
+#include <sys/mman.h>
 #include <sys/shm.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -192,6 +193,12 @@ int main(int argc, char **argv) {
         return made == want ? ok() : blocked(err);
     }
     /* A child touches `a` MiB: it must live to exit 0. */
+    /* Reserve `a` MiB of address space, never touched (what a GPU runtime does at start). */
+    if (!strcmp(name, "reserve")) {
+        size_t n = (size_t)atol(a) << 20;
+        void *p = mmap(NULL, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        return p == MAP_FAILED ? blocked(errno) : ok();
+    }
     if (!strcmp(name, "memory")) {
         pid_t pid = fork();
         if (pid == 0) {
