@@ -421,22 +421,34 @@ fn a_replaced_worker_in_the_image_cache_is_a_no_decision_before_the_engine_start
 
 #[test]
 fn the_runtime_cache_is_private_executable_and_bounded_in_bytes_and_inodes() {
+    // The lane's block alone (the reference stage has the same lines but its workload phase).
     let e = env(
         7,
         &[(
-            "cache size=\"16GiB\" inodes=1000000\n    deadline \"2h\"\n    phase-deadline \"startup\" \"20m\"\n    phase-deadline \"workload\"",
-            "cache size=\"1MiB\" inodes=64\n    deadline \"2h\"\n    phase-deadline \"startup\" \"20m\"\n    phase-deadline \"workload\"",
+            "tmp size=\"8GiB\" exec=#true\n    // The lease's runtime cache: executable (JIT kernels), bounded, discarded at release.\n    cache size=\"16GiB\" inodes=1000000\n    deadline \"2h\"\n    phase-deadline \"startup\" \"20m\"\n    phase-deadline \"workload\" \"90m\"",
+            "tmp size=\"1MiB\" exec=#true\n    cache size=\"1MiB\" inodes=64\n    deadline \"2h\"\n    phase-deadline \"startup\" \"20m\"\n    phase-deadline \"workload\" \"90m\"",
         )],
     );
     let helpers = "def fill(path):\n    try:\n        with open(path, 'wb') as f:\n            for _ in range(64):\n                f.write(b'x' * 65536)\n                f.flush()\n    except OSError as e:\n        return e.errno\n    return 0\n\n\ndef many(dir):\n    try:\n        for i in range(200):\n            open(dir + '/f' + str(i), 'wb').close()\n    except OSError as e:\n        return e.errno\n    return 0\n\n\ndef mode(path):\n    st = os.stat(path)\n    return (st.st_mode & 0o7777) + (st.st_uid == os.getuid()) * 10000\n";
-    let probe = "[fill('/cache/xdg/big'), many('/cache/hf'), mode('/cache/triton'), int(os.environ.get('CUDA_CACHE_PATH') == '/cache/cuda')]";
+    let probe = "[fill('/cache/xdg/big'), many('/cache/hf'), mode('/cache/triton'), int(os.environ.get('CUDA_CACHE_PATH') == '/cache/cuda'), fill('/tmp/big')]";
     let out = served(run(
         &e,
         engine(&e, &probing(helpers, probe), &incumbent_kernel()),
     ));
     // ENOSPC (28) at the byte bound and at the inode bound; each cache directory is the run
-    // account's, mode 0700 (10000 + 0o700); the engine's cache variables point there.
-    assert_eq!(out.outputs, expected(&[28, 28, 10000 + 0o700, 1]));
+    // account's, mode 0700 (10000 + 0o700); the engine's cache variables point there; /tmp
+    // is bounded the same way (its `tmp size`).
+    assert_eq!(out.outputs, expected(&[28, 28, 10000 + 0o700, 1, 28]));
+    nothing_left(&e);
+    drop(e);
+    // The same fills with only the bounds as the shipped policy has them: both succeed.
+    let e = env(7, &[]);
+    let probe = "[fill('/cache/xdg/big'), fill('/tmp/big')]";
+    let out = served(run(
+        &e,
+        engine(&e, &probing(helpers, probe), &incumbent_kernel()),
+    ));
+    assert_eq!(out.outputs, expected(&[0, 0]));
     nothing_left(&e);
 }
 
