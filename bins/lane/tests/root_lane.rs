@@ -420,12 +420,13 @@ fn a_replaced_worker_in_the_image_cache_is_a_no_decision_before_the_engine_start
 }
 
 #[test]
-fn the_runtime_cache_is_private_executable_and_bounded_in_bytes_and_inodes() {
+fn the_runtime_cache_is_private_executable_and_bounded_in_bytes_and_inodes_and_tmpfs_pages_are_the_containers_memory()
+ {
     // The lane's block alone (the reference stage has the same lines but its workload phase).
     let e = env(
         7,
         &[(
-            "tmp size=\"8GiB\" exec=#true\n    // The lease's runtime cache: executable (JIT kernels), bounded, discarded at release.\n    cache size=\"16GiB\" inodes=1000000\n    deadline \"2h\"\n    phase-deadline \"startup\" \"20m\"\n    phase-deadline \"workload\" \"90m\"",
+            "tmp size=\"4GiB\" exec=#true\n    // The lease's runtime cache: executable (JIT kernels), bounded, discarded at release.\n    cache size=\"8GiB\" inodes=1000000\n    deadline \"2h\"\n    phase-deadline \"startup\" \"20m\"\n    phase-deadline \"workload\" \"90m\"",
             "tmp size=\"1MiB\" exec=#true\n    cache size=\"1MiB\" inodes=64\n    deadline \"2h\"\n    phase-deadline \"startup\" \"20m\"\n    phase-deadline \"workload\" \"90m\"",
         )],
     );
@@ -449,6 +450,32 @@ fn the_runtime_cache_is_private_executable_and_bounded_in_bytes_and_inodes() {
         engine(&e, &probing(helpers, probe), &incumbent_kernel()),
     ));
     assert_eq!(out.outputs, expected(&[0, 0]));
+    nothing_left(&e);
+    drop(e);
+    // tmpfs pages count against the container's own memory limit (the host's memory check
+    // rests on it): a /tmp larger than the limit, filled past it, is the engine's OOM kill…
+    let block = |memory: &str| {
+        format!(
+            "memory \"{memory}\"\n    pids 4096\n    // Below the supervisor's hard limit: the runtime cannot raise it without CAP_SYS_RESOURCE.\n    nofile 16384\n    core \"0B\"\n    shm \"4GiB\"\n    tmp size=\"1GiB\" exec=#true\n    // The lease's runtime cache: executable (JIT kernels), bounded, discarded at release.\n    cache size=\"8GiB\" inodes=1000000\n    deadline \"2h\"\n    phase-deadline \"startup\" \"20m\"\n    phase-deadline \"workload\" \"90m\""
+        )
+    };
+    let shipped = block("12GiB").replace("tmp size=\"1GiB\"", "tmp size=\"4GiB\"");
+    let hog = "def hog(path):\n    with open(path, 'wb') as f:\n        for _ in range(512):\n            f.write(b'x' * 1048576)\n            f.flush()\n    return 0\n";
+    let e = env(7, &[(&shipped, &block("256MiB"))]);
+    let (code, _) = rejected(run(
+        &e,
+        engine(&e, &probing(hog, "[hog('/tmp/big')]"), &incumbent_kernel()),
+    ));
+    assert_eq!(code, "lane.oom");
+    nothing_left(&e);
+    drop(e);
+    // …and with only the limit raised, the same fill is served.
+    let e = env(7, &[(&shipped, &block("2GiB"))]);
+    let out = served(run(
+        &e,
+        engine(&e, &probing(hog, "[hog('/tmp/big')]"), &incumbent_kernel()),
+    ));
+    assert_eq!(out.outputs, expected(&[0]));
     nothing_left(&e);
 }
 

@@ -19,6 +19,7 @@ pub struct Policy {
     pub(crate) run_dir: String,
     pub(crate) runtime: Runtime,
     pub(crate) accounts: Accounts,
+    pub(crate) host: Host,
     pub(crate) secret: BTreeMap<String, Secret>,
     pub(crate) intake: Intake,
     pub(crate) tree: Tree,
@@ -142,6 +143,38 @@ pub fn cpu_list(s: &str) -> Option<std::collections::BTreeSet<u32>> {
 pub use cordon_evidence::audit::Audit;
 pub use cordon_evidence::quality::Quality;
 pub use cordon_evidence::speed::Speed;
+
+/// What a host must be for a candidate stage to run on it (`host { … }`): the memory it keeps
+/// for itself, and its side-channel posture — seed 001 calls co-tenancy a deployment decision,
+/// and this is where it is made, reviewed, never assumed. Every value left out is the
+/// strictest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Host {
+    /// Memory the host keeps for itself (the supervisor, the runtime, the kernel): a stage
+    /// runs only when its memory limit and the copies the host makes for it fit in the rest.
+    pub memory_reserve_bytes: u64,
+    /// Simultaneous multithreading: a candidate on one hardware thread shares a core's caches
+    /// and ports with whatever runs on its sibling.
+    pub smt: Allowance,
+    /// The unprivileged `bpf()` system call, a long line of kernel exploits and side channels.
+    pub unprivileged_bpf: Allowance,
+    /// CPU vulnerabilities the kernel reports as `Vulnerable` that the policy accepts, each with
+    /// its reason; every other one must read `Not affected` or `Mitigation: …`.
+    pub accept_vulnerable: BTreeMap<String, String>,
+}
+
+/// A host feature the policy wants off, or allows with a stated reason.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case", tag = "state")]
+pub enum Allowance {
+    /// It must be off on the host.
+    Off,
+    /// The host may have it on, for this reason.
+    On {
+        /// Why.
+        reason: String,
+    },
+}
 
 /// The per-run account rules (REQ-117).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -923,6 +956,12 @@ impl Policy {
     #[must_use]
     pub fn speed(&self) -> Option<&Speed> {
         self.speed.as_ref()
+    }
+
+    /// What a host must be for a candidate stage to run on it.
+    #[must_use]
+    pub fn host(&self) -> &Host {
+        &self.host
     }
 
     /// Whether the final verdict needs a reproduction of the primary attempt.

@@ -952,7 +952,7 @@ mod tests {
                 // The runtime cache: the lease's own, bounded in bytes and inodes.
                 HostMount::Tmpfs {
                     target: run.run_dir.join(CACHE_DIR),
-                    bytes: 16 << 30,
+                    bytes: 8 << 30,
                     inodes: Some(1_000_000),
                     uid: run.uid,
                     gid: run.gid,
@@ -1045,7 +1045,7 @@ mod tests {
             .find(|m| m["destination"] == "/dev/shm")
             .cloned()
             .unwrap();
-        assert!(shm["options"].to_string().contains("size=17179869184"));
+        assert!(shm["options"].to_string().contains("size=4294967296"));
     }
 
     #[test]

@@ -13,6 +13,8 @@
 //! - [`oci`]: the OCI spec pieces the bundle and surface planners share;
 //! - [`session`]: one container of one stage under one lease, from validation to the absence
 //!   proof — the sequence every container stage runs instead of copying it;
+//! - [`host_fit`]: whether this host can honour a candidate stage (memory against the policy's
+//!   reserve, the side-channel posture), before anything is leased;
 //! - [`parser`]: a stage's confined parser child under its own lease (fetch, materialize);
 //! - [`receipt_io`]: reading an input receipt and emitting the one output receipt;
 //! - [`evidence`]: what a stage preserved of a run, named by its receipt;
@@ -24,6 +26,7 @@
 pub mod args;
 pub mod bundle;
 pub mod evidence;
+pub mod host_fit;
 pub mod oci;
 pub mod parser;
 mod plan_error;

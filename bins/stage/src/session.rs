@@ -93,6 +93,10 @@ pub enum SessionError {
         /// This process's hard limit.
         hard: u64,
     },
+    /// This host cannot honour the stage (its memory, its side-channel posture).
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Host(#[from] crate::host_fit::HostFitError),
     /// The lease, account, mounts, runtime or cleanup failed.
     #[error(transparent)]
     #[diagnostic(transparent)]
@@ -131,7 +135,10 @@ impl ExitClass for SessionError {
     fn exit_class(&self) -> ExitCode {
         match self {
             Self::Plan(e) => e.exit_class(),
-            Self::Device { .. }
+            // A copy the policy does not bound is the policy's wiring.
+            Self::Host(crate::host_fit::HostFitError::Unbounded { .. }) => ExitCode::Usage,
+            Self::Host(_)
+            | Self::Device { .. }
             | Self::Nofile { .. }
             | Self::Lease(_)
             | Self::WorkingDirectory { .. }
@@ -354,6 +361,15 @@ impl Session<'_> {
             })
             .into());
         }
+        // Whether this host can honour the stage at all: its memory and its side-channel
+        // posture, against the policy's host rules. What it read is kept for the receipt.
+        let fit = crate::host_fit::check(self.policy, self.kind, self.setup.host())
+            .map_err(SessionError::from)?;
+        let record =
+            cordon_canon::canonical::to_canonical_json(&fit).map_err(SessionError::from)?;
+        self.evidence
+            .keep("host", record.as_bytes())
+            .map_err(SessionError::Evidence)?;
         // 2. The lease record names every mount point before any exists.
         let manager = Manager::open(&self.store, self.setup.clone()).map_err(SessionError::from)?;
         // No new work on a quarantined host, executor or device (the lease refuses the first
@@ -567,9 +583,27 @@ mod tests {
         version: &str,
         devices: &[&str],
     ) -> (SessionError, Vec<Call>, usize) {
+        let (e, calls, leases, _) = try_run_on(Fake::new(), policy, kind, version, devices);
+        (e, calls, leases)
+    }
+
+    /// A run on `fake`: its error, the host calls, the lease records made, and the evidence
+    /// kept for the receipt.
+    fn try_run_on(
+        fake: Fake,
+        policy: &Policy,
+        kind: StageKind,
+        version: &str,
+        devices: &[&str],
+    ) -> (
+        SessionError,
+        Vec<Call>,
+        usize,
+        Vec<cordon::receipt::Evidence>,
+    ) {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("store")).unwrap();
-        let fake = Arc::new(Fake::new());
+        let fake = Arc::new(fake);
         for d in devices {
             fake.device_node(
                 *d,
@@ -596,6 +630,7 @@ mod tests {
             runtime_version: version.to_owned(),
             evidence: crate::evidence::Evidence::new(&store),
         };
+        let evidence = session.evidence.clone();
         let job = Job {
             argv: vec!["/bin/true".into()],
             image_rootfs: dir.path().join("rootfs"),
@@ -621,7 +656,64 @@ mod tests {
                     .is_some_and(|x| x == "json")
             })
             .count();
-        (e, fake.calls(), leases)
+        (e, fake.calls(), leases, evidence.take())
+    }
+
+    #[test]
+    fn a_host_that_cannot_honour_the_stage_stops_before_any_lease_and_a_fit_ones_facts_are_kept() {
+        let p = policy(|t| t);
+        // Nothing readable: refused, a no-decision, before the lease.
+        let (e, calls, leases, kept) = try_run_on(
+            Fake::new(),
+            &p,
+            StageKind::Prebuild,
+            "runc version 1.1.12",
+            &[],
+        );
+        assert!(
+            matches!(
+                e,
+                SessionError::Host(crate::host_fit::HostFitError::Unreadable { .. })
+            ),
+            "{e}"
+        );
+        assert_eq!(e.exit_class(), ExitCode::NoDecision);
+        assert_eq!(calls, [Call::Read("/proc/meminfo".into())]);
+        assert_eq!((leases, kept.len()), (0, 0));
+        let host = |mem_kb: u64, smt: &str| {
+            let f = Fake::new();
+            f.file("/proc/meminfo", &format!("MemTotal: {mem_kb} kB\n"))
+                .file("/sys/devices/system/cpu/smt/active", smt)
+                .file("/proc/sys/kernel/unprivileged_bpf_disabled", "2")
+                .file(
+                    "/sys/devices/system/cpu/vulnerabilities/meltdown",
+                    "Not affected",
+                );
+            f
+        };
+        // Too little memory, or SMT on: refused the same way, no lease.
+        for (f, code) in [
+            (host(1 << 20, "0"), "cordon::host::memory"),
+            (host(1 << 40, "1"), "cordon::host::posture"),
+        ] {
+            let (e, _, leases, kept) =
+                try_run_on(f, &p, StageKind::Prebuild, "runc version 1.1.12", &[]);
+            let got = miette::Diagnostic::code(&e).map(|c| c.to_string());
+            assert_eq!(got.as_deref(), Some(code), "{e}");
+            assert_eq!(e.exit_class(), ExitCode::NoDecision);
+            assert_eq!((leases, kept.len()), (0, 0));
+        }
+        // A fit host: the session goes on (and fails later on this fake), its facts kept.
+        let (e, _, _, kept) = try_run_on(
+            host(1 << 40, "0"),
+            &p,
+            StageKind::Prebuild,
+            "runc version 1.1.12",
+            &[],
+        );
+        assert!(!matches!(e, SessionError::Host(_)), "{e}");
+        let record = kept.iter().find(|k| k.name == "host").unwrap();
+        assert!(record.bytes > 0);
     }
 
     #[test]

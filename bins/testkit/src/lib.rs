@@ -156,12 +156,26 @@ pub fn isolated_policy(dir: &Path, (first, last): (u32, u32)) -> String {
     replace_once(&text, "\"/etc/at.deny\"", &quoted("at.deny"))
 }
 
+/// The shipped policy's `host { … }` block, whole: the host rules the demo host meets.
+#[must_use]
+pub fn shipped_host_block() -> String {
+    let text = std::fs::read_to_string(workspace_root().join("policy/evaluator.kdl")).unwrap();
+    let start = text
+        .find("\nhost {\n")
+        .expect("policy/evaluator.kdl has a host block")
+        + 1;
+    let end = start + text[start..].find("\n}\n").unwrap() + 3;
+    text[start..end].to_owned()
+}
+
 /// The minimal example policy's text (`policy/examples/minimal.kdl`) with its per-run account
-/// range moved to `range` and its cron/at deny files into `dir`.
+/// range moved to `range`, its cron/at deny files into `dir`, and the shipped policy's host
+/// rules (the minimal one's are the strictest, which the demo host does not meet).
 #[must_use]
 pub fn isolated_minimal_policy(dir: &Path, (first, last): (u32, u32)) -> String {
     let text =
         std::fs::read_to_string(workspace_root().join("policy/examples/minimal.kdl")).unwrap();
+    let text = format!("{text}{}", shipped_host_block());
     let quoted = |name: &str| format!("{:?}", dir.join(name).display().to_string());
     replace_once(
         &text,

@@ -304,6 +304,26 @@ impl Host for Fake {
         })
     }
 
+    fn list_files(&self, path: &Path) -> io::Result<Vec<String>> {
+        self.with(|s| {
+            s.calls.push(Call::ListDir(path.to_path_buf()));
+            if s.unreadable.iter().any(|p| p == path) {
+                return Err(broken());
+            }
+            // The file table's entries directly inside `path`.
+            let names: Vec<String> = s
+                .files
+                .keys()
+                .filter(|f| f.parent() == Some(path))
+                .filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .collect();
+            if names.is_empty() && !s.dirs.contains_key(path) {
+                return Err(io::Error::from(io::ErrorKind::NotFound));
+            }
+            Ok(names)
+        })
+    }
+
     fn remove_dir(&self, path: &Path) -> io::Result<()> {
         self.with(|s| {
             s.calls.push(Call::RemoveDir(path.to_path_buf()));
@@ -725,6 +745,10 @@ impl Host for Interposed {
 
     fn list_dir(&self, path: &Path) -> io::Result<Vec<String>> {
         self.pass(Call::ListDir(path.into()), || super::Linux.list_dir(path))
+    }
+
+    fn list_files(&self, path: &Path) -> io::Result<Vec<String>> {
+        self.pass(Call::ListDir(path.into()), || super::Linux.list_files(path))
     }
 
     fn device(&self, path: &Path) -> io::Result<DeviceNode> {

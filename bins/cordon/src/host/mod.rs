@@ -243,6 +243,13 @@ pub trait Host: std::fmt::Debug + Send + Sync {
     /// It cannot be listed (`NotFound` when it does not exist).
     fn list_dir(&self, path: &Path) -> io::Result<Vec<String>>;
 
+    /// The regular files in a directory of a kernel filesystem (`/sys/…/vulnerabilities`),
+    /// sorted.
+    ///
+    /// # Errors
+    /// It cannot be listed (`NotFound` when it does not exist).
+    fn list_files(&self, path: &Path) -> io::Result<Vec<String>>;
+
     /// Make a directory of a kernel filesystem (a cgroup), mode 0755.
     ///
     /// # Errors
@@ -465,6 +472,18 @@ impl Host for Linux {
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => return Err(e),
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    fn list_files(&self, path: &Path) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in fs::read_dir(path)? {
+            let entry = entry?;
+            if entry.file_type()?.is_file() {
+                names.push(entry.file_name().to_string_lossy().into_owned());
             }
         }
         names.sort();

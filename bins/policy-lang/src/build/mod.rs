@@ -88,6 +88,7 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
             "run-dir",
             "runtime",
             "accounts",
+            "host",
             "secret",
             "intake",
             "tree",
@@ -137,6 +138,7 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
     }
     let runtime = top.required(cx, "runtime").and_then(|n| runtime(cx, n));
     let accounts = top.required(cx, "accounts").and_then(|n| accounts(cx, n));
+    let host = host(cx, top.one("host"), whole);
     let secret = named(cx, &top.all("secret"), "secret")
         .into_iter()
         .filter_map(|(name, node)| {
@@ -217,6 +219,7 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
         run_dir: run_dir?,
         runtime: runtime?,
         accounts: accounts?,
+        host: host?,
         secret,
         intake: intake?,
         tree: tree?,
@@ -606,6 +609,104 @@ fn accounts(cx: &mut Cx, node: &KdlNode) -> Option<Accounts> {
         cron_deny: cron_deny?,
         at_deny: at_deny?,
     })
+}
+
+/// `host { … }`: what a host must be for a candidate stage to run on it. Absent, or any value
+/// left out, is the strictest: a 2 GiB reserve, SMT off, unprivileged BPF off, no CPU
+/// vulnerability accepted.
+fn host(cx: &mut Cx, node: Option<&KdlNode>, whole: SourceSpan) -> Option<Host> {
+    let b = Block::section(
+        cx,
+        node,
+        "host",
+        whole,
+        &[
+            "memory-reserve",
+            "smt",
+            "unprivileged-bpf",
+            "accept-vulnerable",
+        ],
+        &["accept-vulnerable"],
+    );
+    let memory_reserve_bytes = value(cx, &b, "memory-reserve", Some(2 * GIB), |cx, e| {
+        size(cx, e, "memory-reserve", 256 * MIB, TIB)
+    });
+    let smt = allowance(cx, &b, "smt");
+    let unprivileged_bpf = allowance(cx, &b, "unprivileged-bpf");
+    let mut seen = Seen::default();
+    let mut accept_vulnerable = BTreeMap::new();
+    for node in b.all("accept-vulnerable") {
+        shape(cx, node, 1, 1, &["reason"], false);
+        let Some(entry) = arg(node, 0) else { continue };
+        let Some(name) = vulnerability(cx, entry) else {
+            continue;
+        };
+        let why = reason(cx, node);
+        if seen.first(cx, &name, entry.span(), || {
+            format!("vulnerability {name:?} is accepted twice")
+        }) && let Some(why) = why
+        {
+            accept_vulnerable.insert(name, why);
+        }
+    }
+    Some(Host {
+        memory_reserve_bytes: memory_reserve_bytes?,
+        smt: smt?,
+        unprivileged_bpf: unprivileged_bpf?,
+        accept_vulnerable,
+    })
+}
+
+/// `NAME "off"`, or `NAME "on" reason="…"`; absent is off.
+fn allowance(cx: &mut Cx, b: &Block<'_>, name: &str) -> Option<Allowance> {
+    let Some(node) = b.one(name) else {
+        return Some(Allowance::Off);
+    };
+    shape(cx, node, 1, 1, &["reason"], false);
+    match arg(node, 0)
+        .and_then(|e| choice(cx, e, name, &["off", "on"]))?
+        .as_str()
+    {
+        "off" => {
+            // A reason for "off" would be read by a reviewer and then dropped: refused.
+            if let Some(e) = prop(node, "reason") {
+                cx.report(
+                    "invalid-value",
+                    e.span(),
+                    "a reason for \"off\"",
+                    format!("{name} \"off\" needs no reason"),
+                    Some("a reason is for \"on\", the exception".into()),
+                );
+                return None;
+            }
+            Some(Allowance::Off)
+        }
+        _ => Some(Allowance::On {
+            reason: reason(cx, node)?,
+        }),
+    }
+}
+
+/// A CPU vulnerability's name as the kernel spells it under
+/// `/sys/devices/system/cpu/vulnerabilities` (`spec_store_bypass`).
+fn vulnerability(cx: &mut Cx, entry: &KdlEntry) -> Option<String> {
+    let text = string(cx, entry)?;
+    if text.len() <= 64
+        && text.starts_with(|c: char| c.is_ascii_lowercase())
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    {
+        return Some(text);
+    }
+    cx.report(
+        "invalid-value",
+        entry.span(),
+        "not a vulnerability name",
+        format!("{text:?} is not a CPU vulnerability's name"),
+        Some("write the file name under /sys/devices/system/cpu/vulnerabilities, e.g. \"spec_store_bypass\"".into()),
+    );
+    None
 }
 
 fn host_name(cx: &mut Cx, entry: &KdlEntry) -> Option<String> {

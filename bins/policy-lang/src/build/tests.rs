@@ -30,7 +30,7 @@ fn the_default_policy_decodes_to_typed_values() {
     assert_eq!((prebuild.ipc, prebuild.shm_bytes), (Ipc::None, None));
     let lane = p.stage(StageKind::Lane).unwrap();
     assert_eq!(lane.root, RootMode::Overlay);
-    assert_eq!((lane.ipc, lane.shm_bytes), (Ipc::Private, Some(16 << 30)));
+    assert_eq!((lane.ipc, lane.shm_bytes), (Ipc::Private, Some(4 << 30)));
     assert!(
         lane.gpu_device.is_empty(),
         "gpu \"none\" until part 2's CDI devices"
@@ -64,6 +64,70 @@ fn the_default_policy_decodes_to_typed_values() {
     let socket = &profile.syscall["socket"];
     assert_eq!(socket.args[0].op, ArgOp::OneOf);
     assert_eq!(socket.args[0].bits, 32);
+}
+
+#[test]
+fn the_host_block_is_typed_its_absence_is_the_strictest_and_every_exception_has_a_reason() {
+    let p = crate::parse("evaluator.kdl", &default_policy()).unwrap();
+    let host = p.host();
+    assert_eq!(host.memory_reserve_bytes, 3 << 30);
+    assert_eq!(
+        (&host.smt, &host.unprivileged_bpf),
+        (&Allowance::Off, &Allowance::Off)
+    );
+    assert_eq!(
+        host.accept_vulnerable.keys().collect::<Vec<_>>(),
+        ["spec_rstack_overflow", "spec_store_bypass"]
+    );
+    let text = default_policy();
+    let start = text.find("host {").unwrap();
+    let end = start + text[start..].find("\n}\n").unwrap() + 3;
+    let with = |block: &str| format!("{}{block}\n{}", &text[..start], &text[end..]);
+    // Absent: a 2 GiB reserve, everything off, nothing accepted — and another authority.
+    let bare = crate::parse("t.kdl", &with("")).unwrap();
+    assert_eq!(
+        bare.host(),
+        &Host {
+            memory_reserve_bytes: 2 << 30,
+            smt: Allowance::Off,
+            unprivileged_bpf: Allowance::Off,
+            accept_vulnerable: BTreeMap::new(),
+        }
+    );
+    assert_ne!(bare.digest().unwrap(), p.digest().unwrap());
+    let on = crate::parse(
+        "t.kdl",
+        &with("host {\n    smt \"on\" reason=\"dedicated\"\n}"),
+    )
+    .unwrap();
+    assert_eq!(
+        on.host().smt,
+        Allowance::On {
+            reason: "dedicated".into()
+        }
+    );
+    for (block, code) in [
+        ("host {\n    smt \"on\"\n}", "missing-reason"),
+        ("host {\n    smt \"off\" reason=\"why\"\n}", "invalid-value"),
+        ("host {\n    smt \"maybe\"\n}", "invalid-value"),
+        (
+            "host {\n    unprivileged-bpf \"on\" reason=\"\"\n}",
+            "missing-reason",
+        ),
+        ("host {\n    accept-vulnerable \"mds\"\n}", "missing-reason"),
+        (
+            "host {\n    accept-vulnerable \"Spectre V2\" reason=\"r\"\n}",
+            "invalid-value",
+        ),
+        (
+            "host {\n    accept-vulnerable \"mds\" reason=\"r\"\n    accept-vulnerable \"mds\" reason=\"s\"\n}",
+            "duplicate",
+        ),
+        ("host {\n    memory-reserve \"1MiB\"\n}", "out-of-range"),
+        ("host {\n    swap \"off\"\n}", "unknown-node"),
+    ] {
+        assert_eq!(codes(&with(block)), [code], "{block}");
+    }
 }
 
 #[test]
