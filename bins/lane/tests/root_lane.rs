@@ -426,8 +426,8 @@ fn the_runtime_cache_is_private_executable_and_bounded_in_bytes_and_inodes_and_t
     let e = env(
         7,
         &[(
-            "tmp size=\"4GiB\" exec=#true\n    // The lease's runtime cache: executable (JIT kernels), bounded, discarded at release.\n    cache size=\"8GiB\" inodes=1000000\n    deadline \"2h\"\n    phase-deadline \"startup\" \"20m\"\n    phase-deadline \"workload\" \"90m\"",
-            "tmp size=\"1MiB\" exec=#true\n    cache size=\"1MiB\" inodes=64\n    deadline \"2h\"\n    phase-deadline \"startup\" \"20m\"\n    phase-deadline \"workload\" \"90m\"",
+            "tmp size=\"4GiB\" exec=#true\n    // The lease's runtime cache: executable (JIT kernels), bounded, discarded at release.\n    cache size=\"8GiB\" inodes=1000000\n    // The overlay root's writable layer: the lease's own tmpfs, bounded (nothing in the sealed\n    // image is the run account's to write; the bound holds for images where something is).\n    overlay size=\"1GiB\" inodes=100000\n    deadline \"2h\"\n    phase-deadline \"startup\" \"20m\"\n    phase-deadline \"workload\" \"90m\"",
+            "tmp size=\"1MiB\" exec=#true\n    cache size=\"1MiB\" inodes=64\n    overlay size=\"1GiB\" inodes=100000\n    deadline \"2h\"\n    phase-deadline \"startup\" \"20m\"\n    phase-deadline \"workload\" \"90m\"",
         )],
     );
     let helpers = "def fill(path):\n    try:\n        with open(path, 'wb') as f:\n            for _ in range(64):\n                f.write(b'x' * 65536)\n                f.flush()\n    except OSError as e:\n        return e.errno\n    return 0\n\n\ndef many(dir):\n    try:\n        for i in range(200):\n            open(dir + '/f' + str(i), 'wb').close()\n    except OSError as e:\n        return e.errno\n    return 0\n\n\ndef mode(path):\n    st = os.stat(path)\n    return (st.st_mode & 0o7777) + (st.st_uid == os.getuid()) * 10000\n";
@@ -456,7 +456,7 @@ fn the_runtime_cache_is_private_executable_and_bounded_in_bytes_and_inodes_and_t
     // rests on it): a /tmp larger than the limit, filled past it, is the engine's OOM kill…
     let block = |memory: &str| {
         format!(
-            "memory \"{memory}\"\n    pids 4096\n    // Below the supervisor's hard limit: the runtime cannot raise it without CAP_SYS_RESOURCE.\n    nofile 16384\n    core \"0B\"\n    shm \"4GiB\"\n    tmp size=\"1GiB\" exec=#true\n    // The lease's runtime cache: executable (JIT kernels), bounded, discarded at release.\n    cache size=\"8GiB\" inodes=1000000\n    deadline \"2h\"\n    phase-deadline \"startup\" \"20m\"\n    phase-deadline \"workload\" \"90m\""
+            "memory \"{memory}\"\n    pids 4096\n    // Below the supervisor's hard limit: the runtime cannot raise it without CAP_SYS_RESOURCE.\n    nofile 16384\n    core \"0B\"\n    shm \"4GiB\"\n    tmp size=\"1GiB\" exec=#true\n    // The lease's runtime cache: executable (JIT kernels), bounded, discarded at release.\n    cache size=\"8GiB\" inodes=1000000\n    // The overlay root's writable layer: the lease's own tmpfs, bounded (nothing in the sealed\n    // image is the run account's to write; the bound holds for images where something is).\n    overlay size=\"1GiB\" inodes=100000\n    deadline \"2h\"\n    phase-deadline \"startup\" \"20m\"\n    phase-deadline \"workload\" \"90m\""
         )
     };
     let shipped = block("12GiB").replace("tmp size=\"1GiB\"", "tmp size=\"4GiB\"");

@@ -632,6 +632,10 @@ pub struct Stage {
     /// The runtime cache tmpfs bounds (lane and reference only; exec allowed).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cache: Option<Staging>,
+    /// The overlay root's writable layer: a tmpfs of the lease's, bounded (with root
+    /// "overlay" only, where it is required).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overlay: Option<Staging>,
     /// The whole stage's deadline.
     pub deadline_ms: u64,
     /// Named phases' deadlines (each at most the stage's).

@@ -168,7 +168,8 @@ pub enum HostMount {
         source: PathBuf,
     },
     /// An overlay whose lower layer is the read-only image rootfs and whose upper and work
-    /// directories belong to this lease alone.
+    /// directories belong to this lease alone, on a tmpfs of their own (their parent) bounded
+    /// in bytes and inodes.
     Overlay {
         /// The mount point (the container's root).
         target: PathBuf,
@@ -178,6 +179,10 @@ pub enum HostMount {
         upper: PathBuf,
         /// The lease's work directory.
         work: PathBuf,
+        /// The writable layer's size.
+        bytes: u64,
+        /// Its inode bound.
+        inodes: u64,
     },
 }
 
@@ -310,7 +315,8 @@ pub fn lease_mount_points(stage: &Stage) -> Vec<&'static str> {
     points.extend(stage.mount.values().filter_map(|m| copy_dir(m.source)));
     match stage.root {
         RootMode::ReadOnly | RootMode::Empty => {}
-        RootMode::Overlay => points.push(OVERLAY_ROOT_DIR),
+        // The writable layer's tmpfs first: release undoes in reverse, the root before it.
+        RootMode::Overlay => points.extend([OVERLAY_STATE_DIR, OVERLAY_ROOT_DIR]),
     }
     points
 }
@@ -464,6 +470,9 @@ fn storage(stage: &Stage, run: &RunInputs, uid: u32, gid: u32) -> Result<Storage
         RootMode::Empty => return Err(invalid("only the surface's root is empty")),
         RootMode::ReadOnly => (run.image_rootfs.clone(), true),
         RootMode::Overlay => {
+            let Some(bound) = &stage.overlay else {
+                return Err(invalid("an overlay root without its bound"));
+            };
             let target = run.run_dir.join(OVERLAY_ROOT_DIR);
             let state = run.run_dir.join(OVERLAY_STATE_DIR);
             host_mounts.push(HostMount::Overlay {
@@ -471,6 +480,8 @@ fn storage(stage: &Stage, run: &RunInputs, uid: u32, gid: u32) -> Result<Storage
                 lower: run.image_rootfs.clone(),
                 upper: state.join("upper"),
                 work: state.join("work"),
+                bytes: bound.size_bytes,
+                inodes: bound.inodes,
             });
             (target, false)
         }
@@ -731,6 +742,7 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
         tmp: _,
         staging,
         cache: _,
+        overlay: _,
         deadline_ms,
         phase_deadline_ms,
         gpu_device,
@@ -962,6 +974,9 @@ mod tests {
                     lower: run.image_rootfs.clone(),
                     upper: run.run_dir.join("overlay/upper"),
                     work: run.run_dir.join("overlay/work"),
+                    // The writable layer's own bounded tmpfs.
+                    bytes: 1 << 30,
+                    inodes: 100_000,
                 },
                 // Store trees are bound from the lease's own copies, never directly.
                 HostMount::Copy {
@@ -1154,7 +1169,7 @@ mod tests {
 
     /// A lease names every host mount its stage will make before any exists: the prebuild's
     /// `/tmp` and staging tmpfs and its tree copy; the lane's `/tmp`, its runtime cache, its
-    /// copies of the tree and publication, and its overlay root.
+    /// copies of the tree and publication, and its overlay root with its writable layer's tmpfs.
     #[test]
     fn a_lease_names_every_mount_point_its_stage_makes() {
         let p = policy(|t| t);
@@ -1164,7 +1179,12 @@ mod tests {
             [TMP_DIR, STAGING_DIR, "copy-tree"]
         );
         let lane = p.stage(StageKind::Lane).unwrap();
-        let mut points = lease_mount_points(lane);
+        let points = lease_mount_points(lane);
+        // The overlay's writable layer before its root: release undoes in reverse order, so
+        // the root is unmounted before the tmpfs beneath its upper directory.
+        let at = |name| points.iter().position(|p| *p == name).unwrap();
+        assert!(at(OVERLAY_STATE_DIR) < at(OVERLAY_ROOT_DIR), "{points:?}");
+        let mut points = points.clone();
         points.sort_unstable();
         assert_eq!(
             points,
@@ -1172,6 +1192,7 @@ mod tests {
                 CACHE_DIR,
                 "copy-publication",
                 "copy-tree",
+                OVERLAY_STATE_DIR,
                 OVERLAY_ROOT_DIR,
                 TMP_DIR
             ]

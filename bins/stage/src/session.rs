@@ -471,7 +471,9 @@ impl Session<'_> {
                     lower,
                     upper,
                     work,
-                } => manager.mount_overlay(&lease, target, lower, upper, work),
+                    bytes,
+                    inodes,
+                } => manager.mount_overlay(&lease, target, lower, upper, work, *bytes, *inodes),
             };
             made.map_err(SessionError::from)?;
         }

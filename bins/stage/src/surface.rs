@@ -499,6 +499,7 @@ pub fn plan(policy: &Policy, run: &SurfaceInputs) -> Result<SurfacePlan, PlanErr
         tmp: _,
         staging,
         cache,
+        overlay,
         deadline_ms,
         phase_deadline_ms,
         gpu_device: _,
@@ -521,9 +522,14 @@ pub fn plan(policy: &Policy, run: &SurfaceInputs) -> Result<SurfacePlan, PlanErr
             return Err(invalid("the surface's root is empty"));
         }
     }
-    if image.is_some() || staging.is_some() || cache.is_some() || publication.is_some() {
+    if image.is_some()
+        || staging.is_some()
+        || cache.is_some()
+        || overlay.is_some()
+        || publication.is_some()
+    {
         return Err(invalid(
-            "the surface has no image, staging, cache or publication",
+            "the surface has no image, staging, cache, overlay or publication",
         ));
     }
     if frame.is_some() || !phase_deadline_ms.is_empty() {

@@ -109,7 +109,10 @@ fn an_overlay_root_is_the_leases_own_and_read_only_is_the_images() {
     let (r, mounts) = run(
         &w,
         2,
-        &[("    root \"read-only\"\n", "    root \"overlay\"\n")],
+        &[(
+            "    root \"read-only\"\n",
+            "    root \"overlay\"\n    overlay size=\"64MiB\" inodes=1000\n",
+        )],
         ROOT_PROBE,
     );
     let root = root_entry(&r);

@@ -413,11 +413,14 @@ impl Manager {
 
     /// Mount the lease's disposable root: an overlay at `point` whose lower layer is the
     /// read-only image rootfs and whose upper and work directories (created here, root-owned)
-    /// belong to this lease alone, so nothing written reaches the shared image cache or
-    /// outlives the lease.
+    /// belong to this lease alone, on a tmpfs of their own bounded to `bytes` and `inodes`
+    /// (mounted at their common parent, root-owned 0700), so nothing written reaches the shared
+    /// image cache, outlives the lease, or fills the host's disk or `/run`.
     ///
     /// # Errors
-    /// The mount point is not one the record names, or a directory or the mount failed.
+    /// The mount point or the writable layer's parent is not one the record names, upper and
+    /// work do not share a parent, or a directory or a mount failed.
+    #[allow(clippy::too_many_arguments)]
     pub fn mount_overlay(
         &self,
         lease: &Lease,
@@ -425,8 +428,31 @@ impl Manager {
         lower: &Path,
         upper: &Path,
         work: &Path,
+        bytes: u64,
+        inodes: u64,
     ) -> Result<PathBuf, LeaseError> {
         let point = lease.named_mount_point(point)?;
+        // overlayfs needs upper and work on one filesystem: the bounded tmpfs is their parent.
+        let state = match (upper.parent(), work.parent()) {
+            (Some(a), Some(b)) if a == b => lease.named_mount_point(a)?,
+            _ => {
+                return Err(LeaseError::Protected {
+                    path: upper.to_path_buf(),
+                    why: "the overlay's upper and work directories must share a parent".into(),
+                });
+            }
+        };
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&state)
+            .map_err(io("create", &state))?;
+        self.setup
+            .host()
+            .mount(&MountRequest::Tmpfs {
+                target: state.clone(),
+                options: format!("size={bytes},nr_inodes={inodes},mode=0700,uid=0,gid=0"),
+            })
+            .map_err(io("mount tmpfs on", &state))?;
         for d in [&point, upper, work] {
             if !d.starts_with(lease.run_dir()) {
                 return Err(LeaseError::Protected {

@@ -1254,30 +1254,48 @@ mod root_tests {
         fs::write(lower.join("etc/base"), "image").unwrap();
         let m = Manager::open(&store, setup).unwrap();
         let lease = m
-            .begin_with("sha256:a", &["rootfs"], cordon_testkit::in_an_hour())
+            .begin_with(
+                "sha256:a",
+                &["overlay", "rootfs"],
+                cordon_testkit::in_an_hour(),
+            )
             .unwrap();
         super::tests::own_run_dir(&lease);
         let run = &lease.run_dir();
-        // A mount point the record does not name is refused before anything is mounted.
-        assert!(
+        let overlay = |point: &str, upper: &str, work: &str| {
             m.mount_overlay(
                 &lease,
-                &run.join("other"),
+                &run.join(point),
                 &lower,
-                &run.join("overlay/upper"),
-                &run.join("overlay/work")
+                &run.join(upper),
+                &run.join(work),
+                1 << 20,
+                64,
             )
-            .is_err()
+        };
+        // A mount point the record does not name, a writable layer under a parent it does not
+        // name, or upper and work apart: each refused before anything is mounted.
+        assert!(overlay("other", "overlay/upper", "overlay/work").is_err());
+        assert!(overlay("rootfs", "elsewhere/upper", "elsewhere/work").is_err());
+        assert!(overlay("rootfs", "overlay/upper", "work").is_err());
+        assert!(
+            m.setup
+                .mount_points()
+                .unwrap()
+                .iter()
+                .all(|p| !p.starts_with(run))
         );
-        let root = m
-            .mount_overlay(
-                &lease,
-                &run.join("rootfs"),
-                &lower,
-                &run.join("overlay/upper"),
-                &run.join("overlay/work"),
-            )
-            .unwrap();
+        let root = overlay("rootfs", "overlay/upper", "overlay/work").unwrap();
+        // The writable layer is a tmpfs of its own, bounded: a write past 1 MiB, or past its
+        // inodes, is ENOSPC, and the host's disk never sees it.
+        let big = fs::write(root.join("big"), vec![0u8; 2 << 20]).unwrap_err();
+        assert_eq!(big.raw_os_error(), Some(nix::libc::ENOSPC), "{big}");
+        fs::remove_file(root.join("big")).unwrap();
+        let many = (0..100).try_for_each(|i| fs::write(root.join(format!("f{i}")), ""));
+        assert_eq!(many.unwrap_err().raw_os_error(), Some(nix::libc::ENOSPC));
+        (0..100).for_each(|i| {
+            let _ = fs::remove_file(root.join(format!("f{i}")));
+        });
         fs::write(root.join("etc/written"), "lease").unwrap();
         fs::write(root.join("etc/base"), "changed").unwrap();
         assert_eq!(fs::read_to_string(lower.join("etc/base")).unwrap(), "image");
@@ -1290,6 +1308,31 @@ mod root_tests {
         assert!(!run.exists(), "the run directory and its overlay are gone");
         assert!(m.check().unwrap().is_empty());
         assert_eq!(fs::read_to_string(lower.join("etc/base")).unwrap(), "image");
+        // Ablation: with only the bound raised, the same writes succeed.
+        let lease = m
+            .begin_with(
+                "sha256:a",
+                &["overlay", "rootfs"],
+                cordon_testkit::in_an_hour(),
+            )
+            .unwrap();
+        super::tests::own_run_dir(&lease);
+        let run = lease.run_dir();
+        let root = m
+            .mount_overlay(
+                &lease,
+                &run.join("rootfs"),
+                &lower,
+                &run.join("overlay/upper"),
+                &run.join("overlay/work"),
+                8 << 20,
+                1000,
+            )
+            .unwrap();
+        fs::write(root.join("big"), vec![0u8; 2 << 20]).unwrap();
+        (0..100).for_each(|i| fs::write(root.join(format!("f{i}")), "").unwrap());
+        m.release(&lease.record).unwrap();
+        assert!(m.check().unwrap().is_empty());
     }
 }
 

@@ -241,6 +241,7 @@ pub(super) fn stage(cx: &mut Cx, node: &KdlNode, kind: StageKind) -> Option<Stag
             "tmp",
             "staging",
             "cache",
+            "overlay",
             "deadline",
             "phase-deadline",
             "gpu",
@@ -468,6 +469,35 @@ pub(super) fn stage(cx: &mut Cx, node: &KdlNode, kind: StageKind) -> Option<Stag
         }
         (None, _) => None,
     };
+    // The overlay root's writable layer: the lease's own tmpfs, bounded like the cache, so a
+    // write to `/` fills neither the host's disk nor the host's `/run`. Required with an
+    // overlay root (its bound is reviewed, never assumed), refused with any other.
+    let overlay = match (b.one("overlay"), root) {
+        (Some(n), Some(RootMode::Overlay)) => {
+            let p = props_block(cx, n, &["size", "inodes"]);
+            let size_v = p[0].and_then(|e| size(cx, e, "overlay size", MIB, TIB));
+            let inodes = p[1].and_then(|e| integer(cx, e, "overlay inodes", 16, 100_000_000));
+            Some(Staging {
+                size_bytes: size_v?,
+                inodes: inodes?,
+            })
+        }
+        (None, Some(RootMode::Overlay)) => {
+            b.required(cx, "overlay");
+            None
+        }
+        (Some(n), Some(_)) => {
+            cx.report(
+                "not-allowed-in-stage",
+                name_span(n),
+                "an overlay bound without an overlay root",
+                format!("`overlay` is allowed only with root \"overlay\" (stage \"{kind}\")"),
+                Some("drop it, or give the stage root \"overlay\"".into()),
+            );
+            None
+        }
+        (None, Some(RootMode::ReadOnly | RootMode::Empty)) | (_, None) => None,
+    };
     let deadline = value(cx, &b, "deadline", None, |cx, e| {
         duration(cx, e, "deadline", SECOND, 24 * HOUR)
     });
@@ -614,6 +644,7 @@ pub(super) fn stage(cx: &mut Cx, node: &KdlNode, kind: StageKind) -> Option<Stag
         tmp: tmp?,
         staging,
         cache,
+        overlay,
         deadline_ms: deadline?,
         phase_deadline_ms,
         gpu_device,

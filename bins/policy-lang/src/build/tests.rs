@@ -131,6 +131,34 @@ fn the_host_block_is_typed_its_absence_is_the_strictest_and_every_exception_has_
 }
 
 #[test]
+fn an_overlay_root_needs_its_writable_layers_bound_and_no_other_root_takes_one() {
+    let p = crate::parse("evaluator.kdl", &default_policy()).unwrap();
+    let lane = p.stage(StageKind::Lane).unwrap();
+    assert_eq!(
+        lane.overlay,
+        Some(Staging {
+            size_bytes: 1 << 30,
+            inodes: 100_000
+        })
+    );
+    assert_eq!(p.stage(StageKind::Prebuild).unwrap().overlay, None);
+    let text = default_policy();
+    let bound = "    overlay size=\"1GiB\" inodes=100000\n";
+    // Without it, an overlay root is refused (the first stage that has one names it).
+    let without = text.replacen(bound, "", 1);
+    assert_eq!(codes(&without), ["missing-node"]);
+    // With a read-only root, a bound is refused rather than kept and ignored.
+    let prebuild = text.replacen(
+        "    root \"read-only\"\n",
+        &format!("    root \"read-only\"\n{bound}"),
+        1,
+    );
+    assert_eq!(codes(&prebuild), ["not-allowed-in-stage"]);
+    let zero = text.replacen(bound, "    overlay size=\"1GiB\" inodes=1\n", 1);
+    assert_eq!(codes(&zero), ["out-of-range"]);
+}
+
+#[test]
 fn speed_and_physical_lanes_are_typed_and_every_bad_value_is_named() {
     let p = crate::parse("evaluator.kdl", &default_policy()).unwrap();
     let speed = p.speed().unwrap();
