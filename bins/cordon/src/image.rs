@@ -89,6 +89,21 @@ pub enum ImageError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Store(#[from] StoreError),
+    /// The cached unpacked image is not what the verified layers hold: something changed it
+    /// after it was unpacked. Never mounted, never repaired silently.
+    #[error("the unpacked image {rootfs} is not the pinned image's: {why}")]
+    #[diagnostic(
+        code(cordon::image::tampered),
+        help(
+            "keep it for inspection, then remove the image's directory under the store's images/ so the next run unpacks it again from the verified layout"
+        )
+    )]
+    Tampered {
+        /// The rootfs.
+        rootfs: PathBuf,
+        /// The first difference.
+        why: String,
+    },
     /// The unpacked image could not be walked to be sealed.
     #[error("cannot seal the unpacked image: {0}")]
     #[diagnostic(code(cordon::image::seal))]
@@ -294,6 +309,127 @@ pub struct Verified {
     pub config: ImageConfiguration,
     /// The gzip layer blobs, in order.
     pub layers: Vec<PathBuf>,
+    /// What the layers hold, as the safe reader admitted it.
+    pub contents: Contents,
+}
+
+/// What a verified image's layers hold — every regular file (executable or not, size, sha256)
+/// and every directory — and so exactly what its unpacked rootfs must be.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Contents {
+    files: BTreeMap<String, (bool, u64, Digest)>,
+    dirs: BTreeSet<String>,
+}
+
+impl Contents {
+    /// Add one layer's members; a path two layers both hold is refused (unpack creates every
+    /// file exclusively, so it could not be unpacked either).
+    fn add(
+        &mut self,
+        scanned: &archive::Scanned,
+        bad: impl Fn(String) -> ImageError,
+    ) -> Result<(), ImageError> {
+        for m in &scanned.files {
+            let entry = (m.executable, m.size, m.sha256);
+            if self.files.insert(m.path.clone(), entry).is_some() || self.dirs.contains(&m.path) {
+                return Err(bad(format!("{} is in two layers", m.path)));
+            }
+        }
+        for d in &scanned.dirs {
+            if self.files.contains_key(d) {
+                return Err(bad(format!("{d} is a file and a directory")));
+            }
+            self.dirs.insert(d.clone());
+        }
+        Ok(())
+    }
+
+    /// Check the unpacked `rootfs` against these contents, re-hashing every file: the tree
+    /// holds exactly these directories (0555) and files (0444, or 0555 when executable), each
+    /// of this size and sha256, every entry owned by `owner`, nothing else (no link, device,
+    /// socket or extra entry).
+    ///
+    /// # Errors
+    /// [`ImageError::Tampered`] naming the first difference.
+    pub fn check(&self, rootfs: &Path, owner: u32) -> Result<(), ImageError> {
+        let tampered = |why: String| ImageError::Tampered {
+            rootfs: rootfs.to_path_buf(),
+            why,
+        };
+        let mut seen_files = 0usize;
+        let mut seen_dirs = 0usize;
+        crate::walk::walk(rootfs, &mut |n| -> Result<(), ImageError> {
+            if n.stat.uid != owner {
+                return Err(tampered(format!("{:?} is not the store owner's", n.path)));
+            }
+            match n.stat.kind {
+                crate::walk::Kind::Dir => {
+                    if !n.path.is_empty() && !self.dirs.contains(n.path) {
+                        return Err(tampered(format!("{:?} is not in the image", n.path)));
+                    }
+                    if n.stat.mode != 0o555 {
+                        return Err(tampered(format!(
+                            "{:?} has mode {:o}, not 0555",
+                            n.path, n.stat.mode
+                        )));
+                    }
+                    seen_dirs += usize::from(!n.path.is_empty());
+                    Ok(())
+                }
+                crate::walk::Kind::File => {
+                    let Some((exec, size, sha256)) = self.files.get(n.path) else {
+                        return Err(tampered(format!("{:?} is not in the image", n.path)));
+                    };
+                    let mode = if *exec { 0o555 } else { 0o444 };
+                    if n.stat.mode != mode || n.stat.size != *size {
+                        return Err(tampered(format!(
+                            "{:?} has mode {:o} and {} bytes, not {mode:o} and {size}",
+                            n.path, n.stat.mode, n.stat.size
+                        )));
+                    }
+                    let file = n
+                        .open()
+                        .map_err(|e| tampered(format!("{:?} cannot be read: {e}", n.path)))?;
+                    let (digest, _) = Digest::of_reader(file)
+                        .map_err(|e| tampered(format!("{:?} cannot be read: {e}", n.path)))?;
+                    if digest != *sha256 {
+                        return Err(tampered(format!("{:?} is not the image's bytes", n.path)));
+                    }
+                    seen_files += 1;
+                    Ok(())
+                }
+                other => Err(tampered(format!("{:?} is a {other:?}", n.path))),
+            }
+        })
+        .map_err(|e| match e {
+            ImageError::Seal(w) => tampered(w.to_string()),
+            other => other,
+        })?;
+        // Every entry seen was one of the image's, once: equal counts mean none is missing.
+        if seen_files != self.files.len() || seen_dirs != self.dirs.len() {
+            return Err(tampered(format!(
+                "{} of {} files and {} of {} directories are there",
+                seen_files,
+                self.files.len(),
+                seen_dirs,
+                self.dirs.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A sink that keeps nothing: the scan alone establishes what a layer holds.
+struct Discard;
+
+impl Sink for Discard {
+    fn file(&mut self, _: &str, _: bool, _: u64) -> io::Result<Box<dyn Write + '_>> {
+        Ok(Box::new(io::sink()))
+    }
+
+    fn dir(&mut self, _: &str) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Read a blob, checking its sha256 and size against a descriptor.
@@ -358,6 +494,7 @@ pub fn verify(dir: &Path, manifest: &Digest) -> Result<Verified, ImageError> {
         return Err(bad("the config's diff_ids do not match the layers".into()));
     }
     let mut layers = Vec::new();
+    let mut contents = Contents::default();
     for (layer, diff_id) in m.layers().iter().zip(config.rootfs().diff_ids()) {
         if layer.media_type() != &MediaType::ImageLayerGzip {
             return Err(bad(format!(
@@ -366,8 +503,15 @@ pub fn verify(dir: &Path, manifest: &Digest) -> Result<Verified, ImageError> {
             )));
         }
         let bytes = read_blob(dir, layer.digest().as_ref(), layer.size())?;
-        let (uncompressed, _) = Digest::of_reader(flate2::read::GzDecoder::new(bytes.as_slice()))
-            .map_err(|e| bad(format!("layer: {e}")))?;
+        // One pass over the uncompressed layer: its sha256 (the diff_id) and, through the same
+        // safe reader that unpacks it, every member it holds — what its rootfs must be.
+        let scanned = archive::scan(
+            flate2::read::GzDecoder::new(bytes.as_slice()),
+            &layer_limits(),
+            &mut Discard,
+        )?;
+        contents.add(&scanned, |why| bad(format!("layer: {why}")))?;
+        let uncompressed = scanned.archive_sha256;
         if uncompressed.to_string() != *diff_id {
             return Err(bad(format!(
                 "layer diff_id is {uncompressed}, the config says {diff_id}"
@@ -379,6 +523,7 @@ pub fn verify(dir: &Path, manifest: &Digest) -> Result<Verified, ImageError> {
         manifest: *manifest,
         config,
         layers,
+        contents,
     })
 }
 
@@ -419,7 +564,14 @@ pub fn unpack(store: &Store, dir: &Path, manifest: &Digest) -> Result<PathBuf, I
     let target = store.path("images", &manifest.hex());
     let rootfs = target.join("rootfs");
     let verified = verify(dir, manifest)?;
+    // Everything under the store is its owner's (whoever runs its stages).
+    let owner = std::os::unix::fs::MetadataExt::uid(
+        &fs::metadata(store.root()).map_err(io_at(store.root()))?,
+    );
+    // A cached rootfs is checked at every use against what the verified layers hold: the
+    // layout is re-verified each run, and the tree mounted into a container must be too.
     if fs::symlink_metadata(&target).is_ok() {
+        verified.contents.check(&rootfs, owner)?;
         return Ok(rootfs);
     }
     let mut scratch = store.scratch()?;
@@ -432,6 +584,8 @@ pub fn unpack(store: &Store, dir: &Path, manifest: &Digest) -> Result<PathBuf, I
         archive::scan(file, &layer_limits(), &mut sink)?;
     }
     seal(&root)?;
+    // What was just written is checked like a cached one: the same rule, on first use too.
+    verified.contents.check(&root, owner)?;
     // Moved while still writable (another parent means a new `..`, which needs write
     // permission for anyone but root), sealed right after.
     match store::rename_noreplace(&staged, &target) {

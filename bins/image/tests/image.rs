@@ -167,3 +167,78 @@ fn unpack_gives_a_read_only_root_filesystem_cached_by_digest() {
     let again = image::unpack(&store, &layout, &digest).unwrap();
     assert_eq!(again, rootfs);
 }
+
+/// The cached rootfs is checked against the verified layers at every use: a changed byte, an
+/// added, removed or re-moded entry, or a link is refused (`cordon::image::tampered`) and
+/// never mounted; the untouched cache of the same image passes.
+#[test]
+fn a_tampered_unpacked_image_is_refused_at_its_next_use() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let layout = dir.path().join("layout");
+    let digest = build(&layout);
+    let set_mode = |p: &Path, mode: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    // Each tamper in a directory made writable for it and sealed again after, so the tamper
+    // is the only difference.
+    type Tamper<'a> = (&'a str, &'a dyn Fn(&Path), &'a str);
+    let cases: [Tamper<'_>; 6] = [
+        (
+            "a changed byte",
+            &|r| {
+                let sh = r.join("bin/sh");
+                let mut bytes = std::fs::read(&sh).unwrap();
+                bytes[100] ^= 1;
+                set_mode(&sh, 0o644);
+                std::fs::write(&sh, bytes).unwrap();
+                set_mode(&sh, 0o555);
+            },
+            "not the image's bytes",
+        ),
+        (
+            "an added file",
+            &|r| std::fs::write(r.join("tmp/planted"), "x").unwrap(),
+            "not in the image",
+        ),
+        (
+            "a removed file",
+            &|r| std::fs::remove_file(r.join("bin/sh")).unwrap(),
+            "of",
+        ),
+        (
+            "a writable file",
+            &|r| set_mode(&r.join("bin/sh"), 0o777),
+            "has mode",
+        ),
+        (
+            "a link",
+            &|r| std::os::unix::fs::symlink("/etc/shadow", r.join("tmp/l")).unwrap(),
+            "Symlink",
+        ),
+        (
+            "a writable directory",
+            &|r| set_mode(&r.join("tmp"), 0o1777),
+            "has mode",
+        ),
+    ];
+    for (i, (what, tamper, says)) in cases.iter().enumerate() {
+        let store = cordon::store::Store::open(&dir.path().join(format!("store{i}"))).unwrap();
+        let rootfs = image::unpack(&store, &layout, &digest).unwrap();
+        for d in [rootfs.as_path(), &rootfs.join("bin"), &rootfs.join("tmp")] {
+            set_mode(d, 0o755);
+        }
+        tamper(&rootfs);
+        for d in [rootfs.join("bin"), rootfs.clone()] {
+            set_mode(&d, 0o555);
+        }
+        if *what != "a writable directory" {
+            set_mode(&rootfs.join("tmp"), 0o555);
+        }
+        let err = image::unpack(&store, &layout, &digest).unwrap_err();
+        assert!(
+            matches!(&err, image::ImageError::Tampered { why, .. } if why.contains(says)),
+            "{what}: {err}"
+        );
+    }
+}

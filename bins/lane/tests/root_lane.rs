@@ -398,20 +398,78 @@ fn a_background_process_the_engine_leaves_is_gone_after_release() {
 }
 
 #[test]
-fn a_replaced_worker_in_the_image_cache_is_a_no_decision_before_the_engine_starts() {
+fn a_tampered_image_cache_or_a_worker_not_the_pinned_one_is_a_no_decision_before_the_engine_starts()
+{
     let e = env(6, &[]);
     let tree = engine(&e, &example_serve(), &incumbent_kernel());
     served(run(&e, tree));
-    // Swap the cached worker for one more byte of itself: the same program, other bytes.
-    let cached = e
+    let rootfs = e
         .store
         .path("images", &e.policy.image_pin("runtime").unwrap().hex())
-        .join("rootfs/cordon/worker");
-    let mut bytes = std::fs::read(&cached).unwrap();
-    bytes.push(0);
-    let _ = std::fs::remove_file(&cached);
-    std::fs::write(&cached, &bytes).unwrap();
-    std::fs::set_permissions(&cached, std::os::unix::fs::PermissionsExt::from_mode(0o555)).unwrap();
+        .join("rootfs");
+    // Swap a cached file for other bytes (the worker: one more byte of itself, the same
+    // program; the harness: one line more): the host checks the cached tree against the
+    // verified layers before every run and refuses it.
+    for (file, extra) in [
+        ("cordon/worker", &b"\0"[..]),
+        ("cordon/lane/serve.py", b"\n"),
+    ] {
+        let cached = rootfs.join(file);
+        let original = std::fs::read(&cached).unwrap();
+        let mut bytes = original.clone();
+        bytes.extend_from_slice(extra);
+        let _ = std::fs::remove_file(&cached);
+        std::fs::write(&cached, &bytes).unwrap();
+        std::fs::set_permissions(
+            &cached,
+            std::os::unix::fs::PermissionsExt::from_mode(if file.ends_with(".py") {
+                0o444
+            } else {
+                0o555
+            }),
+        )
+        .unwrap();
+        match run(&e, tree) {
+            Err(err @ LaneError::Image(cordon::image::ImageError::Tampered { .. })) => {
+                assert_eq!(
+                    cordon::exit::ExitClass::exit_class(&err),
+                    cordon::ExitCode::NoDecision
+                );
+                assert!(err.to_string().contains(file), "{err}");
+            }
+            other => panic!("{file}: expected the cache refused, got {other:?}"),
+        }
+        nothing_left(&e);
+        // Restored, the cache is the image's again and serves.
+        let _ = std::fs::remove_file(&cached);
+        std::fs::write(&cached, &original).unwrap();
+        std::fs::set_permissions(
+            &cached,
+            std::os::unix::fs::PermissionsExt::from_mode(if file.ends_with(".py") {
+                0o444
+            } else {
+                0o555
+            }),
+        )
+        .unwrap();
+        cordon::store::zero_mtime(&cached).unwrap();
+        served(run(&e, tree));
+    }
+    drop(e);
+    // The worker's own seal still holds behind it: a policy pinning other worker bytes is
+    // refused when the worker reports its digest, before the engine starts.
+    let pin = format!(
+        "worker digest=\"{}\"",
+        cordon::canonical::Digest::of_bytes(b"other worker")
+    );
+    let text = std::fs::read_to_string(workspace_root().join("policy/evaluator.kdl")).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("worker digest="))
+        .unwrap()
+        .to_owned();
+    let e = env(6, &[(&line, &pin)]);
+    let tree = engine(&e, &example_serve(), &incumbent_kernel());
     match run(&e, tree) {
         Err(LaneError::NoDecision(why)) => assert!(why.contains("the worker is"), "{why}"),
         other => panic!("expected a no-decision, got {other:?}"),

@@ -32,11 +32,14 @@ pub struct World {
     pub store: Store,
     pub layout: PathBuf,
     pub digest: cordon::Digest,
+    /// The test's own copy of the unpacked image, with the modes no image may carry: the
+    /// cache itself is checked against the layout at every use and would be refused.
+    pub rootfs: PathBuf,
     pub tree: PathBuf,
 }
 
 /// The test image: a shell, the attempt program and its set-user-id copy, and the probe files;
-/// unpacked, with the modes no image may carry set on the test's own cached copy.
+/// unpacked, and copied to the test's own root filesystem with the modes no image may carry.
 pub fn world() -> World {
     cordon_testkit::require_root("these tests run real containers and accounts");
     let _ = cordon_testkit::runc();
@@ -64,7 +67,15 @@ pub fn world() -> World {
     }
     let layout = dir.path().join("layout");
     let digest = image::build(&spec, &layout).unwrap();
-    let rootfs = image::unpack(&store, &layout, &digest).unwrap();
+    let cached = image::unpack(&store, &layout, &digest).unwrap();
+    let rootfs = dir.path().join("rootfs");
+    let copied = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&cached)
+        .arg(&rootfs)
+        .status()
+        .unwrap();
+    assert!(copied.success(), "cp -a {}", cached.display());
     for (path, mode) in [(WRITABLE, 0o666), (SECRET, 0o400), (SETUID, 0o4555)] {
         let file = rootfs.join(path.trim_start_matches('/'));
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
@@ -77,6 +88,7 @@ pub fn world() -> World {
         store,
         layout,
         digest,
+        rootfs,
         tree,
     }
 }
@@ -161,7 +173,7 @@ pub fn session<'a>(w: &World, policy: &'a Policy, setup: &Setup) -> Session<'a> 
 pub fn job(w: &World, script: &str, stdin: Input, live: bool) -> Job {
     Job {
         argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
-        image_rootfs: image::unpack(&w.store, &w.layout, &w.digest).unwrap(),
+        image_rootfs: w.rootfs.clone(),
         sources: [(MountSource::Tree, w.tree.clone())].into(),
         stdin,
         live_stdout: live,
