@@ -1,8 +1,9 @@
 # The NixOS VM test (checks.x86_64-linux.vm; `nix flake check` on a Nix host with KVM). It has
 # never run on the Debian host cordon is developed on — no nixpkgs there — and README says so.
 #
-# A host with the module boots; startup recovery runs before logins; the evaluator policy in
-# /etc is the checked render; the example incumbent is materialized and prebuilt in a real runc
+# A host with the module boots; startup recovery runs before logins; the VM test's policy
+# (policy/examples/vm-test.kdl, the evaluator's prebuild for a 2 GiB guest) in /etc is the
+# checked render; the example incumbent is materialized and prebuilt in a real runc
 # container from the flake's prebuild image; a second prebuild is killed mid-run with SIGKILL and
 # the recovery unit releases its lease (no mount in PID 1's namespace, no account, no
 # container); a third is killed and the machine crashed, and after the reboot startup recovery
@@ -13,6 +14,9 @@
   nodes.host = {pkgs, ...}: {
     imports = [self.nixosModules.default];
     services.cordon.enable = true;
+    # The evaluator's prebuild sized for this 2 GiB guest, accepting the guest's CPU as it is:
+    # the shipped policy's host rules need more memory and the demo host's posture.
+    services.cordon.policy = ../policy/examples/vm-test.kdl;
     users.mutableUsers = false;
     virtualisation.memorySize = 2048;
     virtualisation.diskSize = 4096;

@@ -517,7 +517,7 @@ fn the_runtime_cache_is_private_executable_and_bounded_in_bytes_and_inodes_and_t
             "memory \"{memory}\"\n    pids 4096\n    // Below the supervisor's hard limit: the runtime cannot raise it without CAP_SYS_RESOURCE.\n    nofile 16384\n    core \"0B\"\n    shm \"4GiB\"\n    tmp size=\"1GiB\" exec=#true\n    // The lease's runtime cache: executable (JIT kernels), bounded, discarded at release.\n    cache size=\"8GiB\" inodes=1000000\n    // The overlay root's writable layer: the lease's own tmpfs, bounded (nothing in the sealed\n    // image is the run account's to write; the bound holds for images where something is).\n    overlay size=\"1GiB\" inodes=100000\n    deadline \"2h\"\n    phase-deadline \"startup\" \"20m\"\n    phase-deadline \"workload\" \"90m\""
         )
     };
-    let shipped = block("12GiB").replace("tmp size=\"1GiB\"", "tmp size=\"4GiB\"");
+    let shipped = block("10GiB").replace("tmp size=\"1GiB\"", "tmp size=\"4GiB\"");
     let hog = "def hog(path):\n    with open(path, 'wb') as f:\n        for _ in range(512):\n            f.write(b'x' * 1048576)\n            f.flush()\n    return 0\n";
     let e = env(7, &[(&shipped, &block("256MiB"))]);
     let (code, _) = rejected(run(

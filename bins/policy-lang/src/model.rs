@@ -153,6 +153,9 @@ pub struct Host {
     /// Memory the host keeps for itself (the supervisor, the runtime, the kernel): a stage
     /// runs only when its memory limit and the copies the host makes for it fit in the rest.
     pub memory_reserve_bytes: u64,
+    /// Running under a hypervisor: what the host reads of SMT and the CPU's vulnerabilities is
+    /// then the guest's view, and the physical core may be shared with another tenant.
+    pub hypervisor: Allowance,
     /// Simultaneous multithreading: a candidate on one hardware thread shares a core's caches
     /// and ports with whatever runs on its sibling.
     pub smt: Allowance,

@@ -57,3 +57,19 @@ fn default_policy_is_the_reviewed_evaluator() {
         );
     }
 }
+
+/// The NixOS VM test's policy runs the flake's prebuild image, which the flake checks against
+/// the evaluator's pin: its own pin must be the same, or the VM test fails on a re-pin.
+#[test]
+fn the_vm_tests_policy_pins_the_evaluators_prebuild_image() {
+    let parse = |rel: &str| {
+        let text = std::fs::read_to_string(workspace_root().join(rel)).unwrap();
+        cordon_policy_lang::parse(rel, &text).unwrap()
+    };
+    let evaluator = parse("policy/evaluator.kdl");
+    let vm = parse("policy/examples/vm-test.kdl");
+    assert_eq!(
+        vm.image_pin("prebuild").unwrap(),
+        evaluator.image_pin("prebuild").unwrap()
+    );
+}

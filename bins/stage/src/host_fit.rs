@@ -4,22 +4,27 @@
 //! It owns two checks and the record of them:
 //! - **memory**: the stage's memory limit bounds everything its container faults in — its
 //!   processes, and the tmpfs and overlay pages it writes (the kernel charges those to the
-//!   container's cgroup; `prebuild.oom` tests it) — but not the copies the host makes for it
-//!   (the tree and the publication, each on a tmpfs of the lease's, charged to the
-//!   supervisor). Their bounds (`tree.limits.max-total-bytes`, the prebuild's
-//!   `publication max-bytes`) plus the limit must fit in the host's memory less the policy's
-//!   reserve; otherwise the bound is one this host cannot honour, and a verdict under it would
-//!   rest on the host's OOM killer instead of the policy's limit. Static on purpose: no
-//!   candidate byte can turn its own run into this refusal.
-//! - **side channels**: SMT off, unprivileged BPF off, and every CPU vulnerability the kernel
-//!   lists reads `Not affected` or `Mitigation: …` — unless the policy allows it with a reason.
-//!   A fact that cannot be read is not "fine": it is refused like a failed one.
+//!   container's cgroup; `prebuild.oom` and `lane.oom` test it) — but not the copies the host
+//!   makes for it (the tree and the publication, each on a tmpfs of the lease's, charged to
+//!   the supervisor). Each copy's worst case under the policy's bounds — its bytes, each file
+//!   rounded up to a page, and the kernel's inode and dentry memory for every file and every
+//!   directory a file's path may add — plus the limit must fit in the host's memory (less its
+//!   huge-page pool) less the policy's reserve; otherwise the bound is one this host cannot
+//!   honour, and a verdict under it would rest on the host's OOM killer instead of the
+//!   policy's limit. Static on purpose: no candidate byte can turn its own run into this
+//!   refusal.
+//! - **side channels**: not a virtual machine (where SMT and the vulnerabilities read are the
+//!   guest's view, not the physical core's), SMT off, unprivileged BPF off, and every CPU
+//!   vulnerability the kernel lists reads `Not affected` or `Mitigation: …` with nothing in it
+//!   still vulnerable — unless the policy allows it with a reason. A fact that cannot be read
+//!   is not "fine": it is refused like a failed one.
 //!
 //! Every refusal is a no-decision (exit 3): the host, not the candidate. What was read and
-//! judged is kept as the session's `host` evidence, named by its receipt. What it does not
-//! own: concurrent sessions (each is checked alone; the sum of concurrent sessions on one host
-//! is not bounded by this check) and the agent surface, whose container is rootless and
-//! bounded by its own limits.
+//! judged — refusals included — is kept as the session's `host` evidence, named by its
+//! receipt. What it does not own: concurrent sessions (each is checked alone; the sum of
+//! concurrent sessions on one host is not bounded by this check), a memory limit on a cgroup
+//! above cordon's, and the agent surface and the parser children, which do not run this
+//! check (the surface is bounded by its own limits).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -35,12 +40,19 @@ const MEMINFO: &str = "/proc/meminfo";
 const SMT_ACTIVE: &str = "/sys/devices/system/cpu/smt/active";
 const UNPRIVILEGED_BPF: &str = "/proc/sys/kernel/unprivileged_bpf_disabled";
 const VULNERABILITIES: &str = "/sys/devices/system/cpu/vulnerabilities";
+const CPUINFO: &str = "/proc/cpuinfo";
+
+/// A tmpfs page: every file of a copy is rounded up to it.
+const PAGE: u64 = 4096;
+/// The kernel's memory for one tmpfs inode and its dentry, about (shmem inode ~0.8 KiB and a
+/// dentry ~0.2 KiB on 6.x kernels), charged to whoever makes the copy.
+const INODE: u64 = 1024;
 
 /// Why this host cannot run the stage (a no-decision).
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
 pub enum HostFitError {
     /// A fact the policy's host rules need could not be read.
-    #[error("cannot establish {what} from {path}")]
+    #[error("cannot establish {what} from {path}: {why}")]
     #[diagnostic(
         code(cordon::host::unreadable),
         help("a host fact that cannot be read is refused, never assumed fine")
@@ -91,6 +103,14 @@ pub enum HostFitError {
         /// What the kernel says.
         status: String,
     },
+    /// A candidate stage without a memory limit (the language requires one; never counted as
+    /// zero).
+    #[error("stage {kind} has no memory limit to check against this host")]
+    #[diagnostic(code(cordon::host::unbounded))]
+    NoLimit {
+        /// The stage.
+        kind: StageKind,
+    },
     /// The stage mounts a copy the policy gives no bound for.
     #[error("stage {kind} mounts a copy of the {role}, which the policy does not bound")]
     #[diagnostic(code(cordon::host::unbounded))]
@@ -105,8 +125,11 @@ pub enum HostFitError {
 /// What the kernel reports, as read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Facts {
-    /// `MemTotal`, in bytes.
+    /// `MemTotal` less `Hugetlb` (the huge-page pool no tmpfs or container page can use), in
+    /// bytes.
     pub mem_total: u64,
+    /// Whether the CPU says a hypervisor runs it (the `hypervisor` flag).
+    pub hypervisor: bool,
     /// `smt/active`: whether sibling hardware threads run.
     pub smt_active: bool,
     /// `kernel.unprivileged_bpf_disabled` (0: unprivileged BPF on; 1 or 2: off).
@@ -151,13 +174,38 @@ fn text(host: &dyn Host, what: &'static str, path: &str) -> Result<String, HostF
 /// without `smt/active` included: whether siblings run is then unknown).
 pub fn read(host: &dyn Host) -> Result<Facts, HostFitError> {
     let meminfo = text(host, "the host's memory", MEMINFO)?;
-    let mem_total = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.trim().strip_suffix("kB"))
-        .and_then(|kb| kb.trim().parse::<u64>().ok())
-        .and_then(|kb| kb.checked_mul(1024))
+    let field = |name: &str| {
+        meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().strip_suffix("kB"))
+            .and_then(|kb| kb.trim().parse::<u64>().ok())
+            .and_then(|kb| kb.checked_mul(1024))
+    };
+    let total = field("MemTotal:")
         .ok_or_else(|| unreadable("the host's memory", MEMINFO, "no MemTotal in kB"))?;
+    // Absent on a kernel without huge pages: no pool.
+    let hugetlb = match meminfo.lines().any(|l| l.starts_with("Hugetlb:")) {
+        true => field("Hugetlb:")
+            .ok_or_else(|| unreadable("the host's memory", MEMINFO, "Hugetlb is not in kB"))?,
+        false => 0,
+    };
+    let mem_total = total.saturating_sub(hugetlb);
+    let cpuinfo = text(host, "whether a hypervisor runs this host", CPUINFO)?;
+    let flags = cpuinfo
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("flags")
+                .and_then(|r| r.trim_start().strip_prefix(':'))
+        })
+        .ok_or_else(|| {
+            unreadable(
+                "whether a hypervisor runs this host",
+                CPUINFO,
+                "no flags line",
+            )
+        })?;
+    let hypervisor = flags.split_whitespace().any(|f| f == "hypervisor");
     let smt_active = match text(host, "whether SMT is active", SMT_ACTIVE)?.trim() {
         "0" => false,
         "1" => true,
@@ -180,32 +228,44 @@ pub fn read(host: &dyn Host) -> Result<Facts, HostFitError> {
     }
     Ok(Facts {
         mem_total,
+        hypervisor,
         smt_active,
         unprivileged_bpf_disabled,
         vulnerabilities,
     })
 }
 
-/// The stage's memory limit plus the bounds of the copies the host makes for it.
+/// The stage's memory limit, and the worst case of the copies the host makes for it under the
+/// policy's bounds: a copy of at most `bytes` in at most `files` files, each path at most
+/// `depth` components deep, takes its bytes, a page per file for rounding, and an inode for
+/// every file and every directory a path may add.
 ///
 /// # Errors
+/// [`HostFitError::NoLimit`] for a stage without a memory limit, and
 /// [`HostFitError::Unbounded`] for a copy the policy gives no bound for.
 pub fn demand(policy: &Policy, kind: StageKind) -> Result<(u64, u64), HostFitError> {
     let Some(stage) = policy.stage(kind) else {
         return Ok((0, 0));
     };
-    let limit = stage.memory_bytes.unwrap_or(0);
+    let limit = stage.memory_bytes.ok_or(HostFitError::NoLimit { kind })?;
+    let worst = |bytes: u64, files: u64, depth: u64| {
+        let per_file = PAGE.saturating_add(depth.saturating_add(1).saturating_mul(INODE));
+        bytes.saturating_add(files.saturating_mul(per_file))
+    };
     let mut copies = 0u64;
     for m in stage.mount.values() {
         if copy_dir(m.source).is_none() {
             continue;
         }
         let bound = match m.source {
-            MountSource::Tree => Some(policy.tree_rules().max_total_bytes),
+            MountSource::Tree => {
+                let t = policy.tree_rules();
+                Some(worst(t.max_total_bytes, t.max_files, t.max_depth))
+            }
             MountSource::Publication => policy
                 .stage(StageKind::Prebuild)
                 .and_then(|p| p.publication.as_ref())
-                .map(|p| p.max_bytes),
+                .map(|p| worst(p.max_bytes, p.max_files, p.max_depth)),
             _ => None,
         }
         .ok_or(HostFitError::Unbounded {
@@ -250,6 +310,13 @@ pub fn judge(policy: &Policy, kind: StageKind, facts: Facts) -> Result<Fit, Host
             }),
         };
     feature(
+        "hypervisor",
+        &rules.hypervisor,
+        facts.hypervisor,
+        "it runs under a hypervisor: SMT and the vulnerabilities it reports are the guest's view"
+            .into(),
+    )?;
+    feature(
         "smt",
         &rules.smt,
         facts.smt_active,
@@ -262,9 +329,12 @@ pub fn judge(policy: &Policy, kind: StageKind, facts: Facts) -> Result<Fit, Host
         "kernel.unprivileged_bpf_disabled is 0".into(),
     )?;
     for (name, status) in &facts.vulnerabilities {
-        // Only the kernel's two settled answers pass; "Vulnerable", "Unknown" and anything a
-        // newer kernel says need the policy's reason.
-        let settled = status.starts_with("Not affected") || status.starts_with("Mitigation");
+        // Only the kernel's two settled answers pass — and a mitigation that still names
+        // something vulnerable ("…; SMT vulnerable", "BHI: Vulnerable") is not settled;
+        // "Vulnerable", "Unknown" and anything a newer kernel says need the policy's reason.
+        let settled = status.starts_with("Not affected")
+            || (status.starts_with("Mitigation")
+                && !status.to_ascii_lowercase().contains("vulnerable"));
         if settled {
             continue;
         }
@@ -285,12 +355,27 @@ pub fn judge(policy: &Policy, kind: StageKind, facts: Facts) -> Result<Fit, Host
     })
 }
 
-/// Read and judge: whether this host can run stage `kind` of `policy`.
+/// The `host` evidence of one judgement: what was read, and the fit or why it was refused.
 ///
 /// # Errors
-/// As [`read`] and [`judge`].
-pub fn check(policy: &Policy, kind: StageKind, host: &dyn Host) -> Result<Fit, HostFitError> {
-    judge(policy, kind, read(host)?)
+/// Encoding failed.
+pub fn record(
+    facts: &Facts,
+    judged: &Result<Fit, HostFitError>,
+) -> Result<String, cordon_canon::canonical::CanonicalError> {
+    #[derive(Serialize)]
+    struct Record<'a> {
+        facts: &'a Facts,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        fit: Option<&'a Fit>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        refused: Option<String>,
+    }
+    cordon_canon::canonical::to_canonical_json(&Record {
+        facts,
+        fit: judged.as_ref().ok(),
+        refused: judged.as_ref().err().map(ToString::to_string),
+    })
 }
 
 #[cfg(test)]

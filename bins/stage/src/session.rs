@@ -135,8 +135,12 @@ impl ExitClass for SessionError {
     fn exit_class(&self) -> ExitCode {
         match self {
             Self::Plan(e) => e.exit_class(),
-            // A copy the policy does not bound is the policy's wiring.
-            Self::Host(crate::host_fit::HostFitError::Unbounded { .. }) => ExitCode::Usage,
+            // A copy the policy does not bound, or a stage without a limit, is the policy's
+            // wiring.
+            Self::Host(
+                crate::host_fit::HostFitError::Unbounded { .. }
+                | crate::host_fit::HostFitError::NoLimit { .. },
+            ) => ExitCode::Usage,
             Self::Host(_)
             | Self::Device { .. }
             | Self::Nofile { .. }
@@ -362,14 +366,15 @@ impl Session<'_> {
             .into());
         }
         // Whether this host can honour the stage at all: its memory and its side-channel
-        // posture, against the policy's host rules. What it read is kept for the receipt.
-        let fit = crate::host_fit::check(self.policy, self.kind, self.setup.host())
-            .map_err(SessionError::from)?;
-        let record =
-            cordon_canon::canonical::to_canonical_json(&fit).map_err(SessionError::from)?;
+        // posture, against the policy's host rules. What it read is kept for the receipt, a
+        // refusal's included.
+        let facts = crate::host_fit::read(self.setup.host()).map_err(SessionError::from)?;
+        let judged = crate::host_fit::judge(self.policy, self.kind, facts.clone());
+        let record = crate::host_fit::record(&facts, &judged).map_err(SessionError::from)?;
         self.evidence
             .keep("host", record.as_bytes())
             .map_err(SessionError::Evidence)?;
+        judged.map_err(SessionError::from)?;
         // 2. The lease record names every mount point before any exists.
         let manager = Manager::open(&self.store, self.setup.clone()).map_err(SessionError::from)?;
         // No new work on a quarantined host, executor or device (the lease refuses the first
@@ -585,7 +590,7 @@ mod tests {
         version: &str,
         devices: &[&str],
     ) -> (SessionError, Vec<Call>, usize) {
-        let (e, calls, leases, _) = try_run_on(Fake::new(), policy, kind, version, devices);
+        let (e, calls, leases, _) = try_run_on(Fake::new(), policy, kind, version, devices, false);
         (e, calls, leases)
     }
 
@@ -597,6 +602,7 @@ mod tests {
         kind: StageKind,
         version: &str,
         devices: &[&str],
+        framed: bool,
     ) -> (
         SessionError,
         Vec<Call>,
@@ -641,7 +647,7 @@ mod tests {
             live_stdout: false,
             live_stderr: false,
             started: Instant::now(),
-            framed: false,
+            framed,
             lane: None,
             candidate: None,
         };
@@ -671,6 +677,7 @@ mod tests {
             StageKind::Prebuild,
             "runc version 1.1.12",
             &[],
+            false,
         );
         assert!(
             matches!(
@@ -687,6 +694,7 @@ mod tests {
             f.file("/proc/meminfo", &format!("MemTotal: {mem_kb} kB\n"))
                 .file("/sys/devices/system/cpu/smt/active", smt)
                 .file("/proc/sys/kernel/unprivileged_bpf_disabled", "2")
+                .file("/proc/cpuinfo", "flags\t: fpu sse2\n")
                 .file(
                     "/sys/devices/system/cpu/vulnerabilities/meltdown",
                     "Not affected",
@@ -698,13 +706,61 @@ mod tests {
             (host(1 << 20, "0"), "cordon::host::memory"),
             (host(1 << 40, "1"), "cordon::host::posture"),
         ] {
-            let (e, _, leases, kept) =
-                try_run_on(f, &p, StageKind::Prebuild, "runc version 1.1.12", &[]);
+            let (e, _, leases, kept) = try_run_on(
+                f,
+                &p,
+                StageKind::Prebuild,
+                "runc version 1.1.12",
+                &[],
+                false,
+            );
             let got = miette::Diagnostic::code(&e).map(|c| c.to_string());
             assert_eq!(got.as_deref(), Some(code), "{e}");
             assert_eq!(e.exit_class(), ExitCode::NoDecision);
-            assert_eq!((leases, kept.len()), (0, 0));
+            // No lease; what the host reported, and why it was refused, kept for the receipt.
+            assert_eq!(leases, 0);
+            assert_eq!(
+                kept.iter().map(|k| k.name.as_str()).collect::<Vec<_>>(),
+                ["host"]
+            );
         }
+        // A lane that mounts a publication no prebuild stage bounds: the policy's wiring.
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../policy/evaluator.kdl"
+        ))
+        .unwrap();
+        let start = text.find("stage \"prebuild\"").unwrap();
+        let end = start + text[start..].find("\n}\n").unwrap() + 3;
+        let steps = text.find("step \"build-native\"").unwrap();
+        let steps_end = steps + text[steps..].find("\n}\n").unwrap() + 3;
+        let unbounded = cordon_policy_lang::parse(
+            "x.kdl",
+            &format!(
+                "{}{}{}",
+                &text[..start],
+                &text[end..steps],
+                &text[steps_end..]
+            ),
+        )
+        .unwrap();
+        let devices = ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm"];
+        let (e, _, leases, _) = try_run_on(
+            host(1 << 40, "0"),
+            &unbounded,
+            StageKind::Reference,
+            "runc version 1.1.12",
+            &devices,
+            true,
+        );
+        assert!(
+            matches!(
+                e,
+                SessionError::Host(crate::host_fit::HostFitError::Unbounded { .. })
+            ),
+            "{e}"
+        );
+        assert_eq!((e.exit_class(), leases), (ExitCode::Usage, 0));
         // A fit host: the session goes on (and fails later on this fake), its facts kept.
         let (e, _, _, kept) = try_run_on(
             host(1 << 40, "0"),
@@ -712,6 +768,7 @@ mod tests {
             StageKind::Prebuild,
             "runc version 1.1.12",
             &[],
+            false,
         );
         assert!(!matches!(e, SessionError::Host(_)), "{e}");
         let record = kept.iter().find(|k| k.name == "host").unwrap();

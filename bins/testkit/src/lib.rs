@@ -136,11 +136,13 @@ pub fn replace_once(text: &str, from: &str, to: &str) -> String {
     text.replacen(from, to, 1)
 }
 
-/// The default policy's text with its per-run account range moved to `range` and its cron/at
-/// deny files into `dir`.
+/// The default policy's text with its per-run account range moved to `range`, its cron/at
+/// deny files into `dir`, and [`this_hosts_block`] for its host rules.
 #[must_use]
 pub fn isolated_policy(dir: &Path, (first, last): (u32, u32)) -> String {
-    let text = std::fs::read_to_string(workspace_root().join("policy/evaluator.kdl")).unwrap();
+    let text = on_this_host(
+        &std::fs::read_to_string(workspace_root().join("policy/evaluator.kdl")).unwrap(),
+    );
     let quoted = |name: &str| format!("{:?}", dir.join(name).display().to_string());
     let text = replace_once(
         &text,
@@ -168,14 +170,51 @@ pub fn shipped_host_block() -> String {
     text[start..end].to_owned()
 }
 
+/// A host block for the machine the tests run on: the shipped memory reserve, and every
+/// side-channel rule allowed, each vulnerability the kernel lists accepted, with a reason
+/// saying why. The tests that run candidates contain and measure them; the host rules are
+/// tested apart (`cordon-stage`'s `host_fit` and session tests), so these run on whatever CPU
+/// CI is given rather than only on the demo host's.
+#[must_use]
+pub fn this_hosts_block() -> String {
+    let shipped = shipped_host_block();
+    let reserve = shipped
+        .lines()
+        .find(|l| l.trim_start().starts_with("memory-reserve "))
+        .expect("the shipped host block names its memory reserve");
+    let why = "reason=\"the test machine's own: host rules are tested apart\"";
+    let mut block = format!(
+        "host {{\n{reserve}\n    hypervisor \"on\" {why}\n    smt \"on\" {why}\n    unprivileged-bpf \"on\" {why}\n"
+    );
+    let dir = Path::new("/sys/devices/system/cpu/vulnerabilities");
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    for name in names {
+        block.push_str(&format!("    accept-vulnerable {name:?} {why}\n"));
+    }
+    block.push_str("}\n");
+    block
+}
+
+/// `text` (a policy with the shipped host block) with [`this_hosts_block`] in its place.
+fn on_this_host(text: &str) -> String {
+    let shipped = shipped_host_block();
+    replace_once(text, &shipped, &this_hosts_block())
+}
+
 /// The minimal example policy's text (`policy/examples/minimal.kdl`) with its per-run account
-/// range moved to `range`, its cron/at deny files into `dir`, and the shipped policy's host
-/// rules (the minimal one's are the strictest, which the demo host does not meet).
+/// range moved to `range`, its cron/at deny files into `dir`, and [`this_hosts_block`] (the
+/// minimal one's host rules are the strictest, which a test machine need not meet).
 #[must_use]
 pub fn isolated_minimal_policy(dir: &Path, (first, last): (u32, u32)) -> String {
     let text =
         std::fs::read_to_string(workspace_root().join("policy/examples/minimal.kdl")).unwrap();
-    let text = format!("{text}{}", shipped_host_block());
+    let text = format!("{text}{}", this_hosts_block());
     let quoted = |name: &str| format!("{:?}", dir.join(name).display().to_string());
     replace_once(
         &text,

@@ -356,6 +356,95 @@ fn an_expired_leases_id_under_other_labels_is_not_ended() {
 /// cannot be removed is; a mount point that is not mounted is not unmounted; a run
 /// directory outside the run root, a link under the lease's name, or an empty lease-named
 /// directory are never removed, while the empty pending dot directory a crash left is.
+/// The overlay's writable layer is a bounded, root-owned tmpfs mounted before the overlay
+/// over it; a tmpfs that cannot be mounted mounts no overlay (never one on the host's disk).
+#[test]
+fn the_overlays_writable_layer_is_mounted_bounded_before_the_overlay() {
+    let w = world();
+    let f = empty_host();
+    f.reply("list", ToolOutput::ok(b"[]"));
+    let m = with_host(&w, f.clone());
+    let lease = m
+        .begin_with(
+            "sha256:a",
+            &["overlay", "rootfs"],
+            cordon_testkit::in_an_hour(),
+        )
+        .unwrap();
+    own_run_dir(&lease);
+    let run = lease.run_dir().to_path_buf();
+    m.mount_overlay(
+        &lease,
+        &run.join("rootfs"),
+        &w.dir.path().join("image"),
+        &run.join("overlay/upper"),
+        &run.join("overlay/work"),
+        1 << 20,
+        64,
+    )
+    .unwrap();
+    let mounts: Vec<MountRequest> = f
+        .calls()
+        .into_iter()
+        .filter_map(|c| match c {
+            Call::Mount(r) => Some(r),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        mounts,
+        [
+            MountRequest::Tmpfs {
+                target: run.join("overlay"),
+                options: "size=1048576,nr_inodes=64,mode=0700,uid=0,gid=0".into(),
+            },
+            MountRequest::Overlay {
+                target: run.join("rootfs"),
+                lower: w.dir.path().join("image"),
+                upper: run.join("overlay/upper"),
+                work: run.join("overlay/work"),
+            },
+        ]
+    );
+    m.release(&lease.record).unwrap();
+    // The tmpfs fails: no overlay is attempted.
+    let f = empty_host();
+    f.reply("list", ToolOutput::ok(b"[]"))
+        .fail(true, false, false);
+    let m = with_host(&w, f.clone());
+    let lease = m
+        .begin_with(
+            "sha256:a",
+            &["overlay", "rootfs"],
+            cordon_testkit::in_an_hour(),
+        )
+        .unwrap();
+    own_run_dir(&lease);
+    let run = lease.run_dir().to_path_buf();
+    assert!(
+        m.mount_overlay(
+            &lease,
+            &run.join("rootfs"),
+            &w.dir.path().join("image"),
+            &run.join("overlay/upper"),
+            &run.join("overlay/work"),
+            1 << 20,
+            64,
+        )
+        .is_err()
+    );
+    let mounts: Vec<Call> = f
+        .calls()
+        .into_iter()
+        .filter(|c| matches!(c, Call::Mount(_)))
+        .collect();
+    assert!(
+        matches!(&mounts[..], [Call::Mount(MountRequest::Tmpfs { .. })]),
+        "{mounts:?}"
+    );
+    assert!(!run.join("overlay/upper").exists());
+}
+
 #[test]
 fn release_edges_are_each_what_they_must_be() {
     let w = world();

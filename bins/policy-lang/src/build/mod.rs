@@ -612,7 +612,7 @@ fn accounts(cx: &mut Cx, node: &KdlNode) -> Option<Accounts> {
 }
 
 /// `host { … }`: what a host must be for a candidate stage to run on it. Absent, or any value
-/// left out, is the strictest: a 2 GiB reserve, SMT off, unprivileged BPF off, no CPU
+/// left out, is the strictest: a 2 GiB reserve, no hypervisor, SMT off, unprivileged BPF off, no CPU
 /// vulnerability accepted.
 fn host(cx: &mut Cx, node: Option<&KdlNode>, whole: SourceSpan) -> Option<Host> {
     let b = Block::section(
@@ -622,6 +622,7 @@ fn host(cx: &mut Cx, node: Option<&KdlNode>, whole: SourceSpan) -> Option<Host> 
         whole,
         &[
             "memory-reserve",
+            "hypervisor",
             "smt",
             "unprivileged-bpf",
             "accept-vulnerable",
@@ -631,6 +632,7 @@ fn host(cx: &mut Cx, node: Option<&KdlNode>, whole: SourceSpan) -> Option<Host> 
     let memory_reserve_bytes = value(cx, &b, "memory-reserve", Some(2 * GIB), |cx, e| {
         size(cx, e, "memory-reserve", 256 * MIB, TIB)
     });
+    let hypervisor = allowance(cx, &b, "hypervisor");
     let smt = allowance(cx, &b, "smt");
     let unprivileged_bpf = allowance(cx, &b, "unprivileged-bpf");
     let mut seen = Seen::default();
@@ -651,6 +653,7 @@ fn host(cx: &mut Cx, node: Option<&KdlNode>, whole: SourceSpan) -> Option<Host> 
     }
     Some(Host {
         memory_reserve_bytes: memory_reserve_bytes?,
+        hypervisor: hypervisor?,
         smt: smt?,
         unprivileged_bpf: unprivileged_bpf?,
         accept_vulnerable,

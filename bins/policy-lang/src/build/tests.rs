@@ -89,6 +89,7 @@ fn the_host_block_is_typed_its_absence_is_the_strictest_and_every_exception_has_
         bare.host(),
         &Host {
             memory_reserve_bytes: 2 << 30,
+            hypervisor: Allowance::Off,
             smt: Allowance::Off,
             unprivileged_bpf: Allowance::Off,
             accept_vulnerable: BTreeMap::new(),

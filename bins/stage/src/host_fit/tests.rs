@@ -10,6 +10,16 @@ use super::*;
 
 const GIB: u64 = 1 << 30;
 
+/// Read and judge, as the session does.
+fn check(policy: &Policy, kind: StageKind, host: &dyn Host) -> Result<Fit, HostFitError> {
+    judge(policy, kind, read(host)?)
+}
+
+/// A copy's worst case: bytes, a page per file, an inode per file and per directory above it.
+fn worst(bytes: u64, files: u64, depth: u64) -> u64 {
+    bytes + files * (4096 + (depth + 1) * 1024)
+}
+
 /// The default policy with `edit` applied to its text.
 fn policy(edit: impl Fn(String) -> String) -> Policy {
     let text = std::fs::read_to_string(concat!(
@@ -37,7 +47,11 @@ fn fake(mem_kb: u64, vulnerabilities: &[(&str, &str)]) -> Arc<Fake> {
         &format!("MemTotal:       {mem_kb} kB\nMemFree:        1 kB\n"),
     )
     .file(SMT_ACTIVE, "0\n")
-    .file(UNPRIVILEGED_BPF, "2\n");
+    .file(UNPRIVILEGED_BPF, "2\n")
+    .file(
+        CPUINFO,
+        "processor\t: 0\nflags\t\t: fpu vme sse2\nbugs\t\t: spectre_v1\n",
+    );
     f.dir(VULNERABILITIES, &[]);
     for (name, status) in vulnerabilities {
         f.file(format!("{VULNERABILITIES}/{name}"), &format!("{status}\n"));
@@ -53,12 +67,13 @@ const SETTLED: &[(&str, &str)] = &[
 #[test]
 fn a_lane_needs_its_memory_limit_and_both_copies_and_a_prebuild_its_limit_and_the_tree() {
     let p = policy(|t| t);
-    let tree = p.tree_rules().max_total_bytes;
-    let publication = p
+    let t = p.tree_rules();
+    let tree = worst(t.max_total_bytes, t.max_files, t.max_depth);
+    let pl = p
         .stage(StageKind::Prebuild)
         .and_then(|s| s.publication.as_ref())
-        .unwrap()
-        .max_bytes;
+        .unwrap();
+    let publication = worst(pl.max_bytes, pl.max_files, pl.max_depth);
     let mem = |k| p.stage(k).unwrap().memory_bytes.unwrap();
     assert_eq!(
         demand(&p, StageKind::Lane).unwrap(),
@@ -223,54 +238,146 @@ fn a_fact_that_cannot_be_read_is_refused_never_assumed_fine() {
     }
 }
 
-/// The real host, read through the real seam: the facts match an independent reading of the
-/// kernel's files, and the strict policy refuses exactly when one of them is open.
 #[test]
-fn the_real_hosts_facts_are_read_and_judged_as_the_kernel_reports_them() {
-    let facts = read(&cordon::host::Linux).unwrap();
-    let dir = Path::new(VULNERABILITIES);
-    let mut unsettled = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap() {
-        let e = e.unwrap();
-        let name = e.file_name().into_string().unwrap();
-        let status = std::fs::read_to_string(e.path()).unwrap();
-        let status = status.lines().next().unwrap_or("").trim().to_owned();
-        if !(status.starts_with("Not affected") || status.starts_with("Mitigation")) {
-            unsettled.push(name.clone());
+fn a_hypervisor_is_refused_unless_allowed_and_the_huge_page_pool_is_not_the_hosts_to_give() {
+    let strict = with_host("host {\n}");
+    let vm = fake(ROOMY, SETTLED);
+    vm.file(
+        CPUINFO,
+        "processor\t: 0\nflags\t\t: fpu hypervisor sse2\nprocessor\t: 1\n",
+    );
+    let e = check(&strict, StageKind::Prebuild, &*vm).unwrap_err();
+    assert!(
+        matches!(&e, HostFitError::Posture { what, .. } if what == "hypervisor"),
+        "{e}"
+    );
+    let allowed = with_host("host {\n    hypervisor \"on\" reason=\"a cloud guest\"\n}");
+    assert_eq!(
+        check(&allowed, StageKind::Prebuild, &*vm).unwrap().allowed,
+        ["hypervisor"]
+    );
+    // A word that only contains it is not the flag; no flags line cannot be established.
+    vm.file(CPUINFO, "flags\t\t: fpu hypervisor_x sse2\n");
+    assert!(check(&strict, StageKind::Prebuild, &*vm).is_ok());
+    vm.file(CPUINFO, "processor\t: 0\n");
+    assert!(matches!(
+        check(&strict, StageKind::Prebuild, &*vm),
+        Err(HostFitError::Unreadable { .. })
+    ));
+    // The huge-page pool is subtracted: the same MemTotal with a pool is refused.
+    let p = with_host("host {\n    memory-reserve \"1GiB\"\n}");
+    let (limit, copies) = demand(&p, StageKind::Prebuild).unwrap();
+    let kb = (limit + copies + GIB) / 1024;
+    let host = fake(kb, SETTLED);
+    assert!(check(&p, StageKind::Prebuild, &*host).is_ok());
+    host.file(
+        MEMINFO,
+        &format!("MemTotal:       {kb} kB\nHugetlb:        2048 kB\n"),
+    );
+    let e = check(&p, StageKind::Prebuild, &*host).unwrap_err();
+    assert!(matches!(e, HostFitError::Memory { .. }), "{e}");
+}
+
+#[test]
+fn a_mitigation_that_still_names_something_vulnerable_is_not_settled() {
+    let strict = with_host("host {\n}");
+    for status in [
+        "Mitigation: PTE Inversion; VMX: SMT vulnerable",
+        "Mitigation: Retpolines; STIBP: disabled; BHI: Vulnerable",
+    ] {
+        let host = fake(ROOMY, &[("l1tf", status)]);
+        assert!(
+            matches!(
+                check(&strict, StageKind::Lane, &*host),
+                Err(HostFitError::Posture { .. })
+            ),
+            "{status}"
+        );
+    }
+    let host = fake(
+        ROOMY,
+        &[(
+            "l1tf",
+            "Mitigation: PTE Inversion; VMX: flush not necessary, SMT disabled",
+        )],
+    );
+    assert!(check(&strict, StageKind::Lane, &*host).is_ok());
+}
+
+#[test]
+fn the_record_keeps_the_facts_with_the_fit_or_the_refusal() {
+    let p = with_host("host {\n}");
+    let host = fake(ROOMY, &[("mds", "Vulnerable")]);
+    let facts = read(&*host).unwrap();
+    let judged = judge(&p, StageKind::Lane, facts.clone());
+    let text = record(&facts, &judged).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["facts"]["vulnerabilities"]["mds"], "Vulnerable");
+    assert!(v["refused"].as_str().unwrap().contains("mds"), "{text}");
+    assert!(v.get("fit").is_none());
+    let host = fake(ROOMY, SETTLED);
+    let facts = read(&*host).unwrap();
+    let text = record(&facts, &judge(&p, StageKind::Lane, facts.clone())).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert!(v["fit"]["demand"].as_u64().unwrap() > 0 && v.get("refused").is_none());
+}
+
+/// The real host (no fake): it reads the kernel's own files, so it runs with the root tier.
+mod root_tests {
+    use super::*;
+
+    /// The real host, read through the real seam: the facts match an independent reading of the
+    /// kernel's files, and the strict policy refuses exactly when one of them is open.
+    #[test]
+    fn the_real_hosts_facts_are_read_and_judged_as_the_kernel_reports_them() {
+        let facts = read(&cordon::host::Linux).unwrap();
+        let dir = Path::new(VULNERABILITIES);
+        let mut unsettled = Vec::new();
+        for e in std::fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            let name = e.file_name().into_string().unwrap();
+            let status = std::fs::read_to_string(e.path()).unwrap();
+            let status = status.lines().next().unwrap_or("").trim().to_owned();
+            let settled = status.starts_with("Not affected")
+                || (status.starts_with("Mitigation")
+                    && !status.to_ascii_lowercase().contains("vulnerable"));
+            if !settled {
+                unsettled.push(name.clone());
+            }
+            assert_eq!(facts.vulnerabilities[&name], status);
         }
-        assert_eq!(facts.vulnerabilities[&name], status);
+        assert_eq!(
+            facts.smt_active,
+            std::fs::read_to_string(SMT_ACTIVE).unwrap().trim() == "1"
+        );
+        let mut strict = String::from(
+            "host {\n    memory-reserve \"256MiB\"\n    hypervisor \"on\" reason=\"r\"\n    smt \"on\" reason=\"r\"\n    unprivileged-bpf \"on\" reason=\"r\"\n",
+        );
+        let tiny = |t: String| {
+            t.replace("memory \"8GiB\"", "memory \"256MiB\"")
+                .replace("max-total-bytes \"4GiB\"", "max-total-bytes \"64MiB\"")
+        };
+        let p = policy(|t| {
+            let t = tiny(t);
+            let start = t.find("host {").unwrap();
+            let end = start + t[start..].find("\n}\n").unwrap() + 3;
+            format!("{}{strict}}}\n{}", &t[..start], &t[end..])
+        });
+        let judged = judge(&p, StageKind::Prebuild, facts.clone());
+        assert_eq!(judged.is_err(), !unsettled.is_empty(), "{judged:?}");
+        for name in &unsettled {
+            strict.push_str(&format!("    accept-vulnerable \"{name}\" reason=\"r\"\n"));
+        }
+        let p = policy(|t| {
+            let t = tiny(t);
+            let start = t.find("host {").unwrap();
+            let end = start + t[start..].find("\n}\n").unwrap() + 3;
+            format!("{}{strict}}}\n{}", &t[..start], &t[end..])
+        });
+        let fit = judge(&p, StageKind::Prebuild, facts).unwrap();
+        assert_eq!(
+            fit.allowed.iter().filter(|a| unsettled.contains(a)).count(),
+            unsettled.len()
+        );
     }
-    assert_eq!(
-        facts.smt_active,
-        std::fs::read_to_string(SMT_ACTIVE).unwrap().trim() == "1"
-    );
-    let mut strict = String::from(
-        "host {\n    memory-reserve \"256MiB\"\n    smt \"on\" reason=\"r\"\n    unprivileged-bpf \"on\" reason=\"r\"\n",
-    );
-    let tiny = |t: String| {
-        t.replace("memory \"8GiB\"", "memory \"256MiB\"")
-            .replace("max-total-bytes \"4GiB\"", "max-total-bytes \"64MiB\"")
-    };
-    let p = policy(|t| {
-        let t = tiny(t);
-        let start = t.find("host {").unwrap();
-        let end = start + t[start..].find("\n}\n").unwrap() + 3;
-        format!("{}{strict}}}\n{}", &t[..start], &t[end..])
-    });
-    let judged = judge(&p, StageKind::Prebuild, facts.clone());
-    assert_eq!(judged.is_err(), !unsettled.is_empty(), "{judged:?}");
-    for name in &unsettled {
-        strict.push_str(&format!("    accept-vulnerable \"{name}\" reason=\"r\"\n"));
-    }
-    let p = policy(|t| {
-        let t = tiny(t);
-        let start = t.find("host {").unwrap();
-        let end = start + t[start..].find("\n}\n").unwrap() + 3;
-        format!("{}{strict}}}\n{}", &t[..start], &t[end..])
-    });
-    let fit = judge(&p, StageKind::Prebuild, facts).unwrap();
-    assert_eq!(
-        fit.allowed.iter().filter(|a| unsettled.contains(a)).count(),
-        unsettled.len()
-    );
 }
