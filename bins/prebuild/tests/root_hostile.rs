@@ -237,7 +237,8 @@ fn writes_outside_staging_exec_from_tmp_and_setuid_are_refused() {
         echo procdriver=$(busybox ls -A /proc/driver 2>/dev/null | busybox wc -l) >> $out/r\n\
         [ -e /sys/bus/pci ] && echo pci=yes >> $out/r || echo pci=no >> $out/r\n\
         for p in /dev/nvidia0 /dev/nvidiactl /model /root /home /var/run/docker.sock /run/docker.sock /run/containerd /nonexistent; do [ -e $p ] && echo present=$p >> $out/r; done\n\
-        busybox cut -d' ' -f5 /proc/self/mountinfo | busybox sort -u | busybox tr '\\n' ' ' > $out/mounts";
+        busybox cut -d' ' -f5 /proc/self/mountinfo | busybox sort -u | busybox tr '\\n' ' ' > $out/mounts\n\
+        busybox cut -d' ' -f4,5,6 /proc/self/mountinfo > $out/mountopts";
     let attempt = cordon_testkit::attempt_program(e.dir.path());
     let (tree, o) = build(&e, script, &[("attempt", &attempt)]);
     let r = published(&e, &o, "r");
@@ -342,6 +343,53 @@ fn writes_outside_staging_exec_from_tmp_and_setuid_are_refused() {
             "an unplanned mount {m}: {mounts}"
         );
     }
+    // Corpus 13, recursively: every mount is read-only but the planned writable ones — the
+    // lease's /tmp and staging, and runc's /dev, /dev/pts, /dev/mqueue and /proc (root-owned,
+    // or the kernel's own) — and runc's masks, each `/dev/null` bound over a /proc file
+    // (writes vanish, reads are empty).
+    let opts = published(&e, &o, "mountopts");
+    let entries: Vec<(&str, &str, &str)> = opts
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.splitn(3, ' ');
+            Some((f.next()?, f.next()?, f.next()?))
+        })
+        .collect();
+    let ro = |o: &str| o.split(',').any(|f| f == "ro");
+    let planned_writable = [
+        "/tmp",
+        "/staging",
+        "/dev",
+        "/dev/pts",
+        "/dev/mqueue",
+        "/proc",
+    ];
+    let unplanned: Vec<_> = entries
+        .iter()
+        .filter(|(root, m, o)| {
+            !ro(o)
+                && !planned_writable.contains(m)
+                && !(m.starts_with("/proc/") && *root == "/null")
+        })
+        .collect();
+    assert!(
+        unplanned.is_empty(),
+        "writable mounts {unplanned:?}: {opts}"
+    );
+    // The probe read the options it checks: the root and the tree are there, read-only, and
+    // at least one mask was seen as a /dev/null bind.
+    for m in ["/", "/engine"] {
+        assert!(
+            entries.iter().any(|(_, p, o)| *p == m && ro(o)),
+            "{m} is not read-only: {opts}"
+        );
+    }
+    assert!(
+        entries
+            .iter()
+            .any(|(root, m, _)| *root == "/null" && *m == "/proc/kallsyms"),
+        "{opts}"
+    );
     // Outside: the tree is exactly what was published.
     tree::verify(&e.store, &tree).unwrap();
 
@@ -880,6 +928,13 @@ fn a_build_that_kills_every_process_it_can_still_ends_at_the_hosts_deadline() {
     assert_eq!(rejected(&o), "prebuild.deadline");
     let (_, o) = build(&short, "echo built > $out/r", &[]);
     assert_eq!(published(&short, &o, "r"), "built\n");
+    // Corpus 3: a build still forking when the kill pass comes — three loops each starting a
+    // short-lived process as fast as they can, well below the pids limit (a fork the limit
+    // refused would end the shell) — ends at the deadline with nothing of it left (`build`
+    // checks the executor quiescent after every case).
+    let forking = "spawn() { while :; do busybox sleep 0.02 & busybox sleep 0.01; done; }; spawn & spawn & spawn & echo started > $out/r; wait";
+    let (_, o) = build(&short, forking, &[]);
+    assert_eq!(rejected(&o), "prebuild.deadline");
     drop(short);
     // Only the deadline changed: the same build runs to its end and its output is published.
     let e = env_with(9, |t| t);
