@@ -5,6 +5,7 @@
  * could otherwise use, and it makes only the system calls it names. Static, so it needs no
  * library in the image and runs from any directory. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -97,6 +98,17 @@ int main(int argc, char **argv) {
         char buf[64];
         ssize_t n = read(fd, buf, sizeof buf);
         return n > 0 ? ok() : blocked(n < 0 ? errno : 0);
+    }
+    /* List a directory every uid may list on the host (masked: an empty read-only tmpfs). */
+    if (!strcmp(name, "masked-dir")) {
+        DIR *d = opendir(a);
+        if (!d) return blocked(errno);
+        int n = 0;
+        struct dirent *e;
+        while ((e = readdir(d)))
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
+        closedir(d);
+        return n > 0 ? ok() : blocked(0);
     }
     /* Whether `a` is its own read-only mount point. An observation, not an attempt: every file
      * under the read-only paths is root's and 0644 or stricter, so a non-root uid is refused by
@@ -213,12 +225,20 @@ int main(int argc, char **argv) {
         return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? ok() : blocked(WIFSIGNALED(status) ? 1000 + WTERMSIG(status) : WEXITSTATUS(status));
     }
     /* Spend `a` ms of CPU: "ok" when that took less than `b` ms of wall time. */
+    /* Spin for `a` ms of CPU time and count the quota's signature: stops of one CFS period
+     * less the quota (with 0.1 CPU of a 100 ms period, ~90 ms), one per period. Host load
+     * alone stops a spinning process at random, for a scheduler slice; it does not stop it
+     * for ~90 ms `b` times over. Blocked when at least `b` such stops were seen. */
     if (!strcmp(name, "cpu")) {
-        long want = atol(a), limit = atol(b), start = ms(CLOCK_MONOTONIC), cpu0 = ms(CLOCK_PROCESS_CPUTIME_ID);
-        while (ms(CLOCK_PROCESS_CPUTIME_ID) - cpu0 < want) {}
-        long wall = ms(CLOCK_MONOTONIC) - start;
-        if (wall < limit) return ok();
-        fprintf(stderr, "%ld ms of CPU took %ld ms\n", want, wall);
+        long want = atol(a), needed = atol(b), cpu0 = ms(CLOCK_PROCESS_CPUTIME_ID);
+        long last = ms(CLOCK_MONOTONIC), stops = 0;
+        while (ms(CLOCK_PROCESS_CPUTIME_ID) - cpu0 < want) {
+            long now = ms(CLOCK_MONOTONIC);
+            if (now - last >= 60 && now - last <= 130) stops++;
+            last = now;
+        }
+        if (stops < needed) return ok();
+        fprintf(stderr, "%ld ms of CPU stopped %ld times for a period\n", want, stops);
         return blocked(0);
     }
     /* Connect to 127.0.0.1:`a`, where the host listens. */
