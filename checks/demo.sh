@@ -56,10 +56,13 @@ $bin/cordon-materialize --policy "$policy" --store "$store" incumbent checks/exa
 $bin/cordon-prebuild --policy "$policy" --store "$store" --images "$work/images" \
     --receipt "$work/incumbent.json" > "$work/incumbent-prebuild.json"
 
-# The model lives in a root-owned models root, writable by root only (the lane checks it).
-install -d -m 0755 "$work/models"
-cp -r checks/example/model "$work/models/example"
-chmod -R go-w "$work/models/example"
+# The model is registered by its digest in the policy's models root (root-owned, writable by
+# root only; the lane checks both): `cordon-lane model DIR` prints where it belongs.
+chmod -R go-w checks/example/model
+read -r _ model < <($bin/cordon-lane --policy "$policy" model checks/example/model)
+[ -n "$model" ] || { echo "demo: cordon-lane model failed" >&2; exit 1; }
+install -d -m 0755 "$(dirname "$model")"
+[ -d "$model" ] || cp -r checks/example/model "$model"
 
 # The pipeline: each stage reads the previous receipt on stdin and prints its own.
 $bin/cordon-fetch --policy "$policy" --store "$store" --sha256 "$sha" "$work/candidate.tar" \
@@ -71,7 +74,7 @@ $bin/cordon-fetch --policy "$policy" --store "$store" --sha256 "$sha" "$work/can
     | $bin/cordon-lane --policy "$policy" --store "$store" qualify \
         --incumbent "$work/incumbent-prebuild.json" \
         --images "$work/images" --workload checks/example/workload/example.json \
-        --model "$work/models/example" \
+        --model "$model" \
     | tee "$work/qualify.json" \
     | $bin/cordon-reference --policy "$policy" --store "$store" --images "$work/images" \
         --pristine "$work/pristine.json" \

@@ -109,6 +109,12 @@ pub enum Command {
         #[command(flatten)]
         lease: LeaseArgs,
     },
+    /// Where a model must be registered: prints its digest and its path in the policy's models
+    /// root (`<models>/sha256-<hex>`), after the checks a session makes of it. Moves nothing.
+    Model {
+        /// The model directory (root-owned, writable by root only).
+        dir: PathBuf,
+    },
 }
 
 /// A wiring error: reported, exit 2, no receipt.
@@ -391,6 +397,7 @@ pub fn run(
         };
     let policy = &loaded.policy;
     let (stage_name, file, images, lease) = match &args.command {
+        Command::Model { dir } => return model_path(policy, dir, mode, stdout, stderr),
         Command::Session {
             receipt,
             images,
@@ -439,6 +446,7 @@ pub fn run(
         mode,
     };
     match &args.command {
+        Command::Model { .. } => unreachable!("answered before any store is opened"),
         Command::Session {
             role,
             workload,
@@ -459,6 +467,27 @@ pub fn run(
             stdout,
             stderr,
         ),
+    }
+}
+
+/// `cordon-lane model DIR`: the model's digest and where the policy's models root registers it.
+fn model_path(
+    policy: &cordon_policy_lang::Policy,
+    dir: &std::path::Path,
+    mode: Diagnostics,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> ExitCode {
+    match crate::model::verify(dir) {
+        Ok((_, digest)) => {
+            let at =
+                std::path::Path::new(policy.models_root()).join(format!("sha256-{}", digest.hex()));
+            match writeln!(stdout, "{digest} {}", at.display()) {
+                Ok(()) => ExitCode::Ok,
+                Err(_) => ExitCode::NoDecision,
+            }
+        }
+        Err(e) => fail(&crate::session::LaneError::Model(e), mode, stderr),
     }
 }
 

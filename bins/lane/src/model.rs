@@ -7,10 +7,14 @@
 //! and the mount), every
 //! entry inside is a directory or a regular file with the same ownership rule (no links, no
 //! devices, no sockets), and the digest covers each entry's path, kind, mode, size and content.
-//! A model that is, holds or lies inside one of the host's own directories (the signing key's,
-//! the store, the image cache, the lease state) is refused ([`apart`]). What it does not own:
-//! where models live (the policy's model root, registered by digest, is not implemented yet)
-//! and which model a workload expects.
+//! A model is registered by digest in the policy's models root ([`registered`]): it is the
+//! directory `<models>/sha256-<hex>` directly inside that root (root-owned, written by root
+//! alone, no sticky exception), and `<hex>` is the digest computed here — so any root-owned
+//! directory that happens to pass the ownership rule (the signing key's, say) is not a model.
+//! The models root, like any model, may not be, hold or lie inside one of the host's own
+//! directories (the signing key's, the store, the image cache, the lease state), by real path
+//! and by device and inode along every ancestor, so a bind mount aliasing one is caught too
+//! ([`apart`]). What it does not own: which model a workload expects.
 
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -47,6 +51,20 @@ pub enum ModelError {
         /// Why.
         why: &'static str,
     },
+    /// It is not registered by digest in the policy's models root.
+    #[error("the model {path} is not registered: a model of its digest is {at}")]
+    #[diagnostic(
+        code(cordon::lane::model),
+        help(
+            "register it by moving it there (a model is named by its digest, directly inside the policy's models root)"
+        )
+    )]
+    Unregistered {
+        /// The model, canonical.
+        path: PathBuf,
+        /// Where a model of its digest is registered.
+        at: PathBuf,
+    },
     /// It is, holds or lies inside a directory of the host's own (the signing key's, the
     /// store, the image cache, the lease state): mounting it would show that to the candidate.
     #[error("the model {path} overlaps {with}, which is the host's own")]
@@ -68,22 +86,65 @@ pub enum ModelError {
     Canonical(#[from] cordon::canonical::CanonicalError),
 }
 
-/// Refuse a model (canonical) that is, holds or lies inside one of the host's own directories
-/// (each canonicalised where it exists; one that does not exist cannot overlap).
+/// Refuse a model or models root (canonical) that is, holds or lies inside one of the host's
+/// own directories (each canonicalised where it exists; one that does not exist cannot
+/// overlap): by path, and by device and inode along each one's ancestors, so a bind mount of
+/// one directory at another path is the same directory.
 ///
 /// # Errors
 /// [`ModelError::Overlaps`] naming the first.
 pub fn apart(model: &Path, host_dirs: &[&Path]) -> Result<(), ModelError> {
+    let ids = |p: &Path| -> Vec<(u64, u64)> {
+        p.ancestors()
+            .filter_map(|a| fs::metadata(a).ok())
+            .map(|m| (m.dev(), m.ino()))
+            .collect()
+    };
+    let model_ids = ids(model);
     for dir in host_dirs {
         let Ok(dir) = fs::canonicalize(dir) else {
             continue;
         };
-        if model.starts_with(&dir) || dir.starts_with(model) {
+        let dir_ids = ids(&dir);
+        let nested_by_path = model.starts_with(&dir) || dir.starts_with(model);
+        // The first id of each list is the directory itself; the rest its ancestors.
+        let nested_by_inode = dir_ids.first().is_some_and(|d| model_ids.contains(d))
+            || model_ids.first().is_some_and(|m| dir_ids.contains(m));
+        if nested_by_path || nested_by_inode {
             return Err(ModelError::Overlaps {
                 path: model.to_path_buf(),
                 with: dir,
             });
         }
+    }
+    Ok(())
+}
+
+/// Require `model` (canonical, of `digest`) to be registered in the models `root`: the
+/// directory `sha256-<hex>` directly inside it, and the root root-owned and written by root
+/// alone (no sticky exception: nobody but root may add a directory there).
+///
+/// # Errors
+/// [`ModelError::Read`] or [`ModelError::Unfit`] for the root, [`ModelError::Unregistered`]
+/// for a model anywhere else or under another name.
+pub fn registered(root: &Path, model: &Path, digest: &Digest) -> Result<(), ModelError> {
+    let real = fs::canonicalize(root).map_err(|source| ModelError::Read {
+        path: root.to_path_buf(),
+        source,
+    })?;
+    let m = fs::symlink_metadata(&real).map_err(|source| ModelError::Read {
+        path: real.clone(),
+        source,
+    })?;
+    owned_or_sticky(&real, &m, false)?;
+    let name = format!("sha256-{}", digest.hex());
+    if model.parent() != Some(real.as_path())
+        || model.file_name().and_then(|n| n.to_str()) != Some(name.as_str())
+    {
+        return Err(ModelError::Unregistered {
+            path: model.to_path_buf(),
+            at: real.join(name),
+        });
     }
     Ok(())
 }
@@ -237,6 +298,82 @@ mod tests {
 #[cfg(test)]
 mod root_tests {
     use super::*;
+
+    /// Only `<models>/sha256-<its digest>` is a registered model: another name, another
+    /// directory (the signing key's, say) or a models root others can write is refused; and a
+    /// bind mount of a host directory inside the models root is that directory.
+    #[test]
+    fn a_model_is_registered_only_under_its_digest_in_the_models_root() {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "the ownership rule and the bind mount need root: run as root"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let root = dir.path().join("models");
+        fs::create_dir(&root).unwrap();
+        let src = root.join("incoming");
+        fs::create_dir(&src).unwrap();
+        fs::write(src.join("weights"), b"1000003\n").unwrap();
+        let (real, digest) = verify(&src).unwrap();
+        let refused = registered(&root, &real, &digest).unwrap_err();
+        let ModelError::Unregistered { at, .. } = &refused else {
+            panic!("{refused:?}")
+        };
+        assert_eq!(
+            at,
+            &root
+                .canonicalize()
+                .unwrap()
+                .join(format!("sha256-{}", digest.hex()))
+        );
+        fs::rename(&src, at).unwrap();
+        let (real, again) = verify(at).unwrap();
+        assert_eq!(again, digest, "the name is not part of the digest");
+        registered(&root, &real, &digest).unwrap();
+        // The right name elsewhere (a directory beside the root) is not registered.
+        let keys = dir.path().join("keys");
+        let beside = keys.join(format!("sha256-{}", digest.hex()));
+        fs::create_dir_all(&beside).unwrap();
+        fs::write(beside.join("weights"), b"1000003\n").unwrap();
+        let (real_beside, d) = verify(&beside).unwrap();
+        assert!(matches!(
+            registered(&root, &real_beside, &d),
+            Err(ModelError::Unregistered { .. })
+        ));
+        // A models root others may write (sticky or not) registers nothing.
+        for mode in [0o777, 0o1777, 0o775] {
+            fs::set_permissions(&root, fs::Permissions::from_mode(mode)).unwrap();
+            assert!(
+                matches!(
+                    registered(&root, &real, &digest),
+                    Err(ModelError::Unfit { .. })
+                ),
+                "{mode:o}"
+            );
+        }
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).unwrap();
+        // A bind mount of the key directory inside the models root: apart by path, the same
+        // directory by device and inode.
+        let alias = root.join("alias");
+        fs::create_dir(&alias).unwrap();
+        nix::mount::mount(
+            Some(&keys),
+            &alias,
+            None::<&str>,
+            nix::mount::MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .unwrap();
+        let aliased = apart(&alias.canonicalize().unwrap(), &[&keys]);
+        let without_the_alias = apart(&real, &[&keys]);
+        nix::mount::umount(&alias).unwrap();
+        assert!(
+            matches!(aliased, Err(ModelError::Overlaps { .. })),
+            "{aliased:?}"
+        );
+        without_the_alias.unwrap();
+    }
 
     #[test]
     fn a_model_is_identified_by_its_entries_and_refused_when_others_could_write_it() {

@@ -650,15 +650,21 @@ pub fn session_gated(
             why,
         })?;
     let (model_dir, model_digest) = model::verify(&inputs.model)?;
-    model::apart(
-        &model_dir,
-        &[
-            cfg.key_dir.as_path(),
-            cfg.store.root(),
-            cfg.images.as_path(),
-            cfg.setup.run_root.as_path(),
-        ],
-    )?;
+    // Only a model registered by digest in the policy's models root, and neither it nor the
+    // root overlapping the host's own directories.
+    let models = std::path::Path::new(policy.models_root());
+    let host_dirs = [
+        cfg.key_dir.as_path(),
+        cfg.store.root(),
+        cfg.images.as_path(),
+        cfg.setup.run_root.as_path(),
+        cfg.setup.runtime.state_root.as_path(),
+    ];
+    model::apart(&model_dir, &host_dirs)?;
+    if let Ok(root) = std::fs::canonicalize(models) {
+        model::apart(&root, &host_dirs)?;
+    }
+    model::registered(models, &model_dir, &model_digest)?;
     tree::verify(&cfg.store, &inputs.tree)?;
     let publication = tree::verify_in(&cfg.store, PUBLICATIONS, &inputs.publication)?;
     let (seen, pristine) = pristine_checks(stage, inputs, &publication)?;

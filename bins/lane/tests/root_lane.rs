@@ -539,7 +539,7 @@ fn the_runtime_cache_is_private_executable_and_bounded_in_bytes_and_inodes_and_t
 
 #[test]
 fn programs_in_the_tree_and_the_model_cannot_run_and_the_publications_can() {
-    let e = env(9, &[]);
+    let mut e = env(9, &[]);
     let program = std::fs::read(cordon_testkit::compile_static(
         e.dir.path(),
         "true",
@@ -570,6 +570,10 @@ fn programs_in_the_tree_and_the_model_cannot_run_and_the_publications_can() {
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .unwrap();
+    // A changed model is another model: registered again under its new digest.
+    let (_, digest) = cordon_lane::model::verify(&e.model).unwrap();
+    e.model =
+        cordon_testkit::register_model(&e.model, &e.dir.path().join("models"), &digest.to_string());
     let out = served(run_with(&e, tree, publication));
     // EACCES (13) from the noexec tree and model binds; the same program runs from the
     // publication, whose native code the engine may load (the control).

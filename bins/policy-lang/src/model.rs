@@ -17,6 +17,8 @@ pub struct Policy {
     pub(crate) policy: Header,
     pub(crate) store: String,
     pub(crate) run_dir: String,
+    /// The models root: each model the lane mounts is registered there by its digest.
+    pub(crate) models: String,
     pub(crate) runtime: Runtime,
     pub(crate) accounts: Accounts,
     pub(crate) host: Host,
@@ -963,6 +965,12 @@ impl Policy {
     #[must_use]
     pub fn speed(&self) -> Option<&Speed> {
         self.speed.as_ref()
+    }
+
+    /// The models root: a model is `<root>/sha256-<hex>` of its own digest.
+    #[must_use]
+    pub fn models_root(&self) -> &str {
+        &self.models
     }
 
     /// What a host must be for a candidate stage to run on it.

@@ -75,14 +75,18 @@ impl Cli {
             WRONG_KERNEL,
         )
         .unwrap();
-        // The model lives in a root-owned directory nobody else may write (the lane checks).
-        let model = cli.path("models/example");
-        std::fs::create_dir_all(&model).unwrap();
+        // The model lives in a root-owned directory nobody else may write, registered by its
+        // digest in the policy's models root (the lane checks both).
+        let src = cli.path("model-src");
+        std::fs::create_dir_all(&src).unwrap();
         std::fs::copy(
             workspace_root().join("checks/example/model/vocab"),
-            model.join("vocab"),
+            src.join("vocab"),
         )
         .unwrap();
+        let (_, digest) = cordon_lane::model::verify(&src).unwrap();
+        let model = cordon_testkit::register_model(&src, &cli.path("models"), &digest.to_string());
+        std::os::unix::fs::symlink(&model, cli.path("model")).unwrap();
         cli
     }
 
@@ -198,7 +202,7 @@ fn a_fast_engine_with_wrong_tokens_ends_the_whole_pipeline_in_fail_and_the_chain
             .arg("--workload")
             .arg(cli.path("workload.json"))
             .arg("--model")
-            .arg(cli.path("models/example"));
+            .arg(cli.path("model"));
         c
     };
     let (out, qualify) = cli.run(qualify_command(), Some("prebuild.json"), "qualify.json");

@@ -137,7 +137,8 @@ pub fn replace_once(text: &str, from: &str, to: &str) -> String {
 }
 
 /// The default policy's text with its per-run account range moved to `range`, its cron/at
-/// deny files into `dir`, and [`this_hosts_block`] for its host rules.
+/// deny files and its models root (`models`) into `dir`, and [`this_hosts_block`] for its host
+/// rules.
 #[must_use]
 pub fn isolated_policy(dir: &Path, (first, last): (u32, u32)) -> String {
     let text = on_this_host(
@@ -155,7 +156,28 @@ pub fn isolated_policy(dir: &Path, (first, last): (u32, u32)) -> String {
         &format!("gid-range {first} {last}"),
     );
     let text = replace_once(&text, "\"/etc/cron.deny\"", &quoted("cron.deny"));
+    let text = replace_once(
+        &text,
+        "models \"/var/lib/cordon/models\"",
+        &format!("models {}", quoted("models")),
+    );
     replace_once(&text, "\"/etc/at.deny\"", &quoted("at.deny"))
+}
+
+/// Register the model directory `src` in the models root `root` (made 0755 if missing): moved
+/// to `<root>/sha256-<hex>` of its digest, as the lane requires. Returns the registered path.
+#[must_use]
+pub fn register_model(src: &Path, root: &Path, digest: &str) -> PathBuf {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(root)
+        .unwrap();
+    let hex = digest.strip_prefix("sha256:").expect("a sha256 digest");
+    let at = root.join(format!("sha256-{hex}"));
+    std::fs::rename(src, &at).unwrap();
+    at
 }
 
 /// The shipped policy's `host { … }` block, whole: the host rules the demo host meets.

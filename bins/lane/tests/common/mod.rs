@@ -62,9 +62,12 @@ pub fn world(owner: &str, slot: u32, executor: &str, edits: &[(&str, &str)]) -> 
         cordon::identity::probe_runtime(&cordon::host::Linux, "runc", &setup.runtime.binary, None)
             .unwrap()
             .version;
-    let model = dir.path().join("models/m");
-    std::fs::create_dir_all(&model).unwrap();
-    std::fs::write(model.join("vocab"), "1000003\n").unwrap();
+    let src = dir.path().join("model-src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("vocab"), "1000003\n").unwrap();
+    let (_, digest) = cordon_lane::model::verify(&src).unwrap();
+    let model =
+        cordon_testkit::register_model(&src, &dir.path().join("models"), &digest.to_string());
     let cfg = Config {
         store: store.clone(),
         images: dir.path().join("images"),

@@ -86,6 +86,7 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
             "policy",
             "store",
             "run-dir",
+            "models",
             "runtime",
             "accounts",
             "host",
@@ -122,18 +123,36 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
         Some("/run/cordon".to_owned()),
         |cx, e| path(cx, e, "run-dir"),
     );
-    if let (Some(s), Some(r)) = (&store, &run_dir) {
-        let span = |name: &str| top.one(name).map_or(whole, name_span);
-        if nested(s, r) {
-            cx.report_at(
-                "overlap",
-                vec![
-                    (span("store"), "store".into()),
-                    (span("run-dir"), "run-dir".into()),
-                ],
-                format!("store {s} and run-dir {r} overlap"),
-                Some("the private store and the run directories must be disjoint trees".into()),
-            );
+    let models = value(
+        cx,
+        &top,
+        "models",
+        Some("/var/lib/cordon/models".to_owned()),
+        |cx, e| path(cx, e, "models"),
+    );
+    // The named roots are pairwise disjoint (by path here; the lane also checks real paths and
+    // inodes on the host).
+    let roots = [
+        ("store", &store),
+        ("run-dir", &run_dir),
+        ("models", &models),
+    ];
+    for (i, (a, pa)) in roots.iter().enumerate() {
+        for (b, pb) in &roots[i + 1..] {
+            if let (Some(x), Some(y)) = (pa, pb)
+                && nested(x, y)
+            {
+                let span = |name: &str| top.one(name).map_or(whole, name_span);
+                cx.report_at(
+                    "overlap",
+                    vec![(span(a), (*a).into()), (span(b), (*b).into())],
+                    format!("{a} {x} and {b} {y} overlap"),
+                    Some(
+                        "the store, the run directories and the models root must be disjoint trees"
+                            .into(),
+                    ),
+                );
+            }
         }
     }
     let runtime = top.required(cx, "runtime").and_then(|n| runtime(cx, n));
@@ -217,6 +236,7 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
         policy: header?,
         store: store?,
         run_dir: run_dir?,
+        models: models?,
         runtime: runtime?,
         accounts: accounts?,
         host: host?,

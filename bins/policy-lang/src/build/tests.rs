@@ -160,6 +160,30 @@ fn an_overlay_root_needs_its_writable_layers_bound_and_no_other_root_takes_one()
 }
 
 #[test]
+fn the_models_root_is_named_defaulted_and_disjoint_from_the_store_and_run_directories() {
+    let text = default_policy();
+    let p = crate::parse("evaluator.kdl", &text).unwrap();
+    assert_eq!(p.models_root(), "/var/lib/cordon/models");
+    let line = "models \"/var/lib/cordon/models\"\n";
+    let without = text.replacen(line, "", 1);
+    assert_eq!(
+        crate::parse("t.kdl", &without).unwrap().models_root(),
+        "/var/lib/cordon/models"
+    );
+    for inside in [
+        "models \"/var/lib/cordon/store/models\"\n",
+        "models \"/var/lib\"\n",
+        "models \"/run/cordon/m\"\n",
+    ] {
+        assert_eq!(
+            codes(&text.replacen(line, inside, 1)),
+            ["overlap"],
+            "{inside}"
+        );
+    }
+}
+
+#[test]
 fn speed_and_physical_lanes_are_typed_and_every_bad_value_is_named() {
     let p = crate::parse("evaluator.kdl", &default_policy()).unwrap();
     let speed = p.speed().unwrap();
