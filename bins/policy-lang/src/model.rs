@@ -19,6 +19,9 @@ pub struct Policy {
     pub(crate) run_dir: String,
     /// The models root: each model the lane mounts is registered there by its digest.
     pub(crate) models: String,
+    /// Host paths no stage may ever bind, each with its reason.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub(crate) never_mount: BTreeMap<String, String>,
     pub(crate) runtime: Runtime,
     pub(crate) accounts: Accounts,
     pub(crate) host: Host,
@@ -965,6 +968,11 @@ impl Policy {
     #[must_use]
     pub fn speed(&self) -> Option<&Speed> {
         self.speed.as_ref()
+    }
+
+    /// Host paths no stage may bind (nor a path holding or inside one).
+    pub fn never_mount(&self) -> impl Iterator<Item = &str> + '_ {
+        self.never_mount.keys().map(String::as_str)
     }
 
     /// The models root: a model is `<root>/sha256-<hex>` of its own digest.

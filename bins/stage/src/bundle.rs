@@ -775,7 +775,13 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
         return Err(invalid("the per-run account has id 0"));
     }
     let mut storage = storage(stage, run, uid, gid)?;
-    let binds = binds(kind, stage, run, &mut storage)?;
+    // The policy's never-mount paths join the host's protected ones: no bind may be, hold or
+    // lie inside one.
+    let mut guarded = run.clone();
+    guarded
+        .protected
+        .extend(policy.never_mount().map(PathBuf::from));
+    let binds = binds(kind, stage, &guarded, &mut storage)?;
     let process = oci::process(oci::ProcessPlan {
         uid,
         gid,
@@ -1135,6 +1141,37 @@ mod tests {
         assert!(matches!(
             plan(&p, StageKind::Surface, &run),
             Err(PlanError::Unimplemented { .. })
+        ));
+    }
+
+    /// A never-mount path is never bound: not itself, not a path above it, not one inside it;
+    /// without the policy's line the same model plans.
+    #[test]
+    fn a_never_mount_path_is_never_bound() {
+        let line = "never-mount \"/srv/secrets\" reason=\"t\"\n";
+        let at = "models \"/var/lib/cordon/models\"\n";
+        let p = policy(|t| t.replacen(at, &format!("{at}{line}"), 1));
+        for model in ["/srv/secrets", "/srv", "/srv/secrets/m"] {
+            let mut run = example_inputs(&p, StageKind::Lane);
+            run.sources.insert(MountSource::Model, PathBuf::from(model));
+            assert!(
+                matches!(
+                    plan(&p, StageKind::Lane, &run),
+                    Err(PlanError::Protected { ref protected, .. }) if protected == "/srv/secrets"
+                ),
+                "{model}"
+            );
+            let without = policy(|t| t);
+            plan(&without, StageKind::Lane, &run).unwrap();
+        }
+        // The shipped policy's: the signing key's directory among them.
+        let shipped = policy(|t| t);
+        let mut run = example_inputs(&shipped, StageKind::Lane);
+        run.sources
+            .insert(MountSource::Model, PathBuf::from("/var/lib/cordon-keys"));
+        assert!(matches!(
+            plan(&shipped, StageKind::Lane, &run),
+            Err(PlanError::Protected { .. })
         ));
     }
 

@@ -193,7 +193,13 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
                     path: mountinfo.to_path_buf(),
                     source,
                 })?;
-            trust::read_set(block.read.keys(), guarded.into_iter().flatten(), &table)
+            let never: Vec<&Path> = policy.never_mount().map(Path::new).collect();
+            trust::read_set(
+                block.read.keys(),
+                guarded.into_iter().flatten(),
+                &never,
+                &table,
+            )
         });
     if let Err(e) = checked {
         return fail(&RunError::from(e), mode, stderr);

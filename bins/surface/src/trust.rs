@@ -241,14 +241,16 @@ pub fn runtime(binary: &Path, uid: u32, gids: &[u32]) -> Result<(), TrustError> 
 }
 
 /// The read set: no path may contain (or be) one of `guarded` — the workspace (whose
-/// neighbours are other runs' workspaces), the state directory, the store — nor have a mount
-/// beneath it in `mountinfo` (the kernel's table, `/proc/self/mountinfo`).
+/// neighbours are other runs' workspaces), the state directory, the store — nor contain, be or
+/// lie inside one of `never` (the policy's never-mount paths), nor have a mount beneath it in
+/// `mountinfo` (the kernel's table, `/proc/self/mountinfo`).
 ///
 /// # Errors
 /// [`TrustError::ReadSet`], [`TrustError::ReadSetMount`].
 pub fn read_set<'a>(
     read: impl IntoIterator<Item = &'a String>,
     guarded: impl IntoIterator<Item = &'a Path> + Clone,
+    never: &[&'a Path],
     mountinfo: &str,
 ) -> Result<(), TrustError> {
     for path in read {
@@ -260,10 +262,13 @@ pub fn read_set<'a>(
                 beneath,
             });
         }
+        let inside_never = never.iter().find(|n| path_within(n, Path::new(path)));
         if let Some(g) = guarded
             .clone()
             .into_iter()
+            .chain(never.iter().copied())
             .find(|g| path_within(Path::new(path), g))
+            .or(inside_never.copied())
         {
             return Err(TrustError::ReadSet {
                 path: path.clone(),
@@ -721,7 +726,12 @@ mod tests {
                      41 27 0:31 / /usrx rw - tmpfs tmpfs rw\n";
         let read = |paths: &[&str]| {
             let paths: Vec<String> = paths.iter().map(|p| (*p).to_owned()).collect();
-            read_set(&paths, [Path::new("/srv/ws")], table)
+            read_set(
+                &paths,
+                [Path::new("/srv/ws")],
+                &[Path::new("/opt/secret")],
+                table,
+            )
         };
         let e = read(&["/bin", "/usr"]).unwrap_err();
         assert!(
@@ -730,6 +740,15 @@ mod tests {
         );
         read(&["/bin", "/etc/hosts", "/lib"]).unwrap();
         assert!(matches!(read(&["/srv"]), Err(TrustError::ReadSet { .. })));
+        // A never-mount path: refused as the read path, above it or inside it.
+        for p in ["/opt/secret", "/opt", "/opt/secret/key"] {
+            assert!(
+                matches!(read(&[p]), Err(TrustError::ReadSet { ref guarded, .. }) if guarded == Path::new("/opt/secret")),
+                "{p}: {:?}",
+                read(&[p])
+            );
+        }
+        read(&["/opt/secretx"]).unwrap();
     }
 
     #[test]

@@ -87,6 +87,7 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
             "store",
             "run-dir",
             "models",
+            "never-mount",
             "runtime",
             "accounts",
             "host",
@@ -106,6 +107,7 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
             "step",
         ],
         &[
+            "never-mount",
             "secret",
             "image",
             "seccomp",
@@ -130,6 +132,22 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
         Some("/var/lib/cordon/models".to_owned()),
         |cx, e| path(cx, e, "models"),
     );
+    let mut never_mount = BTreeMap::new();
+    let mut seen_never = Seen::default();
+    for node in top.all("never-mount") {
+        shape(cx, node, 1, 1, &["reason"], false);
+        let Some(entry) = arg(node, 0) else { continue };
+        let Some(p) = path(cx, entry, "never-mount") else {
+            continue;
+        };
+        let why = reason(cx, node);
+        if seen_never.first(cx, &p, entry.span(), || {
+            format!("never-mount {p:?} is listed twice")
+        }) && let Some(why) = why
+        {
+            never_mount.insert(p, why);
+        }
+    }
     // The named roots are pairwise disjoint (by path here; the lane also checks real paths and
     // inodes on the host).
     let roots = [
@@ -237,6 +255,7 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
         store: store?,
         run_dir: run_dir?,
         models: models?,
+        never_mount,
         runtime: runtime?,
         accounts: accounts?,
         host: host?,

@@ -184,6 +184,25 @@ fn the_models_root_is_named_defaulted_and_disjoint_from_the_store_and_run_direct
 }
 
 #[test]
+fn never_mount_paths_are_absolute_each_once_and_each_with_a_reason() {
+    let text = default_policy();
+    let p = crate::parse("evaluator.kdl", &text).unwrap();
+    assert!(p.never_mount().any(|n| n == "/var/lib/cordon-keys"));
+    let at = "models \"/var/lib/cordon/models\"\n";
+    for (line, code) in [
+        ("never-mount \"/srv\"\n", "missing-reason"),
+        ("never-mount \"srv\" reason=\"r\"\n", "invalid-path"),
+        ("never-mount \"/root\" reason=\"again\"\n", "duplicate"),
+    ] {
+        assert_eq!(
+            codes(&text.replacen(at, &format!("{at}{line}"), 1)),
+            [code],
+            "{line}"
+        );
+    }
+}
+
+#[test]
 fn speed_and_physical_lanes_are_typed_and_every_bad_value_is_named() {
     let p = crate::parse("evaluator.kdl", &default_policy()).unwrap();
     let speed = p.speed().unwrap();
