@@ -419,19 +419,6 @@ impl Contents {
     }
 }
 
-/// A sink that keeps nothing: the scan alone establishes what a layer holds.
-struct Discard;
-
-impl Sink for Discard {
-    fn file(&mut self, _: &str, _: bool, _: u64) -> io::Result<Box<dyn Write + '_>> {
-        Ok(Box::new(io::sink()))
-    }
-
-    fn dir(&mut self, _: &str) -> io::Result<()> {
-        Ok(())
-    }
-}
-
 /// Read a blob, checking its sha256 and size against a descriptor.
 fn read_blob(dir: &Path, digest: &str, size: u64) -> Result<Vec<u8>, ImageError> {
     let bad = |why: String| ImageError::Verify {
@@ -508,7 +495,7 @@ pub fn verify(dir: &Path, manifest: &Digest) -> Result<Verified, ImageError> {
         let scanned = archive::scan(
             flate2::read::GzDecoder::new(bytes.as_slice()),
             &layer_limits(),
-            &mut Discard,
+            &mut archive::Discard,
         )?;
         contents.add(&scanned, |why| bad(format!("layer: {why}")))?;
         let uncompressed = scanned.archive_sha256;

@@ -4,9 +4,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::{self, Write};
+use std::io::Write;
 
-use cordon::archive::{self, ArchiveError, ArchiveLimits, Sink};
+use cordon::archive::{self, ArchiveError, ArchiveLimits, Discard};
 use proptest::prelude::*;
 
 fn limits() -> ArchiveLimits {
@@ -20,19 +20,6 @@ fn limits() -> ArchiveLimits {
         max_pax_bytes: 4096,
         max_compression_ratio: 100,
         exclude: vec![".git".into()],
-    }
-}
-
-/// Discards what it is given.
-struct Discard;
-
-impl Sink for Discard {
-    fn file(&mut self, _: &str, _: bool, _: u64) -> io::Result<Box<dyn Write + '_>> {
-        Ok(Box::new(io::sink()))
-    }
-
-    fn dir(&mut self, _: &str) -> io::Result<()> {
-        Ok(())
     }
 }
 

@@ -416,19 +416,16 @@ fn a_tampered_image_cache_or_a_worker_not_the_pinned_one_is_a_no_decision_before
     ] {
         let cached = rootfs.join(file);
         let original = std::fs::read(&cached).unwrap();
-        let mut bytes = original.clone();
-        bytes.extend_from_slice(extra);
-        let _ = std::fs::remove_file(&cached);
-        std::fs::write(&cached, &bytes).unwrap();
-        std::fs::set_permissions(
-            &cached,
-            std::os::unix::fs::PermissionsExt::from_mode(if file.ends_with(".py") {
-                0o444
-            } else {
-                0o555
-            }),
-        )
-        .unwrap();
+        let mode = if file.ends_with(".py") { 0o444 } else { 0o555 };
+        // The cache's file replaced by `bytes`, with the mode and time the image gives it.
+        let replace = |bytes: &[u8]| {
+            let _ = std::fs::remove_file(&cached);
+            std::fs::write(&cached, bytes).unwrap();
+            std::fs::set_permissions(&cached, std::os::unix::fs::PermissionsExt::from_mode(mode))
+                .unwrap();
+            cordon::store::zero_mtime(&cached).unwrap();
+        };
+        replace(&[&original[..], extra].concat());
         match run(&e, tree) {
             Err(err @ LaneError::Image(cordon::image::ImageError::Tampered { .. })) => {
                 assert_eq!(
@@ -441,18 +438,7 @@ fn a_tampered_image_cache_or_a_worker_not_the_pinned_one_is_a_no_decision_before
         }
         nothing_left(&e);
         // Restored, the cache is the image's again and serves.
-        let _ = std::fs::remove_file(&cached);
-        std::fs::write(&cached, &original).unwrap();
-        std::fs::set_permissions(
-            &cached,
-            std::os::unix::fs::PermissionsExt::from_mode(if file.ends_with(".py") {
-                0o444
-            } else {
-                0o555
-            }),
-        )
-        .unwrap();
-        cordon::store::zero_mtime(&cached).unwrap();
+        replace(&original);
         served(run(&e, tree));
     }
     drop(e);

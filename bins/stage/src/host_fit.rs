@@ -379,4 +379,4 @@ pub fn record(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -560,7 +560,7 @@ impl Session<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     //! Validation happens before anything is touched: driven through the fake host, a runtime
     //! too old or a missing GPU device ends the session before a lease record exists.
 
@@ -571,7 +571,7 @@ mod tests {
     use super::*;
 
     /// The default policy with `edit` applied to its text.
-    fn policy(edit: impl Fn(String) -> String) -> Policy {
+    pub(crate) fn policy(edit: impl Fn(String) -> String) -> Policy {
         let text = std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../../policy/evaluator.kdl"
@@ -725,25 +725,7 @@ mod tests {
             );
         }
         // A lane that mounts a publication no prebuild stage bounds: the policy's wiring.
-        let text = std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../policy/evaluator.kdl"
-        ))
-        .unwrap();
-        let start = text.find("stage \"prebuild\"").unwrap();
-        let end = start + text[start..].find("\n}\n").unwrap() + 3;
-        let steps = text.find("step \"build-native\"").unwrap();
-        let steps_end = steps + text[steps..].find("\n}\n").unwrap() + 3;
-        let unbounded = cordon_policy_lang::parse(
-            "x.kdl",
-            &format!(
-                "{}{}{}",
-                &text[..start],
-                &text[end..steps],
-                &text[steps_end..]
-            ),
-        )
-        .unwrap();
+        let unbounded = crate::host_fit::tests::without_prebuild();
         let devices = ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm"];
         let (e, _, leases, _) = try_run_on(
             host(1 << 40, "0"),

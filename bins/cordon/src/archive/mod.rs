@@ -167,6 +167,20 @@ pub trait Sink {
     fn dir(&mut self, path: &str) -> io::Result<()>;
 }
 
+/// A sink that keeps nothing: the scan alone establishes what an archive holds (an image
+/// layer's members, a fuzzed archive's admission).
+pub struct Discard;
+
+impl Sink for Discard {
+    fn file(&mut self, _: &str, _: bool, _: u64) -> io::Result<Box<dyn Write + '_>> {
+        Ok(Box::new(io::sink()))
+    }
+
+    fn dir(&mut self, _: &str) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 /// One admitted regular file.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Member {

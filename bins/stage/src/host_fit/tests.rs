@@ -20,14 +20,29 @@ fn worst(bytes: u64, files: u64, depth: u64) -> u64 {
     bytes + files * (4096 + (depth + 1) * 1024)
 }
 
-/// The default policy with `edit` applied to its text.
-fn policy(edit: impl Fn(String) -> String) -> Policy {
+use crate::session::tests::policy;
+
+/// The default policy without its prebuild stage and build step: nothing bounds a
+/// publication copy (shared with the session's tests).
+pub(crate) fn without_prebuild() -> Policy {
     let text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../policy/evaluator.kdl"
     ))
     .unwrap();
-    cordon_policy_lang::parse("evaluator.kdl", &edit(text)).unwrap()
+    let block = |name: &str| {
+        let start = text.find(name).unwrap();
+        (start, start + text[start..].find("\n}\n").unwrap() + 3)
+    };
+    let (stage, stage_end) = block("stage \"prebuild\"");
+    let (step, step_end) = block("step \"build-native\"");
+    let without = format!(
+        "{}{}{}",
+        &text[..stage],
+        &text[stage_end..step],
+        &text[step_end..]
+    );
+    cordon_policy_lang::parse("without-prebuild.kdl", &without).unwrap()
 }
 
 /// A policy whose host block is `block` (the shipped one's replaced).
@@ -88,22 +103,7 @@ fn a_lane_needs_its_memory_limit_and_both_copies_and_a_prebuild_its_limit_and_th
         (mem(StageKind::Prebuild), tree)
     );
     // A publication copy with no prebuild stage to bound it is refused, not counted as zero.
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../policy/evaluator.kdl"
-    ))
-    .unwrap();
-    let start = text.find("stage \"prebuild\"").unwrap();
-    let end = start + text[start..].find("\n}\n").unwrap() + 3;
-    let steps = text.find("step \"build-native\"").unwrap();
-    let steps_end = steps + text[steps..].find("\n}\n").unwrap() + 3;
-    let without = format!(
-        "{}{}{}",
-        &text[..start],
-        &text[end..steps],
-        &text[steps_end..]
-    );
-    let p = cordon_policy_lang::parse("x.kdl", &without).unwrap();
+    let p = without_prebuild();
     assert!(matches!(
         demand(&p, StageKind::Lane),
         Err(HostFitError::Unbounded {
