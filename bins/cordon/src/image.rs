@@ -346,8 +346,9 @@ impl Contents {
 
     /// Check the unpacked `rootfs` against these contents, re-hashing every file: the tree
     /// holds exactly these directories (0555) and files (0444, or 0555 when executable), each
-    /// of this size and sha256, every entry owned by `owner`, nothing else (no link, device,
-    /// socket or extra entry).
+    /// of this size and sha256, with one link and no extended attribute but an SELinux label,
+    /// every entry owned by `owner`, nothing else (no symbolic link, device, socket or extra
+    /// entry). What it cannot close: a change between this check and the runtime's mount.
     ///
     /// # Errors
     /// [`ImageError::Tampered`] naming the first difference.
@@ -387,9 +388,37 @@ impl Contents {
                             n.path, n.stat.mode, n.stat.size
                         )));
                     }
+                    // One link: a second name for the inode (outside the store, say) could
+                    // change the bytes after this check.
+                    if n.stat.nlink != 1 {
+                        return Err(tampered(format!(
+                            "{:?} has {} links, not 1",
+                            n.path, n.stat.nlink
+                        )));
+                    }
                     let file = n
                         .open()
                         .map_err(|e| tampered(format!("{:?} cannot be read: {e}", n.path)))?;
+                    // No extended attribute but the security module's label: file
+                    // capabilities and the like are not in the image.
+                    let unreadable =
+                        |e: rustix::io::Errno| tampered(format!("{:?} attributes: {e}", n.path));
+                    let size = rustix::fs::flistxattr_query(&file).map_err(unreadable)?;
+                    if size > 0 {
+                        let mut names = vec![0u8; size];
+                        let len =
+                            rustix::fs::flistxattr(&file, &mut names[..]).map_err(unreadable)?;
+                        if let Some(other) = names[..len.min(size)]
+                            .split(|b| *b == 0)
+                            .find(|x| !x.is_empty() && *x != b"security.selinux")
+                        {
+                            return Err(tampered(format!(
+                                "{:?} carries the attribute {:?}",
+                                n.path,
+                                String::from_utf8_lossy(other)
+                            )));
+                        }
+                    }
                     let (digest, _) = Digest::of_reader(file)
                         .map_err(|e| tampered(format!("{:?} cannot be read: {e}", n.path)))?;
                     if digest != *sha256 {

@@ -183,7 +183,9 @@ fn a_tampered_unpacked_image_is_refused_at_its_next_use() {
     // Each tamper in a directory made writable for it and sealed again after, so the tamper
     // is the only difference.
     type Tamper<'a> = (&'a str, &'a dyn Fn(&Path), &'a str);
-    let cases: [Tamper<'_>; 6] = [
+    let outside = dir.path().join("outside");
+    std::fs::write(&outside, b"").unwrap();
+    let cases: [Tamper<'_>; 8] = [
         (
             "a changed byte",
             &|r| {
@@ -215,6 +217,24 @@ fn a_tampered_unpacked_image_is_refused_at_its_next_use() {
             "a link",
             &|r| std::os::unix::fs::symlink("/etc/shadow", r.join("tmp/l")).unwrap(),
             "Symlink",
+        ),
+        (
+            "a hard link",
+            &|r| std::fs::hard_link(r.join("bin/sh"), outside.with_extension("sh")).unwrap(),
+            "links",
+        ),
+        (
+            "an extended attribute",
+            &|r| {
+                rustix::fs::setxattr(
+                    r.join("bin/sh"),
+                    "user.planted",
+                    b"1",
+                    rustix::fs::XattrFlags::empty(),
+                )
+                .unwrap();
+            },
+            "attribute",
         ),
         (
             "a writable directory",

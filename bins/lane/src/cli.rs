@@ -110,7 +110,8 @@ pub enum Command {
         lease: LeaseArgs,
     },
     /// Where a model must be registered: prints its digest and its path in the policy's models
-    /// root (`<models>/sha256-<hex>`), after the checks a session makes of it. Moves nothing.
+    /// root (`<models>/sha256-<hex>`), after the ownership and kind checks a session makes of
+    /// the model itself (not of the models root or its place). Moves nothing.
     Model {
         /// The model directory (root-owned, writable by root only).
         dir: PathBuf,

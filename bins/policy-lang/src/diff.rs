@@ -28,6 +28,8 @@ const NAMED_MAPS: &[&str] = &[
     "env",
     "mount",
     "read",
+    "never_mount",
+    "accept_vulnerable",
 ];
 
 /// Arrays that are sets: diffed member by member.
@@ -50,6 +52,8 @@ fn noun<'a>(map: &str, entry: &'a Value) -> Option<&'a str> {
         "jit_entry_point" => Some("jit-entry-point"),
         "gpu_device" => Some("device"),
         "read" => Some("read"),
+        "never_mount" => Some("never-mount"),
+        "accept_vulnerable" => Some("accept-vulnerable"),
         _ => None,
     }
 }

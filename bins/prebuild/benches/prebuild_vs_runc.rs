@@ -143,6 +143,7 @@ fn main() {
             store: "bare".into(),
             protected: vec![],
             mountable_store_roots: vec![],
+            never_mount_real: vec![],
         };
         let planned = bundle::plan(&policy, StageKind::Prebuild, &inputs).unwrap();
         // The bare run binds the same copies, made outside the timed region.

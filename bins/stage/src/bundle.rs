@@ -113,6 +113,9 @@ pub struct RunInputs {
     pub protected: Vec<PathBuf>,
     /// Store subtrees that may be mounted despite the store being protected.
     pub mountable_store_roots: Vec<PathBuf>,
+    /// Where the policy's never-mount paths really lead on this host (the session resolves
+    /// them; planning itself reads no filesystem): checked with the paths as written.
+    pub never_mount_real: Vec<PathBuf>,
 }
 
 impl RunInputs {
@@ -139,6 +142,7 @@ impl RunInputs {
             store: lease.record.store.clone(),
             protected: Vec::new(),
             mountable_store_roots: Vec::new(),
+            never_mount_real: Vec::new(),
         }
     }
 }
@@ -550,6 +554,32 @@ fn binds(
     Ok(binds)
 }
 
+/// No host source of the stage's binds may be, hold or lie inside one of the policy's
+/// never-mount paths, as written or where they really lead — with no exemption (a store tree
+/// a never-mount path names is not bound either).
+fn never_mounted(policy: &Policy, stage: &Stage, run: &RunInputs) -> Result<(), PlanError> {
+    let never: Vec<PathBuf> = policy
+        .never_mount()
+        .map(PathBuf::from)
+        .chain(run.never_mount_real.iter().cloned())
+        .collect();
+    for m in stage.mount.values() {
+        let Some(source) = run.sources.get(&m.source) else {
+            continue;
+        };
+        if let Some(n) = never
+            .iter()
+            .find(|n| within(source, n) || within(n, source))
+        {
+            return Err(PlanError::Protected {
+                source_path: source.display().to_string(),
+                protected: n.display().to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// The container's mount table: the base, `/dev/shm`, the lease's `/tmp`, `/sys` when asked
 /// for, then the binds.
 fn mounts(stage: &Stage, tmp_dir: &Path, binds: &[Bind]) -> Result<Vec<Mount>, PlanError> {
@@ -775,13 +805,8 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
         return Err(invalid("the per-run account has id 0"));
     }
     let mut storage = storage(stage, run, uid, gid)?;
-    // The policy's never-mount paths join the host's protected ones: no bind may be, hold or
-    // lie inside one.
-    let mut guarded = run.clone();
-    guarded
-        .protected
-        .extend(policy.never_mount().map(PathBuf::from));
-    let binds = binds(kind, stage, &guarded, &mut storage)?;
+    never_mounted(policy, stage, run)?;
+    let binds = binds(kind, stage, run, &mut storage)?;
     let process = oci::process(oci::ProcessPlan {
         uid,
         gid,
@@ -931,6 +956,7 @@ pub fn example_inputs(policy: &Policy, kind: StageKind) -> RunInputs {
             PathBuf::from(cordon::lease::DEFAULT_STATE_ROOT),
         ],
         mountable_store_roots: vec![store.join("trees"), store.join("publications")],
+        never_mount_real: Vec::new(),
     }
 }
 
@@ -1164,6 +1190,29 @@ mod tests {
             let without = policy(|t| t);
             plan(&without, StageKind::Lane, &run).unwrap();
         }
+        // Where a never-mount path really leads counts too (the session resolves it), and a
+        // store tree it names is not bound either: no store-root exemption.
+        let mut run = example_inputs(&p, StageKind::Lane);
+        run.sources
+            .insert(MountSource::Model, PathBuf::from("/real/secrets/m"));
+        plan(&p, StageKind::Lane, &run).unwrap();
+        run.never_mount_real = vec![PathBuf::from("/real/secrets")];
+        assert!(matches!(
+            plan(&p, StageKind::Lane, &run),
+            Err(PlanError::Protected { .. })
+        ));
+        let mut run = example_inputs(&p, StageKind::Lane);
+        let tree = run.sources[&MountSource::Tree].clone();
+        let named = format!(
+            "never-mount {:?} reason=\"t\"\n",
+            tree.display().to_string()
+        );
+        let p = policy(|t| t.replacen(at, &format!("{at}{named}"), 1));
+        run.never_mount_real.clear();
+        assert!(matches!(
+            plan(&p, StageKind::Lane, &run),
+            Err(PlanError::Protected { .. })
+        ));
         // The shipped policy's: the signing key's directory among them.
         let shipped = policy(|t| t);
         let mut run = example_inputs(&shipped, StageKind::Lane);

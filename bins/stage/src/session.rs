@@ -456,6 +456,12 @@ impl Session<'_> {
             self.setup.runtime.state_root.clone(),
             cwd,
         ];
+        // Where the policy's never-mount paths really lead (a link among them is followed).
+        inputs.never_mount_real = self
+            .policy
+            .never_mount()
+            .filter_map(|n| std::fs::canonicalize(n).ok())
+            .collect();
         inputs.mountable_store_roots = vec![
             store_root.join(cordon::tree::TREES.dir),
             store_root.join(cordon::tree::PUBLICATIONS.dir),

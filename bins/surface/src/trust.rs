@@ -262,13 +262,29 @@ pub fn read_set<'a>(
                 beneath,
             });
         }
-        let inside_never = never.iter().find(|n| path_within(n, Path::new(path)));
+        // A never-mount path, as written or where it leads, against the read path as written
+        // and where it leads (the runtime follows links in a bind source).
+        let never_real: Vec<PathBuf> = never
+            .iter()
+            .filter_map(|n| std::fs::canonicalize(n).ok())
+            .collect();
+        let never_all: Vec<&Path> = never
+            .iter()
+            .copied()
+            .chain(never_real.iter().map(PathBuf::as_path))
+            .collect();
+        let touches_never = |p: &Path| {
+            never_all
+                .iter()
+                .find(|n| path_within(n, p) || path_within(p, n))
+                .copied()
+        };
         if let Some(g) = guarded
             .clone()
             .into_iter()
-            .chain(never.iter().copied())
             .find(|g| path_within(Path::new(path), g))
-            .or(inside_never.copied())
+            .or_else(|| touches_never(Path::new(path)))
+            .or_else(|| touches_never(&resolved))
         {
             return Err(TrustError::ReadSet {
                 path: path.clone(),
@@ -749,6 +765,35 @@ mod tests {
             );
         }
         read(&["/opt/secretx"]).unwrap();
+    }
+
+    /// A read path that leads into a never-mount path through a link, or a never-mount path
+    /// that is a link to a read path: refused where they really lead.
+    #[test]
+    fn a_never_mount_path_is_refused_where_it_really_leads() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::create_dir(&secret).unwrap();
+        let link = dir.path().join("innocent");
+        std::os::unix::fs::symlink(&secret, &link).unwrap();
+        let table = "27 1 254:0 / / rw - ext4 /dev/vda rw\n";
+        let read = |p: &Path, never: &Path| {
+            read_set(
+                &[p.display().to_string()],
+                [Path::new("/srv/ws")],
+                &[never],
+                table,
+            )
+        };
+        assert!(matches!(
+            read(&link, &secret),
+            Err(TrustError::ReadSet { .. })
+        ));
+        assert!(matches!(
+            read(&secret, &link),
+            Err(TrustError::ReadSet { .. })
+        ));
+        read(&dir.path().join("other"), &link).unwrap();
     }
 
     #[test]
