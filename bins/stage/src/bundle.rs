@@ -1190,8 +1190,7 @@ mod tests {
             let without = policy(|t| t);
             plan(&without, StageKind::Lane, &run).unwrap();
         }
-        // Where a never-mount path really leads counts too (the session resolves it), and a
-        // store tree it names is not bound either: no store-root exemption.
+        // Where a never-mount path really leads counts too (the session resolves it).
         let mut run = example_inputs(&p, StageKind::Lane);
         run.sources
             .insert(MountSource::Model, PathBuf::from("/real/secrets/m"));
@@ -1201,18 +1200,27 @@ mod tests {
             plan(&p, StageKind::Lane, &run),
             Err(PlanError::Protected { .. })
         ));
-        let mut run = example_inputs(&p, StageKind::Lane);
-        let tree = run.sources[&MountSource::Tree].clone();
-        let named = format!(
-            "never-mount {:?} reason=\"t\"\n",
-            tree.display().to_string()
+        // A never-mount path inside the store (a tree's, say) never reaches planning: the
+        // language refuses it beside a named root.
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../policy/evaluator.kdl"
+        ))
+        .unwrap();
+        let run = example_inputs(&p, StageKind::Lane);
+        let tree = run.sources[&MountSource::Tree].display().to_string();
+        let named = format!("never-mount {tree:?} reason=\"t\"\n");
+        let refused =
+            cordon_policy_lang::parse("t.kdl", &text.replacen(at, &format!("{at}{named}"), 1))
+                .unwrap_err();
+        assert!(
+            refused
+                .problems()
+                .iter()
+                .any(|p| p.short_code() == "overlap"),
+            "{}",
+            refused.render_text(100)
         );
-        let p = policy(|t| t.replacen(at, &format!("{at}{named}"), 1));
-        run.never_mount_real.clear();
-        assert!(matches!(
-            plan(&p, StageKind::Lane, &run),
-            Err(PlanError::Protected { .. })
-        ));
         // The shipped policy's: the signing key's directory among them.
         let shipped = policy(|t| t);
         let mut run = example_inputs(&shipped, StageKind::Lane);

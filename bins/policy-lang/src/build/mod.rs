@@ -141,10 +141,37 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
             continue;
         };
         let why = reason(cx, node);
-        if seen_never.first(cx, &p, entry.span(), || {
+        if !seen_never.first(cx, &p, entry.span(), || {
             format!("never-mount {p:?} is listed twice")
-        }) && let Some(why) = why
-        {
+        }) {
+            continue;
+        }
+        // A named root beside a never-mount path: its trees, models or run directories could
+        // never be bound, or a never-mount path inside one would be — refused here rather than
+        // at every session's planning.
+        let clash = [
+            ("store", &store),
+            ("run-dir", &run_dir),
+            ("models", &models),
+        ]
+        .into_iter()
+        .find(|(_, r)| r.as_ref().is_some_and(|r| nested(r, &p)));
+        if let Some((root, Some(r))) = clash {
+            cx.report_at(
+                "overlap",
+                vec![
+                    (entry.span(), "never-mount".into()),
+                    (top.one(root).map_or(whole, name_span), root.into()),
+                ],
+                format!("never-mount {p} and {root} {r} overlap"),
+                Some(
+                    "a never-mount path lies apart from the store, run directories and models root"
+                        .into(),
+                ),
+            );
+            continue;
+        }
+        if let Some(why) = why {
             never_mount.insert(p, why);
         }
     }

@@ -172,7 +172,7 @@ fn the_models_root_is_named_defaulted_and_disjoint_from_the_store_and_run_direct
     );
     for inside in [
         "models \"/var/lib/cordon/store/models\"\n",
-        "models \"/var/lib\"\n",
+        "models \"/var/lib/cordon\"\n",
         "models \"/run/cordon/m\"\n",
     ] {
         assert_eq!(
@@ -193,6 +193,13 @@ fn never_mount_paths_are_absolute_each_once_and_each_with_a_reason() {
         ("never-mount \"/srv\"\n", "missing-reason"),
         ("never-mount \"srv\" reason=\"r\"\n", "invalid-path"),
         ("never-mount \"/root\" reason=\"again\"\n", "duplicate"),
+        // Beside a named root: the models root inside one, one inside the store, the run root.
+        ("never-mount \"/var/lib\" reason=\"r\"\n", "overlap"),
+        (
+            "never-mount \"/var/lib/cordon/store/x\" reason=\"r\"\n",
+            "overlap",
+        ),
+        ("never-mount \"/run/cordon\" reason=\"r\"\n", "overlap"),
     ] {
         assert_eq!(
             codes(&text.replacen(at, &format!("{at}{line}"), 1)),
