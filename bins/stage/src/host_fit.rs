@@ -138,12 +138,10 @@ pub struct Facts {
     pub vulnerabilities: BTreeMap<String, String>,
 }
 
-/// The record kept as the session's `host` evidence: the facts, the memory sum, and which of
-/// the policy's allowances this host needed.
+/// A host's fit for a stage: the memory sum, and which of the policy's allowances this host
+/// needed (kept beside the facts it was judged on: [`record`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Fit {
-    /// What was read.
-    pub facts: Facts,
     /// The stage's memory limit plus the host's copies.
     pub demand: u64,
     /// The host's memory less the reserve.
@@ -281,7 +279,7 @@ pub fn demand(policy: &Policy, kind: StageKind) -> Result<(u64, u64), HostFitErr
 ///
 /// # Errors
 /// The first rule this host breaks.
-pub fn judge(policy: &Policy, kind: StageKind, facts: Facts) -> Result<Fit, HostFitError> {
+pub fn judge(policy: &Policy, kind: StageKind, facts: &Facts) -> Result<Fit, HostFitError> {
     let rules = policy.host();
     let (limit, copies) = demand(policy, kind)?;
     let demand = limit.saturating_add(copies);
@@ -348,7 +346,6 @@ pub fn judge(policy: &Policy, kind: StageKind, facts: Facts) -> Result<Fit, Host
         }
     }
     Ok(Fit {
-        facts,
         demand,
         available,
         allowed,

@@ -369,7 +369,7 @@ impl Session<'_> {
         // posture, against the policy's host rules. What it read is kept for the receipt, a
         // refusal's included.
         let facts = crate::host_fit::read(self.setup.host()).map_err(SessionError::from)?;
-        let judged = crate::host_fit::judge(self.policy, self.kind, facts.clone());
+        let judged = crate::host_fit::judge(self.policy, self.kind, &facts);
         let record = crate::host_fit::record(&facts, &judged).map_err(SessionError::from)?;
         self.evidence
             .keep("host", record.as_bytes())

@@ -421,17 +421,24 @@ fn the_overlays_writable_layer_is_mounted_bounded_before_the_overlay() {
         .unwrap();
     own_run_dir(&lease);
     let run = lease.run_dir().to_path_buf();
+    let failed = m.mount_overlay(
+        &lease,
+        &run.join("rootfs"),
+        &w.dir.path().join("image"),
+        &run.join("overlay/upper"),
+        &run.join("overlay/work"),
+        1 << 20,
+        64,
+    );
     assert!(
-        m.mount_overlay(
-            &lease,
-            &run.join("rootfs"),
-            &w.dir.path().join("image"),
-            &run.join("overlay/upper"),
-            &run.join("overlay/work"),
-            1 << 20,
-            64,
-        )
-        .is_err()
+        matches!(
+            failed,
+            Err(LeaseError::Io {
+                op: "mount tmpfs on",
+                ..
+            })
+        ),
+        "{failed:?}"
     );
     let mounts: Vec<Call> = f
         .calls()
@@ -1364,9 +1371,19 @@ mod root_tests {
         };
         // A mount point the record does not name, a writable layer under a parent it does not
         // name, or upper and work apart: each refused before anything is mounted.
-        assert!(overlay("other", "overlay/upper", "overlay/work").is_err());
-        assert!(overlay("rootfs", "elsewhere/upper", "elsewhere/work").is_err());
-        assert!(overlay("rootfs", "overlay/upper", "work").is_err());
+        for (point, upper, work) in [
+            ("other", "overlay/upper", "overlay/work"),
+            ("rootfs", "elsewhere/upper", "elsewhere/work"),
+            ("rootfs", "overlay/upper", "work"),
+        ] {
+            assert!(
+                matches!(
+                    overlay(point, upper, work),
+                    Err(LeaseError::Protected { .. })
+                ),
+                "{point} {upper} {work}"
+            );
+        }
         assert!(
             m.setup
                 .mount_points()
