@@ -9,7 +9,8 @@
 //! cannot read, is answered with `ENOSYS` so libc falls back to `clone`. Moby's
 //! `personality` value list is not reproduced: it is blocked, and a policy that needs it adds it.
 
-/// Every x86_64 syscall name, sorted by number.
+/// Every x86_64 syscall name, in the order of their numbers: `read` (0) to `uretprobe` (335),
+/// then, past the table's one gap, `pidfd_send_signal` (424) on ([`number`]).
 pub const X86_64: &[&str] = &[
     "read",
     "write",
@@ -346,6 +347,7 @@ pub const X86_64: &[&str] = &[
     "statx",
     "io_pgetevents",
     "rseq",
+    "uretprobe",
     "pidfd_send_signal",
     "io_uring_setup",
     "io_uring_enter",
@@ -394,7 +396,8 @@ pub const X86_64: &[&str] = &[
 
 /// What `docker-default` leaves out of [`X86_64`]: Moby's default-blocked syscalls, plus those
 /// Moby admits only to holders of a capability (cordon stages hold none by default), plus the
-/// new mount API and io_uring, which Moby also blocks.
+/// new mount API and io_uring, which Moby also blocks, and `uretprobe`, which only the kernel's
+/// own trampoline calls (and which the kernel lets past every filter anyway).
 pub const DOCKER_DEFAULT_BLOCKED: &[&str] = &[
     "_sysctl",
     "acct",
@@ -468,6 +471,7 @@ pub const DOCKER_DEFAULT_BLOCKED: &[&str] = &[
     "tuxcall",
     "umount2",
     "unshare",
+    "uretprobe",
     "uselib",
     "userfaultfd",
     "ustat",
@@ -532,6 +536,26 @@ pub fn modelled_arguments() -> impl Iterator<Item = &'static str> {
 
 /// The builtin baselines a seccomp profile may start from.
 pub const BASELINES: &[&str] = &["docker-default"];
+
+/// Where [`X86_64`]'s one gap falls: the entry at this index is number [`AFTER_GAP`], and
+/// x86_64 assigns nothing between `uretprobe` (335) and it.
+const GAP_AT: usize = 336;
+/// The number of the first syscall after the gap (`pidfd_send_signal`, the first number every
+/// architecture shares).
+const AFTER_GAP: usize = 424;
+
+/// The x86_64 number of syscall `name`: what a filter compares (the runtime resolves names
+/// itself through libseccomp; a test's own compiler needs the number).
+#[must_use]
+pub fn number(name: &str) -> Option<u32> {
+    let i = X86_64.iter().position(|n| *n == name)?;
+    let nr = if i < GAP_AT {
+        i
+    } else {
+        i - GAP_AT + AFTER_GAP
+    };
+    u32::try_from(nr).ok()
+}
 
 /// Whether `name` is an x86_64 syscall.
 #[must_use]
@@ -603,6 +627,28 @@ mod tests {
         ] {
             assert!(is_syscall(name), "{name}");
         }
+    }
+
+    #[test]
+    fn numbers_are_the_kernels_on_both_sides_of_the_gap() {
+        // arch/x86/entry/syscalls/syscall_64.tbl
+        for (name, nr) in [
+            ("read", 0),
+            ("clone", 56),
+            ("socket", 41),
+            ("seccomp", 317),
+            ("rseq", 334),
+            ("uretprobe", 335),
+            ("pidfd_send_signal", 424),
+            ("clone3", 435),
+            ("futex_waitv", 449),
+            ("mseal", 462),
+            ("open_tree_attr", 467),
+        ] {
+            assert_eq!(number(name), Some(nr), "{name}");
+        }
+        assert_eq!(X86_64[GAP_AT - 1], "uretprobe");
+        assert_eq!(number("nope"), None);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use cordon::ExitCode;
 use cordon::canonical::Digest;
 use cordon::identity;
 use cordon::receipt::{Outcome, Receipt, StageName};
-use cordon_policy_lang::{Keyword, Policy, StageKind, diff};
+use cordon_policy_lang::{ArgCondition, ArgOp, Keyword, Policy, StageKind, SyscallRule, diff};
 use cordon_stage::args::{Diagnostics, report_diagnostic};
 use cordon_stage::bundle;
 use cordon_stage::start::{StartError, components, load, with_runtime};
@@ -498,16 +498,52 @@ fn explain_cmd(
                 ));
             }
         }
-        let allowed = profile["syscall"]
-            .as_object()
-            .map_or(0, serde_json::Map::len);
-        lines.push(format!(
-            "seccomp.{profile_name}.syscall = {allowed} rules (cordon-policy explain --json lists them)"
-        ));
+        if let Some(typed) = policy.seccomp_profile(profile_name) {
+            lines.extend(
+                typed
+                    .syscall
+                    .iter()
+                    .map(|(name, rule)| seccomp_line(profile_name, name, rule)),
+            );
+        }
         lines.join("\n") + "\n"
     };
     let _ = stdout.write_all(text.as_bytes());
     Ok(ExitCode::Ok)
+}
+
+/// One syscall rule of a profile as `explain` prints it: what the call gets, under which
+/// argument conditions, and the reviewer's reason, so every admitted call is read with its why.
+fn seccomp_line(profile: &str, name: &str, rule: &SyscallRule) -> String {
+    let when = if rule.args.is_empty() {
+        String::new()
+    } else {
+        let tests: Vec<String> = rule.args.iter().map(seccomp_condition).collect();
+        format!(" when {}", tests.join(" and "))
+    };
+    format!(
+        "seccomp.{profile}.syscall.{name} = {:?}{when}  # {}",
+        rule.action.spelling(),
+        cordon::text::printable(&rule.reason)
+    )
+}
+
+/// One argument condition, in the terms the kernel compares: `arg0 & 0x7e020000 == 0 (32 bits)`.
+fn seccomp_condition(c: &ArgCondition) -> String {
+    let i = c.index;
+    let values: Vec<String> = c.values.iter().map(ToString::to_string).collect();
+    let values = values.join(", ");
+    let test = match (c.op, c.mask) {
+        (ArgOp::MaskedEq, Some(mask)) => format!("arg{i} & {mask:#x} == {values}"),
+        (ArgOp::OneOf, _) => format!("arg{i} in [{values}]"),
+        (ArgOp::Eq | ArgOp::MaskedEq, _) => format!("arg{i} == {values}"),
+        (ArgOp::Ne, _) => format!("arg{i} != {values}"),
+        (ArgOp::Lt, _) => format!("arg{i} < {values}"),
+        (ArgOp::Le, _) => format!("arg{i} <= {values}"),
+        (ArgOp::Gt, _) => format!("arg{i} > {values}"),
+        (ArgOp::Ge, _) => format!("arg{i} >= {values}"),
+    };
+    format!("{test} ({} bits)", c.bits)
 }
 
 /// The whole of `cordon-policy`'s `main` (which installs the panic hook first, through

@@ -160,8 +160,28 @@ fn explain_resolves_defaults_and_refuses_unknown_stages() {
         "stage.prebuild.memory = 8 GiB",
         "stage.prebuild.sys = \"none\"",
         "stage.prebuild.tmp.exec = false",
+        "seccomp.candidate.syscall.clone = \"allow\" when arg0 & 0x7e020000 == 0 (32 bits)  \
+         # threads and processes, never a new namespace: the namespace flags must be clear",
+        "seccomp.candidate.syscall.socket = \"allow\" when arg0 in [1, 2, 10] (32 bits)  # AF_UNIX \
+         (1), AF_INET (2) and AF_INET6 (10) only: vsock, netlink, packet and crypto sockets reach \
+         past the namespace or into the kernel",
     ] {
         assert!(out.lines().any(|l| l == line), "no {line:?} in:\n{out}");
+    }
+    // Every admitted call is printed with its reason: the reviewer reads the whole allow-list.
+    let profile =
+        cordon_policy_lang::parse("p", &std::fs::read_to_string(default_policy()).unwrap())
+            .unwrap()
+            .seccomp_profile("candidate")
+            .unwrap()
+            .clone();
+    for (name, rule) in &profile.syscall {
+        let head = format!("seccomp.candidate.syscall.{name} = ");
+        let line = out.lines().find(|l| l.starts_with(&head));
+        assert!(
+            line.is_some_and(|l| l.ends_with(&format!("  # {}", rule.reason))),
+            "{name} is not printed with its reason: {line:?}"
+        );
     }
     let (code, out, _) = cmd(&["explain", &default_policy(), "--stage", "lane", "--json"]);
     assert_eq!(code, 0);

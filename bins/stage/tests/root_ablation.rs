@@ -422,7 +422,7 @@ fn seccomp_rule_classes_are_each_proved_by_ablation() {
                 }),
             },
             Control {
-                name: "a call removed from the baseline (pidfd_getfd on its own child)",
+                name: "a call the allow-list leaves out (pidfd_getfd on its own child)",
                 base: None,
                 attempts: "/bin/attempt removed".into(),
                 planned: "removed=blocked:1\n".into(),

@@ -64,7 +64,7 @@ pub fn require_root(why: &str) {
 /// gets its own block of ids, so tests running side by side — and the recovery that removes
 /// orphans in a range — never meet each other's accounts or the host's (the blocks lie above the
 /// default policy's 3000000..=3099999).
-const ACCOUNT_OWNERS: [&str; 23] = [
+const ACCOUNT_OWNERS: [&str; 24] = [
     "cordon-lease",
     "prebuild-hostile",
     "prebuild-bench",
@@ -88,6 +88,7 @@ const ACCOUNT_OWNERS: [&str; 23] = [
     "stage-sigterm",
     "stage-sighup",
     "signals-cli",
+    "stage-seccomp",
 ];
 
 /// The first id of the account blocks.
@@ -119,6 +120,26 @@ pub fn with_reference_gpus(text: &str) -> String {
         "reason=\"the reference session's GPU\"; … }\n    gpu \"none\"",
         "reason=\"the reference session's GPU\"; … }\n    gpu {\n        device \"/dev/nvidia0\" reason=\"the reference session's GPU, assigned by the host\"\n        device \"/dev/nvidiactl\" reason=\"NVIDIA control node the user-space driver opens\"\n        device \"/dev/nvidia-uvm\" reason=\"unified memory, required by CUDA contexts\"\n    }",
     )
+}
+
+/// The policy `text` with `syscall` taken out of its seccomp allow-list, so that a test can give
+/// the call a rule of its own (a profile has one entry per syscall). An `allow` node that names
+/// only this call goes whole; a call the list does not name leaves `text` as it is.
+///
+/// # Panics
+/// The call is named more than once.
+#[must_use]
+pub fn unlisted(text: &str, syscall: &str) -> String {
+    let token = format!("\"{syscall}\"");
+    let alone = format!("    allow {token} reason=");
+    if let Some(start) = text.find(&alone) {
+        let end = start + text[start..].find('\n').unwrap() + 1;
+        return format!("{}{}", &text[..start], &text[end..]);
+    }
+    match text.matches(&format!("{token} ")).count() {
+        0 => text.to_owned(),
+        _ => replace_once(text, &format!("{token} "), ""),
+    }
 }
 
 /// `text` with exactly one occurrence of `from` replaced by `to`. A policy edit whose pattern
@@ -379,6 +400,15 @@ pub fn compile_static(dir: &Path, name: &str, source: &str) -> PathBuf {
 #[must_use]
 pub fn attempt_program(dir: &Path) -> PathBuf {
     compile_static(dir, "attempt", include_str!("../probes/attempt.c"))
+}
+
+/// The seccomp verdict program (`probes/verdict.c`), compiled statically into `dir/verdict`:
+/// `verdict FILE` prints the kernel's answer to each system call listed in FILE without
+/// running any of them (admitted calls get errno 4000), the probe of the differential seccomp
+/// test.
+#[must_use]
+pub fn verdict_program(dir: &Path) -> PathBuf {
+    compile_static(dir, "verdict", include_str!("../probes/verdict.c"))
 }
 
 /// The median of some durations.

@@ -1,7 +1,8 @@
 //! What the stage's real-container test files share: one test image (busybox's `sh` and `cat`,
-//! testkit's static attempt program and its set-user-id copy, the probe files), the default policy pinned to it
-//! with small bounds, and one Session run of the prebuild stage on a host the test chooses (the
-//! real one, or [`Interposed`](cordon::host::fake::Interposed) with failures or ablations).
+//! testkit's static attempt program and its set-user-id copy, its seccomp verdict program, the
+//! probe files), the default policy pinned to it with small bounds, and one Session run of the
+//! prebuild stage on a host the test chooses (the real one, or
+//! [`Interposed`](cordon::host::fake::Interposed) with failures or ablations).
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -25,6 +26,8 @@ pub const WRITABLE: &str = "/probe/writable";
 pub const SECRET: &str = "/probe/secret";
 /// The set-user-id-root copy of the attempt program.
 pub const SETUID: &str = "/bin/attempt-suid";
+/// The seccomp verdict program (testkit's `probes/verdict.c`).
+pub const VERDICT: &str = "/bin/verdict";
 
 /// One test's image, store and tree.
 pub struct World {
@@ -46,6 +49,7 @@ pub fn world() -> World {
     let busybox = cordon_testkit::busybox();
     let dir = tempfile::tempdir().unwrap();
     let attempt = cordon_testkit::attempt_program(dir.path());
+    let verdict = cordon_testkit::verdict_program(dir.path());
     let store = Store::open(&dir.path().join("store")).unwrap();
     let mut spec = ImageSpec {
         name: "stage-test".into(),
@@ -62,6 +66,7 @@ pub fn world() -> World {
     for path in ["/bin/attempt", SETUID, WRITABLE, SECRET] {
         spec.files.insert(path.into(), (attempt.clone(), 0o555));
     }
+    spec.files.insert(VERDICT.into(), (verdict, 0o555));
     for d in ["/dev", "/proc", "/tmp", "/engine", "/staging", "/sys"] {
         spec.dirs.insert(d.into(), 0o755);
     }
