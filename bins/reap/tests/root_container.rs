@@ -431,8 +431,21 @@ fn an_expired_lease_is_ended_while_its_supervisor_still_holds_it() {
                 CAPS,
             )
         });
-        // Not yet past the grace: nothing is ended.
-        std::thread::sleep(Duration::from_secs(3));
+        // Once its container runs (polled, never a guessed delay), and not yet past the
+        // grace: nothing is ended.
+        let t = Instant::now();
+        while !e
+            .setup
+            .runtime
+            .call(&["list", "-f", "json"])
+            .is_ok_and(|out| String::from_utf8_lossy(&out).contains("\"status\":\"running\""))
+        {
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "the container never ran"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
         assert!(
             observer
                 .end_expired(&BootTime::now(&cordon::host::Linux).unwrap())

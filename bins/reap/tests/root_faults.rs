@@ -11,8 +11,10 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cordon::host::fake::Interposed;
 use cordon::lease::{Lease, Leftover, Manager, Setup};
 use cordon::runtime::OutputCaps;
 use cordon::store::Store;
@@ -98,7 +100,18 @@ const CAPS: OutputCaps = OutputCaps {
 /// The child: run the lifecycle up to `point`, then die without cleaning up.
 fn child(point: &str, dir: &Path) -> ! {
     let store = Store::open(&dir.join("store")).unwrap();
-    let m = Manager::open(&store, setup(dir, 0)).unwrap();
+    let mut s = setup(dir, 0);
+    if point == "during-release" {
+        // Killed at a known step of the release, never after a guessed delay: as it removes
+        // the run account, its container already deleted.
+        s.runtime.host = Arc::new(Interposed::new().rewriting_spawns(|tool| {
+            if tool.program.ends_with("userdel") {
+                die();
+            }
+            tool.clone()
+        }));
+    }
+    let m = Manager::open(&store, s).unwrap();
     // The staging point's lease names its mount, as a session's does.
     let mounts: &[&str] = if point == "after-staging" {
         &[bundle::STAGING_DIR]
@@ -139,10 +152,6 @@ fn child(point: &str, dir: &Path) -> ! {
         die();
     }
     if point == "during-release" {
-        std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(150));
-            die();
-        });
         let r = lease.record.clone();
         let _ = m.run(
             &lease,
@@ -151,11 +160,30 @@ fn child(point: &str, dir: &Path) -> ! {
             None,
         );
         let _ = m.release(&r);
-        die();
+        panic!("the release never removed the run account");
     }
     // after-start and while-waiting: the parent kills this process once the container runs.
     let _ = m.run(&lease, Instant::now() + Duration::from_secs(60), CAPS, None);
     die();
+}
+
+/// Whether the supervisor `pid` has a child and none of its children is the runtime (`runc`
+/// create, start or another call): the container's init, reparented to its subreaper, is all
+/// it waits for.
+fn only_the_init_left(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    let children: Vec<String> = tasks
+        .filter_map(Result::ok)
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| c.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+        .collect();
+    !children.is_empty()
+        && children.iter().all(|c| {
+            std::fs::read_to_string(format!("/proc/{c}/comm"))
+                .is_ok_and(|comm| !comm.starts_with("runc"))
+        })
 }
 
 fn container_status(setup: &Setup) -> Option<String> {
@@ -204,14 +232,23 @@ fn a_supervisor_killed_at_any_point_leaves_nothing_recovery_cannot_remove() {
                 std::thread::sleep(Duration::from_millis(20));
             }
             if point == "while-waiting" {
-                std::thread::sleep(Duration::from_millis(500));
+                // Its runtime calls over: what is left of the supervisor's work is the wait.
+                while !only_the_init_left(c.id()) {
+                    assert!(
+                        t.elapsed() < Duration::from_secs(30),
+                        "{point}: the supervisor never reached its wait"
+                    );
+                    std::thread::sleep(Duration::from_millis(5));
+                }
             }
             c.kill().unwrap();
         }
         let status = c.wait().unwrap();
-        assert!(
-            !status.success(),
-            "{point}: the supervisor must have died, not finished"
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(nix::libc::SIGKILL),
+            "{point}: the supervisor must have been killed at its point, not finished or \
+             failed ({status})"
         );
         let m = Manager::open(&store, s.clone()).unwrap();
         let before = m.check().unwrap();
