@@ -189,7 +189,7 @@ mod tests {
         let mut first = hanging(&fake);
         first.stop_on_interrupt();
         assert_eq!(raised(), None);
-        assert!(check().is_ok());
+        check().unwrap();
         nix::sys::signal::kill(nix::unistd::getpid(), Signal::SIGHUP).unwrap();
         assert!(
             first

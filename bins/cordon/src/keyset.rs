@@ -498,7 +498,13 @@ mod tests {
         assert_eq!(entry.compromised_at, entry.valid_from);
         let e = declare_compromised(&keys, "ed25519:00", T0).unwrap_err();
         assert!(e.to_string().contains("not in the host's key set"), "{e}");
-        assert!(declare_compromised(&keys, &old, "yesterday").is_err());
+        let e = (declare_compromised(&keys, &old, "yesterday"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("the compromise time \"yesterday\": timestamp format is invalid"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -580,6 +586,10 @@ mod tests {
             std::os::unix::fs::PermissionsExt::from_mode(0o666),
         )
         .unwrap();
-        assert!(host_set(&keys).is_err());
+        let e = (host_set(&keys)).unwrap_err().to_string();
+        assert!(
+            e.contains("not a regular file of this user's closed to others' writes"),
+            "{e}"
+        );
     }
 }

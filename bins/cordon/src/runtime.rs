@@ -679,6 +679,11 @@ mod tests {
             root: "/cg".into(),
             path: "/cordon/l".into(),
         };
-        assert!(p.unified().is_err() && p.dirs().is_err());
+        for e in [
+            p.unified().unwrap_err().to_string(),
+            p.dirs().unwrap_err().to_string(),
+        ] {
+            assert!(e.contains("injected failure"), "{e}");
+        }
     }
 }

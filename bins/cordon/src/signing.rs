@@ -375,13 +375,20 @@ mod tests {
         assert_eq!(meta.mode() & 0o7777, 0o600);
         assert_eq!(fs::metadata(&keys).unwrap().mode() & 0o7777, 0o700);
         // Opened to others, or a link: refused, never used.
+        let refused = |dir: &Path| match HostKey::load_or_create(dir) {
+            Err(SigningError::Key { why, .. }) => why,
+            other => panic!("not refused: {:?}", other.map(|k| k.public())),
+        };
+        let shape = "not a 32-byte regular file of this user's with mode 0600";
         fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
-        assert!(HostKey::load_or_create(&keys).is_err());
+        assert_eq!(refused(&keys), shape);
         fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
         let linked = dir.path().join("linked");
         fs::create_dir(&linked).unwrap();
         std::os::unix::fs::symlink(&path, linked.join(KEY_FILE)).unwrap();
-        assert!(HostKey::load_or_create(&linked).is_err());
+        // O_NOFOLLOW: the open itself fails on the link.
+        let loop_error = std::io::Error::from_raw_os_error(nix::libc::ELOOP).to_string();
+        assert_eq!(refused(&linked), loop_error);
         // A key of the wrong length.
         let short = dir.path().join("short");
         fs::create_dir(&short).unwrap();
@@ -391,7 +398,7 @@ mod tests {
             std::os::unix::fs::PermissionsExt::from_mode(0o600),
         )
         .unwrap();
-        assert!(HostKey::load_or_create(&short).is_err());
+        assert_eq!(refused(&short), shape);
     }
 
     #[test]
@@ -403,19 +410,43 @@ mod tests {
         let sig = key.sign(&d);
         verify(&key.public(), &d, &sig).unwrap();
         assert_eq!(sig, key.sign(&d), "deterministic");
-        // Another receipt, another trusted key, a key swapped into the file, a flipped bit.
-        assert!(verify(&key.public(), &Digest::of_bytes(b"other"), &sig).is_err());
-        assert!(verify(&other.public(), &d, &sig).is_err());
+        // Another receipt, another trusted key, a key swapped into the file, a flipped bit:
+        // each a bad signature, named with the receipt and key it was checked against.
+        let bad = |r: Result<(), SigningError>, digest: Digest, under: &str| match r {
+            Err(SigningError::Bad { digest: got, key }) => {
+                assert_eq!((got, key.as_str()), (digest, under));
+            }
+            other => panic!("not a bad signature: {other:?}"),
+        };
+        let elsewhere = Digest::of_bytes(b"other");
+        bad(
+            verify(&key.public(), &elsewhere, &sig),
+            elsewhere,
+            &key.public(),
+        );
+        bad(verify(&other.public(), &d, &sig), d, &other.public());
         let swapped = Signature {
             key: other.public(),
             ..sig.clone()
         };
-        assert!(verify(&other.public(), &d, &swapped).is_err());
+        bad(verify(&other.public(), &d, &swapped), d, &other.public());
         let mut flipped = sig.clone();
         flipped
             .signature
             .replace_range(0..1, if &sig.signature[..1] == "0" { "1" } else { "0" });
-        assert!(verify(&key.public(), &d, &flipped).is_err());
-        assert!(verify("ed25519:zz", &d, &sig).is_err());
+        bad(verify(&key.public(), &d, &flipped), d, &key.public());
+        // A key that is not one, named as the signature's key too (so the key check, not the
+        // mismatch, refuses it).
+        let garbled = Signature {
+            key: "ed25519:zz".into(),
+            ..sig.clone()
+        };
+        assert!(matches!(
+            verify("ed25519:zz", &d, &garbled),
+            Err(SigningError::Malformed {
+                what: "public key",
+                ..
+            })
+        ));
     }
 }

@@ -908,7 +908,7 @@ mod tests {
         drop(s);
         let s = Store::open(&d.path().join("store")).unwrap();
         assert!(!stale.exists());
-        assert!(create_exclusive(&s.root().join("tmp/x"), 0o600).is_ok());
+        create_exclusive(&s.root().join("tmp/x"), 0o600).unwrap();
         assert!(create_exclusive(&s.root().join("tmp/x"), 0o600).is_err_and(|e| is_exists(&e)));
     }
 

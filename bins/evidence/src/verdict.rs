@@ -438,7 +438,15 @@ mod tests {
             b: grade(&rule, &t, &[vec![1, 2], vec![3, 5]]),
             ..graded
         };
-        assert!(decide(&pass, &broken_baseline, Some(&broke), one()).is_err());
+        let e = (decide(&pass, &broken_baseline, Some(&broke), one()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(
+                "quality.baseline: the incumbent's read B disagrees with the pristine reference"
+            ),
+            "{e}"
+        );
     }
 
     #[test]

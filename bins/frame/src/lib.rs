@@ -395,7 +395,13 @@ mod tests {
             })
         );
         assert!(d.push(b"x").is_err(), "a dead stream stays dead");
-        assert!(encode(LANE, Kind::Response, &[0; 17], L).is_err());
+        let e = (encode(LANE, Kind::Response, &[0; 17], L))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("announces 17 payload bytes, over the bound of 16"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -492,7 +492,13 @@ fn a_reproduction_is_the_exact_exchange_and_settles_at_the_lower_speedup() {
     // Two PASSes, but on CPU lanes: the pair does not settle.
     assert!(!s.settles);
     // A reproduction is not reproduced (that would be the primary's orientation again).
-    assert!(exchanged(&w.policy, &second, &again.frozen).is_err());
+    let e = exchanged(&w.policy, &second, &again.frozen)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("only a primary attempt on this policy's lanes is reproduced"),
+        "{e}"
+    );
     // Nor is a primary attempt reproduced under another frozen authority.
     for edit in [
         &(|f: &mut Frozen| f.kernel_release.push_str("-other")) as &dyn Fn(&mut Frozen),

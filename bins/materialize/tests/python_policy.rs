@@ -228,7 +228,11 @@ fn only_a_renames_own_edits_are_applied() {
 import fast_attn
 "#;
     let split = [edit(5, 5, "; fast_attn = cordon_c_0123456789ab")];
-    assert!(python::apply(s, &split, r).is_err());
+    let e = python::apply(s, &split, r).unwrap_err();
+    assert!(
+        e.ends_with("is not a rename of \"fast_attn\" to \"cordon_c_0123456789ab\""),
+        "{e}"
+    );
     let in_string = "s = 'fast_attn'\n";
     let hostile = [
         edit(5, 14, "cordon_c_0123456789ab"),

@@ -851,7 +851,14 @@ mod tests {
         ))
         .unwrap();
         let egress = cordon_testkit::replace_once(&text, "network \"none\"", "network \"egress\"");
-        assert!(cordon_policy_lang::parse("s.kdl", &egress).is_err());
+        let codes = |text: &str| -> Vec<String> {
+            let e = cordon_policy_lang::parse("s.kdl", text).unwrap_err();
+            e.problems()
+                .iter()
+                .map(|p| p.short_code().to_owned())
+                .collect()
+        };
+        assert_eq!(codes(&egress), ["missing-node"]);
         let egress = cordon_testkit::replace_once(
             &egress,
             "        state-dir",
@@ -873,13 +880,16 @@ mod tests {
             "pass-env \"TERM\"",
             "pass-env \"TERM\" \"HTTPS_PROXY\"",
         );
-        assert!(plan(&example(&|_| passing.clone()), &inputs(Tier::Command)).is_err());
+        assert!(matches!(
+            plan(&example(&|_| passing.clone()), &inputs(Tier::Command)),
+            Err(PlanError::Invalid { why }) if why.starts_with("HTTPS_PROXY is the surface's own")
+        ));
         let none = cordon_testkit::replace_once(
             &text,
             "        state-dir",
             "        egress {\n            domain \"pypi.org\"\n            port 443\n        }\n        state-dir",
         );
-        assert!(cordon_policy_lang::parse("s.kdl", &none).is_err());
+        assert_eq!(codes(&none), ["not-allowed-in-stage"]);
         assert!(matches!(
             refused(&edit("tmpdir-prefix-max 56", "tmpdir-prefix-max 16")),
             Err(PlanError::TempPrefix { .. })
@@ -892,7 +902,7 @@ mod tests {
             Err(PlanError::TempPrefix { bytes: 20, .. })
         ));
         run.workspace = PathBuf::from("/w");
-        assert!(plan(&policy, &run).is_ok());
+        plan(&policy, &run).unwrap();
     }
 
     use proptest::strategy::Strategy as _;
@@ -961,8 +971,12 @@ mod tests {
         std::os::unix::net::UnixListener::bind(&fits).unwrap();
         // One byte more than sun_path holds is refused by the kernel's interface.
         let over = format!("{prefix}/{}", "t".repeat(51));
-        assert!(std::os::unix::net::UnixListener::bind(&over).is_err());
+        let e = std::os::unix::net::UnixListener::bind(&over).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{e}");
         let long = format!("{prefix}x");
-        assert!(check_temp_prefix(Path::new(&long), 56).is_err());
+        assert!(matches!(
+            check_temp_prefix(Path::new(&long), 56),
+            Err(PlanError::TempPrefix { bytes: 57, .. })
+        ));
     }
 }

@@ -653,6 +653,21 @@ mod tests {
         std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
     }
 
+    /// Why `r` was refused: the reason of a refusal that carries one (an I/O error, which
+    /// carries none, fails the test: it would pass an assertion for the wrong reason).
+    fn why<T: std::fmt::Debug>(r: Result<T, TrustError>) -> String {
+        match r {
+            Err(
+                TrustError::PolicyWritable { why, .. }
+                | TrustError::RuntimeWritable { why, .. }
+                | TrustError::Workspace { why, .. }
+                | TrustError::StateDir { why, .. }
+                | TrustError::AgentDirs { why, .. },
+            ) => why,
+            other => panic!("not a refusal with a reason: {other:?}"),
+        }
+    }
+
     #[test]
     fn a_policy_the_service_user_could_change_or_that_lies_in_the_workspace_is_refused() {
         let dir = tempfile::tempdir().unwrap();
@@ -684,19 +699,34 @@ mod tests {
             Err(TrustError::PolicyWritable { .. })
         ));
         // Another user's, in another user's directories (up to a sticky /tmp): accepted.
-        assert!(policy_file(&outside, Some(&ws), other, &[]).is_ok());
-        // Group-writable by one of its groups, or writable by everyone: refused.
+        policy_file(&outside, Some(&ws), other, &[]).unwrap();
+        // Group-writable by one of its groups, or writable by everyone: refused, each for
+        // that reason (the same file is accepted for a user outside the group).
+        let file = std::fs::canonicalize(&outside).unwrap();
+        let parent = file.parent().unwrap().to_owned();
         let gid = std::fs::metadata(&outside).unwrap().gid();
         chmod(&outside, 0o664);
-        assert!(policy_file(&outside, Some(&ws), other, &[gid]).is_err());
-        assert!(policy_file(&outside, Some(&ws), other, &[]).is_ok());
+        assert_eq!(
+            why(policy_file(&outside, Some(&ws), other, &[gid])),
+            format!(
+                "{} is writable by a group of the service user",
+                file.display()
+            )
+        );
+        policy_file(&outside, Some(&ws), other, &[]).unwrap();
         chmod(&outside, 0o646);
-        assert!(policy_file(&outside, Some(&ws), other, &[]).is_err());
+        assert_eq!(
+            why(policy_file(&outside, Some(&ws), other, &[])),
+            format!("{} is writable by everyone", file.display())
+        );
         chmod(&outside, 0o644);
         chmod(dir.path(), 0o757);
-        assert!(policy_file(&outside, Some(&ws), other, &[]).is_err());
+        assert_eq!(
+            why(policy_file(&outside, Some(&ws), other, &[])),
+            format!("{} is writable by everyone", parent.display())
+        );
         chmod(dir.path(), 0o1757);
-        assert!(policy_file(&outside, Some(&ws), other, &[]).is_ok());
+        policy_file(&outside, Some(&ws), other, &[]).unwrap();
     }
 
     /// The runtime the surface runs is one the service user cannot change: its own binary, or
@@ -711,7 +741,7 @@ mod tests {
         chmod(&runc, 0o755);
         let me = nix::unistd::geteuid().as_raw();
         let other = me.wrapping_add(1);
-        assert!(runtime(&runc, other, &[]).is_ok());
+        runtime(&runc, other, &[]).unwrap();
         assert!(matches!(
             runtime(&runc, me, &[]),
             Err(TrustError::RuntimeWritable { .. })
@@ -728,7 +758,7 @@ mod tests {
             runtime(&runc, other, &[gid]),
             Err(TrustError::RuntimeWritable { .. })
         ));
-        assert!(runtime(&runc, other, &[]).is_ok());
+        runtime(&runc, other, &[]).unwrap();
     }
 
     /// A read path with a mount beneath it is refused (seen on a GPU host: the driver's
@@ -841,8 +871,11 @@ mod tests {
         let outside = std::fs::canonicalize(&outside).unwrap();
         // Given through a link, or not as its canonical path: refused.
         std::os::unix::fs::symlink(&ws, dir.path().join("alias")).unwrap();
-        assert!(workspace(&dir.path().join("alias"), me).is_err());
-        assert!(workspace(&ws.join("sub/.."), me).is_err());
+        let canonical = format!("not its canonical path ({})", ws.display());
+        assert!(why(workspace(&dir.path().join("alias"), me)).starts_with(&canonical));
+        std::fs::create_dir(ws.join("sub")).unwrap();
+        assert!(why(workspace(&ws.join("sub/.."), me)).starts_with(&canonical));
+        std::fs::remove_dir(ws.join("sub")).unwrap();
         let rels = dirs(&[".cph", ".cph/agent-runtime", ".cph/t"]);
         let made = agent_dirs(&checked, &state, me, &rels).unwrap();
         assert!(ws.join(".cph/t").is_dir());
@@ -850,14 +883,25 @@ mod tests {
         // Again: the directories the surface made are proven, not made again.
         assert_eq!(agent_dirs(&checked, &state, me, &rels).unwrap(), made);
         std::os::unix::fs::symlink(&outside, ws.join("evil")).unwrap();
-        assert!(agent_dirs(&checked, &state, me, &dirs(&["evil", "evil/t"])).is_err());
+        let not_own = |rel: &str| {
+            let why = why(agent_dirs(&checked, &state, me, &dirs(&[rel, "evil/t"])));
+            assert!(
+                why.starts_with(&format!("{rel} is not a directory of its own"))
+                    && why.ends_with("a link is never followed"),
+                "{why}"
+            );
+        };
+        not_own("evil");
         std::fs::write(ws.join("file"), "").unwrap();
-        assert!(agent_dirs(&checked, &state, me, &dirs(&["file"])).is_err());
+        not_own("file");
         assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
         // The directory at the path replaced by another: refused, nothing made in it.
         std::fs::rename(&ws, dir.path().join("moved")).unwrap();
         std::fs::create_dir(&ws).unwrap();
-        assert!(agent_dirs(&checked, &state, me, &dirs(&["new"])).is_err());
+        assert_eq!(
+            why(agent_dirs(&checked, &state, me, &dirs(&["new"]))),
+            "it is no longer the directory that was checked"
+        );
         assert!(!ws.join("new").exists());
     }
 
@@ -936,18 +980,25 @@ mod tests {
         chmod(&state, 0o700);
         state_dir(&state, Some(&ws), me).unwrap();
         chmod(&state, 0o750);
-        assert!(state_dir(&state, Some(&ws), me).is_err());
+        assert_eq!(why(state_dir(&state, Some(&ws), me)), "mode 750, not 0700");
         chmod(&state, 0o700);
-        assert!(state_dir(&state, Some(&ws), me.wrapping_add(1)).is_err());
+        assert_eq!(
+            why(state_dir(&state, Some(&ws), me.wrapping_add(1))),
+            format!("owned by uid {me}, not the service user")
+        );
         let inner = ws.join("state");
         std::fs::create_dir(&inner).unwrap();
         chmod(&inner, 0o700);
-        assert!(state_dir(&inner, Some(&ws), me).is_err());
+        let apart = "not disjoint from the workspace";
+        assert_eq!(why(state_dir(&inner, Some(&ws), me)), apart);
         let nested = state.join("ws");
         std::fs::create_dir(&nested).unwrap();
-        assert!(state_dir(&state, Some(&nested), me).is_err());
+        assert_eq!(why(state_dir(&state, Some(&nested), me)), apart);
         let link = dir.path().join("link");
         std::os::unix::fs::symlink(&state, &link).unwrap();
-        assert!(state_dir(&link, Some(&ws), me).is_err());
+        assert_eq!(
+            why(state_dir(&link, Some(&ws), me)),
+            "not a directory (a link is not followed)"
+        );
     }
 }

@@ -646,33 +646,53 @@ mod tests {
     #[test]
     fn the_argv_needs_a_seal_bounds_an_engine_and_caches_with_their_root() {
         let argv = |s: &str| parse(format!("--protocol lane {s}").split(' ').map(str::to_owned));
+        // Each refusal for its own reason.
+        let refused = |r: Result<Args, String>, why: &str| match r {
+            Err(e) => assert_eq!(e, why),
+            Ok(a) => panic!("accepted: {a:?}"),
+        };
         let seal = "0".repeat(64);
-        assert!(
-            argv(&format!(
-                "--sealed {seal} --max-bytes 9 --max-frames 9 -- /e"
-            ))
-            .is_ok()
+        argv(&format!(
+            "--sealed {seal} --max-bytes 9 --max-frames 9 -- /e"
+        ))
+        .unwrap();
+        refused(
+            argv(&format!("--sealed {seal} --max-bytes 9 -- /e")),
+            "--max-frames is required",
         );
-        assert!(argv(&format!("--sealed {seal} --max-bytes 9 -- /e")).is_err());
-        assert!(argv(&format!("--sealed {seal} --max-bytes 9 --max-frames 9")).is_err());
-        assert!(argv("--sealed 00 --max-bytes 9 --max-frames 9 -- /e").is_err());
-        assert!(
+        let sealed_and_engine = "--sealed HEX and an engine argv after -- are required";
+        refused(
+            argv(&format!("--sealed {seal} --max-bytes 9 --max-frames 9")),
+            sealed_and_engine,
+        );
+        refused(
+            argv("--sealed 00 --max-bytes 9 --max-frames 9 -- /e"),
+            sealed_and_engine,
+        );
+        refused(
             argv(&format!(
                 "--sealed {seal} --max-bytes 9 --max-frames 9 --cache /c/x -- /e"
-            ))
-            .is_err()
+            )),
+            "--cache needs --cache-root, and --cache-root a --cache",
         );
-        assert!(argv(&format!("--sealed {seal} --bogus 1 -- /e")).is_err());
+        refused(
+            argv(&format!("--sealed {seal} --bogus 1 -- /e")),
+            "unknown flag --bogus",
+        );
         let bare = |s: &str| parse(s.split(' ').map(str::to_owned));
         let rest = format!("--sealed {seal} --max-bytes 9 --max-frames 9");
-        assert!(bare(&format!("{rest} -- /e")).is_err(), "no protocol");
-        assert!(bare(&format!("--protocol bogus {rest} -- /e")).is_err());
-        let t = "--tree /engine --publication /native";
-        assert!(bare(&format!("--protocol reference {t} {rest} -- /e")).is_ok());
-        assert!(
-            bare(&format!("--protocol reference {rest} -- /e")).is_err(),
-            "T unchecked"
+        refused(bare(&format!("{rest} -- /e")), "--protocol is required");
+        refused(
+            bare(&format!("--protocol bogus {rest} -- /e")),
+            "unknown protocol bogus",
         );
-        assert!(bare(&format!("--protocol lane {t} {rest} -- /e")).is_err());
+        let t = "--tree /engine --publication /native";
+        bare(&format!("--protocol reference {t} {rest} -- /e")).unwrap();
+        let pristine = "--tree and --publication go with --protocol reference, and only";
+        refused(
+            bare(&format!("--protocol reference {rest} -- /e")),
+            pristine,
+        );
+        refused(bare(&format!("--protocol lane {t} {rest} -- /e")), pristine);
     }
 }

@@ -639,11 +639,15 @@ mod tests {
         use process::Supervise;
         assert!(waiter.exited(None).unwrap());
         assert!(waiter.reap().unwrap().0.success());
-        assert!(waiter.reap().is_err());
+        let e = (waiter.reap()).unwrap_err().to_string();
+        assert!(e.contains("the process was reaped already"), "{e}");
         waiter.kill().unwrap();
         // A process that is not this one's child cannot be supervised: an error, not "exited".
         let later = std::time::Instant::now() + Duration::from_secs(10);
-        assert!(Linux.adopt(1).unwrap().exited_by(later).is_err());
+        let e = (Linux.adopt(1).unwrap().exited_by(later))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("(os error 10)"), "{e}");
     }
 
     #[test]
@@ -728,7 +732,8 @@ mod tests {
             .unreadable("/etc/group")
             .reply("list", ToolOutput::ok(b"[]"));
         assert_eq!(f.read(Path::new("/etc/passwd")).unwrap().len(), 26);
-        assert!(f.read(Path::new("/etc/group")).is_err());
+        let e = (f.read(Path::new("/etc/group"))).unwrap_err().to_string();
+        assert!(e.contains("injected failure"), "{e}");
         let out = f.run(&Tool::new("runc", &["list", "-f", "json"])).unwrap();
         assert_eq!(out.stdout, b"[]");
         assert_eq!(f.calls().len(), 3);

@@ -688,7 +688,13 @@ mod tests {
             "useradd",
             ToolOutput::failed("useradd: cannot lock /etc/passwd"),
         );
-        assert!(begin_at(&f, &state, &ws, "0000002a").is_err());
+        let e = (begin_at(&f, &state, &ws, "0000002a"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("failed: useradd: cannot lock /etc/passwd"),
+            "{e}"
+        );
         assert_eq!(pending(&state).unwrap().len(), 1);
         assert_eq!(owner(&ws.join("f")), 1000);
         // While it is pending nothing else begins.
@@ -722,7 +728,13 @@ mod tests {
             "userdel",
             ToolOutput::failed("userdel: user is currently used by process 7"),
         );
-        assert!(end(&f, &policy(), &state, &record).is_err());
+        let e = (end(&f, &policy(), &state, &record))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("failed: userdel: user is currently used by process 7"),
+            "{e}"
+        );
         assert_eq!(owner(&ws.join("f")), 1000);
         assert_eq!(pending(&state).unwrap(), vec![(record.clone(), false)]);
         let f = fake();
@@ -772,7 +784,9 @@ mod tests {
         let foreign = ws.join("foreign");
         fs::write(&foreign, "bob's").unwrap();
         std::os::unix::fs::lchown(&foreign, Some(2000), Some(2000)).unwrap();
-        assert!(end(&f, &policy(), &state, &record).is_err());
+        // Refused at the file itself: its owner is not one the walk may hand over.
+        let e = crate::error_chain(&end(&f, &policy(), &state, &record).unwrap_err());
+        assert!(e.ends_with("foreign: changed while it was walked"), "{e}");
         assert_eq!(owner(&foreign), 2000);
         fs::remove_file(&foreign).unwrap();
         // Live: its supervisor holds it.
@@ -810,7 +824,13 @@ mod tests {
         // Root's workspace, or one an account holds (a nested run), is never handed over.
         for uid in [0, 5500] {
             std::os::unix::fs::lchown(&ws, Some(uid), Some(uid)).unwrap();
-            assert!(begin_at(&f, &state, &ws, "00000034").is_err());
+            let e = crate::error_chain(&begin_at(&f, &state, &ws, "00000034").unwrap_err());
+            assert!(
+                e.contains(&format!(
+                    "the workspace is uid {uid}'s: neither root's nor a per-run account's"
+                )),
+                "{e}"
+            );
         }
         assert!(pending(&state).unwrap().is_empty());
     }

@@ -1018,7 +1018,8 @@ fn a_mount_table_of_another_namespace_than_inits_is_never_quiescence() {
         items.iter().any(|i| i.contains("mount namespace")),
         "{items:?}"
     );
-    assert!(m.check().is_err());
+    let e = (m.check()).unwrap_err().to_string();
+    assert!(e.contains("mount namespace is not the host's"), "{e}");
     // The same tables in one namespace: the release goes through.
     f.file(
         "/proc/self/mountinfo",
@@ -1523,7 +1524,10 @@ fn a_device_quarantine_stops_only_leases_that_use_the_device() {
     ));
     // An unreadable record is never read as none.
     fs::write(store.root().join(quarantine::QUARANTINE).join("junk"), "x").unwrap();
-    assert!(quarantine::check(store, "fake", &[]).is_err());
+    let e = (quarantine::check(store, "fake", &[]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not a quarantine record's name"), "{e}");
 }
 
 /// Recovery that finds a lease of an earlier boot quarantines the executor as a host reset —
@@ -1611,7 +1615,13 @@ fn an_incident_stops_its_candidate_under_its_authority_only() {
     assert!(e.to_string().contains(&format!("receipt {receipt}")), "{e}");
     // Lifting the quarantine does not lift the incident.
     lift_all(&w.manager);
-    assert!(incident::check(store, "sha256:a", &candidate).is_err());
+    let e = (incident::check(store, "sha256:a", &candidate))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("ended in an incident under this authority"),
+        "{e}"
+    );
     // An unreadable record is never read as none.
     let key = incident::key("sha256:a", &candidate).unwrap();
     let path = store.path(incident::INCIDENTS, &format!("{key}.receipt"));

@@ -120,7 +120,13 @@ fn v1_makes_a_supervisor_and_a_limited_sandbox_per_hierarchy_joins_checks_and_re
     );
     super::enter_sandbox(&*host, "/cg".as_ref(), "cordon-r1", &all(), 44).unwrap();
     assert!(writes(&fake).contains(&(format!("/cg/memory{sandbox}/cgroup.procs"), "44".into())));
-    assert!(super::enter_sandbox(&*host, "/cg".as_ref(), "cordon-r1", &all(), 42).is_err());
+    let e = (super::enter_sandbox(&*host, "/cg".as_ref(), "cordon-r1", &all(), 42))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("process 42 is not in /cordon-surface/cordon-r1/sandbox"),
+        "{e}"
+    );
 
     cg.remove().unwrap();
     let removed: Vec<_> = fake
@@ -173,10 +179,20 @@ fn v2_enables_the_controllers_to_the_sandbox_and_writes_each_limit_there() {
     );
     cg.join(7).unwrap();
     fake.file("/proc/8/cgroup", "0::/user.slice\n");
-    assert!(cg.join(8).is_err());
+    let e = (cg.join(8)).unwrap_err().to_string();
+    assert!(
+        e.contains("process 8 is not in /cordon-surface/cordon-r2/supervisor"),
+        "{e}"
+    );
     fake.file("/proc/9/cgroup", "0::/cordon-surface/cordon-r2/sandbox\n");
     super::enter_sandbox(&*host, "/cg".as_ref(), "cordon-r2", &all(), 9).unwrap();
-    assert!(super::enter_sandbox(&*host, "/cg".as_ref(), "cordon-r2", &all(), 7).is_err());
+    let e = (super::enter_sandbox(&*host, "/cg".as_ref(), "cordon-r2", &all(), 7))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("process 7 is not in /cordon-surface/cordon-r2/sandbox"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -216,7 +232,13 @@ fn a_refused_limit_or_an_existing_cgroup_is_an_error_and_nothing_made_stays() {
     let fake = Arc::new(Fake::new());
     fake.unreadable("/cg/cgroup.controllers");
     let host: HostRef = fake.clone();
-    assert!(prepare(&host, "/cg".as_ref(), "cordon-r5", &limits, ACCOUNT).is_err());
+    let e = (prepare(&host, "/cg".as_ref(), "cordon-r5", &limits, ACCOUNT))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("read /cg/cgroup.controllers: injected failure"),
+        "{e}"
+    );
     assert!(!fake.calls().iter().any(|c| matches!(c, Call::MakeDir(_))));
 }
 
@@ -233,7 +255,13 @@ fn a_leftover_is_removed_from_every_hierarchy_and_one_that_stays_is_an_error() {
         24
     );
     fake.unreadable("/cg/pids/cordon-surface/cordon-r6");
-    assert!(remove_leftover(&*host, "/cg".as_ref(), "cordon-r6").is_err());
+    let e = (remove_leftover(&*host, "/cg".as_ref(), "cordon-r6"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("remove /cg/pids/cordon-surface/cordon-r6: injected failure"),
+        "{e}"
+    );
 }
 
 /// A cgroup v2 tree in a temporary directory: the root and `svc` (delegated, holding `hub`).
@@ -328,7 +356,8 @@ fn a_container_is_checked_in_its_cgroup_with_the_limits_asked_for() {
         super::check_placed(&host, "/cg".as_ref(), "/svc/cordon-r", pid, limits)
     };
     check(9, &limits).unwrap();
-    assert!(check(10, &limits).is_err());
+    let e = (check(10, &limits)).unwrap_err().to_string();
+    assert!(e.contains("process 10 is not in /svc/cordon-r"), "{e}");
     let other = Limits {
         pids: Some(65),
         ..limits.clone()
