@@ -64,7 +64,7 @@ pub fn require_root(why: &str) {
 /// gets its own block of ids, so tests running side by side — and the recovery that removes
 /// orphans in a range — never meet each other's accounts or the host's (the blocks lie above the
 /// default policy's 3000000..=3099999).
-const ACCOUNT_OWNERS: [&str; 24] = [
+const ACCOUNT_OWNERS: [&str; 25] = [
     "cordon-lease",
     "prebuild-hostile",
     "prebuild-bench",
@@ -89,6 +89,7 @@ const ACCOUNT_OWNERS: [&str; 24] = [
     "stage-sighup",
     "signals-cli",
     "stage-seccomp",
+    "lane-ablation",
 ];
 
 /// The first id of the account blocks.
