@@ -24,6 +24,7 @@ pub mod intake;
 pub mod interrupt;
 pub mod keyset;
 pub mod lease;
+pub mod mountinfo;
 pub mod run_cgroup;
 pub mod runtime;
 pub mod signing;

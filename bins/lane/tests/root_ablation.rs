@@ -3,10 +3,11 @@
 //! the read-only root and tree bind, seccomp, capabilities, no-new-privileges, limits,
 //! namespaces, the environment and descriptors). Each attempt here must be refused as planned
 //! **and** succeed when only its control is taken away; one refused both ways proves nothing
-//! and fails. The lane's read-only binds are held twice: by the mount flag and by the host's
-//! comparison of the worker's posture with the plan, which reads the flags from inside before
-//! the engine starts. A bundle with one flag removed is therefore refused by the comparison —
-//! a no-decision that quarantines the executor — and that is what their ablation proves.
+//! and fails. The lane's read-only binds are held three times: by the mount flag, by the
+//! session's posture read from outside once the container is created
+//! (`cordon_stage::posture`), and by the worker's report from inside. A bundle with one flag
+//! removed is therefore refused by the first comparison — a no-decision that quarantines the
+//! executor — and that is what their ablation proves.
 //!
 //! Every run is a real lane session (lease, account, runc, the pinned runtime image, the real
 //! worker) whose engine makes every attempt at import and answers them as its tokens, so the
@@ -29,6 +30,7 @@ use cordon::lease::Manager;
 use cordon::receipt::{Decision, Role};
 use cordon::tree::{PUBLICATIONS, TREES};
 use cordon_lane::session::{Inputs, LaneError, session};
+use cordon_stage::session::SessionError;
 use serde_json::Value;
 
 mod common;
@@ -39,13 +41,16 @@ use common::publish_bytes;
 const REQUESTS: usize = 3;
 const TOKENS: usize = 8;
 
+/// A removal of one control from a bundle's `config.json`.
+type Ablate = fn(&mut Value);
+
 /// One lane control an attempt proves: the attempt's index in the probe, and its removal from a
 /// bundle.
 struct Control {
     name: &'static str,
     /// Which answer of the probe this control decides.
     at: usize,
-    ablate: fn(&mut Value),
+    ablate: Ablate,
 }
 
 /// The bundle's mount at `destination`.
@@ -87,7 +92,7 @@ const CONTROLS: [Control; 3] = [
 ];
 
 /// The read-only binds, each removed on its own: the posture comparison must refuse the run.
-const READ_ONLY: [(&str, fn(&mut Value)); 3] = [
+const READ_ONLY: [(&str, Ablate); 3] = [
     ("/engine", |c| without(c, "/engine", |o| o == "ro")),
     ("/native", |c| without(c, "/native", |o| o == "ro")),
     ("/model", |c| without(c, "/model", |o| o == "ro")),
@@ -113,7 +118,7 @@ fn expected(result: &[u32]) -> Digest {
 
 /// Before `runc create`: make the tree's and publication's lease copies writable by anyone,
 /// then apply `ablate`.
-fn prepare(bundle: &Path, ablate: Option<fn(&mut Value)>, applied: &AtomicU32) {
+fn prepare(bundle: &Path, ablate: Option<Ablate>, applied: &AtomicU32) {
     let path = bundle.join("config.json");
     let mut config: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     for destination in ["/engine", "/native"] {
@@ -184,7 +189,7 @@ fn each_lane_control_is_refused_as_planned_and_passes_with_only_it_removed() {
         cordon_testkit::register_model(&src, &w.dir.path().join("models"), &digest.to_string());
 
     // One session with `ablate` applied at the seam, under executor `executor`.
-    let attempt = |executor: &str, ablate: Option<fn(&mut Value)>| {
+    let attempt = |executor: &str, ablate: Option<Ablate>| {
         let applied = Arc::new(AtomicU32::new(0));
         let counted = applied.clone();
         let mut cfg = w.cfg.clone();
@@ -222,7 +227,7 @@ fn each_lane_control_is_refused_as_planned_and_passes_with_only_it_removed() {
         assert!(left.is_empty(), "{executor}: left {left:?}");
         outcome
     };
-    let answers = |ablate: Option<fn(&mut Value)>| match attempt("lane-ablation-0", ablate) {
+    let answers = |ablate: Option<Ablate>| match attempt("lane-ablation-0", ablate) {
         Ok(Decision::Accepted(out)) => out.outputs,
         Ok(Decision::Rejected(r)) => panic!("rejected: {:?}", r.findings),
         Err(e) => panic!("no decision: {e}"),
@@ -246,10 +251,9 @@ fn each_lane_control_is_refused_as_planned_and_passes_with_only_it_removed() {
     for (i, (destination, ablate)) in READ_ONLY.iter().enumerate() {
         let executor = format!("lane-ablation-ro{i}");
         match attempt(&executor, Some(*ablate)) {
-            Err(LaneError::NoDecision(why))
-                if why.contains(
-                    "the container's posture is not the planned one: read-only mounts",
-                ) && why.contains(&format!("\"{destination}\": false"))
+            Err(LaneError::Session(SessionError::Posture { why }))
+                if why.starts_with("read-only mounts")
+                    && why.contains(&format!("\"{destination}\": false"))
                     && why.contains(&format!("executor {executor} quarantined (containment")) => {}
             other => failures.push(format!(
                 "read-only {destination}: with its flag removed the posture comparison must refuse \

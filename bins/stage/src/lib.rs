@@ -30,6 +30,7 @@ pub mod host_fit;
 pub mod oci;
 pub mod parser;
 mod plan_error;
+pub mod posture;
 pub mod receipt_io;
 pub mod session;
 pub mod settings;

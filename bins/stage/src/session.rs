@@ -11,14 +11,16 @@
 //! 3. provision the account and the run directory, plan the bundle from the typed stage and the
 //!    lease's facts, make the planned host mounts (staging tmpfs, overlay root);
 //! 4. write `config.json` as a protected file, re-checked right before `create`;
-//! 5. create, start (stdin, stdout held live when asked for), let the caller drive the running
-//!    container, wait under the absolute deadline, delete;
+//! 5. create; read the created init's posture from outside and compare it with the plan
+//!    ([`crate::posture`]: a difference quarantines the executor, a no-decision); start (stdin,
+//!    stdout held live when asked for), let the caller drive the running container, wait under
+//!    the absolute deadline, delete;
 //! 6. let the caller inspect what the run left while the lease's mounts still exist;
 //! 7. release — always, whatever happened — with its absence proof; a release that cannot be
 //!    established overrides the result: residue is a no-decision.
 //!
 //! Evidence ([`crate::evidence`]): the bundle as launched (step 4), the container's mount table
-//! once created (before the workload runs), the host's records of the run read once its init has exited and before the
+//! and its posture read from outside once created (before the workload runs), the host's records of the run read once its init has exited and before the
 //! delete (the lease record, the runtime's state, the cgroup's counters), the captured stdout
 //! and stderr (step 5), and — when the run failed before that — the same host records, read
 //! before the release of step 7 takes them apart; a release that fails leaves its error as
@@ -117,6 +119,19 @@ pub enum SessionError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Interrupted(#[from] cordon::interrupt::Interrupted),
+    /// The created container's posture, read from outside before any of the workload's code
+    /// ran, is not the planned one (the executor is then quarantined), or could not be read.
+    #[error("the container's posture read from outside is not the planned one: {why}")]
+    #[diagnostic(
+        code(cordon::session::posture),
+        help(
+            "the runtime applied less than the bundle asked: inspect the runtime and kernel, then lift the executor's quarantine with cordon-reap"
+        )
+    )]
+    Posture {
+        /// Each difference, and the quarantine imposed; or why it could not be read.
+        why: String,
+    },
     /// The run's evidence could not be kept: a receipt would name what the store lacks.
     #[error("cannot keep the run's evidence")]
     #[diagnostic(code(cordon::session::evidence))]
@@ -148,6 +163,7 @@ impl ExitClass for SessionError {
             | Self::WorkingDirectory { .. }
             | Self::Canonical(_)
             | Self::Interrupted(_)
+            | Self::Posture { .. }
             | Self::Evidence(_) => ExitCode::NoDecision,
         }
     }
@@ -418,6 +434,39 @@ impl Session<'_> {
         result
     }
 
+    /// Read the created init `pid`'s posture from outside ([`crate::posture`]), keep it as
+    /// evidence and compare it with the plan: a difference quarantines the executor
+    /// (containment) and ends the session as a no-decision; a posture that cannot be read is
+    /// one too.
+    fn check_posture(&self, pid: i32, table: &[u8], planned: &Planned) -> Result<(), SessionError> {
+        // A signal kills the created init: what is then read of it is the signal's doing, never
+        // a containment failure (and no quarantine).
+        let posture = |why: String| match interrupt::check() {
+            Err(i) => SessionError::from(i),
+            Ok(()) => SessionError::Posture { why },
+        };
+        let outside = crate::posture::read(self.setup.host(), pid, table, &planned.spec)
+            .map_err(|why| posture(format!("cannot be read: {why}")))?;
+        let json = cordon::canonical::to_canonical_json(&outside).map_err(SessionError::from)?;
+        self.evidence
+            .keep("posture", json.as_bytes())
+            .map_err(SessionError::Evidence)?;
+        let differences = crate::posture::differences(&planned.spec, &outside);
+        if differences.is_empty() {
+            return Ok(());
+        }
+        let why = differences.join("; ");
+        interrupt::check().map_err(SessionError::from)?;
+        let line = cordon::lease::quarantine::impose_on_executor(
+            &self.store,
+            &self.setup.executor,
+            cordon::lease::quarantine::Cause::Containment,
+            &why,
+            None,
+        );
+        Err(posture(format!("{why}; {line}")))
+    }
+
     /// Keep the host's records of `lease`'s run ([`Manager::host_evidence`]).
     fn keep_host_evidence(&self, manager: &Manager, lease: &Lease) -> Result<(), SessionError> {
         for (name, bytes) in manager.host_evidence(lease) {
@@ -527,15 +576,16 @@ impl Session<'_> {
         interrupt::check().map_err(SessionError::from)?;
         let created = manager.create(&lease, stdio).map_err(SessionError::from)?;
         // The mount table the runtime made, before any of the workload's code has run.
+        let table = cordon::lease::mount_table(self.setup.host(), created.pid());
         self.evidence
-            .keep(
-                "mountinfo",
-                &cordon::lease::mount_table(self.setup.host(), created.pid()),
-            )
+            .keep("mountinfo", &table)
             .map_err(SessionError::Evidence)?;
         // From here the init is stopped by a signal; a created container is not started after
         // one (the release deletes it).
         interrupt::check().map_err(SessionError::from)?;
+        // The kernel's view of the created init against the plan: a runtime that applied less
+        // than the bundle (a flag, a namespace, a filter) is caught before anything runs.
+        self.check_posture(created.pid(), &table, &planned)?;
         let mut running = created.start().map_err(SessionError::from)?;
         drive(&mut running, &planned, deadline)?;
         let exited = running

@@ -22,9 +22,9 @@
 mod common;
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 
 use common::World;
 use cordon::host::MountRequest;
@@ -58,15 +58,123 @@ struct Control {
     base: Option<Ablation>,
 }
 
+/// What the session's outside posture check ([`cordon_stage::posture`]) is shown once a
+/// bundle was rewritten: the container's facts as the session planned them. The check is a
+/// second control over the bundle's flags (it refuses a container the runtime made otherwise
+/// than planned), so an ablation that removed a flag also blinds the check to it: the attempt
+/// alone then shows what the flag did.
+#[derive(Default)]
+struct Blind {
+    /// The runtime's pid file of the created init.
+    pid_file: PathBuf,
+    /// The bundle as the session wrote it, before the test's rewrite.
+    planned: Value,
+}
+
+/// `bytes` read from `path`, as the posture check would read them of a container made as
+/// `blind` planned: the init's status credentials, capabilities and no-new-privileges, its
+/// root's and binds' read-only flags, a network namespace of its own. Anything else, as read.
+fn blinded(path: &Path, bytes: Vec<u8>, blind: &Blind) -> Vec<u8> {
+    let pid = std::fs::read_to_string(&blind.pid_file).unwrap_or_default();
+    let Ok(rest) = path.strip_prefix(format!("/proc/{}", pid.trim())) else {
+        return bytes;
+    };
+    if pid.trim().is_empty() {
+        return bytes;
+    }
+    let p = &blind.planned;
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    let out = match rest.to_str() {
+        Some("status") => {
+            let user = &p["process"]["user"];
+            let (u, g) = (&user["uid"], &user["gid"]);
+            let mask = |set: &str| {
+                p["process"]["capabilities"][set]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|c| {
+                        std::str::FromStr::from_str(c.as_str().unwrap())
+                            .map_or(0, |k: caps::Capability| k.bitmask())
+                    })
+                    .fold(0u64, |a, b| a | b)
+            };
+            let nnp = u8::from(p["process"]["noNewPrivileges"] == json!(true));
+            text.lines()
+                .map(|l| match l.split(':').next() {
+                    Some("Uid") => format!("Uid:\t{u}\t{u}\t{u}\t{u}"),
+                    Some("Gid") => format!("Gid:\t{g}\t{g}\t{g}\t{g}"),
+                    Some("Groups") => "Groups:\t".to_owned(),
+                    Some("CapInh") => format!("CapInh:\t{:016x}", mask("inheritable")),
+                    Some("CapPrm") => format!("CapPrm:\t{:016x}", mask("permitted")),
+                    Some("CapEff") => format!("CapEff:\t{:016x}", mask("effective")),
+                    Some("CapBnd") => format!("CapBnd:\t{:016x}", mask("bounding")),
+                    Some("CapAmb") => format!("CapAmb:\t{:016x}", mask("ambient")),
+                    Some("NoNewPrivs") => format!("NoNewPrivs:\t{nnp}"),
+                    _ => l.to_owned(),
+                })
+                .map(|l| l + "\n")
+                .collect()
+        }
+        Some("mountinfo") => {
+            let ro = |point: &str| {
+                if point == "/" {
+                    return p["root"]["readonly"] == json!(true);
+                }
+                p["mounts"].as_array().unwrap().iter().any(|m| {
+                    m["destination"] == point
+                        && m["options"].as_array().unwrap().contains(&json!("ro"))
+                })
+            };
+            text.lines()
+                .map(|l| {
+                    let mut f: Vec<String> = l.split(' ').map(str::to_owned).collect();
+                    if f.len() > 5 {
+                        let flag = if ro(&f[4]) { "ro" } else { "rw" };
+                        let opts: Vec<&str> = f[5]
+                            .split(',')
+                            .filter(|o| *o != "ro" && *o != "rw")
+                            .collect();
+                        f[5] = std::iter::once(flag)
+                            .chain(opts)
+                            .collect::<Vec<_>>()
+                            .join(",");
+                    }
+                    f.join(" ") + "\n"
+                })
+                .collect()
+        }
+        Some("net/dev") => "Inter-|\n face |\n    lo: 0\n".to_owned(),
+        Some("net/route") => "Iface\tDestination\n".to_owned(),
+        _ => text,
+    };
+    out.into_bytes()
+}
+
 /// The real host with `ablation` (if any) applied at the seam; `applied` counts how often.
 fn interposed(ablation: Option<Ablation>, applied: &Arc<AtomicU32>) -> Interposed {
     let on_spawn = applied.clone();
     let on_mount = applied.clone();
+    let blind: Arc<Mutex<Option<Blind>>> = Arc::default();
+    let shown = blind.clone();
     Interposed::new()
+        .rewriting_reads(move |path, bytes| match &*shown.lock().unwrap() {
+            Some(b) => blinded(path, bytes, b),
+            None => bytes,
+        })
         .rewriting_spawns(move |tool| {
             let mut tool = tool.clone();
             let create = tool.args.iter().position(|a| a == "create");
             if let (Some(at), Some(i)) = (create, tool.args.iter().position(|a| a == "--bundle")) {
+                if ablation.is_some() {
+                    let bundle = Path::new(&tool.args[i + 1]);
+                    let planned = std::fs::read(bundle.join("config.json")).unwrap();
+                    let pid_file = tool.args.iter().position(|a| a == "--pid-file").unwrap();
+                    *blind.lock().unwrap() = Some(Blind {
+                        pid_file: PathBuf::from(&tool.args[pid_file + 1]),
+                        planned: serde_json::from_slice(&planned).unwrap(),
+                    });
+                }
                 prepare(Path::new(&tool.args[i + 1]), ablation, &on_spawn);
                 if let Some(Ablation::Inherited(fd)) = ablation {
                     let extra = (fd - 2).to_string();
@@ -604,4 +712,57 @@ fn namespaces_and_the_environment_are_each_proved_by_ablation() {
         "the planned run reached the host's listener"
     );
     drop(leaked);
+}
+
+/// The outside posture check itself, proved the same way: each flag it reads, removed from the
+/// bundle alone and the check not blinded, is refused before the container starts — a
+/// no-decision naming the difference that quarantines the executor (each case under an
+/// executor of its own) — while the planned bundle passes it (every test above).
+#[test]
+fn the_outside_posture_check_refuses_each_flag_the_runtime_was_given_otherwise() {
+    let w = common::world();
+    let policy = common::policy(&w, "stage-ablation", 5);
+    type Rewrite = fn(&mut Value);
+    let cases: [(&str, Rewrite); 6] = [
+        ("read-only mounts", |c| c["root"]["readonly"] = json!(false)),
+        ("read-only mounts", |c| {
+            mount_option(c, "/engine", "ro", Some("rw"));
+        }),
+        ("uids", |c| {
+            c["process"]["user"] = json!({"uid": 0, "gid": 0, "additionalGids": []});
+        }),
+        ("no_new_privs", |c| {
+            c["process"]["noNewPrivileges"] = json!(false)
+        }),
+        ("CapBnd", |c| grant(c, "CAP_CHOWN", &["bounding"])),
+        ("a private network namespace", |c| {
+            share_namespace(c, "network");
+        }),
+    ];
+    let mut failures = Vec::new();
+    for (i, (difference, ablate)) in cases.into_iter().enumerate() {
+        let executor = format!("posture-{i}");
+        let host = Interposed::new().rewriting_spawns(move |tool| {
+            if tool.args.iter().any(|a| a == "create")
+                && let Some(at) = tool.args.iter().position(|a| a == "--bundle")
+            {
+                let path = Path::new(&tool.args[at + 1]).join("config.json");
+                let mut config: Value =
+                    serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+                ablate(&mut config);
+                std::fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
+            }
+            tool.clone()
+        });
+        let setup = common::setup(&w, &policy, &executor, Arc::new(host));
+        match common::run(&w, &policy, &setup, "/bin/attempt write /probe/writable") {
+            Err(cordon_stage::session::SessionError::Posture { why })
+                if why.starts_with(difference)
+                    && why.contains(&format!("executor {executor} quarantined (containment")) => {}
+            other => failures.push(format!("{difference}: {other:?}")),
+        }
+        let left = common::left(&w, &setup);
+        assert!(left.is_empty(), "{executor}: not quiescent: {left:?}");
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -361,36 +361,9 @@ fn mounts_beneath(mountinfo: &str, dir: &Path) -> Vec<PathBuf> {
     mountinfo
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
-        .map(|p| PathBuf::from(unescape(p)))
+        .map(|p| PathBuf::from(cordon::mountinfo::unescape(p)))
         .filter(|p| p != dir && path_within(dir, p))
         .collect()
-}
-
-/// A mountinfo field with its octal escapes (`\040` for a space) decoded.
-fn unescape(field: &str) -> std::ffi::OsString {
-    use std::os::unix::ffi::OsStringExt;
-    let b = field.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        // Three octal digits of one byte (the first at most 3): the kernel's escapes are
-        // `\040`, `\011`, `\012` and `\134`; anything else is kept as it is.
-        let octal = b
-            .get(i + 1..i + 4)
-            .filter(|d| (b'0'..=b'3').contains(&d[0]))
-            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
-        match (b[i], octal) {
-            (b'\\', Some(d)) => {
-                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
-                i += 4;
-            }
-            (c, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    std::ffi::OsString::from_vec(out)
 }
 
 /// The state directory, checked: not a link, a directory of `uid`'s own, mode 0700, disjoint
@@ -840,15 +813,6 @@ mod tests {
         assert_eq!(
             mounts_beneath(table, Path::new("/srv/ws two")),
             vec![PathBuf::from("/srv/ws two/x")]
-        );
-        // Every escape the kernel writes, and what is not one kept as it is.
-        assert_eq!(
-            unescape("/a\\040b\\011c\\012d\\134e"),
-            std::ffi::OsString::from("/a b\tc\nd\\e")
-        );
-        assert_eq!(
-            unescape("/x\\777\\8\\04"),
-            std::ffi::OsString::from("/x\\777\\8\\04")
         );
     }
 

@@ -602,18 +602,22 @@ impl Fake {
 
 type Hook<A, R> = Box<dyn Fn(&A) -> R + Send + Sync>;
 
+/// What a test makes of the bytes read from a path.
+type ReadHook = Box<dyn Fn(&Path, Vec<u8>) -> Vec<u8> + Send + Sync>;
+
 /// The real host ([`Linux`](super::Linux)) with a test's hand on the seam, for tests that
 /// run real tools, mounts and containers: every call is recorded as a [`Call`], then either
 /// failed (when the `failing` predicate says so: a tool run answers a failed output without
 /// running, anything else an I/O error) or passed on — what `rewriting_spawns` makes of a
-/// spawn, what `rewriting_mounts` makes of a mount request. That is how a test makes
-/// `useradd` fail after a real `groupadd`, or removes one control from a bundle (an
-/// ablation) without a switch in product code.
+/// spawn, what `rewriting_mounts` makes of a mount request, what `rewriting_reads` makes of
+/// a file read. That is how a test makes `useradd` fail after a real `groupadd`, or removes one
+/// control from a bundle (an ablation) without a switch in product code.
 pub struct Interposed {
     calls: Mutex<Vec<Call>>,
     fail: Hook<Call, bool>,
     spawn: Hook<Tool, Tool>,
     mount: Hook<MountRequest, MountRequest>,
+    read: ReadHook,
 }
 
 impl std::fmt::Debug for Interposed {
@@ -631,6 +635,7 @@ impl Default for Interposed {
             fail: Box::new(|_| false),
             spawn: Box::new(Clone::clone),
             mount: Box::new(Clone::clone),
+            read: Box::new(|_, bytes| bytes),
         }
     }
 }
@@ -667,6 +672,18 @@ impl Interposed {
         rewrite: impl Fn(&MountRequest) -> MountRequest + Send + Sync + 'static,
     ) -> Self {
         self.mount = Box::new(rewrite);
+        self
+    }
+
+    /// Answer each file read with what `rewrite` makes of the real bytes (`read` only; a
+    /// digest is the file's): how an ablation blinds a check that would otherwise see the
+    /// control it removed, so that the attempt alone shows what the control did.
+    #[must_use]
+    pub fn rewriting_reads(
+        mut self,
+        rewrite: impl Fn(&Path, Vec<u8>) -> Vec<u8> + Send + Sync + 'static,
+    ) -> Self {
+        self.read = Box::new(rewrite);
         self
     }
 
@@ -718,7 +735,9 @@ impl Host for Interposed {
     }
 
     fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
-        self.pass(Call::Read(path.into()), || super::Linux.read(path))
+        self.pass(Call::Read(path.into()), || {
+            super::Linux.read(path).map(|b| (self.read)(path, b))
+        })
     }
 
     fn digest(&self, path: &Path) -> io::Result<Digest> {

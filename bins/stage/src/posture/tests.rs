@@ -1,0 +1,165 @@
+use std::sync::Arc;
+
+use cordon::host::fake::Fake;
+use cordon_policy_lang::StageKind;
+
+use super::*;
+use crate::bundle::{example_inputs, plan};
+
+fn planned(kind: StageKind) -> Spec {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../policy/evaluator.kdl");
+    let p = cordon_policy_lang::parse("evaluator.kdl", &std::fs::read_to_string(path).unwrap())
+        .unwrap();
+    plan(&p, kind, &example_inputs(&p, kind)).unwrap().spec
+}
+
+/// The container's mount table as the kernel would show it for `spec`, every flag as planned.
+fn table(spec: &Spec, flip: Option<&str>) -> String {
+    let root_ro = spec
+        .root()
+        .as_ref()
+        .and_then(|r| r.readonly())
+        .unwrap_or(false);
+    let flag = |point: &str, ro: bool| {
+        let ro = if flip == Some(point) { !ro } else { ro };
+        if ro { "ro" } else { "rw" }
+    };
+    let mut t = format!(
+        "1 0 0:1 / / {},relatime - overlay overlay rw\n",
+        flag("/", root_ro)
+    );
+    for (i, m) in spec.mounts().iter().flatten().enumerate() {
+        let point = m.destination().to_string_lossy().replace(' ', "\\040");
+        let ro = m.options().iter().flatten().any(|o| o == "ro");
+        t += &format!(
+            "{} 1 0:{i} / {point} {},nosuid - tmpfs x rw\n",
+            i + 2,
+            flag(&point, ro)
+        );
+    }
+    t
+}
+
+/// A host whose created init `pid` has the posture `spec` plans.
+fn host(spec: &Spec, pid: u32) -> Arc<Fake> {
+    let user = spec.process().as_ref().unwrap().user().clone();
+    let (u, g) = (user.uid(), user.gid());
+    let fake = Arc::new(Fake::new());
+    fake.file(
+        format!("/proc/{pid}/status"),
+        &format!(
+            "Name:\trunc:[2:INIT]\nUid:\t{u}\t{u}\t{u}\t{u}\nGid:\t{g}\t{g}\t{g}\t{g}\nGroups:\t\n\
+             CapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n\
+             CapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t2\n\
+             Seccomp_filters:\t1\n"
+        ),
+    )
+    .file(
+        format!("/proc/{pid}/net/dev"),
+        "Inter-|   Receive\n face |bytes\n    lo: 0 0 0\n",
+    )
+    .file(format!("/proc/{pid}/net/route"), "Iface\tDestination\n")
+    .pid_in(pid, u, 7, true)
+    .pid_in(std::process::id(), 0, 1, true);
+    fake
+}
+
+#[test]
+fn a_container_as_planned_shows_no_difference_and_each_control_missing_shows_one() {
+    for kind in [StageKind::Prebuild, StageKind::Lane, StageKind::Reference] {
+        let spec = planned(kind);
+        let fake = host(&spec, 4242);
+        let o = read(&*fake, 4242, table(&spec, None).as_bytes(), &spec).unwrap();
+        assert_eq!(differences(&spec, &o), Vec::<String>::new(), "{kind}");
+        assert!(
+            o.read_only.len() >= 3,
+            "{kind}: root and the binds: {:?}",
+            o.read_only
+        );
+        // Each control the runtime could drop, alone: exactly one difference naming it.
+        type Change = Box<dyn Fn(&mut Outside)>;
+        let changes: Vec<(&str, Change)> = vec![
+            ("uids", Box::new(|o| o.uids[3] = 0)),
+            ("gids", Box::new(|o| o.gids[0] = 0)),
+            ("groups", Box::new(|o| o.groups.push(0))),
+            (
+                "CapInh",
+                Box::new(|o| *o.caps.get_mut("CapInh").unwrap() = 1),
+            ),
+            (
+                "CapPrm",
+                Box::new(|o| *o.caps.get_mut("CapPrm").unwrap() = 1 << 21),
+            ),
+            (
+                "CapEff",
+                Box::new(|o| *o.caps.get_mut("CapEff").unwrap() = 1),
+            ),
+            (
+                "CapBnd",
+                Box::new(|o| *o.caps.get_mut("CapBnd").unwrap() = 1 << 21),
+            ),
+            (
+                "CapAmb",
+                Box::new(|o| *o.caps.get_mut("CapAmb").unwrap() = 1),
+            ),
+            ("no_new_privs", Box::new(|o| o.no_new_privs = false)),
+            ("seccomp mode", Box::new(|o| o.seccomp = (0, 0))),
+            (
+                "its own pid namespace",
+                Box::new(|o| o.own_pid_namespace = false),
+            ),
+            (
+                "a private network namespace",
+                Box::new(|o| o.interfaces.push("eth0".into())),
+            ),
+            ("a private network namespace", Box::new(|o| o.routes = 1)),
+            (
+                "read-only mounts",
+                Box::new(|o| {
+                    let root = o.read_only.get_mut("/").unwrap();
+                    *root = !*root;
+                }),
+            ),
+        ];
+        for (name, change) in changes {
+            let mut changed = o.clone();
+            change(&mut changed);
+            let d = differences(&spec, &changed);
+            assert!(
+                d.len() == 1 && d[0].starts_with(name),
+                "{kind}: {name} changed gives {d:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_read_only_bind_is_read_from_the_table_and_a_missing_fact_is_no_posture() {
+    let spec = planned(StageKind::Lane);
+    let fake = host(&spec, 4242);
+    // Each bind's flag flipped in the kernel's table is that bind's difference.
+    for point in ["/", "/engine", "/native", "/model", "/cache"] {
+        let o = read(&*fake, 4242, table(&spec, Some(point)).as_bytes(), &spec).unwrap();
+        let d = differences(&spec, &o);
+        assert!(
+            d.len() == 1 && d[0].starts_with("read-only mounts"),
+            "{point}: {d:?}"
+        );
+    }
+    // A bind the table lacks, an unreadable status or a field it lacks: not established.
+    let lacking: String = table(&spec, None)
+        .lines()
+        .filter(|l| !l.contains(" /model "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let e = read(&*fake, 4242, lacking.as_bytes(), &spec).unwrap_err();
+    assert_eq!(e, "nothing is mounted at /model in the container");
+    fake.file("/proc/4242/status", "Uid:\t1\t1\t1\t1\n");
+    let e = read(&*fake, 4242, table(&spec, None).as_bytes(), &spec).unwrap_err();
+    assert!(e.starts_with("/proc/4242/status has no "), "{e}");
+    fake.unreadable("/proc/4242/status");
+    assert!(
+        read(&*fake, 4242, table(&spec, None).as_bytes(), &spec)
+            .is_err_and(|e| e.starts_with("/proc/4242/status: "))
+    );
+}
