@@ -41,19 +41,20 @@ run_group() {
         ;;
     lease)
         # Lease release, recovery and the absence check; account creation and removal.
-        files=(bins/cordon/src/lease.rs bins/cordon/src/account.rs)
+        files=(bins/cordon/src/lease/mod.rs bins/cordon/src/lease/per_run.rs bins/cordon/src/account.rs)
         re=('release|recover|check|Observer|read_records|executor_ok|owned_by|unmount_inside|create|remove|in_range|deny|taken')
         tests=(cordon)
         ;;
     planner)
-        # The planner's controls: what the bundle enforces.
-        files=(bins/stage/src/bundle.rs)
+        # The planner's controls: what the bundle enforces, and the outside check that the
+        # runtime applied them.
+        files=(bins/stage/src/bundle.rs bins/stage/src/oci.rs bins/stage/src/posture.rs)
         re=('.')
         tests=(cordon-stage cordon-policy)
         ;;
     validator)
         # The policy validator's refusals of weakened controls.
-        files=(bins/policy-lang/src/build.rs)
+        files=(bins/policy-lang/src/build/mod.rs bins/policy-lang/src/build/stage.rs bins/policy-lang/src/build/seccomp.rs)
         re=('weaken|refuse|seccomp|stage|capab|user|mount|check')
         tests=(cordon-policy-lang cordon-policy)
         ;;
