@@ -6,8 +6,8 @@
 //!
 //! It is the prebuild's equivalent of the worker's posture report in the lane, and stronger
 //! than a report: nothing inside the container has run, and every fact is the kernel's
-//! (`/proc/<pid>/status`, its network namespace's `/proc/<pid>/net/{dev,route}`, its pid
-//! namespace, its mount table). A runtime that accepts a bundle and silently applies less of
+//! (`/proc/<pid>/status`, its namespaces against the supervisor's, its network namespace's
+//! routes, its mount table). A runtime that accepts a bundle and silently applies less of
 //! it — a flag dropped, a namespace shared, a filter not installed — is caught here, and the
 //! session ends as a no-decision that quarantines the executor (containment).
 //!
@@ -35,46 +35,52 @@ pub struct Outside {
     pub caps: BTreeMap<String, u64>,
     /// `NoNewPrivs`.
     pub no_new_privs: bool,
-    /// `Seccomp` (2: filter mode) and `Seccomp_filters`.
-    pub seccomp: (u32, u32),
-    /// Whether its pid namespace is not this process's.
-    pub own_pid_namespace: bool,
-    /// The interfaces of its network namespace.
-    pub interfaces: Vec<String>,
+    /// `Seccomp` (2: filter mode) and `Seccomp_filters` beyond the supervisor's own (the init
+    /// inherits those: only the ones the runtime installed count).
+    pub seccomp: (u32, i64),
+    /// Namespace kind (`/proc/<pid>/ns/<kind>`) → whether it is not the supervisor's.
+    pub namespaces: BTreeMap<String, bool>,
     /// The routes of its network namespace's main IPv4 table.
     pub routes: usize,
     /// Mount point → whether read-only, for the root and every bind mount of the plan (the
-    /// top mount at that point).
-    pub read_only: BTreeMap<String, bool>,
+    /// top mount at that point); `None`: nothing is mounted there.
+    pub read_only: BTreeMap<String, Option<bool>>,
 }
+
+/// The namespace kinds compared, with the plan's name for each.
+const NAMESPACES: [(&str, LinuxNamespaceType); 7] = [
+    ("pid", LinuxNamespaceType::Pid),
+    ("net", LinuxNamespaceType::Network),
+    ("ipc", LinuxNamespaceType::Ipc),
+    ("uts", LinuxNamespaceType::Uts),
+    ("mnt", LinuxNamespaceType::Mount),
+    ("cgroup", LinuxNamespaceType::Cgroup),
+    ("user", LinuxNamespaceType::User),
+];
 
 /// The status fields compared, as the kernel names them, with the capability set each is.
 const CAP_FIELDS: [&str; 5] = ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"];
 
-/// Read the posture of the created init `pid` through `host`; `mountinfo` is its mount table
-/// (the session has already read it as evidence).
+/// Read the posture of the created init `pid` through `host`.
 ///
 /// # Errors
 /// A fact cannot be read or parsed: the posture is then not established.
-pub fn read(
-    host: &dyn Host,
-    pid: i32,
-    mountinfo: &[u8],
-    planned: &Spec,
-) -> Result<Outside, String> {
+pub fn read(host: &dyn Host, pid: i32, planned: &Spec) -> Result<Outside, String> {
     let text = |path: String| {
         host.read(Path::new(&path))
             .map(|b| String::from_utf8_lossy(&b).into_owned())
             .map_err(|e| format!("{path}: {e}"))
     };
     let status = text(format!("/proc/{pid}/status"))?;
-    let field = |name: &str| -> Result<&str, String> {
+    let own = text("/proc/self/status".to_owned())?;
+    let field_of = |status: &str, name: &str| -> Result<String, String> {
         status
             .lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-            .map(str::trim)
-            .ok_or_else(|| format!("/proc/{pid}/status has no {name}"))
+            .map(|v| v.trim().to_owned())
+            .ok_or_else(|| format!("a process status without {name}"))
     };
+    let field = |name: &str| field_of(&status, name);
     let numbers = |name: &str| -> Result<Vec<u32>, String> {
         field(name)?
             .split_whitespace()
@@ -86,26 +92,25 @@ pub fn read(
     };
     let mut caps = BTreeMap::new();
     for name in CAP_FIELDS {
-        let v = u64::from_str_radix(field(name)?, 16).map_err(|e| format!("{name}: {e}"))?;
+        let v = u64::from_str_radix(&field(name)?, 16).map_err(|e| format!("{name}: {e}"))?;
         caps.insert(name.to_owned(), v);
     }
-    let ns = |p: u32| {
-        host.pid_namespace(p)
-            .map_err(|e| format!("the pid namespace of {p}: {e}"))?
-            .1
-            .ok_or_else(|| format!("the pid namespace of {p} cannot be read"))
-    };
     let pid_u = u32::try_from(pid).map_err(|_| format!("no process {pid}"))?;
-    let interfaces = text(format!("/proc/{pid}/net/dev"))?
-        .lines()
-        .skip(2)
-        .filter_map(|l| l.split(':').next().map(|n| n.trim().to_owned()))
-        .collect();
+    let mut namespaces = BTreeMap::new();
+    for (kind, _) in NAMESPACES {
+        let of = |p: Option<u32>| {
+            host.namespace(p, kind)
+                .map_err(|e| format!("{}: {e}", cordon::host::namespace_path(p, kind).display()))
+        };
+        namespaces.insert(kind.to_owned(), of(Some(pid_u))? != of(None)?);
+    }
     let routes = text(format!("/proc/{pid}/net/route"))?
         .lines()
         .skip(1)
         .count();
-    let table = cordon::mountinfo::entries(&String::from_utf8_lossy(mountinfo));
+    // Read whole here (the evidence copy is bounded): a created container's table is the
+    // runtime's, nothing of the workload's.
+    let table = cordon::mountinfo::entries(&text(format!("/proc/{pid}/mountinfo"))?);
     let read_only = watched(planned)
         .into_iter()
         .map(|point| {
@@ -114,20 +119,23 @@ pub fn read(
                 .iter()
                 .rev()
                 .find(|e| e.point == Path::new(&point))
-                .map(cordon::mountinfo::Entry::read_only)
-                .ok_or_else(|| format!("nothing is mounted at {point} in the container"))?;
-            Ok((point, ro))
+                .map(cordon::mountinfo::Entry::read_only);
+            (point, ro)
         })
-        .collect::<Result<_, String>>()?;
+        .collect();
+    let filters = |status: &str| -> Result<i64, String> {
+        field_of(status, "Seccomp_filters")?
+            .parse()
+            .map_err(|e| format!("Seccomp_filters: {e}"))
+    };
     Ok(Outside {
         uids: numbers("Uid")?,
         gids: numbers("Gid")?,
         groups: numbers("Groups")?,
         caps,
         no_new_privs: number("NoNewPrivs")? == 1,
-        seccomp: (number("Seccomp")?, number("Seccomp_filters")?),
-        own_pid_namespace: ns(pid_u)? != ns(std::process::id())?,
-        interfaces,
+        seccomp: (number("Seccomp")?, filters(&status)? - filters(&own)?),
+        namespaces,
         routes,
         read_only,
     })
@@ -217,10 +225,12 @@ pub fn differences(planned: &Spec, o: &Outside) -> Vec<String> {
         .linux()
         .as_ref()
         .is_some_and(|l| l.seccomp().is_some());
+    // Exactly the one filter the runtime installs, above whatever the supervisor runs under.
     let (mode, filters) = o.seccomp;
+    let want_filters = i64::from(filtered);
     want(
-        (mode == 2 && filters >= 1) == filtered,
-        format!("seccomp mode {mode} with {filters} filters, planned filtered: {filtered}"),
+        (mode == 2 || !filtered) && filters == want_filters,
+        format!("seccomp mode {mode} with {filters} filters of the runtime's, not {want_filters}"),
     );
     let private = |kind: LinuxNamespaceType| {
         planned.linux().as_ref().is_some_and(|l| {
@@ -230,21 +240,21 @@ pub fn differences(planned: &Spec, o: &Outside) -> Vec<String> {
                 .any(|n| n.typ() == kind && n.path().is_none())
         })
     };
+    let namespaces: BTreeMap<String, bool> = NAMESPACES
+        .iter()
+        .map(|(kind, typ)| ((*kind).to_owned(), private(*typ)))
+        .collect();
     want(
-        o.own_pid_namespace == private(LinuxNamespaceType::Pid),
+        o.namespaces == namespaces,
         format!(
-            "its own pid namespace: {}, planned: {}",
-            o.own_pid_namespace,
-            private(LinuxNamespaceType::Pid)
+            "namespaces of its own {:?}, not {namespaces:?}",
+            o.namespaces
         ),
     );
     if private(LinuxNamespaceType::Network) {
         want(
-            o.interfaces == ["lo"] && o.routes == 0,
-            format!(
-                "a private network namespace with interfaces {:?} and {} routes",
-                o.interfaces, o.routes
-            ),
+            o.routes == 0,
+            format!("a private network namespace with {} routes", o.routes),
         );
     }
     let root_ro = planned
@@ -252,7 +262,7 @@ pub fn differences(planned: &Spec, o: &Outside) -> Vec<String> {
         .as_ref()
         .and_then(|r| r.readonly())
         .unwrap_or(false);
-    let read_only: BTreeMap<String, bool> = watched(planned)
+    let read_only: BTreeMap<String, Option<bool>> = watched(planned)
         .into_iter()
         .map(|point| {
             let ro = if point == "/" {
@@ -263,12 +273,30 @@ pub fn differences(planned: &Spec, o: &Outside) -> Vec<String> {
                         && m.options().iter().flatten().any(|o| o == "ro")
                 })
             };
-            (point, ro)
+            (point, Some(ro))
         })
         .collect();
+    // Each mount as `point ro`, `point rw` or `point unmounted`, in the table's terms.
+    let show = |m: &BTreeMap<String, Option<bool>>| {
+        m.iter()
+            .map(|(point, ro)| {
+                let flag = match ro {
+                    Some(true) => "ro",
+                    Some(false) => "rw",
+                    None => "unmounted",
+                };
+                format!("{point} {flag}")
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     want(
         o.read_only == read_only,
-        format!("read-only mounts {:?}, not {read_only:?}", o.read_only),
+        format!(
+            "read-only mounts [{}], not [{}]",
+            show(&o.read_only),
+            show(&read_only)
+        ),
     );
     d
 }

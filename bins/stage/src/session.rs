@@ -438,14 +438,14 @@ impl Session<'_> {
     /// evidence and compare it with the plan: a difference quarantines the executor
     /// (containment) and ends the session as a no-decision; a posture that cannot be read is
     /// one too.
-    fn check_posture(&self, pid: i32, table: &[u8], planned: &Planned) -> Result<(), SessionError> {
+    fn check_posture(&self, pid: i32, planned: &Planned) -> Result<(), SessionError> {
         // A signal kills the created init: what is then read of it is the signal's doing, never
         // a containment failure (and no quarantine).
         let posture = |why: String| match interrupt::check() {
             Err(i) => SessionError::from(i),
             Ok(()) => SessionError::Posture { why },
         };
-        let outside = crate::posture::read(self.setup.host(), pid, table, &planned.spec)
+        let outside = crate::posture::read(self.setup.host(), pid, &planned.spec)
             .map_err(|why| posture(format!("cannot be read: {why}")))?;
         let json = cordon::canonical::to_canonical_json(&outside).map_err(SessionError::from)?;
         self.evidence
@@ -585,7 +585,7 @@ impl Session<'_> {
         interrupt::check().map_err(SessionError::from)?;
         // The kernel's view of the created init against the plan: a runtime that applied less
         // than the bundle (a flag, a namespace, a filter) is caught before anything runs.
-        self.check_posture(created.pid(), &table, &planned)?;
+        self.check_posture(created.pid(), &planned)?;
         let mut running = created.start().map_err(SessionError::from)?;
         drive(&mut running, &planned, deadline)?;
         let exited = running

@@ -29,6 +29,7 @@ use std::sync::{Arc, Mutex};
 use common::World;
 use cordon::host::MountRequest;
 use cordon::host::fake::Interposed;
+use cordon_testkit::mount_mut;
 use serde_json::{Value, json};
 
 /// One way to take a control away.
@@ -73,7 +74,8 @@ struct Blind {
 
 /// `bytes` read from `path`, as the posture check would read them of a container made as
 /// `blind` planned: the init's status credentials, capabilities and no-new-privileges, its
-/// root's and binds' read-only flags, a network namespace of its own. Anything else, as read.
+/// root's and binds' read-only flags, the namespaces it planned as its own, no route. Anything
+/// else, as read.
 fn blinded(path: &Path, bytes: Vec<u8>, blind: &Blind) -> Vec<u8> {
     let pid = std::fs::read_to_string(&blind.pid_file).unwrap_or_default();
     let Ok(rest) = path.strip_prefix(format!("/proc/{}", pid.trim())) else {
@@ -144,7 +146,20 @@ fn blinded(path: &Path, bytes: Vec<u8>, blind: &Blind) -> Vec<u8> {
                 })
                 .collect()
         }
-        Some("net/dev") => "Inter-|\n face |\n    lo: 0\n".to_owned(),
+        Some(ns) if ns.starts_with("ns/") => {
+            // A namespace the plan makes its own: shown as another than the supervisor's.
+            let kind = match &ns[3..] {
+                "net" => "network",
+                "mnt" => "mount",
+                other => other,
+            };
+            let planned = p["linux"]["namespaces"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|n| n["type"] == kind && n.get("path").is_none());
+            if planned { "1".to_owned() } else { text }
+        }
         Some("net/route") => "Iface\tDestination\n".to_owned(),
         _ => text,
     };
@@ -222,16 +237,6 @@ fn prepare(bundle: &Path, ablation: Option<Ablation>, applied: &AtomicU32) {
         applied.fetch_add(1, Ordering::SeqCst);
     }
     std::fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
-}
-
-/// The bundle's mount at `destination`.
-fn mount_mut<'a>(config: &'a mut Value, destination: &str) -> &'a mut Value {
-    config["mounts"]
-        .as_array_mut()
-        .unwrap()
-        .iter_mut()
-        .find(|m| m["destination"] == destination)
-        .unwrap_or_else(|| panic!("no {destination} mount planned"))
 }
 
 /// Replace mount option `from` of the mount at `destination` by `to` (or drop it).
@@ -723,7 +728,7 @@ fn the_outside_posture_check_refuses_each_flag_the_runtime_was_given_otherwise()
     let w = common::world();
     let policy = common::policy(&w, "stage-ablation", 5);
     type Rewrite = fn(&mut Value);
-    let cases: [(&str, Rewrite); 6] = [
+    let cases: [(&str, Rewrite); 7] = [
         ("read-only mounts", |c| c["root"]["readonly"] = json!(false)),
         ("read-only mounts", |c| {
             mount_option(c, "/engine", "ro", Some("rw"));
@@ -735,8 +740,11 @@ fn the_outside_posture_check_refuses_each_flag_the_runtime_was_given_otherwise()
             c["process"]["noNewPrivileges"] = json!(false)
         }),
         ("CapBnd", |c| grant(c, "CAP_CHOWN", &["bounding"])),
-        ("a private network namespace", |c| {
+        ("namespaces", |c| {
             share_namespace(c, "network");
+        }),
+        ("namespaces", |c| {
+            share_namespace(c, "ipc");
         }),
     ];
     let mut failures = Vec::new();

@@ -412,6 +412,23 @@ pub fn verdict_program(dir: &Path) -> PathBuf {
     compile_static(dir, "verdict", include_str!("../probes/verdict.c"))
 }
 
+/// The mount of a bundle's `config.json` at `destination`, for a test's rewrite of it (an
+/// ablation).
+///
+/// # Panics
+/// The bundle plans no mount there.
+pub fn mount_mut<'a>(
+    config: &'a mut serde_json::Value,
+    destination: &str,
+) -> &'a mut serde_json::Value {
+    config["mounts"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|m| m["destination"] == destination)
+        .unwrap_or_else(|| panic!("no {destination} mount planned"))
+}
+
 /// The median of some durations.
 #[must_use]
 pub fn median(mut v: Vec<std::time::Duration>) -> std::time::Duration {

@@ -402,6 +402,16 @@ impl Host for Fake {
         })
     }
 
+    /// A namespace is a file of the fake's holding its inode number
+    /// ([`super::namespace_path`]); one it does not hold cannot be looked at.
+    fn namespace(&self, pid: Option<u32>, kind: &str) -> io::Result<u64> {
+        let text = self.read(&super::namespace_path(pid, kind))?;
+        String::from_utf8_lossy(&text)
+            .trim()
+            .parse()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    }
+
     fn edit_file(&self, path: &Path, edit: &dyn Fn(&str) -> Option<String>) -> io::Result<()> {
         self.with(|s| {
             s.calls.push(Call::Edit(path.to_path_buf()));
@@ -793,6 +803,18 @@ impl Host for Interposed {
 
     fn pid_namespace(&self, pid: u32) -> io::Result<(u32, Option<u64>)> {
         self.pass(Call::PidNamespace(pid), || super::Linux.pid_namespace(pid))
+    }
+
+    /// Read as a file holding the inode number, so a read rewriter sees it like any other.
+    fn namespace(&self, pid: Option<u32>, kind: &str) -> io::Result<u64> {
+        let path = super::namespace_path(pid, kind);
+        self.pass(Call::Read(path.clone()), || {
+            let real = super::Linux.namespace(pid, kind)?.to_string().into_bytes();
+            String::from_utf8_lossy(&(self.read)(&path, real))
+                .trim()
+                .parse()
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+        })
     }
 
     fn edit_file(&self, path: &Path, edit: &dyn Fn(&str) -> Option<String>) -> io::Result<()> {

@@ -284,6 +284,14 @@ pub trait Host: std::fmt::Debug + Send + Sync {
     /// `NotFound` once it has exited; any other error is an unreadable process.
     fn pid_namespace(&self, pid: u32) -> io::Result<(u32, Option<u64>)>;
 
+    /// The identity (the inode of `/proc/<pid>/ns/<kind>`) of namespace `kind` (`net`, `ipc`,
+    /// `mnt`, …) of process `pid`, or of this process when `pid` is `None`: two processes share
+    /// a namespace exactly when these agree.
+    ///
+    /// # Errors
+    /// The process or the namespace cannot be looked at.
+    fn namespace(&self, pid: Option<u32>, kind: &str) -> io::Result<u64>;
+
     /// Rewrite a host file crash-safely under a lock: `edit` gets the current text (empty when
     /// the file does not exist) and returns the new text, or `None` to leave it as it is.
     ///
@@ -359,6 +367,13 @@ pub fn collect(mut process: Process, tool: &Tool) -> io::Result<ToolOutput> {
         stderr,
         truncated: out_total > tool.max_output || err_total > tool.max_output,
     })
+}
+
+/// `/proc/<pid>/ns/<kind>`, or `/proc/self/ns/<kind>` for this process.
+#[must_use]
+pub fn namespace_path(pid: Option<u32>, kind: &str) -> PathBuf {
+    let who = pid.map_or_else(|| "self".to_owned(), |p| p.to_string());
+    PathBuf::from(format!("/proc/{who}/ns/{kind}"))
 }
 
 impl Host for Linux {
@@ -555,6 +570,11 @@ impl Host for Linux {
         }
     }
 
+    fn namespace(&self, pid: Option<u32>, kind: &str) -> io::Result<u64> {
+        use std::os::unix::fs::MetadataExt;
+        fs::metadata(namespace_path(pid, kind)).map(|m| m.ino())
+    }
+
     fn edit_file(&self, path: &Path, edit: &dyn Fn(&str) -> Option<String>) -> io::Result<()> {
         let dir = path
             .parent()
@@ -639,12 +659,15 @@ mod tests {
         use process::Supervise;
         assert!(waiter.exited(None).unwrap());
         assert!(waiter.reap().unwrap().0.success());
-        let e = (waiter.reap()).unwrap_err().to_string();
+        let e = waiter.reap().unwrap_err().to_string();
         assert!(e.contains("the process was reaped already"), "{e}");
         waiter.kill().unwrap();
         // A process that is not this one's child cannot be supervised: an error, not "exited".
         let later = std::time::Instant::now() + Duration::from_secs(10);
-        let e = (Linux.adopt(1).unwrap().exited_by(later))
+        let e = Linux
+            .adopt(1)
+            .unwrap()
+            .exited_by(later)
             .unwrap_err()
             .to_string();
         assert!(e.contains("(os error 10)"), "{e}");
@@ -732,7 +755,7 @@ mod tests {
             .unreadable("/etc/group")
             .reply("list", ToolOutput::ok(b"[]"));
         assert_eq!(f.read(Path::new("/etc/passwd")).unwrap().len(), 26);
-        let e = (f.read(Path::new("/etc/group"))).unwrap_err().to_string();
+        let e = f.read(Path::new("/etc/group")).unwrap_err().to_string();
         assert!(e.contains("injected failure"), "{e}");
         let out = f.run(&Tool::new("runc", &["list", "-f", "json"])).unwrap();
         assert_eq!(out.stdout, b"[]");

@@ -40,8 +40,8 @@ fn table(spec: &Spec, flip: Option<&str>) -> String {
     t
 }
 
-/// A host whose created init `pid` has the posture `spec` plans.
-fn host(spec: &Spec, pid: u32) -> Arc<Fake> {
+/// A host whose created init `pid` has the posture `spec` plans, its mount table `table`.
+fn host(spec: &Spec, pid: u32, table: &str) -> Arc<Fake> {
     let user = spec.process().as_ref().unwrap().user().clone();
     let (u, g) = (user.uid(), user.gid());
     let fake = Arc::new(Fake::new());
@@ -55,12 +55,25 @@ fn host(spec: &Spec, pid: u32) -> Arc<Fake> {
         ),
     )
     .file(
-        format!("/proc/{pid}/net/dev"),
-        "Inter-|   Receive\n face |bytes\n    lo: 0 0 0\n",
+        "/proc/self/status",
+        "Name:\tsupervisor\nSeccomp:\t0\nSeccomp_filters:\t0\n",
     )
     .file(format!("/proc/{pid}/net/route"), "Iface\tDestination\n")
-    .pid_in(pid, u, 7, true)
-    .pid_in(std::process::id(), 0, 1, true);
+    .file(format!("/proc/{pid}/mountinfo"), table);
+    // Every namespace the plan makes is another than the supervisor's; the rest are shared.
+    for (i, (kind, typ)) in NAMESPACES.iter().enumerate() {
+        let own = spec
+            .linux()
+            .as_ref()
+            .unwrap()
+            .namespaces()
+            .iter()
+            .flatten()
+            .any(|n| n.typ() == *typ);
+        fake.file(format!("/proc/self/ns/{kind}"), &format!("{}", 100 + i));
+        let theirs = if own { 200 + i } else { 100 + i };
+        fake.file(format!("/proc/{pid}/ns/{kind}"), &format!("{theirs}"));
+    }
     fake
 }
 
@@ -68,8 +81,8 @@ fn host(spec: &Spec, pid: u32) -> Arc<Fake> {
 fn a_container_as_planned_shows_no_difference_and_each_control_missing_shows_one() {
     for kind in [StageKind::Prebuild, StageKind::Lane, StageKind::Reference] {
         let spec = planned(kind);
-        let fake = host(&spec, 4242);
-        let o = read(&*fake, 4242, table(&spec, None).as_bytes(), &spec).unwrap();
+        let fake = host(&spec, 4242, &table(&spec, None));
+        let o = read(&*fake, 4242, &spec).unwrap();
         assert_eq!(differences(&spec, &o), Vec::<String>::new(), "{kind}");
         assert!(
             o.read_only.len() >= 3,
@@ -104,20 +117,31 @@ fn a_container_as_planned_shows_no_difference_and_each_control_missing_shows_one
             ),
             ("no_new_privs", Box::new(|o| o.no_new_privs = false)),
             ("seccomp mode", Box::new(|o| o.seccomp = (0, 0))),
+            // A filter the supervisor had is no filter of the runtime's.
+            ("seccomp mode", Box::new(|o| o.seccomp = (2, 0))),
+            ("seccomp mode", Box::new(|o| o.seccomp = (2, 2))),
             (
-                "its own pid namespace",
-                Box::new(|o| o.own_pid_namespace = false),
+                "namespaces",
+                Box::new(|o| *o.namespaces.get_mut("pid").unwrap() = false),
             ),
             (
-                "a private network namespace",
-                Box::new(|o| o.interfaces.push("eth0".into())),
+                "namespaces",
+                Box::new(|o| *o.namespaces.get_mut("net").unwrap() = false),
+            ),
+            (
+                "namespaces",
+                Box::new(|o| *o.namespaces.get_mut("ipc").unwrap() = false),
+            ),
+            (
+                "namespaces",
+                Box::new(|o| *o.namespaces.get_mut("user").unwrap() = true),
             ),
             ("a private network namespace", Box::new(|o| o.routes = 1)),
             (
                 "read-only mounts",
                 Box::new(|o| {
                     let root = o.read_only.get_mut("/").unwrap();
-                    *root = !*root;
+                    *root = root.map(|ro| !ro);
                 }),
             ),
         ];
@@ -136,30 +160,37 @@ fn a_container_as_planned_shows_no_difference_and_each_control_missing_shows_one
 #[test]
 fn every_read_only_bind_is_read_from_the_table_and_a_missing_fact_is_no_posture() {
     let spec = planned(StageKind::Lane);
-    let fake = host(&spec, 4242);
     // Each bind's flag flipped in the kernel's table is that bind's difference.
     for point in ["/", "/engine", "/native", "/model", "/cache"] {
-        let o = read(&*fake, 4242, table(&spec, Some(point)).as_bytes(), &spec).unwrap();
+        let fake = host(&spec, 4242, &table(&spec, Some(point)));
+        let o = read(&*fake, 4242, &spec).unwrap();
         let d = differences(&spec, &o);
         assert!(
             d.len() == 1 && d[0].starts_with("read-only mounts"),
             "{point}: {d:?}"
         );
     }
-    // A bind the table lacks, an unreadable status or a field it lacks: not established.
+    // A bind the runtime did not make is a difference too (never "nothing there").
     let lacking: String = table(&spec, None)
         .lines()
         .filter(|l| !l.contains(" /model "))
         .map(|l| format!("{l}\n"))
         .collect();
-    let e = read(&*fake, 4242, lacking.as_bytes(), &spec).unwrap_err();
-    assert_eq!(e, "nothing is mounted at /model in the container");
+    let o = read(&*host(&spec, 4242, &lacking), 4242, &spec).unwrap();
+    assert_eq!(o.read_only["/model"], None);
+    let d = differences(&spec, &o);
+    assert!(d.len() == 1 && d[0].contains("/model unmounted"), "{d:?}");
+    // An unreadable status, a field it lacks, a namespace that cannot be looked at: the
+    // posture is not established.
+    let fake = host(&spec, 4242, &table(&spec, None));
     fake.file("/proc/4242/status", "Uid:\t1\t1\t1\t1\n");
-    let e = read(&*fake, 4242, table(&spec, None).as_bytes(), &spec).unwrap_err();
-    assert!(e.starts_with("/proc/4242/status has no "), "{e}");
+    let e = read(&*fake, 4242, &spec).unwrap_err();
+    assert!(e.starts_with("a process status without "), "{e}");
     fake.unreadable("/proc/4242/status");
-    assert!(
-        read(&*fake, 4242, table(&spec, None).as_bytes(), &spec)
-            .is_err_and(|e| e.starts_with("/proc/4242/status: "))
-    );
+    let e = read(&*fake, 4242, &spec).unwrap_err();
+    assert!(e.starts_with("/proc/4242/status: "), "{e}");
+    let fake = host(&spec, 4242, &table(&spec, None));
+    fake.unreadable("/proc/4242/ns/ipc");
+    let e = read(&*fake, 4242, &spec).unwrap_err();
+    assert!(e.starts_with("/proc/4242/ns/ipc: "), "{e}");
 }
