@@ -9,7 +9,8 @@
 # Environment: CORDON_MUTANTS_BUDGET (seconds per group, default 3600), CORDON_MUTANTS_ITERATE=1
 # to test again only the mutants the last run of a group did not catch, CORDON_MUTANTS_ROOT=1
 # to include the root-only test binaries (root_*: real containers and accounts; never run them
-# beside another root test run on this host — they share account ranges). Needs
+# beside another root test run on this host — they share account ranges; each mutant then
+# rebuilds the workspace and runs real containers: minutes per mutant). Needs
 # `cargo install cargo-mutants --locked` and cargo-nextest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,8 +20,7 @@ command -v cargo-mutants >/dev/null || {
     exit 2
 }
 budget=${CORDON_MUTANTS_BUDGET:-3600}
-filter='not binary(/^root_/)'
-if [ "${CORDON_MUTANTS_ROOT:-0}" = 1 ]; then filter='all()'; fi
+root=${CORDON_MUTANTS_ROOT:-0}
 
 # group → files, function pattern, test packages.
 run_group() {
@@ -67,7 +67,17 @@ run_group() {
     if [ "${CORDON_MUTANTS_ITERATE:-0}" = 1 ]; then args+=(--iterate); fi
     for f in "${files[@]}"; do args+=(--file "$f"); done
     for r in "${re[@]}"; do args+=(--re "$r"); done
-    for t in "${tests[@]}"; do args+=(--test-package "$t"); done
+    local filter
+    if [ "$root" = 1 ]; then
+        # The root tier runs the stage binaries it drives (cordon-reap, cordon-policy, …): the
+        # whole workspace is built, and nextest runs the named packages' tests only.
+        args+=(--test-workspace=true)
+        filter=$(printf 'package(%s) | ' "${tests[@]}")
+        filter=${filter% | }
+    else
+        for t in "${tests[@]}"; do args+=(--test-package "$t"); done
+        filter='not binary(/^root_/)'
+    fi
     mkdir -p "target/mutants/$group"
     echo "mutants: $group (budget ${budget}s)"
     # cargo-mutants exits non-zero when a mutant survives; the report says which.

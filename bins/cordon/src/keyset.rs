@@ -498,7 +498,7 @@ mod tests {
         assert_eq!(entry.compromised_at, entry.valid_from);
         let e = declare_compromised(&keys, "ed25519:00", T0).unwrap_err();
         assert!(e.to_string().contains("not in the host's key set"), "{e}");
-        let e = (declare_compromised(&keys, &old, "yesterday"))
+        let e = declare_compromised(&keys, &old, "yesterday")
             .unwrap_err()
             .to_string();
         assert!(
@@ -586,7 +586,7 @@ mod tests {
             std::os::unix::fs::PermissionsExt::from_mode(0o666),
         )
         .unwrap();
-        let e = (host_set(&keys)).unwrap_err().to_string();
+        let e = host_set(&keys).unwrap_err().to_string();
         assert!(
             e.contains("not a regular file of this user's closed to others' writes"),
             "{e}"

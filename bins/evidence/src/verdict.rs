@@ -438,7 +438,7 @@ mod tests {
             b: grade(&rule, &t, &[vec![1, 2], vec![3, 5]]),
             ..graded
         };
-        let e = (decide(&pass, &broken_baseline, Some(&broke), one()))
+        let e = decide(&pass, &broken_baseline, Some(&broke), one())
             .unwrap_err()
             .to_string();
         assert!(

@@ -395,7 +395,7 @@ mod tests {
             })
         );
         assert!(d.push(b"x").is_err(), "a dead stream stays dead");
-        let e = (encode(LANE, Kind::Response, &[0; 17], L))
+        let e = encode(LANE, Kind::Response, &[0; 17], L)
             .unwrap_err()
             .to_string();
         assert!(

@@ -254,7 +254,7 @@ mod tests {
         assert!(Response::decode(&[0; 7]).is_err(), "too short");
         assert!(Response::decode(&[0; 13]).is_err(), "not whole tokens");
         assert_eq!(ready_protocol(&ready_payload()).unwrap(), PROTOCOL);
-        let e = (ready_protocol(&[0; 8])).unwrap_err().to_string();
+        let e = ready_protocol(&[0; 8]).unwrap_err().to_string();
         assert!(
             e.contains("is not 4 fixed bytes plus whole u32 tokens"),
             "{e}"
@@ -267,7 +267,7 @@ mod tests {
             from_payload::<Fault>(br#"{"what":"x","elapsed_ms":1}"#).is_err(),
             "nothing can slip a field of its own into a message"
         );
-        let e = (from_payload::<Ended>(br#"{"code":1.5,"signal":null,"violation":null}"#))
+        let e = from_payload::<Ended>(br#"{"code":1.5,"signal":null,"violation":null}"#)
             .unwrap_err()
             .to_string();
         assert!(e.contains("expected i32"), "{e}");

@@ -290,7 +290,7 @@ mod tests {
             assert!(super::apart(&m, &[host]).is_err(), "{}", host.display());
         }
         let inside = std::fs::canonicalize(&keys).unwrap();
-        let e = (super::apart(&dir.path().canonicalize().unwrap(), &[&inside]))
+        let e = super::apart(&dir.path().canonicalize().unwrap(), &[&inside])
             .unwrap_err()
             .to_string();
         assert!(e.contains("which is the host's own"), "{e}");

@@ -589,7 +589,7 @@ mod tests {
             );
         }
         let none = policy_file("examples/surface.kdl");
-        let e = (render("s.kdl", &none, &narrowed(&["pypi.org"])))
+        let e = render("s.kdl", &none, &narrowed(&["pypi.org"]))
             .unwrap_err()
             .to_string();
         assert!(

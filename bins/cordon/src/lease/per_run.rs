@@ -688,7 +688,7 @@ mod tests {
             "useradd",
             ToolOutput::failed("useradd: cannot lock /etc/passwd"),
         );
-        let e = (begin_at(&f, &state, &ws, "0000002a"))
+        let e = begin_at(&f, &state, &ws, "0000002a")
             .unwrap_err()
             .to_string();
         assert!(
@@ -728,9 +728,7 @@ mod tests {
             "userdel",
             ToolOutput::failed("userdel: user is currently used by process 7"),
         );
-        let e = (end(&f, &policy(), &state, &record))
-            .unwrap_err()
-            .to_string();
+        let e = end(&f, &policy(), &state, &record).unwrap_err().to_string();
         assert!(
             e.contains("failed: userdel: user is currently used by process 7"),
             "{e}"

@@ -1018,7 +1018,7 @@ fn a_mount_table_of_another_namespace_than_inits_is_never_quiescence() {
         items.iter().any(|i| i.contains("mount namespace")),
         "{items:?}"
     );
-    let e = (m.check()).unwrap_err().to_string();
+    let e = m.check().unwrap_err().to_string();
     assert!(e.contains("mount namespace is not the host's"), "{e}");
     // The same tables in one namespace: the release goes through.
     f.file(
@@ -1524,7 +1524,7 @@ fn a_device_quarantine_stops_only_leases_that_use_the_device() {
     ));
     // An unreadable record is never read as none.
     fs::write(store.root().join(quarantine::QUARANTINE).join("junk"), "x").unwrap();
-    let e = (quarantine::check(store, "fake", &[]))
+    let e = quarantine::check(store, "fake", &[])
         .unwrap_err()
         .to_string();
     assert!(e.contains("not a quarantine record's name"), "{e}");
@@ -1615,7 +1615,7 @@ fn an_incident_stops_its_candidate_under_its_authority_only() {
     assert!(e.to_string().contains(&format!("receipt {receipt}")), "{e}");
     // Lifting the quarantine does not lift the incident.
     lift_all(&w.manager);
-    let e = (incident::check(store, "sha256:a", &candidate))
+    let e = incident::check(store, "sha256:a", &candidate)
         .unwrap_err()
         .to_string();
     assert!(

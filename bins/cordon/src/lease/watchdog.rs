@@ -406,11 +406,11 @@ mod tests {
         }
         let mut bad = tool.args.clone();
         bad[6] = "-".into();
-        let e = (Watch::from_args(&bad[1..])).unwrap_err().to_string();
+        let e = Watch::from_args(&bad[1..]).unwrap_err().to_string();
         assert!(e.contains("the kill command does not follow `--`"), "{e}");
         bad.clone_from(&tool.args);
         bad[5] = "soon".into();
-        let e = (Watch::from_args(&bad[1..])).unwrap_err().to_string();
+        let e = Watch::from_args(&bad[1..]).unwrap_err().to_string();
         assert!(e.contains("deadline \"soon\": invalid digit"), "{e}");
     }
 }

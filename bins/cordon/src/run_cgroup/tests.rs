@@ -120,7 +120,7 @@ fn v1_makes_a_supervisor_and_a_limited_sandbox_per_hierarchy_joins_checks_and_re
     );
     super::enter_sandbox(&*host, "/cg".as_ref(), "cordon-r1", &all(), 44).unwrap();
     assert!(writes(&fake).contains(&(format!("/cg/memory{sandbox}/cgroup.procs"), "44".into())));
-    let e = (super::enter_sandbox(&*host, "/cg".as_ref(), "cordon-r1", &all(), 42))
+    let e = super::enter_sandbox(&*host, "/cg".as_ref(), "cordon-r1", &all(), 42)
         .unwrap_err()
         .to_string();
     assert!(
@@ -179,14 +179,14 @@ fn v2_enables_the_controllers_to_the_sandbox_and_writes_each_limit_there() {
     );
     cg.join(7).unwrap();
     fake.file("/proc/8/cgroup", "0::/user.slice\n");
-    let e = (cg.join(8)).unwrap_err().to_string();
+    let e = cg.join(8).unwrap_err().to_string();
     assert!(
         e.contains("process 8 is not in /cordon-surface/cordon-r2/supervisor"),
         "{e}"
     );
     fake.file("/proc/9/cgroup", "0::/cordon-surface/cordon-r2/sandbox\n");
     super::enter_sandbox(&*host, "/cg".as_ref(), "cordon-r2", &all(), 9).unwrap();
-    let e = (super::enter_sandbox(&*host, "/cg".as_ref(), "cordon-r2", &all(), 7))
+    let e = super::enter_sandbox(&*host, "/cg".as_ref(), "cordon-r2", &all(), 7)
         .unwrap_err()
         .to_string();
     assert!(
@@ -232,7 +232,7 @@ fn a_refused_limit_or_an_existing_cgroup_is_an_error_and_nothing_made_stays() {
     let fake = Arc::new(Fake::new());
     fake.unreadable("/cg/cgroup.controllers");
     let host: HostRef = fake.clone();
-    let e = (prepare(&host, "/cg".as_ref(), "cordon-r5", &limits, ACCOUNT))
+    let e = prepare(&host, "/cg".as_ref(), "cordon-r5", &limits, ACCOUNT)
         .unwrap_err()
         .to_string();
     assert!(
@@ -255,7 +255,7 @@ fn a_leftover_is_removed_from_every_hierarchy_and_one_that_stays_is_an_error() {
         24
     );
     fake.unreadable("/cg/pids/cordon-surface/cordon-r6");
-    let e = (remove_leftover(&*host, "/cg".as_ref(), "cordon-r6"))
+    let e = remove_leftover(&*host, "/cg".as_ref(), "cordon-r6")
         .unwrap_err()
         .to_string();
     assert!(
@@ -356,7 +356,7 @@ fn a_container_is_checked_in_its_cgroup_with_the_limits_asked_for() {
         super::check_placed(&host, "/cg".as_ref(), "/svc/cordon-r", pid, limits)
     };
     check(9, &limits).unwrap();
-    let e = (check(10, &limits)).unwrap_err().to_string();
+    let e = check(10, &limits).unwrap_err().to_string();
     assert!(e.contains("process 10 is not in /svc/cordon-r"), "{e}");
     let other = Limits {
         pids: Some(65),
