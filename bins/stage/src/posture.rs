@@ -229,7 +229,7 @@ pub fn differences(planned: &Spec, o: &Outside) -> Vec<String> {
     let (mode, filters) = o.seccomp;
     let want_filters = i64::from(filtered);
     want(
-        (mode == 2 || !filtered) && filters == want_filters,
+        filters == want_filters,
         format!("seccomp mode {mode} with {filters} filters of the runtime's, not {want_filters}"),
     );
     let private = |kind: LinuxNamespaceType| {

@@ -51,12 +51,13 @@ fn host(spec: &Spec, pid: u32, table: &str) -> Arc<Fake> {
             "Name:\trunc:[2:INIT]\nUid:\t{u}\t{u}\t{u}\t{u}\nGid:\t{g}\t{g}\t{g}\t{g}\nGroups:\t\n\
              CapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n\
              CapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t2\n\
-             Seccomp_filters:\t1\n"
+             Seccomp_filters:\t2\n"
         ),
     )
     .file(
+        // The supervisor itself runs under one filter (systemd's, say): the init inherits it.
         "/proc/self/status",
-        "Name:\tsupervisor\nSeccomp:\t0\nSeccomp_filters:\t0\n",
+        "Name:\tsupervisor\nSeccomp:\t2\nSeccomp_filters:\t1\n",
     )
     .file(format!("/proc/{pid}/net/route"), "Iface\tDestination\n")
     .file(format!("/proc/{pid}/mountinfo"), table);
@@ -84,6 +85,8 @@ fn a_container_as_planned_shows_no_difference_and_each_control_missing_shows_one
         let fake = host(&spec, 4242, &table(&spec, None));
         let o = read(&*fake, 4242, &spec).unwrap();
         assert_eq!(differences(&spec, &o), Vec::<String>::new(), "{kind}");
+        // Only the filter above the supervisor's counts as the runtime's.
+        assert_eq!(o.seccomp, (2, 1), "{kind}");
         assert!(
             o.read_only.len() >= 3,
             "{kind}: root and the binds: {:?}",
@@ -193,4 +196,42 @@ fn every_read_only_bind_is_read_from_the_table_and_a_missing_fact_is_no_posture(
     fake.unreadable("/proc/4242/ns/ipc");
     let e = read(&*fake, 4242, &spec).unwrap_err();
     assert!(e.starts_with("/proc/4242/ns/ipc: "), "{e}");
+}
+
+/// A plan that grants capabilities is compared set by set: each set's bits, and no other.
+#[test]
+fn planned_capabilities_are_compared_set_by_set() {
+    let mut v = serde_json::to_value(planned(StageKind::Prebuild)).unwrap();
+    let caps = &mut v["process"]["capabilities"];
+    caps["bounding"] = serde_json::json!(["CAP_CHOWN", "CAP_KILL"]);
+    caps["permitted"] = serde_json::json!(["CAP_CHOWN", "CAP_KILL"]);
+    caps["effective"] = serde_json::json!(["CAP_CHOWN"]);
+    caps["inheritable"] = serde_json::json!(["CAP_CHOWN", "CAP_KILL"]);
+    caps["ambient"] = serde_json::json!(["CAP_KILL"]);
+    let spec: Spec = serde_json::from_value(v).unwrap();
+    let (chown, kill) = (1u64 << 0, 1u64 << 5);
+    let fake = host(&spec, 4242, &table(&spec, None));
+    let mut o = read(&*fake, 4242, &spec).unwrap();
+    for (set, bits) in [
+        ("CapBnd", chown | kill),
+        ("CapPrm", chown | kill),
+        ("CapEff", chown),
+        ("CapInh", chown | kill),
+        ("CapAmb", kill),
+    ] {
+        o.caps.insert(set.to_owned(), bits);
+    }
+    assert_eq!(differences(&spec, &o), Vec::<String>::new());
+    // One bit more or less in any one set is that set's difference.
+    for set in ["CapBnd", "CapPrm", "CapEff", "CapInh", "CapAmb"] {
+        for flip in [chown, kill, 1 << 21] {
+            let mut changed = o.clone();
+            *changed.caps.get_mut(set).unwrap() ^= flip;
+            let d = differences(&spec, &changed);
+            assert!(
+                d.len() == 1 && d[0].starts_with(set),
+                "{set} ^ {flip:x}: {d:?}"
+            );
+        }
+    }
 }
