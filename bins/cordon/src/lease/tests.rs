@@ -361,28 +361,33 @@ fn an_expired_leases_id_under_other_labels_is_not_ended() {
 #[test]
 fn the_overlays_writable_layer_is_mounted_bounded_before_the_overlay() {
     let w = world();
+    // A lease naming the overlay's points, and its overlay of the test image mounted, bounded.
+    let overlay = |m: &Manager| {
+        let lease = m
+            .begin_with(
+                "sha256:a",
+                &["overlay", "rootfs"],
+                cordon_testkit::in_an_hour(),
+            )
+            .unwrap();
+        own_run_dir(&lease);
+        let run = lease.run_dir().to_path_buf();
+        let mounted = m.mount_overlay(
+            &lease,
+            &run.join("rootfs"),
+            &w.dir.path().join("image"),
+            &run.join("overlay/upper"),
+            &run.join("overlay/work"),
+            1 << 20,
+            64,
+        );
+        (lease, run, mounted)
+    };
     let f = empty_host();
     f.reply("list", ToolOutput::ok(b"[]"));
     let m = with_host(&w, f.clone());
-    let lease = m
-        .begin_with(
-            "sha256:a",
-            &["overlay", "rootfs"],
-            cordon_testkit::in_an_hour(),
-        )
-        .unwrap();
-    own_run_dir(&lease);
-    let run = lease.run_dir().to_path_buf();
-    m.mount_overlay(
-        &lease,
-        &run.join("rootfs"),
-        &w.dir.path().join("image"),
-        &run.join("overlay/upper"),
-        &run.join("overlay/work"),
-        1 << 20,
-        64,
-    )
-    .unwrap();
+    let (lease, run, mounted) = overlay(&m);
+    mounted.unwrap();
     let mounts: Vec<MountRequest> = f
         .calls()
         .into_iter()
@@ -412,24 +417,7 @@ fn the_overlays_writable_layer_is_mounted_bounded_before_the_overlay() {
     f.reply("list", ToolOutput::ok(b"[]"))
         .fail(true, false, false);
     let m = with_host(&w, f.clone());
-    let lease = m
-        .begin_with(
-            "sha256:a",
-            &["overlay", "rootfs"],
-            cordon_testkit::in_an_hour(),
-        )
-        .unwrap();
-    own_run_dir(&lease);
-    let run = lease.run_dir().to_path_buf();
-    let failed = m.mount_overlay(
-        &lease,
-        &run.join("rootfs"),
-        &w.dir.path().join("image"),
-        &run.join("overlay/upper"),
-        &run.join("overlay/work"),
-        1 << 20,
-        64,
-    );
+    let (_lease, run, failed) = overlay(&m);
     assert!(
         matches!(
             failed,
