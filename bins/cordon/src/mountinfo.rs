@@ -1,6 +1,6 @@
-//! The kernel's mount table (`/proc/<pid>/mountinfo`) as cordon reads it: each mount's point and
-//! its per-mount options, the octal escapes of a point decoded. Pure: the caller reads the table
-//! through its host seam.
+//! The kernel's mount table (`/proc/<pid>/mountinfo`) as cordon reads it: each mount's point,
+//! its per-mount options, its filesystem type and that filesystem's (super block's) options, the
+//! octal escapes of a point decoded. Pure: the caller reads the table through its host seam.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -12,6 +12,10 @@ pub struct Entry {
     pub point: PathBuf,
     /// The per-mount options (field 6: `ro` or `rw`, `nosuid`, `nodev`, `noexec`, …).
     pub options: Vec<String>,
+    /// The filesystem type (the field after the ` - ` separator); empty on a line without one.
+    pub fstype: String,
+    /// The super block's options (the last field: a tmpfs's `size=…k`, …).
+    pub super_options: Vec<String>,
 }
 
 impl Entry {
@@ -32,9 +36,22 @@ pub fn entries(table: &str) -> Vec<Entry> {
             let mut fields = l.split(' ');
             let point = fields.nth(4)?;
             let options = fields.next()?;
+            // Optional fields (`shared:1`, …) run up to the lone `-`; then type, source and the
+            // super block's options.
+            let mut rest = fields.skip_while(|f| *f != "-").skip(1);
+            let fstype = rest.next().unwrap_or_default();
+            let super_options = rest.nth(1).unwrap_or_default();
+            let split = |o: &str| -> Vec<String> {
+                o.split(',')
+                    .filter(|o| !o.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            };
             Some(Entry {
                 point: PathBuf::from(unescape(point)),
-                options: options.split(',').map(str::to_owned).collect(),
+                options: split(options),
+                fstype: fstype.to_owned(),
+                super_options: split(super_options),
             })
         })
         .collect()
@@ -74,12 +91,19 @@ mod tests {
 
     #[test]
     fn points_are_decoded_and_options_split() {
-        let table = "22 1 0:21 / / ro,nosuid shared:1 - overlay overlay rw\n\
-                     23 22 0:22 / /a\\040b rw,noexec - tmpfs tmpfs rw\n\
+        let table = "22 1 0:21 / / ro,nosuid shared:1 master:2 - overlay overlay rw,lowerdir=/x\n\
+                     23 22 0:22 / /a\\040b rw,noexec - tmpfs tmpfs rw,size=65536k,mode=755\n\
                      24 22 0:23 / /c\\134d\\011e\\012 ro - tmpfs tmpfs rw\n\
+                     25 22 0:24 / /d rw\n\
                      short line\n";
         let e = entries(table);
-        assert_eq!(e.len(), 3);
+        assert_eq!(e.len(), 4);
+        assert_eq!(e[0].fstype, "overlay");
+        assert_eq!(e[0].super_options, ["rw", "lowerdir=/x"]);
+        assert_eq!(e[1].fstype, "tmpfs");
+        assert_eq!(e[1].super_options, ["rw", "size=65536k", "mode=755"]);
+        // A line without the separator: no type, no super options.
+        assert_eq!((e[3].fstype.as_str(), e[3].super_options.len()), ("", 0));
         assert_eq!(e[0].point, PathBuf::from("/"));
         assert!(e[0].read_only());
         assert_eq!(e[1].point, PathBuf::from("/a b"));

@@ -5,24 +5,26 @@
 //! **and** succeed when only its control is taken away; one refused both ways proves nothing
 //! and fails. The lane's read-only binds are held three times: by the mount flag, by the
 //! session's posture read from outside once the container is created
-//! (`cordon_stage::posture`), and by the worker's report from inside. A bundle with one flag
-//! removed is therefore refused by the first comparison — a no-decision that quarantines the
-//! executor — and that is what their ablation proves.
+//! (`cordon_stage::posture`), and by the worker's report from inside. A bundle with one of those
+//! flags removed is therefore refused by the outside comparison — a no-decision that
+//! quarantines the executor — and that is what their ablation proves.
 //!
 //! Every run is a real lane session (lease, account, runc, the pinned runtime image, the real
 //! worker) whose engine makes every attempt at import and answers them as its tokens, so the
 //! host's receipt carries the inside result. The ablation is a test-only transformation at the
 //! host seam: [`Interposed`] rewrites the bundle's `config.json` as `runc create` is spawned,
-//! never a switch in product code. Both runs make each target usable by the run account first
-//! (the tree's and publication's lease copies world-writable, the programs executable), so
-//! permissions cannot stand in for a mount flag.
+//! never a switch in product code. The outside check also compares `noexec` and the tmpfs
+//! sizes, so for the controls proved from inside it is shown the container as planned
+//! ([`Blind`]). Both runs make each target usable by the run account first (the tree's and
+//! publication's lease copies world-writable, the programs executable), so permissions cannot
+//! stand in for a mount flag.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 
 use cordon::canonical::Digest;
 use cordon::host::fake::Interposed;
@@ -31,6 +33,7 @@ use cordon::receipt::{Decision, Role};
 use cordon::tree::{PUBLICATIONS, TREES};
 use cordon_lane::session::{Inputs, LaneError, session};
 use cordon_stage::session::SessionError;
+use cordon_testkit::blind::Blind;
 use cordon_testkit::mount_mut;
 use serde_json::Value;
 
@@ -179,19 +182,31 @@ fn each_lane_control_is_refused_as_planned_and_passes_with_only_it_removed() {
     let model =
         cordon_testkit::register_model(&src, &w.dir.path().join("models"), &digest.to_string());
 
-    // One session with `ablate` applied at the seam, under executor `executor`.
-    let attempt = |executor: &str, ablate: Option<Ablate>| {
+    // One session with `ablate` applied at the seam, under executor `executor`; `blinded`: the
+    // outside posture check is shown the container as planned (`Blind`).
+    let attempt = |executor: &str, ablate: Option<Ablate>, blinded: bool| {
         let applied = Arc::new(AtomicU32::new(0));
         let counted = applied.clone();
         let mut cfg = w.cfg.clone();
         cfg.setup.executor = executor.to_owned();
-        cfg.setup.runtime.host = Arc::new(Interposed::new().rewriting_spawns(move |tool| {
-            let create = tool.args.iter().any(|a| a == "create");
-            if let (true, Some(i)) = (create, tool.args.iter().position(|a| a == "--bundle")) {
-                prepare(Path::new(&tool.args[i + 1]), ablate, &counted);
-            }
-            tool.clone()
-        }));
+        let blind: Arc<Mutex<Option<Blind>>> = Arc::default();
+        let shown = blind.clone();
+        let host = Interposed::new()
+            .rewriting_reads(move |path, bytes| match &*shown.lock().unwrap() {
+                Some(b) => b.shown(path, bytes),
+                None => bytes,
+            })
+            .rewriting_spawns(move |tool| {
+                let create = tool.args.iter().any(|a| a == "create");
+                if let (true, Some(i)) = (create, tool.args.iter().position(|a| a == "--bundle")) {
+                    if blinded {
+                        *blind.lock().unwrap() = Blind::at_create(&tool.args);
+                    }
+                    prepare(Path::new(&tool.args[i + 1]), ablate, &counted);
+                }
+                tool.clone()
+            });
+        cfg.setup.runtime.host = Arc::new(host);
         let outcome = session(
             &w.policy,
             &cfg,
@@ -218,7 +233,7 @@ fn each_lane_control_is_refused_as_planned_and_passes_with_only_it_removed() {
         assert!(left.is_empty(), "{executor}: left {left:?}");
         outcome
     };
-    let answers = |ablate: Option<Ablate>| match attempt("lane-ablation-0", ablate) {
+    let answers = |ablate: Option<Ablate>| match attempt("lane-ablation-0", ablate, true) {
         Ok(Decision::Accepted(out)) => out.outputs,
         Ok(Decision::Rejected(r)) => panic!("rejected: {:?}", r.findings),
         Err(e) => panic!("no decision: {e}"),
@@ -241,12 +256,10 @@ fn each_lane_control_is_refused_as_planned_and_passes_with_only_it_removed() {
     // executor of its own (the refusal quarantines it).
     for (i, (destination, ablate)) in READ_ONLY.iter().enumerate() {
         let executor = format!("lane-ablation-ro{i}");
-        match attempt(&executor, Some(*ablate)) {
+        match attempt(&executor, Some(*ablate), false) {
             Err(LaneError::Session(SessionError::Posture { why }))
-                if why.split(", not [").next().is_some_and(|seen| {
-                    seen.starts_with("read-only mounts")
-                        && seen.contains(&format!("{destination} rw"))
-                }) && why.contains(&format!("executor {executor} quarantined (containment")) => {}
+                if why.starts_with(&format!("mount {destination}: rw, not ro;"))
+                    && why.contains(&format!("executor {executor} quarantined (containment")) => {}
             other => failures.push(format!(
                 "read-only {destination}: with its flag removed the posture comparison must refuse \
                  the run, not {other:?}"

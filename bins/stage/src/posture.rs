@@ -42,9 +42,48 @@ pub struct Outside {
     pub namespaces: BTreeMap<String, bool>,
     /// The routes of its network namespace's main IPv4 table.
     pub routes: usize,
-    /// Mount point → whether read-only, for the root and every bind mount of the plan (the
-    /// top mount at that point); `None`: nothing is mounted there.
-    pub read_only: BTreeMap<String, Option<bool>>,
+    /// Each mount point the plan names (the root and every mount), as the top mount there
+    /// shows it; `None`: nothing is mounted there.
+    pub mounts: BTreeMap<String, Option<Mount>>,
+    /// Every other mount beneath a planned bind or the root (an `rbind`'s submounts, a mount
+    /// the runtime added): the deepest planned point above it, and the mount.
+    pub beneath: BTreeMap<String, (String, Mount)>,
+}
+
+/// One mount as the kernel's table shows it: the flags the plan can ask for and the filesystem.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Mount {
+    /// Which of [`FLAGS`] the mount carries (`ro` or none of it: read-write).
+    pub flags: Vec<String>,
+    /// The filesystem type.
+    pub fstype: String,
+    /// A tmpfs's size in KiB, as the kernel shows it.
+    pub size_kib: Option<u64>,
+}
+
+/// The per-mount flags compared: read-only must be as planned, the rest at least as planned
+/// (a flag the runtime adds only narrows what the workload may do).
+const FLAGS: [&str; 4] = ["ro", "nosuid", "nodev", "noexec"];
+
+impl Mount {
+    fn of(e: &cordon::mountinfo::Entry) -> Self {
+        Self {
+            flags: FLAGS
+                .iter()
+                .filter(|f| e.options.iter().any(|o| o == *f))
+                .map(|f| (*f).to_owned())
+                .collect(),
+            fstype: e.fstype.clone(),
+            size_kib: e
+                .super_options
+                .iter()
+                .find_map(|o| size_kib(o.strip_prefix("size=")?)),
+        }
+    }
+
+    fn has(&self, flag: &str) -> bool {
+        self.flags.iter().any(|f| f == flag)
+    }
 }
 
 /// The namespace kinds compared, with the plan's name for each.
@@ -109,18 +148,23 @@ pub fn read(host: &dyn Host, pid: i32, planned: &Spec) -> Result<Outside, String
         .skip(1)
         .count();
     // Read whole here (the evidence copy is bounded): a created container's table is the
-    // runtime's, nothing of the workload's.
-    let table = cordon::mountinfo::entries(&text(format!("/proc/{pid}/mountinfo"))?);
-    let read_only = watched(planned)
+    // runtime's, nothing of the workload's. The top mount at a point decides what a path there
+    // is: a later line covers an earlier one.
+    let mut top: BTreeMap<String, Mount> = BTreeMap::new();
+    for e in cordon::mountinfo::entries(&text(format!("/proc/{pid}/mountinfo"))?) {
+        top.insert(e.point.to_string_lossy().into_owned(), Mount::of(&e));
+    }
+    let points = planned_points(planned);
+    let mounts = points
+        .iter()
+        .map(|p| (p.point.clone(), top.get(&p.point).cloned()))
+        .collect();
+    let beneath = top
         .into_iter()
-        .map(|point| {
-            // The top mount at the point decides what a path there is.
-            let ro = table
-                .iter()
-                .rev()
-                .find(|e| e.point == Path::new(&point))
-                .map(cordon::mountinfo::Entry::read_only);
-            (point, ro)
+        .filter(|(point, _)| !points.iter().any(|p| p.point == *point))
+        .filter_map(|(point, m)| {
+            let above = deepest_above(&points, &point)?;
+            above.bind.then(|| (point, (above.point.clone(), m)))
         })
         .collect();
     let filters = |status: &str| -> Result<i64, String> {
@@ -137,22 +181,128 @@ pub fn read(host: &dyn Host, pid: i32, planned: &Spec) -> Result<Outside, String
         seccomp: (number("Seccomp")?, filters(&status)? - filters(&own)?),
         namespaces,
         routes,
-        read_only,
+        mounts,
+        beneath,
     })
 }
 
-/// The mount points whose read-only flag the posture reports: the root and every bind mount.
-fn watched(planned: &Spec) -> Vec<String> {
-    let mut points = vec!["/".to_owned()];
-    points.extend(
-        planned
-            .mounts()
-            .iter()
-            .flatten()
-            .filter(|m| m.typ().as_deref() == Some("bind"))
-            .map(|m| m.destination().to_string_lossy().into_owned()),
-    );
+/// A mount point the plan names, with what it asks of the mount there.
+struct Point {
+    point: String,
+    /// The root, or a bind mount: a mount beneath it not of the plan's own must be as narrow.
+    bind: bool,
+    /// The filesystem type a mount of its own names (`tmpfs`, `proc`, …; not for a bind).
+    fstype: Option<String>,
+    /// The [`FLAGS`] it asks for.
+    flags: Vec<String>,
+    /// A tmpfs's `size=` option, as planned.
+    size: Option<String>,
+}
+
+/// The root and every mount of `planned`, in the plan's order.
+fn planned_points(planned: &Spec) -> Vec<Point> {
+    let root_ro = planned
+        .root()
+        .as_ref()
+        .and_then(|r| r.readonly())
+        .unwrap_or(false);
+    let mut points = vec![Point {
+        point: "/".to_owned(),
+        bind: true,
+        fstype: None,
+        flags: if root_ro {
+            vec!["ro".to_owned()]
+        } else {
+            Vec::new()
+        },
+        size: None,
+    }];
+    for m in planned.mounts().iter().flatten() {
+        let options: Vec<&str> = m.options().iter().flatten().map(String::as_str).collect();
+        let typ = m.typ().clone().unwrap_or_default();
+        let bind = typ == "bind";
+        points.push(Point {
+            point: m.destination().to_string_lossy().into_owned(),
+            bind,
+            fstype: (!bind).then_some(typ),
+            flags: FLAGS
+                .iter()
+                .filter(|f| options.contains(f))
+                .map(|f| (*f).to_owned())
+                .collect(),
+            size: options
+                .iter()
+                .find_map(|o| o.strip_prefix("size="))
+                .map(str::to_owned),
+        });
+    }
     points
+}
+
+/// The deepest of `points` strictly above `path`.
+fn deepest_above<'a>(points: &'a [Point], path: &str) -> Option<&'a Point> {
+    points
+        .iter()
+        .filter(|p| p.point != path && Path::new(path).starts_with(&p.point))
+        .max_by_key(|p| p.point.len())
+}
+
+/// A tmpfs `size=` option in KiB as the kernel shows it: bytes (or a `k`, `m`, `g` multiple)
+/// rounded up to whole 4 KiB pages. `None`: not a size the planner writes. The kernel's own
+/// `size=…k` reads back as itself.
+fn size_kib(size: &str) -> Option<u64> {
+    let (digits, unit) = match size.char_indices().last()? {
+        (i, c) if c.is_ascii_alphabetic() => (&size[..i], c.to_ascii_lowercase()),
+        _ => (size, 'b'),
+    };
+    let shift = match unit {
+        'b' => 0,
+        'k' => 10,
+        'm' => 20,
+        'g' => 30,
+        _ => return None,
+    };
+    let bytes = digits.parse::<u64>().ok()?.checked_mul(1 << shift)?;
+    Some(bytes.div_ceil(4096) * 4)
+}
+
+/// How `seen` differs from what `want` asks of a mount (empty: as planned); `beneath`: a mount
+/// under `want`'s point, held to its flags only.
+fn mount_differences(want: &Point, seen: &Mount, beneath: bool) -> Vec<String> {
+    let mut d = Vec::new();
+    let ro = want.flags.iter().any(|f| f == "ro");
+    // Read-only exactly as planned at the point itself; beneath it, at least as planned.
+    if seen.has("ro") != ro && (ro || !beneath) {
+        let (is, not) = if seen.has("ro") {
+            ("ro", "rw")
+        } else {
+            ("rw", "ro")
+        };
+        d.push(format!("{is}, not {not}"));
+    }
+    for flag in want.flags.iter().filter(|f| *f != "ro") {
+        if !seen.has(flag) {
+            d.push(format!("without {flag}"));
+        }
+    }
+    if beneath {
+        return d;
+    }
+    if let Some(typ) = &want.fstype {
+        if seen.fstype != *typ {
+            d.push(format!("a {} mount, not {typ}", seen.fstype));
+        }
+    }
+    if let Some(size) = &want.size {
+        let planned = size_kib(size);
+        if planned.is_none() || seen.size_kib != planned {
+            let shown = seen
+                .size_kib
+                .map_or_else(|| "no".to_owned(), |k| format!("{k}k"));
+            d.push(format!("{shown} size, not {size}"));
+        }
+    }
+    d
 }
 
 /// The capability set `name` (a [`CAP_FIELDS`] entry) of the plan, as the kernel's bitmask.
@@ -257,47 +407,31 @@ pub fn differences(planned: &Spec, o: &Outside) -> Vec<String> {
             format!("a private network namespace with {} routes", o.routes),
         );
     }
-    let root_ro = planned
-        .root()
-        .as_ref()
-        .and_then(|r| r.readonly())
-        .unwrap_or(false);
-    let read_only: BTreeMap<String, Option<bool>> = watched(planned)
-        .into_iter()
-        .map(|point| {
-            let ro = if point == "/" {
-                root_ro
-            } else {
-                planned.mounts().iter().flatten().any(|m| {
-                    m.destination().to_string_lossy() == point.as_str()
-                        && m.options().iter().flatten().any(|o| o == "ro")
-                })
-            };
-            (point, Some(ro))
-        })
-        .collect();
-    // Each mount as `point ro`, `point rw` or `point unmounted`, in the table's terms.
-    let show = |m: &BTreeMap<String, Option<bool>>| {
-        m.iter()
-            .map(|(point, ro)| {
-                let flag = match ro {
-                    Some(true) => "ro",
-                    Some(false) => "rw",
-                    None => "unmounted",
-                };
-                format!("{point} {flag}")
-            })
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    want(
-        o.read_only == read_only,
-        format!(
-            "read-only mounts [{}], not [{}]",
-            show(&o.read_only),
-            show(&read_only)
-        ),
-    );
+    for p in planned_points(planned) {
+        match o.mounts.get(&p.point) {
+            Some(Some(seen)) => {
+                for what in mount_differences(&p, seen, false) {
+                    want(false, format!("mount {}: {what}", p.point));
+                }
+            }
+            _ => want(false, format!("mount {}: nothing mounted there", p.point)),
+        }
+    }
+    let points = planned_points(planned);
+    for (point, (above, seen)) in &o.beneath {
+        // Only where the plan's deepest point above it is the one recorded: a table read of
+        // another plan is no evidence for this one.
+        let Some(p) = deepest_above(&points, point).filter(|p| p.point == *above && p.bind) else {
+            want(
+                false,
+                format!("mount {point}: beneath {above}, which the plan does not bind"),
+            );
+            continue;
+        };
+        for what in mount_differences(p, seen, true) {
+            want(false, format!("mount {point} beneath {above}: {what}"));
+        }
+    }
     d
 }
 

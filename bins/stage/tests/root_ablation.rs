@@ -22,13 +22,14 @@
 mod common;
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use common::World;
 use cordon::host::MountRequest;
 use cordon::host::fake::Interposed;
+use cordon_testkit::blind::Blind;
 use cordon_testkit::mount_mut;
 use serde_json::{Value, json};
 
@@ -59,122 +60,16 @@ struct Control {
     base: Option<Ablation>,
 }
 
-/// What the session's outside posture check ([`cordon_stage::posture`]) is shown once a
-/// bundle was rewritten: the container's facts as the session planned them. The check is a
-/// second control over the bundle's flags (it refuses a container the runtime made otherwise
-/// than planned), so an ablation that removed a flag also blinds the check to it: the attempt
-/// alone then shows what the flag did.
-#[derive(Default)]
-struct Blind {
-    /// The runtime's pid file of the created init.
-    pid_file: PathBuf,
-    /// The bundle as the session wrote it, before the test's rewrite.
-    planned: Value,
-}
-
-/// `bytes` read from `path`, as the posture check would read them of a container made as
-/// `blind` planned: the init's status credentials, capabilities and no-new-privileges, its
-/// root's and binds' read-only flags, the namespaces it planned as its own, no route. Anything
-/// else, as read.
-fn blinded(path: &Path, bytes: Vec<u8>, blind: &Blind) -> Vec<u8> {
-    let pid = std::fs::read_to_string(&blind.pid_file).unwrap_or_default();
-    let Ok(rest) = path.strip_prefix(format!("/proc/{}", pid.trim())) else {
-        return bytes;
-    };
-    if pid.trim().is_empty() {
-        return bytes;
-    }
-    let p = &blind.planned;
-    let text = String::from_utf8_lossy(&bytes).into_owned();
-    let out = match rest.to_str() {
-        Some("status") => {
-            let user = &p["process"]["user"];
-            let (u, g) = (&user["uid"], &user["gid"]);
-            let mask = |set: &str| {
-                p["process"]["capabilities"][set]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|c| {
-                        std::str::FromStr::from_str(c.as_str().unwrap())
-                            .map_or(0, |k: caps::Capability| k.bitmask())
-                    })
-                    .fold(0u64, |a, b| a | b)
-            };
-            let nnp = u8::from(p["process"]["noNewPrivileges"] == json!(true));
-            text.lines()
-                .map(|l| match l.split(':').next() {
-                    Some("Uid") => format!("Uid:\t{u}\t{u}\t{u}\t{u}"),
-                    Some("Gid") => format!("Gid:\t{g}\t{g}\t{g}\t{g}"),
-                    Some("Groups") => "Groups:\t".to_owned(),
-                    Some("CapInh") => format!("CapInh:\t{:016x}", mask("inheritable")),
-                    Some("CapPrm") => format!("CapPrm:\t{:016x}", mask("permitted")),
-                    Some("CapEff") => format!("CapEff:\t{:016x}", mask("effective")),
-                    Some("CapBnd") => format!("CapBnd:\t{:016x}", mask("bounding")),
-                    Some("CapAmb") => format!("CapAmb:\t{:016x}", mask("ambient")),
-                    Some("NoNewPrivs") => format!("NoNewPrivs:\t{nnp}"),
-                    _ => l.to_owned(),
-                })
-                .map(|l| l + "\n")
-                .collect()
-        }
-        Some("mountinfo") => {
-            let ro = |point: &str| {
-                if point == "/" {
-                    return p["root"]["readonly"] == json!(true);
-                }
-                p["mounts"].as_array().unwrap().iter().any(|m| {
-                    m["destination"] == point
-                        && m["options"].as_array().unwrap().contains(&json!("ro"))
-                })
-            };
-            text.lines()
-                .map(|l| {
-                    let mut f: Vec<String> = l.split(' ').map(str::to_owned).collect();
-                    if f.len() > 5 {
-                        let flag = if ro(&f[4]) { "ro" } else { "rw" };
-                        let opts: Vec<&str> = f[5]
-                            .split(',')
-                            .filter(|o| *o != "ro" && *o != "rw")
-                            .collect();
-                        f[5] = std::iter::once(flag)
-                            .chain(opts)
-                            .collect::<Vec<_>>()
-                            .join(",");
-                    }
-                    f.join(" ") + "\n"
-                })
-                .collect()
-        }
-        Some(ns) if ns.starts_with("ns/") => {
-            // A namespace the plan makes its own: shown as another than the supervisor's.
-            let kind = match &ns[3..] {
-                "net" => "network",
-                "mnt" => "mount",
-                other => other,
-            };
-            let planned = p["linux"]["namespaces"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|n| n["type"] == kind && n.get("path").is_none());
-            if planned { "1".to_owned() } else { text }
-        }
-        Some("net/route") => "Iface\tDestination\n".to_owned(),
-        _ => text,
-    };
-    out.into_bytes()
-}
-
 /// The real host with `ablation` (if any) applied at the seam; `applied` counts how often.
 fn interposed(ablation: Option<Ablation>, applied: &Arc<AtomicU32>) -> Interposed {
     let on_spawn = applied.clone();
     let on_mount = applied.clone();
+    // What the outside posture check is shown once a bundle was rewritten (`Blind`).
     let blind: Arc<Mutex<Option<Blind>>> = Arc::default();
     let shown = blind.clone();
     Interposed::new()
         .rewriting_reads(move |path, bytes| match &*shown.lock().unwrap() {
-            Some(b) => blinded(path, bytes, b),
+            Some(b) => b.shown(path, bytes),
             None => bytes,
         })
         .rewriting_spawns(move |tool| {
@@ -182,13 +77,7 @@ fn interposed(ablation: Option<Ablation>, applied: &Arc<AtomicU32>) -> Interpose
             let create = tool.args.iter().position(|a| a == "create");
             if let (Some(at), Some(i)) = (create, tool.args.iter().position(|a| a == "--bundle")) {
                 if ablation.is_some() {
-                    let bundle = Path::new(&tool.args[i + 1]);
-                    let planned = std::fs::read(bundle.join("config.json")).unwrap();
-                    let pid_file = tool.args.iter().position(|a| a == "--pid-file").unwrap();
-                    *blind.lock().unwrap() = Some(Blind {
-                        pid_file: PathBuf::from(&tool.args[pid_file + 1]),
-                        planned: serde_json::from_slice(&planned).unwrap(),
-                    });
+                    *blind.lock().unwrap() = Blind::at_create(&tool.args);
                 }
                 prepare(Path::new(&tool.args[i + 1]), ablation, &on_spawn);
                 if let Some(Ablation::Inherited(fd)) = ablation {
@@ -728,10 +617,18 @@ fn the_outside_posture_check_refuses_each_flag_the_runtime_was_given_otherwise()
     let w = common::world();
     let policy = common::policy(&w, "stage-ablation", 5);
     type Rewrite = fn(&mut Value);
-    let cases: [(&str, Rewrite); 7] = [
-        ("read-only mounts", |c| c["root"]["readonly"] = json!(false)),
-        ("read-only mounts", |c| {
+    let cases: [(&str, Rewrite); 9] = [
+        ("mount /: rw, not ro", |c| {
+            c["root"]["readonly"] = json!(false)
+        }),
+        ("mount /engine: rw, not ro", |c| {
             mount_option(c, "/engine", "ro", Some("rw"));
+        }),
+        ("mount /tmp: without noexec", |c| {
+            mount_option(c, "/tmp", "noexec", None);
+        }),
+        ("mount /engine: without nosuid", |c| {
+            mount_option(c, "/engine", "nosuid", None);
         }),
         ("uids", |c| {
             c["process"]["user"] = json!({"uid": 0, "gid": 0, "additionalGids": []});

@@ -8,6 +8,8 @@
 
 use std::path::{Path, PathBuf};
 
+pub mod blind;
+
 /// The workspace root (the directory holding the top-level `Cargo.toml`).
 #[must_use]
 pub fn workspace_root() -> PathBuf {

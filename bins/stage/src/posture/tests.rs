@@ -13,7 +13,8 @@ fn planned(kind: StageKind) -> Spec {
     plan(&p, kind, &example_inputs(&p, kind)).unwrap().spec
 }
 
-/// The container's mount table as the kernel would show it for `spec`, every flag as planned.
+/// The container's mount table as the kernel would show it for `spec`, every flag, type and
+/// size as planned, but with the read-only flag of `flip` flipped.
 fn table(spec: &Spec, flip: Option<&str>) -> String {
     let root_ro = spec
         .root()
@@ -25,16 +26,30 @@ fn table(spec: &Spec, flip: Option<&str>) -> String {
         if ro { "ro" } else { "rw" }
     };
     let mut t = format!(
-        "1 0 0:1 / / {},relatime - overlay overlay rw\n",
+        "1 0 0:1 / / {},relatime - overlay overlay rw,lowerdir=/x\n",
         flag("/", root_ro)
     );
     for (i, m) in spec.mounts().iter().flatten().enumerate() {
         let point = m.destination().to_string_lossy().replace(' ', "\\040");
-        let ro = m.options().iter().flatten().any(|o| o == "ro");
+        let options: Vec<&str> = m.options().iter().flatten().map(String::as_str).collect();
+        let flags: String = ["nosuid", "nodev", "noexec"]
+            .iter()
+            .filter(|f| options.contains(f))
+            .map(|f| format!(",{f}"))
+            .collect();
+        let typ = match m.typ().as_deref() {
+            Some("bind") | None => "ext4",
+            Some(t) => t,
+        };
+        let size = options
+            .iter()
+            .find_map(|o| o.strip_prefix("size="))
+            .map(|s| format!(",size={}k", size_kib(s).unwrap()))
+            .unwrap_or_default();
         t += &format!(
-            "{} 1 0:{i} / {point} {},nosuid - tmpfs x rw\n",
+            "{} 1 0:{i} / {point} {}{flags},relatime shared:{i} - {typ} x rw{size},mode=755\n",
             i + 2,
-            flag(&point, ro)
+            flag(&point, options.contains(&"ro")),
         );
     }
     t
@@ -88,9 +103,9 @@ fn a_container_as_planned_shows_no_difference_and_each_control_missing_shows_one
         // Only the filter above the supervisor's counts as the runtime's.
         assert_eq!(o.seccomp, (2, 1), "{kind}");
         assert!(
-            o.read_only.len() >= 3,
-            "{kind}: root and the binds: {:?}",
-            o.read_only
+            o.mounts.len() >= 5 && o.beneath.is_empty(),
+            "{kind}: the root and every mount: {:?}",
+            o.mounts
         );
         // Each control the runtime could drop, alone: exactly one difference naming it.
         type Change = Box<dyn Fn(&mut Outside)>;
@@ -141,11 +156,43 @@ fn a_container_as_planned_shows_no_difference_and_each_control_missing_shows_one
             ),
             ("a private network namespace", Box::new(|o| o.routes = 1)),
             (
-                "read-only mounts",
+                "mount /:",
                 Box::new(|o| {
-                    let root = o.read_only.get_mut("/").unwrap();
-                    *root = root.map(|ro| !ro);
+                    let root = o.mounts.get_mut("/").unwrap().as_mut().unwrap();
+                    if root.has("ro") {
+                        root.flags.retain(|f| f != "ro");
+                    } else {
+                        root.flags.insert(0, "ro".to_owned());
+                    }
                 }),
+            ),
+            (
+                "mount /proc: without nosuid",
+                Box::new(|o| {
+                    let proc = o.mounts.get_mut("/proc").unwrap().as_mut().unwrap();
+                    proc.flags.retain(|f| f != "nosuid");
+                }),
+            ),
+            (
+                "mount /dev: a sysfs mount, not tmpfs",
+                Box::new(|o| {
+                    let dev = o.mounts.get_mut("/dev").unwrap().as_mut().unwrap();
+                    "sysfs".clone_into(&mut dev.fstype);
+                }),
+            ),
+            (
+                "mount /dev: 65540k size, not 65536k",
+                Box::new(|o| {
+                    o.mounts.get_mut("/dev").unwrap().as_mut().unwrap().size_kib = Some(65540)
+                }),
+            ),
+            (
+                "mount /dev: no size, not 65536k",
+                Box::new(|o| o.mounts.get_mut("/dev").unwrap().as_mut().unwrap().size_kib = None),
+            ),
+            (
+                "mount /tmp: nothing mounted there",
+                Box::new(|o| *o.mounts.get_mut("/tmp").unwrap() = None),
             ),
         ];
         for (name, change) in changes {
@@ -161,28 +208,78 @@ fn a_container_as_planned_shows_no_difference_and_each_control_missing_shows_one
 }
 
 #[test]
-fn every_read_only_bind_is_read_from_the_table_and_a_missing_fact_is_no_posture() {
+fn every_mount_is_read_from_the_table_and_a_missing_fact_is_no_posture() {
     let spec = planned(StageKind::Lane);
     // Each bind's flag flipped in the kernel's table is that bind's difference.
-    for point in ["/", "/engine", "/native", "/model", "/cache"] {
+    for (point, is) in [
+        ("/", "ro"),
+        ("/engine", "rw"),
+        ("/native", "rw"),
+        ("/model", "rw"),
+        ("/cache", "ro"),
+    ] {
         let fake = host(&spec, 4242, &table(&spec, Some(point)));
         let o = read(&*fake, 4242, &spec).unwrap();
         let d = differences(&spec, &o);
-        assert!(
-            d.len() == 1 && d[0].starts_with("read-only mounts"),
-            "{point}: {d:?}"
+        assert_eq!(
+            d,
+            [format!(
+                "mount {point}: {is}, not {}",
+                if is == "ro" { "rw" } else { "ro" }
+            )]
         );
     }
+    // Each flag the kernel's table lacks is that mount's difference; one it adds is none.
+    let planned_table = table(&spec, None);
+    for (point, flag) in [
+        ("/engine", "noexec"),
+        ("/model", "nodev"),
+        ("/tmp", "nosuid"),
+        ("/dev/shm", "noexec"),
+        ("/proc", "nodev"),
+    ] {
+        let lacking: String = planned_table
+            .lines()
+            .map(|l| if l.contains(&format!(" {point} ")) { l.replacen(&format!(",{flag}"), "", 1) } else { l.to_owned() } + "\n")
+            .collect();
+        let o = read(&*host(&spec, 4242, &lacking), 4242, &spec).unwrap();
+        assert_eq!(
+            differences(&spec, &o),
+            [format!("mount {point}: without {flag}")]
+        );
+    }
+    let wider = planned_table.replace(
+        " ro,nosuid,nodev,relatime",
+        " ro,nosuid,nodev,noexec,relatime",
+    );
+    assert_ne!(wider, planned_table);
+    let o = read(&*host(&spec, 4242, &wider), 4242, &spec).unwrap();
+    assert_eq!(differences(&spec, &o), Vec::<String>::new());
+    // The shm bound shown other than planned (4 GiB is 4194304 KiB).
+    let unbounded = planned_table.replace("size=4194304k", "size=12582912k");
+    assert_ne!(unbounded, planned_table);
+    let o = read(&*host(&spec, 4242, &unbounded), 4242, &spec).unwrap();
+    assert_eq!(
+        differences(&spec, &o),
+        ["mount /dev/shm: 12582912k size, not 4294967296"]
+    );
     // A bind the runtime did not make is a difference too (never "nothing there").
-    let lacking: String = table(&spec, None)
+    let lacking: String = planned_table
         .lines()
         .filter(|l| !l.contains(" /model "))
         .map(|l| format!("{l}\n"))
         .collect();
     let o = read(&*host(&spec, 4242, &lacking), 4242, &spec).unwrap();
-    assert_eq!(o.read_only["/model"], None);
-    let d = differences(&spec, &o);
-    assert!(d.len() == 1 && d[0].contains("/model unmounted"), "{d:?}");
+    assert_eq!(o.mounts["/model"], None);
+    assert_eq!(
+        differences(&spec, &o),
+        ["mount /model: nothing mounted there"]
+    );
+    // A later mount at a point covers an earlier one.
+    let covered =
+        format!("{planned_table}99 1 0:99 / /engine rw,nosuid,nodev,noexec - ext4 x rw\n");
+    let o = read(&*host(&spec, 4242, &covered), 4242, &spec).unwrap();
+    assert_eq!(differences(&spec, &o), ["mount /engine: rw, not ro"]);
     // An unreadable status, a field it lacks, a namespace that cannot be looked at: the
     // posture is not established.
     let fake = host(&spec, 4242, &table(&spec, None));
@@ -196,6 +293,85 @@ fn every_read_only_bind_is_read_from_the_table_and_a_missing_fact_is_no_posture(
     fake.unreadable("/proc/4242/ns/ipc");
     let e = read(&*fake, 4242, &spec).unwrap_err();
     assert!(e.starts_with("/proc/4242/ns/ipc: "), "{e}");
+}
+
+/// A mount beneath a planned bind that the plan does not make (an `rbind` carries the
+/// source's submounts; runc 1.1 narrows only the top one) is held to its bind's flags; beneath
+/// a mount of the plan's own type (runc's masks in `/proc`), to nothing.
+#[test]
+fn a_submount_beneath_a_bind_is_held_to_the_binds_flags() {
+    let spec = planned(StageKind::Lane);
+    let planned_table = table(&spec, None);
+    let with = |lines: &str| {
+        let o = read(
+            &*host(&spec, 4242, &format!("{planned_table}{lines}")),
+            4242,
+            &spec,
+        )
+        .unwrap();
+        (differences(&spec, &o), o)
+    };
+    // As narrow as its bind, or narrower: no difference, but recorded.
+    let (d, o) = with(
+        "90 9 0:90 / /engine/sub ro,nosuid,nodev,noexec - ext4 x rw\n\
+                       91 9 0:91 / /tmp/sub rw,nosuid,nodev,noexec - tmpfs x rw\n\
+                       92 9 0:92 / /proc/kcore rw,nosuid - tmpfs x rw\n",
+    );
+    assert_eq!(d, Vec::<String>::new());
+    assert_eq!(
+        o.beneath.keys().collect::<Vec<_>>(),
+        ["/engine/sub", "/tmp/sub"]
+    );
+    assert_eq!(o.beneath["/engine/sub"].0, "/engine");
+    // Wider than its bind: each flag it lacks.
+    let (d, _) = with(
+        "90 9 0:90 / /engine/a/b rw,nosuid - ext4 x rw\n\
+                       91 9 0:91 / /cache/x rw,nodev - tmpfs x rw\n",
+    );
+    assert_eq!(
+        d,
+        [
+            "mount /cache/x beneath /cache: without nosuid",
+            "mount /engine/a/b beneath /engine: rw, not ro",
+            "mount /engine/a/b beneath /engine: without nodev",
+            "mount /engine/a/b beneath /engine: without noexec",
+        ]
+    );
+    // Beneath the root, where the prebuild's root is read-only.
+    let spec = planned(StageKind::Prebuild);
+    let o = read(
+        &*host(
+            &spec,
+            4242,
+            &format!("{}50 1 0:50 / /opt rw - ext4 x rw\n", table(&spec, None)),
+        ),
+        4242,
+        &spec,
+    )
+    .unwrap();
+    assert_eq!(differences(&spec, &o), ["mount /opt beneath /: rw, not ro"]);
+}
+
+/// The planner's tmpfs sizes as the kernel shows them: whole pages, in KiB.
+#[test]
+fn tmpfs_sizes_are_compared_in_the_kernels_units() {
+    for (planned, kib) in [
+        ("65536k", Some(65536)),
+        ("4294967296", Some(4_194_304)),
+        ("1", Some(4)),
+        ("4097", Some(8)),
+        ("2m", Some(2048)),
+        ("1G", Some(1_048_576)),
+        ("0", Some(0)),
+        ("", None),
+        ("k", None),
+        ("10%", None),
+        ("1t", None),
+        ("99999999999999999999", None),
+        ("18446744073709551615k", None),
+    ] {
+        assert_eq!(size_kib(planned), kib, "{planned}");
+    }
 }
 
 /// A plan that grants capabilities is compared set by set: each set's bits, and no other.
