@@ -172,6 +172,11 @@ pub(crate) fn process(p: ProcessPlan<'_>) -> Result<Process, PlanError> {
         .rlimits(vec![
             rlimit(PosixRlimitType::RlimitNofile, p.nofile)?,
             rlimit(PosixRlimitType::RlimitCore, p.core_bytes)?,
+            // No real-time class and no raised priority without a capability, whatever the
+            // supervisor's own limits are (runc leaves an unplanned limit as it inherits it):
+            // the seccomp allow-list admits the scheduling calls on this ground.
+            rlimit(PosixRlimitType::RlimitRtprio, 0)?,
+            rlimit(PosixRlimitType::RlimitNice, 0)?,
         ])
         .no_new_privileges(p.no_new_privileges)
         .build()

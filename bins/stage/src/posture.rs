@@ -6,8 +6,8 @@
 //!
 //! It is the prebuild's equivalent of the worker's posture report in the lane, and stronger
 //! than a report: nothing inside the container has run, and every fact is the kernel's
-//! (`/proc/<pid>/status`, its namespaces against the supervisor's, its network namespace's
-//! routes, its mount table). A runtime that accepts a bundle and silently applies less of
+//! (`/proc/<pid>/status`, its resource limits, its namespaces against the supervisor's, its
+//! network namespace's routes, its mount table). A runtime that accepts a bundle and silently applies less of
 //! it — a flag dropped, a namespace shared, a filter not installed — is caught here, and the
 //! session ends as a no-decision that quarantines the executor (containment).
 //!
@@ -19,7 +19,7 @@ use std::path::Path;
 use std::str::FromStr as _;
 
 use cordon::host::Host;
-use oci_spec::runtime::{LinuxNamespaceType, Spec};
+use oci_spec::runtime::{LinuxNamespaceType, PosixRlimitType, Spec};
 use serde::Serialize;
 
 /// The created init's posture, as the kernel reports it.
@@ -42,12 +42,17 @@ pub struct Outside {
     pub namespaces: BTreeMap<String, bool>,
     /// The routes of its network namespace's main IPv4 table.
     pub routes: usize,
+    /// Each planned resource limit (`RLIMIT_NOFILE`, …) → its soft and hard value in the init's
+    /// `limits` (`u64::MAX`: unlimited).
+    pub limits: BTreeMap<String, (u64, u64)>,
     /// Each mount point the plan names (the root and every mount), as the top mount there
     /// shows it; `None`: nothing is mounted there.
     pub mounts: BTreeMap<String, Option<Mount>>,
-    /// Every other mount beneath a planned bind or the root (an `rbind`'s submounts, a mount
-    /// the runtime added): the deepest planned point above it, and the mount.
-    pub beneath: BTreeMap<String, (String, Mount)>,
+    /// Every other mount (top at its point): the runtime's masks and read-only paths, an
+    /// `rbind`'s submounts, and whatever else a runtime added.
+    pub others: BTreeMap<String, Mount>,
+    /// The kernel's page size, in bytes: it rounds a tmpfs's size to whole pages.
+    pub page_size: u64,
 }
 
 /// One mount as the kernel's table shows it: the flags the plan can ask for and the filesystem.
@@ -74,10 +79,11 @@ impl Mount {
                 .map(|f| (*f).to_owned())
                 .collect(),
             fstype: e.fstype.clone(),
+            // The kernel's own figure, in KiB.
             size_kib: e
                 .super_options
                 .iter()
-                .find_map(|o| size_kib(o.strip_prefix("size=")?)),
+                .find_map(|o| o.strip_prefix("size=")?.strip_suffix('k')?.parse().ok()),
         }
     }
 
@@ -96,6 +102,37 @@ const NAMESPACES: [(&str, LinuxNamespaceType); 7] = [
     ("cgroup", LinuxNamespaceType::Cgroup),
     ("user", LinuxNamespaceType::User),
 ];
+
+/// The row of `/proc/<pid>/limits` that shows `typ`.
+const fn limit_row(typ: PosixRlimitType) -> &'static str {
+    match typ {
+        PosixRlimitType::RlimitCpu => "Max cpu time",
+        PosixRlimitType::RlimitFsize => "Max file size",
+        PosixRlimitType::RlimitData => "Max data size",
+        PosixRlimitType::RlimitStack => "Max stack size",
+        PosixRlimitType::RlimitCore => "Max core file size",
+        PosixRlimitType::RlimitRss => "Max resident set",
+        PosixRlimitType::RlimitNproc => "Max processes",
+        PosixRlimitType::RlimitNofile => "Max open files",
+        PosixRlimitType::RlimitMemlock => "Max locked memory",
+        PosixRlimitType::RlimitAs => "Max address space",
+        PosixRlimitType::RlimitLocks => "Max file locks",
+        PosixRlimitType::RlimitSigpending => "Max pending signals",
+        PosixRlimitType::RlimitMsgqueue => "Max msgqueue size",
+        PosixRlimitType::RlimitNice => "Max nice priority",
+        PosixRlimitType::RlimitRtprio => "Max realtime priority",
+        PosixRlimitType::RlimitRttime => "Max realtime timeout",
+    }
+}
+
+/// The planned resource limits.
+fn planned_limits(planned: &Spec) -> Vec<oci_spec::runtime::PosixRlimit> {
+    planned
+        .process()
+        .as_ref()
+        .and_then(|p| p.rlimits().clone())
+        .unwrap_or_default()
+}
 
 /// The status fields compared, as the kernel names them, with the capability set each is.
 const CAP_FIELDS: [&str; 5] = ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"];
@@ -143,6 +180,27 @@ pub fn read(host: &dyn Host, pid: i32, planned: &Spec) -> Result<Outside, String
         };
         namespaces.insert(kind.to_owned(), of(Some(pid_u))? != of(None)?);
     }
+    // The runtime sets the limits from outside before `create` returns (it could not raise a
+    // hard limit once the init has dropped its capabilities).
+    let table = text(format!("/proc/{pid}/limits"))?;
+    let mut limits = BTreeMap::new();
+    for l in planned_limits(planned) {
+        let row = limit_row(l.typ());
+        let value = |v: &str| match v {
+            "unlimited" => Ok(u64::MAX),
+            n => n.parse::<u64>().map_err(|e| format!("{row}: {e}")),
+        };
+        let mut fields = table
+            .lines()
+            .find_map(|line| line.strip_prefix(row)?.strip_prefix(' '))
+            .ok_or_else(|| format!("a limits table without {row}"))?
+            .split_whitespace();
+        let (soft, hard) = (
+            fields.next().unwrap_or_default(),
+            fields.next().unwrap_or_default(),
+        );
+        limits.insert(l.typ().to_string(), (value(soft)?, value(hard)?));
+    }
     let routes = text(format!("/proc/{pid}/net/route"))?
         .lines()
         .skip(1)
@@ -154,18 +212,41 @@ pub fn read(host: &dyn Host, pid: i32, planned: &Spec) -> Result<Outside, String
     for e in cordon::mountinfo::entries(&text(format!("/proc/{pid}/mountinfo"))?) {
         top.insert(e.point.to_string_lossy().into_owned(), Mount::of(&e));
     }
+    // A constant of the running kernel, the supervisor's as the container's.
+    let page_size = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .and_then(|n| u64::try_from(n).ok())
+        .filter(|n| n.is_power_of_two() && *n >= 4096)
+        .ok_or("the kernel's page size cannot be read")?;
+    // A tmpfs at the kernel's default size (half its memory, in whole pages) shows no `size=`.
+    for m in top
+        .values_mut()
+        .filter(|m| m.fstype == "tmpfs" && m.size_kib.is_none())
+    {
+        let meminfo = text("/proc/meminfo".to_owned())?;
+        let total: u64 = meminfo
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("MemTotal:")?
+                    .trim()
+                    .strip_suffix("kB")?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .ok_or("a memory table without MemTotal")?;
+        let page_kib = page_size / 1024;
+        m.size_kib = Some(total / page_kib / 2 * page_kib);
+    }
     let points = planned_points(planned);
     let mounts = points
         .iter()
         .map(|p| (p.point.clone(), top.get(&p.point).cloned()))
         .collect();
-    let beneath = top
+    let others = top
         .into_iter()
         .filter(|(point, _)| !points.iter().any(|p| p.point == *point))
-        .filter_map(|(point, m)| {
-            let above = deepest_above(&points, &point)?;
-            above.bind.then(|| (point, (above.point.clone(), m)))
-        })
         .collect();
     let filters = |status: &str| -> Result<i64, String> {
         field_of(status, "Seccomp_filters")?
@@ -181,15 +262,18 @@ pub fn read(host: &dyn Host, pid: i32, planned: &Spec) -> Result<Outside, String
         seccomp: (number("Seccomp")?, filters(&status)? - filters(&own)?),
         namespaces,
         routes,
+        limits,
         mounts,
-        beneath,
+        others,
+        page_size,
     })
 }
 
 /// A mount point the plan names, with what it asks of the mount there.
 struct Point {
     point: String,
-    /// The root, or a bind mount: a mount beneath it not of the plan's own must be as narrow.
+    /// A bind mount: a submount beneath it must be as narrow (not the root: nothing is
+    /// mounted beneath it but what the plan names).
     bind: bool,
     /// The filesystem type a mount of its own names (`tmpfs`, `proc`, …; not for a bind).
     fstype: Option<String>,
@@ -208,7 +292,7 @@ fn planned_points(planned: &Spec) -> Vec<Point> {
         .unwrap_or(false);
     let mut points = vec![Point {
         point: "/".to_owned(),
-        bind: true,
+        bind: false,
         fstype: None,
         flags: if root_ro {
             vec!["ro".to_owned()]
@@ -248,9 +332,8 @@ fn deepest_above<'a>(points: &'a [Point], path: &str) -> Option<&'a Point> {
 }
 
 /// A tmpfs `size=` option in KiB as the kernel shows it: bytes (or a `k`, `m`, `g` multiple)
-/// rounded up to whole 4 KiB pages. `None`: not a size the planner writes. The kernel's own
-/// `size=…k` reads back as itself.
-fn size_kib(size: &str) -> Option<u64> {
+/// rounded up to whole pages of `page_size` bytes. `None`: not a size the planner writes.
+fn size_kib(size: &str, page_size: u64) -> Option<u64> {
     let (digits, unit) = match size.char_indices().last()? {
         (i, c) if c.is_ascii_alphabetic() => (&size[..i], c.to_ascii_lowercase()),
         _ => (size, 'b'),
@@ -263,12 +346,12 @@ fn size_kib(size: &str) -> Option<u64> {
         _ => return None,
     };
     let bytes = digits.parse::<u64>().ok()?.checked_mul(1 << shift)?;
-    Some(bytes.div_ceil(4096) * 4)
+    Some(bytes.div_ceil(page_size) * (page_size / 1024))
 }
 
 /// How `seen` differs from what `want` asks of a mount (empty: as planned); `beneath`: a mount
 /// under `want`'s point, held to its flags only.
-fn mount_differences(want: &Point, seen: &Mount, beneath: bool) -> Vec<String> {
+fn mount_differences(want: &Point, seen: &Mount, beneath: bool, page_size: u64) -> Vec<String> {
     let mut d = Vec::new();
     let ro = want.flags.iter().any(|f| f == "ro");
     // Read-only exactly as planned at the point itself; beneath it, at least as planned.
@@ -294,7 +377,7 @@ fn mount_differences(want: &Point, seen: &Mount, beneath: bool) -> Vec<String> {
         }
     }
     if let Some(size) = &want.size {
-        let planned = size_kib(size);
+        let planned = size_kib(size, page_size);
         if planned.is_none() || seen.size_kib != planned {
             let shown = seen
                 .size_kib
@@ -382,6 +465,29 @@ pub fn differences(planned: &Spec, o: &Outside) -> Vec<String> {
         filters == want_filters,
         format!("seccomp mode {mode} with {filters} filters of the runtime's, not {want_filters}"),
     );
+    for l in planned_limits(planned) {
+        let name = l.typ().to_string();
+        let seen = o.limits.get(&name).copied();
+        let want_limit = (l.soft(), l.hard());
+        let show = |(soft, hard): (u64, u64)| {
+            let one = |v: u64| {
+                if v == u64::MAX {
+                    "unlimited".to_owned()
+                } else {
+                    v.to_string()
+                }
+            };
+            format!("{} soft, {} hard", one(soft), one(hard))
+        };
+        want(
+            seen == Some(want_limit),
+            format!(
+                "{name} is {}, not {}",
+                seen.map_or_else(|| "not shown".to_owned(), show),
+                show(want_limit)
+            ),
+        );
+    }
     let private = |kind: LinuxNamespaceType| {
         planned.linux().as_ref().is_some_and(|l| {
             l.namespaces()
@@ -407,29 +513,56 @@ pub fn differences(planned: &Spec, o: &Outside) -> Vec<String> {
             format!("a private network namespace with {} routes", o.routes),
         );
     }
-    for p in planned_points(planned) {
-        match o.mounts.get(&p.point) {
-            Some(Some(seen)) => {
-                for what in mount_differences(&p, seen, false) {
+    // Every mount the table showed, wherever the read filed it: a record read against another
+    // plan is judged against this one.
+    let seen_at: BTreeMap<&str, &Mount> = o
+        .mounts
+        .iter()
+        .filter_map(|(point, m)| Some((point.as_str(), m.as_ref()?)))
+        .chain(o.others.iter().map(|(point, m)| (point.as_str(), m)))
+        .collect();
+    let points = planned_points(planned);
+    for p in &points {
+        match seen_at.get(p.point.as_str()) {
+            Some(seen) => {
+                for what in mount_differences(p, seen, false, o.page_size) {
                     want(false, format!("mount {}: {what}", p.point));
                 }
             }
-            _ => want(false, format!("mount {}: nothing mounted there", p.point)),
+            None => want(false, format!("mount {}: nothing mounted there", p.point)),
         }
     }
-    let points = planned_points(planned);
-    for (point, (above, seen)) in &o.beneath {
-        // Only where the plan's deepest point above it is the one recorded: a table read of
-        // another plan is no evidence for this one.
-        let Some(p) = deepest_above(&points, point).filter(|p| p.point == *above && p.bind) else {
+    // Every other mount is the runtime's mask or read-only path, or a submount an `rbind`
+    // carried under a planned bind; anything else is a mount nobody planned.
+    let listed = |paths: Option<&Vec<String>>, point: &str| {
+        paths.is_some_and(|v| v.iter().any(|p| p == point))
+    };
+    let linux = planned.linux().as_ref();
+    for (point, seen) in seen_at {
+        if points.iter().any(|p| p.point == point)
+            || listed(linux.and_then(|l| l.masked_paths().as_ref()), point)
+        {
+            // Compared above; or a mask, which only hides what is beneath it, whatever its
+            // flags.
+            continue;
+        }
+        if listed(linux.and_then(|l| l.readonly_paths().as_ref()), point) {
             want(
-                false,
-                format!("mount {point}: beneath {above}, which the plan does not bind"),
+                seen.has("ro"),
+                format!("mount {point}: a read-only path, rw"),
             );
             continue;
-        };
-        for what in mount_differences(p, seen, true) {
-            want(false, format!("mount {point} beneath {above}: {what}"));
+        }
+        match deepest_above(&points, point) {
+            Some(above) if above.bind => {
+                for what in mount_differences(above, seen, true, o.page_size) {
+                    want(
+                        false,
+                        format!("mount {point} beneath {}: {what}", above.point),
+                    );
+                }
+            }
+            _ => want(false, format!("mount {point}: not planned")),
         }
     }
     d

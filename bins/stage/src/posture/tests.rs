@@ -44,13 +44,42 @@ fn table(spec: &Spec, flip: Option<&str>) -> String {
         let size = options
             .iter()
             .find_map(|o| o.strip_prefix("size="))
-            .map(|s| format!(",size={}k", size_kib(s).unwrap()))
+            .map(|s| format!(",size={}k", size_kib(s, 4096).unwrap()))
             .unwrap_or_default();
         t += &format!(
             "{} 1 0:{i} / {point} {}{flags},relatime shared:{i} - {typ} x rw{size},mode=755\n",
             i + 2,
             flag(&point, options.contains(&"ro")),
         );
+    }
+    t
+}
+
+/// The init's `/proc/<pid>/limits` as the kernel shows it for `spec`: every planned limit as
+/// planned, the rest as a supervisor's.
+fn limits(spec: &Spec) -> String {
+    let planned = planned_limits(spec);
+    let mut t = "Limit                     Soft Limit           Hard Limit           Units     \n"
+        .to_owned();
+    for (row, unit) in [
+        ("Max cpu time", "seconds"),
+        ("Max file size", "bytes"),
+        ("Max stack size", "bytes"),
+        ("Max core file size", "bytes"),
+        ("Max processes", "processes"),
+        ("Max open files", "files"),
+        ("Max locked memory", "bytes"),
+        ("Max nice priority", ""),
+        ("Max realtime priority", ""),
+        ("Max realtime timeout", "us"),
+    ] {
+        let (soft, hard) = planned
+            .iter()
+            .find(|l| limit_row(l.typ()) == row)
+            .map_or(("unlimited".to_owned(), "unlimited".to_owned()), |l| {
+                (l.soft().to_string(), l.hard().to_string())
+            });
+        t += &format!("{row:<26}{soft:<21}{hard:<21}{unit:<10}\n");
     }
     t
 }
@@ -75,6 +104,7 @@ fn host(spec: &Spec, pid: u32, table: &str) -> Arc<Fake> {
         "Name:\tsupervisor\nSeccomp:\t2\nSeccomp_filters:\t1\n",
     )
     .file(format!("/proc/{pid}/net/route"), "Iface\tDestination\n")
+    .file(format!("/proc/{pid}/limits"), &limits(spec))
     .file(format!("/proc/{pid}/mountinfo"), table);
     // Every namespace the plan makes is another than the supervisor's; the rest are shared.
     for (i, (kind, typ)) in NAMESPACES.iter().enumerate() {
@@ -103,7 +133,7 @@ fn a_container_as_planned_shows_no_difference_and_each_control_missing_shows_one
         // Only the filter above the supervisor's counts as the runtime's.
         assert_eq!(o.seccomp, (2, 1), "{kind}");
         assert!(
-            o.mounts.len() >= 5 && o.beneath.is_empty(),
+            o.mounts.len() >= 5 && o.others.is_empty(),
             "{kind}: the root and every mount: {:?}",
             o.mounts
         );
@@ -155,6 +185,26 @@ fn a_container_as_planned_shows_no_difference_and_each_control_missing_shows_one
                 Box::new(|o| *o.namespaces.get_mut("user").unwrap() = true),
             ),
             ("a private network namespace", Box::new(|o| o.routes = 1)),
+            (
+                "RLIMIT_NOFILE is ",
+                Box::new(|o| {
+                    o.limits.get_mut("RLIMIT_NOFILE").unwrap().1 = u64::MAX;
+                }),
+            ),
+            (
+                "RLIMIT_RTPRIO is 99 soft",
+                Box::new(|o| *o.limits.get_mut("RLIMIT_RTPRIO").unwrap() = (99, 99)),
+            ),
+            (
+                "RLIMIT_NICE is not shown",
+                Box::new(|o| {
+                    o.limits.remove("RLIMIT_NICE");
+                }),
+            ),
+            (
+                "RLIMIT_CORE is 1 soft",
+                Box::new(|o| o.limits.get_mut("RLIMIT_CORE").unwrap().0 = 1),
+            ),
             (
                 "mount /:",
                 Box::new(|o| {
@@ -280,8 +330,30 @@ fn every_mount_is_read_from_the_table_and_a_missing_fact_is_no_posture() {
         format!("{planned_table}99 1 0:99 / /engine rw,nosuid,nodev,noexec - ext4 x rw\n");
     let o = read(&*host(&spec, 4242, &covered), 4242, &spec).unwrap();
     assert_eq!(differences(&spec, &o), ["mount /engine: rw, not ro"]);
-    // An unreadable status, a field it lacks, a namespace that cannot be looked at: the
-    // posture is not established.
+    // An unreadable status, a field it lacks, a namespace that cannot be looked at, a limit
+    // the table does not show or shows garbled: the posture is not established.
+    let fake = host(&spec, 4242, &planned_table);
+    let without: String = limits(&spec)
+        .lines()
+        .filter(|l| !l.starts_with("Max realtime priority"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    fake.file("/proc/4242/limits", &without);
+    let e = read(&*fake, 4242, &spec).unwrap_err();
+    assert_eq!(e, "a limits table without Max realtime priority");
+    let garbled: String = limits(&spec)
+        .lines()
+        .map(|l| match l.strip_prefix("Max open files") {
+            Some(_) => {
+                "Max open files            10x4                 10x4                 files\n"
+                    .to_owned()
+            }
+            None => format!("{l}\n"),
+        })
+        .collect();
+    fake.file("/proc/4242/limits", &garbled);
+    let e = read(&*fake, 4242, &spec).unwrap_err();
+    assert!(e.starts_with("Max open files: "), "{e}");
     let fake = host(&spec, 4242, &table(&spec, None));
     fake.file("/proc/4242/status", "Uid:\t1\t1\t1\t1\n");
     let e = read(&*fake, 4242, &spec).unwrap_err();
@@ -295,83 +367,150 @@ fn every_mount_is_read_from_the_table_and_a_missing_fact_is_no_posture() {
     assert!(e.starts_with("/proc/4242/ns/ipc: "), "{e}");
 }
 
-/// A mount beneath a planned bind that the plan does not make (an `rbind` carries the
-/// source's submounts; runc 1.1 narrows only the top one) is held to its bind's flags; beneath
-/// a mount of the plan's own type (runc's masks in `/proc`), to nothing.
+/// Every mount the plan does not name is accounted for: the runtime's masks (any flags), its
+/// read-only paths (read-only), a submount an `rbind` carried beneath a bind (as narrow as the
+/// bind: runc 1.1 narrows only the top one); anything else is a mount nobody planned.
 #[test]
-fn a_submount_beneath_a_bind_is_held_to_the_binds_flags() {
+fn every_other_mount_is_a_mask_a_read_only_path_or_a_submount_as_narrow_as_its_bind() {
     let spec = planned(StageKind::Lane);
     let planned_table = table(&spec, None);
-    let with = |lines: &str| {
+    let with = |spec: &Spec, lines: &str| {
         let o = read(
-            &*host(&spec, 4242, &format!("{planned_table}{lines}")),
+            &*host(spec, 4242, &format!("{}{lines}", table(spec, None))),
             4242,
-            &spec,
+            spec,
         )
         .unwrap();
-        (differences(&spec, &o), o)
+        (differences(spec, &o), o)
     };
-    // As narrow as its bind, or narrower: no difference, but recorded.
+    // As narrow as its bind, or narrower; a mask; a read-only path: no difference, but recorded.
     let (d, o) = with(
+        &spec,
         "90 9 0:90 / /engine/sub ro,nosuid,nodev,noexec - ext4 x rw\n\
-                       91 9 0:91 / /tmp/sub rw,nosuid,nodev,noexec - tmpfs x rw\n\
-                       92 9 0:92 / /proc/kcore rw,nosuid - tmpfs x rw\n",
+         91 9 0:91 / /tmp/sub rw,nosuid,nodev,noexec - tmpfs x rw,size=8k\n\
+         92 9 0:92 / /proc/kcore rw,nosuid - tmpfs x rw,size=8k\n\
+         93 9 0:93 / /proc/sys ro,nosuid,nodev,noexec - proc x rw\n",
     );
     assert_eq!(d, Vec::<String>::new());
     assert_eq!(
-        o.beneath.keys().collect::<Vec<_>>(),
-        ["/engine/sub", "/tmp/sub"]
+        o.others.keys().collect::<Vec<_>>(),
+        ["/engine/sub", "/proc/kcore", "/proc/sys", "/tmp/sub"]
     );
-    assert_eq!(o.beneath["/engine/sub"].0, "/engine");
-    // Wider than its bind: each flag it lacks.
+    // Wider than its bind: each flag it lacks; a read-only path left writable; a mount under
+    // the root, `/proc` or `/dev` that nothing planned (masks are exact paths).
     let (d, _) = with(
+        &spec,
         "90 9 0:90 / /engine/a/b rw,nosuid - ext4 x rw\n\
-                       91 9 0:91 / /cache/x rw,nodev - tmpfs x rw\n",
+         91 9 0:91 / /cache/x rw,nodev - tmpfs x rw,size=8k\n\
+         92 9 0:92 / /proc/sysrq-trigger rw,nosuid - proc x rw\n\
+         93 9 0:93 / /host rw - ext4 x rw\n\
+         94 9 0:94 / /proc/kcore/x rw - ext4 x rw\n\
+         95 9 0:95 / /dev/sda rw - devtmpfs x rw\n",
     );
     assert_eq!(
         d,
         [
             "mount /cache/x beneath /cache: without nosuid",
+            "mount /dev/sda: not planned",
             "mount /engine/a/b beneath /engine: rw, not ro",
             "mount /engine/a/b beneath /engine: without nodev",
             "mount /engine/a/b beneath /engine: without noexec",
+            "mount /host: not planned",
+            "mount /proc/kcore/x: not planned",
+            "mount /proc/sysrq-trigger: a read-only path, rw",
         ]
     );
-    // Beneath the root, where the prebuild's root is read-only.
-    let spec = planned(StageKind::Prebuild);
-    let o = read(
-        &*host(
-            &spec,
-            4242,
-            &format!("{}50 1 0:50 / /opt rw - ext4 x rw\n", table(&spec, None)),
-        ),
-        4242,
-        &spec,
-    )
-    .unwrap();
-    assert_eq!(differences(&spec, &o), ["mount /opt beneath /: rw, not ro"]);
+    // Beneath the read-only root of the prebuild, even read-only.
+    let (d, _) = with(
+        &planned(StageKind::Prebuild),
+        "50 1 0:50 / /opt ro,nosuid,nodev,noexec - ext4 x rw\n",
+    );
+    assert_eq!(d, ["mount /opt: not planned"]);
+    // A table read of another plan is no evidence for this one: its mounts are unplanned here.
+    let o = read(&*host(&spec, 4242, &planned_table), 4242, &spec).unwrap();
+    let prebuild = planned(StageKind::Prebuild);
+    assert!(
+        differences(&prebuild, &o)
+            .iter()
+            .any(|d| d == "mount /model: not planned"),
+        "{:?}",
+        differences(&prebuild, &o)
+    );
 }
 
-/// The planner's tmpfs sizes as the kernel shows them: whole pages, in KiB.
+/// The planner's tmpfs sizes as the kernel shows them: whole pages, in KiB; a size at the
+/// kernel's default (half its memory) is shown by no `size=` at all.
 #[test]
 fn tmpfs_sizes_are_compared_in_the_kernels_units() {
-    for (planned, kib) in [
-        ("65536k", Some(65536)),
-        ("4294967296", Some(4_194_304)),
-        ("1", Some(4)),
-        ("4097", Some(8)),
-        ("2m", Some(2048)),
-        ("1G", Some(1_048_576)),
-        ("0", Some(0)),
-        ("", None),
-        ("k", None),
-        ("10%", None),
-        ("1t", None),
-        ("99999999999999999999", None),
-        ("18446744073709551615k", None),
+    for (planned, page, kib) in [
+        ("65536k", 4096, Some(65536)),
+        ("4294967296", 4096, Some(4_194_304)),
+        ("1", 4096, Some(4)),
+        ("4097", 4096, Some(8)),
+        ("4097", 65536, Some(64)),
+        ("100000k", 65536, Some(100_032)),
+        ("2m", 4096, Some(2048)),
+        ("1G", 16384, Some(1_048_576)),
+        ("0", 4096, Some(0)),
+        ("", 4096, None),
+        ("k", 4096, None),
+        ("10%", 4096, None),
+        ("1t", 4096, None),
+        ("99999999999999999999", 4096, None),
+        ("18446744073709551615k", 4096, None),
     ] {
-        assert_eq!(size_kib(planned), kib, "{planned}");
+        assert_eq!(size_kib(planned, page), kib, "{planned} in pages of {page}");
     }
+    // On a kernel of 64 KiB pages a planned size is shown rounded up to them.
+    let spec = planned(StageKind::Lane);
+    let o = read(&*host(&spec, 4242, &table(&spec, None)), 4242, &spec).unwrap();
+    let mut big_pages = o.clone();
+    big_pages.page_size = 65536;
+    assert_eq!(differences(&spec, &big_pages), Vec::<String>::new());
+    big_pages
+        .mounts
+        .get_mut("/dev")
+        .unwrap()
+        .as_mut()
+        .unwrap()
+        .size_kib = Some(65600);
+    assert_eq!(
+        differences(&spec, &big_pages),
+        ["mount /dev: 65600k size, not 65536k"]
+    );
+    // A planned size the planner would not write is a difference, never skipped.
+    let mut v = serde_json::to_value(&spec).unwrap();
+    for m in v["mounts"].as_array_mut().unwrap() {
+        if m["destination"] == "/dev" {
+            for o in m["options"].as_array_mut().unwrap() {
+                if o.as_str().unwrap().starts_with("size=") {
+                    *o = serde_json::json!("size=10%");
+                }
+            }
+        }
+    }
+    let odd: Spec = serde_json::from_value(v).unwrap();
+    assert_eq!(differences(&odd, &o), ["mount /dev: 65536k size, not 10%"]);
+    // No `size=`: the kernel's default, half of MemTotal in whole pages.
+    let fake = host(&spec, 4242, &table(&spec, None).replace(",size=65536k", ""));
+    fake.file(
+        "/proc/meminfo",
+        "MemTotal:       24579476 kB\nMemFree: 1 kB\n",
+    );
+    let o = read(&*fake, 4242, &spec).unwrap();
+    assert_eq!(
+        o.mounts["/dev"].as_ref().unwrap().size_kib,
+        Some(12_289_736)
+    );
+    assert_eq!(
+        differences(&spec, &o),
+        ["mount /dev: 12289736k size, not 65536k"]
+    );
+    fake.file("/proc/meminfo", "MemFree: 1 kB\n");
+    assert_eq!(
+        read(&*fake, 4242, &spec).unwrap_err(),
+        "a memory table without MemTotal"
+    );
 }
 
 /// A plan that grants capabilities is compared set by set: each set's bits, and no other.
