@@ -975,6 +975,12 @@ impl Policy {
         self.never_mount.keys().map(String::as_str)
     }
 
+    /// The reviewed reason a never-mount path is named (`None`: not one of them).
+    #[must_use]
+    pub fn never_mount_reason(&self, path: &str) -> Option<&str> {
+        self.never_mount.get(path).map(String::as_str)
+    }
+
     /// The models root: a model is `<root>/sha256-<hex>` of its own digest.
     #[must_use]
     pub fn models_root(&self) -> &str {

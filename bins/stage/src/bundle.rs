@@ -113,9 +113,10 @@ pub struct RunInputs {
     pub protected: Vec<PathBuf>,
     /// Store subtrees that may be mounted despite the store being protected.
     pub mountable_store_roots: Vec<PathBuf>,
-    /// Where the policy's never-mount paths really lead on this host (the session resolves
-    /// them; planning itself reads no filesystem): checked with the paths as written.
-    pub never_mount_real: Vec<PathBuf>,
+    /// Where the policy's never-mount paths really lead on this host, each with the path as
+    /// the policy writes it (the session resolves them; planning itself reads no filesystem):
+    /// checked with the paths as written.
+    pub never_mount_real: Vec<(PathBuf, String)>,
 }
 
 impl RunInputs {
@@ -383,6 +384,9 @@ fn check_mounts(binds: &[Bind], run: &RunInputs) -> Result<(), PlanError> {
                 return Err(PlanError::Protected {
                     source_path: x.source.display().to_string(),
                     protected: p.display().to_string(),
+                    why: "cordon's own: the store, the lease's bundle, the runtime's state or the \
+                          working directory"
+                        .to_owned(),
                 });
             }
         }
@@ -558,22 +562,30 @@ fn binds(
 /// never-mount paths, as written or where they really lead — with no exemption (a store tree
 /// a never-mount path names is not bound either).
 fn never_mounted(policy: &Policy, stage: &Stage, run: &RunInputs) -> Result<(), PlanError> {
-    let never: Vec<PathBuf> = policy
+    let never: Vec<(PathBuf, &str)> = policy
         .never_mount()
-        .map(PathBuf::from)
-        .chain(run.never_mount_real.iter().cloned())
+        .map(|n| (PathBuf::from(n), n))
+        .chain(
+            run.never_mount_real
+                .iter()
+                .map(|(real, written)| (real.clone(), written.as_str())),
+        )
         .collect();
     for m in stage.mount.values() {
         let Some(source) = run.sources.get(&m.source) else {
             continue;
         };
-        if let Some(n) = never
+        if let Some((n, written)) = never
             .iter()
-            .find(|n| within(source, n) || within(n, source))
+            .find(|(n, _)| within(source, n) || within(n, source))
         {
             return Err(PlanError::Protected {
                 source_path: source.display().to_string(),
                 protected: n.display().to_string(),
+                why: format!(
+                    "never-mount: {}",
+                    policy.never_mount_reason(written).unwrap_or_default()
+                ),
             });
         }
     }
@@ -1174,7 +1186,7 @@ mod tests {
     /// without the policy's line the same model plans.
     #[test]
     fn a_never_mount_path_is_never_bound() {
-        let line = "never-mount \"/srv/secrets\" reason=\"t\"\n";
+        let line = "never-mount \"/srv/secrets\" reason=\"the host's secrets\"\n";
         let at = "models \"/var/lib/cordon/models\"\n";
         let p = policy(|t| t.replacen(at, &format!("{at}{line}"), 1));
         for model in ["/srv/secrets", "/srv", "/srv/secrets/m"] {
@@ -1183,7 +1195,8 @@ mod tests {
             assert!(
                 matches!(
                     plan(&p, StageKind::Lane, &run),
-                    Err(PlanError::Protected { ref protected, .. }) if protected == "/srv/secrets"
+                    Err(PlanError::Protected { ref protected, ref why, .. })
+                        if protected == "/srv/secrets" && why == "never-mount: the host's secrets"
                 ),
                 "{model}"
             );
@@ -1195,11 +1208,13 @@ mod tests {
         run.sources
             .insert(MountSource::Model, PathBuf::from("/real/secrets/m"));
         plan(&p, StageKind::Lane, &run).unwrap();
-        run.never_mount_real = vec![PathBuf::from("/real/secrets")];
-        assert!(matches!(
-            plan(&p, StageKind::Lane, &run),
-            Err(PlanError::Protected { .. })
-        ));
+        run.never_mount_real = vec![(PathBuf::from("/real/secrets"), "/srv/secrets".to_owned())];
+        let e = plan(&p, StageKind::Lane, &run).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "mount source /real/secrets/m would expose the protected path /real/secrets \
+             (never-mount: the host's secrets)"
+        );
         // A never-mount path inside the store (a tree's, say) never reaches planning: the
         // language refuses it beside a named root.
         let text = std::fs::read_to_string(concat!(

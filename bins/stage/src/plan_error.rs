@@ -78,7 +78,7 @@ pub enum PlanError {
         b: String,
     },
     /// A mount would expose a protected path.
-    #[error("mount source {source_path} would expose the protected path {protected}")]
+    #[error("mount source {source_path} would expose the protected path {protected} ({why})")]
     #[diagnostic(
         code(cordon::plan::protected),
         help(
@@ -90,6 +90,8 @@ pub enum PlanError {
         source_path: String,
         /// What it would expose.
         protected: String,
+        /// Why that path is protected (a never-mount path's reviewed reason).
+        why: String,
     },
     /// A control the policy asks for cannot be enforced in the mode this run would use: it
     /// is refused, never applied as a no-op.

@@ -509,7 +509,7 @@ impl Session<'_> {
         inputs.never_mount_real = self
             .policy
             .never_mount()
-            .filter_map(|n| std::fs::canonicalize(n).ok())
+            .filter_map(|n| Some((std::fs::canonicalize(n).ok()?, n.to_owned())))
             .collect();
         inputs.mountable_store_roots = vec![
             store_root.join(cordon::tree::TREES.dir),

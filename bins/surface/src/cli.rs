@@ -193,7 +193,15 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
                     path: mountinfo.to_path_buf(),
                     source,
                 })?;
-            let never: Vec<&Path> = policy.never_mount().map(Path::new).collect();
+            let never: Vec<(&Path, &str)> = policy
+                .never_mount()
+                .map(|n| {
+                    (
+                        Path::new(n),
+                        policy.never_mount_reason(n).unwrap_or_default(),
+                    )
+                })
+                .collect();
             trust::read_set(
                 block.read.keys(),
                 guarded.into_iter().flatten(),

@@ -72,7 +72,7 @@ pub enum TrustError {
         why: String,
     },
     /// A read-set path would expose the workspace's surroundings, the state or the store.
-    #[error("read path {path} contains {guarded}")]
+    #[error("read path {path} contains {guarded} ({why})")]
     #[diagnostic(
         code(cordon::surface::read_set),
         help(
@@ -84,6 +84,8 @@ pub enum TrustError {
         path: String,
         /// What it contains.
         guarded: PathBuf,
+        /// Why that path is kept out (a never-mount path's reviewed reason).
+        why: String,
     },
     /// A read path has a mount beneath it: a rootless runtime cannot bind it without that
     /// mount (the kernel refuses a non-recursive bind that would uncover what a locked mount
@@ -250,7 +252,7 @@ pub fn runtime(binary: &Path, uid: u32, gids: &[u32]) -> Result<(), TrustError> 
 pub fn read_set<'a>(
     read: impl IntoIterator<Item = &'a String>,
     guarded: impl IntoIterator<Item = &'a Path> + Clone,
-    never: &[&'a Path],
+    never: &[(&'a Path, &'a str)],
     mountinfo: &str,
 ) -> Result<(), TrustError> {
     for path in read {
@@ -264,31 +266,36 @@ pub fn read_set<'a>(
         }
         // A never-mount path, as written or where it leads, against the read path as written
         // and where it leads (the runtime follows links in a bind source).
-        let never_real: Vec<PathBuf> = never
+        let never_real: Vec<(PathBuf, &str)> = never
             .iter()
-            .filter_map(|n| std::fs::canonicalize(n).ok())
+            .filter_map(|(n, why)| Some((std::fs::canonicalize(n).ok()?, *why)))
             .collect();
-        let never_all: Vec<&Path> = never
+        let never_all: Vec<(&Path, &str)> = never
             .iter()
             .copied()
-            .chain(never_real.iter().map(PathBuf::as_path))
+            .chain(never_real.iter().map(|(n, why)| (n.as_path(), *why)))
             .collect();
         let touches_never = |p: &Path| {
             never_all
                 .iter()
-                .find(|n| path_within(n, p) || path_within(p, n))
-                .copied()
+                .find(|(n, _)| path_within(n, p) || path_within(p, n))
+                .map(|(n, why)| (*n, format!("never-mount: {why}")))
         };
-        if let Some(g) = guarded
+        if let Some((g, why)) = guarded
             .clone()
             .into_iter()
             .find(|g| path_within(Path::new(path), g))
+            .map(|g| {
+                let why = "cordon's own: the workspace, the state directory or the store";
+                (g, why.to_owned())
+            })
             .or_else(|| touches_never(Path::new(path)))
             .or_else(|| touches_never(&resolved))
         {
             return Err(TrustError::ReadSet {
                 path: path.clone(),
                 guarded: g.to_path_buf(),
+                why,
             });
         }
     }
@@ -748,7 +755,7 @@ mod tests {
             read_set(
                 &paths,
                 [Path::new("/srv/ws")],
-                &[Path::new("/opt/secret")],
+                &[(Path::new("/opt/secret"), "the host's secrets")],
                 table,
             )
         };
@@ -758,11 +765,16 @@ mod tests {
             "{e}"
         );
         read(&["/bin", "/etc/hosts", "/lib"]).unwrap();
-        assert!(matches!(read(&["/srv"]), Err(TrustError::ReadSet { .. })));
+        assert_eq!(
+            read(&["/srv"]).unwrap_err().to_string(),
+            "read path /srv contains /srv/ws (cordon's own: the workspace, the state directory or \
+             the store)"
+        );
         // A never-mount path: refused as the read path, above it or inside it.
         for p in ["/opt/secret", "/opt", "/opt/secret/key"] {
             assert!(
-                matches!(read(&[p]), Err(TrustError::ReadSet { ref guarded, .. }) if guarded == Path::new("/opt/secret")),
+                matches!(read(&[p]), Err(TrustError::ReadSet { ref guarded, ref why, .. })
+                    if guarded == Path::new("/opt/secret") && why == "never-mount: the host's secrets"),
                 "{p}: {:?}",
                 read(&[p])
             );
@@ -784,7 +796,7 @@ mod tests {
             read_set(
                 &[p.display().to_string()],
                 [Path::new("/srv/ws")],
-                &[never],
+                &[(never, "t")],
                 table,
             )
         };
