@@ -80,6 +80,21 @@ pub enum ModelError {
         /// The host's directory it overlaps.
         with: PathBuf,
     },
+    /// Something is mounted at or inside it: what the candidate would see there is another
+    /// directory's (a subdirectory of the host's own, say, which no ancestry check can see).
+    #[error("the model {path} has a mount at {at}")]
+    #[diagnostic(
+        code(cordon::lane::model),
+        help(
+            "a model is a plain directory of its root's filesystem: unmount what is mounted there and register the model's own files"
+        )
+    )]
+    Mounted {
+        /// The model, canonical.
+        path: PathBuf,
+        /// The mount point at or inside it.
+        at: PathBuf,
+    },
     /// Encoding failed.
     #[error(transparent)]
     #[diagnostic(transparent)]
@@ -118,6 +133,25 @@ pub fn apart(model: &Path, host_dirs: &[&Path]) -> Result<(), ModelError> {
         }
     }
     Ok(())
+}
+
+/// Refuse a model (canonical) with a mount at or inside it in `mountinfo` (the supervisor's
+/// table, `/proc/self/mountinfo`): the lane binds the model recursively, so a mount there would
+/// be carried into the container with whatever it shows.
+///
+/// # Errors
+/// [`ModelError::Mounted`] naming the first.
+pub fn unmounted(model: &Path, mountinfo: &str) -> Result<(), ModelError> {
+    match cordon::mountinfo::entries(mountinfo)
+        .into_iter()
+        .find(|e| e.point.starts_with(model))
+    {
+        Some(e) => Err(ModelError::Mounted {
+            path: model.to_path_buf(),
+            at: e.point,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Require `model` (canonical, of `digest`) to be registered in the models `root`: the
@@ -295,6 +329,28 @@ mod tests {
             .to_string();
         assert!(e.contains("which is the host's own"), "{e}");
     }
+
+    #[test]
+    fn a_model_with_a_mount_at_or_inside_it_is_refused() {
+        let table = "22 1 0:21 / / rw - ext4 /dev/vda rw\n\
+                     23 22 0:22 / /models rw - ext4 /dev/vdb rw\n\
+                     24 22 0:23 /keys/sub /models/sha256-a/w\\040x ro - ext4 /dev/vda rw\n\
+                     25 22 0:24 / /models/sha256-b rw - ext4 /dev/vda rw\n";
+        let m = |name: &str| std::path::PathBuf::from(format!("/models/{name}"));
+        // A mount above it (its root's own disk) or beside it is no mount of its own.
+        super::unmounted(&m("sha256-c"), table).unwrap();
+        super::unmounted(&m("sha256-a2"), table).unwrap();
+        for (name, at) in [
+            ("sha256-a", "/models/sha256-a/w x"),
+            ("sha256-b", "/models/sha256-b"),
+        ] {
+            let e = super::unmounted(&m(name), table).unwrap_err();
+            assert!(
+                matches!(&e, super::ModelError::Mounted { at: a, .. } if a == std::path::Path::new(at)),
+                "{e}"
+            );
+        }
+    }
 }
 
 /// The ownership rule needs root-owned files: the root tier.
@@ -376,6 +432,30 @@ mod root_tests {
             "{aliased:?}"
         );
         without_the_alias.unwrap();
+        // A subdirectory of the key directory bound inside the model: no ancestry of either
+        // path shows it, the mount table does.
+        let sub = keys.join("sub");
+        fs::create_dir(&sub).unwrap();
+        let inside = real.join("w");
+        fs::create_dir(&inside).unwrap();
+        let table = || fs::read_to_string("/proc/self/mountinfo").unwrap();
+        unmounted(&real, &table()).unwrap();
+        nix::mount::mount(
+            Some(&sub),
+            &inside,
+            None::<&str>,
+            nix::mount::MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .unwrap();
+        let by_ancestry = apart(&real, &[&keys]);
+        let by_table = unmounted(&real, &table());
+        nix::mount::umount(&inside).unwrap();
+        by_ancestry.unwrap();
+        assert!(
+            matches!(&by_table, Err(ModelError::Mounted { at, .. }) if *at == inside),
+            "{by_table:?}"
+        );
     }
 
     #[test]

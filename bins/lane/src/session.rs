@@ -661,6 +661,12 @@ pub fn session_gated(
         cfg.setup.runtime.state_root.as_path(),
     ];
     model::apart(&model_dir, &host_dirs)?;
+    let table = "/proc/self/mountinfo";
+    let mountinfo = std::fs::read_to_string(table).map_err(|source| model::ModelError::Read {
+        path: table.into(),
+        source,
+    })?;
+    model::unmounted(&model_dir, &mountinfo)?;
     if let Ok(root) = std::fs::canonicalize(models) {
         model::apart(&root, &host_dirs)?;
     }
