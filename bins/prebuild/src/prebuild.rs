@@ -248,18 +248,17 @@ fn how_it_ended(meta: &Meta) -> String {
     }
 }
 
-/// What the build left: a rejection, or the sealed publication of staging.
-fn publish(
-    cfg: &Config,
-    planned: &Planned,
-    finished: &Finished,
+/// How the build step ended, as the candidate's failure (its reason code and message), or
+/// `None`: it exited 0.
+///
+/// # Errors
+/// [`PrebuildError::KilledFromOutside`]: cordon-reap ended the run, which says nothing of the
+/// candidate.
+fn failure(
+    meta: &Meta,
     ended_by_reap: bool,
-    bounds: &Bounds,
-    key: &Digest,
-    origin: serde_json::Value,
-) -> Result<Outcome, PrebuildError> {
-    let meta = finished.meta.clone();
-    let failure = if meta.killed_by_deadline {
+) -> Result<Option<(&'static str, String)>, PrebuildError> {
+    Ok(if meta.killed_by_deadline {
         Some((
             "prebuild.deadline",
             format!(
@@ -280,11 +279,25 @@ fn publish(
     } else if meta.exit_code != Some(0) {
         Some((
             "prebuild.exit",
-            format!("the build step {}", how_it_ended(&meta)),
+            format!("the build step {}", how_it_ended(meta)),
         ))
     } else {
         None
-    };
+    })
+}
+
+/// What the build left: a rejection, or the sealed publication of staging.
+fn publish(
+    cfg: &Config,
+    planned: &Planned,
+    finished: &Finished,
+    ended_by_reap: bool,
+    bounds: &Bounds,
+    key: &Digest,
+    origin: serde_json::Value,
+) -> Result<Outcome, PrebuildError> {
+    let meta = finished.meta.clone();
+    let failure = failure(&meta, ended_by_reap)?;
     if let Some((code, message)) = failure {
         return Ok(rejected(code, message, Some(meta)));
     }
@@ -348,5 +361,52 @@ mod tests {
             how_it_ended(&meta(None, None)),
             "ended without an exit code or a signal"
         );
+    }
+
+    /// Only the deadline, memory, a kill cordon-reap marked and an exit other than 0 end a
+    /// build; a SIGKILL nobody marked (one the candidate arranged) is its own failure, and a
+    /// mark with another end says nothing.
+    #[test]
+    fn how_a_step_ended_decides_the_outcome() {
+        let meta = |exit_code, signal, deadline, oom| Meta {
+            exit_code,
+            signal,
+            killed_by_deadline: deadline,
+            oom_killed: oom,
+            ..Meta::default()
+        };
+        let code = |m: &Meta, reap| failure(m, reap).map(|f| f.map(|(code, _)| code));
+        assert!(matches!(
+            code(&meta(Some(0), None, false, false), false),
+            Ok(None)
+        ));
+        assert!(matches!(
+            code(&meta(None, Some(9), true, false), true),
+            Ok(Some("prebuild.deadline"))
+        ));
+        assert!(matches!(
+            code(&meta(None, Some(9), false, true), true),
+            Ok(Some("prebuild.oom"))
+        ));
+        assert!(matches!(
+            code(&meta(None, Some(9), false, false), true),
+            Err(PrebuildError::KilledFromOutside)
+        ));
+        assert!(matches!(
+            code(&meta(None, Some(9), false, false), false),
+            Ok(Some("prebuild.exit"))
+        ));
+        assert!(matches!(
+            code(&meta(None, Some(15), false, false), true),
+            Ok(Some("prebuild.exit"))
+        ));
+        assert!(matches!(
+            code(&meta(Some(0), None, false, false), true),
+            Ok(None)
+        ));
+        assert!(matches!(
+            code(&meta(Some(2), None, false, false), false),
+            Ok(Some("prebuild.exit"))
+        ));
     }
 }
