@@ -11,6 +11,12 @@
 //! it — a flag dropped, a namespace shared, a filter not installed — is caught here, and the
 //! session ends as a no-decision that quarantines the executor (containment).
 //!
+//! The facts are read by pid, safely: the session is a child subreaper, so the created init,
+//! orphaned when `runtime create` exits, is its child, and its pid stays its own until the
+//! session reaps it — no other process can be read in its place. An init that died first is a
+//! zombie whose namespaces cannot be read: no posture, a no-decision. `Seccomp_filters` is
+//! Linux 5.9's: on an older kernel the posture cannot be read, and no session runs.
+//!
 //! What it owns: reading those facts through the host seam and the comparison. What it does
 //! not: the plan (the planner's) and what a difference means for the run (the session's).
 
