@@ -4,7 +4,7 @@
 # test gap, killed by a new test or written down in checks/mutants-report.md with the reason it
 # is equivalent. Not part of .ci/run (it takes hours on 2 cores); its last report is committed.
 #
-#   bash checks/mutants.sh [GROUP…]      groups: authority inventory lease planner validator
+#   bash checks/mutants.sh [GROUP…]      groups: authority inventory lease planner posture validator
 #
 # Environment: CORDON_MUTANTS_BUDGET (seconds per group, default 3600), CORDON_MUTANTS_ITERATE=1
 # to test again only the mutants the last run of a group did not catch, CORDON_MUTANTS_ROOT=1
@@ -46,11 +46,16 @@ run_group() {
         tests=(cordon)
         ;;
     planner)
-        # The planner's controls: what the bundle enforces, and the outside check that the
-        # runtime applied them.
-        files=(bins/stage/src/bundle.rs bins/stage/src/oci.rs bins/stage/src/posture.rs)
+        # The planner's controls: what the bundle enforces.
+        files=(bins/stage/src/bundle.rs bins/stage/src/oci.rs)
         re=('.')
         tests=(cordon-stage cordon-policy)
+        ;;
+    posture)
+        # The outside check that the runtime applied the plan.
+        files=(bins/stage/src/posture.rs)
+        re=('.')
+        tests=(cordon-stage)
         ;;
     validator)
         # The policy validator's refusals of weakened controls.
@@ -92,5 +97,5 @@ run_group() {
 }
 
 groups=("$@")
-[ ${#groups[@]} -gt 0 ] || groups=(authority inventory lease planner validator)
+[ ${#groups[@]} -gt 0 ] || groups=(authority inventory lease planner posture validator)
 for g in "${groups[@]}"; do run_group "$g"; done
