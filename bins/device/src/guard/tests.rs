@@ -1,0 +1,225 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::ComputeMode;
+use crate::fake::{Fake, FakeClock, Step, pinned_config};
+
+const GPU: &str = "GPU-0e3f6a52-0000-4c2c-9d41-000000000001";
+
+fn rule() -> DrainRule {
+    DrainRule {
+        samples: 3,
+        interval: Duration::from_millis(100),
+        sample_timeout: Duration::from_millis(50),
+        timeout: Duration::from_secs(2),
+        idle_memory: 600 << 20,
+    }
+}
+
+fn setup() -> (Arc<FakeClock>, Fake) {
+    let clock = Arc::new(FakeClock::default());
+    let fake = Fake::new(clock.clone());
+    fake.config_of(GPU, Some(pinned_config()));
+    (clock, fake)
+}
+
+#[test]
+fn an_idle_device_drains_after_the_consecutive_samples_the_rule_asks() {
+    let (clock, fake) = setup();
+    let d = drain(&fake, &*clock, GPU, &rule()).unwrap();
+    assert_eq!(d.samples.len(), 3);
+    assert_eq!(fake.sampled(GPU), 3);
+    // Two intervals between three samples; each sample stamped on the guard's clock.
+    assert_eq!(d.took_ns, 200_000_000);
+    let at: Vec<u64> = d.samples.iter().map(|s| s.at_ns).collect();
+    assert_eq!(at, [0, 100_000_000, 200_000_000]);
+}
+
+#[test]
+fn each_kind_of_activity_resets_the_count() {
+    let busy: [(&str, Step); 7] = [
+        (
+            "compute processes [4242]",
+            Step::with(|s| s.processes = vec![4242]),
+        ),
+        ("utilisation 3%", Step::with(|s| s.utilisation = 3)),
+        (
+            "bytes of memory allocated, above",
+            Step::with(|s| s.memory_used = 601 << 20),
+        ),
+        ("Xid events [79]", Step::with(|s| s.xid = vec![79])),
+        (
+            "pages pending retirement",
+            Step::with(|s| s.retirement_pending = true),
+        ),
+        ("a sample failed", Step::failing()),
+        (
+            "a sample took 60ms, above 50ms",
+            Step::idle().taking(Duration::from_millis(60)),
+        ),
+    ];
+    for (why, step) in busy {
+        // Idle, idle, then the activity, then idle: the count starts again after it.
+        let (clock, fake) = setup();
+        fake.script(
+            GPU,
+            [Step::idle(), Step::idle(), step.clone(), Step::idle()],
+        );
+        let d = drain(&fake, &*clock, GPU, &rule()).unwrap();
+        assert_eq!(fake.sampled(GPU), 6, "{why}");
+        assert!(d.samples.len() >= 5, "{why}");
+        // The same activity forever: no drain, and the last reason says what it was.
+        let (clock, fake) = setup();
+        fake.script(GPU, [step]);
+        match drain(&fake, &*clock, GPU, &rule()) {
+            Err(DrainError::NotDrained { why: last, .. }) => {
+                assert!(last.contains(why), "{why}: {last}");
+            }
+            Ok(d) => panic!("{why}: drained {d:?}"),
+        }
+    }
+}
+
+#[test]
+fn the_deadline_ends_a_drain_that_never_holds_and_keeps_every_sample() {
+    let (clock, fake) = setup();
+    fake.script(GPU, [Step::with(|s| s.utilisation = 100)]);
+    let e = drain(&fake, &*clock, GPU, &rule()).unwrap_err();
+    let DrainError::NotDrained {
+        uuid,
+        timeout,
+        why,
+        samples,
+    } = e;
+    assert_eq!((uuid.as_str(), timeout), (GPU, Duration::from_secs(2)));
+    assert_eq!(why, "utilisation 100%");
+    // A sample every 100 ms from 0 to 2 s inclusive, none after the deadline.
+    assert_eq!(samples.len(), 21);
+    assert!(clock.now() <= Duration::from_millis(2100));
+    // An idle run that would complete just past the deadline (its third sample at 2.1 s)
+    // does not count; one that completes at 2 s exactly does.
+    let (clock, fake) = setup();
+    let mut steps = vec![Step::with(|s| s.utilisation = 1); 19];
+    steps.push(Step::idle());
+    fake.script(GPU, steps);
+    assert!(matches!(
+        drain(&fake, &*clock, GPU, &rule()),
+        Err(DrainError::NotDrained { .. })
+    ));
+    let (clock, fake) = setup();
+    let mut steps = vec![Step::with(|s| s.utilisation = 1); 18];
+    steps.push(Step::idle());
+    fake.script(GPU, steps);
+    assert_eq!(
+        drain(&fake, &*clock, GPU, &rule()).unwrap().took_ns,
+        2_000_000_000
+    );
+    // A GPU the host does not have never drains.
+    let (clock, fake) = setup();
+    let e = drain(&fake, &*clock, "GPU-absent", &rule()).unwrap_err();
+    assert!(e.to_string().contains("no GPU GPU-absent"), "{e}");
+}
+
+#[test]
+fn every_field_of_the_pinned_configuration_is_compared() {
+    let pinned = pinned_config();
+    assert_eq!(drift(&pinned, &pinned), Vec::<String>::new());
+    type Change = fn(&mut DeviceConfig);
+    let changes: [(&str, Change); 8] = [
+        ("driver 560.1, not 550.54.15", |c| {
+            "560.1".clone_into(&mut c.driver)
+        }),
+        ("persistence false, not true", |c| c.persistence = false),
+        ("compute mode Default, not ExclusiveProcess", |c| {
+            c.compute_mode = ComputeMode::Default;
+        }),
+        (
+            "application clocks (1410, 2619) MHz, not (1980, 2619)",
+            |c| {
+                c.application_clocks.0 = 1410;
+            },
+        ),
+        (
+            "application clocks (1980, 1593) MHz, not (1980, 2619)",
+            |c| {
+                c.application_clocks.1 = 1593;
+            },
+        ),
+        ("power limit 350000 mW, not 700000", |c| {
+            c.power_limit_mw = 350_000
+        }),
+        ("ECC false, not true", |c| c.ecc = false),
+        ("MIG true, not false", |c| c.mig = true),
+    ];
+    for (what, change) in changes {
+        let mut seen = pinned.clone();
+        change(&mut seen);
+        assert_eq!(drift(&pinned, &seen), [what]);
+    }
+}
+
+#[test]
+fn the_active_sample_must_be_inside_the_envelope() {
+    let envelope = Envelope {
+        max_temperature_c: 85,
+        max_power_mw: 700_000,
+        min_graphics_mhz: 1700,
+        forbidden_throttle: 0x8 | 0x20 | 0x40 | 0x80,
+    };
+    let working = |edit: fn(&mut Sample)| {
+        let mut s = crate::fake::idle_sample();
+        s.utilisation = 100;
+        s.throttle = 0x2;
+        edit(&mut s);
+        envelope.breaches(&s)
+    };
+    assert_eq!(working(|_| {}), Vec::<String>::new());
+    // At each bound exactly: inside.
+    assert_eq!(
+        working(|s| {
+            s.temperature_c = 85;
+            s.power_mw = 700_000;
+            s.clocks.0 = 1700;
+        }),
+        Vec::<String>::new()
+    );
+    type Breach = fn(&mut Sample);
+    let breaches: [(&str, Breach); 7] = [
+        ("temperature 86 °C, above 85", |s| s.temperature_c = 86),
+        ("power 700001 mW, above 700000", |s| s.power_mw = 700_001),
+        ("graphics clock 1699 MHz, below 1700", |s| s.clocks.0 = 1699),
+        ("throttled: hw-slowdown, hw-thermal-slowdown", |s| {
+            s.throttle |= 0x8 | 0x40 | 0x4;
+        }),
+        ("throttled: hw-power-brake-slowdown", |s| s.throttle |= 0x80),
+        ("Xid events [48]", |s| s.xid = vec![48]),
+        ("pages pending retirement", |s| s.retirement_pending = true),
+    ];
+    for (what, breach) in breaches {
+        assert_eq!(working(breach), [what]);
+    }
+}
+
+#[test]
+fn throttle_bits_are_named_and_an_unnamed_one_is_shown() {
+    assert_eq!(crate::throttle_names(0), Vec::<String>::new());
+    assert_eq!(
+        crate::throttle_names(0x1 | 0x100 | 0x400),
+        ["gpu-idle", "display-clock-setting", "0x400"]
+    );
+}
+
+#[test]
+fn the_fake_reports_a_missing_or_unreadable_configuration() {
+    let (_, fake) = setup();
+    assert!(matches!(
+        crate::Gpus::config(&fake, "GPU-absent"),
+        Err(crate::DeviceError::Missing { .. })
+    ));
+    fake.config_of(GPU, None);
+    assert!(matches!(
+        crate::Gpus::config(&fake, GPU),
+        Err(crate::DeviceError::Unreadable { .. })
+    ));
+}
