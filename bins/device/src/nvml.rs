@@ -81,6 +81,15 @@ impl Nvml {
     }
 }
 
+/// The error of a fact `what` of GPU `uuid` that NVML would not give.
+fn unreadable<'a>(uuid: &'a str, what: &'static str) -> impl Fn(NvmlError) -> DeviceError + 'a {
+    move |e| DeviceError::Unreadable {
+        uuid: uuid.to_owned(),
+        what,
+        why: e.to_string(),
+    }
+}
+
 fn missing(uuid: &str, e: &NvmlError) -> DeviceError {
     DeviceError::Missing {
         uuid: uuid.to_owned(),
@@ -147,13 +156,7 @@ fn watch(
 impl Gpus for Nvml {
     fn config(&self, uuid: &str) -> Result<DeviceConfig, DeviceError> {
         let d = self.device(uuid)?;
-        let read = |what: &'static str| {
-            move |e: NvmlError| DeviceError::Unreadable {
-                uuid: uuid.to_owned(),
-                what,
-                why: e.to_string(),
-            }
-        };
+        let read = |what| unreadable(uuid, what);
         let ecc = d.is_ecc_enabled().map_err(read("ECC mode"))?;
         let mig = d.mig_mode().map_err(read("MIG mode"))?;
         Ok(DeviceConfig {
@@ -197,13 +200,7 @@ impl Gpus for Nvml {
 
     fn sample(&self, uuid: &str, at_ns: u64) -> Result<Sample, DeviceError> {
         let d = self.device(uuid)?;
-        let read = |what: &'static str| {
-            move |e: NvmlError| DeviceError::Unreadable {
-                uuid: uuid.to_owned(),
-                what,
-                why: e.to_string(),
-            }
-        };
+        let read = |what| unreadable(uuid, what);
         let processes = d
             .running_compute_processes()
             .map_err(read("the compute processes"))?;
