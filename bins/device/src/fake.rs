@@ -80,6 +80,7 @@ pub fn idle_sample() -> Sample {
     Sample {
         at_ns: 0,
         utilisation: 0,
+        memory_utilisation: 0,
         memory_used: 500 << 20,
         processes: Vec::new(),
         temperature_c: 35,
@@ -100,8 +101,8 @@ pub fn pinned_config() -> DeviceConfig {
         compute_mode: ComputeMode::ExclusiveProcess,
         application_clocks: (1980, 2619),
         power_limit_mw: 700_000,
-        ecc: true,
-        mig: false,
+        ecc: (true, true),
+        mig: (false, false),
     }
 }
 
@@ -149,10 +150,11 @@ impl Fake {
         self
     }
 
-    /// How many samples of GPU `uuid` were read.
+    /// How many samples of GPU `uuid` were read (0: none, or no such GPU).
     #[must_use]
     pub fn sampled(&self, uuid: &str) -> u32 {
-        self.with_gpu(uuid, |g| g.sampled)
+        let gpus = self.gpus.lock().unwrap_or_else(PoisonError::into_inner);
+        gpus.get(uuid).map_or(0, |g| g.sampled)
     }
 }
 

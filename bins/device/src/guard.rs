@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{DeviceConfig, DeviceError, Gpus, Sample, throttle_names};
+use crate::{DeviceConfig, Gpus, Sample, throttle_names};
 
 /// How `seen` differs from the `pinned` configuration, one line per field (empty: as pinned).
 #[must_use]
@@ -50,8 +50,14 @@ pub fn drift(pinned: &DeviceConfig, seen: &DeviceConfig) -> Vec<String> {
             seen.power_limit_mw
         ),
     );
-    want(seen.ecc == *ecc, format!("ECC {}, not {ecc}", seen.ecc));
-    want(seen.mig == *mig, format!("MIG {}, not {mig}", seen.mig));
+    want(
+        seen.ecc == *ecc,
+        format!("ECC (now, after reset) {:?}, not {ecc:?}", seen.ecc),
+    );
+    want(
+        seen.mig == *mig,
+        format!("MIG (now, after reset) {:?}, not {mig:?}", seen.mig),
+    );
     d
 }
 
@@ -88,24 +94,56 @@ impl Clock for SystemClock {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DrainRule {
-    /// Consecutive idle samples needed.
+    /// Consecutive idle samples needed (at least one).
     pub samples: u32,
-    /// Between two samples.
+    /// Between two samples (at least [`DrainRule::MIN_INTERVAL`]).
     pub interval: Duration,
     /// A sample that takes longer is late: it does not count, and the count starts again.
     pub sample_timeout: Duration,
-    /// The whole drain's deadline.
+    /// The whole drain's deadline: every sample that counts has ended by it.
     pub timeout: Duration,
     /// The most device memory an idle GPU may show allocated (the driver's own), bytes.
     pub idle_memory: u64,
 }
 
-/// A drain that held: the samples that made it, the last `samples` of them idle.
+impl DrainRule {
+    /// The shortest interval between samples: NVML's utilisation is itself an average over a
+    /// period of this order, and a tighter loop only grows the record.
+    pub const MIN_INTERVAL: Duration = Duration::from_millis(10);
+
+    /// Why this rule cannot decide a drain (`None`: it can).
+    #[must_use]
+    pub fn unsound(&self) -> Option<String> {
+        if self.samples == 0 {
+            Some("a drain of zero samples proves nothing".to_owned())
+        } else if self.interval < Self::MIN_INTERVAL {
+            Some(format!(
+                "an interval of {:?}, below {:?}",
+                self.interval,
+                Self::MIN_INTERVAL
+            ))
+        } else if self.sample_timeout > self.timeout {
+            Some(format!(
+                "a sample timeout of {:?}, above the drain's {:?}",
+                self.sample_timeout, self.timeout
+            ))
+        } else {
+            None
+        }
+    }
+}
+
+/// The most samples a drain keeps (the last ones; the count of the rest is kept).
+pub const KEPT_SAMPLES: usize = 256;
+
+/// A drain that held: its last samples, the last `samples` of them idle.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Drained {
-    /// Every sample taken, in order (the idle run at the end).
+    /// The last samples read, in order (at most [`KEPT_SAMPLES`]; the idle run at the end).
     pub samples: Vec<Sample>,
+    /// How many samples were read in all, and how many of the reads failed.
+    pub read: (u32, u32),
     /// How long it took, ns.
     pub took_ns: u64,
 }
@@ -113,6 +151,9 @@ pub struct Drained {
 /// Why a drain did not hold.
 #[derive(Debug, thiserror::Error)]
 pub enum DrainError {
+    /// The rule cannot decide a drain.
+    #[error("the drain rule is unsound: {0}")]
+    Rule(String),
     /// The deadline passed before enough consecutive idle samples.
     #[error("GPU {uuid} did not drain within {timeout:?}: {why}")]
     NotDrained {
@@ -120,9 +161,19 @@ pub enum DrainError {
         uuid: String,
         /// The rule's deadline.
         timeout: Duration,
-        /// Why the last sample was not idle (or failed).
+        /// Why the last sample did not count.
         why: String,
-        /// Every sample taken.
+        /// The last samples read.
+        samples: Vec<Sample>,
+    },
+    /// A sample showed a fault: the device owes a reset, and what ran on it measured nothing.
+    #[error("GPU {uuid} faulted: {why}")]
+    Faulted {
+        /// The GPU.
+        uuid: String,
+        /// The fault.
+        why: String,
+        /// The last samples read, the faulted one last.
         samples: Vec<Sample>,
     },
 }
@@ -131,10 +182,13 @@ pub enum DrainError {
 fn busy(rule: &DrainRule, s: &Sample) -> Vec<String> {
     let mut why = Vec::new();
     if !s.processes.is_empty() {
-        why.push(format!("compute processes {:?}", s.processes));
+        why.push(format!("processes {:?}", s.processes));
     }
     if s.utilisation != 0 {
         why.push(format!("utilisation {}%", s.utilisation));
+    }
+    if s.memory_utilisation != 0 {
+        why.push(format!("memory utilisation {}%", s.memory_utilisation));
     }
     if s.memory_used > rule.idle_memory {
         why.push(format!(
@@ -142,51 +196,82 @@ fn busy(rule: &DrainRule, s: &Sample) -> Vec<String> {
             s.memory_used, rule.idle_memory
         ));
     }
+    why
+}
+
+/// The faults `s` shows (empty: none).
+fn faults(s: &Sample) -> Vec<String> {
+    let mut why = Vec::new();
     if !s.xid.is_empty() {
         why.push(format!("Xid events {:?}", s.xid));
     }
     if s.retirement_pending {
-        why.push("pages pending retirement".to_owned());
+        why.push("memory pending retirement or remapping".to_owned());
     }
     why
 }
 
 /// Sample GPU `uuid` every `rule.interval` until `rule.samples` consecutive samples are idle,
-/// within `rule.timeout`. A sample that fails or takes longer than `rule.sample_timeout` does
-/// not count and starts the count again.
+/// each read within `rule.sample_timeout` and ended by `rule.timeout`. A sample that fails or
+/// comes late does not count and starts the count again; a fault ends the drain at once.
+/// Samples are stamped in ns since `origin` on `clock` (the caller's read, so the pre, active
+/// and post samples of one read order on one scale).
 ///
 /// # Errors
-/// [`DrainError::NotDrained`] with every sample taken and why the last did not count.
+/// [`DrainError::Rule`], [`DrainError::NotDrained`] with the last samples and why the last
+/// did not count, [`DrainError::Faulted`].
 pub fn drain(
     gpus: &dyn Gpus,
     clock: &dyn Clock,
+    origin: Duration,
     uuid: &str,
     rule: &DrainRule,
 ) -> Result<Drained, DrainError> {
+    if let Some(why) = rule.unsound() {
+        return Err(DrainError::Rule(why));
+    }
     let start = clock.now();
     let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-    let mut samples = Vec::new();
+    let mut samples = std::collections::VecDeque::new();
+    let (mut read, mut failed) = (0u32, 0u32);
     let mut idle = 0u32;
     let mut why = "no sample was taken".to_owned();
+    let not_drained = |why, samples: std::collections::VecDeque<Sample>| DrainError::NotDrained {
+        uuid: uuid.to_owned(),
+        timeout: rule.timeout,
+        why,
+        samples: samples.into(),
+    };
     loop {
         let before = clock.now();
-        if before.saturating_sub(start) > rule.timeout {
-            return Err(DrainError::NotDrained {
-                uuid: uuid.to_owned(),
-                timeout: rule.timeout,
-                why,
-                samples,
-            });
+        let sampled = gpus.sample(uuid, ns(before.saturating_sub(origin)));
+        let after = clock.now();
+        read = read.saturating_add(1);
+        if after.saturating_sub(start) > rule.timeout {
+            // Ended past the deadline: it cannot count.
+            return Err(not_drained(why, samples));
         }
-        let read = gpus.sample(uuid, ns(before.saturating_sub(start)));
-        let took = clock.now().saturating_sub(before);
-        match read {
+        let took = after.saturating_sub(before);
+        match sampled {
             Err(e) => {
+                failed = failed.saturating_add(1);
                 idle = 0;
-                why = sample_failed(&e);
+                why = format!("a sample failed: {e}");
             }
             Ok(s) => {
+                let fault = faults(&s);
                 let not_idle = busy(rule, &s);
+                if samples.len() == KEPT_SAMPLES {
+                    samples.pop_front();
+                }
+                samples.push_back(s);
+                if !fault.is_empty() {
+                    return Err(DrainError::Faulted {
+                        uuid: uuid.to_owned(),
+                        why: fault.join(", "),
+                        samples: samples.into(),
+                    });
+                }
                 if took > rule.sample_timeout {
                     idle = 0;
                     why = format!("a sample took {took:?}, above {:?}", rule.sample_timeout);
@@ -196,21 +281,17 @@ pub fn drain(
                     idle = 0;
                     why = not_idle.join(", ");
                 }
-                samples.push(s);
             }
         }
         if idle >= rule.samples {
             return Ok(Drained {
-                samples,
+                samples: samples.into(),
+                read: (read, failed),
                 took_ns: ns(clock.now().saturating_sub(start)),
             });
         }
         clock.sleep(rule.interval);
     }
-}
-
-fn sample_failed(e: &DeviceError) -> String {
-    format!("a sample failed: {e}")
 }
 
 /// The bounds the active sample must be inside, from the policy.
@@ -228,8 +309,9 @@ pub struct Envelope {
 }
 
 impl Envelope {
-    /// How `s` breaks the envelope (empty: inside it). Xid events and pending retirement
-    /// break it too: a device that faults while measured measured nothing.
+    /// How `s` breaks the envelope (empty: inside it). A fault (an Xid event, memory pending
+    /// retirement or remapping) breaks it too: a device that faults while measured measured
+    /// nothing.
     #[must_use]
     pub fn breaches(&self, s: &Sample) -> Vec<String> {
         let mut b = Vec::new();
@@ -258,12 +340,7 @@ impl Envelope {
                 throttle_names(forbidden).join(", ")
             ));
         }
-        if !s.xid.is_empty() {
-            b.push(format!("Xid events {:?}", s.xid));
-        }
-        if s.retirement_pending {
-            b.push("pages pending retirement".to_owned());
-        }
+        b.extend(faults(s));
         b
     }
 }

@@ -7,10 +7,11 @@
 //!   mode, application clocks, power limit, ECC, MIG mode and the driver version, as the
 //!   policy pins them; read before and after every session, and any difference is terminal for
 //!   the lane (the caller's no-decision and quarantine);
-//! - **drain** ([`drain`]): consecutive idle samples (no compute process, utilisation zero,
-//!   memory at most the idle bound, no Xid event and no page pending retirement) within a
-//!   deadline; a sample that fails or comes late resets the count; a device that does not drain
-//!   is a no-decision;
+//! - **drain** ([`drain`]): consecutive idle samples (no compute or graphics process, kernel
+//!   and memory utilisation zero, memory at most the idle bound) within a deadline; a sample
+//!   that fails or comes late resets the count; any fault seen (an Xid event, memory pending
+//!   retirement or remapping) fails it, since a device that faulted during a session measured
+//!   nothing; a device that does not drain is a no-decision;
 //! - **the active envelope** ([`Envelope`]): one sample during the last warmup request, inside
 //!   the policy's bounds (temperature, power, clocks, no forbidden throttle reason);
 //! - the **telemetry** itself ([`Sample`]): every fact sampled is kept in the receipts.
@@ -23,7 +24,7 @@ pub mod fake;
 mod guard;
 pub mod nvml;
 
-pub use guard::{Clock, DrainRule, Drained, Envelope, SystemClock, drain, drift};
+pub use guard::{Clock, DrainError, DrainRule, Drained, Envelope, SystemClock, drain, drift};
 
 use serde::{Deserialize, Serialize};
 
@@ -51,12 +52,13 @@ pub struct DeviceConfig {
     pub compute_mode: ComputeMode,
     /// The application clocks, graphics and memory, MHz.
     pub application_clocks: (u32, u32),
-    /// The power management limit, milliwatts.
+    /// The power limit the GPU enforces (the lower of the driver's and any out-of-band cap),
+    /// milliwatts.
     pub power_limit_mw: u32,
-    /// ECC on (currently; a pending change counts as a difference).
-    pub ecc: bool,
-    /// MIG mode on (currently; a pending change counts as a difference).
-    pub mig: bool,
+    /// ECC: on now, and on after the next reset (a pending change is a change).
+    pub ecc: (bool, bool),
+    /// MIG mode: on now, and on after the next reset.
+    pub mig: (bool, bool),
 }
 
 /// One telemetry sample of one GPU, as the host read it.
@@ -67,9 +69,11 @@ pub struct Sample {
     pub at_ns: u64,
     /// Percent of the last period a kernel ran.
     pub utilisation: u32,
+    /// Percent of the last period device memory was read or written (copies included).
+    pub memory_utilisation: u32,
     /// Device memory allocated, bytes.
     pub memory_used: u64,
-    /// The compute processes on it, by host pid.
+    /// The compute and graphics processes on it, by host pid.
     pub processes: Vec<u32>,
     /// Core temperature, °C.
     pub temperature_c: u32,
@@ -81,7 +85,8 @@ pub struct Sample {
     pub throttle: u64,
     /// Xid events the driver reported since the previous sample (their codes).
     pub xid: Vec<u64>,
-    /// Pages are pending retirement (a reset is owed).
+    /// Pages pending retirement or rows pending remapping, or a failed remapping: the device
+    /// owes a reset.
     pub retirement_pending: bool,
 }
 

@@ -27,7 +27,7 @@ fn setup() -> (Arc<FakeClock>, Fake) {
 #[test]
 fn an_idle_device_drains_after_the_consecutive_samples_the_rule_asks() {
     let (clock, fake) = setup();
-    let d = drain(&fake, &*clock, GPU, &rule()).unwrap();
+    let d = drain(&fake, &*clock, Duration::ZERO, GPU, &rule()).unwrap();
     assert_eq!(d.samples.len(), 3);
     assert_eq!(fake.sampled(GPU), 3);
     // Two intervals between three samples; each sample stamped on the guard's clock.
@@ -38,60 +38,148 @@ fn an_idle_device_drains_after_the_consecutive_samples_the_rule_asks() {
 
 #[test]
 fn each_kind_of_activity_resets_the_count() {
-    let busy: [(&str, Step); 7] = [
+    let busy: [(&str, Step, u32); 8] = [
         (
-            "compute processes [4242]",
+            "processes [4242]",
             Step::with(|s| s.processes = vec![4242]),
+            6,
         ),
-        ("utilisation 3%", Step::with(|s| s.utilisation = 3)),
+        ("utilisation 3%", Step::with(|s| s.utilisation = 3), 6),
         (
-            "bytes of memory allocated, above",
-            Step::with(|s| s.memory_used = 601 << 20),
+            "memory utilisation 1%",
+            Step::with(|s| s.memory_utilisation = 1),
+            6,
         ),
-        ("Xid events [79]", Step::with(|s| s.xid = vec![79])),
         (
-            "pages pending retirement",
-            Step::with(|s| s.retirement_pending = true),
+            "629145601 bytes of memory allocated, above 629145600",
+            Step::with(|s| s.memory_used = (600 << 20) + 1),
+            6,
         ),
-        ("a sample failed", Step::failing()),
+        ("a sample failed", Step::failing(), 5),
         (
-            "a sample took 60ms, above 50ms",
-            Step::idle().taking(Duration::from_millis(60)),
+            "a sample took 50.000001ms, above 50ms",
+            Step::idle().taking(Duration::from_nanos(50_000_001)),
+            6,
         ),
+        // At each bound exactly: idle, so nothing resets (three samples drain).
+        ("", Step::with(|s| s.memory_used = 600 << 20), 3),
+        ("", Step::idle().taking(Duration::from_millis(50)), 3),
     ];
-    for (why, step) in busy {
-        // Idle, idle, then the activity, then idle: the count starts again after it.
+    for (why, step, kept) in busy {
+        // Idle, idle, then the step, then idle: the count starts again after a busy one.
         let (clock, fake) = setup();
         fake.script(
             GPU,
             [Step::idle(), Step::idle(), step.clone(), Step::idle()],
         );
-        let d = drain(&fake, &*clock, GPU, &rule()).unwrap();
-        assert_eq!(fake.sampled(GPU), 6, "{why}");
-        assert!(d.samples.len() >= 5, "{why}");
+        let d = drain(&fake, &*clock, Duration::ZERO, GPU, &rule()).unwrap();
+        let read = if kept == 3 { 3 } else { 6 };
+        assert_eq!(fake.sampled(GPU), read, "{why}");
+        assert_eq!(d.read, (read, read - kept), "{why}");
+        assert_eq!(d.samples.len(), kept as usize, "{why}");
+        if why.is_empty() {
+            continue;
+        }
         // The same activity forever: no drain, and the last reason says what it was.
         let (clock, fake) = setup();
         fake.script(GPU, [step]);
-        match drain(&fake, &*clock, GPU, &rule()) {
+        match drain(&fake, &*clock, Duration::ZERO, GPU, &rule()) {
             Err(DrainError::NotDrained { why: last, .. }) => {
                 assert!(last.contains(why), "{why}: {last}");
             }
-            Ok(d) => panic!("{why}: drained {d:?}"),
+            other => panic!("{why}: {other:?}"),
         }
     }
+}
+
+/// A fault seen while draining (an Xid from the session just ended, memory owed a reset)
+/// fails the drain at once, whatever idle samples would follow.
+#[test]
+fn a_fault_fails_the_drain_at_once() {
+    for (why, step) in [
+        ("Xid events [79]", Step::with(|s| s.xid = vec![79])),
+        (
+            "memory pending retirement or remapping",
+            Step::with(|s| s.retirement_pending = true),
+        ),
+    ] {
+        let (clock, fake) = setup();
+        fake.script(GPU, [Step::idle(), step, Step::idle()]);
+        match drain(&fake, &*clock, Duration::ZERO, GPU, &rule()) {
+            Err(DrainError::Faulted {
+                uuid,
+                why: w,
+                samples,
+            }) => {
+                assert_eq!((uuid.as_str(), w.as_str()), (GPU, why));
+                assert_eq!(samples.len(), 2, "{why}");
+            }
+            other => panic!("{why}: {other:?}"),
+        }
+        assert_eq!(fake.sampled(GPU), 2, "{why}");
+    }
+}
+
+/// A rule that cannot decide a drain is refused before any sample.
+#[test]
+fn an_unsound_rule_is_refused() {
+    type Break = fn(&mut DrainRule);
+    let unsound: [(&str, Break); 3] = [
+        ("a drain of zero samples proves nothing", |r| r.samples = 0),
+        ("an interval of 9ms, below 10ms", |r| {
+            r.interval = Duration::from_millis(9);
+        }),
+        ("a sample timeout of 3s, above the drain's 2s", |r| {
+            r.sample_timeout = Duration::from_secs(3);
+        }),
+    ];
+    for (why, b) in unsound {
+        let (clock, fake) = setup();
+        let mut r = rule();
+        b(&mut r);
+        match drain(&fake, &*clock, Duration::ZERO, GPU, &r) {
+            Err(DrainError::Rule(w)) => assert_eq!(w, why),
+            other => panic!("{why}: {other:?}"),
+        }
+        assert_eq!(fake.sampled(GPU), 0);
+    }
+}
+
+/// Samples are stamped from the caller's origin; a long drain keeps only its last samples.
+#[test]
+fn samples_are_stamped_from_the_origin_and_bounded() {
+    let (clock, fake) = setup();
+    clock.advance(Duration::from_secs(5));
+    let d = drain(&fake, &*clock, Duration::from_secs(4), GPU, &rule()).unwrap();
+    let at: Vec<u64> = d.samples.iter().map(|s| s.at_ns).collect();
+    assert_eq!(at, [1_000_000_000, 1_100_000_000, 1_200_000_000]);
+    let (clock, fake) = setup();
+    let mut r = rule();
+    r.interval = DrainRule::MIN_INTERVAL;
+    r.timeout = Duration::from_secs(60);
+    let mut steps = vec![Step::with(|s| s.utilisation = 1); 1000];
+    steps.push(Step::idle());
+    fake.script(GPU, steps);
+    let d = drain(&fake, &*clock, Duration::ZERO, GPU, &r).unwrap();
+    assert_eq!(d.read, (1003, 0));
+    assert_eq!(d.samples.len(), super::KEPT_SAMPLES);
+    assert_eq!(d.samples.last().unwrap().utilisation, 0);
 }
 
 #[test]
 fn the_deadline_ends_a_drain_that_never_holds_and_keeps_every_sample() {
     let (clock, fake) = setup();
     fake.script(GPU, [Step::with(|s| s.utilisation = 100)]);
-    let e = drain(&fake, &*clock, GPU, &rule()).unwrap_err();
+    let e = drain(&fake, &*clock, Duration::ZERO, GPU, &rule()).unwrap_err();
     let DrainError::NotDrained {
         uuid,
         timeout,
         why,
         samples,
-    } = e;
+    } = e
+    else {
+        panic!("{e:?}")
+    };
     assert_eq!((uuid.as_str(), timeout), (GPU, Duration::from_secs(2)));
     assert_eq!(why, "utilisation 100%");
     // A sample every 100 ms from 0 to 2 s inclusive, none after the deadline.
@@ -104,7 +192,7 @@ fn the_deadline_ends_a_drain_that_never_holds_and_keeps_every_sample() {
     steps.push(Step::idle());
     fake.script(GPU, steps);
     assert!(matches!(
-        drain(&fake, &*clock, GPU, &rule()),
+        drain(&fake, &*clock, Duration::ZERO, GPU, &rule()),
         Err(DrainError::NotDrained { .. })
     ));
     let (clock, fake) = setup();
@@ -112,12 +200,27 @@ fn the_deadline_ends_a_drain_that_never_holds_and_keeps_every_sample() {
     steps.push(Step::idle());
     fake.script(GPU, steps);
     assert_eq!(
-        drain(&fake, &*clock, GPU, &rule()).unwrap().took_ns,
+        drain(&fake, &*clock, Duration::ZERO, GPU, &rule())
+            .unwrap()
+            .took_ns,
         2_000_000_000
     );
+    // A sample that starts before the deadline but ends after it does not count.
+    let (clock, fake) = setup();
+    let mut steps = vec![Step::with(|s| s.utilisation = 1); 18];
+    steps.extend([
+        Step::idle(),
+        Step::idle(),
+        Step::idle().taking(Duration::from_millis(1)),
+    ]);
+    fake.script(GPU, steps);
+    assert!(matches!(
+        drain(&fake, &*clock, Duration::ZERO, GPU, &rule()),
+        Err(DrainError::NotDrained { .. })
+    ));
     // A GPU the host does not have never drains.
     let (clock, fake) = setup();
-    let e = drain(&fake, &*clock, "GPU-absent", &rule()).unwrap_err();
+    let e = drain(&fake, &*clock, Duration::ZERO, "GPU-absent", &rule()).unwrap_err();
     assert!(e.to_string().contains("no GPU GPU-absent"), "{e}");
 }
 
@@ -126,7 +229,7 @@ fn every_field_of_the_pinned_configuration_is_compared() {
     let pinned = pinned_config();
     assert_eq!(drift(&pinned, &pinned), Vec::<String>::new());
     type Change = fn(&mut DeviceConfig);
-    let changes: [(&str, Change); 8] = [
+    let changes: [(&str, Change); 10] = [
         ("driver 560.1, not 550.54.15", |c| {
             "560.1".clone_into(&mut c.driver)
         }),
@@ -149,8 +252,30 @@ fn every_field_of_the_pinned_configuration_is_compared() {
         ("power limit 350000 mW, not 700000", |c| {
             c.power_limit_mw = 350_000
         }),
-        ("ECC false, not true", |c| c.ecc = false),
-        ("MIG true, not false", |c| c.mig = true),
+        (
+            "ECC (now, after reset) (false, true), not (true, true)",
+            |c| {
+                c.ecc.0 = false;
+            },
+        ),
+        (
+            "ECC (now, after reset) (true, false), not (true, true)",
+            |c| {
+                c.ecc.1 = false;
+            },
+        ),
+        (
+            "MIG (now, after reset) (true, false), not (false, false)",
+            |c| {
+                c.mig.0 = true;
+            },
+        ),
+        (
+            "MIG (now, after reset) (false, true), not (false, false)",
+            |c| {
+                c.mig.1 = true;
+            },
+        ),
     ];
     for (what, change) in changes {
         let mut seen = pinned.clone();
@@ -194,7 +319,9 @@ fn the_active_sample_must_be_inside_the_envelope() {
         }),
         ("throttled: hw-power-brake-slowdown", |s| s.throttle |= 0x80),
         ("Xid events [48]", |s| s.xid = vec![48]),
-        ("pages pending retirement", |s| s.retirement_pending = true),
+        ("memory pending retirement or remapping", |s| {
+            s.retirement_pending = true;
+        }),
     ];
     for (what, breach) in breaches {
         assert_eq!(working(breach), [what]);
