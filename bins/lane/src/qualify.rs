@@ -20,6 +20,9 @@
 //! lanes are CPU sets (`gpu "none"`), every receipt is **non-settling**: a CPU rehearsal of the
 //! protocol never settles a GPU qualification.
 //!
+//! Before the first read, with the lock held, nothing may be live in cordon's runtime state
+//! (a container of any executor, a dead supervisor's orphan among them): a no-decision.
+//!
 //! What it does not own: reading and checking the input receipts (the CLI's), one session
 //! (the session module's), the arithmetic of the verdict (the speed module's).
 
@@ -227,6 +230,7 @@ pub fn qualify(
     let lock = crate::lock::acquire(&cfg.setup.lock_dir)
         .map_err(|e| LaneError::NoDecision(format!("cannot take the host's GPU lock: {e}")))?;
     let from_unix_ns = crate::lock::unix_ns();
+    nothing_live(cfg)?;
     let reads = [
         ("B", Role::B, &plan.incumbent, &plan.orientation.baseline),
         ("C", Role::C, &plan.candidate, &plan.orientation.candidate),
@@ -358,6 +362,32 @@ pub fn qualify(
 
 /// A read's device receipts: pre, active and post of one launch, in order, the active one on
 /// the lane's CPUs as the kernel reported them, the post one quiescent.
+/// Before the first read, with the GPU lock held: no container in cordon's runtime state, of
+/// any executor — a dead supervisor's orphan among them, which no lease of this executor and no
+/// read's pre receipt would show — shares the host's lanes with the reads.
+fn nothing_live(cfg: &Config) -> Result<(), LaneError> {
+    let live = cfg.setup.runtime.containers().map_err(|e| {
+        LaneError::NoDecision(format!("the host's containers cannot be listed: {e}"))
+    })?;
+    if live.is_empty() {
+        return Ok(());
+    }
+    let named: Vec<String> = live
+        .iter()
+        .map(|(id, labels)| {
+            let executor = labels
+                .get(cordon::lease::LABEL_EXECUTOR)
+                .map_or("no executor", String::as_str);
+            // Escaped where it is printed, like every diagnostic (cordon_canon::text).
+            format!("{id} ({executor})")
+        })
+        .collect();
+    Err(LaneError::NoDecision(format!(
+        "containers are live on this host before the qualification: {}",
+        named.join(", ")
+    )))
+}
+
 fn check_devices(name: &str, lane: &LaneAssignment, d: &DeviceReceipts) -> Result<(), LaneError> {
     let no = |why: String| {
         Err(LaneError::NoDecision(format!(

@@ -547,3 +547,39 @@ fn a_reproduction_launched_differently_from_its_primary_is_a_no_decision() {
     }
     assert_eq!(reads, 3);
 }
+
+/// Nothing of cordon's may be live before the first read: a container of another executor (a
+/// dead supervisor's orphan, which no pre receipt of these reads would show) makes the
+/// qualification a no-decision before any read; a listing that fails does too.
+#[test]
+fn a_container_live_before_the_first_read_is_a_no_decision() {
+    use cordon::host::ToolOutput;
+    use cordon::host::fake::Fake as Host;
+    let load = workload(0, 4);
+    for (list, state, why) in [
+        (
+            &b"[{\"id\":\"orphan-1\"}]"[..],
+            &b"{\"id\":\"orphan-1\",\"annotations\":{\"org.cordon.executor\":\"lane-b\"}}"[..],
+            "containers are live on this host before the qualification: orphan-1 (lane-b)",
+        ),
+        (
+            b"[{\"id\":\"stray\"}]",
+            b"{\"id\":\"stray\"}",
+            "containers are live on this host before the qualification: stray (no executor)",
+        ),
+        (b"not json", b"", "the host's containers cannot be listed"),
+    ] {
+        let mut w = world(&[]);
+        let host = Host::new();
+        host.reply("list", ToolOutput::ok(list))
+            .reply("state", ToolOutput::ok(state));
+        w.cfg.setup.runtime.host = std::sync::Arc::new(host);
+        let p = with_workload(&w, &plan(&w), &load);
+        let (r, reads) = run(&w, &p, &load, [(0, 20), (0, 5), (0, 20)], &|_, _| {});
+        match r {
+            Err(LaneError::NoDecision(m)) => assert!(m.starts_with(why), "{m}"),
+            other => panic!("{why}: {other:?}"),
+        }
+        assert_eq!(reads, 0, "{why}");
+    }
+}
