@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::{Clock, ComputeMode, DeviceConfig, DeviceError, Gpus, Sample};
+use crate::{Clock, DeviceConfig, DeviceError, Gpus, Sample};
 
 /// A clock that moves only by [`Clock::sleep`] and [`FakeClock::advance`].
 #[derive(Debug, Default)]
@@ -74,37 +74,7 @@ impl Step {
     }
 }
 
-/// An idle device's sample: nothing running, 500 MiB the driver's, cool and quiet.
-#[must_use]
-pub fn idle_sample() -> Sample {
-    Sample {
-        at_ns: 0,
-        utilisation: 0,
-        memory_utilisation: 0,
-        memory_used: 500 << 20,
-        processes: Vec::new(),
-        temperature_c: 35,
-        clocks: (1980, 2619),
-        power_mw: 70_000,
-        throttle: 0x1,
-        xid: Vec::new(),
-        retirement_pending: false,
-    }
-}
-
-/// A configuration a test pins: an H100's usual one.
-#[must_use]
-pub fn pinned_config() -> DeviceConfig {
-    DeviceConfig {
-        driver: "550.54.15".to_owned(),
-        persistence: true,
-        compute_mode: ComputeMode::ExclusiveProcess,
-        application_clocks: (1980, 2619),
-        power_limit_mw: 700_000,
-        ecc: (true, true),
-        mig: (false, false),
-    }
-}
+pub use cordon_evidence::examples::{device_config as pinned_config, idle_sample};
 
 #[derive(Debug, Default)]
 struct Gpu {

@@ -2,7 +2,9 @@
 //! session, through one seam ([`Gpus`]) whose real implementation is NVML ([`nvml::Nvml`],
 //! loaded at run time, so a host without the driver builds and tests with [`fake::Fake`]).
 //!
-//! It owns four checks, each pure over what the seam reports:
+//! The facts and the pure rules over them are `cordon_evidence::device`'s (receipts carry them
+//! and `cordon-verify` recomputes them); this crate owns reading them and the drain's loop.
+//! The checks, each pure over what the seam reports:
 //! - **the pinned configuration** ([`DeviceConfig`], [`drift`]): persistence mode, compute
 //!   mode, application clocks, power limit, ECC, MIG mode and the driver version, as the
 //!   policy pins them; read before and after every session, and any difference is terminal for
@@ -24,102 +26,10 @@ pub mod fake;
 mod guard;
 pub mod nvml;
 
-pub use guard::{Clock, DrainError, DrainRule, Drained, Envelope, SystemClock, drain, drift};
-
-use serde::{Deserialize, Serialize};
-
-/// How contexts may share a device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ComputeMode {
-    /// Any number of contexts.
-    Default,
-    /// One context, of one process.
-    ExclusiveProcess,
-    /// No context at all.
-    Prohibited,
-}
-
-/// A GPU's configuration as the driver reports it; the policy pins one per GPU.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DeviceConfig {
-    /// The driver's version.
-    pub driver: String,
-    /// Persistence mode on.
-    pub persistence: bool,
-    /// The compute mode.
-    pub compute_mode: ComputeMode,
-    /// The application clocks, graphics and memory, MHz.
-    pub application_clocks: (u32, u32),
-    /// The power limit the GPU enforces (the lower of the driver's and any out-of-band cap),
-    /// milliwatts.
-    pub power_limit_mw: u32,
-    /// ECC: on now, and on after the next reset (a pending change is a change).
-    pub ecc: (bool, bool),
-    /// MIG mode: on now, and on after the next reset.
-    pub mig: (bool, bool),
-}
-
-/// One telemetry sample of one GPU, as the host read it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Sample {
-    /// When, ns on the guard's clock.
-    pub at_ns: u64,
-    /// Percent of the last period a kernel ran.
-    pub utilisation: u32,
-    /// Percent of the last period device memory was read or written (copies included).
-    pub memory_utilisation: u32,
-    /// Device memory allocated, bytes.
-    pub memory_used: u64,
-    /// The compute and graphics processes on it, by host pid.
-    pub processes: Vec<u32>,
-    /// Core temperature, °C.
-    pub temperature_c: u32,
-    /// Current graphics and memory clocks, MHz.
-    pub clocks: (u32, u32),
-    /// Power draw, milliwatts.
-    pub power_mw: u32,
-    /// The driver's current clock throttle reasons ([`THROTTLE_REASONS`] bits).
-    pub throttle: u64,
-    /// Xid events the driver reported since the previous sample (their codes).
-    pub xid: Vec<u64>,
-    /// Pages pending retirement or rows pending remapping, or a failed remapping: the device
-    /// owes a reset.
-    pub retirement_pending: bool,
-}
-
-/// The throttle reason bits NVML reports, with their names (`nvmlClocksEventReason*`).
-pub const THROTTLE_REASONS: [(u64, &str); 9] = [
-    (0x1, "gpu-idle"),
-    (0x2, "application-clocks-setting"),
-    (0x4, "sw-power-cap"),
-    (0x8, "hw-slowdown"),
-    (0x10, "sync-boost"),
-    (0x20, "sw-thermal-slowdown"),
-    (0x40, "hw-thermal-slowdown"),
-    (0x80, "hw-power-brake-slowdown"),
-    (0x100, "display-clock-setting"),
-];
-
-/// The names of the reasons set in `bits`, and `0x…` for any bit without a name.
-#[must_use]
-pub fn throttle_names(bits: u64) -> Vec<String> {
-    let named: u64 = THROTTLE_REASONS
-        .iter()
-        .map(|(b, _)| b)
-        .fold(0, |a, b| a | b);
-    let mut names: Vec<String> = THROTTLE_REASONS
-        .iter()
-        .filter(|(b, _)| bits & b != 0)
-        .map(|(_, n)| (*n).to_owned())
-        .collect();
-    if bits & !named != 0 {
-        names.push(format!("{:#x}", bits & !named));
-    }
-    names
-}
+pub use cordon_evidence::device::{
+    ComputeMode, DeviceConfig, DrainRule, Envelope, Sample, THROTTLE_REASONS, drift, throttle_names,
+};
+pub use guard::{Clock, DrainError, Drained, KEPT_SAMPLES, SystemClock, drain};
 
 /// What the seam could not establish.
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]

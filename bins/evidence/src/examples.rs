@@ -55,6 +55,38 @@ pub fn receipt<I: StageInputs, O: StageOutputs>(
     r
 }
 
+/// A GPU's configuration the examples pin: an H100's usual one.
+#[must_use]
+pub fn device_config() -> crate::device::DeviceConfig {
+    crate::device::DeviceConfig {
+        driver: "550.54.15".to_owned(),
+        persistence: true,
+        compute_mode: crate::device::ComputeMode::ExclusiveProcess,
+        application_clocks: (1980, 2619),
+        power_limit_mw: 700_000,
+        ecc: (true, true),
+        mig: (false, false),
+    }
+}
+
+/// An idle GPU's sample: nothing running, 500 MiB the driver's, cool and quiet.
+#[must_use]
+pub fn idle_sample() -> crate::device::Sample {
+    crate::device::Sample {
+        at_ns: 0,
+        utilisation: 0,
+        memory_utilisation: 0,
+        memory_used: 500 << 20,
+        processes: Vec::new(),
+        temperature_c: 35,
+        clocks: (1980, 2619),
+        power_mw: 70_000,
+        throttle: 0x1,
+        xid: Vec::new(),
+        retirement_pending: false,
+    }
+}
+
 /// A speed section every example qualification is decided under.
 #[must_use]
 pub fn speed_section() -> Speed {
