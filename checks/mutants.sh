@@ -43,7 +43,8 @@ run_group() {
         # Lease release, recovery and the absence check; account creation and removal.
         files=(bins/cordon/src/lease/mod.rs bins/cordon/src/lease/per_run.rs bins/cordon/src/account.rs)
         re=('release|recover|check|Observer|read_records|executor_ok|owned_by|unmount_inside|create|remove|in_range|deny|taken')
-        tests=(cordon)
+        # cordon-reap's tests are all root-tier: release and recovery with real containers.
+        tests=(cordon cordon-reap)
         ;;
     planner)
         # The planner's controls: what the bundle enforces.
