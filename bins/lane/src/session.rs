@@ -339,8 +339,7 @@ fn lane_job(
     cfg: &Config,
     inputs: &Inputs,
     argv: Vec<String>,
-    image_rootfs: PathBuf,
-    model_dir: PathBuf,
+    (image_rootfs, model_dir, lane): (PathBuf, PathBuf, Option<PhysicalLane>),
     started: Instant,
 ) -> Job {
     Job {
@@ -363,10 +362,7 @@ fn lane_job(
         live_stderr: false,
         started,
         framed: true,
-        lane: inputs.lane.as_ref().map(|l| PhysicalLane {
-            cpuset: l.cpuset.clone(),
-            cpu_shares: l.cpu_shares,
-        }),
+        lane,
         // Only the candidate's engine (its timed and audit reads) is stopped by an incident:
         // one in the incumbent's or the pristine reference's read implicates the host.
         candidate: matches!(inputs.role, Role::C | Role::A).then_some(inputs.tree),
@@ -694,7 +690,23 @@ pub fn session_gated(
     );
 
     let session = cfg.session(policy, kind);
-    let job = lane_job(cfg, inputs, argv, rootfs, model_dir, started);
+    // The read's lane as the policy declares it (its GPUs with it), never as the caller says.
+    let lane = match &inputs.lane {
+        Some(l) => Some(
+            policy
+                .physical_lanes()
+                .get(&l.name)
+                .cloned()
+                .ok_or_else(|| {
+                    LaneError::Policy(format!(
+                        "the read's lane {:?} is not one of the policy's physical lanes",
+                        l.name
+                    ))
+                })?,
+        ),
+        None => None,
+    };
+    let job = lane_job(cfg, inputs, argv, (rootfs, model_dir, lane), started);
     let mut verdict = None;
     // The quarantine a containment incident imposed, said in the no-decision.
     let mut quarantined = None;

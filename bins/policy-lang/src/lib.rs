@@ -33,11 +33,12 @@ pub use canonical::POLICY_SCHEMA;
 pub use diag::{CODES, KdlError, Language, PolicyError, Problem};
 pub use model::cpu_list;
 pub use model::{
-    Accounts, Allowance, Arch, ArchiveLimits, ArgCondition, ArgOp, Audit, Egress, Frame, Host,
-    IdRange, Ipc, Keyword, Mount, MountMode, MountSource, Network, Output, ParserLimits,
-    PhysicalLane, Policy, PublicationLimits, Quality, Reasoned, RootMode, Runtime, RuntimeKind,
-    SeccompAction, SeccompProfile, Speed, Stage, StageKind, Staging, Surface, Sys, SyscallRule,
-    Tmp, TransportRules, TreeRules, User, WriteScope,
+    Accounts, Allowance, Arch, ArchiveLimits, ArgCondition, ArgOp, Audit, ComputeMode,
+    DeviceConfig, DeviceGuard, DrainRule, Egress, Envelope, Frame, Host, IdRange, Ipc, Keyword,
+    Mount, MountMode, MountSource, Network, Output, ParserLimits, PhysicalLane, Policy,
+    PublicationLimits, Quality, Reasoned, RootMode, Runtime, RuntimeKind, SeccompAction,
+    SeccompProfile, Speed, Stage, StageKind, Staging, Surface, Sys, SyscallRule, Tmp,
+    TransportRules, TreeRules, User, WriteScope,
 };
 
 /// Parse and validate a policy. `name` labels diagnostics (normally the file's path).

@@ -40,6 +40,9 @@ pub struct Policy {
     /// The two physical lanes of a qualification, by name (none: no qualification can run).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub(crate) physical_lane: BTreeMap<String, PhysicalLane>,
+    /// The device guard's rules (present exactly when a physical lane names GPUs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) device_guard: Option<DeviceGuard>,
     /// The reviewed speed verdict (absent: no qualification can be decided).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) speed: Option<Speed>,
@@ -122,6 +125,22 @@ pub struct PhysicalLane {
     /// lane's CPUs yields to the timed read. Absent, the kernel's default.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu_shares: Option<u64>,
+    /// The lane's GPUs by UUID, each with the configuration the policy pins (none: a CPU set).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub gpus: BTreeMap<String, DeviceConfig>,
+}
+
+/// The device guard's rules: what a drained GPU is, the envelope of the active sample, and the
+/// container-device hooks a CDI spec may run (each named with its reason; any other refused).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeviceGuard {
+    /// The drain before and after every read.
+    pub drain: DrainRule,
+    /// The bounds of the sample taken during the last warmup request.
+    pub envelope: Envelope,
+    /// Hooks a CDI spec may ask for, by program name, each with its reason.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub cdi_hooks: BTreeMap<String, String>,
 }
 
 /// The CPUs a cpu list names (`"0-3,8"` → 0, 1, 2, 3, 8), or `None` when it is not one.
@@ -146,6 +165,7 @@ pub fn cpu_list(s: &str) -> Option<std::collections::BTreeSet<u32>> {
 }
 
 pub use cordon_evidence::audit::Audit;
+pub use cordon_evidence::device::{ComputeMode, DeviceConfig, DrainRule, Envelope};
 pub use cordon_evidence::quality::Quality;
 pub use cordon_evidence::speed::Speed;
 
@@ -968,6 +988,12 @@ impl Policy {
     #[must_use]
     pub fn speed(&self) -> Option<&Speed> {
         self.speed.as_ref()
+    }
+
+    /// The device guard's rules (present exactly when a physical lane names GPUs).
+    #[must_use]
+    pub fn device_guard(&self) -> Option<&DeviceGuard> {
+        self.device_guard.as_ref()
     }
 
     /// Host paths no stage may bind (nor a path holding or inside one).

@@ -802,6 +802,14 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
             what: "a surface block",
         });
     }
+    // A GPU lane's devices come from the host's CDI spec under the device guard, which this
+    // build does not apply yet: a lane that names GPUs is refused, never run as a CPU set.
+    if run.lane.as_ref().is_some_and(|l| !l.gpus.is_empty()) {
+        return Err(PlanError::Unimplemented {
+            kind,
+            what: "GPUs on a physical lane (CDI devices and the device guard)",
+        });
+    }
     // The language requires these of every candidate stage; a policy value without them is
     // refused, never run unlimited.
     let (image, pin) = image_of(policy, kind)?;
@@ -1105,6 +1113,33 @@ mod tests {
             .cloned()
             .unwrap();
         assert!(shm["options"].to_string().contains("size=4294967296"));
+    }
+
+    /// A lane that names GPUs is refused until CDI devices and the device guard are applied:
+    /// never run as the CPU set it also is.
+    #[test]
+    fn a_gpu_lane_is_refused_not_run_as_a_cpu_set() {
+        let p = policy(|t| t);
+        let mut run = example_inputs(&p, StageKind::Lane);
+        let mut lane = p.physical_lanes()["a"].clone();
+        plan(
+            &p,
+            StageKind::Lane,
+            &RunInputs {
+                lane: Some(lane.clone()),
+                ..run.clone()
+            },
+        )
+        .unwrap();
+        lane.gpus.insert(
+            "GPU-0e3f6a52-1111-4c2c-9d41-000000000001".to_owned(),
+            cordon_evidence::examples::device_config(),
+        );
+        run.lane = Some(lane);
+        assert!(matches!(
+            plan(&p, StageKind::Lane, &run),
+            Err(PlanError::Unimplemented { what, .. }) if what.starts_with("GPUs on a physical lane")
+        ));
     }
 
     #[test]

@@ -99,6 +99,7 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
             "pristine",
             "seccomp",
             "physical-lane",
+            "device-guard",
             "speed",
             "quality",
             "audit",
@@ -228,6 +229,37 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
     // reviewed stock tree, never one a stage was handed.
     let pristine = pin(cx, &top, "pristine");
     let physical_lane = physical_lanes(cx, &top.all("physical-lane"));
+    let device_guard = optional(cx, &top, "device-guard", device_guard);
+    // The guard's rules exactly when a lane names GPUs: rules for no device, or GPUs with no
+    // rule to hold them to, are refused.
+    if let (Some(lanes), Some(guard)) = (&physical_lane, &device_guard) {
+        let gpus = lanes.values().any(|l| !l.gpus.is_empty());
+        match (
+            gpus,
+            guard,
+            top.one("device-guard"),
+            top.all("physical-lane").first(),
+        ) {
+            (false, Some(_), Some(node), _) => cx.report(
+                "redundant-entry",
+                name_span(node),
+                "no GPU to guard",
+                "device-guard is set and no physical lane names a GPU".to_owned(),
+                Some("drop device-guard, or name each lane's GPUs".into()),
+            ),
+            (true, None, _, Some(first)) => cx.report(
+                "missing-node",
+                name_span(first),
+                "GPUs without a guard",
+                "the physical lanes name GPUs and the policy has no device-guard".to_owned(),
+                Some(
+                    "add device-guard { drain …; envelope … }: a GPU read is never unguarded"
+                        .into(),
+                ),
+            ),
+            _ => {}
+        }
+    }
     let speed = optional(cx, &top, "speed", speed);
     let quality = optional(cx, &top, "quality", quality);
     let audit = optional(cx, &top, "audit", audit);
@@ -294,6 +326,7 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
         pristine,
         seccomp,
         physical_lane: physical_lane?,
+        device_guard: device_guard?,
         speed: speed?,
         quality: quality?,
         audit: audit?,
@@ -459,19 +492,21 @@ fn physical_lanes(cx: &mut Cx, nodes: &[&KdlNode]) -> Option<BTreeMap<String, Ph
     let lanes: Vec<(String, &KdlNode, PhysicalLane)> = named(cx, nodes, "physical lane")
         .into_iter()
         .filter_map(|(name, node)| {
-            shape(cx, node, 1, 1, &["cpuset", "cpu-shares"], false);
+            shape(cx, node, 1, 1, &["cpuset", "cpu-shares"], true);
             let set = required_prop(cx, node, "cpuset").and_then(|e| cpuset(cx, e));
             let cpu_shares = match prop(node, "cpu-shares") {
                 // The kernel's own bounds for cpu.shares.
                 Some(e) => Some(integer(cx, e, "cpu-shares", 2, 262_144)?),
                 None => None,
             };
+            let gpus = lane_gpus(cx, node, &name);
             Some((
                 name,
                 node,
                 PhysicalLane {
                     cpuset: set?,
                     cpu_shares,
+                    gpus: gpus?,
                 },
             ))
         })
@@ -506,6 +541,34 @@ fn physical_lanes(cx: &mut Cx, nodes: &[&KdlNode]) -> Option<BTreeMap<String, Ph
                 );
                 return None;
             }
+            // A GPU belongs to one lane; the lanes' GPUs are pinned alike (a comparison of
+            // reads on unlike devices measures the devices).
+            if let Some(shared) = la.gpus.keys().find(|u| lb.gpus.contains_key(*u)) {
+                cx.report_at(
+                    "overlap",
+                    vec![(span(a), shared.clone()), (span(b), shared.clone())],
+                    format!("the two physical lanes share GPU {shared}"),
+                    Some("each lane is a device set of its own".into()),
+                );
+                return None;
+            }
+            let mut ca: Vec<&DeviceConfig> = la.gpus.values().collect();
+            let mut cb: Vec<&DeviceConfig> = lb.gpus.values().collect();
+            let key = |c: &&DeviceConfig| format!("{c:?}");
+            ca.sort_by_key(key);
+            cb.sort_by_key(key);
+            if ca != cb {
+                cx.report_at(
+                    "invalid-value",
+                    vec![
+                        (span(a), format!("{} GPUs", la.gpus.len())),
+                        (span(b), format!("{} GPUs", lb.gpus.len())),
+                    ],
+                    "the physical lanes' GPUs differ in number or pinned configuration",
+                    Some("a qualification compares reads on lanes of identical shape".into()),
+                );
+                return None;
+            }
             if sa.len() != sb.len() {
                 cx.report_at(
                     "invalid-value",
@@ -532,6 +595,268 @@ fn physical_lanes(cx: &mut Cx, nodes: &[&KdlNode]) -> Option<BTreeMap<String, Ph
             None
         }
     }
+}
+
+/// A physical lane's GPUs: `gpu "GPU-<uuid>" { … }`, each with its pinned configuration.
+fn lane_gpus(cx: &mut Cx, node: &KdlNode, lane: &str) -> Option<BTreeMap<String, DeviceConfig>> {
+    let owner = format!("physical-lane {lane:?}");
+    let b = Block::read(
+        cx,
+        node.children(),
+        &owner,
+        name_span(node),
+        &["gpu"],
+        &["gpu"],
+    );
+    let mut gpus = BTreeMap::new();
+    let mut ok = true;
+    let mut seen = Seen::default();
+    for g in b.all("gpu") {
+        shape(cx, g, 1, 1, &[], true);
+        let Some(entry) = arg(g, 0) else {
+            ok = false;
+            continue;
+        };
+        let Some(uuid) = string(cx, entry) else {
+            ok = false;
+            continue;
+        };
+        if !gpu_uuid(&uuid) {
+            cx.report(
+                "invalid-value",
+                entry.span(),
+                "not a GPU UUID",
+                format!("{uuid:?} is not a GPU UUID"),
+                Some("name a GPU as NVML does: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (`nvidia-smi -L`)".into()),
+            );
+            ok = false;
+            continue;
+        }
+        if !seen.first(cx, &uuid, entry.span(), || {
+            format!("GPU {uuid:?} is named twice")
+        }) {
+            ok = false;
+            continue;
+        }
+        match pinned(cx, g, &uuid) {
+            Some(c) => {
+                gpus.insert(uuid, c);
+            }
+            None => ok = false,
+        }
+    }
+    ok.then_some(gpus)
+}
+
+/// NVML's form of a GPU's UUID: `GPU-` and 8-4-4-4-12 hexadecimal digits.
+fn gpu_uuid(s: &str) -> bool {
+    let Some(rest) = s.strip_prefix("GPU-") else {
+        return false;
+    };
+    let groups: Vec<&str> = rest.split('-').collect();
+    groups.len() == 5
+        && groups
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(g, n)| g.len() == n && g.chars().all(|c| c.is_ascii_hexdigit()))
+}
+
+/// One GPU's pinned configuration: every field required, none defaulted (a pin is reviewed).
+fn pinned(cx: &mut Cx, node: &KdlNode, uuid: &str) -> Option<DeviceConfig> {
+    let names = [
+        "driver",
+        "persistence",
+        "compute-mode",
+        "application-clocks",
+        "power-limit",
+        "ecc",
+        "mig",
+    ];
+    let b = Block::read(
+        cx,
+        node.children(),
+        &format!("gpu {uuid:?}"),
+        name_span(node),
+        &names,
+        &[],
+    );
+    let driver = b
+        .required(cx, "driver")
+        .and_then(|n| single(cx, n, &[], string));
+    let mut flag = |name: &str| {
+        b.required(cx, name)
+            .and_then(|n| single(cx, n, &[], boolean))
+    };
+    let persistence = flag("persistence");
+    let ecc = flag("ecc");
+    let mig = flag("mig");
+    let compute_mode = b.required(cx, "compute-mode").and_then(|n| {
+        single(cx, n, &[], |cx, e| {
+            choice(
+                cx,
+                e,
+                "compute-mode",
+                &["default", "exclusive-process", "prohibited"],
+            )
+        })
+    });
+    let clocks = b.required(cx, "application-clocks").and_then(|n| {
+        shape(cx, n, 0, 0, &["graphics", "memory"], false);
+        let mhz = |cx: &mut Cx, key: &str| {
+            required_prop(cx, n, key).and_then(|e| integer(cx, e, key, 1, 100_000))
+        };
+        let (g, m) = (mhz(cx, "graphics"), mhz(cx, "memory"));
+        Some((u32::try_from(g?).ok()?, u32::try_from(m?).ok()?))
+    });
+    let power = b
+        .required(cx, "power-limit")
+        .and_then(|n| single(cx, n, &[], |cx, e| watts(cx, e, "power-limit")));
+    Some(DeviceConfig {
+        driver: driver?,
+        persistence: persistence?,
+        compute_mode: match compute_mode?.as_str() {
+            "default" => ComputeMode::Default,
+            "exclusive-process" => ComputeMode::ExclusiveProcess,
+            _ => ComputeMode::Prohibited,
+        },
+        application_clocks: clocks?,
+        power_limit_mw: power?,
+        // A pin holds now and after the next reset alike.
+        ecc: (ecc?, ecc?),
+        mig: (mig?, mig?),
+    })
+}
+
+/// A power in watts (`"700W"`), as milliwatts; at most 10 kW.
+fn watts(cx: &mut Cx, entry: &KdlEntry, what: &str) -> Option<u32> {
+    let text = string(cx, entry)?;
+    let w = text
+        .strip_suffix('W')
+        .and_then(|n| n.parse::<u32>().ok())
+        .filter(|w| (1..=10_000).contains(w));
+    match w {
+        Some(w) => Some(w * 1000),
+        None => {
+            cx.report(
+                "invalid-value",
+                entry.span(),
+                "not a power",
+                format!("{what} {text:?} is not a power in whole watts"),
+                Some("for example \"700W\" (1W to 10000W)".into()),
+            );
+            None
+        }
+    }
+}
+
+/// The device guard: `drain …`, `envelope …`, and the CDI hooks allowed, each with a reason.
+fn device_guard(cx: &mut Cx, node: &KdlNode) -> Option<DeviceGuard> {
+    shape(cx, node, 0, 0, &[], true);
+    let b = Block::read(
+        cx,
+        node.children(),
+        "device-guard",
+        name_span(node),
+        &["drain", "envelope", "cdi-hook"],
+        &["cdi-hook"],
+    );
+    let drain = b.required(cx, "drain").and_then(|n| {
+        shape(
+            cx,
+            n,
+            0,
+            0,
+            &[
+                "samples",
+                "interval",
+                "sample-timeout",
+                "timeout",
+                "idle-memory",
+            ],
+            false,
+        );
+        let samples =
+            required_prop(cx, n, "samples").and_then(|e| integer(cx, e, "samples", 1, 1000));
+        let ms = |cx: &mut Cx, key: &str, min: u64| {
+            required_prop(cx, n, key).and_then(|e| duration(cx, e, key, min, 3_600_000))
+        };
+        let interval = ms(cx, "interval", DrainRule::MIN_INTERVAL_MS);
+        let sample_timeout = ms(cx, "sample-timeout", 1);
+        let timeout = ms(cx, "timeout", 1);
+        let idle = required_prop(cx, n, "idle-memory")
+            .and_then(|e| size(cx, e, "idle-memory", 0, 1 << 40));
+        let rule = DrainRule {
+            samples: u32::try_from(samples?).ok()?,
+            interval_ms: interval?,
+            sample_timeout_ms: sample_timeout?,
+            timeout_ms: timeout?,
+            idle_memory: idle?,
+        };
+        if let Some(why) = rule.unsound() {
+            cx.report(
+                "invalid-value",
+                name_span(n),
+                "unsound",
+                format!("the drain rule is unsound: {why}"),
+                None,
+            );
+            return None;
+        }
+        Some(rule)
+    });
+    let envelope = b.required(cx, "envelope").and_then(|n| {
+        shape(
+            cx,
+            n,
+            0,
+            usize::MAX,
+            &["max-temperature", "max-power", "min-graphics-clock"],
+            false,
+        );
+        let temperature = required_prop(cx, n, "max-temperature")
+            .and_then(|e| integer(cx, e, "max-temperature", 1, 150));
+        let power = required_prop(cx, n, "max-power").and_then(|e| watts(cx, e, "max-power"));
+        let clock = required_prop(cx, n, "min-graphics-clock")
+            .and_then(|e| integer(cx, e, "min-graphics-clock", 0, 100_000));
+        // The positional arguments: the throttle reasons forbidden while measured.
+        let mut forbidden = 0u64;
+        let mut ok = true;
+        for e in n.entries().iter().filter(|e| e.name().is_none()) {
+            let names: Vec<&str> = cordon_evidence::device::THROTTLE_REASONS
+                .iter()
+                .map(|(_, name)| *name)
+                .collect();
+            match choice(cx, e, "throttle reason", &names) {
+                Some(name) => {
+                    forbidden |= cordon_evidence::device::THROTTLE_REASONS
+                        .iter()
+                        .find(|(_, n)| *n == name)
+                        .map_or(0, |(bit, _)| *bit);
+                }
+                None => ok = false,
+            }
+        }
+        Some(Envelope {
+            max_temperature_c: u32::try_from(temperature?).ok()?,
+            max_power_mw: power?,
+            min_graphics_mhz: u32::try_from(clock?).ok()?,
+            forbidden_throttle: ok.then_some(forbidden)?,
+        })
+    });
+    let mut cdi_hooks = BTreeMap::new();
+    for h in b.all("cdi-hook") {
+        shape(cx, h, 1, 1, &["reason"], false);
+        let name = arg(h, 0).and_then(|e| string(cx, e));
+        let why = reason(cx, h);
+        if let (Some(name), Some(why)) = (name, why) {
+            cdi_hooks.insert(name, why);
+        }
+    }
+    Some(DeviceGuard {
+        drain: drain?,
+        envelope: envelope?,
+        cdi_hooks,
+    })
 }
 
 /// The largest ratio a speed value may name, in basis points (100×).

@@ -711,3 +711,139 @@ fn shm_is_sized_only_for_a_private_ipc_namespace() {
         "a private namespace without shm gets the 64MiB default"
     );
 }
+
+/// A GPU lane policy: each lane names one GPU with its pinned configuration, and the guard.
+fn gpu_policy() -> String {
+    let pin = |uuid: &str| {
+        format!(
+            " {{\n    gpu \"{uuid}\" {{\n        driver \"550.54.15\"\n        persistence #true\n        compute-mode \"exclusive-process\"\n        application-clocks graphics=1980 memory=2619\n        power-limit \"700W\"\n        ecc #true\n        mig #false\n    }}\n}}"
+        )
+    };
+    default_policy()
+        .replace_once(
+            "physical-lane \"a\" cpuset=\"0\" cpu-shares=262144",
+            &format!(
+                "physical-lane \"a\" cpuset=\"0\" cpu-shares=262144{}",
+                pin("GPU-0e3f6a52-1111-4c2c-9d41-000000000001")
+            ),
+        )
+        .replace_once(
+            "physical-lane \"b\" cpuset=\"1\" cpu-shares=262144",
+            &format!(
+                "physical-lane \"b\" cpuset=\"1\" cpu-shares=262144{}\ndevice-guard {{\n    drain samples=5 interval=\"200ms\" sample-timeout=\"100ms\" timeout=\"60s\" idle-memory=\"600MiB\"\n    envelope \"hw-slowdown\" \"hw-thermal-slowdown\" max-temperature=85 max-power=\"700W\" min-graphics-clock=1700\n    cdi-hook \"nvidia-cdi-hook\" reason=\"creates the device symlinks the driver's libraries expect\"\n}}",
+                pin("GPU-0e3f6a52-1111-4c2c-9d41-000000000002")
+            ),
+        )
+}
+
+#[test]
+fn gpu_lanes_pin_each_device_and_need_the_guard() {
+    let text = gpu_policy();
+    let p = crate::parse("t.kdl", &text).unwrap();
+    let a = &p.physical_lanes()["a"];
+    let config = &a.gpus["GPU-0e3f6a52-1111-4c2c-9d41-000000000001"];
+    assert_eq!(config, &cordon_evidence::examples::device_config());
+    let guard = p.device_guard().unwrap();
+    assert_eq!(
+        (
+            guard.drain.samples,
+            guard.drain.interval_ms,
+            guard.drain.timeout_ms
+        ),
+        (5, 200, 60_000)
+    );
+    assert_eq!(guard.drain.idle_memory, 600 << 20);
+    assert_eq!(guard.envelope.forbidden_throttle, 0x8 | 0x40);
+    assert_eq!(guard.envelope.max_power_mw, 700_000);
+    assert_eq!(guard.cdi_hooks.len(), 1);
+    // Another authority than the CPU lanes'.
+    let cpu = crate::parse("t.kdl", &default_policy()).unwrap();
+    assert_ne!(p.digest().unwrap(), cpu.digest().unwrap());
+    let b_uuid = "GPU-0e3f6a52-1111-4c2c-9d41-000000000002";
+    for (from, to, code) in [
+        (
+            b_uuid,
+            "GPU-0e3f6a52-1111-4c2c-9d41-000000000001",
+            "overlap",
+        ),
+        (b_uuid, "GPU-xyz", "invalid-value"),
+        (
+            b_uuid,
+            "0e3f6a52-1111-4c2c-9d41-000000000002",
+            "invalid-value",
+        ),
+        // The lanes' GPUs pinned unlike: one config differs.
+        (
+            &format!("{b_uuid}\" {{\n        driver \"550.54.15\""),
+            &format!("{b_uuid}\" {{\n        driver \"560.1\""),
+            "invalid-value",
+        ),
+        (
+            "power-limit \"700W\"",
+            "power-limit \"700\"",
+            "invalid-value",
+        ),
+        (
+            "power-limit \"700W\"",
+            "power-limit \"0W\"",
+            "invalid-value",
+        ),
+        ("        mig #false\n", "", "missing-node"),
+        (
+            "compute-mode \"exclusive-process\"",
+            "compute-mode \"shared\"",
+            "invalid-value",
+        ),
+        (
+            "application-clocks graphics=1980 memory=2619",
+            "application-clocks graphics=1980",
+            "missing-property",
+        ),
+        ("drain samples=5", "drain samples=0", "out-of-range"),
+        ("interval=\"200ms\"", "interval=\"5ms\"", "out-of-range"),
+        (
+            "sample-timeout=\"100ms\"",
+            "sample-timeout=\"90s\"",
+            "invalid-value",
+        ),
+        (
+            "\"hw-slowdown\" \"hw",
+            "\"hw-slowness\" \"hw",
+            "invalid-value",
+        ),
+        (
+            " reason=\"creates the device symlinks the driver's libraries expect\"",
+            "",
+            "missing-reason",
+        ),
+        ("    envelope ", "    // envelope ", "missing-node"),
+    ] {
+        // A pin both lanes share is edited in both (their shapes stay alike).
+        let edited = if text.matches(from).count() == 2 {
+            text.replace(from, to)
+        } else {
+            text.replace_once(from, to)
+        };
+        assert!(
+            codes(&edited).contains(&code.to_owned()),
+            "{from} → {to}: {:?}",
+            codes(&edited)
+        );
+    }
+    // GPUs without the guard, and the guard without GPUs.
+    let start = text.find("device-guard {").unwrap();
+    let end = start + text[start..].find("\n}").unwrap() + 2;
+    let unguarded = format!("{}{}", &text[..start], &text[end..]);
+    assert!(
+        codes(&unguarded).contains(&"missing-node".to_owned()),
+        "{:?}",
+        codes(&unguarded)
+    );
+    let guard = &text[start..end];
+    let idle = format!("{}\n{guard}\n", default_policy());
+    assert!(
+        codes(&idle).contains(&"redundant-entry".to_owned()),
+        "{:?}",
+        codes(&idle)
+    );
+}
