@@ -22,6 +22,7 @@
 //! lane's), the receipts that carry these facts and what a failure means for the run (the
 //! lane's), and the not-reusable mark a failed drain leaves on a lane (the lane's store).
 
+pub mod cdi;
 pub mod fake;
 mod guard;
 pub mod nvml;

@@ -138,7 +138,7 @@ pub struct DeviceGuard {
     pub drain: DrainRule,
     /// The bounds of the sample taken during the last warmup request.
     pub envelope: Envelope,
-    /// Hooks a CDI spec may ask for, by program name, each with its reason.
+    /// Hooks a CDI spec may ask for, by program path, each with its reason.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub cdi_hooks: BTreeMap<String, String>,
 }

@@ -846,7 +846,7 @@ fn device_guard(cx: &mut Cx, node: &KdlNode) -> Option<DeviceGuard> {
     let mut cdi_hooks = BTreeMap::new();
     for h in b.all("cdi-hook") {
         shape(cx, h, 1, 1, &["reason"], false);
-        let name = arg(h, 0).and_then(|e| string(cx, e));
+        let name = arg(h, 0).and_then(|e| path(cx, e, "cdi-hook"));
         let why = reason(cx, h);
         if let (Some(name), Some(why)) = (name, why) {
             cdi_hooks.insert(name, why);

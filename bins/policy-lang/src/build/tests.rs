@@ -730,7 +730,7 @@ fn gpu_policy() -> String {
         .replace_once(
             "physical-lane \"b\" cpuset=\"1\" cpu-shares=262144",
             &format!(
-                "physical-lane \"b\" cpuset=\"1\" cpu-shares=262144{}\ndevice-guard {{\n    drain samples=5 interval=\"200ms\" sample-timeout=\"100ms\" timeout=\"60s\" idle-memory=\"600MiB\"\n    envelope \"hw-slowdown\" \"hw-thermal-slowdown\" max-temperature=85 max-power=\"700W\" min-graphics-clock=1700\n    cdi-hook \"nvidia-cdi-hook\" reason=\"creates the device symlinks the driver's libraries expect\"\n}}",
+                "physical-lane \"b\" cpuset=\"1\" cpu-shares=262144{}\ndevice-guard {{\n    drain samples=5 interval=\"200ms\" sample-timeout=\"100ms\" timeout=\"60s\" idle-memory=\"600MiB\"\n    envelope \"hw-slowdown\" \"hw-thermal-slowdown\" max-temperature=85 max-power=\"700W\" min-graphics-clock=1700\n    cdi-hook \"/usr/bin/nvidia-cdi-hook\" reason=\"creates the device symlinks the driver's libraries expect\"\n}}",
                 pin("GPU-0e3f6a52-1111-4c2c-9d41-000000000002")
             ),
         )
