@@ -1188,6 +1188,20 @@ mod tests {
             plan(&p, StageKind::Reference, &run),
             Err(PlanError::NoDevice { .. })
         ));
+        // Two runs under other accounts have one launch identity: each device node's owner is
+        // the run's own account, and stands as `$UID`/`$GID`.
+        run = example_inputs(&p, StageKind::Reference);
+        let identity = |run: &RunInputs| {
+            let planned = plan(&p, StageKind::Reference, run).unwrap();
+            launch_identity(&planned.spec, run).unwrap()
+        };
+        let first = identity(&run);
+        let devices = first["linux"]["devices"].as_array().unwrap();
+        assert!(devices.iter().all(|d| d["gid"] == "$GID"), "{devices:?}");
+        let mut other = run.clone();
+        other.uid += 7;
+        other.gid += 7;
+        assert_eq!(identity(&other), first);
         // The prebuild stage has no GPU: only the deny-all rule.
         let prebuild = plan(
             &p,
