@@ -116,6 +116,14 @@ pub enum Command {
         /// The model directory (root-owned, writable by root only).
         dir: PathBuf,
     },
+    /// Every GPU the policy's physical lanes name, read through NVML: its configuration
+    /// against the policy's pin, one telemetry sample and, with `--drain`, a drain under the
+    /// policy's guard. One JSON document; exit 0 when every GPU holds, 3 otherwise.
+    Devices {
+        /// Drain each GPU under the policy's device guard too.
+        #[arg(long)]
+        drain: bool,
+    },
 }
 
 /// A wiring error: reported, exit 2, no receipt.
@@ -399,6 +407,7 @@ pub fn run(
     let policy = &loaded.policy;
     let (stage_name, file, images, lease) = match &args.command {
         Command::Model { dir } => return model_path(policy, dir, mode, stdout, stderr),
+        Command::Devices { drain } => return devices(policy, *drain, mode, stdout, stderr),
         Command::Session {
             receipt,
             images,
@@ -447,7 +456,9 @@ pub fn run(
         mode,
     };
     match &args.command {
-        Command::Model { .. } => unreachable!("answered before any store is opened"),
+        Command::Model { .. } | Command::Devices { .. } => {
+            unreachable!("answered before any store is opened")
+        }
         Command::Session {
             role,
             workload,
@@ -489,6 +500,37 @@ fn model_path(
             }
         }
         Err(e) => fail(&crate::session::LaneError::Model(e), mode, stderr),
+    }
+}
+
+/// `cordon-lane devices`: the lanes' GPUs through NVML ([`crate::devices`]).
+fn devices(
+    policy: &cordon_policy_lang::Policy,
+    drain: bool,
+    mode: Diagnostics,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> ExitCode {
+    let named = crate::devices::named(policy);
+    if named.is_empty() {
+        return usage(
+            stderr,
+            "no physical lane of the policy names a GPU (physical-lane … { gpu \"GPU-…\" { … } })",
+        );
+    }
+    let uuids: Vec<String> = named.into_iter().map(|(_, u)| u).collect();
+    let gpus = match cordon_device::nvml::Nvml::open(&uuids) {
+        Ok(g) => g,
+        Err(e) => {
+            report_diagnostic(&e, mode, stderr);
+            return ExitCode::NoDecision;
+        }
+    };
+    let (report, ok) =
+        crate::devices::report(policy, &gpus, &cordon_device::SystemClock::default(), drain);
+    match writeln!(stdout, "{report:#}") {
+        Ok(()) => crate::devices::exit(ok),
+        Err(_) => ExitCode::NoDecision,
     }
 }
 

@@ -7,6 +7,7 @@
 
 pub mod apart;
 pub mod cli;
+pub mod devices;
 pub mod driver;
 pub mod lock;
 pub mod model;

@@ -235,3 +235,16 @@ fn the_fake_reports_a_missing_or_unreadable_configuration() {
         Err(crate::DeviceError::Unreadable { .. })
     ));
 }
+
+/// The real seam on a host without that GPU (this one has no driver at all; a GPU host has no
+/// GPU of this made-up UUID): an error naming why, never a guard that reads nothing.
+#[test]
+fn nvml_for_a_gpu_the_host_does_not_have_is_an_error() {
+    match crate::nvml::Nvml::open(&["GPU-00000000-0000-0000-0000-000000000000".to_owned()]) {
+        Err(crate::DeviceError::Unavailable { why }) => assert!(!why.is_empty()),
+        Err(crate::DeviceError::Missing { uuid, .. }) => {
+            assert_eq!(uuid, "GPU-00000000-0000-0000-0000-000000000000");
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -1,0 +1,86 @@
+//! `cordon-lane devices`: what an operator checks of a GPU host before its first qualification
+//! (`checks/gpu.sh` runs it). For every GPU the policy's physical lanes name: its configuration
+//! as the driver reports it against the policy's pin, one telemetry sample, and, when asked,
+//! a drain under the policy's guard — the same seam and checks a GPU read will use
+//! (`cordon-device`). One JSON document on stdout; exit 0 only when every GPU is read, as
+//! pinned and (when asked) drained; a fact that cannot be read or a difference is exit 3.
+//!
+//! What it does not own: the checks themselves (`cordon_evidence::device`, `cordon-device`),
+//! and what a session makes of them (not applied to sessions yet: issue 34).
+
+use cordon::ExitCode;
+use cordon_device::{Clock, Gpus, drain, drift};
+use cordon_policy_lang::Policy;
+use serde_json::{Value, json};
+
+/// Every lane GPU of `policy`, as `(lane, uuid)`.
+#[must_use]
+pub fn named(policy: &Policy) -> Vec<(String, String)> {
+    policy
+        .physical_lanes()
+        .iter()
+        .flat_map(|(lane, l)| l.gpus.keys().map(move |u| (lane.clone(), u.clone())))
+        .collect()
+}
+
+/// The report of every lane GPU of `policy` read through `gpus`, draining each under the
+/// policy's guard when `drained`; and whether every one holds.
+#[must_use]
+pub fn report(policy: &Policy, gpus: &dyn Gpus, clock: &dyn Clock, drained: bool) -> (Value, bool) {
+    let mut ok = true;
+    let mut out = Vec::new();
+    for (lane, uuid) in named(policy) {
+        let pinned = &policy.physical_lanes()[&lane].gpus[&uuid];
+        let mut entry = json!({ "lane": lane, "gpu": uuid });
+        match gpus.config(&uuid) {
+            Ok(seen) => {
+                let d = drift(pinned, &seen);
+                ok &= d.is_empty();
+                entry["config"] = json!(seen);
+                entry["drift"] = json!(d);
+            }
+            Err(e) => {
+                ok = false;
+                entry["config"] = json!({ "unreadable": e.to_string() });
+            }
+        }
+        match gpus.sample(&uuid, 0) {
+            Ok(s) => entry["sample"] = json!(s),
+            Err(e) => {
+                ok = false;
+                entry["sample"] = json!({ "unreadable": e.to_string() });
+            }
+        }
+        if drained {
+            // Checked by the language: a policy that names GPUs has a guard.
+            match policy.device_guard() {
+                Some(guard) => match drain(gpus, clock, clock.now(), &uuid, &guard.drain) {
+                    Ok(d) => entry["drain"] = json!({ "drained": d }),
+                    Err(e) => {
+                        ok = false;
+                        entry["drain"] = json!({ "failed": e.to_string() });
+                    }
+                },
+                None => {
+                    ok = false;
+                    entry["drain"] = json!({ "failed": "the policy has no device-guard" });
+                }
+            }
+        }
+        out.push(entry);
+    }
+    (json!({ "gpus": out, "ok": ok }), ok)
+}
+
+/// The exit of a report: 0 when every GPU holds, 3 otherwise.
+#[must_use]
+pub const fn exit(ok: bool) -> ExitCode {
+    if ok {
+        ExitCode::Ok
+    } else {
+        ExitCode::NoDecision
+    }
+}
+
+#[cfg(test)]
+mod tests;
