@@ -11,8 +11,13 @@
 //!   skipped);
 //! - a device named by two specs is refused (no priority guessing);
 //! - a hook is refused unless the policy names its program's path, with a reason (hooks run as
-//!   root on the host, before the container exists);
-//! - paths must be absolute and normalised.
+//!   root on the host, before the container exists), and its lifecycle point is one OCI knows;
+//! - paths must be absolute and normalised, device nodes under `/dev` and character devices
+//!   (a GPU's; a block device is a disk);
+//! - an environment entry is `KEY=VALUE` with a key, each key once.
+//!
+//! What the planner must still decide when it applies them: mount types and options, and
+//! that no mount reaches a never-mount path (this module resolves; it does not plan).
 //!
 //! Pure: the caller reads the spec files through its host seam and digests them for the
 //! launch identity.
@@ -128,6 +133,16 @@ pub struct Hook {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<i64>,
 }
+
+/// The lifecycle points a CDI hook may name (OCI's).
+const HOOK_POINTS: [&str; 6] = [
+    "prestart",
+    "createRuntime",
+    "createContainer",
+    "startContainer",
+    "poststart",
+    "poststop",
+];
 
 /// What a device needs in the container: the spec's common edits and the device's own.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -260,8 +275,37 @@ pub fn resolve(
             absolute(p).map_err(|why| bad(format!("mount {p:?}: {why}")))?;
         }
     }
-    if let Some(e) = r.env.iter().find(|e| !e.contains('=')) {
-        return Err(bad(format!("environment entry {e:?} is not KEY=VALUE")));
+    for n in &r.nodes {
+        if !Path::new(&n.path).starts_with("/dev") {
+            return Err(bad(format!("device node {:?} is not under /dev", n.path)));
+        }
+        if n.kind.as_deref().is_some_and(|k| k != "c") {
+            return Err(bad(format!(
+                "device node {:?} is not a character device",
+                n.path
+            )));
+        }
+    }
+    let mut keys = std::collections::BTreeSet::new();
+    for e in &r.env {
+        match e.split_once('=') {
+            Some((key, _)) if !key.is_empty() => {
+                if !keys.insert(key) {
+                    return Err(bad(format!("environment key {key:?} is set twice")));
+                }
+            }
+            _ => return Err(bad(format!("environment entry {e:?} is not KEY=VALUE"))),
+        }
+    }
+    if let Some(h) = r
+        .hooks
+        .iter()
+        .find(|h| !HOOK_POINTS.contains(&h.hook_name.as_str()))
+    {
+        return Err(bad(format!(
+            "hook point {:?} is not one OCI knows",
+            h.hook_name
+        )));
     }
     if let Some(h) = r.hooks.iter().find(|h| !allowed.contains_key(&h.path)) {
         return Err(CdiError::Hook {

@@ -186,6 +186,11 @@ impl DrainRule {
                 self.interval_ms,
                 Self::MIN_INTERVAL_MS
             ))
+        } else if u64::from(self.samples - 1).saturating_mul(self.interval_ms) > self.timeout_ms {
+            Some(format!(
+                "{} samples {} ms apart cannot fit in {} ms",
+                self.samples, self.interval_ms, self.timeout_ms
+            ))
         } else if self.sample_timeout_ms > self.timeout_ms {
             Some(format!(
                 "a sample timeout of {} ms, above the drain's {}",

@@ -526,11 +526,27 @@ fn devices(
             return ExitCode::NoDecision;
         }
     };
-    let (report, ok) =
-        crate::devices::report(policy, &gpus, &cordon_device::SystemClock::default(), drain);
-    match writeln!(stdout, "{report:#}") {
-        Ok(()) => crate::devices::exit(ok),
-        Err(_) => ExitCode::NoDecision,
+    let specs = match crate::devices::read_specs() {
+        Ok(s) => s,
+        Err(why) => {
+            let _ = writeln!(
+                stderr,
+                "cordon-lane: the host's CDI specs: {}",
+                cordon::text::printable(&why)
+            );
+            return ExitCode::NoDecision;
+        }
+    };
+    let files: Vec<_> = specs
+        .iter()
+        .map(|(p, b)| (p.as_path(), b.as_slice()))
+        .collect();
+    let clock = cordon_device::SystemClock::default();
+    let (report, ok) = crate::devices::report(policy, &files, &gpus, &clock, drain);
+    // Canonical JSON escapes what could drive a terminal (a driver's string, a spec's path).
+    match cordon::canonical::to_canonical_json(&report) {
+        Ok(text) if writeln!(stdout, "{text}").is_ok() => crate::devices::exit(ok),
+        _ => ExitCode::NoDecision,
     }
 }
 

@@ -1,15 +1,21 @@
 //! `cordon-lane devices`: what an operator checks of a GPU host before its first qualification
-//! (`checks/gpu.sh` runs it). For every GPU the policy's physical lanes name: its configuration
-//! as the driver reports it against the policy's pin, one telemetry sample, and, when asked,
-//! a drain under the policy's guard — the same seam and checks a GPU read will use
-//! (`cordon-device`). One JSON document on stdout; exit 0 only when every GPU is read, as
-//! pinned and (when asked) drained; a fact that cannot be read or a difference is exit 3.
+//! (`checks/gpu.sh` runs it). For every GPU the policy's physical lanes name: its container
+//! edits resolved from the host's CDI specs (`nvidia.com/gpu=<UUID>`, hooks only as the policy
+//! allows), its configuration as the driver reports it against the policy's pin, one telemetry
+//! sample (no fault in it), and, when asked, a drain under the policy's guard — the same seam
+//! and checks a GPU read will use (`cordon-device`). One canonical JSON document on stdout
+//! (hostile text escaped); exit 0 only when every GPU holds; anything not established or
+//! different is exit 3.
 //!
 //! What it does not own: the checks themselves (`cordon_evidence::device`, `cordon-device`),
 //! and what a session makes of them (not applied to sessions yet: issue 34).
 
+use std::path::PathBuf;
+
 use cordon::ExitCode;
+use cordon_device::cdi::{self, SpecFile};
 use cordon_device::{Clock, Gpus, drain, drift};
+use cordon_evidence::device::faults;
 use cordon_policy_lang::Policy;
 use serde_json::{Value, json};
 
@@ -23,15 +29,66 @@ pub fn named(policy: &Policy) -> Vec<(String, String)> {
         .collect()
 }
 
-/// The report of every lane GPU of `policy` read through `gpus`, draining each under the
-/// policy's guard when `drained`; and whether every one holds.
+/// The CDI device a lane GPU is: NVIDIA's kind, named by UUID
+/// (`nvidia-ctk cdi generate --device-name-strategy=uuid`).
 #[must_use]
-pub fn report(policy: &Policy, gpus: &dyn Gpus, clock: &dyn Clock, drained: bool) -> (Value, bool) {
+pub fn cdi_name(uuid: &str) -> String {
+    format!("nvidia.com/gpu={uuid}")
+}
+
+/// The JSON CDI spec files in the host's spec directories, read (a directory that does not
+/// exist holds none; one that cannot be read is an error).
+///
+/// # Errors
+/// A directory or file that exists cannot be read.
+pub fn read_specs() -> Result<Vec<(PathBuf, Vec<u8>)>, String> {
+    let mut specs = Vec::new();
+    for dir in ["/etc/cdi", "/var/run/cdi"] {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(format!("{dir}: {e}")),
+        };
+        for entry in entries {
+            let path = entry.map_err(|e| format!("{dir}: {e}"))?.path();
+            // Every spec is read, YAML ones too: the resolver refuses them by name.
+            if path
+                .extension()
+                .is_some_and(|e| e == "json" || e == "yaml" || e == "yml")
+            {
+                let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+                specs.push((path, bytes));
+            }
+        }
+    }
+    specs.sort();
+    Ok(specs)
+}
+
+/// The report of every lane GPU of `policy`: resolved from `specs`, read through `gpus`,
+/// drained under the policy's guard when `drained`; and whether every one holds.
+#[must_use]
+pub fn report(
+    policy: &Policy,
+    specs: &[SpecFile<'_>],
+    gpus: &dyn Gpus,
+    clock: &dyn Clock,
+    drained: bool,
+) -> (Value, bool) {
     let mut ok = true;
     let mut out = Vec::new();
+    let no_hooks = std::collections::BTreeMap::new();
+    let hooks = policy.device_guard().map_or(&no_hooks, |g| &g.cdi_hooks);
     for (lane, uuid) in named(policy) {
         let pinned = &policy.physical_lanes()[&lane].gpus[&uuid];
         let mut entry = json!({ "lane": lane, "gpu": uuid });
+        match cdi::resolve(specs, &cdi_name(&uuid), hooks) {
+            Ok(r) => entry["cdi"] = json!(r),
+            Err(e) => {
+                ok = false;
+                entry["cdi"] = json!({ "refused": e.to_string() });
+            }
+        }
         match gpus.config(&uuid) {
             Ok(seen) => {
                 let d = drift(pinned, &seen);
@@ -45,7 +102,12 @@ pub fn report(policy: &Policy, gpus: &dyn Gpus, clock: &dyn Clock, drained: bool
             }
         }
         match gpus.sample(&uuid, 0) {
-            Ok(s) => entry["sample"] = json!(s),
+            Ok(s) => {
+                let f = faults(&s);
+                ok &= f.is_empty();
+                entry["faults"] = json!(f);
+                entry["sample"] = json!(s);
+            }
             Err(e) => {
                 ok = false;
                 entry["sample"] = json!({ "unreadable": e.to_string() });

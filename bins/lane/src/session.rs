@@ -690,20 +690,24 @@ pub fn session_gated(
     );
 
     let session = cfg.session(policy, kind);
-    // The read's lane as the policy declares it (its GPUs with it), never as the caller says.
+    // The read's lane as the policy declares it (its GPUs with it); the caller's description,
+    // which the receipt and the CPU checks use, must be the policy's exactly.
     let lane = match &inputs.lane {
-        Some(l) => Some(
-            policy
-                .physical_lanes()
-                .get(&l.name)
-                .cloned()
-                .ok_or_else(|| {
-                    LaneError::Policy(format!(
-                        "the read's lane {:?} is not one of the policy's physical lanes",
-                        l.name
-                    ))
-                })?,
-        ),
+        Some(l) => {
+            let declared = policy.physical_lanes().get(&l.name).ok_or_else(|| {
+                LaneError::Policy(format!(
+                    "the read's lane {:?} is not one of the policy's physical lanes",
+                    l.name
+                ))
+            })?;
+            if (&declared.cpuset, declared.cpu_shares) != (&l.cpuset, l.cpu_shares) {
+                return Err(LaneError::Policy(format!(
+                    "the read's lane {:?} is described otherwise than the policy declares it",
+                    l.name
+                )));
+            }
+            Some(declared.clone())
+        }
         None => None,
     };
     let job = lane_job(cfg, inputs, argv, (rootfs, model_dir, lane), started);

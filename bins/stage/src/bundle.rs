@@ -238,6 +238,31 @@ pub struct Planned {
     pub launch: serde_json::Value,
 }
 
+/// What this build does not apply yet (issue 34).
+const GPU_LANES: &str = "GPUs on the physical lanes (CDI devices and the device guard)";
+
+/// Refuse a stage that could reach a GPU (the lane's reads, the audit, the reference T) under a
+/// policy whose physical lanes name GPUs: this build applies neither their CDI devices nor the
+/// device guard, and a GPU read is never run unguarded, nor the guard's rules hashed into the
+/// authority and then ignored. The session calls it before anything exists; planning again.
+///
+/// # Errors
+/// [`PlanError::Unimplemented`].
+pub fn unguarded_gpus(policy: &Policy, kind: StageKind) -> Result<(), PlanError> {
+    // Exhaustive: a new stage kind decides here whether it can reach a GPU.
+    let gpu_capable = match kind {
+        StageKind::Lane | StageKind::Reference => true,
+        StageKind::Prebuild | StageKind::Surface => false,
+    };
+    if gpu_capable && policy.physical_lanes().values().any(|l| !l.gpus.is_empty()) {
+        return Err(PlanError::Unimplemented {
+            kind,
+            what: GPU_LANES,
+        });
+    }
+    Ok(())
+}
+
 /// The spec with the values that are the run's own replaced by placeholders: the account's
 /// ids (`$UID`, `$GID`), the lease (`$LEASE`) and its run directory (`$RUN`), the image cache
 /// path (`$IMAGE`), each host-supplied role's source (`$tree`, `$publication`, …) and the
@@ -802,12 +827,11 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
             what: "a surface block",
         });
     }
-    // A GPU lane's devices come from the host's CDI spec under the device guard, which this
-    // build does not apply yet: a lane that names GPUs is refused, never run as a CPU set.
+    unguarded_gpus(policy, kind)?;
     if run.lane.as_ref().is_some_and(|l| !l.gpus.is_empty()) {
         return Err(PlanError::Unimplemented {
             kind,
-            what: "GPUs on a physical lane (CDI devices and the device guard)",
+            what: GPU_LANES,
         });
     }
     // The language requires these of every candidate stage; a policy value without them is
@@ -1138,8 +1162,35 @@ mod tests {
         run.lane = Some(lane);
         assert!(matches!(
             plan(&p, StageKind::Lane, &run),
-            Err(PlanError::Unimplemented { what, .. }) if what.starts_with("GPUs on a physical lane")
+            Err(PlanError::Unimplemented { what, .. }) if what.starts_with("GPUs on the physical lanes")
         ));
+    }
+
+    /// Under a policy whose lanes name GPUs, no stage that could reach one plans at all (not
+    /// the audit's or T's, which run on no lane); the prebuild, which has no GPU, does.
+    #[test]
+    fn a_policy_with_gpu_lanes_plans_no_gpu_capable_stage() {
+        let p = policy(|t| cordon_testkit::with_gpu_lanes(&t));
+        for kind in [StageKind::Lane, StageKind::Reference] {
+            let run = example_inputs(&p, kind);
+            assert!(run.lane.is_none());
+            assert!(
+                matches!(plan(&p, kind, &run), Err(PlanError::Unimplemented { .. })),
+                "{kind}"
+            );
+            assert!(matches!(
+                unguarded_gpus(&p, kind),
+                Err(PlanError::Unimplemented { .. })
+            ));
+        }
+        plan(
+            &p,
+            StageKind::Prebuild,
+            &example_inputs(&p, StageKind::Prebuild),
+        )
+        .unwrap();
+        unguarded_gpus(&p, StageKind::Prebuild).unwrap();
+        unguarded_gpus(&policy(|t| t), StageKind::Lane).unwrap();
     }
 
     #[test]

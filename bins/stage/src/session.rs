@@ -352,6 +352,7 @@ impl Session<'_> {
             }
             .into());
         }
+        crate::bundle::unguarded_gpus(self.policy, self.kind).map_err(SessionError::from)?;
         let mut devices = BTreeMap::new();
         for path in stage.gpu_device.keys() {
             let node = self

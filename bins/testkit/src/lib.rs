@@ -125,6 +125,42 @@ pub fn with_reference_gpus(text: &str) -> String {
     )
 }
 
+/// The UUIDs [`with_gpu_lanes`] gives lanes `a` and `b`.
+pub const LANE_GPUS: [&str; 2] = [
+    "GPU-0e3f6a52-1111-4c2c-9d41-000000000001",
+    "GPU-0e3f6a52-1111-4c2c-9d41-000000000002",
+];
+
+/// The shipped policy `text` with one GPU on each physical lane, pinned as
+/// `cordon_evidence::examples::device_config` (an H100's usual configuration), and a device
+/// guard: 3 idle samples 100 ms apart within 2 s, `hw-slowdown` forbidden while measured, the
+/// NVIDIA CDI hook allowed.
+#[must_use]
+pub fn with_gpu_lanes(text: &str) -> String {
+    let pin = |uuid: &str| {
+        format!(
+            " {{\n    gpu \"{uuid}\" {{\n        driver \"550.54.15\"\n        persistence #true\n        compute-mode \"exclusive-process\"\n        application-clocks graphics=1980 memory=2619\n        power-limit \"700W\"\n        ecc #true\n        mig #false\n    }}\n}}"
+        )
+    };
+    let lane = |name: &str, cpu: &str| {
+        format!("physical-lane \"{name}\" cpuset=\"{cpu}\" cpu-shares=262144")
+    };
+    let text = replace_once(
+        text,
+        &lane("a", "0"),
+        &format!("{}{}", lane("a", "0"), pin(LANE_GPUS[0])),
+    );
+    replace_once(
+        &text,
+        &lane("b", "1"),
+        &format!(
+            "{}{}\ndevice-guard {{\n    drain samples=3 interval=\"100ms\" sample-timeout=\"50ms\" timeout=\"2s\" idle-memory=\"600MiB\"\n    envelope \"hw-slowdown\" max-temperature=85 max-power=\"700W\" min-graphics-clock=1700\n    cdi-hook \"/usr/bin/nvidia-cdi-hook\" reason=\"updates the container's linker cache for the driver's libraries\"\n}}",
+            lane("b", "1"),
+            pin(LANE_GPUS[1])
+        ),
+    )
+}
+
 /// The policy `text` with `syscall` taken out of its seccomp allow-list, so that a test can give
 /// the call a rule of its own (a profile has one entry per syscall). An `allow` node that names
 /// only this call goes whole; a call the list does not name leaves `text` as it is.

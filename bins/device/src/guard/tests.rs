@@ -124,7 +124,11 @@ fn a_fault_fails_the_drain_at_once() {
 #[test]
 fn an_unsound_rule_is_refused() {
     type Break = fn(&mut DrainRule);
-    let unsound: [(&str, Break); 3] = [
+    let unsound: [(&str, Break); 4] = [
+        ("3 samples 100 ms apart cannot fit in 150 ms", |r| {
+            r.timeout_ms = 150;
+            r.sample_timeout_ms = 50;
+        }),
         ("a drain of zero samples proves nothing", |r| r.samples = 0),
         ("an interval of 9 ms, below 10", |r| r.interval_ms = 9),
         ("a sample timeout of 3000 ms, above the drain's 2000", |r| {

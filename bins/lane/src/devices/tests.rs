@@ -4,37 +4,35 @@ use cordon_device::fake::{Fake, FakeClock, Step, pinned_config};
 
 use super::*;
 
-const A: &str = "GPU-0e3f6a52-1111-4c2c-9d41-000000000001";
-const B: &str = "GPU-0e3f6a52-1111-4c2c-9d41-000000000002";
+const A: &str = cordon_testkit::LANE_GPUS[0];
+const B: &str = cordon_testkit::LANE_GPUS[1];
 
 /// The shipped policy with one GPU on each lane, pinned as the fake's, and a guard.
 fn gpu_policy() -> Policy {
-    let pin = |uuid: &str| {
-        format!(
-            " {{\n    gpu \"{uuid}\" {{\n        driver \"550.54.15\"\n        persistence #true\n        compute-mode \"exclusive-process\"\n        application-clocks graphics=1980 memory=2619\n        power-limit \"700W\"\n        ecc #true\n        mig #false\n    }}\n}}"
-        )
-    };
     let text =
         std::fs::read_to_string(cordon_testkit::workspace_root().join("policy/evaluator.kdl"))
             .unwrap();
-    let text = cordon_testkit::replace_once(
-        &text,
-        "physical-lane \"a\" cpuset=\"0\" cpu-shares=262144",
-        &format!(
-            "physical-lane \"a\" cpuset=\"0\" cpu-shares=262144{}",
-            pin(A)
-        ),
-    );
-    let text = cordon_testkit::replace_once(
-        &text,
-        "physical-lane \"b\" cpuset=\"1\" cpu-shares=262144",
-        &format!(
-            "physical-lane \"b\" cpuset=\"1\" cpu-shares=262144{}\ndevice-guard {{\n    drain samples=3 interval=\"100ms\" sample-timeout=\"50ms\" timeout=\"2s\" idle-memory=\"600MiB\"\n    envelope \"hw-slowdown\" max-temperature=85 max-power=\"700W\" min-graphics-clock=1700\n}}",
-            pin(B)
-        ),
-    );
-    cordon_policy_lang::parse("t.kdl", &text).unwrap()
+    cordon_policy_lang::parse("t.kdl", &cordon_testkit::with_gpu_lanes(&text)).unwrap()
 }
+
+/// A JSON CDI spec naming both lane GPUs, with the hook the policy allows.
+fn spec() -> Vec<u8> {
+    let device = |uuid: &str, n: u32| {
+        format!(
+            r#"{{"name": "{uuid}", "containerEdits": {{"deviceNodes": [{{"path": "/dev/nvidia{n}"}}]}}}}"#
+        )
+    };
+    format!(
+        r#"{{"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": [{}, {}],
+  "containerEdits": {{"deviceNodes": [{{"path": "/dev/nvidiactl"}}],
+    "hooks": [{{"hookName": "createContainer", "path": "/usr/bin/nvidia-cdi-hook", "args": ["nvidia-cdi-hook", "update-ldcache"]}}]}}}}"#,
+        device(A, 0),
+        device(B, 1)
+    )
+    .into_bytes()
+}
+
+const SPEC: &str = "/etc/cdi/nvidia.json";
 
 fn host() -> (Arc<FakeClock>, Fake) {
     let clock = Arc::new(FakeClock::default());
@@ -49,13 +47,26 @@ fn every_lane_gpu_is_read_compared_and_drained() {
     let p = gpu_policy();
     assert_eq!(named(&p), [("a".into(), A.into()), ("b".into(), B.into())]);
     let (clock, fake) = host();
-    let (r, ok) = report(&p, &fake, &*clock, true);
+    let (r, ok) = report(
+        &p,
+        &[(std::path::Path::new(SPEC), &spec())],
+        &fake,
+        &*clock,
+        true,
+    );
     assert!(ok, "{r:#}");
     assert_eq!(r["gpus"][0]["drift"], json!([]));
+    assert_eq!(r["gpus"][1]["cdi"]["nodes"][1]["path"], "/dev/nvidia1");
     assert_eq!(r["gpus"][1]["drain"]["drained"]["read"], json!([3, 0]));
     assert_eq!(exit(ok), ExitCode::Ok);
     // Without --drain, no drain.
-    let (r, ok) = report(&p, &fake, &*clock, false);
+    let (r, ok) = report(
+        &p,
+        &[(std::path::Path::new(SPEC), &spec())],
+        &fake,
+        &*clock,
+        false,
+    );
     assert!(ok && r["gpus"][0].get("drain").is_none(), "{r:#}");
 }
 
@@ -67,7 +78,13 @@ fn a_drifted_unreadable_or_busy_gpu_fails_the_report() {
     let mut low = pinned_config();
     low.power_limit_mw = 350_000;
     fake.config_of(B, Some(low));
-    let (r, ok) = report(&p, &fake, &*clock, false);
+    let (r, ok) = report(
+        &p,
+        &[(std::path::Path::new(SPEC), &spec())],
+        &fake,
+        &*clock,
+        false,
+    );
     assert!(!ok);
     assert_eq!(
         r["gpus"][1]["drift"],
@@ -77,14 +94,67 @@ fn a_drifted_unreadable_or_busy_gpu_fails_the_report() {
     // Unreadable configuration; a sample that cannot be read.
     let (clock, fake) = host();
     fake.config_of(A, None).script(B, [Step::failing()]);
-    let (r, ok) = report(&p, &fake, &*clock, false);
+    let (r, ok) = report(
+        &p,
+        &[(std::path::Path::new(SPEC), &spec())],
+        &fake,
+        &*clock,
+        false,
+    );
     assert!(!ok);
     assert!(r["gpus"][0]["config"]["unreadable"].is_string(), "{r:#}");
     assert!(r["gpus"][1]["sample"]["unreadable"].is_string(), "{r:#}");
+    // A sample with a fault in it, even without --drain.
+    let (clock, fake) = host();
+    fake.script(B, [Step::with(|s| s.xid = vec![79])]);
+    let (r, ok) = report(
+        &p,
+        &[(std::path::Path::new(SPEC), &spec())],
+        &fake,
+        &*clock,
+        false,
+    );
+    assert!(!ok);
+    assert_eq!(r["gpus"][1]["faults"], json!(["Xid events [79]"]));
+    // A GPU no spec names, a spec with a hook the policy does not allow.
+    let (clock, fake) = host();
+    let (r, ok) = report(&p, &[], &fake, &*clock, false);
+    assert!(!ok);
+    assert!(
+        r["gpus"][0]["cdi"]["refused"]
+            .as_str()
+            .unwrap()
+            .contains("no spec"),
+        "{r:#}"
+    );
+    let other = String::from_utf8(spec())
+        .unwrap()
+        .replace("/usr/bin/nvidia-cdi-hook", "/usr/bin/other-hook");
+    let (r, ok) = report(
+        &p,
+        &[(std::path::Path::new(SPEC), other.as_bytes())],
+        &fake,
+        &*clock,
+        false,
+    );
+    assert!(!ok);
+    assert!(
+        r["gpus"][1]["cdi"]["refused"]
+            .as_str()
+            .unwrap()
+            .contains("other-hook"),
+        "{r:#}"
+    );
     // Busy forever: the drain fails, naming why.
     let (clock, fake) = host();
     fake.script(A, [Step::with(|s| s.processes = vec![4242])]);
-    let (r, ok) = report(&p, &fake, &*clock, true);
+    let (r, ok) = report(
+        &p,
+        &[(std::path::Path::new(SPEC), &spec())],
+        &fake,
+        &*clock,
+        true,
+    );
     assert!(!ok);
     let failed = r["gpus"][0]["drain"]["failed"].as_str().unwrap();
     assert!(failed.contains("processes [4242]"), "{failed}");

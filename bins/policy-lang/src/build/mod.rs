@@ -648,17 +648,19 @@ fn lane_gpus(cx: &mut Cx, node: &KdlNode, lane: &str) -> Option<BTreeMap<String,
     ok.then_some(gpus)
 }
 
-/// NVML's form of a GPU's UUID: `GPU-` and 8-4-4-4-12 hexadecimal digits.
+/// NVML's form of a GPU's UUID: `GPU-` and 8-4-4-4-12 lower-case hexadecimal digits (NVML
+/// writes them so; another case would be another name to every comparison).
 fn gpu_uuid(s: &str) -> bool {
     let Some(rest) = s.strip_prefix("GPU-") else {
         return false;
     };
     let groups: Vec<&str> = rest.split('-').collect();
     groups.len() == 5
-        && groups
-            .iter()
-            .zip([8, 4, 4, 4, 12])
-            .all(|(g, n)| g.len() == n && g.chars().all(|c| c.is_ascii_hexdigit()))
+        && groups.iter().zip([8, 4, 4, 4, 12]).all(|(g, n)| {
+            g.len() == n
+                && g.chars()
+                    .all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c))
+        })
 }
 
 /// One GPU's pinned configuration: every field required, none defaulted (a pin is reviewed).
@@ -680,9 +682,22 @@ fn pinned(cx: &mut Cx, node: &KdlNode, uuid: &str) -> Option<DeviceConfig> {
         &names,
         &[],
     );
-    let driver = b
-        .required(cx, "driver")
-        .and_then(|n| single(cx, n, &[], string));
+    let driver = b.required(cx, "driver").and_then(|n| {
+        single(cx, n, &[], |cx, e| {
+            let v = string(cx, e)?;
+            if v.is_empty() {
+                cx.report(
+                    "invalid-value",
+                    e.span(),
+                    "empty",
+                    "an empty driver version pins nothing".to_owned(),
+                    Some("the version `nvidia-smi` reports, e.g. \"550.54.15\"".into()),
+                );
+                return None;
+            }
+            Some(v)
+        })
+    });
     let mut flag = |name: &str| {
         b.required(cx, name)
             .and_then(|n| single(cx, n, &[], boolean))
@@ -730,12 +745,23 @@ fn pinned(cx: &mut Cx, node: &KdlNode, uuid: &str) -> Option<DeviceConfig> {
 /// A power in watts (`"700W"`), as milliwatts; at most 10 kW.
 fn watts(cx: &mut Cx, entry: &KdlEntry, what: &str) -> Option<u32> {
     let text = string(cx, entry)?;
+    // Digits only, no sign and no leading zero: one spelling per value.
     let w = text
         .strip_suffix('W')
-        .and_then(|n| n.parse::<u32>().ok())
-        .filter(|w| (1..=10_000).contains(w));
+        .filter(|n| n.chars().all(|c| c.is_ascii_digit()) && (!n.starts_with('0') || *n == "0"))
+        .and_then(|n| n.parse::<u32>().ok());
     match w {
-        Some(w) => Some(w * 1000),
+        Some(w) if (1..=10_000).contains(&w) => Some(w * 1000),
+        Some(_) => {
+            cx.report(
+                "out-of-range",
+                entry.span(),
+                "out of range",
+                format!("{what} {text:?} is outside 1W to 10000W"),
+                None,
+            );
+            None
+        }
         None => {
             cx.report(
                 "invalid-value",
@@ -818,15 +844,23 @@ fn device_guard(cx: &mut Cx, node: &KdlNode) -> Option<DeviceGuard> {
         let power = required_prop(cx, n, "max-power").and_then(|e| watts(cx, e, "max-power"));
         let clock = required_prop(cx, n, "min-graphics-clock")
             .and_then(|e| integer(cx, e, "min-graphics-clock", 0, 100_000));
-        // The positional arguments: the throttle reasons forbidden while measured.
+        // The positional arguments: the throttle reasons forbidden while measured, each once.
         let mut forbidden = 0u64;
         let mut ok = true;
+        let mut seen = Seen::default();
         for e in n.entries().iter().filter(|e| e.name().is_none()) {
             let names: Vec<&str> = cordon_evidence::device::THROTTLE_REASONS
                 .iter()
                 .map(|(_, name)| *name)
                 .collect();
             match choice(cx, e, "throttle reason", &names) {
+                Some(name)
+                    if !seen.first(cx, &name, e.span(), || {
+                        format!("throttle reason {name:?} is named twice")
+                    }) =>
+                {
+                    ok = false;
+                }
                 Some(name) => {
                     forbidden |= cordon_evidence::device::THROTTLE_REASONS
                         .iter()
@@ -844,18 +878,30 @@ fn device_guard(cx: &mut Cx, node: &KdlNode) -> Option<DeviceGuard> {
         })
     });
     let mut cdi_hooks = BTreeMap::new();
+    let mut seen = Seen::default();
+    let mut hooks_ok = true;
     for h in b.all("cdi-hook") {
         shape(cx, h, 1, 1, &["reason"], false);
-        let name = arg(h, 0).and_then(|e| path(cx, e, "cdi-hook"));
+        let entry = arg(h, 0);
+        let name = entry.and_then(|e| path(cx, e, "cdi-hook"));
         let why = reason(cx, h);
-        if let (Some(name), Some(why)) = (name, why) {
-            cdi_hooks.insert(name, why);
+        match (name, why, entry) {
+            (Some(name), Some(why), Some(e)) => {
+                if seen.first(cx, &name, e.span(), || {
+                    format!("cdi-hook {name:?} is named twice")
+                }) {
+                    cdi_hooks.insert(name, why);
+                } else {
+                    hooks_ok = false;
+                }
+            }
+            _ => hooks_ok = false,
         }
     }
     Some(DeviceGuard {
         drain: drain?,
         envelope: envelope?,
-        cdi_hooks,
+        cdi_hooks: hooks_ok.then_some(cdi_hooks)?,
     })
 }
 

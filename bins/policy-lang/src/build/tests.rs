@@ -714,26 +714,7 @@ fn shm_is_sized_only_for_a_private_ipc_namespace() {
 
 /// A GPU lane policy: each lane names one GPU with its pinned configuration, and the guard.
 fn gpu_policy() -> String {
-    let pin = |uuid: &str| {
-        format!(
-            " {{\n    gpu \"{uuid}\" {{\n        driver \"550.54.15\"\n        persistence #true\n        compute-mode \"exclusive-process\"\n        application-clocks graphics=1980 memory=2619\n        power-limit \"700W\"\n        ecc #true\n        mig #false\n    }}\n}}"
-        )
-    };
-    default_policy()
-        .replace_once(
-            "physical-lane \"a\" cpuset=\"0\" cpu-shares=262144",
-            &format!(
-                "physical-lane \"a\" cpuset=\"0\" cpu-shares=262144{}",
-                pin("GPU-0e3f6a52-1111-4c2c-9d41-000000000001")
-            ),
-        )
-        .replace_once(
-            "physical-lane \"b\" cpuset=\"1\" cpu-shares=262144",
-            &format!(
-                "physical-lane \"b\" cpuset=\"1\" cpu-shares=262144{}\ndevice-guard {{\n    drain samples=5 interval=\"200ms\" sample-timeout=\"100ms\" timeout=\"60s\" idle-memory=\"600MiB\"\n    envelope \"hw-slowdown\" \"hw-thermal-slowdown\" max-temperature=85 max-power=\"700W\" min-graphics-clock=1700\n    cdi-hook \"/usr/bin/nvidia-cdi-hook\" reason=\"creates the device symlinks the driver's libraries expect\"\n}}",
-                pin("GPU-0e3f6a52-1111-4c2c-9d41-000000000002")
-            ),
-        )
+    cordon_testkit::with_gpu_lanes(&default_policy())
 }
 
 #[test]
@@ -750,10 +731,10 @@ fn gpu_lanes_pin_each_device_and_need_the_guard() {
             guard.drain.interval_ms,
             guard.drain.timeout_ms
         ),
-        (5, 200, 60_000)
+        (3, 100, 2000)
     );
     assert_eq!(guard.drain.idle_memory, 600 << 20);
-    assert_eq!(guard.envelope.forbidden_throttle, 0x8 | 0x40);
+    assert_eq!(guard.envelope.forbidden_throttle, 0x8);
     assert_eq!(guard.envelope.max_power_mw, 700_000);
     assert_eq!(guard.cdi_hooks.len(), 1);
     // Another authority than the CPU lanes'.
@@ -767,6 +748,12 @@ fn gpu_lanes_pin_each_device_and_need_the_guard() {
             "overlap",
         ),
         (b_uuid, "GPU-xyz", "invalid-value"),
+        // NVML writes UUIDs in lower case: another case is another name.
+        (
+            b_uuid,
+            "GPU-0E3F6A52-1111-4C2C-9D41-000000000002",
+            "invalid-value",
+        ),
         (
             b_uuid,
             "0e3f6a52-1111-4c2c-9d41-000000000002",
@@ -783,11 +770,13 @@ fn gpu_lanes_pin_each_device_and_need_the_guard() {
             "power-limit \"700\"",
             "invalid-value",
         ),
+        ("power-limit \"700W\"", "power-limit \"0W\"", "out-of-range"),
         (
             "power-limit \"700W\"",
-            "power-limit \"0W\"",
+            "power-limit \"+700W\"",
             "invalid-value",
         ),
+        ("driver \"550.54.15\"", "driver \"\"", "invalid-value"),
         ("        mig #false\n", "", "missing-node"),
         (
             "compute-mode \"exclusive-process\"",
@@ -799,24 +788,36 @@ fn gpu_lanes_pin_each_device_and_need_the_guard() {
             "application-clocks graphics=1980",
             "missing-property",
         ),
-        ("drain samples=5", "drain samples=0", "out-of-range"),
-        ("interval=\"200ms\"", "interval=\"5ms\"", "out-of-range"),
+        ("drain samples=3", "drain samples=0", "out-of-range"),
+        ("interval=\"100ms\"", "interval=\"5ms\"", "out-of-range"),
+        // Three samples 100 ms apart cannot fit in 150 ms.
+        ("timeout=\"2s\"", "timeout=\"150ms\"", "invalid-value"),
         (
-            "sample-timeout=\"100ms\"",
+            "sample-timeout=\"50ms\"",
             "sample-timeout=\"90s\"",
             "invalid-value",
         ),
         (
-            "\"hw-slowdown\" \"hw",
-            "\"hw-slowness\" \"hw",
+            "\"hw-slowdown\" max",
+            "\"hw-slowness\" max",
             "invalid-value",
         ),
         (
-            " reason=\"creates the device symlinks the driver's libraries expect\"",
+            "\"hw-slowdown\" max",
+            "\"hw-slowdown\" \"hw-slowdown\" max",
+            "duplicate",
+        ),
+        (
+            " reason=\"updates the container's linker cache for the driver's libraries\"",
             "",
             "missing-reason",
         ),
         ("    envelope ", "    // envelope ", "missing-node"),
+        (
+            "    cdi-hook ",
+            "    cdi-hook \"/usr/bin/nvidia-cdi-hook\" reason=\"again\"\n    cdi-hook ",
+            "duplicate",
+        ),
     ] {
         // A pin both lanes share is edited in both (their shapes stay alike).
         let edited = if text.matches(from).count() == 2 {
