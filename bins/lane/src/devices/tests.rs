@@ -32,7 +32,22 @@ fn spec() -> Vec<u8> {
     .into_bytes()
 }
 
-const SPEC: &str = "/etc/cdi/nvidia.json";
+/// The report with `spec` as the host's one CDI spec.
+fn with_spec(
+    p: &Policy,
+    spec: &[u8],
+    fake: &Fake,
+    clock: &FakeClock,
+    drained: bool,
+) -> (Value, bool) {
+    report(
+        p,
+        &[(std::path::Path::new("/etc/cdi/nvidia.json"), spec)],
+        fake,
+        clock,
+        drained,
+    )
+}
 
 fn host() -> (Arc<FakeClock>, Fake) {
     let clock = Arc::new(FakeClock::default());
@@ -47,26 +62,14 @@ fn every_lane_gpu_is_read_compared_and_drained() {
     let p = gpu_policy();
     assert_eq!(named(&p), [("a".into(), A.into()), ("b".into(), B.into())]);
     let (clock, fake) = host();
-    let (r, ok) = report(
-        &p,
-        &[(std::path::Path::new(SPEC), &spec())],
-        &fake,
-        &*clock,
-        true,
-    );
+    let (r, ok) = with_spec(&p, &spec(), &fake, &clock, true);
     assert!(ok, "{r:#}");
     assert_eq!(r["gpus"][0]["drift"], json!([]));
     assert_eq!(r["gpus"][1]["cdi"]["nodes"][1]["path"], "/dev/nvidia1");
     assert_eq!(r["gpus"][1]["drain"]["drained"]["read"], json!([3, 0]));
     assert_eq!(exit(ok), ExitCode::Ok);
     // Without --drain, no drain.
-    let (r, ok) = report(
-        &p,
-        &[(std::path::Path::new(SPEC), &spec())],
-        &fake,
-        &*clock,
-        false,
-    );
+    let (r, ok) = with_spec(&p, &spec(), &fake, &clock, false);
     assert!(ok && r["gpus"][0].get("drain").is_none(), "{r:#}");
 }
 
@@ -78,13 +81,7 @@ fn a_drifted_unreadable_or_busy_gpu_fails_the_report() {
     let mut low = pinned_config();
     low.power_limit_mw = 350_000;
     fake.config_of(B, Some(low));
-    let (r, ok) = report(
-        &p,
-        &[(std::path::Path::new(SPEC), &spec())],
-        &fake,
-        &*clock,
-        false,
-    );
+    let (r, ok) = with_spec(&p, &spec(), &fake, &clock, false);
     assert!(!ok);
     assert_eq!(
         r["gpus"][1]["drift"],
@@ -94,26 +91,14 @@ fn a_drifted_unreadable_or_busy_gpu_fails_the_report() {
     // Unreadable configuration; a sample that cannot be read.
     let (clock, fake) = host();
     fake.config_of(A, None).script(B, [Step::failing()]);
-    let (r, ok) = report(
-        &p,
-        &[(std::path::Path::new(SPEC), &spec())],
-        &fake,
-        &*clock,
-        false,
-    );
+    let (r, ok) = with_spec(&p, &spec(), &fake, &clock, false);
     assert!(!ok);
     assert!(r["gpus"][0]["config"]["unreadable"].is_string(), "{r:#}");
     assert!(r["gpus"][1]["sample"]["unreadable"].is_string(), "{r:#}");
     // A sample with a fault in it, even without --drain.
     let (clock, fake) = host();
     fake.script(B, [Step::with(|s| s.xid = vec![79])]);
-    let (r, ok) = report(
-        &p,
-        &[(std::path::Path::new(SPEC), &spec())],
-        &fake,
-        &*clock,
-        false,
-    );
+    let (r, ok) = with_spec(&p, &spec(), &fake, &clock, false);
     assert!(!ok);
     assert_eq!(r["gpus"][1]["faults"], json!(["Xid events [79]"]));
     // A GPU no spec names, a spec with a hook the policy does not allow.
@@ -130,13 +115,7 @@ fn a_drifted_unreadable_or_busy_gpu_fails_the_report() {
     let other = String::from_utf8(spec())
         .unwrap()
         .replace("/usr/bin/nvidia-cdi-hook", "/usr/bin/other-hook");
-    let (r, ok) = report(
-        &p,
-        &[(std::path::Path::new(SPEC), other.as_bytes())],
-        &fake,
-        &*clock,
-        false,
-    );
+    let (r, ok) = with_spec(&p, other.as_bytes(), &fake, &clock, false);
     assert!(!ok);
     assert!(
         r["gpus"][1]["cdi"]["refused"]
@@ -148,13 +127,7 @@ fn a_drifted_unreadable_or_busy_gpu_fails_the_report() {
     // Busy forever: the drain fails, naming why.
     let (clock, fake) = host();
     fake.script(A, [Step::with(|s| s.processes = vec![4242])]);
-    let (r, ok) = report(
-        &p,
-        &[(std::path::Path::new(SPEC), &spec())],
-        &fake,
-        &*clock,
-        true,
-    );
+    let (r, ok) = with_spec(&p, &spec(), &fake, &clock, true);
     assert!(!ok);
     let failed = r["gpus"][0]["drain"]["failed"].as_str().unwrap();
     assert!(failed.contains("processes [4242]"), "{failed}");
