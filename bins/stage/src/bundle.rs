@@ -1166,33 +1166,6 @@ mod tests {
         ));
     }
 
-    /// The lease's runtime cache is bound only with its bounds, and its bounds only with its
-    /// mount: the language admits either alone, the planner refuses both (an unbounded cache
-    /// would be a plain directory of the run's, a bounded one nobody mounts a tmpfs for nothing).
-    #[test]
-    fn a_cache_mount_and_its_bounds_go_together() {
-        let unbounded = policy(|t| {
-            let at = t.find("    cache size=\"8GiB\" inodes=1000000\n").unwrap();
-            format!(
-                "{}{}",
-                &t[..at],
-                &t[at..].replacen("    cache size=\"8GiB\" inodes=1000000\n", "", 1)
-            )
-        });
-        let run = example_inputs(&unbounded, StageKind::Lane);
-        assert!(matches!(
-            plan(&unbounded, StageKind::Lane, &run),
-            Err(PlanError::Invalid { why }) if why == "a cache mount without cache bounds"
-        ));
-        let unmounted =
-            policy(|t| t.replacen("    mount \"cache\" \"/cache\" mode=\"rw\"\n", "", 1));
-        let run = example_inputs(&unmounted, StageKind::Lane);
-        assert!(matches!(
-            plan(&unmounted, StageKind::Lane, &run),
-            Err(PlanError::Invalid { why }) if why == "cache bounds without a cache mount"
-        ));
-    }
-
     /// Under a policy whose lanes name GPUs, no stage that could reach one plans at all (not
     /// the audit's or T's, which run on no lane); the prebuild, which has no GPU, does.
     #[test]

@@ -537,6 +537,24 @@ pub(super) fn stage(cx: &mut Cx, node: &KdlNode, kind: StageKind) -> Option<Stag
     let gpu_device = gpu(cx, b.one("gpu"), kind);
     let env = env(cx, b.one("env"));
     let mount = mounts(cx, &b.all("mount"), kind);
+    // The runtime cache is a bounded tmpfs of the lease's: its mount and its bounds go together
+    // (a mount without bounds would be an unbounded directory, bounds without a mount a tmpfs
+    // for nothing).
+    let cache_mounted = mount.values().any(|m| m.source == MountSource::Cache);
+    match (b.one("cache"), cache_mounted) {
+        (Some(n), false) if cache.is_some() => cx.report(
+            "redundant-entry",
+            name_span(n),
+            "no cache mount",
+            format!(
+                "stage {:?} bounds a runtime cache it does not mount",
+                kind.as_str()
+            ),
+            Some("mount it (`mount \"cache\" \"/cache\" mode=\"rw\"`) or drop the bounds".into()),
+        ),
+        (None, true) => b.required(cx, "cache").map_or((), |_| ()),
+        _ => {}
+    }
     let output = match b.one("output") {
         None => Some(Output {
             stdout_bytes: MIB,

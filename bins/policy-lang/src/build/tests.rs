@@ -848,3 +848,19 @@ fn gpu_lanes_pin_each_device_and_need_the_guard() {
         codes(&idle)
     );
 }
+
+/// The runtime cache's mount and its bounds go together: a mount without bounds would be an
+/// unbounded directory of the run's, bounds without a mount a tmpfs for nothing.
+#[test]
+fn a_cache_mount_and_its_bounds_go_together() {
+    let text = default_policy();
+    let at = text.find("stage \"lane\"").unwrap();
+    let lane = |from: &str| {
+        let (head, tail) = text.split_at(at);
+        format!("{head}{}", tail.replacen(from, "", 1))
+    };
+    let unbounded = lane("    cache size=\"8GiB\" inodes=1000000\n");
+    assert_eq!(codes(&unbounded), ["missing-node"]);
+    let unmounted = lane("    mount \"cache\" \"/cache\" mode=\"rw\"\n");
+    assert_eq!(codes(&unmounted), ["redundant-entry"]);
+}
