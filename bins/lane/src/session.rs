@@ -1105,9 +1105,12 @@ mod tests {
                 "{e}"
             );
         }
-        let no_cache =
-            cordon_testkit::replace_once(lane, "    mount \"cache\" \"/cache\" mode=\"rw\"\n", "")
-                + rest;
+        // Neither the mount nor its bounds (the language refuses one without the other).
+        let no_cache = cordon_testkit::replace_once(
+            &cordon_testkit::replace_once(lane, "    mount \"cache\" \"/cache\" mode=\"rw\"\n", ""),
+            "    cache size=\"8GiB\" inodes=1000000\n",
+            "",
+        ) + rest;
         assert!(
             lane_caches(&no_cache).is_err(),
             "cache variables need a cache mount"

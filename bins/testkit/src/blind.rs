@@ -10,6 +10,19 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
+/// A planned tmpfs size (bytes, or `k` KiB) as the kernel shows it: KiB of whole pages.
+fn kernel_kib(size: &str) -> u64 {
+    let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .unwrap()
+        .and_then(|p| u64::try_from(p).ok())
+        .unwrap();
+    let bytes = match size.strip_suffix('k') {
+        Some(k) => k.parse::<u64>().unwrap() * 1024,
+        None => size.parse::<u64>().unwrap(),
+    };
+    bytes.div_ceil(page) * (page / 1024)
+}
+
 /// The planned bundle of one created container, and where its init's pid is written.
 pub struct Blind {
     /// The runtime's pid file of the created init.
@@ -136,8 +149,11 @@ impl Blind {
                 )
                 .map(str::to_owned)
                 .collect();
-            let size = options.iter().find(|o| o.starts_with("size="));
-            Some((flags, size.map(|s| (*s).to_owned())))
+            let size = options
+                .iter()
+                .find_map(|o| o.strip_prefix("size="))
+                .map(|s| format!("size={}k", kernel_kib(s)));
+            Some((flags, size))
         };
         text.lines()
             .map(|l| {
