@@ -306,6 +306,33 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
             Some("each read runs on its physical lane's CPUs: drop the stage's cpuset".into()),
         );
     }
+    // A GPU read's devices are its lane's, resolved from CDI under the guard: a GPU-capable
+    // stage that also names device nodes of its own would reach a GPU outside both.
+    if let Some(lanes) = &physical_lane
+        && lanes.values().any(|l| !l.gpus.is_empty())
+    {
+        for kind in [StageKind::Lane, StageKind::Reference] {
+            if stages.get(&kind).is_some_and(|s| !s.gpu_device.is_empty())
+                && let Some(node) = stage_nodes
+                    .iter()
+                    .find(|n| arg(n, 0).and_then(|e| e.value().as_string()) == Some(kind.as_str()))
+            {
+                cx.report(
+                    "invalid-value",
+                    name_span(node),
+                    "GPU nodes of its own",
+                    format!(
+                        "stage {:?} names GPU device nodes and the physical lanes name GPUs",
+                        kind.as_str()
+                    ),
+                    Some(
+                        "a GPU read's devices are its lane's, from CDI: write `gpu \"none\"`"
+                            .into(),
+                    ),
+                );
+            }
+        }
+    }
     resolve(cx, &top, &stage_nodes, &steps, &secret);
     steps_inside_image(cx, &top.all("step"), &stages);
 

@@ -831,6 +831,16 @@ fn gpu_lanes_pin_each_device_and_need_the_guard() {
             codes(&edited)
         );
     }
+    // A GPU-capable stage with GPU nodes of its own beside the lanes' GPUs.
+    let own = cordon_testkit::with_reference_gpus(&text);
+    assert_eq!(codes(&own), ["invalid-value"]);
+    assert!(
+        crate::parse(
+            "t.kdl",
+            &cordon_testkit::with_reference_gpus(&default_policy())
+        )
+        .is_ok()
+    );
     // GPUs without the guard, and the guard without GPUs.
     let start = text.find("device-guard {").unwrap();
     let end = start + text[start..].find("\n}").unwrap() + 2;
