@@ -53,7 +53,7 @@ struct Device {
     container_edits: Edits,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct Edits {
     #[serde(default)]
@@ -235,11 +235,7 @@ pub fn resolve(
             continue;
         }
         for d in spec.devices.into_iter().filter(|d| d.name == name) {
-            found.push((
-                path.display().to_string(),
-                clone_edits(&spec.container_edits),
-                d,
-            ));
+            found.push((path.display().to_string(), spec.container_edits.clone(), d));
         }
     }
     let (spec, common, d) = match found.len() {
@@ -315,15 +311,6 @@ pub fn resolve(
         });
     }
     Ok(r)
-}
-
-fn clone_edits(e: &Edits) -> Edits {
-    Edits {
-        env: e.env.clone(),
-        device_nodes: e.device_nodes.clone(),
-        mounts: e.mounts.clone(),
-        hooks: e.hooks.clone(),
-    }
 }
 
 fn parse(path: &Path, bytes: &[u8]) -> Result<Spec, CdiError> {
