@@ -20,9 +20,9 @@
 //!
 //! What it does not own: which GPUs a lane has and what the policy pins (the language's and the
 //! lane's), the receipts that carry these facts and what a failure means for the run (the
-//! lane's), and the not-reusable mark a failed drain leaves on a lane (the lane's store).
+//! lane's), a GPU's container edits (`cordon_stage::cdi`, which the bundle applies), and the
+//! not-reusable mark a failed drain leaves on a lane (the lane's store).
 
-pub mod cdi;
 pub mod fake;
 mod guard;
 pub mod nvml;

@@ -13,10 +13,10 @@
 use std::path::PathBuf;
 
 use cordon::ExitCode;
-use cordon_device::cdi::{self, SpecFile};
 use cordon_device::{Clock, Gpus, drain, drift};
 use cordon_evidence::device::faults;
 use cordon_policy_lang::Policy;
+use cordon_stage::cdi::{self, SpecFile};
 use serde_json::{Value, json};
 
 /// Every lane GPU of `policy`, as `(lane, uuid)`.

@@ -10,6 +10,8 @@
 //!   rules, the lease manager's setup), in one place;
 //! - [`bundle`]: planning a typed policy stage into an OCI bundle, host mounts and session
 //!   settings (pure, exhaustive);
+//! - [`cdi`]: a lane GPU's container edits resolved from the host's CDI specs (pure), which
+//!   the bundle applies;
 //! - [`oci`]: the OCI spec pieces the bundle and surface planners share;
 //! - [`session`]: one container of one stage under one lease, from validation to the absence
 //!   proof — the sequence every container stage runs instead of copying it;
@@ -25,6 +27,7 @@
 
 pub mod args;
 pub mod bundle;
+pub mod cdi;
 pub mod evidence;
 pub mod host_fit;
 pub mod oci;
