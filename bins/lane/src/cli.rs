@@ -526,7 +526,8 @@ fn devices(
             return ExitCode::NoDecision;
         }
     };
-    let specs = match crate::devices::read_specs() {
+    let dirs = cordon_stage::cdi::SPEC_DIRS.map(std::path::Path::new);
+    let specs = match cordon_stage::cdi::read_specs(&dirs) {
         Ok(s) => s,
         Err(why) => {
             let _ = writeln!(

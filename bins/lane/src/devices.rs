@@ -10,8 +10,6 @@
 //! What it does not own: the checks themselves (`cordon_evidence::device`, `cordon-device`),
 //! and what a session makes of them (not applied to sessions yet: issue 34).
 
-use std::path::PathBuf;
-
 use cordon::ExitCode;
 use cordon_device::{Clock, Gpus, drain, drift};
 use cordon_evidence::device::faults;
@@ -27,42 +25,6 @@ pub fn named(policy: &Policy) -> Vec<(String, String)> {
         .iter()
         .flat_map(|(lane, l)| l.gpus.keys().map(move |u| (lane.clone(), u.clone())))
         .collect()
-}
-
-/// The CDI device a lane GPU is: NVIDIA's kind, named by UUID
-/// (`nvidia-ctk cdi generate --device-name-strategy=uuid`).
-#[must_use]
-pub fn cdi_name(uuid: &str) -> String {
-    format!("nvidia.com/gpu={uuid}")
-}
-
-/// The JSON CDI spec files in the host's spec directories, read (a directory that does not
-/// exist holds none; one that cannot be read is an error).
-///
-/// # Errors
-/// A directory or file that exists cannot be read.
-pub fn read_specs() -> Result<Vec<(PathBuf, Vec<u8>)>, String> {
-    let mut specs = Vec::new();
-    for dir in ["/etc/cdi", "/var/run/cdi"] {
-        let entries = match std::fs::read_dir(dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(format!("{dir}: {e}")),
-        };
-        for entry in entries {
-            let path = entry.map_err(|e| format!("{dir}: {e}"))?.path();
-            // Every spec is read, YAML ones too: the resolver refuses them by name.
-            if path
-                .extension()
-                .is_some_and(|e| e == "json" || e == "yaml" || e == "yml")
-            {
-                let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-                specs.push((path, bytes));
-            }
-        }
-    }
-    specs.sort();
-    Ok(specs)
 }
 
 /// The report of every lane GPU of `policy`: resolved from `specs`, read through `gpus`,
@@ -82,7 +44,7 @@ pub fn report(
     for (lane, uuid) in named(policy) {
         let pinned = &policy.physical_lanes()[&lane].gpus[&uuid];
         let mut entry = json!({ "lane": lane, "gpu": uuid });
-        match cdi::resolve(specs, &cdi_name(&uuid), hooks) {
+        match cdi::resolve(specs, &cdi::gpu(&uuid), hooks) {
             Ok(r) => entry["cdi"] = json!(r),
             Err(e) => {
                 ok = false;
@@ -131,7 +93,24 @@ pub fn report(
         }
         out.push(entry);
     }
-    (json!({ "gpus": out, "ok": ok }), ok)
+    // Each lane's devices together, as a session applies them (two devices of a lane that
+    // want one node differently are refused there).
+    let mut lanes = Vec::new();
+    for (lane, l) in policy.physical_lanes() {
+        if l.gpus.is_empty() {
+            continue;
+        }
+        let devices: Vec<String> = l.gpus.keys().map(|u| cdi::gpu(u)).collect();
+        let applied = match cdi::resolve_lane(specs, &devices, hooks) {
+            Ok(a) => json!(a),
+            Err(e) => {
+                ok = false;
+                json!({ "refused": e.to_string() })
+            }
+        };
+        lanes.push(json!({ "lane": lane, "cdi": applied }));
+    }
+    (json!({ "gpus": out, "lanes": lanes, "ok": ok }), ok)
 }
 
 /// The exit of a report: 0 when every GPU holds, 3 otherwise.

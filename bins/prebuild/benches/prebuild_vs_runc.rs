@@ -136,6 +136,7 @@ fn main() {
             run_dir,
             sources: [(MountSource::Tree, cordon::tree::root_dir(&store, &tree))].into(),
             devices: Default::default(),
+            cdi: None,
             lane: None,
             executor: "bare".into(),
             lease: format!("bare{i}"),

@@ -35,15 +35,18 @@ use cordon_policy_lang::{
     PublicationLimits, RootMode, Stage, StageKind, Staging, Sys, Tmp, User,
 };
 use oci_spec::runtime::{
-    Capability, LinuxBuilder, LinuxCpuBuilder, LinuxDevice, LinuxDeviceBuilder, LinuxDeviceCgroup,
-    LinuxDeviceCgroupBuilder, LinuxDeviceType, LinuxNamespace, LinuxNamespaceType, LinuxResources,
-    Mount, MountBuilder, Spec,
+    Capability, HookBuilder, Hooks, LinuxBuilder, LinuxCpuBuilder, LinuxDevice, LinuxDeviceBuilder,
+    LinuxDeviceCgroup, LinuxDeviceCgroupBuilder, LinuxDeviceType, LinuxNamespace,
+    LinuxNamespaceType, LinuxResources, Mount, MountBuilder, Spec,
 };
 
 use crate::oci::{self, mount, seccomp};
 pub use crate::oci::{MASKED_IN_PREBUILD, MASKED_PATHS, MASKED_WITHOUT_GPU, READONLY_PATHS};
 pub use crate::plan_error::PlanError;
 pub(crate) use crate::plan_error::invalid;
+
+/// The annotation that names the CDI specs a GPU lane's edits were resolved from.
+pub const LABEL_CDI_SPECS: &str = "org.cordon.cdi-specs";
 
 /// Destinations the bundle itself mounts; a bind may not land on or under them.
 const RESERVED: [&str; 5] = ["/proc", "/dev", "/sys", "/tmp", "/dev/shm"];
@@ -95,8 +98,12 @@ pub struct RunInputs {
     /// Mount role → host source, for the roles the host supplies (`tree`, `publication`,
     /// `model`, `workspace`); `staging` is the lease's own tmpfs and is planned here.
     pub sources: BTreeMap<MountSource, PathBuf>,
-    /// The GPU device nodes the host found, by path.
+    /// The GPU device nodes the host found, by their path in the container (the policy's
+    /// `gpu { device }` nodes, or the lane's CDI nodes, each found at its host path).
     pub devices: BTreeMap<String, DeviceNode>,
+    /// A GPU lane's container edits from the host's CDI specs (exactly when the run's lane
+    /// names GPUs).
+    pub cdi: Option<crate::cdi::Applied>,
     /// The run's physical lane: its cpu list replaces the stage's cpuset (the policy refuses a
     /// lane stage with a cpuset of its own when it declares physical lanes), its CPU weight
     /// is the container's.
@@ -136,6 +143,7 @@ impl RunInputs {
             run_dir: lease.run_dir().to_path_buf(),
             sources: BTreeMap::new(),
             devices: BTreeMap::new(),
+            cdi: None,
             lane: None,
             executor: lease.record.executor.clone(),
             lease: lease.record.lease.clone(),
@@ -239,12 +247,13 @@ pub struct Planned {
 }
 
 /// What this build does not apply yet (issue 34).
-const GPU_LANES: &str = "GPUs on the physical lanes (CDI devices and the device guard)";
+const GPU_LANES: &str = "GPUs on the physical lanes (the device guard in its sessions)";
 
 /// Refuse a stage that could reach a GPU (the lane's reads, the audit, the reference T) under a
-/// policy whose physical lanes name GPUs: this build applies neither their CDI devices nor the
-/// device guard, and a GPU read is never run unguarded, nor the guard's rules hashed into the
-/// authority and then ignored. The session calls it before anything exists; planning again.
+/// policy whose physical lanes name GPUs: the bundle applies their CDI devices, but this build's
+/// sessions do not yet apply the device guard, and a GPU read is never run unguarded, nor the
+/// guard's rules hashed into the authority and then ignored. The session calls it before
+/// anything exists.
 ///
 /// # Errors
 /// [`PlanError::Unimplemented`].
@@ -266,9 +275,11 @@ pub fn unguarded_gpus(policy: &Policy, kind: StageKind) -> Result<(), PlanError>
 /// The spec with the values that are the run's own replaced by placeholders: the account's
 /// ids (`$UID`, `$GID`), the lease (`$LEASE`) and its run directory (`$RUN`), the image cache
 /// path (`$IMAGE`), each host-supplied role's source (`$tree`, `$publication`, …) and the
-/// cpuset of the lane (`$LANE`). Two runs with equal launch identities differ in nothing else
-/// of their `config.json`: same argv, env, seccomp profile, mount table by role, devices,
-/// limits and namespaces.
+/// cpuset of the lane (`$LANE`), and a GPU lane's CDI edits (the nodes, binds, variables and
+/// hooks its own GPUs resolved to: `cdi` keeps their count, and the specs' digest stays in the
+/// annotations, so two lanes' reads resolved from the same specs compare equal). Two runs with
+/// equal launch identities differ in nothing else of their `config.json`: same argv, env,
+/// seccomp profile, mount table by role, devices, limits and namespaces.
 ///
 /// # Errors
 /// The spec does not serialize.
@@ -292,6 +303,46 @@ pub fn launch_identity(spec: &Spec, run: &RunInputs) -> Result<serde_json::Value
                     *x = Value::from(token);
                 }
             }
+        }
+    }
+    if let Some(cdi) = &run.cdi {
+        let nodes: Vec<(&str, Option<&DeviceNode>)> = cdi
+            .nodes
+            .iter()
+            .map(|n| (n.path.as_str(), run.devices.get(&n.path)))
+            .collect();
+        let numbers: Vec<(u64, u64)> = nodes
+            .iter()
+            .filter_map(|(_, d)| d.map(|d| (d.major, d.minor)))
+            .collect();
+        let field = |x: &Value, k: &str| x.get(k).and_then(Value::as_u64);
+        let retain = |v: &mut Value, pointer: &str, keep: &dyn Fn(&Value) -> bool| {
+            if let Some(Value::Array(a)) = v.pointer_mut(pointer) {
+                a.retain(|x| keep(x));
+            }
+        };
+        retain(&mut v, "/linux/devices", &|d| {
+            !nodes
+                .iter()
+                .any(|(p, _)| d.get("path").and_then(Value::as_str) == Some(*p))
+        });
+        retain(&mut v, "/linux/resources/devices", &|r| {
+            r.get("allow") != Some(&Value::Bool(true))
+                || !numbers
+                    .iter()
+                    .any(|n| (field(r, "major"), field(r, "minor")) == (Some(n.0), Some(n.1)))
+        });
+        retain(&mut v, "/mounts", &|m| {
+            !cdi.mounts.iter().any(|c| {
+                m.get("destination").and_then(Value::as_str) == Some(c.container_path.as_str())
+            })
+        });
+        retain(&mut v, "/process/env", &|e| {
+            !cdi.env.iter().any(|c| e.as_str() == Some(c.as_str()))
+        });
+        if let Some(o) = v.as_object_mut() {
+            o.remove("hooks");
+            o.insert("cdi".to_owned(), Value::from(cdi.devices.len()));
         }
     }
     // Longest path first, so a path inside another is replaced whole.
@@ -570,6 +621,23 @@ fn binds(
         });
         roles.push(*source);
     }
+    // A GPU lane's CDI binds, checked with the stage's (reserved destinations, protected
+    // sources, pairwise disjoint). They come after the stage's binds, so the copies below,
+    // zipped with the stage's roles, never touch them.
+    if let Some(cdi) = &run.cdi {
+        if !cdi.mounts.is_empty() && stage.root != RootMode::Overlay {
+            // The runtime makes a bind's mount point in the root: under a read-only root that
+            // is the shared image cache.
+            return Err(PlanError::Cdi {
+                kind,
+                why: "its binds need an overlay root (the runtime makes their mount points in the root)"
+                    .to_owned(),
+            });
+        }
+        for m in &cdi.mounts {
+            binds.push(cdi_bind(kind, m)?);
+        }
+    }
     check_mounts(&binds, run)?;
     for (b, role) in binds.iter_mut().zip(&roles) {
         if let Some(name) = copy_dir(*role) {
@@ -583,7 +651,39 @@ fn binds(
     Ok(binds)
 }
 
-/// No host source of the stage's binds may be, hold or lie inside one of the policy's
+/// A CDI bind as the bundle makes it: read-only, private, nosuid and nodev whatever the spec
+/// says; executable unless the spec says `noexec` (a driver's user-space libraries are mapped
+/// executable by the engine). Any other type or option is refused, never dropped.
+fn cdi_bind(kind: StageKind, m: &crate::cdi::Mount) -> Result<Bind, PlanError> {
+    let refuse = |why: String| PlanError::Cdi {
+        kind,
+        why: format!("bind {}: {why}", m.container_path),
+    };
+    if let Some(k) = m.kind.as_deref().filter(|k| *k != "bind") {
+        return Err(refuse(format!("mount type {k:?} (only binds)")));
+    }
+    let mut executable = true;
+    for o in &m.options {
+        match o.as_str() {
+            // What every bind of the bundle is anyway.
+            "ro" | "nosuid" | "nodev" | "bind" | "rbind" | "rprivate" | "private" => {}
+            "noexec" => executable = false,
+            other => {
+                return Err(refuse(format!(
+                    "option {other:?} (a lane GPU's binds are read-only, private, nosuid, nodev)"
+                )));
+            }
+        }
+    }
+    Ok(Bind {
+        source: PathBuf::from(&m.host_path),
+        destination: PathBuf::from(&m.container_path),
+        writable: false,
+        executable,
+    })
+}
+
+/// No host source of the stage's binds (a GPU lane's CDI binds among them) may be, hold or lie inside one of the policy's
 /// never-mount paths, as written or where they really lead — with no exemption (a store tree
 /// a never-mount path names is not bound either).
 fn never_mounted(policy: &Policy, stage: &Stage, run: &RunInputs) -> Result<(), PlanError> {
@@ -596,10 +696,14 @@ fn never_mounted(policy: &Policy, stage: &Stage, run: &RunInputs) -> Result<(), 
                 .map(|(real, written)| (real.clone(), written.as_str())),
         )
         .collect();
-    for m in stage.mount.values() {
-        let Some(source) = run.sources.get(&m.source) else {
-            continue;
-        };
+    let cdi = run.cdi.iter().flat_map(|c| &c.mounts);
+    let sources = stage
+        .mount
+        .values()
+        .filter_map(|m| run.sources.get(&m.source).cloned())
+        .chain(cdi.map(|m| PathBuf::from(&m.host_path)));
+    for source in sources {
+        let source = &source;
         if let Some((n, written)) = never
             .iter()
             .find(|(n, _)| within(source, n) || within(n, source))
@@ -664,14 +768,72 @@ fn mounts(stage: &Stage, tmp_dir: &Path, binds: &[Bind]) -> Result<Vec<Mount>, P
     Ok(mounts)
 }
 
-/// Devices: deny everything, then allow exactly the GPU nodes the policy names (runc adds
-/// its default pseudo-devices — null, zero, full, random, urandom, tty — after these rules).
+/// Devices: deny everything, then allow exactly the GPU nodes the policy names or the lane's
+/// CDI edits give (runc adds its default pseudo-devices — null, zero, full, random, urandom,
+/// tty — after these rules). Every node is made 0660, root's and the run group's.
 fn devices(
     kind: StageKind,
     stage: &Stage,
     run: &RunInputs,
     gid: u32,
 ) -> Result<(Vec<LinuxDevice>, Vec<LinuxDeviceCgroup>), PlanError> {
+    let mut wanted: Vec<(&str, String)> = stage
+        .gpu_device
+        .keys()
+        .map(|p| (p.as_str(), "rw".to_owned()))
+        .collect();
+    for n in run.cdi.iter().flat_map(|c| &c.nodes) {
+        let refuse = |why: &str| PlanError::Cdi {
+            kind,
+            why: format!("device node {}: {why}", n.path),
+        };
+        if n.file_mode.is_some() || n.uid.is_some() || n.gid.is_some() {
+            return Err(refuse(
+                "it sets its mode or owner (cordon makes every node 0660, root's and the run group's)",
+            ));
+        }
+        let permissions = n.permissions.as_deref().unwrap_or("rwm");
+        if permissions.is_empty() || !permissions.chars().all(|c| "rwm".contains(c)) {
+            return Err(refuse(&format!("permissions {permissions:?} (r, w, m)")));
+        }
+        // mknod is never granted: a node the run could make is not one the spec names (and it
+        // has no CAP_MKNOD).
+        let access: String = permissions.chars().filter(|c| *c != 'm').collect();
+        if access.is_empty() {
+            return Err(refuse("it grants nothing but mknod"));
+        }
+        let node = run
+            .devices
+            .get(&n.path)
+            .ok_or_else(|| PlanError::NoDevice {
+                kind,
+                path: n.path.clone(),
+            })?;
+        let numbers = (n.major, n.minor);
+        let found = (
+            i64::try_from(node.major).ok(),
+            i64::try_from(node.minor).ok(),
+        );
+        if !node.char
+            || n.major.is_some_and(|m| Some(m) != found.0)
+            || n.minor.is_some_and(|m| Some(m) != found.1)
+        {
+            return Err(refuse(&format!(
+                "the spec says {numbers:?}, the host has {} {}:{}",
+                if node.char {
+                    "character device"
+                } else {
+                    "block device"
+                },
+                node.major,
+                node.minor
+            )));
+        }
+        if wanted.iter().any(|(p, _)| *p == n.path) {
+            return Err(refuse("it is named twice"));
+        }
+        wanted.push((n.path.as_str(), access));
+    }
     let mut devices = Vec::new();
     let mut rules = vec![
         LinuxDeviceCgroupBuilder::default()
@@ -680,10 +842,10 @@ fn devices(
             .build()
             .map_err(invalid)?,
     ];
-    for path in stage.gpu_device.keys() {
+    for (path, access) in wanted {
         let node = run.devices.get(path).ok_or_else(|| PlanError::NoDevice {
             kind,
-            path: path.clone(),
+            path: path.to_owned(),
         })?;
         let typ = if node.char {
             LinuxDeviceType::C
@@ -710,12 +872,54 @@ fn devices(
                 .typ(typ)
                 .major(major)
                 .minor(minor)
-                .access("rw")
+                .access(access)
                 .build()
                 .map_err(invalid)?,
         );
     }
     Ok((devices, rules))
+}
+
+/// The OCI hooks of a GPU lane's CDI edits: each one the policy allows (the resolver refused
+/// the rest), at its lifecycle point; `prestart`, which OCI deprecates for the three that
+/// replace it, is refused.
+fn hooks(kind: StageKind, run: &RunInputs) -> Result<Option<Hooks>, PlanError> {
+    let Some(cdi) = run.cdi.as_ref().filter(|c| !c.hooks.is_empty()) else {
+        return Ok(None);
+    };
+    let mut points: BTreeMap<&str, Vec<oci_spec::runtime::Hook>> = BTreeMap::new();
+    for h in &cdi.hooks {
+        let mut hook = HookBuilder::default()
+            .path(&h.path)
+            .args(h.args.clone())
+            .env(h.env.clone());
+        if let Some(t) = h.timeout {
+            hook = hook.timeout(t);
+        }
+        points
+            .entry(h.hook_name.as_str())
+            .or_default()
+            .push(hook.build().map_err(invalid)?);
+    }
+    let mut hooks = Hooks::default();
+    for (point, list) in points {
+        match point {
+            "createRuntime" => hooks.set_create_runtime(Some(list)),
+            "createContainer" => hooks.set_create_container(Some(list)),
+            "startContainer" => hooks.set_start_container(Some(list)),
+            "poststart" => hooks.set_poststart(Some(list)),
+            "poststop" => hooks.set_poststop(Some(list)),
+            other => {
+                return Err(PlanError::Cdi {
+                    kind,
+                    why: format!(
+                        "hook point {other:?} (createRuntime, createContainer, startContainer, poststart, poststop)"
+                    ),
+                });
+            }
+        };
+    }
+    Ok(Some(hooks))
 }
 
 /// The cgroup resources: memory (swap included) and pids as limited, the CPU quota and set,
@@ -827,12 +1031,16 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
             what: "a surface block",
         });
     }
-    unguarded_gpus(policy, kind)?;
-    if run.lane.as_ref().is_some_and(|l| !l.gpus.is_empty()) {
-        return Err(PlanError::Unimplemented {
-            kind,
-            what: GPU_LANES,
-        });
+    // A GPU lane's run carries exactly its GPUs' CDI edits, and only such a run has any.
+    let lane_gpus: Option<Vec<String>> = run
+        .lane
+        .as_ref()
+        .filter(|l| !l.gpus.is_empty())
+        .map(|l| l.gpus.keys().map(|u| crate::cdi::gpu(u)).collect());
+    if lane_gpus.as_ref() != run.cdi.as_ref().map(|c| &c.devices) {
+        return Err(invalid(
+            "the run's CDI edits are not exactly those of its lane's GPUs",
+        ));
     }
     // The language requires these of every candidate stage; a policy value without them is
     // refused, never run unlimited.
@@ -851,11 +1059,26 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
     let mut storage = storage(stage, run, uid, gid)?;
     never_mounted(policy, stage, run)?;
     let binds = binds(kind, stage, run, &mut storage)?;
+    // The stage's environment, then a GPU lane's CDI variables (none may set a stage's key).
+    let cdi_env = run.cdi.iter().flat_map(|c| &c.env);
+    if let Some(e) = cdi_env
+        .clone()
+        .find(|e| e.split_once('=').is_some_and(|(k, _)| env.contains_key(k)))
+    {
+        return Err(PlanError::Cdi {
+            kind,
+            why: format!("variable {e:?} sets a key the stage's environment sets"),
+        });
+    }
     let process = oci::process(oci::ProcessPlan {
         uid,
         gid,
         argv: &run.argv,
-        env: env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        env: env
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .chain(cdi_env.cloned())
+            .collect(),
         cwd: "/",
         capabilities: capability
             .keys()
@@ -873,7 +1096,7 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
         .masked_paths(
             MASKED_PATHS
                 .iter()
-                .chain(if gpu_device.is_empty() {
+                .chain(if gpu_device.is_empty() && run.cdi.is_none() {
                     &MASKED_WITHOUT_GPU[..]
                 } else {
                     &[]
@@ -903,8 +1126,13 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
         (LABEL_STORE.to_owned(), run.store.clone()),
     ]
     .into_iter()
+    .chain(
+        run.cdi
+            .iter()
+            .map(|c| (LABEL_CDI_SPECS.to_owned(), c.specs.to_string())),
+    )
     .collect();
-    let spec = oci::spec(
+    let mut spec = oci::spec(
         &storage.root,
         storage.root_readonly,
         process,
@@ -912,6 +1140,7 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
         linux,
         annotations,
     )?;
+    spec.set_hooks(hooks(kind, run)?);
     Ok(Planned {
         launch: launch_identity(&spec, run)?,
         spec,
@@ -989,6 +1218,7 @@ pub fn example_inputs(policy: &Policy, kind: StageKind) -> RunInputs {
         run_dir: run_dir.clone(),
         sources,
         devices,
+        cdi: None,
         lane: None,
         executor: "EXECUTOR".into(),
         lease: "LEASE".into(),
@@ -1139,56 +1369,312 @@ mod tests {
         assert!(shm["options"].to_string().contains("size=4294967296"));
     }
 
-    /// A lane that names GPUs is refused until CDI devices and the device guard are applied:
-    /// never run as the CPU set it also is.
-    #[test]
-    fn a_gpu_lane_is_refused_not_run_as_a_cpu_set() {
-        let p = policy(|t| t);
-        let mut run = example_inputs(&p, StageKind::Lane);
-        let mut lane = p.physical_lanes()["a"].clone();
-        plan(
-            &p,
-            StageKind::Lane,
-            &RunInputs {
-                lane: Some(lane.clone()),
-                ..run.clone()
-            },
-        )
-        .unwrap();
-        lane.gpus.insert(
-            "GPU-0e3f6a52-1111-4c2c-9d41-000000000001".to_owned(),
-            cordon_evidence::examples::device_config(),
-        );
+    /// A read on GPU lane `name` of the GPU policy, its devices resolved from `spec` and found
+    /// on the host as character devices 195:N in the spec's order.
+    fn gpu_read(p: &Policy, name: &str, spec: &str) -> RunInputs {
+        let mut run = example_inputs(p, StageKind::Lane);
+        let lane = p.physical_lanes()[name].clone();
+        let devices: Vec<String> = lane.gpus.keys().map(|u| crate::cdi::gpu(u)).collect();
+        let hooks = &p.device_guard().unwrap().cdi_hooks;
+        let path = Path::new("/etc/cdi/nvidia.json");
+        let cdi = crate::cdi::resolve_lane(&[(path, spec.as_bytes())], &devices, hooks).unwrap();
+        run.devices = cdi
+            .nodes
+            .iter()
+            .zip(0u64..)
+            .map(|(n, i)| {
+                let node = DeviceNode {
+                    char: true,
+                    major: 195,
+                    minor: i,
+                };
+                (n.path.clone(), node)
+            })
+            .collect();
+        run.cdi = Some(cdi);
         run.lane = Some(lane);
+        run
+    }
+
+    fn gpu_policy() -> Policy {
+        policy(|t| cordon_testkit::with_gpu_lanes(&t))
+    }
+
+    #[test]
+    fn a_gpu_lanes_read_gets_exactly_its_cdi_edits_and_nothing_more() {
+        let p = gpu_policy();
+        let run = gpu_read(&p, "a", &cordon_testkit::cdi_spec());
+        let j = spec_json(&plan(&p, StageKind::Lane, &run).unwrap());
+        // Each node the spec gives, 0660 and the run group's; the device cgroup denies all,
+        // then allows exactly those nodes, never mknod.
+        let nodes: Vec<&str> = j["linux"]["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            nodes,
+            [
+                "/dev/nvidiactl",
+                "/dev/nvidia-uvm",
+                "/dev/nvidia0",
+                "/dev/dri/card1"
+            ]
+        );
+        assert_eq!(j["linux"]["devices"][2]["fileMode"], 0o660);
+        assert_eq!(j["linux"]["devices"][2]["gid"], run.gid);
+        let rules = j["linux"]["resources"]["devices"].as_array().unwrap();
+        assert_eq!(
+            rules[0],
+            serde_json::json!({"allow": false, "access": "rwm"})
+        );
+        assert_eq!(rules.len(), 5);
+        for (i, r) in rules[1..].iter().enumerate() {
+            assert_eq!(
+                (
+                    &r["allow"],
+                    &r["type"],
+                    &r["major"],
+                    &r["minor"],
+                    &r["access"]
+                ),
+                (
+                    &true.into(),
+                    &"c".into(),
+                    &195.into(),
+                    &i.into(),
+                    &"rw".into()
+                ),
+            );
+        }
+        // The library bind: read-only, private, no set-id or devices, executable (it is
+        // mapped executable); the variable; the allowed hook at its point; the driver's /proc
+        // files not masked; the specs named.
+        let lib = j["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["destination"] == "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15")
+            .unwrap();
+        assert_eq!(lib["type"], "bind");
+        assert_eq!(
+            lib["options"],
+            serde_json::json!(["rbind", "ro", "rprivate", "nosuid", "nodev"])
+        );
+        assert!(
+            j["process"]["env"]
+                .as_array()
+                .unwrap()
+                .contains(&"NVIDIA_VISIBLE_DEVICES=void".into())
+        );
+        assert_eq!(
+            j["hooks"]["createContainer"][0]["path"],
+            "/usr/bin/nvidia-cdi-hook"
+        );
+        assert_eq!(j["hooks"].as_object().unwrap().len(), 1);
+        assert!(
+            !j["linux"]["maskedPaths"]
+                .to_string()
+                .contains("/proc/driver")
+        );
+        assert_eq!(
+            j["annotations"][LABEL_CDI_SPECS],
+            run.cdi.as_ref().unwrap().specs.to_string()
+        );
+    }
+
+    /// Lane a's and lane b's reads resolve to other nodes: one launch identity all the same
+    /// (the lane is the receipts'), while other specs are another launch.
+    #[test]
+    fn two_gpu_lanes_share_one_launch_identity_and_other_specs_are_another() {
+        let p = gpu_policy();
+        let spec = cordon_testkit::cdi_spec();
+        let launch = |run: &RunInputs| plan(&p, StageKind::Lane, run).unwrap().launch;
+        let (a, b) = (gpu_read(&p, "a", &spec), gpu_read(&p, "b", &spec));
+        assert_ne!(
+            plan(&p, StageKind::Lane, &a).unwrap().spec,
+            plan(&p, StageKind::Lane, &b).unwrap().spec
+        );
+        assert_eq!(launch(&a), launch(&b));
+        let text = launch(&a).to_string();
+        for gone in [
+            "/dev/nvidia0",
+            "libcuda",
+            "NVIDIA_VISIBLE_DEVICES",
+            "nvidia-cdi-hook",
+        ] {
+            assert!(!text.contains(gone), "{gone} in {text}");
+        }
+        assert_eq!(launch(&a)["cdi"], 1);
+        let other = gpu_read(&p, "a", &spec.replace("550.54.15", "550.54.16"));
+        assert_ne!(launch(&a), launch(&other));
+    }
+
+    /// A GPU lane's read without its CDI edits, or edits on a read whose lane has no GPU, is
+    /// refused: never run as the CPU set it also is.
+    #[test]
+    fn a_gpu_lanes_read_without_its_cdi_edits_is_refused() {
+        let p = gpu_policy();
+        let mut run = gpu_read(&p, "a", &cordon_testkit::cdi_spec());
+        let refused = |run: &RunInputs| {
+            matches!(
+                plan(&p, StageKind::Lane, run),
+                Err(PlanError::Invalid { why }) if why.contains("CDI edits")
+            )
+        };
+        let cdi = run.cdi.take();
+        assert!(refused(&run));
+        run.cdi = cdi;
+        let mut other = run.clone();
+        other.lane = Some(p.physical_lanes()["b"].clone());
+        assert!(refused(&other));
+        let cpu = policy(|t| t);
+        run.lane = Some(cpu.physical_lanes()["a"].clone());
         assert!(matches!(
-            plan(&p, StageKind::Lane, &run),
-            Err(PlanError::Unimplemented { what, .. }) if what.starts_with("GPUs on the physical lanes")
+            plan(&cpu, StageKind::Lane, &run),
+            Err(PlanError::Invalid { .. })
         ));
     }
 
-    /// Under a policy whose lanes name GPUs, no stage that could reach one plans at all (not
-    /// the audit's or T's, which run on no lane); the prebuild, which has no GPU, does.
+    /// What the bundle cannot apply as the spec asks is refused (the host's spec: a
+    /// no-decision), each alone.
     #[test]
-    fn a_policy_with_gpu_lanes_plans_no_gpu_capable_stage() {
-        let p = policy(|t| cordon_testkit::with_gpu_lanes(&t));
-        for kind in [StageKind::Lane, StageKind::Reference] {
-            let run = example_inputs(&p, kind);
-            assert!(run.lane.is_none());
+    fn cdi_edits_the_bundle_cannot_apply_as_asked_are_refused() {
+        let p = gpu_policy();
+        let spec = cordon_testkit::cdi_spec();
+        let node = r#"{"path": "/dev/nvidiactl"}"#;
+        let bind = r#""options": ["ro", "nosuid", "nodev", "bind"]"#;
+        for (from, to, why) in [
+            (
+                node,
+                r#"{"path": "/dev/nvidiactl", "fileMode": 438}"#,
+                "sets its mode or owner",
+            ),
+            (
+                node,
+                r#"{"path": "/dev/nvidiactl", "uid": 0}"#,
+                "sets its mode or owner",
+            ),
+            (
+                node,
+                r#"{"path": "/dev/nvidiactl", "permissions": "m"}"#,
+                "nothing but mknod",
+            ),
+            (
+                node,
+                r#"{"path": "/dev/nvidiactl", "permissions": "rwx"}"#,
+                "permissions",
+            ),
+            (
+                node,
+                r#"{"path": "/dev/nvidiactl", "major": 10}"#,
+                "the host has",
+            ),
+            (bind, r#""options": ["rw", "bind"]"#, "option \"rw\""),
+            (bind, r#""options": ["ro", "suid"]"#, "option \"suid\""),
+            (bind, r#""type": "tmpfs", "options": []"#, "mount type"),
+            (
+                "NVIDIA_VISIBLE_DEVICES=void",
+                "PATH=/candidate/bin",
+                "sets a key the stage's environment sets",
+            ),
+            (
+                r#""hookName": "createContainer""#,
+                r#""hookName": "prestart""#,
+                "hook point",
+            ),
+        ] {
+            let edited = spec.replacen(from, to, 1);
+            assert_ne!(edited, spec, "{from}");
+            let run = gpu_read(&p, "a", &edited);
+            match plan(&p, StageKind::Lane, &run) {
+                Err(e @ PlanError::Cdi { .. }) => {
+                    assert!(e.to_string().contains(why), "{to}: {e}");
+                    assert_eq!(
+                        cordon::exit::ExitClass::exit_class(&e),
+                        cordon::ExitCode::NoDecision
+                    );
+                }
+                other => panic!("{to}: {other:?}"),
+            }
+        }
+        // A node the host does not have; a block device where the spec names a GPU's.
+        let mut run = gpu_read(&p, "a", &spec);
+        run.devices.remove("/dev/nvidia0");
+        assert!(matches!(
+            plan(&p, StageKind::Lane, &run),
+            Err(PlanError::NoDevice { path, .. }) if path == "/dev/nvidia0"
+        ));
+        let mut run = gpu_read(&p, "a", &spec);
+        run.devices.get_mut("/dev/nvidia0").unwrap().char = false;
+        assert!(matches!(
+            plan(&p, StageKind::Lane, &run),
+            Err(PlanError::Cdi { why, .. }) if why.contains("block device")
+        ));
+        // Binds under a read-only root would make mount points in the shared image cache.
+        let ro = policy(|t| {
+            let t = cordon_testkit::with_gpu_lanes(&t);
+            let (a, b) = t.split_at(t.find("stage \"lane\"").unwrap());
+            let overlay = b.find("\n    overlay ").unwrap();
+            let end = overlay + 1 + b[overlay + 1..].find('\n').unwrap();
+            let b = format!("{}{}", &b[..overlay], &b[end..]);
+            format!(
+                "{a}{}",
+                b.replacen("root \"overlay\"", "root \"read-only\"", 1)
+            )
+        });
+        assert!(matches!(
+            plan(&ro, StageKind::Lane, &gpu_read(&ro, "a", &spec)),
+            Err(PlanError::Cdi { why, .. }) if why.contains("overlay root")
+        ));
+    }
+
+    /// CDI binds are checked as the stage's are: no reserved destination, no protected or
+    /// never-mount source.
+    #[test]
+    fn cdi_binds_may_not_reach_reserved_protected_or_never_mount_paths() {
+        let p = gpu_policy();
+        let spec = cordon_testkit::cdi_spec();
+        let never = p.never_mount().next().unwrap().to_owned();
+        let lib = "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15";
+        for (from, to) in [
+            (
+                format!(r#""containerPath": "{lib}""#),
+                r#""containerPath": "/proc/driver/nvidia""#.to_owned(),
+            ),
+            (
+                format!(r#""hostPath": "{lib}""#),
+                format!(r#""hostPath": "{never}/libcuda.so""#),
+            ),
+            (
+                format!(r#""hostPath": "{lib}""#),
+                r#""hostPath": "/var/lib/cordon/store/objects""#.to_owned(),
+            ),
+        ] {
+            let edited = spec.replacen(&from, &to, 1);
+            assert_ne!(edited, spec, "{from}");
+            let mut run = gpu_read(&p, "a", &edited);
+            run.protected = vec![PathBuf::from(p.store())];
+            let e = plan(&p, StageKind::Lane, &run).unwrap_err();
             assert!(
-                matches!(plan(&p, kind, &run), Err(PlanError::Unimplemented { .. })),
-                "{kind}"
+                matches!(e, PlanError::Overlap { .. } | PlanError::Protected { .. }),
+                "{to}: {e:?}"
             );
+        }
+    }
+
+    /// The session still refuses a stage that could reach a lane's GPU under a GPU-lane
+    /// policy until it applies the device guard; the prebuild, which has no GPU, runs.
+    #[test]
+    fn a_policy_with_gpu_lanes_runs_no_gpu_capable_stage_unguarded() {
+        let p = gpu_policy();
+        for kind in [StageKind::Lane, StageKind::Reference] {
             assert!(matches!(
                 unguarded_gpus(&p, kind),
                 Err(PlanError::Unimplemented { .. })
             ));
         }
-        plan(
-            &p,
-            StageKind::Prebuild,
-            &example_inputs(&p, StageKind::Prebuild),
-        )
-        .unwrap();
         unguarded_gpus(&p, StageKind::Prebuild).unwrap();
         unguarded_gpus(&policy(|t| t), StageKind::Lane).unwrap();
     }

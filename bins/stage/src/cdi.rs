@@ -19,11 +19,14 @@
 //! What the planner must still decide when it applies them: mount types and options, and
 //! that no mount reaches a never-mount path (this module resolves; it does not plan).
 //!
-//! Pure: the caller reads the spec files through its host seam and digests them for the
-//! launch identity.
+//! Pure but for [`read_specs`]: the caller reads the spec files, [`resolve_lane`] resolves a
+//! lane's GPUs from them into one edit set, and [`digest`] names the specs for the launch
+//! identity and the frozen values.
 
 use std::collections::BTreeMap;
-use std::path::{Component, Path};
+use std::path::{Component, Path, PathBuf};
+
+use cordon_canon::Digest;
 
 use serde::{Deserialize, Serialize};
 
@@ -311,6 +314,144 @@ pub fn resolve(
         });
     }
     Ok(r)
+}
+
+/// The CDI device a lane GPU is: NVIDIA's kind, named by UUID
+/// (`nvidia-ctk cdi generate --device-name-strategy=uuid`).
+#[must_use]
+pub fn gpu(uuid: &str) -> String {
+    format!("nvidia.com/gpu={uuid}")
+}
+
+/// Where a host's CDI specs live (the CDI registry's directories).
+pub const SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
+
+/// The spec files in `dirs`, read, in path order: every `.json`, `.yaml` and `.yml` file (the
+/// resolver refuses YAML by name, never skipping it). A directory that does not exist holds
+/// none; one that exists and cannot be read is an error, never "no spec".
+///
+/// # Errors
+/// A directory or spec file that exists cannot be read.
+pub fn read_specs(dirs: &[&Path]) -> Result<Vec<(PathBuf, Vec<u8>)>, String> {
+    let mut specs = Vec::new();
+    for dir in dirs {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(format!("{}: {e}", dir.display())),
+        };
+        for entry in entries {
+            let path = entry.map_err(|e| format!("{}: {e}", dir.display()))?.path();
+            if path
+                .extension()
+                .is_some_and(|e| e == "json" || e == "yaml" || e == "yml")
+            {
+                let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+                specs.push((path, bytes));
+            }
+        }
+    }
+    specs.sort();
+    Ok(specs)
+}
+
+/// The digest of the spec files as read (each path with its bytes' digest): what the launch
+/// identity and a qualification's frozen values carry, so two reads resolved their devices
+/// from the same specs.
+///
+/// # Errors
+/// It cannot be encoded.
+pub fn digest(specs: &[SpecFile<'_>]) -> Result<Digest, cordon_canon::canonical::CanonicalError> {
+    let files: Vec<(String, Digest)> = specs
+        .iter()
+        .map(|(p, b)| (p.display().to_string(), Digest::of_bytes(b)))
+        .collect();
+    cordon_canon::canonical::domain_digest("cordon.cdi-specs", 1, &files)
+}
+
+/// A lane's GPUs' container edits, each device resolved and the set merged: what the bundle
+/// applies.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Applied {
+    /// The devices' fully qualified names, in the lane's order.
+    pub devices: Vec<String>,
+    /// The specs they were resolved from ([`digest`]).
+    pub specs: Digest,
+    /// Environment entries (`KEY=VALUE`), each key once.
+    pub env: Vec<String>,
+    /// Device nodes, each container path once.
+    pub nodes: Vec<Node>,
+    /// Binds, each destination once.
+    pub mounts: Vec<Mount>,
+    /// Hooks, each the policy allows, each once.
+    pub hooks: Vec<Hook>,
+}
+
+/// Resolve every one of `devices` from `specs` ([`resolve`]) and merge their edits: an edit
+/// two devices share (the spec's common ones) is applied once; two devices that want the same
+/// node, destination or variable differently are refused (no priority guessing).
+///
+/// # Errors
+/// A device does not resolve, or two of them conflict; the specs cannot be digested.
+pub fn resolve_lane(
+    specs: &[SpecFile<'_>],
+    devices: &[String],
+    allowed: &BTreeMap<String, String>,
+) -> Result<Applied, CdiError> {
+    let mut a = Applied {
+        devices: devices.to_vec(),
+        specs: digest(specs).map_err(|e| CdiError::Spec {
+            path: SPEC_DIRS.join(", "),
+            why: e.to_string(),
+        })?,
+        env: Vec::new(),
+        nodes: Vec::new(),
+        mounts: Vec::new(),
+        hooks: Vec::new(),
+    };
+    for device in devices {
+        let r = resolve(specs, device, allowed)?;
+        let clash = |what: String| CdiError::Device {
+            device: device.clone(),
+            why: format!("{what} differently from another device of the lane"),
+        };
+        for e in r.env {
+            let key = e.split_once('=').map_or("", |(k, _)| k);
+            match a
+                .env
+                .iter()
+                .find(|x| x.split_once('=').map(|(k, _)| k) == Some(key))
+            {
+                Some(x) if *x == e => {}
+                Some(_) => return Err(clash(format!("it sets {key}"))),
+                None => a.env.push(e),
+            }
+        }
+        for n in r.nodes {
+            match a.nodes.iter().find(|x| x.path == n.path) {
+                Some(x) if *x == n => {}
+                Some(_) => return Err(clash(format!("it wants device node {}", n.path))),
+                None => a.nodes.push(n),
+            }
+        }
+        for m in r.mounts {
+            match a
+                .mounts
+                .iter()
+                .find(|x| x.container_path == m.container_path)
+            {
+                Some(x) if *x == m => {}
+                Some(_) => return Err(clash(format!("it mounts {}", m.container_path))),
+                None => a.mounts.push(m),
+            }
+        }
+        for h in r.hooks {
+            if !a.hooks.contains(&h) {
+                a.hooks.push(h);
+            }
+        }
+    }
+    Ok(a)
 }
 
 fn parse(path: &Path, bytes: &[u8]) -> Result<Spec, CdiError> {

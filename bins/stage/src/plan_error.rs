@@ -68,6 +68,21 @@ pub enum PlanError {
         /// The device path.
         path: String,
     },
+    /// A lane GPU's container edits from the host's CDI spec cannot be applied as they are
+    /// (the host's spec, not the policy: a no-decision).
+    #[error("stage {kind} cannot apply the lane's CDI edits: {why}")]
+    #[diagnostic(
+        code(cordon::plan::cdi),
+        help(
+            "regenerate the spec (`nvidia-ctk cdi generate --format=json --device-name-strategy=uuid`); cordon applies CDI edits only as read-only binds, character devices and reviewed hooks"
+        )
+    )]
+    Cdi {
+        /// The kind.
+        kind: StageKind,
+        /// What cannot be applied.
+        why: String,
+    },
     /// Two mount sources overlap, or two destinations do.
     #[error("mounts are not pairwise disjoint: {a} and {b}")]
     #[diagnostic(code(cordon::plan::overlap))]
@@ -141,7 +156,9 @@ impl cordon::exit::ExitClass for PlanError {
     /// a no-decision (3); every other refusal is the policy's (2).
     fn exit_class(&self) -> cordon::ExitCode {
         match self {
-            Self::NoDevice { .. } | Self::Unenforceable { .. } => cordon::ExitCode::NoDecision,
+            Self::NoDevice { .. } | Self::Cdi { .. } | Self::Unenforceable { .. } => {
+                cordon::ExitCode::NoDecision
+            }
             Self::NoStage { .. }
             | Self::Unimplemented { .. }
             | Self::Unpinned { .. }

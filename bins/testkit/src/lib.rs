@@ -131,6 +131,46 @@ pub const LANE_GPUS: [&str; 2] = [
     "GPU-0e3f6a52-1111-4c2c-9d41-000000000002",
 ];
 
+/// A CDI spec as `nvidia-ctk cdi generate --format=json --device-name-strategy=uuid` writes
+/// one, for [`LANE_GPUS`]: each GPU's nodes, and the common nodes, variable, library bind
+/// and ld-cache hook.
+#[must_use]
+pub fn cdi_spec() -> String {
+    let [a, b] = LANE_GPUS;
+    format!(
+        r#"{{
+  "cdiVersion": "0.5.0",
+  "kind": "nvidia.com/gpu",
+  "devices": [
+    {{
+      "name": "{a}",
+      "containerEdits": {{
+        "deviceNodes": [{{"path": "/dev/nvidia0"}}, {{"path": "/dev/dri/card1"}}]
+      }}
+    }},
+    {{
+      "name": "{b}",
+      "containerEdits": {{"deviceNodes": [{{"path": "/dev/nvidia1"}}]}}
+    }}
+  ],
+  "containerEdits": {{
+    "env": ["NVIDIA_VISIBLE_DEVICES=void"],
+    "deviceNodes": [{{"path": "/dev/nvidiactl"}}, {{"path": "/dev/nvidia-uvm", "permissions": "rw"}}],
+    "mounts": [{{
+      "hostPath": "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15",
+      "containerPath": "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15",
+      "options": ["ro", "nosuid", "nodev", "bind"]
+    }}],
+    "hooks": [{{
+      "hookName": "createContainer",
+      "path": "/usr/bin/nvidia-cdi-hook",
+      "args": ["nvidia-cdi-hook", "update-ldcache", "--folder", "/usr/lib/x86_64-linux-gnu"]
+    }}]
+  }}
+}}"#
+    )
+}
+
 /// The shipped policy `text` with one GPU on each physical lane, pinned as
 /// `cordon_evidence::examples::device_config` (an H100's usual configuration), and a device
 /// guard: 3 idle samples 100 ms apart within 2 s, `hw-slowdown` forbidden while measured, the

@@ -17,19 +17,7 @@ fn gpu_policy() -> Policy {
 
 /// A JSON CDI spec naming both lane GPUs, with the hook the policy allows.
 fn spec() -> Vec<u8> {
-    let device = |uuid: &str, n: u32| {
-        format!(
-            r#"{{"name": "{uuid}", "containerEdits": {{"deviceNodes": [{{"path": "/dev/nvidia{n}"}}]}}}}"#
-        )
-    };
-    format!(
-        r#"{{"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": [{}, {}],
-  "containerEdits": {{"deviceNodes": [{{"path": "/dev/nvidiactl"}}],
-    "hooks": [{{"hookName": "createContainer", "path": "/usr/bin/nvidia-cdi-hook", "args": ["nvidia-cdi-hook", "update-ldcache"]}}]}}}}"#,
-        device(A, 0),
-        device(B, 1)
-    )
-    .into_bytes()
+    cordon_testkit::cdi_spec().into_bytes()
 }
 
 /// The report with `spec` as the host's one CDI spec.
@@ -65,7 +53,13 @@ fn every_lane_gpu_is_read_compared_and_drained() {
     let (r, ok) = with_spec(&p, &spec(), &fake, &clock, true);
     assert!(ok, "{r:#}");
     assert_eq!(r["gpus"][0]["drift"], json!([]));
-    assert_eq!(r["gpus"][1]["cdi"]["nodes"][1]["path"], "/dev/nvidia1");
+    assert_eq!(r["gpus"][1]["cdi"]["nodes"][2]["path"], "/dev/nvidia1");
+    // Each lane's devices together, as a session applies them.
+    assert_eq!(r["lanes"][1]["lane"], "b");
+    assert_eq!(
+        r["lanes"][1]["cdi"]["devices"],
+        json!([format!("nvidia.com/gpu={B}")])
+    );
     assert_eq!(r["gpus"][1]["drain"]["drained"]["read"], json!([3, 0]));
     assert_eq!(exit(ok), ExitCode::Ok);
     // Without --drain, no drain.

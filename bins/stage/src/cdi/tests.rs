@@ -3,42 +3,12 @@ use std::path::Path;
 
 use super::*;
 
-const UUID: &str = "GPU-0e3f6a52-1111-4c2c-9d41-000000000001";
+use cordon_testkit::LANE_GPUS;
 
-/// A spec as `nvidia-ctk cdi generate --format=json --device-name-strategy=uuid` writes one.
+const UUID: &str = LANE_GPUS[0];
+
 fn spec() -> String {
-    format!(
-        r#"{{
-  "cdiVersion": "0.5.0",
-  "kind": "nvidia.com/gpu",
-  "devices": [
-    {{
-      "name": "{UUID}",
-      "containerEdits": {{
-        "deviceNodes": [{{"path": "/dev/nvidia0"}}, {{"path": "/dev/dri/card1"}}]
-      }}
-    }},
-    {{
-      "name": "GPU-0e3f6a52-1111-4c2c-9d41-000000000002",
-      "containerEdits": {{"deviceNodes": [{{"path": "/dev/nvidia1"}}]}}
-    }}
-  ],
-  "containerEdits": {{
-    "env": ["NVIDIA_VISIBLE_DEVICES=void"],
-    "deviceNodes": [{{"path": "/dev/nvidiactl"}}, {{"path": "/dev/nvidia-uvm", "permissions": "rw"}}],
-    "mounts": [{{
-      "hostPath": "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15",
-      "containerPath": "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15",
-      "options": ["ro", "nosuid", "nodev", "bind"]
-    }}],
-    "hooks": [{{
-      "hookName": "createContainer",
-      "path": "/usr/bin/nvidia-cdi-hook",
-      "args": ["nvidia-cdi-hook", "update-ldcache", "--folder", "/usr/lib/x86_64-linux-gnu"]
-    }}]
-  }}
-}}"#
-    )
+    cordon_testkit::cdi_spec()
 }
 
 fn allowed() -> BTreeMap<String, String> {
@@ -195,4 +165,88 @@ fn a_device_no_spec_or_two_specs_name_is_refused() {
             other => panic!("{device}: {other:?}"),
         }
     }
+}
+
+#[test]
+fn a_lanes_devices_share_the_specs_common_edits_once() {
+    let text = spec();
+    let specs = [(Path::new("/etc/cdi/nvidia.json"), text.as_bytes())];
+    let devices: Vec<String> = LANE_GPUS.iter().map(|u| gpu(u)).collect();
+    let a = resolve_lane(&specs, &devices, &allowed()).unwrap();
+    let nodes: Vec<&str> = a.nodes.iter().map(|n| n.path.as_str()).collect();
+    assert_eq!(
+        nodes,
+        [
+            "/dev/nvidiactl",
+            "/dev/nvidia-uvm",
+            "/dev/nvidia0",
+            "/dev/dri/card1",
+            "/dev/nvidia1"
+        ]
+    );
+    assert_eq!(a.env, ["NVIDIA_VISIBLE_DEVICES=void"]);
+    assert_eq!((a.mounts.len(), a.hooks.len()), (1, 1));
+    assert_eq!(a.specs, digest(&specs).unwrap());
+    assert_eq!(a.devices, devices);
+    // Another spec's bytes are another digest.
+    let other = text.replace("550.54.15", "550.54.16");
+    assert_ne!(
+        digest(&[(Path::new("/etc/cdi/nvidia.json"), other.as_bytes())]).unwrap(),
+        a.specs
+    );
+}
+
+#[test]
+fn two_devices_of_a_lane_that_want_one_thing_differently_are_refused() {
+    let text = spec();
+    let devices: Vec<String> = LANE_GPUS.iter().map(|u| gpu(u)).collect();
+    for (from, to, what) in [
+        (
+            r#""containerEdits": {"deviceNodes": [{"path": "/dev/nvidia1"}]}"#,
+            r#""containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0", "permissions": "r"}]}"#,
+            "it wants device node /dev/nvidia0",
+        ),
+        (
+            r#""containerEdits": {"deviceNodes": [{"path": "/dev/nvidia1"}]}"#,
+            r#""containerEdits": {"env": ["GPU_SLOT=b"], "deviceNodes": [{"path": "/dev/nvidia1"}]}"#,
+            "it sets GPU_SLOT",
+        ),
+    ] {
+        // The first device sets GPU_SLOT=a.
+        let edited = text.replacen(from, to, 1).replacen(
+            r#""deviceNodes": [{"path": "/dev/nvidia0"}"#,
+            r#""env": ["GPU_SLOT=a"], "deviceNodes": [{"path": "/dev/nvidia0"}"#,
+            1,
+        );
+        assert_ne!(edited, text, "{from}");
+        let specs = [(Path::new("/etc/cdi/nvidia.json"), edited.as_bytes())];
+        match resolve_lane(&specs, &devices, &allowed()) {
+            Err(CdiError::Device { device, why }) => {
+                assert_eq!(device, devices[1]);
+                assert_eq!(
+                    why,
+                    format!("{what} differently from another device of the lane")
+                );
+            }
+            other => panic!("{from}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn the_spec_directories_are_read_whole_and_a_missing_one_holds_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("absent"));
+    std::fs::create_dir(&a).unwrap();
+    for name in ["z.json", "m.yaml", "notes.txt"] {
+        std::fs::write(a.join(name), name).unwrap();
+    }
+    let specs = read_specs(&[a.as_path(), b.as_path()]).unwrap();
+    let names: Vec<_> = specs.iter().map(|(p, _)| p.file_name().unwrap()).collect();
+    // YAML is read too (the resolver refuses it by name); other files are not specs.
+    assert_eq!(names, ["m.yaml", "z.json"]);
+    // A directory that exists and cannot be read is an error, never "no spec".
+    let file = dir.path().join("file");
+    std::fs::write(&file, "").unwrap();
+    assert!(read_specs(&[file.as_path()]).is_err());
 }
