@@ -288,5 +288,75 @@ impl Envelope {
     }
 }
 
+/// Why a GPU lane's read is not proved guarded by its device receipts (empty: it is), against
+/// the lane's pinned GPUs and the policy's drain rule and envelope — what the session checked
+/// as it read, recomputed from the receipts alone (`cordon-verify` replays it): each receipt
+/// names exactly the lane's GPUs; pre and post, each GPU's configuration is its pin and its
+/// samples end in `rule.samples` idle ones with no fault among any kept; the active sample of
+/// each is inside the envelope. The samples' timing (interval, lateness) is the drain's own and
+/// is not recomputed.
+#[must_use]
+pub fn unguarded(
+    pins: &std::collections::BTreeMap<String, DeviceConfig>,
+    rule: &DrainRule,
+    envelope: &Envelope,
+    receipts: &crate::receipt::DeviceReceipts,
+) -> Vec<String> {
+    let mut why = Vec::new();
+    let gpus: Vec<&String> = pins.keys().collect();
+    if gpus.is_empty() {
+        why.push("the lane has no GPU".to_owned());
+        return why;
+    }
+    for r in [&receipts.pre, &receipts.active, &receipts.post] {
+        let phase = format!("{:?}", r.phase).to_lowercase();
+        if r.gpus.iter().collect::<Vec<_>>() != gpus || r.samples.len() != gpus.len() {
+            why.push(format!(
+                "the {phase} receipt does not cover exactly the lane's GPUs"
+            ));
+            continue;
+        }
+        let drained = !matches!(r.phase, crate::receipt::DevicePhase::Active);
+        if drained && r.config.len() != gpus.len() {
+            why.push(format!("the {phase} receipt lacks a GPU's configuration"));
+        }
+        for (i, uuid) in gpus.iter().enumerate() {
+            let samples = &r.samples[i];
+            if drained {
+                if let Some(seen) = r.config.get(i) {
+                    for d in drift(&pins[*uuid], seen) {
+                        why.push(format!("{phase}: GPU {uuid}: {d}"));
+                    }
+                }
+                let n = usize::try_from(rule.samples).unwrap_or(usize::MAX);
+                let idle = samples
+                    .iter()
+                    .rev()
+                    .take_while(|s| busy(rule, s).is_empty())
+                    .count();
+                if idle < n {
+                    why.push(format!(
+                        "{phase}: GPU {uuid}: {idle} idle samples at the end, not {n}"
+                    ));
+                }
+                if let Some(f) = samples.iter().map(faults).find(|f| !f.is_empty()) {
+                    why.push(format!("{phase}: GPU {uuid}: {}", f.join(", ")));
+                }
+            } else {
+                match samples.as_slice() {
+                    [s] => why.extend(
+                        envelope
+                            .breaches(s)
+                            .into_iter()
+                            .map(|b| format!("{phase}: GPU {uuid}: {b}")),
+                    ),
+                    _ => why.push(format!("{phase}: GPU {uuid}: not one sample")),
+                }
+            }
+        }
+    }
+    why
+}
+
 #[cfg(test)]
 mod tests;

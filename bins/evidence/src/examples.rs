@@ -129,6 +129,8 @@ pub fn session(role: Role, tree: Digest, publication: Digest, ms: u64) -> LaneOu
         gpus: Vec::new(),
         cpuset: None,
         quiescent: None,
+        config: Vec::new(),
+        samples: Vec::new(),
         note: String::new(),
     };
     LaneOutputs {

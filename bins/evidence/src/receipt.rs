@@ -288,6 +288,14 @@ pub struct DeviceReceipt {
     /// Post: the lease's release proved the container and its processes absent (OCI
     /// quiescence). Never set where it was not observed.
     pub quiescent: Option<bool>,
+    /// A GPU lane's, pre and post: each GPU's configuration as the driver reported it, in
+    /// `gpus`' order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub config: Vec<crate::device::DeviceConfig>,
+    /// A GPU lane's: each GPU's samples, in `gpus`' order — pre and post its drain's last
+    /// samples (the idle run last), active the one sample during the last warmup.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub samples: Vec<Vec<crate::device::Sample>>,
     /// What was and was not observed, for people.
     pub note: String,
 }

@@ -138,8 +138,11 @@ pub enum Cause {
     HostReset,
     /// A run broke out of, or changed, a control it was held by.
     Containment,
-    /// A device did not drain to idle.
+    /// A device did not drain to idle (a later drain that holds lifts it: the read whose
+    /// signed pre receipt carries that drain).
     Drain,
+    /// A GPU's configuration is not its pin (changed under or between reads).
+    Drift,
     /// An operator stopped new work (`cordon-reap --quarantine`).
     Operator,
 }
@@ -153,6 +156,7 @@ impl Cause {
             Self::HostReset => "host-reset",
             Self::Containment => "containment",
             Self::Drain => "drain",
+            Self::Drift => "drift",
             Self::Operator => "operator",
         }
     }

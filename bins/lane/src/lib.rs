@@ -4,11 +4,14 @@
 //! inside ([`session`]), under the host-global lock that serializes GPU work ([`lock`]). A
 //! speed qualification runs three such sessions — B, C, B′ on the policy's physical lanes —
 //! and decides from the host's own stamps ([`qualify`]; the rule is `cordon_evidence::speed`).
+//! On a GPU lane, the device guard checks each read's GPUs before, during and after it
+//! ([`guard`]).
 
 pub mod apart;
 pub mod cli;
 pub mod devices;
 pub mod driver;
+pub mod guard;
 pub mod lock;
 pub mod model;
 pub mod qualify;

@@ -565,6 +565,8 @@ fn device_receipts(
         gpus: Vec::new(),
         cpuset: None,
         quiescent: None,
+        config: Vec::new(),
+        samples: Vec::new(),
         note: note.to_owned(),
     };
     DeviceReceipts {

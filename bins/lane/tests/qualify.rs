@@ -145,6 +145,8 @@ fn outputs(inputs: &Inputs, t: &cordon_lane::driver::Transcript) -> LaneOutputs 
                 gpus: Vec::new(),
                 cpuset: None,
                 quiescent: None,
+                config: Vec::new(),
+                samples: Vec::new(),
                 note: "fake".into(),
             };
             DeviceReceipts {

@@ -269,6 +269,7 @@ fn counters(
         quarantine::Cause::HostReset => c.host_resets += 1,
         quarantine::Cause::Drain => c.drain_failures += 1,
         quarantine::Cause::Residue
+        | quarantine::Cause::Drift
         | quarantine::Cause::Containment
         | quarantine::Cause::Operator => {}
     };

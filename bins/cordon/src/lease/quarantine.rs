@@ -6,8 +6,9 @@
 //! stands until cleared), which leases they stop ([`check`]: every lease a [`Manager`] begins,
 //! and the devices a session names), and lifting one. What imposes
 //! one: a release that leaves residue, recovery that finds leases of an earlier boot (a host
-//! reset), a container whose controls are not the planned ones (the lane's posture check). What lifts one is `cordon-reap --clear`, after a strict quiescence check, with a
-//! signed receipt.
+//! reset), a container whose controls are not the planned ones (the lane's posture check), a lane GPU that did not drain or whose configuration left its pin (the lane's device guard). What lifts one is `cordon-reap --clear`, after a strict quiescence check, with a
+//! signed receipt — and, for a GPU that did not drain (a device scope by UUID, cause
+//! `drain`), a later read's drain that holds, which its signed pre receipt carries.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
