@@ -8,9 +8,10 @@
 # it (hooks only as the policy allows), its configuration read through NVML against its pin,
 # one telemetry sample without a fault, and a real drain under the policy's guard. Nothing is
 # skipped: a missing tool, library, spec or GPU fails the script (exit 1) with what is missing.
-# A lane session on a GPU is not part of this build yet (the planner refuses a GPU lane,
-# `plan::unimplemented`): after the checks above pass the script says so and exits 4, so a
-# host is never taken for checked when it was not.
+# It does not yet run a lane session on a GPU (the builds a read needs come from the demo's
+# pipeline, which ends at the referee, whose audit and T are not run under GPU lanes yet):
+# after the checks above pass the script says so and exits 4, so a host is never taken for
+# checked when it was not.
 set -euo pipefail
 policy=$(realpath -e "${1:?usage: bash checks/gpu.sh POLICY (the host's policy naming its lanes' GPUs)}")
 cd "$(dirname "$0")/.."
@@ -49,5 +50,5 @@ case $rc in
 *) fail "cordon-lane devices ended with exit $rc (2: the policy or the command line; see above)" ;;
 esac
 
-echo "gpu.sh: NOT YET: a lane session on a GPU is refused by this build (issue 34: CDI devices and the device guard are not applied to sessions); the checks above passed" >&2
+echo "gpu.sh: NOT YET: this script does not run a lane session on a GPU (issue 34: the referee's audit and T do not run under GPU lanes yet); the checks above passed" >&2
 exit 4

@@ -330,7 +330,7 @@ impl Invocation<'_> {
         }
         // What the authority is frozen on is this host's now; a value cordon cannot read
         // is a no-decision before any read.
-        let frozen = match qualify::frozen(self.policy) {
+        let frozen = match qualify::frozen(self.policy, &self.cfg.setup.cdi_dirs) {
             Ok(f) => f,
             Err(e) => {
                 return stage::finish::<QualifyOutputs, _>(

@@ -3,12 +3,13 @@
 //! edits resolved from the host's CDI specs (`nvidia.com/gpu=<UUID>`, hooks only as the policy
 //! allows), its configuration as the driver reports it against the policy's pin, one telemetry
 //! sample (no fault in it), and, when asked, a drain under the policy's guard — the same seam
-//! and checks a GPU read will use (`cordon-device`). One canonical JSON document on stdout
+//! and checks a GPU read uses (`cordon-device`); and each lane's devices resolved together, as
+//! a read applies them. One canonical JSON document on stdout
 //! (hostile text escaped); exit 0 only when every GPU holds; anything not established or
 //! different is exit 3.
 //!
 //! What it does not own: the checks themselves (`cordon_evidence::device`, `cordon-device`),
-//! and what a session makes of them (not applied to sessions yet: issue 34).
+//! and what a read makes of them (the lane's `guard` and the bundle's CDI edits).
 
 use cordon::ExitCode;
 use cordon_device::{Clock, Gpus, drain, drift};

@@ -92,7 +92,7 @@ impl<'a> Guard<'a> {
         self.pins.keys().cloned().collect()
     }
 
-    /// ns since the read began, on the guard's clock.
+    /// ns since the read began, on the guard's clock (the samples' stamps).
     fn at_ns(&self) -> u64 {
         let d = self.devices.clock.now().saturating_sub(self.origin);
         u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
@@ -193,9 +193,8 @@ impl<'a> Guard<'a> {
     ///
     /// # Errors
     /// A GPU is quarantined for anything but a drain, drifted, unreadable or not drained.
-    pub fn pre(&self) -> Result<(u64, Observed), Failed> {
-        let at = self.at_ns();
-        self.drained(true).map(|o| (at, o))
+    pub fn pre(&self) -> Result<Observed, Failed> {
+        self.drained(true)
     }
 
     /// During the last warmup request: one sample of each GPU. A sample that cannot be read
@@ -203,7 +202,7 @@ impl<'a> Guard<'a> {
     ///
     /// # Errors
     /// As said.
-    pub fn active(&self) -> Result<(u64, Observed), Failed> {
+    pub fn active(&self) -> Result<Observed, Failed> {
         let at = self.at_ns();
         let mut o = Observed::default();
         let mut why = Vec::new();
@@ -226,7 +225,7 @@ impl<'a> Guard<'a> {
             }
         }
         if why.is_empty() {
-            Ok((at, o))
+            Ok(o)
         } else {
             Err(Failed {
                 why: why.join("; "),
@@ -239,9 +238,8 @@ impl<'a> Guard<'a> {
     ///
     /// # Errors
     /// A GPU is quarantined, drifted, unreadable or not drained.
-    pub fn post(&self) -> Result<(u64, Observed), Failed> {
-        let at = self.at_ns();
-        self.drained(false).map(|o| (at, o))
+    pub fn post(&self) -> Result<Observed, Failed> {
+        self.drained(false)
     }
 }
 

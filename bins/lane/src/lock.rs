@@ -9,7 +9,7 @@
 //! [`cordon::lease::open_lock_file`], which refuses a link, a FIFO or a file others could
 //! open. The kernel drops it when the holder dies, so a crashed supervisor never wedges the
 //! host. What it does not own: a container a dead supervisor left running (`cordon-reap`
-//! releases it), fairness between waiters (the kernel's), device state (the device receipts').
+//! releases it), fairness between waiters (the kernel's), device state (the device guard's, through the GPUs the lock holds).
 
 use std::fs::File;
 use std::path::Path;
@@ -22,11 +22,13 @@ use nix::fcntl::{Flock, FlockArg};
 /// may (the executors' locks, `<executor>.lock`, share the directory).
 pub const LOCK_FILE: &str = ".gpu.lock";
 
-/// The held lock.
+/// The held lock, with the host's GPUs when the reads under it are on GPU lanes (reading
+/// them is the lock holder's alone).
 #[derive(Debug)]
 pub struct GpuLock {
     _lock: Flock<File>,
     waited_ns: u64,
+    devices: Option<crate::guard::Devices>,
 }
 
 /// Now, ns since the Unix epoch (the host's wall clock: it dates spans, it decides nothing).
@@ -63,10 +65,49 @@ pub fn acquire(lock_dir: &Path) -> std::io::Result<GpuLock> {
     Ok(GpuLock {
         _lock: lock,
         waited_ns: u64::try_from(asked.elapsed().as_nanos()).unwrap_or(u64::MAX),
+        devices: None,
     })
 }
 
+/// [`acquire`], then, when `policy`'s lanes name GPUs, open them through NVML for the reads
+/// under the lock.
+///
+/// # Errors
+/// The lock cannot be taken, or the lanes' GPUs cannot be opened.
+pub fn acquire_for(
+    policy: &cordon_policy_lang::Policy,
+    lock_dir: &Path,
+) -> Result<GpuLock, String> {
+    let lock = acquire(lock_dir).map_err(|e| format!("cannot take the host's GPU lock: {e}"))?;
+    let uuids: Vec<String> = crate::devices::named(policy)
+        .into_iter()
+        .map(|(_, u)| u)
+        .collect();
+    if uuids.is_empty() {
+        return Ok(lock);
+    }
+    let nvml = cordon_device::nvml::Nvml::open(&uuids)
+        .map_err(|e| format!("cannot read the lanes' GPUs: {e}"))?;
+    Ok(lock.with_devices(crate::guard::Devices {
+        gpus: std::sync::Arc::new(nvml),
+        clock: std::sync::Arc::new(cordon_device::SystemClock::default()),
+    }))
+}
+
 impl GpuLock {
+    /// This lock with the host's GPUs read through `devices`.
+    #[must_use]
+    pub fn with_devices(mut self, devices: crate::guard::Devices) -> Self {
+        self.devices = Some(devices);
+        self
+    }
+
+    /// The host's GPUs, when this lock holds them.
+    #[must_use]
+    pub const fn devices(&self) -> Option<&crate::guard::Devices> {
+        self.devices.as_ref()
+    }
+
     /// The span of a read that began at `from_unix_ns` under this lock and ends now.
     #[must_use]
     pub fn span(&self, from_unix_ns: u64) -> LockSpan {

@@ -16,9 +16,11 @@
 //!
 //! Lanes: the primary attempt runs B and B′ on the baseline lane (the policy's first) and C on
 //! the candidate lane; `--reproduce` exchanges them and is refused for any other orientation;
-//! the pair settles only with two PASSes, at the lower of the two speedups. On a host whose
-//! lanes are CPU sets (`gpu "none"`), every receipt is **non-settling**: a CPU rehearsal of the
-//! protocol never settles a GPU qualification.
+//! the pair settles only with two PASSes, at the lower of the two speedups. Only reads on GPU
+//! lanes whose device receipts prove each guarded (pinned and drained before and after, inside
+//! the envelope while measured: `cordon_evidence::device::unguarded`) settle; on a host whose
+//! lanes are CPU sets every receipt is **non-settling**: a CPU rehearsal of the protocol never
+//! settles a GPU qualification.
 //!
 //! Before the first read, with the lock held, nothing may be live in cordon's runtime state
 //! (a container of any executor, a dead supervisor's orphan among them): a no-decision.
@@ -79,11 +81,11 @@ pub struct Plan {
     pub frozen: Frozen,
 }
 
-/// The values on this host under `policy`.
+/// The values on this host under `policy`, the CDI specs read from `cdi_dirs`.
 ///
 /// # Errors
 /// The kernel release cannot be read, or the device policy cannot be encoded.
-pub fn frozen(policy: &Policy) -> Result<Frozen, LaneError> {
+pub fn frozen(policy: &Policy, cdi_dirs: &[PathBuf]) -> Result<Frozen, LaneError> {
     let kernel_release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|s| s.trim().to_owned())
         .map_err(|e| LaneError::NoDecision(format!("the kernel release: {e}")))?;
@@ -94,10 +96,34 @@ pub fn frozen(policy: &Policy) -> Result<Frozen, LaneError> {
         &json!({ "lanes": policy.physical_lanes(), "devices": devices }),
     )
     .map_err(|e| LaneError::NoDecision(format!("the device policy digest: {e}")))?;
+    // On GPU lanes: the driver every GPU is pinned to (alike, by the language; each read's
+    // guard checks it before and after), and the CDI specs the reads resolve from.
+    let gpu_driver = policy
+        .physical_lanes()
+        .values()
+        .flat_map(|l| l.gpus.values())
+        .map(|c| c.driver.clone())
+        .next();
+    let cdi_spec = match gpu_driver {
+        None => None,
+        Some(_) => {
+            let dirs: Vec<&std::path::Path> = cdi_dirs.iter().map(PathBuf::as_path).collect();
+            let specs = cordon_stage::cdi::read_specs(&dirs)
+                .map_err(|e| LaneError::NoDecision(format!("the host's CDI specs: {e}")))?;
+            let files: Vec<_> = specs
+                .iter()
+                .map(|(p, b)| (p.as_path(), b.as_slice()))
+                .collect();
+            Some(
+                cordon_stage::cdi::digest(&files)
+                    .map_err(|e| LaneError::NoDecision(format!("the CDI specs' digest: {e}")))?,
+            )
+        }
+    };
     Ok(Frozen {
         kernel_release,
-        gpu_driver: None,
-        cdi_spec: None,
+        gpu_driver,
+        cdi_spec,
         device_policy,
     })
 }
@@ -207,7 +233,8 @@ fn read_receipt(
     Ok(receipt)
 }
 
-/// Run the three reads, each with `read` (a real session: [`crate::session::session`]), and
+/// Run the three reads, each with `read` (a real session: [`crate::session::session`]), under
+/// one hold of the host's GPU lock (with the lanes' GPUs through NVML when they name any), and
 /// decide.
 ///
 /// # Errors
@@ -220,6 +247,25 @@ pub fn qualify(
     mode: Diagnostics,
     stderr: &mut dyn Write,
 ) -> Result<Decision<QualifyOutputs>, LaneError> {
+    qualify_with(policy, cfg, plan, read, mode, stderr, &|| {
+        crate::lock::acquire_for(policy, &cfg.setup.lock_dir)
+    })
+}
+
+/// [`qualify`] under the lock `lock` takes once the plan is checked (a test's holds scripted
+/// GPUs).
+///
+/// # Errors
+/// As [`qualify`].
+pub fn qualify_with(
+    policy: &Policy,
+    cfg: &Config,
+    plan: &Plan,
+    read: &mut dyn FnMut(&Inputs, &GpuLock) -> Result<crate::session::Outcome, LaneError>,
+    mode: Diagnostics,
+    stderr: &mut dyn Write,
+    lock: &dyn Fn() -> Result<GpuLock, String>,
+) -> Result<Decision<QualifyOutputs>, LaneError> {
     let speed_policy = policy
         .speed()
         .ok_or_else(|| LaneError::Policy("the policy has no speed section".into()))?;
@@ -227,8 +273,7 @@ pub fn qualify(
         .map_err(|e| LaneError::NoDecision(format!("the speed policy digest: {e}")))?;
     check_timed(plan, speed_policy)?;
     // One hold of the host's GPU lock for all three reads: no other read runs between them.
-    let lock = crate::lock::acquire(&cfg.setup.lock_dir)
-        .map_err(|e| LaneError::NoDecision(format!("cannot take the host's GPU lock: {e}")))?;
+    let lock = lock().map_err(LaneError::NoDecision)?;
     let from_unix_ns = crate::lock::unix_ns();
     nothing_live(cfg)?;
     let reads = [
@@ -301,12 +346,14 @@ pub fn qualify(
         ));
     }
     let record = speed::decide(speed_policy, &b.windows, &c.windows, &b2.windows);
-    let stage = policy.stage(StageKind::Lane);
-    let non_settling = if stage.is_some_and(|s| s.gpu_device.is_empty()) {
-        Some("the lanes are CPU sets (gpu \"none\"): a rehearsal of the protocol never settles a GPU qualification".to_owned())
-    } else {
-        Some("this build has no device guard: no pre, active and post device receipts".to_owned())
-    };
+    let non_settling = unsettled(
+        policy,
+        [
+            ("B", &plan.orientation.baseline, &b),
+            ("C", &plan.orientation.candidate, &c),
+            ("B′", &plan.orientation.baseline, &b2),
+        ],
+    );
     let settlement = plan.reproduces.as_ref().map(|(primary, first)| {
         Settlement::between(*primary, first, &record, non_settling.is_none())
     });
@@ -386,6 +433,36 @@ fn nothing_live(cfg: &Config) -> Result<(), LaneError> {
         "containers are live on this host before the qualification: {}",
         named.join(", ")
     )))
+}
+
+/// Why the reads do not settle (`None`: they do). Only reads on GPU lanes whose device
+/// receipts prove each one guarded (`cordon_evidence::device::unguarded`, which
+/// `cordon-verify` can replay) settle: a CPU rehearsal of the protocol never settles a GPU
+/// qualification.
+fn unsettled(policy: &Policy, reads: [(&str, &LaneAssignment, &LaneOutputs); 3]) -> Option<String> {
+    let mut why = Vec::new();
+    for (name, lane, o) in reads {
+        let pins = policy
+            .physical_lanes()
+            .get(&lane.name)
+            .map(|l| &l.gpus)
+            .filter(|g| !g.is_empty());
+        match (pins, policy.device_guard()) {
+            (Some(pins), Some(g)) => {
+                let not =
+                    cordon_evidence::device::unguarded(pins, &g.drain, &g.envelope, &o.devices);
+                if !not.is_empty() {
+                    why.push(format!("read {name}: {}", not.join("; ")));
+                }
+            }
+            _ => {
+                return Some(
+                    "the lanes are CPU sets (no GPU): a rehearsal of the protocol never settles a GPU qualification".to_owned(),
+                );
+            }
+        }
+    }
+    (!why.is_empty()).then(|| why.join("; "))
 }
 
 fn check_devices(name: &str, lane: &LaneAssignment, d: &DeviceReceipts) -> Result<(), LaneError> {

@@ -11,9 +11,10 @@
 //! early kills the container, and release (with its absence proof) always runs.
 //!
 //! Every session records its launch digest (the plan less the run's own values), its device
-//! receipts pre, active (during the last warmup) and post (what the host observed: with no
-//! GPU, the CPUs the kernel allowed the container's first process, then the release's OCI
-//! quiescence) and the span it held the host's GPU lock.
+//! receipts pre, active (during the last warmup) and post (what the host observed: the CPUs
+//! the kernel allowed the container's cgroup, then the release's OCI quiescence; on a GPU
+//! lane what the device guard read of each GPU, [`crate::guard`], whose failure in any phase
+//! is a no-decision) and the span it held the host's GPU lock.
 //!
 //! What it does not own: the verdict on speed and the roles' order and lanes (the qualify
 //! module's), and the receipt (the CLI's).
@@ -328,8 +329,8 @@ impl Expected {
 /// # Errors
 /// Anything cordon could not establish, or the operator's wiring error.
 pub fn session(policy: &Policy, cfg: &Config, inputs: &Inputs) -> Result<Outcome, LaneError> {
-    let lock = crate::lock::acquire(&cfg.setup.lock_dir)
-        .map_err(|e| LaneError::NoDecision(format!("cannot take the host's GPU lock: {e}")))?;
+    let lock =
+        crate::lock::acquire_for(policy, &cfg.setup.lock_dir).map_err(LaneError::NoDecision)?;
     session_under(policy, cfg, inputs, &lock)
 }
 
@@ -549,50 +550,68 @@ fn worker_argv(
     argv
 }
 
-/// The device receipts of a lane without a GPU: the lock held before, the cgroup's CPUs during
-/// the last warmup, OCI quiescence after.
+/// What the device guard observed of a GPU lane's read, pre, active and post (see
+/// [`crate::guard`]).
+#[derive(Debug, Default)]
+struct Guarded {
+    gpus: Vec<String>,
+    pre: crate::guard::Observed,
+    active: crate::guard::Observed,
+    post: crate::guard::Observed,
+}
+
+/// The device receipts of a read: the lock held before, the cgroup's CPUs during the last
+/// warmup, OCI quiescence after — and on a GPU lane what the device guard observed in each.
 fn device_receipts(
     lease: &str,
     pre_ns: u64,
     (active_ns, cpuset): (u64, Option<String>),
     post_ns: u64,
+    guarded: Option<Guarded>,
 ) -> DeviceReceipts {
-    let receipt = |seq: u32, phase, at_ns, note: &str| DeviceReceipt {
-        launch: lease.to_owned(),
-        seq,
-        phase,
-        at_ns,
-        gpus: Vec::new(),
-        cpuset: None,
-        quiescent: None,
-        config: Vec::new(),
-        samples: Vec::new(),
-        note: note.to_owned(),
+    let on_gpus = guarded.is_some();
+    let g = guarded.unwrap_or_default();
+    let receipt = |seq: u32, phase, at_ns, o: crate::guard::Observed, note: &str| {
+        let mut note = note.to_owned();
+        for n in &o.note {
+            note.push_str("; ");
+            note.push_str(n);
+        }
+        DeviceReceipt {
+            launch: lease.to_owned(),
+            seq,
+            phase,
+            at_ns,
+            gpus: g.gpus.clone(),
+            cpuset: None,
+            quiescent: None,
+            config: o.config,
+            samples: o.samples,
+            note,
+        }
+    };
+    let [pre, active, post] = if on_gpus {
+        [
+            "each GPU as pinned, then drained (the policy's idle samples, the last ones kept); the host's GPU lock is held",
+            "each GPU sampled during the last warmup, inside the policy's envelope; the CPUs of the container's cgroup (cpuset, effective)",
+            "after the lease's release (OCI quiescence): each GPU as pinned, then drained",
+        ]
+    } else {
+        [
+            "no GPU on the lane: nothing to drain; the host's GPU lock is held (another read waits for it)",
+            "no GPU on the lane: the CPUs of the container's cgroup (cpuset, effective) during the last warmup",
+            "no GPU on the lane: OCI quiescence only (the lease's absence proof), no drain observed",
+        ]
     };
     DeviceReceipts {
-        pre: receipt(
-            0,
-            DevicePhase::Pre,
-            pre_ns,
-            "no GPU on the lane: nothing to drain; the host's GPU lock is held (another read waits for it)",
-        ),
+        pre: receipt(0, DevicePhase::Pre, pre_ns, g.pre, pre),
         active: DeviceReceipt {
             cpuset,
-            ..receipt(
-                1,
-                DevicePhase::Active,
-                active_ns,
-                "no GPU on the lane: the CPUs of the container's cgroup (cpuset, effective) during the last warmup",
-            )
+            ..receipt(1, DevicePhase::Active, active_ns, g.active, active)
         },
         post: DeviceReceipt {
             quiescent: Some(true),
-            ..receipt(
-                2,
-                DevicePhase::Post,
-                post_ns,
-                "no GPU on the lane: OCI quiescence only (the lease's absence proof), no drain observed",
-            )
+            ..receipt(2, DevicePhase::Post, post_ns, g.post, post)
         },
     }
 }
@@ -712,6 +731,26 @@ pub fn session_gated(
         }
         None => None,
     };
+    // A GPU lane's read is guarded: its GPUs as pinned and drained before it, sampled during
+    // its last warmup, as pinned and drained after it (crate::guard).
+    let pins = lane.as_ref().map(|l| l.gpus.clone()).unwrap_or_default();
+    let guard = if pins.is_empty() {
+        None
+    } else {
+        let devices = lock.devices().ok_or_else(|| {
+            LaneError::NoDecision(
+                "the read's lane names GPUs, and the GPU lock holds no way to read them".into(),
+            )
+        })?;
+        let rules = policy.device_guard().ok_or_else(|| {
+            LaneError::Policy("the lanes name GPUs and the policy has no device-guard".into())
+        })?;
+        Some(crate::guard::Guard::new(devices, &pins, rules, &cfg.store))
+    };
+    let mut guarded = guard.as_ref().map(|g| Guarded {
+        gpus: g.gpus(),
+        ..Guarded::default()
+    });
     let job = lane_job(cfg, inputs, argv, (rootfs, model_dir, lane), started);
     let mut verdict = None;
     // The quarantine a containment incident imposed, said in the no-decision.
@@ -723,6 +762,13 @@ pub fn session_gated(
     let since =
         |t: Instant| u64::try_from(t.duration_since(started).as_nanos()).unwrap_or(u64::MAX);
     let pre_ns = since(Instant::now());
+    if let (Some(g), Some(seen)) = (&guard, guarded.as_mut()) {
+        match g.pre() {
+            Ok(o) => seen.pre = o,
+            Err(f) => return Err(guard_failed(cfg, "before the read", &seen.gpus, &f)),
+        }
+    }
+    let mut gpu_active = None;
     let ran = session.run_gated(
         &job,
         gate,
@@ -772,6 +818,7 @@ pub fn session_gated(
                 active = Some((since(Instant::now()), cgroup.cpuset_effective()));
                 // The lane's CPU weight, as the kernel holds it for the container's cgroup.
                 weighted = shares.map(|s| (s, cgroup.has_cpu_shares(s)));
+                gpu_active = guard.as_ref().map(crate::guard::Guard::active);
             };
             let mut recent = driver::Recent::default();
             let v = driver::drive(
@@ -803,9 +850,12 @@ pub fn session_gated(
         |lease, _, finished| {
             Ok::<_, LaneError>((finished.meta.clone(), lease.record.lease.clone()))
         },
-    )?;
-    // The release (and its absence proof) succeeded: the read is over on every device.
+    );
+    // After the release, whatever the read came to: a GPU it left busy or changed is marked.
     let post_ns = since(Instant::now());
+    let gpu_post = guard.as_ref().map(crate::guard::Guard::post);
+    // The release (and its absence proof) succeeded: the read is over on every device.
+    let ran = ran?;
     let gpu_lock = lock.span(from_unix_ns);
     let (meta, lease) = ran.inspected;
     let verdict =
@@ -820,8 +870,39 @@ pub fn session_gated(
             "the lane's CPU weight (cpu-shares {shares}) was not the container's cgroup's during the read"
         )));
     }
-    let devices = device_receipts(&lease, pre_ns, active.unwrap_or((0, None)), post_ns);
-    if !matches!(verdict, Verdict::Served(_)) {
+    // What the guard could not establish voids the read's measurement: a no-decision (but for
+    // a containment incident, which stands). A read that never reached its last warmup has no
+    // active sample to miss.
+    let mut void = Vec::new();
+    if let Some(seen) = guarded.as_mut() {
+        match gpu_active {
+            Some(Ok(o)) => seen.active = o,
+            Some(Err(f)) => {
+                seen.active = f.observed;
+                void.push(format!("during the last warmup: {}", f.why));
+            }
+            None if matches!(verdict, Verdict::Served(_)) => {
+                void.push("no sample during the last warmup".to_owned());
+            }
+            None => {}
+        }
+        match gpu_post {
+            Some(Ok(o)) => seen.post = o,
+            Some(Err(f)) => {
+                seen.post = f.observed;
+                void.push(format!("after the read: {}", f.why));
+            }
+            None => void.push("not checked after the read".to_owned()),
+        }
+    }
+    let devices = device_receipts(
+        &lease,
+        pre_ns,
+        active.unwrap_or((0, None)),
+        post_ns,
+        guarded,
+    );
+    if !matches!(verdict, Verdict::Served(_)) || !void.is_empty() {
         // A read that did not serve names its device receipts as evidence (a served read
         // carries them in its outputs).
         let text = cordon::canonical::to_canonical_json(&devices)
@@ -832,6 +913,12 @@ pub fn session_gated(
     }
     if let (Verdict::Containment(why), Some(line)) = (&verdict, &quarantined) {
         return Err(LaneError::NoDecision(format!("{why}; {line}")));
+    }
+    if !void.is_empty() {
+        return Err(LaneError::NoDecision(format!(
+            "the lane's GPUs: {}",
+            void.join("; ")
+        )));
     }
     let cap = stage.output.stdout_bytes;
     decide(verdict, meta, lease, |t, meta, lease| {
@@ -858,6 +945,32 @@ pub fn session_gated(
             gpu_lock,
         })
     })
+}
+
+/// A guard phase that did not hold, before the read: its observations kept as the read's
+/// device evidence, and the no-decision that says why.
+fn guard_failed(cfg: &Config, when: &str, gpus: &[String], f: &crate::guard::Failed) -> LaneError {
+    let record = json!({
+        "when": when,
+        "gpus": gpus,
+        "config": f.observed.config,
+        "samples": f.observed.samples,
+        "why": f.why,
+    });
+    if let Err(e) = cordon::canonical::to_canonical_json(&record)
+        .map_err(|e| e.to_string())
+        .and_then(|t| {
+            cfg.evidence
+                .keep("devices", t.as_bytes())
+                .map_err(|e| e.to_string())
+        })
+    {
+        return LaneError::NoDecision(format!(
+            "the lane's GPUs {when}: {}; keeping the device evidence: {e}",
+            f.why
+        ));
+    }
+    LaneError::NoDecision(format!("the lane's GPUs {when}: {}", f.why))
 }
 
 /// Store a served session's output tokens as one content object (so grading replays from the

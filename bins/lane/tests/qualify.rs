@@ -185,7 +185,7 @@ fn plan(w: &World) -> Plan {
         model: "model".into(),
         orientation: primary(&w.policy).unwrap(),
         reproduces: None,
-        frozen: cordon_lane::qualify::frozen(&w.policy).unwrap(),
+        frozen: cordon_lane::qualify::frozen(&w.policy, &w.cfg.setup.cdi_dirs).unwrap(),
     }
 }
 

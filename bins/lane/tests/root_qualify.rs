@@ -41,7 +41,7 @@ fn plan(w: &World, incumbent_ms: u64, candidate_ms: u64) -> Plan {
         model: w.model.clone(),
         orientation: primary(&w.policy).unwrap(),
         reproduces: None,
-        frozen: frozen(&w.policy).unwrap(),
+        frozen: frozen(&w.policy, &w.cfg.setup.cdi_dirs).unwrap(),
     }
 }
 

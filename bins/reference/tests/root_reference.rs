@@ -142,7 +142,7 @@ fn qualified(w: &World, (pin, registration): (Digest, Digest), b: &str, c: &str)
         model: w.model.clone(),
         orientation: primary(&w.policy).unwrap(),
         reproduces: None,
-        frozen: frozen(&w.policy).unwrap(),
+        frozen: frozen(&w.policy, &w.cfg.setup.cdi_dirs).unwrap(),
     };
     let outputs = common::qualified(w, &w.cfg, &p);
     Given {

@@ -247,23 +247,29 @@ pub struct Planned {
 }
 
 /// What this build does not apply yet (issue 34).
-const GPU_LANES: &str = "GPUs on the physical lanes (the device guard in its sessions)";
+const GPU_LANES: &str =
+    "a GPU-lane policy's read without a GPU lane (the audit's and the reference session's)";
 
 /// Refuse a stage that could reach a GPU (the lane's reads, the audit, the reference T) under a
-/// policy whose physical lanes name GPUs: the bundle applies their CDI devices, but this build's
-/// sessions do not yet apply the device guard, and a GPU read is never run unguarded, nor the
-/// guard's rules hashed into the authority and then ignored. The session calls it before
-/// anything exists.
+/// policy whose physical lanes name GPUs, unless it runs on one of those lanes: only a read on
+/// a GPU lane gets that lane's devices and the device guard (the lane session's, before,
+/// during and after it), and no GPU-capable read runs beside the guarded ones unguarded. The
+/// session calls it before anything exists.
 ///
 /// # Errors
 /// [`PlanError::Unimplemented`].
-pub fn unguarded_gpus(policy: &Policy, kind: StageKind) -> Result<(), PlanError> {
+pub fn unguarded_gpus(
+    policy: &Policy,
+    kind: StageKind,
+    lane: Option<&PhysicalLane>,
+) -> Result<(), PlanError> {
     // Exhaustive: a new stage kind decides here whether it can reach a GPU.
     let gpu_capable = match kind {
         StageKind::Lane | StageKind::Reference => true,
         StageKind::Prebuild | StageKind::Surface => false,
     };
-    if gpu_capable && policy.physical_lanes().values().any(|l| !l.gpus.is_empty()) {
+    let gpu_lane = lane.is_some_and(|l| !l.gpus.is_empty());
+    if gpu_capable && !gpu_lane && policy.physical_lanes().values().any(|l| !l.gpus.is_empty()) {
         return Err(PlanError::Unimplemented {
             kind,
             what: GPU_LANES,
@@ -1664,19 +1670,24 @@ mod tests {
         }
     }
 
-    /// The session still refuses a stage that could reach a lane's GPU under a GPU-lane
-    /// policy until it applies the device guard; the prebuild, which has no GPU, runs.
+    /// Under a GPU-lane policy, a stage that could reach a GPU runs only on a GPU lane (where
+    /// the lane session guards it); the prebuild, which has no GPU, runs.
     #[test]
-    fn a_policy_with_gpu_lanes_runs_no_gpu_capable_stage_unguarded() {
+    fn a_policy_with_gpu_lanes_runs_no_gpu_capable_stage_off_its_gpu_lanes() {
         let p = gpu_policy();
+        let lanes = p.physical_lanes();
         for kind in [StageKind::Lane, StageKind::Reference] {
             assert!(matches!(
-                unguarded_gpus(&p, kind),
+                unguarded_gpus(&p, kind, None),
                 Err(PlanError::Unimplemented { .. })
             ));
+            unguarded_gpus(&p, kind, Some(&lanes["a"])).unwrap();
         }
-        unguarded_gpus(&p, StageKind::Prebuild).unwrap();
-        unguarded_gpus(&policy(|t| t), StageKind::Lane).unwrap();
+        let mut cpu_only = lanes["a"].clone();
+        cpu_only.gpus.clear();
+        assert!(unguarded_gpus(&p, StageKind::Lane, Some(&cpu_only)).is_err());
+        unguarded_gpus(&p, StageKind::Prebuild, None).unwrap();
+        unguarded_gpus(&policy(|t| t), StageKind::Lane, None).unwrap();
     }
 
     #[test]

@@ -76,6 +76,10 @@ pub enum SessionError {
         #[source]
         source: std::io::Error,
     },
+    /// A GPU lane's devices cannot be resolved from the host's CDI specs.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Cdi(#[from] crate::cdi::CdiError),
     /// The stage's descriptor limit is above what this supervisor can hand the runtime: its
     /// hard limit is lower and raising it needs `CAP_SYS_RESOURCE`, which this host withholds.
     #[error(
@@ -158,6 +162,7 @@ impl ExitClass for SessionError {
             ) => ExitCode::Usage,
             Self::Host(_)
             | Self::Device { .. }
+            | Self::Cdi(_)
             | Self::Nofile { .. }
             | Self::Lease(_)
             | Self::WorkingDirectory { .. }
@@ -352,7 +357,8 @@ impl Session<'_> {
             }
             .into());
         }
-        crate::bundle::unguarded_gpus(self.policy, self.kind).map_err(SessionError::from)?;
+        crate::bundle::unguarded_gpus(self.policy, self.kind, job.lane.as_ref())
+            .map_err(SessionError::from)?;
         let mut devices = BTreeMap::new();
         for path in stage.gpu_device.keys() {
             let node = self
@@ -366,6 +372,11 @@ impl Session<'_> {
                 })?;
             devices.insert(path.clone(), node);
         }
+        // A GPU lane's devices, from the host's CDI specs: each node found at its host path.
+        let cdi = match job.lane.as_ref().filter(|l| !l.gpus.is_empty()) {
+            Some(lane) => Some(self.lane_devices(lane, &mut devices)?),
+            None => None,
+        };
         // Values this session cannot enforce are refused, never planned and then ignored:
         // protocol framing and phase deadlines are enforced by a caller that drives them (the
         // lane's), and only such a caller may run a stage that has them — and the reverse: a
@@ -396,10 +407,11 @@ impl Session<'_> {
         let manager = Manager::open(&self.store, self.setup.clone()).map_err(SessionError::from)?;
         // No new work on a quarantined host, executor or device (the lease refuses the first
         // two itself; only the session knows its devices).
+        let gpus = job.lane.iter().flat_map(|l| l.gpus.keys().cloned());
         cordon::lease::quarantine::check(
             &self.store,
             &self.setup.executor,
-            &devices.keys().cloned().collect::<Vec<_>>(),
+            &devices.keys().cloned().chain(gpus).collect::<Vec<_>>(),
         )
         .map_err(SessionError::from)?;
         // Nor a candidate whose earlier run ended in an incident under this authority (seed
@@ -419,7 +431,7 @@ impl Session<'_> {
             None => manager.begin_with(&authority, &mounts, budget),
         }
         .map_err(SessionError::from)?;
-        let result = self.inside(&manager, lease.clone(), job, devices, drive, inspect);
+        let result = self.inside(&manager, lease.clone(), job, (devices, cdi), drive, inspect);
         // A run that failed before its init exited leaves the host's records as they are now:
         // the release below takes them apart.
         if result.is_err() && !self.evidence.has("lease-record") {
@@ -433,6 +445,51 @@ impl Session<'_> {
             return Err(SessionError::from(e).into());
         }
         result
+    }
+
+    /// The CDI edits of GPU lane `lane` from the host's specs ([`crate::cdi::resolve_lane`],
+    /// hooks only as the policy's device guard allows), each device node found at its host
+    /// path and added to `devices` by its path in the container.
+    ///
+    /// # Errors
+    /// The specs cannot be read, a device does not resolve, or a node is not on this host.
+    fn lane_devices(
+        &self,
+        lane: &cordon_policy_lang::PhysicalLane,
+        devices: &mut BTreeMap<String, bundle::DeviceNode>,
+    ) -> Result<crate::cdi::Applied, SessionError> {
+        let cdi_error = |why: String| crate::cdi::CdiError::Spec {
+            path: format!("{:?}", self.setup.cdi_dirs),
+            why,
+        };
+        let dirs: Vec<&std::path::Path> =
+            self.setup.cdi_dirs.iter().map(PathBuf::as_path).collect();
+        let read = crate::cdi::read_specs(&dirs).map_err(cdi_error)?;
+        let specs: Vec<crate::cdi::SpecFile<'_>> = read
+            .iter()
+            .map(|(p, b)| (p.as_path(), b.as_slice()))
+            .collect();
+        let hooks = self
+            .policy
+            .device_guard()
+            .map(|g| g.cdi_hooks.clone())
+            .unwrap_or_default();
+        let names: Vec<String> = lane.gpus.keys().map(|u| crate::cdi::gpu(u)).collect();
+        let applied = crate::cdi::resolve_lane(&specs, &names, &hooks)?;
+        for n in &applied.nodes {
+            let host = n.host_path.as_deref().unwrap_or(&n.path);
+            let node = self
+                .setup
+                .host()
+                .device(std::path::Path::new(host))
+                .map_err(|source| SessionError::Device {
+                    kind: self.kind,
+                    path: host.to_owned(),
+                    source,
+                })?;
+            devices.insert(n.path.clone(), node);
+        }
+        Ok(applied)
     }
 
     /// Read the created init `pid`'s posture from outside ([`crate::posture`]), keep it as
@@ -484,7 +541,10 @@ impl Session<'_> {
         manager: &Manager,
         mut lease: Lease,
         job: &Job,
-        devices: BTreeMap<String, bundle::DeviceNode>,
+        (devices, cdi): (
+            BTreeMap<String, bundle::DeviceNode>,
+            Option<crate::cdi::Applied>,
+        ),
         drive: impl FnOnce(&mut Running, &Planned, Instant) -> Result<(), E>,
         inspect: impl FnOnce(&Lease, &Planned, &Finished) -> Result<T, E>,
     ) -> Result<Ran<T>, E> {
@@ -494,6 +554,7 @@ impl Session<'_> {
         let mut inputs = RunInputs::for_lease(&lease, job.argv.clone(), job.image_rootfs.clone());
         inputs.sources.clone_from(&job.sources);
         inputs.devices = devices;
+        inputs.cdi = cdi;
         inputs.lane.clone_from(&job.lane);
         // No mount may expose the store's private parts, the protected bundle, the runtime's
         // state or the controller's working directory; published trees and publications may be

@@ -71,6 +71,7 @@ pub fn lease_setup(policy: &Policy, executor: &str, state_root: &Path, run_root:
         cgroup_root: PathBuf::from("/sys/fs/cgroup"),
         mountinfo: PathBuf::from("/proc/self/mountinfo"),
         init_mountinfo: PathBuf::from("/proc/1/mountinfo"),
+        cdi_dirs: crate::cdi::SPEC_DIRS.iter().map(PathBuf::from).collect(),
         // The supervisor's own binary, whatever replaced the file on disk since it started.
         watchdog: PathBuf::from("/proc/self/exe"),
     }

@@ -335,6 +335,9 @@ pub struct Setup {
     pub mountinfo: PathBuf,
     /// The host init's mount table (`/proc/1/mountinfo`): the two must be one namespace's.
     pub init_mountinfo: PathBuf,
+    /// Where the host's CDI specs are (`/etc/cdi` and `/var/run/cdi` on a host; a test's
+    /// own): a GPU lane's devices are resolved from them.
+    pub cdi_dirs: Vec<PathBuf>,
     /// The program a container lease's [`watchdog`] runs: a cordon stage binary, started with
     /// [`watchdog::WATCHDOG_ARG`] (`/proc/self/exe` in production: the supervisor's own).
     pub watchdog: PathBuf,

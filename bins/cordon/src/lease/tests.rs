@@ -40,6 +40,7 @@ fn world() -> World {
         cgroup_root: dir.path().join("cgroup"),
         mountinfo: "/proc/self/mountinfo".into(),
         init_mountinfo: "/proc/self/mountinfo".into(),
+        cdi_dirs: Vec::new(),
         watchdog: "/usr/libexec/cordon-test-watchdog".into(),
     };
     let manager = Manager::open(&store, setup).unwrap();
@@ -1332,6 +1333,7 @@ mod root_tests {
             cgroup_root: dir.path().join("cgroup"),
             mountinfo: "/proc/self/mountinfo".into(),
             init_mountinfo: "/proc/self/mountinfo".into(),
+            cdi_dirs: Vec::new(),
             watchdog: cordon_testkit::watchdog(),
         };
         let lower = dir.path().join("image");

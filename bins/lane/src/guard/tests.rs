@@ -78,7 +78,7 @@ fn receipt(phase: DevicePhase, gpus: Vec<String>, o: Observed) -> DeviceReceipt 
 fn an_idle_pinned_gpu_passes_pre_active_and_post_and_the_receipts_recompute_as_guarded() {
     let w = world();
     let g = w.guard();
-    let (_, pre) = g.pre().unwrap();
+    let pre = g.pre().unwrap();
     assert_eq!(pre.config, [pinned_config()]);
     assert_eq!(pre.samples[0].len(), 3, "the rule's 3 idle samples");
     // Under load while measured: the envelope holds (no forbidden throttle, clocks up).
@@ -91,9 +91,9 @@ fn an_idle_pinned_gpu_passes_pre_active_and_post_and_the_receipts_recompute_as_g
             s.power_mw = 600_000;
         })],
     );
-    let (_, active) = g.active().unwrap();
+    let active = g.active().unwrap();
     w.fake.script(A, [Step::idle()]);
-    let (_, post) = g.post().unwrap();
+    let post = g.post().unwrap();
     let gpus = g.gpus();
     let receipts = DeviceReceipts {
         pre: receipt(DevicePhase::Pre, gpus.clone(), pre),
@@ -141,7 +141,7 @@ fn a_drain_resets_on_a_busy_or_failed_sample_and_holds_after_enough_idle_ones() 
             Step::idle(),
         ],
     );
-    let (_, pre) = w.guard().pre().unwrap();
+    let pre = w.guard().pre().unwrap();
     assert_eq!(w.fake.sampled(A), 7);
     assert_eq!(pre.samples[0].len(), 6, "the failed read kept nothing");
 }
@@ -170,7 +170,7 @@ fn a_gpu_that_does_not_drain_is_marked_not_reusable_until_a_drain_holds() {
     );
     // A later read's drain that holds lifts it, and says so.
     w.fake.script(A, [Step::idle()]);
-    let (_, pre) = w.guard().pre().unwrap();
+    let pre = w.guard().pre().unwrap();
     assert!(pre.note[0].contains("not-reusable mark"), "{:?}", pre.note);
     assert!(w.marks().is_empty());
 }

@@ -33,14 +33,22 @@ pub struct World {
 /// The world of `owner`'s account block `slot`, executor `executor`, the default policy with
 /// `edits` (each must match exactly once).
 pub fn world(owner: &str, slot: u32, executor: &str, edits: &[(&str, &str)]) -> World {
+    world_of(owner, slot, executor, &|mut text| {
+        for (from, to) in edits {
+            text = replace_once(&text, from, to);
+        }
+        text
+    })
+}
+
+/// The world of `owner`'s account block `slot`, executor `executor`, the default policy as
+/// `edit` makes it.
+pub fn world_of(owner: &str, slot: u32, executor: &str, edit: &dyn Fn(String) -> String) -> World {
     cordon_testkit::require_root("lane sessions run real containers and accounts");
     let runc = cordon_testkit::runc();
     let dir = tempfile::tempdir().unwrap();
     let ids = cordon_testkit::account_range(owner, slot);
-    let mut text = cordon_testkit::isolated_policy(dir.path(), ids);
-    for (from, to) in edits {
-        text = replace_once(&text, from, to);
-    }
+    let text = edit(cordon_testkit::isolated_policy(dir.path(), ids));
     let policy = cordon_policy_lang::parse("lane-test.kdl", &text).unwrap();
     let store = Store::open(&dir.path().join("store")).unwrap();
     assert!(cordon_testkit::runtime_image_inputs().is_file());

@@ -1,0 +1,236 @@
+//! GPU lanes with real containers and scripted GPUs: the policy's lanes each name a GPU, the
+//! host's CDI spec (a test's own directory) gives each GPU's nodes as harmless character
+//! devices of this host and a library bind, and the GPUs themselves are `cordon-device`'s fake
+//! behind the GPU lock. A read gets exactly its lane's devices, the guard checks its GPUs
+//! before, during and after it, a GPU left busy is marked not reusable until a later drain
+//! holds, and a qualification whose reads were all guarded settles.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+
+use cordon::canonical::Digest;
+use cordon::lease::quarantine::{self, Cause, Scope};
+use cordon::receipt::{Decision, DeviceReceipts, LaneAssignment, Role};
+use cordon::tree::{PUBLICATIONS, TREES};
+use cordon_device::fake::{Fake, FakeClock, Step, pinned_config};
+use cordon_lane::guard::Devices;
+use cordon_lane::lock::GpuLock;
+use cordon_lane::qualify::{Build, Plan, frozen, primary, qualify_with};
+use cordon_lane::session::{Inputs, LaneError, session_under};
+use cordon_stage::args::Diagnostics;
+use cordon_testkit::LANE_GPUS;
+
+mod common;
+
+use common::{World, nothing_left, publish};
+
+const A: &str = LANE_GPUS[0];
+const B: &str = LANE_GPUS[1];
+
+/// The world of slot `slot` under the GPU-lane policy, its CDI spec in the world's directory.
+fn gpu_world(slot: u32, executor: &str) -> World {
+    let mut w = common::world_of("lane-gpu", slot, executor, &|t| {
+        cordon_testkit::with_gpu_lanes(&t)
+    });
+    let lib = w.dir.path().join("driver/libcuda.so.1");
+    std::fs::create_dir_all(lib.parent().unwrap()).unwrap();
+    std::fs::write(&lib, "not a driver\n").unwrap();
+    let cdi = w.dir.path().join("cdi");
+    std::fs::create_dir(&cdi).unwrap();
+    let spec = format!(
+        r#"{{"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
+  "devices": [
+    {{"name": "{A}", "containerEdits": {{"deviceNodes": [{{"path": "/dev/nvidia0", "hostPath": "/dev/zero"}}]}}}},
+    {{"name": "{B}", "containerEdits": {{"deviceNodes": [{{"path": "/dev/nvidia1", "hostPath": "/dev/full"}}]}}}}
+  ],
+  "containerEdits": {{
+    "env": ["NVIDIA_VISIBLE_DEVICES=void"],
+    "deviceNodes": [{{"path": "/dev/nvidiactl", "hostPath": "/dev/null", "permissions": "rw"}}],
+    "mounts": [{{"hostPath": "{}", "containerPath": "/usr/lib/libcuda.so.1", "options": ["ro", "nosuid", "nodev", "bind"]}}]
+  }}}}"#,
+        lib.display()
+    );
+    std::fs::write(cdi.join("nvidia.json"), spec).unwrap();
+    w.cfg.setup.cdi_dirs = vec![cdi];
+    w
+}
+
+/// Both lane GPUs, pinned as the policy pins them and idle, on a fake clock.
+fn gpus() -> (Arc<Fake>, Arc<FakeClock>) {
+    let clock = Arc::new(FakeClock::default());
+    let fake = Arc::new(Fake::new(clock.clone()));
+    fake.config_of(A, Some(pinned_config()))
+        .config_of(B, Some(pinned_config()));
+    (fake, clock)
+}
+
+fn lock(w: &World, fake: &Arc<Fake>, clock: &Arc<FakeClock>) -> Result<GpuLock, String> {
+    Ok(cordon_lane::lock::acquire(&w.cfg.setup.lock_dir)
+        .map_err(|e| e.to_string())?
+        .with_devices(Devices {
+            gpus: fake.clone(),
+            clock: clock.clone(),
+        }))
+}
+
+/// What a lane a read's engine checks from inside before it answers: its GPU's node (and
+/// writable), the common node, the library bind read-only, the spec's variable, and no node
+/// of lane b's GPU. Any miss raises, and the read is rejected.
+const PROBE: &str = "    import os\n    with open('/dev/nvidia0', 'wb') as f:\n        f.write(b'x')\n    assert os.path.exists('/dev/nvidiactl')\n    assert not os.path.exists('/dev/nvidia1')\n    assert open('/usr/lib/libcuda.so.1').read() == 'not a driver\\n'\n    assert not os.access('/usr/lib/libcuda.so.1', os.W_OK)\n    assert os.environ.get('NVIDIA_VISIBLE_DEVICES') == 'void'\n";
+
+/// A build whose engine sleeps `ms` per request and answers the prompt's first id repeated,
+/// running `probe` first.
+fn build_probing(w: &World, ms: u64, probe: &str) -> Build {
+    let serve = format!(
+        "import time\n\n\ndef generate(prompt, tokens, model_dir):\n{probe}    time.sleep({ms} / 1000)\n    return [prompt[0]] * tokens\n"
+    );
+    Build {
+        tree: publish(
+            &w.store,
+            TREES,
+            &[("engine/__init__.py", ""), ("engine/serve.py", &serve)],
+        ),
+        publication: publish(&w.store, PUBLICATIONS, &[("lib/a", &format!("{ms}\n"))]),
+        receipt: Digest::of_bytes(format!("prebuild-{ms}").as_bytes()),
+    }
+}
+
+fn build(w: &World, ms: u64) -> Build {
+    build_probing(w, ms, "")
+}
+
+fn lane_a(w: &World) -> LaneAssignment {
+    primary(&w.policy).unwrap().baseline
+}
+
+fn read(w: &World, b: &Build, lock: &GpuLock) -> Result<cordon_lane::session::Outcome, LaneError> {
+    let inputs = Inputs {
+        role: Role::B,
+        tree: b.tree,
+        publication: b.publication,
+        workload: common::workload(w.dir.path(), 3, 1, 2),
+        model: w.model.clone(),
+        lane: Some(lane_a(w)),
+    };
+    session_under(&w.policy, &w.cfg, &inputs, lock)
+}
+
+fn guarded(w: &World, d: &DeviceReceipts) -> Vec<String> {
+    let guard = w.policy.device_guard().unwrap();
+    cordon_evidence::device::unguarded(
+        &w.policy.physical_lanes()["a"].gpus,
+        &guard.drain,
+        &guard.envelope,
+        d,
+    )
+}
+
+#[test]
+fn a_gpu_lanes_read_is_guarded_before_during_and_after() {
+    let w = gpu_world(0, "gpu-0");
+    let (fake, clock) = gpus();
+    let b = build_probing(&w, 5, PROBE);
+    let held = lock(&w, &fake, &clock).unwrap();
+    let o = match read(&w, &b, &held) {
+        Ok(Decision::Accepted(o)) => o,
+        other => panic!("{other:?}"),
+    };
+    drop(held);
+    nothing_left(&w);
+    let d = &o.devices;
+    for r in [&d.pre, &d.active, &d.post] {
+        assert_eq!(r.gpus, [A]);
+    }
+    assert_eq!(d.pre.config, [pinned_config()]);
+    assert_eq!(d.pre.samples[0].len(), 3);
+    assert_eq!(d.active.samples[0].len(), 1);
+    assert_eq!(d.post.samples[0].len(), 3);
+    assert!(guarded(&w, d).is_empty(), "{:?}", guarded(&w, d));
+    // Lane b's GPU was never read: the read's devices are its lane's alone.
+    assert_eq!(fake.sampled(B), 0);
+}
+
+#[test]
+fn a_gpu_left_busy_voids_the_read_and_stays_marked_until_a_drain_holds() {
+    let w = gpu_world(1, "gpu-1");
+    let (fake, clock) = gpus();
+    let b = build(&w, 5);
+    // Idle before, busy from the active sample on, for good.
+    fake.script(
+        A,
+        [
+            Step::idle(),
+            Step::idle(),
+            Step::idle(),
+            Step::with(|s| s.processes = vec![4242]),
+        ],
+    );
+    let held = lock(&w, &fake, &clock).unwrap();
+    let e = read(&w, &b, &held).unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("after the read: GPU"), "{text}");
+    assert!(text.contains("did not drain"), "{text}");
+    assert!(text.contains("quarantined (drain"), "{text}");
+    assert_eq!(
+        cordon::exit::ExitClass::exit_class(&e),
+        cordon::ExitCode::NoDecision
+    );
+    let marks: Vec<_> = quarantine::in_force(&w.store)
+        .unwrap()
+        .into_values()
+        .map(|q| (q.scope, q.cause))
+        .collect();
+    assert_eq!(marks, [(Scope::Device(A.into()), Cause::Drain)]);
+    // Still busy: the next read does not start, and the mark stands.
+    let e = read(&w, &b, &held).unwrap_err();
+    assert!(e.to_string().contains("before the read"), "{e}");
+    // Idle again: the next read's drain lifts the mark, and says so in its pre receipt.
+    fake.script(A, [Step::idle()]);
+    let o = match read(&w, &b, &held) {
+        Ok(Decision::Accepted(o)) => o,
+        other => panic!("{other:?}"),
+    };
+    assert!(
+        o.devices.pre.note.contains("not-reusable mark"),
+        "{}",
+        o.devices.pre.note
+    );
+    assert!(quarantine::in_force(&w.store).unwrap().is_empty());
+    drop(held);
+    nothing_left(&w);
+}
+
+#[test]
+fn a_qualification_whose_reads_were_all_guarded_settles() {
+    let w = gpu_world(2, "gpu-2");
+    let (fake, clock) = gpus();
+    let p = Plan {
+        incumbent: build(&w, 60),
+        candidate: build(&w, 15),
+        workload: common::workload(w.dir.path(), 5, 1, 4),
+        model: w.model.clone(),
+        orientation: primary(&w.policy).unwrap(),
+        reproduces: None,
+        frozen: frozen(&w.policy, &w.cfg.setup.cdi_dirs).unwrap(),
+    };
+    assert_eq!(p.frozen.gpu_driver.as_deref(), Some("550.54.15"));
+    assert!(p.frozen.cdi_spec.is_some());
+    let mut read = |inputs: &Inputs, lock: &GpuLock| session_under(&w.policy, &w.cfg, inputs, lock);
+    let o = match qualify_with(
+        &w.policy,
+        &w.cfg,
+        &p,
+        &mut read,
+        Diagnostics::Text,
+        &mut std::io::sink(),
+        &|| lock(&w, &fake, &clock),
+    ) {
+        Ok(Decision::Accepted(o)) => o,
+        other => panic!("expected a PASS, got {other:?}"),
+    };
+    nothing_left(&w);
+    assert!(o.settling, "{:?}", o.non_settling);
+    assert_eq!(o.devices.c.pre.gpus, [B]);
+    assert_eq!(o.devices.b2.pre.gpus, [A]);
+}
