@@ -215,8 +215,16 @@ pub fn qualification(sessions: &Reads<LaneOutputs>, digests: Reads<Digest>) -> Q
             b2: b2.devices.clone(),
         },
         speed: speed::decide(&speed_section(), &b.windows, &c.windows, &b2.windows),
+        guard: None,
         settling: false,
-        non_settling: Some("example".into()),
+        non_settling: crate::qualify::unsettled(
+            None,
+            [
+                ("B", "a", &b.devices),
+                ("C", "b", &c.devices),
+                ("B′", "a", &b2.devices),
+            ],
+        ),
         settlement: None,
     }
 }

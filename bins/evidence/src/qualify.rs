@@ -213,7 +213,11 @@ pub struct QualifyOutputs {
     pub devices: Reads<DeviceReceipts>,
     /// The verdict and every number in it.
     pub speed: SpeedRecord,
-    /// Whether this attempt can settle a qualification.
+    /// On GPU lanes: what settling was decided under (each lane's pins, the drain and envelope
+    /// rules), so it recomputes from the receipt alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guard: Option<GuardSection>,
+    /// Whether this attempt can settle a qualification ([`unsettled`]).
     pub settling: bool,
     /// Why not, when it cannot.
     pub non_settling: Option<String>,
@@ -223,6 +227,50 @@ pub struct QualifyOutputs {
 
 impl StageOutputs for QualifyOutputs {
     const STAGE: StageName = StageName::Qualify;
+}
+
+/// What a GPU-lane qualification's settling is decided under, as the policy gives it: each
+/// lane's GPUs with their pinned configurations, the drain rule and the active envelope.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuardSection {
+    /// Lane name → GPU UUID → its pin (lanes without GPUs absent).
+    pub lanes: std::collections::BTreeMap<
+        String,
+        std::collections::BTreeMap<String, crate::device::DeviceConfig>,
+    >,
+    /// The drain before and after every read.
+    pub drain: crate::device::DrainRule,
+    /// The bounds of the sample during the last warmup.
+    pub envelope: crate::device::Envelope,
+}
+
+/// Why reads `(name, lane, device receipts)` do not settle (`None`: they do), under `guard`
+/// (`None`: the lanes name no GPU). Only reads on GPU lanes whose device receipts prove each
+/// one guarded ([`crate::device::unguarded`]) settle: a CPU rehearsal of the protocol never
+/// settles a GPU qualification. The lane decides with it and `cordon-verify` replays it.
+#[must_use]
+pub fn unsettled(
+    guard: Option<&GuardSection>,
+    reads: [(&str, &str, &DeviceReceipts); 3],
+) -> Option<String> {
+    let Some(guard) = guard else {
+        return Some(
+            "the lanes are CPU sets (no GPU): a rehearsal of the protocol never settles a GPU qualification".to_owned(),
+        );
+    };
+    let mut why = Vec::new();
+    for (name, lane, devices) in reads {
+        let Some(pins) = guard.lanes.get(lane) else {
+            why.push(format!("read {name}: lane {lane} names no GPU"));
+            continue;
+        };
+        let not = crate::device::unguarded(pins, &guard.drain, &guard.envelope, devices);
+        if !not.is_empty() {
+            why.push(format!("read {name}: {}", not.join("; ")));
+        }
+    }
+    (!why.is_empty()).then(|| why.join("; "))
 }
 
 /// The digest of the policy's speed section.

@@ -48,7 +48,8 @@ use crate::speed::{self, Verdict};
 use crate::workload::Workload;
 use cordon::inputs::LaneInputs;
 pub use cordon_evidence::qualify::{
-    Frozen, Orientation, QualifyOutputs, Reads, Settlement, speed_policy_digest,
+    Frozen, GuardSection, Orientation, QualifyOutputs, Reads, Settlement, speed_policy_digest,
+    unsettled,
 };
 
 /// One role's build: what its reads mount, and the prebuild receipt they continue.
@@ -346,12 +347,13 @@ pub fn qualify_with(
         ));
     }
     let record = speed::decide(speed_policy, &b.windows, &c.windows, &b2.windows);
+    let guard = guard_section(policy);
     let non_settling = unsettled(
-        policy,
+        guard.as_ref(),
         [
-            ("B", &plan.orientation.baseline, &b),
-            ("C", &plan.orientation.candidate, &c),
-            ("B′", &plan.orientation.baseline, &b2),
+            ("B", &plan.orientation.baseline.name, &b.devices),
+            ("C", &plan.orientation.candidate.name, &c.devices),
+            ("B′", &plan.orientation.baseline.name, &b2.devices),
         ],
     );
     let settlement = plan.reproduces.as_ref().map(|(primary, first)| {
@@ -387,6 +389,7 @@ pub fn qualify_with(
             c: c.devices,
             b2: b2.devices,
         },
+        guard,
         settling: non_settling.is_none(),
         non_settling,
         settlement,
@@ -435,34 +438,21 @@ fn nothing_live(cfg: &Config) -> Result<(), LaneError> {
     )))
 }
 
-/// Why the reads do not settle (`None`: they do). Only reads on GPU lanes whose device
-/// receipts prove each one guarded (`cordon_evidence::device::unguarded`, which
-/// `cordon-verify` can replay) settle: a CPU rehearsal of the protocol never settles a GPU
-/// qualification.
-fn unsettled(policy: &Policy, reads: [(&str, &LaneAssignment, &LaneOutputs); 3]) -> Option<String> {
-    let mut why = Vec::new();
-    for (name, lane, o) in reads {
-        let pins = policy
-            .physical_lanes()
-            .get(&lane.name)
-            .map(|l| &l.gpus)
-            .filter(|g| !g.is_empty());
-        match (pins, policy.device_guard()) {
-            (Some(pins), Some(g)) => {
-                let not =
-                    cordon_evidence::device::unguarded(pins, &g.drain, &g.envelope, &o.devices);
-                if !not.is_empty() {
-                    why.push(format!("read {name}: {}", not.join("; ")));
-                }
-            }
-            _ => {
-                return Some(
-                    "the lanes are CPU sets (no GPU): a rehearsal of the protocol never settles a GPU qualification".to_owned(),
-                );
-            }
-        }
-    }
-    (!why.is_empty()).then(|| why.join("; "))
+/// The section settling is decided under: the lanes' pinned GPUs and the guard's rules
+/// (`None` when no lane names a GPU).
+fn guard_section(policy: &Policy) -> Option<GuardSection> {
+    let lanes: std::collections::BTreeMap<_, _> = policy
+        .physical_lanes()
+        .iter()
+        .filter(|(_, l)| !l.gpus.is_empty())
+        .map(|(name, l)| (name.clone(), l.gpus.clone()))
+        .collect();
+    let g = policy.device_guard().filter(|_| !lanes.is_empty())?;
+    Some(GuardSection {
+        lanes,
+        drain: g.drain.clone(),
+        envelope: g.envelope.clone(),
+    })
 }
 
 fn check_devices(name: &str, lane: &LaneAssignment, d: &DeviceReceipts) -> Result<(), LaneError> {

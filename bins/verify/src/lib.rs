@@ -41,7 +41,7 @@ use cordon::signing::{self, SigningError};
 use cordon::store::{Store, StoreError};
 use cordon::tree::{self, PUBLICATIONS, Section, TREES, TreeError};
 use cordon_evidence::inputs::PrebuildInputs;
-use cordon_evidence::qualify::{QualifyOutputs, speed_policy_digest};
+use cordon_evidence::qualify::{QualifyOutputs, speed_policy_digest, unsettled};
 use cordon_evidence::speed::{self, Verdict};
 
 /// The most receipts one walk visits.
@@ -473,6 +473,24 @@ fn recompute(
         return Err(differs(
             "its sessions do not continue the candidate's and the incumbent's prebuilds".into(),
         ));
+    }
+    if [&ob.devices, &oc.devices, &ob2.devices] != [&o.devices.b, &o.devices.c, &o.devices.b2] {
+        return Err(differs("its device receipts are not its sessions'".into()));
+    }
+    // Settling, replayed from the device receipts under the section it records.
+    let again = unsettled(
+        o.guard.as_ref(),
+        [
+            ("B", &o.orientation.baseline.name, &ob.devices),
+            ("C", &o.orientation.candidate.name, &oc.devices),
+            ("B′", &o.orientation.baseline.name, &ob2.devices),
+        ],
+    );
+    if (again.is_none(), &again) != (o.settling, &o.non_settling) {
+        return Err(differs(format!(
+            "its settling recomputes to {again:?}, the receipt says {} ({:?})",
+            o.settling, o.non_settling
+        )));
     }
     let section = speed_policy_digest(&o.speed_section)
         .map_err(|e| differs(format!("the speed section: {e}")))?;

@@ -17,6 +17,7 @@ use cordon::signing::HostKey;
 use cordon::store::Store;
 use cordon::tree::{self, PUBLICATIONS, TREES};
 use cordon_evidence::examples;
+use cordon_evidence::qualify::QualifyOutputs;
 use cordon_verify::{VerifyError, export, verify};
 use serde_json::json;
 
@@ -208,6 +209,59 @@ fn every_tampering_is_caught_with_its_own_message() {
         e.to_string().contains("not the one its digest names"),
         "{e}"
     );
+
+    // A CPU-lane qualification that claims to settle; one that claims a guard its sessions'
+    // device receipts do not prove; device receipts that are not its sessions'.
+    let settles = |lie: &QualifyOutputs, why: &str| {
+        let head = emit(
+            &c.store,
+            StageName::Qualify,
+            a,
+            Some(c.prebuild_c),
+            json!({}),
+            lie,
+        );
+        let e = verify(&c.store, &head, &KeySet::single(&c.key)).unwrap_err();
+        assert!(e.to_string().contains(why), "{why}: {e}");
+    };
+    let mut lie = c.qualify.clone();
+    lie.settling = true;
+    lie.non_settling = None;
+    settles(
+        &lie,
+        "its settling recomputes to Some(\"the lanes are CPU sets",
+    );
+    let mut lie = c.qualify.clone();
+    let pins = [(
+        cordon_testkit::LANE_GPUS[0].to_owned(),
+        examples::device_config(),
+    )]
+    .into();
+    lie.guard = Some(cordon_evidence::qualify::GuardSection {
+        lanes: [("a".to_owned(), pins)].into(),
+        drain: cordon_evidence::device::DrainRule {
+            samples: 1,
+            interval_ms: 10,
+            sample_timeout_ms: 10,
+            timeout_ms: 10,
+            idle_memory: 0,
+        },
+        envelope: cordon_evidence::device::Envelope {
+            max_temperature_c: 90,
+            max_power_mw: 1,
+            min_graphics_mhz: 0,
+            forbidden_throttle: 0,
+        },
+    });
+    lie.settling = true;
+    lie.non_settling = None;
+    settles(
+        &lie,
+        "the pre receipt does not cover exactly the lane's GPUs",
+    );
+    let mut lie = c.qualify.clone();
+    lie.devices.c.post.note = "edited".into();
+    settles(&lie, "its device receipts are not its sessions'");
 
     // A receipt of another authority in the middle of a chain.
     let c = chain();
