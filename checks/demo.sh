@@ -16,7 +16,8 @@
 # Runs as root on a fresh Debian machine: installs the OCI runtime (part of the authority
 # identity), busybox-static (the prebuild image's one binary) and python3 (the runtime image's
 # interpreter) if they are missing.
-# The store is a fresh directory unless CORDON_DEMO_STORE names one.
+# The store is a fresh directory unless CORDON_DEMO_STORE names one; the policy is the default
+# one unless CORDON_DEMO_POLICY names another (checks/gpu.sh runs it under a GPU host's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v runc >/dev/null 2>&1 || ! command -v tar >/dev/null 2>&1 || [ ! -x /bin/busybox ] \
@@ -27,7 +28,7 @@ if ! command -v runc >/dev/null 2>&1 || ! command -v tar >/dev/null 2>&1 || [ ! 
 fi
 cargo build --release --bins
 bin=./target/release
-policy=policy/evaluator.kdl
+policy=${CORDON_DEMO_POLICY:-policy/evaluator.kdl}
 work=$(mktemp -d)
 store=${CORDON_DEMO_STORE:-$work/store}
 

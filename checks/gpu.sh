@@ -8,10 +8,11 @@
 # it (hooks only as the policy allows), its configuration read through NVML against its pin,
 # one telemetry sample without a fault, and a real drain under the policy's guard. Nothing is
 # skipped: a missing tool, library, spec or GPU fails the script (exit 1) with what is missing.
-# It does not yet run a lane session on a GPU (the builds a read needs come from the demo's
-# pipeline, which ends at the referee, whose audit and T are not run under GPU lanes yet):
-# after the checks above pass the script says so and exits 4, so a host is never taken for
-# checked when it was not.
+# Then it runs the demo pipeline under POLICY (CORDON_DEMO_POLICY): real lane sessions on the
+# lanes' GPUs, guarded before, during and after, the audit and T on the lanes too, and requires
+# a final verdict and a settling qualification. The demo's example engine computes on the CPU:
+# the GPU stays idle while it is measured, so POLICY's envelope must allow an idle GPU's clocks
+# (min-graphics-clock) for the check to pass; anything else fails with the demo's reason.
 set -euo pipefail
 policy=$(realpath -e "${1:?usage: bash checks/gpu.sh POLICY (the host's policy naming its lanes' GPUs)}")
 cd "$(dirname "$0")/.."
@@ -50,5 +51,11 @@ case $rc in
 *) fail "cordon-lane devices ended with exit $rc (2: the policy or the command line; see above)" ;;
 esac
 
-echo "gpu.sh: NOT YET: this script does not run a lane session on a GPU (issue 34: the referee's audit and T do not run under GPU lanes yet); the checks above passed" >&2
-exit 4
+echo "== the demo pipeline under $policy (lane sessions on the lanes' GPUs)"
+log=$(mktemp)
+rc=0
+CORDON_DEMO_POLICY=$policy bash checks/demo.sh | tee "$log" || rc=$?
+[ "$rc" = 0 ] || fail "the demo pipeline under $policy ended with exit $rc (its last lines above say why)"
+grep -q '^== lanes: .*; settling$' "$log" \
+    || fail "the qualification on the GPU lanes did not settle (its '== lanes:' line above says why)"
+echo "gpu.sh: every check passed: the lanes' GPUs, the guard's drain, and guarded sessions that settle"

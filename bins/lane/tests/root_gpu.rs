@@ -234,3 +234,53 @@ fn a_qualification_whose_reads_were_all_guarded_settles() {
     assert_eq!(o.devices.c.pre.gpus, [B]);
     assert_eq!(o.devices.b2.pre.gpus, [A]);
 }
+
+/// After the qualification, under GPU lanes, the audit reads on C's lane and T on B's
+/// (`cordon_reference::referee::gpu_lane`): each guarded on its lane's GPUs like any read.
+#[test]
+fn the_audit_and_the_reference_session_read_guarded_on_gpu_lanes() {
+    let w = gpu_world(3, "gpu-3");
+    let (fake, clock) = gpus();
+    let b = build(&w, 5);
+    let orientation = primary(&w.policy).unwrap();
+    let held = lock(&w, &fake, &clock).unwrap();
+    for (role, publication, lane, gpu) in [
+        (Role::A, b.publication, orientation.candidate.clone(), B),
+        (
+            Role::T,
+            publish(&w.store, PUBLICATIONS, &[]),
+            orientation.baseline.clone(),
+            A,
+        ),
+    ] {
+        let inputs = Inputs {
+            role,
+            tree: b.tree,
+            publication,
+            workload: common::workload(w.dir.path(), 3, 1, 2),
+            model: w.model.clone(),
+            lane: Some(lane),
+        };
+        let o = match session_under(&w.policy, &w.cfg, &inputs, &held) {
+            Ok(Decision::Accepted(o)) => o,
+            other => panic!("{role:?}: {other:?}"),
+        };
+        for r in [&o.devices.pre, &o.devices.active, &o.devices.post] {
+            assert_eq!(r.gpus, [gpu], "{role:?}");
+        }
+        assert_eq!(o.devices.active.samples.len(), 1, "{role:?}");
+    }
+    // Off its lanes, under a GPU-lane policy, no GPU-capable read runs at all.
+    let inputs = Inputs {
+        role: Role::A,
+        tree: b.tree,
+        publication: b.publication,
+        workload: common::workload(w.dir.path(), 3, 1, 2),
+        model: w.model.clone(),
+        lane: None,
+    };
+    let e = session_under(&w.policy, &w.cfg, &inputs, &held).unwrap_err();
+    assert!(e.to_string().contains("a read without a GPU lane"), "{e}");
+    drop(held);
+    nothing_left(&w);
+}

@@ -4,7 +4,8 @@
 //! The host draws the sampled requests from the qualification's own workload (its bytes
 //! re-hashed to the digest the qualification recorded), with the operating system's randomness
 //! at audit time, distinct and shuffled; the candidate's build runs them in a session of its own
-//! (the lane's stage and protocol, its own lease, no physical lane) one at a time, with no
+//! (the lane's stage and protocol, its own lease; on C's lane when the lanes name GPUs, else on
+//! no physical lane) one at a time, with no
 //! warm-up or conditioning before the first: eager and untimed. Its receipt is an `audit`
 //! receipt, whose outputs carry no windows and no rates, so no speed computation can read it.
 //!
@@ -139,7 +140,7 @@ impl Referee<'_> {
             publication: c.publication,
             workload: self.cfg.store.object_path(&plan_digest, false),
             model: given.inputs.model.clone(),
-            lane: None,
+            lane: crate::referee::gpu_lane(self.policy, &given.outputs.orientation.candidate),
         };
         let session = session_under(self.policy, self.cfg, &inputs, lock);
         let mut receipt = Receipt::new(StageName::Audit, self.cfg.authority, Outcome::Ok);

@@ -28,7 +28,8 @@ use std::io::Write;
 use cordon::canonical::Digest;
 use cordon::exit::ExitClass;
 use cordon::receipt::{
-    Decision, IncumbentOutputs, LaneOutputs, Outcome, Receipt, Rejection, Role, StageName,
+    Decision, IncumbentOutputs, LaneAssignment, LaneOutputs, Outcome, Receipt, Rejection, Role,
+    StageName,
 };
 use cordon::residue::ReapOutputs;
 use cordon::tree::{self, PUBLICATIONS};
@@ -140,6 +141,18 @@ pub struct Referee<'a> {
     pub cfg: &'a Config,
     /// Diagnostics mode.
     pub mode: Diagnostics,
+}
+
+/// Where a session after the qualification runs: on `lane`, when the policy gives it GPUs (the
+/// audit on C's lane, T on B's: a GPU read is only ever guarded on its lane's GPUs); on no
+/// physical lane when the lanes are CPU sets (nothing is measured there).
+#[must_use]
+pub fn gpu_lane(policy: &Policy, lane: &LaneAssignment) -> Option<LaneAssignment> {
+    policy
+        .physical_lanes()
+        .get(&lane.name)
+        .is_some_and(|l| !l.gpus.is_empty())
+        .then(|| lane.clone())
 }
 
 /// The three reads' session receipts, their outputs.
@@ -344,7 +357,7 @@ impl Referee<'_> {
             publication,
             workload: given.inputs.workload.clone(),
             model: given.inputs.model.clone(),
-            lane: None,
+            lane: gpu_lane(self.policy, &given.outputs.orientation.baseline),
         };
         let mut quiescence = None;
         let mut gate_err = None;
@@ -456,7 +469,9 @@ impl Referee<'_> {
         })
     }
 
-    /// The whole referee: the final verdict's decision, and what it rests on in `recorded`.
+    /// The whole referee: the final verdict's decision, and what it rests on in `recorded`,
+    /// under one hold of the host's GPU lock (with the lanes' GPUs through NVML when they name
+    /// any).
     ///
     /// # Errors
     /// What could not be established (no-decision), or the operator's wiring.
@@ -465,6 +480,23 @@ impl Referee<'_> {
         given: &Given,
         recorded: &mut VerdictInputs,
         stderr: &mut dyn Write,
+    ) -> Result<Decision<VerdictOutputs>, RefereeError> {
+        self.verdict_with(given, recorded, stderr, &|| {
+            cordon_lane::lock::acquire_for(self.policy, &self.cfg.setup.lock_dir)
+        })
+    }
+
+    /// [`Referee::verdict`] under the lock `lock` takes once the plan is checked (a test's
+    /// holds scripted GPUs).
+    ///
+    /// # Errors
+    /// As [`Referee::verdict`].
+    pub fn verdict_with(
+        &self,
+        given: &Given,
+        recorded: &mut VerdictInputs,
+        stderr: &mut dyn Write,
+        lock: &dyn Fn() -> Result<GpuLock, String>,
     ) -> Result<Decision<VerdictOutputs>, RefereeError> {
         let rule = self
             .policy
@@ -475,8 +507,7 @@ impl Referee<'_> {
         let read = reads(self.cfg, &given.outputs)?;
         let publication = self.plan(given, &read)?;
         // One hold of the host's GPU lock from the audit to T's end: nothing runs between.
-        let lock = cordon_lane::lock::acquire(&self.cfg.setup.lock_dir)
-            .map_err(|e| no(format!("cannot take the host's GPU lock: {e}")))?;
+        let lock = lock().map_err(no)?;
         let audit = match self.policy.audit() {
             Some(a) => Some(self.audit(given, &read.c, a, &lock, recorded, stderr)?),
             None => None,
@@ -562,5 +593,37 @@ impl Referee<'_> {
                 serde_json::to_value(&outputs).map_err(|e| no(format!("the evidence: {e}")))?,
             )),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(gpus: bool) -> Policy {
+        let text =
+            std::fs::read_to_string(cordon_testkit::workspace_root().join("policy/evaluator.kdl"))
+                .unwrap();
+        let text = if gpus {
+            cordon_testkit::with_gpu_lanes(&text)
+        } else {
+            text
+        };
+        cordon_policy_lang::parse("t.kdl", &text).unwrap()
+    }
+
+    #[test]
+    fn the_audit_and_t_take_their_lanes_only_when_the_lanes_have_gpus() {
+        let cpu = policy(false);
+        let o = cordon_lane::qualify::primary(&cpu).unwrap();
+        assert_eq!(gpu_lane(&cpu, &o.candidate), None);
+        let gpu = policy(true);
+        let o = cordon_lane::qualify::primary(&gpu).unwrap();
+        assert_eq!(gpu_lane(&gpu, &o.candidate), Some(o.candidate.clone()));
+        assert_eq!(gpu_lane(&gpu, &o.baseline), Some(o.baseline.clone()));
+        // A lane the policy does not declare gets none.
+        let mut other = o.baseline;
+        other.name = "z".into();
+        assert_eq!(gpu_lane(&gpu, &other), None);
     }
 }

@@ -246,15 +246,15 @@ pub struct Planned {
     pub launch: serde_json::Value,
 }
 
-/// What this build does not apply yet (issue 34).
-const GPU_LANES: &str =
-    "a GPU-lane policy's read without a GPU lane (the audit's and the reference session's)";
+/// What no session runs.
+const GPU_LANES: &str = "a read without a GPU lane under a policy whose lanes name GPUs";
 
 /// Refuse a stage that could reach a GPU (the lane's reads, the audit, the reference T) under a
 /// policy whose physical lanes name GPUs, unless it runs on one of those lanes: only a read on
 /// a GPU lane gets that lane's devices and the device guard (the lane session's, before,
-/// during and after it), and no GPU-capable read runs beside the guarded ones unguarded. The
-/// session calls it before anything exists.
+/// during and after it), and no GPU-capable read runs beside the guarded ones unguarded (the
+/// referee puts the audit and T on the qualification's lanes). The session calls it before
+/// anything exists.
 ///
 /// # Errors
 /// [`PlanError::Unimplemented`].
