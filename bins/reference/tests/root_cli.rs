@@ -1,13 +1,17 @@
-//! The whole pipeline with the binaries, as root, as a reviewer would check it: a candidate
-//! delta whose engine answers every request with the right number of wrong tokens, fast, goes
-//! through `cordon-fetch`, `cordon-materialize`, `cordon-prebuild`, `cordon-lane qualify` (a
-//! speed PASS) and `cordon-reference`, and ends in FAIL on quality (exit 1) naming the first
-//! differing request; the chain under the final verdict replays with `cordon-verify`; and the
-//! same qualification offered to a referee under another quality rule (another authority) is
-//! refused (exit 2). The policy requires a reproduction: the primary attempt alone is already
-//! a FAIL (a proven failure needs no reproduction), and the final verdict over the
-//! reproduction weighs both attempts. The incumbent here waits per token instead of computing, so its reads are
-//! steady on a busy CPU host; the pristine tree is the bundled example's, which the policy pins.
+//! The whole pipeline with the binaries, as root, as a reviewer would check it, through
+//! `cordon-fetch`, `cordon-materialize`, `cordon-prebuild`, `cordon-lane qualify` and
+//! `cordon-reference` on the CPU lanes:
+//! - a candidate delta whose engine answers with the right tokens, faster, ends in PASS (exit
+//!   0), its qualification non-settling, and the chain replays with `cordon-verify`;
+//! - one whose engine answers every request with the right number of wrong tokens, fast (a
+//!   speed PASS), ends in FAIL on quality (exit 1) naming the first differing request; the
+//!   chain under the final verdict replays; and the same qualification offered to a referee
+//!   under another quality rule (another authority) is refused (exit 2). Its policy requires a
+//!   reproduction: the primary attempt alone is already a FAIL (a proven failure needs no
+//!   reproduction), and the final verdict over the reproduction weighs both attempts.
+//!
+//! The incumbent here waits per token instead of computing, so its reads are steady on a busy
+//! CPU host; the pristine tree is the bundled example's, which the policy pins.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -30,25 +34,31 @@ const STEADY_KERNEL: &str = "import time\n\nEXPONENT = 65537\n\n\ndef attend(que
 /// the speed rule's bound on a busy host).
 const WRONG_KERNEL: &str = "import time\n\nfrom fast_attn import util\n\nEXPONENT = 65537\n\n\ndef attend(query, modulus=1000003):\n    time.sleep(0.0003)\n    return [(t + 1) % modulus for t in util.power(query, EXPONENT, modulus)]\n";
 
+/// The example candidate's kernel as it is meant to be: the right tokens, as fast and steady.
+const RIGHT_KERNEL: &str = "import time\n\nfrom fast_attn import util\n\nEXPONENT = 65537\n\n\ndef attend(query, modulus=1000003):\n    time.sleep(0.0003)\n    return util.power(query, EXPONENT, modulus)\n";
+
 struct Cli {
     dir: tempfile::TempDir,
+    executor: &'static str,
 }
 
 impl Cli {
-    fn new() -> Self {
+    /// Account slot `slot` and executor `executor`; the candidate's kernel `kernel`; a policy
+    /// that requires a reproduction when `reproduction`.
+    fn new(slot: u32, executor: &'static str, kernel: &str, reproduction: bool) -> Self {
         cordon_testkit::require_root("the pipeline runs real containers and accounts");
         let _ = cordon_testkit::runc();
         let _ = cordon_testkit::busybox();
         assert!(cordon_testkit::runtime_image_inputs().is_file());
         let dir = tempfile::tempdir().unwrap();
-        // The final verdict rests on a primary attempt and its reproduction.
-        let policy = format!(
-            "{}\nreproduction \"required\"\n",
-            cordon_testkit::isolated_policy(
-                dir.path(),
-                cordon_testkit::account_range("reference", 5),
-            )
+        let mut policy = cordon_testkit::isolated_policy(
+            dir.path(),
+            cordon_testkit::account_range("reference", slot),
         );
+        if reproduction {
+            // The final verdict rests on a primary attempt and its reproduction.
+            policy.push_str("\nreproduction \"required\"\n");
+        }
         std::fs::write(dir.path().join("policy.kdl"), &policy).unwrap();
         // Another authority: the same policy under a looser quality rule.
         std::fs::write(
@@ -62,7 +72,7 @@ impl Cli {
                     .unwrap();
             cordon::image::build(&spec, &dir.path().join("images").join(role)).unwrap();
         }
-        let cli = Self { dir };
+        let cli = Self { dir, executor };
         cli.copy("checks/example/incumbent", "incumbent");
         std::fs::write(
             cli.path("incumbent/engine/attention/kernel.py"),
@@ -70,11 +80,7 @@ impl Cli {
         )
         .unwrap();
         cli.copy("checks/example/candidate", "candidate");
-        std::fs::write(
-            cli.path("candidate/engine/attention/kernel.py"),
-            WRONG_KERNEL,
-        )
-        .unwrap();
+        std::fs::write(cli.path("candidate/engine/attention/kernel.py"), kernel).unwrap();
         // The model lives in a root-owned directory nobody else may write, registered by its
         // digest in the policy's models root (the lane checks both).
         let src = cli.path("model-src");
@@ -123,7 +129,7 @@ impl Cli {
             "--run-dir".into(),
             self.path("run").display().to_string(),
             "--executor".into(),
-            "reference-cli".into(),
+            self.executor.into(),
         ]
     }
 
@@ -150,76 +156,124 @@ fn ok(out: &Output) {
     );
 }
 
+impl Cli {
+    /// The pipeline with the binaries up to the qualification: the incumbent and the pristine
+    /// tree registered, the incumbent built; the candidate packed, fetched, materialized and
+    /// built; then `cordon-lane qualify` on the example's first ten requests (kept as
+    /// `qualify.json`). The qualify command, for a reproduction.
+    fn qualified(&self) -> (Output, Value, impl Fn() -> Command + '_) {
+        let cli = self;
+        let images = cli.path("images");
+        let mut c = cli.command("cordon-materialize", "policy.kdl");
+        c.arg("incumbent").arg(cli.path("incumbent"));
+        let (out, incumbent) = cli.run(c, None, "incumbent.json");
+        ok(&out);
+        let mut c = cli.command("cordon-materialize", "policy.kdl");
+        c.arg("incumbent")
+            .arg(workspace_root().join("checks/example/pristine"));
+        ok(&cli.run(c, None, "pristine.json").0);
+        let mut c = cli.command("cordon-prebuild", "policy.kdl");
+        c.arg("--images").arg(&images);
+        ok(&cli
+            .run(c, Some("incumbent.json"), "incumbent-prebuild.json")
+            .0);
+
+        let archive = cli.path("candidate.tar");
+        std::fs::write(&archive, cordon_testkit::pack_delta(&cli.path("candidate"))).unwrap();
+        let mut c = cli.command("cordon-fetch", "policy.kdl");
+        c.args(["--sha256", &Digest::of_file(&archive).unwrap().to_string()])
+            .arg(&archive);
+        ok(&cli.run(c, None, "fetch.json").0);
+        let mut c = cli.command("cordon-materialize", "policy.kdl");
+        c.args([
+            "--incumbent",
+            incumbent["outputs"]["tree_digest"].as_str().unwrap(),
+        ]);
+        ok(&cli.run(c, Some("fetch.json"), "materialize.json").0);
+        let mut c = cli.command("cordon-prebuild", "policy.kdl");
+        c.arg("--images").arg(&images);
+        ok(&cli.run(c, Some("materialize.json"), "prebuild.json").0);
+
+        // The example's first ten requests: enough for the rule's windows, a third of the time.
+        let mut workload: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(workspace_root().join("checks/example/workload/example.json")).unwrap(),
+        )
+        .unwrap();
+        workload["requests"].as_array_mut().unwrap().truncate(10);
+        std::fs::write(cli.path("workload.json"), workload.to_string()).unwrap();
+        let qualify_command = move || {
+            let mut c = cli.command("cordon-lane", "policy.kdl");
+            c.arg("qualify")
+                .args(cli.lease())
+                .arg("--incumbent")
+                .arg(cli.path("incumbent-prebuild.json"))
+                .arg("--images")
+                .arg(cli.path("images"))
+                .arg("--workload")
+                .arg(cli.path("workload.json"))
+                .arg("--model")
+                .arg(cli.path("model"));
+            c
+        };
+        let (out, qualify) = cli.run(qualify_command(), Some("prebuild.json"), "qualify.json");
+        (out, qualify, qualify_command)
+    }
+
+    /// `cordon-reference` on the pristine tree.
+    fn referee(&self) -> Command {
+        let mut c = self.command("cordon-reference", "policy.kdl");
+        c.arg("--images")
+            .arg(self.path("images"))
+            .arg("--pristine")
+            .arg(self.path("pristine.json"));
+        c
+    }
+}
+
+/// A right engine, faster: the whole pipeline with the binaries ends in PASS (exit 0), non-
+/// settling on the CPU lanes, and the chain under the final verdict replays.
+#[test]
+fn a_faster_engine_with_the_right_tokens_ends_the_whole_pipeline_in_pass() {
+    let cli = Cli::new(6, "reference-cli-pass", RIGHT_KERNEL, false);
+    let (out, qualify, _) = cli.qualified();
+    ok(&out);
+    assert_eq!(qualify["outputs"]["speed"]["code"], "speed.pass");
+    assert_eq!(
+        qualify["outputs"]["settling"], false,
+        "CPU lanes never settle"
+    );
+    let (out, verdict) = cli.run(cli.referee(), Some("qualify.json"), "verdict.json");
+    ok(&out);
+    assert_eq!(
+        (verdict["stage"].as_str(), verdict["outcome"].as_str()),
+        (Some("verdict"), Some("ok"))
+    );
+    assert_eq!(verdict["outputs"]["verdict"], "pass", "{verdict}");
+    for read in ["b", "c", "b2"] {
+        assert_eq!(
+            verdict["outputs"]["graded"][read]["verdict"], "pass",
+            "{read}: {verdict}"
+        );
+    }
+    let mut c = Command::new(bin("cordon-verify"));
+    c.arg("--store")
+        .arg(cli.path("store"))
+        .arg(cli.path("verdict.json"));
+    ok(&c.output().unwrap());
+}
+
 #[test]
 fn a_fast_engine_with_wrong_tokens_ends_the_whole_pipeline_in_fail_and_the_chain_replays() {
-    let cli = Cli::new();
+    let cli = Cli::new(5, "reference-cli", WRONG_KERNEL, true);
     let images = cli.path("images");
-    let mut c = cli.command("cordon-materialize", "policy.kdl");
-    c.arg("incumbent").arg(cli.path("incumbent"));
-    let (out, incumbent) = cli.run(c, None, "incumbent.json");
-    ok(&out);
-    let mut c = cli.command("cordon-materialize", "policy.kdl");
-    c.arg("incumbent")
-        .arg(workspace_root().join("checks/example/pristine"));
-    ok(&cli.run(c, None, "pristine.json").0);
-    let mut c = cli.command("cordon-prebuild", "policy.kdl");
-    c.arg("--images").arg(&images);
-    ok(&cli
-        .run(c, Some("incumbent.json"), "incumbent-prebuild.json")
-        .0);
-
-    let archive = cli.path("candidate.tar");
-    std::fs::write(&archive, cordon_testkit::pack_delta(&cli.path("candidate"))).unwrap();
-    let mut c = cli.command("cordon-fetch", "policy.kdl");
-    c.args(["--sha256", &Digest::of_file(&archive).unwrap().to_string()])
-        .arg(&archive);
-    ok(&cli.run(c, None, "fetch.json").0);
-    let mut c = cli.command("cordon-materialize", "policy.kdl");
-    c.args([
-        "--incumbent",
-        incumbent["outputs"]["tree_digest"].as_str().unwrap(),
-    ]);
-    ok(&cli.run(c, Some("fetch.json"), "materialize.json").0);
-    let mut c = cli.command("cordon-prebuild", "policy.kdl");
-    c.arg("--images").arg(&images);
-    ok(&cli.run(c, Some("materialize.json"), "prebuild.json").0);
-
-    // The example's first ten requests: enough for the rule's windows, a third of the time.
-    let mut workload: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(workspace_root().join("checks/example/workload/example.json")).unwrap(),
-    )
-    .unwrap();
-    workload["requests"].as_array_mut().unwrap().truncate(10);
-    std::fs::write(cli.path("workload.json"), workload.to_string()).unwrap();
-    let qualify_command = || {
-        let mut c = cli.command("cordon-lane", "policy.kdl");
-        c.arg("qualify")
-            .args(cli.lease())
-            .arg("--incumbent")
-            .arg(cli.path("incumbent-prebuild.json"))
-            .arg("--images")
-            .arg(&images)
-            .arg("--workload")
-            .arg(cli.path("workload.json"))
-            .arg("--model")
-            .arg(cli.path("model"));
-        c
-    };
-    let (out, qualify) = cli.run(qualify_command(), Some("prebuild.json"), "qualify.json");
+    let (out, qualify, qualify_command) = cli.qualified();
     ok(&out);
     assert_eq!(
         qualify["outputs"]["speed"]["code"], "speed.pass",
         "speed alone passes it"
     );
 
-    let referee = || {
-        let mut c = cli.command("cordon-reference", "policy.kdl");
-        c.arg("--images")
-            .arg(&images)
-            .arg("--pristine")
-            .arg(cli.path("pristine.json"));
-        c
-    };
+    let referee = || cli.referee();
     // One attempt where the policy requires two could never PASS, but its wrong tokens are
     // a failure proven all the same.
     let (out, primary_only) = cli.run(referee(), Some("qualify.json"), "primary-only.json");
