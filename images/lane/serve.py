@@ -4,10 +4,20 @@ Validator-owned, shipped in the runtime image: it speaks the lane's framed proto
 stdin/stdout (4-byte magic, 1-byte kind, 4-byte big-endian length, payload; requests and
 responses are big-endian u32 words) and asks the engine tree's registered entry point,
 engine.serve.generate(prompt, tokens, model_dir), for each response. It imports nothing
-but what the interpreter has built in, so the image carries no standard library beyond
-the encodings the interpreter needs to start.
+but what the interpreter has built in or frozen, so the image carries no standard library
+beyond the encodings the interpreter needs to start.
+
+It is the engine's one scheduler rank (its step declares `ranks 1`): before it loads the
+engine tree it reports so to cordon's worker on the member socket, then closes it, so
+nothing of the candidate can report in its name.
 """
+import os
 import sys
+
+# The member report: this process, scheduler rank 0 (the kernel attaches its pid).
+members = int(os.environ["CORDON_MEMBERS_FD"])
+os.write(members, b"scheduler 0")
+os.close(members)
 
 # The engine tree is mounted read-only at /engine; -I keeps every other path out.
 sys.path.insert(0, "/engine")

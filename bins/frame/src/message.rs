@@ -207,6 +207,86 @@ pub struct Ended {
     /// The registered engine process ended while the host's workload was still open (before the
     /// host closed its stream): whatever answered after that was not it.
     pub early: bool,
+    /// The member reports the engine's processes made, in arrival order ([`Member`]).
+    pub members: Vec<Member>,
+    /// Why the member reports could not all be read (a report that is not one, too many).
+    pub member_fault: Option<String>,
+}
+
+/// One engine process's member report: the role and rank its validator-owned entry announced
+/// before it loaded anything of the candidate (`ROLE RANK` on the worker's member socket, one
+/// datagram), with the pid the kernel attached (`SO_PASSCRED`: a process can report only
+/// itself). A scheduler rank reports before it loads the engine tree; any other role reports
+/// only when something tried to load candidate code in it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Member {
+    /// The reporting process, in the container's pid namespace.
+    pub pid: u32,
+    /// Its role (`scheduler`, or a role that must not load candidate code).
+    pub role: String,
+    /// Its rank.
+    pub rank: u32,
+}
+
+/// The most member reports the worker reads.
+pub const MAX_MEMBERS: usize = 256;
+
+/// The scheduler role: the one process role that loads candidate code.
+pub const SCHEDULER: &str = "scheduler";
+
+/// Parse one member report datagram (`ROLE RANK`: a role of 1 to 32 lowercase letters or
+/// hyphens, a rank of at most 4 digits).
+///
+/// # Errors
+/// It is not one, described safely (candidate bytes are never echoed).
+pub fn member_report(bytes: &[u8]) -> Result<(String, u32), String> {
+    let bad = || {
+        format!(
+            "a member report of {} bytes that is not `ROLE RANK`",
+            bytes.len()
+        )
+    };
+    let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
+    let (role, rank) = text.split_once(' ').ok_or_else(bad)?;
+    let role_ok =
+        (1..=32).contains(&role.len()) && role.bytes().all(|b| b.is_ascii_lowercase() || b == b'-');
+    let rank_ok = (1..=4).contains(&rank.len()) && rank.bytes().all(|b| b.is_ascii_digit());
+    if !role_ok || !rank_ok {
+        return Err(bad());
+    }
+    Ok((role.to_owned(), rank.parse().map_err(|_| bad())?))
+}
+
+/// Why the member reports are not exactly `ranks` scheduler ranks (`None`: they are): every
+/// report a scheduler's, ranks `0..ranks` each once, no process twice, no fault reading them.
+/// Candidate code loaded in a role that must not load it, a rank missing or doubled, and a
+/// process reporting twice are the engine's doing.
+#[must_use]
+pub fn coverage(members: &[Member], fault: Option<&str>, ranks: u32) -> Option<String> {
+    if let Some(f) = fault {
+        return Some(format!("the member reports: {f}"));
+    }
+    if let Some(m) = members.iter().find(|m| m.role != SCHEDULER) {
+        return Some(format!(
+            "candidate code was loaded in process {} of role {}, which must not load it",
+            m.pid, m.role
+        ));
+    }
+    let mut pids: Vec<u32> = members.iter().map(|m| m.pid).collect();
+    pids.sort_unstable();
+    if let Some(p) = pids.windows(2).find(|w| w[0] == w[1]) {
+        return Some(format!("process {} reported twice", p[0]));
+    }
+    let mut seen: Vec<u32> = members.iter().map(|m| m.rank).collect();
+    seen.sort_unstable();
+    if seen != (0..ranks).collect::<Vec<_>>() {
+        return Some(format!(
+            "the scheduler ranks that loaded candidate code are {seen:?}, not each of 0 to {} once",
+            ranks.saturating_sub(1)
+        ));
+    }
+    None
 }
 
 /// The worker could not do its job.
@@ -236,6 +316,84 @@ pub fn from_payload<T: DeserializeOwned>(payload: &[u8]) -> Result<T, serde_json
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_member_report_is_role_and_rank_and_nothing_else() {
+        assert_eq!(
+            member_report(b"scheduler 0").unwrap(),
+            ("scheduler".into(), 0)
+        );
+        assert_eq!(
+            member_report(b"detokenizer 12").unwrap(),
+            ("detokenizer".into(), 12)
+        );
+        for bad in [
+            &b""[..],
+            b"scheduler",
+            b"scheduler  0",
+            b"scheduler 0 ",
+            b"Scheduler 0",
+            b"sched\x1b[2J 0",
+            b"scheduler -1",
+            b"scheduler 12345",
+            b"\xff 0",
+            b"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa 0",
+        ] {
+            let e = member_report(bad).unwrap_err();
+            // Never echoed: only its length.
+            assert!(e.starts_with("a member report of "), "{e}");
+            assert!(!e.contains('\x1b'), "{e}");
+        }
+    }
+
+    #[test]
+    fn coverage_is_exactly_each_scheduler_rank_once_by_distinct_processes() {
+        let m = |pid, role: &str, rank| Member {
+            pid,
+            role: role.into(),
+            rank,
+        };
+        let two = [m(7, SCHEDULER, 1), m(5, SCHEDULER, 0)];
+        assert_eq!(coverage(&two, None, 2), None);
+        assert_eq!(coverage(&[m(5, SCHEDULER, 0)], None, 1), None);
+        for (members, fault, ranks, why) in [
+            (
+                vec![m(5, SCHEDULER, 0)],
+                None,
+                2,
+                "are [0], not each of 0 to 1 once",
+            ),
+            (two.to_vec(), None, 1, "are [0, 1], not each of 0 to 0 once"),
+            (vec![], None, 1, "are [], not each of 0 to 0 once"),
+            (
+                vec![m(5, SCHEDULER, 0), m(6, SCHEDULER, 0)],
+                None,
+                2,
+                "are [0, 0]",
+            ),
+            (
+                vec![m(5, SCHEDULER, 0), m(5, SCHEDULER, 1)],
+                None,
+                2,
+                "process 5 reported twice",
+            ),
+            (
+                vec![m(5, SCHEDULER, 0), m(9, "detokenizer", 0)],
+                None,
+                1,
+                "process 9 of role detokenizer, which must not load it",
+            ),
+            (
+                two.to_vec(),
+                Some("too many"),
+                2,
+                "the member reports: too many",
+            ),
+        ] {
+            let got = coverage(&members, fault, ranks).unwrap_or_default();
+            assert!(got.contains(why), "{members:?}: {got}");
+        }
+    }
 
     #[test]
     fn binary_messages_round_trip_and_refuse_ragged_payloads() {

@@ -2,7 +2,7 @@
 //! hold more than one header plus one bounded payload; valid frames split anywhere decode to
 //! themselves; a corrupted header is refused, never misread as another frame.
 
-use cordon_frame::message::{Request, Response};
+use cordon_frame::message::{Request, Response, member_report};
 use cordon_frame::{Decoder, FrameError, HEADER, Kind, LANE, Limits, encode};
 use proptest::prelude::*;
 
@@ -17,6 +17,22 @@ fn kind() -> impl Strategy<Value = Kind> {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// A member report datagram is the engine's bytes: parsed to a plain role and rank or
+    /// refused, never a panic, and a refusal never carries the bytes.
+    #[test]
+    fn arbitrary_member_reports_parse_plainly_or_are_refused_without_their_bytes(
+        bytes in proptest::collection::vec(any::<u8>(), 0..80),
+    ) {
+        match member_report(&bytes) {
+            Ok((role, rank)) => {
+                prop_assert!(role.bytes().all(|b| b.is_ascii_lowercase() || b == b'-'));
+                prop_assert!(rank < 10_000);
+                prop_assert_eq!(format!("{role} {}", std::str::from_utf8(&bytes[role.len() + 1..]).unwrap()), String::from_utf8(bytes.clone()).unwrap());
+            }
+            Err(e) => prop_assert_eq!(e, format!("a member report of {} bytes that is not `ROLE RANK`", bytes.len())),
+        }
+    }
 
     #[test]
     fn arbitrary_bytes_in_arbitrary_chunks_never_panic_or_overbuffer(

@@ -145,6 +145,9 @@ pub struct Plan<'a> {
     pub workload_phase: Duration,
     /// The stage's absolute deadline: no phase runs past it.
     pub absolute: Instant,
+    /// The engine step's scheduler ranks: the member coverage its processes must report
+    /// exactly ([`message::coverage`]).
+    pub ranks: u32,
 }
 
 /// A session the engine served to the end.
@@ -373,8 +376,8 @@ fn ready(
 /// is). The report.
 fn ended_cleanly(
     s: &mut Stream<'_>,
-    origin: Instant,
-    deadline: Instant,
+    (origin, deadline): (Instant, Instant),
+    ranks: u32,
     late: &dyn Fn() -> Verdict,
 ) -> Result<Ended, Verdict> {
     let stream_ended = || Verdict::NoDecision("the worker's stream ended without a report".into());
@@ -409,6 +412,11 @@ fn ended_cleanly(
             "lane.exit",
             format!("the engine {} after the workload", how(&ended)),
         ));
+    }
+    // Exactly the step's scheduler ranks loaded candidate code, each in its own process, and
+    // no process of another role did (seed 001's scheduler-only load gate).
+    if let Some(why) = message::coverage(&ended.members, ended.member_fault.as_deref(), ranks) {
+        return Err(violation("lane.members", why));
     }
     match s.next(deadline) {
         Next::End => {}
@@ -547,7 +555,7 @@ fn session(
     // The workload is over: closing the stream tells the engine so; the next frame must be the
     // worker's report that it ended cleanly.
     drop(tx);
-    let ended = match ended_cleanly(s, origin, deadline, &late) {
+    let ended = match ended_cleanly(s, (origin, deadline), plan.ranks, &late) {
         Ok(ended) => ended,
         Err(v) => return v,
     };

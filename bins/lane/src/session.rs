@@ -389,6 +389,7 @@ struct LaneStage<'p> {
     workload_phase: Duration,
     step: &'p str,
     engine: Vec<String>,
+    ranks: u32,
     role: &'p str,
     pin: Digest,
 }
@@ -446,6 +447,10 @@ fn lane_stage(policy: &Policy, kind: StageKind) -> Result<LaneStage<'_>, LaneErr
         .step(step)
         .map(|(_, argv)| argv.to_vec())
         .unwrap_or_default();
+    // The language requires it of an engine step; none is never read as one.
+    let ranks = policy
+        .step_ranks(step)
+        .ok_or_else(|| LaneError::Policy(format!("the engine step {step:?} declares no ranks")))?;
     let (role, pin) = cordon_stage::bundle::image_of(policy, kind).map_err(SessionError::Plan)?;
 
     Ok(LaneStage {
@@ -456,6 +461,7 @@ fn lane_stage(policy: &Policy, kind: StageKind) -> Result<LaneStage<'_>, LaneErr
         workload_phase,
         step,
         engine,
+        ranks,
         role,
         pin,
     })
@@ -654,6 +660,7 @@ pub fn session_gated(
         workload_phase,
         step,
         engine,
+        ranks,
         role,
         pin,
     } = lane_stage(policy, kind)?;
@@ -790,6 +797,7 @@ pub fn session_gated(
                 startup,
                 workload_phase,
                 absolute: deadline,
+                ranks,
             };
             let expected = Expected::from_plan(planned, &worker, &asked, &caches, seen.clone());
             let (Some(stdin), Some(stdout)) = (running.take_stdin(), running.take_stdout()) else {

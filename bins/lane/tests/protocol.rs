@@ -345,6 +345,47 @@ fn an_engine_that_exits_early_or_badly_is_rejected_and_a_wire_violation_the_work
     assert!(message.contains("99999999"), "{message}");
 }
 
+/// The worker's member reports against the plan's one scheduler rank: exactly rank 0, by one
+/// process, or the engine is rejected (`lane.members`); a fault reading them is one too.
+#[test]
+fn member_coverage_other_than_exactly_the_steps_ranks_is_rejected() {
+    let m = |pid, role: &str, rank| message::Member {
+        pid,
+        role: role.into(),
+        rank,
+    };
+    for (members, fault, why) in [
+        (vec![], None, "are [], not each of 0 to 0 once"),
+        (
+            vec![m(2, message::SCHEDULER, 0), m(3, message::SCHEDULER, 1)],
+            None,
+            "are [0, 1]",
+        ),
+        (
+            vec![m(2, message::SCHEDULER, 0), m(4, "detokenizer", 0)],
+            None,
+            "process 4 of role detokenizer, which must not load it",
+        ),
+        (
+            vec![m(2, message::SCHEDULER, 0)],
+            Some("process 9 sent a member report of 3 bytes that is not `ROLE RANK`"),
+            "process 9 sent a member report",
+        ),
+    ] {
+        let v = session(move |f| {
+            f.start();
+            while let Some(frame) = f.next() {
+                f.answer(&Request::decode(&frame.payload).unwrap());
+            }
+            f.ended_with(Some(0), None, false, (members, fault));
+            f.eof();
+        });
+        let (code, message) = rejected(&v);
+        assert_eq!(code, "lane.members");
+        assert!(message.contains(why), "{why}: {message}");
+    }
+}
+
 #[test]
 fn an_extra_frame_after_the_workload_is_unsolicited() {
     let v = session(|f| {

@@ -35,7 +35,12 @@ const REQUESTS: usize = 3;
 const TOKENS: usize = 8;
 
 fn env(slot: u32, edits: &[(&str, &str)]) -> Env {
-    let w = common::world("lane-session", slot, &format!("lane-{slot}"), edits);
+    env_of(("lane-session", slot), &format!("lane-{slot}"), edits)
+}
+
+/// [`env`] in `owner`'s account block `slot` as `executor` (a test run beside the others).
+fn env_of((owner, slot): (&str, u32), executor: &str, edits: &[(&str, &str)]) -> Env {
+    let w = common::world(owner, slot, executor, edits);
     let workload = common::workload(w.dir.path(), REQUESTS, 1, TOKENS);
     let publication = publish(&w.store, PUBLICATIONS, &[("lib/artifact.txt", "native\n")]);
     Env {
@@ -621,4 +626,57 @@ fn a_signal_mid_read_stops_the_engine_and_releases_the_lane() {
         Some(nix::sys::signal::Signal::SIGTERM)
     );
     nothing_left(&e);
+}
+
+/// A multi-process engine, the image's `serve-ranks.py` (a frontend, one scheduler process per
+/// rank, a detokenizer), reports each rank from the process that loads the engine tree: it is
+/// served when its step declares that many ranks, with the single-process engine's tokens, and
+/// rejected (`lane.members`) when the step declares another count either way.
+#[test]
+fn a_multi_process_engine_covers_exactly_the_ranks_its_step_declares() {
+    let step = "step \"serve-example\" stage=\"lane\" {\n    argv \"/usr/bin/python3.11\" \"-I\" \"-S\" \"-B\" \"/cordon/lane/serve.py\"\n    ranks 1";
+    let with = |harness: &str, ranks: u32| {
+        step.replace(
+            "\"/cordon/lane/serve.py\"\n    ranks 1",
+            &format!("{harness}\n    ranks {ranks}"),
+        )
+    };
+    let single = env_of(("lane-members", 0), "members-0", &[]);
+    let tree = engine(&single, &example_serve(), &incumbent_kernel());
+    let tokens = served(run(&single, tree)).outputs;
+    nothing_left(&single);
+    for (harness, ranks, outcome) in [
+        ("\"/cordon/lane/serve-ranks.py\" \"2\"", 2, None),
+        (
+            "\"/cordon/lane/serve-ranks.py\" \"2\"",
+            3,
+            Some("are [0, 1], not each of 0 to 2 once"),
+        ),
+        (
+            "\"/cordon/lane/serve-ranks.py\" \"2\"",
+            1,
+            Some("are [0, 1], not each of 0 to 0 once"),
+        ),
+        (
+            "\"/cordon/lane/serve.py\"",
+            2,
+            Some("are [0], not each of 0 to 1 once"),
+        ),
+    ] {
+        let e = env_of(
+            ("lane-members", 0),
+            "members-0",
+            &[(step, &with(harness, ranks))],
+        );
+        let tree = engine(&e, &example_serve(), &incumbent_kernel());
+        match outcome {
+            None => assert_eq!(served(run(&e, tree)).outputs, tokens, "{harness} {ranks}"),
+            Some(why) => {
+                let (code, message) = rejected(run(&e, tree));
+                assert_eq!(code, "lane.members", "{harness} {ranks}: {message}");
+                assert!(message.contains(why), "{harness} {ranks}: {message}");
+            }
+        }
+        nothing_left(&e);
+    }
 }

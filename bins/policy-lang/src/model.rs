@@ -802,6 +802,10 @@ pub struct Egress {
 pub(crate) struct Step {
     pub(crate) stage: StageKind,
     pub(crate) argv: Vec<String>,
+    /// A lane or reference engine's scheduler ranks: exactly this many of its processes load
+    /// candidate code, each reporting its rank (member coverage).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) ranks: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) secret: Option<String>,
 }
@@ -962,6 +966,13 @@ impl Policy {
     #[must_use]
     pub fn step(&self, name: &str) -> Option<(StageKind, &[String])> {
         self.step.get(name).map(|s| (s.stage, s.argv.as_slice()))
+    }
+
+    /// The scheduler ranks of registered engine step `name` (a lane or reference step's; the
+    /// language requires them there and refuses them elsewhere).
+    #[must_use]
+    pub fn step_ranks(&self, name: &str) -> Option<u32> {
+        self.step.get(name).and_then(|s| s.ranks)
     }
 }
 

@@ -66,7 +66,7 @@ pub fn require_root(why: &str) {
 /// gets its own block of ids, so tests running side by side — and the recovery that removes
 /// orphans in a range — never meet each other's accounts or the host's (the blocks lie above the
 /// default policy's 3000000..=3099999).
-const ACCOUNT_OWNERS: [&str; 26] = [
+const ACCOUNT_OWNERS: [&str; 27] = [
     "cordon-lease",
     "prebuild-hostile",
     "prebuild-bench",
@@ -93,6 +93,7 @@ const ACCOUNT_OWNERS: [&str; 26] = [
     "stage-seccomp",
     "lane-ablation",
     "lane-gpu",
+    "lane-members",
 ];
 
 /// The first id of the account blocks.

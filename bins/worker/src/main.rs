@@ -29,6 +29,14 @@
 //! process lower the limits of another of the same account, which would starve the worker).
 //! When it exits the kernel ends every process left in the container.
 //!
+//! Member coverage: before the engine exists the worker makes a datagram socket pair; every
+//! engine process inherits one end (its number in `CORDON_MEMBERS_FD`), and the worker reads
+//! the other with `SO_PASSCRED`, so each report (`ROLE RANK`) arrives with the pid the kernel
+//! attached — a process can report only itself. The registered harness's scheduler ranks report
+//! before they load the engine tree, a process of another role only if something tried to load
+//! candidate code in it; the worker passes every report on in `ended`, and the host checks
+//! them against the step's ranks.
+//!
 //! Exit status: 0 after reporting `ended`; 70 after reporting a `fault` (it could not do its
 //! job); 64 on a bad argv (the host's bug).
 
@@ -40,7 +48,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cordon_frame::message::{self, Ended, Fault, PROTOCOL, Posture, Seen};
+use cordon_frame::message::{self, Ended, Fault, MAX_MEMBERS, Member, PROTOCOL, Posture, Seen};
 use cordon_frame::{Decoder, Frame, Kind, LANE, Limits, Protocol, REFERENCE, encode};
 use sha2::{Digest as _, Sha256};
 
@@ -503,6 +511,94 @@ fn no_foreign_limits() -> Result<(), String> {
     seccompiler::apply_filter(&program).map_err(e)
 }
 
+/// What the member socket brought: the reports, and why reading them stopped early.
+type Reports = Arc<Mutex<(Vec<Member>, Option<String>)>>;
+
+/// The name of the variable that gives engine processes the member socket's number.
+const MEMBERS_FD: &str = "CORDON_MEMBERS_FD";
+
+/// The member socket pair: the worker's end, reporting each datagram's sender (`SO_PASSCRED`),
+/// and the engine's end, inherited across exec (every other descriptor the worker holds is
+/// close-on-exec).
+fn member_socket() -> Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd), String> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, setsockopt, socketpair, sockopt};
+    let e = |what: &str, err: nix::Error| format!("the member socket: {what}: {err}");
+    let (worker, engine) = socketpair(
+        AddressFamily::Unix,
+        SockType::Datagram,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|x| e("socketpair", x))?;
+    setsockopt(&worker, sockopt::PassCred, &true).map_err(|x| e("SO_PASSCRED", x))?;
+    nix::fcntl::fcntl(
+        &engine,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+    )
+    .map_err(|x| e("F_SETFD", x))?;
+    Ok((worker, engine))
+}
+
+/// Read member reports from `socket` into `into` until one is not a report or there are more
+/// than [`MAX_MEMBERS`] (then the fault says why and reading stops for good) — or, unless
+/// `wait`, until none is queued (the last reports, read when the engine has ended).
+fn collect_members(socket: &std::os::fd::OwnedFd, into: &Reports, wait: bool) {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, UnixCredentials, recvmsg};
+    use std::os::fd::AsRawFd;
+    let stop = |why: String| {
+        if let Ok(mut r) = into.lock() {
+            r.1 = Some(why);
+        }
+    };
+    let flags = if wait {
+        MsgFlags::empty()
+    } else {
+        MsgFlags::MSG_DONTWAIT
+    };
+    loop {
+        if into.lock().map_or(true, |r| r.1.is_some()) {
+            return;
+        }
+        let mut buf = [0u8; 64];
+        let mut cmsg = nix::cmsg_space!(UnixCredentials);
+        let (bytes, truncated, pid) = {
+            let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+            let msg = match recvmsg::<()>(socket.as_raw_fd(), &mut iov, Some(&mut cmsg), flags) {
+                Ok(m) => m,
+                Err(nix::Error::EINTR) => continue,
+                Err(nix::Error::EAGAIN) if !wait => return,
+                Err(err) => return stop(format!("reading the member socket: {err}")),
+            };
+            let pid = msg.cmsgs().ok().and_then(|mut c| {
+                c.find_map(|m| match m {
+                    ControlMessageOwned::ScmCredentials(u) => u32::try_from(u.pid()).ok(),
+                    _ => None,
+                })
+            });
+            (msg.bytes, msg.flags.contains(MsgFlags::MSG_TRUNC), pid)
+        };
+        let Some(pid) = pid else {
+            return stop("a member report without its sender's credentials".into());
+        };
+        if truncated {
+            return stop(format!(
+                "process {pid} sent a member report of over {} bytes",
+                buf.len()
+            ));
+        }
+        let (role, rank) = match message::member_report(&buf[..bytes]) {
+            Ok(r) => r,
+            Err(why) => return stop(format!("process {pid} sent {why}")),
+        };
+        let Ok(mut r) = into.lock() else { return };
+        if r.0.len() == MAX_MEMBERS {
+            r.1 = Some(format!("more than {MAX_MEMBERS} member reports"));
+            return;
+        }
+        r.0.push(Member { pid, role, rank });
+    }
+}
+
 fn run(args: &Args, shared: &Arc<Shared>) -> Result<(), String> {
     let (protocol, limits) = {
         let host = shared.host()?;
@@ -521,13 +617,26 @@ fn run(args: &Args, shared: &Arc<Shared>) -> Result<(), String> {
         None => return Ok(()),
     }
     no_foreign_limits()?;
+    let (members, engine_end) = member_socket()?;
+    let reports: Reports = Arc::new(Mutex::new((Vec::new(), None)));
+    let (into, socket) = (Arc::clone(&reports), Arc::new(members));
+    let reader = Arc::clone(&socket);
+    // Detached, so no sender ever waits on a full queue; whatever is still queued when the
+    // engine ends is read then, below.
+    std::thread::spawn(move || collect_members(&reader, &into, true));
     let mut child = Command::new(&args.engine[0])
         .args(&args.engine[1..])
+        .env(
+            MEMBERS_FD,
+            std::os::fd::AsRawFd::as_raw_fd(&engine_end).to_string(),
+        )
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
         .map_err(|e| format!("starting the engine {:?}: {e}", args.engine[0]))?;
+    // Only the engine's processes hold the engine's end now.
+    drop(engine_end);
     let (Some(engine_in), Some(engine_out)) = (child.stdin.take(), child.stdout.take()) else {
         return Err("the engine's stdin and stdout are not pipes".into());
     };
@@ -563,6 +672,11 @@ fn run(args: &Args, shared: &Arc<Shared>) -> Result<(), String> {
             return Err("the relay ended without a report".into());
         }
     };
+    collect_members(&socket, &reports, false);
+    let (members, member_fault) = reports
+        .lock()
+        .map(|r| r.clone())
+        .map_err(|_| "the member reports' lock is poisoned".to_owned())?;
     let mut host = shared.host()?;
     shared.closed.store(true, Ordering::SeqCst);
     host.message(
@@ -572,6 +686,8 @@ fn run(args: &Args, shared: &Arc<Shared>) -> Result<(), String> {
             signal: status.signal(),
             violation,
             early,
+            members,
+            member_fault,
         },
     )
 }

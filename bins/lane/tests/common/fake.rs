@@ -6,7 +6,7 @@
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::time::{Duration, Instant};
 
-use cordon_frame::message::{self, Ended, Posture, Request, Response, ready_payload};
+use cordon_frame::message::{self, Ended, Member, Posture, Request, Response, ready_payload};
 use cordon_frame::{Decoder, Frame, Kind, LANE, Limits, Protocol, encode};
 use cordon_lane::driver::{Plan, Stamped, Verdict, drive};
 use cordon_lane::workload::Workload;
@@ -80,13 +80,32 @@ impl Fake {
         self.ended_as(code, violation, false);
     }
 
-    /// The worker's report, `early` when the engine ended while the workload was open.
+    /// The worker's report, `early` when the engine ended while the workload was open; one
+    /// scheduler rank reported (the plan's one).
     pub fn ended_as(&self, code: Option<i32>, violation: Option<&str>, early: bool) {
+        let one = Member {
+            pid: 2,
+            role: message::SCHEDULER.into(),
+            rank: 0,
+        };
+        self.ended_with(code, violation, early, (vec![one], None));
+    }
+
+    /// The worker's report with `members` and their fault.
+    pub fn ended_with(
+        &self,
+        code: Option<i32>,
+        violation: Option<&str>,
+        early: bool,
+        (members, member_fault): (Vec<Member>, Option<&str>),
+    ) {
         let e = Ended {
             code,
             signal: None,
             violation: violation.map(str::to_owned),
             early,
+            members,
+            member_fault: member_fault.map(str::to_owned),
         };
         self.send(Kind::Ended, &message::to_payload(&e).unwrap());
     }
@@ -196,6 +215,7 @@ pub fn drive_between(
         startup,
         workload_phase: phase,
         absolute: origin + absolute,
+        ranks: 1,
     };
     let v = drive(
         &rx,

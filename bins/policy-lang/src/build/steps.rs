@@ -11,7 +11,7 @@ pub(super) fn step(cx: &mut Cx, node: &KdlNode) -> Option<Step> {
         node.children(),
         "step",
         name_span(node),
-        &["argv", "secret"],
+        &["argv", "secret", "ranks"],
         &[],
     );
     let argv = b.required(cx, "argv").and_then(|n| {
@@ -45,10 +45,42 @@ pub(super) fn step(cx: &mut Cx, node: &KdlNode) -> Option<Step> {
         Some(n) => Some(single(cx, n, &[], |cx, e| identifier(cx, e, "secret"))?),
         None => None,
     };
+    // An engine's scheduler ranks: the member coverage its reads must show exactly. Only an
+    // engine step has them, and it must say how many (no default count is assumed).
+    let engine = matches!(stage, Some(StageKind::Lane | StageKind::Reference));
+    let ranks = match (b.one("ranks"), engine) {
+        (Some(n), true) => Some(
+            single(cx, n, &[], |cx, e| integer(cx, e, "ranks", 1, 64))
+                .and_then(|r| u32::try_from(r).ok())?,
+        ),
+        (Some(n), false) => {
+            cx.report(
+                "not-allowed-in-stage",
+                name_span(n),
+                "not an engine",
+                "`ranks` belongs to a lane or reference engine step".to_owned(),
+                Some("drop it: a build step has no scheduler ranks".into()),
+            );
+            None
+        }
+        (None, true) => {
+            cx.report(
+                "missing-node",
+                name_span(node),
+                "needs `ranks`",
+                "an engine step needs `ranks N`: how many of its processes load candidate code"
+                    .to_owned(),
+                Some("add `ranks 1` for a single-process engine".into()),
+            );
+            None
+        }
+        (None, false) => None,
+    };
     Some(Step {
         stage: stage?,
         argv: argv?,
         secret,
+        ranks,
     })
 }
 

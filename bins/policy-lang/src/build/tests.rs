@@ -874,3 +874,37 @@ fn a_cache_mount_and_its_bounds_go_together() {
     let unmounted = lane("    mount \"cache\" \"/cache\" mode=\"rw\"\n");
     assert_eq!(codes(&unmounted), ["redundant-entry"]);
 }
+
+#[test]
+fn an_engine_step_says_how_many_ranks_load_candidate_code_and_only_an_engine_step() {
+    let text = default_policy();
+    let p = crate::parse("evaluator.kdl", &text).unwrap();
+    assert_eq!(p.step_ranks("serve-example"), Some(1));
+    assert_eq!(p.step_ranks("serve-reference"), Some(1));
+    assert_eq!(p.step_ranks("build-native"), None);
+    let lane = "stage=\"lane\" {\n    argv \"/usr/bin/python3.11\" \"-I\" \"-S\" \"-B\" \"/cordon/lane/serve.py\"\n    ranks 1";
+    let with = |r: &str| lane.replace("ranks 1", r);
+    for (from, to, code) in [
+        (lane, with("ranks 0"), "out-of-range"),
+        (lane, with("ranks 65"), "out-of-range"),
+        (lane, with("ranks \"1\""), "wrong-type"),
+        (lane, with(""), "missing-node"),
+        (
+            "\"/cordon/patchers/native-rebuild\"",
+            "\"/cordon/patchers/native-rebuild\"\n    ranks 1".to_owned(),
+            "not-allowed-in-stage",
+        ),
+    ] {
+        let edited = text.replace_once(from, &to);
+        assert!(
+            codes(&edited).contains(&code.to_owned()),
+            "{to}: {:?}",
+            codes(&edited)
+        );
+    }
+    // Another count is another authority.
+    let two = text.replace_once(lane, &with("ranks 2"));
+    let q = crate::parse("t.kdl", &two).unwrap();
+    assert_eq!(q.step_ranks("serve-example"), Some(2));
+    assert_ne!(q.digest().unwrap(), p.digest().unwrap());
+}
