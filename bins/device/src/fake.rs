@@ -79,6 +79,7 @@ pub use cordon_evidence::examples::{device_config as pinned_config, idle_sample}
 #[derive(Debug, Default)]
 struct Gpu {
     config: Option<DeviceConfig>,
+    minor: Option<u32>,
     steps: VecDeque<Step>,
     /// The step answered once the script ran out (the last one, repeated).
     last: Option<Step>,
@@ -114,6 +115,12 @@ impl Fake {
         self
     }
 
+    /// GPU `uuid`'s device node has minor number `minor` (`None`: unreadable).
+    pub fn minor_of(&self, uuid: &str, minor: Option<u32>) -> &Self {
+        self.with_gpu(uuid, |g| g.minor = minor);
+        self
+    }
+
     /// GPU `uuid` answers its next samples with `steps`, then the last of them forever.
     pub fn script(&self, uuid: &str, steps: impl IntoIterator<Item = Step>) -> &Self {
         self.with_gpu(uuid, |g| g.steps.extend(steps));
@@ -140,6 +147,17 @@ impl Gpus for Fake {
             what: "the configuration",
             why: "scripted".to_owned(),
         })
+    }
+
+    fn minor(&self, uuid: &str) -> Result<u32, DeviceError> {
+        let gpus = self.gpus.lock().unwrap_or_else(PoisonError::into_inner);
+        gpus.get(uuid)
+            .and_then(|g| g.minor)
+            .ok_or_else(|| DeviceError::Unreadable {
+                uuid: uuid.to_owned(),
+                what: "the device node's minor number",
+                why: "scripted".to_owned(),
+            })
     }
 
     fn sample(&self, uuid: &str, at_ns: u64) -> Result<Sample, DeviceError> {

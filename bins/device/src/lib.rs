@@ -87,4 +87,18 @@ pub trait Gpus: Send + Sync {
     /// # Errors
     /// The GPU or a fact of it cannot be read.
     fn sample(&self, uuid: &str, at_ns: u64) -> Result<Sample, DeviceError>;
+
+    /// The minor number of GPU `uuid`'s device node (`/dev/nvidia<minor>`, major
+    /// [`NVIDIA_MAJOR`]): how the host knows which node a container got is which GPU.
+    ///
+    /// # Errors
+    /// The GPU or its minor number cannot be read.
+    fn minor(&self, uuid: &str) -> Result<u32, DeviceError>;
 }
+
+/// The major number of NVIDIA's character devices: a GPU's node has minor 0 to
+/// [`GPU_MINOR_MAX`]; `nvidia-modeset` (254) and `nvidiactl` (255) are the driver's own.
+pub const NVIDIA_MAJOR: u64 = 195;
+
+/// The highest minor number a GPU's own node has.
+pub const GPU_MINOR_MAX: u64 = 253;

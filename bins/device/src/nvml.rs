@@ -253,6 +253,12 @@ impl Gpus for Nvml {
         })
     }
 
+    fn minor(&self, uuid: &str) -> Result<u32, DeviceError> {
+        self.device(uuid)?
+            .minor_number()
+            .map_err(unreadable(uuid, "the device node's minor number"))
+    }
+
     fn sample(&self, uuid: &str, at_ns: u64) -> Result<Sample, DeviceError> {
         let d = self.device(uuid)?;
         let read = |what| unreadable(uuid, what);

@@ -308,15 +308,45 @@ pub fn unguarded(
         why.push("the lane has no GPU".to_owned());
         return why;
     }
-    for r in [&receipts.pre, &receipts.active, &receipts.post] {
-        let phase = format!("{:?}", r.phase).to_lowercase();
+    use crate::receipt::DevicePhase;
+    let slots = [
+        (DevicePhase::Pre, &receipts.pre),
+        (DevicePhase::Active, &receipts.active),
+        (DevicePhase::Post, &receipts.post),
+    ];
+    // Pre, active and post, each in its place, in sequence and in time, and so each GPU's
+    // samples: the last before, the one during, the first after.
+    let in_order = slots
+        .windows(2)
+        .all(|w| w[0].1.seq < w[1].1.seq && w[0].1.at_ns <= w[1].1.at_ns);
+    if !in_order || slots.iter().any(|(slot, r)| r.phase != *slot) {
+        why.push("the receipts are not pre, active and post in sequence and time".to_owned());
+    }
+    for (i, uuid) in gpus.iter().enumerate() {
+        let stamp = |r: &crate::receipt::DeviceReceipt, last: bool| {
+            let s = r.samples.get(i)?;
+            if last { s.last() } else { s.first() }.map(|x| x.at_ns)
+        };
+        let (pre, active, post) = (
+            stamp(&receipts.pre, true),
+            stamp(&receipts.active, true),
+            stamp(&receipts.post, false),
+        );
+        if let (Some(p), Some(a), Some(q)) = (pre, active, post)
+            && !(p <= a && a <= q)
+        {
+            why.push(format!("GPU {uuid}: its samples are not in time order"));
+        }
+    }
+    for (slot, r) in slots {
+        let phase = format!("{slot:?}").to_lowercase();
         if r.gpus.iter().collect::<Vec<_>>() != gpus || r.samples.len() != gpus.len() {
             why.push(format!(
                 "the {phase} receipt does not cover exactly the lane's GPUs"
             ));
             continue;
         }
-        let drained = !matches!(r.phase, crate::receipt::DevicePhase::Active);
+        let drained = !matches!(slot, DevicePhase::Active);
         if drained && r.config.len() != gpus.len() {
             why.push(format!("the {phase} receipt lacks a GPU's configuration"));
         }

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use cordon::lease::quarantine::{self, Cause, Quarantine, Scope};
 use cordon::store::Store;
-use cordon_device::{Clock, DrainError, Gpus, drain, drift};
+use cordon_device::{Clock, DrainError, GPU_MINOR_MAX, Gpus, NVIDIA_MAJOR, drain, drift};
 use cordon_evidence::device::{DeviceConfig, Sample};
 use cordon_policy_lang::DeviceGuard;
 
@@ -39,7 +39,7 @@ impl std::fmt::Debug for Devices {
 }
 
 /// What one phase observed, each GPU in the pins' order.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Observed {
     /// Each GPU's configuration (pre and post).
     pub config: Vec<DeviceConfig>,
@@ -187,6 +187,34 @@ impl<'a> Guard<'a> {
             }
         }
         Ok(o)
+    }
+
+    /// Whether the container's planned device nodes are exactly the lane's GPUs: its NVIDIA
+    /// GPU nodes (major [`NVIDIA_MAJOR`], minor at most [`GPU_MINOR_MAX`]) must be those whose
+    /// minor numbers the driver gives the lane's GPUs, no more (another lane's GPU) and no
+    /// fewer. What the guard measures by UUID is then what the container can open.
+    ///
+    /// # Errors
+    /// Why not, or a minor number that cannot be read.
+    pub fn nodes(&self, planned: &[(u64, u64)]) -> Result<(), String> {
+        let mut want = Vec::new();
+        for uuid in self.pins.keys() {
+            let minor = self.devices.gpus.minor(uuid).map_err(|e| e.to_string())?;
+            want.push(u64::from(minor));
+        }
+        want.sort_unstable();
+        let mut got: Vec<u64> = planned
+            .iter()
+            .filter(|(major, minor)| *major == NVIDIA_MAJOR && *minor <= GPU_MINOR_MAX)
+            .map(|(_, minor)| *minor)
+            .collect();
+        got.sort_unstable();
+        if got != want {
+            return Err(format!(
+                "the container's GPU device nodes are {NVIDIA_MAJOR}:{got:?}, and the lane's GPUs are {NVIDIA_MAJOR}:{want:?}"
+            ));
+        }
+        Ok(())
     }
 
     /// Before the container: each GPU as pinned and drained ([`Guard`]).

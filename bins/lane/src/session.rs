@@ -781,6 +781,11 @@ pub fn session_gated(
         gate,
         |running, planned, deadline| {
             launch = Some(launch_digest(planned, &pin)?);
+            // Before the engine starts: the GPU nodes the container got are its lane's GPUs.
+            if let Some(g) = &guard {
+                g.nodes(&cordon_stage::bundle::character_devices(&planned.spec))
+                    .map_err(|why| LaneError::NoDecision(format!("the lane's GPUs: {why}")))?;
+            }
             // The container's cgroup, whose cpuset only the host can change.
             let lease = planned
                 .spec
@@ -862,8 +867,27 @@ pub fn session_gated(
     // After the release, whatever the read came to: a GPU it left busy or changed is marked.
     let post_ns = since(Instant::now());
     let gpu_post = guard.as_ref().map(crate::guard::Guard::post);
-    // The release (and its absence proof) succeeded: the read is over on every device.
-    let ran = ran?;
+    // The release (and its absence proof) succeeded: the read is over on every device. When
+    // it did not, what the guard saw (a mark its pre drain lifted, a post phase that failed)
+    // is kept all the same.
+    let ran = match ran {
+        Ok(r) => r,
+        Err(e) => {
+            if let Some(seen) = guarded.as_mut() {
+                let post = gpu_post.map(|p| p.map_err(|f| (f.why.clone(), f.observed)));
+                let record = json!({
+                    "when": "a read that did not end",
+                    "gpus": seen.gpus,
+                    "pre": seen.pre,
+                    "post": post,
+                });
+                if let Err(k) = keep_devices(cfg, &record) {
+                    return Err(LaneError::NoDecision(format!("{e}; {k}")));
+                }
+            }
+            return Err(e);
+        }
+    };
     let gpu_lock = lock.span(from_unix_ns);
     let (meta, lease) = ran.inspected;
     let verdict =
@@ -913,11 +937,7 @@ pub fn session_gated(
     if !matches!(verdict, Verdict::Served(_)) || !void.is_empty() {
         // A read that did not serve names its device receipts as evidence (a served read
         // carries them in its outputs).
-        let text = cordon::canonical::to_canonical_json(&devices)
-            .map_err(|e| LaneError::NoDecision(format!("the device receipts: {e}")))?;
-        cfg.evidence
-            .keep("devices", text.as_bytes())
-            .map_err(|e| LaneError::NoDecision(format!("keeping the device receipts: {e}")))?;
+        keep_devices(cfg, &devices).map_err(LaneError::NoDecision)?;
     }
     if let (Verdict::Containment(why), Some(line)) = (&verdict, &quarantined) {
         return Err(LaneError::NoDecision(format!("{why}; {line}")));
@@ -958,27 +978,21 @@ pub fn session_gated(
 /// A guard phase that did not hold, before the read: its observations kept as the read's
 /// device evidence, and the no-decision that says why.
 fn guard_failed(cfg: &Config, when: &str, gpus: &[String], f: &crate::guard::Failed) -> LaneError {
-    let record = json!({
-        "when": when,
-        "gpus": gpus,
-        "config": f.observed.config,
-        "samples": f.observed.samples,
-        "why": f.why,
-    });
-    if let Err(e) = cordon::canonical::to_canonical_json(&record)
-        .map_err(|e| e.to_string())
-        .and_then(|t| {
-            cfg.evidence
-                .keep("devices", t.as_bytes())
-                .map_err(|e| e.to_string())
-        })
-    {
-        return LaneError::NoDecision(format!(
-            "the lane's GPUs {when}: {}; keeping the device evidence: {e}",
-            f.why
-        ));
+    let why = format!("the lane's GPUs {when}: {}", f.why);
+    let record = json!({ "when": when, "gpus": gpus, "observed": f.observed, "why": f.why });
+    match keep_devices(cfg, &record) {
+        Ok(()) => LaneError::NoDecision(why),
+        Err(e) => LaneError::NoDecision(format!("{why}; {e}")),
     }
-    LaneError::NoDecision(format!("the lane's GPUs {when}: {}", f.why))
+}
+
+/// Keep `record` as the read's device evidence.
+fn keep_devices(cfg: &Config, record: &impl serde::Serialize) -> Result<(), String> {
+    let text = cordon::canonical::to_canonical_json(record)
+        .map_err(|e| format!("the device evidence: {e}"))?;
+    cfg.evidence
+        .keep("devices", text.as_bytes())
+        .map_err(|e| format!("keeping the device evidence: {e}"))
 }
 
 /// Store a served session's output tokens as one content object (so grading replays from the

@@ -1,6 +1,6 @@
 //! GPU lanes with real containers and scripted GPUs: the policy's lanes each name a GPU, the
-//! host's CDI spec (a test's own directory) gives each GPU's nodes as harmless character
-//! devices of this host and a library bind, and the GPUs themselves are `cordon-device`'s fake
+//! host's CDI spec (a test's own directory) gives each GPU's nodes as character devices with
+//! the driver's numbers (made by the test; no driver answers them) and a library bind, and the GPUs themselves are `cordon-device`'s fake
 //! behind the GPU lock. A read gets exactly its lane's devices, the guard checks its GPUs
 //! before, during and after it, a GPU left busy is marked not reusable until a later drain
 //! holds, and a qualification whose reads were all guarded settles.
@@ -36,19 +36,36 @@ fn gpu_world(slot: u32, executor: &str) -> World {
     let lib = w.dir.path().join("driver/libcuda.so.1");
     std::fs::create_dir_all(lib.parent().unwrap()).unwrap();
     std::fs::write(&lib, "not a driver\n").unwrap();
+    // The GPUs' nodes as the driver numbers them (major 195; lane a's GPU minor 0, lane b's 1,
+    // the control node 255), made here: no driver answers them, and only their numbers count.
+    let nodes = w.dir.path().join("nodes");
+    std::fs::create_dir(&nodes).unwrap();
+    for (name, minor) in [("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255)] {
+        nix::sys::stat::mknod(
+            &nodes.join(name),
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+            nix::sys::stat::makedev(195, minor),
+        )
+        .unwrap();
+    }
+    let node = |name: &str| nodes.join(name).display().to_string();
     let cdi = w.dir.path().join("cdi");
     std::fs::create_dir(&cdi).unwrap();
     let spec = format!(
         r#"{{"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
   "devices": [
-    {{"name": "{A}", "containerEdits": {{"deviceNodes": [{{"path": "/dev/nvidia0", "hostPath": "/dev/zero"}}]}}}},
-    {{"name": "{B}", "containerEdits": {{"deviceNodes": [{{"path": "/dev/nvidia1", "hostPath": "/dev/full"}}]}}}}
+    {{"name": "{A}", "containerEdits": {{"deviceNodes": [{{"path": "/dev/nvidia0", "hostPath": "{}"}}]}}}},
+    {{"name": "{B}", "containerEdits": {{"deviceNodes": [{{"path": "/dev/nvidia1", "hostPath": "{}"}}]}}}}
   ],
   "containerEdits": {{
     "env": ["NVIDIA_VISIBLE_DEVICES=void"],
-    "deviceNodes": [{{"path": "/dev/nvidiactl", "hostPath": "/dev/null", "permissions": "rw"}}],
+    "deviceNodes": [{{"path": "/dev/nvidiactl", "hostPath": "{}", "permissions": "rw"}}],
     "mounts": [{{"hostPath": "{}", "containerPath": "/usr/lib/libcuda.so.1", "options": ["ro", "nosuid", "nodev", "bind"]}}]
   }}}}"#,
+        node("nvidia0"),
+        node("nvidia1"),
+        node("nvidiactl"),
         lib.display()
     );
     std::fs::write(cdi.join("nvidia.json"), spec).unwrap();
@@ -61,7 +78,9 @@ fn gpus() -> (Arc<Fake>, Arc<FakeClock>) {
     let clock = Arc::new(FakeClock::default());
     let fake = Arc::new(Fake::new(clock.clone()));
     fake.config_of(A, Some(pinned_config()))
-        .config_of(B, Some(pinned_config()));
+        .config_of(B, Some(pinned_config()))
+        .minor_of(A, Some(0))
+        .minor_of(B, Some(1));
     (fake, clock)
 }
 
@@ -74,10 +93,10 @@ fn lock(w: &World, fake: &Arc<Fake>, clock: &Arc<FakeClock>) -> Result<GpuLock, 
         }))
 }
 
-/// What a lane a read's engine checks from inside before it answers: its GPU's node (and
-/// writable), the common node, the library bind read-only, the spec's variable, and no node
+/// What a lane a read's engine checks from inside before it answers: its GPU's node (195:0),
+/// the common node, the library bind read-only, the spec's variable, and no node
 /// of lane b's GPU. Any miss raises, and the read is rejected.
-const PROBE: &str = "    import os\n    with open('/dev/nvidia0', 'wb') as f:\n        f.write(b'x')\n    assert os.path.exists('/dev/nvidiactl')\n    assert not os.path.exists('/dev/nvidia1')\n    assert open('/usr/lib/libcuda.so.1').read() == 'not a driver\\n'\n    assert not os.access('/usr/lib/libcuda.so.1', os.W_OK)\n    assert os.environ.get('NVIDIA_VISIBLE_DEVICES') == 'void'\n";
+const PROBE: &str = "    import os\n    st = os.stat('/dev/nvidia0').st_rdev\n    assert (os.major(st), os.minor(st)) == (195, 0)\n    assert os.path.exists('/dev/nvidiactl')\n    assert not os.path.exists('/dev/nvidia1')\n    assert open('/usr/lib/libcuda.so.1').read() == 'not a driver\\n'\n    assert not os.access('/usr/lib/libcuda.so.1', os.W_OK)\n    assert os.environ.get('NVIDIA_VISIBLE_DEVICES') == 'void'\n";
 
 /// A build whose engine sleeps `ms` per request and answers the prompt's first id repeated,
 /// running `probe` first.
@@ -149,6 +168,18 @@ fn a_gpu_lanes_read_is_guarded_before_during_and_after() {
     assert!(guarded(&w, d).is_empty(), "{:?}", guarded(&w, d));
     // Lane b's GPU was never read: the read's devices are its lane's alone.
     assert_eq!(fake.sampled(B), 0);
+    // A spec that gives lane a's UUID lane b's node (the driver says A is minor 1 now): the
+    // container would open another GPU than the guard measures, and the engine never starts.
+    fake.minor_of(A, Some(1));
+    let held = lock(&w, &fake, &clock).unwrap();
+    let e = read(&w, &b, &held).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("GPU device nodes are 195:[0], and the lane's GPUs are 195:[1]"),
+        "{e}"
+    );
+    drop(held);
+    nothing_left(&w);
 }
 
 #[test]

@@ -281,9 +281,12 @@ pub fn unguarded_gpus(
 /// The spec with the values that are the run's own replaced by placeholders: the account's
 /// ids (`$UID`, `$GID`), the lease (`$LEASE`) and its run directory (`$RUN`), the image cache
 /// path (`$IMAGE`), each host-supplied role's source (`$tree`, `$publication`, …) and the
-/// cpuset of the lane (`$LANE`), and a GPU lane's CDI edits (the nodes, binds, variables and
-/// hooks its own GPUs resolved to: `cdi` keeps their count, and the specs' digest stays in the
-/// annotations, so two lanes' reads resolved from the same specs compare equal). Two runs with
+/// cpuset of the lane (`$LANE`), and what names a GPU lane's own devices: its CDI nodes' paths
+/// and numbers (`$GPU_NODE`, in the spec's order, their permissions kept) and its hooks'
+/// arguments (`$GPU_ARGS`: a device's hook names its paths and PCI address). Its binds,
+/// variables, hook programs and points, and the specs' digest (an annotation) stay, and `cdi`
+/// is the lane's GPU count: two lanes' reads resolved from the same specs compare equal when
+/// their devices differ only in which they are. Two runs with
 /// equal launch identities differ in nothing else of their `config.json`: same argv, env,
 /// seccomp profile, mount table by role, devices, limits and namespaces.
 ///
@@ -312,42 +315,50 @@ pub fn launch_identity(spec: &Spec, run: &RunInputs) -> Result<serde_json::Value
         }
     }
     if let Some(cdi) = &run.cdi {
-        let nodes: Vec<(&str, Option<&DeviceNode>)> = cdi
-            .nodes
-            .iter()
-            .map(|n| (n.path.as_str(), run.devices.get(&n.path)))
-            .collect();
+        let nodes: Vec<&str> = cdi.nodes.iter().map(|n| n.path.as_str()).collect();
         let numbers: Vec<(u64, u64)> = nodes
             .iter()
-            .filter_map(|(_, d)| d.map(|d| (d.major, d.minor)))
+            .filter_map(|p| run.devices.get(*p).map(|d| (d.major, d.minor)))
             .collect();
         let field = |x: &Value, k: &str| x.get(k).and_then(Value::as_u64);
-        let retain = |v: &mut Value, pointer: &str, keep: &dyn Fn(&Value) -> bool| {
-            if let Some(Value::Array(a)) = v.pointer_mut(pointer) {
-                a.retain(|x| keep(x));
+        let token = |x: &mut Value, keys: &[&str]| {
+            for k in keys {
+                if let Some(v) = x.get_mut(*k) {
+                    *v = Value::from("$GPU_NODE");
+                }
             }
         };
-        retain(&mut v, "/linux/devices", &|d| {
-            !nodes
-                .iter()
-                .any(|(p, _)| d.get("path").and_then(Value::as_str) == Some(*p))
-        });
-        retain(&mut v, "/linux/resources/devices", &|r| {
-            r.get("allow") != Some(&Value::Bool(true))
-                || !numbers
-                    .iter()
-                    .any(|n| (field(r, "major"), field(r, "minor")) == (Some(n.0), Some(n.1)))
-        });
-        retain(&mut v, "/mounts", &|m| {
-            !cdi.mounts.iter().any(|c| {
-                m.get("destination").and_then(Value::as_str) == Some(c.container_path.as_str())
-            })
-        });
-        retain(&mut v, "/process/env", &|e| {
-            !cdi.env.iter().any(|c| e.as_str() == Some(c.as_str()))
-        });
+        if let Some(Value::Array(devices)) = v.pointer_mut("/linux/devices") {
+            for d in devices
+                .iter_mut()
+                .filter(|d| nodes.contains(&d.get("path").and_then(Value::as_str).unwrap_or("")))
+            {
+                token(d, &["path", "major", "minor"]);
+            }
+        }
+        if let Some(Value::Array(rules)) = v.pointer_mut("/linux/resources/devices") {
+            for r in rules.iter_mut().filter(|r| {
+                r.get("allow") == Some(&Value::Bool(true))
+                    && numbers
+                        .iter()
+                        .any(|n| (field(r, "major"), field(r, "minor")) == (Some(n.0), Some(n.1)))
+            }) {
+                token(r, &["major", "minor"]);
+            }
+        }
+        // A device's own hooks name its own paths and PCI address (`create-symlinks`).
+        if let Some(Value::Object(points)) = v.pointer_mut("/hooks") {
+            for h in points
+                .values_mut()
+                .filter_map(Value::as_array_mut)
+                .flatten()
+            {
+                if let Some(args) = h.get_mut("args") {
+                    *args = Value::from("$GPU_ARGS");
+                }
+            }
+        }
         if let Some(o) = v.as_object_mut() {
-            o.remove("hooks");
             o.insert("cdi".to_owned(), Value::from(cdi.devices.len()));
         }
     }
@@ -415,6 +426,9 @@ struct Bind {
     writable: bool,
     /// Whether files on it may be executed or mapped executable.
     executable: bool,
+    /// Whether the mounts beneath its source come with it (`rbind`): a CDI bind's do not, so
+    /// none escapes the read-only, nosuid, nodev options it is given.
+    recursive: bool,
 }
 
 /// Whether a role's files may be executed in stage `kind`: the model (weights) never, the tree
@@ -620,6 +634,7 @@ fn binds(
             source: host,
             destination: PathBuf::from(dest),
             executable: executable(*source, kind),
+            recursive: true,
             writable: match mode {
                 MountMode::Ro => false,
                 MountMode::Rw => true,
@@ -658,7 +673,8 @@ fn binds(
 }
 
 /// A CDI bind as the bundle makes it: read-only, private, nosuid and nodev whatever the spec
-/// says; executable unless the spec says `noexec` (a driver's user-space libraries are mapped
+/// says, and not recursive (a mount beneath its source is not bound); executable unless the
+/// spec says `noexec` (a driver's user-space libraries are mapped
 /// executable by the engine). Any other type or option is refused, never dropped.
 fn cdi_bind(kind: StageKind, m: &crate::cdi::Mount) -> Result<Bind, PlanError> {
     let refuse = |why: String| PlanError::Cdi {
@@ -686,6 +702,7 @@ fn cdi_bind(kind: StageKind, m: &crate::cdi::Mount) -> Result<Bind, PlanError> {
         destination: PathBuf::from(&m.container_path),
         writable: false,
         executable,
+        recursive: false,
     })
 }
 
@@ -757,7 +774,8 @@ fn mounts(stage: &Stage, tmp_dir: &Path, binds: &[Bind]) -> Result<Vec<Mount>, P
     }
     for b in binds {
         let mode = if b.writable { "rw" } else { "ro" };
-        let mut options = vec!["rbind", mode, "rprivate", "nosuid", "nodev"];
+        let bind = if b.recursive { "rbind" } else { "bind" };
+        let mut options = vec![bind, mode, "rprivate", "nosuid", "nodev"];
         if !b.executable {
             options.push("noexec");
         }
@@ -886,9 +904,8 @@ fn devices(
     Ok((devices, rules))
 }
 
-/// The OCI hooks of a GPU lane's CDI edits: each one the policy allows (the resolver refused
-/// the rest), at its lifecycle point; `prestart`, which OCI deprecates for the three that
-/// replace it, is refused.
+/// The OCI hooks of a GPU lane's CDI edits: each one the policy allows, at its lifecycle point
+/// (the resolver refused the rest, and any point but the three before the process starts).
 fn hooks(kind: StageKind, run: &RunInputs) -> Result<Option<Hooks>, PlanError> {
     let Some(cdi) = run.cdi.as_ref().filter(|c| !c.hooks.is_empty()) else {
         return Ok(None);
@@ -913,19 +930,34 @@ fn hooks(kind: StageKind, run: &RunInputs) -> Result<Option<Hooks>, PlanError> {
             "createRuntime" => hooks.set_create_runtime(Some(list)),
             "createContainer" => hooks.set_create_container(Some(list)),
             "startContainer" => hooks.set_start_container(Some(list)),
-            "poststart" => hooks.set_poststart(Some(list)),
-            "poststop" => hooks.set_poststop(Some(list)),
             other => {
                 return Err(PlanError::Cdi {
                     kind,
                     why: format!(
-                        "hook point {other:?} (createRuntime, createContainer, startContainer, poststart, poststop)"
+                        "hook point {other:?} (createRuntime, createContainer, startContainer)"
                     ),
                 });
             }
         };
     }
     Ok(Some(hooks))
+}
+
+/// The (major, minor) numbers of the character devices planned `spec` gives its container.
+#[must_use]
+pub fn character_devices(spec: &Spec) -> Vec<(u64, u64)> {
+    let devices = spec.linux().as_ref().and_then(|l| l.devices().as_ref());
+    devices
+        .into_iter()
+        .flatten()
+        .filter(|d| d.typ() == LinuxDeviceType::C)
+        .filter_map(|d| {
+            Some((
+                u64::try_from(d.major()).ok()?,
+                u64::try_from(d.minor()).ok()?,
+            ))
+        })
+        .collect()
 }
 
 /// The cgroup resources: memory (swap included) and pids as limited, the CPU quota and set,
@@ -1466,7 +1498,7 @@ mod tests {
         assert_eq!(lib["type"], "bind");
         assert_eq!(
             lib["options"],
-            serde_json::json!(["rbind", "ro", "rprivate", "nosuid", "nodev"])
+            serde_json::json!(["bind", "ro", "rprivate", "nosuid", "nodev"])
         );
         assert!(
             j["process"]["env"]
@@ -1504,17 +1536,32 @@ mod tests {
         );
         assert_eq!(launch(&a), launch(&b));
         let text = launch(&a).to_string();
-        for gone in [
-            "/dev/nvidia0",
-            "libcuda",
-            "NVIDIA_VISIBLE_DEVICES",
-            "nvidia-cdi-hook",
-        ] {
+        for gone in ["/dev/nvidia0", "/dev/dri/card1", "update-ldcache"] {
             assert!(!text.contains(gone), "{gone} in {text}");
         }
+        for kept in [
+            "libcuda",
+            "NVIDIA_VISIBLE_DEVICES=void",
+            "nvidia-cdi-hook",
+            "$GPU_NODE",
+        ] {
+            assert!(text.contains(kept), "{kept} not in {text}");
+        }
         assert_eq!(launch(&a)["cdi"], 1);
+        // Other specs; a device of its own with another variable, bind or node count.
         let other = gpu_read(&p, "a", &spec.replace("550.54.15", "550.54.16"));
         assert_ne!(launch(&a), launch(&other));
+        let own = r#"{"path": "/dev/nvidia1"}, {"path": "/dev/dri/card2"}]"#;
+        for to in [
+            r#"{"path": "/dev/nvidia1"}, {"path": "/dev/dri/card2"}], "env": ["LD_PRELOAD=/x.so"]"#,
+            r#"{"path": "/dev/nvidia1"}]"#,
+            r#"{"path": "/dev/nvidia1"}, {"path": "/dev/dri/card2"}], "mounts": [{"hostPath": "/usr/lib/x.so", "containerPath": "/usr/lib/x.so"}]"#,
+        ] {
+            let edited = spec.replacen(own, to, 1);
+            assert_ne!(edited, spec, "{to}");
+            let b = gpu_read(&p, "b", &edited);
+            assert_ne!(launch(&a), launch(&b), "{to}");
+        }
     }
 
     /// A GPU lane's read without its CDI edits, or edits on a read whose lane has no GPU, is
@@ -1584,11 +1631,6 @@ mod tests {
                 "NVIDIA_VISIBLE_DEVICES=void",
                 "PATH=/candidate/bin",
                 "sets a key the stage's environment sets",
-            ),
-            (
-                r#""hookName": "createContainer""#,
-                r#""hookName": "prestart""#,
-                "hook point",
             ),
         ] {
             let edited = spec.replacen(from, to, 1);

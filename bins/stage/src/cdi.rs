@@ -121,8 +121,7 @@ pub struct Mount {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Hook {
-    /// When (`createRuntime`, `createContainer`, `startContainer`, `poststart`, `poststop`,
-    /// `prestart`).
+    /// When (`createRuntime`, `createContainer` or `startContainer`: [`HOOK_POINTS`]).
     pub hook_name: String,
     /// The program.
     pub path: String,
@@ -137,15 +136,11 @@ pub struct Hook {
     pub timeout: Option<i64>,
 }
 
-/// The lifecycle points a CDI hook may name (OCI's).
-const HOOK_POINTS: [&str; 6] = [
-    "prestart",
-    "createRuntime",
-    "createContainer",
-    "startContainer",
-    "poststart",
-    "poststop",
-];
+/// The lifecycle points a CDI hook may run at: OCI's three before the container's process
+/// starts. Not `prestart` (deprecated for these), and not `poststart` or `poststop`: a hook
+/// runs as root on the host, and after the candidate has run its root filesystem is the
+/// candidate's work (a link planted for a root program to follow).
+const HOOK_POINTS: [&str; 3] = ["createRuntime", "createContainer", "startContainer"];
 
 /// What a device needs in the container: the spec's common edits and the device's own.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -302,8 +297,9 @@ pub fn resolve(
         .find(|h| !HOOK_POINTS.contains(&h.hook_name.as_str()))
     {
         return Err(bad(format!(
-            "hook point {:?} is not one OCI knows",
-            h.hook_name
+            "hook point {:?}: cordon runs CDI hooks only before the container's process starts ({})",
+            h.hook_name,
+            HOOK_POINTS.join(", ")
         )));
     }
     if let Some(h) = r.hooks.iter().find(|h| !allowed.contains_key(&h.path)) {
@@ -328,24 +324,46 @@ pub const SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
 
 /// The spec files in `dirs`, read, in path order: every `.json`, `.yaml` and `.yml` file (the
 /// resolver refuses YAML by name, never skipping it). A directory that does not exist holds
-/// none; one that exists and cannot be read is an error, never "no spec".
+/// none; one that exists and cannot be read is an error, never "no spec". A spec decides what
+/// a container gets of the host, so each directory and file must be root's and writable by
+/// root alone, and a spec must be a regular file (not a link).
 ///
 /// # Errors
-/// A directory or spec file that exists cannot be read.
+/// A directory or spec file that exists cannot be read, or is not root's alone.
 pub fn read_specs(dirs: &[&Path]) -> Result<Vec<(PathBuf, Vec<u8>)>, String> {
+    use std::os::unix::fs::MetadataExt;
+    let owned = |path: &Path, m: &std::fs::Metadata| {
+        if m.uid() != 0 || m.mode() & 0o022 != 0 {
+            return Err(format!(
+                "{}: owned by uid {} with mode {:o}: a CDI spec and its directory must be root's and writable by root alone",
+                path.display(),
+                m.uid(),
+                m.mode() & 0o7777
+            ));
+        }
+        Ok(())
+    };
     let mut specs = Vec::new();
     for dir in dirs {
-        let entries = match std::fs::read_dir(dir) {
-            Ok(e) => e,
+        let meta = match std::fs::metadata(dir) {
+            Ok(m) => m,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => return Err(format!("{}: {e}", dir.display())),
         };
+        owned(dir, &meta)?;
+        let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         for entry in entries {
             let path = entry.map_err(|e| format!("{}: {e}", dir.display()))?.path();
             if path
                 .extension()
                 .is_some_and(|e| e == "json" || e == "yaml" || e == "yml")
             {
+                let m = std::fs::symlink_metadata(&path)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                if !m.is_file() {
+                    return Err(format!("{}: not a regular file", path.display()));
+                }
+                owned(&path, &m)?;
                 let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
                 specs.push((path, bytes));
             }

@@ -476,6 +476,26 @@ impl Session<'_> {
             .unwrap_or_default();
         let names: Vec<String> = lane.gpus.keys().map(|u| crate::cdi::gpu(u)).collect();
         let applied = crate::cdi::resolve_lane(&specs, &names, &hooks)?;
+        // A bind's source as the spec writes it is the one checked against the protected and
+        // never-mount paths: it may not be a link (the runtime would follow it elsewhere), and
+        // only files and directories are bound (a socket would reach a root daemon).
+        for m in &applied.mounts {
+            let source = std::path::Path::new(&m.host_path);
+            let refuse = |why: String| {
+                SessionError::Cdi(crate::cdi::CdiError::Device {
+                    device: applied.devices.join(", "),
+                    why: format!("bind source {}: {why}", m.host_path),
+                })
+            };
+            let real = std::fs::canonicalize(source).map_err(|e| refuse(e.to_string()))?;
+            if real != source {
+                return Err(refuse(format!("leads to {}", real.display())));
+            }
+            let meta = std::fs::metadata(source).map_err(|e| refuse(e.to_string()))?;
+            if !meta.is_file() && !meta.is_dir() {
+                return Err(refuse("neither a file nor a directory".to_owned()));
+            }
+        }
         for n in &applied.nodes {
             let host = n.host_path.as_deref().unwrap_or(&n.path);
             let node = self

@@ -152,7 +152,7 @@ pub fn cdi_spec() -> String {
     }},
     {{
       "name": "{b}",
-      "containerEdits": {{"deviceNodes": [{{"path": "/dev/nvidia1"}}]}}
+      "containerEdits": {{"deviceNodes": [{{"path": "/dev/nvidia1"}}, {{"path": "/dev/dri/card2"}}]}}
     }}
   ],
   "containerEdits": {{

@@ -29,7 +29,8 @@ fn world() -> World {
     let store = Store::open(&dir.path().join("store")).unwrap();
     let clock = Arc::new(FakeClock::default());
     let fake = Arc::new(Fake::new(clock.clone()));
-    fake.config_of(A, Some(pinned_config()));
+    fake.config_of(A, Some(pinned_config()))
+        .minor_of(A, Some(0));
     let devices = Devices {
         gpus: fake.clone(),
         clock: clock.clone(),
@@ -60,11 +61,12 @@ impl World {
 }
 
 fn receipt(phase: DevicePhase, gpus: Vec<String>, o: Observed) -> DeviceReceipt {
+    let seq = phase as u32;
     DeviceReceipt {
         launch: "l".into(),
-        seq: 0,
+        seq,
         phase,
-        at_ns: 0,
+        at_ns: u64::from(seq),
         gpus,
         cpuset: None,
         quiescent: None,
@@ -117,6 +119,19 @@ fn an_idle_pinned_gpu_passes_pre_active_and_post_and_the_receipts_recompute_as_g
     assert!(
         why[1].contains("0 idle samples at the end, not 3"),
         "{why:?}"
+    );
+    // Out of place, out of sequence, samples out of time.
+    let mut r = receipts.clone();
+    std::mem::swap(&mut r.pre, &mut r.post);
+    assert!(
+        unguarded(&w.pins, &w.rules.drain, &w.rules.envelope, &r)
+            .contains(&"the receipts are not pre, active and post in sequence and time".to_owned())
+    );
+    let mut r = receipts.clone();
+    r.active.samples[0][0].at_ns = 0;
+    assert_eq!(
+        unguarded(&w.pins, &w.rules.drain, &w.rules.envelope, &r),
+        [format!("GPU {A}: its samples are not in time order")]
     );
     let mut r = receipts;
     r.pre.gpus.clear();
@@ -244,4 +259,29 @@ fn an_active_sample_outside_the_envelope_or_unreadable_fails() {
         let e = w.guard().active().unwrap_err();
         assert!(e.why.contains(why), "{why}: {}", e.why);
     }
+}
+
+#[test]
+fn the_containers_gpu_nodes_must_be_exactly_the_lanes_gpus() {
+    let w = world();
+    let g = w.guard();
+    // nvidiactl (195:255), uvm (another major) and a GPU's node: lane a's GPU is minor 0.
+    let (ctl, uvm) = ((195, 255), (508, 0));
+    g.nodes(&[ctl, uvm, (195, 0)]).unwrap();
+    for (planned, why) in [
+        (
+            vec![ctl, uvm],
+            "are 195:[], and the lane's GPUs are 195:[0]",
+        ),
+        (
+            vec![ctl, (195, 1)],
+            "are 195:[1], and the lane's GPUs are 195:[0]",
+        ),
+        (vec![(195, 0), (195, 1)], "are 195:[0, 1]"),
+    ] {
+        let e = g.nodes(&planned).unwrap_err();
+        assert!(e.contains(why), "{planned:?}: {e}");
+    }
+    w.fake.minor_of(A, None);
+    assert!(g.nodes(&[(195, 0)]).unwrap_err().contains("minor number"));
 }

@@ -116,6 +116,17 @@ fn what_cordon_cannot_apply_or_place_is_refused() {
             "\"cdiversion\"",
             "unknown field `cdiversion`",
         ),
+        // Hooks run as root on the host: only before the container's process starts.
+        (
+            "\"hookName\": \"createContainer\"",
+            "\"hookName\": \"poststop\"",
+            "hook point \"poststop\": cordon runs CDI hooks only before",
+        ),
+        (
+            "\"hookName\": \"createContainer\"",
+            "\"hookName\": \"prestart\"",
+            "hook point \"prestart\"",
+        ),
     ] {
         let edited = text.replacen(from, to, 1);
         assert_ne!(edited, text, "{from}");
@@ -181,7 +192,8 @@ fn a_lanes_devices_share_the_specs_common_edits_once() {
             "/dev/nvidia-uvm",
             "/dev/nvidia0",
             "/dev/dri/card1",
-            "/dev/nvidia1"
+            "/dev/nvidia1",
+            "/dev/dri/card2"
         ]
     );
     assert_eq!(a.env, ["NVIDIA_VISIBLE_DEVICES=void"]);
@@ -202,12 +214,12 @@ fn two_devices_of_a_lane_that_want_one_thing_differently_are_refused() {
     let devices: Vec<String> = LANE_GPUS.iter().map(|u| gpu(u)).collect();
     for (from, to, what) in [
         (
-            r#""containerEdits": {"deviceNodes": [{"path": "/dev/nvidia1"}]}"#,
+            r#""containerEdits": {"deviceNodes": [{"path": "/dev/nvidia1"}, {"path": "/dev/dri/card2"}]}"#,
             r#""containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0", "permissions": "r"}]}"#,
             "it wants device node /dev/nvidia0",
         ),
         (
-            r#""containerEdits": {"deviceNodes": [{"path": "/dev/nvidia1"}]}"#,
+            r#""containerEdits": {"deviceNodes": [{"path": "/dev/nvidia1"}, {"path": "/dev/dri/card2"}]}"#,
             r#""containerEdits": {"env": ["GPU_SLOT=b"], "deviceNodes": [{"path": "/dev/nvidia1"}]}"#,
             "it sets GPU_SLOT",
         ),
@@ -235,6 +247,7 @@ fn two_devices_of_a_lane_that_want_one_thing_differently_are_refused() {
 
 #[test]
 fn the_spec_directories_are_read_whole_and_a_missing_one_holds_none() {
+    cordon_testkit::require_root("a CDI spec must be root's: the test's files are its owner's");
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = (dir.path().join("a"), dir.path().join("absent"));
     std::fs::create_dir(&a).unwrap();
@@ -249,4 +262,18 @@ fn the_spec_directories_are_read_whole_and_a_missing_one_holds_none() {
     let file = dir.path().join("file");
     std::fs::write(&file, "").unwrap();
     assert!(read_specs(&[file.as_path()]).is_err());
+    // Root's alone, and a regular file: a spec others could write, or a link, is refused.
+    use std::os::unix::fs::PermissionsExt;
+    let mode =
+        |p: &Path, m| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    mode(&a.join("z.json"), 0o664);
+    let e = read_specs(&[a.as_path()]).unwrap_err();
+    assert!(e.contains("writable by root alone"), "{e}");
+    mode(&a.join("z.json"), 0o644);
+    mode(&a, 0o777);
+    assert!(read_specs(&[a.as_path()]).is_err());
+    mode(&a, 0o755);
+    std::os::unix::fs::symlink(a.join("z.json"), a.join("y.json")).unwrap();
+    let e = read_specs(&[a.as_path()]).unwrap_err();
+    assert!(e.contains("not a regular file"), "{e}");
 }
