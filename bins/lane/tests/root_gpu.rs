@@ -9,10 +9,9 @@
 
 use std::sync::Arc;
 
-use cordon::canonical::Digest;
 use cordon::lease::quarantine::{self, Cause, Scope};
 use cordon::receipt::{Decision, DeviceReceipts, LaneAssignment, Role};
-use cordon::tree::{PUBLICATIONS, TREES};
+use cordon::tree::PUBLICATIONS;
 use cordon_device::fake::{Fake, FakeClock, Step, pinned_config};
 use cordon_lane::guard::Devices;
 use cordon_lane::lock::GpuLock;
@@ -23,7 +22,7 @@ use cordon_testkit::LANE_GPUS;
 
 mod common;
 
-use common::{World, nothing_left, publish};
+use common::{World, build, build_probing, nothing_left, publish};
 
 const A: &str = LANE_GPUS[0];
 const B: &str = LANE_GPUS[1];
@@ -97,27 +96,6 @@ fn lock(w: &World, fake: &Arc<Fake>, clock: &Arc<FakeClock>) -> Result<GpuLock, 
 /// the common node, the library bind read-only, the spec's variable, and no node
 /// of lane b's GPU. Any miss raises, and the read is rejected.
 const PROBE: &str = "    import os\n    st = os.stat('/dev/nvidia0').st_rdev\n    assert (os.major(st), os.minor(st)) == (195, 0)\n    assert os.path.exists('/dev/nvidiactl')\n    assert not os.path.exists('/dev/nvidia1')\n    assert open('/usr/lib/libcuda.so.1').read() == 'not a driver\\n'\n    assert not os.access('/usr/lib/libcuda.so.1', os.W_OK)\n    assert os.environ.get('NVIDIA_VISIBLE_DEVICES') == 'void'\n";
-
-/// A build whose engine sleeps `ms` per request and answers the prompt's first id repeated,
-/// running `probe` first.
-fn build_probing(w: &World, ms: u64, probe: &str) -> Build {
-    let serve = format!(
-        "import time\n\n\ndef generate(prompt, tokens, model_dir):\n{probe}    time.sleep({ms} / 1000)\n    return [prompt[0]] * tokens\n"
-    );
-    Build {
-        tree: publish(
-            &w.store,
-            TREES,
-            &[("engine/__init__.py", ""), ("engine/serve.py", &serve)],
-        ),
-        publication: publish(&w.store, PUBLICATIONS, &[("lib/a", &format!("{ms}\n"))]),
-        receipt: Digest::of_bytes(format!("prebuild-{ms}").as_bytes()),
-    }
-}
-
-fn build(w: &World, ms: u64) -> Build {
-    build_probing(w, ms, "")
-}
 
 fn lane_a(w: &World) -> LaneAssignment {
     primary(&w.policy).unwrap().baseline

@@ -5,32 +5,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use cordon::canonical::Digest;
 use cordon::chain;
 use cordon::receipt::{LaneOutputs, LockSpan};
-use cordon::tree::{PUBLICATIONS, TREES};
-use cordon_lane::qualify::{Build, Plan, QualifyOutputs, frozen, primary};
+use cordon_lane::qualify::{Plan, QualifyOutputs, frozen, primary};
 use cordon_lane::speed::Verdict;
 
 mod common;
 
-use common::{World, nothing_left, publish, qualified};
-
-/// A build whose engine sleeps `ms` per request and answers the prompt's first id repeated.
-fn build(w: &World, ms: u64) -> Build {
-    let serve = format!(
-        "import time\n\n\ndef generate(prompt, tokens, model_dir):\n    time.sleep({ms} / 1000)\n    return [prompt[0]] * tokens\n"
-    );
-    Build {
-        tree: publish(
-            &w.store,
-            TREES,
-            &[("engine/__init__.py", ""), ("engine/serve.py", &serve)],
-        ),
-        publication: publish(&w.store, PUBLICATIONS, &[("lib/a", &format!("{ms}\n"))]),
-        receipt: Digest::of_bytes(format!("prebuild-{ms}").as_bytes()),
-    }
-}
+use common::{World, build, nothing_left, qualified};
 
 fn plan(w: &World, incumbent_ms: u64, candidate_ms: u64) -> Plan {
     Plan {

@@ -94,6 +94,32 @@ pub fn world_of(owner: &str, slot: u32, executor: &str, edit: &dyn Fn(String) ->
     }
 }
 
+/// A build whose engine sleeps `ms` per request and answers the prompt's first id repeated,
+/// running `probe` (indented Python lines) first in every request.
+pub fn build_probing(w: &World, ms: u64, probe: &str) -> cordon_lane::qualify::Build {
+    let serve = format!(
+        "import time\n\n\ndef generate(prompt, tokens, model_dir):\n{probe}    time.sleep({ms} / 1000)\n    return [prompt[0]] * tokens\n"
+    );
+    cordon_lane::qualify::Build {
+        tree: publish(
+            &w.store,
+            tree::TREES,
+            &[("engine/__init__.py", ""), ("engine/serve.py", &serve)],
+        ),
+        publication: publish(
+            &w.store,
+            tree::PUBLICATIONS,
+            &[("lib/a", &format!("{ms}\n"))],
+        ),
+        receipt: Digest::of_bytes(format!("prebuild-{ms}").as_bytes()),
+    }
+}
+
+/// [`build_probing`] with no probe.
+pub fn build(w: &World, ms: u64) -> cordon_lane::qualify::Build {
+    build_probing(w, ms, "")
+}
+
 /// Publish text files as a tree or publication.
 pub fn publish(store: &Store, section: tree::Section, files: &[(&str, &str)]) -> Digest {
     let files: Vec<(&str, &[u8], bool)> = files
