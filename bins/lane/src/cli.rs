@@ -543,7 +543,13 @@ fn devices(
         .map(|(p, b)| (p.as_path(), b.as_slice()))
         .collect();
     let clock = cordon_device::SystemClock::default();
-    let (report, ok) = crate::devices::report(policy, &files, &gpus, &clock, drain);
+    let (report, ok) = crate::devices::report(
+        policy,
+        &files,
+        &gpus,
+        &clock,
+        (drain, &crate::devices::character_device),
+    );
     // Canonical JSON escapes what could drive a terminal (a driver's string, a spec's path).
     match cordon::canonical::to_canonical_json(&report) {
         Ok(text) if writeln!(stdout, "{text}").is_ok() => crate::devices::exit(ok),

@@ -28,15 +28,19 @@ pub fn named(policy: &Policy) -> Vec<(String, String)> {
         .collect()
 }
 
+/// How the report learns a host device node's numbers ([`character_device`] on a host).
+pub type Stat = dyn Fn(&std::path::Path) -> Option<(u64, u64)>;
+
 /// The report of every lane GPU of `policy`: resolved from `specs`, read through `gpus`,
-/// drained under the policy's guard when `drained`; and whether every one holds.
+/// drained under the policy's guard when `drained`; each lane's devices resolved together,
+/// their GPU nodes (numbered by `stat`) the lane's GPUs; and whether every one holds.
 #[must_use]
 pub fn report(
     policy: &Policy,
     specs: &[SpecFile<'_>],
     gpus: &dyn Gpus,
     clock: &dyn Clock,
-    drained: bool,
+    (drained, stat): (bool, &Stat),
 ) -> (Value, bool) {
     let mut ok = true;
     let mut out = Vec::new();
@@ -103,7 +107,27 @@ pub fn report(
         }
         let devices: Vec<String> = l.gpus.keys().map(|u| cdi::gpu(u)).collect();
         let applied = match cdi::resolve_lane(specs, &devices, hooks) {
-            Ok(a) => json!(a),
+            // Its GPU nodes, as the host numbers them, are the lane's GPUs (as a read checks
+            // before its engine starts).
+            Ok(a) => {
+                let numbers: Vec<(u64, u64)> = a
+                    .nodes
+                    .iter()
+                    .filter_map(|n| {
+                        stat(std::path::Path::new(
+                            n.host_path.as_ref().unwrap_or(&n.path),
+                        ))
+                    })
+                    .collect();
+                let nodes = match crate::guard::gpu_nodes(gpus, l.gpus.keys(), &numbers) {
+                    Ok(()) => json!("the lane's GPUs"),
+                    Err(why) => {
+                        ok = false;
+                        json!({ "refused": why })
+                    }
+                };
+                json!({ "applied": a, "nodes": nodes })
+            }
             Err(e) => {
                 ok = false;
                 json!({ "refused": e.to_string() })
@@ -112,6 +136,18 @@ pub fn report(
         lanes.push(json!({ "lane": lane, "cdi": applied }));
     }
     (json!({ "gpus": out, "lanes": lanes, "ok": ok }), ok)
+}
+
+/// The (major, minor) numbers of the character device at `path` on this host (`None`: it is
+/// none, or cannot be looked at).
+#[must_use]
+pub fn character_device(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let m = std::fs::metadata(path).ok()?;
+    m.file_type().is_char_device().then(|| {
+        let rdev = m.rdev();
+        (nix::sys::stat::major(rdev), nix::sys::stat::minor(rdev))
+    })
 }
 
 /// The exit of a report: 0 when every GPU holds, 3 otherwise.

@@ -58,6 +58,36 @@ pub struct Failed {
     pub observed: Observed,
 }
 
+/// Whether device numbers `planned` hold exactly the GPU nodes of `uuids` (see
+/// [`Guard::nodes`]), the minor numbers read through `gpus`.
+///
+/// # Errors
+/// Why not, or a minor number that cannot be read.
+pub fn gpu_nodes<'u>(
+    gpus: &dyn Gpus,
+    uuids: impl IntoIterator<Item = &'u String>,
+    planned: &[(u64, u64)],
+) -> Result<(), String> {
+    let mut want = Vec::new();
+    for uuid in uuids {
+        let minor = gpus.minor(uuid).map_err(|e| e.to_string())?;
+        want.push(u64::from(minor));
+    }
+    want.sort_unstable();
+    let mut got: Vec<u64> = planned
+        .iter()
+        .filter(|(major, minor)| *major == NVIDIA_MAJOR && *minor <= GPU_MINOR_MAX)
+        .map(|(_, minor)| *minor)
+        .collect();
+    got.sort_unstable();
+    if got != want {
+        return Err(format!(
+            "the container's GPU device nodes are {NVIDIA_MAJOR}:{got:?}, and the lane's GPUs are {NVIDIA_MAJOR}:{want:?}"
+        ));
+    }
+    Ok(())
+}
+
 /// One read's guard over its lane's GPUs.
 pub struct Guard<'a> {
     devices: &'a Devices,
@@ -197,24 +227,7 @@ impl<'a> Guard<'a> {
     /// # Errors
     /// Why not, or a minor number that cannot be read.
     pub fn nodes(&self, planned: &[(u64, u64)]) -> Result<(), String> {
-        let mut want = Vec::new();
-        for uuid in self.pins.keys() {
-            let minor = self.devices.gpus.minor(uuid).map_err(|e| e.to_string())?;
-            want.push(u64::from(minor));
-        }
-        want.sort_unstable();
-        let mut got: Vec<u64> = planned
-            .iter()
-            .filter(|(major, minor)| *major == NVIDIA_MAJOR && *minor <= GPU_MINOR_MAX)
-            .map(|(_, minor)| *minor)
-            .collect();
-        got.sort_unstable();
-        if got != want {
-            return Err(format!(
-                "the container's GPU device nodes are {NVIDIA_MAJOR}:{got:?}, and the lane's GPUs are {NVIDIA_MAJOR}:{want:?}"
-            ));
-        }
-        Ok(())
+        gpu_nodes(&*self.devices.gpus, self.pins.keys(), planned)
     }
 
     /// Before the container: each GPU as pinned and drained ([`Guard`]).

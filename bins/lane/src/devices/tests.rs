@@ -20,6 +20,12 @@ fn spec() -> Vec<u8> {
     cordon_testkit::cdi_spec().into_bytes()
 }
 
+/// The host's NVIDIA nodes as the test spec names them: /dev/nvidiaN is 195:N.
+fn nvidia(path: &std::path::Path) -> Option<(u64, u64)> {
+    let n = path.to_str()?.strip_prefix("/dev/nvidia")?.parse().ok()?;
+    Some((195, n))
+}
+
 /// The report with `spec` as the host's one CDI spec.
 fn with_spec(
     p: &Policy,
@@ -33,7 +39,7 @@ fn with_spec(
         &[(std::path::Path::new("/etc/cdi/nvidia.json"), spec)],
         fake,
         clock,
-        drained,
+        (drained, &nvidia),
     )
 }
 
@@ -41,7 +47,9 @@ fn host() -> (Arc<FakeClock>, Fake) {
     let clock = Arc::new(FakeClock::default());
     let fake = Fake::new(clock.clone());
     fake.config_of(A, Some(pinned_config()))
-        .config_of(B, Some(pinned_config()));
+        .config_of(B, Some(pinned_config()))
+        .minor_of(A, Some(0))
+        .minor_of(B, Some(1));
     (clock, fake)
 }
 
@@ -57,11 +65,22 @@ fn every_lane_gpu_is_read_compared_and_drained() {
     // Each lane's devices together, as a session applies them.
     assert_eq!(r["lanes"][1]["lane"], "b");
     assert_eq!(
-        r["lanes"][1]["cdi"]["devices"],
+        r["lanes"][1]["cdi"]["applied"]["devices"],
         json!([format!("nvidia.com/gpu={B}")])
     );
+    assert_eq!(r["lanes"][1]["cdi"]["nodes"], "the lane's GPUs");
     assert_eq!(r["gpus"][1]["drain"]["drained"]["read"], json!([3, 0]));
     assert_eq!(exit(ok), ExitCode::Ok);
+    // A spec whose node for lane b's GPU is not the one the driver gives its UUID.
+    fake.minor_of(B, Some(7));
+    let (r, ok) = with_spec(&p, &spec(), &fake, &clock, false);
+    assert!(!ok);
+    let refused = r["lanes"][1]["cdi"]["nodes"]["refused"].as_str().unwrap();
+    assert!(
+        refused.contains("are 195:[1], and the lane's GPUs are 195:[7]"),
+        "{refused}"
+    );
+    fake.minor_of(B, Some(1));
     // Without --drain, no drain.
     let (r, ok) = with_spec(&p, &spec(), &fake, &clock, false);
     assert!(ok && r["gpus"][0].get("drain").is_none(), "{r:#}");
@@ -97,7 +116,7 @@ fn a_drifted_unreadable_or_busy_gpu_fails_the_report() {
     assert_eq!(r["gpus"][1]["faults"], json!(["Xid events [79]"]));
     // A GPU no spec names, a spec with a hook the policy does not allow.
     let (clock, fake) = host();
-    let (r, ok) = report(&p, &[], &fake, &*clock, false);
+    let (r, ok) = report(&p, &[], &fake, &*clock, (false, &nvidia));
     assert!(!ok);
     assert!(
         r["gpus"][0]["cdi"]["refused"]
