@@ -4,7 +4,7 @@
 # test gap, killed by a new test or written down in checks/mutants-report.md with the reason it
 # is equivalent. Not part of .ci/run (it takes hours on 2 cores); its last report is committed.
 #
-#   bash checks/mutants.sh [GROUP…]      groups: authority inventory lease planner posture validator
+#   bash checks/mutants.sh [GROUP…]      groups: authority guard inventory lease planner posture validator
 #
 # Environment: CORDON_MUTANTS_BUDGET (seconds per group, default 3600), CORDON_MUTANTS_ITERATE=1
 # to test again only the mutants the last run of a group did not catch, CORDON_MUTANTS_ROOT=1
@@ -58,6 +58,12 @@ run_group() {
         re=('.')
         tests=(cordon-stage)
         ;;
+    guard)
+        # The GPU lane's guard, its pure rules and settling, member coverage, CDI resolution.
+        files=(bins/lane/src/guard.rs bins/evidence/src/device.rs bins/evidence/src/qualify.rs bins/frame/src/message.rs bins/stage/src/cdi.rs)
+        re=('drained|pre|post|active|nodes|gpu_nodes|mark|unguarded|busy|faults|drift|breaches|unsettled|coverage|member_report|resolve|read_specs|parse|absolute')
+        tests=(cordon-lane cordon-evidence cordon-frame cordon-stage cordon-verify)
+        ;;
     validator)
         # The policy validator's refusals of weakened controls.
         files=(bins/policy-lang/src/build/mod.rs bins/policy-lang/src/build/stage.rs bins/policy-lang/src/build/seccomp.rs)
@@ -98,5 +104,5 @@ run_group() {
 }
 
 groups=("$@")
-[ ${#groups[@]} -gt 0 ] || groups=(authority inventory lease planner posture validator)
+[ ${#groups[@]} -gt 0 ] || groups=(authority guard inventory lease planner posture validator)
 for g in "${groups[@]}"; do run_group "$g"; done
