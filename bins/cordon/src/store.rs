@@ -84,6 +84,18 @@ pub enum StoreError {
         /// What is wrong with it.
         why: String,
     },
+    /// A command that only reads a store was given a path that holds none.
+    #[error("no store at {path}")]
+    #[diagnostic(
+        code(cordon::store::missing),
+        help(
+            "a command that reads a store never creates one: check --store (or the policy's `store` path); a stage that runs work creates it"
+        )
+    )]
+    Missing {
+        /// The path given.
+        path: PathBuf,
+    },
     /// A published entry differs from what was meant to be written under its name.
     #[error("store entry {path} does not match its name: expected {expected}, found {found}")]
     #[diagnostic(
@@ -98,6 +110,19 @@ pub enum StoreError {
         /// What is there.
         found: String,
     },
+}
+
+impl crate::exit::ExitClass for StoreError {
+    /// A store that is not there is the operator's path (2); anything else cordon could not
+    /// establish of one is a no-decision (3).
+    fn exit_class(&self) -> crate::ExitCode {
+        match self {
+            Self::Missing { .. } => crate::ExitCode::Usage,
+            Self::Io { .. } | Self::Unsafe { .. } | Self::Mismatch { .. } => {
+                crate::ExitCode::NoDecision
+            }
+        }
+    }
 }
 
 fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StoreError + use<> {
@@ -444,6 +469,40 @@ impl Store {
             store.check_dir(&path, 0o700)?;
         }
         store.clean_stale()?;
+        Ok(store)
+    }
+
+    /// Open the store at `root` for a command that reads it: as [`Store::open`] checks it, but
+    /// nothing is created or removed (no layout, no scratch cleaning), and a path that holds no
+    /// store — nothing there, or a directory without the store's layout — is
+    /// [`StoreError::Missing`].
+    ///
+    /// # Errors
+    /// There is no store at `root`, or it is unsafe.
+    pub fn open_existing(root: &Path) -> Result<Self, StoreError> {
+        let missing = || StoreError::Missing {
+            path: root.to_path_buf(),
+        };
+        match fs::symlink_metadata(root) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(missing()),
+            Err(e) => return Err(io_err("stat", root)(e)),
+            Ok(_) => {}
+        }
+        Self {
+            root: root.to_path_buf(),
+        }
+        .check_dir(root, 0o700)?;
+        let root = &fs::canonicalize(root).map_err(io_err("resolve", root))?;
+        let store = Self { root: root.clone() };
+        store.check_dir(root, 0o700)?;
+        for sub in LAYOUT {
+            let path = root.join(sub);
+            match fs::symlink_metadata(&path) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(missing()),
+                Err(e) => return Err(io_err("stat", &path)(e)),
+                Ok(_) => store.check_dir(&path, 0o700)?,
+            }
+        }
         Ok(store)
     }
 
@@ -841,13 +900,6 @@ fn list_into(root: &Path, out: &mut Vec<String>) -> Result<(), StoreError> {
     })
 }
 
-impl crate::exit::ExitClass for StoreError {
-    /// Everything a store cannot do is cordon's own failure: a no-decision (3).
-    fn exit_class(&self) -> crate::ExitCode {
-        crate::ExitCode::NoDecision
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
@@ -859,6 +911,36 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("store")).unwrap();
         (dir, store)
+    }
+
+    #[test]
+    fn a_reader_never_makes_a_store_and_a_path_without_one_is_the_operators() {
+        use crate::exit::ExitClass;
+        let dir = tempfile::tempdir().unwrap();
+        let typo = dir.path().join("stroe");
+        let e = Store::open_existing(&typo).unwrap_err();
+        assert!(
+            matches!(&e, StoreError::Missing { path } if *path == typo),
+            "{e}"
+        );
+        assert_eq!(e.exit_class(), crate::ExitCode::Usage);
+        assert!(!typo.exists(), "nothing was made");
+        // A private directory that is no store: still none, and still nothing made in it.
+        fs::create_dir(&typo).unwrap();
+        fs::set_permissions(&typo, fs::Permissions::from_mode(0o700)).unwrap();
+        assert!(matches!(
+            Store::open_existing(&typo),
+            Err(StoreError::Missing { .. })
+        ));
+        assert_eq!(fs::read_dir(&typo).unwrap().count(), 0);
+        // A store opens; an unsafe one is refused as such, a no-decision.
+        let root = dir.path().join("store");
+        Store::open(&root).unwrap();
+        Store::open_existing(&root).unwrap();
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).unwrap();
+        let e = Store::open_existing(&root).unwrap_err();
+        assert!(matches!(e, StoreError::Unsafe { .. }), "{e}");
+        assert_eq!(e.exit_class(), crate::ExitCode::NoDecision);
     }
 
     #[test]

@@ -107,7 +107,7 @@ impl ExitClass for CommandError {
         match self {
             Self::Digest { .. } | Self::Usage => ExitCode::Usage,
             Self::Input(e) => e.exit_class(),
-            Self::Store(_) => ExitCode::NoDecision,
+            Self::Store(e) => e.exit_class(),
         }
     }
 }
@@ -361,7 +361,11 @@ fn dispatch(
     let rules = policy.tree_rules();
     let mut receipt = Receipt::new(StageName::Materialize, authority, Outcome::Ok);
     let job = job(args, &authority, stdin, &mut receipt)?;
-    let store = Store::open(&store_root)?;
+    // Reopening a tree only reads the store: it never makes one where none is.
+    let store = match &job {
+        Job::Verify(_) => Store::open_existing(&store_root)?,
+        Job::Delta { .. } | Job::Incumbent(_) => Store::open(&store_root)?,
+    };
     // A delta's fetch receipt must be this store's own, and start its chain under this
     // authority: a receipt written by hand names nothing the store established.
     if let (Job::Delta { .. }, Some(prev)) = (&job, receipt.prev) {

@@ -305,3 +305,15 @@ fn a_signal_mid_analysis_stops_the_child_and_leaves_a_no_decision_naming_it() {
         ("materialize", 4),
     );
 }
+
+/// Reopening a tree in a store that is not there makes no store: exit 2, naming the path.
+#[test]
+fn verify_on_a_store_that_is_not_there_makes_nothing_and_is_exit_2() {
+    let cli = Cli::new(5);
+    let tree = format!("sha256:{}", "0".repeat(64));
+    let out = cli.materialize(&["verify", &tree], None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("no store at"), "{stderr}");
+    assert!(!cli.store.exists(), "verify made a store");
+}

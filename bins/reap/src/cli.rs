@@ -356,7 +356,8 @@ impl ExitClass for StartError {
         match self {
             Self::SurfaceUser(_) => ExitCode::Usage,
             Self::Plan(e) => e.exit_class(),
-            Self::Store(_) | Self::Lease(_) => ExitCode::NoDecision,
+            Self::Store(e) => e.exit_class(),
+            Self::Lease(_) => ExitCode::NoDecision,
         }
     }
 }
@@ -535,8 +536,15 @@ fn found(args: &Args, policy: &Policy) -> Result<(Place, Result<Found, LeaseErro
             });
         return Ok((place, result));
     }
+    // A check or a status only reads: it never makes a store where none is (a mistyped path
+    // would otherwise answer "quiescent").
+    let root = args.stage.store_root(policy);
     let place = Place {
-        store: Store::open(&args.stage.store_root(policy))?,
+        store: if change {
+            Store::open(&root)?
+        } else {
+            Store::open_existing(&root)?
+        },
         key_dir: PathBuf::from(stage::KEY_DIR),
         surface_state: None,
     };

@@ -76,6 +76,8 @@ fn check_is_a_quiescence_receipt_and_recovery_releases_a_stale_lease() {
     );
     let dir = tempfile::tempdir().unwrap();
     let policy = policy(dir.path(), 0);
+    // A check reads a store that exists (one on a path with none is exit 2).
+    Store::open(&dir.path().join("store")).unwrap();
     let (code, r) = reap(dir.path(), &policy, true);
     assert_eq!(code, Some(0), "{r}");
     assert_eq!(r["stage"], "reap");
@@ -398,4 +400,30 @@ fn a_host_reset_quarantines_the_executor_until_reap_clears_it() {
 /// The engine tree the host-reset test's lease ran.
 fn candidate() -> Digest {
     Digest::of_bytes(b"the interrupted candidate's tree")
+}
+
+/// A check or a status on a mistyped store path makes nothing and answers nothing quiescent:
+/// exit 2, naming the path.
+#[test]
+fn a_check_on_a_store_that_is_not_there_is_the_operators_mistake_and_makes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = policy(dir.path(), 6);
+    for mode in ["--check", "--status"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_cordon-reap"))
+            .arg("--policy")
+            .arg(&policy)
+            .arg("--store")
+            .arg(dir.path().join("stroe"))
+            .arg("--state-root")
+            .arg(dir.path().join("state"))
+            .arg("--run-dir")
+            .arg(dir.path().join("run"))
+            .args(["--executor", &executor(), mode])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{mode}: {stderr}");
+        assert!(stderr.contains("no store at"), "{mode}: {stderr}");
+        assert!(!dir.path().join("stroe").exists(), "{mode} made a store");
+    }
 }

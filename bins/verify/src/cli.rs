@@ -319,16 +319,12 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             return code;
         }
     };
-    // A verifier never makes a store: the one it is given must already be one.
-    if !store_dir.is_dir() {
-        let _ = writeln!(stderr, "cordon-verify: no store at {}", store_dir.display());
-        return ExitCode::Usage;
-    }
-    let store = match Store::open(store_dir) {
+    // A verifier never makes or changes a store: the one it is given must already be one.
+    let store = match Store::open_existing(store_dir) {
         Ok(s) => s,
         Err(e) => {
             report(stderr, &e);
-            return ExitCode::NoDecision;
+            return cordon::exit::ExitClass::exit_class(&e);
         }
     };
     let result = match &args.export {
