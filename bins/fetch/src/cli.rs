@@ -179,6 +179,14 @@ fn open_source(given: &str, policy: &cordon_policy_lang::Policy) -> Result<Sourc
 /// Run the tool: the whole of `main`. `child` is the executable that becomes the confined
 /// parser child (`/proc/self/exe`: this binary, whose digest the authority covers).
 pub fn run(args: &Args, child: &Path, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitCode {
+    if let Err(code) = cordon_stage::start::require_root(
+        "cordon-fetch",
+        "its archive parser runs as a per-run account, confined",
+        args.stage.diagnostics,
+        stderr,
+    ) {
+        return code;
+    }
     let (loaded, authority) = match cordon_stage::start::stage_start(
         &args.stage.policy,
         args.stage.diagnostics,

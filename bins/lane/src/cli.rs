@@ -399,6 +399,17 @@ pub fn run(
     stderr: &mut dyn Write,
 ) -> ExitCode {
     let mode = args.stage.diagnostics;
+    // Where a model belongs is for anyone to ask; every other command runs or reads devices.
+    if !matches!(args.command, Command::Model { .. })
+        && let Err(code) = cordon_stage::start::require_root(
+            "cordon-lane",
+            "it runs engines in containers as per-run accounts and reads the lanes' devices",
+            mode,
+            stderr,
+        )
+    {
+        return code;
+    }
     let (loaded, authority, runtime_version) =
         match cordon_stage::start::stage_start(&args.stage.policy, mode, stderr) {
             Ok(s) => (s.loaded, s.authority, s.runtime.version),

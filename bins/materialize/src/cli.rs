@@ -217,6 +217,14 @@ pub fn run(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> ExitCode {
+    if let Err(code) = cordon_stage::start::require_root(
+        "cordon-materialize",
+        "its analysis child runs as a per-run account, confined",
+        args.stage.diagnostics,
+        stderr,
+    ) {
+        return code;
+    }
     let (loaded, authority) = match cordon_stage::start::stage_start(
         &args.stage.policy,
         args.stage.diagnostics,

@@ -47,6 +47,14 @@ pub fn run(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> ExitCode {
+    if let Err(code) = cordon_stage::start::require_root(
+        "cordon-prebuild",
+        "it runs the build in a container as a per-run account",
+        args.stage.diagnostics,
+        stderr,
+    ) {
+        return code;
+    }
     let (loaded, authority, runtime_version) = match cordon_stage::start::stage_start(
         &args.stage.policy,
         args.stage.diagnostics,

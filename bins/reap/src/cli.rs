@@ -570,6 +570,17 @@ fn found(args: &Args, policy: &Policy) -> Result<(Place, Result<Found, LeaseErro
 /// Run the tool: the whole of `main`.
 pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitCode {
     let mode = args.stage.diagnostics;
+    // The surface's runs are its service user's; every other lease is root's.
+    if !args.surface
+        && let Err(code) = cordon_stage::start::require_root(
+            "cordon-reap",
+            "the leases it checks and releases are root's (use --surface for the surface's runs)",
+            mode,
+            stderr,
+        )
+    {
+        return code;
+    }
     let (loaded, authority) =
         match cordon_stage::start::stage_start(&args.stage.policy, mode, stderr) {
             Ok(s) => (s.loaded, s.authority),

@@ -121,6 +121,14 @@ pub fn run(
     stderr: &mut dyn Write,
 ) -> ExitCode {
     let mode = args.stage.diagnostics;
+    if let Err(code) = cordon_stage::start::require_root(
+        "cordon-reference",
+        "it runs the audit and the reference session in containers as per-run accounts",
+        mode,
+        stderr,
+    ) {
+        return code;
+    }
     let (loaded, authority, runtime_version) =
         match cordon_stage::start::stage_start(&args.stage.policy, mode, stderr) {
             Ok(s) => (s.loaded, s.authority, s.runtime.version),

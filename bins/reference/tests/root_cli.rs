@@ -10,6 +10,8 @@
 //!   reproduction: the primary attempt alone is already a FAIL (a proven failure needs no
 //!   reproduction), and the final verdict over the reproduction weighs both attempts.
 //!
+//! And every stage that needs root says so first when another user runs it.
+//!
 //! The incumbent here waits per token instead of computing, so its reads are steady on a busy
 //! CPU host; the pristine tree is the bundled example's, which the policy pins.
 
@@ -341,4 +343,50 @@ fn a_fast_engine_with_wrong_tokens_ends_the_whole_pipeline_in_fail_and_the_chain
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Every stage that runs containers or per-run accounts says it needs root before it reads or
+/// makes anything (exit 2): run as `nobody`, none makes its store, and each names itself.
+/// `cordon-lane model`, which only says where a model belongs, is not refused for it.
+#[test]
+fn a_root_stage_run_by_another_user_says_so_first_and_makes_nothing() {
+    cordon_testkit::require_root("the test runs each stage as nobody");
+    let dir = tempfile::tempdir().unwrap();
+    // Readable by nobody: the refusal must come before the policy is even read.
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let store = dir.path().join("store");
+    let policy = workspace_root().join("policy/evaluator.kdl");
+    let tree = format!("sha256:{}", "0".repeat(64));
+    let sha = format!("sha256:{}", "0".repeat(64));
+    for (tool, args) in [
+        ("cordon-fetch", vec!["--sha256", &sha, "/nonexistent.tar"]),
+        ("cordon-materialize", vec!["verify", &tree]),
+        ("cordon-prebuild", vec![]),
+        ("cordon-lane", vec!["devices"]),
+        ("cordon-reference", vec!["--pristine", "/nonexistent.json"]),
+        ("cordon-reap", vec!["--check"]),
+    ] {
+        let out = Command::new("setpriv")
+            .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+            .arg(bin(tool))
+            .arg("--policy")
+            .arg(&policy)
+            .arg("--store")
+            .arg(&store)
+            .args(&args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{tool}: {stderr}");
+        assert!(
+            stderr.contains(&format!("{tool} must run as root (it runs as uid 65534)")),
+            "{tool}: {stderr}"
+        );
+        assert!(!store.exists(), "{tool} made a store");
+    }
 }

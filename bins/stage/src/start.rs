@@ -81,6 +81,44 @@ impl StartError {
     }
 }
 
+/// A stage that runs containers and per-run accounts was started by another user than root.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+#[error("{tool} must run as root (it runs as uid {uid}): {why}")]
+#[diagnostic(
+    code(cordon::stage::not_root),
+    help(
+        "run it as root (sudo, or the NixOS module's units); nothing was read or made. The agent surface is the one stage that runs as its service user"
+    )
+)]
+pub struct NotRoot {
+    /// The binary.
+    pub tool: &'static str,
+    /// Who ran it.
+    pub uid: u32,
+    /// What it does that needs root.
+    pub why: &'static str,
+}
+
+/// Refuse to start stage `tool` unless it runs as root, before anything is read or made: its
+/// work (`why`) needs root, and a stage that found out halfway would leave a store or a lease
+/// behind. Reported on `stderr`; exit 2 (the operator's invocation).
+///
+/// # Errors
+/// The exit code to end with.
+pub fn require_root(
+    tool: &'static str,
+    why: &'static str,
+    mode: Diagnostics,
+    stderr: &mut dyn Write,
+) -> Result<(), ExitCode> {
+    let uid = nix::unistd::geteuid().as_raw();
+    if uid == 0 {
+        return Ok(());
+    }
+    report_diagnostic(&NotRoot { tool, uid, why }, mode, stderr);
+    Err(ExitCode::Usage)
+}
+
 /// A policy read from disk, with the sha256 of its raw bytes.
 #[derive(Debug)]
 pub struct Loaded {
