@@ -1,15 +1,25 @@
 //! `cordon-docs OUT`: write the man pages and completions of every cordon binary under OUT.
 
+use clap::Parser;
+
+/// Write the man pages (`share/man/man1`) and shell completions (bash, fish, zsh) of every
+/// cordon binary under OUT.
+#[derive(Debug, Parser)]
+#[command(name = "cordon-docs", version)]
+struct Args {
+    /// The directory to write them under (its `share/…` made if missing).
+    out: std::path::PathBuf,
+}
+
 fn main() -> std::process::ExitCode {
-    let Some(out) = std::env::args_os().nth(1) else {
-        eprintln!("usage: cordon-docs OUT");
-        return std::process::ExitCode::from(2);
-    };
-    match cordon_docs::write(std::path::Path::new(&out)) {
+    // `--help`, `--version` and a mistake are clap's (exit 0, 0, 2): never a directory named
+    // after an option.
+    let args = Args::parse();
+    match cordon_docs::write(&args.out) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("cordon-docs: {e}");
-            std::process::ExitCode::from(1)
+            eprintln!("cordon-docs: {}: {e}", args.out.display());
+            std::process::ExitCode::from(3)
         }
     }
 }
