@@ -68,7 +68,7 @@ pub enum Command {
         /// The session's role: B needs a prebuild of the incumbent's chain, C a candidate's.
         #[arg(long, value_enum)]
         role: RoleArg,
-        /// The prebuild receipt (default: stdin).
+        /// The prebuild receipt (default, or `-`: stdin).
         #[arg(long)]
         receipt: Option<PathBuf>,
         /// The workload file.

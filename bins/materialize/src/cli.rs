@@ -52,7 +52,7 @@ pub struct Args {
     /// The incumbent tree the delta is materialized over.
     #[arg(long)]
     pub incumbent: Option<String>,
-    /// The fetch receipt of the delta (default: stdin).
+    /// The fetch receipt of the delta (default, or `-`: stdin).
     #[arg(long)]
     pub receipt: Option<PathBuf>,
     /// A subcommand instead of materializing.

@@ -29,7 +29,7 @@ pub struct Args {
     /// The options every stage shares.
     #[command(flatten)]
     pub stage: StageArgs,
-    /// The materialize receipt (default: stdin).
+    /// The materialize receipt (default, or `-`: stdin).
     #[arg(long)]
     pub receipt: Option<PathBuf>,
     /// The directory of image layouts, one per role (`<dir>/prebuild`).

@@ -87,7 +87,7 @@ pub enum StageError {
     },
 }
 
-/// Read an input receipt from `file`, or from `stdin` when none is given, and check that it is
+/// Read an input receipt from `file`, or from `stdin` when none is given or it is `-`, and check that it is
 /// an `ok` receipt of `expected_stage` made under `authority`. Returns it and its digest.
 ///
 /// # Errors
@@ -98,6 +98,8 @@ pub fn read_input(
     expected_stage: StageName,
     authority: &Digest,
 ) -> Result<(Receipt, Digest), StageError> {
+    // `-` is stdin, as every pipeline tool spells it.
+    let file = file.filter(|p| *p != Path::new("-"));
     let mut text = String::new();
     let from = file.map_or_else(|| "stdin".to_owned(), |p| p.display().to_string());
     let read = match file {
@@ -545,6 +547,15 @@ mod tests {
         };
         let fetch = Receipt::new(StageName::Fetch, a, Outcome::Ok);
         read(&fetch, StageName::Fetch, &a).unwrap();
+        // `--receipt -` reads stdin, never a file named `-`.
+        let text = fetch.to_canonical_json().unwrap();
+        read_input(
+            Some(Path::new("-")),
+            &mut text.as_bytes(),
+            StageName::Fetch,
+            &a,
+        )
+        .unwrap();
         assert!(matches!(
             read(&fetch, StageName::Materialize, &a),
             Err(StageError::WrongStage { .. })
