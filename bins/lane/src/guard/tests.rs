@@ -121,11 +121,22 @@ fn an_idle_pinned_gpu_passes_pre_active_and_post_and_the_receipts_recompute_as_g
         "{why:?}"
     );
     // Out of place, out of sequence, samples out of time.
+    let out_of_order = "the receipts are not pre, active and post in sequence and time".to_owned();
     let mut r = receipts.clone();
     std::mem::swap(&mut r.pre, &mut r.post);
-    assert!(
-        unguarded(&w.pins, &w.rules.drain, &w.rules.envelope, &r)
-            .contains(&"the receipts are not pre, active and post in sequence and time".to_owned())
+    assert!(unguarded(&w.pins, &w.rules.drain, &w.rules.envelope, &r).contains(&out_of_order));
+    // One sequence number twice; in sequence but back in time.
+    let mut r = receipts.clone();
+    r.active.seq = r.pre.seq;
+    assert_eq!(
+        unguarded(&w.pins, &w.rules.drain, &w.rules.envelope, &r),
+        [out_of_order.clone()]
+    );
+    let mut r = receipts.clone();
+    r.post.at_ns = 0;
+    assert_eq!(
+        unguarded(&w.pins, &w.rules.drain, &w.rules.envelope, &r),
+        [out_of_order.clone()]
     );
     let mut r = receipts.clone();
     r.active.samples[0][0].at_ns = 0;
