@@ -133,6 +133,9 @@ fn an_idle_pinned_gpu_passes_pre_active_and_post_and_the_receipts_recompute_as_g
         [out_of_order.clone()]
     );
     let mut r = receipts.clone();
+    r.active.phase = DevicePhase::Pre;
+    assert!(unguarded(&w.pins, &w.rules.drain, &w.rules.envelope, &r).contains(&out_of_order));
+    let mut r = receipts.clone();
     r.post.at_ns = 0;
     assert_eq!(
         unguarded(&w.pins, &w.rules.drain, &w.rules.envelope, &r),
