@@ -16,7 +16,8 @@
 # Runs as root on a fresh Debian machine: installs the OCI runtime (part of the authority
 # identity), busybox-static (the prebuild image's one binary) and python3 (the runtime image's
 # interpreter) if they are missing.
-# The store is a fresh directory unless CORDON_DEMO_STORE names one; the policy is the default
+# The store is a fresh directory, removed at the end with the rest of the demo's scratch,
+# unless CORDON_DEMO_STORE names one to keep; the policy is the default
 # one unless CORDON_DEMO_POLICY names another (checks/gpu.sh runs it under a GPU host's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +31,9 @@ cargo build --release --bins
 bin=./target/release
 policy=${CORDON_DEMO_POLICY:-policy/evaluator.kdl}
 work=$(mktemp -d)
+surface=
+# Its scratch goes when it ends, however it ends; a store to keep is CORDON_DEMO_STORE's.
+trap 'rm -rf "$work" ${surface:+"$surface"}' EXIT
 store=${CORDON_DEMO_STORE:-$work/store}
 
 # The images the policy pins, built reproducibly; a mismatch with a pin is a no-decision later.
