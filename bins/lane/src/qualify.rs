@@ -277,136 +277,151 @@ pub fn qualify_with(
     let lock = lock().map_err(LaneError::NoDecision)?;
     let from_unix_ns = crate::lock::unix_ns();
     nothing_live(cfg)?;
-    let reads = [
-        ("B", Role::B, &plan.incumbent, &plan.orientation.baseline),
-        ("C", Role::C, &plan.candidate, &plan.orientation.candidate),
-        ("B′", Role::B, &plan.incumbent, &plan.orientation.baseline),
-    ];
-    let mut done: Vec<(Digest, LaneOutputs)> = Vec::new();
-    for (name, role, build, lane) in reads {
-        let inputs = Inputs {
-            role,
-            tree: build.tree,
-            publication: build.publication,
-            workload: plan.workload.clone(),
-            model: plan.model.clone(),
-            lane: Some(lane.clone()),
-        };
-        let mut receipt = read_receipt(cfg, plan, name, role, build, lane)?;
-        let result = match read(&inputs, &lock) {
-            Err(e) if e.exit_class() == cordon::ExitCode::Usage => return Err(e),
-            r => r,
-        };
-        // Each read's receipt is stored like any session's; only the qualification's is
-        // printed.
-        // The qualify receipt links only session receipts the store holds.
-        receipt.evidence = cfg.evidence.take();
-        let digest = stage::store_linked(
-            &cfg.store,
-            &cfg.key_dir,
-            &mut receipt,
-            result,
-            (mode, stderr),
-        )
-        .map_err(|e| LaneError::NoDecision(format!("read {name}'s session receipt: {e}")))?;
-        let why = receipt
-            .reasons
-            .first()
-            .map_or_else(String::new, |r| format!("{}: {}", r.code, r.message));
-        match (receipt.outcome, role) {
-            (Outcome::Ok, _) => {}
-            // The candidate broke its own session: the qualification's rejection.
-            (Outcome::Rejected, Role::C) => {
-                return Ok(Decision::Rejected(Rejection::one(
-                    "qualify.candidate",
-                    stopped(name, receipt.outcome, &digest, &why),
-                    json!({ "session": digest, "read": name }),
-                )));
+    // The sessions stored so far, named in any no-decision that follows them.
+    let mut ran: Vec<(&str, Digest)> = Vec::new();
+    let decided = (|| {
+        let reads = [
+            ("B", Role::B, &plan.incumbent, &plan.orientation.baseline),
+            ("C", Role::C, &plan.candidate, &plan.orientation.candidate),
+            ("B′", Role::B, &plan.incumbent, &plan.orientation.baseline),
+        ];
+        let mut done: Vec<(Digest, LaneOutputs)> = Vec::new();
+        for (name, role, build, lane) in reads {
+            let inputs = Inputs {
+                role,
+                tree: build.tree,
+                publication: build.publication,
+                workload: plan.workload.clone(),
+                model: plan.model.clone(),
+                lane: Some(lane.clone()),
+            };
+            let mut receipt = read_receipt(cfg, plan, name, role, build, lane)?;
+            let result = match read(&inputs, &lock) {
+                Err(e) if e.exit_class() == cordon::ExitCode::Usage => return Err(e),
+                r => r,
+            };
+            // Each read's receipt is stored like any session's; only the qualification's is
+            // printed.
+            // The qualify receipt links only session receipts the store holds.
+            receipt.evidence = cfg.evidence.take();
+            let digest = stage::store_linked(
+                &cfg.store,
+                &cfg.key_dir,
+                &mut receipt,
+                result,
+                (mode, stderr),
+            )
+            .map_err(|e| LaneError::NoDecision(format!("read {name}'s session receipt: {e}")))?;
+            ran.push((name, digest));
+            let why = receipt
+                .reasons
+                .first()
+                .map_or_else(String::new, |r| format!("{}: {}", r.code, r.message));
+            match (receipt.outcome, role) {
+                (Outcome::Ok, _) => {}
+                // The candidate broke its own session: the qualification's rejection.
+                (Outcome::Rejected, Role::C) => {
+                    return Ok(Decision::Rejected(Rejection::one(
+                        "qualify.candidate",
+                        stopped(name, receipt.outcome, &digest, &why),
+                        json!({ "session": digest, "read": name }),
+                    )));
+                }
+                (outcome, _) => {
+                    return Err(LaneError::NoDecision(stopped(name, outcome, &digest, &why)));
+                }
             }
-            (outcome, _) => {
-                return Err(LaneError::NoDecision(stopped(name, outcome, &digest, &why)));
-            }
+            let outputs = receipt
+                .outputs_as::<LaneOutputs>()
+                .map_err(|e| LaneError::NoDecision(format!("read {name}'s outputs: {e}")))?;
+            check_devices(name, lane, &outputs.devices)?;
+            done.push((digest, outputs));
         }
-        let outputs = receipt
-            .outputs_as::<LaneOutputs>()
-            .map_err(|e| LaneError::NoDecision(format!("read {name}'s outputs: {e}")))?;
-        check_devices(name, lane, &outputs.devices)?;
-        done.push((digest, outputs));
-    }
-    let [(db, b), (dc, c), (db2, b2)] = <[(Digest, LaneOutputs); 3]>::try_from(done)
-        .map_err(|_| LaneError::NoDecision("not every read ran".into()))?;
-    same_launch(&b, &c, &b2)?;
-    let gpu_lock = lock.span(from_unix_ns);
-    drop(lock);
-    // A reproduction repeats its primary attempt's launch, workload and model exactly.
-    if let Some((_, first)) = &plan.reproduces
-        && (first.launch, first.workload, first.model) != (b.launch, b.workload, b.model)
-    {
-        return Err(LaneError::NoDecision(
+        let [(db, b), (dc, c), (db2, b2)] = <[(Digest, LaneOutputs); 3]>::try_from(done)
+            .map_err(|_| LaneError::NoDecision("not every read ran".into()))?;
+        same_launch(&b, &c, &b2)?;
+        let gpu_lock = lock.span(from_unix_ns);
+        drop(lock);
+        // A reproduction repeats its primary attempt's launch, workload and model exactly.
+        if let Some((_, first)) = &plan.reproduces
+            && (first.launch, first.workload, first.model) != (b.launch, b.workload, b.model)
+        {
+            return Err(LaneError::NoDecision(
             "the reproduction was launched differently from its primary attempt (launch, workload or model)".into(),
         ));
-    }
-    let record = speed::decide(speed_policy, &b.windows, &c.windows, &b2.windows);
-    let guard = guard_section(policy);
-    let non_settling = unsettled(
-        guard.as_ref(),
-        [
-            ("B", &plan.orientation.baseline.name, &b.devices),
-            ("C", &plan.orientation.candidate.name, &c.devices),
-            ("B′", &plan.orientation.baseline.name, &b2.devices),
-        ],
-    );
-    let settlement = plan.reproduces.as_ref().map(|(primary, first)| {
-        Settlement::between(*primary, first, &record, non_settling.is_none())
-    });
-    let outputs = QualifyOutputs {
-        sessions: Reads {
-            b: db,
-            c: dc,
-            b2: db2,
-        },
-        orientation: plan.orientation.clone(),
-        reproduces: plan.reproduces.as_ref().map(|(d, _)| *d),
-        launch: b.launch,
-        gpu_lock,
-        outputs: Reads {
-            b: b.outputs,
-            c: c.outputs,
-            b2: b2.outputs,
-        },
-        frozen: plan.frozen.clone(),
-        speed_policy: speed_digest,
-        speed_section: speed_policy.clone(),
-        workload: b.workload,
-        model: b.model,
-        windows: Reads {
-            b: b.windows,
-            c: c.windows,
-            b2: b2.windows,
-        },
-        devices: Reads {
-            b: b.devices,
-            c: c.devices,
-            b2: b2.devices,
-        },
-        guard,
-        settling: non_settling.is_none(),
-        non_settling,
-        settlement,
-        speed: record,
-    };
-    match outputs.speed.verdict {
-        Verdict::Pass => Ok(Decision::Accepted(outputs)),
-        Verdict::Fail => Ok(Decision::Rejected(Rejection::one(
-            &outputs.speed.code.clone(),
-            outputs.speed.reason.clone(),
-            serde_json::to_value(&outputs)
-                .map_err(|e| LaneError::NoDecision(format!("the evidence: {e}")))?,
-        ))),
-        Verdict::NoDecision => Err(LaneError::NoDecision(format!(
-            "{}: {}",
-            outputs.speed.code, outputs.speed.reason
-        ))),
+        }
+        let record = speed::decide(speed_policy, &b.windows, &c.windows, &b2.windows);
+        let guard = guard_section(policy);
+        let non_settling = unsettled(
+            guard.as_ref(),
+            [
+                ("B", &plan.orientation.baseline.name, &b.devices),
+                ("C", &plan.orientation.candidate.name, &c.devices),
+                ("B′", &plan.orientation.baseline.name, &b2.devices),
+            ],
+        );
+        let settlement = plan.reproduces.as_ref().map(|(primary, first)| {
+            Settlement::between(*primary, first, &record, non_settling.is_none())
+        });
+        let outputs = QualifyOutputs {
+            sessions: Reads {
+                b: db,
+                c: dc,
+                b2: db2,
+            },
+            orientation: plan.orientation.clone(),
+            reproduces: plan.reproduces.as_ref().map(|(d, _)| *d),
+            launch: b.launch,
+            gpu_lock,
+            outputs: Reads {
+                b: b.outputs,
+                c: c.outputs,
+                b2: b2.outputs,
+            },
+            frozen: plan.frozen.clone(),
+            speed_policy: speed_digest,
+            speed_section: speed_policy.clone(),
+            workload: b.workload,
+            model: b.model,
+            windows: Reads {
+                b: b.windows,
+                c: c.windows,
+                b2: b2.windows,
+            },
+            devices: Reads {
+                b: b.devices,
+                c: c.devices,
+                b2: b2.devices,
+            },
+            guard,
+            settling: non_settling.is_none(),
+            non_settling,
+            settlement,
+            speed: record,
+        };
+        match outputs.speed.verdict {
+            Verdict::Pass => Ok(Decision::Accepted(outputs)),
+            Verdict::Fail => Ok(Decision::Rejected(Rejection::one(
+                &outputs.speed.code.clone(),
+                outputs.speed.reason.clone(),
+                serde_json::to_value(&outputs)
+                    .map_err(|e| LaneError::NoDecision(format!("the evidence: {e}")))?,
+            ))),
+            Verdict::NoDecision => Err(LaneError::NoDecision(format!(
+                "{}: {}",
+                outputs.speed.code, outputs.speed.reason
+            ))),
+        }
+    })();
+    match decided {
+        Err(LaneError::NoDecision(why)) if !ran.is_empty() => {
+            let named: Vec<String> = ran.iter().map(|(n, d)| format!("{n} {d}")).collect();
+            Err(LaneError::NoDecision(format!(
+                "{why} (the sessions it ran: {})",
+                named.join(", ")
+            )))
+        }
+        other => other,
     }
 }
 

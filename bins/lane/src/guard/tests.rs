@@ -130,7 +130,7 @@ fn an_idle_pinned_gpu_passes_pre_active_and_post_and_the_receipts_recompute_as_g
     r.active.seq = r.pre.seq;
     assert_eq!(
         unguarded(&w.pins, &w.rules.drain, &w.rules.envelope, &r),
-        [out_of_order.clone()]
+        std::slice::from_ref(&out_of_order)
     );
     let mut r = receipts.clone();
     r.active.phase = DevicePhase::Pre;
@@ -139,7 +139,7 @@ fn an_idle_pinned_gpu_passes_pre_active_and_post_and_the_receipts_recompute_as_g
     r.post.at_ns = 0;
     assert_eq!(
         unguarded(&w.pins, &w.rules.drain, &w.rules.envelope, &r),
-        [out_of_order.clone()]
+        std::slice::from_ref(&out_of_order)
     );
     let mut r = receipts.clone();
     r.active.samples[0][0].at_ns = 0;
