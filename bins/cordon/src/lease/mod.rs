@@ -176,7 +176,7 @@ pub enum LeaseError {
         init_id: String,
     },
     /// Another manager holds this executor.
-    #[error("another cordon manager holds executor {executor}")]
+    #[error("another cordon manager holds executor {executor}{}", held_by(.holders))]
     #[diagnostic(
         code(cordon::lease::busy),
         help("one manager per executor: wait for it, or use another executor id")
@@ -184,6 +184,9 @@ pub enum LeaseError {
     Busy {
         /// The executor.
         executor: String,
+        /// The processes holding its lock, as the kernel lists them (`/proc/locks`; none when
+        /// they cannot be told).
+        holders: Vec<u32>,
     },
     /// A record is corrupt, a link, or not what cordon writes.
     #[error("lease record {path} is unsafe: {why}")]
@@ -314,6 +317,46 @@ pub enum LeaseError {
 fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> LeaseError + use<> {
     let path = path.to_path_buf();
     move |source| LeaseError::Io { op, path, source }
+}
+
+/// ` (held by pid N[, M…])`, or nothing when the holders cannot be told.
+fn held_by(pids: &[u32]) -> String {
+    if pids.is_empty() {
+        return String::new();
+    }
+    let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+    format!(" (held by pid {})", pids.join(", "))
+}
+
+/// The processes the kernel lists as holding an flock on `file` (`/proc/locks`: the lock's
+/// device as `major:minor` in hex and its inode): who to wait for, in a busy message. Empty
+/// when it cannot be read.
+#[must_use]
+pub fn lock_holders(file: &File) -> Vec<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(meta), Ok(locks)) = (file.metadata(), std::fs::read_to_string("/proc/locks")) else {
+        return Vec::new();
+    };
+    let key = format!(
+        "{:02x}:{:02x}:{}",
+        nix::sys::stat::major(meta.dev()),
+        nix::sys::stat::minor(meta.dev()),
+        meta.ino()
+    );
+    let mut pids: Vec<u32> = locks
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // `N: FLOCK ADVISORY WRITE PID MAJ:MIN:INODE START END`; a blocked waiter's line
+            // starts `N: -> FLOCK …` and holds nothing.
+            (f.get(1) == Some(&"FLOCK") && f.get(5) == Some(&key.as_str()))
+                .then(|| f.get(4)?.parse().ok())
+                .flatten()
+        })
+        .collect();
+    pids.sort_unstable();
+    pids.dedup();
+    pids
 }
 
 /// Where the manager works.
@@ -563,8 +606,9 @@ impl Manager {
         } else {
             FlockArg::LockExclusiveNonblock
         };
-        let lock = Flock::lock(f, arg).map_err(|_| LeaseError::Busy {
+        let lock = Flock::lock(f, arg).map_err(|(f, _)| LeaseError::Busy {
             executor: setup.executor.clone(),
+            holders: lock_holders(&f),
         })?;
         Ok(Self {
             store: store.clone(),

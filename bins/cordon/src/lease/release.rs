@@ -298,6 +298,7 @@ impl Manager {
         if self.shared {
             return Err(LeaseError::Busy {
                 executor: self.setup.executor.clone(),
+                holders: Vec::new(),
             });
         }
         let view = self.view();
