@@ -262,6 +262,8 @@ fn the_spec_directories_are_read_whole_and_a_missing_one_holds_none() {
     let file = dir.path().join("file");
     std::fs::write(&file, "").unwrap();
     assert!(read_specs(&[file.as_path()]).is_err());
+    // So is one that cannot be looked at (a file in its path): only "not there" holds none.
+    assert!(read_specs(&[file.join("cdi").as_path()]).is_err());
     // Root's alone, and a regular file: a spec others could write, or a link, is refused.
     use std::os::unix::fs::PermissionsExt;
     let mode =
