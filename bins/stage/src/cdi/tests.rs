@@ -223,6 +223,11 @@ fn two_devices_of_a_lane_that_want_one_thing_differently_are_refused() {
             r#""containerEdits": {"env": ["GPU_SLOT=b"], "deviceNodes": [{"path": "/dev/nvidia1"}]}"#,
             "it sets GPU_SLOT",
         ),
+        (
+            r#""containerEdits": {"deviceNodes": [{"path": "/dev/nvidia1"}, {"path": "/dev/dri/card2"}]}"#,
+            r#""containerEdits": {"mounts": [{"hostPath": "/opt/other/libcuda.so", "containerPath": "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"}], "deviceNodes": [{"path": "/dev/nvidia1"}]}"#,
+            "it mounts /usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15",
+        ),
     ] {
         // The first device sets GPU_SLOT=a.
         let edited = text.replacen(from, to, 1).replacen(
