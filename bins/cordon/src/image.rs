@@ -65,6 +65,18 @@ pub enum ImageError {
         /// What is wrong.
         why: String,
     },
+    /// No image layout is where the stage looked (`--images DIR`, `DIR/ROLE`).
+    #[error("no image layout at {dir}")]
+    #[diagnostic(
+        code(cordon::image::missing),
+        help(
+            "build the pinned images (`cordon-image build images/ROLE.kdl --out DIR/ROLE`: they rebuild bit for bit; checks/demo.sh does) and pass `--images DIR`; its default is /var/lib/cordon/images"
+        )
+    )]
+    Missing {
+        /// Where a layout was looked for.
+        dir: PathBuf,
+    },
     /// The layout is not the pinned image.
     #[error("image layout {dir} fails verification: {why}")]
     #[diagnostic(
@@ -482,6 +494,16 @@ pub fn verify(dir: &Path, manifest: &Digest) -> Result<Verified, ImageError> {
         dir: dir.to_path_buf(),
         why,
     };
+    // Nothing there is a layout never built or put there, not one that fails: say how to
+    // make it, never "re-pin".
+    if let Err(e) = fs::symlink_metadata(dir) {
+        return Err(match e.kind() {
+            io::ErrorKind::NotFound => ImageError::Missing {
+                dir: dir.to_path_buf(),
+            },
+            _ => bad(e.to_string()),
+        });
+    }
     let layout =
         fs::read_to_string(dir.join("oci-layout")).map_err(|e| bad(format!("oci-layout: {e}")))?;
     let layout: serde_json::Value =
@@ -663,6 +685,14 @@ mod tests {
             verify(&dir.path().join("a"), &Digest::of_bytes(b"other")),
             Err(ImageError::Verify { .. })
         ));
+        // No layout there: missing, with how to build one, never "re-pin".
+        let e = verify(&dir.path().join("absent"), &a).unwrap_err();
+        assert!(matches!(&e, ImageError::Missing { .. }), "{e:?}");
+        let help = miette::Diagnostic::help(&e).unwrap().to_string();
+        assert!(
+            help.contains("cordon-image build") && !help.contains("re-pin"),
+            "{help}"
+        );
         let store = Store::open(&dir.path().join("store")).unwrap();
         let root = unpack(&store, &dir.path().join("a"), &a).unwrap();
         let m = fs::metadata(root.join("bin/tool")).unwrap();

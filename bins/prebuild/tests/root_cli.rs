@@ -210,6 +210,12 @@ fn each_outcome_has_its_receipt_and_exit_code() {
     assert_eq!(out.status.code(), Some(3), "{out:?}");
     common_shape(&r, &input, "no-decision");
     assert_eq!(r["reasons"][0]["code"], "prebuild.infrastructure", "{r}");
+    // Named as missing, with how to make it (the help on stderr), never "re-pin".
+    let message = r["reasons"][0]["message"].as_str().unwrap();
+    assert!(message.contains("no image layout at"), "{message}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cordon-image build"), "{stderr}");
+    assert!(!stderr.contains("re-pin"), "{stderr}");
 
     // 2: a receipt of another authority, with both identities shown; and no receipt at all.
     let mut foreign = input.clone();
