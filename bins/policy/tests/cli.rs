@@ -71,6 +71,11 @@ fn check_json_diagnostics_and_unreadable_files() {
         err.contains("cannot read policy file /nonexistent/policy.kdl"),
         "{err}"
     );
+    // What to do next: where the default is, and how to set it.
+    assert!(
+        err.contains("--policy PATH") && err.contains("/etc/cordon/policy.kdl"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -21,7 +21,12 @@ use crate::args::{Diagnostics, WIDTH, report_diagnostic};
 pub enum StartError {
     /// The policy file could not be read.
     #[error("cannot read policy file {path}")]
-    #[diagnostic(code(cordon::policy::read))]
+    #[diagnostic(
+        code(cordon::policy::read),
+        help(
+            "name it with --policy PATH; without it a stage reads /etc/cordon/policy.kdl, which the NixOS module installs (on Debian, install the reviewed policy there: install -D -m 0644 policy/evaluator.kdl /etc/cordon/policy.kdl)"
+        )
+    )]
     Read {
         /// The file.
         path: PathBuf,
