@@ -449,16 +449,8 @@ impl Store {
             Err(e) => return Err(io_err("stat", root)(e)),
             Ok(_) => {}
         }
-        // The root itself may not be a link (checked on the path as given); then its canonical
-        // path is the store's identity in lease records, container labels, owner files and
-        // account tags, so `/x/store`, `/x/store/` and a linked parent are one.
-        Self {
-            root: root.to_path_buf(),
-        }
-        .check_dir(root, 0o700)?;
-        let root = &fs::canonicalize(root).map_err(io_err("resolve", root))?;
-        let store = Self { root: root.clone() };
-        store.check_dir(root, 0o700)?;
+        let store = Self::checked_root(root)?;
+        let root = &store.root;
         for sub in LAYOUT {
             let path = root.join(sub);
             match fs::DirBuilder::new().mode(0o700).create(&path) {
@@ -488,21 +480,30 @@ impl Store {
             Err(e) => return Err(io_err("stat", root)(e)),
             Ok(_) => {}
         }
-        Self {
-            root: root.to_path_buf(),
-        }
-        .check_dir(root, 0o700)?;
-        let root = &fs::canonicalize(root).map_err(io_err("resolve", root))?;
-        let store = Self { root: root.clone() };
-        store.check_dir(root, 0o700)?;
+        let store = Self::checked_root(root)?;
         for sub in LAYOUT {
-            let path = root.join(sub);
+            let path = store.root.join(sub);
             match fs::symlink_metadata(&path) {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(missing()),
                 Err(e) => return Err(io_err("stat", &path)(e)),
                 Ok(_) => store.check_dir(&path, 0o700)?,
             }
         }
+        Ok(store)
+    }
+
+    /// The store whose root is `root`, which exists: the root itself may not be a link
+    /// (checked on the path as given); then its canonical path is the store's identity in lease
+    /// records, container labels, owner files and account tags, so `/x/store`, `/x/store/` and
+    /// a linked parent are one.
+    fn checked_root(root: &Path) -> Result<Self, StoreError> {
+        Self {
+            root: root.to_path_buf(),
+        }
+        .check_dir(root, 0o700)?;
+        let root = fs::canonicalize(root).map_err(io_err("resolve", root))?;
+        let store = Self { root };
+        store.check_dir(&store.root, 0o700)?;
         Ok(store)
     }
 

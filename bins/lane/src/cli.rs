@@ -537,8 +537,7 @@ fn devices(
             return ExitCode::NoDecision;
         }
     };
-    let dirs = cordon_stage::cdi::SPEC_DIRS.map(std::path::Path::new);
-    let specs = match cordon_stage::cdi::read_specs(&dirs) {
+    let specs = match cordon_stage::cdi::read_specs(cordon_stage::cdi::SPEC_DIRS) {
         Ok(s) => s,
         Err(why) => {
             let _ = writeln!(
@@ -549,10 +548,7 @@ fn devices(
             return ExitCode::NoDecision;
         }
     };
-    let files: Vec<_> = specs
-        .iter()
-        .map(|(p, b)| (p.as_path(), b.as_slice()))
-        .collect();
+    let files = cordon_stage::cdi::files(&specs);
     let clock = cordon_device::SystemClock::default();
     let (report, ok) = crate::devices::report(
         policy,

@@ -108,15 +108,10 @@ pub fn frozen(policy: &Policy, cdi_dirs: &[PathBuf]) -> Result<Frozen, LaneError
     let cdi_spec = match gpu_driver {
         None => None,
         Some(_) => {
-            let dirs: Vec<&std::path::Path> = cdi_dirs.iter().map(PathBuf::as_path).collect();
-            let specs = cordon_stage::cdi::read_specs(&dirs)
+            let specs = cordon_stage::cdi::read_specs(cdi_dirs)
                 .map_err(|e| LaneError::NoDecision(format!("the host's CDI specs: {e}")))?;
-            let files: Vec<_> = specs
-                .iter()
-                .map(|(p, b)| (p.as_path(), b.as_slice()))
-                .collect();
             Some(
-                cordon_stage::cdi::digest(&files)
+                cordon_stage::cdi::digest(&cordon_stage::cdi::files(&specs))
                     .map_err(|e| LaneError::NoDecision(format!("the CDI specs' digest: {e}")))?,
             )
         }

@@ -330,7 +330,9 @@ pub const SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
 ///
 /// # Errors
 /// A directory or spec file that exists cannot be read, or is not root's alone.
-pub fn read_specs(dirs: &[&Path]) -> Result<Vec<(PathBuf, Vec<u8>)>, String> {
+pub fn read_specs(
+    dirs: impl IntoIterator<Item = impl AsRef<Path>>,
+) -> Result<Vec<(PathBuf, Vec<u8>)>, String> {
     use std::os::unix::fs::MetadataExt;
     let owned = |path: &Path, m: &std::fs::Metadata| {
         if m.uid() != 0 || m.mode() & 0o022 != 0 {
@@ -345,6 +347,7 @@ pub fn read_specs(dirs: &[&Path]) -> Result<Vec<(PathBuf, Vec<u8>)>, String> {
     };
     let mut specs = Vec::new();
     for dir in dirs {
+        let dir = dir.as_ref();
         let meta = match std::fs::metadata(dir) {
             Ok(m) => m,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
@@ -371,6 +374,15 @@ pub fn read_specs(dirs: &[&Path]) -> Result<Vec<(PathBuf, Vec<u8>)>, String> {
     }
     specs.sort();
     Ok(specs)
+}
+
+/// Spec files as read ([`read_specs`]), viewed as the resolver takes them.
+#[must_use]
+pub fn files(specs: &[(PathBuf, Vec<u8>)]) -> Vec<SpecFile<'_>> {
+    specs
+        .iter()
+        .map(|(p, b)| (p.as_path(), b.as_slice()))
+        .collect()
 }
 
 /// The digest of the spec files as read (each path with its bytes' digest): what the launch

@@ -361,16 +361,7 @@ impl Session<'_> {
             .map_err(SessionError::from)?;
         let mut devices = BTreeMap::new();
         for path in stage.gpu_device.keys() {
-            let node = self
-                .setup
-                .host()
-                .device(std::path::Path::new(path))
-                .map_err(|source| SessionError::Device {
-                    kind: self.kind,
-                    path: path.clone(),
-                    source,
-                })?;
-            devices.insert(path.clone(), node);
+            devices.insert(path.clone(), self.device_at(path)?);
         }
         // A GPU lane's devices, from the host's CDI specs: each node found at its host path.
         let cdi = match job.lane.as_ref().filter(|l| !l.gpus.is_empty()) {
@@ -447,6 +438,18 @@ impl Session<'_> {
         result
     }
 
+    /// The device node at host path `path`, through the host seam.
+    fn device_at(&self, path: &str) -> Result<bundle::DeviceNode, SessionError> {
+        self.setup
+            .host()
+            .device(std::path::Path::new(path))
+            .map_err(|source| SessionError::Device {
+                kind: self.kind,
+                path: path.to_owned(),
+                source,
+            })
+    }
+
     /// The CDI edits of GPU lane `lane` from the host's specs ([`crate::cdi::resolve_lane`],
     /// hooks only as the policy's device guard allows), each device node found at its host
     /// path and added to `devices` by its path in the container.
@@ -462,13 +465,8 @@ impl Session<'_> {
             path: format!("{:?}", self.setup.cdi_dirs),
             why,
         };
-        let dirs: Vec<&std::path::Path> =
-            self.setup.cdi_dirs.iter().map(PathBuf::as_path).collect();
-        let read = crate::cdi::read_specs(&dirs).map_err(cdi_error)?;
-        let specs: Vec<crate::cdi::SpecFile<'_>> = read
-            .iter()
-            .map(|(p, b)| (p.as_path(), b.as_slice()))
-            .collect();
+        let read = crate::cdi::read_specs(&self.setup.cdi_dirs).map_err(cdi_error)?;
+        let specs = crate::cdi::files(&read);
         let hooks = self
             .policy
             .device_guard()
@@ -498,16 +496,7 @@ impl Session<'_> {
         }
         for n in &applied.nodes {
             let host = n.host_path.as_deref().unwrap_or(&n.path);
-            let node = self
-                .setup
-                .host()
-                .device(std::path::Path::new(host))
-                .map_err(|source| SessionError::Device {
-                    kind: self.kind,
-                    path: host.to_owned(),
-                    source,
-                })?;
-            devices.insert(n.path.clone(), node);
+            devices.insert(n.path.clone(), self.device_at(host)?);
         }
         Ok(applied)
     }

@@ -259,28 +259,28 @@ fn the_spec_directories_are_read_whole_and_a_missing_one_holds_none() {
     for name in ["z.json", "m.yaml", "notes.txt"] {
         std::fs::write(a.join(name), name).unwrap();
     }
-    let specs = read_specs(&[a.as_path(), b.as_path()]).unwrap();
+    let specs = read_specs([a.as_path(), b.as_path()]).unwrap();
     let names: Vec<_> = specs.iter().map(|(p, _)| p.file_name().unwrap()).collect();
     // YAML is read too (the resolver refuses it by name); other files are not specs.
     assert_eq!(names, ["m.yaml", "z.json"]);
     // A directory that exists and cannot be read is an error, never "no spec".
     let file = dir.path().join("file");
     std::fs::write(&file, "").unwrap();
-    assert!(read_specs(&[file.as_path()]).is_err());
+    assert!(read_specs([file.as_path()]).is_err());
     // So is one that cannot be looked at (a file in its path): only "not there" holds none.
-    assert!(read_specs(&[file.join("cdi").as_path()]).is_err());
+    assert!(read_specs([file.join("cdi").as_path()]).is_err());
     // Root's alone, and a regular file: a spec others could write, or a link, is refused.
     use std::os::unix::fs::PermissionsExt;
     let mode =
         |p: &Path, m| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
     mode(&a.join("z.json"), 0o664);
-    let e = read_specs(&[a.as_path()]).unwrap_err();
+    let e = read_specs([a.as_path()]).unwrap_err();
     assert!(e.contains("writable by root alone"), "{e}");
     mode(&a.join("z.json"), 0o644);
     mode(&a, 0o777);
-    assert!(read_specs(&[a.as_path()]).is_err());
+    assert!(read_specs([a.as_path()]).is_err());
     mode(&a, 0o755);
     std::os::unix::fs::symlink(a.join("z.json"), a.join("y.json")).unwrap();
-    let e = read_specs(&[a.as_path()]).unwrap_err();
+    let e = read_specs([a.as_path()]).unwrap_err();
     assert!(e.contains("not a regular file"), "{e}");
 }
