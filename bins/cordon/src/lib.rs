@@ -4,7 +4,7 @@
 //! and intake into the store ([`intake`]), the confined parser child that decodes candidate
 //! bytes for the root process ([`confine`]), content-addressed trees ([`tree`]), OCI image layouts
 //! ([`image`]), the OCI runtime driver ([`runtime`]), durable leases ([`lease`]), per-run
-//! accounts ([`account`]), what a stage does on SIGINT, SIGTERM and SIGHUP ([`interrupt`]), the receipt type ([`receipt`]) and the host components of the
+//! accounts ([`account`]), what a stage does on SIGINT, SIGTERM and SIGHUP ([`interrupt`]), what a binary says on stderr and how ([`voice`]), the receipt type ([`receipt`]) and the host components of the
 //! authority identity ([`identity`]). It re-exports the leaf crate's canonical JSON, digests and
 //! exit codes.
 //!
@@ -30,6 +30,7 @@ pub mod runtime;
 pub mod signing;
 pub mod store;
 pub mod tree;
+pub mod voice;
 pub mod walk;
 
 pub use cordon_canon::{Digest, ExitCode, canonical, error_chain, exit, text};

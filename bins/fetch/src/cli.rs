@@ -179,6 +179,7 @@ fn open_source(given: &str, policy: &cordon_policy_lang::Policy) -> Result<Sourc
 /// Run the tool: the whole of `main`. `child` is the executable that becomes the confined
 /// parser child (`/proc/self/exe`: this binary, whose digest the authority covers).
 pub fn run(args: &Args, child: &Path, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitCode {
+    cordon::voice::set_level(args.stage.level());
     if let Err(code) = cordon_stage::start::require_root(
         "cordon-fetch",
         "its archive parser runs as a per-run account, confined",
@@ -240,7 +241,9 @@ fn fetch(
     stderr: &mut dyn Write,
 ) -> Result<ExitCode, FetchError> {
     let committed = parse_digest(&args.sha256)?;
-    let mut source = open_source(&args.source, policy)?;
+    // On a terminal, how far the transfer has come (a 600 MiB fetch is otherwise silent).
+    let mut source =
+        cordon::voice::Progress::new(open_source(&args.source, policy)?, "cordon-fetch: read");
     let store_root = args.stage.store_root(policy);
     let store = Store::open(&store_root)?;
     let mut receipt = Receipt::new(StageName::Fetch, authority, Outcome::Ok);
@@ -275,7 +278,7 @@ fn fetch(
             ));
         }
     };
-    let transport_failure = match &mut source {
+    let transport_failure = match source.get_mut() {
         Source::Remote(body) => body.take_failure(),
         Source::Local(_) => None,
     };

@@ -17,7 +17,7 @@ use cordon::ExitCode;
 use cordon::canonical::Digest;
 use cordon::image;
 use cordon::store::Store;
-use miette::{Diagnostic, GraphicalReportHandler, GraphicalTheme};
+use miette::Diagnostic;
 
 use crate::spec;
 
@@ -62,9 +62,10 @@ pub enum Command {
 
 fn report(err: &dyn Diagnostic, stderr: &mut dyn Write) {
     let mut s = String::new();
-    let handler = GraphicalReportHandler::new_themed(GraphicalTheme::unicode_nocolor());
-    let _ = handler.render_report(&mut s, err);
-    let _ = stderr.write_all(s.as_bytes());
+    let _ = cordon::voice::Style::stderr()
+        .handler()
+        .render_report(&mut s, err);
+    let _ = stderr.write_all(cordon::text::terminal(&s).as_bytes());
 }
 
 /// Run the tool: the whole of `main`.

@@ -207,6 +207,9 @@ mod tests {
                 "unknown-node"
             ]
         );
-        insta::assert_snapshot!("image-spec-mistakes", e.render_text(100));
+        insta::assert_snapshot!(
+            "image-spec-mistakes",
+            e.render_text(&cordon::voice::Style::fixed(100).handler())
+        );
     }
 }

@@ -398,6 +398,7 @@ pub fn run(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> ExitCode {
+    cordon::voice::set_level(args.stage.level());
     let mode = args.stage.diagnostics;
     // Where a model belongs is for anyone to ask; every other command runs or reads devices.
     if !matches!(args.command, Command::Model { .. })

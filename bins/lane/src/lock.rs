@@ -42,6 +42,43 @@ pub fn unix_ns() -> u64 {
 /// How often a waiter looks again: a signal ends the wait within this.
 const RETRY: Duration = Duration::from_millis(25);
 
+/// How long a waiter waits before it says so.
+const SAY_WAIT: Duration = Duration::from_secs(1);
+
+/// One line on this process's stderr (the stage's own: the lock is taken deep inside a
+/// session) when the wait passes [`SAY_WAIT`]: the lock and who holds it, by pid and command.
+fn say_waiting(file: &File, path: &Path) {
+    let holders: Vec<String> = cordon::lease::lock_holders(file)
+        .into_iter()
+        .map(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            format!("pid {pid} ({})", comm.trim_end())
+        })
+        .collect();
+    let by = if holders.is_empty() {
+        "a process /proc/locks does not name".to_owned()
+    } else {
+        holders.join(", ")
+    };
+    cordon::voice::say(
+        &mut std::io::stderr(),
+        cordon::voice::Level::Normal,
+        &format!(
+            "{}: waiting for the host's GPU lock {}, held by {by} (Ctrl-C stops the wait with a no-decision)",
+            tool_name(),
+            path.display()
+        ),
+    );
+}
+
+/// This binary's name (`cordon-lane`, `cordon-reference`: both take the lock).
+fn tool_name() -> String {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "cordon".to_owned())
+}
+
 /// Wait for the lock in `lock_dir`, until it is taken or a signal reaches this process
 /// ([`cordon::interrupt`]; a blocking `flock` would hold an operator's Ctrl-C until another
 /// lane's whole read ended).
@@ -52,11 +89,16 @@ const RETRY: Duration = Duration::from_millis(25);
 pub fn acquire(lock_dir: &Path) -> std::io::Result<GpuLock> {
     let mut file = cordon::lease::open_lock_file(&lock_dir.join(LOCK_FILE))?;
     let asked = Instant::now();
+    let mut said = false;
     let lock = loop {
         match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(lock) => break lock,
             Err((back, nix::errno::Errno::EWOULDBLOCK)) => file = back,
             Err((_, e)) => return Err(e.into()),
+        }
+        if !said && asked.elapsed() >= SAY_WAIT {
+            said = true;
+            say_waiting(&file, &lock_dir.join(LOCK_FILE));
         }
         cordon::interrupt::check()
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::Interrupted, e))?;
@@ -116,5 +158,43 @@ impl GpuLock {
             from_unix_ns,
             until_unix_ns: unix_ns(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Run as its own child (the variable naming the lock directory), this test's process
+    /// waits for the lock the parent holds: past a second it says so on its stderr, naming
+    /// the parent by pid, and takes the lock once the parent lets go.
+    #[test]
+    fn a_wait_past_a_second_names_the_holder() {
+        if let Some(dir) = std::env::var_os("CORDON_LOCK_CHILD") {
+            super::acquire(std::path::Path::new(&dir)).unwrap();
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let held = super::acquire(dir.path()).unwrap();
+        let child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "--nocapture",
+                "lock::tests::a_wait_past_a_second_names_the_holder",
+            ])
+            .env("CORDON_LOCK_CHILD", dir.path())
+            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        drop(held);
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        let said = format!(
+            "waiting for the host's GPU lock {}, held by pid {}",
+            dir.path().join(super::LOCK_FILE).display(),
+            std::process::id()
+        );
+        assert!(stderr.contains(&said), "{stderr}");
     }
 }

@@ -217,6 +217,7 @@ pub fn run(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> ExitCode {
+    cordon::voice::set_level(args.stage.level());
     if let Err(code) = cordon_stage::start::require_root(
         "cordon-materialize",
         "its analysis child runs as a per-run account, confined",
@@ -368,6 +369,9 @@ fn dispatch(
     let store_root = args.stage.store_root(policy);
     let rules = policy.tree_rules();
     let mut receipt = Receipt::new(StageName::Materialize, authority, Outcome::Ok);
+    if args.incumbent.is_some() {
+        stage::stdin_notice("cordon-materialize", args.receipt.as_deref(), stderr);
+    }
     let job = job(args, &authority, stdin, &mut receipt)?;
     // Reopening a tree only reads the store: it never makes one where none is.
     let store = match &job {
@@ -460,18 +464,18 @@ fn dispatch(
         }
         Err(e) => Err(e),
     };
-    let code = stage::finish(
+    let mode = args.stage.diagnostics;
+    Ok(stage::finish_showing(
         &store,
         &mut receipt,
         decision,
-        args.stage.diagnostics,
-        stdout,
-        stderr,
-    );
-    for diag in &shown {
-        report_diagnostic(diag, args.stage.diagnostics, stderr);
-    }
-    Ok(code)
+        (mode, stdout, stderr),
+        &mut |stderr| {
+            for diag in &shown {
+                report_diagnostic(diag, mode, stderr);
+            }
+        },
+    ))
 }
 
 /// The whole of `cordon-materialize`'s `main` (which installs the panic hook first, through

@@ -34,7 +34,10 @@ extra "node"
             "unknown-node",
         ]
     );
-    insta::assert_snapshot!("delta-many-mistakes", e.render_text(100));
+    insta::assert_snapshot!(
+        "delta-many-mistakes",
+        e.render_text(&cordon::voice::Style::fixed(100).handler())
+    );
 }
 
 /// A name over NAME_MAX is the manifest's mistake (a located finding), never a later stage's
@@ -48,7 +51,10 @@ fn a_path_with_a_name_over_name_max_is_an_invalid_path() {
         )
     };
     if let Err(e) = manifest::delta(&at(255)) {
-        panic!("{}", e.render_text(100));
+        panic!(
+            "{}",
+            e.render_text(&cordon::voice::Style::fixed(100).handler())
+        );
     }
     let e = manifest::delta(&at(256)).unwrap_err();
     assert_eq!(codes(&e), ["invalid-path"]);
@@ -76,7 +82,10 @@ target "a" path="engine/z"
             "invalid-value"
         ]
     );
-    insta::assert_snapshot!("incumbent-many-mistakes", e.render_text(100));
+    insta::assert_snapshot!(
+        "incumbent-many-mistakes",
+        e.render_text(&cordon::voice::Style::fixed(100).handler())
+    );
     assert!(
         e.render_json()
             .starts_with("{\"manifest\":\"cordon-incumbent.kdl\"")

@@ -317,3 +317,29 @@ fn verify_on_a_store_that_is_not_there_makes_nothing_and_is_exit_2() {
     assert!(stderr.contains("no store at"), "{stderr}");
     assert!(!cli.store.exists(), "verify made a store");
 }
+
+/// A stage left waiting on a terminal for its input receipt says what it waits for, before
+/// the wait; the end of input that follows is a usage error (exit 2), never a verdict. With
+/// stdin a pipe it says nothing of the kind.
+#[test]
+fn a_stage_reading_its_receipt_from_a_terminal_says_so_before_it_waits() {
+    let cli = Cli::new(6);
+    let tree = cli.incumbent();
+    let mut c = cli.command("cordon-materialize");
+    c.args(["--incumbent", &tree]).env("LANG", "C.UTF-8");
+    let tty = cordon_testkit::pty::run(c, true, b"\x04");
+    assert_eq!(tty.code, Some(2), "{}", tty.terminal);
+    assert!(
+        tty.terminal.contains(
+            "cordon-materialize: reading the input receipt from stdin, which is a terminal"
+        ),
+        "{:?}",
+        tty.terminal
+    );
+    assert!(tty.stdout.is_empty());
+
+    let piped = cli.materialize(&["--incumbent", &tree], None);
+    let stderr = String::from_utf8_lossy(&piped.stderr);
+    assert_eq!(piped.status.code(), Some(2), "{stderr}");
+    assert!(!stderr.contains("which is a terminal"), "{stderr}");
+}

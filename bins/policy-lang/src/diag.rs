@@ -11,8 +11,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use miette::{
-    Diagnostic, GraphicalReportHandler, GraphicalTheme, JSONReportHandler, LabeledSpan,
-    NamedSource, SourceSpan,
+    Diagnostic, GraphicalReportHandler, JSONReportHandler, LabeledSpan, NamedSource, SourceSpan,
 };
 
 /// Every diagnostic code, with the one-line meaning `policy/README.md` gives it.
@@ -257,13 +256,10 @@ impl KdlError {
         &self.problems
     }
 
-    /// Render every problem for a terminal: no colour, fixed width, so the output is a stable
-    /// interface that the golden tests snapshot.
+    /// Render every problem as text with `handler` (the stages build it for their stderr, the
+    /// golden tests a fixed one: `cordon::voice::Style`).
     #[must_use]
-    pub fn render_text(&self, width: usize) -> String {
-        let handler = GraphicalReportHandler::new_themed(GraphicalTheme::unicode_nocolor())
-            .with_width(width)
-            .with_links(false);
+    pub fn render_text(&self, handler: &GraphicalReportHandler) -> String {
         let mut out = String::new();
         for problem in &self.problems {
             // Writing to a String cannot fail.
@@ -299,7 +295,10 @@ mod tests {
     fn every_problem_renders_in_text_and_json_with_its_code_and_place() {
         let text = "policy \"p\" version=2\n";
         let err = crate::parse("p.kdl", text).unwrap_err();
-        let rendered = err.render_text(100);
+        let rendered = err.render_text(
+            &miette::GraphicalReportHandler::new_themed(miette::GraphicalTheme::unicode_nocolor())
+                .with_width(100),
+        );
         assert!(
             rendered.contains("cordon::policy::unsupported-version"),
             "{rendered}"

@@ -21,7 +21,10 @@ fn every_code_has_a_fixture_that_produces_it() {
         let err = cordon_policy_lang::parse(&rel, &text).expect_err(code);
         let codes: Vec<&str> = err.problems().iter().map(|p| p.short_code()).collect();
         assert!(codes.contains(code), "{rel} gave {codes:?}, not {code}");
-        insta::assert_snapshot!(format!("code-{code}"), err.render_text(100));
+        insta::assert_snapshot!(
+            format!("code-{code}"),
+            err.render_text(&cordon::voice::Style::fixed(100).handler())
+        );
     }
 }
 
@@ -66,7 +69,7 @@ fn several_mistakes_are_all_reported_at_once_in_file_order() {
             "out-of-range"
         ]
     );
-    let rendered = err.render_text(100);
+    let rendered = err.render_text(&cordon::voice::Style::fixed(100).handler());
     for at in [":16:10]", ":18:13]", ":20:5]", ":22:12]", ":23:10]"] {
         assert!(rendered.contains(at), "no label at {at}:\n{rendered}");
     }
@@ -200,7 +203,7 @@ fn every_arm_of_weakened_control_refuses_its_own_change() {
             .collect();
         assert_eq!(found.len(), 1, "{from} → {to}: {found:?}");
         assert_eq!(found[0].0, "weakened-control", "{from} → {to}: {found:?}");
-        let rendered = err.render_text(100);
+        let rendered = err.render_text(&cordon::voice::Style::fixed(100).handler());
         assert!(rendered.contains(says), "{from} → {to}: {rendered}");
     }
 }

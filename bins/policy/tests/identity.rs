@@ -12,7 +12,12 @@ fn default_text() -> String {
 }
 
 fn parse(text: &str) -> Policy {
-    cordon_policy_lang::parse("test.kdl", text).unwrap_or_else(|e| panic!("{}", e.render_text(100)))
+    cordon_policy_lang::parse("test.kdl", text).unwrap_or_else(|e| {
+        panic!(
+            "{}",
+            e.render_text(&cordon::voice::Style::fixed(100).handler())
+        )
+    })
 }
 
 fn lines(old: &Policy, new: &Policy) -> Vec<String> {

@@ -14,7 +14,10 @@ fn every_policy_file_parses() {
     for file in files {
         let text = std::fs::read_to_string(&file).unwrap();
         if let Err(err) = cordon_policy_lang::parse(&file.display().to_string(), &text) {
-            panic!("{}", err.render_text(100));
+            panic!(
+                "{}",
+                err.render_text(&cordon::voice::Style::fixed(100).handler())
+            );
         }
     }
 }

@@ -47,6 +47,7 @@ pub fn run(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> ExitCode {
+    cordon::voice::set_level(args.stage.level());
     if let Err(code) = cordon_stage::start::require_root(
         "cordon-prebuild",
         "it runs the build in a container as a per-run account",

@@ -52,7 +52,7 @@ use cordon::lease::{BOOT_ID, BootTime, LeaseError, Leftover, Manager, Observer, 
 use cordon::receipt::{Outcome, Reason, Receipt, StageName};
 use cordon::store::Store;
 use cordon_evidence::residue::{Counters, ReapOutputs};
-use cordon_stage::args::{LeaseArgs, StageArgs, fail, report_diagnostic};
+use cordon_stage::args::{Diagnostics, LeaseArgs, StageArgs, fail, report_diagnostic};
 use cordon_stage::receipt_io as stage;
 use std::collections::BTreeMap;
 
@@ -569,6 +569,7 @@ fn found(args: &Args, policy: &Policy) -> Result<(Place, Result<Found, LeaseErro
 
 /// Run the tool: the whole of `main`.
 pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitCode {
+    cordon::voice::set_level(args.stage.level());
     let mode = args.stage.diagnostics;
     // The surface's runs are its service user's; every other lease is root's.
     if !args.surface
@@ -690,11 +691,15 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
     let interrupted = stage::stamp_interrupted(&mut receipt);
     let emitted = stage::emit_signed(&place.store, &place.key_dir, &mut receipt, stdout);
     // Reported once the receipt is safe.
-    if let Some(e) = failed {
-        report_diagnostic(&e, mode, stderr);
+    if let Some(e) = &failed {
+        report_diagnostic(e, mode, stderr);
     }
     if let Some(e) = interrupted {
         report_diagnostic(&e, mode, stderr);
+    }
+    if let (Ok(digest), Diagnostics::Text) = (&emitted, mode) {
+        // The residue and alarms were said by nothing else.
+        stage::summary(&receipt, digest, failed.is_none(), stderr);
     }
     match (emitted, interrupted) {
         (Ok(_), None) => code,

@@ -403,7 +403,7 @@ fn candidate() -> Digest {
 }
 
 /// A check or a status on a mistyped store path makes nothing and answers nothing quiescent:
-/// exit 2, naming the path.
+/// exit 2, naming the path, in ASCII where the terminal shows no more.
 #[test]
 fn a_check_on_a_store_that_is_not_there_is_the_operators_mistake_and_makes_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -419,11 +419,157 @@ fn a_check_on_a_store_that_is_not_there_is_the_operators_mistake_and_makes_nothi
             .arg("--run-dir")
             .arg(dir.path().join("run"))
             .args(["--executor", &executor(), mode])
+            // A terminal that shows only ASCII gets only ASCII (no box drawing).
+            .env_remove("LC_ALL")
+            .env("LANG", "C")
+            .env("TERM", "dumb")
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{mode}: {stderr}");
         assert!(stderr.contains("no store at"), "{mode}: {stderr}");
+        assert!(stderr.is_ascii(), "{mode}: {stderr}");
         assert!(!dir.path().join("stroe").exists(), "{mode} made a store");
     }
+}
+
+/// Whether `stderr` ends with a duration (`840 ms`, `1.3 s`).
+fn timed(stderr: &str) -> bool {
+    stderr.ends_with(" ms\n") || stderr.ends_with(" s\n")
+}
+
+/// `cordon-reap --check` with `extra` arguments and environment, stderr piped: its exit code,
+/// its receipt's digest and its stderr.
+fn check_said(
+    dir: &Path,
+    policy: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (Option<i32>, Digest, String) {
+    let out = check_command(dir, policy, extra, env).output().unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let receipt = Receipt::parse(text.trim_end()).unwrap_or_else(|e| panic!("{e}: {stderr}"));
+    (out.status.code(), receipt.digest().unwrap(), stderr)
+}
+
+fn check_command(dir: &Path, policy: &Path, extra: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_cordon-reap"));
+    c.arg("--check")
+        .arg("--policy")
+        .arg(policy)
+        .arg("--store")
+        .arg(dir.join("store"))
+        .arg("--state-root")
+        .arg(dir.join("state"))
+        .arg("--run-dir")
+        .arg(dir.join("run"))
+        .args(["--executor", &executor()])
+        .args(extra)
+        .env_remove("NO_COLOR")
+        .env_remove("LC_ALL")
+        .env_remove("LC_CTYPE")
+        .env("LANG", "C.UTF-8")
+        .env("TERM", "xterm");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c
+}
+
+/// A stage ends with one line: its outcome, its receipt's digest whole (never wrapped when
+/// piped) and its duration; the reasons nothing else said (a check's residue) come before it;
+/// `-q` says nothing, `-v` each part of the authority; ASCII under `LANG=C TERM=dumb`.
+#[test]
+fn a_stage_says_its_outcome_receipt_and_duration_in_one_line_and_nothing_under_quiet() {
+    cordon_testkit::require_root("reap checks root's leases");
+    let dir = tempfile::tempdir().unwrap();
+    let policy = policy(dir.path(), 7);
+    Store::open(&dir.path().join("store")).unwrap();
+
+    let (code, digest, stderr) = check_said(dir.path(), &policy, &[], &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let line = format!("cordon-reap: ok · receipt {digest} · ");
+    assert!(stderr.starts_with(&line) && timed(&stderr), "{stderr:?}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+
+    let (code, _, stderr) = check_said(dir.path(), &policy, &["-q"], &[]);
+    assert_eq!((code, stderr.as_str()), (Some(0), ""));
+
+    let (code, digest, stderr) = check_said(dir.path(), &policy, &["-v"], &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    for part in [
+        "policy ",
+        "runtime runc at ",
+        "binary cordon-reap: sha256:",
+        "authority sha256:",
+    ] {
+        assert!(
+            stderr.lines().any(|l| l.starts_with(part)),
+            "{part}: {stderr}"
+        );
+    }
+    assert!(
+        timed(&stderr) && stderr.contains(&digest.to_string()),
+        "{stderr}"
+    );
+
+    // A stale lease: the residue is listed, then the no-decision.
+    let (store, setup) = lease_setup(dir.path(), &policy);
+    {
+        let m = Manager::open(&store, setup).unwrap();
+        let lease = m
+            .begin("sha256:stale", cordon_testkit::in_an_hour())
+            .unwrap();
+        m.provision(&lease).unwrap();
+    }
+    let (code, digest, stderr) =
+        check_said(dir.path(), &policy, &[], &[("LANG", "C"), ("TERM", "dumb")]);
+    assert_eq!(code, Some(3), "{stderr}");
+    assert!(stderr.is_ascii(), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("cordon-reap: reap.residue: ") && l.contains("account cordon-")),
+        "{stderr}"
+    );
+    let last = format!("cordon-reap: no-decision (reap.residue) - receipt {digest} - ");
+    assert!(lines.last().unwrap().starts_with(&last), "{stderr}");
+
+    // Recover, so that nothing is left for the tests beside it.
+    let (code, _) = reap(dir.path(), &policy, false);
+    assert_eq!(code, Some(0));
+}
+
+/// On a terminal the outcome is coloured, never under `NO_COLOR`; the receipt on stdout is the
+/// same bytes either way.
+#[test]
+fn on_a_terminal_the_outcome_is_coloured_and_never_under_no_color() {
+    cordon_testkit::require_root("reap checks root's leases");
+    let dir = tempfile::tempdir().unwrap();
+    let policy = policy(dir.path(), 8);
+    Store::open(&dir.path().join("store")).unwrap();
+    let tty = cordon_testkit::pty::run(check_command(dir.path(), &policy, &[], &[]), false, b"");
+    assert_eq!(tty.code, Some(0), "{}", tty.terminal);
+    assert!(
+        tty.terminal
+            .contains("cordon-reap: \u{1b}[32mok\u{1b}[0m · receipt sha256:"),
+        "{:?}",
+        tty.terminal
+    );
+    Receipt::parse(String::from_utf8(tty.stdout).unwrap().trim_end()).unwrap();
+
+    let plain = cordon_testkit::pty::run(
+        check_command(dir.path(), &policy, &[], &[("NO_COLOR", "1")]),
+        false,
+        b"",
+    );
+    assert_eq!(plain.code, Some(0), "{}", plain.terminal);
+    assert!(!plain.terminal.contains('\u{1b}'), "{:?}", plain.terminal);
+    assert!(
+        plain.terminal.contains("cordon-reap: ok · receipt sha256:"),
+        "{:?}",
+        plain.terminal
+    );
 }

@@ -120,6 +120,7 @@ pub fn run(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> ExitCode {
+    cordon::voice::set_level(args.stage.level());
     let mode = args.stage.diagnostics;
     if let Err(code) = cordon_stage::start::require_root(
         "cordon-reference",

@@ -1,8 +1,10 @@
 //! The command-line options every stage binary shares (flattened into each binary's own
 //! arguments, in the manner of youki's `liboci-cli`), and how diagnostics are printed.
 //!
-//! It owns option names, defaults and the stderr rendering of errors (fixed width, no colour,
-//! or one JSON document per error). It does not decide exit codes (each error type does).
+//! It owns option names, defaults, the voice level they set (`-q`, `-v`:
+//! [`cordon::voice`]) and the stderr rendering of errors (no colour; ASCII unless the locale
+//! and terminal show more; wrapped at the terminal's width, never when piped — or one JSON
+//! document per error). It does not decide exit codes (each error type does).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -10,13 +12,10 @@ use std::path::{Path, PathBuf};
 use clap::ValueEnum;
 use cordon::exit::ExitClass;
 use cordon_policy_lang::Policy;
-use miette::{Diagnostic, GraphicalReportHandler, GraphicalTheme, JSONReportHandler};
+use miette::{Diagnostic, JSONReportHandler};
 
 /// The policy file a stage reads when `--policy` is not given (the NixOS module installs it).
 pub const DEFAULT_POLICY: &str = "/etc/cordon/policy.kdl";
-
-/// Width diagnostics are wrapped at: fixed, so the text is a stable, tested interface.
-pub const WIDTH: usize = 100;
 
 /// How errors are printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -39,6 +38,12 @@ pub struct StageArgs {
     /// How errors are printed on stderr.
     #[arg(long, value_enum, default_value_t = Diagnostics::Text, global = true)]
     pub diagnostics: Diagnostics,
+    /// Say only errors on stderr (no summary line, no wait or progress lines).
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    pub quiet: bool,
+    /// Also say each step on stderr (the policy, the authority, the store).
+    #[arg(short, long, global = true)]
+    pub verbose: bool,
 }
 
 impl StageArgs {
@@ -49,6 +54,18 @@ impl StageArgs {
             policy: policy.to_path_buf(),
             store: store.map(Path::to_path_buf),
             diagnostics: Diagnostics::Text,
+            quiet: false,
+            verbose: false,
+        }
+    }
+
+    /// The voice level these options ask for.
+    #[must_use]
+    pub const fn level(&self) -> cordon::voice::Level {
+        match (self.quiet, self.verbose) {
+            (true, _) => cordon::voice::Level::Quiet,
+            (false, true) => cordon::voice::Level::Verbose,
+            (false, false) => cordon::voice::Level::Normal,
         }
     }
 
@@ -106,15 +123,15 @@ pub fn fail<E: Diagnostic + ExitClass>(
     e.exit_class()
 }
 
-/// Print any diagnostic on stderr, in text (fixed width, no colour) or JSON.
+/// Print any diagnostic on stderr, in text (as stderr can show it: [`cordon::voice::Style`])
+/// or JSON.
 pub fn report_diagnostic(err: &dyn Diagnostic, mode: Diagnostics, stderr: &mut dyn Write) {
     let text = match mode {
         Diagnostics::Text => {
             let mut s = String::new();
-            let handler = GraphicalReportHandler::new_themed(GraphicalTheme::unicode_nocolor())
-                .with_width(WIDTH)
-                .with_links(false);
-            let _ = handler.render_report(&mut s, err);
+            let _ = cordon::voice::Style::stderr()
+                .handler()
+                .render_report(&mut s, err);
             s
         }
         Diagnostics::Json => {

@@ -1873,7 +1873,7 @@ mod tests {
                 .iter()
                 .any(|p| p.short_code() == "overlap"),
             "{}",
-            refused.render_text(100)
+            refused.render_text(&cordon::voice::Style::fixed(100).handler())
         );
         // The shipped policy's: the signing key's directory among them.
         let shipped = policy(|t| t);

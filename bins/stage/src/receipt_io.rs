@@ -126,6 +126,22 @@ pub fn read_input(
     Ok((receipt, digest))
 }
 
+/// Before `tool` reads its input receipt from stdin (no `file`, or `-`) and stdin is a
+/// terminal: one line saying what it waits for, so an operator who forgot the pipe is not left
+/// before a silent cursor.
+pub fn stdin_notice(tool: &str, file: Option<&Path>, stderr: &mut dyn Write) {
+    use std::io::IsTerminal;
+    if file.is_none_or(|p| p == Path::new("-")) && std::io::stdin().is_terminal() {
+        cordon::voice::say(
+            stderr,
+            cordon::voice::Level::Normal,
+            &format!(
+                "{tool}: reading the input receipt from stdin, which is a terminal: pipe the previous stage's receipt in or give --receipt FILE (Ctrl-D ends the input)"
+            ),
+        );
+    }
+}
+
 /// When `err` is an upstream verdict ([`StageError::NotOk`]: a rejected or no-decision receipt
 /// of the expected stage, under this authority), pass it on, signed with the key in `key_dir`:
 /// if `store` holds it and its chain
@@ -154,16 +170,23 @@ pub fn pass_on(
         return Some(e.exit_class());
     }
     let mut receipt = Receipt::pass_on(stage, upstream, *digest);
-    if let Err(e) = emit_signed(store, key_dir, &mut receipt, stdout) {
-        return Some(fail(&e, mode, stderr));
+    let passed = match emit_signed(store, key_dir, &mut receipt, stdout) {
+        Ok(passed) => passed,
+        Err(e) => return Some(fail(&e, mode, stderr)),
+    };
+    if mode == Diagnostics::Text {
+        cordon::voice::say(
+            stderr,
+            cordon::voice::Level::Normal,
+            &format!(
+                "cordon-{}: {} upstream ({} receipt {digest}); nothing done",
+                stage.as_str(),
+                upstream.outcome.as_str(),
+                upstream.stage.as_str()
+            ),
+        );
+        summary(&receipt, &passed, false, stderr);
     }
-    let _ = writeln!(
-        stderr,
-        "cordon-{}: {} upstream ({} receipt {digest}); nothing done",
-        stage.as_str(),
-        upstream.outcome.as_str(),
-        upstream.stage.as_str()
-    );
     Some(match upstream.outcome {
         Outcome::Rejected => ExitCode::Rejected,
         Outcome::Ok | Outcome::NoDecision => ExitCode::NoDecision,
@@ -190,6 +213,7 @@ pub fn input_or_exit(
     let Some(expected) = stage.predecessor() else {
         return Err(ExitCode::Usage);
     };
+    stdin_notice(&format!("cordon-{}", stage.as_str()), file, stderr);
     read_input(file, stdin, expected, authority).map_err(|e| {
         // A verdict upstream is passed on, not reported as a wiring error.
         pass_on(&e, stage, (store, Path::new(KEY_DIR)), mode, stdout, stderr).unwrap_or_else(|| {
@@ -299,6 +323,62 @@ pub fn finish<T: serde::Serialize, E: Infrastructure + 'static>(
     )
 }
 
+/// The most reasons [`summary`] lists; the receipt keeps every one.
+const SAID_REASONS: usize = 20;
+
+/// The stage's last words on stderr, after its receipt is safe (text diagnostics, unless `-q`):
+/// when `reasons`, each of the receipt's reasons on a line of its own (a rejection's origin, a
+/// check's residue, nothing else having said them), then one line with the stage, its outcome
+/// (coloured on a terminal) and first reason code, the receipt's digest — what `cordon-verify`
+/// and the next stage take — and how long the process ran. Never wrapped, so the digest can be
+/// copied whole.
+pub fn summary(receipt: &Receipt, digest: &Digest, reasons: bool, stderr: &mut dyn Write) {
+    use cordon::voice::{self, Colour, Level, Style};
+    if !voice::says(Level::Normal) {
+        return;
+    }
+    let style = Style::stderr();
+    let tool = format!("cordon-{}", receipt.stage.as_str());
+    if reasons {
+        // Candidate text may be in a reason's message (a finding's line, an engine's words).
+        for r in receipt.reasons.iter().take(SAID_REASONS) {
+            voice::say(
+                stderr,
+                Level::Normal,
+                &format!("{tool}: {}: {}", r.code, r.message),
+            );
+        }
+        if let Some(more) = receipt
+            .reasons
+            .len()
+            .checked_sub(SAID_REASONS)
+            .filter(|n| *n > 0)
+        {
+            voice::say(
+                stderr,
+                Level::Normal,
+                &format!("{tool}: and {more} more reasons (the receipt has every one)"),
+            );
+        }
+    }
+    let colour = match receipt.outcome {
+        Outcome::Ok => Colour::Green,
+        Outcome::Rejected => Colour::Red,
+        Outcome::NoDecision => Colour::Yellow,
+    };
+    // Reason codes are cordon's own; escaped all the same, before any colour is added.
+    let why = receipt.reasons.first().map_or_else(String::new, |r| {
+        format!(" ({})", cordon::text::printable(&r.code))
+    });
+    let _ = writeln!(
+        stderr,
+        "{tool}: {}{why}{dot}receipt {digest}{dot}{}",
+        style.paint(colour, receipt.outcome.as_str()),
+        voice::duration(voice::elapsed()),
+        dot = style.dot(),
+    );
+}
+
 /// [`finish`], the receipt signed with the key in `key_dir` ([`emit_signed`]).
 pub fn finish_signed<T: serde::Serialize, E: Infrastructure + 'static>(
     store: &Store,
@@ -307,16 +387,69 @@ pub fn finish_signed<T: serde::Serialize, E: Infrastructure + 'static>(
     result: Result<Decision<T>, E>,
     (mode, stdout, stderr): (Diagnostics, &mut dyn Write, &mut dyn Write),
 ) -> ExitCode {
+    finish_inner(
+        store,
+        key_dir,
+        receipt,
+        result,
+        (mode, stdout, stderr),
+        true,
+    )
+}
+
+/// [`finish`], with `shown` writing the stage's own report of a rejection (its findings on the
+/// candidate's source) once the receipt is safe, before the [`summary`] line, which then does
+/// not list the reasons again.
+pub fn finish_showing<T: serde::Serialize, E: Infrastructure + 'static>(
+    store: &Store,
+    receipt: &mut Receipt,
+    result: Result<Decision<T>, E>,
+    (mode, stdout, stderr): (Diagnostics, &mut dyn Write, &mut dyn Write),
+    shown: &mut dyn FnMut(&mut dyn Write),
+) -> ExitCode {
+    let code = finish_inner(
+        store,
+        Path::new(KEY_DIR),
+        receipt,
+        result,
+        (mode, stdout, stderr),
+        false,
+    );
+    shown(stderr);
+    if mode == Diagnostics::Text
+        && let Ok(digest) = receipt.digest()
+    {
+        summary(receipt, &digest, false, stderr);
+    }
+    code
+}
+
+/// [`finish_signed`], with its [`summary`] when `summarise` (not for a receipt another one
+/// links, nor before a stage's own report of its rejection).
+fn finish_inner<T: serde::Serialize, E: Infrastructure + 'static>(
+    store: &Store,
+    key_dir: &Path,
+    receipt: &mut Receipt,
+    result: Result<Decision<T>, E>,
+    (mode, stdout, stderr): (Diagnostics, &mut dyn Write, &mut dyn Write),
+    summarise: bool,
+) -> ExitCode {
     let (code, cause) = decide(receipt, result);
     match emit_signed(store, key_dir, receipt, stdout) {
-        Ok(_) => {
-            if let Some(e) = cause {
+        Ok(digest) => {
+            if let Some(e) = &cause {
                 report_diagnostic(e.as_ref(), mode, stderr);
             }
             // The run's own last words, escaped, after everything cordon says (text only: JSON
             // diagnostics stay one document per error).
             if mode == Diagnostics::Text {
                 crate::evidence::tail(store, receipt, receipt.stage.as_str(), stderr);
+                if summarise {
+                    // A rejection's reasons are said here (its origin: a hash mismatch, a
+                    // violation); an error's were reported above.
+                    let reasons = cause.is_none() && receipt.outcome == Outcome::Rejected;
+                    summary(receipt, &digest, reasons, stderr);
+                }
             }
             code
         }
@@ -343,12 +476,13 @@ pub fn store_linked<T: serde::Serialize, E: Infrastructure + 'static>(
     result: Result<Decision<T>, E>,
     (mode, stderr): (Diagnostics, &mut dyn Write),
 ) -> Result<Digest, String> {
-    finish_signed(
+    finish_inner(
         store,
         key_dir,
         receipt,
         result,
         (mode, &mut std::io::sink(), stderr),
+        false,
     );
     let digest = receipt.digest().map_err(|e| e.to_string())?;
     chain::load(store, &digest).map_err(|e| format!("it is not stored: {e}"))?;

@@ -14,7 +14,7 @@ use cordon_canon::exit::ExitClass;
 use cordon_canon::{Digest, ExitCode};
 use cordon_policy_lang::{Policy, PolicyError};
 
-use crate::args::{Diagnostics, WIDTH, report_diagnostic};
+use crate::args::{Diagnostics, report_diagnostic};
 
 /// Why a stage could not start.
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
@@ -75,7 +75,7 @@ impl StartError {
         match self {
             Self::Policy(p) => {
                 let text = match mode {
-                    Diagnostics::Text => p.render_text(WIDTH),
+                    Diagnostics::Text => p.render_text(&cordon::voice::Style::stderr().handler()),
                     Diagnostics::Json => format!("{}\n", p.render_json()),
                 };
                 // A closed stderr leaves nothing better to do; the exit code still tells.
@@ -222,8 +222,10 @@ pub fn stage_start(
     }
     let started = load(path).and_then(|loaded| {
         let parts = components(&loaded.policy)?;
+        let authority = parts.authority()?;
+        say_verbose(path, &parts, &authority, stderr);
         Ok(Started {
-            authority: parts.authority()?,
+            authority,
             runtime: parts.runtime,
             loaded,
         })
@@ -232,6 +234,40 @@ pub fn stage_start(
         e.report(mode, stderr);
         e.exit_class()
     })
+}
+
+/// At `-v`: the policy and each part of the authority it and this host make.
+fn say_verbose(
+    path: &Path,
+    parts: &AuthorityComponents,
+    authority: &Digest,
+    stderr: &mut dyn Write,
+) {
+    use cordon::voice::{Level, say};
+    say(
+        stderr,
+        Level::Verbose,
+        &format!("policy {} (digest {})", path.display(), parts.policy),
+    );
+    let rt = &parts.runtime;
+    say(
+        stderr,
+        Level::Verbose,
+        &format!(
+            "runtime {} at {} ({}, {})",
+            rt.kind,
+            rt.path.display(),
+            rt.sha256,
+            rt.version.lines().next().unwrap_or("")
+        ),
+    );
+    for (role, digest) in &parts.images {
+        say(stderr, Level::Verbose, &format!("image {role}: {digest}"));
+    }
+    for (name, digest) in &parts.binaries {
+        say(stderr, Level::Verbose, &format!("binary {name}: {digest}"));
+    }
+    say(stderr, Level::Verbose, &format!("authority {authority}"));
 }
 
 /// The authority components of a policy on this host: its digest, the probed runtime, the

@@ -9,6 +9,7 @@
 use std::path::{Path, PathBuf};
 
 pub mod blind;
+pub mod pty;
 
 /// The workspace root (the directory holding the top-level `Cargo.toml`).
 #[must_use]
