@@ -6,10 +6,9 @@
 //! An added or removed allow-list entry is one line naming the entry and its reason, for
 //! example `seccomp.default: + allow ptrace (reason "…")`.
 
-use std::collections::BTreeMap;
-
 use serde_json::Value;
 
+use crate::effect::{Effect, classify};
 use crate::units::{format_duration, format_millis, format_size};
 
 /// Maps whose keys are names from the policy (kept as written), not field names.
@@ -58,13 +57,33 @@ fn noun<'a>(map: &str, entry: &'a Value) -> Option<&'a str> {
     }
 }
 
-/// One line of a diff, with the section it belongs to.
+/// One line of a diff, with the section it belongs to and what it does to containment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Change {
     /// The top-level section (`stage`, `seccomp`, `intake`, …).
     pub section: String,
     /// The line, without indentation.
     pub line: String,
+    /// The canonical keys from the root to what changed (for a set member or a named entry,
+    /// the set or entry last): where [`crate::locate`] finds it in each file.
+    pub path: Vec<String>,
+    /// Whether it weakens, tightens or leaves containment as it was ([`crate::effect`]).
+    pub effect: Effect,
+    /// The rule that decided [`Self::effect`].
+    pub rule: &'static str,
+}
+
+impl Change {
+    fn new(path: &[String], line: String, old: Option<&Value>, new: Option<&Value>) -> Self {
+        let (effect, rule) = classify(path, old, new);
+        Self {
+            section: path.first().cloned().unwrap_or_default(),
+            line,
+            path: path.to_vec(),
+            effect,
+            rule,
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -138,19 +157,15 @@ fn render(path: &Path, value: &Value) -> String {
     }
 }
 
-fn section(path: &Path) -> String {
-    path.0.first().cloned().unwrap_or_default()
-}
-
-/// Every leaf under `value` as `(path, rendered value)`.
-fn leaves(path: &Path, value: &Value, out: &mut Vec<(Path, String)>) {
+/// Every leaf under `value` with its path.
+fn leaves<'a>(path: &Path, value: &'a Value, out: &mut Vec<(Path, &'a Value)>) {
     match value {
         Value::Object(map) if !map.is_empty() => {
             for (k, v) in map {
                 leaves(&path.child(k), v, out);
             }
         }
-        _ => out.push((path.clone(), render(path, value))),
+        _ => out.push((path.clone(), value)),
     }
 }
 
@@ -172,20 +187,28 @@ fn reasoned_line(path: &Path, key: &str, entry: &Value, sign: char) -> Option<St
 }
 
 fn added_or_removed(path: &Path, key: &str, value: &Value, sign: char, out: &mut Vec<Change>) {
+    let sides = |v| {
+        if sign == '+' {
+            (None, Some(v))
+        } else {
+            (Some(v), None)
+        }
+    };
     if let Some(line) = reasoned_line(path, key, value, sign) {
-        out.push(Change {
-            section: section(path),
-            line,
-        });
+        let (old, new) = sides(value);
+        out.push(Change::new(&path.child(key).0, line, old, new));
         return;
     }
     let mut flat = Vec::new();
     leaves(&path.child(key), value, &mut flat);
     for (p, v) in flat {
-        out.push(Change {
-            section: section(&p),
-            line: format!("{}: {sign} {v}", p.display()),
-        });
+        let (old, new) = sides(v);
+        out.push(Change::new(
+            &p.0,
+            format!("{}: {sign} {}", p.display(), render(&p, v)),
+            old,
+            new,
+        ));
     }
 }
 
@@ -204,27 +227,23 @@ fn walk(path: &Path, old: &Value, new: &Value, out: &mut Vec<Change>) {
         }
         (Value::Array(a), Value::Array(b)) if SETS.contains(&path.last()) => {
             for x in a.iter().filter(|x| !b.contains(x)) {
-                out.push(Change {
-                    section: section(path),
-                    line: format!("{}: - {x}", path.display()),
-                });
+                let line = format!("{}: - {x}", path.display());
+                out.push(Change::new(&path.0, line, Some(x), None));
             }
             for y in b.iter().filter(|y| !a.contains(y)) {
-                out.push(Change {
-                    section: section(path),
-                    line: format!("{}: + {y}", path.display()),
-                });
+                let line = format!("{}: + {y}", path.display());
+                out.push(Change::new(&path.0, line, None, Some(y)));
             }
         }
-        _ if old != new => out.push(Change {
-            section: section(path),
-            line: format!(
+        _ if old != new => {
+            let line = format!(
                 "{}: {} → {}",
                 path.display(),
                 render(path, old),
                 render(path, new)
-            ),
-        }),
+            );
+            out.push(Change::new(&path.0, line, Some(old), Some(new)));
+        }
         _ => {}
     }
 }
@@ -236,18 +255,6 @@ pub fn diff(old: &Value, new: &Value) -> Vec<Change> {
     let mut out = Vec::new();
     walk(&Path(Vec::new()), old, new, &mut out);
     out
-}
-
-/// Lines grouped by section, ready to print.
-#[must_use]
-pub fn grouped(changes: &[Change]) -> BTreeMap<&str, Vec<&str>> {
-    let mut map: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for c in changes {
-        map.entry(c.section.as_str())
-            .or_default()
-            .push(c.line.as_str());
-    }
-    map
 }
 
 /// Every leaf under `key` of a canonical form as `path = value` lines (`explain`).
@@ -267,7 +274,7 @@ pub fn explain(root: &Value, keys: &[&str]) -> Vec<String> {
     let mut flat = Vec::new();
     leaves(&path, value, &mut flat);
     flat.into_iter()
-        .map(|(p, v)| format!("{} = {v}", p.display()))
+        .map(|(p, v)| format!("{} = {}", p.display(), render(&p, v)))
         .collect()
 }
 

@@ -13,6 +13,7 @@ use cordon::ExitCode;
 use cordon::canonical::Digest;
 use cordon::identity;
 use cordon::receipt::{Outcome, Receipt, StageName};
+use cordon_policy_lang::effect::Effect;
 use cordon_policy_lang::{ArgCondition, ArgOp, Keyword, Policy, StageKind, SyscallRule, diff};
 use cordon_stage::args::{Diagnostics, report_diagnostic};
 use cordon_stage::bundle;
@@ -34,6 +35,15 @@ pub struct Args {
     pub command: Command,
 }
 
+/// What makes `diff` end with exit 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FailOn {
+    /// Any semantic change.
+    Change,
+    /// A change that weakens containment.
+    Weaken,
+}
+
 /// The reviewer commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -51,12 +61,21 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Semantic diff for reviewers: exit 0 when identical, 1 when different, 2 on error.
+    /// Semantic diff for reviewers, each change classified as weakens, tightens or neutral for
+    /// containment, with its file:line on each side: exit 0 when identical (with `--fail-on
+    /// weaken`: when nothing weakens), 1 when different (when something weakens), 2 on error.
     Diff {
         /// The policy before the change.
         old: PathBuf,
         /// The policy after the change.
         new: PathBuf,
+        /// What ends the command with exit 1: any change (as diff(1)), or only a change that
+        /// weakens containment.
+        #[arg(long, value_enum, default_value_t = FailOn::Change)]
+        fail_on: FailOn,
+        /// One JSON document on stdout instead of text.
+        #[arg(long)]
+        json: bool,
     },
     /// Render a reviewed policy for this host: set host facts on their nodes (and nowhere
     /// else), pin the runtime binary by its sha256, validate, refuse any other change, write
@@ -216,7 +235,12 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
     let result = match &args.command {
         Command::Check { files } => check(files, args.diagnostics, stdout, stderr),
         Command::Identity { file, json } => identity_cmd(file, *json, stdout),
-        Command::Diff { old, new } => diff_cmd(old, new, stdout, stderr),
+        Command::Diff {
+            old,
+            new,
+            fail_on,
+            json,
+        } => diff_cmd(old, new, (*fail_on, *json), stdout, stderr),
         Command::Render {
             reviewed,
             out,
@@ -361,57 +385,140 @@ fn render_cmd(
             path: out.to_path_buf(),
             source,
         })?;
-    let mut s = String::new();
-    for (section, lines) in diff::grouped(&rendered.changes) {
-        s += &format!("[{section}]\n");
-        for line in lines {
-            s += &format!("  {line}\n");
-        }
-    }
+    let mut s = classified_text(&rendered.changes, (reviewed, &text), (out, &rendered.text));
     s += &format!("{}: rendered from {}\n", out.display(), reviewed.display());
     let _ = stdout.write_all(s.as_bytes());
     Ok(ExitCode::Ok)
 }
 
+/// A policy file's path and text, for placing a change on it.
+type Source<'a> = (&'a Path, &'a str);
+
+/// Where `change` is written in `source`: `file:line`, or `file (default)` when the file does
+/// not write it.
+fn place(source: Source<'_>, change: &diff::Change) -> String {
+    match cordon_policy_lang::locate::line(source.1, &change.path) {
+        Some(line) => format!("{}:{line}", source.0.display()),
+        None => format!("{} (default)", source.0.display()),
+    }
+}
+
+/// The changes grouped by section, each line led by its effect and followed by where it is
+/// written on each side (a side the change is absent from is not named).
+fn classified_text(changes: &[diff::Change], old: Source<'_>, new: Source<'_>) -> String {
+    let mut sections: std::collections::BTreeMap<&str, Vec<&diff::Change>> =
+        std::collections::BTreeMap::new();
+    for c in changes {
+        sections.entry(c.section.as_str()).or_default().push(c);
+    }
+    let mut s = String::new();
+    for (section, changes) in sections {
+        s += &format!("[{section}]\n");
+        for c in changes {
+            s += &format!(
+                "  {:<8}  {}  ({} → {})\n",
+                c.effect.as_str(),
+                c.line,
+                place(old, c),
+                place(new, c)
+            );
+        }
+    }
+    s
+}
+
+/// How many changes of each effect.
+fn tally(changes: &[diff::Change]) -> [(Effect, usize); 3] {
+    [Effect::Weakens, Effect::Tightens, Effect::Neutral]
+        .map(|e| (e, changes.iter().filter(|c| c.effect == e).count()))
+}
+
 fn diff_cmd(
     old: &Path,
     new: &Path,
+    (fail_on, as_json): (FailOn, bool),
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> Result<ExitCode, CliError> {
+    let read = |path: &Path| {
+        std::fs::read_to_string(path).map_err(|source| StartError::Read {
+            path: path.to_path_buf(),
+            source,
+        })
+    };
     let (a, b) = (load(old)?, load(new)?);
+    let (ta, tb) = (read(old)?, read(new)?);
     let encode = |p: &Policy| {
         p.canonical_value()
             .map_err(|source| CliError::Encode { source })
     };
     let changes = diff::diff(&encode(&a.policy)?, &encode(&b.policy)?);
-    let mut s = String::new();
-    for (section, lines) in diff::grouped(&changes) {
-        s += &format!("[{section}]\n");
-        for line in lines {
-            s += &format!("  {line}\n");
-        }
-    }
     let digest = |p: &Policy| p.digest().map_err(|source| CliError::Encode { source });
     let (da, db) = (digest(&a.policy)?, digest(&b.policy)?);
-    if changes.is_empty() {
-        s += &format!("no semantic change (identity unchanged): policy {da}\n");
+    // The authority adds this host's runtime and binaries to each side; a reviewer's machine
+    // may lack the runtime, and then says so instead of guessing.
+    let authority = if changes.is_empty() {
+        None
     } else {
-        s += &format!("policy: {da} → {db}\n");
-        // The authority adds this host's runtime and binaries to each side; a reviewer's
-        // machine may lack the runtime, and then says so instead of guessing.
         match authorities(&a.policy, &b.policy) {
-            Ok((x, y)) => s += &format!("authority: {x} → {y}\n"),
+            Ok(pair) => Some(pair),
             Err(e) => {
                 let _ = writeln!(stderr, "note: authority not computed on this host: {e}");
+                None
             }
         }
-    }
-    let _ = stdout.write_all(s.as_bytes());
-    Ok(if changes.is_empty() {
-        ExitCode::Ok
+    };
+    let counts = tally(&changes);
+    let text = if as_json {
+        let line = |text: &str, c: &diff::Change| cordon_policy_lang::locate::line(text, &c.path);
+        let items: Vec<serde_json::Value> = changes
+            .iter()
+            .map(|c| {
+                json!({
+                    "section": c.section,
+                    "path": c.path,
+                    "line": c.line,
+                    "effect": c.effect,
+                    "rule": c.rule,
+                    "old_line": line(&ta, c),
+                    "new_line": line(&tb, c),
+                })
+            })
+            .collect();
+        let side = |path: &Path, d: &Digest, auth: Option<&Digest>| json!({ "file": path.display().to_string(), "policy": d.to_string(), "authority": auth.map(ToString::to_string) });
+        let doc = json!({
+            "old": side(old, &da, authority.as_ref().map(|a| &a.0)),
+            "new": side(new, &db, authority.as_ref().map(|a| &a.1)),
+            "changes": items,
+            "counts": counts.iter().map(|(e, n)| (e.as_str().to_owned(), json!(n))).collect::<serde_json::Map<_, _>>(),
+        });
+        format!("{doc}\n")
     } else {
+        let mut s = classified_text(&changes, (old, &ta), (new, &tb));
+        if changes.is_empty() {
+            s += &format!("no semantic change (identity unchanged): policy {da}\n");
+        } else {
+            let [(_, w), (_, t), (_, n)] = counts;
+            s += &format!(
+                "{} changes: {w} weaken, {t} tighten, {n} neutral\n",
+                changes.len()
+            );
+            s += &format!("policy: {da} → {db}\n");
+            if let Some((x, y)) = authority {
+                s += &format!("authority: {x} → {y}\n");
+            }
+        }
+        s
+    };
+    let _ = stdout.write_all(text.as_bytes());
+    let failing = match fail_on {
+        FailOn::Change => !changes.is_empty(),
+        FailOn::Weaken => counts[0].1 > 0,
+    };
+    Ok(if failing {
         ExitCode::Rejected
+    } else {
+        ExitCode::Ok
     })
 }
 

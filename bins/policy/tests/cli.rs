@@ -142,12 +142,22 @@ fn diff_exits_like_diff_and_names_the_change() {
     let (code, out, err) = cmd(&["diff", &a, &b]);
     assert_eq!(code, 1, "{err}");
     let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(
-        lines[..2],
-        ["[stage]", "  stage.prebuild.nofile: 1024 → 2048"]
-    );
+    assert_eq!(lines[0], "[stage]");
+    // The file does not write nofile before the change: the stage's node is where it goes.
+    let line = std::fs::read_to_string(&b)
+        .unwrap()
+        .lines()
+        .position(|l| l == "    nofile 2048")
+        .unwrap()
+        + 1;
     assert!(
-        lines[2].starts_with("policy: sha256:") && lines[3].starts_with("authority: sha256:"),
+        lines[1].starts_with("  weakens   stage.prebuild.nofile: 1024 → 2048  (")
+            && lines[1].ends_with(&format!(" → {b}:{line})")),
+        "{out}"
+    );
+    assert_eq!(lines[2], "1 changes: 1 weaken, 0 tighten, 0 neutral");
+    assert!(
+        lines[3].starts_with("policy: sha256:") && lines[4].starts_with("authority: sha256:"),
         "{out}"
     );
     let bad = workspace_root()
@@ -198,5 +208,98 @@ fn explain_resolves_defaults_and_refuses_unknown_stages() {
     assert!(
         err.contains("declared stages: prebuild, lane, reference"),
         "{err}"
+    );
+}
+
+/// The weakenings a reviewer must not miss read as weakenings, a lower bound as a tightening,
+/// each on its file and line; `--fail-on weaken` fails on them and passes a change that only
+/// tightens; `--json` carries the same classification.
+#[test]
+fn diff_marks_weakening_and_fails_on_it_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = default_policy();
+    let text = std::fs::read_to_string(&old).unwrap();
+    let weaker = text
+        .replace_once(
+            "tmp size=\"1GiB\" exec=#false",
+            "tmp size=\"1GiB\" exec=#true",
+        )
+        .replace_once(
+            "\"ctypes\" \"pickle\" \"marshal\"",
+            "\"ctypes\" \"marshal\"",
+        )
+        .replace_once(
+            "stage \"lane\" {\n",
+            "stage \"lane\" {\n    capability \"CAP_SYS_PTRACE\" reason=\"a debugger\"\n",
+        )
+        .replace_once(
+            "    allow \"ioctl\"",
+            "    allow \"process_madvise\" reason=\"again\"\n    allow \"ioctl\"",
+        );
+    let tighter = text.replace_once("    pids 1024\n", "    pids 512\n");
+    let (weaker_file, tighter_file) = (
+        dir.path().join("weaker.kdl"),
+        dir.path().join("tighter.kdl"),
+    );
+    std::fs::write(&weaker_file, &weaker).unwrap();
+    std::fs::write(&tighter_file, &tighter).unwrap();
+    let (w, t) = (
+        weaker_file.display().to_string(),
+        tighter_file.display().to_string(),
+    );
+
+    let (code, out, err) = cmd(&["diff", "--fail-on", "weaken", &old, &w]);
+    assert_eq!(code, 1, "{err}");
+    let line_of = |needle: &str| weaker.lines().position(|l| l.contains(needle)).unwrap() + 1;
+    for (change, needle) in [
+        ("stage.prebuild.tmp.exec: false → true", "exec=#true"),
+        ("tree.python.ban-import: - \"pickle\"", "ban-import"),
+        ("stage.lane: + capability CAP_SYS_PTRACE", "CAP_SYS_PTRACE"),
+        (
+            "seccomp.candidate: + allow process_madvise",
+            "allow \"process_madvise\"",
+        ),
+    ] {
+        let line = out
+            .lines()
+            .find(|l| l.contains(change))
+            .unwrap_or_else(|| panic!("{change}: {out}"));
+        assert!(line.starts_with("  weakens "), "{line}");
+        assert!(
+            line.contains(&format!("{w}:{})", line_of(needle))),
+            "{line}: {needle}"
+        );
+    }
+    assert!(
+        out.contains("4 changes: 4 weaken, 0 tighten, 0 neutral"),
+        "{out}"
+    );
+
+    let (code, out, err) = cmd(&["diff", "--fail-on", "weaken", &old, &t]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("  tightens  stage.prebuild.pids: 1024 → 512"),
+        "{out}"
+    );
+    // Without --fail-on, any change is exit 1, as diff(1).
+    assert_eq!(cmd(&["diff", &old, &t]).0, 1);
+
+    let (code, out, _) = cmd(&["diff", "--json", "--fail-on", "weaken", &old, &w]);
+    assert_eq!(code, 1);
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(doc["counts"]["weakens"], 4, "{doc}");
+    let exec = doc["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["path"] == serde_json::json!(["stage", "prebuild", "tmp", "exec"]))
+        .unwrap();
+    assert_eq!(exec["effect"], "weakens");
+    assert_eq!(exec["new_line"], line_of("exec=#true"));
+    assert!(
+        doc["old"]["policy"]
+            .as_str()
+            .unwrap()
+            .starts_with("sha256:")
     );
 }
