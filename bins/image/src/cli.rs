@@ -17,6 +17,7 @@ use cordon::ExitCode;
 use cordon::canonical::Digest;
 use cordon::image;
 use cordon::store::Store;
+use cordon_stage::args::{Diagnostics, report_diagnostic};
 use miette::Diagnostic;
 
 use crate::spec;
@@ -25,6 +26,9 @@ use crate::spec;
 #[derive(Debug, Parser)]
 #[command(name = "cordon-image", version, about)]
 pub struct Args {
+    /// How errors are printed on stderr.
+    #[arg(long, value_enum, default_value_t = Diagnostics::Text, global = true)]
+    pub diagnostics: Diagnostics,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -58,14 +62,6 @@ pub enum Command {
         /// The pinned manifest digest.
         manifest: String,
     },
-}
-
-fn report(err: &dyn Diagnostic, stderr: &mut dyn Write) {
-    let mut s = String::new();
-    let _ = cordon::voice::Style::stderr()
-        .handler()
-        .render_report(&mut s, err);
-    let _ = stderr.write_all(cordon::text::terminal(&s).as_bytes());
 }
 
 /// Run the tool: the whole of `main`.
@@ -104,7 +100,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             Err(_) => ExitCode::NoDecision,
         },
         Err((e, code)) => {
-            report(e.as_ref(), stderr);
+            report_diagnostic(e.as_ref(), args.diagnostics, stderr);
             code
         }
     }

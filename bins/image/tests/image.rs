@@ -262,3 +262,19 @@ fn a_tampered_unpacked_image_is_refused_at_its_next_use() {
         );
     }
 }
+
+/// `--diagnostics json` makes an error one JSON document on stderr, with its code.
+#[test]
+fn errors_are_one_json_document_under_diagnostics_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cordon-image"))
+        .args(["build", "--diagnostics", "json"])
+        .arg(dir.path().join("missing.kdl"))
+        .arg("--out")
+        .arg(dir.path().join("layout"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
+    assert_eq!(doc["code"], "cordon::image::spec_read", "{doc}");
+}

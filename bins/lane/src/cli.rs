@@ -44,6 +44,12 @@ pub struct Args {
     /// The options every stage shares.
     #[command(flatten)]
     pub stage: StageArgs,
+    /// The directory of image layouts, one per role (`<dir>/runtime`).
+    #[arg(long, default_value = cordon_stage::args::DEFAULT_IMAGES, global = true)]
+    pub images: PathBuf,
+    /// Where leases live (before or after the subcommand, as every other option).
+    #[command(flatten)]
+    pub lease: LeaseArgs,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -77,12 +83,6 @@ pub enum Command {
         /// The model directory (root-owned, writable by root only).
         #[arg(long)]
         model: PathBuf,
-        /// The directory of image layouts, one per role (`<dir>/runtime`).
-        #[arg(long, default_value = "/var/lib/cordon/images")]
-        images: PathBuf,
-        /// Where leases live.
-        #[command(flatten)]
-        lease: LeaseArgs,
     },
     /// A speed qualification: reads B, C, B′ on the policy's physical lanes and the host's
     /// verdict.
@@ -102,12 +102,6 @@ pub enum Command {
         /// A primary attempt's qualify receipt: run its exact exchange (lanes swapped).
         #[arg(long)]
         reproduce: Option<PathBuf>,
-        /// The directory of image layouts, one per role (`<dir>/runtime`).
-        #[arg(long, default_value = "/var/lib/cordon/images")]
-        images: PathBuf,
-        /// Where leases live.
-        #[command(flatten)]
-        lease: LeaseArgs,
     },
     /// Where a model must be registered: prints its digest and its path in the policy's models
     /// root (`<models>/sha256-<hex>`), after the ownership and kind checks a session makes of
@@ -417,21 +411,12 @@ pub fn run(
             Err(code) => return code,
         };
     let policy = &loaded.policy;
-    let (stage_name, file, images, lease) = match &args.command {
+    let (images, lease) = (&args.images, &args.lease);
+    let (stage_name, file) = match &args.command {
         Command::Model { dir } => return model_path(policy, dir, mode, stdout, stderr),
         Command::Devices { drain } => return devices(policy, *drain, mode, stdout, stderr),
-        Command::Session {
-            receipt,
-            images,
-            lease,
-            ..
-        } => (StageName::Lane, receipt, images, lease),
-        Command::Qualify {
-            candidate,
-            images,
-            lease,
-            ..
-        } => (StageName::Qualify, candidate, images, lease),
+        Command::Session { receipt, .. } => (StageName::Lane, receipt),
+        Command::Qualify { candidate, .. } => (StageName::Qualify, candidate),
     };
     let store = match Store::open(&args.stage.store_root(policy)) {
         Ok(s) => s,
@@ -626,6 +611,39 @@ mod tests {
     use cordon::receipt::{FetchOutputs, IncumbentOutputs, MaterializeOutputs, StageOutputs};
 
     use super::*;
+
+    /// Every option is taken before or after the subcommand, as every other binary takes it.
+    #[test]
+    fn options_go_before_or_after_the_subcommand() {
+        let opts = [
+            "--images",
+            "/i",
+            "--executor",
+            "e",
+            "--state-root",
+            "/s",
+            "--run-dir",
+            "/r",
+            "-q",
+            "--policy",
+            "/p",
+        ];
+        let session = ["session", "--role", "B", "--workload", "w", "--model", "m"];
+        for args in [
+            [&opts[..], &session[..]].concat(),
+            [&session[..], &opts[..]].concat(),
+        ] {
+            let a =
+                Args::try_parse_from(std::iter::once("cordon-lane").chain(args.iter().copied()))
+                    .unwrap();
+            assert_eq!(a.images, Path::new("/i"));
+            assert_eq!(a.lease.executor.as_deref(), Some("e"));
+            assert_eq!(a.lease.state_root, Path::new("/s"));
+            assert_eq!(a.lease.run_dir.as_deref(), Some(Path::new("/r")));
+            assert_eq!(a.stage.policy, Path::new("/p"));
+            assert!(a.stage.quiet);
+        }
+    }
 
     fn put<T: StageOutputs>(
         store: &Store,

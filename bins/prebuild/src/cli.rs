@@ -33,7 +33,7 @@ pub struct Args {
     #[arg(long)]
     pub receipt: Option<PathBuf>,
     /// The directory of image layouts, one per role (`<dir>/prebuild`).
-    #[arg(long, default_value = "/var/lib/cordon/images")]
+    #[arg(long, default_value = cordon_stage::args::DEFAULT_IMAGES)]
     pub images: PathBuf,
     /// Where leases live.
     #[command(flatten)]

@@ -45,7 +45,7 @@ pub struct Args {
     #[arg(long)]
     pub pristine: PathBuf,
     /// The directory of image layouts, one per role (`<dir>/runtime`).
-    #[arg(long, default_value = "/var/lib/cordon/images")]
+    #[arg(long, default_value = cordon_stage::args::DEFAULT_IMAGES)]
     pub images: PathBuf,
     /// Where leases live (the qualification's: its reads must be gone from it).
     #[command(flatten)]

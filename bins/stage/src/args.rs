@@ -14,8 +14,12 @@ use cordon::exit::ExitClass;
 use cordon_policy_lang::Policy;
 use miette::{Diagnostic, JSONReportHandler};
 
-/// The policy file a stage reads when `--policy` is not given (the NixOS module installs it).
+/// The policy file a stage reads when `--policy` is not given (the NixOS module installs it;
+/// on Debian, `checks/install.sh`).
 pub const DEFAULT_POLICY: &str = "/etc/cordon/policy.kdl";
+
+/// The directory of pinned image layouts a container stage reads when `--images` is not given.
+pub const DEFAULT_IMAGES: &str = "/var/lib/cordon/images";
 
 /// How errors are printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -82,13 +86,13 @@ impl StageArgs {
 #[derive(Debug, Clone, clap::Args)]
 pub struct LeaseArgs {
     /// cordon's runtime state root.
-    #[arg(long, default_value = cordon::lease::DEFAULT_STATE_ROOT)]
+    #[arg(long, default_value = cordon::lease::DEFAULT_STATE_ROOT, global = true)]
     pub state_root: PathBuf,
     /// The run-directory root (default: the policy's `run-dir`).
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub run_dir: Option<PathBuf>,
     /// The executor id (default: the policy's name).
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub executor: Option<String>,
 }
 

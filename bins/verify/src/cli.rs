@@ -24,6 +24,8 @@
 
 use cordon_evidence::verdict::{ReferenceOutputs, VerdictOutputs};
 use std::io::Write;
+
+use cordon_stage::args::{Diagnostics, report_diagnostic};
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
@@ -55,6 +57,9 @@ pub struct Args {
     /// The trusted key set: a file holding a host's published `--key-set`.
     #[arg(long, value_name = "FILE")]
     pub keys: Option<PathBuf>,
+    /// How errors are printed on stderr.
+    #[arg(long, value_enum, default_value_t = Diagnostics::Text)]
+    pub diagnostics: Diagnostics,
     /// Print the chain as a timeline.
     #[arg(long)]
     pub explain: bool,
@@ -82,13 +87,29 @@ pub struct Args {
     pub receipt: Option<String>,
 }
 
-fn report(stderr: &mut dyn Write, e: &dyn std::error::Error) {
-    // A receipt's text may be a candidate's: escaped before the terminal.
-    let _ = writeln!(
-        stderr,
-        "cordon-verify: {}",
-        cordon::text::printable(&error_chain(e))
-    );
+/// Report an error on stderr: one line, or (`--diagnostics json`) one JSON document, as every
+/// stage reports its errors.
+fn report(stderr: &mut dyn Write, mode: Diagnostics, e: &dyn std::error::Error) {
+    say(stderr, mode, &error_chain(e));
+}
+
+/// [`report`] for a message of cordon-verify's own.
+fn say(stderr: &mut dyn Write, mode: Diagnostics, message: &str) {
+    match mode {
+        // A receipt's text may be a candidate's: escaped before the terminal.
+        Diagnostics::Text => {
+            let _ = writeln!(
+                stderr,
+                "cordon-verify: {}",
+                cordon::text::printable(message)
+            );
+        }
+        Diagnostics::Json => report_diagnostic(
+            &miette::MietteDiagnostic::new(message.to_owned()).with_code("cordon::verify"),
+            mode,
+            stderr,
+        ),
+    }
 }
 
 /// The head's digest: a `sha256:` digest as given, or the digest of a receipt file.
@@ -257,7 +278,7 @@ fn host_keys(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> Opt
     } else if let (Some(key), Some(at)) = (&args.compromised, &args.at) {
         // The operator's wiring, told apart from a key directory that cannot be used (3).
         if let Err(e) = keyset::time("--at", at).and_then(|_| cordon::signing::public_key(key)) {
-            report(stderr, &e);
+            report(stderr, args.diagnostics, &e);
             return Some(ExitCode::Usage);
         }
         keyset::declare_compromised(dir, key, at)
@@ -274,7 +295,7 @@ fn host_keys(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> Opt
                 ExitCode::Ok
             }
             Err(e) => {
-                report(stderr, &e);
+                report(stderr, args.diagnostics, &e);
                 e.exit_class()
             }
         },
@@ -290,7 +311,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
                 ExitCode::Ok
             }
             Err(e) => {
-                report(stderr, &e);
+                report(stderr, args.diagnostics, &e);
                 ExitCode::NoDecision
             }
         };
@@ -304,14 +325,14 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
     let head = match head_of(given) {
         Ok(d) => d,
         Err(why) => {
-            let _ = writeln!(stderr, "cordon-verify: {why}");
+            say(stderr, args.diagnostics, &why);
             return ExitCode::Usage;
         }
     };
     let keys = match trusted(args) {
         Ok(k) => k,
         Err((e, code)) => {
-            report(stderr, &*e);
+            report(stderr, args.diagnostics, &*e);
             let _ = writeln!(
                 stderr,
                 "cordon-verify: give the host's published key with --key ed25519:… or its key set with --keys FILE"
@@ -323,7 +344,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
     let store = match Store::open_existing(store_dir) {
         Ok(s) => s,
         Err(e) => {
-            report(stderr, &e);
+            report(stderr, args.diagnostics, &e);
             return cordon::exit::ExitClass::exit_class(&e);
         }
     };
@@ -331,13 +352,17 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
         None => verify(&store, &head, &keys),
         Some(dir) => {
             if dir.exists() {
-                let _ = writeln!(stderr, "cordon-verify: {} exists", dir.display());
+                say(
+                    stderr,
+                    args.diagnostics,
+                    &format!("{} exists", dir.display()),
+                );
                 return ExitCode::Usage;
             }
             match Store::open(dir) {
                 Ok(dest) => export(&store, &head, &keys, &dest),
                 Err(e) => {
-                    report(stderr, &e);
+                    report(stderr, args.diagnostics, &e);
                     return ExitCode::NoDecision;
                 }
             }
@@ -388,7 +413,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             ExitCode::Ok
         }
         Err(e) => {
-            report(stderr, &e);
+            report(stderr, args.diagnostics, &e);
             e.exit_class()
         }
     }

@@ -565,3 +565,29 @@ fn a_session_a_qualification_or_its_outputs_that_do_not_follow_from_what_they_re
     let e = verify(&c.store, &head, &KeySet::single(&c.key)).unwrap_err();
     assert!(matches!(e, VerifyError::Order { .. }), "{e}");
 }
+
+/// `--diagnostics json` makes an error one JSON document on stderr, as every stage's; text is
+/// one line naming the tool.
+#[test]
+fn errors_are_one_json_document_under_diagnostics_json() {
+    let missing = tempfile::tempdir().unwrap().path().join("no-store");
+    let head = format!("sha256:{}", "0".repeat(64));
+    let run = |mode: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_cordon-verify"))
+            .args(["--diagnostics", mode, "--store"])
+            .arg(&missing)
+            .arg(&head)
+            .output()
+            .unwrap()
+    };
+    let json = run("json");
+    assert_eq!(json.status.code(), Some(2));
+    let doc: serde_json::Value = serde_json::from_slice(&json.stderr).unwrap();
+    assert_eq!(doc["code"], "cordon::verify");
+    assert!(
+        doc["message"].as_str().unwrap().contains("no store at"),
+        "{doc}"
+    );
+    let text = String::from_utf8(run("text").stderr).unwrap();
+    assert!(text.starts_with("cordon-verify: no store at"), "{text}");
+}
