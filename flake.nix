@@ -38,6 +38,8 @@
       cargoBuildFlags = ["--bins"];
       # Under env: exported to the build whether or not the derivation uses structured attrs.
       env.CORDON_TOOL_PATH = toolPath;
+      # The commit every binary's --version names: a Nix build has no .git (bins/stage/build.rs).
+      env.CORDON_COMMIT = self.shortRev or self.dirtyShortRev or "unknown";
       # The no-root tier runs in checks.no-root; the root tier needs a host (checks/test.sh).
       doCheck = false;
       # Man pages and bash/zsh/fish completions from the binaries' own clap definitions

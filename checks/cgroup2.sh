@@ -6,8 +6,8 @@
 #   - the per-run account's limits held by root in a v2 cgroup
 #     (`as_root_a_per_run_run_is_held_to_the_policys_memory_and_pids_limits`, which CI runs on v1).
 # Needs runc (CORDON_TEST_RUNC or /usr/sbin/runc), setpriv and cargo; or, on a host without a
-# toolchain, `checks/cgroup2.sh --prebuilt DIR` with DIR holding the stripped cordon-surface,
-# cordon-reap and root_surface test binaries built from this checkout (`--pack DIR` makes it, on
+# toolchain, `checks/cgroup2.sh --prebuilt DIR` with DIR holding every stripped cordon binary
+# and the root_surface test binary built from this checkout (`--pack DIR` makes it, on
 # the build host), which expect the checkout at the path they were built in.
 # Any check that cannot run fails and says what is missing; nothing is skipped.
 set -euo pipefail
@@ -24,7 +24,9 @@ for l in sys.stdin:
     m = json.loads(l)
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "root_surface" and m.get("executable"):
         print(m["executable"])')
-    for f in target/debug/cordon-surface target/debug/cordon-reap "$exe"; do
+    # Every cordon binary: the authority counts them all, and a partial install is refused.
+    cargo build --quiet --workspace --bins
+    for f in target/debug/cordon-{fetch,image,lane,materialize,policy,prebuild,reap,reference,surface} "$exe"; do
         strip -o "$out/$(basename "$f" | sed 's/-[0-9a-f]*$//')" "$f"
     done
     echo "$PWD" >"$out/built-in"
@@ -39,7 +41,7 @@ for l in sys.stdin:
         mkdir -p "$(dirname "$built")" && ln -s "$PWD" "$built"
     fi
     mkdir -p target/debug
-    cp "$dir/cordon-surface" "$dir/cordon-reap" target/debug/
+    cp "$dir"/cordon-* target/debug/
     run=("$dir/root_surface")
     ;;
 "")

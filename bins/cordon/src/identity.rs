@@ -95,6 +95,20 @@ pub enum IdentityError {
         #[source]
         source: CanonicalError,
     },
+    /// Some of the cordon binaries are installed beside the running one, not all.
+    #[error("a partial install: {missing} missing from {dir}")]
+    #[diagnostic(
+        code(cordon::identity::partial_install),
+        help(
+            "the authority counts every cordon binary: install them all side by side (cargo build --workspace --release, or the Nix package), never a subset"
+        )
+    )]
+    PartialInstall {
+        /// The directory of the running executable.
+        dir: PathBuf,
+        /// The binaries not there.
+        missing: String,
+    },
     /// The running executable's own path is unknown.
     #[error("cannot find the running executable")]
     #[diagnostic(code(cordon::identity::current_exe))]
@@ -225,25 +239,29 @@ fn runtime_version(host: &dyn Host, path: &Path) -> Result<String, IdentityError
     Ok(text)
 }
 
-/// Hash each of [`CORDON_BINARIES`] present in the directory of `exe`, through the seam. A
-/// binary that is not there is not part of this installation (the later stages are not built
-/// yet); one that is there but cannot be read is an error, never left out.
+/// Hash each of [`CORDON_BINARIES`] in the directory of `exe`, through the seam. An
+/// installation is whole or refused: once one of them is there, every one must be, or the
+/// authority would be computed over a different set of binaries than the reviewed one's
+/// (a directory holding none of them is a test or tool binary's, and counts none). One that
+/// is there but cannot be read is an error, never left out.
 ///
 /// # Errors
-/// [`IdentityError::Binaries`] when a present binary cannot be read.
+/// [`IdentityError::Binaries`] when a present binary cannot be read,
+/// [`IdentityError::PartialInstall`] when some are missing.
 pub fn cordon_binaries(
     host: &dyn Host,
     exe: &Path,
 ) -> Result<BTreeMap<String, Digest>, IdentityError> {
     let dir = exe.parent().unwrap_or_else(|| Path::new("/"));
     let mut out = BTreeMap::new();
+    let mut missing = Vec::new();
     for name in CORDON_BINARIES {
         let path = dir.join(name);
         match host.digest(&path) {
             Ok(digest) => {
                 out.insert(name.to_owned(), digest);
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => missing.push(name),
             Err(source) => {
                 return Err(IdentityError::Binaries {
                     exe: exe.to_path_buf(),
@@ -251,6 +269,12 @@ pub fn cordon_binaries(
                 });
             }
         }
+    }
+    if !out.is_empty() && !missing.is_empty() {
+        return Err(IdentityError::PartialInstall {
+            dir: dir.to_path_buf(),
+            missing: missing.join(", "),
+        });
     }
     Ok(out)
 }
@@ -356,15 +380,35 @@ mod tests {
     #[test]
     fn only_known_binaries_beside_exe_are_hashed() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("cordon-policy"), b"x").unwrap();
-        std::fs::write(dir.path().join("cordon-fetch"), b"y").unwrap();
+        for name in CORDON_BINARIES {
+            std::fs::write(dir.path().join(name), name).unwrap();
+        }
         std::fs::write(dir.path().join("unrelated"), b"z").unwrap();
         let got = cordon_binaries(&crate::host::Linux, &dir.path().join("cordon-policy")).unwrap();
         assert_eq!(
             got.keys().map(String::as_str).collect::<Vec<_>>(),
-            ["cordon-fetch", "cordon-policy"]
+            CORDON_BINARIES
         );
-        assert_eq!(got["cordon-fetch"], Digest::of_bytes(b"y"));
+        assert_eq!(got["cordon-fetch"], Digest::of_bytes(b"cordon-fetch"));
+        // A directory holding none of them (a test's, a tool's) counts none.
+        let empty = tempfile::tempdir().unwrap();
+        let none = cordon_binaries(&crate::host::Linux, &empty.path().join("a-test")).unwrap();
+        assert!(none.is_empty());
+    }
+
+    /// An install missing one binary computes no authority at all: it names what is missing.
+    #[test]
+    fn a_partial_install_is_refused_naming_what_is_missing() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in CORDON_BINARIES.iter().filter(|n| **n != "cordon-surface") {
+            std::fs::write(dir.path().join(name), name).unwrap();
+        }
+        let e = cordon_binaries(&crate::host::Linux, &dir.path().join("cordon-lane")).unwrap_err();
+        assert!(
+            matches!(&e, IdentityError::PartialInstall { missing, .. } if missing == "cordon-surface"),
+            "{e}"
+        );
+        assert_eq!(e.exit_class(), ExitCode::NoDecision);
     }
 
     #[test]

@@ -29,8 +29,29 @@ pub fn commands() -> Vec<clap::Command> {
     ]
 }
 
-/// Write `share/man/man1/*.1` (one page per command and subcommand) and the bash, zsh and fish
-/// completions under `out`, which must exist.
+/// The sections clap does not write, appended to each binary's own page: how it ends, what a
+/// signal does to it, and the files it reads and writes by default.
+fn closing_sections(name: &str) -> String {
+    let exit = match name {
+        "cordon-policy" => {
+            "0: valid, identical, or (diff --fail-on weaken) nothing weakens. 1: diff found a change (with --fail-on weaken: one that weakens containment). 2: a usage or policy error. 3: what it computes could not be established on this host."
+        }
+        "cordon-verify" | "cordon-image" => {
+            "0: verified. 1: something does not verify (the message says what). 2: a usage error or a missing store, file or layout. 3: the host could not establish the check (an unreadable key directory, a store in doubt)."
+        }
+        _ => {
+            "0: ok, the stage established its result and the candidate passed. 1: rejected, the candidate failed a check (the receipt says which). 2: a usage, policy or input-wiring error, reported on stderr (no receipt, except an upstream verdict passed on). 3: no-decision, cordon could not establish the result (the receipt's reasons say why); never a pass or a fail."
+        }
+    };
+    let files = "/etc/cordon/policy.kdl: the policy read without --policy (checks/install.sh or the NixOS module installs it). /var/lib/cordon/images/ROLE: the pinned image layouts read without --images. /var/lib/cordon/store: the policy's default store (receipts, trees, publications, evidence). /var/lib/cordon-keys: the host's receipt-signing key. /run/cordon: per-lease run directories. /run/cordon-locks: executor and GPU locks. /run/cordon-runc: the runtime state root without --state-root.";
+    format!(
+        ".SH \"EXIT STATUS\"\n{exit}\n.SH SIGNALS\nSIGINT, SIGTERM and SIGHUP stop the candidate and end the stage through its release, with a no-decision receipt naming the signal (exit 3); a second signal does not cut the release short. A panic is a defect in cordon and ends with exit 3.\n.SH FILES\n{files}\n"
+    )
+}
+
+/// Write `share/man/man1/*.1` (one page per command and subcommand, each binary's own page
+/// closed with [`closing_sections`]) and the bash, zsh and fish completions under `out`, which
+/// must exist.
 ///
 /// # Errors
 /// A directory or file could not be written.
@@ -48,6 +69,10 @@ pub fn write(out: &Path) -> io::Result<()> {
     for mut cmd in commands() {
         let name = cmd.get_name().to_owned();
         clap_mangen::generate_to(cmd.clone(), &man)?;
+        let page = man.join(format!("{name}.1"));
+        let mut text = std::fs::read_to_string(&page)?;
+        text.push_str(&closing_sections(&name));
+        std::fs::write(&page, text)?;
         for (shell, dir) in shells {
             clap_complete::generate_to(shell, &mut cmd, &name, out.join(dir))?;
         }
@@ -108,6 +133,9 @@ mod tests {
                 std::fs::read_to_string(dir.path().join(format!("share/man/man1/{name}.1")))?
                     .replace("\\-", "-");
             assert!(page.contains(".TH"), "{name}.1 is not a man page");
+            for section in [".SH \"EXIT STATUS\"", ".SH SIGNALS", ".SH FILES"] {
+                assert!(page.contains(section), "{name}.1 has no {section}");
+            }
             // A hidden argument is root's wiring between its own processes (`--per-run-state`),
             // never an operator's: the man page leaves it out.
             for long in cmd

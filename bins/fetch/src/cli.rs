@@ -330,7 +330,7 @@ pub fn main() -> ExitCode {
             _ => cordon::confine::UNCONFINED_EXIT,
         });
     }
-    cordon::exit::with_stdio(<Args as clap::Parser>::parse, |args, stdout, stderr| {
+    cordon::exit::with_stdio(cordon_stage::args::parse::<Args>, |args, stdout, stderr| {
         run(args, std::path::Path::new("/proc/self/exe"), stdout, stderr)
     })
 }

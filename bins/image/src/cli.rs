@@ -110,5 +110,5 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
 /// `cordon::exit::main`): parse the arguments, run, the exit code.
 #[must_use]
 pub fn main() -> ExitCode {
-    cordon::exit::with_stdio(<Args as clap::Parser>::parse, run)
+    cordon::exit::with_stdio(cordon_stage::args::parse::<Args>, run)
 }

@@ -603,7 +603,7 @@ fn reproduction(
 /// `cordon::exit::main`): parse the arguments, run, the exit code.
 #[must_use]
 pub fn main() -> ExitCode {
-    cordon::exit::with_stdin(<Args as clap::Parser>::parse, run)
+    cordon::exit::with_stdin(cordon_stage::args::parse::<Args>, run)
 }
 
 #[cfg(test)]

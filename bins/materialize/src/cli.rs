@@ -489,7 +489,7 @@ pub fn main() -> ExitCode {
         });
     }
     cordon::exit::with_stdin(
-        <Args as clap::Parser>::parse,
+        cordon_stage::args::parse::<Args>,
         |args, stdin, stdout, stderr| {
             run(
                 args,

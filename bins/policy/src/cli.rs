@@ -657,5 +657,5 @@ fn seccomp_condition(c: &ArgCondition) -> String {
 /// `cordon::exit::main`): parse the arguments, run, the exit code.
 #[must_use]
 pub fn main() -> ExitCode {
-    cordon::exit::with_stdio(<Args as clap::Parser>::parse, run)
+    cordon::exit::with_stdio(cordon_stage::args::parse::<Args>, run)
 }

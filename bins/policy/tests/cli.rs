@@ -303,3 +303,24 @@ fn diff_marks_weakening_and_fails_on_it_when_asked() {
             .starts_with("sha256:")
     );
 }
+
+/// `--version` names the release, the commit and the sha256 of the binary's own bytes, the
+/// digest the authority counts for it.
+#[test]
+fn version_names_the_release_the_commit_and_the_binarys_digest() {
+    let exe = env!("CARGO_BIN_EXE_cordon-policy");
+    for flag in ["--version", "-V"] {
+        let out = std::process::Command::new(exe).arg(flag).output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let line = String::from_utf8(out.stdout).unwrap();
+        let digest = cordon::canonical::Digest::of_file(Path::new(exe)).unwrap();
+        assert!(
+            line.starts_with(&format!(
+                "cordon-policy {} (commit ",
+                env!("CARGO_PKG_VERSION")
+            )) && line.ends_with(&format!(", binary {digest})\n")),
+            "{line}"
+        );
+        assert!(!line.contains("commit unknown"), "{line}");
+    }
+}

@@ -116,6 +116,35 @@ impl LeaseArgs {
     }
 }
 
+/// This binary's version line: the release, the commit it was built from and the sha256 of
+/// its own bytes — the digest the authority identity counts for it, so an operator can tell
+/// which build a receipt's authority names.
+#[must_use]
+pub fn version() -> String {
+    let digest = std::env::current_exe()
+        .ok()
+        .and_then(|exe| cordon::canonical::Digest::of_file(&exe).ok())
+        .map_or_else(|| "unreadable".to_owned(), |d| d.to_string());
+    format!(
+        "{} (commit {}, binary {digest})",
+        env!("CARGO_PKG_VERSION"),
+        env!("CORDON_COMMIT")
+    )
+}
+
+/// Parse this process's arguments as `A`, with [`version`] as `--version` says it (computed
+/// only when asked: hashing the binary is not free).
+#[must_use]
+pub fn parse<A: clap::Parser>() -> A {
+    let mut command = A::command();
+    if std::env::args_os().any(|a| a == "--version" || a == "-V") {
+        // Once per process, on the way out: clap keeps the line for the process's life.
+        command = command.version(&*Box::leak(version().into_boxed_str()));
+    }
+    let matches = command.get_matches();
+    A::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
 /// Report `e` on stderr and end with its exit class: the one way a stage fails where it prints
 /// no receipt (before its receipt exists, or when the receipt itself cannot be kept).
 pub fn fail<E: Diagnostic + ExitClass>(

@@ -62,17 +62,21 @@ impl Surface {
         let bin = dir.path().join("bin");
         std::fs::create_dir(&bin).unwrap();
         chmod(&bin, 0o755);
+        // An install is whole or refused: every cordon binary beside the surface (its runs
+        // are reaped by cordon-reap among them), linked where the file system allows.
+        let built = Path::new(env!("CARGO_BIN_EXE_cordon-surface"));
+        for name in cordon::identity::CORDON_BINARIES {
+            let to = bin.join(name);
+            let from = built.with_file_name(name);
+            if std::fs::hard_link(&from, &to).is_err() {
+                std::fs::copy(&from, &to).unwrap_or_else(|e| {
+                    panic!("{}: {e} (cargo build --workspace)", from.display())
+                });
+            }
+            chmod(&to, 0o755);
+        }
         let exe = bin.join("cordon-surface");
-        std::fs::copy(env!("CARGO_BIN_EXE_cordon-surface"), &exe).unwrap();
-        chmod(&exe, 0o755);
-        // The surface's runs are reaped by cordon-reap, built beside it.
         let reaper = bin.join("cordon-reap");
-        std::fs::copy(
-            Path::new(env!("CARGO_BIN_EXE_cordon-surface")).with_file_name("cordon-reap"),
-            &reaper,
-        )
-        .unwrap();
-        chmod(&reaper, 0o755);
         let ws = dir.path().join(ws_name);
         std::fs::create_dir(&ws).unwrap();
         chown(&ws);
