@@ -70,6 +70,12 @@ assert "systemd-user-sessions.service" in recover["before"], recover
 assert d["services"]["cordon-agent"]["serviceConfig"]["User"] == "cordon-agent"
 assert d["sysctl"]["kernel.yama.ptrace_scope"] == 2 and d["sysctl"]["kernel.kptr_restrict"] == 2
 assert "d /var/lib/cordon/store 0700 root root -" in d["tmpfiles"], d["tmpfiles"]
+# The default images (the flake's packages) linked where a stage reads them without --images.
+assert any(r.startswith("L+ /var/lib/cordon/images/prebuild - - - - ") for r in d["tmpfiles"]), d["tmpfiles"]
+# Recovery and the sweep run once per executor, each named.
+for unit in ("cordon-recover", "cordon-reap"):
+    starts = d["services"][unit]["serviceConfig"]["ExecStart"]
+    assert starts == [s for s in starts if "--executor " in s] and len(starts) >= 1, starts
 assert d["activation"]["users"]["deps"] == ["cordonHoldLeases"], d["activation"]
 hold = d["activation"]["cordonHoldLeases"]["text"]
 assert "flock -x -w" in hold and "/run/cordon-locks/*.lock" in hold and "exit 1" in hold, hold
@@ -129,6 +135,18 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 assert set(d["services"]) == {"cordon-recover", "cordon-reap"} and "cordon/surface.kdl" not in d["etc"], d
 ' "$work/plain.json"
+# Every executor the host uses is recovered and swept, each by name.
+evaluate '{ services.cordon = { enable = true; executor = "a"; extraExecutors = [ "b" ]; }; }' >"$work/executors.json"
+python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+for unit, tail in (("cordon-recover", ""), ("cordon-reap", " --sweep")):
+    starts = d["services"][unit]["serviceConfig"]["ExecStart"]
+    assert [s.split("/bin/")[-1] for s in starts] == [
+        f"cordon-reap --policy /etc/cordon/policy.kdl --executor {e}{tail}" for e in ("a", "b")
+    ], starts
+print("executors: recovered and swept", "a", "b")
+' "$work/executors.json"
 # Disabled: nothing at all.
 [ "$(evaluate '{ }' | python3 -c 'import json,sys; d=json.load(sys.stdin); print(len(d["services"]) + len(d["etc"]))')" = 0 ] \
     || fail "a disabled module still renders units or files"

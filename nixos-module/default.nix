@@ -2,11 +2,13 @@
 #
 # What this module owns: the rendered policies in /etc/cordon (made by `cordon-policy render`
 # at build time, so a policy that does not check never reaches a host), the store and run
-# directories, startup recovery and the recovery timer, the agent surface's unprivileged
-# service, the host's kernel settings that seed 001 asks for, and the assertions that keep the
-# per-run account range apart from every declared account. What it does not own: the stages
-# themselves (operators and pipelines run cordon-fetch … cordon-verify as root, as on Debian),
-# the images (the flake's image packages), and the reviewed policy's content — rendering sets
+# directories, the image layouts where a stage reads them (/var/lib/cordon/images/ROLE, linked
+# from the `images` option: the flake's image packages), startup recovery and the recovery
+# timer for every executor the host uses, the agent surface's unprivileged service, the host's
+# kernel settings that seed 001 asks for, and the assertions that keep the per-run account
+# range apart from every declared account. What it does not own: the stages themselves
+# (operators and pipelines run cordon-fetch … cordon-verify as root, as on Debian), the images'
+# bytes (built by the flake), and the reviewed policy's content — rendering sets
 # only host facts on their nodes (store, run-dir, the runtime's path and sha256, the account
 # ranges and shell, the surface's state-dir) and refuses any other change; a derivation keeps
 # the reviewed → rendered diff for the reviewer.
@@ -178,7 +180,10 @@
       baseHardening
       // {
         Type = "oneshot";
-        ExecStart = "${cfg.package}/bin/cordon-reap --policy /etc/cordon/policy.kdl${args}";
+        # One run per executor the host uses: a lease of any of them is recovered.
+        ExecStart = map (
+          executor: "${cfg.package}/bin/cordon-reap --policy /etc/cordon/policy.kdl --executor ${executor}${args}"
+        ) ([cfg.executor] ++ cfg.extraExecutors);
         MemoryDenyWriteExecute = true;
         # Only local sockets (runc's); shadow-utils treats a refused audit socket as a kernel
         # without audit, so userdel still works.
@@ -235,6 +240,20 @@ in {
       type = types.str;
       default = "evaluator";
       description = "The executor id: the policy's name unless stages are run with --executor.";
+    };
+    extraExecutors = mkOption {
+      type = types.listOf types.str;
+      default = [];
+      description = "Other executor ids stages on this host run under (--executor): startup recovery and the sweep timer recover each of them as well as `executor`, so no lease of theirs is left to a host reset.";
+    };
+    images = mkOption {
+      type = types.attrsOf types.package;
+      default = lib.filterAttrs (_: v: v != null) {
+        prebuild = cordonPackages.${pkgs.stdenv.hostPlatform.system}.image-prebuild or null;
+        runtime = cordonPackages.${pkgs.stdenv.hostPlatform.system}.image-runtime or null;
+      };
+      defaultText = lib.literalExpression "the flake's image-prebuild and image-runtime packages";
+      description = "Image role → an OCI layout (a package), linked at /var/lib/cordon/images/ROLE, where a container stage reads its images without --images. Each must equal the policy's pin or the stage is a no-decision (every byte is verified against the pin at each run).";
     };
     runtime = mkOption {
       type = types.enum ["runc"];
@@ -412,7 +431,11 @@ in {
         "d ${cfg.store} 0700 root root -"
         # 0711: per-run uids traverse to their own lease directory (0711 too); none may list it.
         "d ${cfg.runDir} 0711 root root -"
+        "d /var/lib/cordon/images 0700 root root -"
       ]
+      # A link into the store, replaced at each activation (L+): a stage verifies every byte of
+      # the layout against the policy's pin wherever it lies, so the link is not trusted.
+      ++ lib.mapAttrsToList (role: layout: "L+ /var/lib/cordon/images/${role} - - - - ${layout}") cfg.images
       ++ lib.optionals surface.enable [
         "d /var/lib/cordon-agent 0700 ${surface.user} ${surface.user} -"
         "d ${surface.workspace} 0700 ${surface.user} ${surface.user} -"

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::canonical::{CanonicalError, Digest, domain_digest};
 use crate::exit::ExitCode;
@@ -135,7 +135,7 @@ impl crate::exit::ExitClass for IdentityError {
 }
 
 /// What the identity records of the OCI runtime.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RuntimeFacts {
     /// `runc`, `crun` or `runsc`.
     pub kind: String,
@@ -148,7 +148,7 @@ pub struct RuntimeFacts {
 }
 
 /// Everything the authority identity is made of.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuthorityComponents {
     /// The policy's canonical digest.
     pub policy: Digest,
@@ -161,6 +161,48 @@ pub struct AuthorityComponents {
 }
 
 impl AuthorityComponents {
+    /// Each part that differs between `self` (a receipt's authority) and `now` (this run's),
+    /// one line each: `policy`, `runtime` (its path, bytes or version), an image role, a
+    /// binary — what an operator changed between the two.
+    #[must_use]
+    pub fn differs(&self, now: &Self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut part = |what: String, a: &dyn std::fmt::Display, b: &dyn std::fmt::Display| {
+            out.push(format!("{what}: {a} → {b}"));
+        };
+        if self.policy != now.policy {
+            part("the policy".into(), &self.policy, &now.policy);
+        }
+        let (ra, rb) = (&self.runtime, &now.runtime);
+        if ra.kind != rb.kind || ra.path != rb.path {
+            part(
+                "the runtime".into(),
+                &format!("{} {}", ra.kind, ra.path.display()),
+                &format!("{} {}", rb.kind, rb.path.display()),
+            );
+        }
+        if ra.sha256 != rb.sha256 {
+            part("the runtime's bytes".into(), &ra.sha256, &rb.sha256);
+        }
+        if ra.version != rb.version {
+            part("the runtime's version".into(), &ra.version, &rb.version);
+        }
+        let shown = |d: Option<&Digest>| d.map_or_else(|| "(none)".to_owned(), ToString::to_string);
+        for (what, a, b) in [
+            ("the image", &self.images, &now.images),
+            ("the binary", &self.binaries, &now.binaries),
+        ] {
+            let names: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            for name in names {
+                let (x, y) = (a.get(name), b.get(name));
+                if x != y {
+                    part(format!("{what} {name}"), &shown(x), &shown(y));
+                }
+            }
+        }
+        out
+    }
+
     /// The authority identity.
     ///
     /// # Errors
@@ -375,6 +417,25 @@ mod tests {
             .insert("cordon-reap".into(), Digest::of_bytes(b"c"));
         assert_ne!(v.authority().unwrap(), id);
         assert_eq!(base.clone().authority().unwrap(), id);
+
+        // What an operator changed is named part by part, and nothing else.
+        assert!(base.differs(&base).is_empty());
+        let mut v = base.clone();
+        v.runtime.version = "2".into();
+        v.images.insert("prebuild".into(), Digest::of_bytes(b"i2"));
+        v.binaries.remove("cordon-policy");
+        let differs = base.differs(&v);
+        assert_eq!(differs.len(), 3, "{differs:?}");
+        assert_eq!(differs[0], "the runtime's version: 1 → 2");
+        assert!(
+            differs[1].starts_with("the image prebuild: sha256:"),
+            "{differs:?}"
+        );
+        assert!(
+            differs[2].starts_with("the binary cordon-policy: sha256:")
+                && differs[2].ends_with(" → (none)"),
+            "{differs:?}"
+        );
     }
 
     #[test]

@@ -538,6 +538,14 @@ impl Store {
         &self.root
     }
 
+    /// Whether the store's file system is mounted read-only: it can serve readers (a check, a
+    /// verification) and keep nothing they would write.
+    #[must_use]
+    pub fn read_only(&self) -> bool {
+        nix::sys::statvfs::statvfs(&self.root)
+            .is_ok_and(|v| v.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY))
+    }
+
     /// A path inside the store, by layout section and name.
     #[must_use]
     pub fn path(&self, section: &str, name: &str) -> PathBuf {

@@ -504,20 +504,49 @@ pub struct Receipt {
     pub finished_at: String,
 }
 
+/// `; what differs: …` for a foreign authority whose differing parts are known.
+fn what_differs(differs: &[String]) -> String {
+    if differs.is_empty() {
+        String::new()
+    } else {
+        format!("; what differs: {}", differs.join("; "))
+    }
+}
+
+/// What a foreign authority's refusal knows of its parts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ForeignParts {
+    /// The evidence the receipt names for its authority's parts (`authority`, `policy`).
+    pub evidence: Vec<Evidence>,
+    /// Each part that differs, once read (empty: not known).
+    pub differs: Vec<String>,
+}
+
+/// The evidence names under which a receipt carries its authority's parts: the authority
+/// components and the canonical policy, each stored by its sha256.
+pub const AUTHORITY_PARTS: [&str; 2] = ["authority", "policy"];
+
 /// Why a receipt could not be used.
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
 pub enum ReceiptError {
     /// The receipt was made under another authority than the one this stage runs under.
-    #[error("receipt was made under authority {found}, this stage runs under {expected}")]
+    #[error(
+        "receipt was made under authority {found}, this stage runs under {expected}{}",
+        what_differs(&parts.differs)
+    )]
     #[diagnostic(
         code(cordon::receipt::foreign_authority),
-        help("re-run the earlier stages under the current policy, runtime and images")
+        help(
+            "re-run the earlier stages under the current policy, runtime and images (what differs is read from the parts the receipt names as its `authority` and `policy` evidence, when the store holds them)"
+        )
     )]
     ForeignAuthority {
         /// The receipt's authority.
         found: Digest,
         /// This stage's authority.
         expected: Digest,
+        /// Its parts and what differs (boxed: every receipt error carries this variant's size).
+        parts: Box<ForeignParts>,
     },
     /// The receipt's schema is not the one this build understands.
     #[error("receipt schema {found} is not supported (this build reads schema {RECEIPT_SCHEMA})")]
@@ -699,6 +728,15 @@ impl Receipt {
             Err(ReceiptError::ForeignAuthority {
                 found: self.authority,
                 expected: *expected,
+                parts: Box::new(ForeignParts {
+                    evidence: self
+                        .evidence
+                        .iter()
+                        .filter(|e| AUTHORITY_PARTS.contains(&e.name.as_str()))
+                        .cloned()
+                        .collect(),
+                    differs: Vec::new(),
+                }),
             })
         }
     }

@@ -17,7 +17,6 @@ use cordon::canonical::Digest;
 use cordon::intake::{self, IntakeError};
 use cordon::lease::LeaseError;
 use cordon::receipt::{Decision, FetchOutputs, Outcome, Receipt, Rejection, StageName};
-use cordon::store::Store;
 use cordon_stage::args::{LeaseArgs, StageArgs, report_diagnostic};
 use cordon_stage::receipt_io as stage;
 use serde_json::json;
@@ -181,9 +180,14 @@ fn open_source(given: &str, policy: &cordon_policy_lang::Policy) -> Result<Sourc
 pub fn run(args: &Args, child: &Path, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitCode {
     cordon::voice::set_level(args.stage.level());
     if let Err(code) = cordon_stage::start::require_root(
-        "cordon-fetch",
-        "its archive parser runs as a per-run account, confined",
+        &cordon_stage::start::RootStage {
+            tool: "cordon-fetch",
+            why: "its archive parser runs as a per-run account, confined",
+            stage: Some(StageName::Fetch),
+            policy: &args.stage.policy,
+        },
         args.stage.diagnostics,
+        stdout,
         stderr,
     ) {
         return code;
@@ -245,7 +249,16 @@ fn fetch(
     let mut source =
         cordon::voice::Progress::new(open_source(&args.source, policy)?, "cordon-fetch: read");
     let store_root = args.stage.store_root(policy);
-    let store = Store::open(&store_root)?;
+    let store = match stage::open_store(
+        &store_root,
+        (StageName::Fetch, authority),
+        args.stage.diagnostics,
+        stdout,
+        stderr,
+    ) {
+        Ok(s) => s,
+        Err(code) => return Ok(code),
+    };
     let mut receipt = Receipt::new(StageName::Fetch, authority, Outcome::Ok);
     receipt.set_inputs(&cordon::inputs::FetchInputs {
         source: args.source.clone(),

@@ -278,7 +278,7 @@ impl Invocation<'_> {
         ) {
             Ok(x) => x,
             Err(e) => {
-                return fail(&e, self.mode, stderr);
+                return fail(&stage::explain_foreign(e, &self.store), self.mode, stderr);
             }
         };
         let (incumbent_build, b_chain) = match build_of(
@@ -397,9 +397,18 @@ pub fn run(
     // Where a model belongs is for anyone to ask; every other command runs or reads devices.
     if !matches!(args.command, Command::Model { .. })
         && let Err(code) = cordon_stage::start::require_root(
-            "cordon-lane",
-            "it runs engines in containers as per-run accounts and reads the lanes' devices",
+            &cordon_stage::start::RootStage {
+                tool: "cordon-lane",
+                why: "it runs engines in containers as per-run accounts and reads the lanes' devices",
+                stage: match &args.command {
+                    Command::Session { .. } => Some(StageName::Lane),
+                    Command::Qualify { .. } => Some(StageName::Qualify),
+                    Command::Model { .. } | Command::Devices { .. } => None,
+                },
+                policy: &args.stage.policy,
+            },
             mode,
+            stdout,
             stderr,
         )
     {
@@ -418,11 +427,15 @@ pub fn run(
         Command::Session { receipt, .. } => (StageName::Lane, receipt),
         Command::Qualify { candidate, .. } => (StageName::Qualify, candidate),
     };
-    let store = match Store::open(&args.stage.store_root(policy)) {
+    let store = match stage::open_store(
+        &args.stage.store_root(policy),
+        (stage_name, authority),
+        mode,
+        stdout,
+        stderr,
+    ) {
         Ok(s) => s,
-        Err(e) => {
-            return fail(&e, mode, stderr);
-        }
+        Err(code) => return code,
     };
     let (input, prev) = match stage::input_or_exit(
         file.as_deref(),

@@ -219,9 +219,14 @@ pub fn run(
 ) -> ExitCode {
     cordon::voice::set_level(args.stage.level());
     if let Err(code) = cordon_stage::start::require_root(
-        "cordon-materialize",
-        "its analysis child runs as a per-run account, confined",
+        &cordon_stage::start::RootStage {
+            tool: "cordon-materialize",
+            why: "its analysis child runs as a per-run account, confined",
+            stage: Some(StageName::Materialize),
+            policy: &args.stage.policy,
+        },
         args.stage.diagnostics,
+        stdout,
         stderr,
     ) {
         return code;
@@ -258,6 +263,15 @@ pub fn run(
                 .unwrap_or(ExitCode::NoDecision),
                 Err(e) => fail(&e, args.stage.diagnostics, stderr),
             }
+        }
+        Err(CommandError::Input(e)) => {
+            // A foreign authority says what differs when the store holds the receipt's parts
+            // (read only: a refusal never makes a store).
+            let e = match Store::open_existing(&args.stage.store_root(&loaded.policy)) {
+                Ok(store) => stage::explain_foreign(e, &store),
+                Err(_) => e,
+            };
+            fail(&e, args.stage.diagnostics, stderr)
         }
         Err(e) => {
             report_diagnostic(&e, args.stage.diagnostics, stderr);
@@ -376,7 +390,16 @@ fn dispatch(
     // Reopening a tree only reads the store: it never makes one where none is.
     let store = match &job {
         Job::Verify(_) => Store::open_existing(&store_root)?,
-        Job::Delta { .. } | Job::Incumbent(_) => Store::open(&store_root)?,
+        Job::Delta { .. } | Job::Incumbent(_) => match stage::open_store(
+            &store_root,
+            (StageName::Materialize, authority),
+            args.stage.diagnostics,
+            stdout,
+            stderr,
+        ) {
+            Ok(s) => s,
+            Err(code) => return Ok(code),
+        },
     };
     // A delta's fetch receipt must be this store's own, and start its chain under this
     // authority: a receipt written by hand names nothing the store established.

@@ -343,3 +343,47 @@ fn a_stage_reading_its_receipt_from_a_terminal_says_so_before_it_waits() {
     assert_eq!(piped.status.code(), Some(2), "{stderr}");
     assert!(!stderr.contains("which is a terminal"), "{stderr}");
 }
+
+/// A receipt made under another authority is refused (exit 2) naming what differs: the
+/// policy, and the policy value that changed, read from the parts the receipt names as its
+/// evidence; the receipt itself names them.
+#[test]
+fn a_foreign_authority_is_refused_naming_the_part_that_differs() {
+    let cli = Cli::new(7);
+    let incumbent = cli.incumbent();
+    let (receipt_file, fetched) =
+        cli.fetch(&common::delta_tar(&[("cordon-delta.kdl", MANIFEST, 0o644)]));
+    let receipt: serde_json::Value = serde_json::from_slice(&fetched.stdout).unwrap();
+    let parts: Vec<&str> = receipt["evidence"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    assert!(
+        parts.contains(&"authority") && parts.contains(&"policy"),
+        "{receipt}"
+    );
+    // The operator tightened one bound between the two stages.
+    let text = std::fs::read_to_string(&cli.policy).unwrap();
+    std::fs::write(
+        &cli.policy,
+        text.replacen("max-files 50000", "max-files 40000", 1),
+    )
+    .unwrap();
+    let out = cli.materialize(&["--incumbent", &incumbent], Some(&receipt_file));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("what differs: the policy: sha256:"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("policy value tree.limits.max-files: 50000 → 40000"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("the binary"),
+        "only the policy changed: {stderr}"
+    );
+}

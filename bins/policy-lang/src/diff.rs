@@ -86,6 +86,21 @@ impl Change {
     }
 }
 
+/// The policy spelling of canonical key `key`: dashes, and no unit suffix the language's node
+/// name leaves out (`max-*-bytes` limits carry the unit in their policy name too; elsewhere the
+/// unit suffix is the canonical form's and the policy name is without it).
+pub(crate) fn spelled(key: &str) -> String {
+    let trimmed = if key.starts_with("max_") {
+        key
+    } else {
+        ["_bytes", "_ms", "_milli"]
+            .iter()
+            .find_map(|s| key.strip_suffix(s))
+            .unwrap_or(key)
+    };
+    trimmed.replace('_', "-")
+}
+
 #[derive(Clone)]
 struct Path(Vec<String>);
 
@@ -114,17 +129,7 @@ impl Path {
             let shown = if under_named_map {
                 key.clone()
             } else {
-                // `max-*-bytes` limits carry the unit in their policy name too; elsewhere the
-                // unit suffix is the canonical form's and the policy name is without it.
-                let trimmed = if key.starts_with("max_") {
-                    key
-                } else {
-                    ["_bytes", "_ms", "_milli"]
-                        .iter()
-                        .find_map(|s| key.strip_suffix(s))
-                        .unwrap_or(key)
-                };
-                trimmed.replace('_', "-")
+                spelled(key)
             };
             let plain = shown
                 .bytes()

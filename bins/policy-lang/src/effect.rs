@@ -150,8 +150,19 @@ pub fn classify(path: &[String], old: Option<&Value>, new: Option<&Value>) -> Cl
     if WORDS.contains(&key) || top == "policy" {
         return (Effect::Neutral, "words: a reason, a name");
     }
-    if PLACES.contains(&top) || (top == "accounts" && (key == "first" || key == "last")) {
+    if PLACES.contains(&top)
+        || key == "state_dir"
+        || (top == "accounts" && (key == "first" || key == "last"))
+    {
         return (Effect::Neutral, "a place: where, not what");
+    }
+    // The runtime's pin: a binary pinned by its digest cannot be swapped unseen.
+    if top == "runtime" && key == "sha256" {
+        return match (old, new) {
+            (None, Some(_)) => (Effect::Tightens, "a pin added"),
+            (Some(_), None) => (Effect::Weakens, "a pin removed"),
+            _ => (Effect::Weakens, "unclassified: treated as weakening"),
+        };
     }
     // A syscall rule: its action decides; an added allow weakens, a removed one tightens.
     if parent == "syscall" {

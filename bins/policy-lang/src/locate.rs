@@ -11,19 +11,7 @@
 
 use kdl::{KdlDocument, KdlNode};
 
-/// The policy spelling of canonical key `key`: dashes, and no unit suffix the language's
-/// node name leaves out.
-fn spelled(key: &str) -> String {
-    let trimmed = if key.starts_with("max_") {
-        key
-    } else {
-        ["_bytes", "_ms", "_milli"]
-            .iter()
-            .find_map(|s| key.strip_suffix(s))
-            .unwrap_or(key)
-    };
-    trimmed.replace('_', "-")
-}
+use crate::diff::spelled;
 
 fn has_arg(node: &KdlNode, value: &str) -> bool {
     node.entries()

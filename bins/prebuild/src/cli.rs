@@ -16,7 +16,6 @@ use cordon::inputs::PrebuildInputs;
 use cordon::receipt::{
     Decision, IncumbentOutputs, MaterializeOutputs, Outcome, PrebuildOutputs, Receipt, StageName,
 };
-use cordon::store::Store;
 use cordon_stage::args::{LeaseArgs, StageArgs, fail, report_diagnostic};
 use cordon_stage::receipt_io as stage;
 
@@ -49,9 +48,14 @@ pub fn run(
 ) -> ExitCode {
     cordon::voice::set_level(args.stage.level());
     if let Err(code) = cordon_stage::start::require_root(
-        "cordon-prebuild",
-        "it runs the build in a container as a per-run account",
+        &cordon_stage::start::RootStage {
+            tool: "cordon-prebuild",
+            why: "it runs the build in a container as a per-run account",
+            stage: Some(StageName::Prebuild),
+            policy: &args.stage.policy,
+        },
         args.stage.diagnostics,
+        stdout,
         stderr,
     ) {
         return code;
@@ -66,11 +70,15 @@ pub fn run(
     };
     let policy = &loaded.policy;
     let store_root = args.stage.store_root(policy);
-    let store = match Store::open(&store_root) {
+    let store = match stage::open_store(
+        &store_root,
+        (StageName::Prebuild, authority),
+        args.stage.diagnostics,
+        stdout,
+        stderr,
+    ) {
         Ok(s) => s,
-        Err(e) => {
-            return fail(&e, args.stage.diagnostics, stderr);
-        }
+        Err(code) => return code,
     };
     let (input, prev) = match stage::input_or_exit(
         args.receipt.as_deref(),

@@ -76,6 +76,11 @@ pub struct Args {
     /// exit 0 while stages run, 3 only for residue or expired leases).
     #[arg(long, conflicts_with_all = ["check", "status"])]
     pub sweep: bool,
+    /// List every lease record in the store (every executor's: its supervisor, live or gone,
+    /// its deadline and authority) and every executor lock on the host with its holder, one
+    /// line each on stdout; change nothing, print no receipt.
+    #[arg(long, conflicts_with_all = ["check", "status", "sweep", "surface", "clear", "quarantine"])]
+    pub list: bool,
     /// Reap the rootless runs of the policy's surface stage instead of the host's leases.
     #[arg(long, conflicts_with_all = ["store", "run_dir", "state_root"])]
     pub surface: bool,
@@ -567,6 +572,62 @@ fn found(args: &Args, policy: &Policy) -> Result<(Place, Result<Found, LeaseErro
     Ok((place, result))
 }
 
+/// `--list`: every lease record in the store and every executor lock on the host, read only.
+fn list(args: &Args, policy: &Policy, stdout: &mut dyn Write) -> Result<(), StartError> {
+    let store = Store::open_existing(&args.stage.store_root(policy))?;
+    let host = cordon::host::Linux;
+    let mut out = String::new();
+    for r in cordon::lease::read_all_records(&store)? {
+        let live = match r.supervisor.alive(&host) {
+            Ok(true) => "live",
+            Ok(false) => "gone",
+            Err(_) => "unknown",
+        };
+        out += &format!(
+            "lease {} executor {} supervisor pid {} ({live}) created {} authority {}{}\n",
+            r.lease,
+            r.executor,
+            r.supervisor.pid,
+            r.created_at,
+            r.authority,
+            r.candidate
+                .map_or_else(String::new, |c| format!(" candidate {c}"))
+        );
+    }
+    let lock_dir = args.lease.setup(policy).lock_dir;
+    let mut locks: Vec<std::path::PathBuf> = std::fs::read_dir(&lock_dir)
+        .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    locks.sort();
+    for path in locks {
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let Some(executor) = name.strip_suffix(".lock") else {
+            continue;
+        };
+        let holders = std::fs::File::open(&path)
+            .map(|f| cordon::lease::lock_holders(&f))
+            .unwrap_or_default();
+        let held = if holders.is_empty() {
+            "free".to_owned()
+        } else {
+            let pids: Vec<String> = holders.iter().map(ToString::to_string).collect();
+            format!("held by pid {}", pids.join(", "))
+        };
+        // A name starting with a dot is a host lock (the GPU lock), not an executor's.
+        let what = if executor.starts_with('.') {
+            "host lock"
+        } else {
+            "executor"
+        };
+        out += &format!("{what} {executor} {held}\n");
+    }
+    // Names from the store and the lock directory: escaped before the terminal.
+    let _ = stdout.write_all(cordon::text::terminal(&out).as_bytes());
+    Ok(())
+}
+
 /// Run the tool: the whole of `main`.
 pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitCode {
     cordon::voice::set_level(args.stage.level());
@@ -574,9 +635,14 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
     // The surface's runs are its service user's; every other lease is root's.
     if !args.surface
         && let Err(code) = cordon_stage::start::require_root(
-            "cordon-reap",
-            "the leases it checks and releases are root's (use --surface for the surface's runs)",
+            &cordon_stage::start::RootStage {
+                tool: "cordon-reap",
+                why: "the leases it checks and releases are root's (use --surface for the surface's runs)",
+                stage: (!args.list).then_some(StageName::Reap),
+                policy: &args.stage.policy,
+            },
             mode,
+            stdout,
             stderr,
         )
     {
@@ -588,9 +654,29 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             Err(code) => return code,
         };
     let policy = &loaded.policy;
+    if args.list {
+        return match list(args, policy, stdout) {
+            Ok(()) => ExitCode::Ok,
+            Err(e) => fail(&e, mode, stderr),
+        };
+    }
     let (place, result) = match found(args, policy) {
         Ok(f) => f,
-        Err(e) => return fail(&e, mode, stderr),
+        Err(e) => {
+            // A store that cannot be opened still gets its no-decision said on stdout; a
+            // missing one is the operator's typo (exit 2), and says so alone.
+            if let StartError::Store(store) = &e
+                && !matches!(store, cordon::store::StoreError::Missing { .. })
+            {
+                stage::print_unkept(
+                    StageName::Reap,
+                    authority,
+                    (stage::UNUSABLE, &stage::error_chain(&e)),
+                    stdout,
+                );
+            }
+            return fail(&e, mode, stderr);
+        }
     };
     let mut receipt = Receipt::new(cordon::receipt::StageName::Reap, authority, Outcome::Ok);
     let inputs = ReapInputs {

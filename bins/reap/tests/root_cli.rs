@@ -51,18 +51,11 @@ fn reap_as(
     executor: &str,
     extra: &[&str],
 ) -> (Option<i32>, serde_json::Value) {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_cordon-reap"));
-    c.arg("--policy")
-        .arg(policy)
-        .arg("--store")
-        .arg(dir.join(store_name))
-        .arg("--state-root")
-        .arg(dir.join("state"))
-        .arg("--run-dir")
-        .arg(dir.join("run"))
+    let out = reap_command_at(dir, &dir.join(store_name), policy)
         .args(["--executor", executor])
-        .args(extra);
-    let out = c.output().unwrap();
+        .args(extra)
+        .output()
+        .unwrap();
     let receipt = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|_| panic!("no receipt: {}", String::from_utf8_lossy(&out.stderr)));
     (out.status.code(), receipt)
@@ -84,14 +77,7 @@ fn check_is_a_quiescence_receipt_and_recovery_releases_a_stale_lease() {
     assert_eq!(r["outputs"]["quiescent"], true);
 
     // A supervisor that died after writing its record and creating its account.
-    let (store, setup) = lease_setup(dir.path(), &policy);
-    {
-        let m = Manager::open(&store, setup).unwrap();
-        let lease = m
-            .begin("sha256:stale", cordon_testkit::in_an_hour())
-            .unwrap();
-        m.provision(&lease).unwrap();
-    }
+    stale_lease(dir.path(), &policy);
     let (code, r) = reap(dir.path(), &policy, true);
     assert_eq!(code, Some(3), "{r}");
     assert_eq!(r["outcome"], "no-decision");
@@ -106,6 +92,16 @@ fn check_is_a_quiescence_receipt_and_recovery_releases_a_stale_lease() {
     assert!(r["outputs"]["released"].to_string().contains("lease"));
     let (code, _) = reap(dir.path(), &policy, true);
     assert_eq!(code, Some(0));
+}
+
+/// A supervisor that died after writing its lease record and creating its account.
+fn stale_lease(dir: &Path, policy: &Path) {
+    let (store, setup) = lease_setup(dir, policy);
+    let m = Manager::open(&store, setup).unwrap();
+    let lease = m
+        .begin("sha256:stale", cordon_testkit::in_an_hour())
+        .unwrap();
+    m.provision(&lease).unwrap();
 }
 
 /// A live supervisor's lease (its account, its run directory) as executor `cli-test`, with the
@@ -409,15 +405,7 @@ fn a_check_on_a_store_that_is_not_there_is_the_operators_mistake_and_makes_nothi
     let dir = tempfile::tempdir().unwrap();
     let policy = policy(dir.path(), 6);
     for mode in ["--check", "--status"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_cordon-reap"))
-            .arg("--policy")
-            .arg(&policy)
-            .arg("--store")
-            .arg(dir.path().join("stroe"))
-            .arg("--state-root")
-            .arg(dir.path().join("state"))
-            .arg("--run-dir")
-            .arg(dir.path().join("run"))
+        let out = reap_command_at(dir.path(), &dir.path().join("stroe"), &policy)
             .args(["--executor", &executor(), mode])
             // A terminal that shows only ASCII gets only ASCII (no box drawing).
             .env_remove("LC_ALL")
@@ -441,29 +429,28 @@ fn timed(stderr: &str) -> bool {
 /// `cordon-reap --check` with `extra` arguments and environment, stderr piped: its exit code,
 /// its receipt's digest and its stderr.
 fn check_said(
-    dir: &Path,
+    (dir, store): (&Path, &Path),
     policy: &Path,
     extra: &[&str],
     env: &[(&str, &str)],
 ) -> (Option<i32>, Digest, String) {
-    let out = check_command(dir, policy, extra, env).output().unwrap();
+    let out = check_command((dir, store), policy, extra, env)
+        .output()
+        .unwrap();
     let stderr = String::from_utf8(out.stderr).unwrap();
     let text = String::from_utf8(out.stdout).unwrap();
     let receipt = Receipt::parse(text.trim_end()).unwrap_or_else(|e| panic!("{e}: {stderr}"));
     (out.status.code(), receipt.digest().unwrap(), stderr)
 }
 
-fn check_command(dir: &Path, policy: &Path, extra: &[&str], env: &[(&str, &str)]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_cordon-reap"));
+fn check_command(
+    (dir, store): (&Path, &Path),
+    policy: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Command {
+    let mut c = reap_command_at(dir, store, policy);
     c.arg("--check")
-        .arg("--policy")
-        .arg(policy)
-        .arg("--store")
-        .arg(dir.join("store"))
-        .arg("--state-root")
-        .arg(dir.join("state"))
-        .arg("--run-dir")
-        .arg(dir.join("run"))
         .args(["--executor", &executor()])
         .args(extra)
         .env_remove("NO_COLOR")
@@ -487,16 +474,27 @@ fn a_stage_says_its_outcome_receipt_and_duration_in_one_line_and_nothing_under_q
     let policy = policy(dir.path(), 7);
     Store::open(&dir.path().join("store")).unwrap();
 
-    let (code, digest, stderr) = check_said(dir.path(), &policy, &[], &[]);
+    let (code, digest, stderr) =
+        check_said((dir.path(), &dir.path().join("store")), &policy, &[], &[]);
     assert_eq!(code, Some(0), "{stderr}");
     let line = format!("cordon-reap: ok · receipt {digest} · ");
     assert!(stderr.starts_with(&line) && timed(&stderr), "{stderr:?}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
 
-    let (code, _, stderr) = check_said(dir.path(), &policy, &["-q"], &[]);
+    let (code, _, stderr) = check_said(
+        (dir.path(), &dir.path().join("store")),
+        &policy,
+        &["-q"],
+        &[],
+    );
     assert_eq!((code, stderr.as_str()), (Some(0), ""));
 
-    let (code, digest, stderr) = check_said(dir.path(), &policy, &["-v"], &[]);
+    let (code, digest, stderr) = check_said(
+        (dir.path(), &dir.path().join("store")),
+        &policy,
+        &["-v"],
+        &[],
+    );
     assert_eq!(code, Some(0), "{stderr}");
     for part in [
         "policy ",
@@ -515,16 +513,13 @@ fn a_stage_says_its_outcome_receipt_and_duration_in_one_line_and_nothing_under_q
     );
 
     // A stale lease: the residue is listed, then the no-decision.
-    let (store, setup) = lease_setup(dir.path(), &policy);
-    {
-        let m = Manager::open(&store, setup).unwrap();
-        let lease = m
-            .begin("sha256:stale", cordon_testkit::in_an_hour())
-            .unwrap();
-        m.provision(&lease).unwrap();
-    }
-    let (code, digest, stderr) =
-        check_said(dir.path(), &policy, &[], &[("LANG", "C"), ("TERM", "dumb")]);
+    stale_lease(dir.path(), &policy);
+    let (code, digest, stderr) = check_said(
+        (dir.path(), &dir.path().join("store")),
+        &policy,
+        &[],
+        &[("LANG", "C"), ("TERM", "dumb")],
+    );
     assert_eq!(code, Some(3), "{stderr}");
     assert!(stderr.is_ascii(), "{stderr}");
     let lines: Vec<&str> = stderr.lines().collect();
@@ -550,7 +545,11 @@ fn on_a_terminal_the_outcome_is_coloured_and_never_under_no_color() {
     let dir = tempfile::tempdir().unwrap();
     let policy = policy(dir.path(), 8);
     Store::open(&dir.path().join("store")).unwrap();
-    let tty = cordon_testkit::pty::run(check_command(dir.path(), &policy, &[], &[]), false, b"");
+    let tty = cordon_testkit::pty::run(
+        check_command((dir.path(), &dir.path().join("store")), &policy, &[], &[]),
+        false,
+        b"",
+    );
     assert_eq!(tty.code, Some(0), "{}", tty.terminal);
     assert!(
         tty.terminal
@@ -561,7 +560,12 @@ fn on_a_terminal_the_outcome_is_coloured_and_never_under_no_color() {
     Receipt::parse(String::from_utf8(tty.stdout).unwrap().trim_end()).unwrap();
 
     let plain = cordon_testkit::pty::run(
-        check_command(dir.path(), &policy, &[], &[("NO_COLOR", "1")]),
+        check_command(
+            (dir.path(), &dir.path().join("store")),
+            &policy,
+            &[],
+            &[("NO_COLOR", "1")],
+        ),
         false,
         b"",
     );
@@ -572,4 +576,127 @@ fn on_a_terminal_the_outcome_is_coloured_and_never_under_no_color() {
         "{:?}",
         plain.terminal
     );
+}
+
+/// Unmounts its path when dropped, whatever the test came to.
+struct Mounted(std::path::PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount(&self.0);
+    }
+}
+
+/// A store on a read-only file system serves the commands that only read it: a check answers
+/// with its receipt on stdout, saying it was never kept; the store is left as it was.
+#[test]
+fn a_read_only_store_serves_a_check_and_its_receipt_says_it_was_not_kept() {
+    cordon_testkit::require_root("a read-only bind mount");
+    let dir = tempfile::tempdir().unwrap();
+    let policy = policy(dir.path(), 9);
+    // The store's file system is read-only (a volume mounted so), not a mount on the store.
+    let volume = dir.path().join("volume");
+    std::fs::create_dir(&volume).unwrap();
+    let root = volume.join("store");
+    let store = Store::open(&root).unwrap();
+    let before = store.content_listing().unwrap();
+    let receipts = || std::fs::read_dir(root.join("receipts")).unwrap().count();
+    let kept = receipts();
+    use nix::mount::{MsFlags, mount};
+    mount(
+        Some(&volume),
+        &volume,
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .unwrap();
+    let _guard = Mounted(volume.clone());
+    mount(
+        None::<&str>,
+        &volume,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+        None::<&str>,
+    )
+    .unwrap();
+    let (code, digest, stderr) = check_said((dir.path(), &root), &policy, &[], &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("(receipt.unkept)") && stderr.contains(&digest.to_string()),
+        "{stderr}"
+    );
+    let out = check_command((dir.path(), &root), &policy, &[], &[])
+        .output()
+        .unwrap();
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["outcome"], "ok", "{r}");
+    assert_eq!(r["reasons"][0]["code"], "receipt.unkept", "{r}");
+    assert_eq!(receipts(), kept, "a receipt was stored");
+    assert_eq!(store.content_listing().unwrap(), before);
+}
+
+/// `--list` names every lease record in the store, its executor and whether its supervisor
+/// lives, and every executor lock with its holder; it changes nothing and prints no receipt.
+#[test]
+fn list_names_each_lease_its_supervisor_and_each_executor_lock() {
+    cordon_testkit::require_root("reap reads root's leases");
+    let dir = tempfile::tempdir().unwrap();
+    let policy = policy(dir.path(), 4);
+    let (store, setup) = lease_setup(dir.path(), &policy);
+    let held = Manager::open(&store, setup).unwrap();
+    let lease = held
+        .begin("sha256:listed", cordon_testkit::in_an_hour())
+        .unwrap();
+    let out = reap_command(dir.path(), &policy)
+        .args(["--executor", &executor(), "--list"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with(&format!("lease {} ", lease.record.lease)))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let me = std::process::id();
+    assert!(
+        line.contains(&format!(
+            "executor {} supervisor pid {me} (live)",
+            executor()
+        )),
+        "{line}"
+    );
+    assert!(
+        stdout.contains(&format!("executor {} held by pid {me}", executor())),
+        "{stdout}"
+    );
+    assert!(
+        Receipt::parse(stdout.lines().next().unwrap()).is_err(),
+        "a listing, not a receipt"
+    );
+    held.release(&lease.record).unwrap();
+}
+
+/// `cordon-reap` with this test's policy, store, state root and run directory.
+fn reap_command(dir: &Path, policy: &Path) -> Command {
+    reap_command_at(dir, &dir.join("store"), policy)
+}
+
+/// [`reap_command`] on the store at `store`.
+fn reap_command_at(dir: &Path, store: &Path, policy: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_cordon-reap"));
+    c.arg("--policy")
+        .arg(policy)
+        .arg("--store")
+        .arg(store)
+        .arg("--state-root")
+        .arg(dir.join("state"))
+        .arg("--run-dir")
+        .arg(dir.join("run"));
+    c
 }

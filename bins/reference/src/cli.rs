@@ -79,7 +79,12 @@ fn given(
         StageName::Materialize,
         authority,
     )
-    .map_err(|e| format!("the pristine registration: {e}"))?;
+    .map_err(|e| {
+        format!(
+            "the pristine registration: {}",
+            stage::explain_foreign(e, store)
+        )
+    })?;
     // The store's copy, re-hashed: a hand-written receipt registers nothing.
     let stored = cordon::chain::load(store, &registration)
         .map_err(|e| format!("the pristine registration: {e}"))?;
@@ -123,9 +128,14 @@ pub fn run(
     cordon::voice::set_level(args.stage.level());
     let mode = args.stage.diagnostics;
     if let Err(code) = cordon_stage::start::require_root(
-        "cordon-reference",
-        "it runs the audit and the reference session in containers as per-run accounts",
+        &cordon_stage::start::RootStage {
+            tool: "cordon-reference",
+            why: "it runs the audit and the reference session in containers as per-run accounts",
+            stage: Some(StageName::Reference),
+            policy: &args.stage.policy,
+        },
         mode,
+        stdout,
         stderr,
     ) {
         return code;
@@ -136,9 +146,15 @@ pub fn run(
             Err(code) => return code,
         };
     let policy = &loaded.policy;
-    let store = match Store::open(&args.stage.store_root(policy)) {
+    let store = match stage::open_store(
+        &args.stage.store_root(policy),
+        (StageName::Reference, authority),
+        mode,
+        stdout,
+        stderr,
+    ) {
         Ok(s) => s,
-        Err(e) => return fail(&e, mode, stderr),
+        Err(code) => return code,
     };
     let (input, digest) = match stage::input_or_exit(
         args.qualify.as_deref(),

@@ -388,5 +388,45 @@ fn a_root_stage_run_by_another_user_says_so_first_and_makes_nothing() {
             "{tool}: {stderr}"
         );
         assert!(!store.exists(), "{tool} made a store");
+        // The pipeline's last receipt keeps the truth: a no-decision naming the refusal,
+        // printed and never kept; the device report makes no receipt, and prints none.
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if tool == "cordon-lane" {
+            assert!(stdout.is_empty(), "{tool}: {stdout}");
+            continue;
+        }
+        let r = cordon::receipt::Receipt::parse(stdout.trim_end())
+            .unwrap_or_else(|e| panic!("{tool}: {e}: {stdout}"));
+        assert_eq!(r.outcome, cordon::receipt::Outcome::NoDecision, "{tool}");
+        let codes: Vec<&str> = r.reasons.iter().map(|x| x.code.as_str()).collect();
+        assert_eq!(codes, ["stage.not_root", "receipt.unkept"], "{tool}");
     }
+}
+
+/// A store that cannot be opened (here: a file where the store should be) still ends the
+/// stage with a no-decision receipt on stdout, saying why and that it was never kept.
+#[test]
+fn a_store_that_cannot_be_opened_still_ends_with_a_receipt_saying_why() {
+    cordon_testkit::require_root("the stages run as root");
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    std::fs::write(&store, b"not a store").unwrap();
+    let policy = workspace_root().join("policy/evaluator.kdl");
+    let out = Command::new(bin("cordon-prebuild"))
+        .arg("--policy")
+        .arg(&policy)
+        .arg("--store")
+        .arg(&store)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let r = cordon::receipt::Receipt::parse(stdout.trim_end())
+        .unwrap_or_else(|e| panic!("{e}: {stdout}: {stderr}"));
+    assert_eq!(r.outcome, cordon::receipt::Outcome::NoDecision);
+    assert_eq!(r.reasons[0].code, "store.unusable", "{r:?}");
+    assert_eq!(r.reasons[1].code, "receipt.unkept", "{r:?}");
+    assert_eq!(std::fs::read(&store).unwrap(), b"not a store");
 }

@@ -14,7 +14,9 @@ use std::io::{Read, Write};
 use std::path::Path;
 
 use cordon::chain::{self, ChainError};
-use cordon::receipt::{Decision, Outcome, Reason, Receipt, ReceiptError, StageName};
+use cordon::receipt::{
+    AUTHORITY_PARTS, Decision, Outcome, Reason, Receipt, ReceiptError, StageName,
+};
 use cordon_canon::ExitCode;
 use cordon_canon::exit::ExitClass;
 
@@ -215,6 +217,7 @@ pub fn input_or_exit(
     };
     stdin_notice(&format!("cordon-{}", stage.as_str()), file, stderr);
     read_input(file, stdin, expected, authority).map_err(|e| {
+        let e = explain_foreign(e, store);
         // A verdict upstream is passed on, not reported as a wiring error.
         pass_on(&e, stage, (store, Path::new(KEY_DIR)), mode, stdout, stderr).unwrap_or_else(|| {
             report_diagnostic(&e, mode, stderr);
@@ -270,8 +273,163 @@ pub fn emit(
     emit_signed(store, Path::new(KEY_DIR), receipt, stdout)
 }
 
+/// This process's own authority, once its stage established it ([`own_authority`]): the
+/// parts every receipt it stores names as evidence, and what a foreign authority is compared
+/// with.
+struct Own {
+    authority: Digest,
+    components: cordon::identity::AuthorityComponents,
+    policy: serde_json::Value,
+}
+
+static OWN: std::sync::OnceLock<Own> = std::sync::OnceLock::new();
+
+/// Record this process's authority and its parts (the stage prologue does, once).
+pub fn own_authority(
+    authority: Digest,
+    components: cordon::identity::AuthorityComponents,
+    policy: serde_json::Value,
+) {
+    let _ = OWN.set(Own {
+        authority,
+        components,
+        policy,
+    });
+}
+
+/// Name this process's authority parts as `receipt`'s evidence (`authority`: the components,
+/// `policy`: the canonical policy), each stored once by its sha256, so whoever later meets the
+/// receipt under another authority can be told which part differs. Nothing when the receipt is
+/// another authority's (a pass-on keeps its own) or the process never established its own.
+fn attach_parts(store: &Store, receipt: &mut Receipt) -> Result<(), StageError> {
+    let Some(own) = OWN.get().filter(|o| o.authority == receipt.authority) else {
+        return Ok(());
+    };
+    for (name, value) in [
+        (AUTHORITY_PARTS[0], serde_json::to_value(&own.components)),
+        (AUTHORITY_PARTS[1], Ok(own.policy.clone())),
+    ] {
+        if receipt.evidence.iter().any(|e| e.name == name) {
+            continue;
+        }
+        let Ok(text) = value
+            .map_err(|e| e.to_string())
+            .and_then(|v| cordon::canonical::to_canonical_json(&v).map_err(|e| e.to_string()))
+        else {
+            continue;
+        };
+        let sha = Digest::of_bytes(text.as_bytes());
+        // Stored once: every receipt of every run under this authority names the same bytes.
+        if store.read_evidence(&sha).is_err() {
+            store.put_evidence(text.as_bytes())?;
+        }
+        receipt.evidence.push(cordon::receipt::Evidence {
+            name: name.to_owned(),
+            sha256: sha,
+            bytes: text.len() as u64,
+        });
+    }
+    Ok(())
+}
+
+/// Fill in what differs for a foreign-authority refusal: the parts the receipt names, read from
+/// `store`, against this process's own — each differing component, and for the policy each
+/// value that changed (`cordon-policy diff`'s lines). Any other error is returned unchanged.
+#[must_use]
+pub fn explain_foreign(err: StageError, store: &Store) -> StageError {
+    let StageError::Receipt(ReceiptError::ForeignAuthority {
+        found,
+        expected,
+        mut parts,
+    }) = err
+    else {
+        return err;
+    };
+    let read = |name: &str| -> Option<serde_json::Value> {
+        let e = parts.evidence.iter().find(|e| e.name == name)?;
+        serde_json::from_slice(&store.read_evidence(&e.sha256).ok()?).ok()
+    };
+    let explained = OWN.get().and_then(|own| {
+        let theirs: cordon::identity::AuthorityComponents =
+            serde_json::from_value(read(AUTHORITY_PARTS[0])?).ok()?;
+        let mut lines = theirs.differs(&own.components);
+        if theirs.policy != own.components.policy
+            && let Some(policy) = read(AUTHORITY_PARTS[1])
+        {
+            lines.extend(
+                cordon_policy_lang::diff::diff(&policy, &own.policy)
+                    .into_iter()
+                    .map(|c| format!("policy value {}", c.line)),
+            );
+        }
+        Some(lines)
+    });
+    if let Some(lines) = explained {
+        parts.differs = lines;
+    }
+    StageError::Receipt(ReceiptError::ForeignAuthority {
+        found,
+        expected,
+        parts,
+    })
+}
+
+/// When a stage fails before it has a store to keep its receipt in (it is not root, its store
+/// cannot be opened): print a no-decision receipt under `authority` on `stdout` anyway, with
+/// `code` and the failure's words as its reason and [`UNKEPT`] after it, so a pipeline's last
+/// receipt still tells why nothing was decided. It is never stored or signed, so nothing can
+/// rest on it. A receipt that cannot be printed leaves the diagnostic and the exit code to say
+/// it.
+pub fn print_unkept(
+    stage: StageName,
+    authority: Digest,
+    (code, why): (&str, &str),
+    stdout: &mut dyn Write,
+) {
+    let mut receipt = Receipt::new(stage, authority, Outcome::NoDecision);
+    receipt.reasons = vec![
+        Reason {
+            code: code.to_owned(),
+            message: why.to_owned(),
+        },
+        Reason {
+            code: UNKEPT.to_owned(),
+            message: "this receipt is printed, never stored or signed: the stage had no store to keep it in".to_owned(),
+        },
+    ];
+    if let Ok(text) = receipt.to_canonical_json() {
+        let _ = writeln!(stdout, "{text}");
+    }
+}
+
+/// Open the store at `root` for `stage`, or fail as a stage fails before its receipt can be
+/// kept: the error reported, an unkept no-decision receipt ([`print_unkept`], reason
+/// `store.unusable`) printed, and the error's exit code returned.
+///
+/// # Errors
+/// The exit code to end with.
+pub fn open_store(
+    root: &Path,
+    (stage, authority): (StageName, Digest),
+    mode: Diagnostics,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> Result<Store, ExitCode> {
+    Store::open(root).map_err(|e| {
+        print_unkept(stage, authority, (UNUSABLE, &error_chain(&e)), stdout);
+        fail(&e, mode, stderr)
+    })
+}
+
+/// The reason an unkept receipt of a stage whose store could not be opened carries first.
+pub const UNUSABLE: &str = "store.unusable";
+
+/// The reason a receipt printed from a read-only store carries.
+pub const UNKEPT: &str = "receipt.unkept";
+
 /// [`emit`], signed with the key kept in `key_dir` (the host's is [`KEY_DIR`]; the rootless
-/// surface keeps its own in its state directory).
+/// surface keeps its own in its state directory). On a read-only store the receipt is printed
+/// unsigned with the reason [`UNKEPT`], never stored.
 ///
 /// # Errors
 /// Encoding, signing, storing or printing failed.
@@ -282,6 +440,21 @@ pub fn emit_signed(
     stdout: &mut dyn Write,
 ) -> Result<Digest, StageError> {
     receipt.finished_at = cordon::receipt::now_rfc3339();
+    if store.read_only() {
+        // A read-only store serves a reader (a check, a tree's re-verification): its receipt
+        // is printed, so the pipeline keeps the verdict, and says it was never kept.
+        receipt.reasons.push(Reason {
+            code: UNKEPT.to_owned(),
+            message: format!(
+                "the store {} is read-only: this receipt is printed, never stored or signed, and no chain can rest on it",
+                store.root().display()
+            ),
+        });
+        let text = receipt.to_canonical_json()?;
+        writeln!(stdout, "{text}").map_err(|source| StageError::Stdout { source })?;
+        return Ok(receipt.digest()?);
+    }
+    attach_parts(store, receipt)?;
     let (digest, text) = HostKey::load_or_create(key_dir)?.store_receipt(store, receipt)?;
     // An incident this run found names this receipt, the one that reports it. A link that
     // cannot be written leaves the incident standing without its receipt's name (the refusal
@@ -395,6 +568,7 @@ pub fn finish_signed<T: serde::Serialize, E: Infrastructure + 'static>(
         (mode, stdout, stderr),
         true,
     )
+    .0
 }
 
 /// [`finish`], with `shown` writing the stage's own report of a rejection (its findings on the
@@ -407,7 +581,7 @@ pub fn finish_showing<T: serde::Serialize, E: Infrastructure + 'static>(
     (mode, stdout, stderr): (Diagnostics, &mut dyn Write, &mut dyn Write),
     shown: &mut dyn FnMut(&mut dyn Write),
 ) -> ExitCode {
-    let code = finish_inner(
+    let (code, emitted) = finish_inner(
         store,
         Path::new(KEY_DIR),
         receipt,
@@ -416,8 +590,9 @@ pub fn finish_showing<T: serde::Serialize, E: Infrastructure + 'static>(
         false,
     );
     shown(stderr);
+    // Only a receipt that was emitted is summed up: a failure to keep it was reported.
     if mode == Diagnostics::Text
-        && let Ok(digest) = receipt.digest()
+        && let Some(digest) = emitted
     {
         summary(receipt, &digest, false, stderr);
     }
@@ -425,7 +600,8 @@ pub fn finish_showing<T: serde::Serialize, E: Infrastructure + 'static>(
 }
 
 /// [`finish_signed`], with its [`summary`] when `summarise` (not for a receipt another one
-/// links, nor before a stage's own report of its rejection).
+/// links, nor before a stage's own report of its rejection); the exit code and the emitted
+/// receipt's digest (`None`: it could not be emitted, and that was reported).
 fn finish_inner<T: serde::Serialize, E: Infrastructure + 'static>(
     store: &Store,
     key_dir: &Path,
@@ -433,7 +609,7 @@ fn finish_inner<T: serde::Serialize, E: Infrastructure + 'static>(
     result: Result<Decision<T>, E>,
     (mode, stdout, stderr): (Diagnostics, &mut dyn Write, &mut dyn Write),
     summarise: bool,
-) -> ExitCode {
+) -> (ExitCode, Option<Digest>) {
     let (code, cause) = decide(receipt, result);
     match emit_signed(store, key_dir, receipt, stdout) {
         Ok(digest) => {
@@ -451,14 +627,14 @@ fn finish_inner<T: serde::Serialize, E: Infrastructure + 'static>(
                     summary(receipt, &digest, reasons, stderr);
                 }
             }
-            code
+            (code, Some(digest))
         }
         Err(e) => {
             if let Some(cause) = cause {
                 report_diagnostic(cause.as_ref(), mode, stderr);
             }
             report_diagnostic(&e, mode, stderr);
-            ExitCode::NoDecision
+            (ExitCode::NoDecision, None)
         }
     }
 }

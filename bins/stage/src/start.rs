@@ -92,7 +92,7 @@ impl StartError {
 #[diagnostic(
     code(cordon::stage::not_root),
     help(
-        "run it as root (sudo, or the NixOS module's units); nothing was read or made. The agent surface is the one stage that runs as its service user"
+        "run it as root (sudo, or the NixOS module's units); nothing was made. The agent surface is the one stage that runs as its service user"
     )
 )]
 pub struct NotRoot {
@@ -104,23 +104,56 @@ pub struct NotRoot {
     pub why: &'static str,
 }
 
-/// Refuse to start stage `tool` unless it runs as root, before anything is read or made: its
-/// work (`why`) needs root, and a stage that found out halfway would leave a store or a lease
-/// behind. Reported on `stderr`; exit 2 (the operator's invocation).
+/// What a stage that must run as root is, for its refusal ([`require_root`]).
+#[derive(Debug, Clone, Copy)]
+pub struct RootStage<'a> {
+    /// The binary.
+    pub tool: &'static str,
+    /// What it does that needs root.
+    pub why: &'static str,
+    /// The stage whose receipt the refusal prints, when the invocation makes one (not a
+    /// listing, not a device report).
+    pub stage: Option<cordon::receipt::StageName>,
+    /// The policy the authority of that receipt is computed from.
+    pub policy: &'a Path,
+}
+
+/// Refuse to start `stage` unless it runs as root, before anything is made: its work needs
+/// root, and a stage that found out halfway would leave a store or a lease behind. Reported on
+/// `stderr`; exit 2 (the operator's invocation). When the invocation makes a receipt and the
+/// authority can be computed without root (the policy is readable), a no-decision receipt
+/// naming the refusal is printed on `stdout`, never stored ([`crate::receipt_io::print_unkept`]),
+/// so a pipeline run as the wrong user ends with a receipt that says so.
 ///
 /// # Errors
 /// The exit code to end with.
 pub fn require_root(
-    tool: &'static str,
-    why: &'static str,
+    stage: &RootStage<'_>,
     mode: Diagnostics,
+    stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> Result<(), ExitCode> {
     let uid = nix::unistd::geteuid().as_raw();
     if uid == 0 {
         return Ok(());
     }
-    report_diagnostic(&NotRoot { tool, uid, why }, mode, stderr);
+    let refusal = NotRoot {
+        tool: stage.tool,
+        uid,
+        why: stage.why,
+    };
+    report_diagnostic(&refusal, mode, stderr);
+    if let Some(name) = stage.stage
+        && let Ok(authority) =
+            load(stage.policy).and_then(|l| Ok(components(&l.policy)?.authority()?))
+    {
+        crate::receipt_io::print_unkept(
+            name,
+            authority,
+            ("stage.not_root", &refusal.to_string()),
+            stdout,
+        );
+    }
     Err(ExitCode::Usage)
 }
 
@@ -224,6 +257,12 @@ pub fn stage_start(
         let parts = components(&loaded.policy)?;
         let authority = parts.authority()?;
         say_verbose(path, &parts, &authority, stderr);
+        // Every receipt this process stores names these parts (receipt_io::own_authority).
+        let policy = loaded
+            .policy
+            .canonical_value()
+            .map_err(|source| StartError::Encode { source })?;
+        crate::receipt_io::own_authority(authority, parts.clone(), policy);
         Ok(Started {
             authority,
             runtime: parts.runtime,

@@ -134,19 +134,53 @@ fn head_of(given: &str) -> Result<Digest, String> {
     receipt.digest().map_err(|e| format!("{given}: {e}"))
 }
 
-/// One line per receipt, oldest first: stage, outcome, when, and what it established.
+/// The hops in causal order: each after every receipt it rests on (what it consumed, what it
+/// links), so a qualification reads after its sessions and a verdict after its references,
+/// whatever the clocks say; among receipts that rest on nothing unlisted, the one that finished
+/// first comes first.
+fn causal(hops: &[Hop]) -> Vec<&Hop> {
+    let mut placed: std::collections::BTreeSet<Digest> = std::collections::BTreeSet::new();
+    let mut left: Vec<&Hop> = hops.iter().collect();
+    left.sort_by(|a, b| a.receipt.finished_at.cmp(&b.receipt.finished_at));
+    let mut out = Vec::with_capacity(left.len());
+    while !left.is_empty() {
+        // A verified chain has no cycle (a receipt's digest covers what it names); should one
+        // appear, the rest follow in finishing order rather than looping.
+        let next = left
+            .iter()
+            .position(|h| h.rests_on.iter().all(|d| placed.contains(d)))
+            .unwrap_or(0);
+        let h = left.remove(next);
+        placed.insert(h.digest);
+        out.push(h);
+    }
+    out
+}
+
+/// How long a receipt's stage ran, from its two timestamps (`1.3 s`), or `?` when they do not
+/// read as times.
+fn took(r: &Receipt) -> String {
+    let at = |t: &str| humantime::parse_rfc3339(t).ok();
+    match (at(&r.started_at), at(&r.finished_at)) {
+        (Some(a), Some(b)) => b
+            .duration_since(a)
+            .map_or_else(|_| "?".to_owned(), cordon::voice::duration),
+        _ => "?".to_owned(),
+    }
+}
+
+/// One line per receipt in causal order ([`causal`]): when it started, how long it ran, stage,
+/// outcome, digest, and what it established.
 fn timeline(hops: &[Hop]) -> Vec<String> {
-    let mut sorted: Vec<&Hop> = hops.iter().collect();
-    sorted.sort_by(|a, b| a.receipt.started_at.cmp(&b.receipt.started_at));
-    sorted
+    causal(hops)
         .iter()
         .map(|h| {
             let r = &h.receipt;
             let facts = facts(r);
             format!(
-                "{} → {}  {:<11} {:<11} {}{}",
+                "{} ({:>10})  {:<11} {:<11} {}{}",
                 r.started_at,
-                r.finished_at,
+                took(r),
                 r.stage.as_str(),
                 r.outcome.as_str(),
                 h.digest,
@@ -424,4 +458,81 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
 #[must_use]
 pub fn main() -> ExitCode {
     cordon::exit::with_stdio(cordon_stage::args::parse::<Args>, run)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cordon::keyset::KeyEntry;
+    use cordon::receipt::Outcome;
+
+    fn hop(name: &str, started: &str, finished: &str, rests_on: &[&Hop]) -> Hop {
+        let mut receipt = Receipt::new(StageName::Lane, Digest::of_bytes(b"a"), Outcome::Ok);
+        receipt.started_at = started.to_owned();
+        receipt.finished_at = finished.to_owned();
+        Hop {
+            digest: Digest::of_bytes(name.as_bytes()),
+            receipt,
+            objects: Vec::new(),
+            outputs: Vec::new(),
+            signed_by: KeyEntry {
+                key: "ed25519:00".into(),
+                valid_from: None,
+                valid_until: None,
+                compromised_at: None,
+            },
+            rests_on: rests_on.iter().map(|h| h.digest).collect(),
+        }
+    }
+
+    /// A qualification starts before its sessions and finishes after them: the timeline puts
+    /// it after them, each line with how long it ran, never by start time.
+    #[test]
+    fn the_timeline_is_causal_with_readable_durations() {
+        let build = hop(
+            "build",
+            "2026-01-01T00:00:00.000Z",
+            "2026-01-01T00:00:01.300Z",
+            &[],
+        );
+        let b = hop(
+            "b",
+            "2026-01-01T00:00:03.000Z",
+            "2026-01-01T00:00:04.000Z",
+            &[&build],
+        );
+        let c = hop(
+            "c",
+            "2026-01-01T00:00:04.000Z",
+            "2026-01-01T00:02:09.000Z",
+            &[&build],
+        );
+        let qualify = hop(
+            "q",
+            "2026-01-01T00:00:02.000Z",
+            "2026-01-01T00:02:10.000Z",
+            &[&build, &b, &c],
+        );
+        let order: Vec<Digest> = causal(&[qualify, c, b, build])
+            .iter()
+            .map(|h| h.digest)
+            .collect();
+        let names: Vec<Digest> = ["build", "b", "c", "q"]
+            .iter()
+            .map(|n| Digest::of_bytes(n.as_bytes()))
+            .collect();
+        assert_eq!(order, names);
+        let q = hop(
+            "q",
+            "2026-01-01T00:00:02.000Z",
+            "2026-01-01T00:02:10.000Z",
+            &[],
+        );
+        assert_eq!(took(&q.receipt), "2 min 08 s");
+        let lines = timeline(&[q]);
+        assert!(
+            lines[0].starts_with("2026-01-01T00:00:02.000Z (2 min 08 s)  lane"),
+            "{lines:?}"
+        );
+    }
 }

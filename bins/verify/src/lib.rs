@@ -169,6 +169,8 @@ pub struct Hop {
     pub outputs: Vec<Digest>,
     /// The key of the set its signature verified under.
     pub signed_by: KeyEntry,
+    /// The receipts it rests on (its `prev`, the receipts it links), each also a hop.
+    pub rests_on: Vec<Digest>,
 }
 
 /// What one receipt names and rests on.
@@ -303,6 +305,7 @@ pub fn verify(store: &Store, head: &Digest, keys: &KeySet) -> Result<Vec<Hop>, V
                 source: Box::new(source),
             })?;
         }
+        let named: Vec<Digest> = edges.iter().chain(&rejected).map(|(d, _)| *d).collect();
         todo.extend(edges.into_iter().map(|(d, s)| (d, Some((s, rests_on)))));
         todo.extend(
             rejected
@@ -315,6 +318,7 @@ pub fn verify(store: &Store, head: &Digest, keys: &KeySet) -> Result<Vec<Hop>, V
             objects,
             outputs,
             signed_by,
+            rests_on: named,
         });
     }
     Ok(hops)

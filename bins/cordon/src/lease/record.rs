@@ -336,6 +336,17 @@ impl Record {
 /// # Errors
 /// A record is unsafe or corrupt: recovery stops.
 pub fn read_records(store: &Store, executor: &str) -> Result<Vec<Record>, LeaseError> {
+    let mut out = read_all_records(store)?;
+    out.retain(|r| r.executor == executor);
+    Ok(out)
+}
+
+/// Every lease record in `store`, of every executor, validated as [`read_records`] validates
+/// them, by lease id.
+///
+/// # Errors
+/// A record is unsafe or corrupt.
+pub fn read_all_records(store: &Store) -> Result<Vec<Record>, LeaseError> {
     let dir = store.root().join("leases");
     let mut out = Vec::new();
     for entry in fs::read_dir(&dir).map_err(io("list", &dir))? {
@@ -364,9 +375,7 @@ pub fn read_records(store: &Store, executor: &str) -> Result<Vec<Record>, LeaseE
             return Err(bad(format!("schema {}", r.schema)));
         }
         r.check_shape().map_err(bad)?;
-        if r.executor == executor {
-            out.push(r);
-        }
+        out.push(r);
     }
     out.sort_by(|a, b| a.lease.cmp(&b.lease));
     Ok(out)
