@@ -455,13 +455,20 @@ in {
         (umask 077; mkdir -p /run/cordon-locks; touch /run/cordon-locks/${cfg.executor}.lock)
         cordon_deadline=$(( $(date +%s) + ${toString cfg.activationWait} ))
         for cordon_lock_file in /run/cordon-locks/*.lock; do
-          exec {cordon_lock}<"$cordon_lock_file"
-          cordon_left=$(( cordon_deadline - $(date +%s) ))
-          if (( cordon_left < 1 )) \
-            || ! ${pkgs.util-linux}/bin/flock -x -w "$cordon_left" "$cordon_lock"; then
-            echo "cordon: a stage still holds $cordon_lock_file after ${toString cfg.activationWait} s; refusing to rewrite /etc/passwd under it" >&2
-            exit 1
-          fi
+          # Recovery removes lock files nobody holds, holding each as it does: one gone
+          # before it is opened held no stage; one removed between the open and the lock is
+          # opened again, as every stage does (cordon::lease::lock_at).
+          while [ -e "$cordon_lock_file" ]; do
+            exec {cordon_lock}<"$cordon_lock_file" || break
+            cordon_left=$(( cordon_deadline - $(date +%s) ))
+            if (( cordon_left < 1 )) \
+              || ! ${pkgs.util-linux}/bin/flock -x -w "$cordon_left" "$cordon_lock"; then
+              echo "cordon: a stage still holds $cordon_lock_file after ${toString cfg.activationWait} s; refusing to rewrite /etc/passwd under it" >&2
+              exit 1
+            fi
+            [ "$(stat -L -c %d:%i "/proc/self/fd/$cordon_lock")" = "$(stat -c %d:%i "$cordon_lock_file" 2>/dev/null)" ] && break
+            exec {cordon_lock}<&-
+          done
         done
       '';
     };

@@ -196,7 +196,10 @@ pub fn unified(host: &dyn Host, root: &Path) -> io::Result<bool> {
     }
 }
 
-/// The directories cgroup `path` occupies below `root`: one on v2, one per controller on v1.
+/// The directories cgroup `path` occupies below `root`: one on v2, one per controller on v1 —
+/// and, on a hybrid v1 host, in the v2 tree mounted at `unified` and the named `systemd`
+/// hierarchy, where the runtime makes a container's cgroup too (a directory that does not
+/// exist there holds nothing and is nothing to remove).
 ///
 /// # Errors
 /// The hierarchy is not known ([`unified`]).
@@ -206,7 +209,8 @@ pub fn cgroup_dirs(host: &dyn Host, root: &Path, path: &str) -> io::Result<Vec<P
         return Ok(vec![root.join(rel)]);
     }
     Ok([
-        "memory", "cpu", "cpuacct", "pids", "cpuset", "devices", "freezer", "blkio",
+        "memory", "cpu", "cpuacct", "pids", "cpuset", "devices", "freezer", "blkio", "unified",
+        "systemd",
     ]
     .iter()
     .map(|c| root.join(c).join(rel))
@@ -670,7 +674,7 @@ mod tests {
             (p.has_cpu_shares(262_144), p.has_cpu_shares(2)),
             (Some(true), Some(false))
         );
-        assert_eq!(p.dirs().unwrap().len(), 8);
+        assert_eq!(p.dirs().unwrap().len(), 10);
         // A hierarchy that cannot be told is an error, never a guess.
         let fake = Arc::new(Fake::new());
         fake.unreadable("/cg/cgroup.controllers");

@@ -5,9 +5,9 @@
 //! phases (startup, warmup, conditioning, timed).
 //!
 //! It is an exclusive `flock` on `.gpu.lock` in the host's lock directory (`/run/cordon-locks`,
-//! a constant, not a flag: every store, run directory and state root shares it), opened by
-//! [`cordon::lease::open_lock_file`], which refuses a link, a FIFO or a file others could
-//! open. The kernel drops it when the holder dies, so a crashed supervisor never wedges the
+//! a constant, not a flag: every store, run directory and state root shares it), taken by
+//! [`cordon::lease::lock_at`], which refuses a link, a FIFO or a file others could open, and
+//! takes it again when recovery removed the file under it. The kernel drops it when the holder dies, so a crashed supervisor never wedges the
 //! host. What it does not own: a container a dead supervisor left running (`cordon-reap`
 //! releases it), fairness between waiters (the kernel's), device state (the device guard's, through the GPUs the lock holds).
 
@@ -87,18 +87,18 @@ fn tool_name() -> String {
 /// The lock file cannot be made, opened or trusted, the lock cannot be taken, or a signal
 /// arrived while waiting (`ErrorKind::Interrupted`).
 pub fn acquire(lock_dir: &Path) -> std::io::Result<GpuLock> {
-    let mut file = cordon::lease::open_lock_file(&lock_dir.join(LOCK_FILE))?;
+    let path = lock_dir.join(LOCK_FILE);
     let asked = Instant::now();
     let mut said = false;
     let lock = loop {
-        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        // A lock on the file the path still names (recovery removes unheld lock files).
+        let file = match cordon::lease::lock_at(&path, FlockArg::LockExclusiveNonblock)? {
             Ok(lock) => break lock,
-            Err((back, nix::errno::Errno::EWOULDBLOCK)) => file = back,
-            Err((_, e)) => return Err(e.into()),
-        }
+            Err(busy) => busy,
+        };
         if !said && asked.elapsed() >= SAY_WAIT {
             said = true;
-            say_waiting(&file, &lock_dir.join(LOCK_FILE));
+            say_waiting(&file, &path);
         }
         cordon::interrupt::check()
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::Interrupted, e))?;

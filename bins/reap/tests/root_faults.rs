@@ -278,6 +278,19 @@ fn a_supervisor_killed_at_any_point_leaves_nothing_recovery_cannot_remove() {
             left.is_empty(),
             "{point}: not quiescent after recovery: {left:?}"
         );
+        // Nothing of the executor is left in the cgroup tree, its own parent included.
+        let parent = cordon::lease::cgroup_parent(&s.executor);
+        let parent = parent.trim_start_matches('/');
+        let mut places = vec![s.cgroup_root.join(parent)];
+        for hierarchy in std::fs::read_dir(&s.cgroup_root)
+            .unwrap()
+            .filter_map(Result::ok)
+        {
+            places.push(hierarchy.path().join(parent));
+        }
+        for place in places {
+            assert!(!place.exists(), "{point}: {} is left", place.display());
+        }
     }
 }
 

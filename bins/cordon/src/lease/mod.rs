@@ -133,6 +133,75 @@ pub fn open_lock_file(path: &Path) -> std::io::Result<File> {
     Ok(f)
 }
 
+/// How often [`lock_at`] reopens a lock file that was removed under it before giving up.
+const LOCK_TRIES: usize = 8;
+
+/// Whether `file` is still the file `path` names (same device and inode).
+fn names(file: &File, path: &Path) -> std::io::Result<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let (held, named) = (file.metadata()?, fs::symlink_metadata(path)?);
+    Ok(held.dev() == named.dev() && held.ino() == named.ino())
+}
+
+/// Take `arg` (a non-blocking flock) on the host lock file at `path` ([`open_lock_file`]),
+/// making sure, once taken, that the path still names the file locked: recovery removes lock
+/// files nobody holds ([`remove_unheld_locks`]), and a lock on a removed file would guard
+/// nothing. `Ok(Err(file))`: another holds it (the file, to name them).
+///
+/// # Errors
+/// The file cannot be opened or trusted, or was removed under every try.
+pub fn lock_at(path: &Path, arg: FlockArg) -> std::io::Result<Result<Flock<File>, File>> {
+    for _ in 0..LOCK_TRIES {
+        let f = open_lock_file(path)?;
+        let lock = match Flock::lock(f, arg) {
+            Ok(lock) => lock,
+            Err((f, nix::errno::Errno::EWOULDBLOCK)) => return Ok(Err(f)),
+            Err((_, e)) => return Err(e.into()),
+        };
+        match names(&lock, path) {
+            Ok(true) => return Ok(Ok(lock)),
+            // Removed (or replaced) between the open and the lock: open the path again.
+            Ok(false) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Err(std::io::Error::other(format!(
+        "{} was removed under every one of {LOCK_TRIES} tries",
+        path.display()
+    )))
+}
+
+/// Remove every lock file in `dir` that nobody holds, except `keep` (the caller's own): an
+/// executor's lock file carries no state (the lock is only a meeting point), and one left per
+/// executor ever run would pile up. Each is removed while this process holds it exclusively,
+/// and every locker checks after locking that its path still names the file it locked
+/// ([`lock_at`]), so no stage is left holding a removed file. Best effort: a file that cannot
+/// be taken or removed is left. The names removed.
+pub fn remove_unheld_locks(dir: &Path, keep: &Path) -> Vec<String> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for entry in entries.filter_map(Result::ok) {
+        let path = entry.path();
+        if path == keep || path.extension().is_none_or(|e| e != "lock") {
+            continue;
+        }
+        let Ok(f) = open_lock_file(&path) else {
+            continue;
+        };
+        let Ok(lock) = Flock::lock(f, FlockArg::LockExclusiveNonblock) else {
+            continue;
+        };
+        if names(&lock, &path).unwrap_or(false) && fs::remove_file(&path).is_ok() {
+            removed.push(entry.file_name().to_string_lossy().into_owned());
+        }
+        drop(lock);
+    }
+    removed
+}
+
 /// What cleanup could not remove: the outcome is a no-decision that lists it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, miette::Diagnostic, Serialize)]
 #[error("cleanup could not be established; residue: {}", .items.join("; "))]
@@ -410,22 +479,29 @@ impl Setup {
         }
     }
 
+    /// This executor's cgroup parent on each hierarchy (every controller's on v1).
+    ///
+    /// # Errors
+    /// The hierarchy cannot be read.
+    fn cgroup_parents(&self) -> Result<Vec<PathBuf>, LeaseError> {
+        let parent = CgroupProbe {
+            host: self.runtime.host.clone(),
+            root: self.cgroup_root.clone(),
+            path: cgroup_parent(&self.executor),
+        };
+        parent
+            .dirs()
+            .map_err(io("read the cgroup hierarchy at", &self.cgroup_root))
+    }
+
     /// The cgroups left under this executor's parent (on every controller on v1), through the
     /// seam; a parent that does not exist holds none.
     ///
     /// # Errors
     /// The hierarchy or a parent cannot be read.
     fn leftover_cgroups(&self) -> Result<Vec<PathBuf>, LeaseError> {
-        let parent = CgroupProbe {
-            host: self.runtime.host.clone(),
-            root: self.cgroup_root.clone(),
-            path: cgroup_parent(&self.executor),
-        };
-        let dirs = parent
-            .dirs()
-            .map_err(io("read the cgroup hierarchy at", &self.cgroup_root))?;
         let mut out = Vec::new();
-        for d in dirs {
+        for d in self.cgroup_parents()? {
             match self.host().list_dir(&d) {
                 Ok(names) => out.extend(names.into_iter().map(|n| d.join(n))),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -600,16 +676,17 @@ impl Manager {
         }
         // Host-global, not per store: two stores never both believe they own one executor.
         let path = setup.lock_path();
-        let f = open_lock_file(&path).map_err(io("open lock", &path))?;
         let arg = if shared {
             FlockArg::LockSharedNonblock
         } else {
             FlockArg::LockExclusiveNonblock
         };
-        let lock = Flock::lock(f, arg).map_err(|(f, _)| LeaseError::Busy {
-            executor: setup.executor.clone(),
-            holders: lock_holders(&f),
-        })?;
+        let lock = lock_at(&path, arg)
+            .map_err(io("open lock", &path))?
+            .map_err(|f| LeaseError::Busy {
+                executor: setup.executor.clone(),
+                holders: lock_holders(&f),
+            })?;
         Ok(Self {
             store: store.clone(),
             setup,

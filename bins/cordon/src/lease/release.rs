@@ -391,6 +391,21 @@ impl Manager {
                 Err(e) => residue.push(format!("cgroup {}: {e}", cg.display())),
             }
         }
+        // The executor's own parent, once nothing is under it: the sole manager holds the
+        // executor, so no container of it can be made meanwhile, and a parent left per
+        // executor ever run would pile up. Hygiene, not a lease's resource: not listed.
+        if residue.is_empty() {
+            for parent in self.setup.cgroup_parents()? {
+                match self.setup.host().remove_dir(&parent) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => residue.push(format!("cgroup parent {}: {e}", parent.display())),
+                }
+            }
+            // Lock files of executors nobody holds (this one's is held here): recreated by
+            // the next stage of each, so only the pile-up goes.
+            super::remove_unheld_locks(&self.setup.lock_dir, &self.setup.lock_path());
+        }
         // Accounts of this executor and store no record names any more (their record went with
         // a lost store, say), by the owner tag in their comment; one without a tag is left to
         // the operator, and another executor's is never touched.

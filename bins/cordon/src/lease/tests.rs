@@ -1626,3 +1626,48 @@ fn an_incident_stops_its_candidate_under_its_authority_only() {
         Err(LeaseError::Record { .. })
     ));
 }
+
+/// Recovery removes the lock files nobody holds, never a held one nor its own; a lock taken
+/// on a file that was removed under it is taken again on the file the path names.
+#[test]
+fn unheld_lock_files_are_removed_and_a_lock_always_guards_the_named_file() {
+    use nix::fcntl::FlockArg;
+    let dir = tempfile::tempdir().unwrap();
+    let (held, idle, own) = (
+        dir.path().join("held.lock"),
+        dir.path().join("idle.lock"),
+        dir.path().join("own.lock"),
+    );
+    let holding = super::lock_at(&held, FlockArg::LockExclusiveNonblock)
+        .unwrap()
+        .unwrap();
+    drop(
+        super::lock_at(&idle, FlockArg::LockExclusiveNonblock)
+            .unwrap()
+            .unwrap(),
+    );
+    let _own = super::lock_at(&own, FlockArg::LockExclusiveNonblock)
+        .unwrap()
+        .unwrap();
+    std::fs::write(dir.path().join("other.txt"), b"").unwrap();
+    let removed = super::remove_unheld_locks(dir.path(), &own);
+    assert_eq!(removed, ["idle.lock"]);
+    assert!(held.exists() && own.exists() && !idle.exists());
+    assert!(dir.path().join("other.txt").exists(), "only lock files");
+    // A second holder of a held file is told so, with the file to name who holds it.
+    assert!(
+        super::lock_at(&held, FlockArg::LockExclusiveNonblock)
+            .unwrap()
+            .is_err()
+    );
+    drop(holding);
+
+    // A file opened before its removal no longer names the path: a lock on it guards nothing.
+    let stale = super::open_lock_file(&idle).unwrap();
+    std::fs::remove_file(&idle).unwrap();
+    let fresh = super::lock_at(&idle, FlockArg::LockExclusiveNonblock)
+        .unwrap()
+        .unwrap();
+    assert!(!super::names(&stale, &idle).unwrap());
+    assert!(super::names(&fresh, &idle).unwrap());
+}
