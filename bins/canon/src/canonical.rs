@@ -259,6 +259,21 @@ pub fn domain_digest<T: Serialize + ?Sized>(
     Ok(Digest::of_bytes(text.as_bytes()))
 }
 
+/// A digest in JSON is its text, `sha256:` and 64 lowercase hex digits.
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for Digest {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Digest".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "pattern": "^sha256:[0-9a-f]{64}$"
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

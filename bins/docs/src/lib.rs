@@ -1,5 +1,7 @@
 //! The man pages and shell completions of every cordon binary, generated from the same clap
-//! definitions the binaries parse with, so they cannot drift from the real options.
+//! definitions the binaries parse with, so they cannot drift from the real options, and the
+//! JSON Schema of every receipt kind, generated from the receipt types
+//! ([`cordon_evidence::schema`]).
 //!
 //! Owns: the list of documented binaries (a test holds it equal to the workspace's binaries
 //! less the worker, which runs only inside the runtime image) and the
@@ -50,7 +52,8 @@ fn closing_sections(name: &str) -> String {
 }
 
 /// Write `share/man/man1/*.1` (one page per command and subcommand, each binary's own page
-/// closed with [`closing_sections`]) and the bash, zsh and fish completions under `out`, which
+/// closed with [`closing_sections`]), the bash, zsh and fish completions and
+/// `share/cordon/schemas/<stage>.json` (each receipt kind's JSON Schema) under `out`, which
 /// must exist.
 ///
 /// # Errors
@@ -65,6 +68,15 @@ pub fn write(out: &Path) -> io::Result<()> {
     std::fs::create_dir_all(&man)?;
     for (_, dir) in shells {
         std::fs::create_dir_all(out.join(dir))?;
+    }
+    let schemas = out.join("share/cordon/schemas");
+    std::fs::create_dir_all(&schemas)?;
+    for (stage, schema) in cordon_evidence::schema::receipts() {
+        let text = serde_json::to_string_pretty(&schema).map_err(io::Error::other)?;
+        std::fs::write(
+            schemas.join(format!("{}.json", stage.as_str())),
+            text + "\n",
+        )?;
     }
     for mut cmd in commands() {
         let name = cmd.get_name().to_owned();
@@ -126,6 +138,26 @@ mod tests {
     fn pages_and_completions_are_written_for_each() -> io::Result<()> {
         let dir = tempfile::tempdir()?;
         write(dir.path())?;
+        for stage in [
+            "fetch",
+            "materialize",
+            "prebuild",
+            "lane",
+            "qualify",
+            "reference",
+            "verdict",
+            "reap",
+            "surface",
+            "audit",
+        ] {
+            let text = std::fs::read_to_string(
+                dir.path()
+                    .join(format!("share/cordon/schemas/{stage}.json")),
+            )?;
+            let schema: serde_json::Value =
+                serde_json::from_str(&text).map_err(io::Error::other)?;
+            assert_eq!(schema["properties"]["stage"]["const"], stage, "{text}");
+        }
         for cmd in commands() {
             let name = cmd.get_name();
             // roff writes a hyphen as `\\-`.

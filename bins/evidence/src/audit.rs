@@ -26,7 +26,7 @@ use crate::quality::{Quality, QualityRecord, grade};
 use crate::receipt::{DeviceReceipts, Meta, StageName, StageOutputs};
 
 /// The reviewed audit plan (the policy's `audit` section).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Audit {
     /// How many of the workload's requests the host samples (distinct, at least one).
@@ -34,7 +34,7 @@ pub struct Audit {
 }
 
 /// What the audit session was given.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AuditInputs {
     /// The qualification whose candidate is audited (the receipt's `prev` too).
@@ -55,7 +55,7 @@ pub struct AuditInputs {
 }
 
 /// What the audit session established: its launch and its outputs, no timing.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AuditOutputs {
     /// The candidate's tree it mounted.
@@ -95,7 +95,7 @@ impl crate::inputs::StageInputs for AuditInputs {
 }
 
 /// How the audit ended, as the final verdict records it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub enum AuditOutcome {
     /// The candidate answered; its outputs regraded against T's.
@@ -115,7 +115,7 @@ pub enum AuditOutcome {
 }
 
 /// The audit as the final verdict rests on it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AuditRecord {
     /// The audit receipt.

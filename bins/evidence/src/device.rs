@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 /// How contexts may share a device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum ComputeMode {
     /// Any number of contexts.
@@ -19,7 +19,7 @@ pub enum ComputeMode {
 }
 
 /// A GPU's configuration as the driver reports it; the policy pins one per GPU.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceConfig {
     /// The driver's version.
@@ -40,7 +40,7 @@ pub struct DeviceConfig {
 }
 
 /// One telemetry sample of one GPU, as the host read it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Sample {
     /// When, ns on the guard's clock.
@@ -155,7 +155,7 @@ pub fn drift(pinned: &DeviceConfig, seen: &DeviceConfig) -> Vec<String> {
 }
 
 /// What "drained" means, from the policy.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DrainRule {
     /// Consecutive idle samples needed (at least one).
@@ -238,7 +238,7 @@ pub fn faults(s: &Sample) -> Vec<String> {
 }
 
 /// The bounds the active sample must be inside, from the policy.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Envelope {
     /// Highest core temperature, °C.

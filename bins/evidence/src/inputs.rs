@@ -16,7 +16,7 @@ pub trait StageInputs: Serialize + for<'de> Deserialize<'de> {
 }
 
 /// What `cordon-fetch` was asked for.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FetchInputs {
     /// The source as given (a path or a URL).
@@ -26,7 +26,7 @@ pub struct FetchInputs {
 }
 
 /// What `cordon-materialize` was asked for: one of its three jobs.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(untagged, deny_unknown_fields)]
 pub enum MaterializeInputs {
     /// Register an incumbent from a directory.
@@ -49,7 +49,7 @@ pub enum MaterializeInputs {
 }
 
 /// What `cordon-prebuild` built.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PrebuildInputs {
     /// The engine tree.
@@ -59,7 +59,7 @@ pub struct PrebuildInputs {
 }
 
 /// What one lane session ran: a session of its own, or one read of a qualification.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LaneInputs {
     /// The role.
@@ -81,7 +81,7 @@ pub struct LaneInputs {
 }
 
 /// What a qualification compared.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct QualifyInputs {
     /// The incumbent's prebuild receipt.
@@ -98,7 +98,7 @@ pub struct QualifyInputs {
 }
 
 /// What `cordon-reap` was asked to do.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReapInputs {
     /// The executor.
@@ -122,7 +122,7 @@ pub struct ReapInputs {
 }
 
 /// Which run of an agent a surface run is: the ADR's two credential tiers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Tier {
     /// The agent process: `pass-env` and `agent-env` cross.
@@ -133,7 +133,7 @@ pub enum Tier {
 }
 
 /// What a surface run was asked to run.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SurfaceInputs {
     /// The workspace (canonical host path).
@@ -148,7 +148,7 @@ pub struct SurfaceInputs {
 }
 
 /// One connection the surface's egress proxy was asked for.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EgressConnection {
     /// The name asked for (escaped when it is not a name).
@@ -167,7 +167,7 @@ pub struct EgressConnection {
 }
 
 /// What an `ok` or `rejected` surface receipt records.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SurfaceOutputs {
     /// The run id.
@@ -213,7 +213,7 @@ fn is_zero(n: &u64) -> bool {
 }
 
 /// The user namespace's mapping of a surface run.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UserMapping {
     /// The service user's uid, mapped as the container's uid 0 with no capabilities.

@@ -18,5 +18,6 @@ pub mod qualify;
 pub mod quality;
 pub mod receipt;
 pub mod residue;
+pub mod schema;
 pub mod speed;
 pub mod verdict;

@@ -11,7 +11,7 @@ use crate::receipt::{
 use crate::speed::{Speed, SpeedRecord};
 
 /// Which lane runs which role.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Orientation {
     /// Where B and B′ run.
@@ -21,7 +21,7 @@ pub struct Orientation {
 }
 
 /// The three reads' session receipts.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Reads<T> {
     /// B.
@@ -34,7 +34,7 @@ pub struct Reads<T> {
 
 /// What a qualification's authority is frozen on besides the authority identity (policy,
 /// runtime, images, toolchain): a reproduction under any other value is refused.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Frozen {
     /// The host's kernel release (`/proc/sys/kernel/osrelease`).
@@ -73,7 +73,7 @@ impl Frozen {
 }
 
 /// How a reproduction settles with its primary attempt.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Settlement {
     /// The primary attempt's receipt.
@@ -182,7 +182,7 @@ impl Settlement {
 /// What `cordon-lane qualify` established: an `ok` receipt's outputs (PASS), or a rejected
 /// receipt's evidence (FAIL). Every number the verdict used is here, so it is recomputed from
 /// the receipt alone.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct QualifyOutputs {
     /// The three session receipts.
@@ -231,7 +231,7 @@ impl StageOutputs for QualifyOutputs {
 
 /// What a GPU-lane qualification's settling is decided under, as the policy gives it: each
 /// lane's GPUs with their pinned configurations, the drain rule and the active envelope.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GuardSection {
     /// Lane name → GPU UUID → its pin (lanes without GPUs absent).

@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 pub const ALL: u64 = 10_000;
 
 /// The reviewed quality rule (seed 001 §5), integers only: shares in basis points.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Quality {
     /// The least share of requests whose output must equal the reference's exactly.
@@ -39,7 +39,7 @@ pub struct Quality {
 }
 
 /// The verdict.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum QualityVerdict {
     /// The outputs agree with the reference within the rule.
@@ -49,7 +49,7 @@ pub enum QualityVerdict {
 }
 
 /// Every number that enters the verdict, and the verdict.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct QualityRecord {
     /// Requests the reference answered.

@@ -22,7 +22,19 @@ pub const RECEIPT_SCHEMA: u32 = 2;
 pub const PASS_ON: &str = "stage.upstream";
 
 /// The stage that wrote a receipt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum StageName {
     /// `cordon-policy identity --json`.
@@ -131,7 +143,7 @@ impl Rejection {
 }
 
 /// What `cordon-fetch` established (an `ok` receipt's outputs).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FetchOutputs {
     /// The archive's own sha256 (the committed hash).
@@ -145,7 +157,7 @@ pub struct FetchOutputs {
 }
 
 /// What `cordon-materialize` established for a delta (an `ok` receipt's outputs).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MaterializeOutputs {
     /// The materialized tree.
@@ -167,7 +179,7 @@ pub struct MaterializeOutputs {
 /// What `cordon-materialize incumbent` established: a registered incumbent tree. Such a
 /// receipt has no predecessor; it starts an incumbent's chain (role B's), as a fetch receipt
 /// starts a candidate's.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct IncumbentOutputs {
     /// The registered tree.
@@ -183,7 +195,7 @@ pub struct IncumbentOutputs {
 }
 
 /// What `cordon-prebuild` established (an `ok` receipt's outputs).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PrebuildOutputs {
     /// The sealed publication.
@@ -201,7 +213,7 @@ pub struct PrebuildOutputs {
 /// The role of an engine session: the standing incumbent (B), the candidate (C), the pristine
 /// reference (T), the quality authority, which runs in its own stage and protocol, or the
 /// candidate again in its untimed audit session (A).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum Role {
     /// The incumbent.
     B,
@@ -214,7 +226,7 @@ pub enum Role {
 }
 
 /// Which part of a workload a request belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum LanePhase {
     /// Warms the engine up; not timed.
@@ -227,7 +239,7 @@ pub enum LanePhase {
 
 /// One request of a lane session as the host saw it: host stamps only, nanoseconds since the
 /// container started.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LaneWindow {
     /// The request's index in the workload.
@@ -243,7 +255,7 @@ pub struct LaneWindow {
 }
 
 /// The physical lane a read ran on (its device set).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LaneAssignment {
     /// The policy's name for it.
@@ -256,7 +268,7 @@ pub struct LaneAssignment {
 }
 
 /// When a device receipt was taken.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum DevicePhase {
     /// Before the container exists, with the host's GPU lock held.
@@ -269,7 +281,7 @@ pub enum DevicePhase {
 
 /// What the host observed of a read's devices at one moment. It only claims what it
 /// observed: with no GPU there are no GPU samples and no drain.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceReceipt {
     /// The read it belongs to (its lease).
@@ -301,7 +313,7 @@ pub struct DeviceReceipt {
 }
 
 /// A read's device receipts, pre, active and post.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceReceipts {
     /// Before.
@@ -313,7 +325,7 @@ pub struct DeviceReceipts {
 }
 
 /// How long a read held the host-global lock that serializes GPU work across lanes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LockSpan {
     /// How long the read waited for it, ns.
@@ -325,7 +337,7 @@ pub struct LockSpan {
 }
 
 /// What `cordon-lane session` established (an `ok` receipt's outputs).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LaneOutputs {
     /// The session's role.
@@ -397,7 +409,7 @@ impl StageOutputs for LaneOutputs {
 }
 
 /// Whether a stage established its result.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Outcome {
     /// The candidate passed this stage.
@@ -421,7 +433,7 @@ impl Outcome {
 }
 
 /// One machine-readable reason behind an outcome.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Reason {
     /// A stable dotted code such as `intake.symlink`.
     pub code: String,
@@ -433,7 +445,7 @@ pub struct Reason {
 /// output, or the host's own record of the run (its lease record, the runtime's state, the
 /// cgroup's events, the container's mount table, teardown errors). Stored by content under the
 /// store's `evidence/`; candidate bytes in it are shown only escaped.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Evidence {
     /// What it is: `stdout`, `stderr`, `lease-record`, `runtime-state`, `cgroup-events`,
@@ -446,7 +458,7 @@ pub struct Evidence {
 }
 
 /// Facts about the host that produced a receipt.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Host {
     /// The kernel's hostname.
     pub hostname: String,
@@ -472,7 +484,7 @@ impl Host {
 }
 
 /// A stage's receipt.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Receipt {
     /// [`RECEIPT_SCHEMA`].
@@ -821,7 +833,7 @@ impl Receipt {
 }
 
 /// The meta record of one run (the default: nothing recorded).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Meta {
     /// Exit code when the init exited normally.
     pub exit_code: Option<i32>,

@@ -7,7 +7,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 /// One thing of an executor's that exists when nothing should.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum Leftover {
     /// A lease record in the store.
@@ -58,7 +58,7 @@ pub enum Leftover {
 }
 
 /// What `cordon-reap` established (its receipt's outputs, whatever its outcome).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReapOutputs {
     /// Nothing of the executor exists: no residue and no live lease.
@@ -90,7 +90,9 @@ pub struct ReapOutputs {
 /// The incident counts a monitor watches (`cordon-reap --status`): stale leases now, and over
 /// the store's whole history the runs killed for memory or time, host resets and device drain
 /// failures.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(deny_unknown_fields)]
 pub struct Counters {
     /// Lease records no live supervisor holds within its deadline: past it, or (seen as the
@@ -107,7 +109,9 @@ pub struct Counters {
 }
 
 /// What a quarantine holds back from new work (seed 001's incident checklist, step 1).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(tag = "scope", content = "name", rename_all = "kebab-case")]
 pub enum Scope {
     /// The whole host: every lease of every executor.
@@ -129,7 +133,7 @@ impl fmt::Display for Scope {
 }
 
 /// Why a quarantine was imposed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Cause {
     /// A release could not prove what its lease held gone.
@@ -165,7 +169,7 @@ impl Cause {
 /// A persistent quarantine record (`quarantine/<id>.json` in the store): while one matches,
 /// every lease-taking stage refuses; only `cordon-reap --clear` lifts it, after a strict
 /// quiescence proof, with a signed receipt that names it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Quarantine {
     /// What it holds back.

@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 
 /// The reviewed speed verdict of a qualification (seed 001 §4), integers only: ratios are
 /// basis points (10 000 = 1×), so the verdict is recomputed bit for bit from a receipt.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Speed {
     /// The least speedup over the baseline, above 1×, that can pass.
@@ -56,7 +56,7 @@ pub struct Speed {
 pub const ONE: u64 = 10_000;
 
 /// What the host measured of one read.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReadFacts {
     /// Timed windows.
@@ -74,7 +74,7 @@ pub struct ReadFacts {
 }
 
 /// What the baseline was.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Baseline {
     /// B and B′.
@@ -84,7 +84,7 @@ pub enum Baseline {
 }
 
 /// The verdict.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Verdict {
     /// Proven faster by the required margin.
@@ -96,7 +96,7 @@ pub enum Verdict {
 }
 
 /// Every number that enters the verdict, and the verdict.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SpeedRecord {
     /// Read B.

@@ -33,7 +33,7 @@ use crate::receipt::{DeviceReceipts, StageName, StageOutputs};
 use crate::speed::{SpeedRecord, Verdict};
 
 /// One of the qualification's reads that the quiescence receipt names as gone.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Gone {
     /// The read (`B`, `C`, `B′`; `primary B`… for a reproduction's primary attempt; `A`).
@@ -45,7 +45,7 @@ pub struct Gone {
 }
 
 /// What `cordon-reference` was given.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReferenceInputs {
     /// The pristine tree's registration receipt.
@@ -63,7 +63,7 @@ pub struct ReferenceInputs {
 }
 
 /// What the pristine reference session established: its launch and its outputs, no verdict.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReferenceOutputs {
     /// The pristine tree it mounted.
@@ -101,7 +101,7 @@ impl StageOutputs for ReferenceOutputs {
 }
 
 /// What the final verdict was given.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct VerdictInputs {
     /// The qualification (its `prev` too).
@@ -117,7 +117,7 @@ pub struct VerdictInputs {
 }
 
 /// The final verdict.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Final {
     /// Speed and quality pass.
@@ -127,7 +127,7 @@ pub enum Final {
 }
 
 /// Every number the final verdict rests on, and the verdict.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct VerdictOutputs {
     /// The qualification.
@@ -171,7 +171,7 @@ pub struct VerdictOutputs {
 }
 
 /// A reproduction's primary attempt as the final verdict weighs it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Primary {
     /// Its qualify receipt (the reproduction's `reproduces`).

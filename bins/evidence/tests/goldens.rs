@@ -85,3 +85,45 @@ fn every_example_reads_back_through_its_typed_inputs_and_outputs() {
         assert!(ok, "{name}: {r:?}");
     }
 }
+
+/// Every golden receipt is valid under its kind's schema (generated from the types), and a
+/// receipt whose outputs break their type is not: the schemas describe what stages print.
+#[test]
+fn every_golden_receipt_is_valid_under_its_kinds_schema() {
+    let schemas = cordon_evidence::schema::receipts();
+    let schema_of = |stage: StageName| {
+        let (_, s) = schemas
+            .iter()
+            .find(|(k, _)| *k == stage)
+            .unwrap_or_else(|| panic!("no schema for {stage:?}"));
+        jsonschema::validator_for(&serde_json::to_value(s).unwrap()).unwrap()
+    };
+    for (name, r) in examples::every_stage() {
+        let value: serde_json::Value =
+            serde_json::from_str(&r.to_canonical_json().unwrap()).unwrap();
+        let validator = schema_of(r.stage);
+        let errors: Vec<String> = validator
+            .iter_errors(&value)
+            .map(|e| e.to_string())
+            .collect();
+        assert!(errors.is_empty(), "{name}: {errors:?}");
+        // The same receipt with a field of its outputs given the wrong type, or under another
+        // stage's schema, is refused.
+        if r.outcome == Outcome::Ok {
+            let mut broken = value.clone();
+            let outputs = broken["outputs"].as_object_mut().unwrap();
+            let field = outputs.keys().next().unwrap().clone();
+            outputs.insert(field.clone(), serde_json::json!([1, 2, 3]));
+            assert!(
+                !validator.is_valid(&broken),
+                "{name}: {field} as a list passed"
+            );
+        }
+        let mut foreign = value.clone();
+        foreign["stage"] = serde_json::json!("policy");
+        assert!(
+            !validator.is_valid(&foreign),
+            "{name}: another stage passed"
+        );
+    }
+}
