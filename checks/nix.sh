@@ -145,7 +145,9 @@ for unit, tail in (("cordon-recover", ""), ("cordon-reap", " --sweep")):
     assert [s.split("/bin/")[-1] for s in starts] == [
         f"cordon-reap --policy /etc/cordon/policy.kdl --executor {e}{tail}" for e in ("a", "b")
     ], starts
-print("executors: recovered and swept", "a", "b")
+hold = d["activation"]["cordonHoldLeases"]["text"]
+assert "touch /run/cordon-locks/a.lock /run/cordon-locks/b.lock" in hold, hold
+print("executors: recovered, swept and held at activation", "a", "b")
 ' "$work/executors.json"
 # Disabled: nothing at all.
 [ "$(evaluate '{ }' | python3 -c 'import json,sys; d=json.load(sys.stdin); print(len(d["services"]) + len(d["etc"]))')" = 0 ] \

@@ -452,7 +452,9 @@ in {
     system.activationScripts.cordonHoldLeases = {
       deps = ["specialfs"];
       text = ''
-        (umask 077; mkdir -p /run/cordon-locks; touch /run/cordon-locks/${cfg.executor}.lock)
+        # Every configured executor's lock exists before the glob, so each is held even if
+        # recovery removed its file as unheld.
+        (umask 077; mkdir -p /run/cordon-locks; touch ${builtins.concatStringsSep " " (map (e: "/run/cordon-locks/${e}.lock") ([cfg.executor] ++ cfg.extraExecutors))})
         cordon_deadline=$(( $(date +%s) + ${toString cfg.activationWait} ))
         for cordon_lock_file in /run/cordon-locks/*.lock; do
           # Recovery removes lock files nobody holds, holding each as it does: one gone

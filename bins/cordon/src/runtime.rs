@@ -196,8 +196,8 @@ pub fn unified(host: &dyn Host, root: &Path) -> io::Result<bool> {
     }
 }
 
-/// The directories cgroup `path` occupies below `root`: one on v2, one per controller on v1 —
-/// and, on a hybrid v1 host, in the v2 tree mounted at `unified` and the named `systemd`
+/// The directories cgroup `path` occupies below `root`: one on v2, one per controller on v1
+/// (every v1 controller the runtime may join, mounted here or not) — and, on a hybrid v1 host, in the v2 tree mounted at `unified` and the named `systemd`
 /// hierarchy, where the runtime makes a container's cgroup too (a directory that does not
 /// exist there holds nothing and is nothing to remove).
 ///
@@ -209,7 +209,21 @@ pub fn cgroup_dirs(host: &dyn Host, root: &Path, path: &str) -> io::Result<Vec<P
         return Ok(vec![root.join(rel)]);
     }
     Ok([
-        "memory", "cpu", "cpuacct", "pids", "cpuset", "devices", "freezer", "blkio", "unified",
+        "memory",
+        "cpu",
+        "cpuacct",
+        "pids",
+        "cpuset",
+        "devices",
+        "freezer",
+        "blkio",
+        "hugetlb",
+        "net_cls",
+        "net_prio",
+        "perf_event",
+        "rdma",
+        "misc",
+        "unified",
         "systemd",
     ]
     .iter()
@@ -674,7 +688,7 @@ mod tests {
             (p.has_cpu_shares(262_144), p.has_cpu_shares(2)),
             (Some(true), Some(false))
         );
-        assert_eq!(p.dirs().unwrap().len(), 10);
+        assert_eq!(p.dirs().unwrap().len(), 16);
         // A hierarchy that cannot be told is an error, never a guess.
         let fake = Arc::new(Fake::new());
         fake.unreadable("/cg/cgroup.controllers");

@@ -235,6 +235,8 @@ impl Batch<'_> {
 #[derive(Debug, Clone)]
 pub struct Store {
     root: PathBuf,
+    /// Opened by a command that only reads it ([`Store::open_existing`]).
+    reader: bool,
 }
 
 /// A writer's private scratch directory under `tmp/`, removed when dropped. While it lives its
@@ -480,7 +482,8 @@ impl Store {
             Err(e) => return Err(io_err("stat", root)(e)),
             Ok(_) => {}
         }
-        let store = Self::checked_root(root)?;
+        let mut store = Self::checked_root(root)?;
+        store.reader = true;
         for sub in LAYOUT {
             let path = store.root.join(sub);
             match fs::symlink_metadata(&path) {
@@ -499,10 +502,14 @@ impl Store {
     fn checked_root(root: &Path) -> Result<Self, StoreError> {
         Self {
             root: root.to_path_buf(),
+            reader: false,
         }
         .check_dir(root, 0o700)?;
         let root = fs::canonicalize(root).map_err(io_err("resolve", root))?;
-        let store = Self { root };
+        let store = Self {
+            root,
+            reader: false,
+        };
         store.check_dir(&store.root, 0o700)?;
         Ok(store)
     }
@@ -536,6 +543,13 @@ impl Store {
     #[must_use]
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// Whether this store was opened by a command that only reads it ([`Store::open_existing`]:
+    /// a check, a status, a re-verification), never to write a result into it.
+    #[must_use]
+    pub const fn reader(&self) -> bool {
+        self.reader
     }
 
     /// Whether the store's file system is mounted read-only: it can serve readers (a check, a

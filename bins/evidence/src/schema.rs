@@ -21,7 +21,7 @@ fn sub<T: JsonSchema>(g: &mut SchemaGenerator) -> Schema {
 }
 
 /// The schema of one receipt kind: `stage`, its inputs, and each shape its outputs can have.
-fn kind(stage: StageName, inputs: Sub, outputs: &[Sub]) -> Schema {
+fn kind(stage: StageName, inputs: Sub, outputs: &[Sub]) -> (StageName, Schema) {
     let mut g = SchemaSettings::draft2020_12().into_generator();
     let none = || json_schema!({ "type": "object", "maxProperties": 0 });
     let inputs = inputs(&mut g);
@@ -46,7 +46,7 @@ fn kind(stage: StageName, inputs: Sub, outputs: &[Sub]) -> Schema {
         );
         props.insert("outputs".into(), serde_json::json!({ "anyOf": shapes }));
     }
-    root
+    (stage, root)
 }
 
 /// Every receipt kind a stage prints or stores, with its schema.
@@ -64,69 +64,39 @@ pub fn receipts() -> Vec<(StageName, Schema)> {
     use crate::residue::ReapOutputs;
     use crate::verdict::{ReferenceInputs, ReferenceOutputs, VerdictInputs, VerdictOutputs};
     vec![
-        (
-            StageName::Fetch,
-            kind(StageName::Fetch, sub::<FetchInputs>, &[sub::<FetchOutputs>]),
-        ),
-        (
+        kind(StageName::Fetch, sub::<FetchInputs>, &[sub::<FetchOutputs>]),
+        kind(
             StageName::Materialize,
-            kind(
-                StageName::Materialize,
-                sub::<MaterializeInputs>,
-                &[sub::<MaterializeOutputs>, sub::<IncumbentOutputs>],
-            ),
+            sub::<MaterializeInputs>,
+            &[sub::<MaterializeOutputs>, sub::<IncumbentOutputs>],
         ),
-        (
+        kind(
             StageName::Prebuild,
-            kind(
-                StageName::Prebuild,
-                sub::<PrebuildInputs>,
-                &[sub::<PrebuildOutputs>],
-            ),
+            sub::<PrebuildInputs>,
+            &[sub::<PrebuildOutputs>],
         ),
-        (
-            StageName::Lane,
-            kind(StageName::Lane, sub::<LaneInputs>, &[sub::<LaneOutputs>]),
-        ),
-        (
+        kind(StageName::Lane, sub::<LaneInputs>, &[sub::<LaneOutputs>]),
+        kind(
             StageName::Qualify,
-            kind(
-                StageName::Qualify,
-                sub::<QualifyInputs>,
-                &[sub::<QualifyOutputs>],
-            ),
+            sub::<QualifyInputs>,
+            &[sub::<QualifyOutputs>],
         ),
-        (
-            StageName::Audit,
-            kind(StageName::Audit, sub::<AuditInputs>, &[sub::<AuditOutputs>]),
-        ),
-        (
+        kind(StageName::Audit, sub::<AuditInputs>, &[sub::<AuditOutputs>]),
+        kind(
             StageName::Reference,
-            kind(
-                StageName::Reference,
-                sub::<ReferenceInputs>,
-                &[sub::<ReferenceOutputs>],
-            ),
+            sub::<ReferenceInputs>,
+            &[sub::<ReferenceOutputs>],
         ),
-        (
+        kind(
             StageName::Verdict,
-            kind(
-                StageName::Verdict,
-                sub::<VerdictInputs>,
-                &[sub::<VerdictOutputs>],
-            ),
+            sub::<VerdictInputs>,
+            &[sub::<VerdictOutputs>],
         ),
-        (
-            StageName::Reap,
-            kind(StageName::Reap, sub::<ReapInputs>, &[sub::<ReapOutputs>]),
-        ),
-        (
+        kind(StageName::Reap, sub::<ReapInputs>, &[sub::<ReapOutputs>]),
+        kind(
             StageName::Surface,
-            kind(
-                StageName::Surface,
-                sub::<SurfaceInputs>,
-                &[sub::<SurfaceOutputs>],
-            ),
+            sub::<SurfaceInputs>,
+            &[sub::<SurfaceOutputs>],
         ),
     ]
 }

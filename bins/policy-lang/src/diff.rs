@@ -12,7 +12,7 @@ use crate::effect::{Effect, classify};
 use crate::units::{format_duration, format_millis, format_size};
 
 /// Maps whose keys are names from the policy (kept as written), not field names.
-const NAMED_MAPS: &[&str] = &[
+pub(crate) const NAMED_MAPS: &[&str] = &[
     "secret",
     "image",
     "seccomp",
@@ -73,9 +73,17 @@ pub struct Change {
     pub rule: &'static str,
 }
 
+/// The two whole canonical forms a diff compares (what a change is weighed against).
+type Roots<'a> = (&'a Value, &'a Value);
+
 impl Change {
-    fn new(path: &[String], line: String, old: Option<&Value>, new: Option<&Value>) -> Self {
-        let (effect, rule) = classify(path, old, new);
+    fn new(
+        roots: Roots<'_>,
+        path: &[String],
+        line: String,
+        (old, new): (Option<&Value>, Option<&Value>),
+    ) -> Self {
+        let (effect, rule) = classify(path, old, new, Some(roots));
         Self {
             section: path.first().cloned().unwrap_or_default(),
             line,
@@ -191,7 +199,12 @@ fn reasoned_line(path: &Path, key: &str, entry: &Value, sign: char) -> Option<St
     ))
 }
 
-fn added_or_removed(path: &Path, key: &str, value: &Value, sign: char, out: &mut Vec<Change>) {
+fn added_or_removed(
+    roots: Roots<'_>,
+    path: &Path,
+    (key, value, sign): (&str, &Value, char),
+    out: &mut Vec<Change>,
+) {
     let sides = |v| {
         if sign == '+' {
             (None, Some(v))
@@ -200,32 +213,30 @@ fn added_or_removed(path: &Path, key: &str, value: &Value, sign: char, out: &mut
         }
     };
     if let Some(line) = reasoned_line(path, key, value, sign) {
-        let (old, new) = sides(value);
-        out.push(Change::new(&path.child(key).0, line, old, new));
+        out.push(Change::new(roots, &path.child(key).0, line, sides(value)));
         return;
     }
     let mut flat = Vec::new();
     leaves(&path.child(key), value, &mut flat);
     for (p, v) in flat {
-        let (old, new) = sides(v);
         out.push(Change::new(
+            roots,
             &p.0,
             format!("{}: {sign} {}", p.display(), render(&p, v)),
-            old,
-            new,
+            sides(v),
         ));
     }
 }
 
-fn walk(path: &Path, old: &Value, new: &Value, out: &mut Vec<Change>) {
+fn walk(roots: Roots<'_>, path: &Path, old: &Value, new: &Value, out: &mut Vec<Change>) {
     match (old, new) {
         (Value::Object(a), Value::Object(b)) => {
             let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
             for k in keys {
                 match (a.get(k), b.get(k)) {
-                    (Some(x), Some(y)) => walk(&path.child(k), x, y, out),
-                    (Some(x), None) => added_or_removed(path, k, x, '-', out),
-                    (None, Some(y)) => added_or_removed(path, k, y, '+', out),
+                    (Some(x), Some(y)) => walk(roots, &path.child(k), x, y, out),
+                    (Some(x), None) => added_or_removed(roots, path, (k, x, '-'), out),
+                    (None, Some(y)) => added_or_removed(roots, path, (k, y, '+'), out),
                     (None, None) => {}
                 }
             }
@@ -233,11 +244,11 @@ fn walk(path: &Path, old: &Value, new: &Value, out: &mut Vec<Change>) {
         (Value::Array(a), Value::Array(b)) if SETS.contains(&path.last()) => {
             for x in a.iter().filter(|x| !b.contains(x)) {
                 let line = format!("{}: - {x}", path.display());
-                out.push(Change::new(&path.0, line, Some(x), None));
+                out.push(Change::new(roots, &path.0, line, (Some(x), None)));
             }
             for y in b.iter().filter(|y| !a.contains(y)) {
                 let line = format!("{}: + {y}", path.display());
-                out.push(Change::new(&path.0, line, None, Some(y)));
+                out.push(Change::new(roots, &path.0, line, (None, Some(y))));
             }
         }
         _ if old != new => {
@@ -247,7 +258,7 @@ fn walk(path: &Path, old: &Value, new: &Value, out: &mut Vec<Change>) {
                 render(path, old),
                 render(path, new)
             );
-            out.push(Change::new(&path.0, line, Some(old), Some(new)));
+            out.push(Change::new(roots, &path.0, line, (Some(old), Some(new))));
         }
         _ => {}
     }
@@ -258,7 +269,7 @@ fn walk(path: &Path, old: &Value, new: &Value, out: &mut Vec<Change>) {
 #[must_use]
 pub fn diff(old: &Value, new: &Value) -> Vec<Change> {
     let mut out = Vec::new();
-    walk(&Path(Vec::new()), old, new, &mut out);
+    walk((old, new), &Path(Vec::new()), old, new, &mut out);
     out
 }
 

@@ -10,6 +10,8 @@
 
 use serde_json::Value;
 
+use crate::diff::NAMED_MAPS;
+
 /// What a change does to containment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -86,9 +88,13 @@ const BOUNDED: &[&str] = &["stage", "surface", "intake", "tree", "speed"];
 /// Strings that only name, place or explain: changing them changes no containment.
 const WORDS: &[&str] = &["reason", "name", "version"];
 
-/// Top-level places that say where, not what (the store, run and models roots, the CPU sets
-/// and shares of the physical lanes, the per-run id ranges).
-const PLACES: &[&str] = &["store", "run_dir", "models", "physical_lane"];
+/// Top-level places that say where, not what (the store, run and models roots; the physical
+/// lanes' CPU sets and shares and the per-run id ranges are matched by their fields).
+const PLACES: &[&str] = &["store", "run_dir", "models"];
+
+/// Maps whose entries are only a reason (`never-mount "/root" reason=…`): a change of the
+/// entry's value is a change of words.
+const REASONED: &[&str] = &["never_mount", "accept_vulnerable"];
 
 /// Seccomp actions, strictest first: from `log` on, the call runs.
 const ACTIONS: &[&str] = &[
@@ -139,13 +145,31 @@ fn rank(order: &[&str], v: &Value) -> Option<usize> {
 }
 
 /// The effect of the change at `path` (canonical keys from the root; for a set member or a map
-/// entry, the set's or map's key last) from `old` to `new` (`None`: absent on that side).
+/// entry, the set's or map's key last) from `old` to `new` (`None`: absent on that side), with
+/// the two whole canonical forms when known (`roots`: a syscall rule is weighed against its
+/// profile's default action on each side).
 #[must_use]
-pub fn classify(path: &[String], old: Option<&Value>, new: Option<&Value>) -> Classified {
-    let key = path.last().map_or("", String::as_str);
-    let parent = path.len().checked_sub(2).map_or("", |i| path[i].as_str());
-    let top = path.first().map_or("", String::as_str);
-    let has = |k: &str| path.iter().any(|p| p == k);
+pub fn classify(
+    path: &[String],
+    old: Option<&Value>,
+    new: Option<&Value>,
+    roots: Option<(&Value, &Value)>,
+) -> Classified {
+    let n = path.len();
+    // A key is a field of the language, not the name of an entry a policy chose (a step
+    // named `exclude`, an image role named `mode`), unless the key before it is a field that
+    // names a map: only fields decide a rule.
+    let mut fields = Vec::with_capacity(n);
+    for i in 0..n {
+        let entry = i > 0 && fields[i - 1] && NAMED_MAPS.contains(&path[i - 1].as_str());
+        fields.push(!entry);
+    }
+    let field = |i: usize| fields[i];
+    let at = |i: usize| path.get(i).map_or("", String::as_str);
+    let key = if n > 0 && field(n - 1) { at(n - 1) } else { "" };
+    let parent = if n > 1 && field(n - 2) { at(n - 2) } else { "" };
+    let top = at(0);
+    let has = |k: &str| (0..n).any(|i| path[i] == k && field(i));
 
     if WORDS.contains(&key) || top == "policy" {
         return (Effect::Neutral, "words: a reason, a name");
@@ -153,6 +177,7 @@ pub fn classify(path: &[String], old: Option<&Value>, new: Option<&Value>) -> Cl
     if PLACES.contains(&top)
         || key == "state_dir"
         || (top == "accounts" && (key == "first" || key == "last"))
+        || (top == "physical_lane" && (key == "cpuset" || key == "cpu_shares"))
     {
         return (Effect::Neutral, "a place: where, not what");
     }
@@ -164,13 +189,26 @@ pub fn classify(path: &[String], old: Option<&Value>, new: Option<&Value>) -> Cl
             _ => (Effect::Weakens, "unclassified: treated as weakening"),
         };
     }
-    // A syscall rule: its action decides; an added allow weakens, a removed one tightens.
+    // A syscall rule: its action against the profile's default decides.
     if parent == "syscall" {
-        return syscall_entry(old, new);
+        let default = |root: &Value| {
+            path[..n - 2]
+                .iter()
+                .try_fold(root, |v, k| v.get(k))
+                .and_then(|profile| profile.get("default_action"))
+                .cloned()
+        };
+        let defaults = roots.map(|(a, b)| (default(a), default(b)));
+        return syscall_entry(old, new, defaults);
     }
     // A named entry added or removed (the map's or set's key is the parent or, for a set
     // member, the key itself): the grant maps and the denial sets.
     let within = |keys: &[&str]| keys.contains(&parent) || keys.contains(&key);
+    let reason_only = matches!((old, new), (Some(Value::String(_)), Some(Value::String(_))))
+        && REASONED.contains(&parent);
+    if reason_only {
+        return (Effect::Neutral, "words: a reason, a name");
+    }
     if within(GRANTS) {
         return match (old, new) {
             (None, Some(_)) => (Effect::Weakens, "a grant added"),
@@ -185,7 +223,7 @@ pub fn classify(path: &[String], old: Option<&Value>, new: Option<&Value>) -> Cl
             _ => (Effect::Weakens, "a denial changed: unclassified"),
         };
     }
-    if has("syscall") && key == "args" {
+    if key == "args" && n > 2 && at(n - 3) == "syscall" {
         return args_effect(old, new);
     }
     if let Some((_, order)) = ORDERS.iter().find(|(k, _)| *k == key)
@@ -203,8 +241,10 @@ pub fn classify(path: &[String], old: Option<&Value>, new: Option<&Value>) -> Cl
         };
     }
     match (old, new) {
-        (Some(Value::Bool(a)), Some(Value::Bool(b))) => return bool_effect(key, *a, *b),
-        (Some(a), Some(b)) if a.is_u64() && b.is_u64() => {
+        (Some(Value::Bool(a)), Some(Value::Bool(b))) if !key.is_empty() => {
+            return bool_effect(key, *a, *b);
+        }
+        (Some(a), Some(b)) if a.is_u64() && b.is_u64() && !key.is_empty() => {
             return number_effect(top, key, path, a.as_u64(), b.as_u64());
         }
         (Some(Value::Array(a)), Some(Value::Array(b))) if key == "min_version" => {
@@ -227,16 +267,71 @@ pub fn classify(path: &[String], old: Option<&Value>, new: Option<&Value>) -> Cl
     (Effect::Weakens, "unclassified: treated as weakening")
 }
 
-/// An added or removed syscall rule, or its action changed.
-fn syscall_entry(old: Option<&Value>, new: Option<&Value>) -> Classified {
+/// An added or removed syscall rule, or its action changed: weighed against what the call
+/// meets without the rule, the profile's default action on that side (`defaults`: old, new),
+/// when known; else a rule that lets the call run weakens when added.
+fn syscall_entry(
+    old: Option<&Value>,
+    new: Option<&Value>,
+    defaults: Option<(Option<Value>, Option<Value>)>,
+) -> Classified {
     let action = |v: Option<&Value>| rank(ACTIONS, v?.get("action")?);
+    let (old_default, new_default) = defaults.map_or((None, None), |(a, b)| {
+        (
+            a.as_ref().and_then(|v| rank(ACTIONS, v)),
+            b.as_ref().and_then(|v| rank(ACTIONS, v)),
+        )
+    });
     // From `log` on, the call runs.
     let runs = |a: usize| a >= ACTIONS.len() - 2;
+    let versus = |looser: bool, stricter: bool, (weaker, tighter): (Classified, Classified)| {
+        if looser {
+            weaker
+        } else if stricter {
+            tighter
+        } else {
+            (Effect::Neutral, "the same setting")
+        }
+    };
     match (action(old), action(new)) {
-        (None, Some(a)) if runs(a) => (Effect::Weakens, "a syscall allowed (or logged)"),
-        (None, Some(_)) => (Effect::Tightens, "a syscall denied by name"),
-        (Some(a), None) if runs(a) => (Effect::Tightens, "an allowed syscall removed"),
-        (Some(_), None) => (Effect::Weakens, "a syscall's denial removed"),
+        // A rule added: the call meets its action instead of the profile's default.
+        (None, Some(a)) => match new_default {
+            Some(d) => versus(
+                a > d,
+                a < d,
+                (
+                    (
+                        Effect::Weakens,
+                        "a syscall rule looser than its profile's default",
+                    ),
+                    (
+                        Effect::Tightens,
+                        "a syscall rule stricter than its profile's default",
+                    ),
+                ),
+            ),
+            None if runs(a) => (Effect::Weakens, "a syscall allowed (or logged)"),
+            None => (Effect::Tightens, "a syscall denied by name"),
+        },
+        // A rule removed: the call meets the profile's default instead of the rule.
+        (Some(a), None) => match new_default.or(old_default) {
+            Some(d) => versus(
+                d > a,
+                d < a,
+                (
+                    (
+                        Effect::Weakens,
+                        "a syscall rule removed for a looser default",
+                    ),
+                    (
+                        Effect::Tightens,
+                        "a syscall rule removed for a stricter default",
+                    ),
+                ),
+            ),
+            None if runs(a) => (Effect::Tightens, "an allowed syscall removed"),
+            None => (Effect::Weakens, "a syscall's denial removed"),
+        },
         (Some(a), Some(b)) if b > a => (Effect::Weakens, "a syscall's action loosened"),
         (Some(a), Some(b)) if b < a => (Effect::Tightens, "a syscall's action tightened"),
         _ => (Effect::Weakens, "unclassified: treated as weakening"),
@@ -296,7 +391,7 @@ mod tests {
     }
 
     fn e(path: &str, old: Option<Value>, new: Option<Value>) -> Effect {
-        classify(&p(path), old.as_ref(), new.as_ref()).0
+        classify(&p(path), old.as_ref(), new.as_ref(), None).0
     }
 
     #[test]
@@ -405,6 +500,66 @@ mod tests {
             ),
             Effect::Weakens
         );
+    }
+
+    /// An entry a policy names like a field (a step called `exclude`) is an entry, never the
+    /// field: its argv is not a denial added.
+    #[test]
+    fn an_entry_named_like_a_field_is_classified_as_the_entry() {
+        let argv = Some(json!(["/bin/sh", "-c", "x"]));
+        assert_eq!(e("step.exclude.argv", None, argv.clone()), Effect::Weakens);
+        assert_eq!(e("step.never_mount.argv", None, argv), Effect::Weakens);
+        assert_eq!(
+            e(
+                "image.mode",
+                Some(json!("sha256:a")),
+                Some(json!("sha256:b"))
+            ),
+            Effect::Weakens
+        );
+        // A lane's GPU is no place: its configuration is not neutral.
+        assert_eq!(
+            e(
+                "physical_lane.a.gpus.GPU-1.compute_mode",
+                Some(json!("exclusive-process")),
+                Some(json!("default"))
+            ),
+            Effect::Weakens
+        );
+        assert_eq!(
+            e("physical_lane.a.cpuset", Some(json!("0")), Some(json!("1"))),
+            Effect::Neutral
+        );
+    }
+
+    /// A syscall rule is weighed against what the call meets without it: its profile's
+    /// default action on that side.
+    #[test]
+    fn a_syscall_rule_is_weighed_against_its_profiles_default() {
+        let rule = |action: &str| json!({"action": action, "args": [], "reason": "x"});
+        let root =
+            |default: &str| json!({"seccomp": {"p": {"default_action": default, "syscall": {}}}});
+        let path = p("seccomp.p.syscall.ptrace");
+        let with = |d: &str, old: Option<Value>, new: Option<Value>| {
+            let (a, b) = (root(d), root(d));
+            classify(&path, old.as_ref(), new.as_ref(), Some((&a, &b))).0
+        };
+        // Under kill-process, an errno rule lets the process live: looser.
+        assert_eq!(
+            with("kill-process", None, Some(rule("errno"))),
+            Effect::Weakens
+        );
+        assert_eq!(with("errno:1", None, Some(rule("allow"))), Effect::Weakens);
+        assert_eq!(
+            with("errno:1", None, Some(rule("kill-process"))),
+            Effect::Tightens
+        );
+        // Removed, the call meets the default.
+        assert_eq!(
+            with("kill-process", Some(rule("errno")), None),
+            Effect::Tightens
+        );
+        assert_eq!(with("allow", Some(rule("errno")), None), Effect::Weakens);
     }
 
     #[test]

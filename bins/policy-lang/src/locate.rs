@@ -30,6 +30,19 @@ pub fn line(text: &str, path: &[String]) -> Option<usize> {
         let name = spelled(&path[i]);
         let next = path.get(i + 1).map(String::as_str);
         let named: Vec<&KdlNode> = nodes.iter().filter(|n| n.name().value() == name).collect();
+        // `stage "lane"` when this side has no such stage (the change added or removed it):
+        // the walk stays where it is rather than step into a sibling entry.
+        let entries = named
+            .iter()
+            .any(|node| node.entries().iter().any(|e| e.name().is_none()));
+        if let Some(n) = next
+            && entries
+            && !named.iter().any(|node| has_arg(node, n))
+            && !named.is_empty()
+            && crate::diff::NAMED_MAPS.contains(&path[i].as_str())
+        {
+            break;
+        }
         // `stage "lane"`: the node and its name argument, two keys at once.
         let pick = next
             .and_then(|n| named.iter().find(|node| has_arg(node, n)))
@@ -78,6 +91,8 @@ mod tests {
         assert_eq!(line(TEXT, &p("seccomp|c|syscall|write")), Some(11));
         // Not written: the stage's node, the nearest thing that is.
         assert_eq!(line(TEXT, &p("stage|lane|memory_bytes")), Some(5));
+        // A stage this side does not have: nowhere, never a sibling stage's line.
+        assert_eq!(line(TEXT, &p("stage|reference|pids")), None);
         assert_eq!(line(TEXT, &p("speed|min_margin_bp")), None);
     }
 }

@@ -394,12 +394,12 @@ fn render_cmd(
 /// A policy file's path and text, for placing a change on it.
 type Source<'a> = (&'a Path, &'a str);
 
-/// Where `change` is written in `source`: `file:line`, or `file (default)` when the file does
+/// Where `change` is written in `source`: `file:line`, or `file (not written)` when the file does
 /// not write it.
 fn place(source: Source<'_>, change: &diff::Change) -> String {
     match cordon_policy_lang::locate::line(source.1, &change.path) {
         Some(line) => format!("{}:{line}", source.0.display()),
-        None => format!("{} (default)", source.0.display()),
+        None => format!("{} (not written)", source.0.display()),
     }
 }
 

@@ -788,6 +788,8 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
         stage::summary(&receipt, digest, failed.is_none(), stderr);
     }
     match (emitted, interrupted) {
+        // A recovery on a read-only store kept nothing: emitting made it a no-decision.
+        (Ok(_), None) if receipt.outcome == Outcome::NoDecision => ExitCode::NoDecision,
         (Ok(_), None) => code,
         (Ok(_), Some(_)) => ExitCode::NoDecision,
         (Err(e), _) => fail(&e, mode, stderr),

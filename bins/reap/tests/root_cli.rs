@@ -632,6 +632,21 @@ fn a_read_only_store_serves_a_check_and_its_receipt_says_it_was_not_kept() {
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(r["outcome"], "ok", "{r}");
     assert_eq!(r["reasons"][0]["code"], "receipt.unkept", "{r}");
+    // A recovery writes into the store: on a read-only one it established nothing it could
+    // keep, whatever it found, and says so as a no-decision (exit 3), never an unkept "ok".
+    let out = reap_command_at(dir.path(), &root, &policy)
+        .args(["--executor", &executor()])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["outcome"], "no-decision", "{r}");
+    assert!(r["reasons"].to_string().contains("receipt.unkept"), "{r}");
     assert_eq!(receipts(), kept, "a receipt was stored");
     assert_eq!(store.content_listing().unwrap(), before);
 }

@@ -54,7 +54,8 @@ pub struct Args {
 
 /// A wiring error: reported, exit 2, no receipt.
 fn usage(stderr: &mut dyn Write, why: &str) -> ExitCode {
-    let _ = writeln!(stderr, "cordon-reference: {why}");
+    // A stored receipt's or evidence's words may be in it: escaped before the terminal.
+    let _ = writeln!(stderr, "cordon-reference: {}", cordon::text::printable(why));
     ExitCode::Usage
 }
 
@@ -131,7 +132,7 @@ pub fn run(
         &cordon_stage::start::RootStage {
             tool: "cordon-reference",
             why: "it runs the audit and the reference session in containers as per-run accounts",
-            stage: Some(StageName::Reference),
+            stage: Some(StageName::Verdict),
             policy: &args.stage.policy,
         },
         mode,
@@ -148,7 +149,7 @@ pub fn run(
     let policy = &loaded.policy;
     let store = match stage::open_store(
         &args.stage.store_root(policy),
-        (StageName::Reference, authority),
+        (StageName::Verdict, authority),
         mode,
         stdout,
         stderr,

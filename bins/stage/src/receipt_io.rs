@@ -189,7 +189,8 @@ pub fn pass_on(
         );
         summary(&receipt, &passed, false, stderr);
     }
-    Some(match upstream.outcome {
+    // The receipt's own outcome: the upstream's, or a no-decision emitting made it.
+    Some(match receipt.outcome {
         Outcome::Rejected => ExitCode::Rejected,
         Outcome::Ok | Outcome::NoDecision => ExitCode::NoDecision,
     })
@@ -301,9 +302,9 @@ pub fn own_authority(
 /// `policy`: the canonical policy), each stored once by its sha256, so whoever later meets the
 /// receipt under another authority can be told which part differs. Nothing when the receipt is
 /// another authority's (a pass-on keeps its own) or the process never established its own.
-fn attach_parts(store: &Store, receipt: &mut Receipt) -> Result<(), StageError> {
+fn attach_parts(store: &Store, receipt: &mut Receipt) {
     let Some(own) = OWN.get().filter(|o| o.authority == receipt.authority) else {
-        return Ok(());
+        return;
     };
     for (name, value) in [
         (AUTHORITY_PARTS[0], serde_json::to_value(&own.components)),
@@ -320,8 +321,10 @@ fn attach_parts(store: &Store, receipt: &mut Receipt) -> Result<(), StageError> 
         };
         let sha = Digest::of_bytes(text.as_bytes());
         // Stored once: every receipt of every run under this authority names the same bytes.
-        if store.read_evidence(&sha).is_err() {
-            store.put_evidence(text.as_bytes())?;
+        // Best effort: the parts only explain a later refusal, and a verdict is never lost
+        // for them (a part that cannot be stored is not named).
+        if store.read_evidence(&sha).is_err() && store.put_evidence(text.as_bytes()).is_err() {
+            continue;
         }
         receipt.evidence.push(cordon::receipt::Evidence {
             name: name.to_owned(),
@@ -329,7 +332,6 @@ fn attach_parts(store: &Store, receipt: &mut Receipt) -> Result<(), StageError> 
             bytes: text.len() as u64,
         });
     }
-    Ok(())
 }
 
 /// Fill in what differs for a foreign-authority refusal: the parts the receipt names, read from
@@ -362,7 +364,14 @@ pub fn explain_foreign(err: StageError, store: &Store) -> StageError {
                     .map(|c| format!("policy value {}", c.line)),
             );
         }
-        Some(lines)
+        // The parts are read from the store's evidence: whatever they say reaches a terminal
+        // as one escaped line each (a runtime's version text spans lines).
+        Some(
+            lines
+                .iter()
+                .map(|l| cordon::text::printable(l).into_owned())
+                .collect(),
+        )
     });
     if let Some(lines) = explained {
         parts.differs = lines;
@@ -442,7 +451,12 @@ pub fn emit_signed(
     receipt.finished_at = cordon::receipt::now_rfc3339();
     if store.read_only() {
         // A read-only store serves a reader (a check, a tree's re-verification): its receipt
-        // is printed, so the pipeline keeps the verdict, and says it was never kept.
+        // is printed, so the pipeline keeps the verdict, and says it was never kept. A stage
+        // that writes its result into the store established nothing it could keep: whatever
+        // it came to, its receipt is a no-decision.
+        if !store.reader() {
+            receipt.outcome = Outcome::NoDecision;
+        }
         receipt.reasons.push(Reason {
             code: UNKEPT.to_owned(),
             message: format!(
@@ -454,7 +468,7 @@ pub fn emit_signed(
         writeln!(stdout, "{text}").map_err(|source| StageError::Stdout { source })?;
         return Ok(receipt.digest()?);
     }
-    attach_parts(store, receipt)?;
+    attach_parts(store, receipt);
     let (digest, text) = HostKey::load_or_create(key_dir)?.store_receipt(store, receipt)?;
     // An incident this run found names this receipt, the one that reports it. A link that
     // cannot be written leaves the incident standing without its receipt's name (the refusal
@@ -613,6 +627,12 @@ fn finish_inner<T: serde::Serialize, E: Infrastructure + 'static>(
     let (code, cause) = decide(receipt, result);
     match emit_signed(store, key_dir, receipt, stdout) {
         Ok(digest) => {
+            // Emitting may have made it a no-decision (a writer on a read-only store).
+            let code = if receipt.outcome == Outcome::NoDecision {
+                ExitCode::NoDecision
+            } else {
+                code
+            };
             if let Some(e) = &cause {
                 report_diagnostic(e.as_ref(), mode, stderr);
             }

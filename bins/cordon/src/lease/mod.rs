@@ -133,6 +133,11 @@ pub fn open_lock_file(path: &Path) -> std::io::Result<File> {
     Ok(f)
 }
 
+/// How often, and how far apart, a busy executor's lock is tried again before it counts as
+/// busy: long enough for another executor's recovery to check the file and let go.
+const BUSY_RETRIES: u32 = 10;
+const BUSY_RETRY: Duration = Duration::from_millis(20);
+
 /// How often [`lock_at`] reopens a lock file that was removed under it before giving up.
 const LOCK_TRIES: usize = 8;
 
@@ -681,12 +686,25 @@ impl Manager {
         } else {
             FlockArg::LockExclusiveNonblock
         };
-        let lock = lock_at(&path, arg)
-            .map_err(io("open lock", &path))?
-            .map_err(|f| LeaseError::Busy {
-                executor: setup.executor.clone(),
-                holders: lock_holders(&f),
-            })?;
+        // Recovery of another executor holds this file a moment while it checks whether it
+        // can remove it ([`remove_unheld_locks`]): a holder that stays is a busy executor, one
+        // that lets go within the retries was that check.
+        let mut tries = BUSY_RETRIES;
+        let lock = loop {
+            match lock_at(&path, arg).map_err(io("open lock", &path))? {
+                Ok(lock) => break lock,
+                Err(_) if tries > 0 => {
+                    tries -= 1;
+                    std::thread::sleep(BUSY_RETRY);
+                }
+                Err(f) => {
+                    return Err(LeaseError::Busy {
+                        executor: setup.executor.clone(),
+                        holders: lock_holders(&f),
+                    });
+                }
+            }
+        };
         Ok(Self {
             store: store.clone(),
             setup,

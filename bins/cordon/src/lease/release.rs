@@ -393,7 +393,8 @@ impl Manager {
         }
         // The executor's own parent, once nothing is under it: the sole manager holds the
         // executor, so no container of it can be made meanwhile, and a parent left per
-        // executor ever run would pile up. Hygiene, not a lease's resource: not listed.
+        // executor ever run would pile up. Not a lease's resource, so not listed as
+        // released; one that cannot be removed is residue like any other cgroup.
         if residue.is_empty() {
             for parent in self.setup.cgroup_parents()? {
                 match self.setup.host().remove_dir(&parent) {

@@ -252,8 +252,8 @@ fn a_leftover_is_removed_from_every_hierarchy_and_one_that_stays_is_an_error() {
             .iter()
             .filter(|c| matches!(c, Call::RemoveDir(_)))
             .count(),
-        // Three levels on each of the eight controllers and the hybrid host's two trees.
-        30
+        // Three levels on each of the fourteen controllers and the hybrid host's two trees.
+        48
     );
     fake.unreadable("/cg/pids/cordon-surface/cordon-r6");
     let e = remove_leftover(&*host, "/cg".as_ref(), "cordon-r6")
