@@ -113,11 +113,11 @@ pub fn bytes(n: u64) -> String {
 /// How often [`Progress`] redraws its line.
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 
-/// A reader that shows how far a long transfer or copy has come, on one redrawn line of this
-/// process's stderr, only when stderr is a terminal and the level is not `-q`; otherwise it
-/// only passes the bytes through. The line is finished when the reader reaches its end.
-pub struct Progress<R> {
-    inner: R,
+/// How far a long transfer or copy has come, on one redrawn line of this process's stderr,
+/// only when stderr is a terminal and the level is not `-q` (otherwise it only counts): bytes
+/// so far and the rate, redrawn at most every [`PROGRESS_EVERY`], the line finished by
+/// [`Meter::finish`] or when dropped.
+pub struct Meter {
     label: String,
     shown: bool,
     enabled: bool,
@@ -126,12 +126,11 @@ pub struct Progress<R> {
     drawn: Instant,
 }
 
-impl<R> Progress<R> {
-    /// `inner`, its progress labelled `label` (`cordon-fetch: received`).
-    pub fn new(inner: R, label: impl Into<String>) -> Self {
+impl Meter {
+    /// A meter labelled `label` (`cordon-fetch: read`).
+    pub fn new(label: impl Into<String>) -> Self {
         let now = Instant::now();
         Self {
-            inner,
             label: label.into(),
             shown: false,
             enabled: Style::stderr().terminal && says(Level::Normal),
@@ -141,12 +140,25 @@ impl<R> Progress<R> {
         }
     }
 
-    /// The reader inside.
-    pub fn get_mut(&mut self) -> &mut R {
-        &mut self.inner
+    /// Count `n` more bytes, redrawing the line when it is due.
+    pub fn add(&mut self, n: u64) {
+        self.count = self.count.saturating_add(n);
+        if self.enabled && self.drawn.elapsed() >= PROGRESS_EVERY {
+            self.drawn = Instant::now();
+            self.shown = true;
+            self.draw(false);
+        }
     }
 
-    fn draw(&mut self, last: bool) {
+    /// Finish the line, if one was drawn.
+    pub fn finish(&mut self) {
+        if self.shown {
+            self.draw(true);
+            self.shown = false;
+        }
+    }
+
+    fn draw(&self, last: bool) {
         use std::io::Write;
         let secs = self.started.elapsed().as_secs_f64().max(0.001);
         // A rate shown to one decimal: the precision lost to the float is invisible.
@@ -167,21 +179,40 @@ impl<R> Progress<R> {
     }
 }
 
+impl Drop for Meter {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+/// A reader whose bytes a [`Meter`] counts: a transfer's progress.
+pub struct Progress<R> {
+    inner: R,
+    meter: Meter,
+}
+
+impl<R> Progress<R> {
+    /// `inner`, its progress labelled `label` (`cordon-fetch: read`).
+    pub fn new(inner: R, label: impl Into<String>) -> Self {
+        Self {
+            inner,
+            meter: Meter::new(label),
+        }
+    }
+
+    /// The reader inside.
+    pub fn get_mut(&mut self) -> &mut R {
+        &mut self.inner
+    }
+}
+
 impl<R: std::io::Read> std::io::Read for Progress<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.inner.read(buf)?;
-        self.count = self.count.saturating_add(n as u64);
-        if self.enabled {
-            if n == 0 {
-                if self.shown {
-                    self.draw(true);
-                    self.shown = false;
-                }
-            } else if self.drawn.elapsed() >= PROGRESS_EVERY {
-                self.drawn = Instant::now();
-                self.shown = true;
-                self.draw(false);
-            }
+        if n == 0 {
+            self.meter.finish();
+        } else {
+            self.meter.add(n as u64);
         }
         Ok(n)
     }
@@ -372,6 +403,41 @@ mod tests {
         assert_eq!(bytes(3 * 1024 + 512), "3.5 KiB");
         assert_eq!(bytes(612 << 20), "612.0 MiB");
         assert_eq!(bytes((1 << 30) + (1 << 29)), "1.5 GiB");
+    }
+
+    /// Run as its own child with stderr on a pseudo-terminal, this test's process meters a
+    /// slow copy: the line is redrawn in place and finished; piped, nothing is drawn.
+    #[test]
+    fn a_meter_draws_on_a_terminal_and_never_on_a_pipe() {
+        if std::env::var_os("CORDON_METER_CHILD").is_some() {
+            let mut meter = Meter::new("test: copying");
+            for _ in 0..3 {
+                std::thread::sleep(PROGRESS_EVERY);
+                meter.add(2 << 20);
+            }
+            return;
+        }
+        let child = || {
+            let mut c = std::process::Command::new(std::env::current_exe().unwrap());
+            c.args([
+                "--exact",
+                "--nocapture",
+                "voice::tests::a_meter_draws_on_a_terminal_and_never_on_a_pipe",
+            ])
+            .env("CORDON_METER_CHILD", "1");
+            c
+        };
+        let tty = cordon_testkit::pty::run(child(), false, b"");
+        assert_eq!(tty.code, Some(0), "{}", tty.terminal);
+        assert!(
+            tty.terminal.contains("\r\u{1b}[Ktest: copying 6.0 MiB (")
+                && tty.terminal.contains("/s)\r\n"),
+            "{:?}",
+            tty.terminal
+        );
+        let piped = child().output().unwrap();
+        assert!(piped.status.success());
+        assert!(!String::from_utf8_lossy(&piped.stderr).contains("test: copying"));
     }
 
     #[test]

@@ -47,6 +47,8 @@ pub(super) fn tree_size(root: &Path) -> Result<(u64, u64), LeaseError> {
 /// file read from the inode the walk examined.
 pub(super) fn copy_tree(from: &Path, to: &Path) -> Result<(), LeaseError> {
     let mut dirs = vec![to.to_path_buf()];
+    // On a terminal, how far a large tree's copy into the lease has come.
+    let mut meter = crate::voice::Meter::new("cordon: copying into the lease");
     crate::walk::walk(from, &mut |n| -> Result<(), Stop<LeaseError>> {
         if n.path.is_empty() {
             return Ok(());
@@ -62,7 +64,9 @@ pub(super) fn copy_tree(from: &Path, to: &Path) -> Result<(), LeaseError> {
         }
         let mut input = n.open()?;
         let mut out = store::create_exclusive(&dst, 0o600).map_err(|e| Stop::Visit(e.into()))?;
-        std::io::copy(&mut input, &mut out).map_err(|e| Stop::Visit(io("copy", &dst)(e)))?;
+        let copied =
+            std::io::copy(&mut input, &mut out).map_err(|e| Stop::Visit(io("copy", &dst)(e)))?;
+        meter.add(copied);
         let mode = if n.stat.mode & 0o111 != 0 {
             0o555
         } else {
