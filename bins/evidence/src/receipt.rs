@@ -569,7 +569,12 @@ pub enum ReceiptError {
     },
     /// The receipt text is not a receipt.
     #[error("input is not a cordon receipt")]
-    #[diagnostic(code(cordon::receipt::parse))]
+    #[diagnostic(
+        code(cordon::receipt::parse),
+        help(
+            "give the receipt the stage before printed: pipe it in (`cordon-fetch … | cordon-materialize …`) or name its file (`--receipt FILE`, `-` for stdin); an input that ends at once means nothing was piped in"
+        )
+    )]
     Parse {
         /// What serde said.
         #[source]

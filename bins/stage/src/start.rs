@@ -24,7 +24,7 @@ pub enum StartError {
     #[diagnostic(
         code(cordon::policy::read),
         help(
-            "name it with --policy PATH; without it a stage reads /etc/cordon/policy.kdl, which the NixOS module installs (on Debian, install the reviewed policy there: install -D -m 0644 policy/evaluator.kdl /etc/cordon/policy.kdl)"
+            "name it with --policy PATH; without it a stage reads /etc/cordon/policy.kdl, which the NixOS module installs (on Debian, `bash checks/install.sh` from the checkout installs it with every binary and the pinned images; or only the policy: install -D -m 0644 policy/evaluator.kdl /etc/cordon/policy.kdl)"
         )
     )]
     Read {
