@@ -281,20 +281,31 @@ struct Own {
     authority: Digest,
     components: cordon::identity::AuthorityComponents,
     policy: serde_json::Value,
+    /// The parts as receipts name them: evidence name and canonical text, encoded once.
+    texts: Vec<(&'static str, String)>,
 }
 
 static OWN: std::sync::OnceLock<Own> = std::sync::OnceLock::new();
 
-/// Record this process's authority and its parts (the stage prologue does, once).
+/// Record this process's authority and its parts (the stage prologue does, once), their
+/// canonical texts encoded here rather than at every receipt.
 pub fn own_authority(
     authority: Digest,
     components: cordon::identity::AuthorityComponents,
     policy: serde_json::Value,
 ) {
+    let texts = [
+        (AUTHORITY_PARTS[0], serde_json::to_value(&components).ok()),
+        (AUTHORITY_PARTS[1], Some(policy.clone())),
+    ]
+    .into_iter()
+    .filter_map(|(name, v)| Some((name, cordon::canonical::to_canonical_json(&v?).ok()?)))
+    .collect();
     let _ = OWN.set(Own {
         authority,
         components,
         policy,
+        texts,
     });
 }
 
@@ -306,19 +317,10 @@ fn attach_parts(store: &Store, receipt: &mut Receipt) {
     let Some(own) = OWN.get().filter(|o| o.authority == receipt.authority) else {
         return;
     };
-    for (name, value) in [
-        (AUTHORITY_PARTS[0], serde_json::to_value(&own.components)),
-        (AUTHORITY_PARTS[1], Ok(own.policy.clone())),
-    ] {
-        if receipt.evidence.iter().any(|e| e.name == name) {
+    for (name, text) in &own.texts {
+        if receipt.evidence.iter().any(|e| e.name == *name) {
             continue;
         }
-        let Ok(text) = value
-            .map_err(|e| e.to_string())
-            .and_then(|v| cordon::canonical::to_canonical_json(&v).map_err(|e| e.to_string()))
-        else {
-            continue;
-        };
         let sha = Digest::of_bytes(text.as_bytes());
         // Stored once: every receipt of every run under this authority names the same bytes.
         // Best effort: the parts only explain a later refusal, and a verdict is never lost
@@ -327,7 +329,7 @@ fn attach_parts(store: &Store, receipt: &mut Receipt) {
             continue;
         }
         receipt.evidence.push(cordon::receipt::Evidence {
-            name: name.to_owned(),
+            name: (*name).to_owned(),
             sha256: sha,
             bytes: text.len() as u64,
         });
