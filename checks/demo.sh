@@ -6,7 +6,8 @@
 #   (candidate), B′ (incumbent again) on the policy's two CPU lanes, host-framed and
 #   host-timed, and the host's speed verdict → the referee: the candidate's untimed audit on
 #   host-drawn requests, quiescence proven, the pristine reference session T, B, C, B′ and the
-#   audit graded against it, the final verdict → reap --check →
+#   audit graded against it, the final verdict → reap --check → reap --gc (the store keeps
+#   all a receipt names) →
 #   cordon-verify the signed chain under the final verdict (its grades recomputed from the
 #   stored outputs), export it and replay the export offline → print the chain of receipts, the
 #   timeline, the B, C, B′ rates, the speedup, the noise, the grades and the final verdict →
@@ -85,6 +86,8 @@ $bin/cordon-fetch --policy "$policy" --store "$store" --sha256 "$sha" "$work/can
         --pristine "$work/pristine.json" \
     > "$work/verdict.json"
 $bin/cordon-reap --policy "$policy" --store "$store" --check > "$work/reap.json"
+# The collector keeps everything a stored receipt names: the chain verifies after it.
+$bin/cordon-reap --policy "$policy" --store "$store" --gc > "$work/gc.txt"
 # The evidence: every stored receipt is signed with this host's key; the chain under the
 # qualify receipt replays offline, here and from an exported bundle with the published key.
 key=$($bin/cordon-verify --public-key)
@@ -113,6 +116,7 @@ for stage in incumbent pristine incumbent-prebuild fetch materialize prebuild qu
     echo "== $stage receipt"
     cat "$work/$stage.json"
 done
+echo "== cordon-reap --gc: $(wc -l < "$work/gc.txt") store entries no receipt names removed"
 echo "== cordon-verify --explain (from the exported bundle, signed by $key)"
 cat "$work/explain.txt"
 publication=$(sed -n 's/.*"publication":"\(sha256:[0-9a-f]*\)".*/\1/p' "$work/prebuild.json")

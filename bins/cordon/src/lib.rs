@@ -17,6 +17,7 @@ pub mod archive;
 pub mod chain;
 pub mod confine;
 pub mod container;
+pub mod gc;
 pub mod host;
 pub mod identity;
 pub mod image;

@@ -96,6 +96,20 @@ pub enum StoreError {
         /// The path given.
         path: PathBuf,
     },
+    /// The collector was asked for a store that writers hold.
+    #[error("the store {path} is in use, held by {holders}")]
+    #[diagnostic(
+        code(cordon::store::busy),
+        help(
+            "a store is collected only while no stage writes it: run it again when they have ended (a timer's next run will)"
+        )
+    )]
+    Busy {
+        /// The store's root.
+        path: PathBuf,
+        /// Who holds it, by pid and command.
+        holders: String,
+    },
     /// A published entry differs from what was meant to be written under its name.
     #[error("store entry {path} does not match its name: expected {expected}, found {found}")]
     #[diagnostic(
@@ -118,7 +132,7 @@ impl crate::exit::ExitClass for StoreError {
     fn exit_class(&self) -> crate::ExitCode {
         match self {
             Self::Missing { .. } => crate::ExitCode::Usage,
-            Self::Io { .. } | Self::Unsafe { .. } | Self::Mismatch { .. } => {
+            Self::Io { .. } | Self::Unsafe { .. } | Self::Mismatch { .. } | Self::Busy { .. } => {
                 crate::ExitCode::NoDecision
             }
         }
@@ -231,12 +245,20 @@ impl Batch<'_> {
     }
 }
 
+/// The store's lock file, at its root. Every writer holds it shared for as long as its
+/// [`Store`] lives; the collector ([`crate::gc`]) holds it exclusive, so nothing it removes as
+/// unnamed can be about to be named by a receipt still being written.
+pub const LOCK: &str = "store.lock";
+
 /// An opened store.
 #[derive(Debug, Clone)]
 pub struct Store {
     root: PathBuf,
     /// Opened by a command that only reads it ([`Store::open_existing`]).
     reader: bool,
+    /// A writer's shared hold on [`LOCK`] (none for a reader, or on a read-only filesystem,
+    /// where no collector can run either).
+    _hold: Option<std::sync::Arc<Flock<File>>>,
 }
 
 /// A writer's private scratch directory under `tmp/`, removed when dropped. While it lives its
@@ -463,7 +485,85 @@ impl Store {
             store.check_dir(&path, 0o700)?;
         }
         store.clean_stale()?;
-        Ok(store)
+        let hold = store.hold(FlockArg::LockShared, FlockArg::LockSharedNonblock)?;
+        Ok(Self {
+            _hold: hold.map(std::sync::Arc::new),
+            ..store
+        })
+    }
+
+    /// Hold [`LOCK`] with `wait`, first trying `now`: when that would wait, one line says who
+    /// holds it. `None` on a read-only filesystem, where the file cannot be created.
+    fn hold(&self, wait: FlockArg, now: FlockArg) -> Result<Option<Flock<File>>, StoreError> {
+        let path = self.root.join(LOCK);
+        let file = match self.lock_file() {
+            Err(StoreError::Io { source, .. })
+                if source.raw_os_error() == Some(nix::libc::EROFS) =>
+            {
+                return Ok(None);
+            }
+            other => other?,
+        };
+        let file = match Flock::lock(file, now) {
+            Ok(held) => return Ok(Some(held)),
+            Err((file, nix::errno::Errno::EWOULDBLOCK)) => file,
+            Err((_, e)) => return Err(nix_err("lock", &path)(e)),
+        };
+        crate::voice::say(
+            &mut io::stderr(),
+            crate::voice::Level::Normal,
+            &format!(
+                "waiting for the store {}, held by {}",
+                self.root.display(),
+                crate::lease::lock_holders_named(&file)
+            ),
+        );
+        Flock::lock(file, wait)
+            .map(Some)
+            .map_err(|(_, e)| nix_err("lock", &path)(e))
+    }
+
+    /// [`LOCK`], created (0600) if missing: a regular file the running uid owns, never
+    /// followed through a link.
+    fn lock_file(&self) -> Result<File, StoreError> {
+        let path = self.root.join(LOCK);
+        let file = OpenOptions::new()
+            .read(true)
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
+            .open(&path)
+            .map_err(io_err("open", &path))?;
+        let meta = file.metadata().map_err(io_err("stat", &path))?;
+        if !meta.is_file() || meta.uid() != nix::unistd::geteuid().as_raw() {
+            return Err(StoreError::Unsafe {
+                path,
+                why: "not a regular file owned by the running uid".to_owned(),
+            });
+        }
+        Ok(file)
+    }
+
+    /// Hold the whole store for the collector: [`LOCK`] exclusive, without waiting, so no
+    /// writer is in flight while it lives and none starts (each waits for it).
+    ///
+    /// # Errors
+    /// [`StoreError::Busy`] naming the holders while any writer holds the store, or the lock
+    /// could not be taken.
+    pub fn hold_exclusive(&self) -> Result<Flock<File>, StoreError> {
+        let path = self.root.join(LOCK);
+        let file = self.lock_file()?;
+        Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(file, e)| {
+            if e == nix::errno::Errno::EWOULDBLOCK {
+                StoreError::Busy {
+                    path: self.root.clone(),
+                    holders: crate::lease::lock_holders_named(&file),
+                }
+            } else {
+                nix_err("lock", &path)(e)
+            }
+        })
     }
 
     /// Open the store at `root` for a command that reads it: as [`Store::open`] checks it, but
@@ -503,12 +603,14 @@ impl Store {
         Self {
             root: root.to_path_buf(),
             reader: false,
+            _hold: None,
         }
         .check_dir(root, 0o700)?;
         let root = fs::canonicalize(root).map_err(io_err("resolve", root))?;
         let store = Self {
             root,
             reader: false,
+            _hold: None,
         };
         store.check_dir(&store.root, 0o700)?;
         Ok(store)
@@ -567,7 +669,7 @@ impl Store {
     }
 
     /// Remove the scratch directories of writers that no longer hold their lock.
-    fn clean_stale(&self) -> Result<(), StoreError> {
+    pub(crate) fn clean_stale(&self) -> Result<(), StoreError> {
         let tmp = self.root.join("tmp");
         for entry in fs::read_dir(&tmp).map_err(io_err("list", &tmp))? {
             let entry = entry.map_err(io_err("list", &tmp))?;

@@ -48,18 +48,7 @@ const SAY_WAIT: Duration = Duration::from_secs(1);
 /// One line on this process's stderr (the stage's own: the lock is taken deep inside a
 /// session) when the wait passes [`SAY_WAIT`]: the lock and who holds it, by pid and command.
 fn say_waiting(file: &File, path: &Path) {
-    let holders: Vec<String> = cordon::lease::lock_holders(file)
-        .into_iter()
-        .map(|pid| {
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            format!("pid {pid} ({})", comm.trim_end())
-        })
-        .collect();
-    let by = if holders.is_empty() {
-        "a process /proc/locks does not name".to_owned()
-    } else {
-        holders.join(", ")
-    };
+    let by = cordon::lease::lock_holders_named(file);
     cordon::voice::say(
         &mut std::io::stderr(),
         cordon::voice::Level::Normal,

@@ -81,6 +81,15 @@ pub struct Args {
     /// line each on stdout; change nothing, print no receipt.
     #[arg(long, conflicts_with_all = ["check", "status", "sweep", "surface", "clear", "quarantine"])]
     pub list: bool,
+    /// Collect the store: remove every tree, publication, intake or archive record, evidence,
+    /// content object and image cache that no stored record (receipt, lease, quarantine,
+    /// incident) and no pin of the policy names, each listed on stdout; print no receipt.
+    /// Refused (exit 3, naming them) while any stage holds the store.
+    #[arg(long, conflicts_with_all = ["check", "status", "sweep", "surface", "clear", "quarantine", "list"])]
+    pub gc: bool,
+    /// With `--gc`: list what would be removed, and remove nothing.
+    #[arg(long, requires = "gc")]
+    pub dry_run: bool,
     /// Reap the rootless runs of the policy's surface stage instead of the host's leases.
     #[arg(long, conflicts_with_all = ["store", "run_dir", "state_root"])]
     pub surface: bool,
@@ -352,6 +361,10 @@ enum StartError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Lease(#[from] LeaseError),
+    /// The policy's pins could not be read for the collector.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Pins(#[from] cordon::canonical::CanonicalError),
 }
 
 impl ExitClass for StartError {
@@ -362,7 +375,7 @@ impl ExitClass for StartError {
             Self::SurfaceUser(_) => ExitCode::Usage,
             Self::Plan(e) => e.exit_class(),
             Self::Store(e) => e.exit_class(),
-            Self::Lease(_) => ExitCode::NoDecision,
+            Self::Lease(_) | Self::Pins(_) => ExitCode::NoDecision,
         }
     }
 }
@@ -628,6 +641,61 @@ fn list(args: &Args, policy: &Policy, stdout: &mut dyn Write) -> Result<(), Star
     Ok(())
 }
 
+/// `--gc [--dry-run]`: what no record names, listed on stdout and (unless dry) removed while the
+/// store is held exclusive; the count and size said on stderr.
+fn gc(
+    args: &Args,
+    policy: &Policy,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> Result<(), StartError> {
+    let store = Store::open_existing(&args.stage.store_root(policy))?;
+    // The policy's pins (images, the pristine tree) stay whether or not a receipt names them.
+    let pins = policy.canonical_json()?;
+    // Held before the mark, so nothing is named between the plan and the sweep.
+    let held = if args.dry_run {
+        None
+    } else {
+        Some(store.hold_exclusive()?)
+    };
+    let plan = cordon::gc::plan(&store, &[pins.as_bytes()])?;
+    let line = |e: &cordon::gc::Entry| format!("{} {}\n", e.path, e.bytes);
+    match &held {
+        None => {
+            for e in &plan.remove {
+                let _ = stdout.write_all(line(e).as_bytes());
+            }
+        }
+        Some(held) => cordon::gc::sweep(&store, &plan, held, |e| {
+            let _ = stdout.write_all(line(e).as_bytes());
+        })?,
+    }
+    for path in &plan.unknown {
+        cordon::voice::say(
+            stderr,
+            cordon::voice::Level::Normal,
+            &format!("cordon-reap: left alone, not an entry the store writes: {path}"),
+        );
+    }
+    let total: u64 = plan.remove.iter().map(|e| e.bytes).sum();
+    cordon::voice::say(
+        stderr,
+        cordon::voice::Level::Normal,
+        &format!(
+            "cordon-reap: gc {} {} entries ({}) no record names; kept {} named",
+            if args.dry_run {
+                "would remove"
+            } else {
+                "removed"
+            },
+            plan.remove.len(),
+            cordon::voice::bytes(total),
+            plan.kept
+        ),
+    );
+    Ok(())
+}
+
 /// Run the tool: the whole of `main`.
 pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitCode {
     cordon::voice::set_level(args.stage.level());
@@ -638,7 +706,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             &cordon_stage::start::RootStage {
                 tool: "cordon-reap",
                 why: "the leases it checks and releases are root's (use --surface for the surface's runs)",
-                stage: (!args.list).then_some(StageName::Reap),
+                stage: (!args.list && !args.gc).then_some(StageName::Reap),
                 policy: &args.stage.policy,
             },
             mode,
@@ -654,8 +722,13 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             Err(code) => return code,
         };
     let policy = &loaded.policy;
-    if args.list {
-        return match list(args, policy, stdout) {
+    if args.list || args.gc {
+        let done = if args.list {
+            list(args, policy, stdout)
+        } else {
+            gc(args, policy, stdout, stderr)
+        };
+        return match done {
             Ok(()) => ExitCode::Ok,
             Err(e) => fail(&e, mode, stderr),
         };

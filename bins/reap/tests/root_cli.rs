@@ -165,9 +165,19 @@ fn recovery_never_touches_another_executors_or_another_stores_live_lease() {
     intact("another store's recovery");
     assert_eq!(code, Some(0), "nothing of this executor is in store2: {r}");
     assert_eq!(r["outputs"]["released"], serde_json::json!([]));
-    // An executor that is not a plain name is refused before anything is read.
-    let (code, _) = reap_as(dir.path(), &policy, "store", "../x", &[]);
-    assert_eq!(code, Some(3));
+    // An executor that is not a plain name is refused at the command line (exit 2, no
+    // receipt) before anything is read.
+    let out = reap_command_at(dir.path(), &dir.path().join("store"), &policy)
+        .args(["--executor", "../x"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty(), "a receipt for a typo");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("an executor id is 1 to 64"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     intact("a refused executor");
     m.release(&lease.record).unwrap();
 }
@@ -695,6 +705,119 @@ fn list_names_each_lease_its_supervisor_and_each_executor_lock() {
         "a listing, not a receipt"
     );
     held.release(&lease.record).unwrap();
+}
+
+/// `--gc` removes what no record and no pin names, listed on stdout; `--dry-run` only lists;
+/// the collector is refused while a stage holds the store, and a receipt's evidence stays.
+#[test]
+fn gc_removes_only_what_nothing_names_and_never_under_a_writer() {
+    cordon_testkit::require_root("reap reads root's store");
+    let dir = tempfile::tempdir().unwrap();
+    let policy = policy(dir.path(), 5);
+    let root = dir.path().join("store");
+    let (code, r) = {
+        Store::open(&root).unwrap();
+        reap(dir.path(), &policy, true)
+    };
+    assert_eq!(code, Some(0), "{r}");
+    let evidence: Vec<String> = r["evidence"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            e["sha256"]
+                .as_str()
+                .unwrap()
+                .trim_start_matches("sha256:")
+                .to_owned()
+        })
+        .collect();
+    assert!(
+        !evidence.is_empty(),
+        "the receipt names its authority's parts: {r}"
+    );
+    let pin = {
+        let text = std::fs::read_to_string(&policy).unwrap();
+        cordon_policy_lang::parse("policy.kdl", &text)
+            .unwrap()
+            .images()["runtime"]
+            .hex()
+    };
+    let other = Digest::of_bytes(b"an image no pin names").hex();
+    let orphan = {
+        let store = Store::open(&root).unwrap();
+        for image in [&pin, &other] {
+            std::fs::create_dir_all(store.path("images", image).join("rootfs")).unwrap();
+        }
+        store
+            .put_object(b"a crashed writer's object")
+            .unwrap()
+            .hex()
+    };
+    let orphan_path = format!("objects/{}/{orphan}", &orphan[..2]);
+    let gc = |extra: &[&str]| {
+        reap_command(dir.path(), &policy)
+            .arg("--gc")
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+
+    let store = Store::open_existing(&root).unwrap();
+    let before = store.listing().unwrap();
+    let out = gc(&["--dry-run"]);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut listed: Vec<&str> = stdout.lines().filter_map(|l| l.split(' ').next()).collect();
+    listed.sort_unstable();
+    assert_eq!(listed, vec![format!("images/{other}"), orphan_path.clone()]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("would remove 2 entries"));
+    assert_eq!(
+        store.listing().unwrap(),
+        before,
+        "a dry run changed the store"
+    );
+
+    let writer = Store::open(&root).unwrap();
+    let out = gc(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("in use") && stderr.contains(&format!("pid {}", std::process::id())),
+        "{stderr}"
+    );
+    assert_eq!(
+        store.listing().unwrap(),
+        before,
+        "a refused collection changed the store"
+    );
+    drop(writer);
+
+    let out = gc(&[]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        stdout,
+        "what it said it would"
+    );
+    assert!(!root.join(&orphan_path).exists());
+    assert!(!store.path("images", &other).exists());
+    assert!(store.path("images", &pin).exists(), "a pinned image went");
+    for e in &evidence {
+        assert!(store.path("evidence", e).exists(), "evidence {e} went");
+    }
+    let (code, r) = reap(dir.path(), &policy, true);
+    assert_eq!(code, Some(0), "{r}");
 }
 
 /// `cordon-reap` with this test's policy, store, state root and run directory.

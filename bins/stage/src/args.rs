@@ -92,8 +92,20 @@ pub struct LeaseArgs {
     #[arg(long, global = true)]
     pub run_dir: Option<PathBuf>,
     /// The executor id (default: the policy's name).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, value_parser = executor_id)]
     pub executor: Option<String>,
+}
+
+/// `--executor`, refused at the command line (exit 2, no receipt) unless it is a safe id.
+fn executor_id(given: &str) -> Result<String, String> {
+    if cordon::lease::executor_ok(given) {
+        Ok(given.to_owned())
+    } else {
+        Err(
+            "an executor id is 1 to 64 of A-Z, a-z, 0-9, '-', '_', '.', not starting with '.'"
+                .into(),
+        )
+    }
 }
 
 impl LeaseArgs {

@@ -85,7 +85,10 @@ pub fn cgroup_path(executor: &str, lease: &str) -> String {
 }
 
 /// Whether `executor` is a safe name: it becomes a file name in the store and a cgroup path.
-fn executor_ok(executor: &str) -> bool {
+/// Whether `executor` is a safe executor id: 1 to 64 of A-Z, a-z, 0-9, `-`, `_`, `.`, not
+/// starting with a dot (a host lock's name).
+#[must_use]
+pub fn executor_ok(executor: &str) -> bool {
     !executor.is_empty()
         && executor.len() <= 64
         && !executor.starts_with('.')
@@ -400,6 +403,25 @@ fn held_by(pids: &[u32]) -> String {
     }
     let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
     format!(" (held by pid {})", pids.join(", "))
+}
+
+/// Who holds an flock on `file`, for a line an operator reads: `pid N (comm)`, comma-separated,
+/// or a phrase saying the kernel does not name them. The command is the holder's own text:
+/// the caller escapes the line before the terminal.
+#[must_use]
+pub fn lock_holders_named(file: &File) -> String {
+    let holders: Vec<String> = lock_holders(file)
+        .into_iter()
+        .map(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            format!("pid {pid} ({})", comm.trim_end())
+        })
+        .collect();
+    if holders.is_empty() {
+        "a process /proc/locks does not name".to_owned()
+    } else {
+        holders.join(", ")
+    }
 }
 
 /// The processes the kernel lists as holding an flock on `file` (`/proc/locks`: the lock's
