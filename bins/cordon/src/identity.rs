@@ -135,7 +135,8 @@ impl crate::exit::ExitClass for IdentityError {
 }
 
 /// What the identity records of the OCI runtime.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct RuntimeFacts {
     /// `runc`, `crun` or `runsc`.
     pub kind: String,
@@ -148,7 +149,8 @@ pub struct RuntimeFacts {
 }
 
 /// Everything the authority identity is made of.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct AuthorityComponents {
     /// The policy's canonical digest.
     pub policy: Digest,
@@ -156,7 +158,8 @@ pub struct AuthorityComponents {
     pub runtime: RuntimeFacts,
     /// Image role → pinned manifest digest, from the policy.
     pub images: BTreeMap<String, Digest>,
-    /// Binary name → digest, for each of [`CORDON_BINARIES`] installed beside the running one.
+    /// Binary name → digest, for each of [`CORDON_BINARIES`] installed beside the running one
+    /// (and the running executable as `(running) NAME` when it is none of them).
     pub binaries: BTreeMap<String, Digest>,
 }
 
@@ -285,7 +288,9 @@ fn runtime_version(host: &dyn Host, path: &Path) -> Result<String, IdentityError
 /// installation is whole or refused: once one of them is there, every one must be, or the
 /// authority would be computed over a different set of binaries than the reviewed one's
 /// (a directory holding none of them is a test or tool binary's, and counts none). One that
-/// is there but cannot be read is an error, never left out.
+/// is there but cannot be read is an error, never left out. A running executable that is not
+/// one of them by name (a renamed copy, a test binary) is hashed too, as `(running) NAME`: the
+/// code that makes a receipt is always part of the authority it is made under.
 ///
 /// # Errors
 /// [`IdentityError::Binaries`] when a present binary cannot be read,
@@ -317,6 +322,20 @@ pub fn cordon_binaries(
             dir: dir.to_path_buf(),
             missing: missing.join(", "),
         });
+    }
+    let name = exe
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if !CORDON_BINARIES.contains(&name.as_str()) {
+        let digest = host.digest(exe).map_err(|source| IdentityError::Binaries {
+            exe: exe.to_path_buf(),
+            source: CanonicalError::ReadFile {
+                path: exe.to_path_buf(),
+                source,
+            },
+        })?;
+        out.insert(format!("(running) {name}"), digest);
     }
     Ok(out)
 }
@@ -451,10 +470,21 @@ mod tests {
             CORDON_BINARIES
         );
         assert_eq!(got["cordon-fetch"], Digest::of_bytes(b"cordon-fetch"));
-        // A directory holding none of them (a test's, a tool's) counts none.
+        // A directory holding none of them (a test's, a tool's) counts none of them, but the
+        // running executable itself.
         let empty = tempfile::tempdir().unwrap();
-        let none = cordon_binaries(&crate::host::Linux, &empty.path().join("a-test")).unwrap();
-        assert!(none.is_empty());
+        std::fs::write(empty.path().join("a-test"), b"t").unwrap();
+        let alone = cordon_binaries(&crate::host::Linux, &empty.path().join("a-test")).unwrap();
+        assert_eq!(
+            alone,
+            BTreeMap::from([("(running) a-test".to_owned(), Digest::of_bytes(b"t"))])
+        );
+        // A renamed copy run beside a whole install is counted beside it: its bytes may be
+        // anything.
+        std::fs::write(dir.path().join("reap"), b"renamed").unwrap();
+        let renamed = cordon_binaries(&crate::host::Linux, &dir.path().join("reap")).unwrap();
+        assert_eq!(renamed.len(), CORDON_BINARIES.len() + 1);
+        assert_eq!(renamed["(running) reap"], Digest::of_bytes(b"renamed"));
     }
 
     /// An install missing one binary computes no authority at all: it names what is missing.

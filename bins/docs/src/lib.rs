@@ -71,7 +71,15 @@ pub fn write(out: &Path) -> io::Result<()> {
     }
     let schemas = out.join("share/cordon/schemas");
     std::fs::create_dir_all(&schemas)?;
-    for (stage, schema) in cordon_evidence::schema::receipts() {
+    // Every stage's receipt, and `cordon-policy identity --json`'s (a `policy` receipt).
+    let identity = (
+        cordon_evidence::receipt::StageName::Policy,
+        cordon_policy::cli::identity_schema(),
+    );
+    for (stage, schema) in cordon_evidence::schema::receipts()
+        .into_iter()
+        .chain([identity])
+    {
         let text = serde_json::to_string_pretty(&schema).map_err(io::Error::other)?;
         std::fs::write(
             schemas.join(format!("{}.json", stage.as_str())),
@@ -149,6 +157,7 @@ mod tests {
             "reap",
             "surface",
             "audit",
+            "policy",
         ] {
             let text = std::fs::read_to_string(
                 dir.path()

@@ -14,14 +14,17 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use crate::receipt::{Receipt, StageName};
 
 /// A type's schema, its definitions collected in the generator.
-type Sub = fn(&mut SchemaGenerator) -> Schema;
+pub type Sub = fn(&mut SchemaGenerator) -> Schema;
 
-fn sub<T: JsonSchema>(g: &mut SchemaGenerator) -> Schema {
+/// [`Sub`] of `T`.
+pub fn sub<T: JsonSchema>(g: &mut SchemaGenerator) -> Schema {
     g.subschema_for::<T>()
 }
 
-/// The schema of one receipt kind: `stage`, its inputs, and each shape its outputs can have.
-fn kind(stage: StageName, inputs: Sub, outputs: &[Sub]) -> (StageName, Schema) {
+/// The schema of one receipt kind: `stage`, its inputs, and each shape its outputs can have
+/// (a stage above this crate, `cordon-policy identity`, states its own through it).
+#[must_use]
+pub fn kind(stage: StageName, inputs: Sub, outputs: &[Sub]) -> (StageName, Schema) {
     let mut g = SchemaSettings::draft2020_12().into_generator();
     let none = || json_schema!({ "type": "object", "maxProperties": 0 });
     let inputs = inputs(&mut g);

@@ -171,7 +171,12 @@ pub enum CliError {
     Render(#[from] crate::render::RenderError),
     /// The rendered policy cannot be written.
     #[error("cannot write {path}")]
-    #[diagnostic(code(cordon::policy::write))]
+    #[diagnostic(
+        code(cordon::policy::write),
+        help(
+            "--out must name a new file in a directory that exists: a rendered policy never replaces one"
+        )
+    )]
     Write {
         /// Where.
         path: PathBuf,
@@ -314,20 +319,71 @@ fn check(
     Ok(worst)
 }
 
+/// What `identity --json` read: the policy file, by path and by its bytes' sha256.
+#[derive(Debug, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IdentityInputs {
+    /// The policy file as given.
+    pub file: String,
+    /// sha256 of its bytes (formatting included).
+    pub file_sha256: Digest,
+}
+
+/// What `identity --json` establishes: the authority identity on this host and its parts.
+#[derive(Debug, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IdentityOutputs {
+    /// The policy's canonical digest.
+    pub policy_digest: Digest,
+    /// sha256 of the file's bytes.
+    pub file_sha256: Digest,
+    /// The authority identity.
+    pub authority: Digest,
+    /// Everything it is made of.
+    pub components: identity::AuthorityComponents,
+}
+
+impl cordon::inputs::StageInputs for IdentityInputs {
+    const STAGE: StageName = StageName::Policy;
+}
+
+impl cordon::receipt::StageOutputs for IdentityOutputs {
+    const STAGE: StageName = StageName::Policy;
+}
+
+/// The JSON Schema of `identity --json`'s object (a `policy` receipt), for `cordon-docs`.
+#[must_use]
+pub fn identity_schema() -> schemars::Schema {
+    use cordon_evidence::schema::{kind, sub};
+    kind(
+        StageName::Policy,
+        sub::<IdentityInputs>,
+        &[sub::<IdentityOutputs>],
+    )
+    .1
+}
+
 fn identity_cmd(file: &Path, json: bool, stdout: &mut dyn Write) -> Result<ExitCode, CliError> {
     let loaded = load(file)?;
     let parts = components(&loaded.policy)?;
     let authority = parts.authority()?;
     let text = if json {
         let mut receipt = Receipt::new(StageName::Policy, authority, Outcome::Ok);
-        receipt.inputs =
-            json!({ "file": file.display().to_string(), "file_sha256": loaded.raw_sha256 });
-        receipt.outputs = json!({
-            "policy_digest": parts.policy,
-            "file_sha256": loaded.raw_sha256,
-            "authority": authority,
-            "components": parts,
-        });
+        let encode = |source| CliError::Receipt { source };
+        receipt
+            .set_inputs(&IdentityInputs {
+                file: file.display().to_string(),
+                file_sha256: loaded.raw_sha256,
+            })
+            .map_err(encode)?;
+        receipt
+            .set_outputs(&IdentityOutputs {
+                policy_digest: parts.policy,
+                file_sha256: loaded.raw_sha256,
+                authority,
+                components: parts.clone(),
+            })
+            .map_err(encode)?;
         let mut s = receipt
             .to_canonical_json()
             .map_err(|source| CliError::Receipt { source })?;
@@ -365,10 +421,7 @@ fn render_cmd(
     runtime: Option<&Path>,
     stdout: &mut dyn Write,
 ) -> Result<ExitCode, CliError> {
-    let read = |source| StartError::Read {
-        path: reviewed.to_path_buf(),
-        source,
-    };
+    let read = |source| StartError::read(reviewed, source);
     let text = std::fs::read_to_string(reviewed).map_err(read)?;
     facts.runtime = runtime.map(render::RuntimeBinary::at).transpose()?;
     let rendered = render::render(&reviewed.display().to_string(), &text, &facts)?;
@@ -441,10 +494,7 @@ fn diff_cmd(
     stderr: &mut dyn Write,
 ) -> Result<ExitCode, CliError> {
     let read = |path: &Path| {
-        std::fs::read_to_string(path).map_err(|source| StartError::Read {
-            path: path.to_path_buf(),
-            source,
-        })
+        std::fs::read_to_string(path).map_err(|source| StartError::read(path, source))
     };
     let (a, b) = (load(old)?, load(new)?);
     let (ta, tb) = (read(old)?, read(new)?);

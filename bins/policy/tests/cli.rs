@@ -71,10 +71,24 @@ fn check_json_diagnostics_and_unreadable_files() {
         err.contains("cannot read policy file /nonexistent/policy.kdl"),
         "{err}"
     );
-    // What to do next: where the default is, and how to set it.
+    // What to do next: the path named is not there; where the reviewed policy is.
     assert!(
-        err.contains("--policy PATH") && err.contains("/etc/cordon/policy.kdl"),
+        err.contains("no file at that path") && err.contains("policy/evaluator.kdl"),
         "{err}"
+    );
+    // A directory named for the file, and the default path missing, each say their own.
+    let dir = tempfile::tempdir().unwrap();
+    let (code, _, err) = cmd(&["check", &dir.path().display().to_string()]);
+    assert_eq!(code, 2);
+    assert!(err.contains("that is a directory"), "{err}");
+    let e = cordon_stage::start::StartError::read(
+        Path::new(cordon_stage::args::DEFAULT_POLICY),
+        std::io::Error::from(std::io::ErrorKind::NotFound),
+    );
+    let help = miette::Diagnostic::help(&e).unwrap().to_string();
+    assert!(
+        help.contains("--policy PATH") && help.contains("checks/install.sh"),
+        "{help}"
     );
 }
 
@@ -107,6 +121,27 @@ fn identity_names_every_component_and_follows_the_runtime() {
         receipt.outputs["policy_digest"]
     );
     assert_ne!(receipt2.authority, receipt.authority);
+}
+
+/// `identity --json` is a `policy` receipt its published schema describes.
+#[test]
+fn identity_json_matches_its_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = with_fake_runtime(dir.path(), "runc version 1.1.12", "");
+    let (code, json, err) = cmd(&["identity", &file.display().to_string(), "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let schema = serde_json::to_value(cordon_policy::cli::identity_schema()).unwrap();
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let errors: Vec<String> = validator
+        .iter_errors(&value)
+        .map(|e| e.to_string())
+        .collect();
+    assert!(errors.is_empty(), "{errors:?}\n{json}");
+    // A field the schema does not know is refused: the schema is closed.
+    let mut extra = value.clone();
+    extra["outputs"]["components"]["extra"] = serde_json::json!(1);
+    assert!(!validator.is_valid(&extra));
 }
 
 #[test]
@@ -323,4 +358,19 @@ fn version_names_the_release_the_commit_and_the_binarys_digest() {
         );
         assert!(!line.contains("commit unknown"), "{line}");
     }
+}
+
+/// A file that is not a policy at all (the README) shows its first problems and a count, never
+/// a screen per line of it.
+#[test]
+fn a_file_that_is_no_policy_shows_its_first_problems_and_a_count() {
+    let readme = workspace_root().join("README.md").display().to_string();
+    let (code, _, err) = cmd(&["check", &readme]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("more not shown") && err.contains("is this a policy file at all?"),
+        "{}",
+        &err[err.len().saturating_sub(400)..]
+    );
+    assert!(err.lines().count() < 400, "{} lines", err.lines().count());
 }

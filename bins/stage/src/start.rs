@@ -21,18 +21,15 @@ use crate::args::{Diagnostics, report_diagnostic};
 pub enum StartError {
     /// The policy file could not be read.
     #[error("cannot read policy file {path}")]
-    #[diagnostic(
-        code(cordon::policy::read),
-        help(
-            "name it with --policy PATH; without it a stage reads /etc/cordon/policy.kdl, which the NixOS module installs (on Debian, `bash checks/install.sh` from the checkout installs it with every binary and the pinned images; or only the policy: install -D -m 0644 policy/evaluator.kdl /etc/cordon/policy.kdl)"
-        )
-    )]
+    #[diagnostic(code(cordon::policy::read), help("{hint}"))]
     Read {
         /// The file.
         path: PathBuf,
         /// The I/O error.
         #[source]
         source: std::io::Error,
+        /// What to do next, for this path and this error ([`StartError::read`]).
+        hint: String,
     },
     /// The policy file is not UTF-8.
     #[error("policy file {path} is not UTF-8")]
@@ -69,6 +66,26 @@ impl ExitClass for StartError {
 }
 
 impl StartError {
+    /// [`StartError::Read`] of `path`, its help fitted to the mistake: the default path not
+    /// installed, a path named that is not there, a directory named instead of a file.
+    #[must_use]
+    pub fn read(path: &Path, source: std::io::Error) -> Self {
+        let hint = if path == Path::new(crate::args::DEFAULT_POLICY) {
+            "name it with --policy PATH; without it a stage reads /etc/cordon/policy.kdl, which the NixOS module installs (on Debian, `bash checks/install.sh` from the checkout installs it with every binary and the pinned images; or only the policy: install -D -m 0644 policy/evaluator.kdl /etc/cordon/policy.kdl)".to_owned()
+        } else if path.is_dir() {
+            "that is a directory: name the policy file itself (the reviewed one is policy/evaluator.kdl in the checkout)".to_owned()
+        } else if source.kind() == std::io::ErrorKind::NotFound {
+            "no file at that path: check it (a relative path is from the current directory; the reviewed policy is policy/evaluator.kdl in the checkout, the installed one /etc/cordon/policy.kdl)".to_owned()
+        } else {
+            "make the file readable by this user (root, for a stage)".to_owned()
+        };
+        Self::Read {
+            path: path.to_path_buf(),
+            source,
+            hint,
+        }
+    }
+
     /// Print it on stderr: policy problems each labelled on the source, anything else as a
     /// miette report, in text or JSON.
     pub fn report(&self, mode: Diagnostics, stderr: &mut dyn Write) {
@@ -171,10 +188,7 @@ pub struct Loaded {
 /// # Errors
 /// The file is unreadable, not UTF-8, or not a valid policy (exit 2).
 pub fn load(path: &Path) -> Result<Loaded, StartError> {
-    let bytes = std::fs::read(path).map_err(|source| StartError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let bytes = std::fs::read(path).map_err(|source| StartError::read(path, source))?;
     let raw_sha256 = Digest::of_bytes(&bytes);
     let text = String::from_utf8(bytes).map_err(|_| StartError::Encoding {
         path: path.to_path_buf(),
