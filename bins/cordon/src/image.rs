@@ -58,6 +58,16 @@ pub enum ImageError {
         #[source]
         source: io::Error,
     },
+    /// `--out` names something that exists.
+    #[error("{path} exists: a layout is written fresh")]
+    #[diagnostic(
+        code(cordon::image::out_exists),
+        help("name a path that does not exist yet with --out (or remove the old layout first)")
+    )]
+    OutExists {
+        /// The path given.
+        path: PathBuf,
+    },
     /// The spec is not buildable.
     #[error("image spec: {why}")]
     #[diagnostic(code(cordon::image::spec))]
@@ -70,7 +80,7 @@ pub enum ImageError {
     #[diagnostic(
         code(cordon::image::missing),
         help(
-            "build the pinned images (`cordon-image build images/ROLE.kdl --out DIR/ROLE`: they rebuild bit for bit; checks/demo.sh does) and pass `--images DIR`; its default is /var/lib/cordon/images"
+            "build the pinned images (`cordon-image build images/ROLE.kdl --out DIR/ROLE`: they rebuild bit for bit; checks/demo.sh does): a stage reads ROLE's layout at DIR/ROLE under `--images DIR` (default /var/lib/cordon/images); `cordon-image verify` and `unpack` take the layout's own directory"
         )
     )]
     Missing {
@@ -225,10 +235,9 @@ fn oci_digest(d: &Digest) -> Result<oci_spec::image::Digest, ImageError> {
 /// A source file is unreadable, the spec is not buildable, or `out` cannot be written.
 pub fn build(spec: &ImageSpec, out: &Path) -> Result<Digest, ImageError> {
     if out.exists() {
-        return Err(spec_err(format!(
-            "{} exists; the layout is written fresh",
-            out.display()
-        )));
+        return Err(ImageError::OutExists {
+            path: out.to_path_buf(),
+        });
     }
     fs::create_dir_all(out.join("blobs/sha256")).map_err(io_at(out))?;
     let tar = layer_tar(spec)?;

@@ -572,7 +572,7 @@ pub enum ReceiptError {
     #[diagnostic(
         code(cordon::receipt::parse),
         help(
-            "give the receipt the stage before printed: pipe it in (`cordon-fetch … | cordon-materialize …`) or name its file (`--receipt FILE`, `-` for stdin); an input that ends at once means nothing was piped in"
+            "give the receipt the stage before printed: pipe it in (`cordon-fetch … | cordon-materialize …`) or name its file (`--receipt FILE`; cordon-reference's `--qualify FILE`; `-` for stdin); an input that ends at once means nothing was piped in"
         )
     )]
     Parse {

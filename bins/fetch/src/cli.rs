@@ -45,14 +45,24 @@ pub struct Args {
 pub enum FetchError {
     /// The committed digest is malformed.
     #[error("--sha256 {given:?} is not 64 lowercase hex digits")]
-    #[diagnostic(code(cordon::fetch::digest))]
+    #[diagnostic(
+        code(cordon::fetch::digest),
+        help(
+            "give the archive's sha256 as the candidate committed it (`sha256sum FILE` prints it; an optional sha256: prefix is accepted)"
+        )
+    )]
     Digest {
         /// What was given.
         given: String,
     },
     /// A local source cannot be opened.
     #[error("cannot open the source {path}")]
-    #[diagnostic(code(cordon::fetch::open_source))]
+    #[diagnostic(
+        code(cordon::fetch::open_source),
+        help(
+            "name an archive file (a relative path is from the current directory) or an https URL"
+        )
+    )]
     OpenSource {
         /// The path.
         path: PathBuf,
@@ -62,7 +72,12 @@ pub enum FetchError {
     },
     /// A local source is not a regular file.
     #[error("the source {path} is not a regular file")]
-    #[diagnostic(code(cordon::fetch::source_kind))]
+    #[diagnostic(
+        code(cordon::fetch::source_kind),
+        help(
+            "cordon-fetch admits an archive, never a directory: pack a delta deterministically (`tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -cf delta.tar -C DIR .`) and give its sha256"
+        )
+    )]
     SourceKind {
         /// The path.
         path: PathBuf,
@@ -346,4 +361,39 @@ pub fn main() -> ExitCode {
     cordon::exit::with_stdio(cordon_stage::args::parse::<Args>, |args, stdout, stderr| {
         run(args, std::path::Path::new("/proc/self/exe"), stdout, stderr)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn help(e: &FetchError) -> String {
+        miette::Diagnostic::help(e).unwrap().to_string()
+    }
+
+    /// A newcomer's likeliest mistakes each say what to do next: a delta's directory given
+    /// for its archive, a digest that is not one.
+    #[test]
+    fn a_directory_or_a_malformed_digest_says_what_to_give_instead() {
+        let text = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policy/examples/minimal.kdl"),
+        )
+        .unwrap();
+        let policy = cordon_policy_lang::parse("minimal.kdl", &text).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let Err(e) = open_source(&dir.path().display().to_string(), &policy) else {
+            panic!("a directory opened as a source");
+        };
+        assert!(matches!(e, FetchError::SourceKind { .. }), "{e}");
+        assert!(
+            help(&e).contains("pack a delta deterministically"),
+            "{}",
+            help(&e)
+        );
+        let e = parse_digest("ABCD").unwrap_err();
+        assert!(help(&e).contains("sha256sum FILE"), "{}", help(&e));
+        assert!(parse_digest(&"a".repeat(64)).is_ok());
+    }
 }

@@ -50,7 +50,9 @@ pub enum TransportError {
     #[error("source {url} is not allowed: {why}")]
     #[diagnostic(
         code(cordon::fetch::source_refused),
-        help("the policy's intake.transport section says which hosts and schemes are allowed")
+        help(
+            "use https:// to a host the policy's intake.transport section allows (adding a host there is a reviewed change of authority)"
+        )
     )]
     Refused {
         /// The source.
@@ -132,7 +134,7 @@ fn check_url(url: &Url, rules: &Rules) -> Result<(), String> {
                 return Err("plain http is accepted only to a literal loopback address".into());
             }
         }
-        "http" => return Err("plain http is not allowed by the policy".into()),
+        "http" => return Err("plain http is not allowed by the policy: use https://".into()),
         other => return Err(format!("scheme {other:?} is not allowed")),
     }
     if !url.username().is_empty() || url.password().is_some() {

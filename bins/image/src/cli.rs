@@ -64,6 +64,17 @@ pub enum Command {
     },
 }
 
+/// An error of `verify` or `unpack` with its exit code: a layout path that holds nothing is the
+/// operator's (2); anything else about the layout or the store could not be established (3).
+fn layout_error(e: image::ImageError) -> (Box<dyn Diagnostic>, ExitCode) {
+    let code = if matches!(e, image::ImageError::Missing { .. }) {
+        ExitCode::Usage
+    } else {
+        ExitCode::NoDecision
+    };
+    (Box::new(e), code)
+}
+
 /// Run the tool: the whole of `main`.
 pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitCode {
     let digest = |s: &str| Digest::from_str(s);
@@ -79,7 +90,7 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             Err(e) => Err((Box::new(e), ExitCode::Usage)),
             Ok(m) => image::verify(dir, &m)
                 .map(|v| format!("ok {}", v.manifest))
-                .map_err(|e| (Box::new(e) as Box<dyn Diagnostic>, ExitCode::NoDecision)),
+                .map_err(layout_error),
         },
         Command::Unpack {
             store,
@@ -87,11 +98,16 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             manifest,
         } => match digest(manifest) {
             Err(e) => Err((Box::new(e), ExitCode::Usage)),
+            // A layout path that holds nothing is the operator's typo: said before a store
+            // is made for it.
+            Ok(_) if !dir.exists() => Err(layout_error(image::ImageError::Missing {
+                dir: dir.clone(),
+            })),
             Ok(m) => Store::open(store)
                 .map_err(image::ImageError::from)
                 .and_then(|s| image::unpack(&s, dir, &m))
                 .map(|p| p.display().to_string())
-                .map_err(|e| (Box::new(e) as Box<dyn Diagnostic>, ExitCode::NoDecision)),
+                .map_err(layout_error),
         },
     };
     match result {

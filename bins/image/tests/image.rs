@@ -278,3 +278,44 @@ fn errors_are_one_json_document_under_diagnostics_json() {
     let doc: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
     assert_eq!(doc["code"], "cordon::image::spec_read", "{doc}");
 }
+
+/// A layout path that holds nothing is the operator's typo (exit 2), said before any store is
+/// made for `unpack`; an `--out` that exists says to name a new one.
+#[test]
+fn a_mistyped_layout_or_an_existing_out_says_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = |args: &[&std::ffi::OsStr]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_cordon-image"))
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let absent = dir.path().join("nolayout");
+    let store = dir.path().join("stroe");
+    let digest = cordon::canonical::Digest::of_bytes(b"x").to_string();
+    let (code, err) = image(&["verify".as_ref(), absent.as_os_str(), digest.as_ref()]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("take the layout's own directory"), "{err}");
+    let (code, err) = image(&[
+        "unpack".as_ref(),
+        "--store".as_ref(),
+        store.as_os_str(),
+        absent.as_os_str(),
+        digest.as_ref(),
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(!store.exists(), "a store made for a typo");
+    let spec = cordon_testkit::workspace_root().join("images/prebuild.kdl");
+    let (code, err) = image(&[
+        "build".as_ref(),
+        spec.as_os_str(),
+        "--out".as_ref(),
+        dir.path().as_os_str(),
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("name a path that does not exist yet"), "{err}");
+}

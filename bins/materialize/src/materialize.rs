@@ -132,9 +132,28 @@ pub fn register_incumbent(
         path: path.to_path_buf(),
         why,
     };
+    // The likeliest mistakes first, each saying what to give instead.
+    if !dir.is_dir() {
+        return Err(bad(
+            dir,
+            "not a directory: give the incumbent's directory (the example's is checks/example/incumbent in the checkout; a relative path is from the current directory)".into(),
+        ));
+    }
+    if dir.join(DELTA_MANIFEST).exists() && !dir.join(INCUMBENT_MANIFEST).exists() {
+        return Err(bad(
+            dir,
+            format!(
+                "this is a candidate's delta ({DELTA_MANIFEST}), not an incumbent: pack it as a tar and admit it with cordon-fetch, then pipe its receipt to cordon-materialize"
+            ),
+        ));
+    }
     let manifest_path = dir.join(INCUMBENT_MANIFEST);
-    let text = fs::read_to_string(&manifest_path)
-        .map_err(|e| bad(&manifest_path, format!("cannot read the manifest: {e}")))?;
+    let text = fs::read_to_string(&manifest_path).map_err(|e| {
+        bad(
+            &manifest_path,
+            format!("cannot read the manifest: {e} (an incumbent's directory holds {INCUMBENT_MANIFEST} at its top)"),
+        )
+    })?;
     let incumbent = manifest::incumbent(&text).map_err(MaterializeError::IncumbentManifest)?;
     let mut entries = Vec::new();
     let mut total = 0u64;

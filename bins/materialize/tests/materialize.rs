@@ -403,3 +403,28 @@ fn verify_finds_a_modified_an_extra_and_a_missing_file() {
     let err = tree::verify(&h.store, &h.incumbent).unwrap_err();
     assert!(err.to_string().contains("missing"), "{err}");
 }
+
+/// An incumbent path that is not one says what to give instead, before anything is read: not
+/// a directory, or a candidate's delta (which goes through cordon-fetch).
+#[test]
+fn an_incumbent_path_that_is_not_one_says_what_to_give() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("store")).unwrap();
+    let why = |path: &std::path::Path| match register_incumbent(&store, path, &rules()) {
+        Err(MaterializeError::Incumbent { why, .. }) => why,
+        other => panic!("{other:?}"),
+    };
+    let missing = why(&dir.path().join("checks/example/incumbent"));
+    assert!(
+        missing.contains("not a directory: give the incumbent's directory"),
+        "{missing}"
+    );
+    let delta = why(&workspace_root().join("checks/example/candidate"));
+    assert!(
+        delta.contains("a candidate's delta") && delta.contains("cordon-fetch"),
+        "{delta}"
+    );
+    let before = store.listing().unwrap();
+    why(&dir.path().join("nothing"));
+    assert_eq!(store.listing().unwrap(), before);
+}

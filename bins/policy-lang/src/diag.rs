@@ -235,6 +235,33 @@ impl Diagnostic for KdlError {
     }
 }
 
+/// The most problems [`KdlError::render_text`] shows: past them a file is
+/// rarely the language at all, and the terminal is the operator's.
+const SHOWN: usize = 10;
+
+/// The most lines one rendered problem keeps in a flood (more than [`SHOWN`] problems): a span
+/// over a whole file that is not this language would otherwise quote all of it.
+const PROBLEM_LINES: usize = 24;
+
+/// `report` with at most [`PROBLEM_LINES`] lines: its head and its last lines (the help),
+/// the middle said as a count.
+fn clipped(report: &str) -> String {
+    let lines: Vec<&str> = report.lines().collect();
+    if lines.len() <= PROBLEM_LINES {
+        return report.to_owned();
+    }
+    let tail = 4;
+    let head = PROBLEM_LINES - tail - 1;
+    let mut out = lines[..head].join("\n");
+    out.push_str(&format!(
+        "\n      ... ({} lines of the source not shown)\n",
+        lines.len() - head - tail
+    ));
+    out.push_str(&lines[lines.len() - tail..].join("\n"));
+    out.push('\n');
+    out
+}
+
 impl KdlError {
     pub(crate) fn new(
         language: &'static Language,
@@ -261,10 +288,25 @@ impl KdlError {
     #[must_use]
     pub fn render_text(&self, handler: &GraphicalReportHandler) -> String {
         let mut out = String::new();
-        for problem in &self.problems {
+        for problem in self.problems.iter().take(SHOWN) {
+            let mut one = String::new();
             // Writing to a String cannot fail.
-            let _ = handler.render_report(&mut out, problem);
+            let _ = handler.render_report(&mut one, problem);
+            // Only a flood is clipped: a real file's few problems keep every line they quote.
+            if self.problems.len() > SHOWN {
+                out.push_str(&clipped(&one));
+            } else {
+                out.push_str(&one);
+            }
             out.push('\n');
+        }
+        // A file that is not this language at all (a README, the other language's file)
+        // has a problem on every line: the first ones say what it is.
+        if let Some(more) = self.problems.len().checked_sub(SHOWN).filter(|n| *n > 0) {
+            out.push_str(&format!(
+                "... and {more} more not shown (`--diagnostics json` lists every one); is this a {} file at all?\n",
+                self.language.noun
+            ));
         }
         out.push_str(&format!("{self}\n"));
         out

@@ -9,7 +9,12 @@ use cordon_policy_lang::{MountSource, StageKind};
 pub enum PlanError {
     /// The stage kind is not declared.
     #[error("the policy declares no stage {kind}")]
-    #[diagnostic(code(cordon::plan::no_stage))]
+    #[diagnostic(
+        code(cordon::plan::no_stage),
+        help(
+            "name a policy that declares it: the evaluator's stages are in policy/evaluator.kdl, the agent surface's in policy/examples/surface.kdl (`cordon-policy explain FILE` lists a policy's stages)"
+        )
+    )]
     NoStage {
         /// The kind.
         kind: StageKind,

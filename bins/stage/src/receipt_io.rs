@@ -31,7 +31,12 @@ use cordon_canon::Digest;
 pub enum StageError {
     /// The input receipt could not be read.
     #[error("cannot read the input receipt from {from}")]
-    #[diagnostic(code(cordon::stage::read_receipt))]
+    #[diagnostic(
+        code(cordon::stage::read_receipt),
+        help(
+            "name the file the stage before printed (a relative path is from the current directory), or pipe it in; `-` reads stdin"
+        )
+    )]
     ReadReceipt {
         /// `stdin` or the file.
         from: String,
@@ -59,8 +64,16 @@ pub enum StageError {
         digest: Digest,
     },
     /// The input receipt comes from another stage than the one expected.
-    #[error("the input receipt is from stage {found:?}, expected {expected:?}")]
-    #[diagnostic(code(cordon::stage::wrong_stage))]
+    #[error(
+        "the input receipt is a {} receipt (printed by {}), and this stage takes a {} receipt",
+        .found.as_str(),
+        printed_by(*.found),
+        .expected.as_str()
+    )]
+    #[diagnostic(
+        code(cordon::stage::wrong_stage),
+        help("give it the receipt {} printed (piped in, or its file)", printed_by(*.expected))
+    )]
     WrongStage {
         /// Its stage.
         found: StageName,
@@ -87,6 +100,22 @@ pub enum StageError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// The command that prints a receipt of `stage`: what an operator runs to get one.
+#[must_use]
+pub const fn printed_by(stage: StageName) -> &'static str {
+    match stage {
+        StageName::Fetch => "cordon-fetch",
+        StageName::Materialize => "cordon-materialize",
+        StageName::Prebuild => "cordon-prebuild",
+        StageName::Lane => "cordon-lane session",
+        StageName::Qualify => "cordon-lane qualify",
+        StageName::Reference | StageName::Audit | StageName::Verdict => "cordon-reference",
+        StageName::Reap => "cordon-reap",
+        StageName::Surface => "cordon-surface",
+        StageName::Policy => "cordon-policy identity --json",
+    }
 }
 
 /// Read an input receipt from `file`, or from `stdin` when none is given or it is `-`, and check that it is
@@ -888,10 +917,15 @@ mod tests {
             &a,
         )
         .unwrap();
-        assert!(matches!(
-            read(&fetch, StageName::Materialize, &a),
-            Err(StageError::WrongStage { .. })
-        ));
+        // Another stage's receipt names the command that prints the right one.
+        let wrong = read(&fetch, StageName::Materialize, &a).unwrap_err();
+        assert!(matches!(wrong, StageError::WrongStage { .. }));
+        assert_eq!(
+            wrong.to_string(),
+            "the input receipt is a fetch receipt (printed by cordon-fetch), and this stage takes a materialize receipt"
+        );
+        let help = miette::Diagnostic::help(&wrong).unwrap().to_string();
+        assert!(help.contains("cordon-materialize printed"), "{help}");
         assert!(matches!(
             read(&fetch, StageName::Fetch, &Digest::of_bytes(b"b")),
             Err(StageError::Receipt(ReceiptError::ForeignAuthority { .. }))

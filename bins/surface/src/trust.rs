@@ -50,6 +50,18 @@ pub enum TrustError {
         /// The workspace.
         workspace: PathBuf,
     },
+    /// The policy file is not there.
+    #[error("no surface policy at {policy}")]
+    #[diagnostic(
+        code(cordon::surface::policy_missing),
+        help(
+            "name one with --policy, or install the example root-owned: install -D -m 0644 policy/examples/surface.kdl /etc/cordon/surface.kdl (its state-dir must exist, owned by the service user)"
+        )
+    )]
+    PolicyMissing {
+        /// The path given.
+        policy: PathBuf,
+    },
     /// The service user could change the policy.
     #[error("policy {policy} can be changed by a user it binds: {why}")]
     #[diagnostic(
@@ -190,6 +202,16 @@ pub fn unchangeable(
     Ok(Ok(canonical))
 }
 
+/// [`TrustError::PolicyMissing`] when nothing is at `policy` (not even a dangling link).
+fn missing(policy: &Path) -> Result<(), TrustError> {
+    match std::fs::symlink_metadata(policy) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(TrustError::PolicyMissing {
+            policy: policy.to_path_buf(),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// The policy file, checked: canonical, outside the workspace, and neither it nor a directory
 /// above it changeable by `uid` (with groups `gids`).
 ///
@@ -201,6 +223,7 @@ pub fn policy_file(
     uid: u32,
     gids: &[u32],
 ) -> Result<PathBuf, TrustError> {
+    missing(policy)?;
     let canonical = std::fs::canonicalize(policy).map_err(io(policy))?;
     if let Some(ws) = workspace
         && resolved_within(ws, &canonical).map_err(io(ws))?
@@ -223,6 +246,7 @@ pub fn policy_file(
 /// # Errors
 /// [`TrustError::PolicyWritable`] naming the path and how; the path cannot be examined.
 pub fn root_only(path: &Path) -> Result<PathBuf, TrustError> {
+    missing(path)?;
     cordon::lease::per_run::root_only(path).map_err(|why| TrustError::PolicyWritable {
         policy: path.to_path_buf(),
         why,
@@ -712,6 +736,22 @@ mod tests {
     /// The runtime the surface runs is one the service user cannot change: its own binary, or
     /// one in a directory it could write, is refused; another user's in another's directories
     /// is accepted.
+    /// A surface policy that is not there says so, and how to install one: never read as a
+    /// policy someone could change.
+    #[test]
+    fn a_missing_policy_says_how_to_install_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let absent = dir.path().join("surface.kdl");
+        for e in [
+            policy_file(&absent, None, 65534, &[]).unwrap_err(),
+            root_only(&absent).unwrap_err(),
+        ] {
+            assert!(matches!(e, TrustError::PolicyMissing { .. }), "{e}");
+            let help = miette::Diagnostic::help(&e).unwrap().to_string();
+            assert!(help.contains("policy/examples/surface.kdl"), "{help}");
+        }
+    }
+
     #[test]
     fn a_runtime_the_service_user_could_change_is_refused() {
         let dir = tempfile::tempdir().unwrap();

@@ -23,6 +23,7 @@
 //! store that cannot be opened or the host's key or key set that cannot be read, exit 3.
 
 use cordon_evidence::verdict::{ReferenceOutputs, VerdictOutputs};
+use std::borrow::Cow;
 use std::io::Write;
 
 use cordon_stage::args::{Diagnostics, report_diagnostic};
@@ -112,12 +113,34 @@ fn say(stderr: &mut dyn Write, mode: Diagnostics, message: &str) {
     }
 }
 
-/// The head's digest: a `sha256:` digest as given, or the digest of a receipt file.
+/// The head's digest: a `sha256:` digest (or its 64 hex digits) as given, or the digest of a
+/// receipt file (`-`: stdin). Each mistake says what to give instead.
 fn head_of(given: &str) -> Result<Digest, String> {
     if let Ok(d) = given.parse::<Digest>() {
         return Ok(d);
     }
-    let text = std::fs::read_to_string(given).map_err(|e| format!("{given}: {e}"))?;
+    if let Ok(d) = format!("sha256:{given}").parse::<Digest>() {
+        return Ok(d);
+    }
+    let digest_like = given.starts_with("sha256:")
+        || (!given.is_empty() && given.bytes().all(|b| b.is_ascii_hexdigit()));
+    if digest_like && !Path::new(given).exists() {
+        return Err(format!(
+            "{given} is not a receipt digest: give sha256: and 64 lowercase hex digits, or the path of a receipt file (- for stdin)"
+        ));
+    }
+    let text = if given == "-" {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+            .map_err(|e| format!("stdin: {e}"))?;
+        text
+    } else {
+        std::fs::read_to_string(given).map_err(|e| {
+            format!(
+                "{given}: {e}: give a receipt file a stage printed, a sha256: digest, or - for stdin"
+            )
+        })?
+    };
     // A stage prints its receipt's canonical text and one newline; any other bytes (an edited
     // file whose parse still hashes to the original, a key given twice) are not that receipt.
     let text = text.strip_suffix('\n').unwrap_or(&text);
@@ -230,7 +253,9 @@ fn facts(r: &Receipt) -> String {
                     .map(|o| (o.tree_digest, o.incumbent, o.step))
             })
             .map(|(tree, incumbent, step)| {
-                format!("tree_digest={tree} incumbent={incumbent} step={step:?}")
+                // The step is named by the delta's manifest: a candidate's text, escaped.
+                let step = step.as_deref().map_or(Cow::Borrowed("none"), cordon::text::printable);
+                format!("tree_digest={tree} incumbent={incumbent} step={step}")
             }),
         StageName::Prebuild => r
             .outputs_as::<PrebuildOutputs>()
@@ -382,6 +407,22 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             return cordon::exit::ExitClass::exit_class(&e);
         }
     };
+    // A head the store does not hold is the operator's digest or store, not failed evidence.
+    if !store
+        .path(cordon::store::RECEIPTS, &format!("{}.json", head.hex()))
+        .exists()
+    {
+        say(
+            stderr,
+            args.diagnostics,
+            &format!(
+                "the store {} holds no receipt {head}: check --store and the digest (each stage prints its receipt's digest on stderr; the store's receipts are {}/receipts/<hex>.json)",
+                store.root().display(),
+                store.root().display()
+            ),
+        );
+        return ExitCode::Usage;
+    }
     let result = match &args.export {
         None => verify(&store, &head, &keys),
         Some(dir) => {
@@ -389,7 +430,10 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
                 say(
                     stderr,
                     args.diagnostics,
-                    &format!("{} exists", dir.display()),
+                    &format!(
+                        "{} exists: --export writes a new store; name a path that does not exist yet",
+                        dir.display()
+                    ),
                 );
                 return ExitCode::Usage;
             }

@@ -343,6 +343,53 @@ fn the_last_receipt_of_a_rejected_pipeline_verifies_through_its_pass_ons() {
     );
 }
 
+/// A head the operator mistyped is theirs (exit 2), never failed evidence, and says what to give:
+/// a digest with or without its `sha256:`, a receipt file, or `-` for stdin.
+#[test]
+fn a_mistyped_head_says_what_to_give_and_stdin_is_a_receipt_file() {
+    let c = chain();
+    let run = |head: &str, stdin: &[u8]| {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cordon-verify"))
+            .arg("--store")
+            .arg(c.store.root())
+            .args(["--key", &c.key, head])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), stdin).unwrap();
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let hex = c.head.hex();
+    assert_eq!(run(&hex, b"").0, Some(0), "its bare hex digits name it too");
+    let receipt = std::fs::read(c.store.path("receipts", &format!("{hex}.json"))).unwrap();
+    assert_eq!(
+        run("-", &receipt).0,
+        Some(0),
+        "- reads the receipt from stdin"
+    );
+    let (code, err) = run("sha256:XYZ", b"");
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("is not a receipt digest: give sha256:"),
+        "{err}"
+    );
+    let (code, err) = run(&Digest::of_bytes(b"no such receipt").to_string(), b"");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("holds no receipt") && err.contains("check --store"),
+        "{err}"
+    );
+    let (code, err) = run("nope.json", b"");
+    assert_eq!(code, Some(2));
+    assert!(err.contains("give a receipt file a stage printed"), "{err}");
+}
+
 /// How `cordon-verify` ends: evidence that does not verify is 1, a store it cannot read is 3.
 /// Seed 001's checklist, step 6: an auditor verifies against the host's published key set.
 /// A chain signed inside its key's window verifies; a retired key's signatures after its
