@@ -57,7 +57,9 @@ pub enum TreeError {
     #[error("no tree {digest} in the store")]
     #[diagnostic(
         code(cordon::tree::missing),
-        help("register the incumbent with `cordon-materialize incumbent DIR` first")
+        help(
+            "check --store and the digest (a stage prints its tree's digest in its receipt); an incumbent's tree is registered with `cordon-materialize incumbent DIR`"
+        )
     )]
     Missing {
         /// The digest asked for.

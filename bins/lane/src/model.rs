@@ -29,7 +29,12 @@ use serde::Serialize;
 pub enum ModelError {
     /// It cannot be read.
     #[error("cannot read the model at {path}")]
-    #[diagnostic(code(cordon::lane::model))]
+    #[diagnostic(
+        code(cordon::lane::model),
+        help(
+            "name the model's directory, root-owned and writable by root only (the example's is checks/example/model in the checkout)"
+        )
+    )]
     Read {
         /// The path.
         path: PathBuf,

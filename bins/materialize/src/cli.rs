@@ -221,7 +221,7 @@ pub fn run(
     if let Err(code) = cordon_stage::start::require_root(
         &cordon_stage::start::RootStage {
             tool: "cordon-materialize",
-            why: "its analysis child runs as a per-run account, confined",
+            why: "its store is root's, and a delta's analysis child runs as a per-run account, confined",
             stage: Some(StageName::Materialize),
             policy: &args.stage.policy,
         },
@@ -401,6 +401,17 @@ fn dispatch(
             Err(code) => return Ok(code),
         },
     };
+    // A tree the store does not hold is the operator's digest or store: said, exit 2.
+    if let Job::Verify(digest) = &job
+        && !tree::tree_dir(&store, digest).exists()
+    {
+        cordon_stage::args::report_diagnostic(
+            &tree::TreeError::Missing { digest: *digest },
+            args.stage.diagnostics,
+            stderr,
+        );
+        return Ok(ExitCode::Usage);
+    }
     // A delta's fetch receipt must be this store's own, and start its chain under this
     // authority: a receipt written by hand names nothing the store established.
     if let (Job::Delta { .. }, Some(prev)) = (&job, receipt.prev) {

@@ -316,6 +316,12 @@ fn verify_on_a_store_that_is_not_there_makes_nothing_and_is_exit_2() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("no store at"), "{stderr}");
     assert!(!cli.store.exists(), "verify made a store");
+    // A store that holds no such tree: the digest or the store is the operator's to check.
+    cordon::store::Store::open(&cli.store).unwrap();
+    let out = cli.materialize(&["verify", &tree], None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("check --store and the digest"), "{stderr}");
 }
 
 /// A stage left waiting on a terminal for its input receipt says what it waits for, before

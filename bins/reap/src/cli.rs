@@ -88,7 +88,7 @@ pub struct Args {
     #[arg(long, conflicts_with_all = ["check", "status", "sweep", "surface", "clear", "quarantine", "list"])]
     pub gc: bool,
     /// With `--gc`: list what would be removed, and remove nothing.
-    #[arg(long, requires = "gc")]
+    #[arg(long, requires = "gc", conflicts_with_all = ["check", "status", "sweep", "surface", "clear", "quarantine", "list"])]
     pub dry_run: bool,
     /// Reap the rootless runs of the policy's surface stage instead of the host's leases.
     #[arg(long, conflicts_with_all = ["store", "run_dir", "state_root"])]
@@ -751,6 +751,11 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             return fail(&e, mode, stderr);
         }
     };
+    // `--clear` of an id no quarantine has is the operator's typo: no receipt, exit 2.
+    if let Err(e @ LeaseError::NoQuarantine { .. }) = &result {
+        report_diagnostic(e, mode, stderr);
+        return ExitCode::Usage;
+    }
     let mut receipt = Receipt::new(cordon::receipt::StageName::Reap, authority, Outcome::Ok);
     let inputs = ReapInputs {
         executor: args.lease.executor(policy),

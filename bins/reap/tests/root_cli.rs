@@ -324,18 +324,19 @@ fn a_host_reset_quarantines_the_executor_until_reap_clears_it() {
         Err(cordon::lease::LeaseError::Quarantined { .. })
     ));
     drop(m);
-    // Another executor cannot lift it; an unknown id is no lift.
+    // Another executor cannot lift it (a refusal it records); an unknown id is no lift: the
+    // operator's typo (exit 2, no receipt), pointing at --status.
     let (code, r) = reap_as(dir.path(), &policy, "store", "cli-other", &["--clear", id]);
     assert_eq!(code, Some(3), "{r}");
     assert!(r["outputs"]["cleared"].is_null(), "{r}");
-    let (code, r) = reap_as(
-        dir.path(),
-        &policy,
-        "store",
-        &executor(),
-        &["--clear", "00"],
-    );
-    assert_eq!(code, Some(3), "{r}");
+    let out = reap_command(dir.path(), &policy)
+        .args(["--executor", &executor(), "--clear", "00"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(out.stdout.is_empty(), "a receipt for a typo");
+    assert!(stderr.contains("cordon-reap --status"), "{stderr}");
     // Lifted once quiescent, with a receipt naming what it lifted.
     let (code, r) = reap_as(dir.path(), &policy, "store", &executor(), &["--clear", id]);
     assert_eq!(code, Some(0), "{r}");

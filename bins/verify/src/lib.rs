@@ -55,8 +55,13 @@ pub enum VerifyError {
     #[diagnostic(transparent)]
     Receipt(#[from] ChainError),
     /// Its signature is missing or does not verify.
-    #[error("receipt {digest}: {source}")]
-    #[diagnostic(code(cordon::verify::signature))]
+    #[error("receipt {digest}'s signature")]
+    #[diagnostic(
+        code(cordon::verify::signature),
+        help(
+            "verify with the signing host's published key (--key ed25519:…) or key set (--keys FILE); a signature that does not verify under the right key is evidence that fails"
+        )
+    )]
     Signature {
         /// The receipt.
         digest: Digest,
@@ -89,7 +94,7 @@ pub enum VerifyError {
         why: String,
     },
     /// A tree or publication it names is missing or does not re-hash.
-    #[error("receipt {digest} names {what} {object}, which does not verify: {source}")]
+    #[error("receipt {digest} names {what} {object}, which does not verify")]
     #[diagnostic(code(cordon::verify::object))]
     Object {
         /// The receipt.
