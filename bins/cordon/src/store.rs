@@ -245,19 +245,16 @@ impl Batch<'_> {
     }
 }
 
-/// The store's lock file, at its root. Every writer holds it shared for as long as its
-/// [`Store`] lives; the collector ([`crate::gc`]) holds it exclusive, so nothing it removes as
-/// unnamed can be about to be named by a receipt still being written.
-pub const LOCK: &str = "store.lock";
-
 /// An opened store.
 #[derive(Debug, Clone)]
 pub struct Store {
     root: PathBuf,
     /// Opened by a command that only reads it ([`Store::open_existing`]).
     reader: bool,
-    /// A writer's shared hold on [`LOCK`] (none for a reader, or on a read-only filesystem,
-    /// where no collector can run either).
+    /// A shared `flock` on the store's root directory, held for as long as any clone lives
+    /// (by every opener but the collector, [`Store::open_to_collect`], which holds it
+    /// exclusive while it changes anything): nothing the collector removes as unnamed can be
+    /// about to be named by a receipt, or read, while it runs.
     _hold: Option<std::sync::Arc<Flock<File>>>,
 }
 
@@ -430,7 +427,16 @@ pub fn remove_entries_except(path: &Path, keep: &str) -> io::Result<()> {
     Ok(())
 }
 
+/// [`remove_tree`] below `dev`: an entry already gone (another cleaner of the same stale
+/// scratch got there first) is removed.
 fn remove_tree_on(path: &Path, dev: u64) -> io::Result<()> {
+    match remove_tree_below(path, dev) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+fn remove_tree_below(path: &Path, dev: u64) -> io::Result<()> {
     let m = fs::symlink_metadata(path)?;
     if m.dev() != dev {
         return Err(io::Error::other(format!(
@@ -473,7 +479,8 @@ impl Store {
             Err(e) => return Err(io_err("stat", root)(e)),
             Ok(_) => {}
         }
-        let store = Self::checked_root(root)?;
+        // Held before anything is made or cleaned: a collection in progress is waited for.
+        let store = Self::checked_root(root)?.held()?;
         let root = &store.root;
         for sub in LAYOUT {
             let path = root.join(sub);
@@ -485,83 +492,71 @@ impl Store {
             store.check_dir(&path, 0o700)?;
         }
         store.clean_stale()?;
-        let hold = store.hold(FlockArg::LockShared, FlockArg::LockSharedNonblock)?;
+        Ok(store)
+    }
+
+    /// The store's root directory, opened without following a link, checked to be the
+    /// directory [`Store::checked_root`] checked (same device and inode).
+    fn root_dir(&self) -> Result<File, StoreError> {
+        let dir = OpenOptions::new()
+            .read(true)
+            .custom_flags((OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
+            .open(&self.root)
+            .map_err(io_err("open", &self.root))?;
+        let opened = dir.metadata().map_err(io_err("stat", &self.root))?;
+        let named = fs::symlink_metadata(&self.root).map_err(io_err("stat", &self.root))?;
+        if (opened.dev(), opened.ino()) != (named.dev(), named.ino()) {
+            return Err(StoreError::Unsafe {
+                path: self.root.clone(),
+                why: "it changed while it was being opened".to_owned(),
+            });
+        }
+        Ok(dir)
+    }
+
+    /// This store holding its root shared: at once, or, while a collection holds it, after
+    /// one line saying who holds it.
+    fn held(self) -> Result<Self, StoreError> {
+        let dir = self.root_dir()?;
+        let held = match Flock::lock(dir, FlockArg::LockSharedNonblock) {
+            Ok(held) => held,
+            Err((dir, nix::errno::Errno::EWOULDBLOCK)) => {
+                crate::voice::say(
+                    &mut io::stderr(),
+                    crate::voice::Level::Normal,
+                    &format!(
+                        "waiting for the store {}, held by {} (a collection: cordon-reap --gc)",
+                        self.root.display(),
+                        crate::lease::lock_holders_named(&dir)
+                    ),
+                );
+                Flock::lock(dir, FlockArg::LockShared)
+                    .map_err(|(_, e)| nix_err("lock", &self.root)(e))?
+            }
+            Err((_, e)) => return Err(nix_err("lock", &self.root)(e)),
+        };
         Ok(Self {
-            _hold: hold.map(std::sync::Arc::new),
-            ..store
+            _hold: Some(std::sync::Arc::new(held)),
+            ..self
         })
     }
 
-    /// Hold [`LOCK`] with `wait`, first trying `now`: when that would wait, one line says who
-    /// holds it. `None` on a read-only filesystem, where the file cannot be created.
-    fn hold(&self, wait: FlockArg, now: FlockArg) -> Result<Option<Flock<File>>, StoreError> {
-        let path = self.root.join(LOCK);
-        let file = match self.lock_file() {
-            Err(StoreError::Io { source, .. })
-                if source.raw_os_error() == Some(nix::libc::EROFS) =>
-            {
-                return Ok(None);
-            }
-            other => other?,
-        };
-        let file = match Flock::lock(file, now) {
-            Ok(held) => return Ok(Some(held)),
-            Err((file, nix::errno::Errno::EWOULDBLOCK)) => file,
-            Err((_, e)) => return Err(nix_err("lock", &path)(e)),
-        };
-        crate::voice::say(
-            &mut io::stderr(),
-            crate::voice::Level::Normal,
-            &format!(
-                "waiting for the store {}, held by {}",
-                self.root.display(),
-                crate::lease::lock_holders_named(&file)
-            ),
-        );
-        Flock::lock(file, wait)
-            .map(Some)
-            .map_err(|(_, e)| nix_err("lock", &path)(e))
-    }
-
-    /// [`LOCK`], created (0600) if missing: a regular file the running uid owns, never
-    /// followed through a link.
-    fn lock_file(&self) -> Result<File, StoreError> {
-        let path = self.root.join(LOCK);
-        let file = OpenOptions::new()
-            .read(true)
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
-            .open(&path)
-            .map_err(io_err("open", &path))?;
-        let meta = file.metadata().map_err(io_err("stat", &path))?;
-        if !meta.is_file() || meta.uid() != nix::unistd::geteuid().as_raw() {
-            return Err(StoreError::Unsafe {
-                path,
-                why: "not a regular file owned by the running uid".to_owned(),
-            });
-        }
-        Ok(file)
-    }
-
-    /// Hold the whole store for the collector: [`LOCK`] exclusive, without waiting, so no
-    /// writer is in flight while it lives and none starts (each waits for it).
+    /// Hold the whole store for the collector: its root exclusive, without waiting, so no
+    /// other opener is in flight while it lives and none starts (each waits for it).
     ///
     /// # Errors
-    /// [`StoreError::Busy`] naming the holders while any writer holds the store, or the lock
-    /// could not be taken.
+    /// [`StoreError::Busy`] naming the holders while any other opener holds the store, or the
+    /// lock could not be taken.
     pub fn hold_exclusive(&self) -> Result<Flock<File>, StoreError> {
-        let path = self.root.join(LOCK);
-        let file = self.lock_file()?;
-        Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(file, e)| {
+        let dir = self.root_dir()?;
+        Flock::lock(dir, FlockArg::LockExclusiveNonblock).map_err(|(dir, e)| {
             if e == nix::errno::Errno::EWOULDBLOCK {
                 StoreError::Busy {
                     path: self.root.clone(),
-                    holders: crate::lease::lock_holders_named(&file),
+                    holders: crate::lease::lock_holders_named(&dir),
                 }
             } else {
-                nix_err("lock", &path)(e)
+                nix_err("lock", &self.root)(e)
             }
         })
     }
@@ -574,16 +569,45 @@ impl Store {
     /// # Errors
     /// There is no store at `root`, or it is unsafe.
     pub fn open_existing(root: &Path) -> Result<Self, StoreError> {
-        let missing = || StoreError::Missing {
-            path: root.to_path_buf(),
-        };
+        Self::existing(root, true)
+    }
+
+    /// [`Store::open_existing`] for the collector alone: the same checks, and no shared hold,
+    /// so that it can take the store exclusive ([`Store::hold_exclusive`]) before it changes
+    /// anything. What it reads before that is a snapshot.
+    ///
+    /// # Errors
+    /// As [`Store::open_existing`].
+    pub fn open_to_collect(root: &Path) -> Result<Self, StoreError> {
+        Self::existing(root, false)
+    }
+
+    fn existing(root: &Path, hold: bool) -> Result<Self, StoreError> {
         match fs::symlink_metadata(root) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(missing()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(StoreError::Missing {
+                    path: root.to_path_buf(),
+                });
+            }
             Err(e) => return Err(io_err("stat", root)(e)),
             Ok(_) => {}
         }
         let mut store = Self::checked_root(root)?;
+        if hold {
+            store = store.held()?;
+        }
         store.reader = true;
+        store.check_layout(root)?;
+        Ok(store)
+    }
+
+    /// Every section of [`LAYOUT`] is there and safe; [`StoreError::Missing`] naming `given`
+    /// when one is not (a directory that is not a store).
+    fn check_layout(&self, given: &Path) -> Result<(), StoreError> {
+        let store = self;
+        let missing = || StoreError::Missing {
+            path: given.to_path_buf(),
+        };
         for sub in LAYOUT {
             let path = store.root.join(sub);
             match fs::symlink_metadata(&path) {
@@ -592,7 +616,7 @@ impl Store {
                 Ok(_) => store.check_dir(&path, 0o700)?,
             }
         }
-        Ok(store)
+        Ok(())
     }
 
     /// The store whose root is `root`, which exists: the root itself may not be a link

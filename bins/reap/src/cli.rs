@@ -81,10 +81,11 @@ pub struct Args {
     /// line each on stdout; change nothing, print no receipt.
     #[arg(long, conflicts_with_all = ["check", "status", "sweep", "surface", "clear", "quarantine"])]
     pub list: bool,
-    /// Collect the store: remove every tree, publication, intake or archive record, evidence,
-    /// content object and image cache that no stored record (receipt, lease, quarantine,
-    /// incident) and no pin of the policy names, each listed on stdout; print no receipt.
-    /// Refused (exit 3, naming them) while any stage holds the store.
+    /// Collect the store: remove every tree, publication, intake or archive record, content
+    /// object and image cache that no stored record (receipt, quarantine, incident) and no pin
+    /// of the policy names, each listed on stdout; keep every record and all evidence; print
+    /// no receipt. Refused (exit 3) while any other command holds the store (naming them) or
+    /// any lease record is in it (recover first).
     #[arg(long, conflicts_with_all = ["check", "status", "sweep", "surface", "clear", "quarantine", "list"])]
     pub gc: bool,
     /// With `--gc`: list what would be removed, and remove nothing.
@@ -365,6 +366,10 @@ enum StartError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Pins(#[from] cordon::canonical::CanonicalError),
+    /// The collection could not run.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Gc(#[from] cordon::gc::GcError),
 }
 
 impl ExitClass for StartError {
@@ -375,7 +380,7 @@ impl ExitClass for StartError {
             Self::SurfaceUser(_) => ExitCode::Usage,
             Self::Plan(e) => e.exit_class(),
             Self::Store(e) => e.exit_class(),
-            Self::Lease(_) | Self::Pins(_) => ExitCode::NoDecision,
+            Self::Lease(_) | Self::Pins(_) | Self::Gc(_) => ExitCode::NoDecision,
         }
     }
 }
@@ -649,7 +654,7 @@ fn gc(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> Result<(), StartError> {
-    let store = Store::open_existing(&args.stage.store_root(policy))?;
+    let store = Store::open_to_collect(&args.stage.store_root(policy))?;
     // The policy's pins (images, the pristine tree) stay whether or not a receipt names them.
     let pins = policy.canonical_json()?;
     // Held before the mark, so nothing is named between the plan and the sweep.
@@ -682,7 +687,7 @@ fn gc(
         stderr,
         cordon::voice::Level::Normal,
         &format!(
-            "cordon-reap: gc {} {} entries ({}) no record names; kept {} named",
+            "cordon-reap: gc {} {} entries ({} apparent) no record names; kept {} named and all evidence",
             if args.dry_run {
                 "would remove"
             } else {

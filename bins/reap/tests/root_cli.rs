@@ -709,7 +709,8 @@ fn list_names_each_lease_its_supervisor_and_each_executor_lock() {
 }
 
 /// `--gc` removes what no record and no pin names, listed on stdout; `--dry-run` only lists;
-/// the collector is refused while a stage holds the store, and a receipt's evidence stays.
+/// the collector is refused while any other command holds the store (a reader here), and a
+/// receipt's evidence stays.
 #[test]
 fn gc_removes_only_what_nothing_names_and_never_under_a_writer() {
     cordon_testkit::require_root("reap reads root's store");
@@ -764,7 +765,8 @@ fn gc_removes_only_what_nothing_names_and_never_under_a_writer() {
             .unwrap()
     };
 
-    let store = Store::open_existing(&root).unwrap();
+    // Listed without holding the store (a reader's hold would refuse the collection).
+    let store = Store::open_to_collect(&root).unwrap();
     let before = store.listing().unwrap();
     let out = gc(&["--dry-run"]);
     let stdout = String::from_utf8(out.stdout).unwrap();
@@ -784,7 +786,7 @@ fn gc_removes_only_what_nothing_names_and_never_under_a_writer() {
         "a dry run changed the store"
     );
 
-    let writer = Store::open(&root).unwrap();
+    let writer = Store::open_existing(&root).unwrap();
     let out = gc(&[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{stderr}");
