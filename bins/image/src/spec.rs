@@ -66,7 +66,12 @@ pub static IMAGE_SPEC: Language = Language {
 pub enum SpecError {
     /// The file could not be read.
     #[error("cannot read image spec {file}")]
-    #[diagnostic(code(cordon::image::spec_read))]
+    #[diagnostic(
+        code(cordon::image::spec_read),
+        help(
+            "name the spec file (a relative path is from the current directory; the pinned specs are images/prebuild.kdl and images/runtime.kdl in the checkout)"
+        )
+    )]
     Read {
         /// The spec file.
         file: String,

@@ -191,14 +191,37 @@ impl Seen {
     }
 }
 
-/// "did you mean" for a misspelt name.
+/// "did you mean" for a misspelt name: the nearest known name by edit distance, a tie going
+/// to the one sharing the longest prefix (`storage` is nearer `store` than `stage`).
 pub fn suggest<'a>(given: &str, known: impl IntoIterator<Item = &'a str>) -> Option<String> {
+    let prefix = |k: &str| {
+        given
+            .bytes()
+            .zip(k.bytes())
+            .take_while(|(a, b)| a == b)
+            .count()
+    };
     known
         .into_iter()
-        .map(|k| (strsim::levenshtein(given, k), k))
-        .filter(|(d, k)| *d <= 2.max(k.len() / 4))
+        .map(|k| {
+            (
+                strsim::levenshtein(given, k),
+                std::cmp::Reverse(prefix(k)),
+                k,
+            )
+        })
+        .filter(|(d, _, k)| *d <= 2.max(k.len() / 4))
         .min()
-        .map(|(_, k)| format!("did you mean `{k}`?"))
+        .map(|(_, _, k)| format!("did you mean `{k}`?"))
+}
+
+/// `a` or `an` before `name`, as it is read aloud.
+fn article(name: &str) -> &'static str {
+    if name.starts_with(['a', 'e', 'i', 'o', 'u']) {
+        "an"
+    } else {
+        "a"
+    }
 }
 
 /// A node's positional (unnamed) entries, in order.
@@ -628,8 +651,11 @@ impl<'a> Block<'a> {
                 "missing-node",
                 self.span,
                 format!("needs `{name}`"),
-                format!("{} needs a `{name}` node", self.owner),
-                None,
+                format!("{} needs {} `{name}` node", self.owner, article(name)),
+                Some(format!(
+                    "add {} `{name}` node: the reviewed files in the checkout (policy/evaluator.kdl, policy/examples/, images/*.kdl) show each node in use",
+                    article(name)
+                )),
             );
         }
         found
