@@ -392,6 +392,13 @@ mod tests {
         fs::write(dir.join("manifest.json"), text).unwrap();
     }
 
+    /// `text` stored as a receipt would be: a record, read for names.
+    fn receipt_naming(store: &Store, text: &str) {
+        store
+            .put_document(RECEIPTS, &format!("{}.json", hex(text)), text.as_bytes())
+            .unwrap();
+    }
+
     #[test]
     fn a_name_is_a_run_of_exactly_64_lowercase_hex_digits() {
         let h = hex("a");
@@ -435,13 +442,7 @@ mod tests {
         let receipt = format!(
             "{{\"outputs\":{{\"tree\":\"sha256:{tree}\",\"intake\":\"sha256:{intake}\"}},\"evidence\":[\"sha256:{log}\"]}}"
         );
-        store
-            .put_document(
-                RECEIPTS,
-                &format!("{}.json", hex(&receipt)),
-                receipt.as_bytes(),
-            )
-            .unwrap();
+        receipt_naming(store, &receipt);
         // What the store never writes, in a content section.
         fs::write(store.path("trees", "notes.txt"), "an operator's").unwrap();
         fs::create_dir(store.path("objects", "zz")).unwrap();
@@ -598,13 +599,7 @@ mod tests {
         let tree = hex("big tree");
         manifest(&store, "trees", &tree, &text);
         let receipt = format!("{{\"tree\":\"sha256:{tree}\"}}");
-        store
-            .put_document(
-                RECEIPTS,
-                &format!("{}.json", hex(&receipt)),
-                receipt.as_bytes(),
-            )
-            .unwrap();
+        receipt_naming(&store, &receipt);
         drop(store);
         let store = Store::open_to_collect(&root).unwrap();
         let plan = plan(&store, &[]).unwrap();
