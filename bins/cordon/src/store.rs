@@ -15,6 +15,10 @@
 //! valid objects (their name is their hash); nothing refers to them until a record is published,
 //! so they cannot be mistaken for a completed intake.
 //!
+//! Every opener holds an `flock` on the store's root directory, shared, for as long as its
+//! [`Store`] lives; the collector ([`crate::gc`]) alone opens without it and takes it
+//! exclusive, so nothing it removes as unnamed is in use or about to be named.
+//!
 //! It does not decide what is admissible (intake and materialization do) and never follows a
 //! symbolic link inside the store.
 
@@ -693,7 +697,7 @@ impl Store {
     }
 
     /// Remove the scratch directories of writers that no longer hold their lock.
-    pub(crate) fn clean_stale(&self) -> Result<(), StoreError> {
+    fn clean_stale(&self) -> Result<(), StoreError> {
         let tmp = self.root.join("tmp");
         for entry in fs::read_dir(&tmp).map_err(io_err("list", &tmp))? {
             let entry = entry.map_err(io_err("list", &tmp))?;
