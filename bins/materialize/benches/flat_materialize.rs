@@ -7,7 +7,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
-use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -83,7 +82,7 @@ fn main() {
     let mut rules = policy.tree_rules();
     rules.max_total_bytes = u64::MAX;
     let limits = cordon_stage::settings::archive_limits(&policy);
-    let steps = BTreeSet::new();
+    let steps = std::collections::BTreeMap::new();
     let mut results = Vec::new();
     for gib in sizes {
         let dir = tempfile::tempdir().unwrap();

@@ -10,7 +10,7 @@
 //! store or a tree could not be established.
 
 use cordon::exit::ExitClass;
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -28,7 +28,7 @@ use cordon::receipt::{
 };
 use cordon::store::Store;
 use cordon::tree;
-use cordon_policy_lang::Policy;
+use cordon_policy_lang::{BuildTier, Policy};
 use cordon_stage::args::{LeaseArgs, StageArgs, fail, report_diagnostic};
 use cordon_stage::receipt_io::{self as stage, StageError};
 use miette::{Diagnostic, LabeledSpan, NamedSource, SourceCode};
@@ -345,13 +345,13 @@ fn incumbent_outputs(
     store: &Store,
     dir: &Path,
     rules: &cordon_policy_lang::TreeRules,
-    steps: &BTreeSet<String>,
+    steps: &BTreeMap<String, BuildTier>,
 ) -> Result<Value, MaterializeError> {
     materialize::register_incumbent(store, dir, rules).and_then(|record| {
         let step = record.origin["build"].as_str().map(str::to_owned);
         // The operator's manifest names the incumbent's build: it must be one the
         // policy registers, as a candidate's must.
-        if let Some(s) = step.as_ref().filter(|s| !steps.contains(*s)) {
+        if let Some(s) = step.as_ref().filter(|s| !steps.contains_key(*s)) {
             return Err(MaterializeError::Incumbent {
                 path: dir.join(manifest::INCUMBENT_MANIFEST),
                 why: format!("build step {s:?} is not a registered prebuild step of the policy"),
@@ -417,14 +417,10 @@ fn dispatch(
     if let (Job::Delta { .. }, Some(prev)) = (&job, receipt.prev) {
         stage::require_chain(&store, &prev, &authority).map_err(CommandError::Input)?;
     }
-    let steps: BTreeSet<String> = policy
-        .step_names()
-        .filter(|s| {
-            policy
-                .step(s)
-                .is_some_and(|(stage, _)| stage == cordon_policy_lang::StageKind::Prebuild)
-        })
-        .map(str::to_owned)
+    // The registered patchers: each prebuild step with the one tier it builds.
+    let steps: BTreeMap<String, BuildTier> = policy
+        .steps_of(cordon_policy_lang::StageKind::Prebuild)
+        .filter_map(|s| Some((s.to_owned(), policy.step_tier(s)?)))
         .collect();
     let result: Result<Value, MaterializeError> = match job {
         Job::Incumbent(dir) => incumbent_outputs(&store, dir, &rules, &steps),

@@ -1,7 +1,7 @@
 //! The tree guard: static checks on every file a delta brings, before anything is published.
 //!
 //! It rejects undeclared executable bits, binary artifacts (by extension and by object-file
-//! magic), undeclared CUDA sources and dependency patches, declared tiers the policy does not
+//! magic), undeclared native (C, C++, CUDA) sources and dependency patches, declared tiers the policy does not
 //! allow, declarations of files the delta does not carry, submodule markers, and files or trees
 //! over the policy's bounds. Non-UTF-8 paths never get this far (intake refuses them).
 //!
@@ -89,6 +89,12 @@ const BINARY_EXTENSIONS: [&str; 11] = [
     ".so", ".o", ".a", ".dylib", ".pyc", ".pyo", ".bin", ".dll", ".exe", ".obj", ".lib",
 ];
 
+/// File extensions of native sources and headers (C, C++, CUDA): the native-sources tier's, each
+/// declared by the manifest.
+const NATIVE_EXTENSIONS: [&str; 10] = [
+    ".c", ".h", ".cc", ".cpp", ".cxx", ".hh", ".hpp", ".hxx", ".cu", ".cuh",
+];
+
 /// Leading bytes of object and executable formats.
 const BINARY_MAGIC: [(&[u8], &str); 9] = [
     (b"\x7fELF", "ELF"),
@@ -162,12 +168,12 @@ pub fn check_file(f: &FileFacts<'_>, delta: &Delta, rules: &TreeRules, out: &mut
             format!("the contents are a {kind} binary"),
         ));
     }
-    let cuda = name.ends_with(".cu") || name.ends_with(".cuh");
-    if cuda && !delta.cuda_sources.contains(f.path) {
+    if NATIVE_EXTENSIONS.iter().any(|e| name.ends_with(e)) && !delta.native_sources.contains(f.path)
+    {
         out.push(Finding::file(
-            "tree.cuda-undeclared",
+            "tree.native-undeclared",
             f.path,
-            "CUDA sources are a reviewed-build tier the manifest must declare",
+            "C, C++ and CUDA sources are a reviewed-build tier the manifest must declare",
         ));
     }
     let patch = name.ends_with(".patch") || name.ends_with(".diff");
@@ -190,7 +196,11 @@ pub fn check_declarations(
 ) {
     let tiers: [(&std::collections::BTreeSet<String>, bool, &str); 3] = [
         (&delta.executables, rules.executables, "executables"),
-        (&delta.cuda_sources, rules.cuda_sources, "CUDA sources"),
+        (
+            &delta.native_sources,
+            rules.native_sources,
+            "native sources",
+        ),
         (
             &delta.dependency_patches,
             rules.dependency_patches,

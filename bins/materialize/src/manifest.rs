@@ -17,11 +17,16 @@
 //! problem is a rejection, never a usage error):
 //!
 //! ```kdl
-//! delta target="attention" package="fast_attn" step="build-native"
+//! delta target="attention" package="fast_attn" tier="native-sources"
 //! executable "engine/attention/tools/gen.sh"
-//! cuda-source "engine/attention/kernels/flash.cu"
+//! native-source "engine/attention/kernels/flash.cu"
 //! dependency-patch "engine/attention/patches/triton.patch"
+//! factory "fast_attn.aot:build"
 //! ```
+//!
+//! `tier=` is the reviewed-build tier of seed 001 §3 whose registered patcher builds the delta
+//! (the policy maps each tier to one prebuild step); `step=`, when given, must name that same
+//! patcher. `factory` is the sealed-direct-artifact tier's candidate factory, `module:callable`.
 //!
 //! Both are decoded with the policy language's collect-all kit: every problem is reported at
 //! once, labelled on its token, with a stable code `cordon::manifest::<name>` ([`CODES`]).
@@ -30,9 +35,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use cordon_policy_lang::kit::{
-    Block, Cx, Seen, arg, name_span, positional, prop, required_prop, shape, single, string,
+    Block, Cx, Seen, arg, choice, name_span, positional, prop, required_prop, shape, single, string,
 };
-use cordon_policy_lang::{KdlError, Language};
+use cordon_policy_lang::{BuildTier, KdlError, Keyword, Language};
 use kdl::{KdlEntry, KdlNode};
 use miette::SourceSpan;
 
@@ -73,12 +78,16 @@ pub struct Delta {
     pub package: Option<String>,
     /// The registered build step it asks for.
     pub step: Option<String>,
+    /// The reviewed-build tier it declares.
+    pub tier: Option<BuildTier>,
     /// Declared executables (tree paths).
     pub executables: BTreeSet<String>,
-    /// Declared CUDA sources.
-    pub cuda_sources: BTreeSet<String>,
+    /// Declared native sources: C, C++ and CUDA sources and headers.
+    pub native_sources: BTreeSet<String>,
     /// Declared dependency patches.
     pub dependency_patches: BTreeSet<String>,
+    /// The sealed-direct-artifact tier's factory, `module:callable`.
+    pub factory: Option<String>,
 }
 
 /// Every manifest diagnostic code, with its meaning.
@@ -285,15 +294,27 @@ pub fn delta(text: &str) -> Result<Delta, KdlError> {
             Some(doc),
             "the delta manifest",
             whole,
-            &["delta", "executable", "cuda-source", "dependency-patch"],
-            &["executable", "cuda-source", "dependency-patch"],
+            &[
+                "delta",
+                "executable",
+                "native-source",
+                "dependency-patch",
+                "factory",
+            ],
+            &["executable", "native-source", "dependency-patch"],
         );
         let head = b.required(cx, "delta").and_then(|n| {
-            shape(cx, n, 0, 0, &["target", "package", "step"], false);
+            shape(cx, n, 0, 0, &["target", "package", "step", "tier"], false);
             let target = required_prop(cx, n, "target").and_then(|e| string(cx, e));
             let package = optional(cx, n, "package", python_name);
             let step = optional(cx, n, "step", string);
-            Some((target?, package?, step?))
+            let tier = match prop(n, "tier") {
+                Some(e) => choice(cx, e, "build tier", &BuildTier::keywords())
+                    .and_then(|t| BuildTier::from_keyword(&t))
+                    .map(Some),
+                None => Some(None),
+            };
+            Some((target?, package?, step?, tier?))
         });
         let mut declared = |kind: &str| -> BTreeSet<String> {
             let mut out = BTreeSet::new();
@@ -311,16 +332,42 @@ pub fn delta(text: &str) -> Result<Delta, KdlError> {
             out
         };
         let executables = declared("executable");
-        let cuda_sources = declared("cuda-source");
+        let native_sources = declared("native-source");
         let dependency_patches = declared("dependency-patch");
-        let (target, package, step) = head?;
+        let factory = match b.one("factory") {
+            Some(n) => single(cx, n, &[], factory).map(Some),
+            None => Some(None),
+        };
+        let (target, package, step, tier) = head?;
+        let factory = factory?;
         Some(Delta {
             target,
             package,
             step,
+            tier,
             executables,
-            cuda_sources,
+            native_sources,
             dependency_patches,
+            factory,
         })
     })
+}
+
+/// A factory, `dotted.module:callable`: the one name the compile child imports and calls.
+fn factory(cx: &mut Cx, entry: &KdlEntry) -> Option<String> {
+    let f = string(cx, entry)?;
+    let ok = f.split_once(':').is_some_and(|(module, callable)| {
+        is_python_name(module) && is_python_name(callable) && !callable.contains('.')
+    });
+    if ok {
+        return Some(f);
+    }
+    cx.report(
+        "invalid-value",
+        entry.span(),
+        "not module:callable",
+        format!("{f:?} is not a factory `dotted.module:callable`"),
+        Some("name the module by its dotted import name and the callable after one colon".into()),
+    );
+    None
 }

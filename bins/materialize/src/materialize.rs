@@ -22,7 +22,7 @@ use cordon::intake::IntakeRecord;
 use cordon::store::{Store, StoreError};
 use cordon::tree::{self, Entry, TreeError, TreeRecord};
 use cordon::walk::{Kind, Node, WalkError, walk};
-use cordon_policy_lang::TreeRules;
+use cordon_policy_lang::{BuildTier, TreeRules};
 use serde_json::json;
 
 use crate::analysis;
@@ -418,22 +418,106 @@ fn target_of<'a>(
     })
 }
 
-/// The manifest's step must be registered and its package must fit the target (the rename
-/// itself is `analysis::rename_for`'s).
+/// The manifest's tier and step must name one registered patcher and its package must fit the
+/// target (the rename itself is `analysis::rename_for`'s): the step that builds the delta, or
+/// none for a delta with no native part.
 fn check_manifest_fit(
     target: &Target,
     delta: &manifest::Delta,
-    registered_steps: &BTreeSet<String>,
+    patchers: &BTreeMap<String, BuildTier>,
     findings: &mut Vec<Finding>,
-) {
-    if let Some(step) = &delta.step
-        && !registered_steps.contains(step)
-    {
-        findings.push(Finding::file(
-            "tree.unknown-step",
-            DELTA_MANIFEST,
-            format!("step {step:?} is not a registered prebuild step of the policy"),
-        ));
+) -> Option<String> {
+    let mut finding = |code, why: String| findings.push(Finding::file(code, DELTA_MANIFEST, why));
+    let step = match (&delta.step, delta.tier) {
+        (None, None) => None,
+        (Some(step), _) if !patchers.contains_key(step) => {
+            finding(
+                "tree.unknown-step",
+                format!("step {step:?} is not a registered prebuild step of the policy"),
+            );
+            None
+        }
+        (Some(step), None) => {
+            finding(
+                "tree.tier-undeclared",
+                format!(
+                    "the delta asks for step {step:?} and declares no tier: write tier=\"{}\" (the tier whose patcher it is)",
+                    patchers[step]
+                ),
+            );
+            None
+        }
+        (Some(step), Some(tier)) if patchers[step] != tier => {
+            finding(
+                "tree.tier-mismatch",
+                format!(
+                    "the delta declares tier {tier:?} and step {step:?} is the patcher of tier {:?}",
+                    patchers[step].as_str()
+                ),
+            );
+            None
+        }
+        (Some(step), Some(_)) => Some(step.clone()),
+        (None, Some(tier)) => {
+            let step = patchers
+                .iter()
+                .find(|(_, t)| **t == tier)
+                .map(|(s, _)| s.clone());
+            if step.is_none() {
+                finding(
+                    "tree.tier-unregistered",
+                    format!(
+                        "the policy registers no patcher for tier {:?}",
+                        tier.as_str()
+                    ),
+                );
+            }
+            step
+        }
+    };
+    // What each tier builds from must be declared, and nothing another tier builds from: a
+    // declaration no patcher reads would be a file reviewed as built and never built.
+    let needs = [
+        (
+            BuildTier::NativeSources,
+            !delta.native_sources.is_empty(),
+            "native-source",
+        ),
+        (
+            BuildTier::DependencyPatch,
+            !delta.dependency_patches.is_empty(),
+            "dependency-patch",
+        ),
+        (
+            BuildTier::SealedDirectArtifact,
+            delta.factory.is_some(),
+            "factory",
+        ),
+    ];
+    for (tier, declared, node) in needs {
+        let ours = delta.tier == Some(tier)
+            || (tier == BuildTier::NativeSources && delta.tier == Some(BuildTier::NativeRebuild));
+        if declared && !ours {
+            finding(
+                "tree.tier-mismatch",
+                format!(
+                    "`{node}` belongs to tier {:?} and the delta declares {}",
+                    tier.as_str(),
+                    delta.tier.map_or_else(
+                        || "no tier".to_owned(),
+                        |t| format!("tier {:?}", t.as_str())
+                    )
+                ),
+            );
+        } else if !declared && delta.tier == Some(tier) {
+            finding(
+                "tree.tier-mismatch",
+                format!(
+                    "tier {:?} builds from its declared `{node}` and the manifest declares none",
+                    tier.as_str()
+                ),
+            );
+        }
     }
     match (&target.python, &delta.package) {
         (Some(_), Some(p)) if !p.contains('.') => {}
@@ -455,6 +539,7 @@ fn check_manifest_fit(
         )),
         (None, None) => {}
     }
+    step
 }
 
 /// One delta file's place in the new tree: its path, mode, digest, size, and its rewritten
@@ -643,7 +728,7 @@ pub fn materialize(
     incumbent: &Digest,
     intake: &IntakeRecord,
     rules: &TreeRules,
-    registered_steps: &BTreeSet<String>,
+    patchers: &BTreeMap<String, BuildTier>,
     analyze: &dyn Fn(&analysis::Request) -> Result<analysis::Answer, MaterializeError>,
 ) -> Result<Materialized, MaterializeError> {
     let base = tree::load(store, incumbent)?;
@@ -670,7 +755,7 @@ pub fn materialize(
         .collect();
     let target = target_of(&registered, &delta)?;
     let mut findings = Vec::new();
-    check_manifest_fit(target, &delta, registered_steps, &mut findings);
+    let step = check_manifest_fit(target, &delta, patchers, &mut findings);
     let files: Vec<_> = intake
         .files
         .iter()
@@ -719,7 +804,8 @@ pub fn materialize(
         "delta": intake.content_digest,
         "target": target.name,
         "namespace": namespace,
-        "step": delta.step,
+        "step": step,
+        "tier": delta.tier,
     });
     let record = tree::publish(store, entries, origin)?;
     Ok(Materialized {
@@ -727,6 +813,6 @@ pub fn materialize(
         delta: intake.content_digest,
         target: target.name.clone(),
         namespace,
-        step: delta.step,
+        step,
     })
 }

@@ -13,12 +13,13 @@ fn codes(e: &cordon_policy_lang::KdlError) -> Vec<&'static str> {
 
 #[test]
 fn a_delta_manifest_with_many_mistakes_reports_them_all_on_their_tokens() {
-    let text = r#"delta target="attention" package="fast-attn" stepp="x"
+    let text = r#"delta target="attention" package="fast-attn" stepp="x" tier="fastest"
 executable "/abs/tool.sh"
 executable "engine/attention/tools/gen.sh"
 executable "engine/attention/tools/gen.sh"
-cuda-source "engine/../kernels/flash.cu"
+native-source "engine/../kernels/flash.cu"
 dependency-patch 42
+factory "fast_attn/aot.py"
 extra "node"
 "#;
     let e = manifest::delta(text).unwrap_err();
@@ -27,10 +28,12 @@ extra "node"
         [
             "invalid-value",
             "unknown-property",
+            "invalid-value",
             "invalid-path",
             "duplicate",
             "invalid-path",
             "wrong-type",
+            "invalid-value",
             "unknown-node",
         ]
     );

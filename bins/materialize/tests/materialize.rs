@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::process::Command;
 
 use common::{MANIFEST, Member, delta_tar};
@@ -17,7 +17,7 @@ use cordon::store::Store;
 use cordon::tree;
 use cordon_materialize::analysis;
 use cordon_materialize::materialize::{MaterializeError, Materialized, register_incumbent};
-use cordon_policy_lang::TreeRules;
+use cordon_policy_lang::{BuildTier, TreeRules};
 use cordon_testkit::workspace_root;
 
 /// Materialization with the analysis answered in this process: the same analysis the confined
@@ -27,7 +27,7 @@ fn materialize(
     incumbent: &Digest,
     record: &intake::IntakeRecord,
     rules: &TreeRules,
-    steps: &BTreeSet<String>,
+    steps: &BTreeMap<String, BuildTier>,
 ) -> Result<Materialized, MaterializeError> {
     cordon_materialize::materialize::materialize(store, incumbent, record, rules, steps, &|r| {
         Ok(analysis::respond(r).unwrap())
@@ -43,8 +43,14 @@ fn rules() -> TreeRules {
     policy().tree_rules()
 }
 
-fn steps() -> BTreeSet<String> {
-    ["build-native".to_owned()].into()
+/// The registered patchers: the policy's own, and one for native sources and AOT.
+fn steps() -> BTreeMap<String, BuildTier> {
+    [
+        ("build-native".to_owned(), BuildTier::NativeRebuild),
+        ("build-sources".to_owned(), BuildTier::NativeSources),
+        ("build-aot".to_owned(), BuildTier::SealedDirectArtifact),
+    ]
+    .into()
 }
 
 fn example_delta() -> Vec<u8> {
@@ -242,7 +248,14 @@ fn the_tree_guard_rejects_each_undeclared_or_binary_file() {
                 ok,
                 ("engine/attention/k.cu", b"__global__ void k(){}", 0o644),
             ],
-            "tree.cuda-undeclared",
+            "tree.native-undeclared",
+        ),
+        (
+            vec![
+                ok,
+                ("engine/attention/ops.c", b"int f(void){return 1;}", 0o644),
+            ],
+            "tree.native-undeclared",
         ),
         (
             vec![ok, ("engine/attention/fix.patch", b"--- a\n+++ b\n", 0o644)],
@@ -302,7 +315,7 @@ fn a_file_nested_past_the_bounds_is_rejected_whatever_the_callers_stack() {
 #[test]
 fn declarations_must_be_carried_allowed_and_registered() {
     let ok = ("engine/attention/__init__.py", b"x = 1\n".as_slice(), 0o644);
-    let declared = b"delta target=\"attention\" package=\"fast_attn\"\ncuda-source \"engine/attention/k.cu\"\n";
+    let declared = b"delta target=\"attention\" package=\"fast_attn\" tier=\"native-sources\"\nnative-source \"engine/attention/k.cu\"\n";
     // Declared and carried: admitted.
     let f = fixture();
     let record = ingest(
@@ -321,7 +334,7 @@ fn declarations_must_be_carried_allowed_and_registered() {
     );
     // A tier the policy does not admit.
     let mut strict = rules();
-    strict.cuda_sources = false;
+    strict.native_sources = false;
     assert_eq!(
         rejected_codes(
             &[
@@ -356,6 +369,78 @@ fn declarations_must_be_carried_allowed_and_registered() {
         ["tree.unknown-step"]
     );
     assert_eq!(rejected_codes(&[ok], &rules()), ["tree.manifest"]);
+    // Each tier names one registered patcher, and builds from what it declares.
+    let k = (
+        "engine/attention/k.cu",
+        b"__global__ void k(){}".as_slice(),
+        0o644,
+    );
+    let head = |rest: &str| format!("delta target=\"attention\" package=\"p\" {rest}\n");
+    let cases: [(String, Vec<Member<'_>>, &[&str]); 7] = [
+        (
+            head("step=\"build-native\""),
+            vec![ok],
+            &["tree.tier-undeclared"],
+        ),
+        (
+            head("step=\"build-native\" tier=\"native-sources\"")
+                + "native-source \"engine/attention/k.cu\"\n",
+            vec![ok, k],
+            &["tree.tier-mismatch"],
+        ),
+        (
+            head("tier=\"dependency-patch\""),
+            vec![ok],
+            &["tree.tier-unregistered", "tree.tier-mismatch"],
+        ),
+        (
+            head("tier=\"native-sources\""),
+            vec![ok],
+            &["tree.tier-mismatch"],
+        ),
+        (
+            head("tier=\"native-rebuild\"") + "factory \"p.aot:build\"\n",
+            vec![ok],
+            &["tree.tier-mismatch"],
+        ),
+        (
+            head("") + "native-source \"engine/attention/k.cu\"\n",
+            vec![ok, k],
+            &["tree.tier-mismatch"],
+        ),
+        (
+            head("tier=\"sealed-direct-artifact\""),
+            vec![ok],
+            &["tree.tier-mismatch"],
+        ),
+    ];
+    for (manifest, files, codes) in cases {
+        let mut all = vec![("cordon-delta.kdl", manifest.as_bytes(), 0o644)];
+        all.extend(files);
+        assert_eq!(rejected_codes(&all, &rules()), codes, "{manifest}");
+    }
+    // The tier alone names its patcher, which the tree's origin records; native-rebuild may
+    // build declared sources (the tree's build.sh compiles them).
+    for (manifest, step, carried) in [
+        (
+            head("tier=\"sealed-direct-artifact\"") + "factory \"p.aot:build\"\n",
+            "build-aot",
+            vec![ok],
+        ),
+        (
+            head("tier=\"native-rebuild\"") + "native-source \"engine/attention/k.cu\"\n",
+            "build-native",
+            vec![ok, k],
+        ),
+    ] {
+        let f = fixture();
+        let mut files = vec![("cordon-delta.kdl", manifest.as_bytes(), 0o644)];
+        files.extend(carried);
+        let record = ingest(&f.store, &delta_tar(&files));
+        let m = materialize(&f.store, &f.incumbent, &record, &rules(), &steps()).unwrap();
+        assert_eq!(m.step.as_deref(), Some(step), "{manifest}");
+        assert_eq!(m.record.origin["step"], step);
+    }
     assert_eq!(
         rejected_codes(
             &[

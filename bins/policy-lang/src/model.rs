@@ -310,7 +310,7 @@ pub(crate) struct Python {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct Tiers {
     pub(crate) executables: bool,
-    pub(crate) cuda_sources: bool,
+    pub(crate) native_sources: bool,
     pub(crate) dependency_patches: bool,
 }
 
@@ -407,6 +407,15 @@ macro_rules! keyword {
             }
         }
 
+        impl<'de> serde::Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+                Self::from_keyword(&text).ok_or_else(|| {
+                    serde::de::Error::unknown_variant(&text, &[$($text,)+])
+                })
+            }
+        }
+
         impl std::fmt::Display for $name {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str(self.as_str())
@@ -426,6 +435,23 @@ keyword! {
         Reference = "reference",
         /// The workspace-bounded agent surface.
         Surface = "surface",
+    }
+}
+
+keyword! {
+    /// The reviewed-build tiers of seed 001 §3: how a delta's native part is built. Each maps to
+    /// one registered prebuild step (its patcher); a delta declares its tier in its manifest.
+    BuildTier {
+        /// The tree's own `build.sh` (the incumbent's) run as the patcher's bounded child.
+        NativeRebuild = "native-rebuild",
+        /// Declared C, C++ and CUDA sources compiled by the patcher with validator-owned flags.
+        NativeSources = "native-sources",
+        /// A declared patch against a dependency pinned by digest, applied and built by the
+        /// patcher.
+        DependencyPatch = "dependency-patch",
+        /// A declared candidate factory called in a bounded child under the closed
+        /// compile-request/profile ABI (AOT); the host never imports it nor loads its product.
+        SealedDirectArtifact = "sealed-direct-artifact",
     }
 }
 
@@ -802,6 +828,9 @@ pub struct Egress {
 pub(crate) struct Step {
     pub(crate) stage: StageKind,
     pub(crate) argv: Vec<String>,
+    /// A prebuild step's reviewed-build tier: the one tier whose patcher it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) tier: Option<BuildTier>,
     /// A lane or reference engine's scheduler ranks: exactly this many of its processes load
     /// candidate code, each reporting its rank (member coverage).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -889,8 +918,8 @@ pub struct TreeRules {
     pub jit_entry_points: BTreeSet<String>,
     /// Whether a delta may declare executables.
     pub executables: bool,
-    /// Whether a delta may declare CUDA sources.
-    pub cuda_sources: bool,
+    /// Whether a delta may declare native (C, C++, CUDA) sources.
+    pub native_sources: bool,
     /// Whether a delta may declare dependency patches.
     pub dependency_patches: bool,
 }
@@ -944,7 +973,7 @@ impl Policy {
             ban_attribute_call: t.python.ban_attribute_call.clone(),
             jit_entry_points: t.python.jit_entry_point.keys().cloned().collect(),
             executables: t.tiers.executables,
-            cuda_sources: t.tiers.cuda_sources,
+            native_sources: t.tiers.native_sources,
             dependency_patches: t.tiers.dependency_patches,
         }
     }
@@ -966,6 +995,21 @@ impl Policy {
     #[must_use]
     pub fn step(&self, name: &str) -> Option<(StageKind, &[String])> {
         self.step.get(name).map(|s| (s.stage, s.argv.as_slice()))
+    }
+
+    /// The reviewed-build tier whose patcher registered prebuild step `name` is.
+    #[must_use]
+    pub fn step_tier(&self, name: &str) -> Option<BuildTier> {
+        self.step.get(name).and_then(|s| s.tier)
+    }
+
+    /// The registered prebuild step that is tier `tier`'s patcher.
+    #[must_use]
+    pub fn patcher_of(&self, tier: BuildTier) -> Option<&str> {
+        self.step
+            .iter()
+            .find(|(_, s)| s.tier == Some(tier))
+            .map(|(n, _)| n.as_str())
     }
 
     /// The scheduler ranks of registered engine step `name` (a lane or reference step's; the

@@ -63,7 +63,11 @@ fn main() {
     .record;
     let t_fetch = t.elapsed();
     let t = Instant::now();
-    let steps = ["build-native".to_owned()].into();
+    let steps = [(
+        "build-native".to_owned(),
+        cordon_policy_lang::BuildTier::NativeRebuild,
+    )]
+    .into();
     let tree = cordon_materialize::materialize::materialize(
         &store,
         &incumbent,

@@ -19,4 +19,4 @@ pub fn delta_tar(files: &[Member<'_>]) -> Vec<u8> {
 }
 
 pub const MANIFEST: &[u8] =
-    b"delta target=\"attention\" package=\"fast_attn\" step=\"build-native\"\n";
+    b"delta target=\"attention\" package=\"fast_attn\" step=\"build-native\" tier=\"native-rebuild\"\n";

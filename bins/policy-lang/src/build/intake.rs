@@ -301,12 +301,12 @@ pub(super) fn tree(cx: &mut Cx, node: Option<&KdlNode>, whole: SourceSpan) -> Op
         b.one("tiers"),
         "tiers",
         b.span(),
-        &["executables", "cuda-sources", "dependency-patches"],
+        &["executables", "native-sources", "dependency-patches"],
         &[],
     );
     let tiers = Tiers {
         executables: value(cx, &t, "executables", Some(false), boolean)?,
-        cuda_sources: value(cx, &t, "cuda-sources", Some(false), boolean)?,
+        native_sources: value(cx, &t, "native-sources", Some(false), boolean)?,
         dependency_patches: value(cx, &t, "dependency-patches", Some(false), boolean)?,
     };
     Some(Tree {

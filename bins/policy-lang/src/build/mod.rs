@@ -286,9 +286,19 @@ pub(crate) fn policy(cx: &mut Cx, doc: &KdlDocument, whole: SourceSpan) -> Optio
             stages.insert(kind, stage);
         }
     }
+    let mut patchers = Seen::default();
     let steps = named(cx, &top.all("step"), "step")
         .into_iter()
-        .filter_map(|(name, node)| Some((name, step(cx, node)?)))
+        .filter_map(|(name, node)| {
+            let step = step(cx, node)?;
+            // Each tier has one patcher: a delta's tier names the program that builds it.
+            if let (Some(tier), Some(e)) = (step.tier, prop(node, "tier")) {
+                patchers.first(cx, tier.as_str(), e.span(), || {
+                    format!("tier {:?} has a registered patcher already", tier.as_str())
+                });
+            }
+            Some((name, step))
+        })
         .collect::<BTreeMap<_, _>>();
 
     // A read's CPUs are its physical lane's: a lane stage with a cpuset of its own would

@@ -3,9 +3,44 @@
 use super::*;
 
 pub(super) fn step(cx: &mut Cx, node: &KdlNode) -> Option<Step> {
-    shape(cx, node, 1, 1, &["stage"], true);
+    shape(cx, node, 1, 1, &["stage", "tier"], true);
     let stage =
         required_prop(cx, node, "stage").and_then(|e| keyword::<StageKind>(cx, e, "stage kind"));
+    // A prebuild step is one tier's registered patcher (seed 001 §3); no other step builds.
+    let tier = match (prop(node, "tier"), stage) {
+        (Some(e), Some(StageKind::Prebuild)) => keyword::<BuildTier>(cx, e, "build tier").map(Some),
+        (Some(e), Some(_)) => {
+            cx.report(
+                "not-allowed-in-stage",
+                e.span(),
+                "not a build step",
+                "`tier` belongs to a prebuild step".to_owned(),
+                Some("drop it: only a prebuild step is a tier's patcher".into()),
+            );
+            None
+        }
+        (None, Some(StageKind::Prebuild)) => {
+            cx.report(
+                "missing-property",
+                name_span(node),
+                "needs `tier`",
+                "a prebuild step needs tier=\"…\": the reviewed-build tier whose patcher it is"
+                    .to_owned(),
+                Some(format!(
+                    "one of {}",
+                    BuildTier::keywords()
+                        .iter()
+                        .map(|k| format!("{k:?}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )),
+            );
+            None
+        }
+        (None, _) => Some(None),
+        // The stage itself is wrong (reported): the tier cannot be judged.
+        (Some(_), None) => None,
+    };
     let b = Block::read(
         cx,
         node.children(),
@@ -78,6 +113,7 @@ pub(super) fn step(cx: &mut Cx, node: &KdlNode) -> Option<Step> {
     };
     Some(Step {
         stage: stage?,
+        tier: tier?,
         argv: argv?,
         secret,
         ranks,

@@ -908,3 +908,45 @@ fn an_engine_step_says_how_many_ranks_load_candidate_code_and_only_an_engine_ste
     assert_eq!(q.step_ranks("serve-example"), Some(2));
     assert_ne!(q.digest().unwrap(), p.digest().unwrap());
 }
+
+/// A prebuild step is one build tier's patcher, each tier has at most one, and no other step
+/// has a tier.
+#[test]
+fn a_prebuild_step_is_one_tiers_only_patcher() {
+    let text = default_policy();
+    let p = crate::parse("evaluator.kdl", &text).unwrap();
+    assert_eq!(p.step_tier("build-native"), Some(BuildTier::NativeRebuild));
+    assert_eq!(p.patcher_of(BuildTier::NativeRebuild), Some("build-native"));
+    assert_eq!(p.patcher_of(BuildTier::NativeSources), None);
+    assert_eq!(p.step_tier("serve-example"), None);
+    let head = "step \"build-native\" stage=\"prebuild\" tier=\"native-rebuild\" {";
+    let second = "step \"again\" stage=\"prebuild\" tier=\"native-rebuild\" {\n    argv \"/bin/sh\" \"/cordon/patchers/native-rebuild\"\n}\n";
+    for (edited, code) in [
+        (
+            text.replace_once(head, "step \"build-native\" stage=\"prebuild\" {"),
+            "missing-property",
+        ),
+        (
+            text.replace_once(head, &head.replace("native-rebuild", "rebuild")),
+            "invalid-value",
+        ),
+        (
+            text.replace_once(
+                "step \"serve-example\" stage=\"lane\" {",
+                "step \"serve-example\" stage=\"lane\" tier=\"native-rebuild\" {",
+            ),
+            "not-allowed-in-stage",
+        ),
+        (
+            text.replace_once(head, &format!("{second}{head}")),
+            "duplicate",
+        ),
+    ] {
+        assert_eq!(codes(&edited), [code], "{edited}");
+    }
+    // Another tier is another authority.
+    let other = text.replace_once(head, &head.replace("native-rebuild", "native-sources"));
+    let q = crate::parse("t.kdl", &other).unwrap();
+    assert_eq!(q.patcher_of(BuildTier::NativeSources), Some("build-native"));
+    assert_ne!(q.digest().unwrap(), p.digest().unwrap());
+}
