@@ -9,6 +9,11 @@
 //! stage runs before it mounts a tree: reopen the record, recompute the digest, walk `root/`
 //! without following links and re-hash every file.
 //!
+//! A publication (the `publications` section) is named over its entries **and** its origin, its
+//! [`Control`] record: which tree, tier, patcher and image built it, under which lease. The
+//! name binds it, so every reopen re-checks it, and a stage checks it against what the receipt
+//! naming the publication says ([`Control::check_built`]). A tree's origin stays descriptive.
+//!
 //! Files are 0444 (0555 when declared executable), directories 0555, times 0, owned by the
 //! store's owner (root). A tree has no empty directories and no links. The module does not
 //! decide what goes into a tree; materialization does.
@@ -38,8 +43,140 @@ pub struct TreeRecord {
     pub digest: Digest,
     /// The files, sorted by path.
     pub entries: Vec<Entry>,
-    /// Where the tree came from (incumbent registration or a delta); descriptive, not hashed.
+    /// Where the tree came from (incumbent registration or a delta): descriptive for a tree; a
+    /// publication's is its [`Control`] record, which its name covers.
     pub origin: Value,
+}
+
+/// The digest schema of a publication's name: its entries and its control record.
+pub const PUBLICATION_SCHEMA: u32 = 2;
+
+/// A publication's control record: what made it. Its name covers it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Control {
+    /// Built from `tree` by the registered patcher of `tier` (policy step `step`, its exact
+    /// `argv`) in prebuild image `image`, under lease `lease`.
+    #[serde(rename = "publication")]
+    Built {
+        /// The engine tree it was built from.
+        tree: Digest,
+        /// The reviewed-build tier.
+        tier: String,
+        /// The registered prebuild step (the tier's patcher).
+        step: String,
+        /// The step's exact argv.
+        argv: Vec<String>,
+        /// The prebuild image's pinned digest.
+        image: Digest,
+        /// The build's lease.
+        lease: String,
+        /// The compile request's digest (the sealed-direct-artifact tier's).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        request: Option<Digest>,
+    },
+    /// The empty publication of a session that runs no candidate build (the pristine
+    /// reference T).
+    ControlOnly {
+        /// Whose it is.
+        #[serde(rename = "for")]
+        purpose: String,
+    },
+}
+
+impl Control {
+    /// As the origin a publication is published with.
+    ///
+    /// # Errors
+    /// It cannot be encoded (never, for these types).
+    pub fn to_origin(&self) -> Result<Value, TreeError> {
+        serde_json::to_value(self)
+            .map_err(|source| TreeError::Encode(CanonicalError::Serialize { source }))
+    }
+
+    /// The control record of publication `record`.
+    ///
+    /// # Errors
+    /// [`TreeError::Corrupt`]: its origin is not a control record.
+    pub fn of(record: &TreeRecord) -> Result<Self, TreeError> {
+        serde_json::from_value(record.origin.clone()).map_err(|e| TreeError::Corrupt {
+            digest: record.digest,
+            why: format!("its control record: {e}"),
+        })
+    }
+
+    /// That this is the build `expected` describes (its lease and request aside): what the
+    /// receipt naming the publication, and the authority it runs under, say.
+    ///
+    /// # Errors
+    /// What differs, as a sentence.
+    pub fn check_built(&self, expected: &Self) -> Result<(), String> {
+        let (
+            Self::Built {
+                tree: t,
+                tier: k,
+                step: s,
+                argv: a,
+                image: i,
+                ..
+            },
+            Self::Built {
+                tree,
+                tier,
+                step,
+                argv,
+                image,
+                ..
+            },
+        ) = (self, expected)
+        else {
+            return Err("it is a control-only publication, built by no patcher".into());
+        };
+        let mut differs = Vec::new();
+        if t != tree {
+            differs.push(format!("it was built from tree {t}, not {tree}"));
+        }
+        if s != step || k != tier {
+            differs.push(format!(
+                "it was built by step {s:?} (tier {k:?}), not {step:?} (tier {tier:?})"
+            ));
+        }
+        if a != argv {
+            differs.push(format!(
+                "its patcher's argv {a:?} is not the policy's {argv:?}"
+            ));
+        }
+        if i != image {
+            differs.push(format!("it was built in image {i}, not the pinned {image}"));
+        }
+        if differs.is_empty() {
+            Ok(())
+        } else {
+            Err(differs.join("; "))
+        }
+    }
+}
+
+/// The name of a record's entries (and, for a publication, its control record) in `section`.
+fn name_of(section: Section, entries: &[Entry], origin: &Value) -> Result<Digest, CanonicalError> {
+    if section.dir != PUBLICATIONS.dir {
+        return digest_in(section, entries);
+    }
+    #[derive(Serialize)]
+    struct Payload<'a> {
+        materializer: &'a str,
+        entries: &'a [Entry],
+        control: &'a Value,
+    }
+    crate::canonical::domain_digest(
+        section.domain,
+        PUBLICATION_SCHEMA,
+        &Payload {
+            materializer: MATERIALIZER,
+            entries,
+            control: origin,
+        },
+    )
 }
 
 /// Why a tree could not be published or verified.
@@ -147,7 +284,7 @@ pub fn load_in(store: &Store, section: Section, digest: &Digest) -> Result<TreeR
             record.materializer
         )));
     }
-    if &digest_in(section, &record.entries)? != digest || &record.digest != digest {
+    if &name_of(section, &record.entries, &record.origin)? != digest || &record.digest != digest {
         return Err(corrupt(
             "the record's entries do not hash to its name".into(),
         ));
@@ -183,7 +320,7 @@ pub fn publish_in(
 ) -> Result<TreeRecord, TreeError> {
     let mut entries = entries;
     entries.sort();
-    let digest = digest_in(section, &entries)?;
+    let digest = name_of(section, &entries, &origin)?;
     let record = TreeRecord {
         schema: TREE_SCHEMA,
         materializer: MATERIALIZER.to_owned(),
@@ -512,5 +649,65 @@ mod tests {
             0,
             "no scratch is left"
         );
+    }
+
+    /// A publication's name covers its control record: the same entries built otherwise are
+    /// another publication, an edited record no longer hashes to its name, and the check names
+    /// each difference from the build a stage expects.
+    #[test]
+    fn a_publications_name_covers_its_control_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        let entries = vec![entry(&store, "lib/a", b"a", false)];
+        let built = |tree: &[u8], step: &str| Control::Built {
+            tree: Digest::of_bytes(tree),
+            tier: "native-rebuild".into(),
+            step: step.into(),
+            argv: vec!["/bin/sh".into()],
+            image: Digest::of_bytes(b"image"),
+            lease: "l1".into(),
+            request: None,
+        };
+        let publish = |c: &Control| {
+            publish_in(
+                &store,
+                PUBLICATIONS,
+                entries.clone(),
+                c.to_origin().unwrap(),
+            )
+            .unwrap()
+        };
+        let a = publish(&built(b"t1", "build"));
+        let b = publish(&built(b"t2", "build"));
+        assert_ne!(a.digest, b.digest);
+        let reopened = verify_in(&store, PUBLICATIONS, &a.digest).unwrap();
+        let control = Control::of(&reopened).unwrap();
+        assert_eq!(control, built(b"t1", "build"));
+        control.check_built(&built(b"t1", "build")).unwrap();
+        let why = control.check_built(&built(b"t2", "other")).unwrap_err();
+        assert!(
+            why.contains("built from tree") && why.contains("by step \"build\""),
+            "{why}"
+        );
+        let only = Control::ControlOnly {
+            purpose: "T".into(),
+        };
+        assert!(only.check_built(&control).is_err());
+        // The record edited in place (its origin now says another tree): corrupt.
+        let manifest = dir_in(&store, PUBLICATIONS, &a.digest).join("manifest.json");
+        let text = std::fs::read_to_string(&manifest).unwrap();
+        let edited = text.replace(
+            &Digest::of_bytes(b"t1").to_string(),
+            &Digest::of_bytes(b"t2").to_string(),
+        );
+        assert_ne!(text, edited);
+        let mut p = std::fs::metadata(&manifest).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut p, 0o644);
+        std::fs::set_permissions(&manifest, p).unwrap();
+        std::fs::write(&manifest, edited).unwrap();
+        assert!(matches!(
+            verify_in(&store, PUBLICATIONS, &a.digest),
+            Err(TreeError::Corrupt { .. })
+        ));
     }
 }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use cordon::lease::Manager;
 use cordon::receipt::{Decision, Role};
-use cordon::tree::{PUBLICATIONS, TREES};
+use cordon::tree::TREES;
 use cordon_lane::session::{Inputs, session};
 use cordon_testkit::{bare_runc_run, median};
 
@@ -42,7 +42,7 @@ fn main() {
         TREES,
         &[("engine/__init__.py", ""), ("engine/serve.py", trivial)],
     );
-    let publication = common::publish(&store, PUBLICATIONS, &[("lib/a", "a\n")]);
+    let publication = common::native(&store, &policy, &tree, &[("lib/a", "a\n")]);
     let inputs = |w| Inputs {
         role: Role::C,
         tree,

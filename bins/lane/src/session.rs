@@ -486,17 +486,34 @@ type Pristine = (Option<Seen>, Option<(String, String)>);
 /// launch, and from inside by the worker), and the worker must see exactly the pinned tree.
 /// What the worker must see and the mounts it looks at; nothing for a lane read.
 fn pristine_checks(
+    policy: &Policy,
     stage: &cordon_policy_lang::Stage,
     inputs: &Inputs,
     publication: &tree::TreeRecord,
 ) -> Result<Pristine, LaneError> {
+    // The publication's control record (its name covers it) says what made it: a build of
+    // this very tree by this authority's patcher, or T's control-only publication.
+    let control = tree::Control::of(publication)?;
+    let refused = |why: String| {
+        LaneError::NoDecision(format!(
+            "publication {} is not this session's: {why}",
+            inputs.publication
+        ))
+    };
     match inputs.role {
-        Role::B | Role::C | Role::A => Ok((None, None)),
+        Role::B | Role::C | Role::A => {
+            cordon_stage::publication::matches(policy, &control, &inputs.tree, None)
+                .map_err(refused)?;
+            Ok((None, None))
+        }
         Role::T if !publication.entries.is_empty() => Err(LaneError::NoDecision(format!(
             "the reference session's publication {} is not control-only: it holds {} files",
             inputs.publication,
             publication.entries.len()
         ))),
+        Role::T if !matches!(control, tree::Control::ControlOnly { .. }) => Err(refused(
+            "the reference session runs only a control-only publication".into(),
+        )),
         Role::T => Ok((
             Some(Seen {
                 tree: inputs.tree.to_string(),
@@ -697,7 +714,7 @@ pub fn session_gated(
     model::registered(models, &model_dir, &model_digest)?;
     tree::verify(&cfg.store, &inputs.tree)?;
     let publication = tree::verify_in(&cfg.store, PUBLICATIONS, &inputs.publication)?;
-    let (seen, pristine) = pristine_checks(stage, inputs, &publication)?;
+    let (seen, pristine) = pristine_checks(policy, stage, inputs, &publication)?;
     let rootfs = cordon::image::unpack(&cfg.store, &cfg.images.join(role), &pin)?;
     // The reviewed digest is sealed, never the bytes found in the image cache: a worker
     // replaced there reports its own digest in the posture, and the session is a no-decision.

@@ -30,7 +30,7 @@ use cordon::canonical::Digest;
 use cordon::host::fake::Interposed;
 use cordon::lease::Manager;
 use cordon::receipt::{Decision, Role};
-use cordon::tree::{PUBLICATIONS, TREES};
+use cordon::tree::TREES;
 use cordon_lane::session::{Inputs, LaneError, session};
 use cordon_stage::session::SessionError;
 use cordon_testkit::blind::Blind;
@@ -39,7 +39,7 @@ use serde_json::Value;
 
 mod common;
 
-use common::publish_bytes;
+use common::{native_bytes, publish_bytes};
 
 /// Requests of the test workload: one warmup, two timed, `TOKENS` tokens each.
 const REQUESTS: usize = 3;
@@ -166,9 +166,10 @@ fn each_lane_control_is_refused_as_planned_and_passes_with_only_it_removed() {
             ("engine/true", &program, true),
         ],
     );
-    let publication = publish_bytes(
+    let publication = native_bytes(
         &w.store,
-        PUBLICATIONS,
+        &w.policy,
+        &tree,
         &[("lib/artifact.txt", b"native\n", false)],
     );
     let workload = common::workload(w.dir.path(), REQUESTS, 1, TOKENS);

@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use cordon::lease::quarantine::{self, Cause, Scope};
 use cordon::receipt::{Decision, DeviceReceipts, LaneAssignment, Role};
-use cordon::tree::PUBLICATIONS;
 use cordon_device::fake::{Fake, FakeClock, Step, pinned_config};
 use cordon_lane::guard::Devices;
 use cordon_lane::lock::GpuLock;
@@ -22,7 +21,7 @@ use cordon_testkit::LANE_GPUS;
 
 mod common;
 
-use common::{World, build, build_probing, nothing_left, publish};
+use common::{World, build, build_probing, nothing_left};
 
 const A: &str = LANE_GPUS[0];
 const B: &str = LANE_GPUS[1];
@@ -257,7 +256,7 @@ fn the_audit_and_the_reference_session_read_guarded_on_gpu_lanes() {
         (Role::A, b.publication, orientation.candidate.clone(), B),
         (
             Role::T,
-            publish(&w.store, PUBLICATIONS, &[]),
+            common::control_only(&w.store),
             orientation.baseline.clone(),
             A,
         ),

@@ -18,7 +18,7 @@ use cordon_testkit::workspace_root;
 
 mod common;
 
-use common::{publish, publish_bytes};
+use common::{native, native_bytes, publish, publish_bytes};
 
 struct Env {
     dir: tempfile::TempDir,
@@ -27,7 +27,6 @@ struct Env {
     cfg: Config,
     model: PathBuf,
     workload: PathBuf,
-    publication: Digest,
 }
 
 /// Requests of the test workload: one warmup, two timed, `TOKENS` tokens each.
@@ -42,7 +41,6 @@ fn env(slot: u32, edits: &[(&str, &str)]) -> Env {
 fn env_of((owner, slot): (&str, u32), executor: &str, edits: &[(&str, &str)]) -> Env {
     let w = common::world(owner, slot, executor, edits);
     let workload = common::workload(w.dir.path(), REQUESTS, 1, TOKENS);
-    let publication = publish(&w.store, PUBLICATIONS, &[("lib/artifact.txt", "native\n")]);
     Env {
         dir: w.dir,
         store: w.store,
@@ -50,7 +48,6 @@ fn env_of((owner, slot): (&str, u32), executor: &str, edits: &[(&str, &str)]) ->
         cfg: w.cfg,
         model: w.model,
         workload,
-        publication,
     }
 }
 
@@ -95,7 +92,17 @@ fn probing(prelude: &str, probe: &str) -> String {
 }
 
 fn run(e: &Env, tree: Digest) -> Result<Outcome, LaneError> {
-    run_with(e, tree, e.publication)
+    run_with(e, tree, built(e, &tree))
+}
+
+/// The publication the policy's patcher built from `tree`.
+fn built(e: &Env, tree: &Digest) -> Digest {
+    native(
+        &e.store,
+        &e.policy,
+        tree,
+        &[("lib/artifact.txt", "native\n")],
+    )
 }
 
 fn run_with(e: &Env, tree: Digest, publication: Digest) -> Result<Outcome, LaneError> {
@@ -190,7 +197,7 @@ fn writes_to_every_read_only_mount_and_the_worker_fail_inside_and_change_nothing
     assert_eq!(out.outputs, expected(&[30, 30, 30, 30, 13, 13, 13]));
     nothing_left(&e);
     tree::verify(&e.store, &tree).unwrap();
-    tree::verify_in(&e.store, PUBLICATIONS, &e.publication).unwrap();
+    tree::verify_in(&e.store, PUBLICATIONS, &built(&e, &tree)).unwrap();
     assert_eq!(
         cordon_lane::model::verify(&e.model).unwrap().1,
         model_before
@@ -363,7 +370,7 @@ fn a_background_process_the_engine_leaves_is_gone_after_release() {
         &Inputs {
             role: Role::C,
             tree,
-            publication: e.publication,
+            publication: built(&e, &tree),
             workload: e.workload.clone(),
             model: e.cfg.images.clone(),
             lane: None,
@@ -375,6 +382,19 @@ fn a_background_process_the_engine_leaves_is_gone_after_release() {
         "{:?}",
         refused.err()
     );
+    nothing_left(&e);
+    // A publication the patcher built from another tree, or T's control-only one, is not this
+    // tree's (its control record, which its name covers, says so): refused before anything
+    // runs. The tree's own passes the same check (every session above).
+    let other = engine(&e, &example_serve(), "# another kernel\n");
+    for publication in [built(&e, &other), common::control_only(&e.store)] {
+        let refused = run_with(&e, tree, publication);
+        assert!(
+            matches!(&refused, Err(LaneError::NoDecision(why)) if why.contains("is not this session's")),
+            "{:?}",
+            refused.err()
+        );
+    }
     nothing_left(&e);
     let (first, _) = cordon_testkit::account_range("lane-session", 5);
     let forks = "def spawn():\n    pid = os.fork()\n    if pid == 0:\n        os.setsid()\n        time.sleep(600)\n        os._exit(0)\n    return 1\n";
@@ -553,7 +573,7 @@ fn programs_in_the_tree_and_the_model_cannot_run_and_the_publications_can() {
             ("engine/true", &program, true),
         ],
     );
-    let publication = publish_bytes(&e.store, PUBLICATIONS, &[("bin/true", &program, true)]);
+    let publication = native_bytes(&e.store, &e.policy, &tree, &[("bin/true", &program, true)]);
     let model_program = e.model.join("true");
     std::fs::write(&model_program, &program).unwrap();
     std::fs::set_permissions(
@@ -587,7 +607,7 @@ fn the_engine_cannot_lower_the_workers_limits_but_its_own() {
         "[run('/native/bin/limit'), run('/native/bin/limit', 'self')]",
     );
     let tree = engine(&e, &serve, &incumbent_kernel());
-    let publication = publish_bytes(&e.store, PUBLICATIONS, &[("bin/limit", &program, true)]);
+    let publication = native_bytes(&e.store, &e.policy, &tree, &[("bin/limit", &program, true)]);
     let out = served(run_with(&e, tree, publication));
     // EPERM (1) for the worker (pid 1), the program's own limits lowered (the control); and
     // the worker, untouched, relayed the whole session.

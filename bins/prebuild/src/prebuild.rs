@@ -71,6 +71,13 @@ pub enum PrebuildError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Canonical(#[from] cordon::canonical::CanonicalError),
+    /// A cached publication's control record does not say this build made it.
+    #[error("the cached {0}")]
+    #[diagnostic(
+        code(cordon::prebuild::control),
+        help("the store has been tampered with, or the cache entry is stale: quarantine it")
+    )]
+    Control(String),
     /// The container was killed by a host process that is not cordon's deadline or the OOM
     /// killer (an operator, `cordon-reap` ending an expired lease): no verdict on the candidate.
     #[error(
@@ -124,8 +131,8 @@ pub fn prebuild(
     candidate: bool,
 ) -> Result<Outcome, PrebuildError> {
     let started = Instant::now();
-    let argv = match policy.step(step) {
-        Some((StageKind::Prebuild, argv)) => argv.to_vec(),
+    let argv = match (policy.step(step), policy.step_tier(step)) {
+        (Some((StageKind::Prebuild, argv)), Some(_)) => argv.to_vec(),
         _ => {
             let why = format!("{step:?} is not a registered prebuild step of the policy");
             return Ok(rejected("prebuild.unknown-step", why, None));
@@ -174,7 +181,10 @@ pub fn prebuild(
             .as_str()
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| PrebuildError::Policy("cache entry names no publication".into()))?;
-        let publication = tree::verify_in(&cfg.store, PUBLICATIONS, &digest)?;
+        // The cache names a publication; its control record must say this build made it.
+        let publication =
+            cordon_stage::publication::reopen(&cfg.store, policy, &digest, tree_digest, Some(step))
+                .map_err(|e| e.map_or_else(PrebuildError::Tree, PrebuildError::Control))?;
         return Ok(Decision::Accepted(Published {
             publication,
             meta: None,
@@ -211,16 +221,12 @@ pub fn prebuild(
         &job,
         |_, _, _| Ok::<(), PrebuildError>(()),
         |lease, planned, finished| {
-            // What made these entries (tree, step and its exact argv, the image). Descriptive
-            // like every tree origin: the publication's digest covers its entries, not this.
-            let origin = json!({
-                "kind": "publication",
-                "tree": tree_digest,
-                "step": step,
-                "argv": job.argv,
-                "image": pin,
-                "lease": lease.record.lease,
-            });
+            // What made these entries: the publication's name covers it, and every stage
+            // that reopens the publication checks it against the tree it runs.
+            let origin =
+                cordon_stage::publication::built(policy, tree_digest, step, &lease.record.lease)
+                    .map_err(PrebuildError::Policy)?
+                    .to_origin()?;
             publish(
                 cfg,
                 planned,

@@ -995,6 +995,37 @@ fn a_tampered_or_mispinned_image_and_a_corrupt_cached_publication_are_no_decisio
     let Decision::Accepted(Published { publication, .. }) = &o else {
         panic!("{o:?}")
     };
+    // The cache entry edited to name another tree's publication, whole and verified: its
+    // control record says it is not this build's, so it is never handed out.
+    let (_, other) = build(&e, "echo other > $out/a", &[]);
+    let Decision::Accepted(Published {
+        publication: theirs,
+        ..
+    }) = &other
+    else {
+        panic!("{other:?}")
+    };
+    let entries = e.store.path("publications", "");
+    let ours = std::fs::read_dir(&entries)
+        .unwrap()
+        .map(|d| d.unwrap().path())
+        .find(|p| {
+            std::fs::read_to_string(p).is_ok_and(|t| t.contains(&publication.digest.to_string()))
+        })
+        .expect("the cache entry of the first build");
+    let text = std::fs::read_to_string(&ours).unwrap();
+    std::fs::set_permissions(&ours, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::write(
+        &ours,
+        text.replace(&publication.digest.to_string(), &theirs.digest.to_string()),
+    )
+    .unwrap();
+    let r = prebuild(&e.policy, &e.cfg, &tree, "build-native", true);
+    assert!(
+        matches!(&r, Err(cordon_prebuild::prebuild::PrebuildError::Control(why)) if why.contains("built from tree")),
+        "another tree's publication in the cache: {r:?}"
+    );
+    std::fs::write(&ours, text).unwrap();
     let object = e.store.object_path(&publication.entries[0].sha256, false);
     std::fs::set_permissions(&object, std::fs::Permissions::from_mode(0o644)).unwrap();
     std::fs::write(&object, "ko\n").unwrap();

@@ -45,7 +45,6 @@ use cordon_lane::session::{Config, Inputs, LaneError, session_gated};
 use cordon_policy_lang::Policy;
 use cordon_stage::args::Diagnostics;
 use cordon_stage::receipt_io as stage;
-use serde_json::json;
 
 use crate::audit::{AuditRun, Ended};
 
@@ -276,7 +275,11 @@ impl Referee<'_> {
             &self.cfg.store,
             PUBLICATIONS,
             Vec::new(),
-            json!({ "kind": "control-only", "for": "the pristine reference session" }),
+            tree::Control::ControlOnly {
+                purpose: "the pristine reference session".into(),
+            }
+            .to_origin()
+            .map_err(|e| no(format!("the control-only publication: {e}")))?,
         )
         .map_err(|e| no(format!("the control-only publication: {e}")))?;
         Ok(publication.digest)

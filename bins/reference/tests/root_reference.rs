@@ -125,9 +125,10 @@ fn world_edited(slot: u32, edits: &[(&str, &str)]) -> (World, Digest, Digest) {
 fn build(w: &World, serve: &str, tag: &str) -> Build {
     let f = files(serve, tag);
     let refs: Vec<(&str, &str)> = f.iter().map(|(p, t)| (*p, t.as_str())).collect();
+    let tree = publish(&w.store, TREES, &refs);
     Build {
-        tree: publish(&w.store, TREES, &refs),
-        publication: publish(&w.store, PUBLICATIONS, &[("lib/a", tag)]),
+        tree,
+        publication: common::native(&w.store, &w.policy, &tree, &[("lib/a", tag)]),
         receipt: Digest::of_bytes(tag.as_bytes()),
     }
 }
@@ -408,13 +409,18 @@ fn t_refuses_a_publication_with_anything_in_it() {
         model: w.model.clone(),
         lane: None,
     };
-    let artifact = publish(&w.store, PUBLICATIONS, &[("lib/kernel.so", "candidate")]);
+    let artifact = common::native(&w.store, &w.policy, &pin, &[("lib/kernel.so", "candidate")]);
     let e = session_under(&w.policy, &w.cfg, &inputs(artifact), &lock).unwrap_err();
     assert!(e.to_string().contains("not control-only"), "{e}");
+    // Empty, and still a patcher's build: its control record says it is not T's.
+    let built = common::native(&w.store, &w.policy, &pin, &[]);
+    let e = session_under(&w.policy, &w.cfg, &inputs(built), &lock).unwrap_err();
+    assert!(
+        e.to_string().contains("only a control-only publication"),
+        "{e}"
+    );
     // The control-only publication serves, and the worker saw the pinned tree from inside.
-    let empty = tree::publish_in(&w.store, PUBLICATIONS, Vec::new(), serde_json::json!({}))
-        .unwrap()
-        .digest;
+    let empty = common::control_only(&w.store);
     match session_under(&w.policy, &w.cfg, &inputs(empty), &lock) {
         Ok(Decision::Accepted(o)) => assert_eq!(o.tree, pin),
         other => panic!("expected T to serve, got {other:?}"),

@@ -18,6 +18,8 @@
 //! - [`host_fit`]: whether this host can honour a candidate stage (memory against the policy's
 //!   reserve, the side-channel posture), before anything is leased;
 //! - [`parser`]: a stage's confined parser child under its own lease (fetch, materialize);
+//! - [`publication`]: a publication reopened and its control record checked against the
+//!   authority and the tree a stage runs;
 //! - [`receipt_io`]: reading an input receipt and emitting the one output receipt;
 //! - [`evidence`]: what a stage preserved of a run, named by its receipt;
 //! - [`surface`]: planning the agent surface's rootless container (pure).
@@ -34,6 +36,7 @@ pub mod oci;
 pub mod parser;
 mod plan_error;
 pub mod posture;
+pub mod publication;
 pub mod receipt_io;
 pub mod session;
 pub mod settings;

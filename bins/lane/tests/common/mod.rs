@@ -100,17 +100,14 @@ pub fn build_probing(w: &World, ms: u64, probe: &str) -> cordon_lane::qualify::B
     let serve = format!(
         "import time\n\n\ndef generate(prompt, tokens, model_dir):\n{probe}    time.sleep({ms} / 1000)\n    return [prompt[0]] * tokens\n"
     );
+    let tree = publish(
+        &w.store,
+        tree::TREES,
+        &[("engine/__init__.py", ""), ("engine/serve.py", &serve)],
+    );
     cordon_lane::qualify::Build {
-        tree: publish(
-            &w.store,
-            tree::TREES,
-            &[("engine/__init__.py", ""), ("engine/serve.py", &serve)],
-        ),
-        publication: publish(
-            &w.store,
-            tree::PUBLICATIONS,
-            &[("lib/a", &format!("{ms}\n"))],
-        ),
+        tree,
+        publication: native(&w.store, &w.policy, &tree, &[("lib/a", &format!("{ms}\n"))]),
         receipt: Digest::of_bytes(format!("prebuild-{ms}").as_bytes()),
     }
 }
@@ -129,12 +126,24 @@ pub fn publish(store: &Store, section: tree::Section, files: &[(&str, &str)]) ->
     publish_bytes(store, section, &files)
 }
 
-/// Publish `(path, bytes, executable)` entries as a tree or publication.
+/// Publish `(path, bytes, executable)` entries as a tree.
 pub fn publish_bytes(
     store: &Store,
     section: tree::Section,
     files: &[(&str, &[u8], bool)],
 ) -> Digest {
+    tree::publish_in(
+        store,
+        section,
+        entries(store, files),
+        serde_json::json!({"kind": "test"}),
+    )
+    .unwrap()
+    .digest
+}
+
+/// `(path, bytes, executable)` files as content objects in the store, and their entries.
+fn entries(store: &Store, files: &[(&str, &[u8], bool)]) -> Vec<Entry> {
     let mut batch = store.batch().unwrap();
     let mut entries = Vec::new();
     for (path, bytes, executable) in files {
@@ -147,9 +156,53 @@ pub fn publish_bytes(
         });
     }
     batch.commit().unwrap();
-    tree::publish_in(store, section, entries, serde_json::json!({"kind": "test"}))
-        .unwrap()
-        .digest
+    entries
+}
+
+/// Publish text files as the publication `policy`'s native-rebuild patcher built from `tree`
+/// (its control record says so, as a lane session checks).
+pub fn native(store: &Store, policy: &Policy, tree: &Digest, files: &[(&str, &str)]) -> Digest {
+    let files: Vec<(&str, &[u8], bool)> = files
+        .iter()
+        .map(|(p, t)| (*p, t.as_bytes(), false))
+        .collect();
+    native_bytes(store, policy, tree, &files)
+}
+
+/// [`native`] of `(path, bytes, executable)` entries.
+pub fn native_bytes(
+    store: &Store,
+    policy: &Policy,
+    tree: &Digest,
+    files: &[(&str, &[u8], bool)],
+) -> Digest {
+    let step = policy
+        .patcher_of(cordon_policy_lang::BuildTier::NativeRebuild)
+        .unwrap();
+    let control = cordon_stage::publication::built(policy, tree, step, "test").unwrap();
+    tree::publish_in(
+        store,
+        tree::PUBLICATIONS,
+        entries(store, files),
+        control.to_origin().unwrap(),
+    )
+    .unwrap()
+    .digest
+}
+
+/// The pristine reference session's empty, control-only publication.
+pub fn control_only(store: &Store) -> Digest {
+    let control = tree::Control::ControlOnly {
+        purpose: "a test's reference session".into(),
+    };
+    tree::publish_in(
+        store,
+        tree::PUBLICATIONS,
+        Vec::new(),
+        control.to_origin().unwrap(),
+    )
+    .unwrap()
+    .digest
 }
 
 /// A workload of `n` requests (the first `warmup` of them warm-up) of `tokens` tokens each,
