@@ -179,8 +179,8 @@ impl Runtime {
             id.into(),
         ]);
         let piped_stdin = match stdio.stdin {
-            Input::Null => false,
-            Input::Bytes(_) | Input::Live => true,
+            Input::Null => crate::host::Stdin::Null,
+            Input::Bytes(_) | Input::Live => crate::host::Stdin::Pipe,
         };
         let mut child =
             self.host

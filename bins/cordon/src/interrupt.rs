@@ -178,8 +178,11 @@ mod tests {
 
     fn hanging(fake: &Fake) -> crate::host::Process {
         fake.process("sleeper", Script::hangs());
-        fake.spawn(&crate::host::Tool::new("sleeper", &[]), false)
-            .unwrap()
+        fake.spawn(
+            &crate::host::Tool::new("sleeper", &[]),
+            crate::host::Stdin::Null,
+        )
+        .unwrap()
     }
 
     #[test]

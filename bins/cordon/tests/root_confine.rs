@@ -48,6 +48,23 @@ fn probe(kind: &str) -> i32 {
             Ok(_) => 10,
             Err(_) => 11,
         },
+        // The connection the parent gave it as stdin: a descriptor of its own, then a
+        // round trip over it (what a transfer child does).
+        "use-connection" => {
+            use std::os::fd::AsFd;
+            let Ok(fd) = std::io::stdin().as_fd().try_clone_to_owned() else {
+                return 10;
+            };
+            let mut conn = std::net::TcpStream::from(fd);
+            let mut reply = [0u8; 4];
+            match conn
+                .write_all(b"ping")
+                .and_then(|()| conn.read_exact(&mut reply))
+            {
+                Ok(()) if &reply == b"pong" => 0,
+                _ => 12,
+            }
+        }
         // A process, not a thread: fork is clone without CLONE_THREAD.
         "process" => match std::process::Command::new("/bin/true").status() {
             Ok(_) => 10,
@@ -196,6 +213,7 @@ fn spec(e: &Env, kind: &str, cpu_seconds: u64) -> Spec {
             address_space: 512 << 20,
             cpu_seconds,
         },
+        argument: None,
     }
 }
 
@@ -204,7 +222,7 @@ fn start(e: &Env, kind: &str, cpu_seconds: u64) -> Process {
         &Linux,
         &std::env::current_exe().unwrap(),
         &spec(e, kind, cpu_seconds),
-        true,
+        cordon::host::Stdin::Pipe,
     )
     .unwrap()
 }
@@ -342,6 +360,41 @@ fn a_subverted_parser_cannot_open_the_store_a_host_file_a_socket_or_a_process() 
     // What a parser needs still works: threads.
     let (end, status, stderr) = ended(&e, "thread", "", 10);
     assert_eq!(end, Ended::Done, "{status:?} {stderr}");
+    // A child handed a connection as its stdin (a transfer child) may use that one: and still
+    // neither make a socket nor connect one.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = listener.local_addr().unwrap();
+    let peer = std::thread::spawn(move || {
+        for _ in 0..2 {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut ping = [0u8; 4];
+            if conn.read_exact(&mut ping).is_ok() {
+                let _ = conn.write_all(b"pong");
+            }
+        }
+    });
+    let on_connection = |kind: &str| {
+        let conn = std::net::TcpStream::connect(at).unwrap();
+        output(
+            confine::spawn(
+                &Linux,
+                &std::env::current_exe().unwrap(),
+                &spec(&e, kind, 10),
+                cordon::host::Stdin::Fd(conn.into()),
+            )
+            .unwrap(),
+        )
+    };
+    let (status, stderr) = on_connection("use-connection");
+    assert_eq!(status.code(), Some(0), "{status:?} {stderr}");
+    let (status, stderr) = on_connection("socket");
+    assert!(killed_by(status, Signal::SIGSYS), "{status:?} {stderr}");
+    peer.join().unwrap();
+    // The same round trip from a child whose stdin is a pipe is killed: the socket calls are
+    // admitted only to a child the parent gave a connection.
+    let (end, status, stderr) = ended(&e, "use-connection", "", 10);
+    assert!(killed_by(status, Signal::SIGSYS), "{status:?} {stderr}");
+    assert!(matches!(end, Ended::Broke(_)), "{end:?}");
     Ok(())
 }
 
@@ -362,8 +415,15 @@ fn a_child_that_cannot_confine_itself_reads_nothing_and_says_so() -> Result<(), 
     // Root is refused as the run account, before anything else changes.
     let mut s = spec(&e, "open", 10);
     s.uid = 0;
-    let (status, _) =
-        output(confine::spawn(&Linux, &std::env::current_exe().unwrap(), &s, false).unwrap());
+    let (status, _) = output(
+        confine::spawn(
+            &Linux,
+            &std::env::current_exe().unwrap(),
+            &s,
+            cordon::host::Stdin::Null,
+        )
+        .unwrap(),
+    );
     assert_eq!(status.code(), Some(confine::UNCONFINED_EXIT));
     assert!(matches!(
         confine::classify(status, false),
@@ -372,8 +432,15 @@ fn a_child_that_cannot_confine_itself_reads_nothing_and_says_so() -> Result<(), 
     // A jail that does not exist.
     let mut s = spec(&e, "open", 10);
     s.jail = Path::new("/nonexistent/jail").to_path_buf();
-    let (status, stderr) =
-        output(confine::spawn(&Linux, &std::env::current_exe().unwrap(), &s, false).unwrap());
+    let (status, stderr) = output(
+        confine::spawn(
+            &Linux,
+            &std::env::current_exe().unwrap(),
+            &s,
+            cordon::host::Stdin::Null,
+        )
+        .unwrap(),
+    );
     assert_eq!(status.code(), Some(confine::UNCONFINED_EXIT));
     assert!(stderr.contains("chroot"));
     Ok(())
@@ -636,6 +703,7 @@ fn intermediate(uid: u32, jail: &Path) -> ! {
             address_space: 512 << 20,
             cpu_seconds: 10,
         },
+        argument: None,
     };
     // Its input is this process's: the test holds it open, so only the parent-death signal
     // can end the child.
@@ -722,7 +790,7 @@ fn the_child_dies_with_its_parent_and_holds_no_inherited_descriptor() -> Result<
 
 fn main() {
     if let Some((spec, parent)) = confine::requested() {
-        confine::run_child(&spec, parent, probe);
+        confine::run_child(&spec, parent, |spec| probe(&spec.kind));
     }
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("--intermediate") {

@@ -21,7 +21,7 @@ use cordon_stage::args::{LeaseArgs, StageArgs, report_diagnostic};
 use cordon_stage::receipt_io as stage;
 use serde_json::json;
 
-use crate::transport::{self, Body, Rules, TransportError};
+use crate::transport::{self, Rules, Transfer, TransportError};
 
 /// Admit an archive into the validator's private store.
 #[derive(Debug, Parser)]
@@ -154,10 +154,10 @@ fn rules(policy: &cordon_policy_lang::Policy) -> Result<Rules, FetchError> {
     })
 }
 
-/// The source, opened: a local file or a remote body.
+/// The source, opened: a local file, or a remote transfer (begun under the lease).
 enum Source {
     Local(std::fs::File),
-    Remote(Body),
+    Remote(Box<Transfer>),
 }
 
 impl Read for Source {
@@ -171,7 +171,10 @@ impl Read for Source {
 
 fn open_source(given: &str, policy: &cordon_policy_lang::Policy) -> Result<Source, FetchError> {
     if given.contains("://") {
-        return Ok(Source::Remote(transport::open(given, &rules(policy)?)?));
+        return Ok(Source::Remote(Box::new(transport::open(
+            given,
+            &rules(policy)?,
+        )?)));
     }
     let path = Path::new(given);
     let file = std::fs::File::open(path).map_err(|source| FetchError::OpenSource {
@@ -291,10 +294,34 @@ fn fetch(
         intake::ARCHIVE_CHILD,
         child,
         budget,
-        |launch| intake::ingest_confined(&store, &mut source, &committed, &limits, launch),
+        |launch| {
+            // The transfer's children run as the lease's account, beside the archive's.
+            if let Source::Remote(transfer) = source.get_mut()
+                && let Err(e) = transfer.begin(launch)
+            {
+                return Err(e);
+            }
+            let ingested =
+                intake::ingest_confined(&store, &mut source, &committed, &limits, launch);
+            // Before the lease is released: no transfer child outlives its account.
+            if let Source::Remote(transfer) = source.get_mut() {
+                transfer.end();
+            }
+            Ok(ingested)
+        },
     );
     let result = match result {
-        Ok(r) => r,
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
+            return Ok(stage::finish(
+                &store,
+                &mut receipt,
+                Err::<Decision<FetchOutputs>, _>(FetchFailure::Transport(e)),
+                args.stage.diagnostics,
+                stdout,
+                stderr,
+            ));
+        }
         Err(e) => {
             return Ok(stage::finish(
                 &store,
@@ -350,11 +377,14 @@ fn fetch(
 #[must_use]
 pub fn main() -> ExitCode {
     if let Some((spec, parent)) = cordon::confine::requested() {
-        cordon::confine::run_child(&spec, parent, |kind| match kind {
+        cordon::confine::run_child(&spec, parent, |spec| match spec.kind.as_str() {
             cordon::intake::ARCHIVE_CHILD => cordon::intake::archive_child(
                 &mut std::io::stdin().lock(),
                 &mut std::io::stdout().lock(),
             ),
+            crate::transfer::TRANSFER_CHILD => {
+                crate::transfer::child(spec.argument.as_deref(), &mut std::io::stdout().lock())
+            }
             _ => cordon::confine::UNCONFINED_EXIT,
         });
     }

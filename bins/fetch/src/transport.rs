@@ -1,26 +1,30 @@
 //! Remote transport for intake: one `https://` (or, for tests, loopback `http://`) GET under the
-//! policy's rules, delivered as a byte stream.
+//! policy's rules, delivered as a byte stream — with no TLS or HTTP byte ever parsed by this
+//! (root) process.
 //!
-//! It owns the transport rules: the host must be on the allow-list (checked again for every
-//! redirect target); every address a name resolves to must be public unless the policy's
-//! loopback allowance is on, and the connection goes to exactly the addresses that were checked
-//! (the resolver is ours, so a second lookup cannot rebind); TLS is rustls with TLS ≥ 1.2 (or
-//! 1.3 by policy) and either the policy's trust anchor alone or the compiled-in Mozilla roots;
-//! proxies from the environment are ignored; one absolute deadline covers the whole transfer,
-//! redirects included; the byte cap is enforced on the bytes received, never on a
-//! Content-Length.
+//! The parent's side, here: the static checks on the source (scheme, host allow-list, literal
+//! addresses), then for each hop — the first request and each redirect the child reports —
+//! resolving the name itself, checking every address it resolves to (public unless the
+//! policy's loopback allowance is on), connecting to exactly those addresses and handing the
+//! connected socket to a confined transfer child of the run account ([`crate::transfer`]) as
+//! its standard input. The child speaks TLS and HTTP and writes frames; the parent counts every
+//! byte against the bound, holds the one absolute deadline over every hop (it kills the child
+//! at it), re-checks a redirect's target against the allow-list as plain data, and counts the
+//! redirects. Proxies from the environment are never read. The archive is parsed later, by
+//! another confined child ([`cordon::archive`]).
 //!
-//! The stream is produced on a private tokio runtime thread and handed over through a bounded
-//! channel, so the deadline is enforced on the network side even while the consumer is busy.
-//! It does not parse the archive; that is [`cordon::archive`].
+//! The stream is produced on a thread of its own and handed over through a bounded channel,
+//! so the deadline is enforced on the network side even while the consumer is busy.
 
 use std::io::{self, Read};
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
-use std::sync::Arc;
+use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc::{Receiver, Sender, channel};
-use url::{Host, Url};
+use cordon::confine::{FrameError, FrameReader, Launch, Supervised};
+use url::Url;
+
+use crate::transfer::{self, Allowed, DATA, END, End, REDIRECT, Request, Target};
 
 /// Transport rules, already resolved from the policy.
 #[derive(Debug, Clone)]
@@ -119,353 +123,720 @@ fn address_allowed(ip: IpAddr, allow_loopback: bool) -> bool {
     is_public(ip) || (allow_loopback && ip.is_loopback())
 }
 
-/// Check a URL against the static rules: scheme, host allow-list, literal addresses.
-fn check_url(url: &Url, rules: &Rules) -> Result<(), String> {
-    let host = url.host().ok_or("the URL names no host")?;
-    let loopback_literal = match &host {
-        Host::Ipv4(v4) => v4.is_loopback(),
-        Host::Ipv6(v6) => v6.is_loopback(),
-        Host::Domain(_) => false,
-    };
-    match url.scheme() {
-        "https" => {}
-        "http" if rules.allow_plain_http_loopback && rules.allow_loopback => {
-            if !loopback_literal {
-                return Err("plain http is accepted only to a literal loopback address".into());
-            }
-        }
-        "http" => return Err("plain http is not allowed by the policy: use https://".into()),
-        other => return Err(format!("scheme {other:?} is not allowed")),
-    }
-    if !url.username().is_empty() || url.password().is_some() {
-        return Err("credentials in the URL are not allowed".into());
-    }
-    let name = host.to_string();
-    let name = name.trim_start_matches('[').trim_end_matches(']');
-    if !rules
-        .allow_hosts
+/// Check a hop's target against the static rules: scheme, host allow-list, literal addresses.
+/// The parent runs it on the source and on every redirect the child reports, the child on the
+/// redirect it is about to report.
+///
+/// # Errors
+/// The rule it breaks.
+pub fn check_target(t: &Target, allowed: &Allowed) -> Result<(), String> {
+    // The allow-list first: past it, the host is one of the policy's own names.
+    if !allowed
+        .hosts
         .iter()
-        .any(|h| h.eq_ignore_ascii_case(name))
+        .any(|h| h.eq_ignore_ascii_case(&t.host))
     {
-        return Err(format!("host {name:?} is not on the policy's allow-list"));
+        return Err(format!(
+            "host {:?} is not on the policy's allow-list",
+            t.host
+        ));
     }
-    let literal = match host {
-        Host::Ipv4(v4) => Some(IpAddr::V4(v4)),
-        Host::Ipv6(v6) => Some(IpAddr::V6(v6)),
-        Host::Domain(_) => None,
-    };
-    if let Some(ip) = literal.filter(|ip| !address_allowed(*ip, rules.allow_loopback)) {
+    let literal = t.host.parse::<IpAddr>().ok();
+    if !t.https {
+        if !(allowed.plain_http_loopback && allowed.loopback) {
+            return Err("plain http is not allowed by the policy: use https://".into());
+        }
+        if !literal.is_some_and(|ip| ip.is_loopback()) {
+            return Err("plain http is accepted only to a literal loopback address".into());
+        }
+    }
+    if let Some(ip) = literal.filter(|ip| !address_allowed(*ip, allowed.loopback)) {
         return Err(format!("address {ip} is not public"));
     }
     Ok(())
 }
 
-/// The resolver reqwest connects through: every address a name resolves to must be allowed, and
-/// only those addresses are returned, so what is connected to is what was checked.
-struct CheckedResolver {
-    allow_loopback: bool,
-}
-
-impl reqwest::dns::Resolve for CheckedResolver {
-    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
-        let allow_loopback = self.allow_loopback;
-        let host = name.as_str().to_owned();
-        Box::pin(async move {
-            let addrs: Vec<SocketAddr> =
-                tokio::task::spawn_blocking(move || (host.as_str(), 0).to_socket_addrs())
-                    .await
-                    .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)??
-                    .collect();
-            if addrs.is_empty() {
-                return Err(io::Error::other("the name resolves to no address").into());
-            }
-            if let Some(bad) = addrs
-                .iter()
-                .find(|a| !address_allowed(a.ip(), allow_loopback))
-            {
-                return Err(io::Error::other(NonPublic(bad.ip())).into());
-            }
-            Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
-        })
-    }
-}
-
-/// The marker error a resolver returns for a non-public address, found again in the chain.
-#[derive(Debug)]
-struct NonPublic(IpAddr);
-
-impl std::fmt::Display for NonPublic {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "the name resolves to the non-public address {}", self.0)
-    }
-}
-
-impl std::error::Error for NonPublic {}
-
-fn find_non_public(err: &(dyn std::error::Error + 'static)) -> Option<IpAddr> {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    while let Some(e) = cur {
-        if let Some(NonPublic(ip)) = e.downcast_ref::<NonPublic>() {
-            return Some(*ip);
+impl Rules {
+    /// What a hop may go to.
+    #[must_use]
+    pub fn allowed(&self) -> Allowed {
+        Allowed {
+            hosts: self.allow_hosts.clone(),
+            loopback: self.allow_loopback,
+            plain_http_loopback: self.allow_plain_http_loopback,
         }
-        if let Some(io) = e.downcast_ref::<io::Error>()
-            && let Some(NonPublic(ip)) = io.get_ref().and_then(|i| i.downcast_ref::<NonPublic>())
-        {
-            return Some(*ip);
-        }
-        cur = e.source();
     }
-    None
 }
 
-fn tls_config(rules: &Rules) -> Result<rustls::ClientConfig, TransportError> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-    let failed = |why: String| TransportError::Failed { why };
-    let mut roots = rustls::RootCertStore::empty();
-    match &rules.trust_anchor {
-        Some(pem) => {
-            for cert in CertificateDer::pem_slice_iter(pem) {
-                let cert = cert.map_err(|e| failed(format!("trust anchor: {e}")))?;
-                roots
-                    .add(cert)
-                    .map_err(|e| failed(format!("trust anchor: {e}")))?;
-            }
-            if roots.is_empty() {
-                return Err(failed("the trust anchor file holds no certificate".into()));
-            }
-        }
-        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
-    }
-    let versions: &[&rustls::SupportedProtocolVersion] = if rules.tls13_only {
-        &[&rustls::version::TLS13]
-    } else {
-        &[&rustls::version::TLS13, &rustls::version::TLS12]
-    };
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_protocol_versions(versions)
-    .map_err(|e| failed(format!("tls configuration: {e}")))?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    Ok(config)
+/// The hop under way: its child's killer, or `stopped` once the consumer has ended the
+/// transfer (no further hop starts).
+#[derive(Default)]
+struct Hop {
+    stopped: bool,
+    child: Option<cordon::host::Killer>,
 }
+
+type Current = std::sync::Arc<std::sync::Mutex<Hop>>;
 
 /// A chunk of the body, or the end, or why it stopped.
 type Chunk = Result<Vec<u8>, TransportError>;
 
-/// The consumer's side of a transfer.
-pub struct Body {
+/// A remote source: checked, then started under a lease ([`Transfer::begin`]), then read.
+pub struct Transfer {
+    first: Target,
+    rules: Rules,
+    running: Option<Running>,
+    /// The failure that ended the stream, kept for the caller to classify.
+    failure: Option<TransportError>,
+}
+
+struct Running {
+    /// The thread that runs the hops (and reaps their children).
+    hops: std::thread::JoinHandle<()>,
+    /// The hop under way, for [`Transfer::end`].
+    hop: Current,
     rx: Receiver<Chunk>,
     current: Vec<u8>,
     offset: usize,
     done: bool,
-    /// The failure that ended the stream, kept for the caller to classify.
-    failure: Option<TransportError>,
     /// A signal to this process ends a read that waits on the network, instead of letting it
     /// wait out the transfer's deadline.
     _stop: cordon::interrupt::Registered,
 }
 
-impl Body {
+impl Transfer {
     /// The transport failure that ended the stream, if one did.
     pub fn take_failure(&mut self) -> Option<TransportError> {
         self.failure.take()
     }
+
+    /// Start the transfer: its hops run on a thread of their own, each in a transfer child
+    /// `launch` names (its kind and request are set here, its budget is what is left of the
+    /// transfer's deadline).
+    ///
+    /// # Errors
+    /// The thread cannot be started.
+    pub fn begin(&mut self, launch: &Launch) -> Result<(), TransportError> {
+        let (tx, rx) = sync_channel::<Chunk>(16);
+        let stop = tx.clone();
+        let stop = cordon::interrupt::on_signal(move || {
+            // A full channel means the reader is not waiting: it reads on, and its writes to
+            // the stopped parser child fail. The transfer child stops with this process.
+            let _ = stop.try_send(Err(TransportError::Failed {
+                why: "a signal stopped the transfer".into(),
+            }));
+        });
+        let (first, rules, launch) = (self.first.clone(), self.rules.clone(), launch.clone());
+        let deadline = Instant::now() + rules.deadline;
+        let current = Current::default();
+        let theirs = current.clone();
+        let hops = std::thread::Builder::new()
+            .name("cordon-fetch-transfer".into())
+            .spawn(move || {
+                let end = hops(first, &rules, &launch, deadline, &tx, &theirs);
+                // A consumer that stopped listening has already decided.
+                let _ = tx.send(end.map(|()| Vec::new()));
+            })
+            .map_err(|e| TransportError::Failed {
+                why: format!("cannot start the transfer thread: {e}"),
+            })?;
+        self.running = Some(Running {
+            hops,
+            hop: current,
+            rx,
+            current: Vec::new(),
+            offset: 0,
+            done: false,
+            _stop: stop,
+        });
+        Ok(())
+    }
 }
 
-impl Read for Body {
+impl Transfer {
+    /// Stop listening and wait for the hops to end: a child still sending is killed and reaped
+    /// before this returns, so none outlives the lease whose account it runs as. What ended
+    /// the stream, if anything did, stays for [`Transfer::take_failure`].
+    pub fn end(&mut self) {
+        if let Some(r) = self.running.take() {
+            // A closed channel fails the thread's next send; a child waiting on a slow server
+            // is killed now rather than at the deadline; no further hop starts.
+            drop(r.rx);
+            {
+                let mut hop = r
+                    .hop
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                hop.stopped = true;
+                if let Some(child) = hop.child.take() {
+                    let _ = child.kill();
+                }
+            }
+            let _ = r.hops.join();
+        }
+    }
+}
+
+impl Drop for Transfer {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+impl Read for Transfer {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        while self.offset == self.current.len() {
-            if self.done {
+        let Some(r) = self.running.as_mut() else {
+            return Err(io::Error::other("the transfer was not begun"));
+        };
+        while r.offset == r.current.len() {
+            if r.done {
                 return Ok(0);
             }
-            match self.rx.blocking_recv() {
-                Some(Ok(chunk)) if chunk.is_empty() => self.done = true,
-                Some(Ok(chunk)) => {
-                    self.current = chunk;
-                    self.offset = 0;
+            let failure = match r.rx.recv() {
+                Ok(Ok(chunk)) if chunk.is_empty() => {
+                    r.done = true;
+                    continue;
                 }
-                Some(Err(e)) => {
-                    let msg = e.to_string();
-                    self.failure = Some(e);
-                    self.done = true;
-                    return Err(io::Error::other(msg));
+                Ok(Ok(chunk)) => {
+                    r.current = chunk;
+                    r.offset = 0;
+                    continue;
                 }
-                None => {
-                    self.done = true;
-                    let e = TransportError::Failed {
-                        why: "the transfer thread ended without finishing".into(),
-                    };
-                    let msg = e.to_string();
-                    self.failure = Some(e);
-                    return Err(io::Error::other(msg));
-                }
-            }
+                Ok(Err(e)) => e,
+                Err(_) => TransportError::Failed {
+                    why: "the transfer thread ended without finishing".into(),
+                },
+            };
+            r.done = true;
+            let msg = failure.to_string();
+            self.failure = Some(failure);
+            return Err(io::Error::other(msg));
         }
-        let n = buf.len().min(self.current.len() - self.offset);
-        buf[..n].copy_from_slice(&self.current[self.offset..self.offset + n]);
-        self.offset += n;
+        let n = buf.len().min(r.current.len() - r.offset);
+        buf[..n].copy_from_slice(&r.current[r.offset..r.offset + n]);
+        r.offset += n;
         Ok(n)
     }
 }
 
-/// Start a transfer. The static checks on `source` happen here, before any connection; the
-/// rest happens on the transfer thread and surfaces through the returned [`Body`].
+/// Check a source before anything is connected: the URL (the operator's input) and the
+/// static rules, and the policy's trust anchor.
 ///
 /// # Errors
 /// [`TransportError::Refused`] when the URL breaks a static rule; [`TransportError::Failed`]
-/// when the client cannot be built.
-pub fn open(source: &str, rules: &Rules) -> Result<Body, TransportError> {
-    let url = Url::parse(source).map_err(|e| TransportError::Refused {
-        url: source.to_owned(),
-        why: e.to_string(),
-    })?;
-    check_url(&url, rules).map_err(|why| TransportError::Refused {
+/// when the trust anchor holds no certificate.
+pub fn open(source: &str, rules: &Rules) -> Result<Transfer, TransportError> {
+    let refused = |why: String| TransportError::Refused {
         url: source.to_owned(),
         why,
-    })?;
-    let client = reqwest::Client::builder()
-        .use_preconfigured_tls(tls_config(rules)?)
-        .dns_resolver(Arc::new(CheckedResolver {
-            allow_loopback: rules.allow_loopback,
-        }))
-        .redirect(reqwest::redirect::Policy::none())
-        .no_proxy()
-        .referer(false)
-        .https_only(!rules.allow_plain_http_loopback)
-        .build()
-        .map_err(|e| TransportError::Failed {
-            why: cordon_stage::receipt_io::error_chain(&e),
-        })?;
-    let (tx, rx) = channel::<Chunk>(16);
-    let stop = tx.clone();
-    let stop = cordon::interrupt::on_signal(move || {
-        // A full channel means the reader is not waiting: it reads on, and its writes to the
-        // stopped parser child fail.
-        let _ = stop.try_send(Err(TransportError::Failed {
-            why: "a signal stopped the transfer".into(),
-        }));
-    });
-    let rules = rules.clone();
-    let deadline = Instant::now() + rules.deadline;
-    std::thread::Builder::new()
-        .name("cordon-fetch-transfer".into())
-        .spawn(move || transfer(client, url, rules, deadline, tx))
-        .map_err(|e| TransportError::Failed {
-            why: format!("cannot start the transfer thread: {e}"),
-        })?;
-    Ok(Body {
-        rx,
-        current: Vec::new(),
-        offset: 0,
-        done: false,
+    };
+    let url = Url::parse(source).map_err(|e| refused(e.to_string()))?;
+    let first = transfer::target_of(&url).map_err(refused)?;
+    check_target(&first, &rules.allowed()).map_err(refused)?;
+    // The policy's own file, read by the operator's authority: checked here, so a broken
+    // anchor is the operator's error before anything is connected.
+    transfer::tls_config(rules.tls13_only, rules.trust_anchor.as_deref())
+        .map_err(|why| TransportError::Failed { why })?;
+    Ok(Transfer {
+        first,
+        rules: rules.clone(),
+        running: None,
         failure: None,
-        _stop: stop,
     })
 }
 
-fn transfer(client: reqwest::Client, url: Url, rules: Rules, deadline: Instant, tx: Sender<Chunk>) {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = tx.blocking_send(Err(TransportError::Failed {
-                why: format!("cannot start the transfer runtime: {e}"),
-            }));
-            return;
-        }
-    };
-    runtime.block_on(async move {
-        let budget = tokio::time::Instant::from_std(deadline);
-        let result = match tokio::time::timeout_at(budget, stream(client, url, &rules, &tx)).await {
-            Ok(r) => r,
-            Err(_) => Err(TransportError::Failed {
-                why: format!("the transfer deadline of {:?} passed", rules.deadline),
-            }),
-        };
-        // A consumer that stopped listening has already decided; nothing to report to it.
-        let _ = match result {
-            Ok(()) => tx.send(Ok(Vec::new())).await,
-            Err(e) => tx.send(Err(e)).await,
-        };
-    });
-}
+/// The largest data frame a transfer child writes.
+const FRAME_MAX: u32 = 1 << 20;
 
-async fn stream(
-    client: reqwest::Client,
-    mut url: Url,
+/// Every hop of a transfer, until the body ends or a rule or the deadline stops it.
+fn hops(
+    first: Target,
     rules: &Rules,
-    tx: &Sender<Chunk>,
+    launch: &Launch,
+    deadline: Instant,
+    tx: &SyncSender<Chunk>,
+    current: &Current,
 ) -> Result<(), TransportError> {
-    let failed = |e: reqwest::Error| match find_non_public(&e) {
-        Some(ip) => TransportError::Rejected {
-            code: "transport.non-public-address",
-            why: format!("the source resolves to the non-public address {ip}"),
-        },
-        None => TransportError::Failed {
-            why: cordon_stage::receipt_io::error_chain(&e),
-        },
-    };
+    let mut target = first;
     let mut redirects = 0u64;
-    let mut response = loop {
-        let response = client
-            .get(url.clone())
-            .header(reqwest::header::ACCEPT_ENCODING, "identity")
-            .send()
-            .await
-            .map_err(failed)?;
-        let status = response.status();
-        if status.is_redirection() {
-            redirects += 1;
-            if redirects > rules.max_redirects {
-                return Err(TransportError::Rejected {
-                    code: "transport.too-many-redirects",
-                    why: format!("more than {} redirects", rules.max_redirects),
-                });
-            }
-            let location = response
-                .headers()
-                .get(reqwest::header::LOCATION)
-                .and_then(|v| v.to_str().ok())
-                .ok_or_else(|| TransportError::Failed {
-                    why: format!("a {status} response without a usable Location"),
-                })?;
-            let next = url.join(location).map_err(|e| TransportError::Rejected {
-                code: "transport.redirect",
-                why: format!("redirect to an invalid URL {location:?}: {e}"),
-            })?;
-            check_url(&next, rules).map_err(|why| TransportError::Rejected {
-                code: "transport.redirect",
-                why: format!("redirect to {next}: {why}"),
-            })?;
-            url = next;
-            continue;
-        }
-        if status != reqwest::StatusCode::OK {
-            return Err(TransportError::Failed {
-                why: format!("the server answered {status}"),
-            });
-        }
-        break response;
-    };
     let mut received = 0u64;
-    while let Some(chunk) = response.chunk().await.map_err(failed)? {
-        received += chunk.len() as u64;
-        if received > rules.max_bytes {
-            return Err(TransportError::Rejected {
-                code: "transport.too-big",
-                why: format!("the body exceeds {} bytes", rules.max_bytes),
-            });
-        }
-        // The bounded channel is the backpressure: a slow consumer slows the transfer, and the
-        // deadline still covers it. A send error means the consumer has stopped: end quietly.
-        if tx.send(Ok(chunk.to_vec())).await.is_err() {
-            return Ok(());
+    loop {
+        match hop(&target, rules, launch, deadline, tx, current, &mut received)? {
+            None => return Ok(()),
+            Some(next) => {
+                redirects += 1;
+                if redirects > rules.max_redirects {
+                    return Err(TransportError::Rejected {
+                        code: "transport.too-many-redirects",
+                        why: format!("more than {} redirects", rules.max_redirects),
+                    });
+                }
+                check_target(&next, &rules.allowed()).map_err(|why| TransportError::Rejected {
+                    code: "transport.redirect",
+                    why: format!(
+                        "redirect to {}: {why}",
+                        cordon::text::printable(&next.url()).into_owned()
+                    ),
+                })?;
+                target = next;
+            }
         }
     }
-    Ok(())
+}
+
+fn past_deadline(rules: &Rules) -> TransportError {
+    TransportError::Failed {
+        why: format!("the transfer deadline of {:?} passed", rules.deadline),
+    }
+}
+
+/// Resolve `target`'s host (ours, so a second lookup cannot rebind), check every address, and
+/// connect to one of exactly those before `deadline`.
+fn connect(target: &Target, rules: &Rules, deadline: Instant) -> Result<TcpStream, TransportError> {
+    let failed = |why: String| TransportError::Failed { why };
+    let addrs: Vec<SocketAddr> = (target.host.as_str(), target.port)
+        .to_socket_addrs()
+        .map_err(|e| failed(format!("cannot resolve {:?}: {e}", target.host)))?
+        .collect();
+    if addrs.is_empty() {
+        return Err(failed(format!("{:?} resolves to no address", target.host)));
+    }
+    if let Some(bad) = addrs
+        .iter()
+        .find(|a| !address_allowed(a.ip(), rules.allow_loopback))
+    {
+        return Err(TransportError::Rejected {
+            code: "transport.non-public-address",
+            why: format!("the source resolves to the non-public address {}", bad.ip()),
+        });
+    }
+    let mut last = None;
+    for addr in &addrs {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(past_deadline(rules));
+        }
+        match TcpStream::connect_timeout(addr, left) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(format!("{addr}: {e}")),
+        }
+    }
+    Err(failed(format!(
+        "cannot connect to {:?}: {}",
+        target.host,
+        last.unwrap_or_default()
+    )))
+}
+
+/// One hop: connect, hand the socket to a transfer child, relay its body (counting every
+/// byte against the bound). The redirect it reports, or `None` when the body ended.
+fn hop(
+    target: &Target,
+    rules: &Rules,
+    launch: &Launch,
+    deadline: Instant,
+    tx: &SyncSender<Chunk>,
+    current: &Current,
+    received: &mut u64,
+) -> Result<Option<Target>, TransportError> {
+    let failed = |why: String| TransportError::Failed { why };
+    let socket = connect(target, rules, deadline)?;
+    // The child waits on it with its event loop: non-blocking, as the descriptor it is given.
+    socket
+        .set_nonblocking(true)
+        .map_err(|e| failed(format!("cannot prepare the connection: {e}")))?;
+    let request = Request {
+        target: target.clone(),
+        tls13_only: rules.tls13_only,
+        trust_anchor: rules
+            .trust_anchor
+            .as_ref()
+            .map(|pem| String::from_utf8_lossy(pem).into_owned()),
+        allowed: rules.allowed(),
+        max_bytes: rules.max_bytes.saturating_sub(*received),
+    };
+    let mut hop = launch.clone();
+    hop.spec.kind = transfer::TRANSFER_CHILD.to_owned();
+    hop.spec.argument =
+        Some(serde_json::to_string(&request).map_err(|e| failed(format!("the request: {e}")))?);
+    hop.budget = deadline.saturating_duration_since(Instant::now());
+    let (child, stdout) = {
+        let mut now = current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if now.stopped {
+            return Ok(None);
+        }
+        let (child, stdout) = Supervised::start_on(&hop, socket.into())
+            .map_err(|e| failed(format!("cannot start the transfer child: {e}")))?;
+        now.child = Some(child.killer());
+        (child, stdout)
+    };
+    let mut frames = FrameReader::new(stdout, FRAME_MAX, rules.max_bytes.saturating_add(1 << 20));
+    match cordon::confine::confirmed(&mut frames) {
+        Ok(true) => {}
+        Ok(false) => return Err(failed(child.unconfined())),
+        Err(e) => return Err(failed(format!("{e}; {}", child.unconfined()))),
+    }
+    // What the child said, or why the parent stopped listening to it.
+    let said: Result<Said, TransportError> = loop {
+        match frames.frame() {
+            Ok(Some((DATA, bytes))) => {
+                *received += bytes.len() as u64;
+                if *received > rules.max_bytes {
+                    break Err(TransportError::Rejected {
+                        code: "transport.too-big",
+                        why: format!("the body exceeds {} bytes", rules.max_bytes),
+                    });
+                }
+                // The bounded channel is the backpressure; a closed one means the consumer
+                // has decided already.
+                if tx.send(Ok(bytes)).is_err() {
+                    break Ok(Said::Abandoned);
+                }
+            }
+            Ok(Some((REDIRECT, json))) => {
+                break serde_json::from_slice::<Target>(&json)
+                    .map(Said::Redirect)
+                    .map_err(|e| broke(&format!("a malformed redirect frame: {e}")));
+            }
+            Ok(Some((END, json))) => {
+                break serde_json::from_slice::<End>(&json)
+                    .map(Said::End)
+                    .map_err(|e| broke(&format!("a malformed end frame: {e}")));
+            }
+            Ok(Some((tag, _))) => break Err(broke(&format!("an unknown frame tag {tag}"))),
+            Ok(None) | Err(FrameError::Truncated) => break Ok(Said::Nothing),
+            Err(FrameError::Broken(why)) => break Err(broke(&why)),
+            Err(FrameError::Pipe(e)) => break Err(failed(format!("the child's output: {e}"))),
+        }
+    };
+    drop(frames);
+    // Output the parent refused, or no longer needs, ends the child; after its last word or
+    // its silence it is waited for (within the deadline), so how it ended is evidence.
+    let kill = matches!(said, Err(_) | Ok(Said::Abandoned));
+    let finished = child
+        .finish(kill, true)
+        .map_err(|e| failed(format!("cannot wait for the transfer child: {e}")))?;
+    let stopped = {
+        let mut now = current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        now.child = None;
+        now.stopped
+    };
+    // The consumer ended the transfer: whatever the child's end, nobody is listening.
+    if stopped {
+        return Ok(None);
+    }
+    if finished.deadline_kill {
+        return Err(past_deadline(rules));
+    }
+    // How it ended decides over what it said when it did not end cleanly.
+    match finished.ended() {
+        Some(cordon::confine::Ended::Broke(why)) => return Err(broke(&finished.with_tail(&why))),
+        Some(cordon::confine::Ended::Infrastructure(why)) => {
+            return Err(failed(finished.with_tail(&why)));
+        }
+        Some(cordon::confine::Ended::Done | cordon::confine::Ended::Rejected) | None => {}
+    }
+    match said? {
+        Said::Redirect(next) => Ok(Some(next)),
+        Said::End(End::Done) | Said::Abandoned => Ok(None),
+        Said::End(End::Rejected { code, why }) => Err(TransportError::Rejected {
+            code: transfer::rejection_code(&code)
+                .ok_or_else(|| broke("an unknown rejection code"))?,
+            why: cordon::text::printable(&why).into_owned(),
+        }),
+        Said::End(End::Failed { why }) => Err(failed(cordon::text::printable(&why).into_owned())),
+        Said::Nothing => Err(broke("the transfer child ended without a word")),
+    }
+}
+
+/// What a transfer child said last.
+enum Said {
+    /// A checked redirect.
+    Redirect(Target),
+    /// Its end.
+    End(End),
+    /// Nothing more: the consumer stopped reading first.
+    Abandoned,
+    /// Nothing at all.
+    Nothing,
+}
+
+/// The remote's bytes broke the child (a crash, a limit, broken framing): the candidate's.
+fn broke(why: &str) -> TransportError {
+    TransportError::Rejected {
+        code: "transport.child",
+        why: format!(
+            "the transfer child broke on the remote's bytes: {}",
+            cordon::text::printable(why)
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::ExitStatus;
+    use std::sync::Arc;
+
+    use cordon::confine::{CHILD_ARG, CONFINED, Limits, Spec, write_frame};
+    use cordon::host::fake::{Call, End as Ends, Fake, Script};
+
+    use super::*;
+
+    fn frames(list: &[(u8, Vec<u8>)]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (tag, payload) in list {
+            write_frame(&mut out, *tag, payload).unwrap();
+        }
+        out
+    }
+
+    fn json<T: serde::Serialize>(v: &T) -> Vec<u8> {
+        serde_json::to_vec(v).unwrap()
+    }
+
+    /// A server that accepts and holds connections (the fake child speaks for it), and the
+    /// rules that let plain http reach it.
+    fn listening() -> (Rules, String) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for conn in listener.incoming() {
+                held.push(conn);
+            }
+        });
+        let rules = Rules {
+            allow_hosts: vec!["127.0.0.1".into()],
+            max_redirects: 2,
+            deadline: Duration::from_secs(30),
+            tls13_only: false,
+            trust_anchor: None,
+            allow_loopback: true,
+            allow_plain_http_loopback: true,
+            max_bytes: 8,
+        };
+        (rules, format!("http://127.0.0.1:{port}/a.tar"))
+    }
+
+    /// A launch whose every child the fake host runs as `script`.
+    fn scripted(script: Script) -> (Arc<Fake>, Launch) {
+        let fake = Arc::new(Fake::new());
+        fake.process(CHILD_ARG, script);
+        let launch = Launch {
+            host: fake.clone(),
+            exe: "/stage".into(),
+            spec: Spec {
+                kind: "archive".into(),
+                uid: 4000,
+                gid: 4000,
+                jail: "/run/j".into(),
+                limits: Limits {
+                    address_space: 1 << 30,
+                    cpu_seconds: 2,
+                },
+                argument: None,
+            },
+            budget: Duration::from_secs(60),
+        };
+        (fake, launch)
+    }
+
+    /// Run a transfer whose every child the fake host scripts as `stdout` then `end`: the
+    /// body, or the failure, and the fake's calls.
+    fn transfer(
+        rules: &Rules,
+        source: &str,
+        stdout: Vec<u8>,
+        end: Ends,
+    ) -> (Result<Vec<u8>, TransportError>, Vec<Call>) {
+        let (fake, launch) = scripted(Script {
+            stdout,
+            end,
+            ..Script::default()
+        });
+        let mut t = open(source, rules).unwrap();
+        t.begin(&launch).unwrap();
+        let mut body = Vec::new();
+        let read = t.read_to_end(&mut body);
+        let result = match (read, t.take_failure()) {
+            (Ok(_), None) => Ok(body),
+            (_, Some(e)) => Err(e),
+            (Err(e), None) => panic!("a read error without a transport failure: {e}"),
+        };
+        (result, fake.calls())
+    }
+
+    fn exits(code: i32) -> Ends {
+        Ends::Exits(ExitStatus::from_raw(code << 8))
+    }
+
+    fn code(r: &Result<Vec<u8>, TransportError>) -> String {
+        match r {
+            Ok(_) => "ok".into(),
+            Err(TransportError::Rejected { code, .. }) => (*code).to_owned(),
+            Err(TransportError::Failed { why }) => format!("failed: {why}"),
+            Err(e) => format!("{e}"),
+        }
+    }
+
+    /// The parent relays what a confined child said, counts the bytes itself, re-checks each
+    /// redirect as plain data, and judges every other end: a child's crash or broken framing
+    /// is the remote's (a rejection), one that never confined itself or was killed from
+    /// outside is a no-decision, and a child's words reach the receipt escaped.
+    #[test]
+    fn the_parent_judges_every_end_of_a_transfer_child() {
+        let (rules, source) = listening();
+        let confined = (CONFINED, Vec::new());
+        let done = (END, json(&End::Done));
+        let (r, calls) = transfer(
+            &rules,
+            &source,
+            frames(&[
+                confined.clone(),
+                (DATA, b"abc".to_vec()),
+                (DATA, b"de".to_vec()),
+                done.clone(),
+            ]),
+            exits(0),
+        );
+        assert_eq!(r.unwrap(), b"abcde");
+        // The child was started with its request on its command line, its stdin the socket.
+        assert!(calls.iter().any(|c| matches!(c, Call::Spawn(line) if line.contains("transfer") && line.contains("127.0.0.1"))));
+        // More bytes than the bound, whatever the child says: too big, and the child killed.
+        let (r, calls) = transfer(
+            &rules,
+            &source,
+            frames(&[confined.clone(), (DATA, vec![1; 9]), done.clone()]),
+            Ends::Hangs,
+        );
+        assert_eq!(code(&r), "transport.too-big");
+        assert!(calls.iter().any(|c| matches!(c, Call::Kill(_))));
+        // A redirect off the allow-list, re-checked by the parent.
+        let away = Target {
+            https: true,
+            host: "example.com".into(),
+            port: 443,
+            path: "/".into(),
+        };
+        let (r, _) = transfer(
+            &rules,
+            &source,
+            frames(&[confined.clone(), (REDIRECT, json(&away))]),
+            exits(0),
+        );
+        assert_eq!(code(&r), "transport.redirect");
+        // A redirect back to itself, every hop: counted by the parent.
+        let again = transfer::target_of(&Url::parse(&source).unwrap()).unwrap();
+        let (r, calls) = transfer(
+            &rules,
+            &source,
+            frames(&[confined.clone(), (REDIRECT, json(&again))]),
+            exits(0),
+        );
+        assert_eq!(code(&r), "transport.too-many-redirects");
+        assert_eq!(
+            calls.iter().filter(|c| matches!(c, Call::Spawn(_))).count(),
+            3
+        );
+        // Broken framing, an unknown frame, a rejection code it may not use, a crash, silence.
+        for (stdout, end) in [
+            (
+                [
+                    frames(std::slice::from_ref(&confined)),
+                    vec![b'D', 0xff, 0xff, 0xff, 0xff],
+                ]
+                .concat(),
+                exits(0),
+            ),
+            (frames(&[confined.clone(), (b'Z', Vec::new())]), exits(0)),
+            (
+                frames(&[
+                    confined.clone(),
+                    (
+                        END,
+                        json(&End::Rejected {
+                            code: "intake.fine".into(),
+                            why: "x".into(),
+                        }),
+                    ),
+                ]),
+                exits(0),
+            ),
+            (
+                frames(std::slice::from_ref(&confined)),
+                Ends::Exits(ExitStatus::from_raw(11)),
+            ),
+            (frames(std::slice::from_ref(&confined)), exits(0)),
+        ] {
+            let (r, _) = transfer(&rules, &source, stdout, end);
+            assert_eq!(code(&r), "transport.child");
+        }
+        // A child that never confined itself, or was killed from outside: no decision.
+        let (r, _) = transfer(
+            &rules,
+            &source,
+            Vec::new(),
+            exits(cordon::confine::UNCONFINED_EXIT),
+        );
+        assert!(code(&r).starts_with("failed: "), "{}", code(&r));
+        let (r, _) = transfer(
+            &rules,
+            &source,
+            frames(std::slice::from_ref(&confined)),
+            Ends::Exits(ExitStatus::from_raw(9)),
+        );
+        assert!(code(&r).starts_with("failed: "), "{}", code(&r));
+        // A failure it reports is a no-decision, its words escaped.
+        let (r, _) = transfer(
+            &rules,
+            &source,
+            frames(&[
+                confined,
+                (
+                    END,
+                    json(&End::Failed {
+                        why: "TLS: \x1b[31mred".into(),
+                    }),
+                ),
+            ]),
+            exits(0),
+        );
+        let why = code(&r);
+        assert!(
+            why.starts_with("failed: TLS: ") && !why.contains('\x1b'),
+            "{why}"
+        );
+    }
+
+    /// A consumer that has decided ends the transfer at once: a child waiting on a silent
+    /// server is killed and reaped then, not at the deadline, so none outlives its lease.
+    #[test]
+    fn ending_a_transfer_kills_the_child_under_way() {
+        let (rules, source) = listening();
+        let mut stdout = Vec::new();
+        write_frame(&mut stdout, CONFINED, b"").unwrap();
+        // Its budget is the deadline's: 30 s here, far past what the test waits.
+        let (fake, launch) = scripted(Script {
+            stdout,
+            end: Ends::Hangs,
+            ..Script::default()
+        });
+        let mut t = open(&source, &rules).unwrap();
+        t.begin(&launch).unwrap();
+        while !fake.calls().iter().any(|c| matches!(c, Call::Spawn(_))) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let started = Instant::now();
+        t.end();
+        assert!(started.elapsed() < Duration::from_secs(10));
+        assert!(fake.calls().iter().any(|c| matches!(c, Call::Kill(_))));
+        assert!(t.take_failure().is_none());
+    }
 }

@@ -25,6 +25,8 @@ enum Reply {
     /// Declares a Content-Length smaller than what it sends.
     Lying(Vec<u8>),
     Status(u16),
+    /// A status line and a header of its own, raw: an oversized header, terminal escapes.
+    Raw(Vec<u8>),
 }
 
 type Routes = Arc<dyn Fn(&str) -> Reply + Send + Sync>;
@@ -51,6 +53,7 @@ fn respond(stream: &mut dyn ReadWrite, routes: &Routes) {
             stream.write_all(head("302 Found", &format!("Location: {to}\r\n"), 0).as_bytes())
         }
         Reply::Status(code) => stream.write_all(head(&format!("{code} No"), "", 0).as_bytes()),
+        Reply::Raw(bytes) => stream.write_all(&bytes),
         Reply::Lying(b) => stream
             .write_all(head("200 OK", "", 10).as_bytes())
             .and_then(|()| stream.write_all(&b)),
@@ -244,6 +247,17 @@ fn routes_for(port: u16, body: Vec<u8>) -> Routes {
         "/slow" => Reply::Slow(body.clone()),
         "/lie" => Reply::Lying(body.clone()),
         "/big" => Reply::Body(vec![0u8; 2 << 20]),
+        "/huge-header" => Reply::Raw(
+            [
+                b"HTTP/1.1 200 OK\r\nX-Pad: ".as_slice(),
+                &vec![b'a'; 1 << 20],
+                b"\r\nContent-Length: 0\r\n\r\n",
+            ]
+            .concat(),
+        ),
+        "/escapes" => Reply::Raw(
+            b"HTTP/1.1 500 \x1b[31mred\x1b]0;title\x07\r\nContent-Length: 0\r\n\r\n".to_vec(),
+        ),
         _ => Reply::Status(404),
     })
 }
@@ -350,6 +364,74 @@ fn failures_cordon_cannot_attribute_are_no_decisions() {
         &format!("https://localhost:{}/missing", s.port),
     );
     assert_eq!(o.code, ExitCode::NoDecision, "{}", o.stderr);
+}
+
+/// A raw server on loopback that reads the client's first bytes and answers `reply`. Its port.
+fn raw_server(reply: &'static [u8]) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut tcp) = conn else { continue };
+            let mut first = [0u8; 512];
+            let _ = tcp.read(&mut first);
+            let _ = tcp.write_all(reply);
+        }
+    });
+    port
+}
+
+/// TLS and HTTP are spoken by the transfer child alone: a hostile server's malformed TLS
+/// records, an oversized header or a status line full of terminal escapes ends in a receipt
+/// (a no-decision or a rejection, the message escaped), never in a crash of this process, and
+/// the store is unchanged.
+#[test]
+fn a_hostile_servers_bytes_end_in_a_receipt_never_in_the_root_process() {
+    let (s, body) = https_with_archive();
+    let policy = loopback_policy(&s, 8, "");
+    let store_dir = s.dir.path().join("store");
+    let store = Store::open(&store_dir).unwrap();
+    let before = store.content_listing().unwrap();
+    let sha = Digest::of_bytes(&body);
+    // A handshake record of the largest length and garbage in it; a fatal alert; noise.
+    let garbage: &'static [u8] = Box::leak(
+        [b"\x16\x03\x03\xff\xff".as_slice(), &[0xa5u8; 70_000]]
+            .concat()
+            .into_boxed_slice(),
+    );
+    let sources: Vec<String> = [
+        raw_server(garbage),
+        raw_server(b"\x15\x03\x03\x00\x02\x02\x28"),
+        raw_server(b"HTTP/1.1 200 OK\r\n\r\n"),
+    ]
+    .iter()
+    .map(|port| format!("https://localhost:{port}/a.tar"))
+    .chain(["/huge-header", "/escapes"].map(|p| format!("https://localhost:{}{p}", s.port)))
+    .collect();
+    for source in sources {
+        let o = fetch(&policy, &store_dir, &sha, &source);
+        assert!(
+            matches!(o.code, ExitCode::NoDecision | ExitCode::Rejected),
+            "{source}: {:?} {}",
+            o.code,
+            o.stderr
+        );
+        let receipt = o.receipt.expect("a receipt");
+        let message = receipt["reasons"][0]["message"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(
+            !message.contains('\x1b') && !o.stderr.contains('\x1b'),
+            "{source}: {message:?}"
+        );
+        // What broke is named (the child's TLS or HTTP error), not a crash.
+        assert!(
+            message.contains("TLS:") || message.contains("HTTP:"),
+            "{source}: {message:?}"
+        );
+        assert_eq!(store.content_listing().unwrap(), before, "{source}");
+    }
 }
 
 #[test]

@@ -513,7 +513,7 @@ fn dispatch(
 #[must_use]
 pub fn main() -> ExitCode {
     if let Some((spec, parent)) = cordon::confine::requested() {
-        cordon::confine::run_child(&spec, parent, |kind| match kind {
+        cordon::confine::run_child(&spec, parent, |spec| match spec.kind.as_str() {
             crate::analysis::ANALYSIS_CHILD => crate::analysis::child_main(),
             _ => cordon::confine::UNCONFINED_EXIT,
         });

@@ -53,6 +53,7 @@ pub fn under_lease<T>(
                     gid: account.gid,
                     jail,
                     limits: crate::settings::parser_limits(policy),
+                    argument: None,
                 },
                 budget,
             })

@@ -313,7 +313,7 @@ fn supervise(
             // Its own deadline ends the sandbox; this one ends a surface that hangs past it.
             tool.timeout = deadline + Duration::from_secs(120);
             let mut child = host
-                .spawn(&tool, true)
+                .spawn(&tool, cordon::host::Stdin::Pipe)
                 .map_err(|e| PerRunError::Child(format!("could not be run: {e}")))?;
             // It waits for one byte before it does anything: it is released only once it is
             // in the run's cgroup, so nothing it starts is outside the limits.

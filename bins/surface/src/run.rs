@@ -448,7 +448,7 @@ fn forwarder(
     let mut process = lease
         .runtime
         .host
-        .spawn(&tool, true)
+        .spawn(&tool, cordon::host::Stdin::Pipe)
         .map_err(state_err("start the egress forwarder for", socket))?;
     let mut line = String::new();
     let ready = process

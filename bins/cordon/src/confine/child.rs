@@ -140,7 +140,13 @@ pub fn enter(spec: &Spec, parent: u32) -> Result<(), ConfineError> {
     ] {
         step("setrlimit")(setrlimit(resource, soft, hard))?;
     }
-    install_filter()
+    // A child whose stdin is a connected socket (a transfer child: the parent made the
+    // connection) also waits on it with an event loop. It still cannot make a socket, connect
+    // one, or reach anything through its own empty network namespace.
+    let socket = step("fstat stdin")(nix::sys::stat::fstat(io::stdin()))?;
+    let socket = nix::sys::stat::SFlag::from_bits_truncate(socket.st_mode)
+        .contains(nix::sys::stat::SFlag::S_IFSOCK);
+    install_filter(socket)
 }
 
 /// Close every descriptor above 2, as listed in `/proc/self/fd` (read before the `chroot`).
@@ -196,7 +202,25 @@ const ALLOWED: &[i64] = &[
     libc::SYS_exit_group,
 ];
 
-fn install_filter() -> Result<(), ConfineError> {
+/// What a child whose stdin is a connected socket adds: I/O on that socket and waiting on it
+/// with an event loop, duplicating a descriptor it holds. Never `socket`, `connect`, `bind`,
+/// `accept` or `listen`.
+const SOCKET_IO: &[i64] = &[
+    libc::SYS_recvfrom,
+    libc::SYS_sendto,
+    libc::SYS_recvmsg,
+    libc::SYS_sendmsg,
+    libc::SYS_getsockopt,
+    libc::SYS_shutdown,
+    libc::SYS_epoll_create1,
+    libc::SYS_epoll_ctl,
+    libc::SYS_epoll_wait,
+    libc::SYS_epoll_pwait,
+    libc::SYS_eventfd2,
+    libc::SYS_fcntl,
+];
+
+fn install_filter(socket: bool) -> Result<(), ConfineError> {
     use seccompiler::{
         BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
         SeccompRule,
@@ -204,9 +228,11 @@ fn install_filter() -> Result<(), ConfineError> {
     use std::collections::BTreeMap;
     let arch =
         step("seccomp architecture")(seccompiler::TargetArch::try_from(std::env::consts::ARCH))?;
+    let extra: &[i64] = if socket { SOCKET_IO } else { &[] };
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = ALLOWED
         .iter()
         .chain(OPENS)
+        .chain(extra)
         .map(|n| (*n, Vec::new()))
         .collect();
     let flag = |arg: u8, mask: u64| {
@@ -307,8 +333,9 @@ fn refuse(
 }
 
 /// Run this process as the confined child `spec` asks for: confine, then hand stdin and
-/// stdout to `parse`, whose return value is the exit status. Never returns.
-pub fn run_child(spec: &Spec, parent: u32, parse: impl FnOnce(&str) -> i32) -> ! {
+/// stdout to `parse` (given the spec: its kind, its argument), whose return value is the exit
+/// status. Never returns.
+pub fn run_child(spec: &Spec, parent: u32, parse: impl FnOnce(&Spec) -> i32) -> ! {
     if let Err(e) = enter(spec, parent) {
         let _ = writeln!(io::stderr(), "{e}");
         std::process::exit(UNCONFINED_EXIT);
@@ -322,5 +349,5 @@ pub fn run_child(spec: &Spec, parent: u32, parse: impl FnOnce(&str) -> i32) -> !
         std::process::exit(UNCONFINED_EXIT);
     }
     drop(out);
-    std::process::exit(parse(&spec.kind))
+    std::process::exit(parse(spec))
 }

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use crate::host::{Host, HostRef, Process, Tool};
+use crate::host::{Host, HostRef, Process, Stdin, Tool};
 
 mod child;
 mod wire;
@@ -84,6 +84,9 @@ pub struct Spec {
     pub jail: PathBuf,
     /// The limits.
     pub limits: Limits,
+    /// A short request on its command line, for a child whose stdin is not the parent's pipe
+    /// (a transfer child's stdin is the connection the parent made).
+    pub argument: Option<String>,
 }
 
 impl Spec {
@@ -100,13 +103,20 @@ impl Spec {
             .map(OsString::from),
         );
         out.push(self.jail.clone().into_os_string());
+        out.extend(self.argument.clone().map(OsString::from));
         out
     }
 
     /// The spec and the parent's pid from a child's arguments (everything after the program
     /// name), or `None` when they are not a child's.
     fn from_args(args: &[OsString]) -> Option<(Self, u32)> {
-        let [flag, kind, uid, gid, parent, asz, cpu, jail] = args else {
+        let (fixed, argument) = match args {
+            [fixed @ .., argument] if args.len() == 9 => {
+                (fixed, Some(argument.to_str()?.to_owned()))
+            }
+            fixed => (fixed, None),
+        };
+        let [flag, kind, uid, gid, parent, asz, cpu, jail] = fixed else {
             return None;
         };
         if flag != CHILD_ARG {
@@ -124,6 +134,7 @@ impl Spec {
                     address_space: num(asz)?,
                     cpu_seconds: num(cpu)?,
                 },
+                argument,
             },
             id(parent)?,
         ))
@@ -141,12 +152,12 @@ pub fn tool(exe: &Path, spec: &Spec) -> Tool {
     tool
 }
 
-/// Start `exe` through `host` as a confined child for `spec`, its stdin piped when `stdin` is
-/// set. Its stdout (the facts) and stderr are pipes the caller drains.
+/// Start `exe` through `host` as a confined child for `spec`, its stdin as `stdin` says. Its
+/// stdout (the facts) and stderr are pipes the caller drains.
 ///
 /// # Errors
 /// The process cannot be started.
-pub fn spawn(host: &dyn Host, exe: &Path, spec: &Spec, stdin: bool) -> io::Result<Process> {
+pub fn spawn(host: &dyn Host, exe: &Path, spec: &Spec, stdin: Stdin) -> io::Result<Process> {
     let mut child = host.spawn(&tool(exe, spec), stdin)?;
     // It parses candidate bytes: a signal to this process stops it.
     child.stop_on_interrupt();
@@ -256,11 +267,32 @@ impl Supervised {
     /// # Errors
     /// It cannot be started (a no-decision for the caller).
     pub fn start(launch: &Launch) -> io::Result<(Self, PipeWriter, PipeReader)> {
-        let mut process = spawn(&*launch.host, &launch.exe, &launch.spec, true)?;
-        let (Some(stdin), Some(stdout), Some(stderr)) = (
-            process.stdin.take(),
+        let (child, stdin, stdout) = Self::start_with(launch, Stdin::Pipe)?;
+        let stdin = stdin.ok_or_else(|| io::Error::other("the child's stdin pipe is missing"))?;
+        Ok((child, stdin, stdout))
+    }
+
+    /// Start the child `launch` names with `fd` as its stdin (a connection the parent made);
+    /// its stdout.
+    ///
+    /// # Errors
+    /// It cannot be started (a no-decision for the caller).
+    pub fn start_on(launch: &Launch, fd: std::os::fd::OwnedFd) -> io::Result<(Self, PipeReader)> {
+        let (child, _, stdout) = Self::start_with(launch, Stdin::Fd(fd))?;
+        Ok((child, stdout))
+    }
+
+    fn start_with(
+        launch: &Launch,
+        given: Stdin,
+    ) -> io::Result<(Self, Option<PipeWriter>, PipeReader)> {
+        let piped = matches!(given, Stdin::Pipe);
+        let mut process = spawn(&*launch.host, &launch.exe, &launch.spec, given)?;
+        let stdin = process.stdin.take();
+        let (Some(stdout), Some(stderr), true) = (
             process.stdout.take(),
             process.stderr.take(),
+            stdin.is_some() == piped,
         ) else {
             let _ = process.kill();
             let _ = process.wait();
@@ -268,7 +300,7 @@ impl Supervised {
         };
         // Bulk facts cross these pipes: a larger buffer means fewer switches between parent
         // and child. Best effort: the default size is only slower, never wrong.
-        for fd in [stdin.as_fd(), stdout.as_fd()] {
+        for fd in stdin.iter().map(AsFd::as_fd).chain([stdout.as_fd()]) {
             let _ = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_BYTES));
         }
         let stderr = std::thread::spawn(move || {
@@ -289,6 +321,12 @@ impl Supervised {
             stdin,
             stdout,
         ))
+    }
+
+    /// A handle that kills the child from another thread.
+    #[must_use]
+    pub fn killer(&self) -> crate::host::Killer {
+        self.process.killer()
     }
 
     /// End the child (`kill`: the parent refused its output) or wait for it to end, within
@@ -506,6 +544,7 @@ mod tests {
                     address_space: 1 << 30,
                     cpu_seconds: 2,
                 },
+                argument: None,
             },
             budget,
         };
@@ -634,6 +673,7 @@ mod tests {
                 address_space: 1 << 30,
                 cpu_seconds: 60,
             },
+            argument: None,
         };
         let args = spec.to_args();
         let (back, parent) = Spec::from_args(&args).unwrap();
@@ -643,6 +683,13 @@ mod tests {
         let mut bad = args.clone();
         bad[2] = "-1".into();
         assert!(Spec::from_args(&bad).is_none());
+        // A request on the command line travels as the last argument.
+        let asked = Spec {
+            argument: Some("{\"host\":\"example.org\"}".into()),
+            ..spec
+        };
+        let (back, _) = Spec::from_args(&asked.to_args()).unwrap();
+        assert_eq!(back, asked);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Instant;
 
 use super::process::{Process, Supervise, wait_until};
-use super::{DeviceNode, Digest, Host, MountRequest, Tool, ToolOutput};
+use super::{DeviceNode, Digest, Host, MountRequest, Stdin, Tool, ToolOutput};
 
 /// One recorded call.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -226,7 +226,7 @@ impl Host for Fake {
         Ok(out)
     }
 
-    fn spawn(&self, tool: &Tool, stdin: bool) -> io::Result<Process> {
+    fn spawn(&self, tool: &Tool, stdin: Stdin) -> io::Result<Process> {
         let line = tool.display();
         let script = self.with(|s| {
             s.calls.push(Call::Spawn(line.clone()));
@@ -241,7 +241,8 @@ impl Host for Fake {
             s.next_pid += 1;
             10_000 + s.next_pid
         });
-        self.start(pid, &script, stdin)
+        // A given descriptor is dropped: a script reads nothing from it.
+        self.start(pid, &script, matches!(stdin, Stdin::Pipe))
     }
 
     fn adopt(&self, pid: i32) -> io::Result<Process> {
@@ -734,7 +735,7 @@ impl Host for Interposed {
         super::Linux.run(&(self.spawn)(tool))
     }
 
-    fn spawn(&self, tool: &Tool, stdin: bool) -> io::Result<Process> {
+    fn spawn(&self, tool: &Tool, stdin: Stdin) -> io::Result<Process> {
         self.pass(Call::Spawn(tool.display()), || {
             super::Linux.spawn(&(self.spawn)(tool), stdin)
         })

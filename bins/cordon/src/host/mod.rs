@@ -33,7 +33,7 @@ use std::time::Duration;
 use nix::fcntl::{Flock, FlockArg};
 
 use crate::canonical::Digest;
-pub use process::{Exit, Process};
+pub use process::{Exit, Killer, Process};
 
 /// The `PATH` every host tool runs with (its environment is otherwise empty): Debian's system
 /// directories, or the one a package fixes at build time in `CORDON_TOOL_PATH` (the Nix package
@@ -180,6 +180,17 @@ pub struct DeviceNode {
     pub minor: u64,
 }
 
+/// A spawned process's standard input.
+#[derive(Debug)]
+pub enum Stdin {
+    /// `/dev/null`.
+    Null,
+    /// A pipe the caller writes ([`Process::stdin`]).
+    Pipe,
+    /// This descriptor, given to the process (a connected socket).
+    Fd(std::os::fd::OwnedFd),
+}
+
 /// Everything cordon does to a host, in one trait.
 pub trait Host: std::fmt::Debug + Send + Sync {
     /// Run a tool to completion under its timeout, with an empty environment but [`TOOL_PATH`],
@@ -190,13 +201,13 @@ pub trait Host: std::fmt::Debug + Send + Sync {
     fn run(&self, tool: &Tool) -> io::Result<ToolOutput>;
 
     /// Spawn `tool` (its timeout and output cap unused: the caller supervises it through the
-    /// returned [`Process`]) with piped stdout and stderr, stdin piped when `stdin` is set (else
-    /// `/dev/null`): a container's `runtime create`, whose pipes the container inherits, or a
-    /// confined parser child.
+    /// returned [`Process`]) with piped stdout and stderr and its stdin as `stdin` says: a
+    /// container's `runtime create`, whose pipes the container inherits, or a confined parser
+    /// child (a transfer child's stdin is the connection the parent made).
     ///
     /// # Errors
     /// It could not be started.
-    fn spawn(&self, tool: &Tool, stdin: bool) -> io::Result<Process>;
+    fn spawn(&self, tool: &Tool, stdin: Stdin) -> io::Result<Process>;
 
     /// Take on child `pid`, which this process did not spawn but is the parent of: a
     /// container's init, reparented to this subreaper when `runtime create` exited. No pipes.
@@ -378,17 +389,21 @@ pub fn namespace_path(pid: Option<u32>, kind: &str) -> PathBuf {
 
 impl Host for Linux {
     fn run(&self, tool: &Tool) -> io::Result<ToolOutput> {
-        collect(self.spawn(tool, false)?, tool)
+        collect(self.spawn(tool, Stdin::Null)?, tool)
     }
 
-    fn spawn(&self, tool: &Tool, stdin: bool) -> io::Result<Process> {
+    fn spawn(&self, tool: &Tool, stdin: Stdin) -> io::Result<Process> {
         // Nothing of the supervisor's environment reaches the tool, the runtime, or through it
         // the container: the bundle's process.env is the container's whole environment.
         let mut command = Command::new(&tool.program);
         command
             .args(&tool.args)
             .env_clear()
-            .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
+            .stdin(match stdin {
+                Stdin::Null => Stdio::null(),
+                Stdin::Pipe => Stdio::piped(),
+                Stdin::Fd(fd) => Stdio::from(fd),
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         if tool.tool_path {
@@ -648,13 +663,17 @@ mod tests {
     #[test]
     fn a_supervised_child_is_killed_at_its_deadline_and_its_pid_let_go_only_once_reaped() {
         use std::os::unix::process::ExitStatusExt;
-        let mut p = Linux.spawn(&Tool::new("/bin/sleep", &["5"]), true).unwrap();
+        let mut p = Linux
+            .spawn(&Tool::new("/bin/sleep", &["5"]), Stdin::Pipe)
+            .unwrap();
         assert!(p.stdin.is_some() && p.stdout.is_some() && p.stderr.is_some());
         p.kill_at(std::time::Instant::now() + Duration::from_millis(50));
         let exit = p.wait().unwrap();
         assert!(exit.killed_at_deadline && exit.status.signal() == Some(9));
         // Reaped once: a second reap is refused and a kill sends nothing.
-        let p = Linux.spawn(&Tool::new("/bin/true", &[]), false).unwrap();
+        let p = Linux
+            .spawn(&Tool::new("/bin/true", &[]), Stdin::Null)
+            .unwrap();
         let waiter = process::Waiter::watch(p.pid());
         use process::Supervise;
         assert!(waiter.exited(None).unwrap());

@@ -61,6 +61,27 @@ pub struct Exit {
     pub killed_at_deadline: bool,
 }
 
+/// A handle to SIGKILL a process from another thread ([`Process::killer`]); its reaping stays
+/// with the process's owner.
+#[derive(Clone)]
+pub struct Killer(Arc<dyn Supervise>);
+
+impl std::fmt::Debug for Killer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Killer({})", self.0.pid())
+    }
+}
+
+impl Killer {
+    /// SIGKILL it now.
+    ///
+    /// # Errors
+    /// The kernel refused the signal.
+    pub fn kill(&self) -> io::Result<()> {
+        self.0.kill()
+    }
+}
+
 /// A started process: the pipes asked for, and its supervisor.
 #[derive(Debug)]
 pub struct Process {
@@ -106,6 +127,12 @@ impl Process {
     /// The kernel refused the signal.
     pub fn kill(&self) -> io::Result<()> {
         self.supervisor.kill()
+    }
+
+    /// A handle another thread can SIGKILL it through while this one waits on its pipes.
+    #[must_use]
+    pub fn killer(&self) -> Killer {
+        Killer(Arc::clone(&self.supervisor))
     }
 
     /// Kill it when SIGINT, SIGTERM or SIGHUP reaches this process (at once if one already

@@ -157,7 +157,7 @@ impl Watch {
 /// It could not be started, or did not report itself armed in time (it is then killed, and its
 /// stderr is the message).
 pub fn start(host: &dyn Host, watch: &Watch) -> io::Result<Process> {
-    let mut process = host.spawn(&watch.tool(), true)?;
+    let mut process = host.spawn(&watch.tool(), crate::host::Stdin::Pipe)?;
     let armed = match process.stdout.take() {
         Some(out) => armed(out),
         None => Err(io::Error::other("it has no stdout")),
