@@ -762,7 +762,7 @@ mod tests {
                     (
                         END,
                         json(&End::Rejected {
-                            code: "intake.fine".into(),
+                            code: "made.up".into(),
                             why: "x".into(),
                         }),
                     ),

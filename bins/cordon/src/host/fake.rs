@@ -50,6 +50,8 @@ pub enum Call {
     Give(PathBuf, u32),
     /// A process's pid namespace looked up: its pid.
     PidNamespace(u32),
+    /// A process killed if it runs as a uid: its pid and the uid.
+    KillOf(u32, u32),
 }
 
 /// A process in the fake's process table.
@@ -400,6 +402,25 @@ impl Host for Fake {
                 .unreadable
                 .contains(&PathBuf::from(format!("/proc/{pid}/ns/pid")));
             Ok((p.uid, if hidden { None } else { Some(p.ns) }))
+        })
+    }
+
+    /// A listed process of `uid` leaves the table when killable; one that is not refuses the
+    /// signal (a process the kernel will not let go).
+    fn kill_of(&self, pid: u32, uid: u32) -> io::Result<bool> {
+        self.with(|s| {
+            s.calls.push(Call::KillOf(pid, uid));
+            match s.processes.get(&pid) {
+                Some(p) if p.uid == uid && p.killable => {
+                    s.processes.remove(&pid);
+                    if let Some(names) = s.dirs.get_mut(Path::new("/proc")) {
+                        names.retain(|n| *n != pid.to_string());
+                    }
+                    Ok(true)
+                }
+                Some(p) if p.uid == uid => Err(io::Error::other("the fake refuses the signal")),
+                _ => Ok(false),
+            }
         })
     }
 
@@ -804,6 +825,10 @@ impl Host for Interposed {
 
     fn pid_namespace(&self, pid: u32) -> io::Result<(u32, Option<u64>)> {
         self.pass(Call::PidNamespace(pid), || super::Linux.pid_namespace(pid))
+    }
+
+    fn kill_of(&self, pid: u32, uid: u32) -> io::Result<bool> {
+        self.pass(Call::KillOf(pid, uid), || super::Linux.kill_of(pid, uid))
     }
 
     /// Read as a file holding the inode number, so a read rewriter sees it like any other.

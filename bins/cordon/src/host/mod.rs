@@ -295,6 +295,14 @@ pub trait Host: std::fmt::Debug + Send + Sync {
     /// `NotFound` once it has exited; any other error is an unreadable process.
     fn pid_namespace(&self, pid: u32) -> io::Result<(u32, Option<u64>)>;
 
+    /// SIGKILL process `pid` if it runs as `uid` (its real, effective, saved or filesystem uid):
+    /// through a pidfd opened before the uid is read, so a pid reused in between is never
+    /// signalled. `false` when it is gone or runs as another uid.
+    ///
+    /// # Errors
+    /// It cannot be looked at, or the kernel refused the signal.
+    fn kill_of(&self, pid: u32, uid: u32) -> io::Result<bool>;
+
     /// The identity (the inode of `/proc/<pid>/ns/<kind>`) of namespace `kind` (`net`, `ipc`,
     /// `mnt`, …) of process `pid`, or of this process when `pid` is `None`: two processes share
     /// a namespace exactly when these agree.
@@ -590,6 +598,39 @@ impl Host for Linux {
         fs::metadata(namespace_path(pid, kind)).map(|m| m.ino())
     }
 
+    fn kill_of(&self, pid: u32, uid: u32) -> io::Result<bool> {
+        use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
+        let gone = |e: &rustix::io::Errno| *e == rustix::io::Errno::SRCH;
+        let Some(id) = i32::try_from(pid).ok().and_then(Pid::from_raw) else {
+            return Ok(false);
+        };
+        // The pidfd first: from here on it names this process, whatever the pid comes to mean.
+        let fd = match pidfd_open(id, PidfdFlags::empty()) {
+            Ok(fd) => fd,
+            Err(e) if gone(&e) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        };
+        let status = match fs::read_to_string(format!("/proc/{pid}/status")) {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let ours = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .is_some_and(|ids| ids.split_whitespace().any(|u| u == uid.to_string()));
+        // Read after the pidfd was opened: if the pid had been reused, it is the new process's
+        // uid, and that process is the one the pidfd names.
+        if !ours {
+            return Ok(false);
+        }
+        match pidfd_send_signal(&fd, Signal::KILL) {
+            Ok(()) => Ok(true),
+            Err(e) if gone(&e) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     fn edit_file(&self, path: &Path, edit: &dyn Fn(&str) -> Option<String>) -> io::Result<()> {
         let dir = path
             .parent()
@@ -658,6 +699,28 @@ mod tests {
         t.timeout = Duration::from_millis(100);
         let e = Linux.run(&t).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+    }
+
+    /// A process is killed only as the uid it runs as: asked for another uid it is left
+    /// running, asked for its own it dies; a pid that is gone is `false`.
+    #[test]
+    fn kill_of_signals_a_process_only_as_its_own_uid() {
+        use std::os::unix::process::{CommandExt, ExitStatusExt};
+        cordon_testkit::require_root("the process under test runs as another uid");
+        // An id no account holds (above every test block), so nothing else of it runs.
+        let uid = 3_999_917;
+        let mut child = std::process::Command::new("/bin/sleep")
+            .arg("60")
+            .uid(uid)
+            .gid(uid)
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        assert!(!Linux.kill_of(pid, uid + 1).unwrap());
+        assert!(child.try_wait().unwrap().is_none(), "killed as another uid");
+        assert!(Linux.kill_of(pid, uid).unwrap());
+        assert_eq!(child.wait().unwrap().signal(), Some(9));
+        assert!(!Linux.kill_of(pid, uid).unwrap());
     }
 
     #[test]

@@ -60,8 +60,10 @@ impl Observer {
     /// this store's and that lease's exact labels — so its supervisor (if any) sees its run
     /// end, reads its accounting and deletes and releases the rest (a supervisor that is gone
     /// leaves that to recovery). Not a delete: that would remove the cgroup the supervisor is
-    /// about to read, and turn an attributable kill into a lost accounting. Returns what was
-    /// ended.
+    /// about to read, and turn an attributable kill into a lost accounting. A parser child's
+    /// lease has no container: its child, every process of the lease's fresh account, is
+    /// killed (each through a pidfd, once seen to run as the account), and its supervisor sees
+    /// a kill from outside (a no-decision) and releases. Returns what was ended.
     ///
     /// # Errors
     /// The runtime's listing cannot be read, or a kill failed (residue).
@@ -101,6 +103,42 @@ impl Observer {
                         residue.push(format!("expired lease {}: container {id}: {e}", r.lease))
                     }
                 }
+            }
+        }
+        // A parser child's lease has no container: its child is every process of its fresh
+        // account, each killed through a pidfd only once it is seen to run as that account.
+        for r in expired.iter().filter(|r| r.container().is_none()) {
+            let Some(account) = r.account() else { continue };
+            let live = super::per_run::processes_of(self.setup.host(), account.uid)?;
+            if live.is_empty() {
+                continue;
+            }
+            if let Some(dir) = r.run_dir()
+                && let Err(e) = fs::write(dir.join(ENDED_BY_REAP), &r.lease)
+            {
+                residue.push(format!(
+                    "expired lease {}: cannot mark it ended: {e}",
+                    r.lease
+                ));
+                continue;
+            }
+            let mut ended = Vec::new();
+            for pid in live.iter().filter_map(|p| p.parse::<u32>().ok()) {
+                match self.setup.host().kill_of(pid, account.uid) {
+                    Ok(true) => ended.push(pid.to_string()),
+                    Ok(false) => {}
+                    Err(e) => residue.push(format!(
+                        "expired lease {}: process {pid} of {}: {e}",
+                        r.lease, account.name
+                    )),
+                }
+            }
+            if !ended.is_empty() {
+                done.push(format!(
+                    "expired lease {}: its parser child (pids {}) ended",
+                    r.lease,
+                    ended.join(", ")
+                ));
             }
         }
         if residue.is_empty() {

@@ -495,7 +495,7 @@ pub fn give_state(state: &Path, record: &Record) -> Result<(), LeaseError> {
 }
 
 /// The processes running as `uid`, by the host's process table.
-fn processes_of(host: &dyn Host, uid: u32) -> Result<Vec<String>, LeaseError> {
+pub(super) fn processes_of(host: &dyn Host, uid: u32) -> Result<Vec<String>, LeaseError> {
     let proc = Path::new("/proc");
     let mut out = Vec::new();
     for pid in host

@@ -1671,3 +1671,50 @@ fn unheld_lock_files_are_removed_and_a_lock_always_guards_the_named_file() {
     assert!(!super::names(&stale, &idle).unwrap());
     assert!(super::names(&fresh, &idle).unwrap());
 }
+
+/// An expired parser child's lease has no container: its child, every process of its fresh
+/// account, is killed (each through a pidfd, once seen to run as the account) after the mark;
+/// an account that runs nothing is left alone, and a kill that fails is residue.
+#[test]
+fn the_observer_ends_an_expired_parser_childs_processes() {
+    let w = world();
+    let lease = w.manager.begin_child("sha256:a", Duration::ZERO).unwrap();
+    own_run_dir(&lease);
+    let late = lease.record.deadline.after(EXPIRY_GRACE * 2);
+    let account = lease.record.account().unwrap();
+    let f = empty_host();
+    f.dir("/proc", &[]).reply(" list ", ToolOutput::ok(b"[]"));
+    let mut setup = w.manager.setup.clone();
+    setup.runtime.host = f.clone();
+    let observer = Observer::new(&w.manager.store, setup);
+    assert!(observer.leases(&late).unwrap()[0].expired);
+    assert!(observer.end_expired(&late).unwrap().is_empty());
+    assert!(!lease.run_dir().join(ENDED_BY_REAP).exists());
+    // Its account's process is killed; another account's is not even asked about.
+    f.pid_in(4242, account.uid, 1, true)
+        .pid_in(4343, account.uid + 1, 1, true)
+        .file(
+            "/proc/4242/status",
+            &format!("Uid:\t{0}\t{0}\t{0}\t{0}\n", account.uid),
+        )
+        .file(
+            "/proc/4343/status",
+            &format!("Uid:\t{0}\t{0}\t{0}\t{0}\n", account.uid + 1),
+        );
+    let ended = observer.end_expired(&late).unwrap();
+    assert!(ended.len() == 1 && ended[0].contains("4242"), "{ended:?}");
+    assert!(lease.run_dir().join(ENDED_BY_REAP).exists());
+    let kills: Vec<Call> = f
+        .calls()
+        .into_iter()
+        .filter(|c| matches!(c, Call::KillOf(..)))
+        .collect();
+    assert_eq!(kills, [Call::KillOf(4242, account.uid)]);
+    // A process the kernel will not let go: residue, never "ended".
+    f.pid_in(4444, account.uid, 1, false).file(
+        "/proc/4444/status",
+        &format!("Uid:\t{0}\t{0}\t{0}\t{0}\n", account.uid),
+    );
+    let left = residue(observer.end_expired(&late).map(drop));
+    assert!(left[0].contains("process 4444"), "{left:?}");
+}
