@@ -189,6 +189,9 @@ pub struct Supervised {
     process: Process,
     cpu_limit: u64,
     stderr: std::thread::JoinHandle<String>,
+    /// The host's count of OOM kills when it started (`None`: unreadable).
+    oom_kills: Option<u64>,
+    host: HostRef,
 }
 
 /// How a supervised child ended.
@@ -204,6 +207,8 @@ pub struct Finished {
     pub confined: bool,
     /// Whether it used its whole CPU limit (a SIGKILL then is the hard limit's).
     pub at_cpu_limit: bool,
+    /// Whether the kernel's OOM killer ran while it lived and it ended by SIGKILL.
+    pub oom_killed: bool,
     /// The start of its stderr.
     pub stderr: String,
 }
@@ -227,6 +232,12 @@ impl Finished {
             Ended::Infrastructure(_) if self.at_cpu_limit => {
                 Ended::Broke("the parser was killed at its CPU hard limit".into())
             }
+            // Its memory is bounded by its address-space limit, which ends it with an abort:
+            // an OOM kill is the host's memory running out, not the candidate's doing.
+            Ended::Infrastructure(_) if self.oom_killed => Ended::Infrastructure(
+                "the parser was killed by the kernel's OOM killer: the host ran out of memory"
+                    .into(),
+            ),
             // After the marker the child can signal itself only through a fault (its filter
             // admits SIGABRT alone), and only root can signal the run account: any signal but
             // the ones an operator or the kernel sends to end a process is its own doing.
@@ -287,6 +298,8 @@ impl Supervised {
         given: Stdin,
     ) -> io::Result<(Self, Option<PipeWriter>, PipeReader)> {
         let piped = matches!(given, Stdin::Pipe);
+        // Before it exists: an OOM kill counted later happened while it lived.
+        let oom_before = oom_kills(&*launch.host);
         let mut process = spawn(&*launch.host, &launch.exe, &launch.spec, given)?;
         let stdin = process.stdin.take();
         let (Some(stdout), Some(stderr), true) = (
@@ -317,6 +330,8 @@ impl Supervised {
                 process,
                 cpu_limit: launch.spec.limits.cpu_seconds,
                 stderr,
+                oom_kills: oom_before,
+                host: launch.host.clone(),
             },
             stdin,
             stdout,
@@ -344,15 +359,32 @@ impl Supervised {
         let deadline_kill =
             exit.killed_at_deadline && exit.status.signal() == Some(Signal::SIGKILL as i32);
         let stderr = self.stderr.join().unwrap_or_default();
+        // The counter is the host's: a kill from outside while another process was OOM-killed
+        // reads as an OOM kill. Both are no-decisions; only the message differs.
+        let oom_killed = exit.status.signal() == Some(Signal::SIGKILL as i32)
+            && matches!(
+                (self.oom_kills, oom_kills(&*self.host)),
+                (Some(before), Some(after)) if after > before
+            );
         Ok(Finished {
             status: exit.status,
             deadline_kill,
             parent_kill: kill,
             confined,
             at_cpu_limit,
+            oom_killed,
             stderr,
         })
     }
+}
+
+/// The host's count of OOM kills since boot (`oom_kill` in `/proc/vmstat`), when readable.
+fn oom_kills(host: &dyn Host) -> Option<u64> {
+    let text = host.read(Path::new("/proc/vmstat")).ok()?;
+    String::from_utf8_lossy(&text)
+        .lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))
+        .and_then(|n| n.trim().parse().ok())
 }
 
 /// Read the child's first frame: whether it is the [`CONFINED`] marker.
@@ -585,7 +617,14 @@ mod tests {
         let line = tool(&launch.exe, &launch.spec);
         assert_eq!(line.dir.as_deref(), Some(Path::new("/")));
         assert!(!line.tool_path, "the child's environment is empty");
-        assert_eq!(fake.calls(), vec![Call::Spawn(line.display())]);
+        // The host's OOM count is read before the child exists; nothing else is touched.
+        assert_eq!(
+            fake.calls(),
+            vec![
+                Call::Read(PathBuf::from("/proc/vmstat")),
+                Call::Spawn(line.display())
+            ]
+        );
     }
 
     #[test]
@@ -724,6 +763,7 @@ mod tests {
                 parent_kill: false,
                 confined,
                 at_cpu_limit,
+                oom_killed: false,
                 stderr: String::new(),
             }
             .ended()
@@ -746,9 +786,41 @@ mod tests {
             parent_kill: true,
             confined: true,
             at_cpu_limit: false,
+            oom_killed: false,
             stderr: String::new(),
         };
         assert_eq!(parent.ended(), None);
+    }
+
+    /// A SIGKILL while the host's OOM kill count rose is told apart from an outside kill: both
+    /// are no-decisions (the child's memory is bounded by its own limit, which aborts it), and
+    /// the message says which. The host's count read through the seam, before and after.
+    #[test]
+    fn an_oom_kill_is_told_apart_from_an_outside_kill() {
+        let marker = frames(&[(CONFINED, b"")]);
+        let (fake, launch) = scripted(answering(marker, End::Hangs), LONG);
+        let ended = |before: &str, after: &str| {
+            fake.file("/proc/vmstat", before);
+            let (child, _stdin, _stdout) = Supervised::start(&launch).unwrap();
+            fake.file("/proc/vmstat", after);
+            child.process.kill().unwrap();
+            let finished = child.finish(false, true).unwrap();
+            (finished.oom_killed, finished.ended())
+        };
+        let (oom, end) = ended("pgfault 9\noom_kill 3\n", "pgfault 9\noom_kill 4\n");
+        assert!(oom);
+        assert!(
+            matches!(&end, Some(Ended::Infrastructure(why)) if why.contains("OOM killer")),
+            "{end:?}"
+        );
+        for (before, after) in [("oom_kill 3\n", "oom_kill 3\n"), ("", "oom_kill 4\n")] {
+            let (oom, end) = ended(before, after);
+            assert!(!oom, "{before:?} {after:?}");
+            assert!(
+                matches!(&end, Some(Ended::Infrastructure(why)) if why.contains("from outside")),
+                "{end:?}"
+            );
+        }
     }
 
     #[test]
