@@ -217,6 +217,19 @@ fn spec(e: &Env, kind: &str, cpu_seconds: u64) -> Spec {
     }
 }
 
+/// Run the child `s` describes with nothing on stdin: its status and stderr.
+fn run_spec(s: &Spec) -> (ExitStatus, String) {
+    output(
+        confine::spawn(
+            &Linux,
+            &std::env::current_exe().unwrap(),
+            s,
+            cordon::host::Stdin::Null,
+        )
+        .unwrap(),
+    )
+}
+
 fn start(e: &Env, kind: &str, cpu_seconds: u64) -> Process {
     confine::spawn(
         &Linux,
@@ -415,15 +428,7 @@ fn a_child_that_cannot_confine_itself_reads_nothing_and_says_so() -> Result<(), 
     // Root is refused as the run account, before anything else changes.
     let mut s = spec(&e, "open", 10);
     s.uid = 0;
-    let (status, _) = output(
-        confine::spawn(
-            &Linux,
-            &std::env::current_exe().unwrap(),
-            &s,
-            cordon::host::Stdin::Null,
-        )
-        .unwrap(),
-    );
+    let (status, _) = run_spec(&s);
     assert_eq!(status.code(), Some(confine::UNCONFINED_EXIT));
     assert!(matches!(
         confine::classify(status, false),
@@ -432,15 +437,7 @@ fn a_child_that_cannot_confine_itself_reads_nothing_and_says_so() -> Result<(), 
     // A jail that does not exist.
     let mut s = spec(&e, "open", 10);
     s.jail = Path::new("/nonexistent/jail").to_path_buf();
-    let (status, stderr) = output(
-        confine::spawn(
-            &Linux,
-            &std::env::current_exe().unwrap(),
-            &s,
-            cordon::host::Stdin::Null,
-        )
-        .unwrap(),
-    );
+    let (status, stderr) = run_spec(&s);
     assert_eq!(status.code(), Some(confine::UNCONFINED_EXIT));
     assert!(stderr.contains("chroot"));
     Ok(())

@@ -223,18 +223,6 @@ fn failed(why: impl std::fmt::Display) -> End {
     }
 }
 
-/// The whole error chain of `e`, as one line.
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        cur = s.source();
-    }
-    out
-}
-
 fn start(request: &Request, out: &mut dyn Write) -> Result<Option<Target>, End> {
     use std::os::fd::AsFd;
     // Its stdin is the connection; a descriptor of its own keeps it after stdin is locked away.
@@ -273,7 +261,7 @@ async fn get(
         let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
             .connect(name, tcp)
             .await
-            .map_err(|e| failed(format!("TLS: {}", chain(&e))))?;
+            .map_err(|e| failed(format!("TLS: {}", cordon::error_chain(&e))))?;
         Box::new(tls)
     } else {
         Box::new(tcp)
@@ -281,7 +269,7 @@ async fn get(
     let (mut sender, connection) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io))
             .await
-            .map_err(|e| failed(format!("HTTP: {}", chain(&e))))?;
+            .map_err(|e| failed(format!("HTTP: {}", cordon::error_chain(&e))))?;
     let driver = tokio::spawn(connection);
     let host = if (t.https && t.port == 443) || (!t.https && t.port == 80) {
         t.authority()
@@ -299,7 +287,7 @@ async fn get(
     let mut response = sender
         .send_request(get)
         .await
-        .map_err(|e| failed(format!("HTTP: {}", chain(&e))))?;
+        .map_err(|e| failed(format!("HTTP: {}", cordon::error_chain(&e))))?;
     let status = response.status();
     if status.is_redirection() {
         driver.abort();
@@ -310,7 +298,7 @@ async fn get(
     }
     let mut received = 0u64;
     while let Some(frame) = response.body_mut().frame().await {
-        let frame = frame.map_err(|e| failed(format!("the body: {}", chain(&e))))?;
+        let frame = frame.map_err(|e| failed(format!("the body: {}", cordon::error_chain(&e))))?;
         let Ok(data) = frame.into_data() else {
             continue;
         };

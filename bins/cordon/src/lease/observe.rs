@@ -22,6 +22,22 @@ pub struct Observed {
     pub expired: bool,
 }
 
+/// Mark `r`'s run ended by `cordon-reap` before anything of it is killed: a kill its
+/// supervisor cannot attribute is the candidate's. `false` (with the residue) when the mark
+/// cannot be written.
+fn marked(r: &Record, residue: &mut Vec<String>) -> bool {
+    if let Some(dir) = r.run_dir()
+        && let Err(e) = fs::write(dir.join(ENDED_BY_REAP), &r.lease)
+    {
+        residue.push(format!(
+            "expired lease {}: cannot mark it ended: {e}",
+            r.lease
+        ));
+        return false;
+    }
+    true
+}
+
 impl Observer {
     /// Observe `setup.executor`'s leases in `store`.
     #[must_use]
@@ -87,14 +103,7 @@ impl Observer {
                     && labels.get(LABEL_LEASE) == Some(&r.lease)
             });
             if let Some(r) = owned {
-                // The marker first: a kill the supervisor cannot attribute is the candidate's.
-                if let Some(dir) = r.run_dir()
-                    && let Err(e) = fs::write(dir.join(ENDED_BY_REAP), &r.lease)
-                {
-                    residue.push(format!(
-                        "expired lease {}: cannot mark it ended: {e}",
-                        r.lease
-                    ));
+                if !marked(r, &mut residue) {
                     continue;
                 }
                 match self.setup.runtime.kill_all(&id) {
@@ -113,13 +122,7 @@ impl Observer {
             if live.is_empty() {
                 continue;
             }
-            if let Some(dir) = r.run_dir()
-                && let Err(e) = fs::write(dir.join(ENDED_BY_REAP), &r.lease)
-            {
-                residue.push(format!(
-                    "expired lease {}: cannot mark it ended: {e}",
-                    r.lease
-                ));
+            if !marked(r, &mut residue) {
                 continue;
             }
             let mut ended = Vec::new();
