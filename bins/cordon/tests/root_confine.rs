@@ -65,6 +65,20 @@ fn probe(kind: &str) -> i32 {
                 _ => 12,
             }
         }
+        // Asking the kernel to signal another process of the account when data arrives on
+        // the connection (F_SETOWN): refused by the filter.
+        "signal-owner" => {
+            use std::os::fd::AsFd;
+            match nix::fcntl::fcntl(std::io::stdin().as_fd(), nix::fcntl::FcntlArg::F_GETFL) {
+                Ok(_) => {}
+                Err(_) => return 12,
+            }
+            let _ = nix::fcntl::fcntl(
+                std::io::stdin().as_fd(),
+                nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_ASYNC),
+            );
+            10
+        }
         // A process, not a thread: fork is clone without CLONE_THREAD.
         "process" => match std::process::Command::new("/bin/true").status() {
             Ok(_) => 10,
@@ -378,7 +392,7 @@ fn a_subverted_parser_cannot_open_the_store_a_host_file_a_socket_or_a_process() 
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let at = listener.local_addr().unwrap();
     let peer = std::thread::spawn(move || {
-        for _ in 0..2 {
+        for _ in 0..3 {
             let (mut conn, _) = listener.accept().unwrap();
             let mut ping = [0u8; 4];
             if conn.read_exact(&mut ping).is_ok() {
@@ -401,6 +415,9 @@ fn a_subverted_parser_cannot_open_the_store_a_host_file_a_socket_or_a_process() 
     let (status, stderr) = on_connection("use-connection");
     assert_eq!(status.code(), Some(0), "{status:?} {stderr}");
     let (status, stderr) = on_connection("socket");
+    assert!(killed_by(status, Signal::SIGSYS), "{status:?} {stderr}");
+    // Reading its flags is admitted; setting O_ASYNC (signals to a process it names) is not.
+    let (status, stderr) = on_connection("signal-owner");
     assert!(killed_by(status, Signal::SIGSYS), "{status:?} {stderr}");
     peer.join().unwrap();
     // The same round trip from a child whose stdin is a pipe is killed: the socket calls are
@@ -486,6 +503,7 @@ fn ingest(e: &Env, kind: &str, archive: &[u8]) -> Result<cordon::intake::Admitte
         &sha,
         &limits(),
         &launch(e, kind, 1, Duration::from_secs(30)),
+        &|| {},
     )
 }
 
@@ -582,6 +600,7 @@ fn a_parser_past_the_deadline_is_rejected_and_one_killed_from_outside_is_no_deci
         &sha,
         &limits(),
         &launch(&e, "wait", 10, Duration::from_millis(300)),
+        &|| {},
     );
     let r = rejected(r);
     assert_eq!(r.code, "intake.parser");
@@ -620,6 +639,7 @@ fn a_parser_past_the_deadline_is_rejected_and_one_killed_from_outside_is_no_deci
         &sha,
         &limits(),
         &launch(&e, "wait", 10, Duration::from_secs(30)),
+        &|| {},
     );
     killer.join().unwrap();
     match r {
@@ -682,6 +702,7 @@ fn an_early_end_frame_is_no_decoding_of_the_whole_source() -> Result<(), Failed>
         &Digest::of_bytes(b""),
         &l,
         &launch(&e, "early-end", 10, Duration::from_secs(30)),
+        &|| {},
     );
     let r = rejected(r);
     assert_eq!(r.code, "intake.parser", "{r}");

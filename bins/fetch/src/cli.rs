@@ -301,8 +301,14 @@ fn fetch(
             {
                 return Err(e);
             }
+            let stopper = match source.get_mut() {
+                Source::Remote(transfer) => transfer.stopper(),
+                Source::Local(_) => None,
+            };
             let ingested =
-                intake::ingest_confined(&store, &mut source, &committed, &limits, launch);
+                intake::ingest_confined(&store, &mut source, &committed, &limits, launch, &|| {
+                    stopper.iter().for_each(transport::Stopper::stop)
+                });
             // Before the lease is released: no transfer child outlives its account.
             if let Source::Remote(transfer) = source.get_mut() {
                 transfer.end();

@@ -297,7 +297,36 @@ async fn get(
         return Err(failed(format!("the server answered {status}")));
     }
     let mut received = 0u64;
-    while let Some(frame) = response.body_mut().frame().await {
+    // Frames of up to CHUNK bytes, however small the server's pieces: each frame costs a
+    // header and a wakeup of the parent.
+    let mut pending: Vec<u8> = Vec::with_capacity(CHUNK);
+    let mut send = |bytes: &[u8]| {
+        write_frame(out, DATA, bytes).map_err(|e| failed(format!("the parent: {e}")))
+    };
+    loop {
+        // What is ready now joins the pending frame; before waiting on the server, what is
+        // pending goes out (a slow server's bytes are never held back).
+        let ready = {
+            let mut next = std::pin::pin!(response.body_mut().frame());
+            match next
+                .as_mut()
+                .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+            {
+                std::task::Poll::Ready(frame) => Some(frame),
+                std::task::Poll::Pending => None,
+            }
+        };
+        let frame = match ready {
+            Some(frame) => frame,
+            None => {
+                if !pending.is_empty() {
+                    send(&pending)?;
+                    pending.clear();
+                }
+                response.body_mut().frame().await
+            }
+        };
+        let Some(frame) = frame else { break };
         let frame = frame.map_err(|e| failed(format!("the body: {}", cordon::error_chain(&e))))?;
         let Ok(data) = frame.into_data() else {
             continue;
@@ -309,9 +338,19 @@ async fn get(
                 why: format!("the body exceeds {} bytes", request.max_bytes),
             });
         }
-        for piece in data.chunks(CHUNK) {
-            write_frame(out, DATA, piece).map_err(|e| failed(format!("the parent: {e}")))?;
+        let mut rest: &[u8] = &data;
+        while !rest.is_empty() {
+            let take = rest.len().min(CHUNK - pending.len());
+            pending.extend_from_slice(&rest[..take]);
+            rest = &rest[take..];
+            if pending.len() == CHUNK {
+                send(&pending)?;
+                pending.clear();
+            }
         }
+    }
+    if !pending.is_empty() {
+        send(&pending)?;
     }
     Ok(None)
 }

@@ -253,7 +253,33 @@ impl Transfer {
     }
 }
 
+/// Ends a transfer from another thread ([`Transfer::stopper`]).
+#[derive(Clone)]
+pub struct Stopper(Current);
+
+impl Stopper {
+    /// End the transfer: no further hop starts and the child under way is killed; the reader
+    /// then sees the end of the stream, never a failure (the consumer has decided already).
+    pub fn stop(&self) {
+        let mut hop = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        hop.stopped = true;
+        if let Some(child) = hop.child.take() {
+            let _ = child.kill();
+        }
+    }
+}
+
 impl Transfer {
+    /// What ends this transfer from another thread (a reader blocked on it is released), once
+    /// it is begun.
+    #[must_use]
+    pub fn stopper(&self) -> Option<Stopper> {
+        self.running.as_ref().map(|r| Stopper(r.hop.clone()))
+    }
+
     /// Stop listening and wait for the hops to end: a child still sending is killed and reaped
     /// before this returns, so none outlives the lease whose account it runs as. What ended
     /// the stream, if anything did, stays for [`Transfer::take_failure`].
@@ -262,16 +288,7 @@ impl Transfer {
             // A closed channel fails the thread's next send; a child waiting on a slow server
             // is killed now rather than at the deadline; no further hop starts.
             drop(r.rx);
-            {
-                let mut hop = r
-                    .hop
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                hop.stopped = true;
-                if let Some(child) = hop.child.take() {
-                    let _ = child.kill();
-                }
-            }
+            Stopper(r.hop).stop();
             let _ = r.hops.join();
         }
     }
@@ -337,6 +354,18 @@ pub fn open(source: &str, rules: &Rules) -> Result<Transfer, TransportError> {
     // anchor is the operator's error before anything is connected.
     transfer::tls_config(rules.tls13_only, rules.trust_anchor.as_deref())
         .map_err(|why| TransportError::Failed { why })?;
+    // The anchors travel on the child's command line, whose one argument the kernel bounds.
+    if let Some(pem) = rules
+        .trust_anchor
+        .as_ref()
+        .filter(|p| p.len() > MAX_ANCHOR_BYTES)
+    {
+        return Err(refused(format!(
+            "the policy's trust anchor file is {} bytes, over the {MAX_ANCHOR_BYTES} a transfer \
+             child takes: name only the certificate authorities the allowed hosts use",
+            pem.len()
+        )));
+    }
     Ok(Transfer {
         first,
         rules: rules.clone(),
@@ -344,6 +373,10 @@ pub fn open(source: &str, rules: &Rules) -> Result<Transfer, TransportError> {
         failure: None,
     })
 }
+
+/// The trust anchors a transfer child takes, bytes of PEM: its request is one argument on its
+/// command line (the kernel's bound on one is 128 KiB).
+const MAX_ANCHOR_BYTES: usize = 96 << 10;
 
 /// The largest data frame a transfer child writes.
 const FRAME_MAX: u32 = 1 << 20;
@@ -440,6 +473,15 @@ fn hop(
     received: &mut u64,
 ) -> Result<Option<Target>, TransportError> {
     let failed = |why: String| TransportError::Failed { why };
+    // A consumer that has decided starts no further hop (a resolution or a connection can
+    // take until the deadline).
+    if current
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .stopped
+    {
+        return Ok(None);
+    }
     let socket = connect(target, rules, deadline)?;
     // The child waits on it with its event loop: non-blocking, as the descriptor it is given.
     socket
@@ -472,7 +514,13 @@ fn hop(
         now.child = Some(child.killer());
         (child, stdout)
     };
-    let mut frames = FrameReader::new(stdout, FRAME_MAX, rules.max_bytes.saturating_add(1 << 20));
+    // The payload is counted exactly below; the stream's bound leaves room for a header per
+    // byte of it (no data frame is empty) and the last words.
+    let mut frames = FrameReader::new(
+        stdout,
+        FRAME_MAX,
+        rules.max_bytes.saturating_mul(6).saturating_add(1 << 20),
+    );
     match cordon::confine::confirmed(&mut frames) {
         Ok(true) => {}
         Ok(false) => return Err(failed(child.unconfined())),
@@ -481,6 +529,10 @@ fn hop(
     // What the child said, or why the parent stopped listening to it.
     let said: Result<Said, TransportError> = loop {
         match frames.frame() {
+            // An empty chunk would read as the end of the stream.
+            Ok(Some((DATA, bytes))) if bytes.is_empty() => {
+                break Err(broke("an empty data frame"));
+            }
             Ok(Some((DATA, bytes))) => {
                 *received += bytes.len() as u64;
                 if *received > rules.max_bytes {

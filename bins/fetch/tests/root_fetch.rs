@@ -27,6 +27,10 @@ enum Reply {
     Status(u16),
     /// A status line and a header of its own, raw: an oversized header, terminal escapes.
     Raw(Vec<u8>),
+    /// The body in chunked encoding, one byte per chunk.
+    Chunked(Vec<u8>),
+    /// A Content-Length of 1 MiB, these bytes, then silence until the client goes.
+    Stalls(Vec<u8>),
 }
 
 type Routes = Arc<dyn Fn(&str) -> Reply + Send + Sync>;
@@ -54,6 +58,26 @@ fn respond(stream: &mut dyn ReadWrite, routes: &Routes) {
         }
         Reply::Status(code) => stream.write_all(head(&format!("{code} No"), "", 0).as_bytes()),
         Reply::Raw(bytes) => stream.write_all(&bytes),
+        Reply::Chunked(b) => {
+            let mut all =
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                    .to_vec();
+            for byte in b {
+                all.extend_from_slice(b"1\r\n");
+                all.push(byte);
+                all.extend_from_slice(b"\r\n");
+            }
+            all.extend_from_slice(b"0\r\n\r\n");
+            stream.write_all(&all)
+        }
+        Reply::Stalls(b) => {
+            let r = stream
+                .write_all(head("200 OK", "", 1 << 20).as_bytes())
+                .and_then(|()| stream.write_all(&b))
+                .and_then(|()| stream.flush());
+            std::thread::sleep(Duration::from_secs(30));
+            r
+        }
         Reply::Lying(b) => stream
             .write_all(head("200 OK", "", 10).as_bytes())
             .and_then(|()| stream.write_all(&b)),
@@ -364,6 +388,58 @@ fn failures_cordon_cannot_attribute_are_no_decisions() {
         &format!("https://localhost:{}/missing", s.port),
     );
     assert_eq!(o.code, ExitCode::NoDecision, "{}", o.stderr);
+}
+
+/// An archive of one file of `size` bytes.
+fn archive_of(size: usize) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_ustar();
+    h.set_size(size as u64);
+    h.set_mode(0o644);
+    let text: Vec<u8> = (0..size).map(|i| b"# comment line\n"[i % 15]).collect();
+    b.append_data(&mut h, "pkg/a.py", text.as_slice()).unwrap();
+    b.into_inner().unwrap()
+}
+
+/// A body in the smallest pieces HTTP allows costs no more than in one piece: an honest
+/// 1-byte-chunked archive of 300 KiB under a 1 MiB cap is admitted. And an archive the parser
+/// rejects from its first bytes is rejected at once, its transfer ended, even while the
+/// server stalls on the rest.
+#[test]
+fn small_chunks_are_admitted_and_an_early_rejection_ends_the_transfer() {
+    let body = archive_of(300 << 10);
+    let b = body.clone();
+    let routes: Routes = Arc::new(move |path: &str| match path {
+        "/chunked" => Reply::Chunked(b.clone()),
+        "/stalls" => Reply::Stalls(vec![0x5a; 4096]),
+        _ => Reply::Status(404),
+    });
+    let s = https(routes);
+    let policy = loopback_policy(&s, 9, "");
+    let store = s.dir.path().join("store");
+    let sha = Digest::of_bytes(&body);
+    let o = fetch(
+        &policy,
+        &store,
+        &sha,
+        &format!("https://localhost:{}/chunked", s.port),
+    );
+    assert_eq!(o.code, ExitCode::Ok, "{}", o.stderr);
+    let started = std::time::Instant::now();
+    let o = fetch(
+        &policy,
+        &store,
+        &sha,
+        &format!("https://localhost:{}/stalls", s.port),
+    );
+    assert_eq!(o.code, ExitCode::Rejected, "{}", o.stderr);
+    assert!(reason(&o).starts_with("intake."), "{}", reason(&o));
+    // The policy's deadline is 3 s: the verdict came before it.
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 /// A raw server on loopback that reads the client's first bytes and answers `reply`. Its port.

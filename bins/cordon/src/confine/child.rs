@@ -203,8 +203,8 @@ const ALLOWED: &[i64] = &[
 ];
 
 /// What a child whose stdin is a connected socket adds: I/O on that socket and waiting on it
-/// with an event loop, duplicating a descriptor it holds. Never `socket`, `connect`, `bind`,
-/// `accept` or `listen`.
+/// with an event loop (and `fcntl`, below, for duplicating the descriptor alone). Never
+/// `socket`, `connect`, `bind`, `accept` or `listen`.
 const SOCKET_IO: &[i64] = &[
     libc::SYS_recvfrom,
     libc::SYS_sendto,
@@ -217,8 +217,12 @@ const SOCKET_IO: &[i64] = &[
     libc::SYS_epoll_wait,
     libc::SYS_epoll_pwait,
     libc::SYS_eventfd2,
-    libc::SYS_fcntl,
 ];
+
+/// The `fcntl` commands a socket child may use: duplicate a descriptor close-on-exec, read
+/// flags. Not `F_SETOWN`/`F_SETSIG`/`F_SETFL` (`O_ASYNC`), through which the kernel would send
+/// a signal of its choosing to another process of the run account (the archive child beside it).
+const FCNTL_COMMANDS: &[i32] = &[libc::F_DUPFD_CLOEXEC, libc::F_GETFD, libc::F_GETFL];
 
 fn install_filter(socket: bool) -> Result<(), ConfineError> {
     use seccompiler::{
@@ -246,6 +250,23 @@ fn install_filter(socket: bool) -> Result<(), ConfineError> {
             .and_then(|c| SeccompRule::new(vec![c])),
         )
     };
+    if socket {
+        let commands = FCNTL_COMMANDS
+            .iter()
+            .map(|c| {
+                step("seccomp rule")(
+                    SeccompCondition::new(
+                        1,
+                        SeccompCmpArgLen::Dword,
+                        SeccompCmpOp::Eq,
+                        u64::try_from(*c).unwrap_or(u64::MAX),
+                    )
+                    .and_then(|c| SeccompRule::new(vec![c])),
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        rules.insert(libc::SYS_fcntl, commands);
+    }
     // Threads only: a clone without CLONE_THREAD would be a new process.
     let thread = u64::try_from(libc::CLONE_THREAD).unwrap_or(u64::MAX);
     rules.insert(libc::SYS_clone, vec![flag(0, thread)?]);

@@ -610,17 +610,23 @@ impl Host for Linux {
             Err(e) if gone(&e) => return Ok(false),
             Err(e) => return Err(e.into()),
         };
+        // A process that exits now reads as ESRCH (or NotFound): gone.
         let status = match fs::read_to_string(format!("/proc/{pid}/status")) {
             Ok(t) => t,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e)
+                if e.kind() == io::ErrorKind::NotFound
+                    || e.raw_os_error() == Some(nix::libc::ESRCH) =>
+            {
+                return Ok(false);
+            }
             Err(e) => return Err(e),
         };
         let ours = status
             .lines()
             .find_map(|l| l.strip_prefix("Uid:"))
             .is_some_and(|ids| ids.split_whitespace().any(|u| u == uid.to_string()));
-        // Read after the pidfd was opened: if the pid had been reused, it is the new process's
-        // uid, and that process is the one the pidfd names.
+        // The pidfd names the process that had the pid when it was opened; if that one has
+        // exited since, the signal below fails with ESRCH, whatever the pid names now.
         if !ours {
             return Ok(false);
         }

@@ -358,7 +358,8 @@ fn output_bound(limits: &ArchiveLimits) -> u64 {
 }
 
 /// Admit an archive as [`super::ingest`] does, with every candidate byte decoded by a confined
-/// child started as `launch` says.
+/// child started as `launch` says. `stop_source` is called once the child has decided without
+/// needing the rest of the source (a rejection): it ends a source still arriving.
 ///
 /// # Errors
 /// [`IntakeError::Rejected`] for the candidate's faults, the child's crashes and limits
@@ -371,6 +372,7 @@ pub fn ingest_confined(
     committed: &Digest,
     limits: &ArchiveLimits,
     launch: &Launch,
+    stop_source: &(dyn Fn() + Sync),
 ) -> Result<Admitted, IntakeError> {
     let mut scratch = store.scratch()?;
     let (child, stdin, stdout) = Supervised::start(launch)
@@ -400,6 +402,11 @@ pub fn ingest_confined(
                 ))
             }
         };
+        // Anything but a complete decoding is decided without the rest of the source: a
+        // source still arriving (a transfer) is ended, so the pump is not left waiting on it.
+        if !matches!(&outcome, Ok((Ok(Facts::Complete(..)), _))) {
+            stop_source();
+        }
         (pumper.join(), outcome)
     });
     let pumped = pumped.map_err(|_| IntakeError::Child("the pump thread panicked".into()))?;

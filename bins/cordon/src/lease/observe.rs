@@ -118,10 +118,14 @@ impl Observer {
         // account, each killed through a pidfd only once it is seen to run as that account.
         for r in expired.iter().filter(|r| r.container().is_none()) {
             let Some(account) = r.account() else { continue };
-            let live = super::per_run::processes_of(self.setup.host(), account.uid)?;
-            if live.is_empty() {
-                continue;
-            }
+            let live = match super::per_run::processes_of(self.setup.host(), account.uid) {
+                Ok(live) if live.is_empty() => continue,
+                Ok(live) => live,
+                Err(e) => {
+                    residue.push(format!("expired lease {}: {e}", r.lease));
+                    continue;
+                }
+            };
             if !marked(r, &mut residue) {
                 continue;
             }
