@@ -323,6 +323,14 @@ impl Running {
         }
     }
 
+    /// Whether the init has exited by `deadline` (it stays unreaped for [`Running::wait`]).
+    ///
+    /// # Errors
+    /// It cannot be waited for.
+    pub fn exited_by(&self, deadline: Instant) -> std::io::Result<bool> {
+        self.created.init.exited_by(deadline)
+    }
+
     /// Kill everything in the container.
     ///
     /// # Errors

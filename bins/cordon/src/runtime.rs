@@ -282,7 +282,7 @@ impl CgroupProbe {
 
     /// (oom kills, peak bytes, cpu ms) as far as the hierarchy tells; the OOM count is what a
     /// verdict rests on, so the caller refuses a run whose count cannot be read.
-    pub(crate) fn accounting(&self) -> (Option<u64>, Option<u64>, Option<u64>) {
+    pub fn accounting(&self) -> (Option<u64>, Option<u64>, Option<u64>) {
         let Ok(unified) = self.unified() else {
             return (None, None, None);
         };

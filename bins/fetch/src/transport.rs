@@ -109,8 +109,12 @@ pub fn is_public(ip: IpAddr) -> bool {
             !(v6.is_unspecified()
                 || v6.is_loopback()
                 || v6.is_multicast()
+                // IPv4-compatible (::/96, deprecated): an IPv4 address in another form.
+                || s[..6] == [0; 6]
                 || (s[0] & 0xfe00) == 0xfc00
                 || (s[0] & 0xffc0) == 0xfe80
+                // Site-local (fec0::/10, deprecated, still routed by some networks).
+                || (s[0] & 0xffc0) == 0xfec0
                 || (s[0] == 0x2001 && s[1] == 0x0db8)
                 || (s[0] == 0x0064 && s[1] == 0xff9b)
                 || s[0] == 0x2002
@@ -735,6 +739,34 @@ mod tests {
             Err(TransportError::Rejected { code, .. }) => (*code).to_owned(),
             Err(TransportError::Failed { why }) => format!("failed: {why}"),
             Err(e) => format!("{e}"),
+        }
+    }
+
+    /// Special-purpose and local addresses are never public, in any of their spellings;
+    /// global ones are.
+    #[test]
+    fn only_globally_routable_addresses_are_public() {
+        for a in [
+            "10.0.0.1",
+            "127.0.0.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "::1",
+            "::ffff:10.0.0.1",
+            "::10.0.0.1",
+            "::8.8.8.8",
+            "fc00::1",
+            "fe80::1",
+            "fec0::1",
+            "64:ff9b::a00:1",
+            "64:ff9b:1::1",
+            "2001:db8::1",
+            "2002::1",
+        ] {
+            assert!(!is_public(a.parse().unwrap()), "{a}");
+        }
+        for a in ["8.8.8.8", "1.1.1.1", "2606:4700::1111", "::ffff:8.8.8.8"] {
+            assert!(is_public(a.parse().unwrap()), "{a}");
         }
     }
 

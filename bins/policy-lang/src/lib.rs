@@ -35,9 +35,9 @@ pub use canonical::POLICY_SCHEMA;
 pub use diag::{CODES, KdlError, Language, PolicyError, Problem};
 pub use model::cpu_list;
 pub use model::{
-    Accounts, Allowance, Arch, ArchiveLimits, ArgCondition, ArgOp, Audit, BuildTier, ComputeMode,
-    DeviceConfig, DeviceGuard, DrainRule, Egress, Envelope, Frame, Host, IdRange, Ipc, Keyword,
-    Mount, MountMode, MountSource, Network, Output, ParserLimits, PhysicalLane, Policy,
+    Accounts, Allowance, Arch, ArchiveLimits, ArgCondition, ArgOp, Audit, BuildTier, Child,
+    ComputeMode, DeviceConfig, DeviceGuard, DrainRule, Egress, Envelope, Frame, Host, IdRange, Ipc,
+    Keyword, Mount, MountMode, MountSource, Network, Output, ParserLimits, PhysicalLane, Policy,
     PublicationLimits, Quality, Reasoned, RootMode, Runtime, RuntimeKind, SeccompAction,
     SeccompProfile, Speed, Stage, StageKind, Staging, Surface, Sys, SyscallRule, Tmp,
     TransportRules, TreeRules, User, WriteScope,

@@ -683,6 +683,10 @@ pub struct Stage {
     /// The lease-scoped staging tmpfs (prebuild).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub staging: Option<Staging>,
+    /// The prebuild patcher's bounded child: its own share under the stage's, held by the
+    /// host (prebuild only, required there).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub child: Option<Child>,
     /// The runtime cache tmpfs bounds (lane and reference only; exec allowed).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cache: Option<Staging>,
@@ -731,6 +735,21 @@ pub struct Staging {
     pub size_bytes: u64,
     /// Inodes.
     pub inodes: u64,
+}
+
+/// The bounds of a patcher's child (seed 001 §3: candidate work runs only as a bounded child
+/// of a registered patcher): a nested cgroup the host prepares and a deadline the host holds,
+/// each strictly inside the stage's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Child {
+    /// The CPU quota, thousandths of a CPU.
+    pub cpus_milli: u64,
+    /// Memory, swap included, bytes.
+    pub memory_bytes: u64,
+    /// Tasks.
+    pub pids: u64,
+    /// Its deadline, counted from the container's start, milliseconds.
+    pub deadline_ms: u64,
 }
 
 /// One bind.

@@ -271,7 +271,7 @@ fn diff_marks_weakening_and_fails_on_it_when_asked() {
             "    allow \"ioctl\"",
             "    allow \"process_madvise\" reason=\"again\"\n    allow \"ioctl\"",
         );
-    let tighter = text.replace_once("    pids 1024\n", "    pids 512\n");
+    let tighter = text.replace_once("    pids 1024\n", "    pids 800\n");
     let (weaker_file, tighter_file) = (
         dir.path().join("weaker.kdl"),
         dir.path().join("tighter.kdl"),
@@ -313,7 +313,7 @@ fn diff_marks_weakening_and_fails_on_it_when_asked() {
     let (code, out, err) = cmd(&["diff", "--fail-on", "weaken", &old, &t]);
     assert_eq!(code, 0, "{err}");
     assert!(
-        out.contains("  tightens  stage.prebuild.pids: 1024 → 512"),
+        out.contains("  tightens  stage.prebuild.pids: 1024 → 800"),
         "{out}"
     );
     // Without --fail-on, any change is exit 1, as diff(1).

@@ -78,6 +78,10 @@ pub enum PrebuildError {
         help("the store has been tampered with, or the cache entry is stale: quarantine it")
     )]
     Control(String),
+    /// The patcher's bounded child could not be held or read.
+    #[error("the patcher's bounded child: {0}")]
+    #[diagnostic(code(cordon::prebuild::child))]
+    Child(String),
     /// The container was killed by a host process that is not cordon's deadline or the OOM
     /// killer (an operator, `cordon-reap` ending an expired lease): no verdict on the candidate.
     #[error(
@@ -201,6 +205,8 @@ pub fn prebuild(
         None => Input::Null,
     };
     let session = cfg.session(policy, StageKind::Prebuild);
+    // What the host saw of the patcher's bounded child, read while its cgroup exists.
+    let child_seen: std::cell::Cell<Option<ChildSeen>> = std::cell::Cell::new(None);
     let job = Job {
         argv,
         image_rootfs: rootfs,
@@ -219,7 +225,12 @@ pub fn prebuild(
     };
     let ran = session.run(
         &job,
-        |_, _, _| Ok::<(), PrebuildError>(()),
+        |running, planned, deadline| {
+            if let Some(child) = &planned.child {
+                child_seen.set(Some(hold_child(cfg, running, planned, child, deadline)?));
+            }
+            Ok::<(), PrebuildError>(())
+        },
         |lease, planned, finished| {
             // What made these entries: the publication's name covers it, and every stage
             // that reopens the publication checks it against the tree it runs.
@@ -231,7 +242,7 @@ pub fn prebuild(
                 cfg,
                 planned,
                 finished,
-                lease.ended_by_reap(),
+                (lease.ended_by_reap(), child_seen.get()),
                 &bounds,
                 &key,
                 origin,
@@ -239,6 +250,86 @@ pub fn prebuild(
         },
     )?;
     Ok(ran.inspected)
+}
+
+/// What the host saw of a patcher's bounded child.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChildSeen {
+    /// The host killed it at its deadline.
+    pub deadline_killed: bool,
+    /// The kernel's OOM kills in its cgroup (`None`: unreadable).
+    pub oom_kills: Option<u64>,
+    /// Its cgroup's peak memory (`None`: unreadable; 0: nothing ever ran in it).
+    pub peak_bytes: Option<u64>,
+    /// Its deadline, milliseconds.
+    pub deadline_ms: u64,
+}
+
+/// Hold the patcher's child to its deadline (the host's, out of the build's reach): at it,
+/// every process in the child's cgroup is killed (as the run account's, through a pidfd) until
+/// none is left; then what its cgroup counted is read, before the delete removes it.
+///
+/// # Errors
+/// The container cannot be waited for, or the child's processes cannot be read or killed.
+fn hold_child(
+    cfg: &Config,
+    running: &cordon::container::Running,
+    planned: &Planned,
+    child: &cordon_stage::bundle::ChildPlan,
+    deadline: Instant,
+) -> Result<ChildSeen, PrebuildError> {
+    let host = cfg.setup.host();
+    let fail = |why: String| PrebuildError::Child(why);
+    let at = (Instant::now() + std::time::Duration::from_millis(child.deadline_ms)).min(deadline);
+    let exited = running
+        .exited_by(at)
+        .map_err(|e| fail(format!("cannot wait for the container: {e}")))?;
+    let deadline_killed = !exited && Instant::now() < deadline;
+    if deadline_killed {
+        let uid = planned
+            .spec
+            .process()
+            .as_ref()
+            .map_or(0, |p| p.user().uid());
+        let procs = child.memory.join("cgroup.procs");
+        // A process may fork while its siblings die: read and kill until the cgroup is empty
+        // (its pids limit bounds how many can appear).
+        let mut left = Vec::new();
+        for _ in 0..64 {
+            let text = host
+                .read(&procs)
+                .map_err(|e| fail(format!("cannot read {}: {e}", procs.display())))?;
+            left = String::from_utf8_lossy(&text)
+                .split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok())
+                .collect();
+            if left.is_empty() {
+                break;
+            }
+            for pid in &left {
+                host.kill_of(*pid, uid)
+                    .map_err(|e| fail(format!("cannot kill process {pid} of the child: {e}")))?;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        if !left.is_empty() {
+            return Err(fail(format!(
+                "processes {left:?} of the child outlived its deadline"
+            )));
+        }
+    }
+    let probe = cordon::runtime::CgroupProbe {
+        host: cfg.setup.runtime.host.clone(),
+        root: cfg.setup.cgroup_root.clone(),
+        path: child.cgroup.clone(),
+    };
+    let (oom_kills, peak_bytes, _) = probe.accounting();
+    Ok(ChildSeen {
+        deadline_killed,
+        oom_kills,
+        peak_bytes,
+        deadline_ms: child.deadline_ms,
+    })
 }
 
 /// How a process ended, for people: "exited with code 7", "was killed by SIGSEGV".
@@ -252,6 +343,41 @@ fn how_it_ended(meta: &Meta) -> String {
         }
         (None, None) => "ended without an exit code or a signal".to_owned(),
     }
+}
+
+/// How the patcher's child ended, as the candidate's failure (its reason code and message), or
+/// `None`: neither its deadline nor its memory ended it.
+///
+/// # Errors
+/// [`PrebuildError::Child`]: its cgroup's counts cannot be read, or nothing ever ran in it (the
+/// patcher did not place the build there: no bound of the child held it).
+fn child_failure(c: &ChildSeen) -> Result<Option<(&'static str, String)>, PrebuildError> {
+    let (Some(oom_kills), Some(peak)) = (c.oom_kills, c.peak_bytes) else {
+        return Err(PrebuildError::Child(
+            "the child's cgroup cannot be read".into(),
+        ));
+    };
+    if peak == 0 {
+        return Err(PrebuildError::Child(
+            "nothing ran in the child's cgroup: the patcher did not place the build in its bounded child".into(),
+        ));
+    }
+    Ok(if c.deadline_killed {
+        Some((
+            "prebuild.child-deadline",
+            format!(
+                "the build (the patcher's child) was killed by the host at its deadline of {}",
+                cordon_policy_lang::units::format_duration(c.deadline_ms)
+            ),
+        ))
+    } else if oom_kills > 0 {
+        Some((
+            "prebuild.oom",
+            "the build (the patcher's child) was killed for memory".to_owned(),
+        ))
+    } else {
+        None
+    })
 }
 
 /// How the build step ended, as the candidate's failure (its reason code and message), or
@@ -297,13 +423,21 @@ fn publish(
     cfg: &Config,
     planned: &Planned,
     finished: &Finished,
-    ended_by_reap: bool,
+    (ended_by_reap, child): (bool, Option<ChildSeen>),
     bounds: &Bounds,
     key: &Digest,
     origin: serde_json::Value,
 ) -> Result<Outcome, PrebuildError> {
     let meta = finished.meta.clone();
-    let failure = failure(&meta, ended_by_reap)?;
+    let failure = match failure(&meta, ended_by_reap)? {
+        // The stage's own deadline and memory come first; then what the host saw of the
+        // patcher's child, which the patcher's exit status only echoes.
+        Some((code @ ("prebuild.deadline" | "prebuild.oom"), why)) => Some((code, why)),
+        other => match child {
+            Some(c) => child_failure(&c)?.or(other),
+            None => other,
+        },
+    };
     if let Some((code, message)) = failure {
         return Ok(rejected(code, message, Some(meta)));
     }

@@ -58,6 +58,10 @@ fn env_with(slot: u32, edit: impl Fn(String) -> String) -> Env {
     .replace_once("pids 1024", "pids 64")
     .replace_once("deadline \"30m\"", "deadline \"8s\"")
     .replace_once(
+        "child cpus=4 memory=\"6GiB\" pids=768 deadline=\"25m\"",
+        "child cpus=4 memory=\"192MiB\" pids=48 deadline=\"6s\"",
+    )
+    .replace_once(
         "staging size=\"4GiB\" inodes=200000",
         "staging size=\"1MiB\" inodes=64",
     )
@@ -334,6 +338,9 @@ fn writes_outside_staging_exec_from_tmp_and_setuid_are_refused() {
             "/tmp",
             "/engine",
             "/staging",
+            "/cordon/child/memory",
+            "/cordon/child/pids",
+            "/cordon/child/cpu",
         ];
         assert!(
             planned.contains(&m)
@@ -344,9 +351,10 @@ fn writes_outside_staging_exec_from_tmp_and_setuid_are_refused() {
         );
     }
     // Corpus 13, recursively: every mount is read-only but the planned writable ones — the
-    // lease's /tmp and staging, and runc's /dev, /dev/pts, /dev/mqueue and /proc (root-owned,
-    // or the kernel's own) — and runc's masks, each `/dev/null` bound over a /proc file
-    // (writes vanish, reads are empty).
+    // lease's /tmp and staging, the patcher's child cgroup (each controller's, whose
+    // cgroup.procs alone is the account's; its limits are root's, probed below), and runc's
+    // /dev, /dev/pts, /dev/mqueue and /proc (root-owned, or the kernel's own) — and runc's
+    // masks, each `/dev/null` bound over a /proc file (writes vanish, reads are empty).
     let opts = published(&e, &o, "mountopts");
     let entries: Vec<(&str, &str, &str)> = opts
         .lines()
@@ -359,6 +367,9 @@ fn writes_outside_staging_exec_from_tmp_and_setuid_are_refused() {
     let planned_writable = [
         "/tmp",
         "/staging",
+        "/cordon/child/memory",
+        "/cordon/child/pids",
+        "/cordon/child/cpu",
         "/dev",
         "/dev/pts",
         "/dev/mqueue",
@@ -518,9 +529,9 @@ fn resource_bounds_hold_and_failures_are_rejections() {
         let (_, o) = build(&e, &script, &[("attempt", &attempt)]);
         assert_eq!(published(&e, &o, "r"), want, "{attempt_line}");
     }
-    // Sleeping past the deadline.
+    // Sleeping past the deadline: the child's, held by the host.
     let (_, o) = build(&e, "busybox sleep 60", &[]);
-    assert_eq!(rejected(&o), "prebuild.deadline");
+    assert_eq!(rejected(&o), "prebuild.child-deadline");
     // A failing step.
     let (_, o) = build(&e, "exit 7", &[]);
     assert_eq!(rejected(&o), "prebuild.exit");
@@ -925,9 +936,14 @@ fn only_a_kill_by_cordon_reap_is_a_no_decision() {
 #[test]
 fn a_build_that_kills_every_process_it_can_still_ends_at_the_hosts_deadline() {
     let script = "kill -9 -1; busybox sleep 4; echo late > $out/late";
-    let short = env_with(9, |t| t.replace_once("deadline \"8s\"", "deadline \"2s\""));
+    // The build is the patcher's child: its deadline is the host's, held outside it, and the
+    // patcher (the container's init) outlives the build's `kill -9 -1`.
+    let short = env_with(9, |t| {
+        t.replace_once("deadline \"8s\"", "deadline \"3s\"")
+            .replace_once("deadline=\"6s\"", "deadline=\"1s\"")
+    });
     let (_, o) = build(&short, script, &[]);
-    assert_eq!(rejected(&o), "prebuild.deadline");
+    assert_eq!(rejected(&o), "prebuild.child-deadline");
     let (_, o) = build(&short, "echo built > $out/r", &[]);
     assert_eq!(published(&short, &o, "r"), "built\n");
     // Corpus 3: a build still forking when the kill pass comes — three loops each starting a
@@ -936,7 +952,7 @@ fn a_build_that_kills_every_process_it_can_still_ends_at_the_hosts_deadline() {
     // checks the executor quiescent after every case).
     let forking = "spawn() { while :; do busybox sleep 0.02 & busybox sleep 0.01; done; }; spawn & spawn & spawn & echo started > $out/r; wait";
     let (_, o) = build(&short, forking, &[]);
-    assert_eq!(rejected(&o), "prebuild.deadline");
+    assert_eq!(rejected(&o), "prebuild.child-deadline");
     drop(short);
     // Only the deadline changed: the same build runs to its end and its output is published.
     let e = env_with(9, |t| t);
@@ -957,8 +973,13 @@ fn a_build_that_kills_every_process_it_can_still_ends_at_the_hosts_deadline() {
             "argv \"/bin/sh\" \"/cordon/patchers/native-rebuild\" \"1\"",
         )
     });
-    let (_, o) = build(&old, "echo built > $out/r", &[]);
-    assert_eq!(rejected(&o), "prebuild.exit");
+    // A patcher that refuses its argv never places a build in its child: not the candidate's
+    // doing, a no-decision.
+    let (_, r) = try_build(&old, "echo built > $out/r", &[]);
+    assert!(
+        matches!(&r, Err(cordon_prebuild::prebuild::PrebuildError::Child(why)) if why.contains("did not place")),
+        "{r:?}"
+    );
     drop(old);
 
     // Pages a build fills in its tmpfs /tmp belong to no process but are charged to its own
@@ -976,10 +997,52 @@ fn a_build_that_kills_every_process_it_can_still_ends_at_the_hosts_deadline() {
     assert_eq!(rejected(&o), "prebuild.oom");
     drop(e);
     let e = env_with(9, |t| {
-        big_tmp(t).replace_once("memory \"256MiB\"", "memory \"1GiB\"")
+        big_tmp(t)
+            .replace_once("memory \"256MiB\"", "memory \"1GiB\"")
+            .replace_once("memory=\"192MiB\"", "memory=\"900MiB\"")
     });
     let (_, o) = build(&e, fill, &[]);
     assert_eq!(published(&e, &o, "r"), "filled\n");
+    drop(e);
+
+    // The patcher's child is held to its own share, inside the stage's, by the host: each
+    // bound met from inside, and the same probe passing with only that bound raised.
+    let e_dir = tempfile::tempdir().unwrap();
+    let child = |memory: &str, pids: u32, deadline: &str| {
+        let edit = format!("child cpus=4 memory={memory:?} pids={pids} deadline={deadline:?}");
+        env_with(9, move |t| {
+            t.replace_once(
+                "child cpus=4 memory=\"192MiB\" pids=48 deadline=\"6s\"",
+                &edit,
+            )
+        })
+    };
+    let balloon = "busybox dd if=/dev/zero of=/dev/null bs=100M count=1 && echo grew > $out/r";
+    let attempt = cordon_testkit::attempt_program(e_dir.path());
+    let forks = "/engine/attempt pids 24 > $out/r";
+    let slow = "busybox sleep 2; echo slept > $out/r";
+    let e = child("64MiB", 12, "1s");
+    let (_, o) = build(&e, balloon, &[]);
+    assert_eq!(rejected(&o), "prebuild.oom", "memory");
+    let (_, o) = build(&e, forks, &[("attempt", &attempt)]);
+    assert_eq!(published(&e, &o, "r"), "pids=blocked:11\n", "pids");
+    let (_, o) = build(&e, slow, &[]);
+    assert_eq!(rejected(&o), "prebuild.child-deadline");
+    // Nothing but its cgroup.procs is the build's: its own limits stay root's.
+    let (_, o) = build(
+        &e,
+        "if echo 999999999 > /cordon/child/memory/memory.limit_in_bytes; then echo raised > $out/r; else echo refused > $out/r; fi",
+        &[],
+    );
+    assert_eq!(published(&e, &o, "r"), "refused\n");
+    drop(e);
+    let e = child("192MiB", 40, "6s");
+    let (_, o) = build(&e, balloon, &[]);
+    assert_eq!(published(&e, &o, "r"), "grew\n", "memory, ablated");
+    let (_, o) = build(&e, forks, &[("attempt", &attempt)]);
+    assert_eq!(published(&e, &o, "r"), "pids=ok\n", "pids, ablated");
+    let (_, o) = build(&e, slow, &[]);
+    assert_eq!(published(&e, &o, "r"), "slept\n", "deadline, ablated");
 }
 
 /// What the prebuild reopens before it trusts it: the image layout against the policy's pin,
@@ -1040,7 +1103,7 @@ fn a_tampered_or_mispinned_image_and_a_corrupt_cached_publication_are_no_decisio
         cordon_testkit::account_range("prebuild-hostile", 0),
     )
     .replace_once(
-        "sha256:faf1932b3b9d4cdf5c36ae5830ac3eea497da377bcaff07d7628da9f7a39a348",
+        "sha256:c85a0f45015643247c67c750bde088e8fdc95983ff9b545b0e48b4fc84675937",
         "sha256:1111111111111111111111111111111111111111111111111111111111111111",
     );
     let policy = cordon_policy_lang::parse("pin.kdl", &pinned).unwrap();

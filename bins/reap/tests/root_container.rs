@@ -140,7 +140,13 @@ fn run_in(
         lease.bundle_dir(),
         e.setup.runtime.state_root.clone(),
     ];
+    inputs.cgroup_v1_root = Some(cordon::run_cgroup::ROOT.into());
     let planned = bundle::plan(&e.policy, StageKind::Prebuild, &inputs).unwrap();
+    // The patcher's bounded child, as the session prepares it (recovery removes it too).
+    if let Some(child) = &planned.child {
+        let a = lease.account();
+        cordon_stage::session::prepare_child(&cordon::host::Linux, child, a.uid, a.gid).unwrap();
+    }
     // The session copies store trees into the lease; these tests run without a session.
     for m in &planned.host_mounts {
         if let bundle::HostMount::Copy { target, source } = m {

@@ -59,7 +59,16 @@ fn write_bundle(dir: &Path, m: &Manager, lease: &mut Lease, script: &str) {
     let rootfs = dir.join("rootfs");
     if !rootfs.exists() {
         std::fs::create_dir_all(rootfs.join("bin")).unwrap();
-        for d in ["proc", "dev", "tmp", "engine", "staging"] {
+        for d in [
+            "proc",
+            "dev",
+            "tmp",
+            "engine",
+            "staging",
+            "cordon/child/memory",
+            "cordon/child/pids",
+            "cordon/child/cpu",
+        ] {
             std::fs::create_dir_all(rootfs.join(d)).unwrap();
         }
         for a in ["sh", "sleep"] {
@@ -75,7 +84,14 @@ fn write_bundle(dir: &Path, m: &Manager, lease: &mut Lease, script: &str) {
     let argv = vec!["/bin/sh".into(), "-c".into(), script.into()];
     let mut inputs = RunInputs::for_lease(lease, argv, rootfs);
     inputs.sources.insert(MountSource::Tree, tree);
+    inputs.cgroup_v1_root = Some(cordon::run_cgroup::ROOT.into());
     let planned = bundle::plan(&p, StageKind::Prebuild, &inputs).unwrap();
+    // The patcher's bounded child, as the session prepares it: a supervisor killed after this
+    // leaves it for recovery to remove, before its parent.
+    if let Some(child) = &planned.child {
+        let a = lease.account();
+        cordon_stage::session::prepare_child(&cordon::host::Linux, child, a.uid, a.gid).unwrap();
+    }
     // The session copies store trees into the lease; these tests run without a session.
     for m in &planned.host_mounts {
         if let bundle::HostMount::Copy { target, source } = m {

@@ -31,8 +31,8 @@ use std::str::FromStr;
 use cordon::lease::{LABEL_AUTHORITY, LABEL_EXECUTOR, LABEL_LEASE, LABEL_STORE};
 use cordon_canon::Digest;
 use cordon_policy_lang::{
-    Frame, Mount as PolicyMount, MountMode, MountSource, Network, Output, PhysicalLane, Policy,
-    PublicationLimits, RootMode, Stage, StageKind, Staging, Sys, Tmp, User,
+    Child, Frame, Mount as PolicyMount, MountMode, MountSource, Network, Output, PhysicalLane,
+    Policy, PublicationLimits, RootMode, Stage, StageKind, Staging, Sys, Tmp, User,
 };
 use oci_spec::runtime::{
     Capability, HookBuilder, Hooks, LinuxBuilder, LinuxCpuBuilder, LinuxDevice, LinuxDeviceBuilder,
@@ -124,6 +124,10 @@ pub struct RunInputs {
     /// the policy writes it (the session resolves them; planning itself reads no filesystem):
     /// checked with the paths as written.
     pub never_mount_real: Vec<(PathBuf, String)>,
+    /// The cgroup v1 root (`/sys/fs/cgroup`) when the host's controllers are v1 hierarchies:
+    /// where a prebuild patcher's bounded child is prepared. `None` on a unified (v2) host,
+    /// where a child is refused (not implemented yet).
+    pub cgroup_v1_root: Option<PathBuf>,
 }
 
 impl RunInputs {
@@ -152,8 +156,99 @@ impl RunInputs {
             protected: Vec::new(),
             mountable_store_roots: Vec::new(),
             never_mount_real: Vec::new(),
+            cgroup_v1_root: None,
         }
     }
+}
+
+/// The controllers a patcher's child is bounded by, one v1 hierarchy each.
+pub const CHILD_CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
+
+/// Where in the container the child's cgroup of each controller is bound (its `cgroup.procs`
+/// the run account's, every other file root's).
+pub const CHILD_MOUNT: &str = "/cordon/child";
+
+/// A patcher's bounded child as the host prepares it before the container is created: a
+/// nested cgroup (`<container's cgroup>/child`) in each of [`CHILD_CONTROLLERS`] with the
+/// policy's limits, its `cgroup.procs` given to the run account, bound into the container at
+/// [`CHILD_MOUNT`]; and the deadline the host holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildPlan {
+    /// The directories the host makes, parents first, each with whether it may exist already
+    /// (the cordon parent, which another run's runtime made; never the lease's own).
+    pub make: Vec<(PathBuf, bool)>,
+    /// The child cgroup directories, one per controller.
+    pub dirs: Vec<PathBuf>,
+    /// Limit files and what the host writes to each, in order.
+    pub limits: Vec<(PathBuf, String)>,
+    /// The files given to the run account (each controller's `cgroup.procs`).
+    pub given: Vec<PathBuf>,
+    /// The memory controller's child directory: its processes.
+    pub memory: PathBuf,
+    /// The child's cgroup path below each hierarchy's root (its accounting).
+    pub cgroup: String,
+    /// The child's deadline from the container's start, milliseconds.
+    pub deadline_ms: u64,
+}
+
+/// Plan `child` of a run: refused where its cgroup cannot be prepared (a v2 host, for now).
+fn child_plan(kind: StageKind, run: &RunInputs, child: &Child) -> Result<ChildPlan, PlanError> {
+    let Some(root) = &run.cgroup_v1_root else {
+        return Err(PlanError::Unimplemented {
+            kind,
+            what: "a patcher's bounded child on a cgroup v2 (unified) host",
+        });
+    };
+    let path = cordon::lease::cgroup_path(&run.executor, &run.lease);
+    let container = |c: &str| root.join(c).join(path.trim_start_matches('/'));
+    let dir = |c: &str| container(c).join(cordon::lease::CHILD_CGROUP);
+    // Below each hierarchy's root: cordon's parents (which runs before made), then the
+    // lease's own cgroup and its child, both new.
+    let parents: Vec<PathBuf> = Path::new(path.trim_start_matches('/'))
+        .ancestors()
+        .skip(1)
+        .filter(|a| !a.as_os_str().is_empty())
+        .map(Path::to_path_buf)
+        .collect();
+    let make = CHILD_CONTROLLERS
+        .iter()
+        .flat_map(|c| {
+            parents
+                .iter()
+                .rev()
+                .map(|a| (root.join(c).join(a), true))
+                .chain([(container(c), false), (dir(c), false)])
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let memory = dir("memory");
+    // The quota per 100 ms period: thousandths of a CPU × 100 µs.
+    let quota = child.cpus_milli.saturating_mul(100);
+    Ok(ChildPlan {
+        make,
+        dirs: CHILD_CONTROLLERS.iter().map(|c| dir(c)).collect(),
+        limits: vec![
+            // memsw after the limit (it may never be below it): swap included, as the stage's.
+            (
+                memory.join("memory.limit_in_bytes"),
+                child.memory_bytes.to_string(),
+            ),
+            (
+                memory.join("memory.memsw.limit_in_bytes"),
+                child.memory_bytes.to_string(),
+            ),
+            (dir("pids").join("pids.max"), child.pids.to_string()),
+            (dir("cpu").join("cpu.cfs_period_us"), "100000".to_owned()),
+            (dir("cpu").join("cpu.cfs_quota_us"), quota.to_string()),
+        ],
+        given: CHILD_CONTROLLERS
+            .iter()
+            .map(|c| dir(c).join("cgroup.procs"))
+            .collect(),
+        memory,
+        cgroup: format!("{path}/{}", cordon::lease::CHILD_CGROUP),
+        deadline_ms: child.deadline_ms,
+    })
 }
 
 /// A mount the host makes in the lease's run directory before the container is created.
@@ -239,6 +334,8 @@ pub struct Planned {
     pub host_mounts: Vec<HostMount>,
     /// The host path of the staging area, when the stage has one (what prebuild publishes).
     pub staging_dir: Option<PathBuf>,
+    /// The patcher's bounded child, when the stage has one (prebuild).
+    pub child: Option<ChildPlan>,
     /// What the session enforces.
     pub session: SessionSettings,
     /// The spec as every run of this stage under this policy shares it: the run's own values
@@ -1050,6 +1147,7 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
         shm_bytes: _,
         tmp: _,
         staging,
+        child,
         cache: _,
         overlay: _,
         deadline_ms,
@@ -1096,7 +1194,26 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
     }
     let mut storage = storage(stage, run, uid, gid)?;
     never_mounted(policy, stage, run)?;
-    let binds = binds(kind, stage, run, &mut storage)?;
+    let mut binds = binds(kind, stage, run, &mut storage)?;
+    let child = match (kind, child) {
+        (StageKind::Prebuild, Some(c)) => Some(child_plan(kind, run, c)?),
+        (_, None) => None,
+        (_, Some(_)) => return Err(invalid("a bounded child outside the prebuild stage")),
+    };
+    // Each controller's child cgroup, bound where the patcher finds it: it can move its child
+    // in (cgroup.procs is the account's) and change nothing else (every limit file is root's).
+    for (dir, c) in child
+        .iter()
+        .flat_map(|p| p.dirs.iter().zip(CHILD_CONTROLLERS))
+    {
+        binds.push(Bind {
+            source: dir.clone(),
+            destination: Path::new(CHILD_MOUNT).join(c),
+            writable: true,
+            executable: false,
+            recursive: false,
+        });
+    }
     // The stage's environment, then a GPU lane's CDI variables (none may set a stage's key).
     let cdi_env = run.cdi.iter().flat_map(|c| &c.env);
     if let Some(e) = cdi_env
@@ -1184,6 +1301,7 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
         spec,
         host_mounts: storage.host_mounts,
         staging_dir: staging.as_ref().map(|_| storage.staging_dir.clone()),
+        child,
         session: SessionSettings {
             image: (image.to_owned(), pin),
             deadline_ms: *deadline_ms,
@@ -1269,6 +1387,7 @@ pub fn example_inputs(policy: &Policy, kind: StageKind) -> RunInputs {
         ],
         mountable_store_roots: vec![store.join("trees"), store.join("publications")],
         never_mount_real: Vec::new(),
+        cgroup_v1_root: Some(PathBuf::from(cordon::run_cgroup::ROOT)),
     }
 }
 
@@ -1376,6 +1495,76 @@ mod tests {
                 .unwrap()
                 .launch
         );
+    }
+
+    /// The patcher's child is planned from the policy's `child`: its cgroup's directories
+    /// (cordon's parents may exist, the lease's own may not), its limits, the one file given to
+    /// the account per controller, and the binds; on a unified (v2) host it is refused.
+    #[test]
+    fn a_patchers_child_is_a_host_prepared_cgroup_and_refused_on_v2() {
+        let p = policy(|t| t);
+        let run = example_inputs(&p, StageKind::Prebuild);
+        let planned = plan(&p, StageKind::Prebuild, &run).unwrap();
+        let child = planned.child.as_ref().unwrap();
+        let at = |c: &str| format!("/sys/fs/cgroup/{c}/cordon/EXECUTOR/LEASE/child");
+        assert_eq!(child.dirs, CHILD_CONTROLLERS.map(|c| PathBuf::from(at(c))));
+        let made: Vec<(String, bool)> = child
+            .make
+            .iter()
+            .filter(|(d, _)| d.starts_with("/sys/fs/cgroup/memory"))
+            .map(|(d, e)| (d.display().to_string(), *e))
+            .collect();
+        assert_eq!(
+            made,
+            [
+                ("/sys/fs/cgroup/memory/cordon".into(), true),
+                ("/sys/fs/cgroup/memory/cordon/EXECUTOR".into(), true),
+                ("/sys/fs/cgroup/memory/cordon/EXECUTOR/LEASE".into(), false),
+                (at("memory"), false),
+            ]
+        );
+        let limit = |f: &str| {
+            child
+                .limits
+                .iter()
+                .find(|(p, _)| p.ends_with(f))
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(limit("memory.limit_in_bytes"), Some("6442450944"));
+        assert_eq!(limit("memory.memsw.limit_in_bytes"), Some("6442450944"));
+        assert_eq!(limit("pids.max"), Some("768"));
+        assert_eq!(limit("cpu.cfs_quota_us"), Some("400000"));
+        assert_eq!(child.given.len(), 3);
+        assert!(child.given.iter().all(|g| g.ends_with("cgroup.procs")));
+        assert_eq!(child.deadline_ms, 25 * 60_000);
+        let binds: Vec<String> = spec_json(&planned)["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| {
+                m["source"]
+                    .as_str()
+                    .unwrap_or("")
+                    .starts_with("/sys/fs/cgroup")
+            })
+            .map(|m| m["destination"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(
+            binds,
+            [
+                "/cordon/child/memory",
+                "/cordon/child/pids",
+                "/cordon/child/cpu"
+            ]
+        );
+        let v2 = RunInputs {
+            cgroup_v1_root: None,
+            ..run
+        };
+        assert!(matches!(
+            plan(&p, StageKind::Prebuild, &v2),
+            Err(PlanError::Unimplemented { what, .. }) if what.contains("cgroup v2")
+        ));
     }
 
     #[test]

@@ -61,6 +61,16 @@ pub enum SessionError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Plan(#[from] PlanError),
+    /// A patcher's bounded child cgroup could not be prepared (or its layout read).
+    #[error("the patcher's bounded child: cannot {what}")]
+    #[diagnostic(code(cordon::session::child))]
+    Child {
+        /// What, with the path.
+        what: String,
+        /// What the kernel said.
+        #[source]
+        source: std::io::Error,
+    },
     /// A device the stage names is not on this host.
     #[error("stage {kind} needs device {path}, which cannot be found on this host")]
     #[diagnostic(
@@ -169,9 +179,42 @@ impl ExitClass for SessionError {
             | Self::Canonical(_)
             | Self::Interrupted(_)
             | Self::Posture { .. }
+            | Self::Child { .. }
             | Self::Evidence(_) => ExitCode::NoDecision,
         }
     }
+}
+
+/// Make a patcher's bounded child cgroup before its container exists: its directories, its
+/// limits, its `cgroup.procs` given to the run account (`uid`, `gid`: the one file it may
+/// write).
+///
+/// # Errors
+/// [`SessionError::Child`]: a step the kernel refused.
+pub fn prepare_child(
+    host: &dyn cordon::host::Host,
+    child: &bundle::ChildPlan,
+    uid: u32,
+    gid: u32,
+) -> Result<(), SessionError> {
+    let failed = |what: &str, path: &std::path::Path| {
+        let what = format!("{what} {}", path.display());
+        move |source| SessionError::Child { what, source }
+    };
+    for (dir, may_exist) in &child.make {
+        match host.make_dir(dir) {
+            Err(e) if *may_exist && e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            made => made.map_err(failed("make", dir))?,
+        }
+    }
+    for (file, value) in &child.limits {
+        host.write_control(file, value.as_bytes())
+            .map_err(failed("write", file))?;
+    }
+    for file in &child.given {
+        host.give(file, uid, gid).map_err(failed("give", file))?;
+    }
+    Ok(())
 }
 
 /// What one run is: the workload and the host paths only the caller knows.
@@ -586,7 +629,22 @@ impl Session<'_> {
             store_root.join(cordon::tree::TREES.dir),
             store_root.join(cordon::tree::PUBLICATIONS.dir),
         ];
+        let cgroups = &self.setup.cgroup_root;
+        inputs.cgroup_v1_root = match cordon::runtime::unified(self.setup.host(), cgroups) {
+            Ok(true) => None,
+            Ok(false) => Some(cgroups.clone()),
+            Err(source) => {
+                return Err(SessionError::Child {
+                    what: format!("read the cgroup layout at {}", cgroups.display()),
+                    source,
+                }
+                .into());
+            }
+        };
         let planned = bundle::plan(self.policy, self.kind, &inputs).map_err(SessionError::from)?;
+        if let Some(child) = &planned.child {
+            prepare_child(self.setup.host(), child, inputs.uid, inputs.gid)?;
+        }
 
         for m in &planned.host_mounts {
             let made = match m {

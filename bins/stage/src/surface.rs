@@ -498,6 +498,7 @@ pub fn plan(policy: &Policy, run: &SurfaceInputs) -> Result<SurfacePlan, PlanErr
         shm_bytes: _,
         tmp: _,
         staging,
+        child,
         cache,
         overlay,
         deadline_ms,
@@ -524,12 +525,13 @@ pub fn plan(policy: &Policy, run: &SurfaceInputs) -> Result<SurfacePlan, PlanErr
     }
     if image.is_some()
         || staging.is_some()
+        || child.is_some()
         || cache.is_some()
         || overlay.is_some()
         || publication.is_some()
     {
         return Err(invalid(
-            "the surface has no image, staging, cache, overlay or publication",
+            "the surface has no image, staging, bounded child, cache, overlay or publication",
         ));
     }
     if frame.is_some() || !phase_deadline_ms.is_empty() {

@@ -78,6 +78,10 @@ pub fn cgroup_parent(executor: &str) -> String {
     format!("/cordon/{executor}")
 }
 
+/// The name of a patcher's bounded child cgroup inside its container's cgroup (prebuild): the
+/// host makes it before the container, and a release removes it before its parent.
+pub const CHILD_CGROUP: &str = "child";
+
 /// The cgroup path (the bundle's `cgroupsPath`) of a lease's container.
 #[must_use]
 pub fn cgroup_path(executor: &str, lease: &str) -> String {

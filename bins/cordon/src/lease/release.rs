@@ -176,11 +176,13 @@ impl Manager {
                         root: self.setup.cgroup_root.clone(),
                         path: path.clone(),
                     };
+                    // A patcher's bounded child (prebuild) goes before its parent: the runtime's
+                    // delete removes both, but a run that ended before its create left them.
                     match probe.dirs() {
                         Ok(dirs) => dirs.iter().try_for_each(|d| {
-                            self.setup
-                                .host()
-                                .remove_dir(d)
+                            [d.join(super::CHILD_CGROUP), d.clone()]
+                                .iter()
+                                .try_for_each(|d| self.setup.host().remove_dir(d))
                                 .map_err(|e| format!("cgroup {}: {e}", d.display()))
                         }),
                         Err(e) => Err(format!("cgroup {path}: the hierarchy cannot be read: {e}")),

@@ -240,6 +240,7 @@ pub(super) fn stage(cx: &mut Cx, node: &KdlNode, kind: StageKind) -> Option<Stag
             "shm",
             "tmp",
             "staging",
+            "child",
             "cache",
             "overlay",
             "deadline",
@@ -453,6 +454,26 @@ pub(super) fn stage(cx: &mut Cx, node: &KdlNode, kind: StageKind) -> Option<Stag
         }
         (None, _) => None,
     };
+    let child = match (b.one("child"), kind) {
+        (Some(n), StageKind::Prebuild) => {
+            let p = props_block(cx, n, &["cpus", "memory", "pids", "deadline"]);
+            let cpus_v = p[0].and_then(|e| cpus(cx, e));
+            let memory_v = p[1].and_then(|e| size(cx, e, "child memory", 64 * MIB, 4 * TIB));
+            let pids_v = p[2].and_then(|e| integer(cx, e, "child pids", 8, 1_048_576));
+            let deadline_v =
+                p[3].and_then(|e| duration(cx, e, "child deadline", SECOND, 24 * HOUR));
+            Some((n, cpus_v, memory_v, pids_v, deadline_v))
+        }
+        (None, StageKind::Prebuild) => {
+            b.required(cx, "child");
+            None
+        }
+        (Some(n), _) => {
+            not_in_stage(cx, n, kind, "a patcher's bounded child");
+            None
+        }
+        (None, _) => None,
+    };
     let cache = match (b.one("cache"), kind) {
         (Some(n), StageKind::Lane | StageKind::Reference) => {
             let p = props_block(cx, n, &["size", "inodes"]);
@@ -643,6 +664,34 @@ pub(super) fn stage(cx: &mut Cx, node: &KdlNode, kind: StageKind) -> Option<Stag
     let sys = value(cx, &b, "sys", Some(Sys::None), |cx, e| {
         keyword::<Sys>(cx, e, "sys")
     });
+    // The child's share lies strictly inside the stage's: the patcher keeps room to end it,
+    // and the host's deadline for the child comes before the stage's own.
+    let child = child.and_then(|(n, cpus_v, memory_v, pids_v, deadline_v)| {
+        let child = Child {
+            cpus_milli: cpus_v?,
+            memory_bytes: memory_v?,
+            pids: pids_v?,
+            deadline_ms: deadline_v?,
+        };
+        let outside = [
+            ("cpus", cpus_milli.is_some_and(|c| child.cpus_milli > c)),
+            ("memory", memory.flatten().is_some_and(|m| child.memory_bytes >= m)),
+            ("pids", pids.flatten().is_some_and(|p| child.pids >= p)),
+            ("deadline", deadline.is_some_and(|d| child.deadline_ms >= d)),
+        ];
+        for (what, over) in outside {
+            if over {
+                cx.report(
+                    "invalid-value",
+                    name_span(n),
+                    "not inside the stage's",
+                    format!("the child's {what} is not within the stage's own {what}"),
+                    Some("a child's share is strictly smaller than its stage's (its CPUs at most equal)".into()),
+                );
+            }
+        }
+        Some(child)
+    });
     Some(Stage {
         image: image?,
         network: network?,
@@ -661,6 +710,7 @@ pub(super) fn stage(cx: &mut Cx, node: &KdlNode, kind: StageKind) -> Option<Stag
         shm_bytes: shm?,
         tmp: tmp?,
         staging,
+        child,
         cache,
         overlay,
         deadline_ms: deadline?,

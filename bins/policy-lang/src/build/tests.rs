@@ -534,7 +534,13 @@ fn stage_bounds_admit_their_ends_and_refuse_one_past() {
             vec!["duplicate".to_owned()],
         ),
     ] {
-        let text = default_policy().replace_once(from, to);
+        // The child's share stays inside the smallest stage the cases make.
+        let text = default_policy()
+            .replace_once(
+                "child cpus=4 memory=\"6GiB\"",
+                "child cpus=4 memory=\"64MiB\"",
+            )
+            .replace_once(from, to);
         assert_eq!(codes(&text), want, "{to}");
     }
 }

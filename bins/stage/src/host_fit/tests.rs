@@ -361,6 +361,7 @@ mod root_tests {
         );
         let tiny = |t: String| {
             t.replace("memory \"8GiB\"", "memory \"256MiB\"")
+                .replace("memory=\"6GiB\"", "memory=\"64MiB\"")
                 .replace("max-total-bytes \"4GiB\"", "max-total-bytes \"64MiB\"")
         };
         let p = policy(|t| {

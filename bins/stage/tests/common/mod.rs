@@ -103,7 +103,7 @@ pub fn world() -> World {
 pub fn pinned_policy(w: &World, owner: &str, slot: u32, edits: &[(&str, &str)]) -> Policy {
     let ids = cordon_testkit::account_range(owner, slot);
     let mut text = cordon_testkit::isolated_policy(w.dir.path(), ids).replace_once(
-        "image \"prebuild\" digest=\"sha256:faf1932b3b9d4cdf5c36ae5830ac3eea497da377bcaff07d7628da9f7a39a348\"",
+        "image \"prebuild\" digest=\"sha256:c85a0f45015643247c67c750bde088e8fdc95983ff9b545b0e48b4fc84675937\"",
         &format!("image \"prebuild\" digest=\"{}\"", w.digest),
     );
     for (from, to) in edits {
@@ -123,6 +123,10 @@ pub fn policy(w: &World, owner: &str, slot: u32) -> Policy {
             ("    cpus 4\n", "    cpus \"0.1\"\n"),
             ("memory \"8GiB\"", "memory \"256MiB\""),
             ("pids 1024", "pids 48"),
+            (
+                "child cpus=4 memory=\"6GiB\" pids=768 deadline=\"25m\"",
+                "child cpus=\"0.1\" memory=\"192MiB\" pids=32 deadline=\"25m\"",
+            ),
             (
                 "staging size=\"4GiB\" inodes=200000",
                 "staging size=\"1MiB\" inodes=64",
