@@ -7,6 +7,7 @@
 
 use cordon::exit::ExitClass;
 use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
@@ -177,10 +178,16 @@ fn open_source(given: &str, policy: &cordon_policy_lang::Policy) -> Result<Sourc
         )?)));
     }
     let path = Path::new(given);
-    let file = std::fs::File::open(path).map_err(|source| FetchError::OpenSource {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    // Non-blocking, so a FIFO at the path is opened and refused below instead of holding this
+    // process until a writer comes (a regular file reads the same either way).
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|source| FetchError::OpenSource {
+            path: path.to_path_buf(),
+            source,
+        })?;
     let meta = file.metadata().map_err(|source| FetchError::OpenSource {
         path: path.to_path_buf(),
         source,

@@ -632,6 +632,13 @@ fn a_local_archive_is_admitted_and_a_wrong_digest_rejected_with_the_store_unchan
     );
     let o = fetch(&policy, &store_dir, &sha, "/nonexistent/a.tar");
     assert_eq!(o.code, ExitCode::Usage);
+    // A FIFO named as the source is refused as not a file, at once: no writer is waited for.
+    let fifo = dir.path().join("a.fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let started = std::time::Instant::now();
+    let o = fetch(&policy, &store_dir, &sha, fifo.to_str().unwrap());
+    assert_eq!(o.code, ExitCode::Usage, "{}", o.stderr);
+    assert!(started.elapsed() < Duration::from_secs(5));
 }
 
 /// The confined parser child of this test process, found from outside once it has confined

@@ -346,7 +346,9 @@ fn supervise(
     // cgroup that cannot be removed once no process of the account is left.
     let ended = per_run::end(&*host, &accounts, state, record);
     let out = ran?;
-    let _ = stderr.write_all(&out.stderr);
+    // The account's stderr can carry what its sandbox wrote: escaped before the terminal.
+    let _ =
+        stderr.write_all(cordon::text::terminal(&String::from_utf8_lossy(&out.stderr)).as_bytes());
     ended?;
     let theirs = Receipt::parse(String::from_utf8_lossy(&out.stdout).trim()).map_err(|e| {
         PerRunError::Child(format!("exited {:?} without a receipt ({e})", out.code))
