@@ -322,14 +322,40 @@ fn an_https_fetch_under_the_policys_trust_anchor_is_admitted() {
     drop(s.pki);
 }
 
-#[test]
-fn transfers_that_break_a_transport_rule_are_rejected_and_store_nothing() {
-    let (s, body) = https_with_archive();
-    let policy = loopback_policy(&s, 1, "");
+/// A loopback test's policy (account block `slot`), its store, the store's content before
+/// anything ran, and the committed digest of `body`.
+struct Checked {
+    policy: PathBuf,
+    store_dir: PathBuf,
+    store: Store,
+    before: Vec<String>,
+    sha: Digest,
+}
+
+fn checked(s: &Setup, slot: u32, body: &[u8]) -> Checked {
+    let policy = loopback_policy(s, slot, "");
     let store_dir = s.dir.path().join("store");
     let store = Store::open(&store_dir).unwrap();
     let before = store.content_listing().unwrap();
-    let sha = Digest::of_bytes(&body);
+    Checked {
+        policy,
+        store_dir,
+        store,
+        before,
+        sha: Digest::of_bytes(body),
+    }
+}
+
+#[test]
+fn transfers_that_break_a_transport_rule_are_rejected_and_store_nothing() {
+    let (s, body) = https_with_archive();
+    let Checked {
+        policy,
+        store_dir,
+        store,
+        before,
+        sha,
+    } = checked(&s, 1, &body);
     let at = |p: &str| format!("https://localhost:{}{p}", s.port);
     for (path, code) in [
         ("/loop", "transport.too-many-redirects"),
@@ -464,11 +490,13 @@ fn raw_server(reply: &'static [u8]) -> u16 {
 #[test]
 fn a_hostile_servers_bytes_end_in_a_receipt_never_in_the_root_process() {
     let (s, body) = https_with_archive();
-    let policy = loopback_policy(&s, 8, "");
-    let store_dir = s.dir.path().join("store");
-    let store = Store::open(&store_dir).unwrap();
-    let before = store.content_listing().unwrap();
-    let sha = Digest::of_bytes(&body);
+    let Checked {
+        policy,
+        store_dir,
+        store,
+        before,
+        sha,
+    } = checked(&s, 8, &body);
     // A handshake record of the largest length and garbage in it; a fatal alert; noise.
     let garbage: &'static [u8] = Box::leak(
         [b"\x16\x03\x03\xff\xff".as_slice(), &[0xa5u8; 70_000]]
