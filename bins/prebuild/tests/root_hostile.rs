@@ -981,6 +981,17 @@ fn a_build_that_kills_every_process_it_can_still_ends_at_the_hosts_deadline() {
         "{r:?}"
     );
     drop(old);
+    // The stage's own deadline still ends a container whose patcher itself never ends (here a
+    // step that is no patcher at all): it comes before anything the child's cgroup says.
+    let stuck = env_with(9, |t| {
+        t.replace_once(
+            "argv \"/bin/sh\" \"/cordon/patchers/native-rebuild\"",
+            "argv \"/bin/busybox\" \"sleep\" \"60\"",
+        )
+    });
+    let (_, o) = build(&stuck, "echo built > $out/r", &[]);
+    assert_eq!(rejected(&o), "prebuild.deadline");
+    drop(stuck);
 
     // Pages a build fills in its tmpfs /tmp belong to no process but are charged to its own
     // cgroup (issue 33's first hole): with /tmp larger than the memory limit, filling it past
