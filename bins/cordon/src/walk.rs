@@ -16,11 +16,22 @@
 //! Descriptors: the root and at most one directory per level being read, never one per
 //! pending directory. A host-side resource error (out of descriptors or memory) is
 //! [`WalkError::Host`], never the tree's fault.
+//!
+//! Names: [`walk`] and [`walk_fd`] refuse a name that is not UTF-8 ([`WalkError::NonUtf8`]): a
+//! tree cordon stores or publishes has text names only. A caller that must walk whatever a user
+//! left (an agent's workspace handed back) uses [`walk_within`] with [`Bounds::any_names`]:
+//! names are kept as bytes for every call on the tree, and the visitor's `path` shows each byte
+//! that is not UTF-8 as `\xNN` (for messages only; it is never reopened). [`Bounds`] also caps
+//! the entries, the depth and the time such a walk may take, so a tree built to be walked
+//! forever ends in a located [`WalkError::Past`].
 
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
+use std::time::Instant;
 
 use nix::dir::Dir;
 use nix::fcntl::{OFlag, openat};
@@ -110,6 +121,38 @@ pub enum WalkError {
         /// The entry's relative path.
         path: String,
     },
+    /// The walk reached one of its [`Bounds`] (entries, depth or deadline) at this entry.
+    #[error("{path}: the walk went past its bound of {bound}")]
+    Past {
+        /// The entry's relative path.
+        path: String,
+        /// Which bound, in words (`1000000 entries`, `depth 256`, `its deadline`).
+        bound: String,
+    },
+}
+
+/// How far a walk may go and which names it takes. [`Bounds::STRICT`] is what [`walk`] and
+/// [`walk_fd`] use: text names only, no cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// Names that are not UTF-8 are walked (shown escaped) instead of refused.
+    pub any_names: bool,
+    /// The most entries (the root not counted) the walk lists.
+    pub entries: u64,
+    /// The deepest entry it shows ([`Node::depth`]: directories above it below the root).
+    pub depth: u64,
+    /// When it must have ended.
+    pub until: Option<Instant>,
+}
+
+impl Bounds {
+    /// Text names only, no cap: a tree cordon stores, publishes or seals.
+    pub const STRICT: Self = Self {
+        any_names: false,
+        entries: u64::MAX,
+        depth: u64::MAX,
+        until: None,
+    };
 }
 
 /// What ended a walk whose visitor has errors of its own: the walk's finding or the visitor's.
@@ -157,7 +200,7 @@ mod libc_err {
 }
 
 /// `statx` of `name` in `dir` without following it; the mount id must be reported.
-fn stat_at(dir: BorrowedFd<'_>, name: &str, path: &str) -> Result<Stat, WalkError> {
+fn stat_at(dir: BorrowedFd<'_>, name: &OsStr, path: &str) -> Result<Stat, WalkError> {
     let flags = if name.is_empty() {
         AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW
     } else {
@@ -211,7 +254,7 @@ pub struct Node<'a> {
     /// What the walk examined.
     pub stat: Stat,
     dir: BorrowedFd<'a>,
-    name: &'a str,
+    name: &'a OsStr,
 }
 
 impl Node<'_> {
@@ -232,7 +275,7 @@ impl Node<'_> {
         let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
         let fd =
             openat(self.dir, self.name, flags, Mode::empty()).map_err(|e| failed(self.path, e))?;
-        let again = stat_at(fd.as_fd(), "", self.path)?;
+        let again = stat_at(fd.as_fd(), OsStr::new(""), self.path)?;
         if again.id != self.stat.id || again.kind != Kind::File {
             return Err(changed());
         }
@@ -263,7 +306,7 @@ impl Node<'_> {
         } else {
             openat(self.dir, self.name, flags, Mode::empty()).map_err(|e| failed(self.path, e))?
         };
-        let now = stat_at(fd.as_fd(), "", self.path)?;
+        let now = stat_at(fd.as_fd(), OsStr::new(""), self.path)?;
         if now.id != self.stat.id
             || now.kind != self.stat.kind
             || now.nlink != nlink
@@ -281,7 +324,7 @@ impl Node<'_> {
         .map_err(|e| failed(self.path, e))?;
         // chown clears set-user-id, and set-group-id with group execute; what is left (a
         // set-group-id bit without it) is cleared through the same inode's descriptor link.
-        let after = stat_at(fd.as_fd(), "", self.path)?;
+        let after = stat_at(fd.as_fd(), OsStr::new(""), self.path)?;
         if after.kind == Kind::File && after.mode & 0o6000 != 0 {
             let link = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
             let mode = rustix::fs::Mode::from_raw_mode(after.mode & 0o1777);
@@ -301,15 +344,23 @@ impl Node<'_> {
     }
 }
 
-/// Open the directory `rel` under `top`, one component at a time without following links, and
-/// check it is still the inode that was listed.
-fn reopen(top: &OwnedFd, rel: &str, listed: (u64, u64)) -> Result<OwnedFd, WalkError> {
+/// Open the directory `raw` (its path's bytes; `rel` is its shown path) under `top`, one
+/// component at a time without following links, and check it is still the inode that was
+/// listed.
+fn reopen(top: &OwnedFd, raw: &[u8], rel: &str, listed: (u64, u64)) -> Result<OwnedFd, WalkError> {
     let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     let mut fd = top.try_clone().map_err(|e| failed(rel, e))?;
-    for component in rel.split('/').filter(|c| !c.is_empty()) {
-        fd = openat(fd.as_fd(), component, flags, Mode::empty()).map_err(|e| failed(rel, e))?;
+    // A name never holds `/`: the bytes split back into exactly the names listed.
+    for component in raw.split(|b| *b == b'/').filter(|c| !c.is_empty()) {
+        fd = openat(
+            fd.as_fd(),
+            OsStr::from_bytes(component),
+            flags,
+            Mode::empty(),
+        )
+        .map_err(|e| failed(rel, e))?;
     }
-    if stat_at(fd.as_fd(), "", rel)?.id != listed {
+    if stat_at(fd.as_fd(), OsStr::new(""), rel)?.id != listed {
         return Err(WalkError::Changed {
             path: rel.to_owned(),
         });
@@ -317,8 +368,35 @@ fn reopen(top: &OwnedFd, rel: &str, listed: (u64, u64)) -> Result<OwnedFd, WalkE
     Ok(fd)
 }
 
-/// The names in directory `fd` (`rel`), sorted, without `.` and `..`.
-fn names(fd: &OwnedFd, rel: &str) -> Result<Vec<String>, WalkError> {
+/// `name` as text: itself when UTF-8, else each byte that is not written `\xNN`.
+fn shown(name: &[u8]) -> String {
+    let mut out = String::with_capacity(name.len());
+    for chunk in name.utf8_chunks() {
+        out.push_str(chunk.valid());
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
+/// `rel/name` (`name` alone at the root).
+fn joined(rel: &str, name: &str) -> String {
+    if rel.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{rel}/{name}")
+    }
+}
+
+/// The names in directory `fd` (`rel`), sorted by their bytes, without `.` and `..`, each with
+/// its shown form; `listed` counts every name against `b`.
+fn names(
+    fd: &OwnedFd,
+    rel: &str,
+    b: &Bounds,
+    listed: &mut u64,
+) -> Result<Vec<(OsString, String)>, WalkError> {
     let dup = fd.try_clone().map_err(|e| failed(rel, e))?;
     let mut dir = Dir::from_fd(dup).map_err(|e| failed(rel, e))?;
     let mut names = Vec::new();
@@ -328,13 +406,35 @@ fn names(fd: &OwnedFd, rel: &str) -> Result<Vec<String>, WalkError> {
         if name == b"." || name == b".." {
             continue;
         }
-        let name = String::from_utf8(name.to_vec()).map_err(|_| WalkError::NonUtf8 {
-            dir: rel.to_owned(),
-        })?;
-        names.push(name);
+        let text = match std::str::from_utf8(name) {
+            Ok(text) => text.to_owned(),
+            Err(_) if b.any_names => shown(name),
+            Err(_) => {
+                return Err(WalkError::NonUtf8 {
+                    dir: rel.to_owned(),
+                });
+            }
+        };
+        // Counted as listed, before the directory is read to its end: one directory of
+        // millions of names stops at the bound too.
+        *listed += 1;
+        if *listed > b.entries {
+            return Err(past(&joined(rel, &text), format!("{} entries", b.entries)));
+        }
+        if b.until.is_some_and(|t| Instant::now() >= t) {
+            return Err(past(&joined(rel, &text), "its deadline".into()));
+        }
+        names.push((OsString::from_vec(name.to_vec()), text));
     }
     names.sort();
     Ok(names)
+}
+
+fn past(path: &str, bound: String) -> WalkError {
+    WalkError::Past {
+        path: path.to_owned(),
+        bound,
+    }
 }
 
 /// Walk the tree at `root` (itself not followed if a link), showing `visit` the root and every
@@ -365,24 +465,57 @@ pub fn walk_fd<E: From<WalkError>>(
     top: &OwnedFd,
     visit: &mut dyn FnMut(&Node<'_>) -> Result<(), E>,
 ) -> Result<(), E> {
-    let root_stat = stat_at(top.as_fd(), "", "")?;
+    walk_within(top, &Bounds::STRICT, visit)
+}
+
+/// A directory listed, to be read.
+struct Pending {
+    /// Its path's bytes below the root.
+    raw: Vec<u8>,
+    /// Its shown path.
+    rel: String,
+    /// Its entries' depth.
+    depth: u64,
+    /// Its identity when listed.
+    id: (u64, u64),
+}
+
+/// [`walk_fd`] within `b`: the names it takes, and how many entries, levels and how long.
+///
+/// # Errors
+/// As [`walk`], and [`WalkError::Past`] at the entry that reached a bound.
+pub fn walk_within<E: From<WalkError>>(
+    top: &OwnedFd,
+    b: &Bounds,
+    visit: &mut dyn FnMut(&Node<'_>) -> Result<(), E>,
+) -> Result<(), E> {
+    let root_stat = stat_at(top.as_fd(), OsStr::new(""), "")?;
     visit(&Node {
         path: "",
         depth: 0,
         stat: root_stat,
         dir: top.as_fd(),
-        name: "",
+        name: OsStr::new(""),
     })?;
-    // Pending directories by path, depth and listed identity: no descriptor each.
-    let mut stack: Vec<(String, u64, (u64, u64))> = vec![(String::new(), 0, root_stat.id)];
-    while let Some((rel, depth, listed)) = stack.pop() {
-        let fd = reopen(top, &rel, listed)?;
-        for name in names(&fd, &rel)? {
-            let path = if rel.is_empty() {
-                name.clone()
-            } else {
-                format!("{rel}/{name}")
-            };
+    let mut listed = 0;
+    // Pending directories by their path's bytes, shown path, depth and listed identity: no
+    // descriptor each.
+    let mut stack = vec![Pending {
+        raw: Vec::new(),
+        rel: String::new(),
+        depth: 0,
+        id: root_stat.id,
+    }];
+    while let Some(Pending {
+        raw,
+        rel,
+        depth,
+        id,
+    }) = stack.pop()
+    {
+        let fd = reopen(top, &raw, &rel, id)?;
+        for (name, text) in names(&fd, &rel, b, &mut listed)? {
+            let path = joined(&rel, &text);
             let stat = stat_at(fd.as_fd(), &name, &path)?;
             // A mount inside the tree is another tree: never walked, never reported as content.
             if stat.mount != root_stat.mount {
@@ -395,8 +528,21 @@ pub fn walk_fd<E: From<WalkError>>(
                 dir: fd.as_fd(),
                 name: &name,
             })?;
+            if depth > b.depth {
+                return Err(past(&path, format!("depth {}", b.depth)).into());
+            }
             if stat.kind == Kind::Dir {
-                stack.push((path, depth + 1, stat.id));
+                let mut below = raw.clone();
+                if !below.is_empty() {
+                    below.push(b'/');
+                }
+                below.extend_from_slice(name.as_bytes());
+                stack.push(Pending {
+                    raw: below,
+                    rel: path,
+                    depth: depth + 1,
+                    id: stat.id,
+                });
             }
         }
     }
@@ -455,6 +601,71 @@ mod tests {
         let name = std::ffi::OsStr::from_bytes(b"bad\xff");
         std::fs::write(d.path().join(name), b"").unwrap();
         assert!(matches!(paths(d.path()), Err(WalkError::NonUtf8 { .. })));
+    }
+
+    /// With [`Bounds::any_names`], a name of any bytes is walked: every call on it uses its
+    /// bytes (its file opens, its directory is entered) and its shown path escapes them.
+    #[test]
+    fn any_names_walks_every_name_by_its_bytes_and_shows_it_escaped() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join(std::ffi::OsStr::from_bytes(b"d\xff"));
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join(std::ffi::OsStr::from_bytes(b"f\xfe\x1b")), b"x").unwrap();
+        let top = top(d.path());
+        let b = Bounds {
+            any_names: true,
+            ..Bounds::STRICT
+        };
+        let mut got = Vec::new();
+        walk_within::<WalkError>(&top, &b, &mut |n| {
+            if n.stat.kind == Kind::File {
+                let mut text = String::new();
+                io::Read::read_to_string(&mut n.open()?, &mut text).unwrap();
+                assert_eq!(text, "x");
+            }
+            got.push(n.path.to_owned());
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(got, ["", "d\\xff", "d\\xff/f\\xfe\u{1b}"]);
+    }
+
+    /// Each bound ends the walk at the entry that reached it, named.
+    #[test]
+    fn a_walk_past_its_entries_depth_or_deadline_ends_at_that_entry() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("a/b/c")).unwrap();
+        std::fs::write(d.path().join("z"), b"").unwrap();
+        let top = top(d.path());
+        let past = |b: Bounds| match walk_within::<WalkError>(&top, &b, &mut |_| Ok(())) {
+            Err(e @ WalkError::Past { .. }) => e.to_string(),
+            other => panic!("{other:?}"),
+        };
+        let all = |b: Bounds| walk_within::<WalkError>(&top, &b, &mut |_| Ok(())).is_ok();
+        let entries = |entries| Bounds {
+            entries,
+            ..Bounds::STRICT
+        };
+        assert!(all(entries(4)));
+        assert_eq!(
+            past(entries(3)),
+            "a/b/c: the walk went past its bound of 3 entries"
+        );
+        let depth = |depth| Bounds {
+            depth,
+            ..Bounds::STRICT
+        };
+        assert!(all(depth(2)));
+        assert_eq!(
+            past(depth(1)),
+            "a/b/c: the walk went past its bound of depth 1"
+        );
+        let late = Bounds {
+            until: Some(Instant::now()),
+            ..Bounds::STRICT
+        };
+        // At the first name listed (in the directory's own order, before sorting).
+        assert!(past(late).ends_with(": the walk went past its bound of its deadline"));
     }
 
     #[test]
@@ -518,11 +729,11 @@ mod tests {
         std::fs::create_dir(d.path().join("a")).unwrap();
         let top = top(d.path());
         let was = listed(&d.path().join("a"));
-        reopen(&top, "a", was).unwrap();
+        reopen(&top, b"a", "a", was).unwrap();
         std::fs::rename(d.path().join("a"), d.path().join("b")).unwrap();
         std::os::unix::fs::symlink("b", d.path().join("a")).unwrap();
         assert!(matches!(
-            reopen(&top, "a", was),
+            reopen(&top, b"a", "a", was),
             Err(WalkError::Unreadable { .. })
         ));
     }
@@ -533,7 +744,7 @@ mod tests {
         std::fs::create_dir(d.path().join("a")).unwrap();
         let top = top(d.path());
         assert!(matches!(
-            reopen(&top, "a", listed(d.path())),
+            reopen(&top, b"a", "a", listed(d.path())),
             Err(WalkError::Changed { .. })
         ));
     }

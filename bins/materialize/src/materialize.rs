@@ -239,7 +239,8 @@ impl From<WalkError> for Unfit {
             | WalkError::Unreadable { path, .. }
             | WalkError::Changed { path }
             | WalkError::Mount { path }
-            | WalkError::UnknownKind { path } => path.clone(),
+            | WalkError::UnknownKind { path }
+            | WalkError::Past { path, .. } => path.clone(),
             WalkError::NonUtf8 { dir } => dir.clone(),
         };
         Self::Bad(path, e.to_string())

@@ -81,7 +81,11 @@ impl From<WalkError> for InventoryError {
     /// can cause.
     fn from(e: WalkError) -> Self {
         match e {
-            WalkError::Host { .. } | WalkError::Mount { .. } => Self::Host(e),
+            // The inventory walks unbounded ([`Bounds::STRICT`]); its own bounds are the
+            // visitor's, so a walk's bound is never the candidate's finding.
+            WalkError::Host { .. } | WalkError::Mount { .. } | WalkError::Past { .. } => {
+                Self::Host(e)
+            }
             WalkError::Unreadable { path, source } => refuse(
                 "publication.unreadable",
                 &path,

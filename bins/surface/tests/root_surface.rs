@@ -6,6 +6,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -1591,6 +1592,7 @@ fn as_root_each_run_gets_a_fresh_account_that_holds_the_workspace_only_for_the_r
     let done = s.root_run(
         "stat -c '%u %a' /workspace/before.txt; grep -c . /etc/passwd 2>/dev/null || echo no-passwd; \
          echo made > /workspace/made.txt; cp /bin/true /workspace/suid; chmod 6755 /workspace/suid; \
+         mkdir \"/workspace/$(printf 'raw\\377')\"; touch \"/workspace/$(printf 'raw\\377/\\033[31m\\377')\"; \
          cat /proc/self/status | grep -E '^(Uid|CapEff)'",
     );
     assert_eq!(done.code, 0, "{}\n{}", done.stderr, done.receipt);
@@ -1606,11 +1608,23 @@ fn as_root_each_run_gets_a_fresh_account_that_holds_the_workspace_only_for_the_r
     );
     // Inside, the workspace was the account's (mapped to the sandbox's only uid).
     assert!(done.stdout().starts_with("0 644\n"), "{}", done.stdout());
-    // Afterwards everything is the owner's, set-id bits gone; the account and its state too.
-    for f in ["before.txt", "made.txt", "suid", ""] {
+    // Afterwards everything is the owner's, set-id bits gone; the account and its state too
+    // (names that are not UTF-8 and that hold escape sequences included).
+    let raw = std::ffi::OsStr::from_bytes(b"raw\xff");
+    let odd =
+        s.ws.join(raw)
+            .join(std::ffi::OsStr::from_bytes(b"\x1b[31m\xff"));
+    for f in [
+        Path::new("before.txt"),
+        Path::new("made.txt"),
+        Path::new("suid"),
+        Path::new(""),
+        Path::new(raw),
+        &odd,
+    ] {
         let m = std::fs::symlink_metadata(s.ws.join(f)).unwrap();
-        assert_eq!((m.uid(), m.gid()), (SERVICE, SERVICE), "{f}");
-        assert_eq!(m.mode() & 0o6000, 0, "{f}");
+        assert_eq!((m.uid(), m.gid()), (SERVICE, SERVICE), "{}", f.display());
+        assert_eq!(m.mode() & 0o6000, 0, "{}", f.display());
     }
     assert!(
         per_run_accounts(&s).is_empty(),

@@ -12,7 +12,7 @@
 //!
 //! The handover goes by file descriptors: the workspace is opened once, with no link anywhere
 //! in its path (`openat2` `RESOLVE_NO_SYMLINKS`), proven the recorded directory, and walked
-//! from that descriptor ([`crate::walk::walk_fd`]), each entry changed through a descriptor of
+//! from that descriptor ([`crate::walk::walk_within`]), each entry changed through a descriptor of
 //! the inode examined ([`crate::walk::Node::chown`]). An inode that a name outside the
 //! workspace shares (its link count above the names the walk saw) is never handed over: before
 //! the run the workspace is refused; after it, it is residue. Before the run every entry must be
@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use super::{LeaseError, Residue, io, rootless};
 use crate::account::{self, Account, AccountPolicy};
 use crate::host::Host;
-use crate::walk::{Kind, Node, WalkError, walk_fd};
+use crate::walk::{Bounds, Kind, Node, WalkError, walk_within};
 
 /// The surface state directory's subdirectory of per-run records and account state.
 pub const PER_RUN: &str = "per-run";
@@ -42,6 +42,25 @@ pub const STATE_MODE: u32 = 0o711;
 const SCHEMA: u32 = 1;
 /// The most bytes of a carried file.
 const CARRIED_MAX: u64 = 1 << 20;
+/// The most entries root walks in a workspace; past it, its owner's run is refused before it
+/// starts, or its end is residue for the operator to clear (never a walk without end).
+pub const WORKSPACE_ENTRIES: u64 = 1 << 22;
+/// The most levels of directories root descends in a workspace: each level is reopened name
+/// by name from the top, so a chain thousands deep would cost its square.
+pub const WORKSPACE_DEPTH: u64 = 1024;
+/// The longest [`begin`] or [`end`] walks a workspace, all its walks together.
+pub const WORKSPACE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The bounds of a workspace walk that must end by `until`: any name the agent left (it is
+/// handed back, whatever its bytes), within [`WORKSPACE_ENTRIES`] and [`WORKSPACE_DEPTH`].
+fn workspace_bounds(until: std::time::Instant) -> Bounds {
+    Bounds {
+        any_names: true,
+        entries: WORKSPACE_ENTRIES,
+        depth: WORKSPACE_DEPTH,
+        until: Some(until),
+    }
+}
 
 /// What root must know to end a per-run run, whoever ends it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -213,9 +232,13 @@ fn open_workspace(
 }
 
 /// How many names the walk of the workspace saw for each inode.
-fn names_seen(top: &OwnedFd, path: &Path) -> Result<HashMap<(u64, u64), u64>, LeaseError> {
+fn names_seen(
+    top: &OwnedFd,
+    path: &Path,
+    b: &Bounds,
+) -> Result<HashMap<(u64, u64), u64>, LeaseError> {
     let mut seen: HashMap<(u64, u64), u64> = HashMap::new();
-    walk_fd::<WalkError>(top, &mut |n| {
+    walk_within::<WalkError>(top, b, &mut |n| {
         *seen.entry(n.stat.id).or_default() += 1;
         Ok(())
     })
@@ -223,8 +246,10 @@ fn names_seen(top: &OwnedFd, path: &Path) -> Result<HashMap<(u64, u64), u64>, Le
     Ok(seen)
 }
 
+/// A walk's failure; the names in it are the agent's, so escaped.
 fn walk_failed(path: &Path, e: &WalkError) -> LeaseError {
-    io("walk", path)(std::io::Error::other(e.to_string()))
+    let why = crate::text::printable(&e.to_string()).into_owned();
+    io("walk", path)(std::io::Error::other(why))
 }
 
 /// Whether `n`'s inode has a name the walk did not see (outside the workspace).
@@ -242,10 +267,11 @@ fn hand(
     seen: &HashMap<(u64, u64), u64>,
     to: (u32, u32),
     owners: &[u32],
+    b: &Bounds,
 ) -> Result<(), LeaseError> {
     // An inode with several names inside is changed once, at its first.
     let mut done = std::collections::HashSet::new();
-    walk_fd::<WalkError>(top, &mut |n| {
+    walk_within::<WalkError>(top, b, &mut |n| {
         if n.path.is_empty() || done.contains(&n.stat.id) {
             return Ok(());
         }
@@ -286,8 +312,8 @@ pub fn give_tree(path: &Path, to: (u32, u32)) -> Result<(), LeaseError> {
         nix::sys::stat::Mode::empty(),
     )
     .map_err(|e| io("open", path)(e.into()))?;
-    let seen = names_seen(&top, path)?;
-    hand(&top, path, &seen, to, &[0])?;
+    let seen = names_seen(&top, path, &Bounds::STRICT)?;
+    hand(&top, path, &seen, to, &[0], &Bounds::STRICT)?;
     let mode = File::from(top.try_clone().map_err(io("open", path))?)
         .metadata()
         .map_err(io("examine", path))?
@@ -396,9 +422,10 @@ pub fn begin(
         carried: carried.to_vec(),
     };
     // Proven before anything exists: a refused workspace leaves nothing to recover.
-    let seen = names_seen(&top, workspace)?;
+    let b = workspace_bounds(std::time::Instant::now() + WORKSPACE_DEADLINE);
+    let seen = names_seen(&top, workspace, &b)?;
     let mut foreign = None;
-    walk_fd::<WalkError>(&top, &mut |n| {
+    walk_within::<WalkError>(&top, &b, &mut |n| {
         let why = if (n.stat.uid, n.stat.gid) != record.owner {
             Some("is not the workspace owner's: a third user's file would become the run's")
         } else if linked_outside(n, &seen) {
@@ -473,7 +500,7 @@ pub fn begin(
         .map_err(io("make", &own))?;
     carry(state, 0, &own, &record.carried)?;
     let to = (record.account.uid, record.account.gid);
-    hand(&top, workspace, &seen, to, &[record.owner.0])?;
+    hand(&top, workspace, &seen, to, &[record.owner.0], &b)?;
     // Closed to everyone but the account for the run: no one runs what it makes set-id.
     set_root(&top, workspace, to, 0o700)?;
     Ok(Begun {
@@ -577,9 +604,10 @@ pub fn end(
     )
     .map_err(|e| residue(e.to_string()))?;
     let (top, _) = open_workspace(&record.workspace, Some(record.workspace_id))?;
-    let seen = names_seen(&top, &record.workspace)?;
+    let b = workspace_bounds(std::time::Instant::now() + WORKSPACE_DEADLINE);
+    let seen = names_seen(&top, &record.workspace, &b)?;
     let mut outside = Vec::new();
-    walk_fd::<WalkError>(&top, &mut |n| {
+    walk_within::<WalkError>(&top, &b, &mut |n| {
         if linked_outside(n, &seen) && outside.len() < 8 {
             outside.push(format!("{:?}", n.path));
         }
@@ -602,6 +630,7 @@ pub fn end(
         &seen,
         record.owner,
         &[record.account.uid, record.owner.0],
+        &b,
     )?;
     set_root(&top, &record.workspace, record.owner, record.workspace_mode)?;
     if own.is_dir() {
@@ -737,6 +766,40 @@ mod tests {
         assert_eq!(pending(&state).unwrap(), vec![(record.clone(), false)]);
         let f = fake();
         end(&f, &policy(), &state, &record).unwrap();
+        assert!(pending(&state).unwrap().is_empty());
+    }
+
+    /// Whatever names the run left are handed back, bytes that are not UTF-8 included; a
+    /// workspace deeper than root walks is residue, named, until it is cleared.
+    #[test]
+    fn any_name_the_run_left_is_handed_back_and_a_walk_without_end_is_residue() {
+        use std::os::unix::ffi::OsStrExt;
+        let (_d, state, ws) = setup();
+        let f = fake();
+        let begun = begin_at(&f, &state, &ws, "00000035").unwrap();
+        let record = begun.record.clone();
+        drop(begun);
+        let raw = ws.join(std::ffi::OsStr::from_bytes(b"raw\xff"));
+        let odd = raw.join(std::ffi::OsStr::from_bytes(b"\x1b[2J\xfe"));
+        let deep = ws.join(vec!["d"; usize::try_from(WORKSPACE_DEPTH).unwrap() + 2].join("/"));
+        fs::create_dir_all(&deep).unwrap();
+        fs::create_dir(&raw).unwrap();
+        fs::write(&odd, "x").unwrap();
+        let uid = Some(record.account.uid);
+        for p in [&raw, &odd] {
+            std::os::unix::fs::lchown(p, uid, uid).unwrap();
+        }
+        let e = crate::error_chain(&end(&f, &policy(), &state, &record).unwrap_err());
+        assert!(
+            e.ends_with("d/d: the walk went past its bound of depth 1024"),
+            "{e}"
+        );
+        assert_eq!(pending(&state).unwrap(), vec![(record.clone(), false)]);
+        fs::remove_dir_all(ws.join("d")).unwrap();
+        end(&f, &policy(), &state, &record).unwrap();
+        for p in [&raw, &odd] {
+            assert_eq!(owner(p), 1000);
+        }
         assert!(pending(&state).unwrap().is_empty());
     }
 
