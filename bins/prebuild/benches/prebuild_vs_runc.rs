@@ -38,7 +38,7 @@ fn main() {
     let text = cordon_testkit::isolated_policy(dir.path(), ids);
     let policy = cordon_policy_lang::parse("bench.kdl", &text).unwrap();
     let store = Store::open(&dir.path().join("store")).unwrap();
-    let spec = cordon_image::spec::load(&root.join("images/prebuild.kdl")).unwrap();
+    let spec = cordon_image::spec::load(&cordon_testkit::prebuild_image_spec()).unwrap();
     cordon::image::build(&spec, &dir.path().join("images/prebuild")).unwrap();
 
     // The demo pipeline, stage by stage, in process.

@@ -39,7 +39,7 @@ impl Cli {
             ),
         )
         .unwrap();
-        let spec = cordon_image::spec::load(&workspace_root().join("images/prebuild.kdl")).unwrap();
+        let spec = cordon_image::spec::load(&cordon_testkit::prebuild_image_spec()).unwrap();
         cordon::image::build(&spec, &dir.path().join("images/prebuild")).unwrap();
         Self {
             dir,
@@ -83,8 +83,15 @@ impl Cli {
     }
 
     /// Register `incumbent` (a directory), fetch the bundled example candidate and materialize
-    /// it over that incumbent: the materialize receipt's file.
+    /// it over that incumbent: the materialize receipt's file. Its tier is native-sources (the
+    /// registered compiler builds its C sources).
     fn materialized(&self, incumbent: &Path) -> PathBuf {
+        self.materialized_as(incumbent, "native-sources")
+    }
+
+    /// [`Cli::materialized`] with the candidate declaring `tier` (`native-rebuild`: the
+    /// incumbent's `build.sh` builds it).
+    fn materialized_as(&self, incumbent: &Path, tier: &str) -> PathBuf {
         let out = self
             .command("cordon-materialize")
             .arg("incumbent")
@@ -97,12 +104,22 @@ impl Cli {
             .as_str()
             .unwrap()
             .to_owned();
-        let archive = self.path("candidate.tar");
+        let candidate = self.path("candidate");
+        let _ = std::fs::remove_dir_all(&candidate);
+        cordon_testkit::copy_tree(
+            &workspace_root().join("checks/example/candidate"),
+            &candidate,
+        );
+        let manifest = candidate.join("cordon-delta.kdl");
+        let text = std::fs::read_to_string(&manifest).unwrap();
+        assert!(text.contains("tier=\"native-sources\""), "{text}");
         std::fs::write(
-            &archive,
-            cordon_testkit::pack_delta(&workspace_root().join("checks/example/candidate")),
+            &manifest,
+            text.replace("tier=\"native-sources\"", &format!("tier={tier:?}")),
         )
         .unwrap();
+        let archive = self.path("candidate.tar");
+        std::fs::write(&archive, cordon_testkit::pack_delta(&candidate)).unwrap();
         let sha = Digest::of_file(&archive).unwrap();
         let fetched = self
             .command("cordon-fetch")
@@ -137,7 +154,7 @@ impl Cli {
             "#!/bin/sh\nwhile :; do :; done\n",
         )
         .unwrap();
-        self.materialized(&incumbent)
+        self.materialized_as(&incumbent, "native-rebuild")
     }
 
     /// `cordon-prebuild` on the receipt in `receipt` with image directory `images`.
@@ -343,7 +360,7 @@ fn a_build_step_that_fails_is_a_rejection_with_exit_1() {
     let build = "#!/bin/sh\necho compiling\ni=1; while [ $i -le 20 ]; do echo \"warning $i\" >&2; i=$((i+1)); done\n\
                  printf '\\033[2J\\033[32mall checks passed\\033]0;owned\\007\\n' >&2\nexit 7\n";
     std::fs::write(incumbent.join("build.sh"), build).unwrap();
-    let receipt = cli.materialized(&incumbent);
+    let receipt = cli.materialized_as(&incumbent, "native-rebuild");
     let input: Value = serde_json::from_slice(&std::fs::read(&receipt).unwrap()).unwrap();
     let store = cordon::store::Store::open(&cli.path("store")).unwrap();
     let before = store.content_listing().unwrap();

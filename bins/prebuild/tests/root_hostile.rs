@@ -24,7 +24,7 @@ use cordon::store::Store;
 use cordon::tree::{self, PUBLICATIONS};
 use cordon_prebuild::prebuild::{Config, Outcome, Published, prebuild};
 use cordon_testkit::EditOnce as _;
-use cordon_testkit::{compile_static, workspace_root};
+use cordon_testkit::compile_static;
 
 struct Env {
     dir: tempfile::TempDir,
@@ -41,6 +41,11 @@ fn env(slot: u32) -> Env {
 
 /// [`env`] with one more edit of the policy text.
 fn env_with(slot: u32, edit: impl Fn(String) -> String) -> Env {
+    env_in("prebuild-hostile", slot, edit)
+}
+
+/// [`env_with`] in `owner`'s account slot.
+fn env_in(owner: &str, slot: u32, edit: impl Fn(String) -> String) -> Env {
     assert!(
         nix::unistd::geteuid().is_root(),
         "hostile prebuild tests run real containers: run as root"
@@ -50,39 +55,38 @@ fn env_with(slot: u32, edit: impl Fn(String) -> String) -> Env {
     let dir = tempfile::tempdir().unwrap();
     let secret = dir.path().join("secret");
     std::fs::write(&secret, "TOPSECRET-KEY\n").unwrap();
-    let text = cordon_testkit::isolated_policy(
-        dir.path(),
-        cordon_testkit::account_range("prebuild-hostile", slot),
-    )
-    .replace_once("memory \"8GiB\"", "memory \"256MiB\"")
-    .replace_once("pids 1024", "pids 64")
-    .replace_once("deadline \"30m\"", "deadline \"8s\"")
-    .replace_once(
-        "child cpus=4 memory=\"6GiB\" pids=768 deadline=\"25m\"",
-        "child cpus=4 memory=\"192MiB\" pids=48 deadline=\"6s\"",
-    )
-    .replace_once(
-        "staging size=\"4GiB\" inodes=200000",
-        "staging size=\"1MiB\" inodes=64",
-    )
-    .replace_once(
-        "tmp size=\"1GiB\" exec=#false",
-        "tmp size=\"8MiB\" exec=#false",
-    )
-    .replace_once(
-        "output stdout=\"4MiB\" stderr=\"4MiB\"",
-        "output stdout=\"64KiB\" stderr=\"64KiB\"",
-    )
-    .replace_once(
-        "argv \"/bin/sh\" \"/cordon/patchers/native-rebuild\"",
-        "argv \"/bin/sh\" \"/cordon/patchers/native-rebuild\"\n    secret \"build-key\"",
-    ) + &format!(
-        "\nsecret \"build-key\" path={:?}\n",
-        secret.display().to_string()
-    );
+    let text =
+        cordon_testkit::isolated_policy(dir.path(), cordon_testkit::account_range(owner, slot))
+            .replace_once("memory \"8GiB\"", "memory \"256MiB\"")
+            .replace_once("pids 1024", "pids 64")
+            .replace_once("deadline \"30m\"", "deadline \"8s\"")
+            .replace_once(
+                "child cpus=4 memory=\"6GiB\" pids=768 deadline=\"25m\"",
+                "child cpus=4 memory=\"192MiB\" pids=48 deadline=\"6s\"",
+            )
+            .replace_once(
+                "staging size=\"4GiB\" inodes=200000",
+                "staging size=\"1MiB\" inodes=64",
+            )
+            .replace_once(
+                "tmp size=\"1GiB\" exec=#false",
+                "tmp size=\"8MiB\" exec=#false",
+            )
+            .replace_once(
+                "output stdout=\"4MiB\" stderr=\"4MiB\"",
+                "output stdout=\"64KiB\" stderr=\"64KiB\"",
+            )
+            .replace_once(
+                "argv \"/bin/sh\" \"/cordon/patchers/native-rebuild\"",
+                "argv \"/bin/sh\" \"/cordon/patchers/native-rebuild\"\n    secret \"build-key\"",
+            )
+            + &format!(
+                "\nsecret \"build-key\" path={:?}\n",
+                secret.display().to_string()
+            );
     let policy = cordon_policy_lang::parse("hostile.kdl", &edit(text)).unwrap();
     let store = Store::open(&dir.path().join("store")).unwrap();
-    let spec = cordon_image::spec::load(&workspace_root().join("images/prebuild.kdl")).unwrap();
+    let spec = cordon_image::spec::load(&cordon_testkit::prebuild_image_spec()).unwrap();
     cordon::image::build(&spec, &dir.path().join("images/prebuild")).unwrap();
     let authority = Digest::of_bytes(format!("hostile-{slot}").as_bytes());
     let mut setup = cordon_stage::settings::lease_setup(
@@ -483,6 +487,73 @@ fn every_forbidden_leftover_in_staging_is_refused() {
     // An unregistered step is a rejection.
     let o = prebuild(&e.policy, &e.cfg, &tree, "rm-rf", true).unwrap();
     assert_eq!(rejected(&o), "prebuild.unknown-step");
+}
+
+/// Register a tree holding `files` (a native-sources tree: C sources, no build script) and run
+/// the native-sources patcher on it.
+fn compile(e: &Env, files: &[(&str, &str)]) -> Outcome {
+    let src = tempfile::tempdir_in(e.dir.path()).unwrap();
+    std::fs::write(
+        src.path().join("cordon-incumbent.kdl"),
+        "incumbent \"native\"\ntarget \"t\" path=\"t\"\n",
+    )
+    .unwrap();
+    std::fs::create_dir(src.path().join("t")).unwrap();
+    for (name, text) in files {
+        std::fs::write(src.path().join("t").join(name), text).unwrap();
+    }
+    let rules = e.policy.tree_rules();
+    let tree = cordon_materialize::materialize::register_incumbent(&e.store, src.path(), &rules)
+        .unwrap()
+        .digest;
+    let outcome = prebuild(&e.policy, &e.cfg, &tree, "build-native-sources", true).unwrap();
+    let left = Manager::open(&e.store, e.cfg.setup.clone())
+        .unwrap()
+        .check()
+        .unwrap();
+    assert!(left.is_empty(), "not quiescent after {files:?}: {left:?}");
+    outcome
+}
+
+/// The native-sources tier: the tree's C sources, compiled by the image's pinned compiler with
+/// the validator's flags in the bounded child, make one freestanding shared object; what the
+/// compiler cannot build, or a source that makes it exhaust the child's memory, is a rejection
+/// and the host is unaffected. The object is never loaded by the host: only its bytes are read.
+#[test]
+fn the_native_sources_patcher_compiles_c_sources_in_the_bounded_child() {
+    let e = env_in("prebuild-tiers", 0, |t| t);
+    let o = compile(
+        &e,
+        &[
+            ("k.h", "long long twice(long long x);\n"),
+            (
+                "k.c",
+                "#include <stddef.h>\n#include \"k.h\"\nlong long twice(long long x) { return 2 * x; }\n",
+            ),
+        ],
+    );
+    let Decision::Accepted(Published { publication, .. }) = &o else {
+        panic!("expected a publication, got {:?}", rejected(&o));
+    };
+    let so = std::fs::read(
+        tree::root_in(&e.store, PUBLICATIONS, &publication.digest).join("lib/native.so"),
+    )
+    .unwrap();
+    // An ELF shared object (e_type ET_DYN) that exports the source's function.
+    assert_eq!(&so[..4], b"\x7fELF");
+    assert_eq!(so[16], 3);
+    assert!(so.windows(6).any(|w| w == b"twice\0"));
+    // C++ and CUDA have no registered compiler; a source that does not compile fails the step.
+    for bad in [("k.cpp", "int f() { return 0; }\n"), ("k.c", "int f( {\n")] {
+        assert_eq!(rejected(&compile(&e, &[bad])), "prebuild.exit", "{bad:?}");
+    }
+    // A preprocessor bomb (2^30 tokens) ends at the child's memory bound, the host unaffected.
+    let mut bomb = String::from("#define A0 x+\n");
+    for i in 1..=30 {
+        bomb.push_str(&format!("#define A{i} A{p} A{p}\n", p = i - 1));
+    }
+    bomb.push_str("int f(void) { return A30 0; }\n");
+    assert_eq!(rejected(&compile(&e, &[("bomb.c", &bomb)])), "prebuild.oom");
 }
 
 #[test]
@@ -1114,7 +1185,7 @@ fn a_tampered_or_mispinned_image_and_a_corrupt_cached_publication_are_no_decisio
         cordon_testkit::account_range("prebuild-hostile", 0),
     )
     .replace_once(
-        "sha256:c85a0f45015643247c67c750bde088e8fdc95983ff9b545b0e48b4fc84675937",
+        "sha256:5363f64cf687994874ddf5f42e48077a4dd3981afbb766c601e67937d6bbf5e7",
         "sha256:1111111111111111111111111111111111111111111111111111111111111111",
     );
     let policy = cordon_policy_lang::parse("pin.kdl", &pinned).unwrap();

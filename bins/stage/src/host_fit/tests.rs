@@ -22,7 +22,7 @@ fn worst(bytes: u64, files: u64, depth: u64) -> u64 {
 
 use crate::session::tests::policy;
 
-/// The default policy without its prebuild stage and build step: nothing bounds a
+/// The default policy without its prebuild stage and build steps: nothing bounds a
 /// publication copy (shared with the session's tests).
 pub(crate) fn without_prebuild() -> Policy {
     let text = std::fs::read_to_string(concat!(
@@ -35,7 +35,9 @@ pub(crate) fn without_prebuild() -> Policy {
         (start, start + text[start..].find("\n}\n").unwrap() + 3)
     };
     let (stage, stage_end) = block("stage \"prebuild\"");
-    let (step, step_end) = block("step \"build-native\"");
+    // The two patchers, one after the other.
+    let (step, _) = block("step \"build-native\"");
+    let (_, step_end) = block("step \"build-native-sources\"");
     let without = format!(
         "{}{}{}",
         &text[..stage],
