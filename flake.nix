@@ -124,6 +124,45 @@
       cp $d/lib/tcc/include/*.h $out/include/
     '';
     # The compiler's own headers, as images/prebuild.kdl names them.
+    # The sealed-direct-artifact tier's interpreter: Debian bookworm's CPython 3.11 and the
+    # libraries it links, the same bytes images/prebuild.kdl takes from a Debian host.
+    pythonDebs = [
+      (pkgs.fetchurl {
+        url = "https://deb.debian.org/debian/pool/main/p/python3.11/python3.11-minimal_3.11.2-6+deb12u6_amd64.deb";
+        sha256 = "4742c49d9bc418eac8c60216af4b9280440f86d5ecf0816931fcc6774a6d90d4";
+      })
+      (pkgs.fetchurl {
+        url = "https://deb.debian.org/debian/pool/main/p/python3.11/libpython3.11-minimal_3.11.2-6+deb12u6_amd64.deb";
+        sha256 = "b21639516f96bde030d9548220952ad17ed5dd602b6339ce183658c5aa4c1fb4";
+      })
+      (pkgs.fetchurl {
+        url = "https://deb.debian.org/debian/pool/main/p/python3.11/libpython3.11-stdlib_3.11.2-6+deb12u6_amd64.deb";
+        sha256 = "409f354d3d5d5b605a5d2d359936e6c2262b6c8f2bb120ec530bc69cb318fac4";
+      })
+      (pkgs.fetchurl {
+        url = "https://deb.debian.org/debian/pool/main/z/zlib/zlib1g_1.2.13.dfsg-1_amd64.deb";
+        sha256 = "d7dd1d1411fedf27f5e27650a6eff20ef294077b568f4c8c5e51466dc7c08ce4";
+      })
+      (pkgs.fetchurl {
+        url = "https://security.debian.org/debian-security/pool/updates/main/e/expat/libexpat1_2.5.0-1+deb12u1_amd64.deb";
+        sha256 = "c2bd305125bcece5816b2521f293a99499d674cd2dd744416caa4952158ad99d";
+      })
+    ];
+    debianPython = pkgs.runCommand "debian-python" {nativeBuildInputs = [pkgs.dpkg];} ''
+      mkdir $out
+      for deb in ${toString pythonDebs}; do dpkg-deb -x $deb $out; done
+      # The image takes bytes, never links: each link becomes a copy of what it names.
+      find $out -type l | while read -r l; do cp --remove-destination "$(readlink -f "$l")" "$l"; done
+    '';
+    # Every source of the prebuild spec under /usr, and the two libraries the interpreter links.
+    prebuildFroms = builtins.map builtins.head (
+      builtins.filter builtins.isList (builtins.split "from=\"([^\"]*)\"" (builtins.readFile ./images/prebuild.kdl))
+    );
+    pythonSources = builtins.listToAttrs (builtins.map (f: {
+        name = f;
+        value = "${debianPython}${f}";
+      }) (builtins.filter (f: builtins.substring 0 5 f == "/usr/") prebuildFroms
+        ++ ["/lib/x86_64-linux-gnu/libz.so.1" "/lib/x86_64-linux-gnu/libexpat.so.1"]));
     tccHeaders = ["float.h" "stdalign.h" "stdarg.h" "stdatomic.h" "stdbool.h" "stddef.h" "stdnoreturn.h" "tccdefs.h" "tcclib.h" "tgmath.h" "varargs.h"];
     images = import ./images {
       cordonImage = "${cordonImage}/bin/cordon-image";
@@ -132,6 +171,8 @@
           "/bin/busybox" = busybox;
           "patchers/native-rebuild" = ./images/patchers/native-rebuild;
           "patchers/native-sources" = ./images/patchers/native-sources;
+          "patchers/sealed-direct-artifact" = ./images/patchers/sealed-direct-artifact;
+          "patchers/aot-driver.py" = ./images/patchers/aot-driver.py;
           "../target/tcc/dist/tcc" = "${tcc}/tcc";
           "../target/tcc/dist/libtcc1.a" = "${tcc}/libtcc1.a";
           "/lib64/ld-linux-x86-64.so.2" = "${libc6}/ld-linux-x86-64.so.2";
@@ -144,7 +185,8 @@
         // builtins.listToAttrs (builtins.map (l: {
           name = "/lib/x86_64-linux-gnu/${l}";
           value = "${libc6}/${l}";
-        }) ["libc.so.6" "libm.so.6" "libdl.so.2" "libpthread.so.0"]);
+        }) ["libc.so.6" "libm.so.6" "libdl.so.2" "libpthread.so.0"])
+        // pythonSources;
     };
 
     # The pins the images must equal, read from the reviewed policy.

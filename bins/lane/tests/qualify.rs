@@ -67,6 +67,7 @@ fn world(edits: &[(&str, &str)]) -> World {
         // The test's own key: fake-backed tests never touch the host's.
         key_dir: dir.path().join("keys"),
         evidence: cordon_stage::evidence::Evidence::new(&store),
+        exe: std::path::PathBuf::from("/proc/self/exe"),
     };
     World {
         dir,

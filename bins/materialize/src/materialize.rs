@@ -540,7 +540,26 @@ fn check_manifest_fit(
         )),
         (None, None) => {}
     }
+    // The compile child imports the factory from the tree: it must be in the delta's own
+    // package, which the tree holds renamed (a factory elsewhere would name incumbent or
+    // standard code as the candidate's).
+    if let (Some(f), Some(p)) = (&delta.factory, &delta.package)
+        && f.split(['.', ':']).next() != Some(p.as_str())
+    {
+        findings.push(Finding::file(
+            "tree.tier-mismatch",
+            DELTA_MANIFEST,
+            format!("factory {f:?} is not in the delta's package {p:?}"),
+        ));
+    }
     step
+}
+
+/// The declared factory as the tree holds it: its package renamed to the namespace `ns`
+/// (checked in the package by [`check_manifest_fit`]).
+fn factory_in_tree(delta: &manifest::Delta, ns: Option<&str>) -> Option<String> {
+    let (factory, package, ns) = (delta.factory.as_ref()?, delta.package.as_ref()?, ns?);
+    Some(format!("{ns}{}", &factory[package.len()..]))
 }
 
 /// One delta file's place in the new tree: its path, mode, digest, size, and its rewritten
@@ -807,6 +826,8 @@ pub fn materialize(
         "namespace": namespace,
         "step": step,
         "tier": delta.tier,
+        // What the sealed-direct-artifact patcher imports and calls (the request's factory).
+        "factory": factory_in_tree(&delta, namespace.as_deref()),
     });
     let record = tree::publish(store, entries, origin)?;
     Ok(Materialized {

@@ -376,7 +376,7 @@ fn declarations_must_be_carried_allowed_and_registered() {
         0o644,
     );
     let head = |rest: &str| format!("delta target=\"attention\" package=\"p\" {rest}\n");
-    let cases: [(String, Vec<Member<'_>>, &[&str]); 7] = [
+    let cases: [(String, Vec<Member<'_>>, &[&str]); 8] = [
         (
             head("step=\"build-native\""),
             vec![ok],
@@ -413,6 +413,12 @@ fn declarations_must_be_carried_allowed_and_registered() {
             vec![ok],
             &["tree.tier-mismatch"],
         ),
+        // A factory outside the delta's package would name another's code as the candidate's.
+        (
+            head("tier=\"sealed-direct-artifact\"") + "factory \"json.decoder:f\"\n",
+            vec![ok],
+            &["tree.tier-mismatch"],
+        ),
     ];
     for (manifest, files, codes) in cases {
         let mut all = vec![("cordon-delta.kdl", manifest.as_bytes(), 0o644)];
@@ -440,6 +446,10 @@ fn declarations_must_be_carried_allowed_and_registered() {
         let m = materialize(&f.store, &f.incumbent, &record, &rules(), &steps()).unwrap();
         assert_eq!(m.step.as_deref(), Some(step), "{manifest}");
         assert_eq!(m.record.origin["step"], step);
+        // The factory as the tree holds it: renamed into the delta's namespace.
+        let factory = m.namespace.map(|ns| format!("{ns}.aot:build"));
+        let factory = factory.filter(|_| step == "build-aot");
+        assert_eq!(m.record.origin["factory"].as_str(), factory.as_deref());
     }
     assert_eq!(
         rejected_codes(

@@ -104,6 +104,7 @@ fn main() {
         runtime_version: runtime_version.clone(),
         key_dir: std::path::PathBuf::from(cordon::signing::KEY_DIR),
         evidence: cordon_stage::evidence::Evidence::new(&store),
+        exe: std::path::PathBuf::from(env!("CARGO_BIN_EXE_cordon-prebuild")),
     };
     let mut lib = Vec::new();
     for i in 0..runs {

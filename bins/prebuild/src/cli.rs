@@ -159,8 +159,15 @@ pub fn run(
 }
 
 /// The whole of `cordon-prebuild`'s `main` (which installs the panic hook first, through
-/// `cordon::exit::main`): parse the arguments, run, the exit code.
+/// `cordon::exit::main`): parse the arguments, run, the exit code. Started as its own
+/// confined child, it decodes one sealed-direct-artifact profile ([`crate::aot`]) instead.
 #[must_use]
 pub fn main() -> ExitCode {
+    if let Some((spec, parent)) = cordon::confine::requested() {
+        cordon::confine::run_child(&spec, parent, |spec| match spec.kind.as_str() {
+            crate::aot::PROFILE_CHILD => crate::aot::child_main(),
+            _ => cordon::confine::UNCONFINED_EXIT,
+        });
+    }
     cordon::exit::with_stdin(cordon_stage::args::parse::<Args>, run)
 }

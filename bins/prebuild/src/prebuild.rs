@@ -19,11 +19,12 @@ use cordon::receipt::{Decision, Rejection};
 use cordon::runtime::{Finished, Meta};
 use cordon::store::StoreError;
 use cordon::tree::{self, Entry, PUBLICATIONS, TREES, TreeRecord};
-use cordon_policy_lang::{MountSource, Policy, PublicationLimits, StageKind};
+use cordon_policy_lang::{BuildTier, MountSource, Policy, PublicationLimits, StageKind};
 use cordon_stage::bundle::{PlanError, Planned};
 use cordon_stage::session::{Job, SessionError};
 use serde_json::json;
 
+use crate::aot;
 use crate::inventory::{self, Bounds};
 
 /// Where the stage works.
@@ -93,6 +94,11 @@ pub enum PrebuildError {
     #[error(transparent)]
     #[diagnostic(code(cordon::prebuild::inventory))]
     Inventory(inventory::InventoryError),
+    /// The sealed-direct-artifact tier's profile child could not be started, confined or
+    /// released.
+    #[error("the compile profile's confined child: {0}")]
+    #[diagnostic(code(cordon::prebuild::profile_child))]
+    ProfileChild(String),
     /// The secret file could not be read.
     #[error("cannot read the step's secret {path}")]
     #[diagnostic(code(cordon::prebuild::secret))]
@@ -135,8 +141,8 @@ pub fn prebuild(
     candidate: bool,
 ) -> Result<Outcome, PrebuildError> {
     let started = Instant::now();
-    let argv = match (policy.step(step), policy.step_tier(step)) {
-        (Some((StageKind::Prebuild, argv)), Some(_)) => argv.to_vec(),
+    let (argv, tier) = match (policy.step(step), policy.step_tier(step)) {
+        (Some((StageKind::Prebuild, argv)), Some(tier)) => (argv.to_vec(), tier),
         _ => {
             let why = format!("{step:?} is not a registered prebuild step of the policy");
             return Ok(rejected("prebuild.unknown-step", why, None));
@@ -171,12 +177,20 @@ pub fn prebuild(
         cordon_stage::bundle::image_of(policy, StageKind::Prebuild).map_err(SessionError::Plan)?;
 
     // Plan: everything is verified before anything runs.
-    tree::verify(&cfg.store, tree_digest)?;
+    let record = tree::verify(&cfg.store, tree_digest)?;
+    let compile = match tier {
+        BuildTier::SealedDirectArtifact => Some(compile_request(&record)?),
+        BuildTier::NativeRebuild | BuildTier::NativeSources | BuildTier::DependencyPatch => None,
+    };
+    let request = compile.as_ref().map(|c| c.digest);
     let rootfs = cordon::image::unpack(&cfg.store, &cfg.images.join(role), &pin)?;
     let key = domain_digest(
         "cordon.prebuild-cache",
-        1,
-        &json!({ "tree": tree_digest, "step": step, "image": pin, "authority": cfg.authority }),
+        2,
+        &json!({
+            "tree": tree_digest, "step": step, "image": pin, "authority": cfg.authority,
+            "request": request,
+        }),
     )?;
     if let Ok(bytes) = cfg.store.read_document("publications", &cache_name(&key)) {
         let cached: serde_json::Value = serde_json::from_slice(&bytes)
@@ -197,12 +211,22 @@ pub fn prebuild(
     }
 
     // A secret reaches the declared step on standard input only: never an env var or a mount.
-    let stdin = match policy.step_secret(step) {
-        Some(p) => Input::Bytes(std::fs::read(p).map_err(|source| PrebuildError::Secret {
-            path: PathBuf::from(p),
-            source,
-        })?),
-        None => Input::Null,
+    // The sealed-direct-artifact patcher's standard input is the compile request instead.
+    let stdin = match (policy.step_secret(step), &compile) {
+        (Some(_), Some(_)) => {
+            return Err(PrebuildError::Policy(format!(
+                "step {step:?} is the sealed-direct-artifact patcher: its standard input is the \
+                 compile request, so it cannot also take a secret"
+            )));
+        }
+        (Some(p), None) => {
+            Input::Bytes(std::fs::read(p).map_err(|source| PrebuildError::Secret {
+                path: PathBuf::from(p),
+                source,
+            })?)
+        }
+        (None, Some(c)) => Input::Bytes(c.bytes.clone()),
+        (None, None) => Input::Null,
     };
     let session = cfg.session(policy, StageKind::Prebuild);
     // What the host saw of the patcher's bounded child, read while its cgroup exists.
@@ -234,22 +258,56 @@ pub fn prebuild(
         |lease, planned, finished| {
             // What made these entries: the publication's name covers it, and every stage
             // that reopens the publication checks it against the tree it runs.
-            let origin =
+            let mut control =
                 cordon_stage::publication::built(policy, tree_digest, step, &lease.record.lease)
-                    .map_err(PrebuildError::Policy)?
-                    .to_origin()?;
-            publish(
+                    .map_err(PrebuildError::Policy)?;
+            if let tree::Control::Built { request: r, .. } = &mut control {
+                *r = request;
+            }
+            collect(
                 cfg,
                 planned,
                 finished,
                 (lease.ended_by_reap(), child_seen.get()),
                 &bounds,
-                &key,
-                origin,
+                control.to_origin()?,
+                compile.is_some(),
             )
         },
     )?;
-    Ok(ran.inspected)
+    match ran.inspected {
+        Staged::Refused(outcome) => Ok(outcome),
+        Staged::Built(built) => seal(policy, cfg, built, compile.as_ref(), &key),
+    }
+}
+
+/// The compile request of a sealed-direct-artifact build of the tree `record`: its recorded
+/// factory (materialize writes it, renamed into the tree's namespace).
+struct Compile {
+    request: aot::Request,
+    bytes: Vec<u8>,
+    digest: Digest,
+}
+
+fn compile_request(record: &TreeRecord) -> Result<Compile, PrebuildError> {
+    let factory = record
+        .origin
+        .get("factory")
+        .and_then(serde_json::Value::as_str)
+        .ok_or_else(|| {
+            PrebuildError::Policy(format!(
+                "tree {} records no factory: the sealed-direct-artifact tier compiles the one a \
+                 delta declares",
+                record.digest
+            ))
+        })?;
+    let request = aot::Request::for_factory(factory);
+    let (bytes, digest) = request.encode()?;
+    Ok(Compile {
+        request,
+        bytes,
+        digest,
+    })
 }
 
 /// What the host saw of a patcher's bounded child.
@@ -418,16 +476,36 @@ fn failure(
     })
 }
 
-/// What the build left: a rejection, or the sealed publication of staging.
-fn publish(
-    cfg: &Config,
+/// What the build left in staging, before it is sealed.
+enum Staged<'s> {
+    /// A rejection.
+    Refused(Outcome),
+    /// Its files, copied into the store's scratch, not yet published.
+    Built(Built<'s>),
+}
+
+/// A build's files ready to seal.
+struct Built<'s> {
+    batch: cordon::store::Batch<'s>,
+    entries: Vec<Entry>,
+    origin: serde_json::Value,
+    meta: Meta,
+    /// The compile profile's bytes (the sealed-direct-artifact tier's), read, never decoded.
+    profile: Option<Vec<u8>>,
+}
+
+/// What the build left: a rejection, or its files copied out of staging while the staging
+/// mount still exists; `compiled` for a sealed-direct-artifact build, whose staging must be
+/// exactly the ABI's result layout.
+fn collect<'s>(
+    cfg: &'s Config,
     planned: &Planned,
     finished: &Finished,
     (ended_by_reap, child): (bool, Option<ChildSeen>),
     bounds: &Bounds,
-    key: &Digest,
     origin: serde_json::Value,
-) -> Result<Outcome, PrebuildError> {
+    compiled: bool,
+) -> Result<Staged<'s>, PrebuildError> {
     let meta = finished.meta.clone();
     let failure = match failure(&meta, ended_by_reap)? {
         // The stage's own deadline and memory come first; then what the host saw of the
@@ -439,7 +517,7 @@ fn publish(
         },
     };
     if let Some((code, message)) = failure {
-        return Ok(rejected(code, message, Some(meta)));
+        return Ok(Staged::Refused(rejected(code, message, Some(meta))));
     }
     let staging: &Path = planned
         .staging_dir
@@ -449,16 +527,41 @@ fn publish(
         Ok(items) => items,
         Err(inventory::InventoryError::Refused(r)) => {
             let why = format!("{}: {}", r.path, r.message);
-            return Ok(rejected(r.code, why, Some(meta)));
+            return Ok(Staged::Refused(rejected(r.code, why, Some(meta))));
         }
         Err(host @ inventory::InventoryError::Host { .. }) => {
             return Err(PrebuildError::Inventory(host));
         }
     };
+    if compiled && let Err(why) = aot::layout(items.iter().map(|i| (i.path.as_str(), i.size))) {
+        return Ok(Staged::Refused(rejected(
+            "publication.aot-layout",
+            why,
+            Some(meta),
+        )));
+    }
     let mut batch = cfg.store.batch()?;
     let mut entries = Vec::new();
+    let mut profile = None;
     for item in items {
-        let (sha, size) = batch.add_reader(&item.file, item.executable)?;
+        let (sha, size) = if compiled && item.path == aot::PROFILE {
+            // Bounded by the layout check; kept for the confined child, copied as it is.
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(
+                &mut std::io::Read::take(&item.file, aot::MAX_PROFILE_BYTES + 1),
+                &mut bytes,
+            )
+            .map_err(|source| StoreError::Io {
+                op: "read",
+                path: staging.join(aot::PROFILE),
+                source,
+            })?;
+            let added = batch.add_reader(bytes.as_slice(), item.executable)?;
+            profile = Some(bytes);
+            added
+        } else {
+            batch.add_reader(&item.file, item.executable)?
+        };
         entries.push(Entry {
             path: item.path,
             mode: if item.executable { 0o555 } else { 0o444 },
@@ -466,8 +569,43 @@ fn publish(
             sha256: sha,
         });
     }
-    batch.commit()?;
-    let record = tree::publish_in(&cfg.store, PUBLICATIONS, entries, origin)?;
+    Ok(Staged::Built(Built {
+        batch,
+        entries,
+        origin,
+        meta,
+        profile,
+    }))
+}
+
+/// The largest answer of the profile child: the profile, decoded, and its framing.
+const PROFILE_ANSWER_BYTES: u32 = 4 * 64 * 1024;
+
+/// Seal `built`: a compiled build's profile first decoded by its confined child and checked
+/// against the request and the artifact's size as the store counted it (a refusal is the
+/// candidate's); then
+/// the objects, the publication (published without replace, reopened and re-verified) and the
+/// cache entry.
+fn seal(
+    policy: &Policy,
+    cfg: &Config,
+    built: Built<'_>,
+    compile: Option<&Compile>,
+    key: &Digest,
+) -> Result<Outcome, PrebuildError> {
+    if let (Some(c), Some(profile)) = (compile, &built.profile) {
+        let artifact = built
+            .entries
+            .iter()
+            .find(|e| e.path == aot::ARTIFACT)
+            .map(|e| e.size)
+            .ok_or_else(|| PrebuildError::Policy("the checked layout has no artifact".into()))?;
+        if let Err(why) = check_profile(policy, cfg, profile, &c.request, artifact)? {
+            return Ok(rejected("publication.aot-profile", why, Some(built.meta)));
+        }
+    }
+    built.batch.commit()?;
+    let record = tree::publish_in(&cfg.store, PUBLICATIONS, built.entries, built.origin)?;
     // Reopened and re-verified before it is named anywhere.
     let publication = tree::verify_in(&cfg.store, PUBLICATIONS, &record.digest)?;
     let doc = cordon::canonical::to_canonical_json(&json!({ "publication": publication.digest }))?;
@@ -475,9 +613,40 @@ fn publish(
         .put_document("publications", &cache_name(key), doc.as_bytes())?;
     Ok(Decision::Accepted(Published {
         publication,
-        meta: Some(meta),
+        meta: Some(built.meta),
         cached: false,
     }))
+}
+
+/// `profile` decoded by the confined child [`aot::PROFILE_CHILD`] under a parser lease of its
+/// own, and its answer checked ([`aot::accept`]): `Ok(Err(why))` is the candidate's refusal.
+///
+/// # Errors
+/// The child could not be started, confined or released.
+fn check_profile(
+    policy: &Policy,
+    cfg: &Config,
+    profile: &[u8],
+    request: &aot::Request,
+    artifact: u64,
+) -> Result<Result<aot::Profile, String>, PrebuildError> {
+    use cordon::confine::ExchangeError;
+    let exchanged = cordon_stage::parser::under_setup(
+        policy,
+        cfg.setup.clone(),
+        &cfg.store,
+        &cfg.authority,
+        aot::PROFILE_CHILD,
+        &cfg.exe,
+        cordon_stage::parser::budget(policy),
+        |launch| cordon::confine::exchange(launch, profile, PROFILE_ANSWER_BYTES),
+    )
+    .map_err(|e| PrebuildError::ProfileChild(e.to_string()))?;
+    match exchanged {
+        Ok(answer) => Ok(aot::accept(&answer, request, artifact)),
+        Err(ExchangeError::Broke(why)) => Ok(Err(format!("the profile child broke on it: {why}"))),
+        Err(ExchangeError::Infrastructure(why)) => Err(PrebuildError::ProfileChild(why)),
+    }
 }
 
 #[cfg(test)]

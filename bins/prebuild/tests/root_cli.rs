@@ -92,6 +92,17 @@ impl Cli {
     /// [`Cli::materialized`] with the candidate declaring `tier` (`native-rebuild`: the
     /// incumbent's `build.sh` builds it).
     fn materialized_as(&self, incumbent: &Path, tier: &str) -> PathBuf {
+        self.materialized_from(incumbent, "candidate", ("native-sources", tier))
+    }
+
+    /// Register `incumbent`, fetch the bundled example `checks/example/<example>` with its
+    /// manifest's `tier="FROM"` written `tier="TO"`, and materialize it.
+    fn materialized_from(
+        &self,
+        incumbent: &Path,
+        example: &str,
+        (from, to): (&str, &str),
+    ) -> PathBuf {
         let out = self
             .command("cordon-materialize")
             .arg("incumbent")
@@ -107,15 +118,15 @@ impl Cli {
         let candidate = self.path("candidate");
         let _ = std::fs::remove_dir_all(&candidate);
         cordon_testkit::copy_tree(
-            &workspace_root().join("checks/example/candidate"),
+            &workspace_root().join("checks/example").join(example),
             &candidate,
         );
         let manifest = candidate.join("cordon-delta.kdl");
         let text = std::fs::read_to_string(&manifest).unwrap();
-        assert!(text.contains("tier=\"native-sources\""), "{text}");
+        assert!(text.contains(&format!("tier={from:?}")), "{text}");
         std::fs::write(
             &manifest,
-            text.replace("tier=\"native-sources\"", &format!("tier={tier:?}")),
+            text.replace(&format!("tier={from:?}"), &format!("tier={to:?}")),
         )
         .unwrap();
         let archive = self.path("candidate.tar");
@@ -614,4 +625,20 @@ fn a_candidate_with_an_incident_under_this_authority_is_not_run_again() {
         std::fs::read_dir(cli.path("run")).map_or(0, Iterator::count),
         0
     );
+}
+
+/// The bundled sealed-direct-artifact example (`checks/example/candidate-aot`) through the real
+/// binaries: fetched, materialized (its factory recorded, renamed into the tree's namespace)
+/// and compiled by the registered patcher under the closed ABI, its profile decoded by the
+/// prebuild's confined child: the publication is the result layout.
+#[test]
+fn the_bundled_aot_example_compiles_through_the_pipeline() {
+    let cli = Cli::new(6);
+    let incumbent = workspace_root().join("checks/example/incumbent");
+    let tier = "sealed-direct-artifact";
+    let receipt = cli.materialized_from(&incumbent, "candidate-aot", (tier, tier));
+    let (out, r) = cli.prebuild(&receipt, &cli.path("images"));
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(r["inputs"]["step"], "build-aot");
+    assert_eq!(r["outputs"]["files"], 2, "{r}");
 }

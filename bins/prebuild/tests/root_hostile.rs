@@ -113,6 +113,7 @@ fn env_in(owner: &str, slot: u32, edit: impl Fn(String) -> String) -> Env {
         runtime_version,
         key_dir: std::path::PathBuf::from(cordon::signing::KEY_DIR),
         evidence: cordon_stage::evidence::Evidence::new(&store),
+        exe: std::path::PathBuf::from(env!("CARGO_BIN_EXE_cordon-prebuild")),
     };
     Env {
         dir,
@@ -554,6 +555,130 @@ fn the_native_sources_patcher_compiles_c_sources_in_the_bounded_child() {
     }
     bomb.push_str("int f(void) { return A30 0; }\n");
     assert_eq!(rejected(&compile(&e, &[("bomb.c", &bomb)])), "prebuild.oom");
+}
+
+/// A candidate tree holding `files` under package `pkg` whose origin records `pkg.aot:build` as
+/// its factory (as materialize records a sealed-direct-artifact delta's), built by the AOT
+/// patcher.
+fn compile_aot(e: &Env, aot_py: &str) -> Outcome {
+    let mut batch = e.store.batch().unwrap();
+    let mut entries = Vec::new();
+    for (path, text) in [("pkg/__init__.py", ""), ("pkg/aot.py", aot_py)] {
+        let (sha256, size) = batch.add_reader(text.as_bytes(), false).unwrap();
+        entries.push(tree::Entry {
+            path: path.into(),
+            mode: 0o444,
+            size,
+            sha256,
+        });
+    }
+    batch.commit().unwrap();
+    let origin = serde_json::json!({ "kind": "candidate", "factory": "pkg.aot:build" });
+    let tree = tree::publish(&e.store, entries, origin).unwrap().digest;
+    let outcome = prebuild(&e.policy, &e.cfg, &tree, "build-aot", true).unwrap();
+    let left = Manager::open(&e.store, e.cfg.setup.clone())
+        .unwrap()
+        .check()
+        .unwrap();
+    assert!(left.is_empty(), "not quiescent after {aot_py:?}: {left:?}");
+    outcome
+}
+
+/// An honest factory's profile, as the example's states it; `{artifact}` is its artifact's
+/// expression, `{extra}` more profile fields.
+const FACTORY: &str = r#"def build(request):
+    artifact = {artifact}
+    profile = {"schema": "cordon.compile-profile/1", "factory": request["factory"],
+               "entry": "attend", "inputs": request["inputs"],
+               "artifact": {"bytes": len(artifact)}}
+    {extra}
+    return artifact, profile
+"#;
+
+fn factory(artifact: &str, extra: &str) -> String {
+    FACTORY
+        .replace("{artifact}", artifact)
+        .replace("{extra}", extra)
+}
+
+/// The sealed-direct-artifact tier's closed compile ABI, end to end in real containers: an
+/// honest factory's artifact and profile are sealed with the request's digest in the control
+/// record; a factory that writes outside the result, returns a malformed or lying profile,
+/// exceeds a bound or spins is a rejection, and the host never decodes the profile itself.
+#[test]
+fn the_aot_patcher_seals_only_what_the_closed_compile_abi_admits() {
+    let e = env_in("prebuild-tiers", 1, |t| t);
+    let o = compile_aot(&e, &factory("b'attend x86_64 cpu\\n'", ""));
+    let Decision::Accepted(Published { publication, .. }) = &o else {
+        panic!("expected a publication, got {:?}", rejected(&o));
+    };
+    let paths: Vec<_> = publication
+        .entries
+        .iter()
+        .map(|e| e.path.as_str())
+        .collect();
+    assert_eq!(paths, ["result/artifact.bin", "result/profile.json"]);
+    assert_eq!(
+        published(&e, &o, "result/artifact.bin"),
+        "attend x86_64 cpu\n"
+    );
+    let request = cordon_prebuild::aot::Request::for_factory("pkg.aot:build")
+        .encode()
+        .unwrap()
+        .1;
+    let control = tree::Control::of(publication).unwrap();
+    let tree::Control::Built {
+        request: Some(r),
+        tier,
+        ..
+    } = control
+    else {
+        panic!("{control:?}");
+    };
+    assert_eq!((r, tier.as_str()), (request, "sealed-direct-artifact"));
+    // Each hostile factory, and what it ends in.
+    let cases = [
+        // Writes outside the result: an extra file in staging.
+        (
+            factory("b'x'", "open('/staging/extra', 'w').write('x')"),
+            "publication.aot-layout",
+        ),
+        // A profile the schema refuses, and one that lies about the artifact.
+        (
+            factory("b'x'", "profile['extra'] = 1"),
+            "publication.aot-profile",
+        ),
+        (
+            factory("b'x'", "profile['artifact']['bytes'] = 2"),
+            "publication.aot-profile",
+        ),
+        (
+            factory("b'x'", "profile['inputs'] = []"),
+            "publication.aot-profile",
+        ),
+        // Not the ABI's pair.
+        (
+            "def build(request):\n    return b'x'\n".to_owned(),
+            "prebuild.exit",
+        ),
+        // Each bound: the profile's size, staging's bytes, the child's memory, its deadline.
+        (
+            factory("b'x'", "profile['entry'] = 'a' * 70000"),
+            "publication.aot-layout",
+        ),
+        (factory("b'x' * (2 << 20)", ""), "prebuild.exit"),
+        (
+            factory("b'x'", "hog = [b'y' * (1 << 20) for _ in range(400)]"),
+            "prebuild.oom",
+        ),
+        (
+            factory("b'x'", "while True:\n        pass"),
+            "prebuild.child-deadline",
+        ),
+    ];
+    for (source, code) in cases {
+        assert_eq!(rejected(&compile_aot(&e, &source)), code, "{source}");
+    }
 }
 
 #[test]
@@ -1185,7 +1310,7 @@ fn a_tampered_or_mispinned_image_and_a_corrupt_cached_publication_are_no_decisio
         cordon_testkit::account_range("prebuild-hostile", 0),
     )
     .replace_once(
-        "sha256:5363f64cf687994874ddf5f42e48077a4dd3981afbb766c601e67937d6bbf5e7",
+        "sha256:2756284eaf329c77c040d3ccba7ad11968150081338b2238e560f085579a8458",
         "sha256:1111111111111111111111111111111111111111111111111111111111111111",
     );
     let policy = cordon_policy_lang::parse("pin.kdl", &pinned).unwrap();

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use cordon::canonical::Digest;
 use cordon::confine::{Launch, Spec};
-use cordon::lease::{LeaseError, Manager};
+use cordon::lease::{LeaseError, Manager, Setup};
 use cordon::store::Store;
 use cordon_policy_lang::Policy;
 
@@ -35,7 +35,34 @@ pub fn under_lease<T>(
     budget: Duration,
     work: impl FnOnce(&Launch) -> T,
 ) -> Result<T, LeaseError> {
-    let manager = Manager::open_shared(store, lease.setup(policy))?;
+    under_setup(
+        policy,
+        lease.setup(policy),
+        store,
+        authority,
+        kind,
+        exe,
+        budget,
+        work,
+    )
+}
+
+/// [`under_lease`] with the lease manager's `setup` given (a stage that holds one already).
+///
+/// # Errors
+/// As [`under_lease`].
+#[allow(clippy::too_many_arguments)]
+pub fn under_setup<T>(
+    policy: &Policy,
+    setup: Setup,
+    store: &Store,
+    authority: &Digest,
+    kind: &str,
+    exe: &Path,
+    budget: Duration,
+    work: impl FnOnce(&Launch) -> T,
+) -> Result<T, LeaseError> {
+    let manager = Manager::open_shared(store, setup)?;
     let held = manager.begin_child(&authority.to_string(), budget)?;
     // A signal before the child exists ends here; one after it kills the child
     // (`cordon::confine::spawn`). Either way the release below runs.

@@ -264,6 +264,9 @@ pub struct StageConfig {
     pub key_dir: PathBuf,
     /// What this stage's sessions preserved, until a receipt names it.
     pub evidence: Evidence,
+    /// The stage binary itself, which becomes its confined parser children
+    /// (`/proc/self/exe` in production: the binary whose digest the authority covers).
+    pub exe: PathBuf,
 }
 
 impl StageConfig {
@@ -284,6 +287,7 @@ impl StageConfig {
             runtime_version,
             key_dir: PathBuf::from(cordon::signing::KEY_DIR),
             evidence: Evidence::new(store),
+            exe: PathBuf::from("/proc/self/exe"),
         }
     }
 

@@ -84,6 +84,7 @@ pub fn world_of(owner: &str, slot: u32, executor: &str, edit: &dyn Fn(String) ->
         runtime_version,
         key_dir: std::path::PathBuf::from(cordon::signing::KEY_DIR),
         evidence: cordon_stage::evidence::Evidence::new(&store),
+        exe: std::path::PathBuf::from("/proc/self/exe"),
     };
     World {
         dir,

@@ -35,15 +35,13 @@ pub(crate) fn without_prebuild() -> Policy {
         (start, start + text[start..].find("\n}\n").unwrap() + 3)
     };
     let (stage, stage_end) = block("stage \"prebuild\"");
-    // The two patchers, one after the other.
-    let (step, _) = block("step \"build-native\"");
-    let (_, step_end) = block("step \"build-native-sources\"");
-    let without = format!(
-        "{}{}{}",
-        &text[..stage],
-        &text[stage_end..step],
-        &text[step_end..]
-    );
+    let mut without = format!("{}{}", &text[..stage], &text[stage_end..]);
+    // Every patcher (a step of the prebuild stage) goes with it.
+    while let Some(at) = without.find(" stage=\"prebuild\"") {
+        let start = without[..at].rfind("\nstep ").unwrap() + 1;
+        let end = start + without[start..].find("\n}\n").unwrap() + 3;
+        without.replace_range(start..end, "");
+    }
     cordon_policy_lang::parse("without-prebuild.kdl", &without).unwrap()
 }
 

@@ -103,7 +103,7 @@ pub fn world() -> World {
 pub fn pinned_policy(w: &World, owner: &str, slot: u32, edits: &[(&str, &str)]) -> Policy {
     let ids = cordon_testkit::account_range(owner, slot);
     let mut text = cordon_testkit::isolated_policy(w.dir.path(), ids).replace_once(
-        "image \"prebuild\" digest=\"sha256:5363f64cf687994874ddf5f42e48077a4dd3981afbb766c601e67937d6bbf5e7\"",
+        "image \"prebuild\" digest=\"sha256:2756284eaf329c77c040d3ccba7ad11968150081338b2238e560f085579a8458\"",
         &format!("image \"prebuild\" digest=\"{}\"", w.digest),
     );
     for (from, to) in edits {
