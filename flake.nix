@@ -173,6 +173,8 @@
           "patchers/native-sources" = ./images/patchers/native-sources;
           "patchers/sealed-direct-artifact" = ./images/patchers/sealed-direct-artifact;
           "patchers/aot-driver.py" = ./images/patchers/aot-driver.py;
+          "patchers/dependency-patch" = ./images/patchers/dependency-patch;
+          "patchers/common.sh" = ./images/patchers/common.sh;
           "../target/tcc/dist/tcc" = "${tcc}/tcc";
           "../target/tcc/dist/libtcc1.a" = "${tcc}/libtcc1.a";
           "/lib64/ld-linux-x86-64.so.2" = "${libc6}/ld-linux-x86-64.so.2";

@@ -642,3 +642,18 @@ fn the_bundled_aot_example_compiles_through_the_pipeline() {
     assert_eq!(r["inputs"]["step"], "build-aot");
     assert_eq!(r["outputs"]["files"], 2, "{r}");
 }
+
+/// The bundled dependency-patch example (`checks/example/candidate-dep`) through the real
+/// binaries: its declared patch against minilib, which the example incumbent vendors, applied
+/// and the patched dependency compiled by the registered patcher.
+#[test]
+fn the_bundled_dependency_patch_example_builds_through_the_pipeline() {
+    let cli = Cli::new(7);
+    let incumbent = workspace_root().join("checks/example/incumbent");
+    let tier = "dependency-patch";
+    let receipt = cli.materialized_from(&incumbent, "candidate-dep", (tier, tier));
+    let (out, r) = cli.prebuild(&receipt, &cli.path("images"));
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(r["inputs"]["step"], "build-dependency");
+    assert_eq!(r["outputs"]["files"], 1, "{r}");
+}

@@ -493,6 +493,14 @@ fn every_forbidden_leftover_in_staging_is_refused() {
 /// Register a tree holding `files` (a native-sources tree: C sources, no build script) and run
 /// the native-sources patcher on it.
 fn compile(e: &Env, files: &[(&str, &str)]) -> Outcome {
+    let files: Vec<_> = files.iter().map(|(n, t)| (format!("t/{n}"), *t)).collect();
+    let files: Vec<_> = files.iter().map(|(n, t)| (n.as_str(), *t)).collect();
+    build_tier(e, "build-native-sources", &files)
+}
+
+/// Register a tree holding `files` (paths from its root; its one target `t`) and run step
+/// `step` on it.
+fn build_tier(e: &Env, step: &str, files: &[(&str, &str)]) -> Outcome {
     let src = tempfile::tempdir_in(e.dir.path()).unwrap();
     std::fs::write(
         src.path().join("cordon-incumbent.kdl"),
@@ -501,13 +509,15 @@ fn compile(e: &Env, files: &[(&str, &str)]) -> Outcome {
     .unwrap();
     std::fs::create_dir(src.path().join("t")).unwrap();
     for (name, text) in files {
-        std::fs::write(src.path().join("t").join(name), text).unwrap();
+        let path = src.path().join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
     }
     let rules = e.policy.tree_rules();
     let tree = cordon_materialize::materialize::register_incumbent(&e.store, src.path(), &rules)
         .unwrap()
         .digest;
-    let outcome = prebuild(&e.policy, &e.cfg, &tree, "build-native-sources", true).unwrap();
+    let outcome = prebuild(&e.policy, &e.cfg, &tree, step, true).unwrap();
     let left = Manager::open(&e.store, e.cfg.setup.clone())
         .unwrap()
         .check()
@@ -555,6 +565,45 @@ fn the_native_sources_patcher_compiles_c_sources_in_the_bounded_child() {
     }
     bomb.push_str("int f(void) { return A30 0; }\n");
     assert_eq!(rejected(&compile(&e, &[("bomb.c", &bomb)])), "prebuild.oom");
+}
+
+/// The dependency-patch tier: a patch named for a dependency the tree vendors at deps/<name> is
+/// applied to a copy (the tree is never changed) and the patched sources compiled into
+/// lib/<name>.so; a patch for a dependency the tree does not vendor, one that does not apply,
+/// and one whose name is no dependency's are rejections.
+#[test]
+fn the_dependency_patch_patcher_builds_a_patched_copy_of_a_vendored_dependency() {
+    let e = env_in("prebuild-tiers", 2, |t| t);
+    let dep = ("deps/lib/lib.c", "long long one(void) { return 1; }\n");
+    let patch = "--- a/lib.c\n+++ b/lib.c\n@@ -1 +1,2 @@\n long long one(void) { return 1; }\n+long long two(void) { return 2; }\n";
+    let o = build_tier(&e, "build-dependency", &[dep, ("t/lib.patch", patch)]);
+    let Decision::Accepted(Published { publication, .. }) = &o else {
+        panic!("expected a publication, got {:?}", rejected(&o));
+    };
+    let root = tree::root_in(&e.store, PUBLICATIONS, &publication.digest);
+    let so = std::fs::read(root.join("lib/lib.so")).unwrap();
+    assert_eq!(&so[..4], b"\x7fELF");
+    assert!(
+        so.windows(4).any(|w| w == b"two\0"),
+        "the patch was not applied"
+    );
+    for files in [
+        vec![("t/other.patch", patch)],
+        vec![
+            dep,
+            (
+                "t/lib.patch",
+                "--- a/lib.c\n+++ b/lib.c\n@@ -1 +1 @@\n-nothing like it\n+x\n",
+            ),
+        ],
+        vec![dep, ("t/..patch", patch)],
+    ] {
+        assert_eq!(
+            rejected(&build_tier(&e, "build-dependency", &files)),
+            "prebuild.exit",
+            "{files:?}"
+        );
+    }
 }
 
 /// A candidate tree holding `files` under package `pkg` whose origin records `pkg.aot:build` as
@@ -1310,7 +1359,7 @@ fn a_tampered_or_mispinned_image_and_a_corrupt_cached_publication_are_no_decisio
         cordon_testkit::account_range("prebuild-hostile", 0),
     )
     .replace_once(
-        "sha256:2756284eaf329c77c040d3ccba7ad11968150081338b2238e560f085579a8458",
+        "sha256:f6a8d37885ebe9cde933153ad3cb4e30147387a453927c223f56f1f3ee477370",
         "sha256:1111111111111111111111111111111111111111111111111111111111111111",
     );
     let policy = cordon_policy_lang::parse("pin.kdl", &pinned).unwrap();
