@@ -521,6 +521,10 @@ pub fn walk_within<E: From<WalkError>>(
             if stat.mount != root_stat.mount {
                 return Err(WalkError::Mount { path }.into());
             }
+            // Before the visitor sees it: an entry past the bound is never acted on.
+            if depth > b.depth {
+                return Err(past(&path, format!("depth {}", b.depth)).into());
+            }
             visit(&Node {
                 path: &path,
                 depth,
@@ -528,9 +532,6 @@ pub fn walk_within<E: From<WalkError>>(
                 dir: fd.as_fd(),
                 name: &name,
             })?;
-            if depth > b.depth {
-                return Err(past(&path, format!("depth {}", b.depth)).into());
-            }
             if stat.kind == Kind::Dir {
                 let mut below = raw.clone();
                 if !below.is_empty() {

@@ -275,6 +275,14 @@ pub fn accept(request: &Request, answer: Answer) -> Result<Accepted, String> {
     {
         return Err(format!("package {p:?} is not a dotted Python name"));
     }
+    if let Some(f) = &delta.factory
+        && !manifest::is_factory(f)
+    {
+        return Err(format!(
+            "factory {} is not `dotted.module:callable`",
+            printable(f)
+        ));
+    }
     if answer.files.len() != request.files.len() {
         return Err(format!(
             "{} files were asked about and {} answered",

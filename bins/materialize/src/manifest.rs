@@ -353,13 +353,18 @@ pub fn delta(text: &str) -> Result<Delta, KdlError> {
     })
 }
 
+/// Whether `f` is a factory, `dotted.module:callable`.
+#[must_use]
+pub fn is_factory(f: &str) -> bool {
+    f.split_once(':').is_some_and(|(module, callable)| {
+        is_python_name(module) && is_python_name(callable) && !callable.contains('.')
+    })
+}
+
 /// A factory, `dotted.module:callable`: the one name the compile child imports and calls.
 fn factory(cx: &mut Cx, entry: &KdlEntry) -> Option<String> {
     let f = string(cx, entry)?;
-    let ok = f.split_once(':').is_some_and(|(module, callable)| {
-        is_python_name(module) && is_python_name(callable) && !callable.contains('.')
-    });
-    if ok {
+    if is_factory(&f) {
         return Some(f);
     }
     cx.report(

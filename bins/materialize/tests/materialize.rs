@@ -376,7 +376,7 @@ fn declarations_must_be_carried_allowed_and_registered() {
         0o644,
     );
     let head = |rest: &str| format!("delta target=\"attention\" package=\"p\" {rest}\n");
-    let cases: [(String, Vec<Member<'_>>, &[&str]); 8] = [
+    let cases: [(String, Vec<Member<'_>>, &[&str]); 9] = [
         (
             head("step=\"build-native\""),
             vec![ok],
@@ -419,6 +419,13 @@ fn declarations_must_be_carried_allowed_and_registered() {
             vec![ok],
             &["tree.tier-mismatch"],
         ),
+        // No package to import it from.
+        (
+            "delta target=\"attention\" tier=\"sealed-direct-artifact\"\nfactory \"p.aot:build\"\n"
+                .to_owned(),
+            vec![ok],
+            &["tree.manifest", "tree.tier-mismatch"],
+        ),
     ];
     for (manifest, files, codes) in cases {
         let mut all = vec![("cordon-delta.kdl", manifest.as_bytes(), 0o644)];
@@ -451,6 +458,22 @@ fn declarations_must_be_carried_allowed_and_registered() {
         let factory = factory.filter(|_| step == "build-aot");
         assert_eq!(m.record.origin["factory"].as_str(), factory.as_deref());
     }
+    // The tree's digest covers the factory (the shim names it): the same files with another
+    // factory are another tree, never one whose stored origin names the first's.
+    let aot = |factory: &str| {
+        let f = fixture();
+        let manifest =
+            head("tier=\"sealed-direct-artifact\"") + &format!("factory \"{factory}\"\n");
+        let record = ingest(
+            &f.store,
+            &delta_tar(&[("cordon-delta.kdl", manifest.as_bytes(), 0o644), ok]),
+        );
+        materialize(&f.store, &f.incumbent, &record, &rules(), &steps())
+            .unwrap()
+            .record
+    };
+    let (one, two) = (aot("p.aot:build"), aot("p.aot:other"));
+    assert_ne!(one.digest, two.digest);
     assert_eq!(
         rejected_codes(
             &[

@@ -140,14 +140,20 @@ pub enum Answer {
     Refused(String),
 }
 
-/// What staging must hold: exactly the two result files, the profile within its bound — from
-/// the inventory's paths and sizes alone.
+/// What staging must hold: exactly the two result files, neither executable (the ABI's result
+/// is data), the profile within its bound — from the inventory's paths, sizes and modes alone.
 ///
 /// # Errors
-/// What is missing, extra or too large, as a sentence.
-pub fn layout<'a>(files: impl IntoIterator<Item = (&'a str, u64)>) -> Result<(), String> {
+/// What is missing, extra, executable or too large, as a sentence.
+pub fn layout<'a>(files: impl IntoIterator<Item = (&'a str, u64, bool)>) -> Result<(), String> {
     let mut seen = Vec::new();
-    for (path, size) in files {
+    for (path, size, executable) in files {
+        if executable {
+            return Err(format!(
+                "{} is executable: the result is data",
+                printable(path)
+            ));
+        }
         match path {
             ARTIFACT => {}
             PROFILE if size > MAX_PROFILE_BYTES => {
@@ -242,7 +248,7 @@ pub fn accept(answer: &[u8], request: &Request, artifact_bytes: u64) -> Result<P
         return Err(format!(
             "it names factory {}, not the request's {}",
             printable(&p.factory),
-            request.factory
+            printable(&request.factory)
         ));
     }
     if p.inputs != request.inputs {
@@ -314,10 +320,22 @@ mod tests {
 
     #[test]
     fn the_layout_is_exactly_the_two_result_files() {
-        assert!(layout([(ARTIFACT, 9), (PROFILE, 10)]).is_ok());
-        assert!(layout([(ARTIFACT, 9)]).is_err());
-        assert!(layout([(ARTIFACT, 9), (PROFILE, 10), ("result/x", 1)]).is_err());
-        assert!(layout([(ARTIFACT, 9), (PROFILE, MAX_PROFILE_BYTES + 1)]).is_err());
+        assert!(layout([(ARTIFACT, 9, false), (PROFILE, 10, false)]).is_ok());
+        assert!(layout([(ARTIFACT, 9, false)]).is_err());
+        assert!(layout([(ARTIFACT, 9, true), (PROFILE, 10, false)]).is_err());
+        let extra = [
+            (ARTIFACT, 9, false),
+            (PROFILE, 10, false),
+            ("result/x", 1, false),
+        ];
+        assert!(layout(extra).is_err());
+        assert!(
+            layout([
+                (ARTIFACT, 9, false),
+                (PROFILE, MAX_PROFILE_BYTES + 1, false)
+            ])
+            .is_err()
+        );
     }
 
     #[test]

@@ -533,7 +533,10 @@ fn collect<'s>(
             return Err(PrebuildError::Inventory(host));
         }
     };
-    if compiled && let Err(why) = aot::layout(items.iter().map(|i| (i.path.as_str(), i.size))) {
+    let files = items
+        .iter()
+        .map(|i| (i.path.as_str(), i.size, i.executable));
+    if compiled && let Err(why) = aot::layout(files) {
         return Ok(Staged::Refused(rejected(
             "publication.aot-layout",
             why,
@@ -593,7 +596,11 @@ fn seal(
     compile: Option<&Compile>,
     key: &Digest,
 ) -> Result<Outcome, PrebuildError> {
-    if let (Some(c), Some(profile)) = (compile, &built.profile) {
+    if let Some(c) = compile {
+        // The layout check admitted no compiled build without its profile.
+        let profile = built.profile.as_deref().ok_or_else(|| {
+            PrebuildError::Policy("a compiled build reached its seal without a profile".into())
+        })?;
         let artifact = built
             .entries
             .iter()

@@ -59,6 +59,7 @@ pub const CODES: &[&str] = &[
     "intake.absolute-path",
     "intake.archive-too-big",
     "intake.compression-ratio",
+    "intake.control-character",
     "intake.corrupt",
     "intake.device",
     "intake.dot-component",
@@ -228,6 +229,15 @@ pub fn check_path(bytes: &[u8], is_dir: bool, limits: &ArchiveLimits) -> Result<
     let Ok(text) = std::str::from_utf8(bytes) else {
         return Err(reject("intake.non-utf8", p, "the path is not UTF-8"));
     };
+    // A newline or an escape in a name splits it in every line-based tool that later lists
+    // the tree (a patcher's source list) and drives a terminal: no engine needs one.
+    if text.chars().any(char::is_control) {
+        return Err(reject(
+            "intake.control-character",
+            p,
+            "the path contains a control character (a newline, a tab, an escape, …)",
+        ));
+    }
     let text = if is_dir {
         text.strip_suffix('/').unwrap_or(text)
     } else {
@@ -845,6 +855,8 @@ mod tests {
             (b"a//b", "intake.empty-component"),
             (b"a/\xff", "intake.non-utf8"),
             (b"a/\0b", "intake.nul"),
+            (b"a/b\nc.c", "intake.control-character"),
+            (b"a/\x1b[2J", "intake.control-character"),
             (b"a/.git/config", "intake.excluded"),
             (b"a/b/c/d/e/f", "intake.too-deep"),
         ] {

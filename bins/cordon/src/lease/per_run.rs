@@ -48,7 +48,7 @@ pub const WORKSPACE_ENTRIES: u64 = 1 << 22;
 /// The most levels of directories root descends in a workspace: each level is reopened name
 /// by name from the top, so a chain thousands deep would cost its square.
 pub const WORKSPACE_DEPTH: u64 = 1024;
-/// The longest [`begin`] or [`end`] walks a workspace, all its walks together.
+/// The longest root's checks of a workspace may walk it, and then its handover (each its own).
 pub const WORKSPACE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// The bounds of a workspace walk that must end by `until`: any name the agent left (it is
@@ -500,6 +500,8 @@ pub fn begin(
         .map_err(io("make", &own))?;
     carry(state, 0, &own, &record.carried)?;
     let to = (record.account.uid, record.account.gid);
+    // Its own deadline: the proof walks' time spent never cuts a handover short.
+    let b = workspace_bounds(std::time::Instant::now() + WORKSPACE_DEADLINE);
     hand(&top, workspace, &seen, to, &[record.owner.0], &b)?;
     // Closed to everyone but the account for the run: no one runs what it makes set-id.
     set_root(&top, workspace, to, 0o700)?;
@@ -624,6 +626,7 @@ pub fn end(
     // Root's and closed while its entries change hands: no one passes through to run an
     // entry of the account's before it is the owner's; the owner's, with its mode, last.
     set_root(&top, &record.workspace, (0, 0), 0o700)?;
+    let b = workspace_bounds(std::time::Instant::now() + WORKSPACE_DEADLINE);
     hand(
         &top,
         &record.workspace,

@@ -77,6 +77,17 @@ pub(super) fn step(cx: &mut Cx, node: &KdlNode) -> Option<Step> {
         args.into_iter().collect::<Option<Vec<_>>>()
     });
     let secret = match b.one("secret") {
+        // The sealed-direct-artifact patcher's standard input is the host's compile request.
+        Some(n) if matches!(tier, Some(Some(BuildTier::SealedDirectArtifact))) => {
+            cx.report(
+                "not-allowed-in-stage",
+                name_span(n),
+                "not on this tier",
+                "the sealed-direct-artifact patcher takes the compile request on its standard input, where a secret would go".to_owned(),
+                Some("drop the secret: a factory compiles from the tree and the request only".into()),
+            );
+            None
+        }
         Some(n) => Some(single(cx, n, &[], |cx, e| identifier(cx, e, "secret"))?),
         None => None,
     };

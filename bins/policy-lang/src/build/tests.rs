@@ -927,7 +927,14 @@ fn a_prebuild_step_is_one_tiers_only_patcher() {
         p.patcher_of(BuildTier::NativeSources),
         Some("build-native-sources")
     );
-    assert_eq!(p.patcher_of(BuildTier::DependencyPatch), None);
+    assert_eq!(
+        p.patcher_of(BuildTier::DependencyPatch),
+        Some("build-dependency")
+    );
+    assert_eq!(
+        p.patcher_of(BuildTier::SealedDirectArtifact),
+        Some("build-aot")
+    );
     assert_eq!(p.step_tier("serve-example"), None);
     let head = "step \"build-native\" stage=\"prebuild\" tier=\"native-rebuild\" {";
     let second = "step \"again\" stage=\"prebuild\" tier=\"native-rebuild\" {\n    argv \"/bin/sh\" \"/cordon/patchers/native-rebuild\"\n}\n";
@@ -951,11 +958,25 @@ fn a_prebuild_step_is_one_tiers_only_patcher() {
             text.replace_once(head, &format!("{second}{head}")),
             "duplicate",
         ),
+        // The AOT patcher's standard input is the compile request: no secret beside it.
+        (
+            text.replace_once(
+                "argv \"/bin/sh\" \"/cordon/patchers/sealed-direct-artifact\"",
+                "argv \"/bin/sh\" \"/cordon/patchers/sealed-direct-artifact\"\n    secret \"k\"",
+            ) + "secret \"k\" path=\"/etc/cordon/k\"\n",
+            "not-allowed-in-stage",
+        ),
     ] {
         assert_eq!(codes(&edited), [code], "{edited}");
     }
-    // Another tier is another authority.
-    let other = text.replace_once(head, &head.replace("native-rebuild", "dependency-patch"));
+    // Another tier is another authority: two patchers' tiers swapped.
+    let dependency = "step \"build-dependency\" stage=\"prebuild\" tier=\"dependency-patch\" {";
+    let other = text
+        .replace_once(head, &head.replace("native-rebuild", "dependency-patch"))
+        .replace_once(
+            dependency,
+            &dependency.replace("dependency-patch", "native-rebuild"),
+        );
     let q = crate::parse("t.kdl", &other).unwrap();
     assert_eq!(
         q.patcher_of(BuildTier::DependencyPatch),
