@@ -11,12 +11,13 @@
 #   cordon-verify the signed chain under the final verdict (its grades recomputed from the
 #   stored outputs), export it and replay the export offline → print the chain of receipts, the
 #   timeline, the B, C, B′ rates, the speedup, the noise, the grades and the final verdict →
-#   the agent surface: one shell command of an agent run by an unprivileged service user
+#   the other build tiers' examples (sealed-direct-artifact, dependency-patch) fetched,
+#   materialized and built → the agent surface: one shell command of an agent run by an unprivileged service user
 #   (nobody) with cordon-surface in a rootless container bounded by its workspace, its host
 #   environment full of secrets.
 # Runs as root on a fresh Debian machine: installs the OCI runtime (part of the authority
-# identity), busybox-static (the prebuild image's one binary) and python3 (the runtime image's
-# interpreter) if they are missing.
+# identity), busybox-static (the prebuild image's tools), python3 (the images' interpreter) and
+# ca-certificates (the compiler's fetch from PyPI) if they are missing.
 # The store is a fresh directory, removed at the end with the rest of the demo's scratch,
 # unless CORDON_DEMO_STORE names one to keep; the policy is the default
 # one unless CORDON_DEMO_POLICY names another (checks/gpu.sh runs it under a GPU host's).
@@ -49,9 +50,12 @@ $bin/cordon-image build images/runtime.kdl --out "$work/images/runtime"
 $bin/cordon-policy check "$policy"
 $bin/cordon-policy identity "$policy"
 
-# The candidate as a submitter would publish it: a deterministic tar of the delta directory.
-tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 --format=ustar \
-    -C checks/example/candidate -cf "$work/candidate.tar" cordon-delta.kdl engine
+# A candidate as a submitter would publish it: a deterministic tar of the delta directory.
+pack() { # example directory, archive
+    tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 --format=ustar \
+        -C "checks/example/$1" -cf "$2" cordon-delta.kdl engine
+}
+pack candidate "$work/candidate.tar"
 sha=$(sha256sum "$work/candidate.tar" | cut -c1-64)
 
 $bin/cordon-materialize --policy "$policy" --store "$store" incumbent checks/example/incumbent \
@@ -99,6 +103,17 @@ $bin/cordon-verify --store "$store" --key "$key" --export "$work/bundle" "$work/
 $bin/cordon-verify --store "$work/bundle" --key "$key" --explain "$work/verdict.json" \
     > "$work/explain.txt"
 
+# The other build tiers' bundled examples, each fetched, materialized over the same incumbent
+# and built by its tier's registered patcher (they are not qualified: one candidate is).
+for tier in aot dep; do
+    pack "candidate-$tier" "$work/candidate-$tier.tar"
+    $bin/cordon-fetch --policy "$policy" --store "$store" \
+        --sha256 "$(sha256sum "$work/candidate-$tier.tar" | cut -c1-64)" "$work/candidate-$tier.tar" \
+        | $bin/cordon-materialize --policy "$policy" --store "$store" --incumbent "$incumbent" \
+        | $bin/cordon-prebuild --policy "$policy" --store "$store" --images "$work/images" \
+        > "$work/prebuild-$tier.json"
+done
+
 # The agent surface (seed 002, policy/examples/surface.kdl): the service user's workspace and
 # state directory, the operator's root-owned policy naming that state directory.
 surface=$(mktemp -d)
@@ -130,6 +145,15 @@ r = json.load(open(sys.argv[1]))
 o = r["outputs"]
 print(f"== publication {sys.argv[2]} (store {sys.argv[3]}): {r['inputs']['step']} built "
       f"{o['files']} file(s), {o['bytes']} bytes, from the candidate's declared C sources")
+PY
+python3 - "$work/prebuild-aot.json" "$work/prebuild-dep.json" <<'PY'
+import json, sys
+for path, what in zip(sys.argv[1:], ["the factory's artifact and profile, under the closed compile ABI",
+                                     "minilib, patched by the candidate's declared patch"]):
+    r = json.load(open(path))
+    o = r["outputs"]
+    print(f"== the other tiers: {r['inputs']['step']} ({r['outcome']}): {o['files']} file(s), "
+          f"{o['bytes']} bytes: {what}")
 PY
 # The surface's run, from its receipt: what ran inside, what the host kept.
 python3 - "$work/surface.json" "$surface/ws" <<'PY'
