@@ -730,6 +730,25 @@ fn the_aot_patcher_seals_only_what_the_closed_compile_abi_admits() {
     }
 }
 
+/// The patcher's child is held to its own CPU share, probed from inside: a build spinning in
+/// the child under 0.1 CPU is stopped once per CFS period; with the child's share raised to the
+/// stage's own (the only change), the same probe runs unstopped.
+#[test]
+fn the_patchers_child_is_held_to_its_cpu_share() {
+    for (slot, cpus, want) in [(3, "\"0.1\"", "cpu=blocked:0\n"), (4, "4", "cpu=ok\n")] {
+        let e = env_in("prebuild-tiers", slot, |t| {
+            t.replace_once("child cpus=4 ", &format!("child cpus={cpus} "))
+        });
+        let attempt = cordon_testkit::attempt_program(e.dir.path());
+        let (_, o) = build(
+            &e,
+            "/engine/attempt cpu 150 5 > $out/r",
+            &[("attempt", &attempt)],
+        );
+        assert_eq!(published(&e, &o, "r"), want, "child cpus={cpus}");
+    }
+}
+
 #[test]
 fn resource_bounds_hold_and_failures_are_rejections() {
     let e = env(4);
