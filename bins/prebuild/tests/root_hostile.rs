@@ -749,6 +749,44 @@ fn the_patchers_child_is_held_to_its_cpu_share() {
     }
 }
 
+/// The AOT child's memory and deadline, each ablated: a factory that holds 210 MiB is killed
+/// under the child's 192 MiB and compiles with only the child's memory raised to 248 MiB (still
+/// inside the stage's 256 MiB); one that sleeps 3 s is killed at a 2 s child deadline and
+/// compiles at the usual 6 s.
+#[test]
+fn the_aot_childs_memory_and_deadline_each_decide_alone() {
+    let hog = factory("b'x'", "hog = b'y' * (210 << 20)");
+    let nap = factory("b'x'", "import time\n    time.sleep(3)");
+    for (slot, child, source, want) in [
+        (
+            5,
+            "memory=\"192MiB\" pids=48 deadline=\"6s\"",
+            &hog,
+            Some("prebuild.oom"),
+        ),
+        (6, "memory=\"248MiB\" pids=48 deadline=\"6s\"", &hog, None),
+        (
+            7,
+            "memory=\"192MiB\" pids=48 deadline=\"2s\"",
+            &nap,
+            Some("prebuild.child-deadline"),
+        ),
+        (8, "memory=\"192MiB\" pids=48 deadline=\"6s\"", &nap, None),
+    ] {
+        let e = env_in("prebuild-tiers", slot, |t| {
+            t.replace_once(
+                "child cpus=4 memory=\"192MiB\" pids=48 deadline=\"6s\"",
+                &format!("child cpus=4 {child}"),
+            )
+        });
+        let o = compile_aot(&e, source);
+        match want {
+            Some(code) => assert_eq!(rejected(&o), code, "{child}: {source}"),
+            None => assert!(matches!(o, Decision::Accepted(_)), "{child}: {source}"),
+        }
+    }
+}
+
 #[test]
 fn resource_bounds_hold_and_failures_are_rejections() {
     let e = env(4);
