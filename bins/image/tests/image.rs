@@ -306,7 +306,7 @@ fn a_mistyped_layout_or_an_existing_out_says_what_to_do() {
     ]);
     assert_eq!(code, Some(2), "{err}");
     assert!(!store.exists(), "a store made for a typo");
-    let spec = cordon_testkit::workspace_root().join("images/prebuild.kdl");
+    let spec = cordon_testkit::prebuild_image_spec();
     let (code, err) = image(&[
         "build".as_ref(),
         spec.as_os_str(),

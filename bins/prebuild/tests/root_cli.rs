@@ -39,8 +39,10 @@ impl Cli {
             ),
         )
         .unwrap();
-        let spec = cordon_image::spec::load(&cordon_testkit::prebuild_image_spec()).unwrap();
-        cordon::image::build(&spec, &dir.path().join("images/prebuild")).unwrap();
+        cordon_testkit::prebuild_layout(&dir.path().join("images/prebuild"), |to| {
+            let spec = cordon_image::spec::load(&cordon_testkit::prebuild_image_spec()).unwrap();
+            cordon::image::build(&spec, to).unwrap();
+        });
         Self {
             dir,
             executor: format!("prebuild-cli-{slot}"),

@@ -86,8 +86,10 @@ fn env_in(owner: &str, slot: u32, edit: impl Fn(String) -> String) -> Env {
             );
     let policy = cordon_policy_lang::parse("hostile.kdl", &edit(text)).unwrap();
     let store = Store::open(&dir.path().join("store")).unwrap();
-    let spec = cordon_image::spec::load(&cordon_testkit::prebuild_image_spec()).unwrap();
-    cordon::image::build(&spec, &dir.path().join("images/prebuild")).unwrap();
+    cordon_testkit::prebuild_layout(&dir.path().join("images/prebuild"), |to| {
+        let spec = cordon_image::spec::load(&cordon_testkit::prebuild_image_spec()).unwrap();
+        cordon::image::build(&spec, to).unwrap();
+    });
     let authority = Digest::of_bytes(format!("hostile-{slot}").as_bytes());
     let mut setup = cordon_stage::settings::lease_setup(
         &policy,

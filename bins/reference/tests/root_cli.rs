@@ -68,12 +68,14 @@ impl Cli {
             replace_once(&policy, "min-exact-bp 10000", "min-exact-bp 9000"),
         )
         .unwrap();
-        for role in ["prebuild", "runtime"] {
-            let spec =
-                cordon_image::spec::load(&workspace_root().join(format!("images/{role}.kdl")))
-                    .unwrap();
-            cordon::image::build(&spec, &dir.path().join("images").join(role)).unwrap();
-        }
+        // The prebuild image's sources (its compiler included) fetched and its layout shared
+        // between tests; the runtime image built here.
+        cordon_testkit::prebuild_layout(&dir.path().join("images/prebuild"), |to| {
+            let spec = cordon_image::spec::load(&cordon_testkit::prebuild_image_spec()).unwrap();
+            cordon::image::build(&spec, to).unwrap();
+        });
+        let spec = cordon_image::spec::load(&workspace_root().join("images/runtime.kdl")).unwrap();
+        cordon::image::build(&spec, &dir.path().join("images/runtime")).unwrap();
         let cli = Self { dir, executor };
         cli.copy("checks/example/incumbent", "incumbent");
         std::fs::write(
