@@ -293,9 +293,9 @@ fn fetch(
     // The child may wait on the transfer for its whole deadline, then needs its CPU time.
     let budget = Duration::from_millis(policy.transport().deadline_ms)
         + cordon_stage::parser::budget(policy);
-    let result = cordon_stage::parser::under_lease(
+    let result = cordon_stage::parser::under_setup(
         policy,
-        &args.lease,
+        args.lease.setup(policy),
         &store,
         &authority,
         intake::ARCHIVE_CHILD,

@@ -640,7 +640,7 @@ mod tests {
     use std::process::ExitStatus;
     use std::sync::Arc;
 
-    use cordon::confine::{CHILD_ARG, CONFINED, Limits, Spec, write_frame};
+    use cordon::confine::{CONFINED, write_frame};
     use cordon::host::fake::{Call, End as Ends, Fake, Script};
 
     use super::*;
@@ -683,25 +683,7 @@ mod tests {
 
     /// A launch whose every child the fake host runs as `script`.
     fn scripted(script: Script) -> (Arc<Fake>, Launch) {
-        let fake = Arc::new(Fake::new());
-        fake.process(CHILD_ARG, script);
-        let launch = Launch {
-            host: fake.clone(),
-            exe: "/stage".into(),
-            spec: Spec {
-                kind: "archive".into(),
-                uid: 4000,
-                gid: 4000,
-                jail: "/run/j".into(),
-                limits: Limits {
-                    address_space: 1 << 30,
-                    cpu_seconds: 2,
-                },
-                argument: None,
-            },
-            budget: Duration::from_secs(60),
-        };
-        (fake, launch)
+        cordon::host::fake::scripted_launch(script, "archive", Duration::from_secs(60))
     }
 
     /// Run a transfer whose every child the fake host scripts as `stdout` then `end`: the

@@ -435,9 +435,9 @@ fn dispatch(
         Job::Delta { incumbent, content } => intake::load(&store, &content)
             .map_err(MaterializeError::Intake)
             .and_then(|record| {
-                cordon_stage::parser::under_lease(
+                cordon_stage::parser::under_setup(
                     policy,
-                    &args.lease,
+                    args.lease.setup(policy),
                     &store,
                     &authority,
                     analysis::ANALYSIS_CHILD,

@@ -1,7 +1,7 @@
 //! A stage's confined parser child under its own lease (REQ-117): the one sequence `cordon-fetch`
 //! and `cordon-materialize` run instead of copying it.
 //!
-//! [`under_lease`] holds the executor *shared* (with other parsing stages, never beside a
+//! [`under_setup`] holds the executor *shared* (with other parsing stages, never beside a
 //! container stage or a recovery), begins a lease that owns only a fresh run account and a run
 //! directory with an empty jail in it, hands the caller a [`Launch`] for its child, and
 //! releases the lease whatever the caller's work returned: the account is removed, the
@@ -17,40 +17,12 @@ use cordon::lease::{LeaseError, Manager, Setup};
 use cordon::store::Store;
 use cordon_policy_lang::Policy;
 
-use crate::args::LeaseArgs;
-
 /// Run `work` with a [`Launch`] for child `kind` of executable `exe` (the stage binary itself,
-/// whose digest the authority covers), under a lease that expires after `budget`.
+/// whose digest the authority covers), under a lease of the manager `setup` describes (a
+/// stage's `LeaseArgs::setup`, or the setup it holds already) that expires after `budget`.
 ///
 /// # Errors
 /// The lease could not be begun, provisioned or released.
-#[allow(clippy::too_many_arguments)]
-pub fn under_lease<T>(
-    policy: &Policy,
-    lease: &LeaseArgs,
-    store: &Store,
-    authority: &Digest,
-    kind: &str,
-    exe: &Path,
-    budget: Duration,
-    work: impl FnOnce(&Launch) -> T,
-) -> Result<T, LeaseError> {
-    under_setup(
-        policy,
-        lease.setup(policy),
-        store,
-        authority,
-        kind,
-        exe,
-        budget,
-        work,
-    )
-}
-
-/// [`under_lease`] with the lease manager's `setup` given (a stage that holds one already).
-///
-/// # Errors
-/// As [`under_lease`].
 #[allow(clippy::too_many_arguments)]
 pub fn under_setup<T>(
     policy: &Policy,

@@ -562,25 +562,7 @@ mod tests {
 
     /// A launch of a child the fake host runs as `script` says, its CPU limit 2 s.
     fn scripted(script: Script, budget: Duration) -> (Arc<Fake>, Launch) {
-        let fake = Arc::new(Fake::new());
-        fake.process(CHILD_ARG, script);
-        let launch = Launch {
-            host: fake.clone(),
-            exe: "/stage".into(),
-            spec: Spec {
-                kind: "k".into(),
-                uid: 4000,
-                gid: 4000,
-                jail: "/run/j".into(),
-                limits: Limits {
-                    address_space: 1 << 30,
-                    cpu_seconds: 2,
-                },
-                argument: None,
-            },
-            budget,
-        };
-        (fake, launch)
+        crate::host::fake::scripted_launch(script, "k", budget)
     }
 
     fn frames(list: &[(u8, &[u8])]) -> Vec<u8> {

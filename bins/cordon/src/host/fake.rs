@@ -849,3 +849,34 @@ impl Host for Interposed {
         })
     }
 }
+
+/// A confined child's launch whose every child a fresh fake host runs as `script`: kind
+/// `kind`, the run account 4000, the jail `/run/j`, 1 GiB of address space, 2 s of CPU and
+/// `budget` of wall time — the one fixture of every stage's confined-child tests.
+#[must_use]
+pub fn scripted_launch(
+    script: Script,
+    kind: &str,
+    budget: std::time::Duration,
+) -> (Arc<Fake>, crate::confine::Launch) {
+    use crate::confine::{CHILD_ARG, Launch, Limits, Spec};
+    let fake = Arc::new(Fake::new());
+    fake.process(CHILD_ARG, script);
+    let launch = Launch {
+        host: fake.clone(),
+        exe: "/stage".into(),
+        spec: Spec {
+            kind: kind.into(),
+            uid: 4000,
+            gid: 4000,
+            jail: "/run/j".into(),
+            limits: Limits {
+                address_space: 1 << 30,
+                cpu_seconds: 2,
+            },
+            argument: None,
+        },
+        budget,
+    };
+    (fake, launch)
+}
