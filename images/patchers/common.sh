@@ -2,13 +2,16 @@
 # digest-pinned prebuild image with them): the bounded child the host prepared, and the
 # validator's C compile. Validator code, never the candidate's.
 
-# The controllers of the bounded child: the host binds each one's cgroup at /cordon/child/<c>,
-# whose cgroup.procs alone is the run account's to write.
-CHILD_CONTROLLERS="memory pids cpu"
+# The bounded child's cgroup, as the host binds it: at /cordon/child/<c> for each v1 controller
+# (memory, pids, cpu), or once at /cordon/child/unified on a cgroup v2 host. Its cgroup.procs
+# alone is the run account's to write.
+child_dirs() {
+    if [ -e /cordon/child/unified ]; then echo unified; else echo memory pids cpu; fi
+}
 
 # Refuse to run without the bounded child (exit 125: the host's fault, never the candidate's).
 require_child() {
-    for c in $CHILD_CONTROLLERS; do
+    for c in $(child_dirs); do
         if [ ! -w "/cordon/child/$c/cgroup.procs" ]; then
             echo "$1: the host prepared no bounded child ($c)" >&2
             exit 125
@@ -19,7 +22,7 @@ require_child() {
 # Move this (sub)shell into the bounded child: everything it runs from now on is held to the
 # child's memory, pids and CPU, and killed at the child's deadline by the host.
 enter_child() {
-    for c in $CHILD_CONTROLLERS; do
+    for c in $(child_dirs); do
         echo 0 > "/cordon/child/$c/cgroup.procs" || exit 125
     done
 }

@@ -150,13 +150,14 @@ fn main() {
             protected: vec![],
             mountable_store_roots: vec![],
             never_mount_real: vec![],
-            cgroup_v1_root: Some(cordon::run_cgroup::ROOT.into()),
+            cgroups: Some(bundle::Cgroups::V1(cordon::run_cgroup::ROOT.into())),
         };
         let planned = bundle::plan(&policy, StageKind::Prebuild, &inputs).unwrap();
-        // The same bounded child as the stage's, prepared outside the timed region.
+        // The same bounded child as the stage's, prepared outside the timed region (on v1 its
+        // limits can be written before the create).
         if let Some(child) = &planned.child {
-            cordon_stage::session::prepare_child(&cordon::host::Linux, child, ids.1, ids.1)
-                .unwrap();
+            cordon_stage::session::prepare_child(&cordon::host::Linux, child).unwrap();
+            cordon_stage::session::arm_child(&cordon::host::Linux, child, ids.1, ids.1).unwrap();
         }
         // The bare run binds the same copies, made outside the timed region.
         for m in &planned.host_mounts {

@@ -44,6 +44,12 @@ fn env_with(slot: u32, edit: impl Fn(String) -> String) -> Env {
     env_in("prebuild-hostile", slot, edit)
 }
 
+/// The policy's stage deadline of `secs` seconds, as the tests write it (scaled on a slow
+/// host: [`cordon_testkit::slowdown`]).
+fn stage_deadline(secs: u64) -> String {
+    format!("deadline \"{}s\"", secs * cordon_testkit::slowdown())
+}
+
 /// [`env_with`] in `owner`'s account slot.
 fn env_in(owner: &str, slot: u32, edit: impl Fn(String) -> String) -> Env {
     assert!(
@@ -59,7 +65,7 @@ fn env_in(owner: &str, slot: u32, edit: impl Fn(String) -> String) -> Env {
         cordon_testkit::isolated_policy(dir.path(), cordon_testkit::account_range(owner, slot))
             .replace_once("memory \"8GiB\"", "memory \"256MiB\"")
             .replace_once("pids 1024", "pids 64")
-            .replace_once("deadline \"30m\"", "deadline \"8s\"")
+            .replace_once("deadline \"30m\"", &stage_deadline(8))
             .replace_once(
                 "child cpus=4 memory=\"6GiB\" pids=768 deadline=\"25m\"",
                 "child cpus=4 memory=\"192MiB\" pids=48 deadline=\"6s\"",
@@ -90,10 +96,13 @@ fn env_in(owner: &str, slot: u32, edit: impl Fn(String) -> String) -> Env {
         let spec = cordon_image::spec::load(&cordon_testkit::prebuild_image_spec()).unwrap();
         cordon::image::build(&spec, to).unwrap();
     });
-    let authority = Digest::of_bytes(format!("hostile-{slot}").as_bytes());
+    // The executor names the host-wide lock and cgroup parent: one per owner and slot, so no
+    // two tests running side by side share them.
+    let executor = format!("{owner}-{slot}");
+    let authority = Digest::of_bytes(executor.as_bytes());
     let mut setup = cordon_stage::settings::lease_setup(
         &policy,
-        &format!("hostile-{slot}"),
+        &executor,
         &dir.path().join("state"),
         dir.path().join("run"),
     );
@@ -176,7 +185,7 @@ fn run_step(
         .unwrap();
     assert!(
         left.is_empty(),
-        "not quiescent after {step} of {tree}: {left:?}"
+        "not quiescent after {step} of {tree}: {left:?}; the step ended in {outcome:?}"
     );
     outcome
 }
@@ -1243,7 +1252,7 @@ fn a_build_that_kills_every_process_it_can_still_ends_at_the_hosts_deadline() {
     // The build is the patcher's child: its deadline is the host's, held outside it, and the
     // patcher (the container's init) outlives the build's `kill -9 -1`.
     let short = env_with(9, |t| {
-        t.replace_once("deadline \"8s\"", "deadline \"3s\"")
+        t.replace_once(&stage_deadline(8), &stage_deadline(3))
             .replace_once("deadline=\"6s\"", "deadline=\"1s\"")
     });
     let (_, o) = build(&short, script, &[]);
@@ -1319,13 +1328,17 @@ fn a_build_that_kills_every_process_it_can_still_ends_at_the_hosts_deadline() {
     let (_, o) = build(&e, fill, &[]);
     assert_eq!(published(&e, &o, "r"), "filled\n");
     drop(e);
+}
 
-    // The patcher's child is held to its own share, inside the stage's, by the host: each
-    // bound met from inside, and the same probe passing with only that bound raised.
+/// The patcher's child is held to its own share, inside the stage's, by the host (on cgroup v1
+/// and v2 alike: `checks/cgroup2.sh` runs this on v2): each bound met from inside, and the same
+/// probe passing with only that bound raised.
+#[test]
+fn the_patchers_child_is_held_to_its_memory_pids_and_deadline() {
     let e_dir = tempfile::tempdir().unwrap();
     let child = |memory: &str, pids: u32, deadline: &str| {
         let edit = format!("child cpus=4 memory={memory:?} pids={pids} deadline={deadline:?}");
-        env_with(9, move |t| {
+        env_in("prebuild-tiers", 9, move |t| {
             t.replace_once(
                 "child cpus=4 memory=\"192MiB\" pids=48 deadline=\"6s\"",
                 &edit,
@@ -1346,7 +1359,7 @@ fn a_build_that_kills_every_process_it_can_still_ends_at_the_hosts_deadline() {
     // Nothing but its cgroup.procs is the build's: its own limits stay root's.
     let (_, o) = build(
         &e,
-        "if echo 999999999 > /cordon/child/memory/memory.limit_in_bytes; then echo raised > $out/r; else echo refused > $out/r; fi",
+        "for f in /cordon/child/memory/memory.limit_in_bytes /cordon/child/unified/memory.max; do if [ -e $f ]; then echo 999999999 > $f && echo raised > $out/r || echo refused > $out/r; fi; done",
         &[],
     );
     assert_eq!(published(&e, &o, "r"), "refused\n");
@@ -1418,7 +1431,7 @@ fn a_tampered_or_mispinned_image_and_a_corrupt_cached_publication_are_no_decisio
         cordon_testkit::account_range("prebuild-hostile", 0),
     )
     .replace_once(
-        "sha256:f6a8d37885ebe9cde933153ad3cb4e30147387a453927c223f56f1f3ee477370",
+        "sha256:df94af1c1c8bc385e784c19a9ba316f787a62da12545e18cfa916eb760cec53c",
         "sha256:1111111111111111111111111111111111111111111111111111111111111111",
     );
     let policy = cordon_policy_lang::parse("pin.kdl", &pinned).unwrap();

@@ -140,12 +140,11 @@ fn run_in(
         lease.bundle_dir(),
         e.setup.runtime.state_root.clone(),
     ];
-    inputs.cgroup_v1_root = Some(cordon::run_cgroup::ROOT.into());
+    inputs.cgroups = Some(bundle::Cgroups::V1(cordon::run_cgroup::ROOT.into()));
     let planned = bundle::plan(&e.policy, StageKind::Prebuild, &inputs).unwrap();
     // The patcher's bounded child, as the session prepares it (recovery removes it too).
     if let Some(child) = &planned.child {
-        let a = lease.account();
-        cordon_stage::session::prepare_child(&cordon::host::Linux, child, a.uid, a.gid).unwrap();
+        cordon_stage::session::prepare_child(&cordon::host::Linux, child).unwrap();
     }
     // The session copies store trees into the lease; these tests run without a session.
     for m in &planned.host_mounts {

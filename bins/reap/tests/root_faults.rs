@@ -84,13 +84,12 @@ fn write_bundle(dir: &Path, m: &Manager, lease: &mut Lease, script: &str) {
     let argv = vec!["/bin/sh".into(), "-c".into(), script.into()];
     let mut inputs = RunInputs::for_lease(lease, argv, rootfs);
     inputs.sources.insert(MountSource::Tree, tree);
-    inputs.cgroup_v1_root = Some(cordon::run_cgroup::ROOT.into());
+    inputs.cgroups = Some(bundle::Cgroups::V1(cordon::run_cgroup::ROOT.into()));
     let planned = bundle::plan(&p, StageKind::Prebuild, &inputs).unwrap();
     // The patcher's bounded child, as the session prepares it: a supervisor killed after this
     // leaves it for recovery to remove, before its parent.
     if let Some(child) = &planned.child {
-        let a = lease.account();
-        cordon_stage::session::prepare_child(&cordon::host::Linux, child, a.uid, a.gid).unwrap();
+        cordon_stage::session::prepare_child(&cordon::host::Linux, child).unwrap();
     }
     // The session copies store trees into the lease; these tests run without a session.
     for m in &planned.host_mounts {

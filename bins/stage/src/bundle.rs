@@ -124,10 +124,9 @@ pub struct RunInputs {
     /// the policy writes it (the session resolves them; planning itself reads no filesystem):
     /// checked with the paths as written.
     pub never_mount_real: Vec<(PathBuf, String)>,
-    /// The cgroup v1 root (`/sys/fs/cgroup`) when the host's controllers are v1 hierarchies:
-    /// where a prebuild patcher's bounded child is prepared. `None` on a unified (v2) host,
-    /// where a child is refused (not implemented yet).
-    pub cgroup_v1_root: Option<PathBuf>,
+    /// The host's cgroup layout, where a prebuild patcher's bounded child is prepared; `None`
+    /// (not read) refuses a child.
+    pub cgroups: Option<Cgroups>,
 }
 
 impl RunInputs {
@@ -156,34 +155,57 @@ impl RunInputs {
             protected: Vec::new(),
             mountable_store_roots: Vec::new(),
             never_mount_real: Vec::new(),
-            cgroup_v1_root: None,
+            cgroups: None,
         }
     }
 }
 
-/// The controllers a patcher's child is bounded by, one v1 hierarchy each.
+/// The host's cgroup filesystem, as the session read it at its root (`/sys/fs/cgroup`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cgroups {
+    /// One hierarchy per controller (v1).
+    V1(PathBuf),
+    /// The unified hierarchy (v2).
+    Unified(PathBuf),
+}
+
+/// The controllers a patcher's child is bounded by (on v1, one hierarchy each).
 pub const CHILD_CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
 
-/// Where in the container the child's cgroup of each controller is bound (its `cgroup.procs`
+/// Where in the container the child's cgroup is bound: at `<CHILD_MOUNT>/<controller>` for
+/// each of [`CHILD_CONTROLLERS`] on v1, at `<CHILD_MOUNT>/unified` on v2 (its `cgroup.procs`
 /// the run account's, every other file root's).
 pub const CHILD_MOUNT: &str = "/cordon/child";
 
-/// A patcher's bounded child as the host prepares it before the container is created: a
-/// nested cgroup (`<container's cgroup>/child`) in each of [`CHILD_CONTROLLERS`] with the
-/// policy's limits, its `cgroup.procs` given to the run account, bound into the container at
-/// [`CHILD_MOUNT`]; and the deadline the host holds.
+/// A patcher's bounded child as the host prepares it: a cgroup nested in the container's own
+/// (`<container's cgroup>/child`), so everything the container is held to (its limits as a
+/// whole, its device filter, its cgroup namespace) holds the child too, with the policy's
+/// tighter limits of its own, its `cgroup.procs` given to the run account and bound into the
+/// container at [`CHILD_MOUNT`]; and the deadline the host holds.
+///
+/// On v2 a cgroup that holds processes cannot enable a controller for its children, so once
+/// the runtime has created the container (its init, the runtime's, waits to start), the host
+/// moves that init into a sibling leaf ([`cordon::lease::MAIN_CGROUP`]) and only then enables
+/// the controllers below the container's cgroup. The account is also given the container
+/// cgroup's `cgroup.procs`, the common ancestor a v2 move needs; nothing can be moved into it
+/// (it has controllers enabled), and `main`'s stays root's, so the child cannot go back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChildPlan {
-    /// The directories the host makes, parents first, each with whether it may exist already
-    /// (the cordon parent, which another run's runtime made; never the lease's own).
+    /// The directories the host makes before the container is created (its binds need them),
+    /// parents first, each with whether it may exist already (cordon's parents, which another
+    /// run may have made; never the lease's own).
     pub make: Vec<(PathBuf, bool)>,
-    /// The child cgroup directories, one per controller.
-    pub dirs: Vec<PathBuf>,
-    /// Limit files and what the host writes to each, in order.
+    /// On v2, after create: every process in the first `cgroup.procs` (the container's
+    /// cgroup) is moved into the second (its [`cordon::lease::MAIN_CGROUP`] leaf).
+    pub vacate: Option<(PathBuf, PathBuf)>,
+    /// Control files and what the host writes to each after create, in order (on v2 the
+    /// container cgroup's `cgroup.subtree_control` first).
     pub limits: Vec<(PathBuf, String)>,
-    /// The files given to the run account (each controller's `cgroup.procs`).
+    /// The files given to the run account after its limits are written.
     pub given: Vec<PathBuf>,
-    /// The memory controller's child directory: its processes.
+    /// Each child cgroup directory with its name under [`CHILD_MOUNT`].
+    pub binds: Vec<(PathBuf, &'static str)>,
+    /// The child's directory on the memory controller's hierarchy: its processes.
     pub memory: PathBuf,
     /// The child's cgroup path below each hierarchy's root (its accounting).
     pub cgroup: String,
@@ -191,61 +213,97 @@ pub struct ChildPlan {
     pub deadline_ms: u64,
 }
 
-/// Plan `child` of a run: refused where its cgroup cannot be prepared (a v2 host, for now).
+/// Plan `child` of a run: its cgroup on the host's layout, refused where that was not read.
 fn child_plan(kind: StageKind, run: &RunInputs, child: &Child) -> Result<ChildPlan, PlanError> {
-    let Some(root) = &run.cgroup_v1_root else {
+    let Some(cgroups) = &run.cgroups else {
         return Err(PlanError::Unimplemented {
             kind,
-            what: "a patcher's bounded child on a cgroup v2 (unified) host",
+            what: "a patcher's bounded child on a host whose cgroup layout was not read",
         });
     };
     let path = cordon::lease::cgroup_path(&run.executor, &run.lease);
-    let container = |c: &str| root.join(c).join(path.trim_start_matches('/'));
-    let dir = |c: &str| container(c).join(cordon::lease::CHILD_CGROUP);
-    // Below each hierarchy's root: cordon's parents (which runs before made), then the
-    // lease's own cgroup and its child, both new.
-    let parents: Vec<PathBuf> = Path::new(path.trim_start_matches('/'))
-        .ancestors()
-        .skip(1)
-        .filter(|a| !a.as_os_str().is_empty())
-        .map(Path::to_path_buf)
-        .collect();
-    let make = CHILD_CONTROLLERS
-        .iter()
-        .flat_map(|c| {
-            parents
-                .iter()
-                .rev()
-                .map(|a| (root.join(c).join(a), true))
-                .chain([(container(c), false), (dir(c), false)])
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    let memory = dir("memory");
+    let rel = Path::new(path.trim_start_matches('/'));
+    // Below a hierarchy's root: cordon's parents (which runs before made), then the lease's
+    // own cgroup and its children, all new.
+    let made = |hierarchy: &Path, leaves: &[&str]| -> Vec<(PathBuf, bool)> {
+        let parents: Vec<&Path> = rel
+            .ancestors()
+            .skip(1)
+            .filter(|a| !a.as_os_str().is_empty())
+            .collect();
+        parents
+            .iter()
+            .rev()
+            .map(|a| (hierarchy.join(a), true))
+            .chain([(hierarchy.join(rel), false)])
+            .chain(leaves.iter().map(|l| (hierarchy.join(rel).join(l), false)))
+            .collect()
+    };
     // The quota per 100 ms period: thousandths of a CPU × 100 µs.
     let quota = child.cpus_milli.saturating_mul(100);
+    let memory = child.memory_bytes.to_string();
+    let child_rel = rel.join(cordon::lease::CHILD_CGROUP);
+    let (make, vacate, limits, given, binds, memory_dir) = match cgroups {
+        Cgroups::V1(root) => {
+            let dir = |c: &str| root.join(c).join(&child_rel);
+            let mem = dir("memory");
+            (
+                CHILD_CONTROLLERS
+                    .iter()
+                    .flat_map(|c| made(&root.join(c), &[cordon::lease::CHILD_CGROUP]))
+                    .collect(),
+                None,
+                vec![
+                    // memsw after the limit (it may never be below it): swap included, as
+                    // the stage's.
+                    (mem.join("memory.limit_in_bytes"), memory.clone()),
+                    (mem.join("memory.memsw.limit_in_bytes"), memory),
+                    (dir("pids").join("pids.max"), child.pids.to_string()),
+                    (dir("cpu").join("cpu.cfs_period_us"), "100000".to_owned()),
+                    (dir("cpu").join("cpu.cfs_quota_us"), quota.to_string()),
+                ],
+                CHILD_CONTROLLERS
+                    .iter()
+                    .map(|c| dir(c).join("cgroup.procs"))
+                    .collect(),
+                CHILD_CONTROLLERS.iter().map(|c| (dir(c), *c)).collect(),
+                mem,
+            )
+        }
+        Cgroups::Unified(root) => {
+            let container = root.join(rel);
+            let dir = root.join(&child_rel);
+            let main = container.join(cordon::lease::MAIN_CGROUP);
+            (
+                made(
+                    root,
+                    &[cordon::lease::MAIN_CGROUP, cordon::lease::CHILD_CGROUP],
+                ),
+                Some((container.join("cgroup.procs"), main.join("cgroup.procs"))),
+                vec![
+                    (
+                        container.join("cgroup.subtree_control"),
+                        CHILD_CONTROLLERS.map(|c| format!("+{c}")).join(" "),
+                    ),
+                    (dir.join("memory.max"), memory),
+                    // Swap included, as the stage's: none beyond the memory limit.
+                    (dir.join("memory.swap.max"), "0".to_owned()),
+                    (dir.join("pids.max"), child.pids.to_string()),
+                    (dir.join("cpu.max"), format!("{quota} 100000")),
+                ],
+                vec![dir.join("cgroup.procs"), container.join("cgroup.procs")],
+                vec![(dir.clone(), "unified")],
+                dir,
+            )
+        }
+    };
     Ok(ChildPlan {
         make,
-        dirs: CHILD_CONTROLLERS.iter().map(|c| dir(c)).collect(),
-        limits: vec![
-            // memsw after the limit (it may never be below it): swap included, as the stage's.
-            (
-                memory.join("memory.limit_in_bytes"),
-                child.memory_bytes.to_string(),
-            ),
-            (
-                memory.join("memory.memsw.limit_in_bytes"),
-                child.memory_bytes.to_string(),
-            ),
-            (dir("pids").join("pids.max"), child.pids.to_string()),
-            (dir("cpu").join("cpu.cfs_period_us"), "100000".to_owned()),
-            (dir("cpu").join("cpu.cfs_quota_us"), quota.to_string()),
-        ],
-        given: CHILD_CONTROLLERS
-            .iter()
-            .map(|c| dir(c).join("cgroup.procs"))
-            .collect(),
-        memory,
+        vacate,
+        limits,
+        given,
+        binds,
+        memory: memory_dir,
         cgroup: format!("{path}/{}", cordon::lease::CHILD_CGROUP),
         deadline_ms: child.deadline_ms,
     })
@@ -1202,13 +1260,10 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
     };
     // Each controller's child cgroup, bound where the patcher finds it: it can move its child
     // in (cgroup.procs is the account's) and change nothing else (every limit file is root's).
-    for (dir, c) in child
-        .iter()
-        .flat_map(|p| p.dirs.iter().zip(CHILD_CONTROLLERS))
-    {
+    for (dir, name) in child.iter().flat_map(|p| &p.binds) {
         binds.push(Bind {
             source: dir.clone(),
-            destination: Path::new(CHILD_MOUNT).join(c),
+            destination: Path::new(CHILD_MOUNT).join(name),
             writable: true,
             executable: false,
             recursive: false,
@@ -1387,7 +1442,7 @@ pub fn example_inputs(policy: &Policy, kind: StageKind) -> RunInputs {
         ],
         mountable_store_roots: vec![store.join("trees"), store.join("publications")],
         never_mount_real: Vec::new(),
-        cgroup_v1_root: Some(PathBuf::from(cordon::run_cgroup::ROOT)),
+        cgroups: Some(Cgroups::V1(PathBuf::from(cordon::run_cgroup::ROOT))),
     }
 }
 
@@ -1498,16 +1553,37 @@ mod tests {
     }
 
     /// The patcher's child is planned from the policy's `child`: its cgroup's directories
-    /// (cordon's parents may exist, the lease's own may not), its limits, the one file given to
-    /// the account per controller, and the binds; on a unified (v2) host it is refused.
+    /// (cordon's parents may exist, the lease's own may not), its limits, the files given to
+    /// the account, and the binds; on v1 one per controller, on v2 one nested cgroup beside a
+    /// `main` leaf the created init is moved into; refused where the layout was not read.
     #[test]
-    fn a_patchers_child_is_a_host_prepared_cgroup_and_refused_on_v2() {
+    fn a_patchers_child_is_a_host_prepared_cgroup_on_v1_and_v2() {
         let p = policy(|t| t);
         let run = example_inputs(&p, StageKind::Prebuild);
         let planned = plan(&p, StageKind::Prebuild, &run).unwrap();
         let child = planned.child.as_ref().unwrap();
         let at = |c: &str| format!("/sys/fs/cgroup/{c}/cordon/EXECUTOR/LEASE/child");
-        assert_eq!(child.dirs, CHILD_CONTROLLERS.map(|c| PathBuf::from(at(c))));
+        let binds = |planned: &Planned| -> Vec<(String, String)> {
+            spec_json(planned)["mounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|m| m["destination"].as_str().unwrap().starts_with(CHILD_MOUNT))
+                .map(|m| {
+                    (
+                        m["source"].as_str().unwrap().to_owned(),
+                        m["destination"].as_str().unwrap().to_owned(),
+                    )
+                })
+                .collect()
+        };
+        let limit = |child: &ChildPlan, f: &str| {
+            child
+                .limits
+                .iter()
+                .find(|(p, _)| p.ends_with(f))
+                .map(|(_, v)| v.clone())
+        };
         let made: Vec<(String, bool)> = child
             .make
             .iter()
@@ -1523,47 +1599,108 @@ mod tests {
                 (at("memory"), false),
             ]
         );
-        let limit = |f: &str| {
-            child
-                .limits
-                .iter()
-                .find(|(p, _)| p.ends_with(f))
-                .map(|(_, v)| v.as_str())
-        };
-        assert_eq!(limit("memory.limit_in_bytes"), Some("6442450944"));
-        assert_eq!(limit("memory.memsw.limit_in_bytes"), Some("6442450944"));
-        assert_eq!(limit("pids.max"), Some("768"));
-        assert_eq!(limit("cpu.cfs_quota_us"), Some("400000"));
-        assert_eq!(child.given.len(), 3);
-        assert!(child.given.iter().all(|g| g.ends_with("cgroup.procs")));
+        assert_eq!(child.make.len(), 12);
+        assert_eq!(child.vacate, None);
+        assert_eq!(
+            limit(child, "memory.limit_in_bytes").as_deref(),
+            Some("6442450944")
+        );
+        assert_eq!(
+            limit(child, "memory.memsw.limit_in_bytes").as_deref(),
+            Some("6442450944")
+        );
+        assert_eq!(limit(child, "pids.max").as_deref(), Some("768"));
+        assert_eq!(limit(child, "cpu.cfs_quota_us").as_deref(), Some("400000"));
+        assert_eq!(
+            child.given,
+            CHILD_CONTROLLERS.map(|c| PathBuf::from(at(c)).join("cgroup.procs"))
+        );
+        assert_eq!(child.memory, PathBuf::from(at("memory")));
         assert_eq!(child.deadline_ms, 25 * 60_000);
-        let binds: Vec<String> = spec_json(&planned)["mounts"]
-            .as_array()
-            .unwrap()
+        assert_eq!(
+            binds(&planned),
+            CHILD_CONTROLLERS.map(|c| (at(c), format!("/cordon/child/{c}")))
+        );
+
+        let v2 = RunInputs {
+            cgroups: Some(Cgroups::Unified("/sys/fs/cgroup".into())),
+            ..run.clone()
+        };
+        let planned = plan(&p, StageKind::Prebuild, &v2).unwrap();
+        let child = planned.child.as_ref().unwrap();
+        let lease = "/sys/fs/cgroup/cordon/EXECUTOR/LEASE";
+        let dir = PathBuf::from(format!("{lease}/child"));
+        let made: Vec<(String, bool)> = child
+            .make
             .iter()
-            .filter(|m| {
-                m["source"]
-                    .as_str()
-                    .unwrap_or("")
-                    .starts_with("/sys/fs/cgroup")
-            })
-            .map(|m| m["destination"].as_str().unwrap().to_owned())
+            .map(|(d, e)| (d.display().to_string(), *e))
             .collect();
         assert_eq!(
-            binds,
+            made,
             [
-                "/cordon/child/memory",
-                "/cordon/child/pids",
-                "/cordon/child/cpu"
+                ("/sys/fs/cgroup/cordon".into(), true),
+                ("/sys/fs/cgroup/cordon/EXECUTOR".into(), true),
+                (lease.into(), false),
+                (format!("{lease}/main"), false),
+                (format!("{lease}/child"), false),
             ]
         );
-        let v2 = RunInputs {
-            cgroup_v1_root: None,
+        assert_eq!(
+            child.vacate,
+            Some((
+                PathBuf::from(format!("{lease}/cgroup.procs")),
+                PathBuf::from(format!("{lease}/main/cgroup.procs"))
+            ))
+        );
+        // The controllers are enabled below the container's cgroup before any child limit.
+        assert_eq!(
+            child.limits[0],
+            (
+                PathBuf::from(format!("{lease}/cgroup.subtree_control")),
+                "+memory +pids +cpu".to_owned()
+            )
+        );
+        assert_eq!(limit(child, "memory.max").as_deref(), Some("6442450944"));
+        assert_eq!(limit(child, "memory.swap.max").as_deref(), Some("0"));
+        assert_eq!(limit(child, "pids.max").as_deref(), Some("768"));
+        assert_eq!(limit(child, "cpu.max").as_deref(), Some("400000 100000"));
+        assert!(child.limits[1..].iter().all(|(f, _)| f.starts_with(&dir)));
+        assert_eq!(
+            child.given,
+            [
+                dir.join("cgroup.procs"),
+                PathBuf::from(format!("{lease}/cgroup.procs"))
+            ]
+        );
+        assert_eq!(child.memory, dir);
+        assert_eq!(
+            binds(&planned),
+            [(
+                dir.display().to_string(),
+                "/cordon/child/unified".to_owned()
+            )]
+        );
+        // The cgroup namespace stays: the child is inside the container's cgroup.
+        assert!(
+            planned
+                .spec
+                .linux()
+                .as_ref()
+                .unwrap()
+                .namespaces()
+                .as_ref()
+                .unwrap()
+                .iter()
+                .any(|n| n.typ() == LinuxNamespaceType::Cgroup)
+        );
+
+        let unread = RunInputs {
+            cgroups: None,
             ..run
         };
         assert!(matches!(
-            plan(&p, StageKind::Prebuild, &v2),
-            Err(PlanError::Unimplemented { what, .. }) if what.contains("cgroup v2")
+            plan(&p, StageKind::Prebuild, &unread),
+            Err(PlanError::Unimplemented { what, .. }) if what.contains("cgroup layout")
         ));
     }
 

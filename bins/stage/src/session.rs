@@ -9,10 +9,13 @@
 //! 2. become the executor's one manager and begin a lease whose record names every mount point
 //!    the plan will make (written before any resource exists);
 //! 3. provision the account and the run directory, plan the bundle from the typed stage and the
-//!    lease's facts, make the planned host mounts (staging tmpfs, overlay root);
+//!    lease's facts, make the planned host mounts (staging tmpfs, overlay root) and a
+//!    patcher's bounded child's cgroup directories;
 //! 4. write `config.json` as a protected file, re-checked right before `create`;
 //! 5. create; read the created init's posture from outside and compare it with the plan
-//!    ([`crate::posture`]: a difference quarantines the executor, a no-decision); start (stdin,
+//!    ([`crate::posture`]: a difference quarantines the executor, a no-decision); arm the
+//!    bounded child ([`arm_child`]: its limits, written while nothing of the workload runs);
+//!    start (stdin,
 //!    stdout held live when asked for), let the caller drive the running container, wait under
 //!    the absolute deadline, delete;
 //! 6. let the caller inspect what the run left while the lease's mounts still exist;
@@ -185,34 +188,57 @@ impl ExitClass for SessionError {
     }
 }
 
-/// Make a patcher's bounded child cgroup before its container exists: its directories, its
-/// limits, its `cgroup.procs` given to the run account (`uid`, `gid`: the one file it may
-/// write).
+fn child_failed(what: &str, path: &std::path::Path) -> impl FnOnce(std::io::Error) -> SessionError {
+    let what = format!("{what} {}", path.display());
+    move |source| SessionError::Child { what, source }
+}
+
+/// Make a patcher's bounded child's cgroup directories before its container is created (the
+/// container binds them).
 ///
 /// # Errors
 /// [`SessionError::Child`]: a step the kernel refused.
 pub fn prepare_child(
     host: &dyn cordon::host::Host,
     child: &bundle::ChildPlan,
-    uid: u32,
-    gid: u32,
 ) -> Result<(), SessionError> {
-    let failed = |what: &str, path: &std::path::Path| {
-        let what = format!("{what} {}", path.display());
-        move |source| SessionError::Child { what, source }
-    };
     for (dir, may_exist) in &child.make {
         match host.make_dir(dir) {
             Err(e) if *may_exist && e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            made => made.map_err(failed("make", dir))?,
+            made => made.map_err(child_failed("make", dir))?,
+        }
+    }
+    Ok(())
+}
+
+/// Arm a patcher's bounded child once its container is created and before it starts: on v2
+/// move the created init out of the container's cgroup into its sibling leaf, then write the
+/// child's limits (on v2 enabling its controllers first) and give the run account (`uid`,
+/// `gid`) the files it may write (its `cgroup.procs`; on v2 the common ancestor's too).
+///
+/// # Errors
+/// [`SessionError::Child`]: a step the kernel refused (on v2 a process left in the container's
+/// cgroup makes enabling the controllers fail: nothing is started unbounded).
+pub fn arm_child(
+    host: &dyn cordon::host::Host,
+    child: &bundle::ChildPlan,
+    uid: u32,
+    gid: u32,
+) -> Result<(), SessionError> {
+    if let Some((from, to)) = &child.vacate {
+        let procs = host.read(from).map_err(child_failed("read", from))?;
+        for pid in String::from_utf8_lossy(&procs).split_whitespace() {
+            host.write_control(to, pid.as_bytes())
+                .map_err(child_failed(&format!("move process {pid} into"), to))?;
         }
     }
     for (file, value) in &child.limits {
         host.write_control(file, value.as_bytes())
-            .map_err(failed("write", file))?;
+            .map_err(child_failed("write", file))?;
     }
     for file in &child.given {
-        host.give(file, uid, gid).map_err(failed("give", file))?;
+        host.give(file, uid, gid)
+            .map_err(child_failed("give", file))?;
     }
     Ok(())
 }
@@ -634,9 +660,9 @@ impl Session<'_> {
             store_root.join(cordon::tree::PUBLICATIONS.dir),
         ];
         let cgroups = &self.setup.cgroup_root;
-        inputs.cgroup_v1_root = match cordon::runtime::unified(self.setup.host(), cgroups) {
-            Ok(true) => None,
-            Ok(false) => Some(cgroups.clone()),
+        inputs.cgroups = match cordon::runtime::unified(self.setup.host(), cgroups) {
+            Ok(true) => Some(bundle::Cgroups::Unified(cgroups.clone())),
+            Ok(false) => Some(bundle::Cgroups::V1(cgroups.clone())),
             Err(source) => {
                 return Err(SessionError::Child {
                     what: format!("read the cgroup layout at {}", cgroups.display()),
@@ -647,7 +673,7 @@ impl Session<'_> {
         };
         let planned = bundle::plan(self.policy, self.kind, &inputs).map_err(SessionError::from)?;
         if let Some(child) = &planned.child {
-            prepare_child(self.setup.host(), child, inputs.uid, inputs.gid)?;
+            prepare_child(self.setup.host(), child)?;
         }
 
         for m in &planned.host_mounts {
@@ -719,6 +745,9 @@ impl Session<'_> {
         // The kernel's view of the created init against the plan: a runtime that applied less
         // than the bundle (a flag, a namespace, a filter) is caught before anything runs.
         self.check_posture(created.pid(), &planned)?;
+        if let Some(child) = &planned.child {
+            arm_child(self.setup.host(), child, inputs.uid, inputs.gid)?;
+        }
         let mut running = created.start().map_err(SessionError::from)?;
         drive(&mut running, &planned, deadline)?;
         let exited = running
@@ -767,6 +796,61 @@ pub(crate) mod tests {
         ))
         .unwrap();
         cordon_policy_lang::parse("evaluator.kdl", &edit(text)).unwrap()
+    }
+
+    /// On v2 the child is armed after create: the created init moved into `main`, the
+    /// controllers enabled, the child's limits, then the two files given; a step the kernel
+    /// refuses (a process left behind makes enabling the controllers fail) ends the run before
+    /// anything of it starts, and nothing later is written.
+    #[test]
+    fn a_v2_child_is_armed_in_order_and_a_refused_step_stops_it() {
+        let p = policy(|t| t);
+        let mut run = bundle::example_inputs(&p, StageKind::Prebuild);
+        run.cgroups = Some(bundle::Cgroups::Unified("/cg".into()));
+        let planned = bundle::plan(&p, StageKind::Prebuild, &run).unwrap();
+        let child = planned.child.unwrap();
+        let lease = std::path::Path::new("/cg/cordon/EXECUTOR/LEASE");
+        let host = Fake::new();
+        host.file(lease.join("cgroup.procs"), "41\n42\n")
+            .dir(lease, &["child", "main"])
+            .dir(lease.join("child"), &[])
+            .dir(lease.join("main"), &[]);
+        arm_child(&host, &child, 1000, 1000).unwrap();
+        let w = |f: &str, v: &str| Call::Write(lease.join(f), v.to_owned());
+        let writes: Vec<Call> = host
+            .calls()
+            .into_iter()
+            .filter(|c| matches!(c, Call::Write(..) | Call::Give(..)))
+            .collect();
+        assert_eq!(
+            writes,
+            [
+                w("main/cgroup.procs", "41"),
+                w("main/cgroup.procs", "42"),
+                w("cgroup.subtree_control", "+memory +pids +cpu"),
+                w("child/memory.max", "6442450944"),
+                w("child/memory.swap.max", "0"),
+                w("child/pids.max", "768"),
+                w("child/cpu.max", "400000 100000"),
+                Call::Give(lease.join("child/cgroup.procs"), 1000),
+                Call::Give(lease.join("cgroup.procs"), 1000),
+            ]
+        );
+
+        let refused = Fake::new();
+        refused
+            .file(lease.join("cgroup.procs"), "41\n")
+            .dir(lease, &["child", "main"])
+            .dir(lease.join("child"), &[])
+            .dir(lease.join("main"), &[])
+            .unreadable(lease.join("cgroup.subtree_control"));
+        let e = arm_child(&refused, &child, 1000, 1000).unwrap_err();
+        assert!(
+            matches!(&e, SessionError::Child { what, .. } if what.contains("cgroup.subtree_control")),
+            "{e}"
+        );
+        assert!(!refused.calls().iter().any(|c| matches!(c, Call::Give(..))
+            || matches!(c, Call::Write(f, _) if f.starts_with(lease.join("child")))));
     }
 
     fn try_run(kind: StageKind, version: &str) -> (SessionError, Vec<Call>, usize) {

@@ -381,6 +381,25 @@ pub fn watchdog() -> PathBuf {
     path
 }
 
+/// How many times slower than this project's CI machine the host runs the tests
+/// (`CORDON_TEST_SLOWDOWN`, default 1): `checks/cgroup2-vm.sh` sets it for its emulated guest.
+/// Only a stage's whole deadline, which also counts the stage's start, is scaled by it; the
+/// bounds a test probes (a child's deadline, memory, pids, CPU) never are.
+///
+/// # Panics
+/// The variable is set to anything but a whole number from 1 to 100.
+#[must_use]
+pub fn slowdown() -> u64 {
+    match std::env::var("CORDON_TEST_SLOWDOWN") {
+        Err(_) => 1,
+        Ok(v) => v
+            .parse()
+            .ok()
+            .filter(|k| (1..=100).contains(k))
+            .unwrap_or_else(|| panic!("CORDON_TEST_SLOWDOWN={v:?}: a whole number from 1 to 100")),
+    }
+}
+
 /// The OCI runtime the tests drive (`CORDON_TEST_RUNC`, default `/usr/sbin/runc`).
 #[must_use]
 pub fn runc() -> PathBuf {

@@ -82,6 +82,14 @@ pub fn cgroup_parent(executor: &str) -> String {
 /// host makes it before the container, and a release removes it before its parent.
 pub const CHILD_CGROUP: &str = "child";
 
+/// The name of the leaf inside a container's cgroup that holds its other processes when it
+/// has a bounded child on cgroup v2 (where a cgroup with processes cannot enable controllers
+/// for its children); made and released as [`CHILD_CGROUP`] is.
+pub const MAIN_CGROUP: &str = "main";
+
+/// The cgroups a release removes inside a container's cgroup, before the cgroup itself.
+pub const NESTED_CGROUPS: [&str; 2] = [CHILD_CGROUP, MAIN_CGROUP];
+
 /// The cgroup path (the bundle's `cgroupsPath`) of a lease's container.
 #[must_use]
 pub fn cgroup_path(executor: &str, lease: &str) -> String {

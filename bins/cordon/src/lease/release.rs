@@ -176,11 +176,16 @@ impl Manager {
                         root: self.setup.cgroup_root.clone(),
                         path: path.clone(),
                     };
-                    // A patcher's bounded child (prebuild) goes before its parent: the runtime's
-                    // delete removes both, but a run that ended before its create left them.
+                    // A patcher's bounded child and its sibling leaf (prebuild) go before their
+                    // parent: the runtime's delete removes them all, but a run that ended
+                    // before its create, or before its delete, left them.
                     match probe.dirs() {
                         Ok(dirs) => dirs.iter().try_for_each(|d| {
-                            [d.join(super::CHILD_CGROUP), d.clone()]
+                            super::NESTED_CGROUPS
+                                .iter()
+                                .map(|n| d.join(n))
+                                .chain([d.clone()])
+                                .collect::<Vec<_>>()
                                 .iter()
                                 .try_for_each(|d| self.setup.host().remove_dir(d))
                                 .map_err(|e| format!("cgroup {}: {e}", d.display()))
