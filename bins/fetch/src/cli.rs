@@ -39,6 +39,14 @@ pub struct Args {
     pub sha256: String,
     /// A local path, or an `https://` URL.
     pub source: String,
+    /// The hosts file a remote source's host is looked up in first (root's own file, read by
+    /// this process; no NSS module is loaded).
+    #[arg(long, default_value = "/etc/hosts")]
+    pub hosts_file: PathBuf,
+    /// The resolver file whose nameservers are asked next (its `nameserver` lines), each by a
+    /// confined resolver child: no DNS answer is parsed by this process.
+    #[arg(long, default_value = "/etc/resolv.conf")]
+    pub resolv_conf: PathBuf,
 }
 
 /// Failures before a receipt can be written.
@@ -132,7 +140,10 @@ fn parse_digest(given: &str) -> Result<Digest, FetchError> {
 }
 
 /// The transport rules of a policy, with the trust anchor read and the byte cap applied.
-fn rules(policy: &cordon_policy_lang::Policy) -> Result<Rules, FetchError> {
+fn rules(
+    policy: &cordon_policy_lang::Policy,
+    names: crate::resolve::Names,
+) -> Result<Rules, FetchError> {
     let t = policy.transport();
     let trust_anchor = match t.trust_anchor {
         Some(path) => Some(
@@ -152,6 +163,7 @@ fn rules(policy: &cordon_policy_lang::Policy) -> Result<Rules, FetchError> {
         allow_loopback: t.allow_loopback,
         allow_plain_http_loopback: t.allow_plain_http_loopback,
         max_bytes: cordon_stage::settings::archive_limits(policy).max_archive_bytes,
+        names,
     })
 }
 
@@ -170,11 +182,15 @@ impl Read for Source {
     }
 }
 
-fn open_source(given: &str, policy: &cordon_policy_lang::Policy) -> Result<Source, FetchError> {
+fn open_source(
+    given: &str,
+    policy: &cordon_policy_lang::Policy,
+    names: crate::resolve::Names,
+) -> Result<Source, FetchError> {
     if given.contains("://") {
         return Ok(Source::Remote(Box::new(transport::open(
             given,
-            &rules(policy)?,
+            &rules(policy, names)?,
         )?)));
     }
     let path = Path::new(given);
@@ -271,8 +287,17 @@ fn fetch(
 ) -> Result<ExitCode, FetchError> {
     let committed = parse_digest(&args.sha256)?;
     // On a terminal, how far the transfer has come (a 600 MiB fetch is otherwise silent).
-    let mut source =
-        cordon::voice::Progress::new(open_source(&args.source, policy)?, "cordon-fetch: read");
+    let mut source = cordon::voice::Progress::new(
+        open_source(
+            &args.source,
+            policy,
+            crate::resolve::Names {
+                hosts: args.hosts_file.clone(),
+                resolv_conf: args.resolv_conf.clone(),
+            },
+        )?,
+        "cordon-fetch: read",
+    );
     let store_root = args.stage.store_root(policy);
     let store = match stage::open_store(
         &store_root,
@@ -398,6 +423,9 @@ pub fn main() -> ExitCode {
             crate::transfer::TRANSFER_CHILD => {
                 crate::transfer::child(spec.argument.as_deref(), &mut std::io::stdout().lock())
             }
+            crate::resolve::RESOLVE_CHILD => {
+                crate::resolve::child(spec.argument.as_deref(), &mut std::io::stdout().lock())
+            }
             _ => cordon::confine::UNCONFINED_EXIT,
         });
     }
@@ -426,7 +454,11 @@ mod tests {
         .unwrap();
         let policy = cordon_policy_lang::parse("minimal.kdl", &text).unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let Err(e) = open_source(&dir.path().display().to_string(), &policy) else {
+        let Err(e) = open_source(
+            &dir.path().display().to_string(),
+            &policy,
+            crate::resolve::Names::default(),
+        ) else {
             panic!("a directory opened as a source");
         };
         assert!(matches!(e, FetchError::SourceKind { .. }), "{e}");

@@ -17,7 +17,7 @@
 //! so the deadline is enforced on the network side even while the consumer is busy.
 
 use std::io::{self, Read};
-use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::time::{Duration, Instant};
 
@@ -45,6 +45,8 @@ pub struct Rules {
     pub allow_plain_http_loopback: bool,
     /// Bytes received at most.
     pub max_bytes: u64,
+    /// The host's name files ([`crate::resolve`]).
+    pub names: crate::resolve::Names,
 }
 
 /// Why a transfer did not deliver a stream.
@@ -427,14 +429,22 @@ fn past_deadline(rules: &Rules) -> TransportError {
     }
 }
 
-/// Resolve `target`'s host (ours, so a second lookup cannot rebind), check every address, and
-/// connect to one of exactly those before `deadline`.
-fn connect(target: &Target, rules: &Rules, deadline: Instant) -> Result<TcpStream, TransportError> {
+/// Resolve `target`'s host (ours, so a second lookup cannot rebind; no DNS answer parsed
+/// here: [`crate::resolve`]), check every address, and connect to one of exactly those before
+/// `deadline`.
+fn connect(
+    target: &Target,
+    rules: &Rules,
+    launch: &Launch,
+    deadline: Instant,
+) -> Result<TcpStream, TransportError> {
     let failed = |why: String| TransportError::Failed { why };
-    let addrs: Vec<SocketAddr> = (target.host.as_str(), target.port)
-        .to_socket_addrs()
-        .map_err(|e| failed(format!("cannot resolve {:?}: {e}", target.host)))?
-        .collect();
+    let addrs: Vec<SocketAddr> =
+        crate::resolve::resolve(&target.host, &rules.names, launch, deadline)
+            .map_err(failed)?
+            .into_iter()
+            .map(|ip| SocketAddr::new(ip, target.port))
+            .collect();
     if addrs.is_empty() {
         return Err(failed(format!("{:?} resolves to no address", target.host)));
     }
@@ -486,7 +496,7 @@ fn hop(
     {
         return Ok(None);
     }
-    let socket = connect(target, rules, deadline)?;
+    let socket = connect(target, rules, launch, deadline)?;
     // The child waits on it with its event loop: non-blocking, as the descriptor it is given.
     socket
         .set_nonblocking(true)
@@ -677,6 +687,7 @@ mod tests {
             allow_loopback: true,
             allow_plain_http_loopback: true,
             max_bytes: 8,
+            names: crate::resolve::Names::default(),
         };
         (rules, format!("http://127.0.0.1:{port}/a.tar"))
     }

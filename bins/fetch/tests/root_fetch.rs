@@ -143,7 +143,7 @@ fn pki() -> Pki {
     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
     let ca = ca_params.self_signed(&ca_key).unwrap();
     let leaf_key = rcgen::KeyPair::generate().unwrap();
-    let leaf = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+    let leaf = rcgen::CertificateParams::new(vec!["localhost".to_owned(), NAMED_HOST.to_owned()])
         .unwrap()
         .signed_by(&leaf_key, &ca, &ca_key)
         .unwrap();
@@ -215,6 +215,8 @@ fn args(policy: &Path, store: &Path, sha: &Digest, source: &str) -> Args {
         lease: lease_args(policy),
         sha256: sha.hex(),
         source: source.to_owned(),
+        hosts_file: "/etc/hosts".into(),
+        resolv_conf: "/etc/resolv.conf".into(),
     }
 }
 
@@ -227,6 +229,77 @@ fn fetch(policy: &Path, store: &Path, sha: &Digest, source: &str) -> Outcome {
         receipt: serde_json::from_slice(&out).ok(),
         stderr: String::from_utf8_lossy(&err).into_owned(),
     }
+}
+
+/// A host no hosts file lists: only a nameserver answers for it.
+const NAMED_HOST: &str = "fetch.cordon.test";
+
+/// What the test nameserver does with a question.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Dns {
+    /// Answers A with this address and AAAA with nothing.
+    Address([u8; 4]),
+    /// Says the name does not exist.
+    NoSuchName,
+    /// Answers with bytes that are no DNS message, and with a well-formed answer to another
+    /// query id, never with an answer to the question.
+    Hostile,
+    /// Says nothing.
+    Silent,
+}
+
+/// A nameserver on `ip`:53 (a resolver file names no port) doing what `mode` says at the time
+/// of each question.
+fn nameserver(ip: &str, mode: Arc<std::sync::Mutex<Dns>>) {
+    use hickory_proto::op::{Message, MessageType, ResponseCode};
+    use hickory_proto::rr::{RData, Record, RecordType, rdata::A};
+    let socket = std::net::UdpSocket::bind((ip, 53)).unwrap();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        loop {
+            let Ok((n, from)) = socket.recv_from(&mut buf) else {
+                return;
+            };
+            let Ok(q) = Message::from_vec(&buf[..n]) else {
+                continue;
+            };
+            let mut r = Message::new();
+            r.set_id(q.id()).set_message_type(MessageType::Response);
+            for query in q.queries() {
+                r.add_query(query.clone());
+            }
+            let mode = *mode.lock().unwrap();
+            let replies: Vec<Vec<u8>> = match mode {
+                Dns::Silent => vec![],
+                Dns::NoSuchName => {
+                    r.set_response_code(ResponseCode::NXDomain);
+                    vec![r.to_vec().unwrap()]
+                }
+                Dns::Address(ip) => {
+                    if q.queries()[0].query_type() == RecordType::A {
+                        r.add_answer(Record::from_rdata(
+                            q.queries()[0].name().clone(),
+                            60,
+                            RData::A(A::from(std::net::Ipv4Addr::from(ip))),
+                        ));
+                    }
+                    vec![r.to_vec().unwrap()]
+                }
+                Dns::Hostile => {
+                    r.set_id(q.id().wrapping_add(1));
+                    r.add_answer(Record::from_rdata(
+                        q.queries()[0].name().clone(),
+                        60,
+                        RData::A(A::from(std::net::Ipv4Addr::LOCALHOST)),
+                    ));
+                    vec![b"\xff\xff\x1b[31m not dns".to_vec(), r.to_vec().unwrap()]
+                }
+            };
+            for reply in replies {
+                let _ = socket.send_to(&reply, from);
+            }
+        }
+    });
 }
 
 fn reason(o: &Outcome) -> String {
@@ -344,6 +417,76 @@ fn checked(s: &Setup, slot: u32, body: &[u8]) -> Checked {
         before,
         sha: Digest::of_bytes(body),
     }
+}
+
+/// A name no hosts file lists is resolved by a confined resolver child asking the resolver
+/// file's nameserver (no DNS byte parsed by this root process): an honest answer is fetched
+/// from; an answer naming a non-public address is refused like any other; a nameserver that
+/// says the name does not exist, one that answers only with garbage and answers to other
+/// queries, and one that stays silent each end in a no-decision within the deadline.
+#[test]
+fn names_are_resolved_by_a_confined_child_and_every_answer_is_checked() {
+    let (s, body) = https_with_archive();
+    let policy = loopback_policy(
+        &s,
+        3,
+        &format!("        allow-host \"{NAMED_HOST}\" reason=\"the named test server\""),
+    );
+    let store = s.dir.path().join("store");
+    let sha = Digest::of_bytes(&body);
+    let mode = Arc::new(std::sync::Mutex::new(Dns::Address([127, 0, 0, 1])));
+    // Its own loopback address: port 53 on the usual ones may be the host's resolver.
+    nameserver("127.0.53.3", mode.clone());
+    let (hosts, resolv_conf) = (s.dir.path().join("hosts"), s.dir.path().join("resolv.conf"));
+    std::fs::write(&hosts, "127.0.0.1 localhost\n").unwrap();
+    std::fs::write(&resolv_conf, "nameserver 127.0.53.3\n").unwrap();
+    let url = format!("https://{NAMED_HOST}:{}/a.tar", s.port);
+    let fetch_named = |dns: Dns| {
+        *mode.lock().unwrap() = dns;
+        let args = Args {
+            hosts_file: hosts.clone(),
+            resolv_conf: resolv_conf.clone(),
+            ..args(&policy, &store, &sha, &url)
+        };
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let started = std::time::Instant::now();
+        let code = run(&args, child(), &mut out, &mut err);
+        (
+            Outcome {
+                code,
+                receipt: serde_json::from_slice(&out).ok(),
+                stderr: String::from_utf8_lossy(&err).into_owned(),
+            },
+            started.elapsed(),
+        )
+    };
+    let (o, _) = fetch_named(Dns::Address([127, 0, 0, 1]));
+    assert_eq!(o.code, ExitCode::Ok, "{}", o.stderr);
+    let (o, _) = fetch_named(Dns::Address([10, 1, 2, 3]));
+    assert_eq!(o.code, ExitCode::Rejected, "{}", o.stderr);
+    assert_eq!(reason(&o), "transport.non-public-address");
+    for (dns, says) in [
+        (Dns::NoSuchName, "does not exist"),
+        (Dns::Hostile, "no answer"),
+        (Dns::Silent, "no answer"),
+    ] {
+        let (o, took) = fetch_named(dns);
+        assert_eq!(o.code, ExitCode::NoDecision, "{dns:?}: {}", o.stderr);
+        assert!(o.stderr.contains(says), "{dns:?}: {}", o.stderr);
+        // The terminal never sees the nameserver's bytes raw.
+        assert!(!o.stderr.contains('\u{1b}'), "{dns:?}: {}", o.stderr);
+        assert!(took < Duration::from_secs(6), "{dns:?} took {took:?}");
+    }
+    // A literal address and a listed name never ask a nameserver.
+    *mode.lock().unwrap() = Dns::Silent;
+    let o = fetch(
+        &policy,
+        &store,
+        &sha,
+        &format!("https://localhost:{}/a.tar", s.port),
+    );
+    assert_eq!(o.code, ExitCode::Ok, "{}", o.stderr);
+    drop(s.pki);
 }
 
 #[test]
