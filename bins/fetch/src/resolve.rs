@@ -25,15 +25,14 @@ use std::time::{Duration, Instant};
 use cordon::confine::{FrameError, FrameReader, Launch, Supervised, write_frame};
 use serde::{Deserialize, Serialize};
 
-use crate::transfer::End;
+use crate::transfer::{END, End, failed, last_frame};
 
 /// The child kind: `cordon-fetch`'s dispatch key for a resolver child.
 pub const RESOLVE_CHILD: &str = "resolve";
 
-/// One address: 4 bytes (IPv4) or 16 (IPv6), network order.
+/// One address: 4 bytes (IPv4) or 16 (IPv6), network order. The child ends with the
+/// transfer child's [`END`] frame.
 pub const ADDRESS: u8 = b'A';
-/// The end (JSON [`End`]); nothing follows.
-pub const END: u8 = b'E';
 
 /// Addresses taken from one answer at most; more is the answer's fault.
 pub const MAX_ADDRESSES: usize = 32;
@@ -269,19 +268,7 @@ pub fn child(argument: Option<&str>, out: &mut dyn io::Write) -> i32 {
         }
         Err(end) => end,
     };
-    let Ok(json) = serde_json::to_vec(&end) else {
-        return 4;
-    };
-    match write_frame(out, END, &json).and_then(|()| out.flush()) {
-        Ok(()) => 0,
-        Err(_) => 4,
-    }
-}
-
-fn failed(why: impl std::fmt::Display) -> End {
-    End::Failed {
-        why: why.to_string(),
-    }
+    last_frame(out, END, &end)
 }
 
 /// Ask for `question`'s A and AAAA records on stdin's socket: every address of both, or why

@@ -196,28 +196,27 @@ pub fn child(argument: Option<&str>, out: &mut dyn Write) -> i32 {
         return 2;
     };
     let end = match start(&request, out) {
-        Ok(Some(redirect)) => {
-            let Ok(json) = serde_json::to_vec(&redirect) else {
-                return 4;
-            };
-            return match write_frame(out, REDIRECT, &json).and_then(|()| out.flush()) {
-                Ok(()) => 0,
-                Err(_) => 4,
-            };
-        }
+        Ok(Some(redirect)) => return last_frame(out, REDIRECT, &redirect),
         Ok(None) => End::Done,
         Err(end) => end,
     };
-    let Ok(json) = serde_json::to_vec(&end) else {
+    last_frame(out, END, &end)
+}
+
+/// A child's last frame: `value` as JSON under `tag`, flushed. The child's exit status: 0 once
+/// it is written.
+pub(crate) fn last_frame(out: &mut dyn Write, tag: u8, value: &impl Serialize) -> i32 {
+    let Ok(json) = serde_json::to_vec(value) else {
         return 4;
     };
-    match write_frame(out, END, &json).and_then(|()| out.flush()) {
+    match write_frame(out, tag, &json).and_then(|()| out.flush()) {
         Ok(()) => 0,
         Err(_) => 4,
     }
 }
 
-fn failed(why: impl std::fmt::Display) -> End {
+/// [`End::Failed`] with `why`.
+pub(crate) fn failed(why: impl std::fmt::Display) -> End {
     End::Failed {
         why: why.to_string(),
     }
