@@ -4,9 +4,10 @@
 
 # The bounded child's cgroup, as the host binds it: at /cordon/child/<c> for each v1 controller
 # (memory, pids, cpu), or once at /cordon/child/unified on a cgroup v2 host. Its cgroup.procs
-# alone is the run account's to write.
+# alone is the run account's to write. (Every mount point is a directory of the image: only a
+# bound cgroup has a cgroup.procs.)
 child_dirs() {
-    if [ -e /cordon/child/unified ]; then echo unified; else echo memory pids cpu; fi
+    if [ -e /cordon/child/unified/cgroup.procs ]; then echo unified; else echo memory pids cpu; fi
 }
 
 # Refuse to run without the bounded child (exit 125: the host's fault, never the candidate's).

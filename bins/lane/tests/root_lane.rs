@@ -217,16 +217,18 @@ fn the_engine_can_neither_kill_nor_read_the_worker() {
     let e = env(2, &[]);
     // SIGKILL, SIGSEGV, SIGBUS, SIGUSR1, SIGTERM, SIGHUP, SIGSTOP: each accepted by kill(2)
     // and dropped or held by the worker, which goes on relaying.
-    let helpers = "def kill_init():\n    try:\n        for sig in (9, 11, 7, 10, 15, 1, 19):\n            os.kill(1, sig)\n    except OSError as e:\n        return e.errno\n    time.sleep(0.2)\n    return 0\n\n\ndef read(path):\n    try:\n        with open(path, 'rb') as f:\n            f.read(1)\n    except OSError as e:\n        return e.errno\n    return 0\n";
-    let probe =
-        "[kill_init(), read('/proc/1/mem'), read('/proc/1/environ'), read('/proc/self/environ')]";
+    let helpers = "def kill_init():\n    try:\n        for sig in (9, 11, 7, 10, 15, 1, 19):\n            os.kill(1, sig)\n    except OSError as e:\n        return e.errno\n    time.sleep(0.2)\n    return 0\n\n\ndef read(path):\n    try:\n        with open(path, 'rb') as f:\n            f.read(1)\n    except OSError as e:\n        return e.errno\n    return 0\n\n\ndef write(path):\n    try:\n        with open(path, 'wb') as f:\n            f.write(b'CDL1')\n    except OSError as e:\n        return e.errno\n    return 0\n";
+    // The worker's stdout is the host's framed stream: the engine cannot open it to speak
+    // there in the worker's name (every frame the host decodes is the worker's own encoding).
+    let probe = "[kill_init(), read('/proc/1/mem'), read('/proc/1/environ'), read('/proc/self/environ'), write('/proc/1/fd/1')]";
     let out = served(run(
         &e,
         engine(&e, &probing(helpers, probe), &incumbent_kernel()),
     ));
     // SIGKILL to the namespace's init from inside is dropped (the session goes on); its /proc
-    // files are root's because it is not dumpable; the engine's own are readable (the control).
-    assert_eq!(out.outputs, expected(&[0, 13, 13, 0]));
+    // files (its memory, environment and descriptors) are root's because it is not dumpable;
+    // the engine's own are readable (the control).
+    assert_eq!(out.outputs, expected(&[0, 13, 13, 0, 13]));
     nothing_left(&e);
 }
 
