@@ -59,9 +59,16 @@ pub const KNOWN_BAD_RUNC: &[KnownBad] = &[
     },
 ];
 
-/// The (major, minor, patch) of a runc `--version` text and its `commit:` line.
+/// The (major, minor, patch) of a runc `--version` text and its `commit:` line; `None` when
+/// the text is not runc's (crun's `crun version 1.8.1` would otherwise read as runc 1.8.1,
+/// past every runc advisory).
 fn runc_version(text: &str) -> Option<((u32, u32, u32), &str, &str)> {
-    let version = text.lines().next()?.split_whitespace().nth(2)?;
+    let version = text
+        .lines()
+        .next()?
+        .strip_prefix("runc version ")?
+        .split_whitespace()
+        .next()?;
     let mut parts = version
         .split(|c: char| !c.is_ascii_digit())
         .map(|p| p.parse::<u32>().ok());
@@ -114,6 +121,20 @@ pub enum RuntimeError {
         found: String,
         /// The minimum.
         need: String,
+    },
+    /// The policy names runc, and the binary's version text is another runtime's.
+    #[error("OCI runtime {binary} does not say it is runc: {found:?}")]
+    #[diagnostic(
+        code(cordon::runtime::not_runc),
+        help(
+            "point the policy's runtime path at runc; another runtime is refused until cordon gates its versions"
+        )
+    )]
+    NotRunc {
+        /// The binary.
+        binary: PathBuf,
+        /// The first line of its version text, escaped.
+        found: String,
     },
     /// The runtime is a release with a known escape cordon's configuration can reach.
     #[error("OCI runtime {binary} is version {found}, affected by {cve}: {what}")]
@@ -458,8 +479,15 @@ impl Runtime {
             found: found.to_owned(),
             need: format!("{}.{}.{}", need.0, need.1, need.2),
         };
+        let first = text.lines().next().unwrap_or("");
+        if !first.starts_with("runc version ") {
+            return Err(RuntimeError::NotRunc {
+                binary: self.binary.clone(),
+                found: crate::text::printable(first).into_owned(),
+            });
+        }
         let Some((found, version, commit)) = runc_version(text) else {
-            return Err(too_old(text.lines().next().unwrap_or("")));
+            return Err(too_old(first));
         };
         if found < need {
             return Err(too_old(version));
@@ -596,10 +624,30 @@ mod tests {
         )
         .unwrap();
         r.check_version("runc version 1.2.0", None).unwrap();
-        for old in ["runc version 1.0.0-rc93", "runc version 0.9", "garbage", ""] {
+        for old in [
+            "runc version 1.0.0-rc93",
+            "runc version 0.9",
+            "runc version ",
+        ] {
             assert!(
                 matches!(r.check_version(old, None), Err(RuntimeError::TooOld { .. })),
                 "{old:?}"
+            );
+        }
+        // Another runtime's text (crun 1.8.1 would read as a runc past every advisory), or
+        // none, is not runc's.
+        for other in [
+            "crun version 1.8.1\ncommit: f8a096be060b22ccd3d5f3ebe44108517fbf6c30\nspec: 1.0.0",
+            "runsc version release-20240212.0\nspec: 1.1.0-rc.1",
+            "garbage",
+            "",
+        ] {
+            assert!(
+                matches!(
+                    r.check_version(other, None),
+                    Err(RuntimeError::NotRunc { .. })
+                ),
+                "{other:?}"
             );
         }
         // The policy's minimum raises the floor, never lowers it.
