@@ -25,6 +25,9 @@ use cordon::intake::{IntakeError, ingest_confined};
 use cordon::store::Store;
 use libtest_mimic::{Arguments, Failed, Trial};
 
+/// Where the `datagram-sendto` probe tries to send instead of its socket's peer.
+const ELSEWHERE: &str = "127.0.0.1:9";
+
 /// The probes, run inside the confined child; the exit status is the verdict the test reads.
 fn probe(kind: &str) -> i32 {
     let mut input = String::new();
@@ -63,6 +66,25 @@ fn probe(kind: &str) -> i32 {
             {
                 Ok(()) if &reply == b"pong" => 0,
                 _ => 12,
+            }
+        }
+        // The datagram socket the parent connected (what a resolver child holds): a send on
+        // it; or a send naming another destination ([`ELSEWHERE`]), which the kernel would
+        // honour on a connected datagram socket. Nothing else is called: a kill is the send's.
+        "datagram-send" | "datagram-sendto" => {
+            use std::os::fd::AsFd;
+            let Ok(fd) = std::io::stdin().as_fd().try_clone_to_owned() else {
+                return 10;
+            };
+            let sock = std::net::UdpSocket::from(fd);
+            let sent = if kind == "datagram-send" {
+                sock.send(b"ping")
+            } else {
+                sock.send_to(b"ping", ELSEWHERE)
+            };
+            match sent {
+                Ok(_) => 0,
+                Err(_) => 12,
             }
         }
         // Asking the kernel to signal another process of the account when data arrives on
@@ -420,6 +442,39 @@ fn a_subverted_parser_cannot_open_the_store_a_host_file_a_socket_or_a_process() 
     let (status, stderr) = on_connection("signal-owner");
     assert!(killed_by(status, Signal::SIGSYS), "{status:?} {stderr}");
     peer.join().unwrap();
+    // A datagram socket connected to one peer (a resolver child's nameserver): a send to it
+    // arrives; a send naming another address is killed and nothing reaches that address.
+    let bound = |port: u16| std::net::UdpSocket::bind(("127.0.0.1", port)).unwrap();
+    let nameserver = bound(0);
+    let elsewhere = std::net::UdpSocket::bind(ELSEWHERE)
+        .unwrap_or_else(|e| panic!("this test needs {ELSEWHERE} free: {e}"));
+    for s in [&nameserver, &elsewhere] {
+        s.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+    }
+    let on_datagram = |kind: &str| {
+        let sock = bound(0);
+        sock.connect(nameserver.local_addr().unwrap()).unwrap();
+        output(
+            confine::spawn(
+                &Linux,
+                &std::env::current_exe().unwrap(),
+                &spec(&e, kind, 10),
+                cordon::host::Stdin::Fd(sock.into()),
+            )
+            .unwrap(),
+        )
+    };
+    let (status, stderr) = on_datagram("datagram-send");
+    assert_eq!(status.code(), Some(0), "{status:?} {stderr}");
+    let mut got = [0u8; 8];
+    assert_eq!(nameserver.recv(&mut got).unwrap(), 4);
+    let (status, stderr) = on_datagram("datagram-sendto");
+    assert!(killed_by(status, Signal::SIGSYS), "{status:?} {stderr}");
+    assert!(
+        elsewhere.recv(&mut got).is_err(),
+        "a datagram reached another address"
+    );
     // The same round trip from a child whose stdin is a pipe is killed: the socket calls are
     // admitted only to a child the parent gave a connection.
     let (end, status, stderr) = ended(&e, "use-connection", "", 10);

@@ -40,8 +40,13 @@ pub const MAX_ADDRESSES: usize = 32;
 /// Nameservers asked at most (glibc's `MAXNS`).
 const MAX_NAMESERVERS: usize = 3;
 
-/// The largest DNS message over UDP the child reads (EDNS's common ceiling).
-const MAX_MESSAGE: usize = 4096;
+/// The largest DNS message over UDP the child reads, and asks for (EDNS's safe payload
+/// size: no fragmentation on any path).
+const MAX_MESSAGE: u16 = 1232;
+
+/// How long one nameserver is waited for at most (glibc's default `timeout`): one that is
+/// silent leaves the others, and the transfer, their time.
+const MAX_WAIT: Duration = Duration::from_secs(5);
 
 /// CNAME links followed within one answer at most.
 const MAX_CHAIN: usize = 8;
@@ -74,16 +79,26 @@ pub struct Question {
     pub wait_ms: u64,
 }
 
+/// How a transfer follows its resolver children, so that stopping it ends one under way:
+/// called with a started child's killer (`false`: the transfer was stopped, the child is
+/// killed and nothing more is asked), and with `None` before each nameserver and once a child
+/// ended (`false`: stopped, nothing more is asked).
+pub type Watch<'a> = &'a dyn Fn(Option<cordon::host::Killer>) -> bool;
+
+/// What a stopped transfer's resolution ends with.
+pub const STOPPED: &str = "the transfer was stopped";
+
 /// The addresses of `host`: itself when it is an address literal, else from the hosts file,
 /// else from the nameservers by confined resolver children under `launch`, before `deadline`.
 ///
 /// # Errors
-/// A string: why no address was established (the caller's no-decision).
+/// A string: why no address was established (the caller's no-decision), or [`STOPPED`].
 pub fn resolve(
     host: &str,
     names: &Names,
     launch: &Launch,
     deadline: Instant,
+    watch: Watch<'_>,
 ) -> Result<Vec<IpAddr>, String> {
     if let Ok(ip) = host.parse::<IpAddr>() {
         return Ok(vec![ip]);
@@ -93,9 +108,7 @@ pub fn resolve(
     if !listed.is_empty() {
         return Ok(listed);
     }
-    let conf = read_host_file(&names.resolv_conf)?;
-    let servers =
-        nameservers(&conf).map_err(|why| format!("{}: {why}", names.resolv_conf.display()))?;
+    let servers = nameservers(&read_host_file(&names.resolv_conf)?);
     if servers.is_empty() {
         return Err(format!(
             "{} names no nameserver",
@@ -104,12 +117,15 @@ pub fn resolve(
     }
     let mut tried = Vec::new();
     for server in servers.into_iter().take(MAX_NAMESERVERS) {
+        if !watch(None) {
+            return Err(STOPPED.to_owned());
+        }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             tried.push("the deadline passed".to_owned());
             break;
         }
-        match ask(host, server, launch, deadline) {
+        match ask(host, server, launch, deadline, watch) {
             Ok(Answer::Addresses(a)) => return Ok(a),
             Ok(Answer::Unanswered(why)) | Err(why) => tried.push(format!("{server}: {why}")),
         }
@@ -137,14 +153,19 @@ fn from_hosts(text: &str, host: &str) -> Vec<IpAddr> {
         .collect()
 }
 
-/// The nameservers of the resolver file `text`, in its order.
-fn nameservers(text: &str) -> Result<Vec<SocketAddr>, String> {
-    let conf = resolv_conf::Config::parse(text).map_err(|e| e.to_string())?;
-    Ok(conf
-        .nameservers
-        .iter()
-        .map(|ns| SocketAddr::new(IpAddr::from(ns.clone()), 53))
-        .collect())
+/// The nameservers of the resolver file `text`, in its order: its `nameserver ADDRESS` lines
+/// (every other line and option is the C library's business, not this lookup's: glibc too
+/// ignores what it does not know; a link-local address with a zone is not used).
+fn nameservers(text: &str) -> Vec<SocketAddr> {
+    text.lines()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            (words.next()? == "nameserver")
+                .then(|| words.next()?.parse::<IpAddr>().ok())
+                .flatten()
+        })
+        .map(|ip| SocketAddr::new(ip, 53))
+        .collect()
 }
 
 /// What one nameserver said, through its child.
@@ -163,6 +184,7 @@ fn ask(
     server: SocketAddr,
     launch: &Launch,
     deadline: Instant,
+    watch: Watch<'_>,
 ) -> Result<Answer, String> {
     let bind: SocketAddr = if server.is_ipv4() {
         (Ipv4Addr::UNSPECIFIED, 0).into()
@@ -177,9 +199,10 @@ fn ask(
     let left = deadline.saturating_duration_since(Instant::now());
     let question = Question {
         name: host.to_owned(),
-        // Two questions (A, AAAA) share what is left, with a third to spare: a silent
-        // nameserver is told as such before the deadline ends the child.
-        wait_ms: u64::try_from((left / 3).as_millis()).unwrap_or(u64::MAX),
+        // Both questions are asked at once; half of what is left (at most MAX_WAIT) is
+        // waited for them, so a silent nameserver is told as such before the deadline ends
+        // the child, and leaves the next one time.
+        wait_ms: u64::try_from((left / 2).min(MAX_WAIT).as_millis()).unwrap_or(u64::MAX),
     };
     let mut child = launch.clone();
     child.spec.kind = RESOLVE_CHILD.to_owned();
@@ -188,6 +211,10 @@ fn ask(
     child.budget = left;
     let (child, stdout) = Supervised::start_on(&child, socket.into())
         .map_err(|e| format!("cannot start the resolver child: {e}"))?;
+    if !watch(Some(child.killer())) {
+        let _ = child.finish(true, false);
+        return Err(STOPPED.to_owned());
+    }
     let mut frames = FrameReader::new(stdout, 4096, 1 << 16);
     match cordon::confine::confirmed(&mut frames) {
         Ok(true) => {}
@@ -199,6 +226,9 @@ fn ask(
     let finished = child
         .finish(said.is_err(), true)
         .map_err(|e| format!("cannot wait for the resolver child: {e}"))?;
+    if !watch(None) {
+        return Err(STOPPED.to_owned());
+    }
     if finished.deadline_kill {
         return Err("the transfer deadline passed".to_owned());
     }
@@ -297,33 +327,45 @@ fn lookup(question: &Question) -> Result<Vec<IpAddr>, End> {
     runtime.block_on(async {
         let socket = tokio::net::UdpSocket::from_std(socket)
             .map_err(|e| failed(format!("the socket: {e}")))?;
-        let mut all = Vec::new();
-        // Why a kind gave nothing: told only when neither did.
-        let mut why = None;
-        for kind in [RecordType::A, RecordType::AAAA] {
+        let kinds = [RecordType::A, RecordType::AAAA];
+        let mut asked = Vec::new();
+        for kind in kinds {
             let id = query_id().map_err(failed)?;
-            let query = query(&name, kind, id).map_err(failed)?;
             socket
-                .send(&query)
+                .send(&query(&name, kind, id).map_err(failed)?)
                 .await
                 .map_err(|e| failed(format!("cannot send the question: {e}")))?;
-            // Replies that are not to this question (a late one, a spoofed one) are skipped
-            // until the wait ends.
-            let reply = tokio::time::timeout(wait, async {
-                let mut buf = vec![0u8; MAX_MESSAGE];
-                loop {
-                    let n = socket.recv(&mut buf).await?;
-                    if let Some(reply) = addresses(&buf[..n], &name, kind, id) {
-                        return Ok::<_, io::Error>(reply);
+            asked.push((kind, id));
+        }
+        // Both answered, or the wait ended: replies that are not to a question asked (a late
+        // one, a spoofed one) are skipped meanwhile.
+        let mut answers: Vec<Option<Result<Vec<IpAddr>, String>>> = vec![None, None];
+        let read = tokio::time::timeout(wait, async {
+            let mut buf = vec![0u8; usize::from(MAX_MESSAGE)];
+            while answers.iter().any(Option::is_none) {
+                let n = socket.recv(&mut buf).await?;
+                for ((kind, id), answer) in asked.iter().zip(answers.iter_mut()) {
+                    if answer.is_none()
+                        && let Some(reply) = addresses(&buf[..n], &name, *kind, *id)
+                    {
+                        *answer = Some(reply);
                     }
                 }
-            })
-            .await
-            .unwrap_or_else(|_| Ok(Err(format!("no answer to {kind} within {wait:?}"))))
-            .map_err(|e| failed(format!("cannot read the answer: {e}")))?;
-            match reply {
-                Ok(found) => all.extend(found),
-                Err(e) => why = why.or(Some(e)),
+            }
+            Ok::<_, io::Error>(())
+        })
+        .await;
+        if let Ok(Err(e)) = read {
+            return Err(failed(format!("cannot read the answer: {e}")));
+        }
+        let mut all = Vec::new();
+        // Why a kind gave nothing: told only when neither gave an address.
+        let mut why = None;
+        for (kind, answer) in kinds.iter().zip(answers) {
+            match answer {
+                Some(Ok(found)) => all.extend(found),
+                Some(Err(e)) => why = why.or(Some(e)),
+                None => why = why.or(Some(format!("no answer to {kind} within {wait:?}"))),
             }
         }
         all.dedup();
@@ -350,13 +392,16 @@ fn query(
     kind: hickory_proto::rr::RecordType,
     id: u16,
 ) -> Result<Vec<u8>, String> {
-    use hickory_proto::op::{Message, MessageType, OpCode, Query};
+    use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};
+    let mut edns = Edns::new();
+    edns.set_max_payload(MAX_MESSAGE);
     let mut m = Message::new();
     m.set_id(id)
         .set_message_type(MessageType::Query)
         .set_op_code(OpCode::Query)
         .set_recursion_desired(true)
-        .add_query(Query::query(name.clone(), kind));
+        .add_query(Query::query(name.clone(), kind))
+        .set_edns(edns);
     m.to_vec()
         .map_err(|e| format!("cannot encode the question: {e}"))
 }

@@ -437,10 +437,19 @@ fn connect(
     rules: &Rules,
     launch: &Launch,
     deadline: Instant,
+    current: &Current,
 ) -> Result<TcpStream, TransportError> {
     let failed = |why: String| TransportError::Failed { why };
+    // A resolver child under way is the hop's child: stopping the transfer kills it.
+    let watch = |killer: Option<cordon::host::Killer>| {
+        let mut now = current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        now.child = killer;
+        !now.stopped
+    };
     let addrs: Vec<SocketAddr> =
-        crate::resolve::resolve(&target.host, &rules.names, launch, deadline)
+        crate::resolve::resolve(&target.host, &rules.names, launch, deadline, &watch)
             .map_err(failed)?
             .into_iter()
             .map(|ip| SocketAddr::new(ip, target.port))
@@ -496,7 +505,19 @@ fn hop(
     {
         return Ok(None);
     }
-    let socket = connect(target, rules, launch, deadline)?;
+    let socket = match connect(target, rules, launch, deadline, current) {
+        Ok(s) => s,
+        // The consumer decided while the host was being resolved: nobody is listening.
+        Err(_)
+            if current
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .stopped =>
+        {
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
     // The child waits on it with its event loop: non-blocking, as the descriptor it is given.
     socket
         .set_nonblocking(true)

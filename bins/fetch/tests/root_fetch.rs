@@ -899,6 +899,74 @@ fn the_archive_is_parsed_by_a_fresh_run_account_and_a_parser_killed_from_outside
 /// SIGINT while the parser child waits on a slow transfer: the child is stopped, the transfer
 /// abandoned without waiting out its deadline, the lease released (no account, no run
 /// directory, no record), and the receipt is a stored no-decision naming the signal.
+/// A transfer stopped by its consumer (it decided) while a resolver child waits on a silent
+/// nameserver kills that child at once, instead of leaving it to its wait (5 s of the 10 s
+/// deadline here), and no hop follows.
+#[test]
+fn stopping_a_transfer_kills_its_resolver_child() {
+    let (s, _) = https_with_archive();
+    let policy_path = loopback_policy(
+        &s,
+        4,
+        &format!("        allow-host \"{NAMED_HOST}\" reason=\"the named test server\""),
+    );
+    let policy =
+        cordon_policy_lang::parse("p.kdl", &std::fs::read_to_string(&policy_path).unwrap())
+            .unwrap();
+    nameserver("127.0.53.4", Arc::new(std::sync::Mutex::new(Dns::Silent)));
+    let (hosts, resolv_conf) = (s.dir.path().join("hosts"), s.dir.path().join("resolv.conf"));
+    std::fs::write(&hosts, "").unwrap();
+    std::fs::write(&resolv_conf, "nameserver 127.0.53.4\n").unwrap();
+    let rules = cordon_fetch::transport::Rules {
+        allow_hosts: vec![NAMED_HOST.to_owned()],
+        max_redirects: 2,
+        deadline: Duration::from_secs(10),
+        tls13_only: false,
+        trust_anchor: None,
+        allow_loopback: true,
+        allow_plain_http_loopback: false,
+        max_bytes: 1 << 20,
+        names: cordon_fetch::resolve::Names { hosts, resolv_conf },
+    };
+    let store = Store::open(&s.dir.path().join("store")).unwrap();
+    let took = cordon_stage::parser::under_setup(
+        &policy,
+        lease_args(&policy_path).setup(&policy),
+        &store,
+        &Digest::of_bytes(b"authority"),
+        "transfer",
+        child(),
+        Duration::from_secs(20),
+        |launch| {
+            let url = format!("https://{NAMED_HOST}:{}/a.tar", s.port);
+            let mut t = cordon_fetch::transport::open(&url, &rules).unwrap();
+            t.begin(launch).unwrap();
+            let until = std::time::Instant::now() + Duration::from_secs(10);
+            while cordon_testkit::children_with_arg(
+                std::process::id(),
+                cordon_fetch::resolve::RESOLVE_CHILD,
+            )
+            .is_empty()
+            {
+                assert!(
+                    std::time::Instant::now() < until,
+                    "no resolver child appeared"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let stopped = std::time::Instant::now();
+            t.stopper().unwrap().stop();
+            t.end();
+            assert!(t.take_failure().is_none());
+            stopped.elapsed()
+        },
+    )
+    .unwrap();
+    assert!(took < Duration::from_millis(1000), "the stop took {took:?}");
+    cordon_testkit::assert_no_accounts("fetch", 4);
+    drop(s.pki);
+}
+
 #[test]
 fn a_signal_mid_transfer_stops_the_parser_and_releases_its_lease() {
     let (s, body) = https_with_archive();

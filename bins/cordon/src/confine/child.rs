@@ -203,13 +203,13 @@ const ALLOWED: &[i64] = &[
 ];
 
 /// What a child whose stdin is a connected socket adds: I/O on that socket and waiting on it
-/// with an event loop (and `fcntl`, below, for duplicating the descriptor alone). Never
-/// `socket`, `connect`, `bind`, `accept` or `listen`.
+/// with an event loop (and, below, `fcntl` for duplicating the descriptor alone and `sendto`
+/// without an address). Never `socket`, `connect`, `bind`, `accept` or `listen`, and never a
+/// send that names its destination: on a connected datagram socket the kernel would send it
+/// there, so a resolver child could reach any address the host can.
 const SOCKET_IO: &[i64] = &[
     libc::SYS_recvfrom,
-    libc::SYS_sendto,
     libc::SYS_recvmsg,
-    libc::SYS_sendmsg,
     libc::SYS_getsockopt,
     libc::SYS_shutdown,
     libc::SYS_epoll_create1,
@@ -266,6 +266,14 @@ fn install_filter(socket: bool) -> Result<(), ConfineError> {
             })
             .collect::<Result<Vec<_>, _>>()?;
         rules.insert(libc::SYS_fcntl, commands);
+        // `send` is `sendto` with no address (its fifth argument null): only that.
+        rules.insert(
+            libc::SYS_sendto,
+            vec![step("seccomp rule")(
+                SeccompCondition::new(4, SeccompCmpArgLen::Qword, SeccompCmpOp::Eq, 0)
+                    .and_then(|c| SeccompRule::new(vec![c])),
+            )?],
+        );
     }
     // Threads only: a clone without CLONE_THREAD would be a new process.
     let thread = u64::try_from(libc::CLONE_THREAD).unwrap_or(u64::MAX);
