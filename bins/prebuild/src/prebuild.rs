@@ -317,8 +317,14 @@ fn hold_child(
             .as_ref()
             .map_or(0, |p| p.user().uid());
         let procs = child.memory.join("cgroup.procs");
+        // On v2 the kernel kills the whole cgroup at once, forks in flight included.
+        if let Some(kill) = &child.kill {
+            host.write_control(kill, b"1")
+                .map_err(|e| fail(format!("cannot write {}: {e}", kill.display())))?;
+        }
         // A process may fork while its siblings die: read and kill until the cgroup is empty
-        // (its pids limit bounds how many can appear).
+        // (its pids limit bounds how many can appear; on v2 the kill above already ended them,
+        // and this waits until the kernel has).
         let mut left = Vec::new();
         for _ in 0..64 {
             let text = host

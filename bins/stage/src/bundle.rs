@@ -207,6 +207,9 @@ pub struct ChildPlan {
     pub binds: Vec<(PathBuf, &'static str)>,
     /// The child's directory on the memory controller's hierarchy: its processes.
     pub memory: PathBuf,
+    /// On v2, the child's `cgroup.kill`: at the deadline every process in it is killed at
+    /// once, so a build still forking cannot outrun a kill pass.
+    pub kill: Option<PathBuf>,
     /// The child's cgroup path below each hierarchy's root (its accounting).
     pub cgroup: String,
     /// The child's deadline from the container's start, milliseconds.
@@ -243,7 +246,7 @@ fn child_plan(kind: StageKind, run: &RunInputs, child: &Child) -> Result<ChildPl
     let quota = child.cpus_milli.saturating_mul(100);
     let memory = child.memory_bytes.to_string();
     let child_rel = rel.join(cordon::lease::CHILD_CGROUP);
-    let (make, vacate, limits, given, binds, memory_dir) = match cgroups {
+    let (make, vacate, limits, given, binds, memory_dir, kill) = match cgroups {
         Cgroups::V1(root) => {
             let dir = |c: &str| root.join(c).join(&child_rel);
             let mem = dir("memory");
@@ -268,6 +271,7 @@ fn child_plan(kind: StageKind, run: &RunInputs, child: &Child) -> Result<ChildPl
                     .collect(),
                 CHILD_CONTROLLERS.iter().map(|c| (dir(c), *c)).collect(),
                 mem,
+                None,
             )
         }
         Cgroups::Unified(root) => {
@@ -293,7 +297,8 @@ fn child_plan(kind: StageKind, run: &RunInputs, child: &Child) -> Result<ChildPl
                 ],
                 vec![dir.join("cgroup.procs"), container.join("cgroup.procs")],
                 vec![(dir.clone(), "unified")],
-                dir,
+                dir.clone(),
+                Some(dir.join("cgroup.kill")),
             )
         }
     };
@@ -304,6 +309,7 @@ fn child_plan(kind: StageKind, run: &RunInputs, child: &Child) -> Result<ChildPl
         given,
         binds,
         memory: memory_dir,
+        kill,
         cgroup: format!("{path}/{}", cordon::lease::CHILD_CGROUP),
         deadline_ms: child.deadline_ms,
     })
@@ -1616,6 +1622,7 @@ mod tests {
             CHILD_CONTROLLERS.map(|c| PathBuf::from(at(c)).join("cgroup.procs"))
         );
         assert_eq!(child.memory, PathBuf::from(at("memory")));
+        assert_eq!(child.kill, None);
         assert_eq!(child.deadline_ms, 25 * 60_000);
         assert_eq!(
             binds(&planned),
@@ -1673,6 +1680,7 @@ mod tests {
             ]
         );
         assert_eq!(child.memory, dir);
+        assert_eq!(child.kill, Some(dir.join("cgroup.kill")));
         assert_eq!(
             binds(&planned),
             [(
