@@ -422,18 +422,20 @@ fn a_subverted_parser_cannot_open_the_store_a_host_file_a_socket_or_a_process() 
             }
         }
     });
-    let on_connection = |kind: &str| {
-        let conn = std::net::TcpStream::connect(at).unwrap();
+    // Probe `kind` with `socket` as its stdin.
+    let on_socket = |kind: &str, socket: std::os::fd::OwnedFd| {
         output(
             confine::spawn(
                 &Linux,
                 &std::env::current_exe().unwrap(),
                 &spec(&e, kind, 10),
-                cordon::host::Stdin::Fd(conn.into()),
+                cordon::host::Stdin::Fd(socket),
             )
             .unwrap(),
         )
     };
+    let on_connection =
+        |kind: &str| on_socket(kind, std::net::TcpStream::connect(at).unwrap().into());
     let (status, stderr) = on_connection("use-connection");
     assert_eq!(status.code(), Some(0), "{status:?} {stderr}");
     let (status, stderr) = on_connection("socket");
@@ -455,15 +457,7 @@ fn a_subverted_parser_cannot_open_the_store_a_host_file_a_socket_or_a_process() 
     let on_datagram = |kind: &str| {
         let sock = bound(0);
         sock.connect(nameserver.local_addr().unwrap()).unwrap();
-        output(
-            confine::spawn(
-                &Linux,
-                &std::env::current_exe().unwrap(),
-                &spec(&e, kind, 10),
-                cordon::host::Stdin::Fd(sock.into()),
-            )
-            .unwrap(),
-        )
+        on_socket(kind, sock.into())
     };
     let (status, stderr) = on_datagram("datagram-send");
     assert_eq!(status.code(), Some(0), "{status:?} {stderr}");
