@@ -407,12 +407,36 @@ pub fn is_exists(err: &StoreError) -> bool {
 /// # Errors
 /// Something could not be removed, or a mount point was found inside.
 pub fn remove_tree(path: &Path) -> io::Result<()> {
-    match fs::symlink_metadata(path) {
+    match placed(path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e),
-        Ok(m) if !m.is_dir() => fs::remove_file(path),
-        Ok(m) => remove_tree_on(path, m.dev()),
+        Ok((false, _)) => fs::remove_file(path),
+        Ok((true, mount)) => remove_tree_on(path, mount),
     }
+}
+
+/// Whether `path` (not followed) is a directory, and the id of the mount it is on (`statx`
+/// `STATX_MNT_ID`): what tells a mount point. A device number does not: overlayfs reports a
+/// lower or upper layer's device for its files, so every file of a run directory on an
+/// overlay root would read as a mount point.
+///
+/// # Errors
+/// It cannot be examined, or the kernel does not report mount ids (Linux before 5.8).
+fn placed(path: &Path) -> io::Result<(bool, u64)> {
+    use rustix::fs::{AtFlags, CWD, StatxFlags, statx};
+    let x = statx(
+        CWD,
+        path,
+        AtFlags::SYMLINK_NOFOLLOW,
+        StatxFlags::TYPE | StatxFlags::MNT_ID,
+    )?;
+    if !StatxFlags::from_bits_retain(x.stx_mask).contains(StatxFlags::MNT_ID) {
+        return Err(io::Error::other(
+            "this kernel does not report mount ids (statx STATX_MNT_ID)",
+        ));
+    }
+    let dir = u32::from(x.stx_mode) & nix::libc::S_IFMT == nix::libc::S_IFDIR;
+    Ok((dir, x.stx_mnt_id))
 }
 
 /// [`remove_tree`] of every entry of directory `path` but the one named `keep`, with the same
@@ -421,41 +445,41 @@ pub fn remove_tree(path: &Path) -> io::Result<()> {
 /// # Errors
 /// As [`remove_tree`].
 pub fn remove_entries_except(path: &Path, keep: &str) -> io::Result<()> {
-    let dev = fs::symlink_metadata(path)?.dev();
+    let (_, mount) = placed(path)?;
     for entry in fs::read_dir(path)? {
         let entry = entry?;
         if entry.file_name() != keep {
-            remove_tree_on(&entry.path(), dev)?;
+            remove_tree_on(&entry.path(), mount)?;
         }
     }
     Ok(())
 }
 
-/// [`remove_tree`] below `dev`: an entry already gone (another cleaner of the same stale
+/// [`remove_tree`] on mount `mount`: an entry already gone (another cleaner of the same stale
 /// scratch got there first) is removed.
-fn remove_tree_on(path: &Path, dev: u64) -> io::Result<()> {
-    match remove_tree_below(path, dev) {
+fn remove_tree_on(path: &Path, mount: u64) -> io::Result<()> {
+    match remove_tree_below(path, mount) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         other => other,
     }
 }
 
-fn remove_tree_below(path: &Path, dev: u64) -> io::Result<()> {
-    let m = fs::symlink_metadata(path)?;
-    if m.dev() != dev {
+fn remove_tree_below(path: &Path, mount: u64) -> io::Result<()> {
+    let (dir, on) = placed(path)?;
+    if on != mount {
         return Err(io::Error::other(format!(
             "{} is a mount point: not crossing it",
             path.display()
         )));
     }
-    if !m.is_dir() {
+    if !dir {
         return fs::remove_file(path);
     }
     // A tree published read-only (0555 directories) must be made writable before its entries can
     // be unlinked by a non-root owner; root ignores the mode but the chmod is harmless.
     let _ = fs::set_permissions(path, fs::Permissions::from_mode(0o700));
     for entry in fs::read_dir(path)? {
-        remove_tree_on(&entry?.path(), dev)?;
+        remove_tree_on(&entry?.path(), mount)?;
     }
     fs::remove_dir(path)
 }
@@ -1218,5 +1242,66 @@ mod root_tests {
         host.unmount(&staging).unwrap();
         remove_tree(&run).unwrap();
         assert!(!run.exists());
+    }
+
+    /// A run directory on an overlay root (an evaluator host that is itself a container, the
+    /// emulated cgroup v2 guest) is removed: its files report a layer's device, never the
+    /// overlay's, and are no mount points; a tmpfs mounted inside it still is one.
+    #[test]
+    fn remove_tree_tells_an_overlays_files_from_a_mount_point() {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "this test mounts an overlay: run it as root (CI does)"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let (lower, layers, merged) = (
+            dir.path().join("lower"),
+            dir.path().join("layers"),
+            dir.path().join("merged"),
+        );
+        for d in [&lower, &layers, &merged] {
+            fs::create_dir(d).unwrap();
+        }
+        fs::create_dir(lower.join("run")).unwrap();
+        fs::write(lower.join("run/from-lower"), "x").unwrap();
+        let host = crate::host::Linux;
+        // The upper layer on a filesystem of its own, as a tmpfs overlay root has it.
+        host.mount(&crate::host::MountRequest::Tmpfs {
+            target: layers.clone(),
+            options: "size=1m".into(),
+        })
+        .unwrap();
+        fs::create_dir(layers.join("upper")).unwrap();
+        fs::create_dir(layers.join("work")).unwrap();
+        let status = std::process::Command::new("mount")
+            .args(["-t", "overlay", "overlay", "-o"])
+            .arg(format!(
+                "lowerdir={},upperdir={},workdir={}",
+                lower.display(),
+                layers.join("upper").display(),
+                layers.join("work").display()
+            ))
+            .arg(&merged)
+            .status()
+            .unwrap();
+        assert!(status.success(), "mount -t overlay: {status}");
+        let run = merged.join("run");
+        fs::write(run.join("from-upper"), "y").unwrap();
+        fs::create_dir(run.join("staging")).unwrap();
+        host.mount(&crate::host::MountRequest::Tmpfs {
+            target: run.join("staging"),
+            options: "size=1m".into(),
+        })
+        .unwrap();
+        let err = remove_tree(&run).unwrap_err();
+        assert!(
+            err.to_string().contains("staging is a mount point"),
+            "{err}"
+        );
+        host.unmount(&run.join("staging")).unwrap();
+        remove_tree(&run).unwrap();
+        assert!(!run.exists());
+        host.unmount(&merged).unwrap();
+        host.unmount(&layers).unwrap();
     }
 }
