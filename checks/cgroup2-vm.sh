@@ -71,7 +71,8 @@ mount -t proc proc /proc; mount -t sysfs sys /sys
 mkdir -p /dev/pts /dev/shm; mount -t devpts devpts /dev/pts; mount -t tmpfs tmpfs /dev/shm
 mount -t tmpfs tmpfs /run
 mount -t cgroup2 -o nsdelegate cgroup2 /sys/fs/cgroup
-# /tmp on the overlay root shows a lower layer's device for its files: a tmpfs of its own.
+# /tmp, where the tests make their stores and run directories: a tmpfs of its own, in RAM
+# rather than in the overlay's upper layer.
 mount -t tmpfs -o size=10g tmpfs /tmp
 ip link set lo up
 export PATH=$PATH HOME=/root CARGO_NET_OFFLINE=true CORDON_TEST_SLOWDOWN=10
