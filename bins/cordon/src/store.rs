@@ -1273,18 +1273,13 @@ mod root_tests {
         .unwrap();
         fs::create_dir(layers.join("upper")).unwrap();
         fs::create_dir(layers.join("work")).unwrap();
-        let status = std::process::Command::new("mount")
-            .args(["-t", "overlay", "overlay", "-o"])
-            .arg(format!(
-                "lowerdir={},upperdir={},workdir={}",
-                lower.display(),
-                layers.join("upper").display(),
-                layers.join("work").display()
-            ))
-            .arg(&merged)
-            .status()
-            .unwrap();
-        assert!(status.success(), "mount -t overlay: {status}");
+        host.mount(&crate::host::MountRequest::Overlay {
+            target: merged.clone(),
+            lower: lower.clone(),
+            upper: layers.join("upper"),
+            work: layers.join("work"),
+        })
+        .unwrap();
         let run = merged.join("run");
         fs::write(run.join("from-upper"), "y").unwrap();
         fs::create_dir(run.join("staging")).unwrap();
