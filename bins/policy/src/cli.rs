@@ -45,6 +45,8 @@ pub enum FailOn {
 }
 
 /// The reviewer commands.
+// Parsed once per process: `render`'s many host facts cost nothing worth boxing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Validate policy files: exit 0 when all are valid, 2 with every problem otherwise.
@@ -95,6 +97,13 @@ pub enum Command {
         /// The runtime binary (`runtime path=`), hashed into `sha256=`.
         #[arg(long)]
         runtime: Option<PathBuf>,
+        /// An image this host has, as ROLE=LAYOUT (repeatable): the OCI layout's manifest,
+        /// verified blob by blob, becomes `image ROLE digest=`.
+        #[arg(long = "image", value_name = "ROLE=LAYOUT")]
+        images: Vec<String>,
+        /// The worker binary the runtime image holds, hashed into `worker digest=`.
+        #[arg(long)]
+        worker: Option<PathBuf>,
         /// The per-run uid range (`accounts uid-range`).
         #[arg(long, num_args = 2, value_names = ["FIRST", "LAST"])]
         uid_range: Option<Vec<u32>>,
@@ -252,6 +261,8 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
             store,
             run_dir,
             runtime,
+            images,
+            worker,
             uid_range,
             gid_range,
             shell,
@@ -266,13 +277,15 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
                     store: store.clone(),
                     run_dir: run_dir.clone(),
                     runtime: None,
+                    images: Vec::new(),
+                    worker: None,
                     uid_range: pair(uid_range),
                     gid_range: pair(gid_range),
                     shell: shell.clone(),
                     state_dir: state_dir.clone(),
                     egress_domains: (!egress_domains.is_empty()).then(|| egress_domains.clone()),
                 },
-                runtime.as_deref(),
+                (runtime.as_deref(), images, worker.as_deref()),
                 stdout,
             )
         }
@@ -418,12 +431,19 @@ fn render_cmd(
     reviewed: &Path,
     out: &Path,
     mut facts: render::HostFacts,
-    runtime: Option<&Path>,
+    (runtime, images, worker): (Option<&Path>, &[String], Option<&Path>),
     stdout: &mut dyn Write,
 ) -> Result<ExitCode, CliError> {
     let read = |source| StartError::read(reviewed, source);
     let text = std::fs::read_to_string(reviewed).map_err(read)?;
     facts.runtime = runtime.map(render::RuntimeBinary::at).transpose()?;
+    facts.images = images
+        .iter()
+        .map(|i| render::layout_pin(i))
+        .collect::<Result<_, _>>()?;
+    facts.worker = worker
+        .map(|w| render::file_digest("worker binary", w))
+        .transpose()?;
     let rendered = render::render(&reviewed.display().to_string(), &text, &facts)?;
     // create_new: a rendered policy is written once, never over another file.
     std::fs::OpenOptions::new()

@@ -2,7 +2,8 @@
 //!
 //! Owns the one way a deployment (the NixOS module, or an operator by hand) changes a reviewed
 //! policy: it sets host facts — the store, the run directory, the runtime binary's path and its
-//! sha256 pin, the per-run account ranges and shell, the surface's state directory — on the
+//! sha256 pin, the image and worker pins of the images this host built or was given, the
+//! per-run account ranges and shell, the surface's state directory — on the
 //! parsed document, at fixed node paths, and nowhere else. A comment or a string that happens
 //! to read `store "…"` is never touched, a node the reviewed policy lacks is an error (never
 //! added silently, except the runtime's `sha256`, which is what rendering is for), and the
@@ -27,6 +28,12 @@ pub struct HostFacts {
     pub run_dir: Option<String>,
     /// The runtime binary (top-level `runtime` `path=`); its sha256 becomes `sha256=`.
     pub runtime: Option<RuntimeBinary>,
+    /// Image pins (top-level `image ROLE digest=`), by role: the manifests of layouts this host
+    /// has (built here, or a Nix store's).
+    pub images: Vec<(String, Digest)>,
+    /// The worker pin (top-level `worker digest=`): the sha256 of the worker binary the runtime
+    /// image holds.
+    pub worker: Option<Digest>,
     /// The per-run uid range (`accounts` → `uid-range`), first and last.
     pub uid_range: Option<(u32, u32)>,
     /// The per-run gid range (`accounts` → `gid-range`).
@@ -56,15 +63,63 @@ impl RuntimeBinary {
     /// # Errors
     /// It cannot be read.
     pub fn at(path: &Path) -> Result<Self, RenderError> {
-        let bytes = std::fs::read(path).map_err(|source| RenderError::Runtime {
-            path: path.to_path_buf(),
-            source,
-        })?;
         Ok(Self {
             path: path.to_path_buf(),
-            sha256: Digest::of_bytes(&bytes),
+            sha256: file_digest("runtime binary", path)?,
         })
     }
+}
+
+/// The sha256 of the file at `path` (the `what` of a pin, for the error).
+///
+/// # Errors
+/// It cannot be read.
+pub fn file_digest(what: &'static str, path: &Path) -> Result<Digest, RenderError> {
+    let bytes = std::fs::read(path).map_err(|source| RenderError::Read {
+        what,
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(Digest::of_bytes(&bytes))
+}
+
+/// An image pin from `ROLE=LAYOUT`: the role and the manifest the OCI layout's index names,
+/// once the whole layout verifies against it (every blob's bytes, as a stage checks them).
+///
+/// # Errors
+/// Not `ROLE=LAYOUT`, or the layout is unreadable, not one image, or does not verify.
+pub fn layout_pin(arg: &str) -> Result<(String, Digest), RenderError> {
+    let (role, layout) = arg
+        .split_once('=')
+        .filter(|(r, l)| !r.is_empty() && !l.is_empty())
+        .ok_or_else(|| RenderError::Image(format!("{arg:?} is not ROLE=LAYOUT")))?;
+    let layout = Path::new(layout);
+    let index = layout.join("index.json");
+    let text = std::fs::read(&index).map_err(|source| RenderError::Read {
+        what: "image index",
+        path: index.clone(),
+        source,
+    })?;
+    let manifests = serde_json::from_slice::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| v.get("manifests")?.as_array().cloned())
+        .unwrap_or_default();
+    let [manifest] = manifests.as_slice() else {
+        return Err(RenderError::Image(format!(
+            "{} does not name exactly one manifest",
+            index.display()
+        )));
+    };
+    let digest: Digest = manifest
+        .get("digest")
+        .and_then(serde_json::Value::as_str)
+        .and_then(|d| d.parse().ok())
+        .ok_or_else(|| {
+            RenderError::Image(format!("{} names no sha256 manifest", index.display()))
+        })?;
+    cordon::image::verify(layout, &digest)
+        .map_err(|e| RenderError::Image(format!("{}: {e}", layout.display())))?;
+    Ok((role.to_owned(), digest))
 }
 
 /// Why a policy could not be rendered.
@@ -74,16 +129,25 @@ pub enum RenderError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Policy(#[from] PolicyError),
-    /// The runtime binary cannot be read (and so cannot be pinned).
-    #[error("cannot read the runtime binary {path}")]
-    #[diagnostic(code(cordon::render::runtime))]
-    Runtime {
+    /// A file to pin (the runtime binary, the worker, an image's index) cannot be read.
+    #[error("cannot read the {what} {path}")]
+    #[diagnostic(code(cordon::render::read))]
+    Read {
+        /// What it is.
+        what: &'static str,
         /// The path given.
         path: PathBuf,
         /// Why.
         #[source]
         source: std::io::Error,
     },
+    /// An image layout to pin is not one verified image.
+    #[error("cannot pin the image: {0}")]
+    #[diagnostic(
+        code(cordon::render::image),
+        help("give ROLE=LAYOUT, the directory `cordon-image build --out` made")
+    )]
+    Image(String),
     /// A node the fact is set on is missing, or present more than once.
     #[error("the reviewed policy has {count} {what} node(s); rendering sets exactly one")]
     #[diagnostic(
@@ -146,6 +210,12 @@ pub fn render(name: &str, reviewed: &str, facts: &HostFacts) -> Result<Rendered,
     // Validated first (nesting bounded, every problem labelled) before the document is edited.
     let before = cordon_policy_lang::parse(name, reviewed)?;
     let mut doc = KdlDocument::parse(reviewed).map_err(|e| RenderError::Kdl(e.to_string()))?;
+    // Each image pin set is allowed to change on its own role only.
+    let image_paths: Vec<String> = facts
+        .images
+        .iter()
+        .map(|(role, _)| format!("image.{role}"))
+        .collect();
     let mut allowed: Vec<&str> = Vec::new();
     if let Some(store) = &facts.store {
         set_arg(only(doc.nodes_mut(), "store", None)?, "store", 0, store)?;
@@ -169,6 +239,19 @@ pub fn render(name: &str, reviewed: &str, facts: &HostFacts) -> Result<Rendered,
         set_prop(node, "path", path)?;
         set_prop(node, "sha256", &rt.sha256.to_string())?;
         allowed.extend(["runtime.path", "runtime.sha256"]);
+    }
+    for (role, digest) in &facts.images {
+        let node = only(doc.nodes_mut(), "image", Some(role))?;
+        set_prop(node, "digest", &digest.to_string())?;
+    }
+    allowed.extend(image_paths.iter().map(String::as_str));
+    if let Some(worker) = &facts.worker {
+        set_prop(
+            only(doc.nodes_mut(), "worker", None)?,
+            "digest",
+            &worker.to_string(),
+        )?;
+        allowed.push("worker");
     }
     let accounts = [
         ("uid-range", facts.uid_range),
@@ -440,6 +523,8 @@ mod tests {
             store: Some("/srv/cordon/store".into()),
             run_dir: Some("/run/cordon-x".into()),
             runtime: Some(runtime()),
+            images: vec![("runtime".into(), Digest::of_bytes(b"an image"))],
+            worker: Some(Digest::of_bytes(b"a worker")),
             uid_range: Some((4_000_000, 4_000_099)),
             gid_range: Some((4_000_000, 4_000_099)),
             shell: Some("/nix/store/x-shadow/bin/nologin".into()),
@@ -448,11 +533,15 @@ mod tests {
         };
         let r = render("evaluator.kdl", &evaluator(), &facts)?;
         let changed = lines(&r).join("\n");
+        assert!(!changed.contains("image.prebuild"), "{changed}");
         for want in [
             "store: ",
             "run-dir: ",
             "runtime.path: \"/usr/sbin/runc\" → \"/nix/store/x-runc/bin/runc\"",
             "runtime.sha256: + ",
+            &format!("image.runtime: \"sha256:{}", "4"),
+            &format!("→ \"{}\"", Digest::of_bytes(b"an image")),
+            &format!("→ \"{}\"", Digest::of_bytes(b"a worker")),
             "accounts.uid-range",
             "accounts.gid-range",
             "accounts.shell: ",
@@ -516,6 +605,56 @@ mod tests {
             render("p.kdl", &evaluator(), &facts),
             Err(RenderError::Node { .. })
         ));
+        // An image role the reviewed policy does not pin is not added.
+        let facts = HostFacts {
+            images: vec![("gpu".into(), Digest::of_bytes(b"x"))],
+            ..HostFacts::default()
+        };
+        assert!(matches!(
+            render("p.kdl", &evaluator(), &facts),
+            Err(RenderError::Node { count: 0, .. })
+        ));
+    }
+
+    #[test]
+    fn an_image_pin_is_taken_only_from_a_layout_that_verifies() {
+        let dir = tempfile::tempdir().unwrap();
+        for bad in ["prebuild", "=x", "prebuild="] {
+            assert!(
+                matches!(layout_pin(bad), Err(RenderError::Image(_))),
+                "{bad}"
+            );
+        }
+        let missing = format!("prebuild={}", dir.path().display());
+        assert!(matches!(
+            layout_pin(&missing),
+            Err(RenderError::Read { .. })
+        ));
+        let spec = cordon::image::ImageSpec {
+            name: "t".into(),
+            files: std::collections::BTreeMap::new(),
+            dirs: [("/tmp".to_owned(), 0o755)].into(),
+            env: Vec::new(),
+            entrypoint: vec!["/x".into()],
+            workdir: None,
+        };
+        let layout = dir.path().join("layout");
+        let digest = cordon::image::build(&spec, &layout).unwrap();
+        let arg = format!("prebuild={}", layout.display());
+        assert_eq!(layout_pin(&arg).unwrap(), ("prebuild".into(), digest));
+        // A blob changed after the build: the index still names the manifest, which no longer
+        // verifies.
+        let blobs = layout.join("blobs/sha256");
+        let blob = std::fs::read_dir(&blobs)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        let mut bytes = std::fs::read(&blob).unwrap();
+        bytes.push(b' ');
+        std::fs::write(&blob, bytes).unwrap();
+        assert!(matches!(layout_pin(&arg), Err(RenderError::Image(_))));
     }
 
     #[test]
