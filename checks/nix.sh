@@ -7,11 +7,12 @@
 #   3. `systemd-analyze security --offline=yes` on every rendered unit: each unit that runs as
 #      a user must score at most 2.0; each root unit's score is printed beside the reasons in
 #      nixos-module/default.nix for the capabilities it keeps;
-#   4. the module's `cordon-policy render` commands, run on the real policies, give policies
-#      that pass `cordon-policy check` and pin the runtime they hashed; render refuses what it
-#      cannot set exactly;
-#   5. both images build in the Nix sandbox from a static cordon-image, equal the pins in
-#      policy/evaluator.kdl, and rebuild bit for bit (nix-build --check).
+#   4. both images build in the Nix sandbox from a static cordon-image, equal the pins in
+#      policy/evaluator.kdl, and rebuild bit for bit (nix-build --check);
+#   5. the module's `cordon-policy render` commands, run on the real policies (with those
+#      layouts and this checkout's worker for the flake's), give policies that pass
+#      `cordon-policy check`, pin the runtime they hashed and the images they were given;
+#      render refuses what it cannot set exactly.
 # Any check that cannot run fails and says what is missing; nothing is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,7 +57,7 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 assert d["failedAssertions"] == [], d["failedAssertions"]
 f = d["flake"]
-for name in ("default", "image-prebuild"):
+for name in ("default", "image-prebuild", "image-runtime", "cordon-worker-static"):
     assert name in f["packages"], f"packages.{name} missing: {f['packages']}"
 assert "default" in f["nixosModules"] and "default" in f["devShells"], f
 for name in ("no-root", "vm", "image-prebuild-pin"):
@@ -195,42 +196,10 @@ while read -r unit who; do
     echo "$(basename "$unit") ($who): $(grep -o 'exposure level for [^:]*: [0-9.]*' "$work/analyze.txt" | sed 's/.*: //')"
 done <"$work/units.txt"
 
-echo "== 4. the module's render commands, run on the real policies"
-cargo build --quiet --locked -p cordon-policy
-policy_bin=$root/target/debug/cordon-policy
-runc_bin=$(command -v runc)
-for etc in policy surface; do
-    # The facts exactly as the module passes them, the stub's runc path swapped for this host's.
-    mapfile -t facts < <(python3 -c '
-import json, sys
-e = json.load(open(sys.argv[1]))["etc"]["cordon/" + sys.argv[2] + ".kdl"]
-print(e["reviewed"])
-for f in e["facts"]:
-    print(sys.argv[3] if f.endswith("-runc-1.3.0/bin/runc") else f)
-' "$work/host.json" "$etc" "$runc_bin")
-    "$policy_bin" render "${facts[0]}" --out "$work/$etc.kdl" "${facts[@]:1}" >"$work/$etc.diff"
-    "$policy_bin" check "$work/$etc.kdl" >/dev/null
-    grep -q "sha256=\"sha256:$(sha256sum "$runc_bin" | cut -c1-64)\"" "$work/$etc.kdl" \
-        || fail "the rendered $etc policy does not pin the runtime it hashed"
-    echo "-- cordon-policy render ${facts[0]} (the diff a reviewer sees):"
-    cat "$work/$etc.diff"
-done
-grep -q "^runtime \"runc\" path=\"$runc_bin\"" "$work/policy.kdl" || fail "the rendered policy does not name the runtime"
-grep -q 'accounts.shell: "/usr/sbin/nologin" → ' "$work/policy.diff" || fail "the diff does not show the shell"
-grep -q 'state-dir' "$work/surface.diff" || fail "the surface diff does not show the state directory"
-# Render refuses to overwrite, and a fact whose node the policy lacks.
-if "$policy_bin" render policy/evaluator.kdl --out "$work/policy.kdl" --store /s 2>/dev/null; then
-    fail "render overwrote an existing file"
-fi
-if "$policy_bin" render policy/evaluator.kdl --out "$work/x.kdl" --state-dir /s 2>/dev/null; then
-    fail "render set a surface state-dir on a policy without a surface stage"
-fi
-[ ! -e "$work/x.kdl" ] || fail "a refused render left its output behind"
-
-echo "== 5. images in the Nix sandbox"
+echo "== 4. images in the Nix sandbox"
 image_tool=$(bash images/build-worker.sh cordon-image)
 bash images/build-worker.sh >/dev/null
-bash images/fetch-tcc.sh >/dev/null
+bash images/fetch-sources.sh >/dev/null
 sources() { # spec → a Nix attribute set of its sources as store paths (links resolved)
     echo "{"
     grep -o 'from="[^"]*"' "images/$1.kdl" | sed 's/from="\(.*\)"/\1/' | sort -u | while read -r from; do
@@ -264,5 +233,53 @@ EOF
     nix-build "${sandbox[@]}" --no-out-link --check "$work/$image.nix" >/dev/null \
         || fail "image $image does not rebuild bit for bit"
     echo "image $image: $got = pin, rebuilt bit for bit ($out)"
+    declare "layout_$image=$out"
 done
+echo "== 5. the module's render commands, run on the real policies"
+cargo build --quiet --locked -p cordon-policy
+policy_bin=$root/target/debug/cordon-policy
+runc_bin=$(command -v runc)
+for etc in policy surface; do
+    # The facts exactly as the module passes them, the stub's runc path swapped for this host's,
+    # the images' for the layouts the sandbox built (4.) and the worker's for the one they hold.
+    mapfile -t facts < <(python3 -c '
+import json, re, sys
+e = json.load(open(sys.argv[1]))["etc"]["cordon/" + sys.argv[2] + ".kdl"]
+runc, layouts, worker = sys.argv[3], dict(zip(("prebuild", "runtime"), sys.argv[4:6])), sys.argv[6]
+print(e["reviewed"])
+for f in e["facts"]:
+    image = re.fullmatch(r"(prebuild|runtime)=/nix/store/[^/]*-cordon-image-(prebuild|runtime)", f)
+    if f.endswith("-runc-1.3.0/bin/runc"):
+        print(runc)
+    elif image and image[1] == image[2]:
+        print(f"{image[1]}={layouts[image[1]]}")
+    elif re.fullmatch(r"/nix/store/[^/]*-cordon-worker[^/]*/bin/cordon-worker", f):
+        print(worker)
+    else:
+        print(f)
+' "$work/host.json" "$etc" "$runc_bin" "$layout_prebuild" "$layout_runtime" \
+        "$root/target/worker/x86_64-unknown-linux-gnu/release/cordon-worker")
+    "$policy_bin" render "${facts[0]}" --out "$work/$etc.kdl" "${facts[@]:1}" >"$work/$etc.diff"
+    "$policy_bin" check "$work/$etc.kdl" >/dev/null
+    grep -q "sha256=\"sha256:$(sha256sum "$runc_bin" | cut -c1-64)\"" "$work/$etc.kdl" \
+        || fail "the rendered $etc policy does not pin the runtime it hashed"
+    echo "-- cordon-policy render ${facts[0]} (the diff a reviewer sees):"
+    cat "$work/$etc.diff"
+done
+grep -q "^runtime \"runc\" path=\"$runc_bin\"" "$work/policy.kdl" || fail "the rendered policy does not name the runtime"
+# The module pins the images and worker it was given: here the pinned ones, so no change shows.
+grep -q -- '--image' <(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["etc"]["cordon/policy.kdl"]["facts"])' "$work/host.json") \
+    || fail "the module does not render the image pins"
+! grep -q '^\[image\]\|^\[worker\]' "$work/policy.diff" || fail "the pinned images rendered as a change"
+grep -q 'accounts.shell: "/usr/sbin/nologin" → ' "$work/policy.diff" || fail "the diff does not show the shell"
+grep -q 'state-dir' "$work/surface.diff" || fail "the surface diff does not show the state directory"
+# Render refuses to overwrite, and a fact whose node the policy lacks.
+if "$policy_bin" render policy/evaluator.kdl --out "$work/policy.kdl" --store /s 2>/dev/null; then
+    fail "render overwrote an existing file"
+fi
+if "$policy_bin" render policy/evaluator.kdl --out "$work/x.kdl" --state-dir /s 2>/dev/null; then
+    fail "render set a surface state-dir on a policy without a surface stage"
+fi
+[ ! -e "$work/x.kdl" ] || fail "a refused render left its output behind"
+
 echo "checks/nix.sh: all packaging checks that can run here passed"

@@ -35,22 +35,27 @@
   nologin = "${pkgs.shadow}/bin/nologin";
 
   # `cordon-policy render` arguments: the host facts set on a reviewed policy.
-  evaluatorFacts = [
-    "--store"
-    cfg.store
-    "--run-dir"
-    cfg.runDir
-    "--runtime"
-    runtimeBinary
-    "--uid-range"
-    (toString cfg.accounts.uidRange.first)
-    (toString cfg.accounts.uidRange.last)
-    "--gid-range"
-    (toString cfg.accounts.gidRange.first)
-    (toString cfg.accounts.gidRange.last)
-    "--shell"
-    nologin
-  ];
+  evaluatorFacts =
+    [
+      "--store"
+      cfg.store
+      "--run-dir"
+      cfg.runDir
+      "--runtime"
+      runtimeBinary
+      "--uid-range"
+      (toString cfg.accounts.uidRange.first)
+      (toString cfg.accounts.uidRange.last)
+      "--gid-range"
+      (toString cfg.accounts.gidRange.first)
+      (toString cfg.accounts.gidRange.last)
+      "--shell"
+      nologin
+    ]
+    # The pins of the images this host links (the flake's own builds unless set otherwise) and of
+    # the worker the runtime image holds: a change of authority the diff beside the policy shows.
+    ++ lib.concatLists (lib.mapAttrsToList (role: layout: ["--image" "${role}=${layout}"]) cfg.images)
+    ++ lib.optionals (cfg.images ? runtime) ["--worker" cfg.worker];
   surfaceFacts =
     [
       "--store"
@@ -253,7 +258,13 @@ in {
         runtime = cordonPackages.${pkgs.stdenv.hostPlatform.system}.image-runtime or null;
       };
       defaultText = lib.literalExpression "the flake's image-prebuild and image-runtime packages";
-      description = "Image role → an OCI layout (a package), linked at /var/lib/cordon/images/ROLE, where a container stage reads its images without --images. Each must equal the policy's pin or the stage is a no-decision (every byte is verified against the pin at each run).";
+      description = "Image role → an OCI layout (a package), linked at /var/lib/cordon/images/ROLE, where a container stage reads its images without --images. Each layout's manifest is rendered into the policy's `image ROLE` pin (the reviewed policy must pin that role; the diff beside the rendered policy shows any change), and every byte is verified against that pin at each run.";
+    };
+    worker = mkOption {
+      type = types.path;
+      default = "${cordonPackages.${pkgs.stdenv.hostPlatform.system}.cordon-worker-static}/bin/cordon-worker";
+      defaultText = lib.literalExpression "the flake's cordon-worker-static";
+      description = "The cordon-worker binary the `runtime` image holds: its sha256 is rendered into the policy's `worker` pin (with an image for the runtime role only).";
     };
     runtime = mkOption {
       type = types.enum ["runc"];

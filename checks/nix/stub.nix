@@ -75,6 +75,12 @@ let
     escapeShellArgs = args: builtins.concatStringsSep " " (builtins.map escapeShellArg args);
     concatStrings = builtins.concatStringsSep "";
     concatMap = f: xs: builtins.concatLists (builtins.map f xs);
+    concatMapStrings = f: xs: builtins.concatStringsSep "" (builtins.map f xs);
+    hasPrefix = p: s: builtins.substring 0 (builtins.stringLength p) s == p;
+    removePrefix = p: s:
+      if hasPrefix p s
+      then builtins.substring (builtins.stringLength p) (builtins.stringLength s) s
+      else s;
     literalExpression = text: {
       _type = "literalExpression";
       inherit text;
@@ -89,6 +95,7 @@ let
     shadow = pkg "shadow" {};
     util-linux = pkg "util-linux" {};
     dpkg = pkg "dpkg" {};
+    python3 = pkg "python3" {};
     runc = pkg "runc-1.3.0" {version = "1.3.0";};
     crun = pkg "crun-1.20" {version = "1.20";};
     gvisor = pkg "gvisor-20250101" {version = "20250101";};
@@ -97,7 +104,7 @@ let
     writeShellScript = name: text: pkg name {inherit text;};
     # passthru attributes are attributes of the result, as in nixpkgs
     runCommand = name: env: script: pkg name ({inherit env script;} // env.passthru or {});
-    fetchurl = args: pkg (baseNameOf args.url) {inherit (args) url sha256;};
+    fetchurl = args: pkg (baseNameOf (builtins.head args.urls)) {inherit (args) urls sha256;};
     mkShell = args: pkg "shell" args;
     testers.runNixOSTest = test: pkg "vm-test" {inherit test;};
     rustPlatform.buildRustPackage = args:

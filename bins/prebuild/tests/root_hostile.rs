@@ -1431,7 +1431,7 @@ fn a_tampered_or_mispinned_image_and_a_corrupt_cached_publication_are_no_decisio
         cordon_testkit::account_range("prebuild-hostile", 0),
     )
     .replace_once(
-        "sha256:deb81a8aaf8a48b8a968c4655791eaf5682218c03af06040e518c688e57c453a",
+        "sha256:0efbca039f7fdca394eb074de77367957ec4ff290f1faa1f843854525dd4a9b5",
         "sha256:1111111111111111111111111111111111111111111111111111111111111111",
     );
     let policy = cordon_policy_lang::parse("pin.kdl", &pinned).unwrap();

