@@ -176,6 +176,13 @@ refused '{ services.cordon.enable = true; containers.c.privateUsers = "pick"; }'
 [ "$(evaluate '{ services.cordon = { enable = true; accounts.uidRange.first = 3000100; }; }' \
     | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["etc"]["cordon/policy.kdl"]["facts"][7:9], d["failedAssertions"])')" \
     = "['3000100', '3099999'] []" ] || fail "a range with one field set lost the other's default"
+refused '{ services.cordon = { enable = true; runtime = "crun"; }; }' \
+    'names another runtime'
+# A policy that names crun, with crun: nixpkgs' crun is the runtime rendered into it.
+[ "$(evaluate "{ services.cordon = { enable = true; runtime = \"crun\"; images = {};
+    policy = $root/policy/examples/pinned-runtime-crun.kdl; }; }" \
+    | python3 -c 'import json,sys; d=json.load(sys.stdin); f=d["etc"]["cordon/policy.kdl"]["facts"]; print(f[f.index("--runtime") + 1].split("-", 1)[1], d["failedAssertions"])')" \
+    = "crun-1.20/bin/crun []" ] || fail "a crun policy does not render nixpkgs' crun"
 refused '{ services.cordon.enable = true; systemd.sysusers.enable = true; }' \
     'systemd.sysusers and services.userborn are not supported'
 refused "{ services.cordon = { enable = true; surface = { enable = true; user = \"root\"; policy = $root/policy/examples/surface.kdl; command = [ \"a\" ]; }; }; }" \

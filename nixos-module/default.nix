@@ -267,13 +267,22 @@ in {
       description = "The cordon-worker binary the `runtime` image holds: its sha256 is rendered into the policy's `worker` pin (with an image for the runtime role only).";
     };
     runtime = mkOption {
-      type = types.enum ["runc"];
+      type = types.enum ["runc" "crun" "runsc"];
       default = "runc";
-      description = "The OCI runtime. Only runc: cordon's runtime driver reads runc's version text and keeps runc's known-bad list, so crun and runsc (gVisor) would be refused at every stage start until it learns theirs.";
+      description = "The OCI runtime; it must be the one the reviewed policy names (an assertion: the kind is the reviewer's choice, never rendered). Each is gated at every stage start by its own version table: runc's and crun's floors and known-bad releases, crun's build features; cordon keeps no floor for runsc, so a policy naming it must set min-version. crun and runsc are then refused before anything is created, until cordon checks their posture as it does runc's (README, \"Runtime advisories\" in policy/README.md).";
     };
     runtimePackage = mkOption {
       type = types.package;
-      default = pkgs.runc;
+      default =
+        {
+          runc = pkgs.runc;
+          crun = pkgs.crun;
+          runsc = pkgs.gvisor;
+        }
+        .${
+          cfg.runtime
+        };
+      defaultText = lib.literalExpression "pkgs.runc, pkgs.crun or pkgs.gvisor, as runtime names";
       description = "The package holding bin/<runtime>; its binary's path and sha256 are set on the policy. The policy's min-version is checked against it at every stage start.";
     };
     accounts = {
@@ -372,6 +381,10 @@ in {
 
   config = mkIf cfg.enable {
     assertions = [
+      {
+        assertion = builtins.match ".*\nruntime \"${cfg.runtime}\" .*" "\n${builtins.readFile cfg.policy}" != null;
+        message = "services.cordon.runtime is ${cfg.runtime}, but the reviewed policy (services.cordon.policy) names another runtime: the runtime's kind is the reviewer's choice, so set runtime to the one it names or review a policy that names ${cfg.runtime}";
+      }
       {
         assertion = cfg.accounts.uidRange.first <= cfg.accounts.uidRange.last;
         message = "services.cordon.accounts.uidRange: first is past last";

@@ -16,17 +16,17 @@ use std::path::{Path, PathBuf};
 
 use crate::host::{Host, HostRef, Tool};
 
-/// The oldest runc cordon drives (its `--root`, `create --pid-file`, `list -f json` and the
-/// seccomp `defaultErrnoRet` field are relied on).
-pub const MIN_RUNC: (u32, u32, u32) = (1, 1, 0);
+/// A runtime release as (major, minor, patch); runsc's `release-YYYYMMDD.N` reads as
+/// (YYYYMMDD, N, 0).
+pub type Version = (u32, u32, u32);
 
-/// A runc release range known to carry a container escape that cordon's configuration can
-/// reach, checked at preflight: a runtime below `below` is refused unless its `commit:` line
-/// names a distribution build that carries the fix.
+/// A release range known to carry a container escape that cordon's configuration can reach,
+/// checked at preflight: a runtime below `below` is refused unless its `commit:` line names a
+/// distribution build that carries the fix.
 #[derive(Debug, Clone, Copy)]
 pub struct KnownBad {
     /// The first upstream release with the fix.
-    pub below: (u32, u32, u32),
+    pub below: Version,
     /// The advisory.
     pub cve: &'static str,
     /// What a candidate could do with it in cordon's configuration.
@@ -35,41 +35,124 @@ pub struct KnownBad {
     pub patched_builds: &'static [&'static str],
 }
 
-/// The runc escapes cordon's configuration can reach (the policy README says why each applies
-/// and why the others cannot be reached).
-pub const KNOWN_BAD_RUNC: &[KnownBad] = &[
-    KnownBad {
-        below: (1, 1, 2),
-        cve: "CVE-2022-29162",
-        what: "the container's processes get inheritable capabilities the bundle did not grant",
-        patched_builds: &[],
-    },
-    KnownBad {
-        below: (1, 1, 5),
-        cve: "CVE-2023-27561",
-        what: "a /proc symlink in the image defeats the runtime's own confinement of its init",
-        patched_builds: &[],
-    },
-    KnownBad {
-        below: (1, 1, 12),
-        cve: "CVE-2024-21626",
-        what: "a host directory descriptor leaked into the container reaches the host filesystem",
-        // Debian 12's runc carries the fix as a patch on 1.1.5.
-        patched_builds: &["1.1.5+ds1-1+deb12u1"],
-    },
-];
+/// The OCI runtimes cordon drives (the policy's `runtime "runc"|"crun"|"runsc"`), each through
+/// the same CLI (`--root`, `create --pid-file`, `start`, `list -f json`, `state`, `kill --all`,
+/// `delete --force`) and each with a version gate of its own ([`Gate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// runc.
+    Runc,
+    /// crun.
+    Crun,
+    /// gVisor's runsc.
+    Runsc,
+}
 
-/// The (major, minor, patch) of a runc `--version` text and its `commit:` line; `None` when
-/// the text is not runc's (crun's `crun version 1.8.1` would otherwise read as runc 1.8.1,
-/// past every runc advisory).
-fn runc_version(text: &str) -> Option<((u32, u32, u32), &str, &str)> {
+/// What cordon requires of one runtime's releases, read from its `--version` text.
+#[derive(Debug)]
+pub struct Gate {
+    /// Its name, which its version text begins with (`runc version …`).
+    pub name: &'static str,
+    /// The oldest release cordon drives; `None` when cordon keeps no floor for it and the
+    /// policy's `min-version` must name one.
+    pub floor: Option<Version>,
+    /// Releases with an escape cordon's configuration can reach (the policy README says why
+    /// each applies and why the others cannot be reached).
+    pub known_bad: &'static [KnownBad],
+    /// Build features its version text must list (crun prints `+SECCOMP +CAP …`), each with what
+    /// cordon relies on it for.
+    pub features: &'static [(&'static str, &'static str)],
+}
+
+/// runc: the oldest release cordon drives (its `--root`, `create --pid-file`, `list -f json`
+/// and the seccomp `defaultErrnoRet` field are relied on), and its reachable escapes.
+pub const RUNC: Gate = Gate {
+    name: "runc",
+    floor: Some((1, 1, 0)),
+    known_bad: &[
+        KnownBad {
+            below: (1, 1, 2),
+            cve: "CVE-2022-29162",
+            what: "the container's processes get inheritable capabilities the bundle did not grant",
+            patched_builds: &[],
+        },
+        KnownBad {
+            below: (1, 1, 5),
+            cve: "CVE-2023-27561",
+            what: "a /proc symlink in the image defeats the runtime's own confinement of its init",
+            patched_builds: &[],
+        },
+        KnownBad {
+            below: (1, 1, 12),
+            cve: "CVE-2024-21626",
+            what: "a host directory descriptor leaked into the container reaches the host filesystem",
+            // Debian 12's runc carries the fix as a patch on 1.1.5.
+            patched_builds: &["1.1.5+ds1-1+deb12u1"],
+        },
+    ],
+    features: &[],
+};
+
+/// crun: the oldest release the containment suite has run against (Debian 12's 1.8.1; every
+/// crun advisory that cordon's configuration could reach is fixed below it), and the build
+/// features its bundles need. No crun escape above the floor is reachable (policy README).
+pub const CRUN: Gate = Gate {
+    name: "crun",
+    floor: Some((1, 8, 0)),
+    known_bad: &[],
+    features: &[
+        ("+SECCOMP", "the bundle's seccomp filter"),
+        ("+CAP", "the bundle's capability sets"),
+        ("+EBPF", "the device allow-list on cgroup v2"),
+    ],
+};
+
+/// gVisor's runsc: cordon keeps no release floor (gVisor does not issue advisories for most
+/// fixes, so there is no table to derive one from): the policy's `min-version` is the
+/// reviewer's floor, `YYYYMMDD.N.0` for `release-YYYYMMDD.N`, and is required.
+pub const RUNSC: Gate = Gate {
+    name: "runsc",
+    floor: None,
+    known_bad: &[],
+    features: &[],
+};
+
+impl Kind {
+    /// The kind a policy names (`runc`, `crun`, `runsc`).
+    #[must_use]
+    pub fn named(name: &str) -> Option<Self> {
+        match name {
+            "runc" => Some(Self::Runc),
+            "crun" => Some(Self::Crun),
+            "runsc" => Some(Self::Runsc),
+            _ => None,
+        }
+    }
+
+    /// Its version gate.
+    #[must_use]
+    pub fn gate(self) -> &'static Gate {
+        match self {
+            Self::Runc => &RUNC,
+            Self::Crun => &CRUN,
+            Self::Runsc => &RUNSC,
+        }
+    }
+}
+
+/// The release of a `--version` text of runtime `gate`, the version as written, and its
+/// `commit:` line; `None` when the text is not that runtime's (crun's `crun version 1.8.1`
+/// would otherwise read as runc 1.8.1, past every runc advisory) or names no release.
+fn version_of<'t>(gate: &Gate, text: &'t str) -> Option<(Version, &'t str, &'t str)> {
     let version = text
         .lines()
         .next()?
-        .strip_prefix("runc version ")?
+        .strip_prefix(gate.name)?
+        .strip_prefix(" version ")?
         .split_whitespace()
         .next()?;
-    let mut parts = version
+    let digits = version.strip_prefix("release-").unwrap_or(version);
+    let mut parts = digits
         .split(|c: char| !c.is_ascii_digit())
         .map(|p| p.parse::<u32>().ok());
     let triple = (
@@ -102,7 +185,9 @@ pub enum RuntimeError {
     #[error("cannot run the OCI runtime {binary}")]
     #[diagnostic(
         code(cordon::runtime::spawn),
-        help("install runc (apt-get install runc) or fix the policy's runtime path")
+        help(
+            "install the runtime (apt-get install runc, or crun) or fix the policy's runtime path"
+        )
     )]
     Spawn {
         /// The binary.
@@ -122,25 +207,57 @@ pub enum RuntimeError {
         /// The minimum.
         need: String,
     },
-    /// The policy names runc, and the binary's version text is another runtime's.
-    #[error("OCI runtime {binary} does not say it is runc: {found:?}")]
+    /// The binary's version text is not the runtime's the policy names.
+    #[error("OCI runtime {binary} does not say it is {kind}: {found:?}")]
     #[diagnostic(
-        code(cordon::runtime::not_runc),
+        code(cordon::runtime::not_named),
         help(
-            "point the policy's runtime path at runc; another runtime is refused until cordon gates its versions"
+            "point the policy's runtime path at the runtime it names, or name the runtime the path holds (its versions are gated by their own table)"
         )
     )]
-    NotRunc {
+    NotNamed {
         /// The binary.
         binary: PathBuf,
+        /// The runtime the policy names.
+        kind: &'static str,
         /// The first line of its version text, escaped.
         found: String,
+    },
+    /// The runtime's build lacks a feature cordon's bundles rely on.
+    #[error("OCI runtime {binary} is built without {feature} ({why})")]
+    #[diagnostic(
+        code(cordon::runtime::feature),
+        help("install a build of the runtime with that feature")
+    )]
+    Feature {
+        /// The binary.
+        binary: PathBuf,
+        /// The flag its version text lacks.
+        feature: &'static str,
+        /// What cordon needs it for.
+        why: &'static str,
+    },
+    /// cordon keeps no release floor for this runtime and the policy names none.
+    #[error(
+        "cordon keeps no release floor for {kind}, and the policy's runtime has no min-version"
+    )]
+    #[diagnostic(
+        code(cordon::runtime::no_floor),
+        help(
+            "set min-version on the policy's runtime to the oldest release the reviewer accepts (runsc's release-YYYYMMDD.N is YYYYMMDD.N.0)"
+        )
+    )]
+    NoFloor {
+        /// The binary.
+        binary: PathBuf,
+        /// The runtime.
+        kind: &'static str,
     },
     /// The runtime is a release with a known escape cordon's configuration can reach.
     #[error("OCI runtime {binary} is version {found}, affected by {cve}: {what}")]
     #[diagnostic(
         code(cordon::runtime::known_bad),
-        help("install a runc release with the fix, or a distribution build that carries it")
+        help("install a release with the fix, or a distribution build that carries it")
     )]
     KnownBad {
         /// The binary.
@@ -461,38 +578,53 @@ impl Runtime {
         }
     }
 
-    /// Check that the runtime is new enough — at least [`MIN_RUNC`] and the policy's own
-    /// minimum `policy_min` — and not a release in [`KNOWN_BAD_RUNC`], from its `--version` text
+    /// Check that the runtime is the `kind` the policy names, new enough — at least its
+    /// [`Gate::floor`] and the policy's own minimum `policy_min` — not a release in its
+    /// [`Gate::known_bad`], and built with its [`Gate::features`], from its `--version` text
     /// (the one the authority identity read, bounded in time and output, so the runtime is not
     /// run twice).
     ///
     /// # Errors
-    /// Too old, known-bad, or a version that cannot be read.
+    /// Another runtime's text, too old, no floor at all, known-bad, a missing feature, or a
+    /// version that cannot be read.
     pub fn check_version(
         &self,
+        kind: Kind,
         text: &str,
-        policy_min: Option<(u32, u32, u32)>,
+        policy_min: Option<Version>,
     ) -> Result<(), RuntimeError> {
-        let need = policy_min.map_or(MIN_RUNC, |m| m.max(MIN_RUNC));
+        let gate = kind.gate();
+        let need = match (gate.floor, policy_min) {
+            (Some(floor), min) => min.map_or(floor, |m| m.max(floor)),
+            (None, Some(min)) => min,
+            (None, None) => {
+                return Err(RuntimeError::NoFloor {
+                    binary: self.binary.clone(),
+                    kind: gate.name,
+                });
+            }
+        };
         let too_old = |found: &str| RuntimeError::TooOld {
             binary: self.binary.clone(),
             found: found.to_owned(),
             need: format!("{}.{}.{}", need.0, need.1, need.2),
         };
         let first = text.lines().next().unwrap_or("");
-        if !first.starts_with("runc version ") {
-            return Err(RuntimeError::NotRunc {
+        if !first.starts_with(&format!("{} version ", gate.name)) {
+            return Err(RuntimeError::NotNamed {
                 binary: self.binary.clone(),
+                kind: gate.name,
                 found: crate::text::printable(first).into_owned(),
             });
         }
-        let Some((found, version, commit)) = runc_version(text) else {
+        let Some((found, version, commit)) = version_of(gate, text) else {
             return Err(too_old(first));
         };
         if found < need {
             return Err(too_old(version));
         }
-        if let Some(bad) = KNOWN_BAD_RUNC
+        if let Some(bad) = gate
+            .known_bad
             .iter()
             .find(|b| found < b.below && !b.patched_builds.contains(&commit))
         {
@@ -501,6 +633,15 @@ impl Runtime {
                 found: version.to_owned(),
                 cve: bad.cve,
                 what: bad.what,
+            });
+        }
+        // A feature is a whole word of the text (`+SECCOMP`, never `+SECCOMP_X`).
+        let words: Vec<&str> = text.split_whitespace().collect();
+        if let Some((feature, why)) = gate.features.iter().find(|(f, _)| !words.contains(f)) {
+            return Err(RuntimeError::Feature {
+                binary: self.binary.clone(),
+                feature,
+                why,
             });
         }
         Ok(())
@@ -619,18 +760,23 @@ mod tests {
     fn versions_below_a_minimum_known_bad_or_unreadable_are_refused() {
         let r = runtime(&Arc::new(Fake::new()));
         r.check_version(
+            Kind::Runc,
             "runc version 1.1.12\ncommit: v1.1.12\nspec: 1.0.2-dev",
             None,
         )
         .unwrap();
-        r.check_version("runc version 1.2.0", None).unwrap();
+        r.check_version(Kind::Runc, "runc version 1.2.0", None)
+            .unwrap();
         for old in [
             "runc version 1.0.0-rc93",
             "runc version 0.9",
             "runc version ",
         ] {
             assert!(
-                matches!(r.check_version(old, None), Err(RuntimeError::TooOld { .. })),
+                matches!(
+                    r.check_version(Kind::Runc, old, None),
+                    Err(RuntimeError::TooOld { .. })
+                ),
                 "{old:?}"
             );
         }
@@ -644,19 +790,19 @@ mod tests {
         ] {
             assert!(
                 matches!(
-                    r.check_version(other, None),
-                    Err(RuntimeError::NotRunc { .. })
+                    r.check_version(Kind::Runc, other, None),
+                    Err(RuntimeError::NotNamed { kind: "runc", .. })
                 ),
                 "{other:?}"
             );
         }
         // The policy's minimum raises the floor, never lowers it.
         assert!(matches!(
-            r.check_version("runc version 1.1.12", Some((1, 2, 0))),
+            r.check_version(Kind::Runc, "runc version 1.1.12", Some((1, 2, 0))),
             Err(RuntimeError::TooOld { .. })
         ));
         assert!(matches!(
-            r.check_version("runc version 1.0.0", Some((0, 1, 0))),
+            r.check_version(Kind::Runc, "runc version 1.0.0", Some((0, 1, 0))),
             Err(RuntimeError::TooOld { .. })
         ));
         // Upstream releases with a reachable escape are refused, a build with the fix is not.
@@ -669,16 +815,74 @@ mod tests {
                 "CVE-2024-21626",
             ),
         ] {
-            match r.check_version(text, None) {
+            match r.check_version(Kind::Runc, text, None) {
                 Err(RuntimeError::KnownBad { cve: c, .. }) => assert_eq!(c, cve, "{text}"),
                 other => panic!("{text}: {other:?}"),
             }
         }
         r.check_version(
+            Kind::Runc,
             "runc version 1.1.5+ds1\ncommit: 1.1.5+ds1-1+deb12u1\nspec: 1.0.2-dev",
             None,
         )
         .unwrap();
+    }
+
+    #[test]
+    fn crun_and_runsc_are_gated_by_their_own_tables() {
+        let r = runtime(&Arc::new(Fake::new()));
+        let debian = "crun version 1.8.1\ncommit: f8a096be060b22ccd3d5f3ebe44108517fbf6c30\n\
+                      rundir: /run/crun\nspec: 1.0.0\n+SYSTEMD +SELINUX +APPARMOR +CAP +SECCOMP +EBPF +YAJL";
+        r.check_version(Kind::Crun, debian, None).unwrap();
+        // runc's text is not crun's, nor the other way round.
+        assert!(matches!(
+            r.check_version(Kind::Crun, "runc version 1.1.12", None),
+            Err(RuntimeError::NotNamed { kind: "crun", .. })
+        ));
+        assert!(matches!(
+            r.check_version(Kind::Runc, debian, None),
+            Err(RuntimeError::NotNamed { kind: "runc", .. })
+        ));
+        // Below the floor, or the policy's minimum.
+        let old = debian.replace("1.8.1", "1.4.4");
+        assert!(matches!(
+            r.check_version(Kind::Crun, &old, None),
+            Err(RuntimeError::TooOld { .. })
+        ));
+        assert!(matches!(
+            r.check_version(Kind::Crun, debian, Some((1, 9, 0))),
+            Err(RuntimeError::TooOld { .. })
+        ));
+        // A build without a feature the bundles need is refused by name; a longer word is not
+        // the feature.
+        for (feature, text) in [
+            ("+SECCOMP", debian.replace("+SECCOMP", "-SECCOMP")),
+            ("+CAP", debian.replace(" +CAP", "")),
+            ("+EBPF", debian.replace("+EBPF", "+EBPFX")),
+        ] {
+            match r.check_version(Kind::Crun, &text, None) {
+                Err(RuntimeError::Feature { feature: f, .. }) => assert_eq!(f, feature),
+                other => panic!("{feature}: {other:?}"),
+            }
+        }
+        // runsc: no floor of cordon's own, so the policy's minimum is required and holds.
+        let runsc = "runsc version release-20240212.0\nspec: 1.1.0-rc.1";
+        assert!(matches!(
+            r.check_version(Kind::Runsc, runsc, None),
+            Err(RuntimeError::NoFloor { kind: "runsc", .. })
+        ));
+        r.check_version(Kind::Runsc, runsc, Some((20_240_212, 0, 0)))
+            .unwrap();
+        assert!(matches!(
+            r.check_version(Kind::Runsc, runsc, Some((20_240_401, 0, 0))),
+            Err(RuntimeError::TooOld { .. })
+        ));
+        assert!(matches!(
+            r.check_version(Kind::Runsc, "runsc version garbage", Some((1, 0, 0))),
+            Err(RuntimeError::TooOld { .. })
+        ));
+        assert_eq!(Kind::named("crun"), Some(Kind::Crun));
+        assert_eq!(Kind::named("youki"), None);
     }
 
     #[test]

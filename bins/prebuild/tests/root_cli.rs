@@ -650,3 +650,51 @@ fn the_bundled_aot_and_dependency_patch_examples_build_through_the_pipeline() {
         assert_eq!(r["outputs"]["files"], files, "{r}");
     }
 }
+
+/// crun is gated by its own table (a policy naming crun at runc's binary is refused as not
+/// crun), and a crun that passes it is still refused before anything is created: its init
+/// takes the bundle's seccomp filter only after start, past the posture check cordon makes.
+#[test]
+fn crun_is_gated_by_its_own_table_and_refused_until_its_posture_is_checked_after_start() {
+    let crun = Path::new("/usr/bin/crun");
+    cordon_testkit::require_executable(crun, "apt-get install -y crun");
+    let cli = Cli::new(7);
+    let policy = cli.path("policy.kdl");
+    let runc_line = |text: &str| {
+        text.lines()
+            .find(|l| l.starts_with("runtime "))
+            .unwrap()
+            .to_owned()
+    };
+    let reviewed = std::fs::read_to_string(&policy).unwrap();
+    let line = runc_line(&reviewed);
+    for (named, code, what) in [
+        (
+            "runtime \"crun\" path=\"/usr/sbin/runc\"",
+            "cordon::runtime::not_named",
+            "does not say it is crun",
+        ),
+        (
+            "runtime \"crun\" path=\"/usr/bin/crun\"",
+            "cordon::plan::unimplemented",
+            "a posture check after start for crun",
+        ),
+    ] {
+        std::fs::write(&policy, reviewed.replace(&line, named)).unwrap();
+        let receipt = cli.materialized(&workspace_root().join("checks/example/incumbent"));
+        let (out, r) = cli.prebuild(&receipt, &cli.path("images"));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{named}: {out:?}");
+        assert_eq!(r["outcome"], "no-decision", "{r}");
+        assert!(
+            stderr.contains(code) && stderr.contains(what),
+            "{named}: {stderr}"
+        );
+        // Refused before a container or lease existed: nothing of this executor is left.
+        let state = Path::new(cordon::lease::DEFAULT_STATE_ROOT).join(&cli.executor);
+        assert!(
+            std::fs::read_dir(&state).map_or(true, |mut d| d.next().is_none()),
+            "{named}: a container was made"
+        );
+    }
+}

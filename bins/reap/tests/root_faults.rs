@@ -410,7 +410,7 @@ fn a_container_that_will_not_disappear_and_a_runtime_too_old_are_no_decisions() 
             .unwrap();
     let err = sticky
         .runtime
-        .check_version(&facts.version, None)
+        .check_version(cordon::runtime::Kind::Runc, &facts.version, None)
         .unwrap_err();
     assert!(err.to_string().contains("needs at least 1.1"), "{err}");
     drop(m);

@@ -51,7 +51,7 @@ use cordon::lease::{Lease, LeaseError, Manager, Setup};
 use cordon::runtime::{Finished, RuntimeError};
 use cordon::store::Store;
 use cordon_canon::Digest;
-use cordon_policy_lang::{MountSource, PhysicalLane, Policy, RuntimeKind, StageKind};
+use cordon_policy_lang::{MountSource, PhysicalLane, Policy, StageKind};
 
 use crate::bundle::{self, HostMount, PlanError, Planned, RunInputs};
 use crate::evidence::Evidence;
@@ -402,22 +402,24 @@ impl Session<'_> {
             .policy
             .stage(self.kind)
             .ok_or(SessionError::Plan(PlanError::NoStage { kind: self.kind }))?;
-        // The version gate (floor, policy minimum, known-bad releases) knows runc's releases;
-        // another runtime's versions would be misread, so it is refused, not waved through.
-        match self.policy.runtime().kind() {
-            RuntimeKind::Runc => {}
-            RuntimeKind::Crun | RuntimeKind::Runsc => {
-                return Err(SessionError::Plan(PlanError::Unimplemented {
-                    kind: self.kind,
-                    what: "a version gate for a runtime other than runc",
-                })
-                .into());
-            }
-        }
+        // The version gate of the runtime the policy names: its text, floor and the policy's
+        // minimum, known-bad releases and build features.
+        let runtime = crate::start::runtime_kind(self.policy);
         self.setup
             .runtime
-            .check_version(&self.runtime_version, self.policy.runtime().min_version())
+            .check_version(
+                runtime,
+                &self.runtime_version,
+                self.policy.runtime().min_version(),
+            )
             .map_err(SessionError::from)?;
+        if let Some(what) = crate::start::undriven(runtime) {
+            return Err(SessionError::Plan(PlanError::Unimplemented {
+                kind: self.kind,
+                what,
+            })
+            .into());
+        }
         // The runtime inherits this process's hard limit and cannot raise it without
         // CAP_SYS_RESOURCE: a stage limit above it would fail deep inside `runc create`.
         let (_, hard) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use cordon::identity::{self, AuthorityComponents};
 use cordon_canon::exit::ExitClass;
 use cordon_canon::{Digest, ExitCode};
-use cordon_policy_lang::{Policy, PolicyError};
+use cordon_policy_lang::{Policy, PolicyError, RuntimeKind};
 
 use crate::args::{Diagnostics, report_diagnostic};
 
@@ -341,6 +341,33 @@ pub fn components(policy: &Policy) -> Result<AuthorityComponents, StartError> {
         facts,
         identity::installed_binaries(&cordon::host::Linux)?,
     )
+}
+
+/// The runtime a policy names, as the driver gates it (each kind by its own version table).
+#[must_use]
+pub fn runtime_kind(policy: &Policy) -> cordon::runtime::Kind {
+    match policy.runtime().kind() {
+        RuntimeKind::Runc => cordon::runtime::Kind::Runc,
+        RuntimeKind::Crun => cordon::runtime::Kind::Crun,
+        RuntimeKind::Runsc => cordon::runtime::Kind::Runsc,
+    }
+}
+
+/// What the stages still lack to drive runtime `kind`, or nothing. Each is refused (after its
+/// version gate) rather than run half-checked.
+#[must_use]
+pub fn undriven(kind: cordon::runtime::Kind) -> Option<&'static str> {
+    match kind {
+        cordon::runtime::Kind::Runc => None,
+        // Measured: `crun create` leaves its init with seccomp mode 0; crun loads the filter
+        // (and drops capabilities) as its init execs the entrypoint, after `start`.
+        cordon::runtime::Kind::Crun => Some(
+            "a posture check after start for crun, which applies the bundle's seccomp filter and capabilities when its init execs the entrypoint, after the check cordon makes between create and start",
+        ),
+        cordon::runtime::Kind::Runsc => Some(
+            "a posture check of gVisor's sandbox, whose processes run under its Sentry rather than the host kernel cordon reads a container's posture from",
+        ),
+    }
 }
 
 /// The authority components of a policy with runtime facts and binaries already probed.

@@ -217,8 +217,19 @@ pub fn run(args: &Args, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitC
         state_root: state.join(rootless::RUNTIME_STATE),
         host: cordon::host::Linux::shared(),
     };
-    if let Err(e) = runtime.check_version(&started.runtime.version, policy.runtime().min_version())
-    {
+    let kind = cordon_stage::start::runtime_kind(policy);
+    if let Err(e) = runtime.check_version(
+        kind,
+        &started.runtime.version,
+        policy.runtime().min_version(),
+    ) {
+        return fail(&RunError::from(e), mode, stderr);
+    }
+    if let Some(what) = cordon_stage::start::undriven(kind) {
+        let e = cordon_stage::bundle::PlanError::Unimplemented {
+            kind: cordon_policy_lang::StageKind::Surface,
+            what,
+        };
         return fail(&RunError::from(e), mode, stderr);
     }
     let host = Host {

@@ -327,10 +327,83 @@ pub fn this_hosts_block() -> String {
     block
 }
 
-/// `text` (a policy with the shipped host block) with [`this_hosts_block`] in its place.
+/// `text` (a policy with the shipped host block) with [`this_hosts_block`] in its place and
+/// [`with_test_runtime`] applied.
 fn on_this_host(text: &str) -> String {
     let shipped = shipped_host_block();
-    replace_once(text, &shipped, &this_hosts_block())
+    with_test_runtime(&replace_once(text, &shipped, &this_hosts_block()))
+}
+
+/// The OCI runtime the container tests run under: `CORDON_TEST_RUNTIME` (`runc`, the default;
+/// `crun`; `runsc`) at its usual path, or at `CORDON_TEST_RUNTIME_PATH`.
+///
+/// # Panics
+/// Another name, or the requested runtime is not installed: the message says what to install.
+#[must_use]
+pub fn test_runtime() -> (&'static str, PathBuf) {
+    let name = std::env::var("CORDON_TEST_RUNTIME").unwrap_or_else(|_| "runc".into());
+    let (name, default, install): (&'static str, &str, &str) = match name.as_str() {
+        "runc" => ("runc", "/usr/sbin/runc", "apt-get install -y runc"),
+        "crun" => ("crun", "/usr/bin/crun", "apt-get install -y crun"),
+        "runsc" => (
+            "runsc",
+            "/usr/local/bin/runsc",
+            "gVisor's runsc (https://gvisor.dev/docs/user_guide/install/), or name it with CORDON_TEST_RUNTIME_PATH",
+        ),
+        other => panic!("CORDON_TEST_RUNTIME={other:?}: runc, crun or runsc"),
+    };
+    let path =
+        std::env::var_os("CORDON_TEST_RUNTIME_PATH").map_or_else(|| default.into(), PathBuf::from);
+    require_executable(&path, &format!("CORDON_TEST_RUNTIME={name} ({install})"));
+    (name, path)
+}
+
+/// `text` (a policy whose runtime is `runc` at `/usr/sbin/runc`) with its runtime line for
+/// [`test_runtime`]: the policy's `min-version` kept for runc, dropped for crun (its own floor
+/// holds), and for runsc set to the installed release (cordon keeps no floor for runsc; the
+/// tests accept the one they run).
+///
+/// # Panics
+/// The policy names another runtime, or the runtime cannot be run.
+#[must_use]
+pub fn with_test_runtime(text: &str) -> String {
+    let (name, path) = test_runtime();
+    if name == "runc" && path == Path::new("/usr/sbin/runc") {
+        return text.to_owned();
+    }
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("runtime \"runc\" path=\"/usr/sbin/runc\""))
+        .expect("the policy's runtime is runc at /usr/sbin/runc")
+        .to_owned();
+    let min = match name {
+        "runc" => line
+            .split_once(" min-version=")
+            .map(|(_, m)| format!(" min-version={m}"))
+            .unwrap_or_default(),
+        "runsc" => {
+            let out = std::process::Command::new(&path)
+                .arg("--version")
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            let release = text
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("release-"))
+                .unwrap_or_else(|| panic!("{} --version names no release: {text}", path.display()));
+            let (date, n) = release.split_once('.').unwrap_or((release, "0"));
+            format!(" min-version=\"{date}.{n}.0\"")
+        }
+        _ => String::new(),
+    };
+    replace_once(
+        text,
+        &line,
+        &format!(
+            "runtime \"{name}\" path={:?}{min}",
+            path.display().to_string()
+        ),
+    )
 }
 
 /// The minimal example policy's text (`policy/examples/minimal.kdl`) with its per-run account
