@@ -65,17 +65,19 @@
       };
     };
 
-    # A static cordon-image: the images' builder, which runs in the sandbox with no libc.
-    cordonImage = pkgs.pkgsStatic.rustPlatform.buildRustPackage {
-      pname = "cordon-image";
-      inherit version src;
-      cargoLock.lockFile = ./Cargo.lock;
-      cargoBuildFlags = [
-        "-p"
-        "cordon-image"
-      ];
-      doCheck = false;
-    };
+    # One workspace package, static: it runs where there is no libc (the build sandbox, an image).
+    static = pname:
+      pkgs.pkgsStatic.rustPlatform.buildRustPackage {
+        inherit pname version src;
+        cargoLock.lockFile = ./Cargo.lock;
+        cargoBuildFlags = [
+          "-p"
+          pname
+        ];
+        doCheck = false;
+      };
+    # The images' builder, which runs in the sandbox.
+    cordonImage = static "cordon-image";
 
     # The formatter: alejandra at the version Cargo.lock pins, the same one the test suite
     # holds every .nix file to (bins/nixfmt).
@@ -111,16 +113,7 @@
     # cordon's worker as the runtime image holds it: static, by the flake's own toolchain (its
     # bytes, and so the runtime image's digest, follow that rustc: the module pins them by
     # rendering, below).
-    worker = pkgs.pkgsStatic.rustPlatform.buildRustPackage {
-      pname = "cordon-worker";
-      inherit version src;
-      cargoLock.lockFile = ./Cargo.lock;
-      cargoBuildFlags = [
-        "-p"
-        "cordon-worker"
-      ];
-      doCheck = false;
-    };
+    worker = static "cordon-worker";
     # Each spec's `from` values: under ../target/sources from the fetched tree, the worker from
     # the flake's build, the rest from the checkout's images directory.
     sourcesOf = spec:
