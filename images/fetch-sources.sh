@@ -40,8 +40,8 @@ manifest, out, local, stamp, mode = sys.argv[1:]
 sources = json.load(open(manifest))["sources"]
 partial = out + ".partial"
 shutil.rmtree(partial, ignore_errors=True)
-tree = os.path.join(partial, "root")
-os.makedirs(tree)
+os.makedirs(os.path.join(partial, "root"))
+tree = os.path.realpath(os.path.join(partial, "root"))
 LIMIT = 64 << 20  # no source is near this; a larger answer is not the file
 
 
@@ -96,14 +96,20 @@ def unpack_deb(data):
                     path = inside(tree, m.name)
                     if path is None:
                         sys.exit(f"images/fetch-sources.sh: {m.name!r} leaves the tree")
+                    # Written only through real directories of the tree, never through a link an
+                    # earlier member made, and never onto one (the bytes are verified, but a
+                    # write that follows a link could still land on the host).
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                    if os.path.realpath(os.path.dirname(path)) != os.path.dirname(path):
+                        sys.exit(f"images/fetch-sources.sh: {m.name!r} is below a link")
+                    if os.path.islink(path):
+                        os.unlink(path)
                     if m.isdir():
                         os.makedirs(path, exist_ok=True)
                     elif m.isfile():
-                        os.makedirs(os.path.dirname(path), exist_ok=True)
                         with open(path, "wb") as f:
                             f.write(t.extractfile(m).read())
                     elif m.issym():
-                        os.makedirs(os.path.dirname(path), exist_ok=True)
                         os.symlink(m.linkname, path)
             return
     sys.exit("images/fetch-sources.sh: a .deb without data.tar")
