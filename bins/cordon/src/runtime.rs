@@ -140,10 +140,25 @@ impl Kind {
     }
 }
 
+/// A release read from a `--version` text: its number, and whether it is a pre-release of it
+/// (`1.2.0-rc.1`, which comes before 1.2.0; `+ds1` build metadata does not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Release {
+    number: Version,
+    pre: bool,
+}
+
+impl Release {
+    /// Whether this release comes before `bound` (a pre-release of `bound` does).
+    fn before(self, bound: Version) -> bool {
+        self.number < bound || (self.number == bound && self.pre)
+    }
+}
+
 /// The release of a `--version` text of runtime `gate`, the version as written, and its
 /// `commit:` line; `None` when the text is not that runtime's (crun's `crun version 1.8.1`
 /// would otherwise read as runc 1.8.1, past every runc advisory) or names no release.
-fn version_of<'t>(gate: &Gate, text: &'t str) -> Option<(Version, &'t str, &'t str)> {
+fn version_of<'t>(gate: &Gate, text: &'t str) -> Option<(Release, &'t str, &'t str)> {
     let version = text
         .lines()
         .next()?
@@ -152,10 +167,11 @@ fn version_of<'t>(gate: &Gate, text: &'t str) -> Option<(Version, &'t str, &'t s
         .split_whitespace()
         .next()?;
     let digits = version.strip_prefix("release-").unwrap_or(version);
-    let mut parts = digits
-        .split(|c: char| !c.is_ascii_digit())
-        .map(|p| p.parse::<u32>().ok());
-    let triple = (
+    let end = digits
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(digits.len());
+    let mut parts = digits[..end].split('.').map(|p| p.parse::<u32>().ok());
+    let number = (
         parts.next()??,
         parts.next()??,
         parts.next().flatten().unwrap_or(0),
@@ -164,7 +180,8 @@ fn version_of<'t>(gate: &Gate, text: &'t str) -> Option<(Version, &'t str, &'t s
         .lines()
         .find_map(|l| l.strip_prefix("commit:"))
         .map_or("", str::trim);
-    Some((triple, version, commit))
+    let pre = digits[end..].starts_with('-');
+    Some((Release { number, pre }, version, commit))
 }
 
 /// The runtime to drive.
@@ -596,8 +613,10 @@ impl Runtime {
         let gate = kind.gate();
         let need = match (gate.floor, policy_min) {
             (Some(floor), min) => min.map_or(floor, |m| m.max(floor)),
-            (None, Some(min)) => min,
-            (None, None) => {
+            // runsc's releases are dates: a minimum that is not one (0.0.0, 2024.2.12) would
+            // admit every release.
+            (None, Some(min)) if min.0 >= 19_700_101 => min,
+            (None, _) => {
                 return Err(RuntimeError::NoFloor {
                     binary: self.binary.clone(),
                     kind: gate.name,
@@ -620,13 +639,13 @@ impl Runtime {
         let Some((found, version, commit)) = version_of(gate, text) else {
             return Err(too_old(first));
         };
-        if found < need {
+        if found.before(need) {
             return Err(too_old(version));
         }
         if let Some(bad) = gate
             .known_bad
             .iter()
-            .find(|b| found < b.below && !b.patched_builds.contains(&commit))
+            .find(|b| found.before(b.below) && !b.patched_builds.contains(&commit))
         {
             return Err(RuntimeError::KnownBad {
                 binary: self.binary.clone(),
@@ -635,8 +654,13 @@ impl Runtime {
                 what: bad.what,
             });
         }
-        // A feature is a whole word of the text (`+SECCOMP`, never `+SECCOMP_X`).
-        let words: Vec<&str> = text.split_whitespace().collect();
+        // A feature is a whole word of the text's feature line (crun's `+SYSTEMD +SECCOMP …`),
+        // never `+SECCOMP_X`, nor a word of another line (a `commit:` text).
+        let words: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with(['+', '-']))
+            .flat_map(str::split_whitespace)
+            .collect();
         if let Some((feature, why)) = gate.features.iter().find(|(f, _)| !words.contains(f)) {
             return Err(RuntimeError::Feature {
                 binary: self.binary.clone(),
@@ -826,6 +850,25 @@ mod tests {
             None,
         )
         .unwrap();
+        // A pre-release comes before its release: below the policy's minimum and inside an
+        // advisory's range; build metadata (`+ds1`, above) is not a pre-release.
+        assert!(matches!(
+            r.check_version(Kind::Runc, "runc version 1.2.0-rc.1", Some((1, 2, 0))),
+            Err(RuntimeError::TooOld { .. })
+        ));
+        assert!(matches!(
+            r.check_version(
+                Kind::Runc,
+                "runc version 1.1.12-rc.1\ncommit: v1.1.12-rc.1",
+                None
+            ),
+            Err(RuntimeError::KnownBad {
+                cve: "CVE-2024-21626",
+                ..
+            })
+        ));
+        r.check_version(Kind::Runc, "runc version 1.2.0", Some((1, 2, 0)))
+            .unwrap();
     }
 
     #[test]
@@ -857,6 +900,13 @@ mod tests {
         // the feature.
         for (feature, text) in [
             ("+SECCOMP", debian.replace("+SECCOMP", "-SECCOMP")),
+            // Only the feature line counts, never a word of another line.
+            (
+                "+SECCOMP",
+                debian
+                    .replace("+SECCOMP", "-SECCOMP")
+                    .replace("commit: f8a", "commit: +SECCOMP f8a"),
+            ),
             ("+CAP", debian.replace(" +CAP", "")),
             ("+EBPF", debian.replace("+EBPF", "+EBPFX")),
         ] {
@@ -878,9 +928,23 @@ mod tests {
             Err(RuntimeError::TooOld { .. })
         ));
         assert!(matches!(
-            r.check_version(Kind::Runsc, "runsc version garbage", Some((1, 0, 0))),
+            r.check_version(
+                Kind::Runsc,
+                "runsc version garbage",
+                Some((20_240_212, 0, 0))
+            ),
             Err(RuntimeError::TooOld { .. })
         ));
+        // A minimum that is not a runsc release (a date) would admit every release.
+        for min in [(0, 0, 0), (2024, 2, 12)] {
+            assert!(
+                matches!(
+                    r.check_version(Kind::Runsc, runsc, Some(min)),
+                    Err(RuntimeError::NoFloor { .. })
+                ),
+                "{min:?}"
+            );
+        }
         assert_eq!(Kind::named("crun"), Some(Kind::Crun));
         assert_eq!(Kind::named("youki"), None);
     }
