@@ -46,6 +46,9 @@ if ! sources_err=$(bash images/fetch-sources.sh 2>&1 >/dev/null); then
     printf '%s\n' "$sources_err" >&2
     echo "demo: the pinned images cannot be rebuilt on this host (above); building them from this" \
         "host's installed Debian packages instead, under a LOCAL authority (below)" >&2
+    # The packages it copies, as this host's Debian serves them now.
+    mapfile -t debs < <(python3 -c 'import json; [print(s["name"]) for s in json.load(open("images/sources.json"))["sources"] if s["kind"] == "deb"]')
+    DEBIAN_FRONTEND=noninteractive apt-get install -y "${debs[@]}" >&2
     bash images/fetch-sources.sh --host >/dev/null
     images_from="this host's installed Debian packages (images/fetch-sources.sh --host)"
 fi

@@ -28,7 +28,8 @@ exec 9>"$root/target/.sources.lock"
 flock 9
 mode=pinned
 [ "${1:-}" != --host ] || mode=host
-stamp="$out/.$mode-$(sha256sum "$root/images/sources.json" | cut -c1-64)"
+# Keyed on the manifest and this script: a change to either unpacks again.
+stamp="$out/.$mode-$(cat "$root/images/sources.json" "$0" | sha256sum | cut -c1-64)"
 if [ -f "$stamp" ]; then
     echo "$out"
     exit 0
@@ -106,7 +107,8 @@ def unpack_deb(data):
                         os.unlink(path)
                     if m.isdir():
                         os.makedirs(path, exist_ok=True)
-                    elif m.isfile():
+                    elif m.isfile() or m.islnk():
+                        # A hard link is a copy of the member it names (tarfile reads that one).
                         with open(path, "wb") as f:
                             f.write(t.extractfile(m).read())
                     elif m.issym():
@@ -136,7 +138,10 @@ def from_host(s):
         sys.exit(f"images/fetch-sources.sh --host: {s['name']} is not installed (apt-get install {s['name']})")
     print(f"images/fetch-sources.sh --host: {s['name']} {installed.stdout} from this host "
           f"(the pinned file is {s['version']})", file=sys.stderr)
-    listed = subprocess.run(["dpkg-query", "-L", s["name"]], capture_output=True, text=True, check=True)
+    listed = subprocess.run(["dpkg-query", "-L", s["name"]], capture_output=True, text=True)
+    if listed.returncode != 0:
+        sys.exit(f"images/fetch-sources.sh --host: the files of {s['name']} cannot be listed "
+                 f"(apt-get install --reinstall {s['name']}): {listed.stderr.strip()}")
     for name in listed.stdout.splitlines():
         path = inside(tree, name)
         if path is None or not os.path.isfile(name):
