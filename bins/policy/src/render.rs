@@ -356,15 +356,20 @@ pub fn render(name: &str, reviewed: &str, facts: &HostFacts) -> Result<Rendered,
     let after = cordon_policy_lang::parse(name, &text)?;
     let encode = |p: &Policy| p.canonical_value().map_err(RenderError::Encode);
     let changes = diff::diff(&encode(&before)?, &encode(&after)?);
-    if let Some(c) = changes.iter().find(|c| {
+    if let Some(c) = unexpected(&changes, &allowed) {
+        return Err(RenderError::Unexpected(c.line.clone()));
+    }
+    Ok(Rendered { text, changes })
+}
+
+/// The first change whose path no fact set (`allowed`: a path, or its parent).
+fn unexpected<'c>(changes: &'c [diff::Change], allowed: &[&str]) -> Option<&'c diff::Change> {
+    changes.iter().find(|c| {
         let path = c.line.split(": ").next().unwrap_or_default();
         !allowed
             .iter()
             .any(|a| path == *a || path.starts_with(&format!("{a}.")))
-    }) {
-        return Err(RenderError::Unexpected(c.line.clone()));
-    }
-    Ok(Rendered { text, changes })
+    })
 }
 
 /// Whether the egress domain `d` is within the reviewed entry `r`: equal, or below a `*.`
@@ -655,6 +660,61 @@ mod tests {
         bytes.push(b' ');
         std::fs::write(&blob, bytes).unwrap();
         assert!(matches!(layout_pin(&arg), Err(RenderError::Image(_))));
+        // An index naming two manifests is not one image.
+        let index = layout.join("index.json");
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&index).unwrap()).unwrap();
+        let first = v["manifests"][0].clone();
+        v["manifests"].as_array_mut().unwrap().push(first);
+        std::fs::write(&index, serde_json::to_vec(&v).unwrap()).unwrap();
+        match layout_pin(&arg) {
+            Err(RenderError::Image(why)) => assert!(why.contains("exactly one manifest"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_pinned_file_is_its_bytes_digest_and_a_missing_one_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let worker = dir.path().join("cordon-worker");
+        std::fs::write(&worker, b"a worker's bytes").unwrap();
+        assert_eq!(
+            file_digest("worker binary", &worker).unwrap(),
+            Digest::of_bytes(b"a worker's bytes")
+        );
+        assert_eq!(
+            RuntimeBinary::at(&worker).unwrap().sha256,
+            Digest::of_bytes(b"a worker's bytes")
+        );
+        assert!(matches!(
+            file_digest("worker binary", &dir.path().join("missing")),
+            Err(RenderError::Read {
+                what: "worker binary",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn only_the_paths_a_fact_set_may_change() {
+        let change = |line: &str| diff::Change {
+            section: String::new(),
+            line: line.to_owned(),
+            path: Vec::new(),
+            effect: cordon_policy_lang::effect::Effect::Neutral,
+            rule: "",
+        };
+        let changes = [
+            change("image.prebuild: \"a\" → \"b\""),
+            change("worker: \"a\" → \"b\""),
+        ];
+        // Each image role on its own: runtime's fact does not let prebuild's pin move.
+        assert!(unexpected(&changes[..1], &["image.runtime"]).is_some());
+        assert!(unexpected(&changes[..1], &["image.prebuild"]).is_none());
+        assert!(unexpected(&changes[..1], &["image.pre"]).is_some());
+        // No worker fact, no worker change.
+        assert!(unexpected(&changes[1..], &["image.prebuild"]).is_some());
+        assert!(unexpected(&changes, &["image.prebuild", "worker"]).is_none());
     }
 
     #[test]

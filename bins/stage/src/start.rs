@@ -391,6 +391,29 @@ pub fn with_runtime(
 
 #[cfg(test)]
 mod tests {
+    use cordon::runtime::Kind;
+
+    #[test]
+    fn each_runtime_a_policy_names_maps_to_its_gate_and_only_runc_is_driven() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../policy/evaluator.kdl");
+        let text = std::fs::read_to_string(path).unwrap();
+        let line = text.lines().find(|l| l.starts_with("runtime ")).unwrap();
+        for (name, kind) in [
+            ("runc", Kind::Runc),
+            ("crun", Kind::Crun),
+            ("runsc", Kind::Runsc),
+        ] {
+            let named = text.replace(line, &format!("runtime {name:?} path=\"/usr/bin/{name}\""));
+            let policy = cordon_policy_lang::parse("p.kdl", &named).unwrap();
+            assert_eq!(super::runtime_kind(&policy), kind, "{name}");
+            assert_eq!(
+                super::undriven(kind).is_none(),
+                kind == Kind::Runc,
+                "{name}"
+            );
+        }
+    }
+
     #[test]
     fn the_prologue_makes_this_process_a_child_subreaper() {
         // nextest runs each test in a process of its own, so the change stays in this one.

@@ -512,6 +512,31 @@ fn a_policy_the_service_user_could_change_or_that_lies_in_the_workspace_is_refus
 }
 
 #[test]
+fn crun_passes_its_gate_and_is_refused_before_argv_runs() {
+    cordon_testkit::require_executable(Path::new("/usr/bin/crun"), "apt-get install -y crun");
+    let runc = format!(
+        "runtime \"runc\" path=\"{}\"",
+        cordon_testkit::runc().display()
+    );
+    let s = Surface::new(&|t| {
+        cordon_testkit::replace_once(&t, &runc, "runtime \"crun\" path=\"/usr/bin/crun\"")
+    });
+    let done = s.run("command", "touch /workspace/ran", &[]);
+    assert_eq!(done.code, 2, "{}", done.stderr);
+    assert!(
+        done.stderr.contains("cordon::plan::unimplemented")
+            && done.stderr.contains("a posture check after start for crun"),
+        "{}",
+        done.stderr
+    );
+    // A policy this build cannot run is the policy's refusal (exit 2), as in the surface's
+    // other planning refusals: no run began, so no receipt.
+    assert!(done.receipt.is_null(), "{}", done.receipt);
+    assert!(!s.ws.join("ran").exists());
+    s.assert_released();
+}
+
+#[test]
 fn a_limit_the_rootless_runtime_cannot_enforce_is_refused_and_argv_never_runs() {
     let s = Surface::new(&|t| {
         cordon_testkit::replace_once(
