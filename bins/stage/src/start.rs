@@ -359,10 +359,10 @@ pub fn runtime_kind(policy: &Policy) -> cordon::runtime::Kind {
 pub fn undriven(kind: cordon::runtime::Kind) -> Option<&'static str> {
     match kind {
         cordon::runtime::Kind::Runc => None,
-        // Measured: `crun create` leaves its init with seccomp mode 0; crun loads the filter
-        // (and drops capabilities) as its init execs the entrypoint, after `start`.
+        // Measured: `crun create` leaves its init with seccomp mode 0 (capabilities and
+        // no_new_privs already set); crun loads the filter as its init execs the entrypoint.
         cordon::runtime::Kind::Crun => Some(
-            "a posture check after start for crun, which applies the bundle's seccomp filter and capabilities when its init execs the entrypoint, after the check cordon makes between create and start",
+            "a posture check after start for crun, which loads the bundle's seccomp filter only as its init execs the entrypoint, after the check cordon makes between create and start",
         ),
         cordon::runtime::Kind::Runsc => Some(
             "a posture check of gVisor's sandbox, whose processes run under its Sentry rather than the host kernel cordon reads a container's posture from",
