@@ -48,6 +48,7 @@ if ! sources_err=$(bash images/fetch-sources.sh 2>&1 >/dev/null); then
         "host's installed Debian packages instead, under a LOCAL authority (below)" >&2
     # The packages it copies, as this host's Debian serves them now.
     mapfile -t debs < <(python3 -c 'import json; [print(s["name"]) for s in json.load(open("images/sources.json"))["sources"] if s["kind"] == "deb"]')
+    DEBIAN_FRONTEND=noninteractive apt-get update >&2
     DEBIAN_FRONTEND=noninteractive apt-get install -y "${debs[@]}" >&2
     bash images/fetch-sources.sh --host >/dev/null
     images_from="this host's installed Debian packages (images/fetch-sources.sh --host)"

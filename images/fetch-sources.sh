@@ -82,6 +82,15 @@ def inside(base, name):
     return path if path == base or path.startswith(base + "/") else None
 
 
+def below_link(path):
+    """Whether a directory on the way from the tree to path is a link (checked on the deepest
+    one that exists, before anything is made below it)."""
+    d = os.path.dirname(path)
+    while d != tree and not os.path.lexists(d):
+        d = os.path.dirname(d)
+    return os.path.realpath(d) != d
+
+
 def unpack_deb(data):
     # An ar archive: the signature, then 60-byte headers, each member padded to even length.
     assert data[:8] == b"!<arch>\n", "not a .deb"
@@ -100,17 +109,22 @@ def unpack_deb(data):
                     # Written only through real directories of the tree, never through a link an
                     # earlier member made, and never onto one (the bytes are verified, but a
                     # write that follows a link could still land on the host).
-                    os.makedirs(os.path.dirname(path), exist_ok=True)
-                    if os.path.realpath(os.path.dirname(path)) != os.path.dirname(path):
+                    if below_link(path):
                         sys.exit(f"images/fetch-sources.sh: {m.name!r} is below a link")
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
                     if os.path.islink(path):
                         os.unlink(path)
                     if m.isdir():
                         os.makedirs(path, exist_ok=True)
                     elif m.isfile() or m.islnk():
-                        # A hard link is a copy of the member it names (tarfile reads that one).
+                        # A hard link is a copy of the member it names (tarfile reads that one,
+                        # from the archive only).
+                        try:
+                            data = t.extractfile(m).read()
+                        except (KeyError, RecursionError, AttributeError) as e:
+                            sys.exit(f"images/fetch-sources.sh: {m.name!r} names no file of its archive: {e!r}")
                         with open(path, "wb") as f:
-                            f.write(t.extractfile(m).read())
+                            f.write(data)
                     elif m.issym():
                         os.symlink(m.linkname, path)
             return

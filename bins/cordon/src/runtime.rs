@@ -130,7 +130,8 @@ impl Kind {
 }
 
 /// A release read from a `--version` text: its number, and whether it is a pre-release of it
-/// (`1.2.0-rc.1`, which comes before 1.2.0; `+ds1` build metadata does not).
+/// (`1.2.0-rc.1`, `1.2.0~rc1`, `1.2.0rc1`, which come before 1.2.0; `+ds1` build metadata does
+/// not).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Release {
     number: Version,
@@ -169,7 +170,9 @@ fn version_of<'t>(gate: &Gate, text: &'t str) -> Option<(Release, &'t str, &'t s
         .lines()
         .find_map(|l| l.strip_prefix("commit:"))
         .map_or("", str::trim);
-    let pre = digits[end..].starts_with('-');
+    // `-rc.1` (semver), `~rc1` (Debian) and `rc1` right after the number all mark a
+    // pre-release; `+ds1` is build metadata.
+    let pre = digits[end..].starts_with(|c: char| c == '-' || c == '~' || c.is_ascii_alphabetic());
     Some((Release { number, pre }, version, commit))
 }
 
@@ -858,6 +861,15 @@ mod tests {
         ));
         r.check_version(Kind::Runc, "runc version 1.2.0", Some((1, 2, 0)))
             .unwrap();
+        for pre in ["1.2.0~rc1+ds1", "1.2.0rc1", "1.2.0-rc.1+dev"] {
+            assert!(
+                matches!(
+                    r.check_version(Kind::Runc, &format!("runc version {pre}"), Some((1, 2, 0))),
+                    Err(RuntimeError::TooOld { .. })
+                ),
+                "{pre}"
+            );
+        }
     }
 
     #[test]
