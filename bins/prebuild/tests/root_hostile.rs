@@ -107,7 +107,7 @@ fn env_in(owner: &str, slot: u32, edit: impl Fn(String) -> String) -> Env {
         dir.path().join("run"),
     );
     setup.watchdog = cordon_testkit::watchdog();
-    setup.runtime.binary = cordon_testkit::runc();
+    setup.runtime.binary = cordon_testkit::test_runtime().1;
     Manager::open(&store, setup.clone())
         .unwrap()
         .recover()

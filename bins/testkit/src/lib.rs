@@ -334,8 +334,10 @@ fn on_this_host(text: &str) -> String {
     with_test_runtime(&replace_once(text, &shipped, &this_hosts_block()))
 }
 
-/// The OCI runtime the container tests run under: `CORDON_TEST_RUNTIME` (`runc`, the default;
-/// `crun`; `runsc`) at its usual path, or at `CORDON_TEST_RUNTIME_PATH`.
+/// The OCI runtime the container tests run under: `CORDON_TEST_RUNTIME` (`runc`, the default,
+/// at [`runc`]'s path; `crun`; `runsc`) at its usual path, or at `CORDON_TEST_RUNTIME_PATH`.
+/// Its name and path: a test that builds a lease setup itself takes the binary from here, so
+/// that it drives the runtime its policy names.
 ///
 /// # Panics
 /// Another name, or the requested runtime is not installed: the message says what to install.
@@ -352,8 +354,16 @@ pub fn test_runtime() -> (&'static str, PathBuf) {
         ),
         other => panic!("CORDON_TEST_RUNTIME={other:?}: runc, crun or runsc"),
     };
-    let path =
-        std::env::var_os("CORDON_TEST_RUNTIME_PATH").map_or_else(|| default.into(), PathBuf::from);
+    let path = std::env::var_os("CORDON_TEST_RUNTIME_PATH").map_or_else(
+        || {
+            if name == "runc" {
+                runc()
+            } else {
+                default.into()
+            }
+        },
+        PathBuf::from,
+    );
     require_executable(&path, &format!("CORDON_TEST_RUNTIME={name} ({install})"));
     (name, path)
 }

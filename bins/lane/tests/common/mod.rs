@@ -45,7 +45,7 @@ pub fn world(owner: &str, slot: u32, executor: &str, edits: &[(&str, &str)]) -> 
 /// `edit` makes it.
 pub fn world_of(owner: &str, slot: u32, executor: &str, edit: &dyn Fn(String) -> String) -> World {
     cordon_testkit::require_root("lane sessions run real containers and accounts");
-    let runc = cordon_testkit::runc();
+    let (runtime, binary) = cordon_testkit::test_runtime();
     let dir = tempfile::tempdir().unwrap();
     let ids = cordon_testkit::account_range(owner, slot);
     let text = edit(cordon_testkit::isolated_policy(dir.path(), ids));
@@ -61,13 +61,13 @@ pub fn world_of(owner: &str, slot: u32, executor: &str, edit: &dyn Fn(String) ->
         dir.path().join("run"),
     );
     setup.watchdog = cordon_testkit::watchdog();
-    setup.runtime.binary = runc;
+    setup.runtime.binary = binary;
     Manager::open(&store, setup.clone())
         .unwrap()
         .recover()
         .unwrap();
     let runtime_version =
-        cordon::identity::probe_runtime(&cordon::host::Linux, "runc", &setup.runtime.binary, None)
+        cordon::identity::probe_runtime(&cordon::host::Linux, runtime, &setup.runtime.binary, None)
             .unwrap()
             .version;
     let src = dir.path().join("model-src");

@@ -149,7 +149,7 @@ pub fn setup(w: &World, policy: &Policy, executor: &str, host: HostRef) -> Setup
         w.dir.path().join("run"),
     );
     setup.watchdog = cordon_testkit::watchdog();
-    setup.runtime.binary = cordon_testkit::runc();
+    setup.runtime.binary = cordon_testkit::test_runtime().1;
     let mut clean = setup.clone();
     clean.runtime.host = Linux::shared();
     Manager::open(&w.store, clean).unwrap().recover().unwrap();
