@@ -302,6 +302,12 @@ impl Created {
 }
 
 impl Running {
+    /// The container's init, as this host's pid namespace sees it.
+    #[must_use]
+    pub fn pid(&self) -> i32 {
+        self.created.pid
+    }
+
     /// The live stdin, when it was asked for (once).
     pub fn take_stdin(&mut self) -> Option<PipeWriter> {
         self.created.stdin.take()

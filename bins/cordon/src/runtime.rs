@@ -48,6 +48,24 @@ pub enum Kind {
     Runsc,
 }
 
+impl Kind {
+    /// Whether the runtime installs part of the bundle only as its init execs the entrypoint,
+    /// after `start`, so that the created init's posture is not yet the run's: crun loads the
+    /// seccomp filter then (measured with 1.8.1: after `create` its init has seccomp mode 0,
+    /// capabilities and no_new_privs already set). Its runs wait at a start gate, and the
+    /// posture is read once the entrypoint holds it.
+    #[must_use]
+    pub fn late_seccomp(self) -> bool {
+        match self {
+            Self::Runc => false,
+            Self::Crun => true,
+            // Its processes run under its Sentry; what cordon reads of them from the host is
+            // not their posture (the stages refuse it for that).
+            Self::Runsc => false,
+        }
+    }
+}
+
 /// What cordon requires of one runtime's releases, read from its `--version` text.
 #[derive(Debug)]
 pub struct Gate {

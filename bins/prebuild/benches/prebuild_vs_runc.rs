@@ -151,6 +151,7 @@ fn main() {
             mountable_store_roots: vec![],
             never_mount_real: vec![],
             cgroups: Some(bundle::Cgroups::V1(cordon::run_cgroup::ROOT.into())),
+            entry: bundle::Entry::Step,
         };
         let planned = bundle::plan(&policy, StageKind::Prebuild, &inputs).unwrap();
         // The same bounded child as the stage's, prepared outside the timed region (on v1 its

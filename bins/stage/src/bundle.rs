@@ -58,6 +58,27 @@ pub const TMP_DIR: &str = "tmp";
 /// The run-directory name of the runtime cache tmpfs.
 pub const CACHE_DIR: &str = "cache";
 
+/// The run-directory name of the start gate.
+pub const GATE_DIR: &str = "gate";
+/// Where the start gate is bound in the container: in the runtime's own `/dev` tmpfs, which any
+/// uid may search (a wrong one the runtime gave the entrypoint reaches the posture check
+/// rather than failing at the gate), read-only.
+pub const GATE: &str = "/dev/.cordon-gate";
+
+/// How a run's entrypoint waits at its start gate, under a runtime that installs part of the
+/// bundle only as its init execs the entrypoint ([`cordon::runtime::Kind::late_seccomp`]):
+/// the entrypoint opens the gate (a FIFO the host made in the lease's run directory, bound at
+/// [`GATE`]) and reads one line before anything of the workload runs; the host reads the
+/// posture once the gate is held, and only then writes the line. Under any other runtime the
+/// argv is the job's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    /// A registered step: the image's `/bin/sh` reads the gate, then execs the step's argv.
+    Step,
+    /// cordon's worker, which reads the gate itself (`--gate`) before anything else.
+    Worker,
+}
+
 /// The run-directory name of the lease's own copy of a store tree mounted in role `source`, or
 /// `None` for a role that is bound as it is. Trees and publications are hard links to the
 /// store's objects: bound directly, one file is one inode in every container at once (a lock
@@ -127,6 +148,8 @@ pub struct RunInputs {
     /// The host's cgroup layout, where a prebuild patcher's bounded child is prepared; `None`
     /// (not read) refuses a child.
     pub cgroups: Option<Cgroups>,
+    /// How the entrypoint waits at a start gate, where the runtime needs one.
+    pub entry: Entry,
 }
 
 impl RunInputs {
@@ -156,6 +179,7 @@ impl RunInputs {
             mountable_store_roots: Vec::new(),
             never_mount_real: Vec::new(),
             cgroups: None,
+            entry: Entry::Step,
         }
     }
 }
@@ -400,6 +424,9 @@ pub struct Planned {
     pub staging_dir: Option<PathBuf>,
     /// The patcher's bounded child, when the stage has one (prebuild).
     pub child: Option<ChildPlan>,
+    /// The host path of the start gate the host makes in the lease's run directory, when the
+    /// runtime needs one ([`Entry`]).
+    pub gate: Option<PathBuf>,
     /// What the session enforces.
     pub session: SessionSettings,
     /// The spec as every run of this stage under this policy shares it: the run's own values
@@ -1286,15 +1313,22 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
             why: format!("variable {e:?} sets a key the stage's environment sets"),
         });
     }
+    // A runtime that installs the seccomp filter only as its init execs the entrypoint: the
+    // entrypoint waits at a start gate until the host has read the posture it runs under.
+    let gate = crate::start::runtime_kind(policy)
+        .late_seccomp()
+        .then(|| run.run_dir.join(GATE_DIR));
+    let env: Vec<String> = env
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .chain(cdi_env.cloned())
+        .collect();
+    let argv = entry_argv(run, gate.is_some(), &env)?;
     let process = oci::process(oci::ProcessPlan {
         uid,
         gid,
-        argv: &run.argv,
-        env: env
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .chain(cdi_env.cloned())
-            .collect(),
+        argv: &argv,
+        env,
         cwd: "/",
         capabilities: capability
             .keys()
@@ -1304,7 +1338,18 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
         core_bytes: *core_bytes,
         no_new_privileges: *no_new_privileges,
     })?;
-    let mounts = mounts(stage, &storage.tmp_dir, &binds)?;
+    let mut mounts = mounts(stage, &storage.tmp_dir, &binds)?;
+    if let Some(gate) = &gate {
+        let source = gate
+            .to_str()
+            .ok_or_else(|| invalid("the run directory is not UTF-8"))?;
+        mounts.push(mount(
+            GATE,
+            "bind",
+            source,
+            &["bind", "ro", "rprivate", "nosuid", "nodev", "noexec"],
+        )?);
+    }
     let (devices, device_rules) = devices(kind, stage, run, gid)?;
     let linux = LinuxBuilder::default()
         .namespaces(namespaces(kind, *network)?)
@@ -1363,6 +1408,7 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
         host_mounts: storage.host_mounts,
         staging_dir: staging.as_ref().map(|_| storage.staging_dir.clone()),
         child,
+        gate,
         session: SessionSettings {
             image: (image.to_owned(), pin),
             deadline_ms: *deadline_ms,
@@ -1373,6 +1419,54 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
             staging: staging.clone(),
         },
     })
+}
+
+/// The variables a POSIX shell sets in its own environment as it starts (ash and dash: `PWD`,
+/// `SHLVL`; `OLDPWD` after a `cd`).
+const SHELL_SET: [&str; 3] = ["PWD", "SHLVL", "OLDPWD"];
+
+/// The container's argv: the job's, or — `gated` — the job's behind its entrypoint's wait at
+/// the start gate ([`Entry`]). A step's wait is the image's `/bin/sh`, which puts back exactly
+/// the planned `env` (each of [`SHELL_SET`] unset, or set to the planned value) before it
+/// execs the step, so the step starts with the environment it has under any other runtime.
+fn entry_argv(run: &RunInputs, gated: bool, env: &[String]) -> Result<Vec<String>, PlanError> {
+    if !gated {
+        return Ok(run.argv.clone());
+    }
+    let gate = GATE.to_owned();
+    match run.entry {
+        Entry::Step => {
+            let restore: String = SHELL_SET
+                .iter()
+                .map(|name| {
+                    let planned = env
+                        .iter()
+                        .find_map(|e| e.strip_prefix(name)?.strip_prefix('='));
+                    match planned {
+                        Some(v) => format!("export {name}='{}'; ", v.replace('\'', r"'\''")),
+                        None => format!("unset {name}; "),
+                    }
+                })
+                .collect();
+            // `read` fails at end of file: a gate closed without its line runs nothing.
+            let script = format!("read -r _ < {gate} || exit 70; {restore}exec \"$@\"");
+            Ok(["/bin/sh", "-c", &script, "cordon-gate"]
+                .into_iter()
+                .map(str::to_owned)
+                .chain(run.argv.iter().cloned())
+                .collect())
+        }
+        Entry::Worker => {
+            let (worker, rest) = run
+                .argv
+                .split_first()
+                .ok_or_else(|| invalid("a worker run with an empty argv"))?;
+            Ok([worker.clone(), "--gate".into(), gate]
+                .into_iter()
+                .chain(rest.iter().cloned())
+                .collect())
+        }
+    }
 }
 
 /// Placeholder run inputs for `explain --bundle`: the first ids of the range, the pinned
@@ -1449,6 +1543,8 @@ pub fn example_inputs(policy: &Policy, kind: StageKind) -> RunInputs {
         mountable_store_roots: vec![store.join("trees"), store.join("publications")],
         never_mount_real: Vec::new(),
         cgroups: Some(Cgroups::V1(PathBuf::from(cordon::run_cgroup::ROOT))),
+        // The argv above is the step's, in every stage (a lane's runs put the worker first).
+        entry: Entry::Step,
     }
 }
 
@@ -1556,6 +1652,68 @@ mod tests {
                 .unwrap()
                 .launch
         );
+    }
+
+    /// Under crun (which installs the seccomp filter only as it execs the entrypoint) every run
+    /// waits at a start gate bound read-only into its `/dev`: a step behind the image's shell, which puts
+    /// back exactly the planned environment, the worker by its own `--gate`; under runc the
+    /// argv is the job's and there is no gate.
+    #[test]
+    fn under_crun_the_entrypoint_waits_at_a_start_gate_with_the_planned_environment() {
+        let runc = policy(|t| t);
+        let crun = policy(|t| {
+            t.replace_once(
+                r#"runtime "runc" path="/usr/sbin/runc" min-version="1.1.5""#,
+                r#"runtime "crun" path="/usr/bin/crun""#,
+            )
+            .replace_once(
+                r#"        LANG "C.UTF-8"
+        PYTHONDONTWRITEBYTECODE "1""#,
+                r#"        LANG "C.UTF-8"
+        PWD "/it's"
+        PYTHONDONTWRITEBYTECODE "1""#,
+            )
+        });
+        let run = example_inputs(&runc, StageKind::Prebuild);
+        let argv = |p: &Planned| p.spec.process().as_ref().unwrap().args().clone().unwrap();
+        let plain = plan(&runc, StageKind::Prebuild, &run).unwrap();
+        assert_eq!(plain.gate, None);
+        assert_eq!(argv(&plain), run.argv);
+        let gated = plan(&crun, StageKind::Prebuild, &run).unwrap();
+        assert_eq!(gated.gate, Some(run.run_dir.join(GATE_DIR)));
+        let bound = |p: &Planned| {
+            spec_json(p)["mounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|m| m["destination"] == GATE)
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        assert!(bound(&plain).is_empty());
+        assert_eq!(
+            bound(&gated),
+            [serde_json::json!({
+                "destination": GATE,
+                "type": "bind",
+                "source": run.run_dir.join(GATE_DIR),
+                "options": ["bind", "ro", "rprivate", "nosuid", "nodev", "noexec"],
+            })]
+        );
+        let script = r#"read -r _ < /dev/.cordon-gate || exit 70; export PWD='/it'\''s'; unset SHLVL; unset OLDPWD; exec "$@""#;
+        let head = ["/bin/sh", "-c", script, "cordon-gate"].map(str::to_owned);
+        assert_eq!(argv(&gated), [&head[..], &run.argv[..]].concat());
+        let mut worker = run.clone();
+        worker.entry = Entry::Worker;
+        worker.argv = ["/cordon/worker", "--protocol", "lane"]
+            .map(str::to_owned)
+            .to_vec();
+        assert_eq!(
+            argv(&plan(&crun, StageKind::Prebuild, &worker).unwrap()),
+            ["/cordon/worker", "--gate", GATE, "--protocol", "lane"]
+        );
+        worker.argv.clear();
+        assert!(plan(&crun, StageKind::Prebuild, &worker).is_err());
     }
 
     /// The patcher's child is planned from the policy's `child`: its cgroup's directories

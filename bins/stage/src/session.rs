@@ -149,6 +149,13 @@ pub enum SessionError {
         /// Each difference, and the quarantine imposed; or why it could not be read.
         why: String,
     },
+    /// The start gate could not be made, held or opened: nothing of the workload ran.
+    #[error("the container's start gate: {why}")]
+    #[diagnostic(code(cordon::session::gate))]
+    Gate {
+        /// What failed, with the path.
+        why: String,
+    },
     /// The run's evidence could not be kept: a receipt would name what the store lacks.
     #[error("cannot keep the run's evidence")]
     #[diagnostic(code(cordon::session::evidence))]
@@ -182,8 +189,57 @@ impl ExitClass for SessionError {
             | Self::Canonical(_)
             | Self::Interrupted(_)
             | Self::Posture { .. }
+            | Self::Gate { .. }
             | Self::Child { .. }
             | Self::Evidence(_) => ExitCode::NoDecision,
+        }
+    }
+}
+
+/// How often a gated run's supervisor looks for its entrypoint at the start gate (a FIFO's
+/// writer can be opened only once its reader holds it, and nothing signals that).
+const GATE_POLL: Duration = Duration::from_millis(1);
+
+/// Wait, until `deadline`, for a gated run's entrypoint to hold its start gate open: it has
+/// exec'd, so the runtime has installed all it installs, and it waits for the gate's line
+/// before anything of the workload runs. The gate's writing end. `exited` blocks until the
+/// container's init has exited (`true`) or the instant it is given passes. An init that ends
+/// first, a deadline that passes or a gate that cannot be opened is a no-decision; a signal
+/// ends the wait as itself.
+///
+/// # Errors
+/// [`SessionError::Gate`], or [`SessionError::Interrupted`].
+pub fn hold_gate(
+    host: &dyn cordon::host::Host,
+    gate: &std::path::Path,
+    deadline: Instant,
+    exited: impl Fn(Instant) -> std::io::Result<bool>,
+) -> Result<std::fs::File, SessionError> {
+    let failed = |why: &str| SessionError::Gate {
+        why: format!("{}: {why}", gate.display()),
+    };
+    loop {
+        interrupt::check().map_err(SessionError::from)?;
+        if let Some(file) = host
+            .open_gate(gate)
+            .map_err(|e| failed(&format!("cannot be opened: {e}")))?
+        {
+            return Ok(file);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(failed(
+                "the entrypoint did not open it by the stage's deadline",
+            ));
+        }
+        // Blocks until the init exits or the slice ends: an init that ends is seen at once.
+        if exited((now + GATE_POLL).min(deadline))
+            .map_err(|e| failed(&format!("the init cannot be waited for: {e}")))?
+        {
+            interrupt::check().map_err(SessionError::from)?;
+            return Err(failed(
+                "the container's init ended before its entrypoint opened it",
+            ));
         }
     }
 }
@@ -269,6 +325,8 @@ pub struct Job {
     /// The engine tree the run runs: refused when an earlier run of it ended in an incident
     /// under this authority, and named in the lease record so an incident of this run stops it.
     pub candidate: Option<Digest>,
+    /// How the argv's entrypoint waits at a start gate, where the runtime needs one.
+    pub entry: bundle::Entry,
 }
 
 /// Where a container stage works on this host: what its binary establishes at start and the
@@ -609,6 +667,27 @@ impl Session<'_> {
         Err(posture(format!("{why}; {line}")))
     }
 
+    /// A gated run's posture check ([`bundle::Entry`]): once the entrypoint holds the start
+    /// gate ([`hold_gate`]), read the posture as [`Session::check_posture`] does, and only then
+    /// write the gate's line. A posture that differs quarantines the executor, and the gate
+    /// closes without its line.
+    fn pass_gate(
+        &self,
+        running: &Running,
+        gate: &std::path::Path,
+        planned: &Planned,
+        deadline: Instant,
+    ) -> Result<(), SessionError> {
+        use std::io::Write as _;
+        let mut held = hold_gate(self.setup.host(), gate, deadline, |until| {
+            running.exited_by(until)
+        })?;
+        self.check_posture(running.pid(), planned)?;
+        held.write_all(b"\n").map_err(|e| SessionError::Gate {
+            why: format!("{}: cannot be written: {e}", gate.display()),
+        })
+    }
+
     /// Keep the host's records of `lease`'s run ([`Manager::host_evidence`]).
     fn keep_host_evidence(&self, manager: &Manager, lease: &Lease) -> Result<(), SessionError> {
         for (name, bytes) in manager.host_evidence(lease) {
@@ -640,6 +719,7 @@ impl Session<'_> {
         inputs.devices = devices;
         inputs.cdi = cdi;
         inputs.lane.clone_from(&job.lane);
+        inputs.entry = job.entry;
         // No mount may expose the store's private parts, the protected bundle, the runtime's
         // state or the controller's working directory; published trees and publications may be
         // mounted (read-only, by the plan).
@@ -698,6 +778,16 @@ impl Session<'_> {
             };
             made.map_err(SessionError::from)?;
         }
+        // The start gate, in the run directory (root's): nothing but the entrypoint runs in
+        // the container until the gate is passed, and its name is gone then.
+        if let Some(gate) = &planned.gate {
+            self.setup
+                .host()
+                .make_fifo(gate)
+                .map_err(|e| SessionError::Gate {
+                    why: format!("cannot make {}: {e}", gate.display()),
+                })?;
+        }
         // 4. The bundle is a protected file, re-checked right before create.
         let config = cordon_canon::canonical::to_canonical_json(&planned.spec)
             .map_err(SessionError::from)?;
@@ -745,12 +835,18 @@ impl Session<'_> {
         // one (the release deletes it).
         interrupt::check().map_err(SessionError::from)?;
         // The kernel's view of the created init against the plan: a runtime that applied less
-        // than the bundle (a flag, a namespace, a filter) is caught before anything runs.
-        self.check_posture(created.pid(), &planned)?;
+        // than the bundle (a flag, a namespace, a filter) is caught before anything runs. A
+        // gated run's is read at its gate instead, once the runtime has applied all of it.
+        if planned.gate.is_none() {
+            self.check_posture(created.pid(), &planned)?;
+        }
         if let Some(child) = &planned.child {
             arm_child(self.setup.host(), child, inputs.uid, inputs.gid)?;
         }
         let mut running = created.start().map_err(SessionError::from)?;
+        if let Some(gate) = &planned.gate {
+            self.pass_gate(&running, gate, &planned, deadline)?;
+        }
         drive(&mut running, &planned, deadline)?;
         let exited = running
             .wait(deadline, &manager.cgroup(&lease))
@@ -855,6 +951,46 @@ pub(crate) mod tests {
             || matches!(c, Call::Write(f, _) if f.starts_with(lease.join("child")))));
     }
 
+    /// The start gate through the fake: held once a reader has it (one open), and each way it
+    /// fails is a no-decision naming the gate — an init that ends first, a deadline that
+    /// passes while nobody opens it, a gate the host cannot open.
+    #[test]
+    fn a_start_gate_is_held_once_its_reader_has_it_and_every_failure_names_it() {
+        let gate = std::path::Path::new("/run/l/gate");
+        let later = Instant::now() + Duration::from_secs(60);
+        let never = |_| Ok(false);
+        let host = Fake::new();
+        hold_gate(&host, gate, later, never).unwrap();
+        assert_eq!(host.calls(), [Call::OpenGate(gate.into())]);
+
+        let why = |e: SessionError| match e {
+            SessionError::Gate { why } => why,
+            other => panic!("{other:?}"),
+        };
+        let unread = Fake::new();
+        unread.gate_unread();
+        let ended = why(hold_gate(&unread, gate, later, |_| Ok(true)).unwrap_err());
+        assert!(
+            ended.contains("init ended before its entrypoint opened it"),
+            "{ended}"
+        );
+        let past = Instant::now() + Duration::from_millis(20);
+        let late = why(hold_gate(&unread, gate, past, never).unwrap_err());
+        assert!(
+            late.contains("did not open it by the stage's deadline"),
+            "{late}"
+        );
+        assert!(
+            unread.calls().len() > 2,
+            "it looked again until the deadline"
+        );
+
+        let broken = Fake::new();
+        broken.unreadable(gate);
+        let e = why(hold_gate(&broken, gate, later, never).unwrap_err());
+        assert!(e.starts_with("/run/l/gate: cannot be opened"), "{e}");
+    }
+
     fn try_run(kind: StageKind, version: &str) -> (SessionError, Vec<Call>, usize) {
         try_run_with(&policy(|t| t), kind, version, &[])
     }
@@ -925,6 +1061,7 @@ pub(crate) mod tests {
             framed,
             lane: None,
             candidate: None,
+            entry: bundle::Entry::Step,
         };
         let e = session
             .run(&job, |_, _, _| Ok::<(), SessionError>(()), |_, _, _| Ok(()))

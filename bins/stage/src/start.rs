@@ -358,12 +358,8 @@ pub fn runtime_kind(policy: &Policy) -> cordon::runtime::Kind {
 #[must_use]
 pub fn undriven(kind: cordon::runtime::Kind) -> Option<&'static str> {
     match kind {
-        cordon::runtime::Kind::Runc => None,
-        // Measured: `crun create` leaves its init with seccomp mode 0 (capabilities and
-        // no_new_privs already set); crun loads the filter as its init execs the entrypoint.
-        cordon::runtime::Kind::Crun => Some(
-            "a posture check after start for crun, which loads the bundle's seccomp filter only as its init execs the entrypoint, after the check cordon makes between create and start",
-        ),
+        // crun's runs wait at a start gate for their posture check (`Kind::late_seccomp`).
+        cordon::runtime::Kind::Runc | cordon::runtime::Kind::Crun => None,
         cordon::runtime::Kind::Runsc => Some(
             "a posture check of gVisor's sandbox, whose processes run under its Sentry rather than the host kernel cordon reads a container's posture from",
         ),
@@ -394,7 +390,7 @@ mod tests {
     use cordon::runtime::Kind;
 
     #[test]
-    fn each_runtime_a_policy_names_maps_to_its_gate_and_only_runc_is_driven() {
+    fn each_runtime_a_policy_names_maps_to_its_gate_and_only_runsc_is_undriven() {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../policy/evaluator.kdl");
         let text = std::fs::read_to_string(path).unwrap();
         let line = text.lines().find(|l| l.starts_with("runtime ")).unwrap();
@@ -408,7 +404,7 @@ mod tests {
             assert_eq!(super::runtime_kind(&policy), kind, "{name}");
             assert_eq!(
                 super::undriven(kind).is_none(),
-                kind == Kind::Runc,
+                kind != Kind::Runsc,
                 "{name}"
             );
         }

@@ -2,9 +2,14 @@
 //! runtime image (so the image digest covers its bytes) and started as the container's first
 //! process by the host's exact argv:
 //!
-//! `/cordon/worker --protocol lane|reference --sealed HEX --max-bytes N --max-frames N
-//! [--read-only PATH]… [--cache-root DIR --cache DIR…] [--tree DIR --publication DIR]
-//! -- ENGINE ARGV…`
+//! `/cordon/worker [--gate FIFO] --protocol lane|reference --sealed HEX --max-bytes N
+//! --max-frames N [--read-only PATH]… [--cache-root DIR --cache DIR…]
+//! [--tree DIR --publication DIR] -- ENGINE ARGV…`
+//!
+//! `--gate`: under a runtime that installs the seccomp filter only as it execs the worker
+//! (crun), the worker first opens the start gate and waits for its line; the host reads its
+//! posture from outside meanwhile and writes the line only if it is the planned one. A gate
+//! closed without its line ends the worker (exit 70) before it does anything else.
 //!
 //! The protocol is the one it speaks to the host (the engine always speaks the lane's to it:
 //! the worker re-encodes every frame it relays). In the pristine reference session
@@ -67,6 +72,7 @@ struct Args {
     cache_root: Option<String>,
     caches: Vec<String>,
     engine: Vec<String>,
+    gate: Option<String>,
 }
 
 fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -94,6 +100,7 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
             "--read-only" => a.read_only.push(value),
             "--cache-root" => a.cache_root = Some(value),
             "--cache" => a.caches.push(value),
+            "--gate" => a.gate = Some(value),
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
@@ -692,6 +699,18 @@ fn run(args: &Args, shared: &Arc<Shared>) -> Result<(), String> {
     )
 }
 
+/// Open the start gate and read its line: the host writes it only once it has read this
+/// process's posture (and closes the gate without it otherwise).
+fn wait_at_gate(gate: &str) -> std::io::Result<()> {
+    let mut line = [0u8; 1];
+    let n = std::fs::File::open(gate)?.read(&mut line)?;
+    if n == 1 && line == *b"\n" {
+        Ok(())
+    } else {
+        Err(std::io::Error::other("closed without its line"))
+    }
+}
+
 fn main() -> ExitCode {
     // First, before reading anything: a non-dumpable process cannot be traced or have its
     // /proc files opened by another process of the same account (the engine).
@@ -713,6 +732,12 @@ fn main() -> ExitCode {
     let (Some(limits), Some(protocol)) = (args.limits, args.protocol) else {
         return ExitCode::from(64);
     };
+    if let Some(gate) = &args.gate
+        && let Err(e) = wait_at_gate(gate)
+    {
+        eprintln!("cordon-worker: the start gate {gate}: {e}");
+        return ExitCode::from(70);
+    }
     let shared = Arc::new(Shared {
         host: Mutex::new(Host {
             out: std::io::stdout(),
@@ -810,5 +835,38 @@ mod tests {
             pristine,
         );
         refused(bare(&format!("--protocol lane {t} {rest} -- /e")), pristine);
+    }
+
+    #[test]
+    fn the_worker_goes_on_only_after_the_gates_line() {
+        let dir = std::env::temp_dir().join(format!("cordon-gate-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let gate = dir.join("gate");
+        let path = gate.to_str().unwrap().to_owned();
+        let args = parse(
+            format!(
+                "--gate {path} --protocol lane --sealed {} --max-bytes 9 --max-frames 9 -- /e",
+                "0".repeat(64)
+            )
+            .split(' ')
+            .map(str::to_owned),
+        )
+        .unwrap();
+        assert_eq!(args.gate.as_deref(), Some(path.as_str()));
+        for (written, passes) in [(&b"\n"[..], true), (&b""[..], false), (&b"x"[..], false)] {
+            nix::unistd::mkfifo(&gate, nix::sys::stat::Mode::S_IRWXU).unwrap();
+            let waiting = std::thread::spawn({
+                let path = path.clone();
+                move || wait_at_gate(&path)
+            });
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&gate)
+                .and_then(|mut f| f.write_all(written))
+                .unwrap();
+            assert_eq!(waiting.join().unwrap().is_ok(), passes, "{written:?}");
+            std::fs::remove_file(&gate).unwrap();
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

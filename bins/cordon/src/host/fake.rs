@@ -52,6 +52,10 @@ pub enum Call {
     PidNamespace(u32),
     /// A process killed if it runs as a uid: its pid and the uid.
     KillOf(u32, u32),
+    /// A start gate made: its path.
+    MakeFifo(PathBuf),
+    /// A start gate opened for writing: its path.
+    OpenGate(PathBuf),
 }
 
 /// A process in the fake's process table.
@@ -78,6 +82,7 @@ struct State {
     fail_mounts: bool,
     fail_unmounts: bool,
     fail_edits: bool,
+    gate_unread: bool,
 }
 
 /// The fake host.
@@ -130,6 +135,12 @@ impl Fake {
             names.push(pid.to_string());
             names.sort();
         });
+        self
+    }
+
+    /// No process ever opens a start gate for reading: [`Host::open_gate`] answers `None`.
+    pub fn gate_unread(&self) -> &Self {
+        self.with(|s| s.gate_unread = true);
         self
     }
 
@@ -361,6 +372,35 @@ impl Host for Fake {
                 Ok(())
             }
         })
+    }
+
+    fn make_fifo(&self, path: &Path) -> io::Result<()> {
+        self.with(|s| {
+            s.calls.push(Call::MakeFifo(path.to_path_buf()));
+            if s.unreadable.iter().any(|p| p == path) {
+                Err(broken())
+            } else {
+                Ok(())
+            }
+        })
+    }
+
+    /// A gate that opens writes to `/dev/null`.
+    fn open_gate(&self, path: &Path) -> io::Result<Option<std::fs::File>> {
+        let (unreadable, unread) = self.with(|s| {
+            s.calls.push(Call::OpenGate(path.to_path_buf()));
+            (s.unreadable.iter().any(|p| p == path), s.gate_unread)
+        });
+        if unreadable {
+            Err(broken())
+        } else if unread {
+            Ok(None)
+        } else {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/null")
+                .map(Some)
+        }
     }
 
     fn write_control(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
@@ -847,6 +887,14 @@ impl Host for Interposed {
         self.pass(Call::Edit(path.into()), || {
             super::Linux.edit_file(path, edit)
         })
+    }
+
+    fn make_fifo(&self, path: &Path) -> io::Result<()> {
+        self.pass(Call::MakeFifo(path.into()), || super::Linux.make_fifo(path))
+    }
+
+    fn open_gate(&self, path: &Path) -> io::Result<Option<std::fs::File>> {
+        self.pass(Call::OpenGate(path.into()), || super::Linux.open_gate(path))
     }
 }
 

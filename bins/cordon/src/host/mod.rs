@@ -317,6 +317,23 @@ pub trait Host: std::fmt::Debug + Send + Sync {
     /// # Errors
     /// Locking, reading, writing, syncing or renaming failed; the file is then unchanged.
     fn edit_file(&self, path: &Path, edit: &dyn Fn(&str) -> Option<String>) -> io::Result<()>;
+
+    /// Make a FIFO at `path` (not following or replacing anything there), root's, mode 0444: a
+    /// container's start gate, which its entrypoint opens and reads before it runs anything of
+    /// the workload — whatever uid the runtime gave it, so that a wrong one reaches the posture
+    /// check rather than failing at the gate.
+    ///
+    /// # Errors
+    /// Something exists at `path`, or the kernel refused.
+    fn make_fifo(&self, path: &Path) -> io::Result<()>;
+
+    /// Open the FIFO at `path` for writing without waiting, following no link, and remove its
+    /// name (whoever holds it open keeps it): `None` while no process holds it open for
+    /// reading. The writing end is blocking once open.
+    ///
+    /// # Errors
+    /// It is not a FIFO, or it could not be opened or unlinked.
+    fn open_gate(&self, path: &Path) -> io::Result<Option<File>>;
 }
 
 /// A shared handle to the host.
@@ -598,6 +615,45 @@ impl Host for Linux {
         fs::metadata(namespace_path(pid, kind)).map(|m| m.ino())
     }
 
+    fn make_fifo(&self, path: &Path) -> io::Result<()> {
+        use nix::sys::stat::{FchmodatFlags, Mode, fchmodat};
+        let mode = Mode::S_IRUSR | Mode::S_IRGRP | Mode::S_IROTH;
+        nix::unistd::mkfifo(path, mode).map_err(io::Error::from)?;
+        // Set again: the umask applies to mkfifo, and every reader needs its bit.
+        fchmodat(
+            nix::fcntl::AT_FDCWD,
+            path,
+            mode,
+            FchmodatFlags::FollowSymlink,
+        )
+        .map_err(io::Error::from)
+    }
+
+    fn open_gate(&self, path: &Path) -> io::Result<Option<File>> {
+        use std::os::unix::fs::FileTypeExt as _;
+        // ENXIO: no reader yet. O_NONBLOCK only for the open; the write that opens the gate
+        // blocks as any pipe write does (one byte into an empty pipe never waits).
+        let file = match OpenOptions::new()
+            .write(true)
+            .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+            .open(path)
+        {
+            Err(e) if e.raw_os_error() == Some(nix::libc::ENXIO) => return Ok(None),
+            opened => opened?,
+        };
+        if !file.metadata()?.file_type().is_fifo() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is not a FIFO", path.display()),
+            ));
+        }
+        let flags = nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_GETFL)?;
+        let flags = nix::fcntl::OFlag::from_bits_truncate(flags) & !nix::fcntl::OFlag::O_NONBLOCK;
+        nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_SETFL(flags))?;
+        fs::remove_file(path)?;
+        Ok(Some(file))
+    }
+
     fn kill_of(&self, pid: u32, uid: u32) -> io::Result<bool> {
         use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
         let gone = |e: &rustix::io::Errno| *e == rustix::io::Errno::SRCH;
@@ -727,6 +783,47 @@ mod tests {
         assert!(Linux.kill_of(pid, uid).unwrap());
         assert_eq!(child.wait().unwrap().signal(), Some(9));
         assert!(!Linux.kill_of(pid, uid).unwrap());
+    }
+
+    /// A start gate is a FIFO anyone may read, mode 0444; its writer opens only once a reader
+    /// holds it, and the open takes its name away; what is not a FIFO is refused, and nothing
+    /// is made over what exists.
+    #[test]
+    fn a_start_gate_opens_only_for_its_reader_and_leaves_no_name() {
+        use std::io::Read as _;
+        use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
+        let dir = tempfile::tempdir().unwrap();
+        let gate = dir.path().join("gate");
+        Linux.make_fifo(&gate).unwrap();
+        let m = fs::symlink_metadata(&gate).unwrap();
+        assert!(m.file_type().is_fifo());
+        assert_eq!(m.mode() & 0o7777, 0o444);
+        assert_eq!(
+            Linux.make_fifo(&gate).unwrap_err().kind(),
+            io::ErrorKind::AlreadyExists
+        );
+        assert!(Linux.open_gate(&gate).unwrap().is_none(), "no reader yet");
+        let reader = std::thread::spawn({
+            let gate = gate.clone();
+            move || {
+                let mut line = String::new();
+                File::open(gate).unwrap().read_to_string(&mut line).unwrap();
+                line
+            }
+        });
+        let mut held = loop {
+            if let Some(f) = Linux.open_gate(&gate).unwrap() {
+                break f;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert!(!gate.exists(), "the gate's name outlived its open");
+        held.write_all(b"\n").unwrap();
+        drop(held);
+        assert_eq!(reader.join().unwrap(), "\n");
+        let plain = dir.path().join("plain");
+        fs::write(&plain, "").unwrap();
+        assert!(Linux.open_gate(&plain).is_err());
     }
 
     #[test]
