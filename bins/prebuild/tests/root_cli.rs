@@ -11,7 +11,7 @@ use std::process::{Command, Output};
 
 use cordon::canonical::Digest;
 use cordon_testkit::workspace_root;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 fn bin(name: &str) -> PathBuf {
     Path::new(env!("CARGO_BIN_EXE_cordon-prebuild")).with_file_name(name)
@@ -500,8 +500,8 @@ fn a_sigkilled_supervisors_container_is_ended_by_its_lease_watchdog() {
     );
     child.kill().unwrap();
     assert!(child.wait().unwrap().code().is_none(), "killed, not exited");
-    let runc_state = || {
-        Command::new(cordon_testkit::runc())
+    let runtime_state = || {
+        Command::new(cordon_testkit::test_runtime().1)
             .arg("--root")
             .arg(&state_root)
             .args(["state", &id])
@@ -510,7 +510,7 @@ fn a_sigkilled_supervisors_container_is_ended_by_its_lease_watchdog() {
     };
     let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        let out = runc_state();
+        let out = runtime_state();
         let state: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
         if state["status"] == "stopped" {
             break;
@@ -651,50 +651,66 @@ fn the_bundled_aot_and_dependency_patch_examples_build_through_the_pipeline() {
     }
 }
 
-/// crun is gated by its own table (a policy naming crun at runc's binary is refused as not
-/// crun), and a crun that passes it is still refused before anything is created: its init
-/// takes the bundle's seccomp filter only after start, past the posture check cordon makes.
+/// crun is gated by its own table: a policy naming crun at runc's binary is refused as not
+/// crun before anything exists. A crun that passes it builds, its step behind the start gate:
+/// the bundle's argv waits at the gate, and the posture read there — after crun's init has
+/// exec'd the entrypoint, so its seccomp filter is installed — is the planned one (filter mode,
+/// one filter of the runtime's). Nothing of the executor is left either way.
 #[test]
-fn crun_is_gated_by_its_own_table_and_refused_until_its_posture_is_checked_after_start() {
+fn crun_is_gated_by_its_own_table_and_its_runs_wait_at_the_start_gate() {
     let crun = Path::new("/usr/bin/crun");
     cordon_testkit::require_executable(crun, "apt-get install -y crun");
+    cordon_testkit::require_crun_host();
     let cli = Cli::new(7);
     let policy = cli.path("policy.kdl");
-    let runc_line = |text: &str| {
-        text.lines()
-            .find(|l| l.starts_with("runtime "))
-            .unwrap()
-            .to_owned()
-    };
     let reviewed = std::fs::read_to_string(&policy).unwrap();
-    let line = runc_line(&reviewed);
-    for (named, code, what) in [
-        (
-            "runtime \"crun\" path=\"/usr/sbin/runc\"",
-            "cordon::runtime::not_named",
-            "does not say it is crun",
-        ),
-        (
-            "runtime \"crun\" path=\"/usr/bin/crun\"",
-            "cordon::plan::unimplemented",
-            "a posture check after start for crun",
-        ),
-    ] {
-        std::fs::write(&policy, reviewed.replace(&line, named)).unwrap();
-        let receipt = cli.materialized(&workspace_root().join("checks/example/incumbent"));
-        let (out, r) = cli.prebuild(&receipt, &cli.path("images"));
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(3), "{named}: {out:?}");
-        assert_eq!(r["outcome"], "no-decision", "{r}");
-        assert!(
-            stderr.contains(code) && stderr.contains(what),
-            "{named}: {stderr}"
-        );
-        // Refused before a container or lease existed: nothing of this executor is left.
-        let state = Path::new(cordon::lease::DEFAULT_STATE_ROOT).join(&cli.executor);
+    let line = reviewed
+        .lines()
+        .find(|l| l.starts_with("runtime "))
+        .unwrap()
+        .to_owned();
+    let state = Path::new(cordon::lease::DEFAULT_STATE_ROOT).join(&cli.executor);
+    let nothing_left = |named: &str| {
         assert!(
             std::fs::read_dir(&state).map_or(true, |mut d| d.next().is_none()),
-            "{named}: a container was made"
+            "{named}: a container is left"
         );
-    }
+        assert!(
+            cordon_testkit::lease_records(&cli.path("store")).is_empty(),
+            "{named}: a lease is left"
+        );
+    };
+    let named = "runtime \"crun\" path=\"/usr/sbin/runc\"";
+    std::fs::write(&policy, reviewed.replace(&line, named)).unwrap();
+    let receipt = cli.materialized(&workspace_root().join("checks/example/incumbent"));
+    let (out, r) = cli.prebuild(&receipt, &cli.path("images"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{named}: {out:?}");
+    assert_eq!(r["outcome"], "no-decision", "{r}");
+    assert!(
+        stderr.contains("cordon::runtime::not_named") && stderr.contains("does not say it is crun"),
+        "{named}: {stderr}"
+    );
+    nothing_left(named);
+
+    let named = "runtime \"crun\" path=\"/usr/bin/crun\"";
+    std::fs::write(&policy, reviewed.replace(&line, named)).unwrap();
+    let receipt = cli.materialized(&workspace_root().join("checks/example/incumbent"));
+    let (out, r) = cli.prebuild(&receipt, &cli.path("images"));
+    assert_eq!(out.status.code(), Some(0), "{named}: {out:?}");
+    let evidence = |name| cordon_testkit::evidence(&cli.path("store"), &r, name);
+    let bundle: Value = serde_json::from_slice(&evidence("bundle")).unwrap();
+    let argv = bundle["process"]["args"].as_array().unwrap();
+    assert_eq!(argv[..2], [json!("/bin/sh"), json!("-c")], "{bundle}");
+    assert!(
+        argv[2]
+            .as_str()
+            .unwrap()
+            .starts_with("read -r _ < /dev/.cordon-gate || exit 70;"),
+        "{bundle}"
+    );
+    let posture: Value = serde_json::from_slice(&evidence("posture")).unwrap();
+    assert_eq!(posture["seccomp"], json!([2, 1]), "{posture}");
+    assert_eq!(posture["no_new_privs"], json!(true), "{posture}");
+    nothing_left(named);
 }

@@ -72,7 +72,7 @@ fn env(slot: u32) -> Env {
         dir.path().join("run"),
     );
     setup.watchdog = cordon_testkit::watchdog();
-    setup.runtime.binary = cordon_testkit::runc();
+    setup.runtime.binary = cordon_testkit::test_runtime().1;
     setup.accounts.uids = cordon_testkit::account_range("reap-container", slot);
     setup.accounts.gids = setup.accounts.uids;
     setup.accounts.cron_deny = dir.path().join("cron.deny");

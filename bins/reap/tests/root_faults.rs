@@ -45,7 +45,7 @@ fn setup(dir: &Path, slot: u32) -> Setup {
         dir.join("run"),
     );
     s.watchdog = cordon_testkit::watchdog();
-    s.runtime.binary = cordon_testkit::runc();
+    s.runtime.binary = cordon_testkit::test_runtime().1;
     s.lock_dir = dir.join("locks");
     s.accounts.uids = cordon_testkit::account_range("reap-faults", slot);
     s.accounts.gids = s.accounts.uids;

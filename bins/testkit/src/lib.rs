@@ -365,7 +365,31 @@ pub fn test_runtime() -> (&'static str, PathBuf) {
         PathBuf::from,
     );
     require_executable(&path, &format!("CORDON_TEST_RUNTIME={name} ({install})"));
+    if name == "crun" {
+        require_crun_host();
+    }
     (name, path)
+}
+
+/// crun creates containers on this host: it refuses a hybrid cgroup layout whose v2 hierarchy
+/// holds a controller ("cgroups in hybrid mode not supported"), as systemd's hybrid layout
+/// leaves one that is not mounted as v1 (`hugetlb` on Debian's cloud kernels).
+///
+/// # Panics
+/// This host's v2 hierarchy holds controllers beside v1 ones: names them and what clears them.
+pub fn require_crun_host() {
+    let unified = Path::new("/sys/fs/cgroup/unified/cgroup.controllers");
+    let Ok(held) = std::fs::read_to_string(unified) else {
+        // No hybrid layout: v1 alone, or v2 alone (whose root is `/sys/fs/cgroup`).
+        return;
+    };
+    assert!(
+        held.trim().is_empty(),
+        "crun refuses this hybrid cgroup host: its v2 hierarchy holds {:?}; \
+         `bash checks/crun-host.sh` mounts each as v1 (what checks/test.sh does), or run on a \
+         v2-only host",
+        held.trim()
+    );
 }
 
 /// `text` (a policy whose runtime is `runc` at `/usr/sbin/runc`) with its runtime line for
@@ -810,7 +834,7 @@ pub fn wait_running(store: &Path, state_root: &Path) -> String {
                 .filter(|r| r["kind"] == "container")
                 .filter_map(|r| r["id"].as_str().map(str::to_owned));
             for id in ids {
-                let out = std::process::Command::new(runc())
+                let out = std::process::Command::new(test_runtime().1)
                     .arg("--root")
                     .arg(state_root)
                     .args(["state", &id])
@@ -912,7 +936,7 @@ pub fn assert_left_nothing(
         .unwrap_or_default();
     assert!(runs.is_empty(), "run directories are left: {runs:?}");
     if let Some(id) = id {
-        let out = std::process::Command::new(runc())
+        let out = std::process::Command::new(test_runtime().1)
             .arg("--root")
             .arg(state_root)
             .args(["state", id])
