@@ -337,6 +337,15 @@ impl Running {
         self.created.init.exited_by(deadline)
     }
 
+    /// Kill the init of a container whose workload never began (it waits at its start gate),
+    /// and reap it: [`Created::abandon`], once started.
+    ///
+    /// # Errors
+    /// The init could not be killed or reaped.
+    pub fn abandon(self) -> Result<(), RuntimeError> {
+        self.created.abandon()
+    }
+
     /// Kill everything in the container.
     ///
     /// # Errors

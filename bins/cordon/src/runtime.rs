@@ -49,13 +49,14 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// Whether the runtime installs part of the bundle only as its init execs the entrypoint,
-    /// after `start`, so that the created init's posture is not yet the run's: crun loads the
+    /// Whether the runtime's init becomes the run's only as it execs the entrypoint, after
+    /// `start`, so that the created init cannot yet be checked from outside: crun installs the
     /// seccomp filter then (measured with 1.8.1: after `create` its init has seccomp mode 0,
-    /// capabilities and no_new_privs already set). Its runs wait at a start gate, and the
-    /// posture is read once the entrypoint holds it.
+    /// capabilities and no_new_privs already set), and until then keeps its init non-dumpable
+    /// (a rootless supervisor cannot read its namespaces or root). Its runs wait at a start
+    /// gate, and are checked once the entrypoint holds it.
     #[must_use]
-    pub fn late_seccomp(self) -> bool {
+    pub fn settles_at_exec(self) -> bool {
         match self {
             Self::Runc => false,
             Self::Crun => true,

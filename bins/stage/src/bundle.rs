@@ -66,7 +66,7 @@ pub const GATE_DIR: &str = "gate";
 pub const GATE: &str = "/dev/.cordon-gate";
 
 /// How a run's entrypoint waits at its start gate, under a runtime that installs part of the
-/// bundle only as its init execs the entrypoint ([`cordon::runtime::Kind::late_seccomp`]):
+/// bundle only as its init execs the entrypoint ([`cordon::runtime::Kind::settles_at_exec`]):
 /// the entrypoint opens the gate (a FIFO the host made in the lease's run directory, bound at
 /// [`GATE`]) and reads one line before anything of the workload runs; the host reads the
 /// posture once the gate is held, and only then writes the line. Under any other runtime the
@@ -1316,14 +1316,17 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
     // A runtime that installs the seccomp filter only as its init execs the entrypoint: the
     // entrypoint waits at a start gate until the host has read the posture it runs under.
     let gate = crate::start::runtime_kind(policy)
-        .late_seccomp()
+        .settles_at_exec()
         .then(|| run.run_dir.join(GATE_DIR));
     let env: Vec<String> = env
         .iter()
         .map(|(k, v)| format!("{k}={v}"))
         .chain(cdi_env.cloned())
         .collect();
-    let argv = entry_argv(run, gate.is_some(), &env)?;
+    let argv = match gate {
+        Some(_) => gated_argv(&run.argv, run.entry, &env)?,
+        None => run.argv.clone(),
+    };
     let process = oci::process(oci::ProcessPlan {
         uid,
         gid,
@@ -1340,15 +1343,7 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
     })?;
     let mut mounts = mounts(stage, &storage.tmp_dir, &binds)?;
     if let Some(gate) = &gate {
-        let source = gate
-            .to_str()
-            .ok_or_else(|| invalid("the run directory is not UTF-8"))?;
-        mounts.push(mount(
-            GATE,
-            "bind",
-            source,
-            &["bind", "ro", "rprivate", "nosuid", "nodev", "noexec"],
-        )?);
+        mounts.push(gate_mount(gate)?);
     }
     let (devices, device_rules) = devices(kind, stage, run, gid)?;
     let linux = LinuxBuilder::default()
@@ -1425,16 +1420,35 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
 /// `SHLVL`; `OLDPWD` after a `cd`).
 const SHELL_SET: [&str; 3] = ["PWD", "SHLVL", "OLDPWD"];
 
-/// The container's argv: the job's, or — `gated` — the job's behind its entrypoint's wait at
-/// the start gate ([`Entry`]). A step's wait is the image's `/bin/sh`, which puts back exactly
-/// the planned `env` (each of [`SHELL_SET`] unset, or set to the planned value) before it
-/// execs the step, so the step starts with the environment it has under any other runtime.
-fn entry_argv(run: &RunInputs, gated: bool, env: &[String]) -> Result<Vec<String>, PlanError> {
-    if !gated {
-        return Ok(run.argv.clone());
-    }
-    let gate = GATE.to_owned();
-    match run.entry {
+/// The start gate at host path `gate`, bound read-only at [`GATE`].
+///
+/// # Errors
+/// The path is not UTF-8.
+pub(crate) fn gate_mount(gate: &Path) -> Result<Mount, PlanError> {
+    let source = gate
+        .to_str()
+        .ok_or_else(|| invalid("the run directory is not UTF-8"))?;
+    mount(
+        GATE,
+        "bind",
+        source,
+        &["bind", "ro", "rprivate", "nosuid", "nodev", "noexec"],
+    )
+}
+
+/// `argv` behind its entrypoint's wait at the start gate ([`Entry`]). A step's wait is
+/// `/bin/sh` of its root, which puts back exactly the planned `env` (each of [`SHELL_SET`]
+/// unset, or set to the planned value) before it execs the step, so the step starts with the
+/// environment it has under any other runtime.
+///
+/// # Errors
+/// A worker's argv is empty.
+pub(crate) fn gated_argv(
+    argv: &[String],
+    entry: Entry,
+    env: &[String],
+) -> Result<Vec<String>, PlanError> {
+    match entry {
         Entry::Step => {
             let restore: String = SHELL_SET
                 .iter()
@@ -1449,19 +1463,18 @@ fn entry_argv(run: &RunInputs, gated: bool, env: &[String]) -> Result<Vec<String
                 })
                 .collect();
             // `read` fails at end of file: a gate closed without its line runs nothing.
-            let script = format!("read -r _ < {gate} || exit 70; {restore}exec \"$@\"");
+            let script = format!("read -r _ < {GATE} || exit 70; {restore}exec \"$@\"");
             Ok(["/bin/sh", "-c", &script, "cordon-gate"]
                 .into_iter()
                 .map(str::to_owned)
-                .chain(run.argv.iter().cloned())
+                .chain(argv.iter().cloned())
                 .collect())
         }
         Entry::Worker => {
-            let (worker, rest) = run
-                .argv
+            let (worker, rest) = argv
                 .split_first()
                 .ok_or_else(|| invalid("a worker run with an empty argv"))?;
-            Ok([worker.clone(), "--gate".into(), gate]
+            Ok([worker.clone(), "--gate".into(), GATE.to_owned()]
                 .into_iter()
                 .chain(rest.iter().cloned())
                 .collect())

@@ -318,10 +318,10 @@ pub trait Host: std::fmt::Debug + Send + Sync {
     /// Locking, reading, writing, syncing or renaming failed; the file is then unchanged.
     fn edit_file(&self, path: &Path, edit: &dyn Fn(&str) -> Option<String>) -> io::Result<()>;
 
-    /// Make a FIFO at `path` (not following or replacing anything there), root's, mode 0444: a
-    /// container's start gate, which its entrypoint opens and reads before it runs anything of
-    /// the workload — whatever uid the runtime gave it, so that a wrong one reaches the posture
-    /// check rather than failing at the gate.
+    /// Make a FIFO at `path` (not following or replacing anything there), this process's, mode
+    /// 0644: a container's start gate, which its entrypoint opens and reads before it runs
+    /// anything of the workload — whatever uid the runtime gave it, so that a wrong one reaches
+    /// the posture check rather than failing at the gate — and only its maker may write.
     ///
     /// # Errors
     /// Something exists at `path`, or the kernel refused.
@@ -617,7 +617,7 @@ impl Host for Linux {
 
     fn make_fifo(&self, path: &Path) -> io::Result<()> {
         use nix::sys::stat::{FchmodatFlags, Mode, fchmodat};
-        let mode = Mode::S_IRUSR | Mode::S_IRGRP | Mode::S_IROTH;
+        let mode = Mode::S_IRUSR | Mode::S_IWUSR | Mode::S_IRGRP | Mode::S_IROTH;
         nix::unistd::mkfifo(path, mode).map_err(io::Error::from)?;
         // Set again: the umask applies to mkfifo, and every reader needs its bit.
         fchmodat(
@@ -785,7 +785,7 @@ mod tests {
         assert!(!Linux.kill_of(pid, uid).unwrap());
     }
 
-    /// A start gate is a FIFO anyone may read, mode 0444; its writer opens only once a reader
+    /// A start gate is a FIFO anyone may read and only its maker write, mode 0644; its writer opens only once a reader
     /// holds it, and the open takes its name away; what is not a FIFO is refused, and nothing
     /// is made over what exists.
     #[test]
@@ -797,7 +797,7 @@ mod tests {
         Linux.make_fifo(&gate).unwrap();
         let m = fs::symlink_metadata(&gate).unwrap();
         assert!(m.file_type().is_fifo());
-        assert_eq!(m.mode() & 0o7777, 0o444);
+        assert_eq!(m.mode() & 0o7777, 0o644);
         assert_eq!(
             Linux.make_fifo(&gate).unwrap_err().kind(),
             io::ErrorKind::AlreadyExists
