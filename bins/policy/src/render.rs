@@ -544,7 +544,13 @@ mod tests {
             "run-dir: ",
             "runtime.path: \"/usr/sbin/runc\" → \"/nix/store/x-runc/bin/runc\"",
             "runtime.sha256: + ",
-            &format!("image.runtime: \"sha256:{}", "4"),
+            &format!(
+                "image.runtime: \"{}\"",
+                cordon_policy_lang::parse("evaluator.kdl", &evaluator())
+                    .unwrap()
+                    .image_pin("runtime")
+                    .unwrap()
+            ),
             &format!("→ \"{}\"", Digest::of_bytes(b"an image")),
             &format!("→ \"{}\"", Digest::of_bytes(b"a worker")),
             "accounts.uid-range",

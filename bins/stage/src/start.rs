@@ -358,7 +358,7 @@ pub fn runtime_kind(policy: &Policy) -> cordon::runtime::Kind {
 #[must_use]
 pub fn undriven(kind: cordon::runtime::Kind) -> Option<&'static str> {
     match kind {
-        // crun's runs wait at a start gate for their posture check (`Kind::late_seccomp`).
+        // crun's runs wait at a start gate for their posture check (`Kind::settles_at_exec`).
         cordon::runtime::Kind::Runc | cordon::runtime::Kind::Crun => None,
         cordon::runtime::Kind::Runsc => Some(
             "a posture check of gVisor's sandbox, whose processes run under its Sentry rather than the host kernel cordon reads a container's posture from",

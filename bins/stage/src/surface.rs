@@ -116,6 +116,9 @@ pub struct SurfacePlan {
     pub spec: Spec,
     /// The names of the variables set inside, never their values (for the receipt).
     pub env_names: Vec<String>,
+    /// The host path of the start gate the surface makes in the run directory, when the
+    /// runtime needs one ([`crate::bundle::Entry`]).
+    pub gate: Option<PathBuf>,
     /// What the surface enforces.
     pub settings: SurfaceSettings,
 }
@@ -584,13 +587,31 @@ pub fn plan(policy: &Policy, run: &SurfaceInputs) -> Result<SurfacePlan, PlanErr
 
     let env = environment(env, surface, run.tier, &run.invoker_env, &dest)?;
     let env_names: Vec<String> = env.keys().cloned().collect();
+    let env: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+
+    // A runtime whose init is checked only once it has exec'd the entrypoint (crun's, until
+    // then non-dumpable, has namespaces and a root the service user cannot read): the command
+    // waits at a start gate beside the run's root, in its run directory.
+    let gate = if crate::start::runtime_kind(policy).settles_at_exec() {
+        let dir = run
+            .root
+            .parent()
+            .ok_or_else(|| invalid("the run's root has no run directory"))?;
+        Some(dir.join(crate::bundle::GATE_DIR))
+    } else {
+        None
+    };
+    let argv = match &gate {
+        Some(_) => crate::bundle::gated_argv(&run.argv, crate::bundle::Entry::Step, &env)?,
+        None => run.argv.clone(),
+    };
 
     // The container's root is the service user (the only id mapped), with no capability.
     let process = oci::process(oci::ProcessPlan {
         uid: 0,
         gid: 0,
-        argv: &run.argv,
-        env: env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        argv: &argv,
+        env,
         cwd: &dest,
         capabilities: HashSet::new(),
         nofile: *nofile,
@@ -598,7 +619,10 @@ pub fn plan(policy: &Policy, run: &SurfaceInputs) -> Result<SurfacePlan, PlanErr
         no_new_privileges: true,
     })?;
 
-    let mounts = mounts(stage, surface, run, &dest)?;
+    let mut mounts = mounts(stage, surface, run, &dest)?;
+    if let Some(gate) = &gate {
+        mounts.push(crate::bundle::gate_mount(gate)?);
+    }
 
     let namespaces = oci::namespaces([
         LinuxNamespaceType::User,
@@ -646,6 +670,7 @@ pub fn plan(policy: &Policy, run: &SurfaceInputs) -> Result<SurfacePlan, PlanErr
     Ok(SurfacePlan {
         spec,
         env_names,
+        gate,
         settings: SurfaceSettings {
             deadline_ms: *deadline_ms,
             output: output.clone(),
@@ -695,6 +720,44 @@ mod tests {
             skills: Vec::new(),
             delegated: Err("none here".into()),
         }
+    }
+
+    /// Under crun (whose init the service user can read only once it has exec'd the
+    /// entrypoint) the command waits at a start gate in its run directory, bound read-only into
+    /// its `/dev`; under runc the argv is the run's and there is no gate.
+    #[test]
+    fn under_crun_the_command_waits_at_a_start_gate_in_its_run_directory() {
+        let runc = plan(&example(&|t| t), &inputs(Tier::Command)).unwrap();
+        assert_eq!(runc.gate, None);
+        let crun = example(&|t| {
+            t.replace(
+                r#"runtime "runc" path="/usr/sbin/runc" min-version="1.1.5""#,
+                r#"runtime "crun" path="/usr/bin/crun""#,
+            )
+        });
+        let p = plan(&crun, &inputs(Tier::Command)).unwrap();
+        assert_eq!(
+            p.gate.as_deref(),
+            Some(Path::new("/run/cordon-surface/runs/R/gate"))
+        );
+        let spec = serde_json::to_value(&p.spec).unwrap();
+        let argv = spec["process"]["args"].as_array().unwrap();
+        assert_eq!(argv[..2], ["/bin/sh", "-c"]);
+        assert!(
+            argv[2]
+                .as_str()
+                .unwrap()
+                .starts_with("read -r _ < /dev/.cordon-gate")
+        );
+        assert_eq!(argv[3..], ["cordon-gate", "/bin/sh"]);
+        let bound: Vec<_> = spec["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["destination"] == crate::bundle::GATE)
+            .collect();
+        assert_eq!(bound.len(), 1);
+        assert_eq!(bound[0]["source"], "/run/cordon-surface/runs/R/gate");
     }
 
     /// Limits: a service user's go to its runtime in the run's cgroup below the delegated

@@ -36,7 +36,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use cordon::container::Stdio3;
+use cordon::container::{Running, Stdio3};
 use cordon::lease::{BootTime, LeaseError, Supervisor};
 use cordon::lease::{quarantine, rootless};
 use cordon::run_cgroup;
@@ -365,6 +365,14 @@ fn contain(
         }
         None => None,
     };
+    // The start gate, where the runtime needs one: the service user's, in its run directory.
+    if let Some(gate) = &plan.gate {
+        lease
+            .runtime
+            .host
+            .make_fifo(gate)
+            .map_err(state_err("make", gate))?;
+    }
     let finished = created_and_run(
         lease,
         req,
@@ -383,7 +391,9 @@ fn contain(
 /// How long open egress tunnels get to end once the run has.
 const EGRESS_GRACE: Duration = Duration::from_secs(2);
 
-/// Create, establish, (with egress) start the forwarder, start, wait, delete.
+/// Create, establish, (with egress) start the forwarder, start, wait, delete; under a
+/// runtime whose init is the run's only once it has exec'd the entrypoint, start first and
+/// establish while the entrypoint waits at the start gate, then let it on.
 #[allow(clippy::too_many_arguments)]
 fn created_and_run(
     lease: &rootless::Setup,
@@ -399,18 +409,12 @@ fn created_and_run(
     let created = lease
         .runtime
         .create(&held.record().run, dir, Stdio3::captured(None, caps))?;
-    // A run refused between create and start leaves no init behind (nor its zombie).
-    let forwarder = established(req, plan, agent_dirs, held, lease, created.pid()).and_then(|()| {
-        egress
-            .then(|| forwarder(lease, created.pid(), &dir.join(egress::SOCKET)))
-            .transpose()
-    });
-    let forwarder = match forwarder {
-        Ok(f) => f,
-        Err(e) => {
-            let _ = created.abandon();
-            return Err(e);
-        }
+    let ready = |held: &mut rootless::Run, pid: i32| {
+        established(req, plan, agent_dirs, held, lease, pid).and_then(|()| {
+            egress
+                .then(|| forwarder(lease, pid, &dir.join(egress::SOCKET)))
+                .transpose()
+        })
     };
     // A run with limits waits on its cgroup: the kill reaches every process in it, and the
     // meta record gets the kernel's OOM count, peak memory and CPU time.
@@ -419,13 +423,54 @@ fn created_and_run(
         root: PathBuf::from(run_cgroup::ROOT),
         path: path.clone(),
     });
-    let finished = created
-        .start()
-        .and_then(|r| match &probe {
-            Some(p) => r.wait(deadline, p),
-            None => r.wait_without_cgroup(deadline),
-        })
-        .and_then(cordon::container::Exited::delete);
+    let ended = |running: Running| {
+        match &probe {
+            Some(p) => running.wait(deadline, p),
+            None => running.wait_without_cgroup(deadline),
+        }
+        .and_then(cordon::container::Exited::delete)
+    };
+    let (finished, forwarder) = match &plan.gate {
+        None => {
+            // A run refused between create and start leaves no init behind (nor its zombie).
+            let forwarder = match ready(held, created.pid()) {
+                Ok(f) => f,
+                Err(e) => {
+                    let _ = created.abandon();
+                    return Err(e);
+                }
+            };
+            (created.start().and_then(ended), forwarder)
+        }
+        Some(gate) => {
+            let running = created.start()?;
+            let host = &*lease.runtime.host;
+            let at_gate = cordon_stage::session::hold_gate(host, gate, deadline, |until| {
+                running.exited_by(until)
+            })
+            .map_err(|e| RunError::State {
+                what: "hold the start gate",
+                path: gate.clone(),
+                source: std::io::Error::other(e.to_string()),
+            })
+            .and_then(|held_gate| Ok((held_gate, ready(held, running.pid())?)))
+            .and_then(|(mut held_gate, forwarder)| {
+                held_gate
+                    .write_all(b"\n")
+                    .map_err(state_err("open the start gate", gate))?;
+                Ok(forwarder)
+            });
+            match at_gate {
+                Ok(forwarder) => (ended(running), forwarder),
+                // Refused at the gate: nothing of the command ran (the gate closes without its
+                // line), and its init, the container's only process, goes as a created one's.
+                Err(e) => {
+                    let _ = running.abandon();
+                    return Err(e);
+                }
+            }
+        }
+    };
     // The forwarder ends with its pipe; it is reaped here, whatever the run did.
     if let Some(mut f) = forwarder {
         drop(f.stdin.take());
