@@ -269,7 +269,7 @@ in {
     runtime = mkOption {
       type = types.enum ["runc" "crun" "runsc"];
       default = "runc";
-      description = "The OCI runtime; it must be the one the reviewed policy names (an assertion: the kind is the reviewer's choice, never rendered). Each is gated at every stage start by its own version table: runc's and crun's floors and known-bad releases, crun's build features; cordon keeps no floor for runsc, so a policy naming it must set min-version. crun and runsc are then refused before anything is created, until cordon checks their posture as it does runc's (README, \"Runtime advisories\" in policy/README.md).";
+      description = "The OCI runtime; it must be the one the reviewed policy names (an assertion: the kind is the reviewer's choice, never rendered). Each is gated at every stage start by its own version table: runc's and crun's floors and known-bad releases, crun's build features; cordon keeps no floor for runsc, so a policy naming it must set min-version. crun's runs then wait at a start gate, where cordon checks their posture once crun has applied all of it; runsc is refused before anything is created, until cordon reads gVisor's sandbox (\"Runtime advisories\" in policy/README.md).";
     };
     runtimePackage = mkOption {
       type = types.package;

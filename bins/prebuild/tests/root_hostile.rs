@@ -1217,13 +1217,7 @@ fn only_a_kill_by_cordon_reap_is_a_no_decision() {
                 .args(["list", "-f", "json"])
                 .output()
                 .unwrap();
-            // Parsed, not matched as text: runc writes it compact, crun spaced.
-            let listed: serde_json::Value =
-                serde_json::from_slice(&list.stdout).unwrap_or_default();
-            let running = listed
-                .as_array()
-                .is_some_and(|l| l.iter().any(|c| c["status"] == "running"));
-            if !running {
+            if !cordon_testkit::lists_running(&list.stdout) {
                 continue;
             }
             // Long past any deadline: every live lease counts as expired.

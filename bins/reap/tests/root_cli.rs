@@ -507,9 +507,10 @@ fn a_stage_says_its_outcome_receipt_and_duration_in_one_line_and_nothing_under_q
         &[],
     );
     assert_eq!(code, Some(0), "{stderr}");
+    let runtime = format!("runtime {} at ", cordon_testkit::test_runtime().0);
     for part in [
         "policy ",
-        "runtime runc at ",
+        &runtime,
         "binary cordon-reap: sha256:",
         "authority sha256:",
     ] {

@@ -443,7 +443,7 @@ fn an_expired_lease_is_ended_while_its_supervisor_still_holds_it() {
             .setup
             .runtime
             .call(&["list", "-f", "json"])
-            .is_ok_and(|out| String::from_utf8_lossy(&out).contains("\"status\":\"running\""))
+            .is_ok_and(|out| cordon_testkit::lists_running(&out))
         {
             assert!(
                 t.elapsed() < Duration::from_secs(30),

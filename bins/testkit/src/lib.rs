@@ -817,6 +817,19 @@ pub fn lease_records(store: &Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// Whether a runtime's `list -f json` output names a running container: parsed, not matched as
+/// text (runc writes it compact, crun spaced).
+#[must_use]
+pub fn lists_running(list: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(list)
+        .ok()
+        .and_then(|v| {
+            v.as_array()
+                .map(|l| l.iter().any(|c| c["status"] == "running"))
+        })
+        .unwrap_or(false)
+}
+
 /// Wait (up to a minute) until a container that a lease record of `store` names is running in
 /// the runtime state root `state_root`; its id.
 ///
