@@ -367,7 +367,6 @@ fn lane_job(
         // Only the candidate's engine (its timed and audit reads) is stopped by an incident:
         // one in the incumbent's or the pristine reference's read implicates the host.
         candidate: matches!(inputs.role, Role::C | Role::A).then_some(inputs.tree),
-        entry: cordon_stage::bundle::Entry::Worker,
     }
 }
 

@@ -245,7 +245,6 @@ pub fn prebuild(
         framed: false,
         lane: None,
         candidate: candidate.then_some(*tree_digest),
-        entry: cordon_stage::bundle::Entry::Step,
     };
     let ran = session.run(
         &job,

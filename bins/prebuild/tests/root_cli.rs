@@ -706,7 +706,7 @@ fn crun_is_gated_by_its_own_table_and_its_runs_wait_at_the_start_gate() {
         argv[2]
             .as_str()
             .unwrap()
-            .starts_with("read -r _ < /dev/.cordon-gate || exit 70;"),
+            .starts_with("read -r cordon_gate < /dev/.cordon-gate || exit 70;"),
         "{bundle}"
     );
     let posture: Value = serde_json::from_slice(&evidence("posture")).unwrap();

@@ -58,8 +58,11 @@ pub const TMP_DIR: &str = "tmp";
 /// The run-directory name of the runtime cache tmpfs.
 pub const CACHE_DIR: &str = "cache";
 
-/// The run-directory name of the start gate.
-pub const GATE_DIR: &str = "gate";
+/// The run-directory name of the start gate's directory (its maker's alone, 0700: no other
+/// process of the host can open the gate before the entrypoint does).
+pub const GATE_DIR: &str = cordon::lease::GATE_DIR;
+/// The start gate's name in [`GATE_DIR`].
+pub const GATE_FIFO: &str = "fifo";
 /// Where the start gate is bound in the container: in the runtime's own `/dev` tmpfs, which any
 /// uid may search (a wrong one the runtime gave the entrypoint reaches the posture check
 /// rather than failing at the gate), read-only.
@@ -77,6 +80,19 @@ pub enum Entry {
     Step,
     /// cordon's worker, which reads the gate itself (`--gate`) before anything else.
     Worker,
+}
+
+impl Entry {
+    /// What stage `kind`'s runs start: the worker in the lane and the reference session, a
+    /// step (or the agent's command) otherwise — never the caller's say, so a run whose argv
+    /// would not wait is never planned as one that does.
+    #[must_use]
+    pub fn of(kind: StageKind) -> Self {
+        match kind {
+            StageKind::Lane | StageKind::Reference => Self::Worker,
+            StageKind::Prebuild | StageKind::Surface => Self::Step,
+        }
+    }
 }
 
 /// The run-directory name of the lease's own copy of a store tree mounted in role `source`, or
@@ -1317,7 +1333,7 @@ pub fn plan(policy: &Policy, kind: StageKind, run: &RunInputs) -> Result<Planned
     // entrypoint waits at a start gate until the host has read the posture it runs under.
     let gate = crate::start::runtime_kind(policy)
         .settles_at_exec()
-        .then(|| run.run_dir.join(GATE_DIR));
+        .then(|| run.run_dir.join(GATE_DIR).join(GATE_FIFO));
     let env: Vec<String> = env
         .iter()
         .map(|(k, v)| format!("{k}={v}"))
@@ -1463,7 +1479,7 @@ pub(crate) fn gated_argv(
                 })
                 .collect();
             // `read` fails at end of file: a gate closed without its line runs nothing.
-            let script = format!("read -r _ < {GATE} || exit 70; {restore}exec \"$@\"");
+            let script = format!("read -r cordon_gate < {GATE} || exit 70; {restore}exec \"$@\"");
             Ok(["/bin/sh", "-c", &script, "cordon-gate"]
                 .into_iter()
                 .map(str::to_owned)
@@ -1693,7 +1709,7 @@ mod tests {
         assert_eq!(plain.gate, None);
         assert_eq!(argv(&plain), run.argv);
         let gated = plan(&crun, StageKind::Prebuild, &run).unwrap();
-        assert_eq!(gated.gate, Some(run.run_dir.join(GATE_DIR)));
+        assert_eq!(gated.gate, Some(run.run_dir.join(GATE_DIR).join(GATE_FIFO)));
         let bound = |p: &Planned| {
             spec_json(p)["mounts"]
                 .as_array()
@@ -1709,11 +1725,11 @@ mod tests {
             [serde_json::json!({
                 "destination": GATE,
                 "type": "bind",
-                "source": run.run_dir.join(GATE_DIR),
+                "source": run.run_dir.join(GATE_DIR).join(GATE_FIFO),
                 "options": ["bind", "ro", "rprivate", "nosuid", "nodev", "noexec"],
             })]
         );
-        let script = r#"read -r _ < /dev/.cordon-gate || exit 70; export PWD='/it'\''s'; unset SHLVL; unset OLDPWD; exec "$@""#;
+        let script = r#"read -r cordon_gate < /dev/.cordon-gate || exit 70; export PWD='/it'\''s'; unset SHLVL; unset OLDPWD; exec "$@""#;
         let head = ["/bin/sh", "-c", script, "cordon-gate"].map(str::to_owned);
         assert_eq!(argv(&gated), [&head[..], &run.argv[..]].concat());
         let mut worker = run.clone();

@@ -2,7 +2,10 @@
 //! any of the workload's code has run, compared with the plan. Every container stage's
 //! [`Session`](crate::session::Session) reads it once the runtime has created the container
 //! (the runtime has then set the init's credentials, capabilities, no-new-privileges and
-//! seccomp filter, made its namespaces and mounted its table; the init waits to be started).
+//! seccomp filter, made its namespaces and mounted its table; the init waits to be started) —
+//! or, under a runtime that settles only as its init execs the entrypoint (crun), once started,
+//! while the entrypoint waits at the start gate before anything of the workload runs (only
+//! the gate's reader has run then: the image's shell, or cordon's worker).
 //!
 //! It is the prebuild's equivalent of the worker's posture report in the lane, and stronger
 //! than a report: nothing inside the container has run, and every fact is the kernel's

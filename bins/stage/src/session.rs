@@ -325,8 +325,6 @@ pub struct Job {
     /// The engine tree the run runs: refused when an earlier run of it ended in an incident
     /// under this authority, and named in the lease record so an incident of this run stops it.
     pub candidate: Option<Digest>,
-    /// How the argv's entrypoint waits at a start gate, where the runtime needs one.
-    pub entry: bundle::Entry,
 }
 
 /// Where a container stage works on this host: what its binary establishes at start and the
@@ -719,7 +717,7 @@ impl Session<'_> {
         inputs.devices = devices;
         inputs.cdi = cdi;
         inputs.lane.clone_from(&job.lane);
-        inputs.entry = job.entry;
+        inputs.entry = bundle::Entry::of(self.kind);
         // No mount may expose the store's private parts, the protected bundle, the runtime's
         // state or the controller's working directory; published trees and publications may be
         // mounted (read-only, by the plan).
@@ -1061,7 +1059,6 @@ pub(crate) mod tests {
             framed,
             lane: None,
             candidate: None,
-            entry: bundle::Entry::Step,
         };
         let e = session
             .run(&job, |_, _, _| Ok::<(), SessionError>(()), |_, _, _| Ok(()))

@@ -597,12 +597,15 @@ pub fn plan(policy: &Policy, run: &SurfaceInputs) -> Result<SurfacePlan, PlanErr
             .root
             .parent()
             .ok_or_else(|| invalid("the run's root has no run directory"))?;
-        Some(dir.join(crate::bundle::GATE_DIR))
+        Some(
+            dir.join(crate::bundle::GATE_DIR)
+                .join(crate::bundle::GATE_FIFO),
+        )
     } else {
         None
     };
     let argv = match &gate {
-        Some(_) => crate::bundle::gated_argv(&run.argv, crate::bundle::Entry::Step, &env)?,
+        Some(_) => crate::bundle::gated_argv(&run.argv, crate::bundle::Entry::of(kind), &env)?,
         None => run.argv.clone(),
     };
 
@@ -738,7 +741,7 @@ mod tests {
         let p = plan(&crun, &inputs(Tier::Command)).unwrap();
         assert_eq!(
             p.gate.as_deref(),
-            Some(Path::new("/run/cordon-surface/runs/R/gate"))
+            Some(Path::new("/run/cordon-surface/runs/R/gate/fifo"))
         );
         let spec = serde_json::to_value(&p.spec).unwrap();
         let argv = spec["process"]["args"].as_array().unwrap();
@@ -747,7 +750,7 @@ mod tests {
             argv[2]
                 .as_str()
                 .unwrap()
-                .starts_with("read -r _ < /dev/.cordon-gate")
+                .starts_with("read -r cordon_gate < /dev/.cordon-gate")
         );
         assert_eq!(argv[3..], ["cordon-gate", "/bin/sh"]);
         let bound: Vec<_> = spec["mounts"]
@@ -757,7 +760,7 @@ mod tests {
             .filter(|m| m["destination"] == crate::bundle::GATE)
             .collect();
         assert_eq!(bound.len(), 1);
-        assert_eq!(bound[0]["source"], "/run/cordon-surface/runs/R/gate");
+        assert_eq!(bound[0]["source"], "/run/cordon-surface/runs/R/gate/fifo");
     }
 
     /// Limits: a service user's go to its runtime in the run's cgroup below the delegated

@@ -454,12 +454,15 @@ fn created_and_run(
                 source: std::io::Error::other(e.to_string()),
             })
             .and_then(|held_gate| Ok((held_gate, ready(held, running.pid())?)))
-            .and_then(|(mut held_gate, forwarder)| {
-                held_gate
-                    .write_all(b"\n")
-                    .map_err(state_err("open the start gate", gate))?;
-                Ok(forwarder)
-            });
+            .and_then(
+                |(mut held_gate, forwarder)| match held_gate.write_all(b"\n") {
+                    Ok(()) => Ok(forwarder),
+                    Err(e) => {
+                        forwarder.into_iter().for_each(end_forwarder);
+                        Err(state_err("open the start gate", gate)(e))
+                    }
+                },
+            );
             match at_gate {
                 Ok(forwarder) => (ended(running), forwarder),
                 // Refused at the gate: nothing of the command ran (the gate closes without its
@@ -471,13 +474,15 @@ fn created_and_run(
             }
         }
     };
-    // The forwarder ends with its pipe; it is reaped here, whatever the run did.
-    if let Some(mut f) = forwarder {
-        drop(f.stdin.take());
-        let _ = f.kill();
-        let _ = f.wait();
-    }
+    forwarder.into_iter().for_each(end_forwarder);
     Ok(finished?)
+}
+
+/// The forwarder ends with its pipe; it is reaped here, whatever the run did.
+fn end_forwarder(mut f: cordon::host::Process) {
+    drop(f.stdin.take());
+    let _ = f.kill();
+    let _ = f.wait();
 }
 
 /// Start the egress forwarder in the container `pid`'s user and network namespaces and wait
@@ -517,8 +522,9 @@ fn forwarder(
     Ok(process)
 }
 
-/// Between create and start: the container's pid namespace noted on the lease, and what the
-/// runtime mounted proven to be what was checked.
+/// Between create and start (under a gated runtime, while the entrypoint waits at the start
+/// gate): the container's pid namespace noted on the lease, and what the runtime mounted
+/// proven to be what was checked.
 fn established(
     req: &Request,
     plan: &SurfacePlan,

@@ -318,13 +318,16 @@ pub trait Host: std::fmt::Debug + Send + Sync {
     /// Locking, reading, writing, syncing or renaming failed; the file is then unchanged.
     fn edit_file(&self, path: &Path, edit: &dyn Fn(&str) -> Option<String>) -> io::Result<()>;
 
-    /// Make a FIFO at `path` (not following or replacing anything there), this process's, mode
-    /// 0644: a container's start gate, which its entrypoint opens and reads before it runs
-    /// anything of the workload — whatever uid the runtime gave it, so that a wrong one reaches
-    /// the posture check rather than failing at the gate — and only its maker may write.
+    /// Make `path`'s parent directory, this process's, mode 0700, and in it a FIFO at `path`,
+    /// mode 0644 (neither following nor replacing anything there): a container's start gate.
+    /// Its entrypoint reaches it through a bind and opens and reads it before it runs anything
+    /// of the workload — whatever uid the runtime gave it, so that a wrong one reaches the
+    /// posture check rather than failing at the gate; only its maker may write it, and no other
+    /// process of the host can reach it to open it first (a reader it held would open the
+    /// gate's writing end before the entrypoint did).
     ///
     /// # Errors
-    /// Something exists at `path`, or the kernel refused.
+    /// The parent or the FIFO exists, or the kernel refused.
     fn make_fifo(&self, path: &Path) -> io::Result<()>;
 
     /// Open the FIFO at `path` for writing without waiting, following no link, and remove its
@@ -617,9 +620,14 @@ impl Host for Linux {
 
     fn make_fifo(&self, path: &Path) -> io::Result<()> {
         use nix::sys::stat::{FchmodatFlags, Mode, fchmodat};
+        let parent = path
+            .parent()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "a gate needs a parent"))?;
+        fs::DirBuilder::new().mode(0o700).create(parent)?;
         let mode = Mode::S_IRUSR | Mode::S_IWUSR | Mode::S_IRGRP | Mode::S_IROTH;
         nix::unistd::mkfifo(path, mode).map_err(io::Error::from)?;
-        // Set again: the umask applies to mkfifo, and every reader needs its bit.
+        // Set again: the umask applies to mkfifo, and every reader needs its bit (by name: the
+        // parent was made above, 0700, and nobody else can put a link there).
         fchmodat(
             nix::fcntl::AT_FDCWD,
             path,
@@ -785,19 +793,46 @@ mod tests {
         assert!(!Linux.kill_of(pid, uid).unwrap());
     }
 
-    /// A start gate is a FIFO anyone may read and only its maker write, mode 0644; its writer opens only once a reader
-    /// holds it, and the open takes its name away; what is not a FIFO is refused, and nothing
-    /// is made over what exists.
+    /// A start gate is a FIFO anyone may read and only its maker write, mode 0644, in a
+    /// directory of its own only its maker may enter; its writer opens only once a reader holds
+    /// it, and the open takes its name away; what is not a FIFO is refused, and nothing is made
+    /// over what exists.
     #[test]
     fn a_start_gate_opens_only_for_its_reader_and_leaves_no_name() {
         use std::io::Read as _;
         use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
         let dir = tempfile::tempdir().unwrap();
-        let gate = dir.path().join("gate");
+        let gate = dir.path().join("gate").join("fifo");
         Linux.make_fifo(&gate).unwrap();
         let m = fs::symlink_metadata(&gate).unwrap();
         assert!(m.file_type().is_fifo());
         assert_eq!(m.mode() & 0o7777, 0o644);
+        let parent = fs::symlink_metadata(dir.path().join("gate")).unwrap();
+        assert!(parent.is_dir());
+        assert_eq!(parent.mode() & 0o7777, 0o700);
+        // Another account of the host cannot hold it open first (a reader would open the
+        // writing end before the entrypoint did): refused by the directory alone — the same
+        // non-blocking open succeeds once the directory lets it through.
+        cordon_testkit::require_root("the foreign reader runs as another uid");
+        let foreign = || {
+            std::process::Command::new("/bin/dd")
+                .arg(format!("if={}", gate.display()))
+                .args(["iflag=nonblock", "count=0", "status=none"])
+                .uid(65_534)
+                .gid(65_534)
+                .output()
+                .unwrap()
+        };
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let refused = foreign();
+        assert!(
+            !refused.status.success()
+                && String::from_utf8_lossy(&refused.stderr).contains("Permission denied"),
+            "{refused:?}"
+        );
+        fs::set_permissions(dir.path().join("gate"), fs::Permissions::from_mode(0o711)).unwrap();
+        assert!(foreign().status.success(), "the probe proves nothing");
+        fs::set_permissions(dir.path().join("gate"), fs::Permissions::from_mode(0o700)).unwrap();
         assert_eq!(
             Linux.make_fifo(&gate).unwrap_err().kind(),
             io::ErrorKind::AlreadyExists

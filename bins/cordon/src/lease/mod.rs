@@ -59,6 +59,11 @@ pub const LABEL_AUTHORITY: &str = "org.cordon.authority";
 /// The store label: the store root whose records own the container.
 pub const LABEL_STORE: &str = "org.cordon.store";
 
+/// The run-directory name of a run's start gate's directory (its maker's alone, 0700), under a
+/// runtime whose init settles only as it execs the entrypoint
+/// ([`crate::runtime::Kind::settles_at_exec`]).
+pub const GATE_DIR: &str = "gate";
+
 /// The marker `cordon-reap` or a lease's [`watchdog`] leaves in a lease's run directory before
 /// it ends the lease's container: the supervisor's positive evidence that the kill came from
 /// outside the run.

@@ -368,6 +368,8 @@ pub fn release(setup: &Setup, run: &str, ns: Option<u64>) -> Result<(), Leftover
         // The surface's run-scoped skill snapshot and its egress proxy's socket.
         "skills",
         "egress.sock",
+        // The start gate's directory (its FIFO is unlinked once opened, or still in it).
+        super::GATE_DIR,
     ] {
         let p = dir.join(name);
         let gone = match fs::symlink_metadata(&p) {

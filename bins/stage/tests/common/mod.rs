@@ -191,7 +191,6 @@ pub fn job(w: &World, script: &str, stdin: Input, live: bool) -> Job {
         started: Instant::now(),
         lane: None,
         candidate: None,
-        entry: cordon_stage::bundle::Entry::Step,
     }
 }
 
