@@ -686,8 +686,9 @@ impl Runtime {
     /// `runc state`), for absence proofs and recovery.
     ///
     /// Fails closed: a listing that does not parse, an entry without an id, or a `state` that
-    /// fails for any reason but "does not exist" (deleted between list and state) is an error,
-    /// never "no containers".
+    /// fails for any reason but the container's being gone (deleted between list and state:
+    /// runc says it "does not exist"; crun cannot open its status file, and its directory is
+    /// no longer in the state root) is an error, never "no containers".
     ///
     /// # Errors
     /// [`RuntimeError::Listing`], or the runtime failed.
@@ -704,11 +705,23 @@ impl Runtime {
                 .ok_or_else(|| listing(format!("a listed container has no id: {c}")))?;
             let state = match self.call(&["state", id]) {
                 Ok(state) => state,
-                // Gone between list and state: the runtime itself says it no longer exists.
+                // Gone between list and state: runc says it no longer exists.
                 Err(RuntimeError::Command { stderr, .. }) if stderr.contains("does not exist") => {
                     continue;
                 }
-                Err(e) => return Err(listing(format!("`state {id}`: {e}"))),
+                // crun only says it cannot open the status file: gone exactly when its
+                // directory has left the state root too (a container still being created has
+                // its directory and no status yet, and is not gone).
+                Err(e) => match self.host.list_dir(&self.state_root) {
+                    Ok(names) if !names.iter().any(|n| n == id) => continue,
+                    Ok(_) => return Err(listing(format!("`state {id}`: {e}"))),
+                    Err(read) => {
+                        return Err(listing(format!(
+                            "`state {id}`: {e}; the state root {}: {read}",
+                            self.state_root.display()
+                        )));
+                    }
+                },
             };
             let state: serde_json::Value = serde_json::from_slice(&state)
                 .map_err(|e| listing(format!("`state {id}` is not JSON: {e}")))?;

@@ -982,6 +982,28 @@ fn a_state_that_fails_is_an_error_but_a_vanished_container_is_not() {
     .reply("list", ToolOutput::ok(br#"[{"id":"gone"}]"#));
     let m = with_host(&w, f);
     assert!(m.runtime().containers().unwrap().is_empty());
+    // crun names no absence, only its status file: gone when its directory has left the state
+    // root, an error while it is there (still being created, or unreadable).
+    let crun_gone = "error opening file `/run/x/gone/status`: No such file or directory";
+    let state_root = with_host(&w, Arc::new(Fake::new()))
+        .runtime()
+        .state_root
+        .clone();
+    for (left, ok) in [(&["other"][..], true), (&["gone"][..], false)] {
+        let f = Arc::new(Fake::new());
+        f.reply("state gone", ToolOutput::failed(crun_gone))
+            .reply("list", ToolOutput::ok(br#"[{"id":"gone"}]"#))
+            .dir(&state_root, left);
+        let listed = with_host(&w, f).runtime().containers();
+        assert_eq!(listed.is_ok(), ok, "{left:?}: {listed:?}");
+    }
+    let f = Arc::new(Fake::new());
+    f.reply("state gone", ToolOutput::failed(crun_gone))
+        .reply("list", ToolOutput::ok(br#"[{"id":"gone"}]"#));
+    assert!(
+        with_host(&w, f).runtime().containers().is_err(),
+        "an unlisted state root"
+    );
     let f = Arc::new(Fake::new());
     f.reply("list", ToolOutput::ok(br#"[{"name":"no id"}]"#));
     assert!(matches!(
