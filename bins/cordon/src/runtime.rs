@@ -923,11 +923,15 @@ mod tests {
         // minimum.
         for (version, ok) in [("1.4.4", false), ("1.7.2", false), ("1.8.0", true)] {
             let text = debian.replace("1.8.1", version);
-            assert_eq!(
-                r.check_version(Kind::Crun, &text, None).is_ok(),
-                ok,
-                "{version}"
-            );
+            let checked = r.check_version(Kind::Crun, &text, None);
+            if ok {
+                assert!(checked.is_ok(), "{version}: {checked:?}");
+            } else {
+                assert!(
+                    matches!(checked, Err(RuntimeError::TooOld { .. })),
+                    "{version}: {checked:?}"
+                );
+            }
         }
         assert!(matches!(
             r.check_version(Kind::Crun, debian, Some((1, 9, 0))),
